@@ -1,0 +1,12 @@
+"""Sequence mixers: ``nn.Module``s mapping ``(B, L, d) -> (B, L, d)`` causally, and a registry.
+
+Importing this package registers every built-in mixer in ``MIXERS``. Conventions: see
+``mixers/CONVENTIONS.md``.
+"""
+
+from mixers.registry import MIXERS, build_mixer, register_mixer, resolve_mixer
+
+# Built-in mixers register themselves on import (one line per module).
+import mixers.builtin  # noqa: F401,E402
+
+__all__ = ["MIXERS", "build_mixer", "register_mixer", "resolve_mixer"]
