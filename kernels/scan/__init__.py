@@ -1,0 +1,59 @@
+"""First-order linear recurrences (scans), diagonal and 2x2-block, forward and reverse.
+
+``linear_scan(c, x, reverse=False, backend="auto")``: ``y_t = c_t * y_{t-1} + x_t`` with
+``c, x (B, L, D)`` -> ``y (B, L, D)`` (reverse: ``y_t = c_t * y_{t+1} + x_t``, same-index
+coefficient). ``linear_scan_block2(C, x, reverse=False, backend="auto")``: ``C (B, L, 2, 2, D)``,
+``x (B, L, 2, D)``, ``y_t[i] = sum_j C_t[i, j] y_{t-1}[j] + x_t[i]``.
+
+Backends: ``"reference"`` (a loop, ``reference.py``), ``"torch"`` (log-step doubling,
+``torch_scan.py``); ``"auto"`` picks the fastest one available for the inputs' device.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from kernels.scan.reference import linear_scan_block2_reference, linear_scan_reference
+from kernels.scan.torch_scan import linear_scan_block2_torch, linear_scan_torch
+
+# backend name -> (diagonal scan, 2x2-block scan); add fast backends here.
+SCAN_BACKENDS: dict[str, tuple[Callable, Callable]] = {
+    "reference": (linear_scan_reference, linear_scan_block2_reference),
+    "torch": (linear_scan_torch, linear_scan_block2_torch),
+}
+
+
+def _auto(x: torch.Tensor) -> str:
+    """The fastest backend for ``x``'s device."""
+    return "torch"
+
+
+def _pick(backend: str, x: torch.Tensor) -> tuple[Callable, Callable]:
+    name = _auto(x) if backend == "auto" else backend
+    if name not in SCAN_BACKENDS:
+        valid = ", ".join(["auto", *SCAN_BACKENDS])
+        raise ValueError(f"unknown scan backend {backend!r}; valid: {valid}")
+    return SCAN_BACKENDS[name]
+
+
+def linear_scan(c: torch.Tensor, x: torch.Tensor, reverse: bool = False, backend: str = "auto") -> torch.Tensor:
+    """Diagonal linear recurrence; see the module docstring."""
+    return _pick(backend, x)[0](c, x, reverse=reverse)
+
+
+def linear_scan_block2(C: torch.Tensor, x: torch.Tensor, reverse: bool = False, backend: str = "auto") -> torch.Tensor:
+    """2x2-block linear recurrence; see the module docstring."""
+    return _pick(backend, x)[1](C, x, reverse=reverse)
+
+
+__all__ = [
+    "SCAN_BACKENDS",
+    "linear_scan",
+    "linear_scan_block2",
+    "linear_scan_block2_reference",
+    "linear_scan_block2_torch",
+    "linear_scan_reference",
+    "linear_scan_torch",
+]

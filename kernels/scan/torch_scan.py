@@ -1,0 +1,57 @@
+"""Log-step parallel linear scans in plain PyTorch (any length, autograd through plain ops).
+
+Same signatures and semantics as ``kernels.scan.reference``. Hillis--Steele doubling (paper 003):
+after the step with offset ``s`` every ``y_t`` holds the recurrence folded over the last ``2s``
+inputs, with the composed coefficient ``c_t * c_{t-1} * ... * c_{t-2s+1}``; ``ceil(log2 L)`` steps,
+``O(L log L)`` work, each step a handful of elementwise ops over the whole sequence. ``reverse=True``
+flips time, scans, and flips back (the coefficient stays at the same index).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.scan.reference import _check
+
+
+def _shift(t: torch.Tensor, s: int, fill: float) -> torch.Tensor:
+    """``t`` shifted right by ``s`` along dim 1, the first ``s`` positions filled with ``fill``."""
+    pad = torch.full_like(t[:, :s], fill)
+    return torch.cat([pad, t[:, : t.shape[1] - s]], dim=1)
+
+
+def linear_scan_torch(c: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """Diagonal ``y_t = c_t * y_{t-1} + x_t``. ``c, x (B, L, D)`` -> ``y (B, L, D)``."""
+    _check(c, x, (), (), "linear_scan_torch")
+    if reverse:
+        return linear_scan_torch(c.flip(1), x.flip(1)).flip(1)
+    L, s = x.shape[1], 1
+    while s < L:
+        x = x + c * _shift(x, s, 0.0)
+        if 2 * s < L:  # the composed coefficient is not needed after the last step
+            c = c * _shift(c, s, 1.0)
+        s *= 2
+    return x.clone() if L <= 1 else x
+
+
+def linear_scan_block2_torch(C: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """2x2-block ``y_t = C_t y_{t-1} + x_t`` per channel. ``C (B, L, 2, 2, D)``, ``x (B, L, 2, D)``."""
+    _check(C, x, (2, 2), (2,), "linear_scan_block2_torch")
+    if reverse:
+        return linear_scan_block2_torch(C.flip(1), x.flip(1)).flip(1)
+    L, s = x.shape[1], 1
+    while s < L:
+        x = x + torch.einsum("blijd,bljd->blid", C, _shift(x, s, 0.0))
+        if 2 * s < L:
+            C_prev = torch.cat([_eye2_like(C[:, :s]), C[:, : L - s]], dim=1)
+            C = torch.einsum("blijd,bljkd->blikd", C, C_prev)
+        s *= 2
+    return x.clone() if L <= 1 else x
+
+
+def _eye2_like(C: torch.Tensor) -> torch.Tensor:
+    """Identity blocks shaped like ``C (B, s, 2, 2, D)``."""
+    eye = torch.zeros_like(C)
+    eye[:, :, 0, 0] = 1
+    eye[:, :, 1, 1] = 1
+    return eye
