@@ -1,0 +1,78 @@
+"""Classical recurrent mixers with multi-head block-diagonal recurrent matrices (paper 001):
+``lstm``, ``gru``, ``elman``, ``slstm``.
+
+    x (B, L, d) --W--> wx (B, L, NH, G_x, DH) --cell over time--> h (B, L, NH, DH) -> (B, L, d)
+
+The recurrence itself is ``kernels.fused_rnn.fused_rnn`` (backends: ``"vanilla"``, the PyTorch
+loop of ``kernels/fused_rnn/reference.py``; faster backends plug in there).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.fused_rnn import BACKENDS as KERNEL_BACKENDS
+from kernels.fused_rnn import cell_spec, fused_rnn
+from kernels.fused_rnn.reference import default_recurrent_init
+from mixers.registry import register_mixer
+
+#: mixer backend name -> kernels.fused_rnn backend name
+BACKEND_NAMES = {"vanilla": "reference", "triton": "triton", "auto": "auto"}
+
+#: the forget gate's index in the bias, and its initial value (opens the memory at the start)
+FORGET_BIAS = {"lstm": (1, 1.0), "slstm": (1, 1.0)}
+
+
+class ClassicalRNN(nn.Module):
+    """A multi-head classical RNN cell as a mixer.
+
+    Args:
+        cell: ``"lstm" | "gru" | "elman" | "slstm"``.
+        d_model: input and output width; split into ``num_heads`` heads of ``d_model // num_heads``.
+        backend: ``"vanilla"`` (PyTorch loop), ``"triton"`` (fused kernel) or ``"auto"``.
+    """
+
+    BACKENDS = tuple(BACKEND_NAMES)
+
+    def __init__(self, cell: str, d_model: int, num_heads: int = 4, backend: str = "auto") -> None:
+        super().__init__()
+        spec = cell_spec(cell)
+        if num_heads < 1 or d_model % num_heads:
+            raise ValueError(f"{cell}: d_model={d_model} must be divisible by num_heads={num_heads}")
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"{cell}: unknown backend {backend!r}; known: {', '.join(BACKEND_NAMES)}")
+        self.cell, self.backend, self.num_heads, self.head_dim = cell, backend, num_heads, d_model // num_heads
+        self.W = nn.Linear(d_model, spec.input_gates * d_model, bias=False)
+        self.R = nn.Parameter(torch.empty(num_heads, self.head_dim, spec.recurrent_gates, self.head_dim))
+        self.b = nn.Parameter(torch.zeros(num_heads, spec.bias_gates, self.head_dim))
+        default_recurrent_init(self.R)
+        if cell in FORGET_BIAS:
+            gate, value = FORGET_BIAS[cell]
+            with torch.no_grad():
+                self.b[:, gate] = value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bsz, length, d = x.shape
+        wx = self.W(x).view(bsz, length, self.num_heads, -1, self.head_dim)
+        backend = BACKEND_NAMES[self.backend]
+        if backend not in KERNEL_BACKENDS and backend != "auto":
+            raise ValueError(f"{self.cell}: backend {self.backend!r} is not available in this installation")
+        h, _ = fused_rnn(self.cell, wx, self.R, self.b, backend=backend)
+        return h.reshape(bsz, length, d)
+
+    def extra_repr(self) -> str:
+        return f"cell={self.cell}, heads={self.num_heads}x{self.head_dim}, backend={self.backend}"
+
+
+def _factory(cell: str):
+    def build(d_model: int, num_heads: int = 4, backend: str = "auto") -> ClassicalRNN:
+        return ClassicalRNN(cell, d_model, num_heads=num_heads, backend=backend)
+
+    build.__name__ = f"build_{cell}"
+    build.__doc__ = f"The multi-head {cell} mixer (see ``ClassicalRNN``)."
+    return build
+
+
+for _cell in ("lstm", "gru", "elman", "slstm"):
+    register_mixer(_cell)(_factory(_cell))

@@ -1,0 +1,110 @@
+"""Multi-query associative recall (SPEC §3.3).
+
+Layout: ``k1 v1 k2 v2 ... kκ vκ`` then queries interleaved with noise. Keys come from
+``[1, V/2)`` (token 0 is never a key), values from ``[V/2, V)``, both distinct within a sequence.
+Noise tokens are uniform over the vocabulary minus the context keys. The target at a query position
+is the value paired with that key; every other position is ``-100``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tasks.base import IGNORE_INDEX, Task, TaskData, check, random_subsets, register_task
+
+PLACEMENTS = ("uniform", "power")
+
+
+@dataclasses.dataclass
+class MQARConfig:
+    seq_len: int = 100
+    vocab_size: int = 128
+    #: number of key-value pairs (the papers' κ)
+    num_kv_pairs: int = 2
+    #: probability that a position after the context is a query (placement="uniform")
+    query_rate: float = 0.25
+    #: "uniform": one query per key at random positions, then each other position is a query with
+    #: probability query_rate; "power": one query per key only, positions drawn with a power law
+    #: concentrated right after the context (Zoology's layout)
+    placement: str = "uniform"
+    power_a: float = 0.01
+
+
+def _without(values: torch.Tensor, excluded_sorted: torch.Tensor) -> torch.Tensor:
+    """Map ``values`` in ``[0, V - k)`` to the tokens of ``[0, V)`` not in ``excluded_sorted``.
+
+    ``excluded_sorted (N, k)`` must be ascending per row; ``values (N, M)``. Walking the excluded
+    tokens in ascending order and shifting past each one keeps the map a bijection.
+    """
+    out = values.clone()
+    for j in range(excluded_sorted.shape[1]):
+        out += (out >= excluded_sorted[:, j : j + 1]).long()
+    return out
+
+
+@register_task("mqar")
+class MQAR(Task):
+    """Multi-query associative recall with ``num_kv_pairs`` pairs. Classes: V."""
+
+    Config = MQARConfig
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def num_classes(self) -> int:
+        return self.config.vocab_size
+
+    def _validate(self) -> None:
+        c = self.config
+        kappa, half = c.num_kv_pairs, c.vocab_size // 2
+        check(c.vocab_size >= 4 and c.vocab_size % 2 == 0, self.name,
+              f"vocab_size must be even and >= 4, got {c.vocab_size}")
+        check(kappa >= 1, self.name, f"num_kv_pairs must be >= 1, got {kappa}")
+        check(kappa < half, self.name,
+              f"needs num_kv_pairs < vocab_size/2 (keys come from [1, V/2)), got {kappa} >= {half}")
+        check(3 * kappa <= c.seq_len, self.name,
+              f"needs 3*num_kv_pairs <= seq_len (context + one query per key), got 3*{kappa} > {c.seq_len}")
+        check(0.0 <= c.query_rate <= 1.0, self.name, f"query_rate must be in [0, 1], got {c.query_rate}")
+        check(c.placement in PLACEMENTS, self.name,
+              f"placement must be one of {', '.join(PLACEMENTS)}, got {c.placement!r}")
+        check(c.power_a > 0, self.name, f"power_a must be > 0, got {c.power_a}")
+
+    def _query_positions(self, g: torch.Generator, n: int, rest: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mandatory positions (n, κ) in [0, rest), extra-query mask (n, rest))."""
+        c, kappa = self.config, self.config.num_kv_pairs
+        if c.placement == "uniform":
+            mandatory = random_subsets(g, n, rest, kappa)
+            extra = torch.rand(n, rest, generator=g) < c.query_rate
+            return mandatory, extra
+        # Zoology's power law: p(gap) ∝ a * gap^(a-1), gap = 1..rest
+        gaps = torch.arange(1, rest + 1, dtype=torch.float64)
+        weights = (c.power_a * gaps ** (c.power_a - 1)).expand(n, rest)
+        mandatory = torch.multinomial(weights, kappa, replacement=False, generator=g)
+        return mandatory, torch.zeros(n, rest, dtype=torch.bool)
+
+    def _generate(self, num_samples: int, generator: torch.Generator) -> TaskData:
+        c, g, n = self.config, generator, num_samples
+        kappa, half, length = c.num_kv_pairs, c.vocab_size // 2, c.seq_len
+        rest = length - 2 * kappa
+        keys = random_subsets(g, n, half - 1, kappa) + 1  # distinct, in [1, V/2)
+        values = random_subsets(g, n, c.vocab_size - half, kappa) + half  # distinct, in [V/2, V)
+
+        # After the context: noise everywhere, then queries (key index per position) on top.
+        noise = _without(torch.randint(0, c.vocab_size - kappa, (n, rest), generator=g), keys.sort(dim=1).values)
+        which_key = torch.randint(0, kappa, (n, rest), generator=g)
+        mandatory, is_query = self._query_positions(g, n, rest)
+        is_query = is_query.clone()
+        rows = torch.arange(n).unsqueeze(1)
+        is_query[rows, mandatory] = True
+        which_key[rows, mandatory] = torch.arange(kappa).expand(n, kappa)
+
+        tail = torch.where(is_query, keys.gather(1, which_key), noise)
+        tail_targets = torch.where(is_query, values.gather(1, which_key), torch.full_like(noise, IGNORE_INDEX))
+        context = torch.stack([keys, values], dim=2).reshape(n, 2 * kappa)
+        inputs = torch.cat([context, tail], dim=1)
+        targets = torch.cat([torch.full_like(context, IGNORE_INDEX), tail_targets], dim=1)
+        return TaskData(inputs, targets)
