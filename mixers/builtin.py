@@ -1,3 +1,4 @@
 """Imports every module that registers built-in mixers (one line each; add yours here)."""
 import mixers.attention  # noqa: F401,E402
 import mixers.rnn  # noqa: F401,E402
+import mixers.mamba  # noqa: F401
