@@ -4,6 +4,8 @@
 ``c, x (B, L, D)`` -> ``y (B, L, D)`` (reverse: ``y_t = c_t * y_{t+1} + x_t``, same-index
 coefficient). ``linear_scan_block2(C, x, reverse=False, backend="auto")``: ``C (B, L, 2, 2, D)``,
 ``x (B, L, 2, D)``, ``y_t[i] = sum_j C_t[i, j] y_{t-1}[j] + x_t[i]``.
+``linear_scan_dense(C, x, reverse=False, backend="auto")``: ``C (B, L, D, D)``, ``x (B, L, D)``,
+``y_t = C_t @ y_{t-1} + x_t`` (reference and torch backends only; used for dense Jacobians).
 
 Backends: ``"reference"`` (a loop, ``reference.py``), ``"torch"`` (log-step doubling,
 ``torch_scan.py``); ``"auto"`` picks the fastest one available for the inputs' device.
@@ -15,8 +17,12 @@ from typing import Callable
 
 import torch
 
-from kernels.scan.reference import linear_scan_block2_reference, linear_scan_reference
-from kernels.scan.torch_scan import linear_scan_block2_torch, linear_scan_torch
+from kernels.scan.reference import (
+    linear_scan_block2_reference,
+    linear_scan_dense_reference,
+    linear_scan_reference,
+)
+from kernels.scan.torch_scan import linear_scan_block2_torch, linear_scan_dense_torch, linear_scan_torch
 
 # backend name -> (diagonal scan, 2x2-block scan); add fast backends here.
 SCAN_BACKENDS: dict[str, tuple[Callable, Callable]] = {
@@ -48,12 +54,31 @@ def linear_scan_block2(C: torch.Tensor, x: torch.Tensor, reverse: bool = False, 
     return _pick(backend, x)[1](C, x, reverse=reverse)
 
 
+DENSE_SCAN_BACKENDS: dict[str, Callable] = {
+    "reference": linear_scan_dense_reference,
+    "torch": linear_scan_dense_torch,
+}
+
+
+def linear_scan_dense(C: torch.Tensor, x: torch.Tensor, reverse: bool = False, backend: str = "auto") -> torch.Tensor:
+    """Dense (matrix) linear recurrence; see the module docstring."""
+    name = "torch" if backend == "auto" else backend
+    if name not in DENSE_SCAN_BACKENDS:
+        valid = ", ".join(["auto", *DENSE_SCAN_BACKENDS])
+        raise ValueError(f"unknown dense scan backend {backend!r}; valid: {valid}")
+    return DENSE_SCAN_BACKENDS[name](C, x, reverse=reverse)
+
+
 __all__ = [
+    "DENSE_SCAN_BACKENDS",
     "SCAN_BACKENDS",
     "linear_scan",
     "linear_scan_block2",
     "linear_scan_block2_reference",
     "linear_scan_block2_torch",
+    "linear_scan_dense",
+    "linear_scan_dense_reference",
+    "linear_scan_dense_torch",
     "linear_scan_reference",
     "linear_scan_torch",
 ]

@@ -55,3 +55,26 @@ def linear_scan_block2_reference(C: torch.Tensor, x: torch.Tensor, reverse: bool
         y = (C[:, t] * y.unsqueeze(1)).sum(dim=2) + x[:, t]
         out[t] = y
     return torch.stack(out, dim=1)
+
+
+def linear_scan_dense_reference(C: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """Dense recurrence by a loop: ``y_t = C_t @ y_{t-1} + x_t``.
+
+    ``C (B, L, D, D)`` with ``C_t[i, j]`` multiplying ``y_{t-1}[j]`` into ``y_t[i]``; ``x (B, L, D)``.
+    """
+    if not isinstance(C, torch.Tensor) or not isinstance(x, torch.Tensor):
+        raise TypeError("linear_scan_dense_reference: C and x must be tensors")
+    if x.dim() != 3 or tuple(C.shape) != (*x.shape, x.shape[-1]):
+        raise ValueError(
+            f"linear_scan_dense_reference: expected C (B, L, D, D) and x (B, L, D), "
+            f"got C {tuple(C.shape)} and x {tuple(x.shape)}"
+        )
+    L = x.shape[1]
+    if L == 0:
+        return x.clone()
+    y = torch.zeros_like(x[:, 0])
+    out = [None] * L
+    for t in (reversed(range(L)) if reverse else range(L)):
+        y = torch.einsum("bij,bj->bi", C[:, t], y) + x[:, t]
+        out[t] = y
+    return torch.stack(out, dim=1)

@@ -55,3 +55,22 @@ def _eye2_like(C: torch.Tensor) -> torch.Tensor:
     eye[:, :, 0, 0] = 1
     eye[:, :, 1, 1] = 1
     return eye
+
+
+def linear_scan_dense_torch(C: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """Dense ``y_t = C_t @ y_{t-1} + x_t``. ``C (B, L, D, D)``, ``x (B, L, D)``; ``O(L log L D^3)`` work."""
+    if x.dim() != 3 or tuple(C.shape) != (*x.shape, x.shape[-1]):
+        raise ValueError(
+            f"linear_scan_dense_torch: expected C (B, L, D, D) and x (B, L, D), "
+            f"got C {tuple(C.shape)} and x {tuple(x.shape)}"
+        )
+    if reverse:
+        return linear_scan_dense_torch(C.flip(1), x.flip(1)).flip(1)
+    L, s = x.shape[1], 1
+    while s < L:
+        x = x + torch.einsum("blij,blj->bli", C, _shift(x, s, 0.0))
+        if 2 * s < L:
+            eye = torch.eye(C.shape[-1], dtype=C.dtype, device=C.device).expand(C.shape[0], s, -1, -1)
+            C = C @ torch.cat([eye, C[:, : L - s]], dim=1)
+        s *= 2
+    return x.clone() if L <= 1 else x
