@@ -101,3 +101,69 @@ def test_bad_inputs():
         ssd(**{**inp, "x": inp["x"].long()})
     with pytest.raises(ValueError, match="unknown ssd backend"):
         ssd(**inp, backend="cuda")
+
+
+# --- Triton (CPU interpreter at small shapes; CUDA when present) ---------------------------------
+
+needs_triton = pytest.mark.skipif("triton" not in SSD_BACKENDS, reason="triton not importable")
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every kernel output starts as NaN, so an element a kernel fails to write shows up."""
+    from kernels.ssd import triton_ssd
+
+    def nan_empty(*shape, device, dtype):
+        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+
+    monkeypatch.setattr(triton_ssd, "_empty", nan_empty)
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "batch,L,H,P,G,N,chunk",
+    [(1, 1, 2, 16, 1, 16, 16), (2, 37, 4, 16, 2, 16, 16), (1, 17, 2, 8, 1, 5, 16), (1, 67, 4, 32, 1, 32, 32)],
+)
+def test_triton_matches_reference(poisoned, batch, L, H, P, G, N, chunk):
+    inp = _inputs(batch, L, H, P, G, N, torch.float64, 100 + L)
+    y, f, g = _run("triton", {k: v.float() for k, v in inp.items()}, chunk)
+    y_ref, f_ref, g_ref = _run("reference", inp, chunk)
+    assert _rel(y, y_ref) < 1e-5 and _rel(f, f_ref) < 1e-5
+    for k in g_ref:
+        assert _rel(g[k], g_ref[k]) < 1e-4, k
+
+
+@needs_triton
+def test_triton_without_initial_state_and_opcheck():
+    inp = _inputs(1, 20, 2, 16, 1, 16, torch.float32, 3)
+    inp.pop("initial_state")
+    y = ssd(**inp, chunk_size=16, backend="triton")
+    torch.testing.assert_close(y, ssd(**inp, chunk_size=16, backend="chunked"), rtol=1e-4, atol=1e-4)
+    from kernels.ssd.triton_ssd import ssd_fwd
+
+    args = (inp["x"].requires_grad_(), inp["dt"], inp["A"], inp["B"], inp["C"], None, 16)
+    torch.library.opcheck(ssd_fwd, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+@needs_triton
+def test_triton_bad_inputs():
+    inp = _inputs(1, 5, 2, 16, 1, 16, torch.float32, 0)
+    with pytest.raises(ValueError, match="power of two"):
+        ssd(**inp, chunk_size=48, backend="triton")
+    with pytest.raises(TypeError, match="share one dtype"):
+        ssd(**{**inp, "B": inp["B"].double()}, backend="triton")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 3e-3), (torch.bfloat16, 3e-2)])
+def test_triton_cuda(dtype, tol):
+    inp = {k: v.cuda() for k, v in _inputs(2, 300, 8, 64, 1, 64, torch.float64, 9).items()}
+    y, f, g = _run("triton", {k: v.to(dtype) for k, v in inp.items()}, 64)
+    y_ref, f_ref, g_ref = _run("chunked", inp, 64)
+    assert _rel(y, y_ref) < tol and _rel(f, f_ref) < tol
+    for k in g_ref:
+        assert _rel(g[k], g_ref[k]) < tol, k

@@ -1,0 +1,128 @@
+"""The two Triton kernels of the SSD chunked scan; ``triton_ssd.py`` composes them.
+
+Notation (per batch ``b``, head ``h``, chunk ``c`` of ``Q`` steps): ``acum_t`` is the cumulative
+sum of ``dt * A`` inside the chunk, ``dt_t`` the step size (both float32, laid out
+``(batch, H, Lp)`` with ``Lp`` the length padded to a multiple of ``Q``; padded steps have
+``dt = 0``). Sequence tensors are ``(batch, L, heads_of_tensor, dim)`` with any strides; a tensor
+with fewer heads than ``H`` (``B``, ``C`` per group) is read at head ``h // ratio``.
+
+``chunk_outer``: ``out[b, c, h] = sum_{s in c} w_s U_s (x) V_s``  (a ``(DU, DV)`` matrix), with
+``w_s = dt_s exp(acum_last - acum_s)`` (MODE 0: the state a chunk adds) or
+``w_s = exp(acum_s)`` (MODE 1: the gradient reaching the state entering a chunk).
+
+``chunk_attn``: the quadratic, attention-like form inside a chunk plus a state term:
+- causal:      ``out_t = sum_{s<=t} (Q_t.K_s) exp(acum_t - acum_s) dt_s V_s + exp(acum_t) Q_t S_c``
+- anticausal:  ``out_s = dt_s [sum_{t>=s} (Q_s.K_t) exp(acum_t - acum_s) V_t + exp(acum_last - acum_s) Q_s S_c]``
+  and optionally ``dot_s = [...] . W_s`` (the bracket before the ``dt_s`` factor).
+``S_c`` is ``(DK, DV)``. With ``HPP > 1`` a program sums its output over ``HPP`` consecutive heads
+(gradients of ``B``, ``C`` shared by the heads of a group). Accumulation is float32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def chunk_outer_kernel(
+    u_ptr, v_ptr, out_ptr, acum_ptr, dt_ptr,
+    L, H, Lp, DU, DV, rv,
+    su_b, su_l, su_h, su_d,
+    sv_b, sv_l, sv_h, sv_d,
+    so_b, so_c, so_h, so_r, so_k,
+    Q: tl.constexpr, BS: tl.constexpr, BU: tl.constexpr, BV: tl.constexpr, MODE: tl.constexpr,
+):
+    c = tl.program_id(0)
+    b = tl.program_id(1) // H
+    h = tl.program_id(1) % H
+    nv = tl.cdiv(DV, BV)
+    iu = tl.program_id(2) // nv
+    iv = tl.program_id(2) % nv
+    du = iu * BU + tl.arange(0, BU)
+    dv = iv * BV + tl.arange(0, BV)
+    base = b * H * Lp + h * Lp
+    a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
+    acc = tl.zeros((BU, BV), dtype=tl.float32)
+    for s0 in range(c * Q, c * Q + Q, BS):
+        s = s0 + tl.arange(0, BS)
+        u = tl.load(u_ptr + b * su_b + s[:, None] * su_l + h * su_h + du[None, :] * su_d,
+                    mask=(s[:, None] < L) & (du[None, :] < DU), other=0.0)
+        v = tl.load(v_ptr + b * sv_b + s[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
+                    mask=(s[:, None] < L) & (dv[None, :] < DV), other=0.0)
+        a = tl.load(acum_ptr + base + s)
+        if MODE == 0:
+            w = tl.exp(a_last - a) * tl.load(dt_ptr + base + s)
+        else:
+            w = tl.exp(a)
+        acc += tl.dot(tl.trans((u * w[:, None]).to(v.dtype)), v)
+    tl.store(out_ptr + b * so_b + c * so_c + h * so_h + du[:, None] * so_r + dv[None, :] * so_k, acc,
+             mask=(du[:, None] < DU) & (dv[None, :] < DV))
+
+
+@triton.jit
+def chunk_attn_kernel(
+    q_ptr, k_ptr, v_ptr, s_ptr, w_ptr, out_ptr, dot_ptr, acum_ptr, dt_ptr,
+    L, H, Lp, DK, DV, n_out, rq, rk, rv,
+    sq_b, sq_l, sq_h, sq_d,
+    sk_b, sk_l, sk_h, sk_d,
+    sv_b, sv_l, sv_h, sv_d,
+    ss_b, ss_c, ss_h, ss_r, ss_k,
+    sw_b, sw_l, sw_h, sw_d,
+    so_b, so_l, so_h, so_d,
+    Q: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HPP: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_DOT: tl.constexpr,
+):
+    c = tl.program_id(0) // (Q // BT)
+    t0 = c * Q + (tl.program_id(0) % (Q // BT)) * BT
+    b = tl.program_id(1) // n_out
+    o = tl.program_id(1) % n_out
+    rows = t0 + tl.arange(0, BT)
+    dk = tl.arange(0, BK)
+    dv = tl.arange(0, BV)
+    row_ok = rows < L
+    total = tl.zeros((BT, BV), dtype=tl.float32)
+    for i in range(HPP):
+        h = o * HPP + i
+        base = b * H * Lp + h * Lp
+        a_rows = tl.load(acum_ptr + base + rows)
+        q = tl.load(q_ptr + b * sq_b + rows[:, None] * sq_l + (h // rq) * sq_h + dk[None, :] * sq_d,
+                    mask=row_ok[:, None] & (dk[None, :] < DK), other=0.0)
+        s_tile = tl.load(s_ptr + b * ss_b + c * ss_c + h * ss_h + dk[:, None] * ss_r + dv[None, :] * ss_k,
+                         mask=(dk[:, None] < DK) & (dv[None, :] < DV), other=0.0)
+        acc = tl.zeros((BT, BV), dtype=tl.float32)
+        if REVERSE:
+            lo = t0
+            hi = c * Q + Q
+        else:
+            lo = c * Q
+            hi = t0 + BT
+        for j in range(lo, hi, BT):
+            cols = j + tl.arange(0, BT)
+            col_ok = cols < L
+            k = tl.load(k_ptr + b * sk_b + cols[:, None] * sk_l + (h // rk) * sk_h + dk[None, :] * sk_d,
+                        mask=col_ok[:, None] & (dk[None, :] < DK), other=0.0)
+            v = tl.load(v_ptr + b * sv_b + cols[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
+                        mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
+            a_cols = tl.load(acum_ptr + base + cols)
+            scores = tl.dot(q, tl.trans(k))
+            if REVERSE:
+                keep = cols[None, :] >= rows[:, None]
+                decay = tl.exp(tl.where(keep, a_cols[None, :] - a_rows[:, None], float("-inf")))
+            else:
+                keep = cols[None, :] <= rows[:, None]
+                dt_cols = tl.load(dt_ptr + base + cols)
+                decay = tl.exp(tl.where(keep, a_rows[:, None] - a_cols[None, :], float("-inf"))) * dt_cols[None, :]
+            acc += tl.dot((scores * decay).to(v.dtype), v)
+        if REVERSE:
+            a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
+            acc += tl.exp(a_last - a_rows)[:, None] * tl.dot(q, s_tile.to(q.dtype))
+            if HAS_DOT:
+                w = tl.load(w_ptr + b * sw_b + rows[:, None] * sw_l + h * sw_h + dv[None, :] * sw_d,
+                            mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0)
+                tl.store(dot_ptr + base + rows, tl.sum(acc * w.to(tl.float32), axis=1))
+            total += acc * tl.load(dt_ptr + base + rows)[:, None]
+        else:
+            total += acc + tl.exp(a_rows)[:, None] * tl.dot(q, s_tile.to(q.dtype))
+    tl.store(out_ptr + b * so_b + rows[:, None] * so_l + o * so_h + dv[None, :] * so_d,
+             total.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))

@@ -1,0 +1,216 @@
+"""SSD with Triton kernels, forward and backward, as ``torch.library`` custom ops.
+
+Same function and arguments as ``chunked.ssd_chunked``. Forward: the chunk states (``chunk_outer``,
+MODE 0), the recurrence across chunks (``kernels.scan.linear_scan``), the chunk outputs
+(``chunk_attn``, causal). Backward, with ``E_ts = exp(acum_t - acum_s)``, ``prev_c`` the state
+entering chunk ``c`` and ``G_c`` the gradient reaching it:
+
+- ``dP_c = sum_t exp(acum_t) dy_t (x) C_t``                         (``chunk_outer`` MODE 1)
+- ``G_c = dP_c + exp(acum_last_c) G_{c+1}``, ``G_nc = dfinal``        (reverse ``linear_scan``)
+- ``dx_s = dt_s [sum_{t>=s} (B_s.C_t) E_ts dy_t + exp(acum_last - acum_s) G_{c+1} B_s]``
+- ``dB_s = dt_s [sum_{t>=s} (x_s.dy_t) E_ts C_t + exp(acum_last - acum_s) x_s G_{c+1}]``
+- ``dC_t = sum_{s<=t} (dy_t.x_s) E_ts dt_s B_s + exp(acum_t) dy_t prev_c``
+- ``d acum_t = dy_t.y_t - dt_t (x_t . dx_t / dt_t)``, plus ``<G_{c+1}, prev_{c+1}>`` at a chunk's last
+  step; ``d(dt*A)`` is its reverse cumulative sum inside the chunk; then ``ddt``, ``dA``.
+
+The step sizes, decays and states are float32; ``x, B, C`` are read in their dtype
+(float32 / bfloat16 / float16) and the matrix products accumulate in float32 (float32 inputs use
+TF32 products on GPUs that have them).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from kernels._triton import triton_available
+from kernels.scan import linear_scan
+from kernels.ssd.triton_kernels import chunk_attn_kernel, chunk_outer_kernel
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _empty(*shape: int, device, dtype) -> torch.Tensor:
+    """Allocation of every kernel output (tests replace it with a NaN fill to catch unwritten elements)."""
+    return torch.empty(*shape, device=device, dtype=dtype)
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dt`` as float32 ``(batch, H, Lp)`` zero-padded, and ``acum`` its in-chunk cumsum of dt*A."""
+    batch, L, H = dt.shape
+    Lp = triton.cdiv(L, Q) * Q
+    dtT = dt.new_zeros(batch, H, Lp, dtype=torch.float32)
+    dtT[:, :, :L] = dt.transpose(1, 2)
+    acum = (dtT * A.float()[:, None]).view(batch, H, Lp // Q, Q).cumsum(-1).view(batch, H, Lp)
+    return dtT, acum
+
+
+def _chunk_outer(u, v, acum, dtT, Q, mode):
+    """``(batch, nc, H, DU, DV)`` float32; see ``triton_kernels``."""
+    batch, L, H, DU = u.shape
+    DV = v.shape[-1]
+    nc = acum.shape[-1] // Q
+    out = _empty(batch, nc, H, DU, DV, device=u.device, dtype=torch.float32)
+    BU, BV = min(64, _pow2(DU)), min(64, _pow2(DV))
+    grid = (nc, batch * H, triton.cdiv(DU, BU) * triton.cdiv(DV, BV))
+    chunk_outer_kernel[grid](
+        u, v, out, acum, dtT, L, H, acum.shape[-1], DU, DV, H // v.shape[2],
+        *u.stride(), *v.stride(), *out.stride(),
+        Q=Q, BS=min(Q, 64), BU=BU, BV=BV, MODE=mode,
+    )
+    return out
+
+
+def _heads_per_program(ratio: int) -> int:
+    """Heads summed by one program when the output is per group: a divisor of ``ratio``, <= 16."""
+    return max(d for d in range(1, min(ratio, 16) + 1) if ratio % d == 0)
+
+
+def _chunk_attn(q, k, v, S, acum, dtT, Q, *, reverse, out_heads, out_dtype, w=None):
+    """Run ``chunk_attn``. ``S (batch, nc, H, DK, DV)`` (any strides). Output ``(batch, L, out_heads
+    * splits, DV)`` summed over heads within a split, and the row dots when ``w`` is given."""
+    batch, L = q.shape[:2]
+    H, Lp = acum.shape[1], acum.shape[2]
+    DK, DV = q.shape[-1], v.shape[-1]
+    hpp = 1 if out_heads == H else _heads_per_program(H // out_heads)
+    n_out = H // hpp
+    out = _empty(batch, L, n_out, DV, device=q.device, dtype=out_dtype)
+    dot = _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if w is not None else acum
+    BT = min(Q, 64)
+    grid = (Lp // BT, batch * n_out)
+    chunk_attn_kernel[grid](
+        q, k, v, S, w if w is not None else q, out, dot, acum, dtT,
+        L, H, Lp, DK, DV, n_out, H // q.shape[2], H // k.shape[2], H // v.shape[2],
+        *q.stride(), *k.stride(), *v.stride(), *S.stride(), *(w if w is not None else q).stride(), *out.stride(),
+        Q=Q, BT=BT, BK=_pow2(DK), BV=_pow2(DV), HPP=hpp, REVERSE=reverse, HAS_DOT=w is not None,
+        num_warps=4 if max(DK, DV) <= 64 else 8,
+    )
+    return out, (dot if w is not None else None)
+
+
+def _scan_chunks(decay: torch.Tensor, inputs: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """``linear_scan`` over the chunk axis of ``inputs (batch, n, H, P, N)`` with a decay per
+    ``(batch, n, H)`` broadcast over the state."""
+    batch, n = inputs.shape[:2]
+    coeff = decay[..., None, None].expand_as(inputs).reshape(batch, n, -1)
+    return linear_scan(coeff, inputs.reshape(batch, n, -1), reverse=reverse).view(inputs.shape)
+
+
+@torch.library.custom_op("expressivity::ssd_fwd", mutates_args=())
+def ssd_fwd(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+    initial_state: torch.Tensor | None, chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``y (batch, L, H, P)`` (no ``D`` term) and the states entering every chunk and the
+    final one, ``prev (batch, nc + 1, H, P, N)`` float32."""
+    Q = chunk_size
+    batch, L, H, P = x.shape
+    dtT, acum = _decays(dt, A, Q)
+    states = _chunk_outer(x, B, acum, dtT, Q, mode=0)
+    init = states.new_zeros(batch, 1, H, P, B.shape[-1]) if initial_state is None else initial_state.float()[:, None]
+    decay = torch.exp(acum[:, :, Q - 1 :: Q]).transpose(1, 2)  # (batch, nc, H)
+    decay = torch.cat([torch.ones_like(decay[:, :1]), decay], dim=1)
+    prev = _scan_chunks(decay, torch.cat([init, states], dim=1), reverse=False)
+    y, _ = _chunk_attn(C, B, x, prev[:, :-1].transpose(-1, -2), acum, dtT, Q, reverse=False,
+                       out_heads=H, out_dtype=x.dtype)
+    return y, prev
+
+
+@ssd_fwd.register_fake
+def _(x, dt, A, B, C, initial_state, chunk_size):
+    batch, L, H, P = x.shape
+    nc = -(-L // chunk_size)
+    return x.new_empty(x.shape), x.new_empty(batch, nc + 1, H, P, B.shape[-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("expressivity::ssd_bwd", mutates_args=())
+def ssd_bwd(
+    dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+    B: torch.Tensor, C: torch.Tensor, prev: torch.Tensor, y: torch.Tensor, chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(dx, ddt, dA, dB, dC, dinitial_state)`` of ``ssd_fwd`` given ``dy`` and the
+    gradient ``dfinal (batch, H, P, N)`` of the final state."""
+    Q = chunk_size
+    batch, L, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    dtT, acum = _decays(dt, A, Q)
+    nc = acum.shape[-1] // Q
+    dP = _chunk_outer(dy, C, acum, dtT, Q, mode=1)
+    decay = torch.exp(acum[:, :, Q - 1 :: Q]).transpose(1, 2)  # (batch, nc, H)
+    decay = torch.cat([decay, torch.zeros_like(decay[:, :1])], dim=1)
+    grads = _scan_chunks(decay, torch.cat([dP, dfinal.float()[:, None]], dim=1), reverse=True)  # G_0..G_nc
+    dS = grads[:, 1:]
+    dx, ddt_direct = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, reverse=True,
+                                 out_heads=H, out_dtype=x.dtype, w=x)
+    dB, _ = _chunk_attn(x, dy, C, dS, acum, dtT, Q, reverse=True, out_heads=G, out_dtype=torch.float32)
+    dC, _ = _chunk_attn(dy, x, B, prev[:, :-1], acum, dtT, Q, reverse=False, out_heads=G, out_dtype=torch.float32)
+    dB = dB.view(batch, L, G, -1, N).sum(3)
+    dC = dC.view(batch, L, G, -1, N).sum(3)
+    dacum = torch.zeros_like(acum)
+    dacum[:, :, :L] = (dy.float() * y.float()).sum(-1).transpose(1, 2)
+    dacum -= dtT * ddt_direct
+    dacum[:, :, Q - 1 :: Q] += (dS * prev[:, 1:]).sum((-1, -2)).transpose(1, 2)
+    dda = dacum.view(batch, H, nc, Q).flip(-1).cumsum(-1).flip(-1).view(batch, H, -1)  # d(dt * A)
+    ddt = ddt_direct + dda * A.float()[:, None]
+    dA = (dda * dtT).sum((0, 2))
+    return (dx, ddt[:, :, :L].transpose(1, 2).to(dt.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype),
+            grads[:, 0])
+
+
+@ssd_bwd.register_fake
+def _(dy, dfinal, x, dt, A, B, C, prev, y, chunk_size):
+    return (x.new_empty(x.shape), dt.new_empty(dt.shape), A.new_empty(A.shape), B.new_empty(B.shape),
+            C.new_empty(C.shape), dfinal.new_empty(dfinal.shape, dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    x, dt, A, B, C, initial_state, chunk_size = inputs
+    y, prev = output
+    ctx.save_for_backward(x, dt, A, B, C, prev, y)
+    ctx.chunk_size = chunk_size
+    ctx.init_dtype = None if initial_state is None else initial_state.dtype
+
+
+def _backward(ctx, dy, dprev):
+    x, dt, A, B, C, prev, y = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros_like(y)
+    dfinal = torch.zeros_like(prev[:, -1]) if dprev is None else dprev[:, -1]
+    dx, ddt, dA, dB, dC, dinit = ssd_bwd(dy, dfinal, x, dt, A, B, C, prev, y, ctx.chunk_size)
+    dinit = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
+    return dx, ddt, dA, dB, dC, dinit, None
+
+
+ssd_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _check(x, dt, A, B, C, initial_state, chunk_size) -> None:
+    if not triton_available(x):
+        raise ValueError(f"ssd backend 'triton' needs a CUDA tensor or TRITON_INTERPRET=1, got a {x.device} tensor")
+    if x.dtype not in DTYPES or B.dtype != x.dtype or C.dtype != x.dtype:
+        raise TypeError(f"ssd triton: x, B, C must share one dtype of {DTYPES}, got {x.dtype}, {B.dtype}, {C.dtype}")
+    if chunk_size not in (16, 32, 64, 128, 256):
+        raise ValueError(f"ssd triton: chunk_size must be a power of two in [16, 256], got {chunk_size}")
+    if x.shape[-1] > 256 or B.shape[-1] > 256:
+        raise ValueError(f"ssd triton: head dim P={x.shape[-1]} and state N={B.shape[-1]} must be <= 256")
+    if x.shape[1] == 0:
+        raise ValueError("ssd triton: the sequence length must be >= 1")
+
+
+def ssd_triton(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton SSD: ``(y (batch, L, H, P), final_state (batch, H, P, N))``; shapes as ``ssd_reference``."""
+    _check(x, dt, A, B, C, initial_state, chunk_size)
+    y, prev = ssd_fwd(x, dt, A, B, C, initial_state, chunk_size)
+    return y, prev[:, -1].to(x.dtype)
