@@ -35,26 +35,24 @@ def linear_scan_torch(c: torch.Tensor, x: torch.Tensor, reverse: bool = False) -
 
 
 def linear_scan_block2_torch(C: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """2x2-block ``y_t = C_t y_{t-1} + x_t`` per channel. ``C (B, L, 2, 2, D)``, ``x (B, L, 2, D)``."""
+    """2x2-block ``y_t = C_t y_{t-1} + x_t`` per channel. ``C (B, L, 2, 2, D)``, ``x (B, L, 2, D)``.
+
+    The 2x2 products are written out entrywise (much faster than ``einsum`` on tiny blocks).
+    """
     _check(C, x, (2, 2), (2,), "linear_scan_block2_torch")
     if reverse:
         return linear_scan_block2_torch(C.flip(1), x.flip(1)).flip(1)
     L, s = x.shape[1], 1
+    a, b, c, d = C[:, :, 0, 0], C[:, :, 0, 1], C[:, :, 1, 0], C[:, :, 1, 1]
+    x0, x1 = x[:, :, 0], x[:, :, 1]
     while s < L:
-        x = x + torch.einsum("blijd,bljd->blid", C, _shift(x, s, 0.0))
-        if 2 * s < L:
-            C_prev = torch.cat([_eye2_like(C[:, :s]), C[:, : L - s]], dim=1)
-            C = torch.einsum("blijd,bljkd->blikd", C, C_prev)
+        p0, p1 = _shift(x0, s, 0.0), _shift(x1, s, 0.0)
+        x0, x1 = x0 + a * p0 + b * p1, x1 + c * p0 + d * p1
+        if 2 * s < L:  # C_t <- C_t @ C_{t-s} (identity before the start)
+            pa, pb, pc, pd = _shift(a, s, 1.0), _shift(b, s, 0.0), _shift(c, s, 0.0), _shift(d, s, 1.0)
+            a, b, c, d = a * pa + b * pc, a * pb + b * pd, c * pa + d * pc, c * pb + d * pd
         s *= 2
-    return x.clone() if L <= 1 else x
-
-
-def _eye2_like(C: torch.Tensor) -> torch.Tensor:
-    """Identity blocks shaped like ``C (B, s, 2, 2, D)``."""
-    eye = torch.zeros_like(C)
-    eye[:, :, 0, 0] = 1
-    eye[:, :, 1, 1] = 1
-    return eye
+    return torch.stack([x0, x1], dim=2)
 
 
 def linear_scan_dense_torch(C: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:

@@ -1,0 +1,25 @@
+"""Recurrent cells written as one recurrence step, and their Newton-parallel mixers (SPEC §5.1).
+
+``RNNCell`` (``base.py``): the cell interface and derived Jacobians / checks. ``cell_mixer``
+(``mixer.py``): a cell class -> a multi-head mixer with modes sequential / parallel /
+parallel-triton / fused. ``FlashGRUCell``, ``FlashLSTMCell`` (``flash.py``): paper 000's cells,
+registered as the mixers ``flashgru`` and ``flashlstm``. ``newton_residuals``
+(``convergence.py``): the per-iteration residuals of paper 000 Fig. 4.
+"""
+
+from kernels.newton import NewtonDivergenceError, NewtonStats
+from mixers.cells.base import JacobianCheck, RNNCell
+from mixers.cells.flash import FlashGRUCell, FlashLSTMCell
+from mixers.cells.mixer import MODES, CellMixer, cell_mixer
+
+__all__ = [
+    "MODES",
+    "CellMixer",
+    "FlashGRUCell",
+    "FlashLSTMCell",
+    "JacobianCheck",
+    "NewtonDivergenceError",
+    "NewtonStats",
+    "RNNCell",
+    "cell_mixer",
+]

@@ -1,0 +1,164 @@
+"""FlashGRU and FlashLSTM (paper 000 §3): GRU / LSTM-CIFG cells with diagonal state matrices.
+
+Per head (``d_in`` input channels, ``d_state`` = ``Ds`` state channels), with ``u = x @ B + b``
+computed once for all positions (``input_projection``):
+
+FlashGRU (eq. 7a + 9), ``jacobian = "diag"``, parameters ``B (3, d_in, Ds)``, ``b (3, Ds)``,
+``a (3, Ds)`` for the gates (z, r, c)::
+
+    z = sigmoid(a_z * h + u_z)        r = sigmoid(a_r * h + u_r)
+    c = tanh(a_c * (h * r) + u_c)     h' = (1 - z) * h + z * c
+
+FlashLSTM (eq. 7b + 9), ``jacobian = "block2"``, state ``[c, h]`` (size ``2 Ds``), output ``h``;
+parameters ``B (3, d_in, Ds)``, ``b (3, Ds)``, ``a (3, Ds)`` for the gates (f, z, o), peepholes
+``p (2, Ds)`` = (c_f, c_o)::
+
+    f = sigmoid(a_f * h + u_f + c_f * c_prev)    z = tanh(a_z * h + u_z)
+    c = f * c_prev + (1 - f) * z                 o = sigmoid(a_o * h + u_o + c_o * c)
+    h = o * tanh(c)
+
+Closed-form Jacobians: eq. 8 with diagonal ``A``, ``C``. In a mixer the heads' parameters are
+``mixer.stacked_parameters()``: ``B (H, 3, d_in, Ds)``, ``b (H, 3, Ds)``, ``a (H, 3, Ds)`` and, for
+FlashLSTM, ``p (H, 2, Ds)``.
+
+Initialization (App. C.1): ``B`` Kaiming-uniform per gate (``nn.init.kaiming_uniform_`` on the
+``(Ds, d_in)`` gate matrix, fan-in ``d_in``), ``a`` and ``p`` Xavier-normal as the diagonals of
+``Ds x Ds`` matrices (std ``1/sqrt(Ds)``), biases 0. Clipping: ``clip_norm`` (default 0.9, the
+synthetic-task value; ``None`` for parity, where the paper found it harmful) bounds the norm of
+``diag(a_*)`` and ``diag(c_*)`` -- for a diagonal matrix the largest ``|entry|`` -- by projecting
+the entries into ``[-clip_norm, clip_norm]`` at initialization and before every forward
+(``project_parameters_``), so the bound holds throughout training (projected gradient descent).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from mixers.cells.base import RNNCell
+from mixers.cells.mixer import cell_mixer
+from mixers.registry import register_mixer
+
+
+def _dsigmoid(s: torch.Tensor) -> torch.Tensor:
+    """sigmoid' from the sigmoid's value."""
+    return s * (1 - s)
+
+
+class _FlashCell(RNNCell):
+    """Shared parameters and initialization of FlashGRU / FlashLSTM (gates: 3, diagonals ``a``)."""
+
+    n_peepholes = 0
+
+    def __init__(self, d_in: int, d_state: int, clip_norm: Optional[float] = 0.9):
+        super().__init__()
+        if clip_norm is not None and not clip_norm > 0:
+            raise ValueError(f"clip_norm must be None or > 0, got {clip_norm!r}")
+        self.d_in, self.d_state, self.clip_norm = d_in, d_state, clip_norm
+        self.B = nn.Parameter(torch.empty(3, d_in, d_state))
+        self.b = nn.Parameter(torch.empty(3, d_state))
+        self.a = nn.Parameter(torch.empty(3, d_state))
+        if self.n_peepholes:
+            self.p = nn.Parameter(torch.empty(self.n_peepholes, d_state))
+        self.reset_parameters()
+
+    def _diagonals(self) -> list[torch.Tensor]:
+        return [self.a] + ([self.p] if self.n_peepholes else [])
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            for g in range(3):
+                nn.init.kaiming_uniform_(self.B[g].T)  # (Ds, d_in) view: fan-in d_in
+            self.b.zero_()
+            for d in self._diagonals():
+                d.normal_(0.0, math.sqrt(2.0 / (2 * self.d_state)))  # Xavier-normal of diag(d)
+        self.project_parameters_()
+
+    def project_parameters_(self) -> None:
+        if self.clip_norm is not None:
+            with torch.no_grad():
+                for d in self._diagonals():
+                    d.clamp_(-self.clip_norm, self.clip_norm)
+
+    def input_projection(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (..., d_in)`` -> ``u = x @ B + b`` ``(..., 3, Ds)``."""
+        return torch.einsum("...i,gis->...gs", x, self.B) + self.b
+
+
+class FlashGRUCell(_FlashCell):
+    """FlashGRU for one head; see the module docstring."""
+
+    jacobian = "diag"
+
+    def state_update(self, h: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        a_z, a_r, a_c = self.a
+        z = torch.sigmoid(a_z * h + u[..., 0, :])
+        r = torch.sigmoid(a_r * h + u[..., 1, :])
+        c = torch.tanh(a_c * (h * r) + u[..., 2, :])
+        return (1 - z) * h + z * c
+
+    def jacobian_fn(self, h: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Eq. 8 (diagonal): ``(1-z) + (c-h) s'(z^) a_z + z tanh'(c^) a_c (r + h s'(r^) a_r)``."""
+        a_z, a_r, a_c = self.a
+        z = torch.sigmoid(a_z * h + u[..., 0, :])
+        r = torch.sigmoid(a_r * h + u[..., 1, :])
+        c = torch.tanh(a_c * (h * r) + u[..., 2, :])
+        return (1 - z) + (c - h) * _dsigmoid(z) * a_z + z * (1 - c * c) * a_c * (r + h * _dsigmoid(r) * a_r)
+
+
+class FlashLSTMCell(_FlashCell):
+    """FlashLSTM (CIFG with peepholes) for one head; state ``[c, h]``; see the module docstring."""
+
+    jacobian = "block2"
+    n_peepholes = 2
+
+    def __init__(self, d_in: int, d_state: int, clip_norm: Optional[float] = 0.9):
+        super().__init__(d_in, d_state, clip_norm)
+        self.state_size = 2 * d_state
+
+    def _gates(self, state: torch.Tensor, u: torch.Tensor):
+        c_prev, h = state[..., : self.d_state], state[..., self.d_state :]
+        a_f, a_z, a_o = self.a
+        c_f, c_o = self.p
+        f = torch.sigmoid(a_f * h + u[..., 0, :] + c_f * c_prev)
+        z = torch.tanh(a_z * h + u[..., 1, :])
+        c = f * c_prev + (1 - f) * z
+        o = torch.sigmoid(a_o * h + u[..., 2, :] + c_o * c)
+        return c_prev, h, f, z, c, o
+
+    def state_update(self, state: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        _, _, _, _, c, o = self._gates(state, u)
+        return torch.cat([c, o * torch.tanh(c)], dim=-1)
+
+    def jacobian_fn(self, state: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Eq. 8 with diagonal blocks: ``(..., 2, 2, Ds)`` = ``[[J_cc, J_ch], [J_hc, J_hh]]``."""
+        c_prev, h, f, z, c, o = self._gates(state, u)
+        a_f, a_z, a_o = self.a
+        c_f, c_o = self.p
+        tc = torch.tanh(c)
+        df = (c_prev - z) * _dsigmoid(f)
+        J_cc = f + df * c_f
+        J_ch = df * a_f + (1 - f) * (1 - z * z) * a_z
+        do = tc * _dsigmoid(o)  # d h / d o^
+        dh_dc = do * c_o + o * (1 - tc * tc)  # through c directly and through the peephole
+        J_hc = dh_dc * J_cc
+        J_hh = do * a_o + dh_dc * J_ch
+        return torch.stack([torch.stack([J_cc, J_ch], dim=-2), torch.stack([J_hc, J_hh], dim=-2)], dim=-3)
+
+    def output(self, state: torch.Tensor) -> torch.Tensor:
+        return state[..., self.d_state :]
+
+
+@register_mixer("flashgru")
+def flashgru(d_model: int, **config) -> nn.Module:
+    """FlashGRU mixer: ``cell_mixer(FlashGRUCell, d_model, **config)`` (``clip_norm`` goes to the cell)."""
+    return cell_mixer(FlashGRUCell, d_model, **config)
+
+
+@register_mixer("flashlstm")
+def flashlstm(d_model: int, **config) -> nn.Module:
+    """FlashLSTM mixer: ``cell_mixer(FlashLSTMCell, d_model, **config)``; outputs ``h`` of ``[c, h]``."""
+    return cell_mixer(FlashLSTMCell, d_model, **config)

@@ -1,0 +1,258 @@
+"""``cell_mixer``: turn a one-head ``RNNCell`` class into a multi-head sequence mixer.
+
+``x (B, L, d_model)`` is split into ``num_heads`` heads of ``d_in = d_model / H`` channels; head
+``k`` runs its own cell (own parameters, own input matrices: paper 000 App. C.1) with
+``d_state / H`` state channels. The heads' outputs are concatenated; if that width is not
+``d_model``, a linear ``out_proj`` maps it back. Heads run together through ``torch.func.vmap``
+over the heads' stacked parameters (``CellMixer.stacked_parameters()``: ``{name: (H, ...)}``).
+
+Modes (``mode=`` or, as for every mixer, ``backend=``):
+
+- ``sequential``: the loop ``h_t = f(h_{t-1}, x_t)``; the ground truth.
+- ``parallel``: Newton (``kernels.newton.newton_apply``) with the torch log-step reduction.
+- ``parallel-triton``: the same with the reduction in the ``"triton"`` scan backend (diag/block2).
+- ``fused``: the cell class's ``fused_apply`` (all Newton iterations in one kernel)::
+
+      @classmethod
+      def fused_apply(cls, params: dict[str, Tensor], u: Tensor, *, iters: int, tol: float | None) -> Tensor
+
+  ``params``: the heads' stacked parameters ``{name: (H, ...)}`` (after ``project_parameters_``);
+  ``u (H, B, L, *feat)``: the per-head ``input_projection`` of the input; returns the states
+  ``h (H, B, L, state_size)``, differentiable w.r.t. ``u`` and ``params``.
+- ``auto``: on CUDA ``fused`` if the cell has ``fused_apply``, else ``parallel-triton`` when the
+  Triton scan exists and the Jacobian is not dense, else ``parallel``; on the CPU ``parallel``.
+
+With ``check=True`` every parallel result's residual ``max |f(h_{t-1}, x_t) - h_t|`` is checked:
+non-finite or above ``divergence_tol * max(1, max |h|)`` -> the sequential result is returned and
+``fallback_count`` incremented (``on_divergence="fallback"``) or ``NewtonDivergenceError`` is raised
+(``"raise"``). ``last_newton_stats`` holds the per-iteration max residuals of the last forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from kernels._triton import triton_available
+from kernels.newton import NewtonDivergenceError, NewtonStats, check_residual, newton_apply, residual, sequential_apply
+from kernels.scan import SCAN_BACKENDS
+from mixers.cells.base import RNNCell
+
+MODES = ("auto", "sequential", "parallel", "parallel-triton", "fused")
+
+
+def _positive_int(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class CellMixer(nn.Module):
+    """A multi-head mixer running one ``RNNCell`` per head; see the module docstring.
+
+    Attributes: ``cells`` (one per head), ``last_newton_stats`` (``NewtonStats`` or ``None``),
+    ``fallback_count`` (parallel results replaced by the sequential one since construction).
+    """
+
+    BACKENDS = MODES
+
+    def __init__(
+        self,
+        cell_class: type,
+        d_model: int,
+        num_heads: int = 4,
+        d_state: Optional[int] = None,
+        mode: str = "auto",
+        iters: int = 3,
+        tol: Optional[float] = None,
+        damping: Optional[float] = None,
+        check: bool = True,
+        divergence_tol: float = 1e-4,
+        on_divergence: str = "fallback",
+        verify: bool = True,
+        cell_kwargs: Optional[dict] = None,
+    ):
+        super().__init__()
+        if not (isinstance(cell_class, type) and issubclass(cell_class, RNNCell)):
+            raise TypeError(f"cell_class must be an RNNCell subclass, got {cell_class!r}")
+        d_model, H = _positive_int("d_model", d_model), _positive_int("num_heads", num_heads)
+        d_state = d_model if d_state is None else _positive_int("d_state", d_state)
+        if d_model % H or d_state % H:
+            raise ValueError(f"d_model ({d_model}) and d_state ({d_state}) must be divisible by num_heads ({H})")
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
+        if not isinstance(iters, int) or isinstance(iters, bool) or iters < 0:
+            raise ValueError(f"iters must be an int >= 0, got {iters!r}")
+        if tol is not None and not tol >= 0:
+            raise ValueError(f"tol must be None or >= 0, got {tol!r}")
+        if damping is not None and not 0.0 <= damping <= 1.0:
+            raise ValueError(f"damping must be None or in [0, 1], got {damping!r}")
+        if on_divergence not in ("fallback", "raise"):
+            raise ValueError(f"on_divergence must be 'fallback' or 'raise', got {on_divergence!r}")
+        if not divergence_tol > 0:
+            raise ValueError(f"divergence_tol must be > 0, got {divergence_tol!r}")
+        if mode == "fused" and cell_class.fused_apply is None:
+            raise ValueError(f"mode='fused' needs {cell_class.__name__}.fused_apply; use mode='parallel' or 'parallel-triton'")
+        if mode == "parallel-triton" and cell_class.jacobian == "dense":
+            raise ValueError(f"mode='parallel-triton' supports diag and block2 Jacobians; {cell_class.__name__} is dense: use mode='parallel'")
+        cell_kwargs = dict(cell_kwargs or {})
+        self.cells = nn.ModuleList([cell_class(d_model // H, d_state // H, **cell_kwargs) for _ in range(H)])
+        cell = self.cells[0]
+        cell.check_shapes()
+        if verify:
+            cell.verify_jacobian()
+        self.d_model, self.num_heads, self.d_state, self.mode = d_model, H, d_state, mode
+        self.d_in, self.state_size = cell.sizes()
+        self.iters, self.tol, self.damping, self.check = iters, tol, damping, check
+        self.divergence_tol, self.on_divergence = divergence_tol, on_divergence
+        with torch.no_grad():
+            self.d_out = cell.output(torch.zeros(1, self.state_size)).shape[-1]
+        width = H * self.d_out
+        self.out_proj = nn.Linear(width, d_model, bias=False) if width != d_model else None
+        self.last_newton_stats: Optional[NewtonStats] = None
+        self.fallback_count = 0
+
+    # --- parameters and per-head calls -------------------------------------------------------------
+    def stacked_parameters(self) -> dict[str, torch.Tensor]:
+        """``{name: (H, ...)}``: every head's parameters and buffers stacked (differentiable)."""
+        per_head = [dict(c.named_parameters()) | dict(c.named_buffers()) for c in self.cells]
+        return {name: torch.stack([p[name] for p in per_head]) for name in per_head[0]}
+
+    def _heads(self, method: str, params: dict, *args: torch.Tensor) -> torch.Tensor:
+        """Run ``cell.method(*args)`` for every head at once; ``args`` have the head dim first."""
+        return vmap(lambda p, *a: functional_call(self.cells[0], p, (method, *a)))(params, *args)
+
+    def _functions(self, params: dict):
+        names = list(params)
+
+        def step(h_prev, u, *values):
+            return self._heads("state_update", dict(zip(names, values)), h_prev, u)
+
+        jac = None
+        if self.cells[0].jacobian_fn is not None:
+
+            def jac(h_prev, u, *values):
+                return self._heads("jacobian_fn", dict(zip(names, values)), h_prev, u)
+
+        return step, jac, [params[n] for n in names]
+
+    # --- modes ---------------------------------------------------------------------------------------
+    def resolve_mode(self, x: torch.Tensor) -> str:
+        """The mode a forward on ``x`` uses (``auto`` resolved)."""
+        if self.mode != "auto":
+            return self.mode
+        cls = type(self.cells[0])
+        if x.is_cuda:
+            if cls.fused_apply is not None:
+                return "fused"
+            if "triton" in SCAN_BACKENDS and cls.jacobian != "dense":
+                return "parallel-triton"
+        return "parallel"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (B, L, d_model)`` -> ``(B, L, d_model)``."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"expected x of shape (B, L, d_model={self.d_model}), got {shape}")
+        with torch.no_grad():
+            for c in self.cells:
+                c.project_parameters_()
+        params = self.stacked_parameters()
+        dtype = next(iter(params.values())).dtype if params else x.dtype
+        if x.dtype != dtype:
+            raise TypeError(f"x has dtype {x.dtype} but the cell parameters are {dtype}; convert one of them")
+        B, L, _ = x.shape
+        H = self.num_heads
+        xh = x.reshape(B, L, H, self.d_in).permute(2, 0, 1, 3)  # (H, B, L, d_in)
+        u = self._heads("input_projection", params, xh)  # (H, B, L, *feat)
+        h = self._run(self.resolve_mode(x), u, params, x)  # (H, B, L, S)
+        y = self._heads("output", params, h)  # (H, B, L, d_out)
+        y = y.permute(1, 2, 0, 3).reshape(B, L, H * self.d_out)
+        return self.out_proj(y) if self.out_proj is not None else y
+
+    def _run(self, mode: str, u: torch.Tensor, params: dict, x: torch.Tensor) -> torch.Tensor:
+        step, jac, values = self._functions(params)
+        S = self.state_size
+        if mode == "sequential":
+            self.last_newton_stats = NewtonStats(residuals=[], mode="sequential")
+            return sequential_apply(step, u, values, state_size=S, time_dim=2)
+        if mode == "fused":
+            h = type(self.cells[0]).fused_apply(params, u, iters=self.iters, tol=self.tol)
+            stats = NewtonStats(residuals=[], mode="fused")
+            if self.check:
+                with torch.no_grad():
+                    r = residual(step, h.detach(), u.detach(), [v.detach() for v in values], time_dim=2)
+                    stats.residuals = [float(r.abs().amax())] if r.numel() else [0.0]
+                    h_max = float(h.detach().abs().amax()) if h.numel() else 0.0
+                if not check_residual(stats.final_residual, h_max, self.divergence_tol):
+                    h = self._diverged(stats, step, u, values)
+            self.last_newton_stats = stats
+            return h
+        backend = "torch"
+        if mode == "parallel-triton":
+            if "triton" not in SCAN_BACKENDS:
+                raise ValueError("mode='parallel-triton' needs the 'triton' scan backend, which kernels.scan does not have yet; use mode='parallel'")
+            if not triton_available(x):
+                raise ValueError(f"mode='parallel-triton' cannot run Triton on {x.device} (needs CUDA, or TRITON_INTERPRET=1 on the CPU)")
+            backend = "triton"
+        h, stats = newton_apply(
+            step, u, values, state_size=S, structure=self.cells[0].jacobian, jac=jac, time_dim=2,
+            iters=self.iters, tol=self.tol, damping=self.damping, backend=backend,
+            check=self.check, divergence_tol=self.divergence_tol, on_divergence=self.on_divergence,
+        )
+        stats.mode = mode
+        self.fallback_count += int(stats.fell_back)
+        self.last_newton_stats = stats
+        return h
+
+    def _diverged(self, stats: NewtonStats, step, u, values) -> torch.Tensor:
+        message = (
+            f"{stats.mode} Newton result has max residual {stats.final_residual:.3g} "
+            f"(divergence_tol {self.divergence_tol:g})"
+        )
+        if self.on_divergence == "raise":
+            raise NewtonDivergenceError(message, stats.residuals)
+        stats.fell_back = True
+        self.fallback_count += 1
+        return sequential_apply(step, u, values, state_size=self.state_size, time_dim=2)
+
+    def extra_repr(self) -> str:
+        return (
+            f"cell={type(self.cells[0]).__name__}, d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"d_state={self.d_state}, mode={self.mode!r}, iters={self.iters}, tol={self.tol}, damping={self.damping}"
+        )
+
+
+_MIXER_KEYS = ("d_state", "mode", "iters", "tol", "damping", "check", "divergence_tol", "on_divergence", "verify")
+
+
+def cell_mixer(cell_class: type, d_model: int, num_heads: int = 4, *, backend: Optional[str] = None, **config) -> CellMixer:
+    """Build a ``CellMixer`` from ``cell_class``; keys not of the mixer go to the cell's ``__init__``.
+
+    Mixer keys: ``d_state, mode (or backend), iters, tol, damping, check, divergence_tol,
+    on_divergence, verify``; e.g. ``cell_mixer(FlashGRUCell, 64, clip_norm=None)`` passes
+    ``clip_norm`` to every head's ``FlashGRUCell(d_in, d_state, clip_norm=None)``.
+    """
+    if backend is not None:
+        if "mode" in config and config["mode"] != backend:
+            raise ValueError(f"backend={backend!r} and mode={config['mode']!r} disagree; give one of them")
+        config["mode"] = backend
+    mixer_cfg = {k: config.pop(k) for k in list(config) if k in _MIXER_KEYS}
+    if config:
+        try:
+            cell_params = inspect.signature(cell_class.__init__).parameters
+        except (TypeError, ValueError):
+            cell_params = {}
+        accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in cell_params.values())
+        cell_keys = [k for k in cell_params if k not in ("self", "d_in", "d_state")]
+        unknown = [k for k in config if k not in cell_keys]
+        if unknown and not accepts_any:
+            raise TypeError(
+                f"unknown config key(s) {', '.join(map(repr, unknown))} for a {cell_class.__name__} mixer; "
+                f"mixer keys: num_heads, backend, {', '.join(_MIXER_KEYS)}; cell keys: {', '.join(cell_keys) or '(none)'}"
+            )
+    return CellMixer(cell_class, d_model, num_heads, cell_kwargs=config, **mixer_cfg)
