@@ -8,5 +8,6 @@ from mixers.registry import MIXERS, build_mixer, register_mixer, resolve_mixer
 
 # Built-in mixers register themselves on import (one line per module).
 import mixers.builtin  # noqa: F401,E402
+from mixers.cells import cell_mixer  # noqa: E402
 
-__all__ = ["MIXERS", "build_mixer", "register_mixer", "resolve_mixer"]
+__all__ = ["MIXERS", "build_mixer", "cell_mixer", "register_mixer", "resolve_mixer"]

@@ -2,3 +2,4 @@
 import mixers.attention  # noqa: F401,E402
 import mixers.rnn  # noqa: F401,E402
 import mixers.mamba  # noqa: F401
+import mixers.cells  # noqa: F401
