@@ -6,9 +6,16 @@ sum of ``dt * A`` inside the chunk, ``dt_t`` the step size (both float32, laid o
 ``dt = 0``). Sequence tensors are ``(batch, L, heads_of_tensor, dim)`` with any strides; a tensor
 with fewer heads than ``H`` (``B``, ``C`` per group) is read at head ``h // ratio``.
 
-``chunk_outer``: ``out[b, c, h] = sum_{s in c} w_s U_s (x) V_s``  (a ``(DU, DV)`` matrix), with
-``w_s = dt_s exp(acum_last - acum_s)`` (MODE 0: the state a chunk adds) or
-``w_s = exp(acum_s)`` (MODE 1: the gradient reaching the state entering a chunk).
+``chunk_state``: the chunk states and the recurrence across chunks in one pass (paper 004's fused
+inter-chunk recurrence); a program owns one ``(DU, DV)`` tile of one ``(b, h)`` state and walks
+the chunks in order, keeping the state in registers:
+- forward:  ``out[c] = prev_c`` (``out[0] = init``, ``out[nc]`` = final) with
+  ``prev_{c+1} = exp(acum_last_c) prev_c + sum_{s in c} dt_s exp(acum_last_c - acum_s) U_s (x) V_s``
+  (``U = x``, ``V = B``: the state entering each chunk);
+- reverse:  ``out[nc] = init`` (the final state's gradient) and
+  ``out[c] = exp(acum_last_c) out[c+1] + sum_{s in c} exp(acum_s) U_s (x) V_s``
+  (``U = dy``, ``V = C``: the gradient reaching the state entering each chunk), plus this tile's
+  share of ``<out[c+1], prev[c+1]>`` for the decay gradient.
 
 ``chunk_attn``: the quadratic, attention-like form inside a chunk plus a state term:
 - causal:      ``out_t = sum_{s<=t} (Q_t.K_s) exp(acum_t - acum_s) dt_s V_s + exp(acum_t) Q_t S_c``
@@ -25,39 +32,61 @@ import triton.language as tl
 
 
 @triton.jit
-def chunk_outer_kernel(
-    u_ptr, v_ptr, out_ptr, acum_ptr, dt_ptr,
-    L, H, Lp, DU, DV, rv,
+def chunk_state_kernel(
+    u_ptr, v_ptr, init_ptr, out_ptr, p_ptr, dot_ptr, acum_ptr, dt_ptr,
+    L, H, Lp, nc, DU, DV, rv,
     su_b, su_l, su_h, su_d,
     sv_b, sv_l, sv_h, sv_d,
+    si_b, si_h, si_r, si_k,
     so_b, so_c, so_h, so_r, so_k,
-    Q: tl.constexpr, BS: tl.constexpr, BU: tl.constexpr, BV: tl.constexpr, MODE: tl.constexpr,
+    sp_b, sp_c, sp_h, sp_r, sp_k,
+    Q: tl.constexpr, BS: tl.constexpr, BU: tl.constexpr, BV: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
 ):
-    c = tl.program_id(0)
-    b = tl.program_id(1) // H
-    h = tl.program_id(1) % H
+    b = tl.program_id(0) // H
+    h = tl.program_id(0) % H
     nv = tl.cdiv(DV, BV)
-    iu = tl.program_id(2) // nv
-    iv = tl.program_id(2) % nv
-    du = iu * BU + tl.arange(0, BU)
-    dv = iv * BV + tl.arange(0, BV)
+    du = (tl.program_id(1) // nv) * BU + tl.arange(0, BU)
+    dv = (tl.program_id(1) % nv) * BV + tl.arange(0, BV)
+    tile_ok = (du[:, None] < DU) & (dv[None, :] < DV)
+    tile = du[:, None] * so_r + dv[None, :] * so_k
     base = b * H * Lp + h * Lp
-    a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
-    acc = tl.zeros((BU, BV), dtype=tl.float32)
-    for s0 in range(c * Q, c * Q + Q, BS):
-        s = s0 + tl.arange(0, BS)
-        u = tl.load(u_ptr + b * su_b + s[:, None] * su_l + h * su_h + du[None, :] * su_d,
-                    mask=(s[:, None] < L) & (du[None, :] < DU), other=0.0)
-        v = tl.load(v_ptr + b * sv_b + s[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
-                    mask=(s[:, None] < L) & (dv[None, :] < DV), other=0.0)
-        a = tl.load(acum_ptr + base + s)
-        if MODE == 0:
-            w = tl.exp(a_last - a) * tl.load(dt_ptr + base + s)
+    state = tl.zeros((BU, BV), dtype=tl.float32)
+    if HAS_INIT:
+        state += tl.load(init_ptr + b * si_b + h * si_h + du[:, None] * si_r + dv[None, :] * si_k, mask=tile_ok, other=0.0)
+    out = out_ptr + b * so_b + h * so_h
+    if REVERSE:
+        tl.store(out + nc * so_c + tile, state, mask=tile_ok)
+    for i in range(nc):
+        if REVERSE:
+            c = nc - 1 - i
         else:
-            w = tl.exp(a)
-        acc += tl.dot(tl.trans((u * w[:, None]).to(v.dtype)), v)
-    tl.store(out_ptr + b * so_b + c * so_c + h * so_h + du[:, None] * so_r + dv[None, :] * so_k, acc,
-             mask=(du[:, None] < DU) & (dv[None, :] < DV))
+            c = i
+        if REVERSE:  # <G_{c+1}, prev_{c+1}>, this tile's share
+            prev = tl.load(p_ptr + b * sp_b + (c + 1) * sp_c + h * sp_h + du[:, None] * sp_r + dv[None, :] * sp_k,
+                           mask=tile_ok, other=0.0)
+            tl.store(dot_ptr + ((b * nc + c) * H + h) * tl.num_programs(1) + tl.program_id(1), tl.sum(tl.sum(state * prev, 1), 0))
+        else:
+            tl.store(out + c * so_c + tile, state, mask=tile_ok)
+        a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
+        acc = tl.zeros((BU, BV), dtype=tl.float32)
+        for s0 in range(c * Q, c * Q + Q, BS):
+            s = s0 + tl.arange(0, BS)
+            u = tl.load(u_ptr + b * su_b + s[:, None] * su_l + h * su_h + du[None, :] * su_d,
+                        mask=(s[:, None] < L) & (du[None, :] < DU), other=0.0)
+            v = tl.load(v_ptr + b * sv_b + s[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
+                        mask=(s[:, None] < L) & (dv[None, :] < DV), other=0.0)
+            a = tl.load(acum_ptr + base + s)
+            if REVERSE:
+                w = tl.exp(a)
+            else:
+                w = tl.exp(a_last - a) * tl.load(dt_ptr + base + s)
+            acc += tl.dot(tl.trans((u * w[:, None]).to(v.dtype)), v)
+        state = tl.exp(a_last) * state + acc
+        if REVERSE:
+            tl.store(out + c * so_c + tile, state, mask=tile_ok)
+    if not REVERSE:
+        tl.store(out + nc * so_c + tile, state, mask=tile_ok)
 
 
 @triton.jit

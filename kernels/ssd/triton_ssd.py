@@ -1,12 +1,12 @@
 """SSD with Triton kernels, forward and backward, as ``torch.library`` custom ops.
 
-Same function and arguments as ``chunked.ssd_chunked``. Forward: the chunk states (``chunk_outer``,
-MODE 0), the recurrence across chunks (``kernels.scan.linear_scan``), the chunk outputs
-(``chunk_attn``, causal). Backward, with ``E_ts = exp(acum_t - acum_s)``, ``prev_c`` the state
+Same function and arguments as ``chunked.ssd_chunked``. Forward: the states entering every chunk
+(``chunk_state``: chunk states and the recurrence across chunks fused, the state kept on chip),
+then the chunk outputs (``chunk_attn``, causal). Backward, with ``E_ts = exp(acum_t - acum_s)``, ``prev_c`` the state
 entering chunk ``c`` and ``G_c`` the gradient reaching it:
 
-- ``dP_c = sum_t exp(acum_t) dy_t (x) C_t``                         (``chunk_outer`` MODE 1)
-- ``G_c = dP_c + exp(acum_last_c) G_{c+1}``, ``G_nc = dfinal``        (reverse ``linear_scan``)
+- ``G_c = sum_{t in c} exp(acum_t) dy_t (x) C_t + exp(acum_last_c) G_{c+1}``, ``G_nc = dfinal``
+  (``chunk_state`` in reverse)
 - ``dx_s = dt_s [sum_{t>=s} (B_s.C_t) E_ts dy_t + exp(acum_last - acum_s) G_{c+1} B_s]``
 - ``dB_s = dt_s [sum_{t>=s} (x_s.dy_t) E_ts C_t + exp(acum_last - acum_s) x_s G_{c+1}]``
 - ``dC_t = sum_{s<=t} (dy_t.x_s) E_ts dt_s B_s + exp(acum_t) dy_t prev_c``
@@ -24,8 +24,7 @@ import torch
 import triton
 
 from kernels._triton import triton_available
-from kernels.scan import linear_scan
-from kernels.ssd.triton_kernels import chunk_attn_kernel, chunk_outer_kernel
+from kernels.ssd.triton_kernels import chunk_attn_kernel, chunk_state_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -49,20 +48,26 @@ def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, to
     return dtT, acum
 
 
-def _chunk_outer(u, v, acum, dtT, Q, mode):
-    """``(batch, nc, H, DU, DV)`` float32; see ``triton_kernels``."""
+def _chunk_state(u, v, init, acum, dtT, Q, *, reverse, prev=None):
+    """``chunk_state`` (see ``triton_kernels``): ``(batch, nc + 1, H, DU, DV)`` float32, and in
+    reverse the per-``(batch, chunk, head)`` sums ``<out[c+1], prev[c+1]>`` ``(batch, nc, H)``."""
     batch, L, H, DU = u.shape
     DV = v.shape[-1]
-    nc = acum.shape[-1] // Q
-    out = _empty(batch, nc, H, DU, DV, device=u.device, dtype=torch.float32)
+    Lp = acum.shape[-1]
+    nc = Lp // Q
+    out = _empty(batch, nc + 1, H, DU, DV, device=u.device, dtype=torch.float32)
     BU, BV = min(64, _pow2(DU)), min(64, _pow2(DV))
-    grid = (nc, batch * H, triton.cdiv(DU, BU) * triton.cdiv(DV, BV))
-    chunk_outer_kernel[grid](
-        u, v, out, acum, dtT, L, H, acum.shape[-1], DU, DV, H // v.shape[2],
-        *u.stride(), *v.stride(), *out.stride(),
-        Q=Q, BS=min(Q, 64), BU=BU, BV=BV, MODE=mode,
+    tiles = triton.cdiv(DU, BU) * triton.cdiv(DV, BV)
+    dots = _empty(batch, nc, H, tiles, device=u.device, dtype=torch.float32) if reverse else out
+    init_strides = init.stride() if init is not None else (0, 0, 0, 0)
+    p = prev if prev is not None else out
+    chunk_state_kernel[(batch * H, tiles)](
+        u, v, init if init is not None else out, out, p, dots, acum, dtT,
+        L, H, Lp, nc, DU, DV, H // v.shape[2],
+        *u.stride(), *v.stride(), *init_strides, *out.stride(), *p.stride(),
+        Q=Q, BS=min(Q, 64), BU=BU, BV=BV, REVERSE=reverse, HAS_INIT=init is not None,
     )
-    return out
+    return out, (dots.sum(-1) if reverse else None)
 
 
 def _heads_per_program(ratio: int) -> int:
@@ -92,14 +97,6 @@ def _chunk_attn(q, k, v, S, acum, dtT, Q, *, reverse, out_heads, out_dtype, w=No
     return out, (dot if w is not None else None)
 
 
-def _scan_chunks(decay: torch.Tensor, inputs: torch.Tensor, reverse: bool) -> torch.Tensor:
-    """``linear_scan`` over the chunk axis of ``inputs (batch, n, H, P, N)`` with a decay per
-    ``(batch, n, H)`` broadcast over the state."""
-    batch, n = inputs.shape[:2]
-    coeff = decay[..., None, None].expand_as(inputs).reshape(batch, n, -1)
-    return linear_scan(coeff, inputs.reshape(batch, n, -1), reverse=reverse).view(inputs.shape)
-
-
 @torch.library.custom_op("expressivity::ssd_fwd", mutates_args=())
 def ssd_fwd(
     x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -110,11 +107,7 @@ def ssd_fwd(
     Q = chunk_size
     batch, L, H, P = x.shape
     dtT, acum = _decays(dt, A, Q)
-    states = _chunk_outer(x, B, acum, dtT, Q, mode=0)
-    init = states.new_zeros(batch, 1, H, P, B.shape[-1]) if initial_state is None else initial_state.float()[:, None]
-    decay = torch.exp(acum[:, :, Q - 1 :: Q]).transpose(1, 2)  # (batch, nc, H)
-    decay = torch.cat([torch.ones_like(decay[:, :1]), decay], dim=1)
-    prev = _scan_chunks(decay, torch.cat([init, states], dim=1), reverse=False)
+    prev, _ = _chunk_state(x, B, initial_state, acum, dtT, Q, reverse=False)
     y, _ = _chunk_attn(C, B, x, prev[:, :-1].transpose(-1, -2), acum, dtT, Q, reverse=False,
                        out_heads=H, out_dtype=x.dtype)
     return y, prev
@@ -139,10 +132,7 @@ def ssd_bwd(
     G, N = B.shape[2], B.shape[3]
     dtT, acum = _decays(dt, A, Q)
     nc = acum.shape[-1] // Q
-    dP = _chunk_outer(dy, C, acum, dtT, Q, mode=1)
-    decay = torch.exp(acum[:, :, Q - 1 :: Q]).transpose(1, 2)  # (batch, nc, H)
-    decay = torch.cat([decay, torch.zeros_like(decay[:, :1])], dim=1)
-    grads = _scan_chunks(decay, torch.cat([dP, dfinal.float()[:, None]], dim=1), reverse=True)  # G_0..G_nc
+    grads, to_end = _chunk_state(dy, C, dfinal, acum, dtT, Q, reverse=True, prev=prev)  # G_0..G_nc
     dS = grads[:, 1:]
     dx, ddt_direct = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, reverse=True,
                                  out_heads=H, out_dtype=x.dtype, w=x)
@@ -153,7 +143,7 @@ def ssd_bwd(
     dacum = torch.zeros_like(acum)
     dacum[:, :, :L] = (dy.float() * y.float()).sum(-1).transpose(1, 2)
     dacum -= dtT * ddt_direct
-    dacum[:, :, Q - 1 :: Q] += (dS * prev[:, 1:]).sum((-1, -2)).transpose(1, 2)
+    dacum[:, :, Q - 1 :: Q] += to_end.transpose(1, 2)
     dda = dacum.view(batch, H, nc, Q).flip(-1).cumsum(-1).flip(-1).view(batch, H, -1)  # d(dt * A)
     ddt = ddt_direct + dda * A.float()[:, None]
     dA = (dda * dtT).sum((0, 2))

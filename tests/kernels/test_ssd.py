@@ -126,7 +126,7 @@ def _rel(a, b):
 @needs_triton
 @pytest.mark.parametrize(
     "batch,L,H,P,G,N,chunk",
-    [(1, 1, 2, 16, 1, 16, 16), (2, 37, 4, 16, 2, 16, 16), (1, 17, 2, 8, 1, 5, 16), (1, 67, 4, 32, 1, 32, 32)],
+    [(1, 1, 2, 16, 1, 16, 16), (2, 37, 4, 16, 2, 16, 16), (1, 17, 2, 8, 1, 5, 16), (1, 67, 4, 32, 1, 32, 32), (1, 19, 2, 16, 1, 80, 16)],
 )
 def test_triton_matches_reference(poisoned, batch, L, H, P, G, N, chunk):
     inp = _inputs(batch, L, H, P, G, N, torch.float64, 100 + L)
