@@ -21,7 +21,7 @@ import triton.language as tl
 from kernels.fused_rnn.cells_triton import CELL_IDS, NUM_SAVED
 from kernels.fused_rnn.checks import check_fast_inputs, head_dim_padded
 from kernels.fused_rnn.fused_kernels import fused_bwd_kernel, fused_fwd_kernel
-from kernels.fused_rnn.reference import cell_spec
+from kernels.fused_rnn.reference import cell_spec, fused_rnn_reference
 
 #: most bytes of R (all gates of one head, padded) the fused kernel keeps on chip; larger heads go
 #: to the alternating backend. 128 KiB: DH=64 in any dtype, DH=128 for bfloat16 LSTM/GRU/sLSTM.
@@ -206,6 +206,8 @@ def fused_rnn_fused(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused persistent kernel; same signature and result as ``fused_rnn_reference``."""
     spec = check_fast_inputs("fused", cell, wx, R, b, states0)
+    if wx.shape[1] == 0:  # nothing to run
+        return fused_rnn_reference(cell, wx, R, b, states0)
     if states0 is None:
         states0 = wx.new_zeros(spec.num_states, wx.shape[0], wx.shape[2], wx.shape[4])
     h, last, _ = fused_rnn_fwd(cell, wx, R, b, states0, needs_grad(wx, R, b, states0))

@@ -1,0 +1,347 @@
+"""The alternating backend (paper 001 §5.2): per time step one batched matmul over heads (torch)
+and one fused Triton pointwise kernel, forward and backward. It serves any head dimension (R is
+re-read from memory every step), so ``fused_rnn(backend="triton")`` falls back to it when a head's
+R does not fit on chip.
+
+``fused_rnn_alternating(cell, wx, R, b, states0=None)`` has the signature and result of
+``fused_rnn_reference``. Ops (namespace ``expressivity``):
+
+    fused_rnn_alt_fwd(cell, wx, R, b, states0, save) -> (h, last_states, saved)
+    fused_rnn_alt_bwd(cell, dh, dlast, R, saved)     -> (dwx, dR, db, dstates0)
+
+``saved`` has the layout of the fused backend (``fused.py``). The matmuls run in float32 (float64
+for float64 inputs) on operands rounded to the storage dtype, as the fused kernel's tensor-core dots.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.fused_rnn.cells_triton import (
+    CELL_IDS,
+    ELMAN,
+    GRU,
+    LSTM,
+    NUM_SAVED,
+    SLSTM,
+    elman_bwd,
+    elman_fwd,
+    gru_bwd,
+    gru_fwd,
+    lstm_bwd,
+    lstm_fwd,
+    slstm_bwd,
+    slstm_fwd,
+)
+from kernels.fused_rnn.checks import check_fast_inputs
+from kernels.fused_rnn.reference import cell_spec, fused_rnn_reference
+
+BLOCK = 512  # elements per program of the pointwise kernels
+
+
+@triton.jit
+def _alt_fwd_step(
+    WX, RY, BIAS, ST, H, SAVED, t,
+    B, T, NH, DH,
+    CELL: tl.constexpr, GX: tl.constexpr, GR: tl.constexpr, GB: tl.constexpr,
+    NSAVE: tl.constexpr, SAVE: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """Step ``t``: ``RY (NH, B, GR, DH)`` = R^T h_{t-1}; ``ST (NS, NH, B, DH)`` states, updated in place."""
+    e = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    mask = e < NH * B * DH
+    hh = e // (B * DH)
+    bb = (e // DH) % B
+    d = e % DH
+    x = WX + ((bb * T + t) * NH + hh) * GX * DH + d
+    ry = RY + (hh * B + bb) * GR * DH + d
+    bias = BIAS + hh * GB * DH + d
+    hb = hh * B * DH + bb * DH + d  # index into one state of ST
+    ns = NH * B * DH
+    sv = SAVED + (((bb * (T + 1) + t + 1) * NH + hh) * NSAVE) * DH + d
+
+    def_ = tl.load(ry, mask=mask, other=0.0).to(ACC)  # gate 0 of R^T h
+    h_prev = tl.load(ST + hb, mask=mask, other=0.0)
+    if CELL == ELMAN:
+        p0 = tl.load(x, mask=mask, other=0.0).to(ACC) + def_ + tl.load(bias, mask=mask, other=0.0).to(ACC)
+        h = elman_fwd(p0)
+        if SAVE:
+            tl.store(sv, h, mask=mask)
+    if CELL == LSTM or CELL == SLSTM:
+        p0 = tl.load(x, mask=mask, other=0.0).to(ACC) + def_ + tl.load(bias, mask=mask, other=0.0).to(ACC)
+        p1 = tl.load(x + DH, mask=mask, other=0.0).to(ACC) + tl.load(ry + DH, mask=mask, other=0.0)
+        p1 += tl.load(bias + DH, mask=mask, other=0.0).to(ACC)
+        p2 = tl.load(x + 2 * DH, mask=mask, other=0.0).to(ACC) + tl.load(ry + 2 * DH, mask=mask, other=0.0)
+        p2 += tl.load(bias + 2 * DH, mask=mask, other=0.0).to(ACC)
+        p3 = tl.load(x + 3 * DH, mask=mask, other=0.0).to(ACC) + tl.load(ry + 3 * DH, mask=mask, other=0.0)
+        p3 += tl.load(bias + 3 * DH, mask=mask, other=0.0).to(ACC)
+        c_prev = tl.load(ST + ns + hb, mask=mask, other=0.0)
+        if CELL == LSTM:
+            h, c, i, f, tz, o = lstm_fwd(p0, p1, p2, p3, c_prev)
+            tl.store(ST + ns + hb, c, mask=mask)
+            if SAVE:
+                tl.store(sv, h, mask=mask)
+                tl.store(sv + DH, c, mask=mask)
+                tl.store(sv + 2 * DH, i, mask=mask)
+                tl.store(sv + 3 * DH, f, mask=mask)
+                tl.store(sv + 4 * DH, tz, mask=mask)
+                tl.store(sv + 5 * DH, o, mask=mask)
+        if CELL == SLSTM:
+            n_prev = tl.load(ST + 2 * ns + hb, mask=mask, other=0.0)
+            m_prev = tl.load(ST + 3 * ns + hb, mask=mask, other=0.0)
+            h, c, n, m, ig, fg, tz, o, sf, fi = slstm_fwd(p0, p1, p2, p3, c_prev, n_prev, m_prev)
+            tl.store(ST + ns + hb, c, mask=mask)
+            tl.store(ST + 2 * ns + hb, n, mask=mask)
+            tl.store(ST + 3 * ns + hb, m, mask=mask)
+            if SAVE:
+                tl.store(sv, h, mask=mask)
+                tl.store(sv + DH, c, mask=mask)
+                tl.store(sv + 2 * DH, n, mask=mask)
+                tl.store(sv + 3 * DH, ig, mask=mask)
+                tl.store(sv + 4 * DH, fg, mask=mask)
+                tl.store(sv + 5 * DH, tz, mask=mask)
+                tl.store(sv + 6 * DH, o, mask=mask)
+                tl.store(sv + 7 * DH, sf, mask=mask)
+                tl.store(sv + 8 * DH, fi, mask=mask)
+    if CELL == GRU:
+        g = def_ + tl.load(bias, mask=mask, other=0.0).to(ACC)
+        rp = tl.load(x, mask=mask, other=0.0).to(ACC) + tl.load(ry + DH, mask=mask, other=0.0)
+        rp += tl.load(bias + DH, mask=mask, other=0.0).to(ACC)
+        zp = tl.load(x + DH, mask=mask, other=0.0).to(ACC) + tl.load(ry + 2 * DH, mask=mask, other=0.0)
+        zp += tl.load(bias + 2 * DH, mask=mask, other=0.0).to(ACC)
+        npre = tl.load(x + 2 * DH, mask=mask, other=0.0).to(ACC) + tl.load(bias + 3 * DH, mask=mask, other=0.0)
+        h, r, z, a = gru_fwd(g, rp, zp, npre, h_prev)
+        if SAVE:
+            tl.store(sv, h, mask=mask)
+            tl.store(sv + DH, g, mask=mask)
+            tl.store(sv + 2 * DH, r, mask=mask)
+            tl.store(sv + 3 * DH, z, mask=mask)
+            tl.store(sv + 4 * DH, a, mask=mask)
+    tl.store(ST + hb, h, mask=mask)
+    tl.store(H + ((bb * T + t) * NH + hh) * DH + d, h.to(H.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _alt_bwd_step(
+    DY, DHR, DST, SAVED, DG, DGR, t,
+    B, T, NH, DH,
+    CELL: tl.constexpr, GR: tl.constexpr, GB: tl.constexpr, NSAVE: tl.constexpr,
+    BLOCK: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """Step ``t`` in reverse. ``DHR (NH, B, DH)``: gradient reaching h_t through R (in: from step
+    t + 1; out: the direct part of dh_{t-1}); ``DST (NS, NH, B, DH)`` carried state gradients (in
+    place); writes the gate gradients to ``DG (B, T, NH, GB, DH)`` and, rounded to the storage dtype,
+    the recurrent ones to ``DGR (NH, B, GR, DH)``."""
+    e = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    mask = e < NH * B * DH
+    hh = e // (B * DH)
+    bb = (e // DH) % B
+    d = e % DH
+    hb = hh * B * DH + bb * DH + d
+    ns = NH * B * DH
+    cur = SAVED + (((bb * (T + 1) + t + 1) * NH + hh) * NSAVE) * DH + d
+    prv = SAVED + (((bb * (T + 1) + t) * NH + hh) * NSAVE) * DH + d
+    dh = tl.load(DY + ((bb * T + t) * NH + hh) * DH + d, mask=mask, other=0.0).to(ACC)
+    dh += tl.load(DHR + hb, mask=mask, other=0.0)
+    direct = dh * 0.0
+    if CELL == ELMAN:
+        d0 = elman_bwd(dh, tl.load(cur, mask=mask, other=0.0))
+        d1 = d0
+        d2 = d0
+        d3 = d0
+    if CELL == LSTM:
+        d0, d1, d2, d3, dc = lstm_bwd(
+            dh,
+            tl.load(DST + ns + hb, mask=mask, other=0.0),
+            tl.load(cur + DH, mask=mask, other=0.0),
+            tl.load(prv + DH, mask=mask, other=0.0),
+            tl.load(cur + 2 * DH, mask=mask, other=0.0),
+            tl.load(cur + 3 * DH, mask=mask, other=0.0),
+            tl.load(cur + 4 * DH, mask=mask, other=0.0),
+            tl.load(cur + 5 * DH, mask=mask, other=0.0),
+        )
+        tl.store(DST + ns + hb, dc, mask=mask)
+    if CELL == GRU:
+        d0, d1, d2, d3, direct = gru_bwd(
+            dh,
+            tl.load(prv, mask=mask, other=0.0),
+            tl.load(cur + DH, mask=mask, other=0.0),
+            tl.load(cur + 2 * DH, mask=mask, other=0.0),
+            tl.load(cur + 3 * DH, mask=mask, other=0.0),
+            tl.load(cur + 4 * DH, mask=mask, other=0.0),
+        )
+    if CELL == SLSTM:
+        d0, d1, d2, d3, dc, dn, dm = slstm_bwd(
+            dh,
+            tl.load(DST + ns + hb, mask=mask, other=0.0),
+            tl.load(DST + 2 * ns + hb, mask=mask, other=0.0),
+            tl.load(DST + 3 * ns + hb, mask=mask, other=0.0),
+            tl.load(cur + DH, mask=mask, other=0.0),
+            tl.load(cur + 2 * DH, mask=mask, other=1.0),
+            tl.load(prv + DH, mask=mask, other=0.0),
+            tl.load(prv + 2 * DH, mask=mask, other=0.0),
+            tl.load(cur + 3 * DH, mask=mask, other=0.0),
+            tl.load(cur + 4 * DH, mask=mask, other=0.0),
+            tl.load(cur + 5 * DH, mask=mask, other=0.0),
+            tl.load(cur + 6 * DH, mask=mask, other=0.0),
+            tl.load(cur + 7 * DH, mask=mask, other=0.0),
+            tl.load(cur + 8 * DH, mask=mask, other=0.0),
+        )
+        tl.store(DST + ns + hb, dc, mask=mask)
+        tl.store(DST + 2 * ns + hb, dn, mask=mask)
+        tl.store(DST + 3 * ns + hb, dm, mask=mask)
+    tl.store(DHR + hb, direct, mask=mask)
+    dt = DG.dtype.element_ty
+    g = DG + ((bb * T + t) * NH + hh) * GB * DH + d
+    gr = DGR + (hh * B + bb) * GR * DH + d
+    tl.store(g, d0.to(dt), mask=mask)
+    tl.store(gr, d0.to(dt).to(ACC), mask=mask)
+    if GB > 1:
+        tl.store(g + DH, d1.to(dt), mask=mask)
+        tl.store(g + 2 * DH, d2.to(dt), mask=mask)
+        tl.store(g + 3 * DH, d3.to(dt), mask=mask)
+        tl.store(gr + DH, d1.to(dt).to(ACC), mask=mask)
+        tl.store(gr + 2 * DH, d2.to(dt).to(ACC), mask=mask)
+    if GR > 3:
+        tl.store(gr + 3 * DH, d3.to(dt).to(ACC), mask=mask)
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _tl(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+@torch.library.custom_op("expressivity::fused_rnn_alt_fwd", mutates_args=())
+def fused_rnn_alt_fwd(
+    cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor, save: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward of the alternating backend: ``(h, last_states, saved)`` (see ``fused.fused_rnn_fwd``)."""
+    spec = check_fast_inputs("alternating", cell, wx, R, b, states0)
+    bsz, length, nh, _, dh = wx.shape
+    acc = _acc(wx.dtype)
+    h = torch.empty(bsz, length, nh, dh, device=wx.device, dtype=wx.dtype)
+    nsave = NUM_SAVED[cell]
+    saved = torch.empty((bsz, length + 1, nh, nsave, dh) if save else (0,), device=wx.device, dtype=acc)
+    st = states0.to(acc).transpose(1, 2).contiguous()  # (NS, NH, B, DH), updated in place
+    if save:
+        saved[:, 0, :, 0] = states0[0].to(acc)
+        if cell in ("lstm", "slstm"):
+            saved[:, 0, :, 1] = states0[1].to(acc)
+        if cell == "slstm":
+            saved[:, 0, :, 2] = states0[2].to(acc)
+    r_acc = R.to(acc).reshape(nh, dh, spec.recurrent_gates * dh)
+    ry = torch.empty(nh, bsz, spec.recurrent_gates * dh, device=wx.device, dtype=acc)
+    grid = (triton.cdiv(nh * bsz * dh, BLOCK),)
+    for t in range(length):
+        torch.bmm(st[0].to(wx.dtype).to(acc), r_acc, out=ry)
+        _alt_fwd_step[grid](
+            wx, ry, b, st, h, saved if save else st, t,
+            bsz, length, nh, dh,
+            CELL=CELL_IDS[cell], GX=spec.input_gates, GR=spec.recurrent_gates, GB=spec.bias_gates,
+            NSAVE=nsave, SAVE=save, BLOCK=BLOCK, ACC=_tl(wx.dtype),
+        )  # fmt: skip
+    last = st.transpose(1, 2).to(wx.dtype).contiguous()
+    return h, last, saved
+
+
+@fused_rnn_alt_fwd.register_fake
+def _(cell, wx, R, b, states0, save):
+    bsz, length, nh, _, dh = wx.shape
+    return (
+        wx.new_empty(bsz, length, nh, dh),
+        wx.new_empty(cell_spec(cell).num_states, bsz, nh, dh),
+        wx.new_empty((bsz, length + 1, nh, NUM_SAVED[cell], dh) if save else (0,), dtype=_acc(wx.dtype)),
+    )
+
+
+@torch.library.custom_op("expressivity::fused_rnn_alt_bwd", mutates_args=())
+def fused_rnn_alt_bwd(
+    cell: str, dh_out: torch.Tensor, dlast: torch.Tensor, R: torch.Tensor, saved: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of the alternating backend: ``(dwx, dR, db, dstates0)``."""
+    spec = cell_spec(cell)
+    bsz, length, nh, dh = dh_out.shape
+    if saved.dim() != 5 or saved.shape != (bsz, length + 1, nh, NUM_SAVED[cell], dh):
+        raise ValueError(f"fused_rnn_alt_bwd: saved has shape {tuple(saved.shape)}; run the forward with save=True")
+    acc = _acc(R.dtype)
+    gr = spec.recurrent_gates
+    dh_out = dh_out.contiguous()
+    dst = dlast.to(acc).transpose(1, 2).contiguous()  # (NS, NH, B, DH): dh_T through R is dlast[0]
+    dhr = dst[0].clone()
+    dst[0].zero_()
+    dg = torch.empty(bsz, length, nh, spec.bias_gates, dh, device=R.device, dtype=R.dtype)
+    dgr = torch.empty(nh, bsz, gr * dh, device=R.device, dtype=acc)
+    rt = R.to(acc).reshape(nh, dh, gr * dh).transpose(1, 2)  # (NH, GR*DH, DH)
+    grid = (triton.cdiv(nh * bsz * dh, BLOCK),)
+    for t in reversed(range(length)):
+        _alt_bwd_step[grid](
+            dh_out, dhr, dst, saved, dg, dgr, t,
+            bsz, length, nh, dh,
+            CELL=CELL_IDS[cell], GR=gr, GB=spec.bias_gates, NSAVE=NUM_SAVED[cell], BLOCK=BLOCK, ACC=_tl(R.dtype),
+        )  # fmt: skip
+        dhr.baddbmm_(dgr, rt)
+    dst[0] = dhr
+    h_prev = saved[:, :length, :, 0].to(R.dtype).to(acc)
+    dR = torch.einsum("bthi,bthgj->higj", h_prev, dg[:, :, :, :gr].to(acc))
+    db = dg.to(acc).sum((0, 1))
+    dwx = dg[:, :, :, spec.bias_gates - spec.input_gates :]
+    if spec.bias_gates != spec.input_gates:
+        dwx = dwx.contiguous()
+    return dwx, dR.to(R.dtype), db.to(R.dtype), dst.transpose(1, 2).to(R.dtype).contiguous()
+
+
+@fused_rnn_alt_bwd.register_fake
+def _(cell, dh_out, dlast, R, saved):
+    spec = cell_spec(cell)
+    bsz, length, nh, dh = dh_out.shape
+    return (
+        R.new_empty(bsz, length, nh, spec.input_gates, dh),
+        torch.empty_like(R),
+        R.new_empty(nh, spec.bias_gates, dh),
+        R.new_empty(spec.num_states, bsz, nh, dh),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    cell, _, R, _, _, _ = inputs
+    ctx.cell = cell
+    ctx.save_for_backward(R, output[2])
+    ctx.mark_non_differentiable(output[2])
+
+
+def _backward(ctx, dh, dlast, _dsaved):
+    R, saved = ctx.saved_tensors
+    if saved.dim() != 5:
+        raise RuntimeError("fused_rnn: backward through a forward run with save=False (under no_grad?)")
+    bsz, length1, nh, _, dhd = saved.shape
+    if dh is None:
+        dh = R.new_zeros(bsz, length1 - 1, nh, dhd)
+    if dlast is None:
+        dlast = R.new_zeros(cell_spec(ctx.cell).num_states, bsz, nh, dhd)
+    dwx, dR, db, ds0 = fused_rnn_alt_bwd(ctx.cell, dh, dlast, R, saved)
+    return None, dwx, dR, db, ds0, None
+
+
+fused_rnn_alt_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fused_rnn_alternating(
+    cell: str,
+    wx: torch.Tensor,
+    R: torch.Tensor,
+    b: torch.Tensor,
+    states0: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The alternating backend; same signature and result as ``fused_rnn_reference``."""
+    spec = check_fast_inputs("alternating", cell, wx, R, b, states0)
+    if wx.shape[1] == 0:  # nothing to run
+        return fused_rnn_reference(cell, wx, R, b, states0)
+    if states0 is None:
+        states0 = wx.new_zeros(spec.num_states, wx.shape[0], wx.shape[2], wx.shape[4])
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (wx, R, b, states0))
+    h, last, _ = fused_rnn_alt_fwd(cell, wx, R, b, states0, grad)
+    return h, last
