@@ -35,7 +35,7 @@ from kernels.fused_rnn.cells_triton import (
     slstm_bwd,
     slstm_fwd,
 )
-from kernels.fused_rnn.checks import check_fast_inputs
+from kernels.fused_rnn.checks import check_fast_inputs, new_output
 from kernels.fused_rnn.reference import cell_spec, fused_rnn_reference
 
 BLOCK = 512  # elements per program of the pointwise kernels
@@ -223,9 +223,9 @@ def fused_rnn_alt_fwd(
     spec = check_fast_inputs("alternating", cell, wx, R, b, states0)
     bsz, length, nh, _, dh = wx.shape
     acc = _acc(wx.dtype)
-    h = torch.empty(bsz, length, nh, dh, device=wx.device, dtype=wx.dtype)
+    h = new_output(bsz, length, nh, dh, device=wx.device, dtype=wx.dtype)
     nsave = NUM_SAVED[cell]
-    saved = torch.empty((bsz, length + 1, nh, nsave, dh) if save else (0,), device=wx.device, dtype=acc)
+    saved = new_output((bsz, length + 1, nh, nsave, dh) if save else (0,), device=wx.device, dtype=acc)
     st = states0.to(acc).transpose(1, 2).contiguous()  # (NS, NH, B, DH), updated in place
     if save:
         saved[:, 0, :, 0] = states0[0].to(acc)
@@ -234,7 +234,7 @@ def fused_rnn_alt_fwd(
         if cell == "slstm":
             saved[:, 0, :, 2] = states0[2].to(acc)
     r_acc = R.to(acc).reshape(nh, dh, spec.recurrent_gates * dh)
-    ry = torch.empty(nh, bsz, spec.recurrent_gates * dh, device=wx.device, dtype=acc)
+    ry = new_output(nh, bsz, spec.recurrent_gates * dh, device=wx.device, dtype=acc)
     grid = (triton.cdiv(nh * bsz * dh, BLOCK),)
     for t in range(length):
         torch.bmm(st[0].to(wx.dtype).to(acc), r_acc, out=ry)
@@ -273,8 +273,8 @@ def fused_rnn_alt_bwd(
     dst = dlast.to(acc).transpose(1, 2).contiguous()  # (NS, NH, B, DH): dh_T through R is dlast[0]
     dhr = dst[0].clone()
     dst[0].zero_()
-    dg = torch.empty(bsz, length, nh, spec.bias_gates, dh, device=R.device, dtype=R.dtype)
-    dgr = torch.empty(nh, bsz, gr * dh, device=R.device, dtype=acc)
+    dg = new_output(bsz, length, nh, spec.bias_gates, dh, device=R.device, dtype=R.dtype)
+    dgr = new_output(nh, bsz, gr * dh, device=R.device, dtype=acc)
     rt = R.to(acc).reshape(nh, dh, gr * dh).transpose(1, 2)  # (NH, GR*DH, DH)
     grid = (triton.cdiv(nh * bsz * dh, BLOCK),)
     for t in reversed(range(length)):

@@ -44,3 +44,16 @@ def check_fast_inputs(
 def head_dim_padded(dh: int) -> int:
     """The power of two >= max(dh, 16) that tiles a head (tl.dot needs >= 16)."""
     return max(16, 1 << (dh - 1).bit_length())
+
+
+#: tests and the GPU check set this: outputs and saved tensors start as NaN, so unwritten elements show
+POISON = False
+
+
+def new_output(*shape, device, dtype) -> torch.Tensor:
+    """``torch.empty(*shape)``, or NaN-filled when ``POISON`` is set."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    if POISON:
+        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+    return torch.empty(shape, device=device, dtype=dtype)

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.fused_rnn.cells_triton import CELL_IDS, NUM_SAVED
-from kernels.fused_rnn.checks import check_fast_inputs, head_dim_padded
+from kernels.fused_rnn.checks import check_fast_inputs, new_output, head_dim_padded
 from kernels.fused_rnn.fused_kernels import fused_bwd_kernel, fused_fwd_kernel
 from kernels.fused_rnn.reference import cell_spec, fused_rnn_reference
 
@@ -93,11 +93,11 @@ def fused_rnn_fwd(
             f"fused_rnn[fused]: {cell} R of head dim {dh} in {wx.dtype} takes {r_bytes(cell, dh, wx.dtype)} bytes, "
             f"more than the {ON_CHIP_R_BYTES} kept on chip; use backend='alternating' (or 'triton', which picks it)"
         )
-    h = torch.empty(bsz, length, nh, dh, device=wx.device, dtype=wx.dtype)
-    last = torch.empty(spec.num_states, bsz, nh, dh, device=wx.device, dtype=wx.dtype)
+    h = new_output(bsz, length, nh, dh, device=wx.device, dtype=wx.dtype)
+    last = new_output(spec.num_states, bsz, nh, dh, device=wx.device, dtype=wx.dtype)
     nsave = NUM_SAVED[cell]
     saved_shape = (bsz, length + 1, nh, nsave, dh) if save else (0,)
-    saved = torch.empty(saved_shape, device=wx.device, dtype=_acc_dtype(wx.dtype))
+    saved = new_output(saved_shape, device=wx.device, dtype=_acc_dtype(wx.dtype))
     cfg = launch_config(cell, bsz, nh, dh, wx.dtype)
     grid = (nh, triton.cdiv(bsz, cfg.block_b))
     fused_fwd_kernel[grid](
@@ -135,10 +135,10 @@ def fused_rnn_bwd(
     dh_out, dlast = dh_out.contiguous(), dlast.contiguous()
     cfg = launch_config(cell, bsz, nh, dh, R.dtype)
     nbb = triton.cdiv(bsz, cfg.block_b)
-    dg = torch.empty(bsz, length, nh, spec.bias_gates, dh, device=R.device, dtype=R.dtype)
-    ds0 = torch.empty(spec.num_states, bsz, nh, dh, device=R.device, dtype=R.dtype)
-    db_part = torch.empty(nbb, nh, spec.bias_gates, dh, device=R.device, dtype=acc)
-    dr_part = torch.empty((nbb, *R.shape) if cfg.acc_dr else (0,), device=R.device, dtype=acc)
+    dg = new_output(bsz, length, nh, spec.bias_gates, dh, device=R.device, dtype=R.dtype)
+    ds0 = new_output(spec.num_states, bsz, nh, dh, device=R.device, dtype=R.dtype)
+    db_part = new_output(nbb, nh, spec.bias_gates, dh, device=R.device, dtype=acc)
+    dr_part = new_output((nbb, *R.shape) if cfg.acc_dr else (0,), device=R.device, dtype=acc)
     fused_bwd_kernel[(nh, nbb)](
         dh_out, dlast, R, saved, dg, ds0, dr_part if cfg.acc_dr else db_part, db_part,
         bsz, length, nh, dh,
