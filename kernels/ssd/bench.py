@@ -1,0 +1,179 @@
+"""``python -m kernels.bench ssd``: time the SSD implementations, after checking each one.
+
+Implementations: ``chunked`` (our chunked PyTorch form), ``triton-q{Q}`` (our Triton kernels at
+chunk size ``Q``) and, when importable, ``mamba-ssm`` (``mamba_chunk_scan_combined``, the pure
+Triton SSD of the ``mamba-ssm`` package, at its default chunk size 256). Every implementation is
+first checked, forward and all gradients, against the chunked form in float64 on the first two
+sequences of the benchmark batch (the chunked form itself is tested against the step-by-step
+recurrence in ``tests/kernels/test_ssd.py``); Triton outputs are poisoned with NaN before the check.
+The function timed is ``y = ssd(x, dt, A, B, C)`` (no ``D``, no initial state), forward alone (no
+autograd) and forward + backward (``torch.autograd.grad`` of ``y`` with a random ``dy`` w.r.t.
+``x, dt, A, B, C``).
+
+Physical limits: bytes = every input read once and every output written once (forward: x, dt, B,
+C, y; forward + backward adds dy, a second read of the inputs and dx, ddt, dB, dC) over the
+measured copy bandwidth; FLOPs = the matrix products of the chunked form counting only the causal
+half of each chunk (forward ``H (Q P + 4 P N) + G Q N`` per token, backward twice that) over the
+measured matmul rate of the dtype (TF32 for float32, as the kernels use it). The larger is the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+from pathlib import Path
+
+import torch
+
+from kernels.bench.common import (
+    BenchRow,
+    copy_bandwidth_gbs,
+    environment,
+    matmul_tflops,
+    print_table,
+    rel_error,
+    time_ms,
+    write_json,
+)
+from kernels.ssd import SSD_BACKENDS, ssd
+
+log = logging.getLogger("kernels.ssd.bench")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _peer():
+    """``mamba_chunk_scan_combined`` if ``mamba_ssm``'s Triton SSD can be imported, else ``None``."""
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception as err:  # missing, or its CUDA extensions fail to import
+        log.warning("mamba-ssm not usable: %s", err)
+        return None
+    return mamba_chunk_scan_combined
+
+
+def _implementations(chunks: list[int], peer) -> dict:
+    impls = {"chunked": lambda x, dt, A, B, C: ssd(x, dt, A, B, C, chunk_size=64, backend="chunked")}
+    if "triton" in SSD_BACKENDS:
+        for q in chunks:
+            impls[f"triton-q{q}"] = lambda x, dt, A, B, C, q=q: ssd(x, dt, A, B, C, chunk_size=q, backend="triton")
+    if peer is not None:
+        impls["mamba-ssm"] = lambda x, dt, A, B, C: peer(x, dt, A, B, C, chunk_size=256)
+    return impls
+
+
+def _inputs(batch, L, H, P, G, N, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, device=device)  # noqa: E731
+    dt = torch.exp(torch.rand(batch, L, H, generator=g, device=device) * math.log(100) + math.log(1e-3))
+    A = -torch.exp(torch.rand(H, generator=g, device=device) * math.log(16))
+    return [r(batch, L, H, P), dt, A, r(batch, L, G, N), r(batch, L, G, N)]
+
+
+def _grads(fn, args, dy):
+    args = [a.detach().clone().requires_grad_(True) for a in args]
+    y = fn(*args)
+    return [y.detach(), *torch.autograd.grad(y, args, dy.to(y.dtype))]
+
+
+@contextlib.contextmanager
+def _poisoned():
+    """Triton outputs start as NaN while checking (unwritten elements show as inf error)."""
+    if "triton" not in SSD_BACKENDS:
+        yield
+        return
+    from kernels.ssd import triton_ssd
+
+    saved = triton_ssd._empty
+    triton_ssd._empty = lambda *shape, device, dtype: torch.full(shape, math.nan, device=device, dtype=dtype)
+    try:
+        yield
+    finally:
+        triton_ssd._empty = saved
+
+
+def _limits(batch, L, H, P, G, N, Q, dtype, bw_gbs, tflops):
+    item = torch.finfo(dtype).bits // 8
+    x, bc, dt = batch * L * H * P * item, 2 * batch * L * G * N * item, batch * L * H * 4
+    fwd_bytes = 2 * x + bc + dt
+    bwd_bytes = fwd_bytes + 2 * x + 2 * bc + 2 * dt  # + dy, inputs again, grads out
+    fwd_flops = 2 * batch * L * (H * (Q * P / 2 + 2 * P * N) + G * Q * N / 2)
+    lim = lambda nbytes, flops: max(nbytes / (bw_gbs * 1e9), flops / (tflops * 1e12)) * 1e3  # noqa: E731
+    return {"fwd": lim(fwd_bytes, fwd_flops), "fwd+bwd": lim(fwd_bytes + bwd_bytes, 3 * fwd_flops)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m kernels.bench ssd", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="one small shape (CPU-friendly)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seqlen", type=int, default=4096)
+    ap.add_argument("--heads", default="64,128")
+    ap.add_argument("--headdim", type=int, default=64)
+    ap.add_argument("--states", default="64,128")
+    ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--chunks", default="64,128,256", help="chunk sizes of the Triton path")
+    ap.add_argument("--out", default="benchmarks")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.quick:
+        args.batch, args.seqlen, args.heads, args.states, args.chunks = 2, 256, "4", "16", "64"
+    if device == "cpu":  # the Triton interpreter has no bfloat16 products
+        args.dtypes = "fp32"
+    peer = _peer() if device == "cuda" else None
+    impls = _implementations([int(q) for q in args.chunks.split(",")], peer)
+    env = environment(device)
+    env["mamba-ssm"] = "importable" if peer is not None else None
+    bw = copy_bandwidth_gbs(device, nbytes=1 << 30 if device == "cuda" else 1 << 26)
+    rates = {}
+    for name, dtype in DTYPES.items():
+        torch.backends.cuda.matmul.allow_tf32 = True  # float32 kernels use TF32 products
+        rates[name] = matmul_tflops(device, dtype, n=8192 if device == "cuda" else 512)
+    env.update(copy_gbs=bw, matmul_tflops=rates)
+    log.info("copy %.0f GB/s, matmul %s TFLOP/s", bw, {k: round(v, 1) for k, v in rates.items()})
+    rows: list[BenchRow] = []
+    P, G = args.headdim, 1
+    for H in map(int, args.heads.split(",")):
+        for N in map(int, args.states.split(",")):
+            shape = f"B{args.batch} L{args.seqlen} H{H} P{P} N{N}"
+            full = _inputs(args.batch, args.seqlen, H, P, G, N, device)
+            # check: float64 chunked form on the first two sequences
+            small = [t[:2] if t.dim() > 1 else t for t in full]
+            dy = torch.randn_like(small[0])
+            ref = _grads(impls["chunked"], [t.double() for t in small], dy.double())
+            for dname, dtype in DTYPES.items():
+                if dname not in args.dtypes.split(","):
+                    continue
+                cast = lambda ts: [t.to(dtype) if t.dim() != 3 and t.dim() != 1 else t for t in ts]  # noqa: E731
+                xs = cast(full)
+                dy_full = torch.randn_like(xs[0])
+                for impl, fn in impls.items():
+                    try:
+                        with _poisoned():
+                            out = _grads(fn, cast(small), dy)
+                        err = max(rel_error(o, r) for o, r in zip(out, ref))
+                        errs = {k: rel_error(o, r) for k, o, r in zip(["y", "dx", "ddt", "dA", "dB", "dC"], out, ref)}
+                        del out
+                        Q = int(impl.split("q")[-1]) if impl.startswith("triton") else (256 if impl == "mamba-ssm" else 64)
+                        lim = _limits(args.batch, args.seqlen, H, P, G, N, Q, dtype, bw, rates[dname])
+                        with torch.no_grad():
+                            fwd_ms = time_ms(lambda: fn(*xs), device=device)
+                        leaves = [t.detach().requires_grad_(True) for t in xs]
+                        bwd_ms = time_ms(lambda: torch.autograd.grad(fn(*leaves), leaves, dy_full), device=device)
+                        for direction, ms in (("fwd", fwd_ms), ("fwd+bwd", bwd_ms)):
+                            rows.append(BenchRow("ssd", impl, shape, direction, dname, ms, lim[direction], err,
+                                                 extra={"rel_errors": errs, "chunk_size": Q}))
+                    except torch.cuda.OutOfMemoryError:
+                        rows.append(BenchRow("ssd", impl, shape, "fwd+bwd", dname, math.nan, note="out of memory"))
+                    except Exception as err:  # a failing implementation is reported, the others still run
+                        rows.append(BenchRow("ssd", impl, shape, "fwd+bwd", dname, math.nan, note=f"failed: {err}"[:200]))
+                    torch.cuda.empty_cache() if device == "cuda" else None
+                    log.info("%s %s %s: %s", shape, dname, impl, [f"{r.direction} {r.ms:.3f} ms err {r.max_rel_err:.1e} {r.note}" for r in rows[-2:]])
+                    path = write_json("ssd", rows, env, args.out)  # rewritten after each row: partial runs keep data
+            del full, small, ref
+    log.info("wrote %s", path)
+    table = print_table(rows, baseline="mamba-ssm" if peer is not None else "chunked")
+    Path(args.out, "ssd-latest.md").write_text(f"{env['device']}, {env['date']}\n\n{table}\n")
+    Path(args.out, "ssd-env.json").write_text(json.dumps(env, indent=1, default=str))
