@@ -1,0 +1,296 @@
+"""The Triton (TFLA) chunkwise mLSTM: ``mlstm_triton`` with ``kernels.mlstm.mlstm``'s signature.
+
+Two ``torch.library`` custom ops (namespace ``expressivity``), ``mlstm_chunkwise_fwd`` and
+``mlstm_chunkwise_bwd``, wired together with ``register_autograd``. The forward runs the inter-chunk
+state kernel and the tiled intra-chunk kernel (``triton_fwd``); the backward runs the reverse state
+kernel and the dQ, dK, dV kernels (``triton_bwd``). Gate gradients use the identity
+``d(log f cumsum)_t = q_t . dq_t - k_t . dk_t`` and ``d(log i)_t = k_t . dk_t`` (the function depends
+on ``(q_t, B_t)`` only through ``exp(B_t) q_t`` and on ``(k_t, log i_t, B_t)`` through
+``exp(log i_t - B_t) k_t``, ``B`` the cumulative log forget gate), plus the final-state term.
+
+Inputs must be contiguous, on one device (CUDA, or the CPU under ``TRITON_INTERPRET=1``), and of one
+dtype: float32, bfloat16 or float16 (float64 too, for the interpreter and tests). Chunk sizes are
+powers of two from 16 to 4096; ``S`` need not be a multiple. float32 inputs use TF32 tensor cores
+when ``torch.get_float32_matmul_precision() != "highest"``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from kernels._triton import triton_available
+from kernels.mlstm.reference import check_args
+from kernels.mlstm.triton_bwd import inter_chunk_dstates, intra_chunk_dk, intra_chunk_dq, intra_chunk_dv
+from kernels.mlstm.triton_fwd import inter_chunk_states, intra_chunk_h
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+POISON = False  # tests set this: outputs start as NaN so elements a kernel never writes show up
+
+
+def _empty(*shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    dtype = dtype or like.dtype
+    if POISON:
+        return torch.full(shape, math.nan, device=like.device, dtype=dtype)
+    return torch.empty(shape, device=like.device, dtype=dtype)
+
+
+def _np2(x: int) -> int:
+    return max(16, triton.next_power_of_2(x))
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float64:
+        return "ieee"
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
+        return "ieee"
+    return "tf32"
+
+
+def _config(L: int, DQK: int, DV: int, dtype: torch.dtype) -> dict:
+    """Tile sizes: query/key blocks of the chunk, feature blocks, inter-chunk sub-block."""
+    big = 64 if dtype != torch.float64 else 32
+    return dict(
+        BLQ=min(L, 64), BLKV=min(L, 64), BK=min(_np2(DQK), 128), BV=min(_np2(DV), 128),
+        BKI=min(_np2(DQK), big), BVI=min(_np2(DV), big), BL=min(L, 64),
+    )
+
+
+def _gates(i_pre, f_pre, exp_gate: bool, L: int, NC: int):
+    """Per-chunk gate vectors (padded to NC*L): b (cumulative log f), li, a = g - b + li; g; max(a)."""
+    dt = _acc_dtype(i_pre.dtype)
+    S = i_pre.shape[-1]
+    pad = NC * L - S
+    li = i_pre.to(dt) if exp_gate else F.logsigmoid(i_pre.to(dt))
+    lf = F.logsigmoid(f_pre.to(dt))
+    li = F.pad(li, (0, pad), value=-math.inf).reshape(*li.shape[:-1], NC, L)
+    lf = F.pad(lf, (0, pad), value=0.0).reshape(*lf.shape[:-1], NC, L)
+    b = torch.cumsum(lf, -1)
+    g = b[..., -1]
+    a = g[..., None] - b + li
+    flat = lambda t: t.reshape(*t.shape[:-2], NC * L).contiguous()  # noqa: E731
+    return flat(b), flat(li), flat(a), g.contiguous(), a.amax(-1).contiguous()
+
+
+def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: int, fused: bool = True):
+    """States entering each chunk: ``C (B, NH, NC+1, DQK, DV)``, ``n (B, NH, NC+1, DQK)``,
+    ``M (B, NH, NC+1)`` (entry ``NC`` is the final state). ``fused`` keeps the state on chip
+    (paper 004); otherwise one kernel launch per chunk passes the state through memory."""
+    B, NH, S, DQK = k.shape
+    DV = v.shape[-1]
+    NC = g.shape[-1]
+    acc = _acc_dtype(k.dtype)
+    cfg = _config(L, DQK, DV, k.dtype)
+    cst = _empty(B, NH, NC + 1, DQK, DV, like=k, dtype=acc)
+    nst = _empty(B, NH, NC + 1, DQK, like=k, dtype=acc)
+    mst = _empty(B, NH, NC + 1, like=k, dtype=acc)
+    has_init = c0 is not None
+    if m0 is None:
+        m0 = torch.zeros(B, NH, device=k.device, dtype=acc)
+    grid = (triton.cdiv(DQK, cfg["BKI"]), triton.cdiv(DV, cfg["BVI"]), B * NH)
+    args = dict(DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate,
+                HAS_INIT=has_init, PREC=_precision(k.dtype))
+    c0_ = c0 if has_init else cst
+    n0_ = n0 if has_init else nst
+    if fused:
+        inter_chunk_states[grid](k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, 0, FUSED=True, **args)
+    else:
+        if has_init:
+            cst[:, :, 0] = c0
+            nst[:, :, 0] = n0
+        else:
+            cst[:, :, 0] = 0
+            nst[:, :, 0] = 0
+        mst[:, :, 0] = m0
+        for c in range(NC):
+            inter_chunk_states[grid](k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, c, FUSED=False, **args)
+    return cst, nst, mst
+
+
+def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
+    check_args(q, k, v, i_pre, f_pre, input_gate, initial_state)
+    if not triton_available(q):
+        raise ValueError(f"the triton mLSTM needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU), got {q.device}")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"the triton mLSTM supports {[str(d) for d in DTYPES]}, got {q.dtype}")
+    for name, t in (("k", k), ("v", v), ("i_pre", i_pre), ("f_pre", f_pre)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype}, q has {q.dtype}; pass one dtype")
+    for name, t in (("q", q), ("k", k), ("v", v), ("i_pre", i_pre), ("f_pre", f_pre)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (call .contiguous())")
+    if not (isinstance(chunk_size, int) and 16 <= chunk_size <= 4096 and chunk_size & (chunk_size - 1) == 0):
+        raise ValueError(f"triton chunk_size must be a power of two in [16, 4096], got {chunk_size!r}")
+
+
+@torch.library.custom_op("expressivity::mlstm_chunkwise_fwd", mutates_args=())
+def mlstm_chunkwise_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
+    c0: Optional[torch.Tensor], n0: Optional[torch.Tensor], m0: Optional[torch.Tensor],
+    exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns ``h``, the entering states ``C, n, M`` (``NC + 1`` each), per-step ``m`` and
+    normalizer dot ``d`` (padded to ``NC * L``; zeros for mLSTMsig), and the final ``M`` copy."""
+    B, NH, S, DQK = q.shape
+    DV = v.shape[-1]
+    L = chunk_size
+    NC = triton.cdiv(S, L)
+    b, li, a, g, amax = _gates(i_pre, f_pre, exp_gate, L, NC)
+    cst, nst, mst = run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, exp_gate=exp_gate, L=L, fused=fused_inter)
+    cfg = _config(L, DQK, DV, q.dtype)
+    h = _empty(*v.shape, like=v)
+    if exp_gate:
+        mtok, dtok = (_empty(B, NH, NC * L, like=q, dtype=cst.dtype) for _ in range(2))
+    else:  # unused by mLSTMsig
+        mtok, dtok = (torch.zeros(B, NH, NC * L, device=q.device, dtype=cst.dtype) for _ in range(2))
+    grid = (NC * (L // cfg["BLQ"]), triton.cdiv(DV, cfg["BV"]), B * NH)
+    intra_chunk_h[grid](q, k, v, b, li, cst, nst, mst, h, mtok, dtok, S, NC, 1.0 / math.sqrt(DQK), eps,
+                        DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
+                        EXP=exp_gate, PREC=_precision(q.dtype))
+    return h, cst, nst, mst, mtok, dtok, mst[:, :, -1].clone()
+
+
+@mlstm_chunkwise_fwd.register_fake
+def _(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter):
+    B, NH, S, DQK = q.shape
+    DV = v.shape[-1]
+    NC = -(-S // chunk_size)
+    acc = _acc_dtype(q.dtype)
+    e = lambda *s: q.new_empty(*s, dtype=acc)  # noqa: E731
+    return (torch.empty_like(v), e(B, NH, NC + 1, DQK, DV), e(B, NH, NC + 1, DQK), e(B, NH, NC + 1),
+            e(B, NH, NC * chunk_size), e(B, NH, NC * chunk_size), e(B, NH))
+
+
+@torch.library.custom_op("expressivity::mlstm_chunkwise_bwd", mutates_args=())
+def mlstm_chunkwise_bwd(
+    dh: torch.Tensor, dc_last: Optional[torch.Tensor], dn_last: Optional[torch.Tensor],
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
+    h: torch.Tensor, cst: torch.Tensor, nst: torch.Tensor, mst: torch.Tensor, mtok: torch.Tensor,
+    dtok: torch.Tensor, exp_gate: bool, chunk_size: int, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``dq, dk, dv, di, df`` and of the initial state ``dC0, dn0`` (the initial ``m0``'s
+    gradient, ``<C0, dC0> + <n0, dn0>``, is formed by the caller)."""
+    B, NH, S, DQK = q.shape
+    DV = v.shape[-1]
+    L = chunk_size
+    NC = triton.cdiv(S, L)
+    cfg = _config(L, DQK, DV, q.dtype)
+    acc = cst.dtype
+    scale = 1.0 / math.sqrt(DQK)
+    prec = _precision(q.dtype)
+    dh = dh.contiguous()
+    b, li, a, g, _ = _gates(i_pre, f_pre, exp_gate, L, NC)
+    if exp_gate:
+        pad = NC * L - S
+        lower = torch.exp(-mtok)
+        inv = 1.0 / (torch.maximum(dtok.abs(), lower) + eps)
+        hdot = F.pad((dh.to(acc) * h.to(acc)).sum(-1), (0, pad))
+        dd = -torch.sign(dtok) * (dtok.abs() > lower).to(acc) * inv * hdot
+    else:
+        inv = dd = mtok  # unused
+    dcst = _empty(*cst.shape, like=cst)
+    dnst = _empty(*nst.shape, like=nst)
+    has_dlast = dc_last is not None
+    grid = (triton.cdiv(DQK, cfg["BKI"]), triton.cdiv(DV, cfg["BVI"]), B * NH)
+    inter_chunk_dstates[grid](
+        q, dh, b, g, mtok, inv, dd, mst, dc_last if has_dlast else dcst, dn_last if has_dlast else dnst,
+        dcst, dnst, S, NC, scale, DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"],
+        EXP=exp_gate, HAS_DLAST=has_dlast, PREC=prec)
+    common = dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
+                  EXP=exp_gate, PREC=prec)
+    nkb = triton.cdiv(DQK, cfg["BK"])
+    dq, dk, dv = (_empty(*t.shape, like=t) for t in (q, k, v))
+    qdq, kdk = (_empty(nkb, B * NH, NC * L, like=q, dtype=acc) for _ in range(2))
+    intra_chunk_dq[(NC * (L // cfg["BLQ"]), nkb, B * NH)](
+        q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale, **common)
+    intra_chunk_dk[(NC * (L // cfg["BLKV"]), nkb, B * NH)](
+        q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale, **common)
+    intra_chunk_dv[(NC * (L // cfg["BLKV"]), triton.cdiv(DV, cfg["BV"]), B * NH)](
+        q, k, dh, b, li, a, mtok, inv, dcst, mst, dv, S, NC, scale, **common)
+    # gate gradients
+    qdq = qdq.sum(0).reshape(B, NH, NC * L)[..., :S]
+    kdk = kdk.sum(0).reshape(B, NH, NC * L)[..., :S]
+    d_cum = qdq - kdk
+    d_logf = d_cum.flip(-1).cumsum(-1).flip(-1)
+    if has_dlast:
+        d_logf = d_logf + ((cst[:, :, -1] * dc_last).sum((-1, -2)) + (nst[:, :, -1] * dn_last).sum(-1))[..., None]
+    i32, f32 = i_pre.to(acc), f_pre.to(acc)
+    di = kdk if exp_gate else kdk * torch.sigmoid(-i32)
+    df = d_logf * torch.sigmoid(-f32)
+    return dq, dk, dv, di.to(i_pre.dtype), df.to(f_pre.dtype), dcst[:, :, 0].clone(), dnst[:, :, 0].clone()
+
+
+@mlstm_chunkwise_bwd.register_fake
+def _(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size, eps):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(i_pre),
+            torch.empty_like(f_pre), torch.empty_like(cst[:, :, 0]), torch.empty_like(nst[:, :, 0]))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, _ = inputs
+    h, cst, nst, mst, mtok, dtok, _ = output
+    ctx.save_for_backward(q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok)
+    ctx.opts = (exp_gate, chunk_size, eps)
+    ctx.has_init = c0 is not None
+
+
+def _backward(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dm_last):
+    q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok = ctx.saved_tensors
+    exp_gate, chunk_size, eps = ctx.opts
+    # only the final state is a user-visible output among the states (the caller slices it)
+    dc_last = None if dcst is None else dcst[:, :, -1].contiguous()
+    dn_last = None if dnst is None else dnst[:, :, -1].contiguous()
+    if dc_last is not None and dn_last is None:
+        dn_last = torch.zeros_like(nst[:, :, -1])
+    if dn_last is not None and dc_last is None:
+        dc_last = torch.zeros_like(cst[:, :, -1])
+    if dh is None:
+        dh = torch.zeros_like(h)
+    dq, dk, dv, di, df, dc0, dn0 = mlstm_chunkwise_bwd(
+        dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size, eps)
+    dm0 = None
+    if ctx.has_init:
+        dm0 = (c0.to(dc0.dtype) * dc0).sum((-1, -2)) + (n0.to(dn0.dtype) * dn0).sum(-1)
+        dc0, dn0, dm0 = dc0.to(c0.dtype), dn0.to(n0.dtype), dm0.to(c0.dtype)
+    else:
+        dc0 = dn0 = None
+    return dq, dk, dv, di, df, dc0, dn0, dm0, None, None, None, None
+
+
+mlstm_chunkwise_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def mlstm_triton(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, initial_state=None,
+                 return_last_state=False, eps=1e-6, fused_inter=True):
+    """TFLA chunkwise mLSTM (see the module docstring); same contract as ``kernels.mlstm.mlstm``.
+
+    ``fused_inter=False`` runs the inter-chunk state recurrence as one kernel launch per chunk
+    (the baseline of paper 004) instead of keeping the state on chip; results are bit-identical.
+    """
+    _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size)
+    exp_gate = input_gate == "exp"
+    c0 = n0 = m0 = None
+    if initial_state is not None:
+        acc = _acc_dtype(q.dtype)
+        if exp_gate:
+            c0, n0, m0 = (t.to(acc).contiguous() for t in initial_state)
+        else:
+            c0 = initial_state[0].to(acc).contiguous()
+            n0 = torch.zeros(c0.shape[:-1], device=c0.device, dtype=acc)
+            m0 = torch.zeros(c0.shape[:-2], device=c0.device, dtype=acc)
+    h, cst, nst, mst, _, _, m_last = mlstm_chunkwise_fwd(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate,
+                                                         chunk_size, float(eps), bool(fused_inter))
+    if not return_last_state:
+        return h
+    if exp_gate:
+        return h, (cst[:, :, -1], nst[:, :, -1], m_last)
+    return h, (cst[:, :, -1],)
