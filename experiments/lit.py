@@ -1,0 +1,115 @@
+"""The LightningModule (SPEC §8.1): cross-entropy over scored positions, AdamW with a cosine schedule
+and linear warmup, torchmetrics token accuracy (micro) and exact match on validation and test sets.
+
+Metric names: ``val/acc``, ``val/exact``, and for each test set ``<name>/acc``, ``<name>/exact``
+(``test``, then ``len<L>`` per extrapolation length).
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassExactMatch
+
+from experiments.model import ModelConfig, SingleLayerModel
+from tasks import IGNORE_INDEX
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+def _metrics(num_classes: int, prefix: str) -> MetricCollection:
+    return MetricCollection(
+        {
+            "acc": MulticlassAccuracy(num_classes=num_classes, average="micro", ignore_index=IGNORE_INDEX),
+            "exact": MulticlassExactMatch(num_classes=num_classes, multidim_average="global", ignore_index=IGNORE_INDEX),
+        },
+        prefix=f"{prefix}/",
+    )
+
+
+def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
+    """LR multiplier: linear warmup to 1 over ``warmup_steps``, then cosine decay to ``min_ratio``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class LitSequenceModel(L.LightningModule):
+    """Trains a ``SingleLayerModel``.
+
+    Args:
+        model_config: the model (see ``ModelConfig``).
+        lr: peak learning rate; ``weight_decay``, ``betas``: AdamW (paper: 1e-6, (0.9, 0.999)).
+        max_steps: the schedule's length; ``warmup_ratio``: fraction of it spent warming up.
+        test_set_names: names of the test dataloaders, in order.
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        lr: float = 5e-4,
+        weight_decay: float = 1e-6,
+        betas: tuple[float, float] = (0.9, 0.999),
+        max_steps: int = 10_000,
+        warmup_ratio: float = 0.1,
+        test_set_names: tuple[str, ...] = ("test",),
+    ) -> None:
+        super().__init__()
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        self.model = SingleLayerModel(model_config)
+        self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
+        self.max_steps, self.warmup_ratio = max_steps, warmup_ratio
+        self.test_set_names = tuple(test_set_names)
+        n = model_config.num_classes
+        self.val_metrics = _metrics(n, "val")
+        self.test_metrics = nn.ModuleList([_metrics(n, name) for name in self.test_set_names])
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens)
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        tokens, targets = batch
+        loss = self._loss(self(tokens), targets)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(f"training loss is {loss.item()} at step {self.global_step}")
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        tokens, targets = batch
+        logits = self(tokens)
+        self.val_metrics.update(logits.argmax(-1), targets)
+        self.log("val/loss", self._loss(logits, targets), on_epoch=True, batch_size=tokens.shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_dict(self.val_metrics.compute(), prog_bar=True)
+        self.val_metrics.reset()
+
+    def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        tokens, targets = batch
+        self.test_metrics[dataloader_idx].update(self(tokens).argmax(-1), targets)
+
+    def on_test_epoch_end(self) -> None:
+        for metrics in self.test_metrics:
+            self.log_dict(metrics.compute())
+            metrics.reset()
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay)
+        warmup = max(1, int(self.warmup_ratio * self.max_steps))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: cosine_with_warmup(step, warmup, self.max_steps)
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,116 @@
+"""Presets (SPEC §8.4): named sweep configurations in ``experiments/presets/<name>.yaml``.
+
+A preset file::
+
+    description: one line
+    defaults:                 # for every task (each key optional)
+      mixers: [gru, lstm]
+      seeds: [0, 1, 2]
+      lrs: [5.0e-4]
+      train: {max_steps: 10000, ...}          # experiments.train.TrainConfig fields
+      mixer_options: {flashgru: {clip_norm: 0.9}}
+    tasks:                    # per task: the same keys, plus task_options, block, positional,
+      parity: {...}           # extrapolation; a task absent here is not part of the preset
+
+``resolve_sweep(task, preset)`` merges: the task's structural defaults (``TASK_DEFAULTS``: the
+paper's block and positional encoding per task) < ``defaults`` < ``tasks[task]`` < CLI overrides.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from experiments.train import TrainConfig
+
+PRESET_DIR = Path(__file__).with_name("presets")
+
+#: the paper's model per task (paper 000 App. C.2): † tasks use the bare mixer; Keep-nth needs positions
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "parity": {"block": "mixer", "positional": "none"},
+    "keep_nth": {"block": "mixer", "positional": "sinusoidal"},
+    "mqar": {"block": "full", "positional": "none"},
+    "khop": {"block": "full", "positional": "none"},
+}
+
+SWEEP_KEYS = {"mixers", "seeds", "lrs", "train", "mixer_options", "task_options", "block", "positional",
+              "extrapolation", "description"}
+
+
+@dataclasses.dataclass
+class SweepPlan:
+    """A resolved sweep for one task: the grid and the per-trial settings."""
+
+    task: str
+    preset: str
+    mixers: list[str]
+    seeds: list[int]
+    lrs: list[float]
+    train: TrainConfig
+    task_options: dict[str, Any]
+    mixer_options: dict[str, dict[str, Any]]
+    block: str
+    positional: str
+    extrapolation: dict[str, Any] | None
+    description: str = ""
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    """The raw preset dict; ``ValueError`` listing the known presets if ``name`` is unknown."""
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(available_presets())}")
+    data = yaml.safe_load(path.read_text()) or {}
+    for section in [data.get("defaults", {}), *data.get("tasks", {}).values()]:
+        unknown = set(section) - SWEEP_KEYS
+        if unknown:
+            raise ValueError(f"preset {name!r}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(SWEEP_KEYS))}")
+    return data
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] | None = None) -> SweepPlan:
+    """Merge task defaults, the preset and CLI ``overrides`` into a ``SweepPlan``."""
+    data = load_preset(preset)
+    tasks = data.get("tasks", {})
+    if task not in tasks:
+        raise ValueError(f"preset {preset!r} has no sweep for task {task!r}; it covers: {', '.join(tasks) or 'none'}")
+    merged = _merge(_merge(TASK_DEFAULTS.get(task, {}), data.get("defaults", {})), tasks[task] or {})
+    merged = _merge(merged, {k: v for k, v in (overrides or {}).items() if v is not None})
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = set(merged.get("train", {})) - train_fields
+    if unknown:
+        raise ValueError(f"preset {preset!r}: unknown train option(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(train_fields))}")
+    for key in ("mixers", "seeds", "lrs"):
+        if not merged.get(key):
+            raise ValueError(f"preset {preset!r}: task {task!r} needs a non-empty '{key}' list")
+    return SweepPlan(
+        task=task, preset=preset,
+        mixers=[str(m) for m in merged["mixers"]],
+        seeds=[int(s) for s in merged["seeds"]],
+        lrs=[float(x) for x in merged["lrs"]],
+        train=TrainConfig(**merged.get("train", {})),
+        task_options=dict(merged.get("task_options", {})),
+        mixer_options={k: dict(v or {}) for k, v in merged.get("mixer_options", {}).items()},
+        block=merged.get("block", "mixer"),
+        positional=merged.get("positional", "none"),
+        extrapolation=merged.get("extrapolation"),
+        description=data.get("description", ""),
+    )
