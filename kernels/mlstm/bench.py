@@ -1,0 +1,318 @@
+"""``python -m kernels.bench mlstm``: check, then time, the mLSTM kernels and their peers in one run.
+
+Implementations (``B, NH, S, DQK, DV`` layout; peers get their own layout prepared before timing):
+* ours: ``triton-exp-c{L}`` / ``triton-sig-c{L}`` (TFLA kernels at chunk size ``L``);
+* ``mlstm_kernels`` (when importable): ``chunkwise--triton_limit_chunk`` and ``--triton_xl_chunk``
+  (mLSTMexp), ``--triton_xl_chunk_siging`` with ``normalize=False`` (mLSTMsig), each with
+  ``autocast_kernel_dtype`` = the input dtype;
+* ``fla-core`` (when importable): ``chunk_simple_gla`` (layout ``B, S, NH, D``; gate = log sigmoid of
+  the forget pre-activation; the sigmoid input gate is folded into ``k`` for the check, not timed).
+
+Every implementation is checked first, forward and all gradients (q, k, v, both gates), against our
+chunkwise PyTorch form in float64 on the same fresh random inputs (the chunkwise form is tested
+against the parallel reference in ``tests/kernels/test_mlstm.py``); our outputs are poisoned with
+NaN first. The reported error is the largest relative error (``||x - ref|| / ||ref||``) over h and
+the gradients. Timing: ``triton.testing.do_bench`` medians; forward alone, and forward + backward
+(``torch.autograd.grad`` of h with a random dh w.r.t. q, k, v, i, f).
+
+Physical limits (per batch*head; ``L`` = chunk size, causal half of each chunk counted): forward
+FLOPs ``S L (DQK + DV) + 4 S DQK DV``, backward ``S L (3 DQK + 2 DV) + 8 S DQK DV``, over the
+measured matmul rate of the dtype (TF32 for float32: the bench allows TF32); bytes: inputs read
+once, outputs written once, over the measured copy bandwidth. The larger is the floor.
+
+Sections (``--sections``): ``main`` (B=4, NH=16, S=4096, DQK=128, DV=256; bf16 and fp32; chunk
+sizes), ``grid`` (65,536 tokens: (B, S) in (32, 2048), (8, 8192), (1, 65536); bf16), ``chunk``
+(paper 002 Fig. 5: mLSTMsig, B=8, NH=8, S=8192, DQK=DV=512, chunk 64..4096, time and peak memory)
+and ``inter`` (paper 004: the inter-chunk kernel fused vs one launch per chunk; B=4, NH=16,
+DQK=DV=64, chunk 64, G in (32, 64, 128) chunks; bit-identity checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import time
+
+import torch
+
+from kernels.bench.common import (
+    BenchRow,
+    copy_bandwidth_gbs,
+    environment,
+    matmul_tflops,
+    print_table,
+    rel_error,
+    time_ms,
+    write_json,
+)
+
+log = logging.getLogger("kernels.mlstm.bench")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DEVICE = "cuda"  # a CPU smoke test under TRITON_INTERPRET=1 sets "cpu"
+
+
+@dataclasses.dataclass
+class Limits:
+    bw_gbs: float
+    tflops: dict
+
+    def ms(self, B, NH, S, DQK, DV, L, dtype, direction) -> float:
+        fl = S * L * (DQK + DV) + 4 * S * DQK * DV
+        nbytes = S * (2 * DQK + 2 * DV + 2) * torch.finfo(dtype).bits // 8
+        if direction == "fwd+bwd":
+            fl += S * L * (3 * DQK + 2 * DV) + 8 * S * DQK * DV
+            nbytes *= 3
+        fl *= B * NH
+        nbytes *= B * NH
+        rate = self.tflops["bf16" if dtype == torch.bfloat16 else "fp32"]
+        return max(fl / (rate * 1e12), nbytes / (self.bw_gbs * 1e9)) * 1e3
+
+
+def _inputs(B, NH, S, DQK, DV, dtype, seed):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    r = lambda *s: torch.randn(*s, device=DEVICE, generator=g)  # noqa: E731
+    q, k, v = r(B, NH, S, DQK), r(B, NH, S, DQK), r(B, NH, S, DV)
+    i_pre, f_pre = r(B, NH, S), 3.0 + r(B, NH, S)
+    return [t.to(dtype).contiguous() for t in (q, k, v, i_pre, f_pre)]
+
+
+# ---------------------------------------------------------------- implementations: fn(q, k, v, i, f)
+def _ours(gate, chunk, fused=True):
+    from kernels.mlstm.triton_chunkwise import mlstm_triton
+
+    return lambda q, k, v, i, f: mlstm_triton(q, k, v, i, f, input_gate=gate, chunk_size=chunk, fused_inter=fused)
+
+
+def _peers(gate) -> dict:
+    out = {}
+    try:
+        from mlstm_kernels.torch import get_mlstm_kernel
+    except Exception as err:  # noqa: BLE001
+        log.warning("mlstm_kernels not usable: %s", err)
+        get_mlstm_kernel = None
+    if get_mlstm_kernel is not None:
+        names = ["triton_limit_chunk", "triton_xl_chunk"] if gate == "exp" else ["triton_xl_chunk_siging"]
+        for name in names:
+            fn = get_mlstm_kernel(f"chunkwise--{name}")
+            extra = {"normalize": False} if gate == "sig" else {}
+
+            def call(q, k, v, i, f, fn=fn, extra=extra):
+                return fn(q, k, v, i, f, autocast_kernel_dtype=q.dtype, **extra)
+
+            out[f"mlstm_kernels:{name}"] = call
+    if gate == "sig":
+        try:
+            from fla.ops.simple_gla import chunk_simple_gla
+        except Exception as err:  # noqa: BLE001
+            log.warning("fla-core not usable: %s", err)
+        else:
+            out["fla:chunk_simple_gla"] = ("fla", chunk_simple_gla)
+    return out
+
+
+def _fla_call(fla_fn, q, k, v, i, f, fold_input_gate):
+    """fla layout (B, S, NH, D); the sigmoid input gate folded into k only for the check."""
+    kk = k * torch.sigmoid(i.float())[..., None].to(k.dtype) if fold_input_gate else k
+    t = lambda x: x.transpose(1, 2).contiguous()  # noqa: E731
+    g = torch.nn.functional.logsigmoid(f.float()).transpose(1, 2).contiguous()
+    return t(q), t(kk), t(v), g
+
+
+# ---------------------------------------------------------------- checking
+def _grads(fn, x, dh):
+    x = [t.detach().clone().requires_grad_(True) for t in x]
+    h = fn(*x)
+    return [h.detach(), *torch.autograd.grad(h, x, dh, allow_unused=True)]
+
+
+def _reference(gate, x, dh):
+    from kernels.mlstm.chunkwise import mlstm_chunkwise
+
+    x64 = [t.double() for t in x]
+    return _grads(lambda *a: mlstm_chunkwise(*a, input_gate=gate, chunk_size=256), x64, dh.double())
+
+
+def _check(name, fn, gate, x, dh, ref) -> float:
+    """Largest relative error over h and the gradients that the implementation returns."""
+    import kernels.mlstm.triton_chunkwise as tc
+
+    tc.POISON = True
+    try:
+        if isinstance(fn, tuple):  # fla: compare h, dq, dv only (k and the gates are refolded)
+            fla_fn = fn[1]
+            xx = [t.detach().clone() for t in x]
+            qf, kf, vf, gf = _fla_call(fla_fn, *xx, fold_input_gate=True)
+            qf, vf = qf.requires_grad_(True), vf.requires_grad_(True)
+            o = fla_fn(qf, kf, vf, g=gf)[0]
+            dq, dv = torch.autograd.grad(o, [qf, vf], dh.transpose(1, 2))
+            got = [o.transpose(1, 2), dq.transpose(1, 2), dv.transpose(1, 2)]
+            want = [ref[0], ref[1], ref[3]]
+        else:
+            got = _grads(fn, x, dh)
+            want = ref
+        errs = [rel_error(a, b) for a, b in zip(got, want) if a is not None]
+    finally:
+        tc.POISON = False
+    return max(errs)
+
+
+# ---------------------------------------------------------------- timing
+def _timed(fn, x, dh, direction):
+    if isinstance(fn, tuple):
+        fla_fn = fn[1]
+        qf, kf, vf, gf = _fla_call(fla_fn, *x, fold_input_gate=False)
+        dhf = dh.transpose(1, 2).contiguous()
+        if direction == "fwd":
+            return lambda: fla_fn(qf, kf, vf, g=gf)
+        leaves = [t.requires_grad_(True) for t in (qf, kf, vf, gf)]
+        return lambda: torch.autograd.grad(fla_fn(*leaves[:3], g=leaves[3])[0], leaves, dhf)
+    if direction == "fwd":
+        with torch.no_grad():
+            return lambda: fn(*x)
+    leaves = [t.detach().clone().requires_grad_(True) for t in x]
+    return lambda: torch.autograd.grad(fn(*leaves), leaves, dh)
+
+
+def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, peers=True, seed=0, skip=(), only=""):
+    B, NH, S, DQK, DV = shape
+    dtype = DTYPES[dtype_name]
+    sh = f"B{B} NH{NH} S{S} DQK{DQK} DV{DV}"
+    for gate in gates:
+        x = _inputs(B, NH, S, DQK, DV, dtype, seed)
+        dh = torch.randn(B, NH, S, DV, device=DEVICE, dtype=dtype)
+        ref = _reference(gate, x, dh) if check else None
+        impls = {f"triton-{gate}-c{L}": _ours(gate, L) for L in chunks}
+        if peers:
+            impls.update(_peers(gate))
+        for name, fn in impls.items():
+            if only and only not in name:
+                continue
+            if any(name.endswith(sub) and dt == dtype_name for sub, dt in skip):
+                rows.append(BenchRow("mlstm", name, sh, "fwd+bwd", dtype_name, math.nan, note="skipped (--skip)",
+                                     extra={"gate": gate}))
+                continue
+            err, note = math.nan, ""
+            try:
+                if check:
+                    err = _check(name, fn, gate, x, dh, ref)
+                for direction in ("fwd", "fwd+bwd"):
+                    ms = time_ms(_timed(fn, x, dh, direction))
+                    L = int(name.split("-c")[-1]) if name.startswith("triton") else 64
+                    rows.append(BenchRow("mlstm", name, sh, direction, dtype_name, ms,
+                                         limits.ms(B, NH, S, DQK, DV, L, dtype, direction), err,
+                                         extra={"gate": gate}))
+                    log.info("%s %s %s %s: %.3f ms (err %.2g)", sh, dtype_name, name, direction, ms, err)
+            except Exception as e:  # noqa: BLE001 - a peer failing is recorded, the run goes on
+                note = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                log.warning("%s %s %s %s", sh, dtype_name, name, note)
+                rows.append(BenchRow("mlstm", name, sh, "fwd+bwd", dtype_name, math.nan, max_rel_err=err, note=note,
+                                     extra={"gate": gate}))
+            torch.cuda.empty_cache()
+
+
+def _bench_chunk_tradeoff(rows, limits, chunks):
+    """Paper 002 Fig. 5: mLSTMsig, B=8, NH=8, S=8192, DQK=DV=512; time and peak memory vs chunk size."""
+    B, NH, S, D = 8, 8, 8192, 512
+    x = _inputs(B, NH, S, D, D, torch.bfloat16, 1)
+    dh = torch.randn(B, NH, S, D, device=DEVICE, dtype=torch.bfloat16)
+    for L in chunks:
+        fn = _ours("sig", L)
+        try:
+            step = _timed(fn, x, dh, "fwd+bwd")
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step()
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+            ms = time_ms(step)
+            rows.append(BenchRow("mlstm", f"triton-sig-c{L}", f"B{B} NH{NH} S{S} DQK{D} DV{D}", "fwd+bwd", "bf16", ms,
+                                 limits.ms(B, NH, S, D, D, L, torch.bfloat16, "fwd+bwd"),
+                                 extra={"chunk": L, "peak_gib": peak, "section": "chunk"}, note=f"peak {peak:.2f} GiB"))
+        except Exception as e:  # noqa: BLE001
+            rows.append(BenchRow("mlstm", f"triton-sig-c{L}", "fig5", "fwd+bwd", "bf16", math.nan,
+                                 note=f"failed: {type(e).__name__}"))
+        torch.cuda.empty_cache()
+
+
+def _bench_inter(rows, limits, B=4, NH=16, D=64, L=64, Gs=(32, 64, 128), dtypes=("bf16", "fp32")):
+    """Paper 004: inter-chunk state kernel, state on chip vs one launch per chunk (bit-identical)."""
+    from kernels.mlstm.triton_chunkwise import _gates, run_inter_chunk_states
+
+    for dtype_name in dtypes:
+        dtype = DTYPES[dtype_name]
+        for G in Gs:
+            S = G * L
+            q, k, v, i_pre, f_pre = _inputs(B, NH, S, D, D, dtype, G)
+            b, li, a, g, amax = _gates(i_pre, f_pre, True, L, G)
+            run = lambda fused: run_inter_chunk_states(k, v, a, g, amax, None, None, None,  # noqa: E731
+                                                       exp_gate=True, L=L, fused=fused)
+            same = all(torch.equal(x, y) for x, y in zip(run(True), run(False)))
+            # bytes: read k, v once, write NC+1 fp32 states (the minimum for a materializing kernel)
+            nbytes = B * NH * (S * 2 * D * torch.finfo(dtype).bits // 8 + (G + 1) * D * D * 4)
+            lim = nbytes / (limits.bw_gbs * 1e9) * 1e3
+            t = {}
+            for fused in (True, False):
+                t[fused] = time_ms(lambda: run(fused))
+                rows.append(BenchRow("mlstm", "inter-fused" if fused else "inter-loop", f"B{B} NH{NH} G{G} D{D} L{L}",
+                                     "fwd", dtype_name, t[fused], lim,
+                                     note=("bit-identical" if same else "DIFFERENT") + (
+                                         f", speedup {t[False] / t[True]:.2f}x" if not fused else ""),
+                                     extra={"section": "inter", "G": G, "bit_identical": same}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m kernels.bench mlstm", description=__doc__.split("\n")[0])
+    p.add_argument("--sections", default="main,grid,chunk,inter")
+    p.add_argument("--chunks", default="64,128,256", help="our chunk sizes in the main section")
+    p.add_argument("--dtypes", default="bf16,fp32")
+    p.add_argument("--skip", default="", help="comma list of 'impl-substring+dtype' to skip, e.g. xl_chunk+bf16")
+    p.add_argument("--only", default="", help="time only implementations whose name contains this")
+    p.add_argument("--quick", action="store_true", help="smaller shapes (S/4), no grid / chunk sections")
+    p.add_argument("--no-check", action="store_true")
+    p.add_argument("--out", default="benchmarks")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if not torch.cuda.is_available():
+        raise SystemExit("error: the mLSTM benchmark needs a CUDA GPU")
+    torch.set_float32_matmul_precision("high")  # TF32 for float32 dots, ours and the peers'
+    sections = set(args.sections.split(","))
+    if args.quick:
+        sections -= {"grid", "chunk"}
+    chunks = [int(c) for c in args.chunks.split(",")]
+    skip = tuple(tuple(s.split("+", 1)) for s in args.skip.split(",") if "+" in s)
+    env = environment("cuda")
+    limits = Limits(copy_bandwidth_gbs(), {"bf16": matmul_tflops(dtype=torch.bfloat16),
+                                           "fp32": matmul_tflops(dtype=torch.float32)})
+    env.update(copy_gbs=limits.bw_gbs, matmul_tflops=limits.tflops)
+    log.info("copy %.0f GB/s, matmul %s TFLOP/s", limits.bw_gbs, limits.tflops)
+    rows: list[BenchRow] = []
+    t0 = time.time()
+
+    def flush():
+        write_json("mlstm", rows, env, args.out)
+
+    S_main = 1024 if args.quick else 4096
+    if "inter" in sections:
+        _bench_inter(rows, limits)
+        flush()
+    if "main" in sections:
+        for dn in args.dtypes.split(","):
+            _bench_shape(rows, limits, (4, 16, S_main, 128, 256), dn, ("exp", "sig"), chunks,
+                         check=not args.no_check, skip=skip, only=args.only)
+            flush()
+    if "grid" in sections:
+        for B, S in ((32, 2048), (8, 8192), (1, 65536)):
+            _bench_shape(rows, limits, (B, 16, S, 128, 256), "bf16", ("exp", "sig"), [chunks[min(1, len(chunks) - 1)]],
+                         check=not args.no_check, skip=skip, only=args.only)
+            flush()
+    if "chunk" in sections:
+        _bench_chunk_tradeoff(rows, limits, [64, 128, 256, 512, 1024, 2048, 4096])
+        flush()
+    path = write_json("mlstm", rows, env, args.out)
+    log.info("wrote %s after %.0f s", path, time.time() - t0)
+    print(f"device: {env['device']}  date: {env['date']}  copy {limits.bw_gbs:.0f} GB/s  "
+          f"matmul bf16 {limits.tflops['bf16']:.0f} / tf32 {limits.tflops['fp32']:.0f} TFLOP/s")
+    print_table(rows, baseline=None)
