@@ -8,7 +8,9 @@ coefficient). ``linear_scan_block2(C, x, reverse=False, backend="auto")``: ``C (
 ``y_t = C_t @ y_{t-1} + x_t`` (reference and torch backends only; used for dense Jacobians).
 
 Backends: ``"reference"`` (a loop, ``reference.py``), ``"torch"`` (log-step doubling,
-``torch_scan.py``); ``"auto"`` picks the fastest one available for the inputs' device.
+``torch_scan.py``), ``"triton"`` (single-pass chunked scan with decoupled look-back, custom ops with
+a fused backward, ``triton_scan.py``); ``"auto"`` picks ``triton`` for contiguous CUDA tensors of
+float32/bfloat16/float16 and ``torch`` otherwise.
 """
 
 from __future__ import annotations
@@ -30,14 +32,24 @@ SCAN_BACKENDS: dict[str, tuple[Callable, Callable]] = {
     "torch": (linear_scan_torch, linear_scan_block2_torch),
 }
 
+try:  # Triton is optional (e.g. macOS)
+    from kernels.scan.triton_scan import linear_scan_block2_triton, linear_scan_triton
+    from kernels.scan.triton_scan import supports as _triton_supports
 
-def _auto(x: torch.Tensor) -> str:
-    """The fastest backend for ``x``'s device."""
+    SCAN_BACKENDS["triton"] = (linear_scan_triton, linear_scan_block2_triton)
+except ImportError:  # pragma: no cover
+    _triton_supports = None
+
+
+def _auto(x: torch.Tensor, c: torch.Tensor | None = None) -> str:
+    """The fastest backend for the inputs (Triton on CUDA when it can take them as they are)."""
+    if _triton_supports is not None and x.is_cuda and (c is None or _triton_supports(c, x)):
+        return "triton"
     return "torch"
 
 
-def _pick(backend: str, x: torch.Tensor) -> tuple[Callable, Callable]:
-    name = _auto(x) if backend == "auto" else backend
+def _pick(backend: str, x: torch.Tensor, c: torch.Tensor | None = None) -> tuple[Callable, Callable]:
+    name = _auto(x, c) if backend == "auto" else backend
     if name not in SCAN_BACKENDS:
         valid = ", ".join(["auto", *SCAN_BACKENDS])
         raise ValueError(f"unknown scan backend {backend!r}; valid: {valid}")
@@ -46,12 +58,12 @@ def _pick(backend: str, x: torch.Tensor) -> tuple[Callable, Callable]:
 
 def linear_scan(c: torch.Tensor, x: torch.Tensor, reverse: bool = False, backend: str = "auto") -> torch.Tensor:
     """Diagonal linear recurrence; see the module docstring."""
-    return _pick(backend, x)[0](c, x, reverse=reverse)
+    return _pick(backend, x, c)[0](c, x, reverse=reverse)
 
 
 def linear_scan_block2(C: torch.Tensor, x: torch.Tensor, reverse: bool = False, backend: str = "auto") -> torch.Tensor:
     """2x2-block linear recurrence; see the module docstring."""
-    return _pick(backend, x)[1](C, x, reverse=reverse)
+    return _pick(backend, x, C)[1](C, x, reverse=reverse)
 
 
 DENSE_SCAN_BACKENDS: dict[str, Callable] = {

@@ -1,0 +1,196 @@
+"""Triton linear scans (diagonal and 2x2-block), forward and backward, as ``torch.library`` custom ops.
+
+Same signatures and semantics as ``kernels.scan.reference``:
+
+- ``linear_scan_triton(c, x, reverse=False)``: ``c, x (B, L, D)`` -> ``y (B, L, D)``,
+  ``y_t = c_t * y_{t-1} + x_t`` (``reverse``: ``y_t = c_t * y_{t+1} + x_t``);
+- ``linear_scan_block2_triton(C, x, reverse=False)``: ``C (B, L, 2, 2, D)``, ``x (B, L, 2, D)``,
+  ``y_t[i] = sum_j C_t[i, j] y_{t-1}[j] + x_t[i]``.
+
+One single-pass kernel per call (``_scan_kernels.py``): the sequence is split into chunks of ``CH``
+steps and the channels into tiles of ``BD``; every (chunk, tile) is one program, so even one long
+sequence fills the GPU, and the carry between chunks travels by decoupled look-back. The backward
+is the same kernel in the other direction with shifted coefficients, and writes the coefficient
+gradient in the same pass (``dx_t = dy_t + c_{t+1} dx_{t+1}``, ``dc_t = dx_t y_{t-1}``).
+
+Storage float32, bfloat16 or float16 (``c`` and ``x`` of one dtype); arithmetic in float32.
+Inputs must be contiguous and on CUDA (or on the CPU under ``TRITON_INTERPRET=1``).
+Custom ops: ``expressivity::linear_scan``, ``expressivity::linear_scan_block2`` and their backward
+ops ``..._bwd``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from kernels._triton import triton_available
+from kernels.scan._scan_kernels import _block2_scan_kernel, _diag_scan_kernel
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_WS_OFFSET = 16  # int64 words before the look-back records (the ticket counter lives in word 0)
+
+
+def config(L: int, D: int, block2: bool) -> tuple[int, int, int]:
+    """``(CH, BD, num_warps)``: time steps per chunk, channels per tile, warps per program."""
+    if block2:
+        return 64, (32 if D > 16 else 16), 8
+    bd = 64 if D >= 64 else max(16, triton.next_power_of_2(D))
+    return 128, bd, 8
+
+
+def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> None:
+    """One-line ``TypeError`` / ``ValueError`` for anything the kernels cannot take."""
+    if not isinstance(c, torch.Tensor) or not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: c and x must be tensors, got {type(c).__name__} and {type(x).__name__}")
+    c_extra, x_extra = ((2, 2), (2,)) if block2 else ((), ())
+    if x.dim() != 3 + len(x_extra) or tuple(x.shape[2:-1]) != x_extra:
+        want = "x (B, L, 2, D)" if block2 else "x (B, L, D)"
+        raise ValueError(f"{name}: expected {want}, got x of shape {tuple(x.shape)}")
+    B, L, D = x.shape[0], x.shape[1], x.shape[-1]
+    if tuple(c.shape) != (B, L, *c_extra, D):
+        raise ValueError(f"{name}: c has shape {tuple(c.shape)}, expected {(B, L, *c_extra, D)} to match x")
+    if c.device != x.device:
+        raise ValueError(f"{name}: c is on {c.device} but x is on {x.device}")
+    if x.dtype not in DTYPES or c.dtype != x.dtype:
+        raise TypeError(
+            f"{name}: c and x must share one dtype of float32/bfloat16/float16, got {c.dtype} and {x.dtype} "
+            "(use backend='torch' for float64)"
+        )
+    if not (c.is_contiguous() and x.is_contiguous()):
+        raise ValueError(f"{name}: c and x must be contiguous (call .contiguous() first)")
+    if not triton_available(x):
+        raise ValueError(f"{name}: Triton needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU), got {x.device}")
+
+
+def _launch(kernel, c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool) -> None:
+    B, L, D = x.shape[0], x.shape[1], x.shape[-1]
+    if out.numel() == 0:
+        return
+    CH, BD, warps = config(L, D, block2)
+    n_dt = triton.cdiv(D, BD)
+    n_lt = B * n_dt
+    n_chunks = triton.cdiv(L, CH)
+    words = 6 if block2 else 2
+    ws = torch.zeros(_WS_OFFSET + n_lt * n_chunks * words * BD, dtype=torch.int64, device=x.device)
+    kernel[(n_lt * n_chunks,)](
+        c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws,
+        L, D, n_dt, n_lt, n_chunks,
+        REVERSE=reverse, GRAD=grad, CH=CH, BD=BD, num_warps=warps,
+    )
+
+
+def _alloc(like: torch.Tensor) -> torch.Tensor:
+    """Output allocation (tests replace it to poison outputs)."""
+    return torch.empty_like(like)
+
+
+def _forward(c, x, reverse, block2):
+    out = _alloc(x)
+    kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
+    _launch(kernel, c, x, out, out, out, reverse, False, block2)
+    return out
+
+
+def _backward(c, y, dy, reverse, block2):
+    dx = _alloc(y)
+    dc = _alloc(c)
+    kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
+    # the backward of a forward scan is a reverse scan with coefficients c_{t+1}, and vice versa
+    _launch(kernel, c, dy, dx, y, dc, not reverse, True, block2)
+    return dc, dx
+
+
+# ---------------------------------------------------------------- custom ops: diagonal
+
+
+@torch.library.custom_op("expressivity::linear_scan", mutates_args=())
+def _scan_op(c: torch.Tensor, x: torch.Tensor, reverse: bool) -> torch.Tensor:
+    check_inputs("linear_scan_triton", c, x, block2=False)
+    return _forward(c, x, reverse, False)
+
+
+@_scan_op.register_fake
+def _(c, x, reverse):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("expressivity::linear_scan_bwd", mutates_args=())
+def _scan_bwd_op(c: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _backward(c, y, dy, reverse, False)
+
+
+@_scan_bwd_op.register_fake
+def _(c, y, dy, reverse):
+    return torch.empty_like(c), torch.empty_like(y)
+
+
+def _setup(ctx, inputs, output):
+    c, _, reverse = inputs
+    ctx.save_for_backward(c, output)
+    ctx.reverse = reverse
+
+
+def _scan_grad(ctx, dy):
+    c, y = ctx.saved_tensors
+    dc, dx = _scan_bwd_op(c, y, dy.contiguous().to(y.dtype), ctx.reverse)
+    return dc, dx, None
+
+
+_scan_op.register_autograd(_scan_grad, setup_context=_setup)
+
+
+# ---------------------------------------------------------------- custom ops: 2x2 blocks
+
+
+@torch.library.custom_op("expressivity::linear_scan_block2", mutates_args=())
+def _block2_op(C: torch.Tensor, x: torch.Tensor, reverse: bool) -> torch.Tensor:
+    check_inputs("linear_scan_block2_triton", C, x, block2=True)
+    return _forward(C, x, reverse, True)
+
+
+@_block2_op.register_fake
+def _(C, x, reverse):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("expressivity::linear_scan_block2_bwd", mutates_args=())
+def _block2_bwd_op(C: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _backward(C, y, dy, reverse, True)
+
+
+@_block2_bwd_op.register_fake
+def _(C, y, dy, reverse):
+    return torch.empty_like(C), torch.empty_like(y)
+
+
+def _block2_grad(ctx, dy):
+    C, y = ctx.saved_tensors
+    dC, dx = _block2_bwd_op(C, y, dy.contiguous().to(y.dtype), ctx.reverse)
+    return dC, dx, None
+
+
+_block2_op.register_autograd(_block2_grad, setup_context=_setup)
+
+
+# ---------------------------------------------------------------- public functions
+
+
+def linear_scan_triton(c: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """Diagonal ``y_t = c_t * y_{t-1} + x_t`` in Triton. ``c, x (B, L, D)`` -> ``y (B, L, D)``."""
+    check_inputs("linear_scan_triton", c, x, block2=False)
+    return _scan_op(c, x, bool(reverse))
+
+
+def linear_scan_block2_triton(C: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """2x2-block scan in Triton. ``C (B, L, 2, 2, D)``, ``x (B, L, 2, D)`` -> ``y (B, L, 2, D)``."""
+    check_inputs("linear_scan_block2_triton", C, x, block2=True)
+    return _block2_op(C, x, bool(reverse))
+
+
+def supports(c: torch.Tensor, x: torch.Tensor) -> bool:
+    """Can the Triton scan take these inputs as they are (device, dtype, layout)?"""
+    return (
+        triton_available(x) and x.dtype in DTYPES and c.dtype == x.dtype
+        and c.device == x.device and c.is_contiguous() and x.is_contiguous()
+    )
