@@ -3,8 +3,8 @@
 
     x (B, L, d) --W--> wx (B, L, NH, G_x, DH) --cell over time--> h (B, L, NH, DH) -> (B, L, d)
 
-The recurrence itself is ``kernels.fused_rnn.fused_rnn`` (backends: ``"vanilla"``, the PyTorch
-loop of ``kernels/fused_rnn/reference.py``; faster backends plug in there).
+The recurrence itself is ``kernels.fused_rnn.fused_rnn`` (mixer backends: ``"vanilla"``, the PyTorch
+loop of ``kernels/fused_rnn/reference.py``; ``"triton"``, the fused / alternating Triton kernels).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kernels.fused_rnn.reference import default_recurrent_init
 from mixers.registry import register_mixer
 
 #: mixer backend name -> kernels.fused_rnn backend name
-BACKEND_NAMES = {"vanilla": "reference", "triton": "triton", "auto": "auto"}
+BACKEND_NAMES = {"vanilla": "reference", "triton": "triton", "alternating": "alternating", "auto": "auto"}
 
 #: the forget gate's index in the bias, and its initial value (opens the memory at the start)
 FORGET_BIAS = {"lstm": (1, 1.0), "slstm": (1, 1.0)}
@@ -30,7 +30,9 @@ class ClassicalRNN(nn.Module):
     Args:
         cell: ``"lstm" | "gru" | "elman" | "slstm"``.
         d_model: input and output width; split into ``num_heads`` heads of ``d_model // num_heads``.
-        backend: ``"vanilla"`` (PyTorch loop), ``"triton"`` (fused kernel) or ``"auto"``.
+        backend: ``"vanilla"`` (PyTorch loop), ``"triton"`` (the fused persistent kernel, or the
+            alternating one where a head's R does not fit on chip), ``"alternating"`` or ``"auto"``
+            (``"triton"`` on CUDA, ``"vanilla"`` on the CPU).
     """
 
     BACKENDS = tuple(BACKEND_NAMES)
@@ -58,7 +60,9 @@ class ClassicalRNN(nn.Module):
         backend = BACKEND_NAMES[self.backend]
         if backend not in KERNEL_BACKENDS and backend != "auto":
             raise ValueError(f"{self.cell}: backend {self.backend!r} is not available in this installation")
-        h, _ = fused_rnn(self.cell, wx, self.R, self.b, backend=backend)
+        # the Triton kernels take one dtype (e.g. bfloat16 wx under autocast): cast the parameters
+        R, b = self.R.to(wx.dtype), self.b.to(wx.dtype)
+        h, _ = fused_rnn(self.cell, wx, R, b, backend=backend)
         return h.reshape(bsz, length, d)
 
     def extra_repr(self) -> str:

@@ -77,6 +77,11 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _upcast(x: torch.Tensor) -> bool:
+    """Under ``TRITON_INTERPRET=1`` bfloat16 ``tl.dot`` is wrong (triton 3.9): dot in float32 there."""
+    return x.dtype == torch.bfloat16 and not x.is_cuda
+
+
 def _tl_acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
@@ -105,7 +110,7 @@ def fused_rnn_fwd(
         bsz, length, nh, dh,
         CELL=CELL_IDS[cell], GX=spec.input_gates, GR=spec.recurrent_gates, GB=spec.bias_gates,
         NS=spec.num_states, NSAVE=nsave, SAVE=save,
-        BLOCK_B=cfg.block_b, DHP=head_dim_padded(dh), PREC=cfg.precision, ACC=_tl_acc(wx.dtype),
+        BLOCK_B=cfg.block_b, DHP=head_dim_padded(dh), PREC=cfg.precision, ACC=_tl_acc(wx.dtype), UPCAST=_upcast(wx),
         num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip
     return h, last, saved
@@ -144,7 +149,7 @@ def fused_rnn_bwd(
         bsz, length, nh, dh,
         CELL=CELL_IDS[cell], GR=spec.recurrent_gates, GB=spec.bias_gates, NS=spec.num_states,
         NSAVE=NUM_SAVED[cell], ACC_DR=cfg.acc_dr,
-        BLOCK_B=cfg.block_b, DHP=head_dim_padded(dh), PREC=cfg.precision, ACC=_tl_acc(R.dtype),
+        BLOCK_B=cfg.block_b, DHP=head_dim_padded(dh), PREC=cfg.precision, ACC=_tl_acc(R.dtype), UPCAST=_upcast(R),
         num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip
     if cfg.acc_dr:

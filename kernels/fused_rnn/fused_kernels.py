@@ -62,7 +62,7 @@ def fused_fwd_kernel(
     B, T, NH, DH,
     CELL: tl.constexpr, GX: tl.constexpr, GR: tl.constexpr, GB: tl.constexpr, NS: tl.constexpr,
     NSAVE: tl.constexpr, SAVE: tl.constexpr,
-    BLOCK_B: tl.constexpr, DHP: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_B: tl.constexpr, DHP: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     pid_h = tl.program_id(0)
     rb = (tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
@@ -80,6 +80,11 @@ def fused_fwd_kernel(
         R2 = _load_r(R, pid_h, 2, rd, DH, GR, False)
     if GR > 3:
         R3 = _load_r(R, pid_h, 3, rd, DH, GR, False)
+    if UPCAST:  # the CPU interpreter's bfloat16 tl.dot is wrong: multiply the same values in float32
+        R0 = R0.to(tl.float32)
+        R1 = R1.to(tl.float32)
+        R2 = R2.to(tl.float32)
+        R3 = R3.to(tl.float32)
     b0 = tl.load(BIAS + pid_h * GB * DH + rd, mask=md, other=0.0).to(ACC)[None, :]
     b1 = b0
     b2 = b0
@@ -141,7 +146,7 @@ def fused_fwd_kernel(
         if GX > 3:
             x3n = _tile(WX, nxt + 3 * DH, rd, m2, ACC)
 
-        hd = h.to(R0.dtype)
+        hd = h.to(H.dtype.element_ty).to(R0.dtype)  # the storage dtype's rounding
         y0 = tl.dot(hd, R0, input_precision=PREC)
         sv = sv_row + (t + 1) * sv_t
         if CELL == ELMAN:
@@ -205,7 +210,7 @@ def fused_bwd_kernel(
     B, T, NH, DH,
     CELL: tl.constexpr, GR: tl.constexpr, GB: tl.constexpr, NS: tl.constexpr,
     NSAVE: tl.constexpr, ACC_DR: tl.constexpr,
-    BLOCK_B: tl.constexpr, DHP: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_B: tl.constexpr, DHP: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     pid_h = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -223,6 +228,12 @@ def fused_bwd_kernel(
         RT2 = _load_r(R, pid_h, 2, rd, DH, GR, True)
     if GR > 3:
         RT3 = _load_r(R, pid_h, 3, rd, DH, GR, True)
+    SDT = RT0.dtype  # storage dtype: dot operands are rounded to it
+    if UPCAST:  # see the forward
+        RT0 = RT0.to(tl.float32)
+        RT1 = RT1.to(tl.float32)
+        RT2 = RT2.to(tl.float32)
+        RT3 = RT3.to(tl.float32)
     DT = RT0.dtype
 
     s_row = (rb * NH + pid_h) * DH
@@ -322,18 +333,18 @@ def fused_bwd_kernel(
             db3 += tl.sum(d3, axis=0)
 
         # recurrent part of eq. 4 (R^T dg) and eq. 7 (dR += h_prev^T dg)
-        e0 = d0.to(DT)
+        e0 = d0.to(SDT).to(DT)
         dh_rec = tl.dot(e0, RT0, direct, input_precision=PREC)
         if GR > 1:
-            e1 = d1.to(DT)
-            e2 = d2.to(DT)
+            e1 = d1.to(SDT).to(DT)
+            e2 = d2.to(SDT).to(DT)
             dh_rec = tl.dot(e1, RT1, dh_rec, input_precision=PREC)
             dh_rec = tl.dot(e2, RT2, dh_rec, input_precision=PREC)
         if GR > 3:
-            e3 = d3.to(DT)
+            e3 = d3.to(SDT).to(DT)
             dh_rec = tl.dot(e3, RT3, dh_rec, input_precision=PREC)
         if ACC_DR:
-            hT = tl.trans(h_prev.to(DT))
+            hT = tl.trans(h_prev.to(SDT).to(DT))
             dR0 = tl.dot(hT, e0, dR0, input_precision=PREC)
             if GR > 1:
                 dR1 = tl.dot(hT, e1, dR1, input_precision=PREC)

@@ -1,0 +1,413 @@
+"""``python -m kernels.bench fused_rnn``: check, then time, the fused_rnn family on one GPU (SPEC §7).
+
+One run does both:
+
+1. **Check** every Triton path (fused, alternating; every cell, head size and dtype at the benchmark
+   shapes, plus the batch sweep and each tuning variant) against the float64 reference loop on
+   fresh random inputs with NaN-poisoned outputs: forward (h, last states) and all gradients (wx, R,
+   b, initial states). Pass: relative error <= 1e-4 (float32), <= 2e-2 (bfloat16). The checks run
+   in parallel worker processes, which also compiles every kernel that is timed later.
+2. **Time** (``triton.testing.do_bench`` medians) our fused / alternating kernels, ``flashrnn``'s
+   ``triton_fused`` (and ``cuda_fused`` with ``--cuda-peer``), cuDNN ``nn.LSTM`` / ``nn.GRU`` with one
+   head of 768 (which also does the input projection), and the vanilla loop, at B=16, T=1024,
+   NH x DH in {48x16, 24x32, 12x64, 6x128} (768 in total), forward and forward+backward, float32
+   and bfloat16; and a batch sweep B in {16, 64, 256} at 12x64.
+
+Writes ``<out>/fused_rnn-<device>-<date>.json`` (``kernels.bench.write_json``) and prints the table.
+Options: ``--quick`` (T=256, fewer shapes), ``--no-check``, ``--tune`` (time launch variants),
+``--workers N``, ``--out DIR``, ``--cuda-peer`` (try building flashrnn's CUDA kernel, slow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import math
+import multiprocessing
+import time
+import traceback
+
+import torch
+
+from kernels.bench.common import BenchRow, copy_bandwidth_gbs, environment, matmul_tflops, rel_error, time_ms, write_json
+from kernels.fused_rnn.reference import cell_spec
+
+DEVICE = "cuda"  # the CPU tests set "cpu" (with TRITON_INTERPRET=1) to exercise this module
+HEAD_SHAPES = ((48, 16), (24, 32), (12, 64), (6, 128))
+BATCHES = (16, 64, 256)
+TOL = {"float32": 1e-4, "bfloat16": 2e-2}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: launch variants timed with --tune: name -> fused.OVERRIDES
+TUNE_VARIANTS = {
+    "ieee/w4": {"precision": "ieee", "num_warps": 4},
+    "ieee/w8": {"precision": "ieee", "num_warps": 8},
+    "tf32x3/w4": {"precision": "tf32x3", "num_warps": 4},
+    "tf32x3/w8": {"precision": "tf32x3", "num_warps": 8},
+    "tf32/w4": {"precision": "tf32", "num_warps": 4},
+    "ieee/w4/dR-after": {"precision": "ieee", "num_warps": 4, "acc_dr": False},
+    "ieee/w8/dR-after": {"precision": "ieee", "num_warps": 8, "acc_dr": False},
+    "tf32x3/w4/dR-after": {"precision": "tf32x3", "num_warps": 4, "acc_dr": False},
+    "w2": {"num_warps": 2},
+    "w4": {"num_warps": 4},
+    "w8": {"num_warps": 8},
+    "w4/dR-after": {"num_warps": 4, "acc_dr": False},
+    "bb16": {"block_b": 16},
+    "bb32": {"block_b": 32},
+    "bb64": {"block_b": 64},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One (cell, shape, dtype) problem; ``backend`` is ours ("fused" | "alternating")."""
+
+    cell: str
+    batch: int
+    length: int
+    num_heads: int
+    head_dim: int
+    dtype: str
+    backend: str = "fused"
+    variant: str = ""
+
+    @property
+    def shape(self) -> str:
+        return f"{self.cell} B{self.batch} T{self.length} {self.num_heads}x{self.head_dim}"
+
+    @property
+    def impl(self) -> str:
+        return f"ours-{self.backend}" + (f"[{self.variant}]" if self.variant else "")
+
+
+def make_inputs(case: Case, device: str, seed: int) -> tuple[torch.Tensor, ...]:
+    """Random wx ~ N(0, 1), R ~ U(±1/sqrt(DH)), b ~ N(0, 0.1²), initial states (sLSTM: n > 0)."""
+    spec = cell_spec(case.cell)
+    g = torch.Generator(device=device).manual_seed(seed)
+    B, T, NH, DH = case.batch, case.length, case.num_heads, case.head_dim
+    dt = DTYPES[case.dtype]
+    wx = torch.randn(B, T, NH, spec.input_gates, DH, device=device, generator=g)
+    R = (torch.rand(NH, DH, spec.recurrent_gates, DH, device=device, generator=g) * 2 - 1) / math.sqrt(DH)
+    b = 0.1 * torch.randn(NH, spec.bias_gates, DH, device=device, generator=g)
+    s0 = torch.randn(spec.num_states, B, NH, DH, device=device, generator=g)
+    if case.cell == "slstm":
+        s0[2] = s0[2].abs() + 0.5
+        s0[3] = 0.1 * s0[3]
+    return tuple(x.to(dt) for x in (wx, R, b, s0))
+
+
+def _run(fn, case: Case, inputs, dy, dlast):
+    wx, R, b, s0 = (x.detach().requires_grad_() for x in inputs)
+    h, last = fn(case.cell, wx, R, b, s0)
+    grads = torch.autograd.grad((h, last), (wx, R, b, s0), (dy, dlast))
+    return (h, last, *grads)
+
+
+def check_case(case: Case, overrides: dict | None = None, seed: int = 0) -> dict:
+    """Compare one backend with the float64 reference: forward and all gradients, poisoned outputs."""
+    from kernels.fused_rnn import BACKENDS, checks, fused, fused_rnn_reference
+
+    checks.POISON = True
+    fused.OVERRIDES.clear()
+    fused.OVERRIDES.update(overrides or {})
+    out = {"case": dataclasses.asdict(case), "overrides": overrides or {}}
+    try:
+        t0 = time.perf_counter()
+        inputs = make_inputs(case, DEVICE, seed)
+        g = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+        spec = cell_spec(case.cell)
+        B, T, NH, DH = case.batch, case.length, case.num_heads, case.head_dim
+        dy = torch.randn(B, T, NH, DH, device=DEVICE, generator=g).to(inputs[0].dtype)
+        dlast = torch.randn(spec.num_states, B, NH, DH, device=DEVICE, generator=g).to(inputs[0].dtype)
+        got = _run(BACKENDS[case.backend], case, inputs, dy, dlast)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        ref = _run(fused_rnn_reference, case, [x.double() for x in inputs], dy.double(), dlast.double())
+        names = ("h", "last", "dwx", "dR", "db", "ds0")
+        errs = {n: rel_error(a, r) for n, a, r in zip(names, got, ref)}
+        out.update(errors=errs, max_rel_err=max(errs.values()), ok=max(errs.values()) <= TOL[case.dtype])
+        out["seconds"] = time.perf_counter() - t0
+    except Exception as err:  # report, keep going
+        out.update(errors={}, max_rel_err=math.inf, ok=False, error=f"{type(err).__name__}: {err}"[:300])
+        out["trace"] = traceback.format_exc()[-1500:]
+    finally:
+        checks.POISON = False
+        fused.OVERRIDES.clear()
+    return out
+
+
+def _apply(overrides: dict | None) -> None:
+    """Set ``fused.OVERRIDES`` (launch fields) and the on-chip R budget (key ``r_bytes``)."""
+    from kernels.fused_rnn import fused
+
+    o = dict(overrides or {})
+    fused.ON_CHIP_R_BYTES = o.pop("r_bytes", 128 * 1024)
+    fused.OVERRIDES.clear()
+    fused.OVERRIDES.update(o)
+
+
+# ------------------------------------------------------------------ timing
+
+
+def _time(fn) -> float:
+    return time_ms(fn, warmup=25, rep=100, device=DEVICE)
+
+
+def time_ours(case: Case, overrides: dict | None = None) -> tuple[float, float]:
+    """(forward ms, forward+backward ms) of our backend ``case.backend`` (or "reference")."""
+    from kernels.fused_rnn import BACKENDS
+
+    _apply(overrides)
+    fn = BACKENDS[case.backend]
+    wx, R, b, s0 = make_inputs(case, DEVICE, seed=7)
+    dy = torch.randn(case.batch, case.length, case.num_heads, case.head_dim, device=DEVICE).to(wx.dtype)
+    leaves = [x.detach().requires_grad_() for x in (wx, R, b, s0)]
+
+    def fwd():
+        with torch.no_grad():
+            fn(case.cell, wx, R, b, s0)
+
+    def fwdbwd():
+        h, _ = fn(case.cell, *leaves)
+        torch.autograd.grad(h, leaves, dy)
+
+    try:
+        return _time(fwd), _time(fwdbwd)
+    finally:
+        _apply(None)
+
+
+def time_flashrnn(case: Case, backend: str) -> tuple[float, float]:
+    """flashrnn 1.0.8 (``flashrnn(Wx, R, b, function, backend, dtype)``), same work on random inputs."""
+    from flashrnn import flashrnn as flashrnn_fn
+
+    spec = cell_spec(case.cell)
+    B, T, NH, DH = case.batch, case.length, case.num_heads, case.head_dim
+    dt = DTYPES[case.dtype]
+    wx = torch.randn(B, T, spec.input_gates, NH, DH, device=DEVICE, dtype=dt)
+    R = (torch.randn(spec.recurrent_gates, NH, DH, DH, device=DEVICE) / math.sqrt(DH)).to(dt)
+    b = torch.randn(spec.bias_gates, NH, DH, device=DEVICE, dtype=dt)
+    dy = torch.randn(B, T, NH, DH, device=DEVICE, dtype=dt)
+    leaves = [x.requires_grad_() for x in (wx, R, b)]
+
+    def call():
+        return flashrnn_fn(*leaves, function=case.cell, backend=backend, dtype=case.dtype)
+
+    def fwd():
+        with torch.no_grad():
+            call()
+
+    def fwdbwd():
+        states, _ = call()
+        torch.autograd.grad(states[0], leaves, dy)
+
+    return _time(fwd), _time(fwdbwd)
+
+
+def time_cudnn(cell: str, batch: int, length: int, dtype: torch.dtype, d: int = 768) -> tuple[float, float]:
+    """cuDNN ``nn.LSTM(d, d)`` / ``nn.GRU(d, d)``: one head of d, input projection included."""
+    module = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[cell](d, d, batch_first=True).to(DEVICE, dtype)
+    x = torch.randn(batch, length, d, device=DEVICE, dtype=dtype, requires_grad=True)
+    dy = torch.randn(batch, length, d, device=DEVICE, dtype=dtype)
+    params = [x, *module.parameters()]
+
+    def fwd():
+        with torch.no_grad():
+            module(x)
+
+    def fwdbwd():
+        y, _ = module(x)
+        torch.autograd.grad(y, params, dy)
+
+    return _time(fwd), _time(fwdbwd)
+
+
+def limits(case: Case, bw_gbs: float, tflops: dict[str, float]) -> tuple[float, float]:
+    """Physical floors (ms) of forward and forward+backward: max(FLOPs / matmul rate, bytes / copy
+    bandwidth). FLOPs: the recurrent matmul (x3 with the backward: R^T dg and dR). Bytes: wx read,
+    h written (+ the saved states/gates written, read back, dwx written, for training)."""
+    spec = cell_spec(case.cell)
+    n = case.batch * case.length * case.num_heads * case.head_dim  # elements of h
+    el = torch.finfo(DTYPES[case.dtype]).bits // 8
+    flops = 2.0 * n * spec.recurrent_gates * case.head_dim
+    from kernels.fused_rnn.cells_triton import NUM_SAVED
+
+    fwd_bytes = n * el * (spec.input_gates + 1)
+    train_bytes = fwd_bytes + n * 4 * NUM_SAVED[case.cell] * 2 + n * el * (1 + spec.input_gates)
+    rate = tflops[case.dtype] * 1e12
+    floor = lambda f, by: max(f / rate, by / (bw_gbs * 1e9)) * 1e3  # noqa: E731
+    return floor(flops, fwd_bytes), floor(3 * flops, train_bytes)
+
+
+# ------------------------------------------------------------------ the run
+
+
+def _cases(length: int, quick: bool, tune: bool) -> tuple[list[tuple[Case, dict]], list[tuple[Case, dict]]]:
+    """(check list, time list) of (case, overrides), most important first."""
+    heads = HEAD_SHAPES[2:3] if quick else HEAD_SHAPES
+    checks, timed = [], []
+    for bsz in BATCHES[1:]:  # the big float64 references first, while few others run
+        for dtype in DTYPES:
+            checks.append((Case("lstm", bsz, length, 12, 64, dtype, backend="triton"), {}))
+    for dtype in DTYPES:
+        for cell in ("lstm", "slstm", "gru", "elman"):
+            timed.append((Case(cell, 16, length, 12, 64, dtype, backend="triton"), {}))
+    for dtype in DTYPES:
+        for nh, dh in heads:
+            for cell in ("lstm", "gru", "elman", "slstm"):
+                c = Case(cell, 16, length, nh, dh, dtype, backend="triton")
+                checks.append((c, {}))
+                if cell == "lstm" and (nh, dh) != (12, 64):
+                    timed.append((c, {}))
+            checks.append((Case("lstm", 16, length, nh, dh, dtype, backend="alternating"), {}))
+        timed.append((Case("lstm", 16, length, 12, 64, dtype, backend="alternating"), {}))
+        timed += [(Case("lstm", bsz, length, 12, 64, dtype, backend="triton"), {}) for bsz in BATCHES[1:]]
+    if tune:
+        variants = [("lstm", 16, 12, 64, "float32", v) for v in TUNE_VARIANTS if "/" in v and v[0] in "it"]
+        variants += [("lstm", 16, 12, 64, "bfloat16", v) for v in ("w2", "w4", "w8", "w4/dR-after")]
+        variants += [("slstm", 16, 12, 64, dt, v) for dt in DTYPES for v in ("w4", "w8")]
+        variants += [("lstm", 16, 48, 16, dt, v) for dt in DTYPES for v in ("w2", "w4")]
+        variants += [("lstm", 16, 6, 128, "bfloat16", v) for v in ("w4", "w8")]
+        variants += [("lstm", bsz, 12, 64, dt, v) for bsz in BATCHES[1:] for dt in DTYPES for v in ("bb16", "bb32", "bb64")]
+        # does the fused kernel compile with R beyond the default on-chip budget?
+        variants += [(cell, 16, 6, 128, "float32", "fp32-R-on-chip") for cell in ("lstm", "gru")]
+        for cell, bsz, nh, dh, dt, v in variants:
+            o = TUNE_VARIANTS.get(v, {"r_bytes": 1 << 20, "num_warps": 8})
+            c = Case(cell, bsz, length, nh, dh, dt, backend="fused", variant=v)
+            timed.append((c, o))
+            # launch variants of the batch sweep are checked at T=128 (the float64 reference of
+            # B=256, T=1024 takes ~16 GB; the default launch is checked at full length above)
+            checks.append((dataclasses.replace(c, length=min(length, 128)) if bsz > 16 else c, o))
+    def priority(item):
+        c, _ = item
+        return (0 if (c.batch, c.num_heads) == (16, 12) else 2) + (1 if c.variant else 0)
+
+    return checks, sorted(timed, key=priority)
+
+
+def run_checks(checks: list[tuple[Case, dict]], workers: int, budget_s: float = math.inf) -> list[dict]:
+    """Run ``check_case`` over a pool of spawned processes (which also compiles the kernels); checks
+    not started within ``budget_s`` seconds are skipped (and reported)."""
+    ctx = multiprocessing.get_context("spawn")
+    results = []
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(check_case, c, o, i) for i, (c, o) in enumerate(checks)]
+        try:
+            done = list(cf.as_completed(futures, timeout=budget_s))
+        except cf.TimeoutError:
+            skipped = sum(f.cancel() for f in futures)
+            print(f"check budget of {budget_s:.0f} s spent: {skipped} checks skipped", flush=True)
+            cf.wait(futures)
+            done = [f for f in futures if not f.cancelled()]
+        for fut in done:
+            r = fut.result()
+            results.append(r)
+            c = Case(**r["case"])
+            status = "ok  " if r["ok"] else "FAIL"
+            print(f"check {status} {c.impl:34s} {c.shape:28s} {c.dtype:8s} max rel err {r['max_rel_err']:.2e} "
+                  f"{r.get('error', '')}", flush=True)  # fmt: skip
+    return results
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m kernels.bench fused_rnn", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="T=256 and only the 12x64 head shape")
+    parser.add_argument("--no-check", action="store_true", help="skip the correctness checks")
+    parser.add_argument("--tune", action="store_true", help="also check and time launch variants")
+    parser.add_argument("--workers", type=int, default=8, help="processes for the checks (default 8)")
+    parser.add_argument("--cuda-peer", action="store_true", help="also try flashrnn's cuda_fused (builds with nvcc)")
+    parser.add_argument("--no-vanilla", action="store_true", help="skip the (slow) vanilla loop rows")
+    parser.add_argument("--budget-s", type=float, default=math.inf, help="stop timing this many seconds after the start")
+    parser.add_argument("--check-budget-s", type=float, default=math.inf, help="skip checks not started by then")
+    parser.add_argument("--out", default="benchmarks", help="folder for the JSON (default benchmarks/)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() or DEVICE != "cuda":
+        raise SystemExit("error: the fused_rnn benchmark needs a CUDA GPU (the CPU tests cover correctness)")
+    length = 256 if args.quick else 1024
+    check_list, time_list = _cases(length, args.quick, args.tune)
+
+    t0 = time.perf_counter()
+    results = [] if args.no_check else run_checks(check_list, args.workers, args.check_budget_s)
+    print(f"checks: {sum(r['ok'] for r in results)}/{len(results)} passed in {time.perf_counter() - t0:.0f} s", flush=True)
+    errs = {(tuple(r["case"].values()), str(r["overrides"])): r["max_rel_err"] for r in results}
+
+    env = environment("cuda")
+    bw = copy_bandwidth_gbs()
+    tflops = {"float32": matmul_tflops(dtype=torch.float32), "bfloat16": matmul_tflops(dtype=torch.bfloat16)}
+    env.update(copy_gbs=bw, matmul_tflops=tflops, checks=results)
+    print(f"copy {bw:.0f} GB/s, matmul fp32 {tflops['float32']:.0f} / bf16 {tflops['bfloat16']:.0f} TFLOP/s", flush=True)
+    rows: list[BenchRow] = []
+
+    def add(impl, case, fwd_ms, fb_ms, err=math.nan, note="", extra=None):
+        lim_f, lim_fb = limits(case, bw, tflops)
+        for direction, ms, lim in (("fwd", fwd_ms, lim_f), ("fwd+bwd", fb_ms, lim_fb)):
+            ex = {"us_per_step": ms * 1e3 / case.length, **(extra or {})}
+            rows.append(BenchRow("fused_rnn", impl, case.shape, direction, case.dtype, ms, lim, err, note, ex))
+        print(f"time {impl:34s} {case.shape:28s} {case.dtype:8s} fwd {fwd_ms:8.3f} ms  fwd+bwd {fb_ms:8.3f} ms {note}",
+              flush=True)  # fmt: skip
+
+    def attempt(impl, case, thunk, err=math.nan, extra=None):
+        try:
+            add(impl, case, *thunk(), err=err, extra=extra)
+        except Exception as e:  # a peer that does not build / run here: a row with the reason
+            add(impl, case, math.nan, math.nan, note=f"failed: {type(e).__name__}: {str(e)[:120]}")
+
+    seen_peer = set()
+    for case, o in time_list:
+        if time.perf_counter() - t0 > args.budget_s:
+            print(f"time budget of {args.budget_s} s spent: {len(rows) // 2} rows timed, the rest skipped")
+            break
+        err = errs.get((tuple(dataclasses.asdict(case).values()), str(o)), math.nan)
+        attempt(case.impl, case, lambda: time_ours(case, o), err=err, extra={"overrides": o})
+        base = Case(case.cell, case.batch, case.length, case.num_heads, case.head_dim, case.dtype)
+        if base in seen_peer:
+            continue
+        seen_peer.add(base)
+        if case.cell in ("lstm", "slstm"):
+            attempt("flashrnn-triton_fused", base, lambda: time_flashrnn(base, "triton_fused"))
+            if args.cuda_peer:
+                attempt("flashrnn-cuda_fused", base, lambda: time_flashrnn(base, "cuda_fused"))
+        if case.cell in ("lstm", "gru") and (case.num_heads, case.head_dim) == (12, 64):
+            half = torch.float16 if case.dtype == "bfloat16" else torch.float32
+            name = f"cudnn-nn.{case.cell.upper()}(768)-{'fp16' if half == torch.float16 else 'fp32'}"
+            attempt(name, base, lambda: time_cudnn(case.cell, case.batch, case.length, half))
+        if not args.no_vanilla and case.cell == "lstm" and case.batch == 16 and (case.num_heads, case.head_dim) == (12, 64):
+            van = dataclasses.replace(base, backend="reference")
+            attempt("vanilla-loop", base, lambda: time_ours(van))
+
+    path = write_json("fused_rnn", rows, env, args.out)
+    print(f"\nwrote {path}\n")
+    _summary(rows)
+
+
+def _summary(rows: list[BenchRow]) -> None:
+    """The issue's targets, then a compact table (last in the output)."""
+    t = {(r.impl, r.shape, r.direction, r.dtype): r.ms for r in rows}
+    shape = lambda cell: f"{cell} B16 T1024 12x64"  # noqa: E731
+    checks = [
+        ("LSTM fp32 fwd+bwd vs flashrnn triton_fused (<= 0.8)",
+         t.get(("ours-triton", shape("lstm"), "fwd+bwd", "float32")),
+         t.get(("flashrnn-triton_fused", shape("lstm"), "fwd+bwd", "float32"))),
+        ("LSTM bf16 fwd+bwd vs cuDNN nn.LSTM(768) fp16 (< 1)",
+         t.get(("ours-triton", shape("lstm"), "fwd+bwd", "bfloat16")),
+         t.get(("cudnn-nn.LSTM(768)-fp16", shape("lstm"), "fwd+bwd", "bfloat16"))),
+        ("sLSTM / LSTM fp32 fwd+bwd (<= 1.3)",
+         t.get(("ours-triton", shape("slstm"), "fwd+bwd", "float32")),
+         t.get(("ours-triton", shape("lstm"), "fwd+bwd", "float32"))),
+        ("sLSTM / LSTM bf16 fwd+bwd (<= 1.3)",
+         t.get(("ours-triton", shape("slstm"), "fwd+bwd", "bfloat16")),
+         t.get(("ours-triton", shape("lstm"), "fwd+bwd", "bfloat16"))),
+    ]  # fmt: skip
+    print("| impl | shape | dtype | fwd ms | fwd+bwd ms | us/step fwd+bwd | rel err |")
+    print("|---|---|---|---|---|---|---|")
+    by = {}
+    for r in rows:
+        by.setdefault((r.impl, r.shape, r.dtype), {})[r.direction] = r
+    for (impl, shp, dt), d in by.items():
+        f, fb = d.get("fwd"), d.get("fwd+bwd")
+        print(f"| {impl} | {shp} | {dt} | {f.ms:.3f} | {fb.ms:.3f} | {fb.extra['us_per_step']:.2f} | "
+              f"{fb.max_rel_err:.1e} |{' ' + fb.note if fb.note else ''}")  # fmt: skip
+    print()
+    for name, a, b in checks:
+        ratio = a / b if a and b and a == a and b == b else math.nan
+        print(f"target {name}: {a} ms / {b} ms = {ratio:.3f}")
