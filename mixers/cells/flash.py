@@ -108,6 +108,13 @@ class FlashGRUCell(_FlashCell):
         c = torch.tanh(a_c * (h * r) + u[..., 2, :])
         return (1 - z) + (c - h) * _dsigmoid(z) * a_z + z * (1 - c * c) * a_c * (r + h * _dsigmoid(r) * a_r)
 
+    @classmethod
+    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: Optional[float]) -> torch.Tensor:
+        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_gru``)."""
+        from kernels.newton.fused_gru import flashgru_fused
+
+        return flashgru_fused(u.contiguous(), params["a"].contiguous(), iters, tol)[0]
+
 
 class FlashLSTMCell(_FlashCell):
     """FlashLSTM (CIFG with peepholes) for one head; state ``[c, h]``; see the module docstring."""

@@ -1,0 +1,80 @@
+"""Shared pieces of the fused Newton kernels (``fused_gru.py``, ``fused_lstm.py``).
+
+Algorithm (paper 000 App. D.2, "the same block sequentially processes consecutive segments"):
+one program owns ``BD`` state channels of one (head, batch row) for the whole sequence and walks
+it in chunks of ``CH`` steps. On each chunk it runs *all* Newton iterations in registers --
+Jacobians and residuals, then the bi-diagonal solve as one ``tl.associative_scan`` -- starting from
+the exact final state of the previous chunk, writes the states once, and carries the last state on.
+Memory traffic is the minimum: the inputs ``u`` read once, the states written once.
+
+The Newton update needs ``h_{t-1}`` next to ``h_t``; instead of shifting registers, the scan carries
+the *exclusive* result too: for a segment of steps, ``(A, Y)`` maps a carry-in ``c`` to the last
+value ``A c + Y`` and ``(A', Y')`` to the one before it, ``A' c + Y'``. With a zero carry-in
+``Y'_t = delta_{t-1}`` and the iterate updates are ``h_t <- f(h_{t-1}, u_t) + J_t delta_{t-1}`` and
+``h_{t-1} <- h_{t-1} + delta_{t-1}``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+import torch
+
+
+@triton.jit
+def sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def tanh(x):
+    t = tl.exp(-2.0 * tl.abs(x))
+    v = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -v, v)
+
+
+@triton.jit
+def row_of(v, sel):
+    """The row of a ``[CH, BD]`` tile picked by the one-hot column ``sel [CH, 1]`` -> ``[BD]``."""
+    return tl.sum(tl.where(sel, v, 0.0), axis=0)
+
+
+@triton.jit
+def compose_excl(a1, y1, p1, q1, a2, y2, p2, q2):
+    """Segment composition keeping the exclusive result: ``(A, Y, A', Y')`` (module docstring)."""
+    return a1 * a2, a2 * y1 + y2, p2 * a1, p2 * y1 + q2
+
+
+@triton.jit
+def compose(a1, y1, a2, y2):
+    """``(a1, y1)`` then ``(a2, y2)``: ``y -> a2 * (a1 * y + y1) + y2``."""
+    return a1 * a2, a2 * y1 + y2
+
+
+def check_fused_inputs(name: str, u: torch.Tensor, params: dict, want: dict, iters, tol) -> tuple[int, int, int, int]:
+    """Validate ``u (H, B, L, 3, Ds)`` and parameters ``{name: (H, k, Ds)}``; returns ``(H, B, L, Ds)``."""
+    from kernels._triton import triton_available
+
+    if not isinstance(u, torch.Tensor) or u.dim() != 5 or u.shape[3] != 3:
+        shape = tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__
+        raise ValueError(f"{name}: expected u (H, B, L, 3, Ds), got {shape}")
+    H, B, L, _, Ds = u.shape
+    if u.dtype != torch.float32:
+        raise TypeError(f"{name}: u must be float32, got {u.dtype}")
+    if not u.is_contiguous():
+        raise ValueError(f"{name}: u must be contiguous (call .contiguous() first)")
+    if not triton_available(u):
+        raise ValueError(f"{name}: Triton needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU), got {u.device}")
+    for key, k in want.items():
+        p = params[key]
+        if not isinstance(p, torch.Tensor) or tuple(p.shape) != (H, k, Ds):
+            got = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
+            raise ValueError(f"{name}: {key} must be (H, {k}, Ds) = {(H, k, Ds)}, got {got}")
+        if p.dtype != torch.float32 or p.device != u.device or not p.is_contiguous():
+            raise ValueError(f"{name}: {key} must be a contiguous float32 tensor on {u.device}, got {p.dtype} on {p.device}")
+    if not isinstance(iters, int) or isinstance(iters, bool) or iters < 0:
+        raise ValueError(f"{name}: iters must be an int >= 0, got {iters!r}")
+    if tol is not None and not tol >= 0:
+        raise ValueError(f"{name}: tol must be None or >= 0, got {tol!r}")
+    return H, B, L, Ds

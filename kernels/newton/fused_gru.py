@@ -1,0 +1,242 @@
+"""Fused Newton for FlashGRU (paper 000 eq. 7a + 9): forward and backward, one Triton kernel each.
+
+``flashgru_fused(u, a, iters=3, tol=None, stats=False) -> (h, residuals)``
+
+- ``u (H, B, L, 3, Ds)`` float32: the input pre-activations ``x @ B + b`` of the gates (z, r, c)
+  per head ``H``, batch row, position and state channel (the mixer's ``input_projection``);
+- ``a (H, 3, Ds)`` float32: the diagonal state weights ``(a_z, a_r, a_c)``;
+- ``h (H, B, L, Ds)``: the states ``h_t = f(h_{t-1}, u_t)``, ``h_{-1} = 0``, with
+  ``z = sigmoid(a_z h + u_z)``, ``r = sigmoid(a_r h + u_r)``, ``c = tanh(a_c (h r) + u_c)``,
+  ``f = (1 - z) h + z c``;
+- ``residuals (iters + 1,)``: with ``stats=True``, ``max |f(h^k_{t-1}, u_t) - h^k_t|`` of the
+  ``k``-th iterate over every chunk that reached it (``-1`` where none did); ``stats=False``: all ``-1``.
+
+Newton runs chunk by chunk from the exact state of the previous chunk (``fused_common.py``):
+initial guess ``h^0_t = f(0, u_t)``, at most ``iters`` iterations per chunk, stopping a chunk
+early once its max residual is ``<= tol``. The backward (custom op ``flashgru_fused_bwd``) is one
+reverse pass of the adjoint ``lambda_t = dL/dh_t + J_{t+1} lambda_{t+1}`` (eq. 6) with the
+parameter gradients fused: ``du`` and ``da`` (summed over batch rows and positions).
+Custom ops: ``expressivity::flashgru_fused``, ``expressivity::flashgru_fused_bwd``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.newton.fused_common import check_fused_inputs, compose, compose_excl, row_of, sigmoid, tanh
+
+
+def config(L: int, Ds: int) -> tuple[int, int, int]:
+    """``(CH, BD, num_warps)``: steps per chunk, state channels per program, warps."""
+    bd = 16 if Ds >= 16 else triton.next_power_of_2(Ds)
+    return 64, bd, 4
+
+
+@triton.jit
+def _f0(uz, uc):
+    """``f(0, u)``: ``sigmoid(u_z) * tanh(u_c)``."""
+    return sigmoid(uz) * tanh(uc)
+
+
+@triton.jit
+def _cell(hp, uz, ur, uc, az, ar, ac):
+    """``f(h_prev, u)`` and its diagonal Jacobian (eq. 8)."""
+    z = sigmoid(az * hp + uz)
+    r = sigmoid(ar * hp + ur)
+    c = tanh(ac * (hp * r) + uc)
+    f = hp + z * (c - hp)
+    jac = (1.0 - z) + (c - hp) * z * (1.0 - z) * az + z * (1.0 - c * c) * ac * (r + hp * r * (1.0 - r) * ar)
+    return f, jac
+
+
+@triton.jit
+def _gru_fwd_kernel(
+    u_ptr, a_ptr, h_ptr, res_ptr,
+    B, L, Ds, n_st, iters, tol,
+    HAS_TOL: tl.constexpr, STATS: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n = pid // n_st
+    st = pid % n_st
+    head = n // B
+    lanes = st * BD + tl.arange(0, BD)
+    lmask = lanes < Ds
+    ap = a_ptr + head * 3 * Ds + lanes
+    az = tl.load(ap, mask=lmask, other=0.0)[None, :]
+    ar = tl.load(ap + Ds, mask=lmask, other=0.0)[None, :]
+    ac = tl.load(ap + 2 * Ds, mask=lmask, other=0.0)[None, :]
+    ubase = u_ptr + n.to(tl.int64) * L * 3 * Ds
+    hbase = h_ptr + n.to(tl.int64) * L * Ds
+    idx = tl.arange(0, CH)
+    first = (idx == 0)[:, None]
+    last = (idx == CH - 1)[:, None]
+    hcarry = tl.zeros([BD], dtype=tl.float32)
+    for m in range(0, tl.cdiv(L, CH)):
+        rows = m * CH + idx
+        mask = (rows < L)[:, None] & lmask[None, :]
+        pmask = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
+        uo = rows[:, None] * (3 * Ds) + lanes[None, :]
+        uz = tl.load(ubase + uo, mask=mask, other=0.0)
+        ur = tl.load(ubase + uo + Ds, mask=mask, other=0.0)
+        uc = tl.load(ubase + uo + 2 * Ds, mask=mask, other=0.0)
+        pz = tl.load(ubase + uo - 3 * Ds, mask=pmask, other=0.0)
+        pc = tl.load(ubase + uo - Ds, mask=pmask, other=0.0)
+        h = _f0(uz, uc)  # eq. 10: h^0_t = f(0, u_t)
+        hp = tl.where(first, hcarry[None, :], _f0(pz, pc))  # h^0_{t-1}; exact at the chunk's start
+        k = 0
+        conv = 0
+        while (k < iters) & (conv == 0):
+            f, jac = _cell(hp, uz, ur, uc, az, ar, ac)
+            r = tl.where(mask, f - h, 0.0)
+            if HAS_TOL or STATS:
+                rmax = tl.max(tl.max(tl.abs(r), axis=1), axis=0)
+                if STATS:
+                    tl.atomic_max(res_ptr + k, rmax)
+                if HAS_TOL:
+                    conv = (rmax <= tol).to(tl.int32)
+            if conv == 0:
+                one = tl.full([CH, BD], 1.0, tl.float32)
+                _, _, _, e = tl.associative_scan((jac, r, one, tl.zeros_like(r)), 0, compose_excl)
+                h = f + jac * e  # h^{k+1}_t = h^k_t + delta_t with delta_t = J_t delta_{t-1} + r_t
+                hp = hp + e  # e_t = delta_{t-1}
+            k += 1
+        if STATS:
+            if conv == 0:
+                f, _ = _cell(hp, uz, ur, uc, az, ar, ac)
+                rmax = tl.max(tl.max(tl.abs(tl.where(mask, f - h, 0.0)), axis=1), axis=0)
+                tl.atomic_max(res_ptr + k, rmax)
+        tl.store(hbase + rows[:, None] * Ds + lanes[None, :], h, mask=mask)
+        hcarry = row_of(h, last)
+
+
+@triton.jit
+def _gru_bwd_kernel(
+    u_ptr, a_ptr, h_ptr, gh_ptr, du_ptr, da_ptr,
+    B, L, Ds, n_st,
+    CH: tl.constexpr, BD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n = pid // n_st
+    st = pid % n_st
+    head = n // B
+    lanes = st * BD + tl.arange(0, BD)
+    lmask = lanes < Ds
+    ap = a_ptr + head * 3 * Ds + lanes
+    az = tl.load(ap, mask=lmask, other=0.0)[None, :]
+    ar = tl.load(ap + Ds, mask=lmask, other=0.0)[None, :]
+    ac = tl.load(ap + 2 * Ds, mask=lmask, other=0.0)[None, :]
+    uoff = n.to(tl.int64) * L * 3 * Ds
+    hoff = n.to(tl.int64) * L * Ds
+    idx = tl.arange(0, CH)
+    first = (idx == 0)[:, None]
+    lam_carry = tl.zeros([BD], dtype=tl.float32)
+    acc_z = tl.zeros([CH, BD], dtype=tl.float32)
+    acc_r = tl.zeros([CH, BD], dtype=tl.float32)
+    acc_c = tl.zeros([CH, BD], dtype=tl.float32)
+    n_chunks = tl.cdiv(L, CH)
+    for i in range(0, n_chunks):
+        rows = (n_chunks - 1 - i) * CH + idx
+        mask = (rows < L)[:, None] & lmask[None, :]
+        pmask = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
+        nmask = (rows + 1 < L)[:, None] & lmask[None, :]
+        ho = hoff + rows[:, None] * Ds + lanes[None, :]
+        h = tl.load(h_ptr + ho, mask=mask, other=0.0)
+        hp = tl.load(h_ptr + ho - Ds, mask=pmask, other=0.0)
+        g = tl.load(gh_ptr + ho, mask=mask, other=0.0)
+        uo = uoff + rows[:, None] * (3 * Ds) + lanes[None, :]
+        uz = tl.load(u_ptr + uo, mask=mask, other=0.0)
+        ur = tl.load(u_ptr + uo + Ds, mask=mask, other=0.0)
+        uc = tl.load(u_ptr + uo + 2 * Ds, mask=mask, other=0.0)
+        nz = tl.load(u_ptr + uo + 3 * Ds, mask=nmask, other=0.0)
+        nr = tl.load(u_ptr + uo + 4 * Ds, mask=nmask, other=0.0)
+        nc = tl.load(u_ptr + uo + 5 * Ds, mask=nmask, other=0.0)
+        _, jn = _cell(h, nz, nr, nc, az, ar, ac)  # J_{t+1}, evaluated at (h_t, u_{t+1})
+        jn = tl.where(nmask, jn, 0.0)
+        P, Y = tl.associative_scan((jn, g), 0, compose, reverse=True)
+        lam = Y + P * lam_carry[None, :]  # lambda_t = g_t + J_{t+1} lambda_{t+1}
+        lam_carry = row_of(lam, first)
+        z = sigmoid(az * hp + uz)
+        r = sigmoid(ar * hp + ur)
+        c = tanh(ac * (hp * r) + uc)
+        gz = lam * (c - hp) * z * (1.0 - z)
+        gc = lam * z * (1.0 - c * c)
+        gr = gc * ac * hp * r * (1.0 - r)
+        tl.store(du_ptr + uo, gz, mask=mask)
+        tl.store(du_ptr + uo + Ds, gr, mask=mask)
+        tl.store(du_ptr + uo + 2 * Ds, gc, mask=mask)
+        acc_z += gz * hp
+        acc_r += gr * hp
+        acc_c += gc * hp * r
+    dap = da_ptr + n * 3 * Ds + lanes
+    tl.store(dap, tl.sum(acc_z, axis=0), mask=lmask)
+    tl.store(dap + Ds, tl.sum(acc_r, axis=0), mask=lmask)
+    tl.store(dap + 2 * Ds, tl.sum(acc_c, axis=0), mask=lmask)
+
+
+def _alloc(shape, like: torch.Tensor) -> torch.Tensor:
+    """Output allocation (tests replace it to poison outputs)."""
+    return torch.empty(shape, dtype=torch.float32, device=like.device)
+
+
+@torch.library.custom_op("expressivity::flashgru_fused", mutates_args=())
+def _fwd_op(u: torch.Tensor, a: torch.Tensor, iters: int, tol: Optional[float], stats: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    H, B, L, Ds = check_fused_inputs("flashgru_fused", u, {"a": a}, {"a": 3}, iters, tol)
+    h = _alloc((H, B, L, Ds), u)
+    res = torch.full((iters + 1,), -1.0, dtype=torch.float32, device=u.device)
+    if h.numel():
+        CH, BD, warps = config(L, Ds)
+        n_st = triton.cdiv(Ds, BD)
+        _gru_fwd_kernel[(H * B * n_st,)](
+            u, a, h, res, B, L, Ds, n_st, iters, float(tol or 0.0),
+            HAS_TOL=tol is not None, STATS=stats, CH=CH, BD=BD, num_warps=warps,
+        )
+    return h, res
+
+
+@_fwd_op.register_fake
+def _(u, a, iters, tol, stats):
+    H, B, L, _, Ds = u.shape
+    return u.new_empty((H, B, L, Ds)), u.new_empty((iters + 1,))
+
+
+@torch.library.custom_op("expressivity::flashgru_fused_bwd", mutates_args=())
+def _bwd_op(u: torch.Tensor, a: torch.Tensor, h: torch.Tensor, gh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    H, B, L, _, Ds = u.shape
+    du = _alloc(u.shape, u)
+    da = torch.zeros((H, B, 3, Ds), dtype=torch.float32, device=u.device)
+    if h.numel():
+        CH, BD, warps = config(L, Ds)
+        n_st = triton.cdiv(Ds, BD)
+        _gru_bwd_kernel[(H * B * n_st,)](u, a, h, gh, du, da, B, L, Ds, n_st, CH=CH, BD=BD, num_warps=warps)
+    return du, da.sum(dim=1)
+
+
+@_bwd_op.register_fake
+def _(u, a, h, gh):
+    return torch.empty_like(u), torch.empty_like(a)
+
+
+def _setup(ctx, inputs, output):
+    u, a, *_ = inputs
+    ctx.save_for_backward(u, a, output[0])
+
+
+def _grad(ctx, gh, _gres):
+    u, a, h = ctx.saved_tensors
+    du, da = _bwd_op(u, a, h, gh.contiguous())
+    return du, da, None, None, None
+
+
+_fwd_op.register_autograd(_grad, setup_context=_setup)
+
+
+def flashgru_fused(
+    u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: Optional[float] = None, stats: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashGRU states by fused Newton; see the module docstring. Differentiable in ``u`` and ``a``."""
+    check_fused_inputs("flashgru_fused", u, {"a": a}, {"a": 3}, iters, tol)
+    return _fwd_op(u, a, iters, None if tol is None else float(tol), bool(stats))
