@@ -104,6 +104,17 @@ def _limits(batch, L, H, P, G, N, Q, dtype, bw_gbs, tflops):
     return {"fwd": lim(fwd_bytes, fwd_flops), "fwd+bwd": lim(fwd_bytes + bwd_bytes, 3 * fwd_flops)}
 
 
+def _profile(fn, xs, dy, title):
+    """Log the CUDA kernels of one fwd+bwd, by total time (where the time goes)."""
+    leaves = [t.detach().requires_grad_(True) for t in xs]
+    for _ in range(3):
+        torch.autograd.grad(fn(*leaves), leaves, dy)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.autograd.grad(fn(*leaves), leaves, dy)
+        torch.cuda.synchronize()
+    log.info("profile %s\n%s", title, prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=48))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kernels.bench ssd", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one small shape (CPU-friendly)")
@@ -114,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--states", default="64,128")
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--chunks", default="64,128,256", help="chunk sizes of the Triton path")
+    ap.add_argument("--impls", default="", help="comma-separated name prefixes to run (default: all)")
+    ap.add_argument("--profile", default="", help="print a kernel-time profile of this impl's fwd+bwd first")
     ap.add_argument("--out", default="benchmarks")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -124,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         args.dtypes = "fp32"
     peer = _peer() if device == "cuda" else None
     impls = _implementations([int(q) for q in args.chunks.split(",")], peer)
+    if args.impls:
+        impls = {k: v for k, v in impls.items() if k == "chunked" or k.startswith(tuple(args.impls.split(",")))}
     env = environment(device)
     env["mamba-ssm"] = "importable" if peer is not None else None
     bw = copy_bandwidth_gbs(device, nbytes=1 << 30 if device == "cuda" else 1 << 26)
@@ -149,7 +164,11 @@ def main(argv: list[str] | None = None) -> None:
                 cast = lambda ts: [t.to(dtype) if t.dim() != 3 and t.dim() != 1 else t for t in ts]  # noqa: E731
                 xs = cast(full)
                 dy_full = torch.randn_like(xs[0])
+                if args.profile in impls:
+                    _profile(impls[args.profile], xs, dy_full, f"{args.profile} {shape} {dname}")
                 for impl, fn in impls.items():
+                    if impl == "chunked" and args.impls and "chunked" not in args.impls.split(","):
+                        continue
                     try:
                         with _poisoned():
                             out = _grads(fn, cast(small), dy)

@@ -20,7 +20,8 @@ the chunks in order, keeping the state in registers:
 ``chunk_attn``: the quadratic, attention-like form inside a chunk plus a state term:
 - causal:      ``out_t = sum_{s<=t} (Q_t.K_s) exp(acum_t - acum_s) dt_s V_s + exp(acum_t) Q_t S_c``
 - anticausal:  ``out_s = dt_s [sum_{t>=s} (Q_s.K_t) exp(acum_t - acum_s) V_t + exp(acum_last - acum_s) Q_s S_c]``
-  and optionally ``dot_s = [...] . W_s`` (the bracket before the ``dt_s`` factor).
+  and optionally ``dot_s = [...] . W_s`` (the bracket before the ``dt_s`` factor); causal:
+  optionally ``dot_t = Q_t . W_t`` (``dy_t . y_t`` when ``Q = dy``, ``W = y``).
 ``S_c`` is ``(DK, DV)``. With ``HPP > 1`` a program sums its output over ``HPP`` consecutive heads
 (gradients of ``B``, ``C`` shared by the heads of a group). Accumulation is float32.
 """
@@ -55,8 +56,9 @@ def chunk_state_kernel(
     if HAS_INIT:
         state += tl.load(init_ptr + b * si_b + h * si_h + du[:, None] * si_r + dv[None, :] * si_k, mask=tile_ok, other=0.0)
     out = out_ptr + b * so_b + h * so_h
+    dtype = out_ptr.dtype.element_ty
     if REVERSE:
-        tl.store(out + nc * so_c + tile, state, mask=tile_ok)
+        tl.store(out + nc * so_c + tile, state.to(dtype), mask=tile_ok)
     for i in range(nc):
         if REVERSE:
             c = nc - 1 - i
@@ -64,10 +66,10 @@ def chunk_state_kernel(
             c = i
         if REVERSE:  # <G_{c+1}, prev_{c+1}>, this tile's share
             prev = tl.load(p_ptr + b * sp_b + (c + 1) * sp_c + h * sp_h + du[:, None] * sp_r + dv[None, :] * sp_k,
-                           mask=tile_ok, other=0.0)
+                           mask=tile_ok, other=0.0).to(tl.float32)
             tl.store(dot_ptr + ((b * nc + c) * H + h) * tl.num_programs(1) + tl.program_id(1), tl.sum(tl.sum(state * prev, 1), 0))
         else:
-            tl.store(out + c * so_c + tile, state, mask=tile_ok)
+            tl.store(out + c * so_c + tile, state.to(dtype), mask=tile_ok)
         a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
         acc = tl.zeros((BU, BV), dtype=tl.float32)
         for s0 in range(c * Q, c * Q + Q, BS):
@@ -84,9 +86,9 @@ def chunk_state_kernel(
             acc += tl.dot(tl.trans((u * w[:, None]).to(v.dtype)), v)
         state = tl.exp(a_last) * state + acc
         if REVERSE:
-            tl.store(out + c * so_c + tile, state, mask=tile_ok)
+            tl.store(out + c * so_c + tile, state.to(dtype), mask=tile_ok)
     if not REVERSE:
-        tl.store(out + nc * so_c + tile, state, mask=tile_ok)
+        tl.store(out + nc * so_c + tile, state.to(dtype), mask=tile_ok)
 
 
 @triton.jit
@@ -153,5 +155,9 @@ def chunk_attn_kernel(
             total += acc * tl.load(dt_ptr + base + rows)[:, None]
         else:
             total += acc + tl.exp(a_rows)[:, None] * tl.dot(q, s_tile.to(q.dtype))
+            if HAS_DOT:
+                w = tl.load(w_ptr + b * sw_b + rows[:, None] * sw_l + h * sw_h + dk[None, :] * sw_d,
+                            mask=row_ok[:, None] & (dk[None, :] < DK), other=0.0)
+                tl.store(dot_ptr + base + rows, tl.sum(q.to(tl.float32) * w.to(tl.float32), axis=1))
     tl.store(out_ptr + b * so_b + rows[:, None] * so_l + o * so_h + dv[None, :] * so_d,
              total.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))

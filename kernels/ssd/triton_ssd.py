@@ -49,13 +49,13 @@ def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, to
 
 
 def _chunk_state(u, v, init, acum, dtT, Q, *, reverse, prev=None):
-    """``chunk_state`` (see ``triton_kernels``): ``(batch, nc + 1, H, DU, DV)`` float32, and in
+    """``chunk_state`` (see ``triton_kernels``): ``(batch, nc + 1, H, DU, DV)`` in ``u``'s dtype, and in
     reverse the per-``(batch, chunk, head)`` sums ``<out[c+1], prev[c+1]>`` ``(batch, nc, H)``."""
     batch, L, H, DU = u.shape
     DV = v.shape[-1]
     Lp = acum.shape[-1]
     nc = Lp // Q
-    out = _empty(batch, nc + 1, H, DU, DV, device=u.device, dtype=torch.float32)
+    out = _empty(batch, nc + 1, H, DU, DV, device=u.device, dtype=u.dtype)
     BU, BV = min(64, _pow2(DU)), min(64, _pow2(DV))
     tiles = triton.cdiv(DU, BU) * triton.cdiv(DV, BV)
     dots = _empty(batch, nc, H, tiles, device=u.device, dtype=torch.float32) if reverse else out
@@ -77,7 +77,8 @@ def _heads_per_program(ratio: int) -> int:
 
 def _chunk_attn(q, k, v, S, acum, dtT, Q, *, reverse, out_heads, out_dtype, w=None):
     """Run ``chunk_attn``. ``S (batch, nc, H, DK, DV)`` (any strides). Output ``(batch, L, out_heads
-    * splits, DV)`` summed over heads within a split, and the row dots when ``w`` is given."""
+    * splits, DV)`` summed over heads within a split, and the row dots ``(batch, H, Lp)`` float32
+    when ``w`` is given (per-head outputs only)."""
     batch, L = q.shape[:2]
     H, Lp = acum.shape[1], acum.shape[2]
     DK, DV = q.shape[-1], v.shape[-1]
@@ -85,14 +86,14 @@ def _chunk_attn(q, k, v, S, acum, dtT, Q, *, reverse, out_heads, out_dtype, w=No
     n_out = H // hpp
     out = _empty(batch, L, n_out, DV, device=q.device, dtype=out_dtype)
     dot = _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if w is not None else acum
-    BT = min(Q, 64)
+    BT = min(Q, 128 if q.element_size() == 2 else 64)
     grid = (Lp // BT, batch * n_out)
     chunk_attn_kernel[grid](
         q, k, v, S, w if w is not None else q, out, dot, acum, dtT,
         L, H, Lp, DK, DV, n_out, H // q.shape[2], H // k.shape[2], H // v.shape[2],
         *q.stride(), *k.stride(), *v.stride(), *S.stride(), *(w if w is not None else q).stride(), *out.stride(),
         Q=Q, BT=BT, BK=_pow2(DK), BV=_pow2(DV), HPP=hpp, REVERSE=reverse, HAS_DOT=w is not None,
-        num_warps=4 if max(DK, DV) <= 64 else 8,
+        num_warps=4 if max(DK, DV, BT) <= 64 else 8,
     )
     return out, (dot if w is not None else None)
 
@@ -103,11 +104,12 @@ def ssd_fwd(
     initial_state: torch.Tensor | None, chunk_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``y (batch, L, H, P)`` (no ``D`` term) and the states entering every chunk and the
-    final one, ``prev (batch, nc + 1, H, P, N)`` float32."""
+    final one, ``prev (batch, nc + 1, H, P, N)`` in the dtype of ``x`` (float32 inside the kernel)."""
     Q = chunk_size
     batch, L, H, P = x.shape
     dtT, acum = _decays(dt, A, Q)
-    prev, _ = _chunk_state(x, B, initial_state, acum, dtT, Q, reverse=False)
+    init = None if initial_state is None else initial_state.float()
+    prev, _ = _chunk_state(x, B, init, acum, dtT, Q, reverse=False)
     y, _ = _chunk_attn(C, B, x, prev[:, :-1].transpose(-1, -2), acum, dtT, Q, reverse=False,
                        out_heads=H, out_dtype=x.dtype)
     return y, prev
@@ -117,7 +119,7 @@ def ssd_fwd(
 def _(x, dt, A, B, C, initial_state, chunk_size):
     batch, L, H, P = x.shape
     nc = -(-L // chunk_size)
-    return x.new_empty(x.shape), x.new_empty(batch, nc + 1, H, P, B.shape[-1], dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty(batch, nc + 1, H, P, B.shape[-1])
 
 
 @torch.library.custom_op("expressivity::ssd_bwd", mutates_args=())
@@ -137,12 +139,11 @@ def ssd_bwd(
     dx, ddt_direct = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, reverse=True,
                                  out_heads=H, out_dtype=x.dtype, w=x)
     dB, _ = _chunk_attn(x, dy, C, dS, acum, dtT, Q, reverse=True, out_heads=G, out_dtype=torch.float32)
-    dC, _ = _chunk_attn(dy, x, B, prev[:, :-1], acum, dtT, Q, reverse=False, out_heads=G, out_dtype=torch.float32)
+    dC, dy_y = _chunk_attn(dy, x, B, prev[:, :-1], acum, dtT, Q, reverse=False, out_heads=G, out_dtype=torch.float32,
+                           w=y)
     dB = dB.view(batch, L, G, -1, N).sum(3)
     dC = dC.view(batch, L, G, -1, N).sum(3)
-    dacum = torch.zeros_like(acum)
-    dacum[:, :, :L] = (dy.float() * y.float()).sum(-1).transpose(1, 2)
-    dacum -= dtT * ddt_direct
+    dacum = dy_y - dtT * ddt_direct
     dacum[:, :, Q - 1 :: Q] += to_end.transpose(1, 2)
     dda = dacum.view(batch, H, nc, Q).flip(-1).cumsum(-1).flip(-1).view(batch, H, -1)  # d(dt * A)
     ddt = ddt_direct + dda * A.float()[:, None]
@@ -154,7 +155,7 @@ def ssd_bwd(
 @ssd_bwd.register_fake
 def _(dy, dfinal, x, dt, A, B, C, prev, y, chunk_size):
     return (x.new_empty(x.shape), dt.new_empty(dt.shape), A.new_empty(A.shape), B.new_empty(B.shape),
-            C.new_empty(C.shape), dfinal.new_empty(dfinal.shape, dtype=torch.float32))
+            C.new_empty(C.shape), x.new_empty(dfinal.shape))
 
 
 def _setup_context(ctx, inputs, output):
@@ -169,7 +170,7 @@ def _backward(ctx, dy, dprev):
     x, dt, A, B, C, prev, y = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros_like(y)
-    dfinal = torch.zeros_like(prev[:, -1]) if dprev is None else dprev[:, -1]
+    dfinal = torch.zeros_like(prev[:, -1]) if dprev is None else dprev[:, -1].to(prev.dtype)
     dx, ddt, dA, dB, dC, dinit = ssd_bwd(dy, dfinal, x, dt, A, B, C, prev, y, ctx.chunk_size)
     dinit = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
     return dx, ddt, dA, dB, dC, dinit, None

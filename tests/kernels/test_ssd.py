@@ -46,8 +46,8 @@ def _run(backend, inp, chunk_size):
     inp = {k: v.clone().requires_grad_(True) for k, v in inp.items()}
     y, final = ssd(**inp, chunk_size=chunk_size, return_final_state=True, backend=backend)
     g = torch.Generator().manual_seed(11)
-    wy = torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.dtype)
-    wf = torch.randn(final.shape, generator=g, dtype=torch.float64).to(y.dtype)
+    wy = torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.device, y.dtype)
+    wf = torch.randn(final.shape, generator=g, dtype=torch.float64).to(y.device, y.dtype)
     loss = (y * wy).sum() + (final * wf).sum()
     grads = torch.autograd.grad(loss, list(inp.values()))
     return y.detach(), final.detach(), dict(zip(inp, grads))
