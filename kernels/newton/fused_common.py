@@ -78,3 +78,30 @@ def check_fused_inputs(name: str, u: torch.Tensor, params: dict, want: dict, ite
     if tol is not None and not tol >= 0:
         raise ValueError(f"{name}: tol must be None or >= 0, got {tol!r}")
     return H, B, L, Ds
+
+
+@triton.jit
+def _mm(a00, a01, a10, a11, b00, b01, b10, b11):
+    """``A @ B`` for 2x2 blocks of diagonals."""
+    return a00 * b00 + a01 * b10, a00 * b01 + a01 * b11, a10 * b00 + a11 * b10, a10 * b01 + a11 * b11
+
+
+@triton.jit
+def compose2(a00, a01, a10, a11, y0, y1, b00, b01, b10, b11, z0, z1):
+    """2x2 blocks: ``(A, y)`` then ``(B, z)`` is ``(B A, B y + z)``."""
+    m00, m01, m10, m11 = _mm(b00, b01, b10, b11, a00, a01, a10, a11)
+    return m00, m01, m10, m11, b00 * y0 + b01 * y1 + z0, b10 * y0 + b11 * y1 + z1
+
+
+@triton.jit
+def compose2_excl(
+    a00, a01, a10, a11, y0, y1, p00, p01, p10, p11, q0, q1,
+    b00, b01, b10, b11, z0, z1, s00, s01, s10, s11, w0, w1,
+):
+    """``compose_excl`` for 2x2 blocks: ``(A, Y, A', Y')`` with ``A`` 2x2 and ``Y`` 2-vectors."""
+    m00, m01, m10, m11 = _mm(b00, b01, b10, b11, a00, a01, a10, a11)
+    n00, n01, n10, n11 = _mm(s00, s01, s10, s11, a00, a01, a10, a11)
+    return (
+        m00, m01, m10, m11, b00 * y0 + b01 * y1 + z0, b10 * y0 + b11 * y1 + z1,
+        n00, n01, n10, n11, s00 * y0 + s01 * y1 + w0, s10 * y0 + s11 * y1 + w1,
+    )

@@ -158,6 +158,13 @@ class FlashLSTMCell(_FlashCell):
     def output(self, state: torch.Tensor) -> torch.Tensor:
         return state[..., self.d_state :]
 
+    @classmethod
+    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: Optional[float]) -> torch.Tensor:
+        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_lstm``)."""
+        from kernels.newton.fused_lstm import flashlstm_fused
+
+        return flashlstm_fused(u.contiguous(), params["a"].contiguous(), params["p"].contiguous(), iters, tol)[0]
+
 
 @register_mixer("flashgru")
 def flashgru(d_model: int, **config) -> nn.Module:

@@ -1,0 +1,298 @@
+"""Fused Newton for FlashLSTM (paper 000 eq. 7b + 9): forward and backward, one Triton kernel each.
+
+``flashlstm_fused(u, a, p, iters=3, tol=None, stats=False) -> (state, residuals)``
+
+- ``u (H, B, L, 3, Ds)`` float32: input pre-activations ``x @ B + b`` of the gates (f, z, o);
+- ``a (H, 3, Ds)``: diagonal state weights ``(a_f, a_z, a_o)``; ``p (H, 2, Ds)``: peepholes
+  ``(c_f, c_o)``;
+- ``state (H, B, L, 2 Ds)`` = ``[c, h]`` per position, with ``(c_{-1}, h_{-1}) = 0`` and
+  ``f = sigmoid(a_f h + u_f + c_f c_prev)``, ``z = tanh(a_z h + u_z)``, ``c = f c_prev + (1 - f) z``,
+  ``o = sigmoid(a_o h + u_o + c_o c)``, ``h = o tanh(c)``;
+- ``residuals (iters + 1,)``: as in ``fused_gru`` (max over both state halves).
+
+The Jacobian is a 2x2 block of diagonals (eq. 8); the chunked Newton and the exclusive scan are
+described in ``fused_common.py``. The backward (``flashlstm_fused_bwd``) is one reverse pass of
+``lambda_t = dL/ds_t + J_{t+1}^T lambda_{t+1}`` with ``du``, ``da`` and ``dp`` fused.
+Custom ops: ``expressivity::flashlstm_fused``, ``expressivity::flashlstm_fused_bwd``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.newton.fused_common import check_fused_inputs, compose2, compose2_excl, row_of, sigmoid, tanh
+
+
+def config(L: int, Ds: int) -> tuple[int, int, int]:
+    """``(CH, BD, num_warps)``: steps per chunk, state channels per program, warps."""
+    bd = 16 if Ds >= 16 else triton.next_power_of_2(Ds)
+    return 32, bd, 4
+
+
+@triton.jit
+def _f0(uf, uz, uo, po):
+    """``f(0, u)`` -> ``(c, h)``."""
+    c = (1.0 - sigmoid(uf)) * tanh(uz)
+    return c, sigmoid(uo + po * c) * tanh(c)
+
+
+@triton.jit
+def _cell(cp, hp, uf, uz, uo, af, az, ao, pf, po):
+    """``f((c, h)_prev, u)`` and its 2x2-block Jacobian ``[[J_cc, J_ch], [J_hc, J_hh]]`` (eq. 8)."""
+    f = sigmoid(af * hp + uf + pf * cp)
+    z = tanh(az * hp + uz)
+    c = f * cp + (1.0 - f) * z
+    o = sigmoid(ao * hp + uo + po * c)
+    tc = tanh(c)
+    df = (cp - z) * f * (1.0 - f)
+    j_cc = f + df * pf
+    j_ch = df * af + (1.0 - f) * (1.0 - z * z) * az
+    do = tc * o * (1.0 - o)
+    dh_dc = do * po + o * (1.0 - tc * tc)
+    return c, o * tc, j_cc, j_ch, dh_dc * j_cc, do * ao + dh_dc * j_ch
+
+
+@triton.jit
+def _lstm_fwd_kernel(
+    u_ptr, a_ptr, p_ptr, s_ptr, res_ptr,
+    B, L, Ds, n_st, iters, tol,
+    HAS_TOL: tl.constexpr, STATS: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n = pid // n_st
+    st = pid % n_st
+    head = n // B
+    lanes = st * BD + tl.arange(0, BD)
+    lmask = lanes < Ds
+    wp = a_ptr + head * 3 * Ds + lanes
+    af = tl.load(wp, mask=lmask, other=0.0)[None, :]
+    az = tl.load(wp + Ds, mask=lmask, other=0.0)[None, :]
+    ao = tl.load(wp + 2 * Ds, mask=lmask, other=0.0)[None, :]
+    pp = p_ptr + head * 2 * Ds + lanes
+    pf = tl.load(pp, mask=lmask, other=0.0)[None, :]
+    po = tl.load(pp + Ds, mask=lmask, other=0.0)[None, :]
+    ubase = u_ptr + n.to(tl.int64) * L * 3 * Ds
+    sbase = s_ptr + n.to(tl.int64) * L * 2 * Ds
+    idx = tl.arange(0, CH)
+    first = (idx == 0)[:, None]
+    last = (idx == CH - 1)[:, None]
+    c_carry = tl.zeros([BD], dtype=tl.float32)
+    h_carry = tl.zeros([BD], dtype=tl.float32)
+    for m in range(0, tl.cdiv(L, CH)):
+        rows = m * CH + idx
+        mask = (rows < L)[:, None] & lmask[None, :]
+        pmask = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
+        uo_ = rows[:, None] * (3 * Ds) + lanes[None, :]
+        uf = tl.load(ubase + uo_, mask=mask, other=0.0)
+        uz = tl.load(ubase + uo_ + Ds, mask=mask, other=0.0)
+        uo = tl.load(ubase + uo_ + 2 * Ds, mask=mask, other=0.0)
+        qf = tl.load(ubase + uo_ - 3 * Ds, mask=pmask, other=0.0)
+        qz = tl.load(ubase + uo_ - 2 * Ds, mask=pmask, other=0.0)
+        qo = tl.load(ubase + uo_ - Ds, mask=pmask, other=0.0)
+        c, h = _f0(uf, uz, uo, po)  # eq. 10: s^0_t = f(0, u_t)
+        cp, hp = _f0(qf, qz, qo, po)
+        cp = tl.where(first, c_carry[None, :], cp)  # exact at the chunk's start
+        hp = tl.where(first, h_carry[None, :], hp)
+        k = 0
+        conv = 0
+        while (k < iters) & (conv == 0):
+            fc, fh, j00, j01, j10, j11 = _cell(cp, hp, uf, uz, uo, af, az, ao, pf, po)
+            rc = tl.where(mask, fc - c, 0.0)
+            rh = tl.where(mask, fh - h, 0.0)
+            if HAS_TOL or STATS:
+                rmax = tl.max(tl.max(tl.maximum(tl.abs(rc), tl.abs(rh)), axis=1), axis=0)
+                if STATS:
+                    tl.atomic_max(res_ptr + k, rmax)
+                if HAS_TOL:
+                    conv = (rmax <= tol).to(tl.int32)
+            if conv == 0:
+                one = tl.full([CH, BD], 1.0, tl.float32)
+                zero = tl.zeros([CH, BD], dtype=tl.float32)
+                out = tl.associative_scan(
+                    (j00, j01, j10, j11, rc, rh, one, zero, zero, one, zero, zero), 0, compose2_excl
+                )
+                ec = out[10]  # delta_{t-1}
+                eh = out[11]
+                c = fc + j00 * ec + j01 * eh
+                h = fh + j10 * ec + j11 * eh
+                cp = cp + ec
+                hp = hp + eh
+            k += 1
+        if STATS:
+            if conv == 0:
+                fc, fh, _, _, _, _ = _cell(cp, hp, uf, uz, uo, af, az, ao, pf, po)
+                err = tl.maximum(tl.abs(fc - c), tl.abs(fh - h))
+                rmax = tl.max(tl.max(tl.where(mask, err, 0.0), axis=1), axis=0)
+                tl.atomic_max(res_ptr + k, rmax)
+        so = rows[:, None] * (2 * Ds) + lanes[None, :]
+        tl.store(sbase + so, c, mask=mask)
+        tl.store(sbase + so + Ds, h, mask=mask)
+        c_carry = row_of(c, last)
+        h_carry = row_of(h, last)
+
+
+@triton.jit
+def _lstm_bwd_kernel(
+    u_ptr, a_ptr, p_ptr, s_ptr, gs_ptr, du_ptr, da_ptr, dp_ptr,
+    B, L, Ds, n_st,
+    CH: tl.constexpr, BD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n = pid // n_st
+    st = pid % n_st
+    head = n // B
+    lanes = st * BD + tl.arange(0, BD)
+    lmask = lanes < Ds
+    wp = a_ptr + head * 3 * Ds + lanes
+    af = tl.load(wp, mask=lmask, other=0.0)[None, :]
+    az = tl.load(wp + Ds, mask=lmask, other=0.0)[None, :]
+    ao = tl.load(wp + 2 * Ds, mask=lmask, other=0.0)[None, :]
+    pp = p_ptr + head * 2 * Ds + lanes
+    pf = tl.load(pp, mask=lmask, other=0.0)[None, :]
+    po = tl.load(pp + Ds, mask=lmask, other=0.0)[None, :]
+    uoff = n.to(tl.int64) * L * 3 * Ds
+    soff = n.to(tl.int64) * L * 2 * Ds
+    idx = tl.arange(0, CH)
+    first = (idx == 0)[:, None]
+    lc_carry = tl.zeros([BD], dtype=tl.float32)
+    lh_carry = tl.zeros([BD], dtype=tl.float32)
+    acc_af = tl.zeros([CH, BD], dtype=tl.float32)
+    acc_az = tl.zeros([CH, BD], dtype=tl.float32)
+    acc_ao = tl.zeros([CH, BD], dtype=tl.float32)
+    acc_pf = tl.zeros([CH, BD], dtype=tl.float32)
+    acc_po = tl.zeros([CH, BD], dtype=tl.float32)
+    n_chunks = tl.cdiv(L, CH)
+    for i in range(0, n_chunks):
+        rows = (n_chunks - 1 - i) * CH + idx
+        mask = (rows < L)[:, None] & lmask[None, :]
+        pmask = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
+        nmask = (rows + 1 < L)[:, None] & lmask[None, :]
+        so = soff + rows[:, None] * (2 * Ds) + lanes[None, :]
+        c = tl.load(s_ptr + so, mask=mask, other=0.0)
+        h = tl.load(s_ptr + so + Ds, mask=mask, other=0.0)
+        cp = tl.load(s_ptr + so - 2 * Ds, mask=pmask, other=0.0)
+        hp = tl.load(s_ptr + so - Ds, mask=pmask, other=0.0)
+        gc = tl.load(gs_ptr + so, mask=mask, other=0.0)
+        gh = tl.load(gs_ptr + so + Ds, mask=mask, other=0.0)
+        uo_ = uoff + rows[:, None] * (3 * Ds) + lanes[None, :]
+        uf = tl.load(u_ptr + uo_, mask=mask, other=0.0)
+        uz = tl.load(u_ptr + uo_ + Ds, mask=mask, other=0.0)
+        uo = tl.load(u_ptr + uo_ + 2 * Ds, mask=mask, other=0.0)
+        nf = tl.load(u_ptr + uo_ + 3 * Ds, mask=nmask, other=0.0)
+        nz = tl.load(u_ptr + uo_ + 4 * Ds, mask=nmask, other=0.0)
+        no = tl.load(u_ptr + uo_ + 5 * Ds, mask=nmask, other=0.0)
+        # J_{t+1} at (s_t, u_{t+1}); the adjoint uses its transpose
+        _, _, j00, j01, j10, j11 = _cell(c, h, nf, nz, no, af, az, ao, pf, po)
+        j00 = tl.where(nmask, j00, 0.0)
+        j01 = tl.where(nmask, j01, 0.0)
+        j10 = tl.where(nmask, j10, 0.0)
+        j11 = tl.where(nmask, j11, 0.0)
+        P00, P01, P10, P11, Yc, Yh = tl.associative_scan((j00, j10, j01, j11, gc, gh), 0, compose2, reverse=True)
+        lc = Yc + P00 * lc_carry[None, :] + P01 * lh_carry[None, :]
+        lh = Yh + P10 * lc_carry[None, :] + P11 * lh_carry[None, :]
+        lc_carry = row_of(lc, first)
+        lh_carry = row_of(lh, first)
+        # local gradients of step t at (s_{t-1}, u_t)
+        f = sigmoid(af * hp + uf + pf * cp)
+        z = tanh(az * hp + uz)
+        cc = f * cp + (1.0 - f) * z
+        o = sigmoid(ao * hp + uo + po * cc)
+        tc = tanh(cc)
+        g_op = lh * tc * o * (1.0 - o)
+        g_c = lc + lh * o * (1.0 - tc * tc) + g_op * po
+        g_fp = g_c * (cp - z) * f * (1.0 - f)
+        g_zp = g_c * (1.0 - f) * (1.0 - z * z)
+        tl.store(du_ptr + uo_, g_fp, mask=mask)
+        tl.store(du_ptr + uo_ + Ds, g_zp, mask=mask)
+        tl.store(du_ptr + uo_ + 2 * Ds, g_op, mask=mask)
+        acc_af += g_fp * hp
+        acc_az += g_zp * hp
+        acc_ao += g_op * hp
+        acc_pf += g_fp * cp
+        acc_po += g_op * cc
+    dap = da_ptr + n * 3 * Ds + lanes
+    tl.store(dap, tl.sum(acc_af, axis=0), mask=lmask)
+    tl.store(dap + Ds, tl.sum(acc_az, axis=0), mask=lmask)
+    tl.store(dap + 2 * Ds, tl.sum(acc_ao, axis=0), mask=lmask)
+    dpp = dp_ptr + n * 2 * Ds + lanes
+    tl.store(dpp, tl.sum(acc_pf, axis=0), mask=lmask)
+    tl.store(dpp + Ds, tl.sum(acc_po, axis=0), mask=lmask)
+
+
+def _alloc(shape, like: torch.Tensor) -> torch.Tensor:
+    """Output allocation (tests replace it to poison outputs)."""
+    return torch.empty(shape, dtype=torch.float32, device=like.device)
+
+
+_WANT = {"a": 3, "p": 2}
+
+
+@torch.library.custom_op("expressivity::flashlstm_fused", mutates_args=())
+def _fwd_op(
+    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int, tol: Optional[float], stats: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    H, B, L, Ds = check_fused_inputs("flashlstm_fused", u, {"a": a, "p": p}, _WANT, iters, tol)
+    s = _alloc((H, B, L, 2 * Ds), u)
+    res = torch.full((iters + 1,), -1.0, dtype=torch.float32, device=u.device)
+    if s.numel():
+        CH, BD, warps = config(L, Ds)
+        n_st = triton.cdiv(Ds, BD)
+        _lstm_fwd_kernel[(H * B * n_st,)](
+            u, a, p, s, res, B, L, Ds, n_st, iters, float(tol or 0.0),
+            HAS_TOL=tol is not None, STATS=stats, CH=CH, BD=BD, num_warps=warps,
+        )
+    return s, res
+
+
+@_fwd_op.register_fake
+def _(u, a, p, iters, tol, stats):
+    H, B, L, _, Ds = u.shape
+    return u.new_empty((H, B, L, 2 * Ds)), u.new_empty((iters + 1,))
+
+
+@torch.library.custom_op("expressivity::flashlstm_fused_bwd", mutates_args=())
+def _bwd_op(
+    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, s: torch.Tensor, gs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    H, B, L, _, Ds = u.shape
+    du = _alloc(u.shape, u)
+    da = torch.zeros((H, B, 3, Ds), dtype=torch.float32, device=u.device)
+    dp = torch.zeros((H, B, 2, Ds), dtype=torch.float32, device=u.device)
+    if s.numel():
+        CH, BD, warps = config(L, Ds)
+        n_st = triton.cdiv(Ds, BD)
+        _lstm_bwd_kernel[(H * B * n_st,)](
+            u, a, p, s, gs, du, da, dp, B, L, Ds, n_st, CH=CH, BD=BD, num_warps=warps
+        )
+    return du, da.sum(dim=1), dp.sum(dim=1)
+
+
+@_bwd_op.register_fake
+def _(u, a, p, s, gs):
+    return torch.empty_like(u), torch.empty_like(a), torch.empty_like(p)
+
+
+def _setup(ctx, inputs, output):
+    u, a, p, *_ = inputs
+    ctx.save_for_backward(u, a, p, output[0])
+
+
+def _grad(ctx, gs, _gres):
+    u, a, p, s = ctx.saved_tensors
+    du, da, dp = _bwd_op(u, a, p, s, gs.contiguous())
+    return du, da, dp, None, None, None
+
+
+_fwd_op.register_autograd(_grad, setup_context=_setup)
+
+
+def flashlstm_fused(
+    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: Optional[float] = None, stats: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashLSTM states ``[c, h]`` by fused Newton; see the module docstring. Differentiable in ``u, a, p``."""
+    check_fused_inputs("flashlstm_fused", u, {"a": a, "p": p}, _WANT, iters, tol)
+    return _fwd_op(u, a, p, iters, None if tol is None else float(tol), bool(stats))
