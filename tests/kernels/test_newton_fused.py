@@ -1,0 +1,204 @@
+"""Fused Newton kernels (kernels.newton.fused_gru / fused_lstm) against a float64 sequential loop.
+
+Forward states and the gradients of ``u``, ``a`` (and ``p``); CPU runs use the Triton interpreter
+at small shapes, outputs poisoned with NaN before every run.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from kernels.newton import fused_gru, fused_lstm  # noqa: E402
+from kernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
+
+use_vectorized_interpreter_scan()
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1", reason="needs CUDA or TRITON_INTERPRET=1"
+)
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    for mod in (fused_gru, fused_lstm):
+        monkeypatch.setattr(mod, "_alloc", lambda shape, like: torch.full(shape, math.nan, device=like.device))
+
+
+def gru_loop(u, a):
+    """``h_t = f(h_{t-1}, u_t)`` by a loop (the ground truth), any dtype."""
+    H, B, L, _, Ds = u.shape
+    h = u.new_zeros(H, B, Ds)
+    az, ar, ac = (a[:, g, None, :] for g in range(3))
+    out = []
+    for t in range(L):
+        z = torch.sigmoid(az * h + u[:, :, t, 0])
+        r = torch.sigmoid(ar * h + u[:, :, t, 1])
+        c = torch.tanh(ac * (h * r) + u[:, :, t, 2])
+        h = (1 - z) * h + z * c
+        out.append(h)
+    return torch.stack(out, 2)
+
+
+def lstm_loop(u, a, p):
+    H, B, L, _, Ds = u.shape
+    c = u.new_zeros(H, B, Ds)
+    h = u.new_zeros(H, B, Ds)
+    af, az, ao = (a[:, g, None, :] for g in range(3))
+    pf, po = (p[:, g, None, :] for g in range(2))
+    out = []
+    for t in range(L):
+        f = torch.sigmoid(af * h + u[:, :, t, 0] + pf * c)
+        z = torch.tanh(az * h + u[:, :, t, 1])
+        c = f * c + (1 - f) * z
+        o = torch.sigmoid(ao * h + u[:, :, t, 2] + po * c)
+        h = o * torch.tanh(c)
+        out.append(torch.cat([c, h], -1))
+    return torch.stack(out, 2)
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    assert torch.isfinite(a).all(), "non-finite (unwritten?) elements"
+    return float((a - b).norm() / b.norm()) if b.norm() > 0 else float(a.norm())
+
+
+def make(H, B, L, Ds, seed, lstm):
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.randn(H, B, L, 3, Ds, generator=gen)
+    a = (torch.randn(H, 3, Ds, generator=gen) * 0.6).clamp(-0.9, 0.9)
+    p = (torch.randn(H, 2, Ds, generator=gen) * 0.6).clamp(-0.9, 0.9)
+    return u.to(DEV), a.to(DEV), p.to(DEV)
+
+
+def run_and_compare(lstm, H, B, L, Ds, seed, iters=8, tol=None):
+    u, a, p = make(H, B, L, Ds, seed, lstm)
+    leaves = [t.clone().requires_grad_() for t in ((u, a, p) if lstm else (u, a))]
+    if lstm:
+        out, res = fused_lstm.flashlstm_fused(*leaves, iters=iters, tol=tol, stats=True)
+    else:
+        out, res = fused_gru.flashgru_fused(*leaves, iters=iters, tol=tol, stats=True)
+    g = torch.randn_like(out)
+    (out * g).sum().backward()
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    ref = (lstm_loop if lstm else gru_loop)(*ref_leaves)
+    (ref * g.double()).sum().backward()
+    assert rel(out, ref) < 1e-5
+    for got, want in zip(leaves, ref_leaves):
+        assert rel(got.grad, want.grad) < 1e-4
+    return res
+
+
+@pytest.mark.parametrize("L", [1, 17, 129, 1000])
+def test_gru_matches_sequential(L):
+    res = run_and_compare(False, 1, 2 if L < 1000 else 1, L, 5, seed=L)
+    assert res[0] >= 0 and res[-1] < 1e-5  # recorded, and converged
+
+
+@pytest.mark.parametrize("L", [1, 17, 129, 1000])
+def test_lstm_matches_sequential(L):
+    res = run_and_compare(True, 1, 2 if L < 1000 else 1, L, 5, seed=50 + L, iters=5)
+    assert res[0] >= 0 and res[-1] < 1e-5
+
+
+def test_heads_and_lane_tiles():
+    """Two heads with their own parameters, 20 channels = one full and one partial lane tile."""
+    run_and_compare(False, 2, 2, 70, 20, seed=3)
+    run_and_compare(True, 2, 1, 20, 20, seed=4)
+
+
+@pytest.mark.parametrize("lstm", [False, True])
+def test_iteration_count_and_tolerance_are_honored(lstm):
+    u, a, p = make(1, 2, 40, 5, 7, lstm)
+    params = (a, p) if lstm else (a,)
+    loop = lstm_loop if lstm else gru_loop
+
+    def fn(**k):
+        return (fused_lstm.flashlstm_fused if lstm else fused_gru.flashgru_fused)(u, *params, **k)
+
+    exact = loop(u.double(), *(q.double() for q in params))
+    H, B, L, _, Ds = u.shape
+    # f(0, u_t) at every t: every position as its own length-1 sequence
+    guess = loop(u.double().reshape(H, B * L, 1, 3, Ds), *(q.double() for q in params)).reshape(exact.shape)
+    out0, res0 = fn(iters=0, stats=True)
+    assert rel(out0, guess) < 1e-6  # iters=0: the initial guess
+    assert res0.shape == (1,) and res0[0] > 0.1
+    out1, _ = fn(iters=1, stats=True)
+    out3, res3 = fn(iters=3, stats=True)
+    assert res3.shape == (4,) and res3[3] < res3[2] < res3[1] < res3[0]
+    assert rel(out3, exact) < rel(out1, exact) < rel(out0, exact)
+    # a tolerance above the initial residual stops every chunk before the first iteration
+    out_t, res_t = fn(iters=3, tol=10.0, stats=True)
+    assert rel(out_t, guess) < 1e-6 and float(res_t[1]) == -1.0
+    # a tiny tolerance changes nothing
+    out_s, _ = fn(iters=3, tol=1e-12, stats=True)
+    assert rel(out_s, out3) < 1e-7
+
+
+def test_opcheck():
+    u, a, p = make(1, 2, 9, 3, 11, True)
+    torch.library.opcheck(torch.ops.expressivity.flashgru_fused, (u.requires_grad_(), a.requires_grad_(), 3, None, False))
+    h, _ = fused_gru.flashgru_fused(u.detach(), a.detach())
+    torch.library.opcheck(torch.ops.expressivity.flashgru_fused_bwd, (u.detach(), a.detach(), h, torch.randn_like(h)))
+    p = p.requires_grad_()
+    torch.library.opcheck(torch.ops.expressivity.flashlstm_fused, (u, a, p, 2, 1e-3, True))
+    s, _ = fused_lstm.flashlstm_fused(u.detach(), a.detach(), p.detach())
+    torch.library.opcheck(
+        torch.ops.expressivity.flashlstm_fused_bwd, (u.detach(), a.detach(), p.detach(), s, torch.randn_like(s))
+    )
+
+
+def test_bad_inputs_give_clear_errors(monkeypatch):
+    u, a, p = make(1, 2, 9, 4, 12, True)
+    with pytest.raises(TypeError, match="float32"):
+        fused_gru.flashgru_fused(u.double(), a.double())
+    with pytest.raises(ValueError, match=r"\(H, B, L, 3, Ds\)"):
+        fused_gru.flashgru_fused(u[..., :2, :], a)
+    with pytest.raises(ValueError, match="a must be"):
+        fused_gru.flashgru_fused(u, a[:, :2])
+    with pytest.raises(ValueError, match="p must be"):
+        fused_lstm.flashlstm_fused(u, a, p.double())
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_gru.flashgru_fused(u.transpose(1, 2), a)
+    with pytest.raises(ValueError, match="iters"):
+        fused_gru.flashgru_fused(u, a, iters=-1)
+    with pytest.raises(ValueError, match="tol"):
+        fused_lstm.flashlstm_fused(u, a, p, tol=-1.0)
+    import kernels._triton as kt
+
+    monkeypatch.setattr(kt, "triton_available", lambda t: False)
+    with pytest.raises(ValueError, match="CUDA"):
+        fused_gru.flashgru_fused(u, a)
+
+
+@pytest.mark.parametrize("name", ["flashgru", "flashlstm"])
+def test_mixer_fused_mode_matches_sequential(name):
+    from mixers import build_mixer
+
+    torch.manual_seed(0)
+    m = build_mixer(name, 16, num_heads=2, mode="fused", iters=6).to(DEV)
+    x = torch.randn(2, 45, 16, device=DEV, requires_grad=True)
+    y = m(x)
+    y.sum().backward()
+    gx, gp = x.grad.clone(), [q.grad.clone() for q in m.parameters()]
+    m.zero_grad()
+    x.grad = None
+    m.mode = "sequential"
+    y_ref = m(x)
+    y_ref.sum().backward()
+    assert rel(y, y_ref) < 1e-5
+    assert rel(gx, x.grad) < 1e-4
+    for got, q in zip(gp, m.parameters()):
+        assert rel(got, q.grad) < 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("lstm", [False, True])
+def test_gpu_long(lstm):
+    run_and_compare(lstm, 2, 2, 3001, 64, seed=13, iters=4)
