@@ -17,6 +17,7 @@ when ``torch.get_float32_matmul_precision() != "highest"``.
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional
 
 import torch
@@ -57,12 +58,21 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _config(L: int, DQK: int, DV: int, dtype: torch.dtype) -> dict:
-    """Tile sizes: query/key blocks of the chunk, feature blocks, inter-chunk sub-block."""
+    """Tile sizes (query/key blocks of the chunk, feature blocks, inter-chunk blocks and sub-block),
+    warps and pipeline stages. ``EXPRESSIVITY_MLSTM_TILES="BLQ=64,BV=128,W=8"`` overrides entries
+    (for tuning; values are clipped to the problem)."""
     big = 64 if dtype != torch.float64 else 32
-    return dict(
-        BLQ=min(L, 64), BLKV=min(L, 64), BK=min(_np2(DQK), 128), BV=min(_np2(DV), 128),
-        BKI=min(_np2(DQK), big), BVI=min(_np2(DV), big), BL=min(L, 64),
-    )
+    cfg = dict(BLQ=64, BLKV=64, BK=128, BV=128, BKI=big, BVI=big, BL=64, W=4, ST=2, WI=4)
+    for item in filter(None, os.environ.get("EXPRESSIVITY_MLSTM_TILES", "").split(",")):
+        key, _, val = item.partition("=")
+        if key not in cfg:
+            raise ValueError(f"EXPRESSIVITY_MLSTM_TILES: unknown key {key!r}; known: {sorted(cfg)}")
+        cfg[key] = int(val)
+    for key in ("BLQ", "BLKV", "BL"):
+        cfg[key] = min(cfg[key], L)
+    for key, dim in (("BK", DQK), ("BKI", DQK), ("BV", DV), ("BVI", DV)):
+        cfg[key] = min(cfg[key], _np2(dim))
+    return cfg
 
 
 def _gates(i_pre, f_pre, exp_gate: bool, L: int, NC: int):
@@ -102,7 +112,8 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
     c0_ = c0 if has_init else cst
     n0_ = n0 if has_init else nst
     if fused:
-        inter_chunk_states[grid](k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, 0, FUSED=True, **args)
+        inter_chunk_states[grid](k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, 0, FUSED=True, **args,
+                                 num_warps=cfg["WI"])
     else:
         if has_init:
             cst[:, :, 0] = c0
@@ -112,7 +123,8 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
             nst[:, :, 0] = 0
         mst[:, :, 0] = m0
         for c in range(NC):
-            inter_chunk_states[grid](k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, c, FUSED=False, **args)
+            inter_chunk_states[grid](k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, c, FUSED=False, **args,
+                                     num_warps=cfg["WI"])
     return cst, nst, mst
 
 
@@ -155,7 +167,7 @@ def mlstm_chunkwise_fwd(
     grid = (NC * (L // cfg["BLQ"]), triton.cdiv(DV, cfg["BV"]), B * NH)
     intra_chunk_h[grid](q, k, v, b, li, cst, nst, mst, h, mtok, dtok, S, NC, 1.0 / math.sqrt(DQK), eps,
                         DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
-                        EXP=exp_gate, PREC=_precision(q.dtype))
+                        EXP=exp_gate, PREC=_precision(q.dtype), num_warps=cfg["W"], num_stages=cfg["ST"])
     return h, cst, nst, mst, mtok, dtok, mst[:, :, -1].clone()
 
 
@@ -204,9 +216,9 @@ def mlstm_chunkwise_bwd(
     inter_chunk_dstates[grid](
         q, dh, b, g, mtok, inv, dd, mst, dc_last if has_dlast else dcst, dn_last if has_dlast else dnst,
         dcst, dnst, S, NC, scale, DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"],
-        EXP=exp_gate, HAS_DLAST=has_dlast, PREC=prec)
+        EXP=exp_gate, HAS_DLAST=has_dlast, PREC=prec, num_warps=cfg["WI"])
     common = dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
-                  EXP=exp_gate, PREC=prec)
+                  EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"])
     nkb = triton.cdiv(DQK, cfg["BK"])
     dq, dk, dv = (_empty(*t.shape, like=t) for t in (q, k, v))
     qdq, kdk = (_empty(nkb, B * NH, NC * L, like=q, dtype=acc) for _ in range(2))

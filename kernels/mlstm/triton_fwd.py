@@ -20,7 +20,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-NEG_BIG = -1e30  # "minus infinity" for running maxima (finite, so exp(m_old - m_new) is never NaN)
 
 
 @triton.jit
@@ -122,7 +121,7 @@ def intra_chunk_h(
     pos_q = c * L + row
     offs_v = pid_v * BV + tl.arange(0, BV)
     b_q = tl.load(b_ptr + pos_q)
-    m_run = tl.full((BLQ,), NEG_BIG, dtype=acc_t)
+    m_run = tl.full((BLQ,), -1e30, dtype=acc_t)  # finite "-inf": exp(m_old - m_new) is never NaN
     den = tl.zeros((BLQ,), dtype=acc_t)
     acc = tl.zeros((BLQ, BV), dtype=acc_t)
     # intra-chunk part, tiled along the chunk (eq. 93-98)
