@@ -12,6 +12,10 @@ A preset file::
     tasks:                    # per task: the same keys, plus task_options, block, positional,
       parity: {...}           # extrapolation; a task absent here is not part of the preset
 
+A ``tasks:`` entry may name its task with ``task:`` (``khop2: {task: khop, task_options: {k: 2}}``),
+so one preset can sweep a task in several configurations. Top-level ``paper:`` and ``budget:``
+hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``).
+
 ``resolve_sweep(task, preset)`` merges: the task's structural defaults (``TASK_DEFAULTS``: the
 paper's block and positional encoding per task) < ``defaults`` < ``tasks[task]`` < CLI overrides.
 """
@@ -38,7 +42,9 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 SWEEP_KEYS = {"mixers", "seeds", "lrs", "train", "mixer_options", "task_options", "block", "positional",
-              "extrapolation", "description"}
+              "extrapolation", "description", "task"}
+#: top-level keys of a preset file (``paper``: the paper's numbers, read by ``experiments.reproduce``)
+PRESET_KEYS = {"description", "defaults", "tasks", "paper", "budget"}
 
 
 @dataclasses.dataclass
@@ -57,6 +63,9 @@ class SweepPlan:
     positional: str
     extrapolation: dict[str, Any] | None
     description: str = ""
+    #: the preset's name for this sweep (a key of ``tasks:``; differs from ``task`` when a preset
+    #: sweeps one task twice, e.g. ``khop2: {task: khop, task_options: {k: 2}}``)
+    entry: str = ""
 
 
 def available_presets() -> list[str]:
@@ -69,6 +78,9 @@ def load_preset(name: str) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(available_presets())}")
     data = yaml.safe_load(path.read_text()) or {}
+    unknown = set(data) - PRESET_KEYS
+    if unknown:
+        raise ValueError(f"preset {name!r}: unknown top-level key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(PRESET_KEYS))}")
     for section in [data.get("defaults", {}), *data.get("tasks", {}).values()]:
         unknown = set(section) - SWEEP_KEYS
         if unknown:
@@ -92,7 +104,8 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
     tasks = data.get("tasks", {})
     if task not in tasks:
         raise ValueError(f"preset {preset!r} has no sweep for task {task!r}; it covers: {', '.join(tasks) or 'none'}")
-    merged = _merge(_merge(TASK_DEFAULTS.get(task, {}), data.get("defaults", {})), tasks[task] or {})
+    real_task = str((tasks[task] or {}).get("task", task))
+    merged = _merge(_merge(TASK_DEFAULTS.get(real_task, {}), data.get("defaults", {})), tasks[task] or {})
     merged = _merge(merged, {k: v for k, v in (overrides or {}).items() if v is not None})
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = set(merged.get("train", {})) - train_fields
@@ -102,7 +115,7 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         if not merged.get(key):
             raise ValueError(f"preset {preset!r}: task {task!r} needs a non-empty '{key}' list")
     return SweepPlan(
-        task=task, preset=preset,
+        task=str(merged.get("task", task)), preset=preset, entry=task,
         mixers=[str(m) for m in merged["mixers"]],
         seeds=[int(s) for s in merged["seeds"]],
         lrs=[float(x) for x in merged["lrs"]],
