@@ -65,7 +65,8 @@ def ssd_chunked(
     inputs = torch.cat([init, states], dim=1)
     decay = torch.cat([torch.ones_like(acum[:, :1, 0]), torch.exp(acum[:, :, -1])], dim=1)  # (batch, nc+1, H)
     coeff = decay[..., None, None].expand_as(inputs)
-    prev = linear_scan(coeff.reshape(batch, nc + 1, -1), inputs.reshape(batch, nc + 1, -1))
+    # the chunk axis is short: the log-step torch scan suffices on any device
+    prev = linear_scan(coeff.reshape(batch, nc + 1, -1), inputs.reshape(batch, nc + 1, -1), backend="torch")
     prev = prev.reshape(batch, nc + 1, H, P, N)
 
     # 4. entering state -> outputs

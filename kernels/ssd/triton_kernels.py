@@ -20,8 +20,9 @@ the chunks in order, keeping the state in registers:
 ``chunk_attn``: the quadratic, attention-like form inside a chunk plus a state term:
 - causal:      ``out_t = sum_{s<=t} (Q_t.K_s) exp(acum_t - acum_s) dt_s V_s + exp(acum_t) Q_t S_c``
 - anticausal:  ``out_s = dt_s [sum_{t>=s} (Q_s.K_t) exp(acum_t - acum_s) V_t + exp(acum_last - acum_s) Q_s S_c]``
-  and optionally ``dot_s = [...] . W_s`` (the bracket before the ``dt_s`` factor); causal:
-  optionally ``dot_t = Q_t . W_t`` (``dy_t . y_t`` when ``Q = dy``, ``W = y``).
+Optionally (``HAS_DOT``) ``dot_t = acc_t . W_t`` per head, ``acc`` being one head's sum (in
+reverse, the bracket before the ``dt_s`` factor); optionally (``HAS_CB``) ``Q_t . K_s`` is read
+from a precomputed ``(Q, Q)`` matrix per chunk and group instead of being recomputed per head.
 ``S_c`` is ``(DK, DV)``. With ``HPP > 1`` a program sums its output over ``HPP`` consecutive heads
 (gradients of ``B``, ``C`` shared by the heads of a group). Accumulation is float32.
 """
@@ -93,16 +94,17 @@ def chunk_state_kernel(
 
 @triton.jit
 def chunk_attn_kernel(
-    q_ptr, k_ptr, v_ptr, s_ptr, w_ptr, out_ptr, dot_ptr, acum_ptr, dt_ptr,
-    L, H, Lp, DK, DV, n_out, rq, rk, rv,
+    q_ptr, k_ptr, v_ptr, s_ptr, w_ptr, cb_ptr, out_ptr, dot_ptr, acum_ptr, dt_ptr,
+    L, H, Lp, DK, DV, n_out, rq, rk, rv, rw,
     sq_b, sq_l, sq_h, sq_d,
     sk_b, sk_l, sk_h, sk_d,
     sv_b, sv_l, sv_h, sv_d,
     ss_b, ss_c, ss_h, ss_r, ss_k,
     sw_b, sw_l, sw_h, sw_d,
+    scb_b, scb_c, scb_h, scb_r, scb_k,
     so_b, so_l, so_h, so_d,
     Q: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HPP: tl.constexpr,
-    REVERSE: tl.constexpr, HAS_DOT: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_DOT: tl.constexpr, HAS_CB: tl.constexpr,
 ):
     c = tl.program_id(0) // (Q // BT)
     t0 = c * Q + (tl.program_id(0) % (Q // BT)) * BT
@@ -131,12 +133,16 @@ def chunk_attn_kernel(
         for j in range(lo, hi, BT):
             cols = j + tl.arange(0, BT)
             col_ok = cols < L
-            k = tl.load(k_ptr + b * sk_b + cols[:, None] * sk_l + (h // rk) * sk_h + dk[None, :] * sk_d,
-                        mask=col_ok[:, None] & (dk[None, :] < DK), other=0.0)
             v = tl.load(v_ptr + b * sv_b + cols[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
                         mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
             a_cols = tl.load(acum_ptr + base + cols)
-            scores = tl.dot(q, tl.trans(k))
+            if HAS_CB:  # Q.K precomputed per chunk and group, shared by the group's heads
+                scores = tl.load(cb_ptr + b * scb_b + c * scb_c + (h // rq) * scb_h
+                                 + (rows - c * Q)[:, None] * scb_r + (cols - c * Q)[None, :] * scb_k)
+            else:
+                k = tl.load(k_ptr + b * sk_b + cols[:, None] * sk_l + (h // rk) * sk_h + dk[None, :] * sk_d,
+                            mask=col_ok[:, None] & (dk[None, :] < DK), other=0.0)
+                scores = tl.dot(q, tl.trans(k))
             if REVERSE:
                 keep = cols[None, :] >= rows[:, None]
                 decay = tl.exp(tl.where(keep, a_cols[None, :] - a_rows[:, None], float("-inf")))
@@ -148,16 +154,15 @@ def chunk_attn_kernel(
         if REVERSE:
             a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
             acc += tl.exp(a_last - a_rows)[:, None] * tl.dot(q, s_tile.to(q.dtype))
-            if HAS_DOT:
-                w = tl.load(w_ptr + b * sw_b + rows[:, None] * sw_l + h * sw_h + dv[None, :] * sw_d,
-                            mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0)
-                tl.store(dot_ptr + base + rows, tl.sum(acc * w.to(tl.float32), axis=1))
+        else:
+            acc += tl.exp(a_rows)[:, None] * tl.dot(q, s_tile.to(q.dtype))
+        if HAS_DOT:
+            w = tl.load(w_ptr + b * sw_b + rows[:, None] * sw_l + (h // rw) * sw_h + dv[None, :] * sw_d,
+                        mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0)
+            tl.store(dot_ptr + base + rows, tl.sum(acc * w.to(tl.float32), axis=1))
+        if REVERSE:
             total += acc * tl.load(dt_ptr + base + rows)[:, None]
         else:
-            total += acc + tl.exp(a_rows)[:, None] * tl.dot(q, s_tile.to(q.dtype))
-            if HAS_DOT:
-                w = tl.load(w_ptr + b * sw_b + rows[:, None] * sw_l + h * sw_h + dk[None, :] * sw_d,
-                            mask=row_ok[:, None] & (dk[None, :] < DK), other=0.0)
-                tl.store(dot_ptr + base + rows, tl.sum(q.to(tl.float32) * w.to(tl.float32), axis=1))
+            total += acc
     tl.store(out_ptr + b * so_b + rows[:, None] * so_l + o * so_h + dv[None, :] * so_d,
              total.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))

@@ -10,7 +10,7 @@ entering chunk ``c`` and ``G_c`` the gradient reaching it:
 - ``dx_s = dt_s [sum_{t>=s} (B_s.C_t) E_ts dy_t + exp(acum_last - acum_s) G_{c+1} B_s]``
 - ``dB_s = dt_s [sum_{t>=s} (x_s.dy_t) E_ts C_t + exp(acum_last - acum_s) x_s G_{c+1}]``
 - ``dC_t = sum_{s<=t} (dy_t.x_s) E_ts dt_s B_s + exp(acum_t) dy_t prev_c``
-- ``d acum_t = dy_t.y_t - dt_t (x_t . dx_t / dt_t)``, plus ``<G_{c+1}, prev_{c+1}>`` at a chunk's last
+- ``d acum_t = dy_t.y_t - dt_t (x_t . dx_t / dt_t)`` (``dy_t.y_t = dC_t . C_t`` per head), plus ``<G_{c+1}, prev_{c+1}>`` at a chunk's last
   step; ``d(dt*A)`` is its reverse cumulative sum inside the chunk; then ``ddt``, ``dA``.
 
 The step sizes, decays and states are float32; ``x, B, C`` are read in their dtype
@@ -21,6 +21,7 @@ TF32 products on GPUs that have them).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 
 from kernels._triton import triton_available
@@ -75,10 +76,18 @@ def _heads_per_program(ratio: int) -> int:
     return max(d for d in range(1, min(ratio, 16) + 1) if ratio % d == 0)
 
 
-def _chunk_attn(q, k, v, S, acum, dtT, Q, *, reverse, out_heads, out_dtype, w=None):
-    """Run ``chunk_attn``. ``S (batch, nc, H, DK, DV)`` (any strides). Output ``(batch, L, out_heads
-    * splits, DV)`` summed over heads within a split, and the row dots ``(batch, H, Lp)`` float32
-    when ``w`` is given (per-head outputs only)."""
+def _chunk_dots(q: torch.Tensor, k: torch.Tensor, Q: int) -> torch.Tensor:
+    """``qk[b, c, g, t, s] = q_t . k_s`` inside each chunk, float32 ``(batch, nc, G, Q, Q)``."""
+    batch, L, G, N = q.shape
+    pad = (-L) % Q
+    chunks = lambda t: F.pad(t.float(), (0, 0, 0, 0, 0, pad)).view(batch, -1, Q, G, N).transpose(2, 3)  # noqa: E731
+    return chunks(q) @ chunks(k).transpose(-1, -2)
+
+
+def _chunk_attn(q, k, v, S, acum, dtT, Q, *, reverse, out_heads, out_dtype, w=None, cb=None):
+    """Run ``chunk_attn``. ``S (batch, nc, H, DK, DV)`` (any strides); ``cb (batch, nc, G, Q, Q)``
+    the precomputed ``q . k`` (any strides) or ``None``. Output ``(batch, L, out_heads * splits, DV)``
+    summed over heads within a split, and the row dots ``(batch, H, Lp)`` float32 when ``w`` is given."""
     batch, L = q.shape[:2]
     H, Lp = acum.shape[1], acum.shape[2]
     DK, DV = q.shape[-1], v.shape[-1]
@@ -88,11 +97,13 @@ def _chunk_attn(q, k, v, S, acum, dtT, Q, *, reverse, out_heads, out_dtype, w=No
     dot = _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if w is not None else acum
     BT = min(Q, 128 if q.element_size() == 2 else 64)
     grid = (Lp // BT, batch * n_out)
+    w_ = w if w is not None else v
+    cb_ = cb if cb is not None else S
     chunk_attn_kernel[grid](
-        q, k, v, S, w if w is not None else q, out, dot, acum, dtT,
-        L, H, Lp, DK, DV, n_out, H // q.shape[2], H // k.shape[2], H // v.shape[2],
-        *q.stride(), *k.stride(), *v.stride(), *S.stride(), *(w if w is not None else q).stride(), *out.stride(),
-        Q=Q, BT=BT, BK=_pow2(DK), BV=_pow2(DV), HPP=hpp, REVERSE=reverse, HAS_DOT=w is not None,
+        q, k, v, S, w_, cb_, out, dot, acum, dtT,
+        L, H, Lp, DK, DV, n_out, H // q.shape[2], H // k.shape[2], H // v.shape[2], H // w_.shape[2],
+        *q.stride(), *k.stride(), *v.stride(), *S.stride(), *w_.stride(), *cb_.stride(), *out.stride(),
+        Q=Q, BT=BT, BK=_pow2(DK), BV=_pow2(DV), HPP=hpp, REVERSE=reverse, HAS_DOT=w is not None, HAS_CB=cb is not None,
         num_warps=4 if max(DK, DV, BT) <= 64 else 8,
     )
     return out, (dot if w is not None else None)
@@ -111,7 +122,7 @@ def ssd_fwd(
     init = None if initial_state is None else initial_state.float()
     prev, _ = _chunk_state(x, B, init, acum, dtT, Q, reverse=False)
     y, _ = _chunk_attn(C, B, x, prev[:, :-1].transpose(-1, -2), acum, dtT, Q, reverse=False,
-                       out_heads=H, out_dtype=x.dtype)
+                       out_heads=H, out_dtype=x.dtype, cb=_chunk_dots(C, B, Q))
     return y, prev
 
 
@@ -125,7 +136,7 @@ def _(x, dt, A, B, C, initial_state, chunk_size):
 @torch.library.custom_op("expressivity::ssd_bwd", mutates_args=())
 def ssd_bwd(
     dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-    B: torch.Tensor, C: torch.Tensor, prev: torch.Tensor, y: torch.Tensor, chunk_size: int,
+    B: torch.Tensor, C: torch.Tensor, prev: torch.Tensor, chunk_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dx, ddt, dA, dB, dC, dinitial_state)`` of ``ssd_fwd`` given ``dy`` and the
     gradient ``dfinal (batch, H, P, N)`` of the final state."""
@@ -137,10 +148,10 @@ def ssd_bwd(
     grads, to_end = _chunk_state(dy, C, dfinal, acum, dtT, Q, reverse=True, prev=prev)  # G_0..G_nc
     dS = grads[:, 1:]
     dx, ddt_direct = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, reverse=True,
-                                 out_heads=H, out_dtype=x.dtype, w=x)
+                                 out_heads=H, out_dtype=x.dtype, w=x, cb=_chunk_dots(C, B, Q).transpose(-1, -2))
     dB, _ = _chunk_attn(x, dy, C, dS, acum, dtT, Q, reverse=True, out_heads=G, out_dtype=torch.float32)
     dC, dy_y = _chunk_attn(dy, x, B, prev[:, :-1], acum, dtT, Q, reverse=False, out_heads=G, out_dtype=torch.float32,
-                           w=y)
+                           w=C)  # dy_t . y_t = dC_t(head) . C_t, in float32
     dB = dB.view(batch, L, G, -1, N).sum(3)
     dC = dC.view(batch, L, G, -1, N).sum(3)
     dacum = dy_y - dtT * ddt_direct
@@ -153,7 +164,7 @@ def ssd_bwd(
 
 
 @ssd_bwd.register_fake
-def _(dy, dfinal, x, dt, A, B, C, prev, y, chunk_size):
+def _(dy, dfinal, x, dt, A, B, C, prev, chunk_size):
     return (x.new_empty(x.shape), dt.new_empty(dt.shape), A.new_empty(A.shape), B.new_empty(B.shape),
             C.new_empty(C.shape), x.new_empty(dfinal.shape))
 
@@ -161,17 +172,17 @@ def _(dy, dfinal, x, dt, A, B, C, prev, y, chunk_size):
 def _setup_context(ctx, inputs, output):
     x, dt, A, B, C, initial_state, chunk_size = inputs
     y, prev = output
-    ctx.save_for_backward(x, dt, A, B, C, prev, y)
+    ctx.save_for_backward(x, dt, A, B, C, prev)
     ctx.chunk_size = chunk_size
     ctx.init_dtype = None if initial_state is None else initial_state.dtype
 
 
 def _backward(ctx, dy, dprev):
-    x, dt, A, B, C, prev, y = ctx.saved_tensors
+    x, dt, A, B, C, prev = ctx.saved_tensors
     if dy is None:
-        dy = torch.zeros_like(y)
+        dy = torch.zeros_like(x)
     dfinal = torch.zeros_like(prev[:, -1]) if dprev is None else dprev[:, -1].to(prev.dtype)
-    dx, ddt, dA, dB, dC, dinit = ssd_bwd(dy, dfinal, x, dt, A, B, C, prev, y, ctx.chunk_size)
+    dx, ddt, dA, dB, dC, dinit = ssd_bwd(dy, dfinal, x, dt, A, B, C, prev, ctx.chunk_size)
     dinit = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
     return dx, ddt, dA, dB, dC, dinit, None
 
