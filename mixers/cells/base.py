@@ -199,6 +199,8 @@ class RNNCell(nn.Module):
         name = type(self).__name__
         p = next(self.parameters(), None)
         kw = {"dtype": p.dtype if p is not None else torch.float32, "device": p.device if p is not None else "cpu"}
+        if self.jacobian == "block2" and S % 2:
+            raise ValueError(f"{name} declares jacobian='block2' but its state size {S} is odd")
         with torch.no_grad():
             h, x = torch.zeros(2, 3, S, **kw), torch.zeros(2, 3, d_in, **kw)
             try:
@@ -211,8 +213,6 @@ class RNNCell(nn.Module):
                     f"{name}.recurrence_step returned shape {got} for h {tuple(h.shape)}, x {tuple(x.shape)}; "
                     f"expected {(2, 3, S)} (same shape as h: leading dims kept, state size {S})"
                 )
-            if self.jacobian == "block2" and S % 2:
-                raise ValueError(f"{name} declares jacobian='block2' but its state size {S} is odd")
             if self.jacobian_fn is not None:
                 J = self.jacobian_fn(h, self.input_projection(x))
                 want = jacobian_shape(self.jacobian, (2, 3), S)

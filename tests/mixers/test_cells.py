@@ -1,0 +1,331 @@
+"""mixers.cells: RNNCell / cell_mixer / FlashGRU / FlashLSTM.
+
+Parallel (Newton) vs sequential agreement, forward and every gradient, for FlashGRU, FlashLSTM and
+three cells written here with only ``recurrence_step`` (diag, block2, dense); closed-form vs
+autograd Jacobians; ``verify_jacobian``; divergence fallback / raise; the fused hook; bad input;
+parameter layout and initialization; and a short parity run that must be solved.
+"""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from kernels.newton import NewtonDivergenceError, autograd_jacobian
+from kernels.scan import SCAN_BACKENDS
+from kernels._triton import triton_available
+from mixers import build_mixer, cell_mixer
+from mixers.cells import CellMixer, FlashGRUCell, FlashLSTMCell, RNNCell
+from mixers.cells.convergence import newton_residuals
+
+
+class DiagCell(RNNCell):
+    jacobian = "diag"
+
+    def __init__(self, d_in, d_state):
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(d_state) * 1.6 - 0.8)
+        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in**0.5)
+
+    def recurrence_step(self, h, x):
+        return torch.tanh(self.w * h + x @ self.W)
+
+
+class Block2Cell(RNNCell):
+    """A damped nonlinear rotation of the pairs (p_i, q_i): 2x2 blocks of diagonals."""
+
+    jacobian = "block2"
+
+    def __init__(self, d_in, d_state):
+        super().__init__()
+        self.theta = nn.Parameter(torch.rand(d_state // 2) * math.pi)
+        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in**0.5)
+
+    def recurrence_step(self, h, x):
+        half = h.shape[-1] // 2
+        p, q, v = h[..., :half], h[..., half:], x @ self.W
+        c, s = torch.cos(self.theta), torch.sin(self.theta)
+        return torch.cat([torch.tanh(0.8 * (c * p - s * q) + v[..., :half]), torch.tanh(0.8 * (s * p + c * q) + v[..., half:])], -1)
+
+
+class DenseCell(RNNCell):
+    jacobian = "dense"
+
+    def __init__(self, d_in, d_state):
+        super().__init__()
+        self.R = nn.Parameter(torch.randn(d_state, d_state) * 0.7 / d_state**0.5)
+        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in**0.5)
+
+    def recurrence_step(self, h, x):
+        return torch.tanh(h @ self.R + x @ self.W)
+
+
+class DenseDeclaredDiag(DenseCell):
+    jacobian = "diag"
+
+
+class Block2DeclaredDiag(Block2Cell):
+    jacobian = "diag"
+
+
+class ChaoticCell(RNNCell):
+    """Expanding (|df/dh| up to 4): three Newton iterations are far from the solution."""
+
+    jacobian = "diag"
+
+    def __init__(self, d_in, d_state):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(d_in, d_state))
+
+    def recurrence_step(self, h, x):
+        return torch.sin(4.0 * h) + x @ self.W
+
+
+CELLS = [FlashGRUCell, FlashLSTMCell, DiagCell, Block2Cell, DenseCell]
+BATCH = {1: 4, 2: 1, 7: 3, 100: 2, 1000: 2}
+
+
+def _grads(y, gy, tensors):
+    return torch.autograd.grad((y * gy).sum(), tensors)
+
+
+def _close(got, want, tol):
+    scale = max(1.0, float(want.abs().max()))
+    assert float((got - want).abs().max()) <= tol * scale, (float((got - want).abs().max()), scale)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-8), (torch.float32, 1e-4)], ids=["f64", "f32"])
+@pytest.mark.parametrize("L", [1, 2, 7, 100, 1000])
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_parallel_matches_sequential(cell, L, dtype, tol):
+    torch.manual_seed(L)
+    mixer = cell_mixer(cell, 24, num_heads=3, mode="parallel", iters=40, tol=1e-13 if dtype == torch.float64 else 1e-6).to(dtype)
+    x = torch.randn(BATCH[L], L, 24, dtype=dtype, requires_grad=True)
+    params = [x, *mixer.parameters()]
+    y = mixer(x)
+    assert not mixer.last_newton_stats.fell_back and mixer.last_newton_stats.mode == "parallel"
+    gy = torch.randn_like(y)
+    got = _grads(y, gy, params)
+    mixer.mode = "sequential"
+    ys = mixer(x)
+    want = _grads(ys, gy, params)
+    _close(y.detach(), ys.detach(), tol)
+    for g, w in zip(got, want):
+        _close(g, w, tol)
+
+
+@pytest.mark.parametrize("cell", [FlashGRUCell, FlashLSTMCell])
+def test_closed_form_jacobians_equal_autograd(cell):
+    torch.manual_seed(0)
+    c = cell(5, 6, clip_norm=None).double()
+    with torch.no_grad():  # away from the init's small values, so every term of eq. 8 matters
+        for p in c.parameters():
+            p.normal_(0.0, 1.5)
+    _, S = c.sizes()
+    h, x = torch.randn(4, 9, S, dtype=torch.float64), torch.randn(4, 9, 5, dtype=torch.float64)
+    u = c.input_projection(x)
+    auto = autograd_jacobian(lambda hh: c.state_update(hh, u), h, c.jacobian)
+    torch.testing.assert_close(c.jacobian_fn(h, u), auto, rtol=1e-12, atol=1e-12)
+    check = c.verify_jacobian()
+    assert check.ok and check.closed_form_error < 1e-12 and check.off_structure == 0.0
+
+
+def test_verify_jacobian_catches_wrong_declarations():
+    for cell, fits in [(DenseDeclaredDiag, "dense"), (Block2DeclaredDiag, "block2")]:
+        with pytest.raises(ValueError, match=f"declares jacobian='diag'.*declare jacobian='{fits}'"):
+            cell(4, 6).verify_jacobian()
+        report = cell(4, 6).verify_jacobian(raise_on_error=False)
+        assert not report.ok and report.off_structure > 1e-3
+        with pytest.raises(ValueError, match="outside that structure"):
+            cell_mixer(cell, 8, num_heads=2)
+    for cell in (DiagCell, Block2Cell, DenseCell):
+        assert cell(4, 6).verify_jacobian().ok
+
+    class WrongClosedForm(FlashGRUCell):
+        def jacobian_fn(self, h, u):
+            return super().jacobian_fn(h, u) * 1.01
+
+    with pytest.raises(ValueError, match="jacobian_fn differs from autograd"):
+        WrongClosedForm(4, 6).verify_jacobian()
+
+
+def test_divergence_falls_back_or_raises():
+    torch.manual_seed(0)
+    x = torch.randn(2, 50, 8, requires_grad=True)
+    mixer = cell_mixer(ChaoticCell, 8, num_heads=2, mode="parallel", iters=3)
+    y = mixer(x)
+    stats = mixer.last_newton_stats
+    assert stats.fell_back and mixer.fallback_count == 1 and len(stats.residuals) == 4 and stats.residuals[-1] > 1e-4
+    mixer.mode = "sequential"
+    torch.testing.assert_close(y, mixer(x), rtol=0, atol=0)
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    assert torch.isfinite(gx).all()
+    raising = cell_mixer(ChaoticCell, 8, num_heads=2, mode="parallel", iters=3, on_divergence="raise")
+    with pytest.raises(NewtonDivergenceError, match="did not converge") as info:
+        raising(x)
+    assert len(info.value.residuals) == 4
+    # a converging cell stopped too early (0 iterations: only the initial guess) also falls back
+    gru = cell_mixer(FlashGRUCell, 8, num_heads=2, mode="parallel", iters=0)
+    gru(x)
+    assert gru.last_newton_stats.fell_back and gru.fallback_count == 1
+
+
+class TorchFusedGRU(FlashGRUCell):
+    """Implements the fused hook in plain torch (a loop) to test its contract."""
+
+    @classmethod
+    def fused_apply(cls, params, u, *, iters, tol):
+        a = params["a"]  # (H, 3, Ds)
+        H, B, L = u.shape[:3]
+        assert params["B"].shape == (H, 3, 4, 4) and u.shape == (H, B, L, 3, 4)
+        h, out = u.new_zeros(H, B, a.shape[-1]), []
+        az, ar, ac = (a[:, k, None, :] for k in range(3))
+        for t in range(L):
+            ut = u[:, :, t]
+            z, r = torch.sigmoid(az * h + ut[..., 0, :]), torch.sigmoid(ar * h + ut[..., 1, :])
+            h = (1 - z) * h + z * torch.tanh(ac * h * r + ut[..., 2, :])
+            out.append(h)
+        return torch.stack(out, dim=2) + cls.offset
+
+    offset = 0.0
+
+
+def test_fused_hook_contract_and_check():
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 8, requires_grad=True)
+    fused = cell_mixer(TorchFusedGRU, 8, num_heads=2, mode="fused")
+    y = fused(x)
+    assert fused.last_newton_stats.mode == "fused" and fused.last_newton_stats.final_residual < 1e-5
+    fused.mode = "sequential"
+    torch.testing.assert_close(y, fused(x))
+    TorchFusedGRU.offset = 0.1  # a broken kernel: the residual check catches it
+    try:
+        fused.mode = "fused"
+        torch.testing.assert_close(fused(x), y)
+        assert fused.last_newton_stats.fell_back and fused.fallback_count == 1
+    finally:
+        TorchFusedGRU.offset = 0.0
+
+
+def test_modes_and_bad_input():
+    m = build_mixer("flashgru", d_model=8, num_heads=2)
+    assert m.resolve_mode(torch.zeros(1, 2, 8)) == "parallel" and m.BACKENDS[0] == "auto"
+    assert build_mixer("flashgru", d_model=8, num_heads=2, backend="sequential").mode == "sequential"
+    cases = [
+        (lambda: build_mixer("flashgru", d_model=8, mode="warp"), ValueError, "unknown mode 'warp'"),
+        (lambda: cell_mixer(DiagCell, 8, backend="fused"), ValueError, "needs DiagCell.fused_apply"),
+        (lambda: build_mixer("flashgru", d_model=8, mode="parallel", backend="sequential"), ValueError, "disagree"),
+        (lambda: build_mixer("flashgru", d_model=10, num_heads=4), ValueError, "divisible by num_heads"),
+        (lambda: build_mixer("flashgru", d_model=8, iters=-1), ValueError, "iters must be"),
+        (lambda: build_mixer("flashgru", d_model=8, damping=3), ValueError, "damping must be"),
+        (lambda: build_mixer("flashgru", d_model=8, clip_norm=-1), ValueError, "clip_norm must be"),
+        (lambda: build_mixer("flashgru", d_model=8, colour="red"), TypeError, "unknown config key.*'colour'"),
+        (lambda: cell_mixer(DenseCell, 8, mode="parallel-triton"), ValueError, "dense"),
+        (lambda: m(torch.zeros(2, 3, 7)), ValueError, r"expected x of shape \(B, L, d_model=8\)"),
+        (lambda: m(torch.zeros(2, 3, 8, dtype=torch.float64)), TypeError, "dtype"),
+        (lambda: cell_mixer(nn.Linear, 8), TypeError, "RNNCell subclass"),
+    ]
+    for make, err, match in cases:
+        with pytest.raises(err, match=match):
+            make()
+    if not ("triton" in SCAN_BACKENDS and triton_available(torch.zeros(1))):
+        with pytest.raises(ValueError, match="parallel-triton"):
+            build_mixer("flashgru", d_model=8, mode="parallel-triton")(torch.zeros(1, 3, 8))
+
+    class WrongShape(RNNCell):
+        jacobian = "diag"
+
+        def __init__(self, d_in, d_state):
+            super().__init__()
+
+        def recurrence_step(self, h, x):
+            return x  # d_in values, not d_state
+
+    with pytest.raises(ValueError, match=r"recurrence_step returned shape \(2, 3, 2\).*expected \(2, 3, 3\)"):
+        cell_mixer(WrongShape, 4, num_heads=2, d_state=6)
+
+    with pytest.raises(ValueError, match="'tridiagonal' is not a Jacobian structure"):
+        type("BadStructure", (DiagCell,), {"jacobian": "tridiagonal"})
+
+    class OddBlock(Block2Cell):
+        def __init__(self, d_in, d_state):
+            super().__init__(d_in, d_state)
+            self.state_size = 3
+
+    with pytest.raises(ValueError, match="odd"):
+        cell_mixer(OddBlock, 4, num_heads=2)
+
+
+def test_flash_parameter_layout_init_and_clipping():
+    torch.manual_seed(0)
+    gru, lstm = build_mixer("flashgru", d_model=64), build_mixer("flashlstm", d_model=64)
+    assert sum(p.numel() for p in gru.parameters()) == 3456  # paper 000 Parity†: 3.8k with the model around it
+    assert sum(p.numel() for p in lstm.parameters()) == 3584
+    sg, sl = gru.stacked_parameters(), lstm.stacked_parameters()
+    assert {k: tuple(v.shape) for k, v in sg.items()} == {"B": (4, 3, 16, 16), "b": (4, 3, 16), "a": (4, 3, 16)}
+    assert tuple(sl["p"].shape) == (4, 2, 16) and gru.out_proj is None and lstm.out_proj is None
+    assert (sg["b"] == 0).all() and sg["B"].abs().max() <= math.sqrt(6 / 16)
+    assert 0.15 < float(sg["a"].std()) < 0.35 and float(sg["a"].abs().max()) <= 0.9
+    with torch.no_grad():
+        lstm.cells[1].p[0, 0] = 5.0
+        lstm.cells[1].a[2, 3] = -7.0
+    lstm(torch.randn(1, 3, 64))
+    assert float(lstm.cells[1].p[0, 0]) == pytest.approx(0.9) and float(lstm.cells[1].a[2, 3]) == pytest.approx(-0.9)
+    free = build_mixer("flashlstm", d_model=64, clip_norm=None)
+    with torch.no_grad():
+        free.cells[0].a[0, 0] = 5.0
+    free(torch.randn(1, 3, 64))
+    assert float(free.cells[0].a[0, 0]) == 5.0
+    wide = build_mixer("flashgru", d_model=8, num_heads=2, d_state=12)
+    assert wide(torch.randn(2, 5, 8)).shape == (2, 5, 8) and wide.out_proj.in_features == 12
+
+
+def test_registry_spec_and_causality():
+    torch.manual_seed(0)
+    m = build_mixer("mixers.cells.flash:FlashLSTMCell", d_model=8, num_heads=2)
+    assert isinstance(m, CellMixer)
+    x = torch.randn(2, 20, 8)
+    y = m(x)
+    x2 = x.clone()
+    x2[:, 12:] += 1.0
+    y2 = m(x2)
+    torch.testing.assert_close(y2[:, :12], y[:, :12], rtol=0, atol=1e-6)
+    assert (y2[:, 12:] - y[:, 12:]).abs().max() > 1e-3
+
+
+def test_newton_residuals_converge_at_init():
+    """Paper 000 Fig. 4 at init: below 1e-5 within 3 (GRU) / 4 (LSTM) iterations."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 256, 64, dtype=torch.float64)
+    for name, k in (("flashgru", 3), ("flashlstm", 4)):
+        res = newton_residuals(build_mixer(name, d_model=64).double(), x, iters=5)
+        assert len(res) == 6 and res[k] < 1e-5 and res[-1] < 1e-12
+    cell = FlashGRUCell(16, 16).double()
+    res = newton_residuals(cell, torch.randn(8, 256, 16, dtype=torch.float64), iters=4)
+    assert len(res) == 5 and res[3] < 1e-5
+
+
+def test_learns_short_parity():
+    """FlashGRU and FlashLSTM (mixer only, no clipping) + embedding + head learn parity of length 10."""
+    for name in ("flashgru", "flashlstm"):
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(1)
+        model = nn.Sequential(
+            nn.Embedding(2, 32), nn.RMSNorm(32), build_mixer(name, d_model=32, num_heads=2, clip_norm=None), nn.RMSNorm(32), nn.Linear(32, 2)
+        )
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        acc = 0.0
+        for step in range(1500):
+            x = torch.randint(0, 2, (64, 10), generator=gen)
+            loss = nn.functional.cross_entropy(model(x)[:, -1], x.sum(1) % 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % 50 == 49:
+                with torch.no_grad():
+                    xt = torch.randint(0, 2, (512, 10), generator=gen)
+                    acc = float((model(xt)[:, -1].argmax(-1) == xt.sum(1) % 2).float().mean())
+                if acc > 0.99:
+                    break
+        assert acc > 0.99, (name, step, acc)
