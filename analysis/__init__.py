@@ -1,0 +1,15 @@
+"""Analysis (SPEC §9): tables and figures from what ``experiments`` and the benchmarks write.
+
+Each module is a CLI writing PNG + PDF figures and the CSV of every plotted number beside them:
+
+- ``python -m analysis.tables RESULTS...``: accuracy tables (Markdown, LaTeX, CSV) from
+  ``results.csv`` files, with the papers' numbers side by side (``analysis.paper_numbers``).
+- ``python -m analysis.newton``: Newton residual vs iteration for sequence lengths 2^6 … 2^14,
+  for freshly initialized cells and for cells from trained checkpoints (paper 000 Fig. 4).
+- ``python -m analysis.transfer``: mLSTM transfer-gain heatmaps (paper 002 Fig. 3, 6, 7).
+- ``python -m analysis.kernels BENCH_JSON...``: kernel time vs sequence length with the
+  physical limit.
+
+Dependencies: ``mixers``, ``kernels``, ``tasks`` and files on disk; ``experiments`` only to reuse
+the results aggregation (``experiments.results``) and to rebuild trained models from checkpoints.
+"""

@@ -1,0 +1,58 @@
+"""Figure style and output shared by the analysis CLIs.
+
+Every figure is written three times beside each other: ``<stem>.png`` (for the README),
+``<stem>.pdf`` (for papers) and ``<stem>.csv`` (every plotted number, long form).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+log = logging.getLogger("analysis.plotting")
+
+#: seaborn's colour-blind-safe qualitative palette; sequential data use viridis-like maps
+PALETTE = "colorblind"
+SEQUENTIAL = "viridis"
+
+
+def setup_style() -> None:
+    """Non-interactive backend, seaborn's whitegrid theme, colour-blind palette, readable fonts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import seaborn as sns
+
+    sns.set_theme(context="paper", style="whitegrid", palette=PALETTE, font_scale=1.1,
+                  rc={"figure.dpi": 110, "savefig.dpi": 130, "savefig.bbox": "tight", "pdf.fonttype": 42})
+
+
+def as_categories(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
+    """Cast ``columns`` to ordered categoricals in order of first appearance (seaborn keeps that order)."""
+    out = df.copy()
+    for col in columns:
+        if col in out:
+            out[col] = pd.Categorical(out[col].astype(str), categories=list(dict.fromkeys(out[col].astype(str))),
+                                      ordered=True)
+    return out
+
+
+def save_figure(fig, stem: str | Path, data: pd.DataFrame) -> list[Path]:
+    """Write ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` and ``data`` as ``<stem>.csv``; close ``fig``.
+
+    Returns the three paths. Parent folders are created.
+    """
+    import matplotlib.pyplot as plt
+
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_name(stem.name + ext) for ext in (".png", ".pdf", ".csv")]
+    fig.savefig(paths[0])
+    fig.savefig(paths[1])
+    data.to_csv(paths[2], index=False)
+    plt.close(fig)
+    log.info("wrote %s (.png, .pdf, .csv)", stem)
+    return paths

@@ -1,0 +1,117 @@
+"""analysis.tables on a synthetic results file: aggregates equal hand computations."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from analysis.cli import run
+from analysis.tables import label_tasks, load_results, main, summary_table, to_latex, to_markdown
+
+NAN = math.nan
+
+
+def _row(task, mixer, seed, lr, val, test, status="ok", task_config="{}", extra=None, params=1000):
+    row = {"task": task, "task_config": task_config, "mixer": mixer, "seed": seed, "lr": lr, "status": status,
+           "best_val_acc": val, "test/acc": test, "test/exact": test, "n_params": params, "extrapolation": ""}
+    if status != "ok":
+        row.update(best_val_acc=NAN, **{"test/acc": NAN, "test/exact": NAN})
+    row.update(extra or {})
+    return row
+
+
+@pytest.fixture
+def results(tmp_path):
+    parity = [
+        # gru: per seed the lr with the best *validation* accuracy -> test 0.93, 0.97, 0.61
+        _row("parity", "gru", 0, 1e-3, 0.90, 0.88), _row("parity", "gru", 0, 1e-2, 0.95, 0.93),
+        _row("parity", "gru", 1, 1e-3, 0.99, 0.97), _row("parity", "gru", 1, 1e-2, NAN, NAN, status="failed"),
+        _row("parity", "gru", 2, 1e-3, 0.50, 0.52), _row("parity", "gru", 2, 1e-2, 0.60, 0.61),
+        # lstm: seed 0 failed twice; seed 1 picks lr 1e-3 (val 0.7) although lr 1e-2 has the higher test acc
+        _row("parity", "lstm", 0, 1e-3, NAN, NAN, status="failed"), _row("parity", "lstm", 0, 1e-2, NAN, NAN, status="failed"),
+        _row("parity", "lstm", 1, 1e-3, 0.70, 0.65, params=2000), _row("parity", "lstm", 1, 1e-2, 0.60, 0.90, params=2000),
+    ]
+    khop = [
+        _row("khop", "transformer", 0, 1e-3, 0.8, 0.75, task_config='{"k": 2, "vocab_size": 5}'),
+        _row("khop", "transformer", 1, 1e-3, 0.7, 0.70, task_config='{"k": 2, "vocab_size": 5}'),
+        _row("khop", "flashgru", 0, 1e-3, 1.0, 1.00, task_config='{"k": 2, "vocab_size": 5}'),
+        _row("khop", "transformer", 0, 1e-3, 0.9, 0.85, task_config='{"k": 1}'),
+    ]
+    extrap = [_row("parity", "elman", 0, 1e-3, 1.0, 1.0, extra={
+        "extrapolation": '{"min_len": 3, "max_len": 20, "eval_lengths": [64, 128]}',
+        "len64/acc": 0.9, "len128/acc": 0.7, "extrap/mean_acc": 0.8})]
+    a, b = tmp_path / "a" / "results.csv", tmp_path / "b" / "results.csv"
+    a.parent.mkdir(), b.parent.mkdir()
+    pd.DataFrame(parity).to_csv(a, index=False)
+    pd.DataFrame(khop + extrap).to_csv(b, index=False)
+    return a, b
+
+
+def _get(summary, label, mixer):
+    sel = summary[(summary["task_label"] == label) & (summary["mixer"] == mixer)]
+    assert len(sel) == 1, (label, mixer, summary[["task_label", "mixer"]])
+    return sel.iloc[0]
+
+
+def test_aggregates_equal_hand_computation(results):
+    summary = summary_table(load_results(results))
+    gru = _get(summary, "parity no extrapolation", "gru")
+    assert gru["test/acc best"] == pytest.approx(0.97)
+    assert gru["test/acc mean"] == pytest.approx((0.93 + 0.97 + 0.61) / 3)
+    # population std of (0.93, 0.97, 0.61) by hand: deviations 0.09333, 0.13333, -0.22667
+    assert gru["test/acc std"] == pytest.approx(math.sqrt((0.093333**2 + 0.133333**2 + 0.226667**2) / 3), abs=1e-5)
+    assert (gru["seeds"], gru["trials"], gru["failed"], gru["params"]) == (3, 6, 1, 1000)
+    lstm = _get(summary, "parity no extrapolation", "lstm")
+    assert lstm["test/acc best"] == pytest.approx(0.65)  # the lr picked by validation, not by test accuracy
+    assert lstm["test/acc std"] == 0.0
+    assert (lstm["seeds"], lstm["trials"], lstm["failed"], lstm["params"]) == (1, 4, 2, 2000)
+    # k-hop in two configurations -> two groups, labelled by the options that differ
+    t2 = _get(summary, "khop k=2 vocab_size=5", "transformer")
+    assert (t2["test/acc best"], t2["test/acc mean"], t2["seeds"]) == (pytest.approx(0.75), pytest.approx(0.725), 2)
+    assert _get(summary, "khop k=1 vocab_size=10", "transformer")["test/acc best"] == pytest.approx(0.85)
+    # per extrapolation length; the main metric of an extrapolation run is the mean over lengths
+    elman = _get(summary, "parity train 3-20", "elman")
+    assert (elman["len64/acc best"], elman["len128/acc best"], elman["main"]) == (0.9, 0.7, "extrap/mean_acc")
+
+
+def test_task_labels_single_config_is_plain(results):
+    df = label_tasks(load_results(results[:1]))
+    assert set(df["task_label"]) == {"parity"}
+
+
+def test_paper_numbers_side_by_side(results):
+    summary = summary_table(load_results(results), paper="pararnn-table6")
+    t2 = _get(summary, "khop k=2 vocab_size=5", "transformer")
+    assert (t2["paper"], t2["paper_params"], t2["paper_column"]) == (0.78, 32200, "k-hop k=2 V=5")
+    assert _get(summary, "khop k=1 vocab_size=10", "transformer")["paper"] == 0.82
+    assert _get(summary, "khop k=2 vocab_size=5", "flashgru")["paper"] == 1.0
+    assert math.isnan(_get(summary, "parity no extrapolation", "gru")["paper"])  # gru is not in Table 6
+    md = to_markdown(summary, paper="pararnn-table6")
+    assert "78.0 [32.2k] (best)" in md
+    assert "97.0 (83.7 ± 16.1)" in md  # gru parity: best (mean ± std) in %
+    tex = to_latex(summary)
+    assert r"97.0 (83.7 $\pm$ 16.1)" in tex and r"\toprule" in tex and "keep" not in tex
+
+
+def test_markdown_lengths_in_numeric_order(results):
+    md = to_markdown(summary_table(load_results(results)))
+    assert md.index("len64 acc") < md.index("len128 acc")
+    assert "| lstm | 2.0k | 1 | 4 | 2 |" in md  # params, seeds, trials, failed
+
+
+def test_cli_writes_three_files(results, tmp_path, capsys):
+    paths = main([str(results[0]), str(results[1].parent), "--out", str(tmp_path / "out"), "--quiet"])
+    assert [p.name for p in paths] == ["table.md", "table.tex", "table.csv"]
+    csv = pd.read_csv(paths[2])
+    assert len(csv) == 6 and {"test/acc best", "test/acc mean", "test/acc std", "failed"} <= set(csv.columns)
+
+
+def test_cli_bad_input_is_one_line(tmp_path, capsys):
+    assert run(main, [str(tmp_path / "missing.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no results file") and err.count("\n") == 1
+    bad = tmp_path / "bad.csv"
+    pd.DataFrame({"x": [1]}).to_csv(bad, index=False)
+    assert run(main, [str(bad)]) == 2
+    assert "missing column(s)" in capsys.readouterr().err
+    assert run(main, [str(bad), "--paper", "nope"]) == 2  # the file is read first
