@@ -9,8 +9,8 @@ coefficient). ``linear_scan_block2(C, x, reverse=False, backend="auto")``: ``C (
 
 Backends: ``"reference"`` (a loop, ``reference.py``), ``"torch"`` (log-step doubling,
 ``torch_scan.py``), ``"triton"`` (single-pass chunked scan with decoupled look-back, custom ops with
-a fused backward, ``triton_scan.py``); ``"auto"`` picks ``triton`` for contiguous CUDA tensors of
-float32/bfloat16/float16 and ``torch`` otherwise.
+a fused backward, ``triton_scan.py``; strided inputs are made contiguous first); ``"auto"`` picks
+``triton`` for CUDA tensors of float32/bfloat16/float16 and ``torch`` otherwise.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ SCAN_BACKENDS: dict[str, tuple[Callable, Callable]] = {
 }
 
 try:  # Triton is optional (e.g. macOS)
-    from kernels.scan.triton_scan import linear_scan_block2_triton, linear_scan_triton
+    from kernels.scan.triton_scan import linear_scan_block2_triton_any, linear_scan_triton_any
     from kernels.scan.triton_scan import supports as _triton_supports
 
-    SCAN_BACKENDS["triton"] = (linear_scan_triton, linear_scan_block2_triton)
+    SCAN_BACKENDS["triton"] = (linear_scan_triton_any, linear_scan_block2_triton_any)
 except ImportError:  # pragma: no cover
     _triton_supports = None
 

@@ -188,9 +188,16 @@ def linear_scan_block2_triton(C: torch.Tensor, x: torch.Tensor, reverse: bool = 
     return _block2_op(C, x, bool(reverse))
 
 
+def linear_scan_triton_any(c: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """``linear_scan_triton`` for inputs of any strides (copied to contiguous when needed)."""
+    return linear_scan_triton(c.contiguous(), x.contiguous(), reverse)
+
+
+def linear_scan_block2_triton_any(C: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """``linear_scan_block2_triton`` for inputs of any strides (copied to contiguous when needed)."""
+    return linear_scan_block2_triton(C.contiguous(), x.contiguous(), reverse)
+
+
 def supports(c: torch.Tensor, x: torch.Tensor) -> bool:
-    """Can the Triton scan take these inputs as they are (device, dtype, layout)?"""
-    return (
-        triton_available(x) and x.dtype in DTYPES and c.dtype == x.dtype
-        and c.device == x.device and c.is_contiguous() and x.is_contiguous()
-    )
+    """Can the Triton scan run on these inputs (device and dtype; any strides through ``*_any``)?"""
+    return triton_available(x) and x.dtype in DTYPES and c.dtype == x.dtype and c.device == x.device
