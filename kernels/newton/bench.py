@@ -262,6 +262,42 @@ def bench_gpu(cells, lengths, B, D, quick, dev: str = "cuda") -> list[BenchRow]:
     return rows
 
 
+SWEEP = {"gru": [(64, 16, 4), (32, 16, 4), (64, 8, 4), (128, 16, 8), (32, 8, 2), (64, 32, 4), (128, 8, 4)],
+         "lstm": [(32, 16, 4), (16, 16, 4), (32, 8, 4), (64, 16, 8), (16, 8, 2), (64, 8, 4)]}
+
+
+def sweep(cells, lengths, B, D, dev="cuda") -> list[BenchRow]:
+    """Time the fused kernels' configurations ``(CH, BD, num_warps)``, forward and backward."""
+    from kernels.newton import fused_gru, fused_lstm
+
+    rows = []
+    for cell in cells:
+        mod = fused_gru if cell == "gru" else fused_lstm
+        saved = mod.config
+        try:
+            for L in lengths:
+                pb = Problem(cell, B, L, D, dev)
+                u = pb.u(pb.x, pb.W, pb.b).unsqueeze(0).contiguous().requires_grad_()
+                w = [t.unsqueeze(0).requires_grad_() for t in pb.weights]
+                fn = fused_gru.flashgru_fused if cell == "gru" else fused_lstm.flashlstm_fused
+                ref = None
+                for cfg in SWEEP[cell]:
+                    mod.config = lambda L_, D_, cfg=cfg: cfg
+                    s = fn(u, *w, 3)[0]
+                    ref = s if ref is None else ref
+                    gs = torch.randn_like(s)
+                    with torch.no_grad():
+                        t_f = time_ms(lambda: fn(u, *w, 3), device=dev)
+                    t_fb = time_ms(lambda: torch.autograd.grad(fn(u, *w, 3)[0], [u, *w], gs), device=dev)
+                    name = f"fused CH,BD,warps={cfg}"
+                    shape = f"{cell} B={B} L={L} D={D}"
+                    rows.append(BenchRow("newton", name, shape, "fwd", "float32", t_f, max_rel_err=rel_error(s, ref)))
+                    rows.append(BenchRow("newton", name, shape, "fwd+bwd", "float32", t_fb))
+        finally:
+            mod.config = saved
+    return rows
+
+
 def bench_cpu(cells, lengths, B, D) -> list[BenchRow]:
     rows = []
     for cell in cells:
@@ -292,6 +328,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--batch", type=int, default=None, help="B (default 8 on CUDA, 4 on CPU)")
     p.add_argument("--dim", type=int, default=None, help="D state channels (default 256 on CUDA, 64 on CPU)")
     p.add_argument("--out", default="benchmarks")
+    p.add_argument("--sweep", action="store_true", help="also time the fused kernels' tile configurations")
     args = p.parse_args(argv)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cells = [c.strip() for c in args.cells.split(",") if c.strip()]
@@ -307,6 +344,11 @@ def main(argv: list[str]) -> None:
         lengths = [int(v) for v in (args.lengths or default).split(",")]
         rows = bench_gpu(cells, lengths, args.batch or 8, args.dim or 256, args.quick)
         baseline = "pararnn ParaGRU fused"
+        if args.sweep:
+            sw = sweep(cells, [lengths[len(lengths) // 2], lengths[-1]], args.batch or 8, args.dim or 256)
+            print("# tile sweep")
+            print_table(sw)
+            rows += sw
     env = environment(dev)
     print(f"# newton benchmark on {env['device']}, {env['date']}")
     if dev != "cpu":

@@ -87,8 +87,8 @@ def _gru_fwd_kernel(
         pc = tl.load(ubase + uo - Ds, mask=pmask, other=0.0)
         h = _f0(uz, uc)  # eq. 10: h^0_t = f(0, u_t)
         hp = tl.where(first, hcarry[None, :], _f0(pz, pc))  # h^0_{t-1}; exact at the chunk's start
-        k = 0
-        conv = 0
+        k = tl.full([], 0, tl.int32)
+        conv = tl.full([], 0, tl.int32)
         while (k < iters) & (conv == 0):
             f, jac = _cell(hp, uz, ur, uc, az, ar, ac)
             r = tl.where(mask, f - h, 0.0)

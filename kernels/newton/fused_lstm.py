@@ -97,8 +97,8 @@ def _lstm_fwd_kernel(
         cp, hp = _f0(qf, qz, qo, po)
         cp = tl.where(first, c_carry[None, :], cp)  # exact at the chunk's start
         hp = tl.where(first, h_carry[None, :], hp)
-        k = 0
-        conv = 0
+        k = tl.full([], 0, tl.int32)
+        conv = tl.full([], 0, tl.int32)
         while (k < iters) & (conv == 0):
             fc, fh, j00, j01, j10, j11 = _cell(cp, hp, uf, uz, uo, af, az, ao, pf, po)
             rc = tl.where(mask, fc - c, 0.0)

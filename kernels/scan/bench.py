@@ -162,10 +162,45 @@ def bench_block2(shape, rows, dev, add_bw, quick):
         rows.append(BenchRow("scan", "ours torch (log-step)", name, "fwd", "float32", t, lim_f, rel_error(out, y_ref)))
 
 
+SWEEP = [(128, 64, 8), (64, 64, 4), (128, 32, 4), (256, 32, 8), (64, 128, 8), (128, 128, 8), (256, 64, 8)]
+SWEEP_BLOCK2 = [(64, 32, 8), (32, 32, 4), (64, 16, 4), (128, 32, 8), (32, 64, 8)]
+
+
+def sweep(dev: str) -> list[BenchRow]:
+    """Time the Triton scan's tile configurations ``(CH, BD, num_warps)`` (forward and fwd+bwd)."""
+    rows, saved = [], ts.config
+    try:
+        for shape in SHAPES + [("2x2",) + s for s in BLOCK2_SHAPES]:
+            block2 = shape[0] == "2x2"
+            B, L, D = shape[1:] if block2 else shape
+            gen = torch.Generator(device=dev).manual_seed(2)
+            if block2:
+                c = torch.rand((B, L, 2, 2, D), device=dev, generator=gen) * 0.5
+                x = torch.randn((B, L, 2, D), device=dev, generator=gen)
+                fn, ref = ts.linear_scan_block2_triton, linear_scan_block2_torch
+            else:
+                c = torch.rand((B, L, D), device=dev, generator=gen) * 0.2 + 0.8
+                x = torch.randn((B, L, D), device=dev, generator=gen)
+                fn, ref = ts.linear_scan_triton, linear_scan_torch
+            y_ref = ref(c.double(), x.double())
+            dy = torch.randn_like(x)
+            for cfg in SWEEP_BLOCK2 if block2 else SWEEP:
+                ts.config = lambda L_, D_, b_, cfg=cfg: cfg
+                name = f"{'2x2 ' if block2 else ''}({B}, {L}, {D})"
+                err = rel_error(_poisoned(lambda: fn(c, x)), y_ref)
+                rows.append(BenchRow("scan", f"triton CH,BD,warps={cfg}", name, "fwd", "float32", time_ms(lambda: fn(c, x)), max_rel_err=err))
+                rows.append(BenchRow("scan", f"triton CH,BD,warps={cfg}", name, "fwd+bwd", "float32", time_ms(_fwd_bwd(fn, c, x, dy))))
+            del y_ref
+    finally:
+        ts.config = saved
+    return rows
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m kernels.bench scan", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small shapes, fewer implementations")
     p.add_argument("--out", default="benchmarks", help="folder for the JSON (default: benchmarks)")
+    p.add_argument("--sweep", action="store_true", help="also time the tile configurations (tuning)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("error: the scan benchmark needs a CUDA GPU (the Triton scan runs on CPU only in tests)")
@@ -177,6 +212,11 @@ def main(argv: list[str]) -> None:
         torch.cuda.empty_cache()
     for shape in QUICK_BLOCK2 if args.quick else BLOCK2_SHAPES:
         bench_block2(shape, rows, dev, add_bw, args.quick)
+    if args.sweep:
+        sw = sweep(dev)
+        print("# tile sweep")
+        print_table(sw)
+        rows += sw
     env = environment(dev)
     print(f"# scan benchmark on {env['device']}, {env['date']}; limit = torch.add on the same bytes")
     print_table(rows, baseline="accelerated-scan")
