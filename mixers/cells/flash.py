@@ -38,14 +38,10 @@ from typing import Optional
 import torch
 from torch import nn
 
+from kernels.newton.cells import flashgru_jacobian, flashgru_step, flashlstm_jacobian, flashlstm_step
 from mixers.cells.base import RNNCell
 from mixers.cells.mixer import cell_mixer
 from mixers.registry import register_mixer
-
-
-def _dsigmoid(s: torch.Tensor) -> torch.Tensor:
-    """sigmoid' from the sigmoid's value."""
-    return s * (1 - s)
 
 
 class _FlashCell(RNNCell):
@@ -89,24 +85,16 @@ class _FlashCell(RNNCell):
 
 
 class FlashGRUCell(_FlashCell):
-    """FlashGRU for one head; see the module docstring."""
+    """FlashGRU for one head; see the module docstring (equations: ``kernels.newton.cells``)."""
 
     jacobian = "diag"
 
     def state_update(self, h: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        a_z, a_r, a_c = self.a
-        z = torch.sigmoid(a_z * h + u[..., 0, :])
-        r = torch.sigmoid(a_r * h + u[..., 1, :])
-        c = torch.tanh(a_c * (h * r) + u[..., 2, :])
-        return (1 - z) * h + z * c
+        return flashgru_step(h, u, self.a)
 
     def jacobian_fn(self, h: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """Eq. 8 (diagonal): ``(1-z) + (c-h) s'(z^) a_z + z tanh'(c^) a_c (r + h s'(r^) a_r)``."""
-        a_z, a_r, a_c = self.a
-        z = torch.sigmoid(a_z * h + u[..., 0, :])
-        r = torch.sigmoid(a_r * h + u[..., 1, :])
-        c = torch.tanh(a_c * (h * r) + u[..., 2, :])
-        return (1 - z) + (c - h) * _dsigmoid(z) * a_z + z * (1 - c * c) * a_c * (r + h * _dsigmoid(r) * a_r)
+        """Eq. 8 (diagonal), ``(..., Ds)``."""
+        return flashgru_jacobian(h, u, self.a)
 
     @classmethod
     def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: Optional[float]) -> torch.Tensor:
@@ -126,34 +114,12 @@ class FlashLSTMCell(_FlashCell):
         super().__init__(d_in, d_state, clip_norm)
         self.state_size = 2 * d_state
 
-    def _gates(self, state: torch.Tensor, u: torch.Tensor):
-        c_prev, h = state[..., : self.d_state], state[..., self.d_state :]
-        a_f, a_z, a_o = self.a
-        c_f, c_o = self.p
-        f = torch.sigmoid(a_f * h + u[..., 0, :] + c_f * c_prev)
-        z = torch.tanh(a_z * h + u[..., 1, :])
-        c = f * c_prev + (1 - f) * z
-        o = torch.sigmoid(a_o * h + u[..., 2, :] + c_o * c)
-        return c_prev, h, f, z, c, o
-
     def state_update(self, state: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        _, _, _, _, c, o = self._gates(state, u)
-        return torch.cat([c, o * torch.tanh(c)], dim=-1)
+        return flashlstm_step(state, u, self.a, self.p)
 
     def jacobian_fn(self, state: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Eq. 8 with diagonal blocks: ``(..., 2, 2, Ds)`` = ``[[J_cc, J_ch], [J_hc, J_hh]]``."""
-        c_prev, h, f, z, c, o = self._gates(state, u)
-        a_f, a_z, a_o = self.a
-        c_f, c_o = self.p
-        tc = torch.tanh(c)
-        df = (c_prev - z) * _dsigmoid(f)
-        J_cc = f + df * c_f
-        J_ch = df * a_f + (1 - f) * (1 - z * z) * a_z
-        do = tc * _dsigmoid(o)  # d h / d o^
-        dh_dc = do * c_o + o * (1 - tc * tc)  # through c directly and through the peephole
-        J_hc = dh_dc * J_cc
-        J_hh = do * a_o + dh_dc * J_ch
-        return torch.stack([torch.stack([J_cc, J_ch], dim=-2), torch.stack([J_hc, J_hh], dim=-2)], dim=-3)
+        return flashlstm_jacobian(state, u, self.a, self.p)
 
     def output(self, state: torch.Tensor) -> torch.Tensor:
         return state[..., self.d_state :]

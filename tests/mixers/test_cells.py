@@ -307,22 +307,21 @@ def test_newton_residuals_converge_at_init():
 
 
 def test_learns_short_parity():
-    """FlashGRU and FlashLSTM (mixer only, no clipping) + embedding + head learn parity of length 10."""
+    """FlashGRU and FlashLSTM (mixer only, no clipping) between an embedding and a linear head learn
+    parity of 10 bits (trained on the running parity, scored on the final one) in a few hundred steps."""
     for name in ("flashgru", "flashlstm"):
         torch.manual_seed(0)
         gen = torch.Generator().manual_seed(1)
-        model = nn.Sequential(
-            nn.Embedding(2, 32), nn.RMSNorm(32), build_mixer(name, d_model=32, num_heads=2, clip_norm=None), nn.RMSNorm(32), nn.Linear(32, 2)
-        )
+        model = nn.Sequential(nn.Embedding(2, 32), build_mixer(name, d_model=32, num_heads=2, clip_norm=None), nn.Linear(32, 2))
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         acc = 0.0
-        for step in range(1500):
-            x = torch.randint(0, 2, (64, 10), generator=gen)
-            loss = nn.functional.cross_entropy(model(x)[:, -1], x.sum(1) % 2)
+        for step in range(600):
+            x = torch.randint(0, 2, (32, 10), generator=gen)
+            loss = nn.functional.cross_entropy(model(x).flatten(0, 1), (x.cumsum(1) % 2).flatten())
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if step % 50 == 49:
+            if step % 25 == 24:
                 with torch.no_grad():
                     xt = torch.randint(0, 2, (512, 10), generator=gen)
                     acc = float((model(xt)[:, -1].argmax(-1) == xt.sum(1) % 2).float().mean())
