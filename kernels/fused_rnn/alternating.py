@@ -207,6 +207,14 @@ def _alt_bwd_step(
         tl.store(gr + 3 * DH, d3.to(dt).to(ACC), mask=mask)
 
 
+def _heads_first(states: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A fresh contiguous copy of ``states`` with dims 1 and 2 swapped ((NS, B, NH, DH) <-> (NS, NH, B, DH))."""
+    ns, d1, d2, dh = states.shape
+    out = torch.empty(ns, d2, d1, dh, device=states.device, dtype=dtype)
+    out.copy_(states.transpose(1, 2))
+    return out
+
+
 def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -226,7 +234,9 @@ def fused_rnn_alt_fwd(
     h = new_output(bsz, length, nh, dh, device=wx.device, dtype=wx.dtype)
     nsave = NUM_SAVED[cell]
     saved = new_output((bsz, length + 1, nh, nsave, dh) if save else (0,), device=wx.device, dtype=acc)
-    st = states0.to(acc).transpose(1, 2).contiguous()  # (NS, NH, B, DH), updated in place
+    if save:
+        saved[:, 0].zero_()  # row 0 holds the initial states; its gate slots are never read
+    st = _heads_first(states0, acc)  # (NS, NH, B, DH), a fresh copy updated in place
     if save:
         saved[:, 0, :, 0] = states0[0].to(acc)
         if cell in ("lstm", "slstm"):
@@ -244,7 +254,7 @@ def fused_rnn_alt_fwd(
             CELL=CELL_IDS[cell], GX=spec.input_gates, GR=spec.recurrent_gates, GB=spec.bias_gates,
             NSAVE=nsave, SAVE=save, BLOCK=BLOCK, ACC=_tl(wx.dtype),
         )  # fmt: skip
-    last = st.transpose(1, 2).to(wx.dtype).contiguous()
+    last = _heads_first(st, wx.dtype)
     return h, last, saved
 
 
@@ -270,7 +280,7 @@ def fused_rnn_alt_bwd(
     acc = _acc(R.dtype)
     gr = spec.recurrent_gates
     dh_out = dh_out.contiguous()
-    dst = dlast.to(acc).transpose(1, 2).contiguous()  # (NS, NH, B, DH): dh_T through R is dlast[0]
+    dst = _heads_first(dlast, acc)  # (NS, NH, B, DH): dh_T through R is dlast[0]
     dhr = dst[0].clone()
     dst[0].zero_()
     dg = new_output(bsz, length, nh, spec.bias_gates, dh, device=R.device, dtype=R.dtype)
@@ -291,7 +301,7 @@ def fused_rnn_alt_bwd(
     dwx = dg[:, :, :, spec.bias_gates - spec.input_gates :]
     if spec.bias_gates != spec.input_gates:
         dwx = dwx.contiguous()
-    return dwx, dR.to(R.dtype), db.to(R.dtype), dst.transpose(1, 2).to(R.dtype).contiguous()
+    return dwx, dR.to(R.dtype), db.to(R.dtype), _heads_first(dst, R.dtype)
 
 
 @fused_rnn_alt_bwd.register_fake

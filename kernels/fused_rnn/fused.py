@@ -103,6 +103,8 @@ def fused_rnn_fwd(
     nsave = NUM_SAVED[cell]
     saved_shape = (bsz, length + 1, nh, nsave, dh) if save else (0,)
     saved = new_output(saved_shape, device=wx.device, dtype=_acc_dtype(wx.dtype))
+    if save:
+        saved[:, 0].zero_()  # row 0 holds the initial states; its gate slots are never read
     cfg = launch_config(cell, bsz, nh, dh, wx.dtype)
     grid = (nh, triton.cdiv(bsz, cfg.block_b))
     fused_fwd_kernel[grid](

@@ -1,0 +1,191 @@
+"""kernels.fused_rnn: the Triton backends (fused, alternating) against the float64 reference loop.
+
+On the CPU the Triton kernels run under ``TRITON_INTERPRET=1`` (set below, before triton loads) at
+small, awkward shapes: T in {1, 5, 33}, head dims 16 and 24 (padded to 32), batch 3 and 17 (two
+batch blocks). Outputs are NaN-poisoned before each run. Forward (h, last states) and every
+gradient (wx, R, b, initial states) are compared.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from kernels.fused_rnn import BACKENDS, CELLS, checks, fused, fused_rnn, fused_rnn_reference
+from kernels.fused_rnn.alternating import fused_rnn_alt_fwd
+from kernels.fused_rnn.fused import fused_rnn_fwd
+
+FAST = ("fused", "alternating")
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(autouse=True)
+def _poison():
+    checks.POISON = True
+    fused.OVERRIDES.clear()
+    yield
+    checks.POISON = False
+    fused.OVERRIDES.clear()
+
+
+def inputs(cell, B, T, NH, DH, dtype, seed=0, states=True):
+    spec = CELLS[cell]
+    g = torch.Generator().manual_seed(seed)
+    wx = torch.randn(B, T, NH, spec.input_gates, DH, generator=g, dtype=torch.float64)
+    R = (2 * torch.rand(NH, DH, spec.recurrent_gates, DH, generator=g, dtype=torch.float64) - 1) / DH**0.5
+    b = 0.5 * torch.randn(NH, spec.bias_gates, DH, generator=g, dtype=torch.float64)
+    s0 = None
+    if states:
+        s0 = torch.randn(spec.num_states, B, NH, DH, generator=g, dtype=torch.float64)
+        if cell == "slstm":  # a normalizer state n > 0 (n == 0 is the "first step" case)
+            s0[2] = s0[2].abs() + 0.5
+    return [x.to(dtype) if x is not None else None for x in (wx, R, b, s0)]
+
+
+def run(backend, cell, wx, R, b, s0, dy, dlast):
+    leaves = [x.detach().requires_grad_() if x is not None else None for x in (wx, R, b, s0)]
+    h, last = fused_rnn(cell, *leaves, backend=backend)
+    used = [x for x in leaves if x is not None]
+    grads = torch.autograd.grad((h, last), used, (dy, dlast))
+    return (h, last, *grads)
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite values (unwritten output?)"
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def compare(backend, cell, B, T, NH, DH, dtype, seed=0, states=True):
+    wx, R, b, s0 = inputs(cell, B, T, NH, DH, dtype, seed, states)
+    g = torch.Generator().manual_seed(seed + 100)
+    dy = torch.randn(B, T, NH, DH, generator=g, dtype=torch.float64)
+    dlast = torch.randn(CELLS[cell].num_states, B, NH, DH, generator=g, dtype=torch.float64)
+    got = run(backend, cell, wx, R, b, s0, dy.to(dtype), dlast.to(dtype))
+    up = [x.double() if x is not None else None for x in (wx, R, b, s0)]
+    ref = run("reference", cell, *up, dy, dlast)
+    names = ("h", "last", "dwx", "dR", "db", "ds0")
+    for name, a, r in zip(names, got, ref):
+        assert a.shape == r.shape and a.dtype == dtype, name
+        err = rel(a, r)
+        assert err <= TOL[dtype], f"{backend} {cell} T={T} {dtype}: {name} rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("T", [1, 5, 33])
+def test_float64_matches_reference(backend, cell, T):
+    compare(backend, cell, B=3, T=T, NH=2, DH=16, dtype=torch.float64, seed=T)
+
+
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_padded_head_dim_and_two_batch_blocks(backend, cell):
+    """DH=24 is padded to 32 inside the fused kernel; B=17 spans two batch blocks of 16."""
+    compare(backend, cell, B=17, T=4, NH=1, DH=24, dtype=torch.float64, seed=1)
+
+
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float32_bfloat16_match_reference(backend, cell, dtype):
+    compare(backend, cell, B=3, T=5, NH=2, DH=16, dtype=dtype, seed=2)
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_zero_initial_state(cell):
+    """states0=None: zeros (for the sLSTM, n = 0 takes m = i on the first step)."""
+    compare("fused", cell, B=2, T=5, NH=1, DH=16, dtype=torch.float64, seed=3, states=False)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_dR_after_the_kernel(cell):
+    """acc_dr=False: dR from one matmul over (batch, time) instead of registers."""
+    fused.OVERRIDES["acc_dr"] = False
+    compare("fused", cell, B=3, T=5, NH=2, DH=16, dtype=torch.float64, seed=4)
+
+
+def test_triton_falls_back_to_alternating(monkeypatch):
+    """``backend="triton"`` runs the alternating kernels when R does not fit on chip."""
+    monkeypatch.setattr(fused, "ON_CHIP_R_BYTES", 1024)
+    calls = []
+    original = BACKENDS["alternating"]
+    import kernels.fused_rnn as package
+
+    monkeypatch.setattr(package, "fused_rnn_alternating", lambda *a: calls.append(1) or original(*a))
+    compare("triton", "lstm", B=2, T=3, NH=1, DH=16, dtype=torch.float64)
+    assert calls
+    with pytest.raises(ValueError, match="alternating"):
+        fused_rnn("lstm", *inputs("lstm", 2, 3, 1, 16, torch.float32), backend="fused")
+
+
+def test_no_grad_forward_and_empty_sequence():
+    wx, R, b, s0 = inputs("lstm", 3, 6, 2, 16, torch.float64)
+    with torch.no_grad():
+        h, last = fused_rnn("lstm", wx, R, b, s0, backend="fused")
+    hr, lr = fused_rnn_reference("lstm", wx, R, b, s0)
+    assert rel(h, hr) < 1e-12 and rel(last, lr) < 1e-12
+    h0, last0 = fused_rnn("lstm", wx[:, :0], R, b, s0, backend="fused")
+    assert h0.shape == (3, 0, 2, 16) and torch.equal(last0, s0)
+
+
+def test_auto_is_reference_on_cpu(monkeypatch):
+    wx, R, b, s0 = inputs("gru", 2, 3, 1, 16, torch.float64)
+    monkeypatch.setitem(BACKENDS, "reference", lambda *a: "reference called")
+    assert fused_rnn("gru", wx, R, b, s0) == "reference called"
+
+
+@pytest.mark.parametrize("op", [fused_rnn_fwd, fused_rnn_alt_fwd])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_opcheck(op, cell):
+    wx, R, b, s0 = inputs(cell, 2, 3, 1, 16, torch.float32)
+    args = [x.requires_grad_() for x in (wx, R, b, s0)]
+    torch.library.opcheck(op, (cell, *args, True))
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_bad_inputs_fail_with_one_line_errors(backend, monkeypatch):
+    wx, R, b, s0 = inputs("lstm", 2, 3, 1, 16, torch.float32)
+    cases = [
+        ((wx.half(), R.half(), b.half(), s0.half()), TypeError, "not supported"),
+        ((wx, R.double(), b, s0), TypeError, "dtype"),
+        ((wx, R[..., :8], b, s0), ValueError, "R must have shape"),
+        ((wx.transpose(0, 1).contiguous().transpose(0, 1), R, b, s0), ValueError, "contiguous"),
+        ((wx, R, b, s0[:1]), ValueError, "states0 must have shape"),
+    ]
+    for args, err, msg in cases:
+        with pytest.raises(err, match=msg) as info:
+            fused_rnn("lstm", *args, backend=backend)
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="unknown cell"):
+        fused_rnn("rnn", wx, R, b, s0, backend=backend)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="Triton cannot run"):
+        fused_rnn("lstm", wx, R, b, s0, backend=backend)
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="known: auto, reference"):
+        fused_rnn("lstm", *inputs("lstm", 2, 3, 1, 16, torch.float32), backend="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("DH", [16, 64, 128])
+def test_gpu_matches_reference(cell, dtype, DH):
+    """On the GPU: the backend "triton" (fused, or alternating where R does not fit on chip)."""
+    spec = CELLS[cell]
+    B, T, NH = 5, 65, 2
+    g = torch.Generator(device="cuda").manual_seed(DH)
+    wx = torch.randn(B, T, NH, spec.input_gates, DH, device="cuda", generator=g)
+    R = (2 * torch.rand(NH, DH, spec.recurrent_gates, DH, device="cuda", generator=g) - 1) / DH**0.5
+    b = torch.randn(NH, spec.bias_gates, DH, device="cuda", generator=g)
+    s0 = torch.randn(spec.num_states, B, NH, DH, device="cuda", generator=g).abs()
+    dy, dlast = torch.randn(B, T, NH, DH, device="cuda"), torch.randn_like(s0)
+    got = run("triton", cell, *(x.to(dtype) for x in (wx, R, b, s0)), dy.to(dtype), dlast.to(dtype))
+    ref = run("reference", cell, *(x.to(dtype).double() for x in (wx, R, b, s0)), dy.to(dtype).double(), dlast.to(dtype).double())
+    for a, r in zip(got, ref):
+        assert rel(a, r) <= (1e-4 if dtype == torch.float32 else 2e-2)
