@@ -85,7 +85,7 @@ def _ours(gate, chunk, fused=True):
     return lambda q, k, v, i, f: mlstm_triton(q, k, v, i, f, input_gate=gate, chunk_size=chunk, fused_inter=fused)
 
 
-def _peers(gate) -> dict:
+def _peers(gate, fla=True) -> dict:
     out = {}
     try:
         from mlstm_kernels.torch import get_mlstm_kernel
@@ -102,7 +102,7 @@ def _peers(gate) -> dict:
                 return fn(q, k, v, i, f, autocast_kernel_dtype=q.dtype, **extra)
 
             out[f"mlstm_kernels:{name}"] = call
-    if gate == "sig":
+    if gate == "sig" and fla:
         try:
             from fla.ops.simple_gla import chunk_simple_gla
         except Exception as err:  # noqa: BLE001
@@ -180,7 +180,8 @@ def _timed(fn, x, dh, direction):
     return lambda: torch.autograd.grad(fn(*leaves), leaves, dh)
 
 
-def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, peers=True, seed=0, skip=(), only=""):
+def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, peers=True, fla=True, seed=0, skip=(),
+                 only=""):
     B, NH, S, DQK, DV = shape
     dtype = DTYPES[dtype_name]
     sh = f"B{B} NH{NH} S{S} DQK{DQK} DV{DV}"
@@ -188,9 +189,9 @@ def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, 
         x = _inputs(B, NH, S, DQK, DV, dtype, seed)
         dh = torch.randn(B, NH, S, DV, device=DEVICE, dtype=dtype)
         ref = _reference(gate, x, dh) if check else None
-        impls = {f"triton-{gate}-c{L}": _ours(gate, L) for L in chunks}
+        impls = {f"triton-{gate}-c{L}": _ours(gate, L) for L in chunks[gate]}
         if peers:
-            impls.update(_peers(gate))
+            impls.update(_peers(gate, fla))
         for name, fn in impls.items():
             if only and only not in name:
                 continue
@@ -282,9 +283,12 @@ def _bench_inter(rows, limits, B=4, NH=16, D=64, L=64, Gs=(32, 64, 128), dtypes=
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m kernels.bench mlstm", description=__doc__.split("\n")[0])
     p.add_argument("--sections", default="main,grid,chunk,inter")
-    p.add_argument("--chunks", default="64,128,256", help="our chunk sizes in the main section")
+    p.add_argument("--exp-chunks", default="64,128", help="our mLSTMexp chunk sizes (main; grid uses the first)")
+    p.add_argument("--sig-chunks", default="64,128", help="our mLSTMsig chunk sizes (main; grid uses the first)")
+    p.add_argument("--no-fla", action="store_true", help="leave fla-core out (its autotuning takes ~1 min a shape)")
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--skip", default="", help="comma list of 'impl-substring+dtype' to skip, e.g. xl_chunk+bf16")
+    p.add_argument("--tradeoff-chunks", default="64,128,256,512,1024,2048,4096")
     p.add_argument("--only", default="", help="time only implementations whose name contains this")
     p.add_argument("--quick", action="store_true", help="smaller shapes (S/4), no grid / chunk sections")
     p.add_argument("--no-check", action="store_true")
@@ -298,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     sections = set(args.sections.split(","))
     if args.quick:
         sections -= {"grid", "chunk"}
-    chunks = [int(c) for c in args.chunks.split(",")]
+    chunks = {"exp": [int(c) for c in args.exp_chunks.split(",")], "sig": [int(c) for c in args.sig_chunks.split(",")]}
     skip = tuple(tuple(s.split("+", 1)) for s in args.skip.split(",") if "+" in s)
     env = environment("cuda")
     limits = Limits(copy_bandwidth_gbs(), {"bf16": matmul_tflops(dtype=torch.bfloat16),
@@ -318,15 +322,16 @@ def main(argv: list[str] | None = None) -> None:
     if "main" in sections:
         for dn in args.dtypes.split(","):
             _bench_shape(rows, limits, (4, 16, S_main, 128, 256), dn, ("exp", "sig"), chunks,
-                         check=not args.no_check, skip=skip, only=args.only)
+                         check=not args.no_check, fla=not args.no_fla, skip=skip, only=args.only)
             flush()
     if "grid" in sections:
         for B, S in ((32, 2048), (8, 8192), (1, 65536)):
-            _bench_shape(rows, limits, (B, 16, S, 128, 256), "bf16", ("exp", "sig"), [chunks[min(1, len(chunks) - 1)]],
-                         check=not args.no_check, skip=skip, only=args.only)
+            first = {g: c[:1] for g, c in chunks.items()}
+            _bench_shape(rows, limits, (B, 16, S, 128, 256), "bf16", ("exp", "sig"), first,
+                         check=not args.no_check, fla=not args.no_fla, skip=skip, only=args.only)
             flush()
     if "chunk" in sections:
-        _bench_chunk_tradeoff(rows, limits, [64, 128, 256, 512, 1024, 2048, 4096])
+        _bench_chunk_tradeoff(rows, limits, [int(c) for c in args.tradeoff_chunks.split(",")])
         flush()
     path = write_json("mlstm", rows, env, args.out)
     log.info("wrote %s after %.0f s", path, time.time() - t0)

@@ -199,6 +199,7 @@ def mlstm_chunkwise_bwd(
     acc = cst.dtype
     scale = 1.0 / math.sqrt(DQK)
     prec = _precision(q.dtype)
+    prec_dp = "tf32x3" if exp_gate and prec == "tf32" and q.dtype == torch.float32 else prec
     dh = dh.contiguous()
     b, li, a, g, _ = _gates(i_pre, f_pre, exp_gate, L, NC)
     if exp_gate:
@@ -216,16 +217,17 @@ def mlstm_chunkwise_bwd(
     inter_chunk_dstates[grid](
         q, dh, b, g, mtok, inv, dd, mst, dc_last if has_dlast else dcst, dn_last if has_dlast else dnst,
         dcst, dnst, S, NC, scale, DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"],
-        EXP=exp_gate, HAS_DLAST=has_dlast, PREC=prec, num_warps=cfg["WI"])
+        EXP=exp_gate, HAS_DLAST=has_dlast, PREC=prec, PREC_DP=prec_dp, num_warps=cfg["WI"])
     common = dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
                   EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"])
+    common_dp = dict(common, PREC_DP=prec_dp)
     nkb = triton.cdiv(DQK, cfg["BK"])
     dq, dk, dv = (_empty(*t.shape, like=t) for t in (q, k, v))
     qdq, kdk = (_empty(nkb, B * NH, NC * L, like=q, dtype=acc) for _ in range(2))
     intra_chunk_dq[(NC * (L // cfg["BLQ"]), nkb, B * NH)](
-        q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale, **common)
+        q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale, **common_dp)
     intra_chunk_dk[(NC * (L // cfg["BLKV"]), nkb, B * NH)](
-        q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale, **common)
+        q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale, **common_dp)
     intra_chunk_dv[(NC * (L // cfg["BLKV"]), triton.cdiv(DV, cfg["BV"]), B * NH)](
         q, k, dh, b, li, a, mtok, inv, dcst, mst, dv, S, NC, scale, **common)
     # gate gradients

@@ -28,7 +28,7 @@ def run(fn, x, state, gate, *, chunk_size=4, seed=1, **kw):
     h, last = fn(*x, input_gate=gate, chunk_size=chunk_size, initial_state=st, return_last_state=True, **kw)
     g = torch.Generator().manual_seed(seed)
     outs = [h, *last[:2]]  # m (exp) is a stabilizer with no gradient
-    loss = sum((o * torch.randn(o.shape, generator=g, dtype=F64).to(o.dtype)).sum() for o in outs)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=F64).to(o.device, o.dtype)).sum() for o in outs)
     leaves = x + list(st or [])
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     return [h.detach(), *[s.detach() for s in last]], list(grads)
