@@ -22,6 +22,8 @@ def setup_logging(verbose: bool = False) -> None:
     except ImportError:  # pragma: no cover - rich is a dependency
         handler, fmt = logging.StreamHandler(), "%(levelname)s %(message)s"
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=fmt, handlers=[handler])
+    for noisy in ("fontTools", "matplotlib", "PIL"):  # font subsetting chatter when writing PDFs
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def run(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] | None = None) -> int:

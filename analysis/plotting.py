@@ -27,7 +27,7 @@ def setup_style() -> None:
     import seaborn as sns
 
     sns.set_theme(context="paper", style="whitegrid", palette=PALETTE, font_scale=1.1,
-                  rc={"figure.dpi": 110, "savefig.dpi": 130, "savefig.bbox": "tight", "pdf.fonttype": 42})
+                  rc={"figure.dpi": 110, "savefig.dpi": 120, "savefig.bbox": "tight", "pdf.fonttype": 42})
 
 
 def as_categories(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
@@ -40,19 +40,19 @@ def as_categories(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     return out
 
 
-def save_figure(fig, stem: str | Path, data: pd.DataFrame) -> list[Path]:
+def save_figure(fig, stem: str | Path, data: pd.DataFrame, dpi: int | None = None) -> list[Path]:
     """Write ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` and ``data`` as ``<stem>.csv``; close ``fig``.
 
-    Returns the three paths. Parent folders are created.
+    Returns the three paths. Parent folders are created. Floats in the CSV keep 7 significant digits.
     """
     import matplotlib.pyplot as plt
 
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_name(stem.name + ext) for ext in (".png", ".pdf", ".csv")]
-    fig.savefig(paths[0])
+    fig.savefig(paths[0], dpi=dpi)
     fig.savefig(paths[1])
-    data.to_csv(paths[2], index=False)
+    data.to_csv(paths[2], index=False, float_format="%.7g")
     plt.close(fig)
     log.info("wrote %s (.png, .pdf, .csv)", stem)
     return paths
