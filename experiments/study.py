@@ -215,7 +215,11 @@ def fail_stale(study: optuna.Study, cells: set[str] | None = None, heartbeat_dir
     n = 0
     if is_heartbeat_enabled(storage):
         before = {t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
-        optuna.storages.fail_stale_trials(study)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "experimental"
+            optuna.storages.fail_stale_trials(study)
         n += len({t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))} - before)
     hb = heartbeat_dir if uses_heartbeat_files(storage) else None
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
