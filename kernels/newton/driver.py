@@ -90,13 +90,13 @@ def sequential_apply(
     Returns the states ``(*lead, L, S)``.
     """
     L = u.shape[time_dim]
-    h = u.new_zeros(_state_shape(u, time_dim, state_size)).select(time_dim, 0) if L else None
+    if L == 0:
+        return u.new_zeros(_state_shape(u, time_dim, state_size))
+    h = u.new_zeros((*u.shape[:time_dim], state_size))
     out = []
     for t in range(L):
         h = step(h, u.select(time_dim, t), *params)
         out.append(h)
-    if not out:
-        return u.new_zeros(_state_shape(u, time_dim, state_size))
     return torch.stack(out, dim=time_dim)
 
 

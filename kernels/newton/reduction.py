@@ -17,6 +17,8 @@ dense      ``(*batch, L, S, S)``           ``J[i, j] = d f_i / d h_j``
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kernels.scan import linear_scan, linear_scan_block2, linear_scan_dense
@@ -61,19 +63,20 @@ def solve_bidiagonal(
     if rhs.dim() < 2:
         raise ValueError(f"rhs must be (*batch, L, S), got shape {tuple(rhs.shape)}")
     *lead, L, S = rhs.shape
+    N = math.prod(lead)
     want = jacobian_shape(structure, (*lead, L), S)
     if tuple(jac.shape) != want:
         raise ValueError(f"{structure} Jacobian has shape {tuple(jac.shape)}, expected {want} for rhs {tuple(rhs.shape)}")
     if structure == "diag":
-        y = linear_scan(jac.reshape(-1, L, S), rhs.reshape(-1, L, S), reverse=reverse, backend=backend)
+        y = linear_scan(jac.reshape(N, L, S), rhs.reshape(N, L, S), reverse=reverse, backend=backend)
     elif structure == "block2":
         if S % 2:
             raise ValueError(f"block2 Jacobians need an even state size, got {S}")
         y = linear_scan_block2(
-            jac.reshape(-1, L, 2, 2, S // 2), rhs.reshape(-1, L, 2, S // 2), reverse=reverse, backend=backend
+            jac.reshape(N, L, 2, 2, S // 2), rhs.reshape(N, L, 2, S // 2), reverse=reverse, backend=backend
         )
     else:
         if backend not in ("auto", "reference", "torch"):
             raise ValueError(f"dense Jacobians have no {backend!r} scan; valid backends: auto, reference, torch")
-        y = linear_scan_dense(jac.reshape(-1, L, S, S), rhs.reshape(-1, L, S), reverse=reverse, backend=backend)
+        y = linear_scan_dense(jac.reshape(N, L, S, S), rhs.reshape(N, L, S), reverse=reverse, backend=backend)
     return y.reshape(rhs.shape)

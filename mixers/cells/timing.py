@@ -1,0 +1,79 @@
+"""Wall time of a cell mixer's modes (sequential loop vs Newton-parallel) at several lengths.
+
+``time_modes(name, lengths, modes=...)`` returns rows ``{mixer, mode, L, fwd_ms, fwd_bwd_ms}``
+(medians, ``kernels.bench.common.time_ms``). CLI (prints a Markdown table)::
+
+    python -m mixers.cells.timing [--mixers flashgru,flashlstm] [--lengths 256,1024,4096]
+        [--modes sequential,parallel] [--batch 8] [--d-model 64] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import torch
+
+from kernels.bench.common import time_ms
+
+
+def time_modes(
+    name: str,
+    lengths: Sequence[int],
+    modes: Sequence[str] = ("sequential", "parallel"),
+    batch: int = 8,
+    d_model: int = 64,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> list[dict]:
+    """Median forward and forward+backward times (ms) of mixer ``name`` in each mode."""
+    from mixers import build_mixer
+
+    torch.manual_seed(0)
+    mixer = build_mixer(name, d_model).to(device=device, dtype=dtype)
+    rows = []
+    for L in lengths:
+        x = torch.randn(batch, L, d_model, device=device, dtype=dtype, requires_grad=True)
+        for mode in modes:
+            mixer.mode = mode
+
+            def fwd():
+                with torch.no_grad():
+                    mixer(x)
+
+            def fwd_bwd():
+                mixer(x).sum().backward()
+
+            rep = 10 if device == "cpu" else 100
+            rows.append({
+                "mixer": name, "mode": mode, "L": L,
+                "fwd_ms": time_ms(fwd, warmup=1, rep=rep, device=device),
+                "fwd_bwd_ms": time_ms(fwd_bwd, warmup=1, rep=rep, device=device),
+                "fell_back": mixer.fallback_count,
+            })
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m mixers.cells.timing", description=__doc__.split("\n")[0])
+    p.add_argument("--mixers", default="flashgru,flashlstm")
+    p.add_argument("--lengths", default="256,1024,4096")
+    p.add_argument("--modes", default="sequential,parallel")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    lines = ["| mixer | L | mode | fwd ms | fwd+bwd ms | fwd speed-up vs sequential | fwd+bwd speed-up |", "|---" * 7 + "|"]
+    for name in args.mixers.split(","):
+        rows = time_modes(name, [int(v) for v in args.lengths.split(",")], args.modes.split(","), args.batch, args.d_model, args.device)
+        seq = {r["L"]: r for r in rows if r["mode"] == "sequential"}
+        for r in rows:
+            s = seq.get(r["L"])
+            up = f"{s['fwd_ms'] / r['fwd_ms']:.1f}x | {s['fwd_bwd_ms'] / r['fwd_bwd_ms']:.1f}x" if s else "- | -"
+            lines.append(f"| {name} | {r['L']} | {r['mode']} | {r['fwd_ms']:.1f} | {r['fwd_bwd_ms']:.1f} | {up} |")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
