@@ -144,6 +144,11 @@ def impl_sequential(pb: Problem):
 
 
 def impl_pararnn(pb: Problem):
+    """The peer's layer with our weights copied into its parameters (its fused path reads them itself).
+
+    ``fn.leaves`` lists the peer's own parameters in the order ``(W, b, a..., p...)``, which the
+    checks and the fwd+bwd timing differentiate instead of ours.
+    """
     from pararnn import NewtonConfig, ParaRNN
     from pararnn.cells.para_gru import ParaGRU
     from pararnn.cells.para_lstm import ParaLSTM
@@ -152,13 +157,19 @@ def impl_pararnn(pb: Problem):
     names = ["a_z", "a_r", "a_n"] if pb.cell == "gru" else ["a_f", "a_z", "a_o", "c_f", "c_o"]
     cfg = NewtonConfig(max_iters=3, scan_backend="fused", residual_atol=None, residual_fail=None)
     layer = ParaRNN(cell, config=cfg, solver="newton")
+    vals = list(pb.a.unbind(0)) + (list(pb.p.unbind(0)) if pb.cell == "lstm" else [])
+    with torch.no_grad():
+        cell.W_x.weight.copy_(pb.W)
+        cell.W_x.bias.copy_(pb.b)
+        for name, v in zip(names, vals):
+            getattr(cell, name).copy_(v)
+    k = 3
 
-    def fn(x, W, b, *w):
-        # the peer's parameters are leaves of its own; tie them to ours for this call
-        vals = list(w[0].unbind(0)) + (list(w[1].unbind(0)) if pb.cell == "lstm" else [])
-        params = {"W_x.weight": W, "W_x.bias": b} | dict(zip(names, vals))
-        return torch.func.functional_call(layer, {f"layers.0.{k}": v for k, v in params.items()}, (x,))
+    def fn(x, *_):
+        return layer(x)
 
+    fn.leaves = [cell.W_x.weight, cell.W_x.bias, *(getattr(cell, n) for n in names)]
+    fn.group = lambda grads: [torch.stack(grads[2:2 + k])] + ([torch.stack(grads[2 + k:])] if pb.cell == "lstm" else [])
     return fn
 
 
@@ -173,11 +184,20 @@ def reference(pb: Problem):
     return h.detach(), grads
 
 
+def _leaves(fn, pb: Problem):
+    """``(inputs to call fn with, tensors to differentiate)``; the peer differentiates its own parameters."""
+    x = pb.x.detach().requires_grad_()
+    if hasattr(fn, "leaves"):
+        return [x, pb.W, pb.b, *pb.weights], [x, *fn.leaves]
+    ours = [x] + [t.detach().requires_grad_() for t in (pb.W, pb.b, *pb.weights)]
+    return ours, ours
+
+
 def fwd_bwd(fn, pb: Problem):
-    leaves = [t.detach().requires_grad_() for t in (pb.x, pb.W, pb.b, *pb.weights)]
+    args, leaves = _leaves(fn, pb)
 
     def run():
-        return torch.autograd.grad(fn(*leaves), leaves, pb.dy)
+        return torch.autograd.grad(fn(*args), leaves, pb.dy)
 
     return run
 
@@ -185,10 +205,11 @@ def fwd_bwd(fn, pb: Problem):
 def check(fn, pb: Problem, ref) -> float:
     """Max relative error of ``h`` and the gradients of ``x`` and the recurrent weights."""
     h_ref, g_ref = ref
-    leaves = [t.detach().requires_grad_() for t in (pb.x, pb.W, pb.b, *pb.weights)]
-    h = fn(*leaves)
+    args, leaves = _leaves(fn, pb)
+    h = fn(*args)
     grads = torch.autograd.grad(h, leaves, pb.dy)
-    errs = [rel_error(h, h_ref), rel_error(grads[0], g_ref[0])] + [rel_error(g, r) for g, r in zip(grads[3:], g_ref[3:])]
+    weights = fn.group(grads[1:]) if hasattr(fn, "group") else list(grads[3:])
+    errs = [rel_error(h, h_ref), rel_error(grads[0], g_ref[0])] + [rel_error(g, r) for g, r in zip(weights, g_ref[3:])]
     return max(errs)
 
 
@@ -344,11 +365,6 @@ def main(argv: list[str]) -> None:
         lengths = [int(v) for v in (args.lengths or default).split(",")]
         rows = bench_gpu(cells, lengths, args.batch or 8, args.dim or 256, args.quick)
         baseline = "pararnn ParaGRU fused"
-        if args.sweep:
-            sw = sweep(cells, [lengths[len(lengths) // 2], lengths[-1]], args.batch or 8, args.dim or 256)
-            print("# tile sweep")
-            print_table(sw)
-            rows += sw
     env = environment(dev)
     print(f"# newton benchmark on {env['device']}, {env['date']}")
     if dev != "cpu":
@@ -357,3 +373,8 @@ def main(argv: list[str]) -> None:
     else:
         print_table(rows, baseline=baseline)
     print("written:", write_json("newton", rows, env, args.out))
+    if args.sweep and dev != "cpu":
+        sw = sweep(cells, [lengths[len(lengths) // 2], lengths[-1]], args.batch or 8, args.dim or 256)
+        print("# tile sweep")
+        print_table(sw)
+        print("written:", write_json("newton-sweep", sw, env, args.out))

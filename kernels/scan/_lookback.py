@@ -22,8 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FLAG_AGG = 1
-FLAG_INC = 2
+FLAG_AGG = tl.constexpr(1)
+FLAG_INC = tl.constexpr(2)
 
 
 @triton.jit

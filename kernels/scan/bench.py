@@ -212,12 +212,12 @@ def main(argv: list[str]) -> None:
         torch.cuda.empty_cache()
     for shape in QUICK_BLOCK2 if args.quick else BLOCK2_SHAPES:
         bench_block2(shape, rows, dev, add_bw, args.quick)
-    if args.sweep:
-        sw = sweep(dev)
-        print("# tile sweep")
-        print_table(sw)
-        rows += sw
     env = environment(dev)
     print(f"# scan benchmark on {env['device']}, {env['date']}; limit = torch.add on the same bytes")
     print_table(rows, baseline="accelerated-scan")
     print("written:", write_json("scan", rows, env, args.out))
+    if args.sweep:
+        sw = sweep(dev)
+        print("# tile sweep")
+        print_table(sw)
+        print("written:", write_json("scan-sweep", sw, env, args.out))
