@@ -1,0 +1,133 @@
+"""analysis.newton: residual curves for any cell (one defined here), fresh and from trained checkpoints."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from analysis.cli import run
+from analysis.newton import find_checkpoints, fresh_cell, main, mixer_input, residual_curves
+from mixers.cells import RNNCell
+
+
+class TanhCell(RNNCell):
+    """h_t = tanh(a * h_{t-1} + x_t W): a diagonal cell written only by its recurrence step."""
+
+    jacobian = "diag"
+
+    def __init__(self, d_in, d_state):
+        super().__init__()
+        self.a = nn.Parameter(torch.full((d_state,), 0.5))
+        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in ** 0.5)
+
+    def recurrence_step(self, h, x):
+        return torch.tanh(self.a * h + x @ self.W)
+
+
+class LinearCell(RNNCell):
+    """h_t = a * h_{t-1} + x_t W: linear, so Newton is exact after one iteration."""
+
+    jacobian = "diag"
+
+    def __init__(self, d_in, d_state):
+        super().__init__()
+        self.a = nn.Parameter(torch.full((d_state,), 0.9))
+        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in ** 0.5)
+
+    def recurrence_step(self, h, x):
+        return self.a * h + x @ self.W
+
+
+def test_residual_zero_is_the_initial_guess_error_by_hand():
+    """r_0 = max |f(h^0_{t-1}, x_t) - h^0_t| with h^0_t = f(0, x_t); for the linear cell
+    f(h^0_{t-1}, x_t) - h^0_t = a * (x_{t-1} W) exactly, and one Newton step solves the system."""
+    torch.manual_seed(0)
+    mixer = fresh_cell(f"{__name__}:LinearCell", d_model=8, num_heads=2, seed=1).double()
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    df = residual_curves(mixer, lambda L: x[:, :L], [5], iters=2)
+    want = 0.0
+    for head, cell in enumerate(mixer.cells):
+        xh = x[..., 4 * head:4 * head + 4]
+        want = max(want, float((cell.a * (xh[:, :-1] @ cell.W)).abs().max().detach()))
+    assert df["residual"].iloc[0] == pytest.approx(want, rel=1e-12)
+    assert df["residual"].iloc[1] < 1e-14 and df["residual"].iloc[2] < 1e-14
+
+
+def test_cli_on_a_cell_defined_in_this_file(tmp_path):
+    df = main(["--cells", f"{__name__}:TanhCell,flashgru", "--max-log2", "7", "--iters", "5", "--out", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newton.csv", "newton.pdf", "newton.png"]
+    assert set(df["cell"]) == {"TanhCell", "FlashGRU"} and set(df["L"]) == {64, 128}
+    csv = pd.read_csv(tmp_path / "newton.csv")
+    assert len(csv) == 2 * 2 * 6  # cells x lengths x (iters + 1)
+    for cell in ("TanhCell", "FlashGRU"):
+        r = csv[(csv["cell"] == cell) & (csv["L"] == 128)].sort_values("iteration")["residual"].to_numpy()
+        assert r[0] > 1e-2 and r[-1] < 1e-12  # converges to float64 round-off within 5 iterations
+
+
+def test_task_inputs_are_what_the_mixer_sees(tmp_path):
+    df = main(["--cells", f"{__name__}:TanhCell", "--inputs", "task:parity", "--min-log2", "4", "--max-log2", "4",
+               "--iters", "3", "--out", str(tmp_path), "--name", "n"])
+    assert df["source"].iloc[0] == "fresh, parity inputs" and len(df) == 4
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    """A fake sweep folder: two trials of the test cell (the better one by validation accuracy) and a GRU."""
+    from experiments.train import TrialSpec, build_datamodule, build_module
+
+    root = tmp_path_factory.mktemp("sweep")
+    rows = []
+    for number, (mixer, acc) in enumerate([(f"{__name__}:TanhCell", 0.6), (f"{__name__}:TanhCell", 0.9), ("gru", 1.0)]):
+        spec = TrialSpec(task="parity", mixer=mixer, lr=1e-3, seed=number, task_options={"seq_len": 12})
+        torch.manual_seed(number)
+        model = build_module(spec, build_datamodule(spec)).model
+        if number == 1:
+            with torch.no_grad():
+                for cell in model.mixer.cells:
+                    cell.a.fill_(-0.25)  # marks the chosen checkpoint
+        d = root / "trials" / f"{number:04d}-{mixer.replace(':', '.')}-s{number}-lr0.001"
+        d.mkdir(parents=True)
+        (d / "spec.json").write_text(json.dumps(spec.to_dict()))
+        torch.save(model.state_dict(), d / "model.pt")
+        rows.append({"trial": number, "mixer": mixer, "best_val_acc": acc})
+    pd.DataFrame(rows).to_csv(root / "results.csv", index=False)
+    return root
+
+
+def test_checkpoints_best_trial_per_mixer(sweep_dir):
+    found = find_checkpoints(sweep_dir)
+    assert found[f"{__name__}:TanhCell"].name.startswith("0001-") and found["gru"].name.startswith("0002-")
+    with pytest.raises(ValueError, match="no checkpoint of flashlstm"):
+        find_checkpoints(sweep_dir, ["flashlstm"])
+
+
+def test_cli_trained_panel_from_checkpoints(sweep_dir, tmp_path):
+    df = main(["--checkpoints", str(sweep_dir), "--no-fresh", "--inputs", "task", "--max-log2", "6",
+               "--iters", "4", "--out", str(tmp_path)])
+    assert set(df["cell"]) == {"TanhCell"}  # the GRU is no Newton cell: skipped
+    assert set(df["panel"]) == {"trained on parity"} and "0001-" in df["source"].iloc[0]
+
+
+def test_mixer_input_matches_the_model(sweep_dir):
+    from analysis.newton import load_trial
+
+    spec, model = load_trial(find_checkpoints(sweep_dir)[f"{__name__}:TanhCell"])
+    assert float(model.mixer.cells[0].a[0]) == -0.25  # the weights were loaded
+    tokens = torch.randint(0, 2, (2, 9))
+    x = mixer_input(model, tokens)
+    torch.testing.assert_close(x, model.norm_in(model.embedding(tokens)))
+
+
+def test_bad_input_one_line(tmp_path, capsys):
+    assert run(main, ["--cells", "gru", "--max-log2", "6", "--out", str(tmp_path)]) == 2
+    assert "not a recurrent cell" in capsys.readouterr().err
+    assert run(main, ["--inputs", "task", "--out", str(tmp_path)]) == 2
+    assert "--inputs task needs --checkpoints" in capsys.readouterr().err
+    assert run(main, ["--inputs", "task:nope", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown task 'nope'" in err and err.count("\n") == 1
+    assert run(main, ["--checkpoints", str(tmp_path), "--out", str(tmp_path)]) == 2
+    assert "no trained checkpoints" in capsys.readouterr().err
