@@ -184,10 +184,8 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
                      quick: bool = False, overrides: dict[str, Any] | None = None, entries: list[str] | None = None,
                      run: bool = True, progress: bool = True, stale_timeout: float = 60) -> pd.DataFrame:
     """Run (resume) the table's sweeps in one study, write the per-sweep results and the comparison."""
-    from experiments.results import atomic_write_text, collect, versions, write_results
-    from experiments.study import HEARTBEAT_DIR, cell_id, open_storage, open_study, progress as cell_progress, sync_grid
-    from experiments.sweep import build_specs, validate_specs
-    from experiments.workers import run_workers, worker_loop
+    from experiments._plans import run_plans
+    from experiments.results import atomic_write_text
 
     plans = plans_for(name, quick, overrides)
     if entries:
@@ -195,39 +193,10 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
         if unknown:
             raise ValueError(f"unknown sweep(s) {', '.join(sorted(unknown))} in {name}; valid: {', '.join(p.entry for p in plans)}")
         plans = [p for p in plans if p.entry in entries]
-    specs_by_entry = {p.entry: build_specs(p, device) for p in plans}
-    specs = [s for v in specs_by_entry.values() for s in v]
-    validate_specs(specs)
-    out.mkdir(parents=True, exist_ok=True)
-    study = open_study(open_storage(storage_url, out, stale_timeout), f"reproduce-{name}" + ("-quick" if quick else ""))
-    cells_by_entry = {e: list(dict.fromkeys(cell_id(s) for s in v)) for e, v in specs_by_entry.items()}
-    all_cells = [c for v in cells_by_entry.values() for c in v]
-    meta_versions = versions()
-
-    def write_all() -> dict[str, pd.DataFrame]:
-        results = {}
-        for entry, cells in cells_by_entry.items():
-            results[entry] = collect(study, cells, meta_versions)
-            write_results(results[entry], out / entry)
-        return results
-
-    t0 = time.perf_counter()
-    if run:
-        counts = sync_grid(study, specs, heartbeat_dir=out / HEARTBEAT_DIR, stale_timeout=stale_timeout)
-        log.info("%s: %d cells (%d done, %d queued, %d pending, %d re-queued)", name, len(specs), counts["done"],
-                 counts["queued"], counts["pending"], counts["stale"])
-        if workers:
-            run_workers(study, specs, out, storage_url, workers, device, stale_timeout=stale_timeout,
-                        progress=progress, label=name, on_progress=lambda: None)
-        else:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          disable=not progress) as bar:
-                tid = bar.add_task(name, total=len(all_cells), completed=counts["done"])
-                worker_loop(study, specs, out, device=None if device == "auto" else device, stale_timeout=stale_timeout,
-                            on_trial=lambda s, o: bar.update(tid, completed=cell_progress(study, all_cells)["done"]))
-    results = write_all()
+    # one study for every reproduction: presets with identical cells (table1 within table6) share trials
+    results, info = run_plans(plans, out, "reproduce" + ("-quick" if quick else ""), workers, device,
+                              storage_url, run=run, progress=progress, stale_timeout=stale_timeout, label=name)
+    meta_versions = info["versions"]
     table = compare(name, results)
     frames = [df for df in results.values() if len(df)]
     every = pd.concat(frames) if frames else pd.DataFrame()
@@ -237,13 +206,13 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
         "device": ", ".join(sorted(set(every["device"].astype(str)))) if "device" in every else "none yet",
         "date": time.strftime("%Y-%m-%d"),
         "workers": workers or 1,
-        "wall_min": (time.perf_counter() - t0) / 60,
+        "wall_min": info["wall_s"] / 60,
         "trial_min": float(every["wall_time_s"].sum()) / 60 if "wall_time_s" in every else float("nan"),
         "budget": (f"max_steps {train.max_steps} per trial, batch {train.batch_size}, {train.train_size} train / "
                    f"{train.test_size} test sequences, early stop at val acc > {train.early_stop_acc}"
                    + (" — QUICK (CPU smoke check, not a reproduction)" if quick else "")
                    + (f"; preset budget: {data['budget']}" if data.get("budget") else "")),
-        "done": cell_progress(study, all_cells)["done"], "cells": len(all_cells),
+        "done": info["done"], "cells": info["cells"],
         "versions": ", ".join(f"{k} {v}" for k, v in meta_versions.items()),
     }
     atomic_write_text(out / "reproduction.md", comparison_markdown(name, table, meta))

@@ -1,0 +1,308 @@
+"""``python -m experiments.probe module.path:MyCell [--quick]``: a report card for a new cell (SPEC §8.6).
+
+1. Imports the ``RNNCell`` subclass and checks its declared Jacobian structure (``verify_jacobian``)
+   and shapes.
+2. Newton-parallel vs sequential: forward outputs and gradients (input and parameters) of the
+   multi-head mixer, in float64 and float32, with Newton run to convergence.
+3. Newton iterations needed vs sequence length: max residual per iteration of freshly initialized
+   cells (``mixers.cells.convergence.newton_residuals``), and the first iteration below tolerance.
+4. The four tasks' sweeps (Parity, Keep-nth, MQAR, k-hop) for the cell next to reference mixers,
+   as one study (``--workers N`` spreads them over worker processes; re-running resumes).
+
+Writes ``<out>/probe-report.md`` (the report card), ``probe.json`` (the numbers), and per task
+``<out>/<task>/results.csv`` / ``table.md``. ``--quick`` (a few minutes on a CPU): short sequences,
+small data, 200 steps, one seed; the full version uses the ``default`` preset (the paper's sizes).
+A cell whose Jacobian declaration is wrong is still swept, in sequential mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("experiments.probe")
+
+TASKS = ("parity", "keep_nth", "mqar", "khop")
+REFERENCES = ("gru", "flashgru", "transformer")
+QUICK_REFERENCES = ("gru", "transformer")
+QUICK_TRAIN = {"max_steps": 200, "batch_size": 32, "train_size": 1000, "val_size": 200, "test_size": 500, "eval_every": 50}
+QUICK_TASK_OPTIONS = {"parity": {"seq_len": 16}, "keep_nth": {"seq_len": 16, "vocab_size": 16, "n": 3},
+                      "mqar": {"seq_len": 24, "vocab_size": 32, "num_kv_pairs": 2}, "khop": {"seq_len": 24, "k": 1}}
+#: test accuracy at or above which a task counts as solved
+SOLVED = 0.98
+
+
+def load_cell(spec: str) -> type:
+    """``module.path:Class`` -> the ``RNNCell`` subclass; one-line ``ValueError`` otherwise."""
+    from mixers.cells import RNNCell
+    from mixers.registry import _import_attr
+
+    if ":" not in spec:
+        raise ValueError(f"expected 'module.path:CellClass', got {spec!r}")
+    obj = _import_attr(spec)
+    if not (isinstance(obj, type) and issubclass(obj, RNNCell)):
+        raise ValueError(f"{spec!r} is not an RNNCell subclass (got {obj!r}); write `class MyCell(RNNCell)` with recurrence_step")
+    return obj
+
+
+def check_jacobian(cell_cls: type, d_in: int = 16, d_state: int = 16) -> dict[str, Any]:
+    """Shapes and the declared Jacobian structure at random states (float64 autograd)."""
+    torch.manual_seed(0)
+    cell = cell_cls(d_in, d_state)
+    try:
+        cell.check_shapes()
+    except (ValueError, TypeError) as err:
+        return {"ok": False, "structure": cell_cls.jacobian, "message": f"shape check: {err}"}
+    check = cell.verify_jacobian(raise_on_error=False)
+    return {"ok": check.ok, "structure": check.structure, "off_structure": check.off_structure,
+            "closed_form_error": check.closed_form_error, "message": check.message}
+
+
+def _rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def agreement(cell_cls: type, d_model: int = 32, num_heads: int = 4, length: int = 64, batch: int = 4,
+              iters: int = 100, tol: float = 1e-12) -> dict[str, Any]:
+    """Max errors of Newton-parallel vs sequential (forward, input gradient, parameter gradients).
+
+    Newton runs until the residual is below ``tol`` (at most ``iters`` iterations), without the
+    residual check (so a non-converged result shows instead of falling back).
+    """
+    from mixers.cells import cell_mixer
+
+    out: dict[str, Any] = {"length": length, "batch": batch, "d_model": d_model}
+    for dtype in (torch.float64, torch.float32):
+        torch.manual_seed(0)
+        seq = cell_mixer(cell_cls, d_model, num_heads, mode="sequential", verify=False).to(dtype)
+        par = copy.deepcopy(seq)
+        par.mode, par.iters, par.tol, par.check = "parallel", iters, tol if dtype == torch.float64 else 1e-6, False
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(batch, length, d_model, generator=gen, dtype=dtype)
+        w = torch.randn(batch, length, d_model, generator=gen, dtype=dtype)
+        grads = []
+        for mixer in (seq, par):
+            xi = x.clone().requires_grad_(True)
+            y = mixer(xi)
+            (y * w).sum().backward()
+            grads.append((y.detach(), xi.grad, {n: p.grad.clone() for n, p in mixer.named_parameters() if p.grad is not None}))
+        (ys, gxs, gps), (yp, gxp, gpp) = grads
+        name = str(dtype).replace("torch.", "")
+        out[name] = {
+            "forward": _rel_max(yp, ys), "grad_input": _rel_max(gxp, gxs),
+            "grad_params": max((_rel_max(gpp[n], gps[n]) for n in gps if n in gpp), default=0.0),
+            "newton_iters": len(par.last_newton_stats.residuals) - 1 if par.last_newton_stats else None,
+            "final_residual": par.last_newton_stats.final_residual if par.last_newton_stats else None,
+        }
+    return out
+
+
+def iterations_vs_length(cell_cls: type, lengths: list[int], d_model: int = 32, num_heads: int = 4, batch: int = 4,
+                         iters: int = 12, tol: float = 1e-6, dtype=torch.float64) -> list[dict[str, Any]]:
+    """Per length: residual per Newton iteration and the first iteration with residual <= ``tol``."""
+    from mixers.cells import cell_mixer
+    from mixers.cells.convergence import newton_residuals
+
+    torch.manual_seed(0)
+    mixer = cell_mixer(cell_cls, d_model, num_heads, mode="parallel", verify=False).to(dtype)
+    rows = []
+    for length in lengths:
+        gen = torch.Generator().manual_seed(length)
+        x = torch.randn(batch, length, d_model, generator=gen, dtype=dtype)
+        t0 = time.perf_counter()
+        res = newton_residuals(mixer, x, iters)
+        needed = next((k for k, r in enumerate(res) if r <= tol), None)
+        rows.append({"length": length, "residuals": res, "iters_to_tol": needed, "seconds": time.perf_counter() - t0})
+    return rows
+
+
+def sweep_plans(cell: str, tasks: list[str], references: list[str], quick: bool, max_steps: int | None,
+                seeds: list[int] | None, mixer_options: dict[str, Any]) -> list:
+    from experiments.presets import resolve_sweep
+
+    plans = []
+    for task in tasks:
+        over: dict[str, Any] = {"mixers": [cell, *references]}
+        if quick:
+            over.update({"preset": "smoke", "seeds": [0], "train": dict(QUICK_TRAIN),
+                         "task_options": QUICK_TASK_OPTIONS.get(task, {}), "lrs": [3e-3]})
+            if task == "parity":
+                over["extrapolation"] = {"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]}
+        if max_steps:
+            over["train"] = {**over.get("train", {}), "max_steps": max_steps}
+        if seeds:
+            over["seeds"] = seeds
+        if mixer_options:
+            over["mixer_options"] = {cell: mixer_options}
+        preset = over.pop("preset", "default")
+        plans.append(resolve_sweep(task, preset, over))
+    return plans
+
+
+def report_markdown(cell: str, jac: dict, agree: dict | None, conv: list[dict] | None, sweeps: dict[str, Any] | None,
+                    meta: dict[str, Any]) -> str:
+    """The report card."""
+    lines = [f"# Probe report: `{cell}`", "",
+             f"{meta.get('mode', '')}; device {meta.get('device', 'cpu')}; {meta.get('date', '')}; "
+             f"{meta.get('versions', '')}", "", "## 1. Jacobian structure", "",
+             f"- declared `{jac['structure']}`: {'**OK**' if jac['ok'] else '**WRONG**'} — {jac['message']}"]
+    if jac.get("off_structure") is not None:
+        lines.append(f"- largest entry outside the declared structure: {jac['off_structure']:.2g} of the largest entry")
+    if agree:
+        lines += ["", "## 2. Newton-parallel vs sequential", "",
+                  f"B={agree['batch']}, L={agree['length']}, d={agree['d_model']}; relative max errors "
+                  "(max |parallel − sequential| / max |sequential|), Newton run to convergence.", "",
+                  "| dtype | forward | grad input | grad params | Newton iterations | final residual |", "|---|---|---|---|---|---|"]
+        for name in ("float64", "float32"):
+            a = agree[name]
+            lines.append(f"| {name} | {a['forward']:.1e} | {a['grad_input']:.1e} | {a['grad_params']:.1e} | "
+                         f"{a['newton_iters']} | {a['final_residual']:.1e} |")
+    if conv:
+        width = max(len(r["residuals"]) for r in conv)
+        lines += ["", "## 3. Newton iterations vs sequence length", "",
+                  f"Max residual per iteration (float64, fresh initialization); `to tol`: first iteration ≤ {meta.get('tol', 1e-6):g} "
+                  "(the default training setting is 3 iterations).", "",
+                  "| L | to tol | " + " | ".join(f"it{k}" for k in range(width)) + " |", "|---" * (width + 2) + "|"]
+        for r in conv:
+            lines.append(f"| {r['length']} | {r['iters_to_tol'] if r['iters_to_tol'] is not None else f'> {width - 1}'} | "
+                         + " | ".join(f"{x:.0e}" for x in r["residuals"]) + " |")
+    if sweeps:
+        tasks, table, params = sweeps["tasks"], sweeps["acc"], sweeps["params"]
+        lines += ["", "## 4. Tasks", "", f"Test accuracy (best over seeds; {sweeps['budget']}); **bold**: solved (≥ {SOLVED:.0%}).", "",
+                  "| mixer | " + " | ".join(tasks) + " | solved |", "|---" * (len(tasks) + 2) + "|"]
+        for mixer, accs in table.items():
+            cells = []
+            for t in tasks:
+                a = accs.get(t, float("nan"))
+                p = params.get(mixer, {}).get(t)
+                text = "–" if a != a else f"{100 * a:.1f}%"
+                text = f"**{text}**" if a == a and a >= SOLVED else text
+                cells.append(text + (f" ({p / 1000:.1f}k)" if p else ""))
+            solved = [t for t in tasks if accs.get(t, 0) == accs.get(t, 0) and accs.get(t, 0) >= SOLVED]
+            lines.append(f"| {mixer} | " + " | ".join(cells) + f" | {', '.join(solved) or 'none'} |")
+        lines += ["", f"Per-task results: `<task>/results.csv`, `<task>/table.md`; failed trials: {sweeps['failed']}."]
+    return "\n".join(lines) + "\n"
+
+
+def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = None, references: list[str] | None = None,
+          workers: int = 0, device: str = "auto", max_steps: int | None = None, seeds: list[int] | None = None,
+          lengths: list[int] | None = None, run_sweeps: bool = True, progress: bool = True) -> dict[str, Any]:
+    """Run every check and the sweeps; write the report card; returns the numbers (also ``probe.json``)."""
+    from experiments.results import atomic_write_text, best_over_lrs, versions
+
+    cell_cls = load_cell(cell)
+    tasks = list(tasks or TASKS)
+    references = list(QUICK_REFERENCES if quick else REFERENCES) if references is None else references
+    lengths = lengths or ([16, 64, 256] if quick else [64, 256, 1024, 4096])
+    out.mkdir(parents=True, exist_ok=True)
+    numbers: dict[str, Any] = {"cell": cell}
+    log.info("1/4 Jacobian structure")
+    numbers["jacobian"] = jac = check_jacobian(cell_cls)
+    agree = conv = None
+    if jac["ok"]:
+        log.info("2/4 Newton-parallel vs sequential")
+        numbers["agreement"] = agree = agreement(cell_cls, length=32 if quick else 128)
+        log.info("3/4 Newton iterations vs length")
+        numbers["convergence"] = conv = iterations_vs_length(cell_cls, lengths)
+    sweeps = None
+    if run_sweeps:
+        from experiments._plans import run_plans
+
+        log.info("4/4 sweeps: %s × %s", ", ".join(tasks), ", ".join([cell, *references]))
+        options = {} if jac["ok"] else {"mode": "sequential", "verify": False}
+        plans = sweep_plans(cell, tasks, references, quick, max_steps, seeds, options)
+        results, info = run_plans(plans, out, "probe" + ("-quick" if quick else ""), workers, device,
+                                  progress=progress, label=f"probe {cell_cls.__name__}")
+        acc: dict[str, dict[str, float]] = {}
+        params: dict[str, dict[str, int]] = {}
+        failed = 0
+        for task, df in results.items():
+            if df.empty:
+                continue
+            failed += int((df["status"] != "ok").sum())
+            best = best_over_lrs(df)
+            for mixer in dict.fromkeys(df["mixer"]):
+                sel = best[best["mixer"] == mixer] if len(best) else best
+                acc.setdefault(mixer, {})[task] = float(sel["test/acc"].max()) if len(sel) else float("nan")
+                if len(sel):
+                    params.setdefault(mixer, {})[task] = int(sel["n_params"].iloc[0])
+        train = plans[0].train
+        sweeps = numbers["sweeps"] = {"tasks": tasks, "acc": acc, "params": params, "failed": failed,
+                                      "budget": f"{train.max_steps} steps, {len(plans[0].seeds)} seed(s), lr {plans[0].lrs}",
+                                      "cells_done": info["done"], "cells": info["cells"]}
+    meta = {"mode": "quick (CPU smoke sizes)" if quick else "full (default preset)", "date": time.strftime("%Y-%m-%d"),
+            "device": device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"),
+            "versions": ", ".join(f"{k} {v}" for k, v in versions().items()), "tol": 1e-6}
+    text = report_markdown(cell, jac, agree, conv, sweeps, meta)
+    atomic_write_text(out / "probe-report.md", text)
+    atomic_write_text(out / "probe.json", json.dumps(numbers, indent=1, default=lambda x: None if x != x else x))
+    return numbers
+
+
+def main(argv: list[str] | None = None) -> int:
+    from experiments.train import quiet_lightning
+
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.probe",
+        description="Report card for a new recurrent cell: Jacobian declaration, Newton-parallel vs sequential "
+                    "agreement (forward and gradients), Newton iterations vs length, and the four tasks' sweeps "
+                    "next to reference mixers.",
+        epilog="CELL is 'module.path:ClassName' of an RNNCell subclass (mixers.cells.RNNCell) importable from the "
+               "current directory. Example: python -m experiments.probe mycells:MinGRU --quick",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("cell", help="module.path:CellClass")
+    p.add_argument("--quick", action="store_true", help="a few minutes on a CPU: small tasks, 200 steps, one seed")
+    p.add_argument("--out", type=Path, help="output folder (default: runs/probe/<CellClass>[-quick])")
+    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default: %(default)s)")
+    p.add_argument("--references", help=f"comma-separated reference mixers (default: {','.join(REFERENCES)}; "
+                                        f"--quick: {','.join(QUICK_REFERENCES)}); '' for none")
+    p.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes for the sweeps (default: in this process)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    p.add_argument("--max-steps", type=int, help="override the step budget per trial")
+    p.add_argument("--seeds", help="override the seeds, e.g. 0,1,2")
+    p.add_argument("--lengths", help="sequence lengths for the Newton convergence check, e.g. 64,256,1024")
+    p.add_argument("--no-sweeps", action="store_true", help="only the Jacobian and Newton checks")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quiet_lightning()
+    sys.path.insert(0, "")  # cells in the current directory
+    try:
+        from experiments.presets import resolve_sweep  # noqa: F401
+        from tasks import TASKS as KNOWN
+
+        tasks = [t for t in args.tasks.split(",") if t]
+        bad = [t for t in tasks if t not in TASKS or t not in KNOWN]
+        if bad or not tasks:
+            raise ValueError(f"--tasks: unknown {', '.join(bad) or '(none given)'}; valid: {', '.join(TASKS)}")
+        references = None if args.references is None else [m for m in args.references.split(",") if m]
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+            lengths = [int(s) for s in args.lengths.split(",")] if args.lengths else None
+        except ValueError:
+            raise ValueError("--seeds/--lengths: expected comma-separated integers") from None
+        cell_cls = load_cell(args.cell)
+        out = args.out or Path("runs") / "probe" / (cell_cls.__name__ + ("-quick" if args.quick else ""))
+        probe(args.cell, out, args.quick, tasks, references, args.workers, args.device, args.max_steps, seeds,
+              lengths, run_sweeps=not args.no_sweeps, progress=not args.no_progress)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: re-run the same command to resume the sweeps", file=sys.stderr)
+        return 130
+    print((out / "probe-report.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
