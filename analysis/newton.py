@@ -261,21 +261,25 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     lengths = [2 ** k for k in range(args.min_log2, args.max_log2 + 1)]
     options = dict(args.cell_option)
 
+    checkpoints = find_checkpoints(args.checkpoints, args.cells) if args.checkpoints is not None else {}
+    fresh_task = task_name
+    if kind == "task" and not fresh_task:  # the checkpoints' task
+        fresh_task = json.loads((next(iter(checkpoints.values())) / "spec.json").read_text())["task"]
     jobs = []  # (label, mixer, make_input)
     if not args.no_fresh:
         for name in args.cells or list(DEFAULT_CELLS):
             if kind == "task":
-                model = fresh_model(name, task_name, {}, options, args.seed).to(dtype)
-                make = (lambda L, m=model: mixer_input(m, task_tokens(task_name, {}, L, args.batch, args.seed)))
-                mixer, source = model.mixer, f"fresh, {task_name} inputs"
+                model = fresh_model(name, fresh_task, {}, options, args.seed).to(dtype)
+                make = (lambda L, m=model: mixer_input(m, task_tokens(fresh_task, {}, L, args.batch, args.seed)))
+                mixer, source = model.mixer, f"fresh, {fresh_task} inputs"
             else:
                 mixer = fresh_cell(name, args.d_model, args.num_heads, options, args.seed)
                 make = (lambda L, d=args.d_model: torch.randn(args.batch, L, d, dtype=torch.float64,
                                                                generator=torch.Generator().manual_seed(args.seed + L)))
                 source = "fresh, N(0,1) inputs"
             jobs.append(({"cell": _short(name), "panel": "freshly initialized", "source": source}, mixer, make))
-    if args.checkpoints is not None:
-        for name, trial in find_checkpoints(args.checkpoints, args.cells).items():
+    if checkpoints:
+        for name, trial in checkpoints.items():
             spec, model = load_trial(trial)
             try:
                 _as_cell_mixer(model.mixer, name)

@@ -105,10 +105,15 @@ def test_checkpoints_best_trial_per_mixer(sweep_dir):
 
 
 def test_cli_trained_panel_from_checkpoints(sweep_dir, tmp_path):
-    df = main(["--checkpoints", str(sweep_dir), "--no-fresh", "--inputs", "task", "--max-log2", "6",
+    df = main(["--checkpoints", str(sweep_dir), "--cells", f"{__name__}:TanhCell", "--inputs", "task", "--max-log2", "6",
                "--iters", "4", "--out", str(tmp_path)])
-    assert set(df["cell"]) == {"TanhCell"}  # the GRU is no Newton cell: skipped
-    assert set(df["panel"]) == {"trained on parity"} and "0001-" in df["source"].iloc[0]
+    assert set(df["cell"]) == {"TanhCell"}
+    assert set(df["panel"]) == {"freshly initialized", "trained on parity"}
+    trained = df[df["panel"] == "trained on parity"]
+    assert "0001-" in trained["source"].iloc[0] and df["source"].iloc[0] == "fresh, parity inputs"
+    only = main(["--checkpoints", str(sweep_dir), "--no-fresh", "--max-log2", "6", "--iters", "2",
+                 "--out", str(tmp_path), "--name", "only"])
+    assert set(only["cell"]) == {"TanhCell"} and set(only["panel"]) == {"trained on parity"}  # the GRU: skipped
 
 
 def test_mixer_input_matches_the_model(sweep_dir):
