@@ -45,7 +45,7 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
         sync_grid(study, specs, heartbeat_dir=out / HEARTBEAT_DIR, stale_timeout=stale_timeout)
         if workers:
             run_workers(study, specs, out, storage_url, workers, device, stale_timeout=stale_timeout,
-                        progress=progress, label=label or study_name)
+                        progress=progress, label=label or study_name, on_progress=write_all)
         else:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -59,7 +59,7 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
 
                 worker_loop(study, specs, out, device=None if device == "auto" else device, stale_timeout=stale_timeout,
                             on_claim=claimed,
-                            on_trial=lambda s, o: bar.update(tid, completed=cell_progress(study, all_cells)["done"]))
+                            on_trial=lambda s, o: (write_all(), bar.update(tid, completed=cell_progress(study, all_cells)["done"])))
     results = write_all()
     info = {"cells": len(all_cells), "done": cell_progress(study, all_cells)["done"],
             "wall_s": time.perf_counter() - t0, "versions": meta}
