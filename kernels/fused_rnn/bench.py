@@ -38,24 +38,42 @@ HEAD_SHAPES = ((48, 16), (24, 32), (12, 64), (6, 128))
 BATCHES = (16, 64, 256)
 TOL = {"float32": 1e-4, "bfloat16": 2e-2}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-#: launch variants timed with --tune: name -> fused.OVERRIDES
-TUNE_VARIANTS = {
-    "ieee/w4": {"precision": "ieee", "num_warps": 4},
-    "ieee/w8": {"precision": "ieee", "num_warps": 8},
-    "tf32x3/w4": {"precision": "tf32x3", "num_warps": 4},
-    "tf32x3/w8": {"precision": "tf32x3", "num_warps": 8},
-    "tf32/w4": {"precision": "tf32", "num_warps": 4},
-    "ieee/w4/dR-after": {"precision": "ieee", "num_warps": 4, "acc_dr": False},
-    "ieee/w8/dR-after": {"precision": "ieee", "num_warps": 8, "acc_dr": False},
-    "tf32x3/w4/dR-after": {"precision": "tf32x3", "num_warps": 4, "acc_dr": False},
-    "w2": {"num_warps": 2},
-    "w4": {"num_warps": 4},
-    "w8": {"num_warps": 8},
-    "w4/dR-after": {"num_warps": 4, "acc_dr": False},
-    "bb16": {"block_b": 16},
-    "bb32": {"block_b": 32},
-    "bb64": {"block_b": 64},
+#: launch variants checked and timed with --tune: (cell, batch, NH, DH, dtype) -> variant names;
+#: a name lists "/"-separated overrides of ``fused.launch_config``: bbN (batch block), wN (warps),
+#: ieee | tf32x3 | tf32 (float32 dot precision), accdr | dRafter (dR in registers | after the kernel)
+TUNE = {
+    ("lstm", 16, 12, 64, "float32"): ("bb16/w8/ieee/accdr", "bb16/w8/ieee/dRafter", "bb8/w4/ieee/dRafter",
+                                      "bb4/w4/ieee/dRafter", "bb4/w8/ieee/dRafter", "bb4/w4/ieee/accdr",
+                                      "bb16/w4/tf32x3/dRafter", "bb16/w8/tf32x3/accdr", "bb16/w4/tf32/dRafter"),
+    ("lstm", 16, 12, 64, "bfloat16"): ("bb16/w4/accdr", "bb16/w8/accdr", "bb16/w4/dRafter", "bb16/w8/dRafter"),
+    ("slstm", 16, 12, 64, "float32"): ("bb4/w8/ieee/dRafter", "bb8/w4/ieee/dRafter"),
+    ("slstm", 16, 12, 64, "bfloat16"): ("bb16/w4/accdr", "bb16/w8/dRafter"),
+    ("lstm", 64, 12, 64, "float32"): ("bb8/w4", "bb16/w8"),
+    ("lstm", 256, 12, 64, "float32"): ("bb16/w8", "bb32/w8"),
+    ("lstm", 64, 12, 64, "bfloat16"): ("bb16/w4", "bb32/w4", "bb64/w8"),
+    ("lstm", 256, 12, 64, "bfloat16"): ("bb16/w4", "bb32/w4", "bb64/w8"),
+    ("lstm", 16, 48, 16, "float32"): ("bb4/w4", "bb16/w4"),
+    ("lstm", 16, 6, 128, "bfloat16"): ("bb16/w4/accdr", "bb16/w8/dRafter"),
 }
+
+
+def parse_variant(name: str) -> dict:
+    """``"bb4/w8/ieee/dRafter"`` -> ``{"block_b": 4, "num_warps": 8, "precision": "ieee", "acc_dr": False}``."""
+    out: dict = {}
+    for tok in name.split("/"):
+        if tok.startswith("bb"):
+            out["block_b"] = int(tok[2:])
+        elif tok.startswith("w"):
+            out["num_warps"] = int(tok[1:])
+        elif tok in ("ieee", "tf32x3", "tf32"):
+            out["precision"] = tok
+        elif tok in ("accdr", "dRafter"):
+            out["acc_dr"] = tok == "accdr"
+        elif tok == "Ronchip":
+            out["r_bytes"] = 1 << 20
+        else:
+            raise ValueError(f"unknown launch variant token {tok!r} in {name!r}")
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +123,10 @@ def _run(fn, case: Case, inputs, dy, dlast):
 
 def check_case(case: Case, overrides: dict | None = None, seed: int = 0) -> dict:
     """Compare one backend with the float64 reference: forward and all gradients, poisoned outputs."""
-    from kernels.fused_rnn import BACKENDS, checks, fused, fused_rnn_reference
+    from kernels.fused_rnn import BACKENDS, checks, fused_rnn_reference
 
     checks.POISON = True
-    fused.OVERRIDES.clear()
-    fused.OVERRIDES.update(overrides or {})
+    _apply(overrides)
     out = {"case": dataclasses.asdict(case), "overrides": overrides or {}}
     try:
         t0 = time.perf_counter()
@@ -132,7 +149,7 @@ def check_case(case: Case, overrides: dict | None = None, seed: int = 0) -> dict
         out["trace"] = traceback.format_exc()[-1500:]
     finally:
         checks.POISON = False
-        fused.OVERRIDES.clear()
+        _apply(None)
     return out
 
 
@@ -263,21 +280,18 @@ def _cases(length: int, quick: bool, tune: bool) -> tuple[list[tuple[Case, dict]
         timed.append((Case("lstm", 16, length, 12, 64, dtype, backend="alternating"), {}))
         timed += [(Case("lstm", bsz, length, 12, 64, dtype, backend="triton"), {}) for bsz in BATCHES[1:]]
     if tune:
-        variants = [("lstm", 16, 12, 64, "float32", v) for v in TUNE_VARIANTS if "/" in v and v[0] in "it"]
-        variants += [("lstm", 16, 12, 64, "bfloat16", v) for v in ("w2", "w4", "w8", "w4/dR-after")]
-        variants += [("slstm", 16, 12, 64, dt, v) for dt in DTYPES for v in ("w4", "w8")]
-        variants += [("lstm", 16, 48, 16, dt, v) for dt in DTYPES for v in ("w2", "w4")]
-        variants += [("lstm", 16, 6, 128, "bfloat16", v) for v in ("w4", "w8")]
-        variants += [("lstm", bsz, 12, 64, dt, v) for bsz in BATCHES[1:] for dt in DTYPES for v in ("bb16", "bb32", "bb64")]
-        # does the fused kernel compile with R beyond the default on-chip budget?
-        variants += [(cell, 16, 6, 128, "float32", "fp32-R-on-chip") for cell in ("lstm", "gru")]
-        for cell, bsz, nh, dh, dt, v in variants:
-            o = TUNE_VARIANTS.get(v, {"r_bytes": 1 << 20, "num_warps": 8})
-            c = Case(cell, bsz, length, nh, dh, dt, backend="fused", variant=v)
-            timed.append((c, o))
-            # launch variants of the batch sweep are checked at T=128 (the float64 reference of
-            # B=256, T=1024 takes ~16 GB; the default launch is checked at full length above)
-            checks.append((dataclasses.replace(c, length=min(length, 128)) if bsz > 16 else c, o))
+        for (cell, bsz, nh, dh, dt), names in TUNE.items():
+            for v in names:
+                o = parse_variant(v)
+                c = Case(cell, bsz, length, nh, dh, dt, backend="fused", variant=v)
+                timed.append((c, o))
+                # launch variants of the batch sweep are checked at T=128 (the float64 reference of
+                # B=256, T=1024 takes ~16 GB; the default launch is checked at full length above)
+                checks.append((dataclasses.replace(c, length=min(length, 128)) if bsz > 16 else c, o))
+        for cell in ("lstm", "gru"):  # does the fused kernel compile with an fp32 R of 128x128 per gate?
+            c = Case(cell, 16, length, 6, 128, "float32", backend="fused", variant="w8/Ronchip")
+            timed.append((c, parse_variant(c.variant)))
+            checks.append((c, parse_variant(c.variant)))
     def priority(item):
         c, _ = item
         return (0 if (c.batch, c.num_heads) == (16, 12) else 2) + (1 if c.variant else 0)

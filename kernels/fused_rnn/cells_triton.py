@@ -26,8 +26,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-ELMAN, LSTM, GRU, SLSTM = 0, 1, 2, 3
-CELL_IDS = {"elman": ELMAN, "lstm": LSTM, "gru": GRU, "slstm": SLSTM}
+#: cell ids (the kernels' CELL constexpr)
+CELL_IDS = {"elman": 0, "lstm": 1, "gru": 2, "slstm": 3}
+ELMAN, LSTM, GRU, SLSTM = (tl.constexpr(i) for i in CELL_IDS.values())
 #: saved slots per time step, per cell (see the module docstring)
 NUM_SAVED = {"elman": 1, "lstm": 6, "gru": 5, "slstm": 9}
 #: how many leading saved slots are states (h, c, n)

@@ -57,17 +57,24 @@ def fits_on_chip(cell: str, dh: int, dtype: torch.dtype) -> bool:
 
 
 def launch_config(cell: str, batch: int, num_heads: int, dh: int, dtype: torch.dtype) -> LaunchConfig:
-    """Batch block, warps, dR-on-chip and float32 matmul precision for one call."""
+    """Batch block, warps, dR-on-chip and float32 matmul precision for one call.
+
+    float32 runs its dots on the FMA units ("ieee": tf32 tensor cores would miss the 1e-4 target),
+    whose work per step is proportional to the batch block: small blocks (from 4 rows) spread a
+    head over several SMs, and dR is one matmul after the kernel. bfloat16 runs on the tensor cores
+    (rows padded to 16, so blocks start at 16) and accumulates dR on chip when it fits.
+    """
     dhp = head_dim_padded(dh)
-    block_b = 16
+    gr = cell_spec(cell).recurrent_gates
+    tensor_cores = dtype != torch.float32
+    block_b = 16 if tensor_cores else 4
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     while block_b < 64 and num_heads * triton.cdiv(batch, block_b) > sms:
         block_b *= 2
-    gr = cell_spec(cell).recurrent_gates
     cfg = LaunchConfig(
         block_b=block_b,
-        num_warps=4 if dhp * gr <= 128 else 8,
-        acc_dr=gr * dhp * dhp * 4 <= ON_CHIP_DR_BYTES,
+        num_warps=4 if dhp * gr * block_b <= 128 * 16 else 8,
+        acc_dr=tensor_cores and gr * dhp * dhp * 4 <= ON_CHIP_DR_BYTES,
         precision="ieee",
     )
     return dataclasses.replace(cfg, **OVERRIDES)

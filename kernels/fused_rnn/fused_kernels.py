@@ -205,6 +205,50 @@ def fused_fwd_kernel(
 
 
 @triton.jit
+def _bwd_loads(DY, SAVED, y_off, cur, prv, rd, m2, DH, CELL: tl.constexpr, ACC: tl.constexpr):
+    """One backward step's inputs: dy, h_prev and the cell's saved tiles (``cur``: the step's saved
+    row, ``prv``: the row before it), in the argument order of the cell's ``*_bwd``."""
+    dy = _tile(DY, y_off, rd, m2, ACC)
+    hp = _tile(SAVED, prv, rd, m2, ACC)
+    q1 = dy
+    q2 = dy
+    q3 = dy
+    q4 = dy
+    q5 = dy
+    q6 = dy
+    q7 = dy
+    q8 = dy
+    q9 = dy
+    q10 = dy
+    if CELL == ELMAN:  # h
+        q1 = _tile(SAVED, cur, rd, m2, ACC)
+    if CELL == LSTM:  # c, c_prev, i, f, tz, o
+        q1 = _tile(SAVED, cur + DH, rd, m2, ACC)
+        q2 = _tile(SAVED, prv + DH, rd, m2, ACC)
+        q3 = _tile(SAVED, cur + 2 * DH, rd, m2, ACC)
+        q4 = _tile(SAVED, cur + 3 * DH, rd, m2, ACC)
+        q5 = _tile(SAVED, cur + 4 * DH, rd, m2, ACC)
+        q6 = _tile(SAVED, cur + 5 * DH, rd, m2, ACC)
+    if CELL == GRU:  # g, r, z, a
+        q1 = _tile(SAVED, cur + DH, rd, m2, ACC)
+        q2 = _tile(SAVED, cur + 2 * DH, rd, m2, ACC)
+        q3 = _tile(SAVED, cur + 3 * DH, rd, m2, ACC)
+        q4 = _tile(SAVED, cur + 4 * DH, rd, m2, ACC)
+    if CELL == SLSTM:  # c, n (1 where masked: no 0/0), c_prev, n_prev, ig, fg, tz, o, sf, fi
+        q1 = _tile(SAVED, cur + DH, rd, m2, ACC)
+        q2 = tl.load(SAVED + cur[:, None] + 2 * DH + rd[None, :], mask=m2, other=1.0).to(ACC)
+        q3 = _tile(SAVED, prv + DH, rd, m2, ACC)
+        q4 = _tile(SAVED, prv + 2 * DH, rd, m2, ACC)
+        q5 = _tile(SAVED, cur + 3 * DH, rd, m2, ACC)
+        q6 = _tile(SAVED, cur + 4 * DH, rd, m2, ACC)
+        q7 = _tile(SAVED, cur + 5 * DH, rd, m2, ACC)
+        q8 = _tile(SAVED, cur + 6 * DH, rd, m2, ACC)
+        q9 = _tile(SAVED, cur + 7 * DH, rd, m2, ACC)
+        q10 = _tile(SAVED, cur + 8 * DH, rd, m2, ACC)
+    return dy, hp, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10
+
+
+@triton.jit
 def fused_bwd_kernel(
     DY, DLAST, R, SAVED, DG, DS0, DR_PART, DB_PART,
     B, T, NH, DH,
@@ -266,59 +310,28 @@ def fused_bwd_kernel(
     g_row = (rb * T * NH + pid_h) * GB * DH
     g_t = NH * GB * DH
 
+    # step T-1's saved tiles; each step prefetches the step before it (they do not depend on dh)
+    q = _bwd_loads(DY, SAVED, y_row + (T - 1) * y_t, sv_row + T * sv_t, sv_row + (T - 1) * sv_t, rd, m2, DH, CELL, ACC)
     for tt in range(T):
         t = T - 1 - tt
-        cur = sv_row + (t + 1) * sv_t  # step t's saved slots
-        prv = sv_row + t * sv_t  # the states before step t
-        dh = _tile(DY, y_row + t * y_t, rd, m2, ACC) + dh_rec
-        h_prev = _tile(SAVED, prv, rd, m2, ACC)
+        dy, h_prev, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10 = q
+        tp = tl.maximum(t - 1, 0)
+        q = _bwd_loads(DY, SAVED, y_row + tp * y_t, sv_row + (tp + 1) * sv_t, sv_row + tp * sv_t, rd, m2, DH, CELL, ACC)
+        dh = dy + dh_rec
         gp = g_row + t * g_t
         if CELL == ELMAN:
-            d0 = elman_bwd(dh, _tile(SAVED, cur, rd, m2, ACC))
-            d0 = tl.where(m2, d0, 0.0)
+            d0 = tl.where(m2, elman_bwd(dh, q1), 0.0)
             d1 = d0
             d2 = d0
             d3 = d0
             direct = dh * 0.0
         if CELL == LSTM:
-            d0, d1, d2, d3, dc = lstm_bwd(
-                dh,
-                dc,
-                _tile(SAVED, cur + DH, rd, m2, ACC),
-                _tile(SAVED, prv + DH, rd, m2, ACC),
-                _tile(SAVED, cur + 2 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 3 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 4 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 5 * DH, rd, m2, ACC),
-            )
+            d0, d1, d2, d3, dc = lstm_bwd(dh, dc, q1, q2, q3, q4, q5, q6)
             direct = dh * 0.0
         if CELL == GRU:
-            d0, d1, d2, d3, direct = gru_bwd(
-                dh,
-                h_prev,
-                _tile(SAVED, cur + DH, rd, m2, ACC),
-                _tile(SAVED, cur + 2 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 3 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 4 * DH, rd, m2, ACC),
-            )
+            d0, d1, d2, d3, direct = gru_bwd(dh, h_prev, q1, q2, q3, q4)
         if CELL == SLSTM:
-            n_cur = tl.load(SAVED + cur[:, None] + 2 * DH + rd[None, :], mask=m2, other=1.0).to(ACC)
-            d0, d1, d2, d3, dc, dn, dm = slstm_bwd(
-                dh,
-                dc,
-                dn,
-                dm,
-                _tile(SAVED, cur + DH, rd, m2, ACC),
-                n_cur,
-                _tile(SAVED, prv + DH, rd, m2, ACC),
-                _tile(SAVED, prv + 2 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 3 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 4 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 5 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 6 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 7 * DH, rd, m2, ACC),
-                _tile(SAVED, cur + 8 * DH, rd, m2, ACC),
-            )
+            d0, d1, d2, d3, dc, dn, dm = slstm_bwd(dh, dc, dn, dm, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10)
             direct = dh * 0.0
 
         # gate gradients = input / bias gradients (eq. 5-6); padded rows and columns are zero
