@@ -8,7 +8,8 @@ copy bandwidth or FLOPs / matmul rate, ``limit_ms``) as a dashed black line.
 
 The sequence length comes from ``extra`` (``seq_len``, ``length``, ``S``, ``T``, ``L``) or from the
 shape string: ``S4096`` (mlstm), ``L4096`` (ssd), ``T1024`` (fused_rnn), or ``G16 … L64`` (chunks ×
-chunk size). The rest of the shape names the configuration (``B8 NH8 DQK128 DV128``). Rows without a
+chunk size). The rest of the shape names the configuration (``B8 NH8 DQK128 DV128``; single-length
+configurations that differ only in the batch, as in a constant-token grid, share one line). Rows without a
 time (skipped, out of memory) or without a length are left out and counted.
 
 Writes ``<out>/<json stem>.{png,pdf,csv}`` (default ``--out``: the JSON's folder).
@@ -56,6 +57,16 @@ def parse_length(shape: str, extra: dict[str, Any] | None = None) -> tuple[int |
         if key in values:
             return values[key], " ".join(t for t in tokens if not re.fullmatch(rf"{key}\d+", t))
     return None, shape
+
+
+def merge_batch_sweeps(df: pd.DataFrame) -> pd.Series:
+    """Configurations that hold a single length and differ from each other only in the batch
+    (``B32 S2048``, ``B8 S8192``: a constant-token grid) become one line, named ``… (B varies)``."""
+    lengths = df.groupby("config")["L"].nunique()
+    single = {c for c, n in lengths.items() if n == 1}
+    stripped = {c: " ".join(t for t in c.split() if not re.fullmatch(r"B\d+", t)) for c in single}
+    groups = pd.Series(stripped).value_counts() if stripped else pd.Series(dtype=int)
+    return df["config"].map(lambda c: f"{stripped[c]} (B varies)" if c in stripped and groups[stripped[c]] > 1 else c)
 
 
 def load_bench(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -156,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
             raise ValueError(f"{path}: no timed rows with a sequence length to plot"
                              + (" (after the filters)" if args.direction or args.dtype or args.impls else ""))
         df["L"] = df["L"].astype(int)
+        df["config"] = merge_batch_sweeps(df)
         df["panel"] = df["config"] + " · " + df["direction"] + " · " + df["dtype"]
         family = df["family"].iloc[0]
         title = f"{family} kernels on {env.get('device', 'unknown device')} (commit {env.get('commit', '?')}, {env.get('date', '')[:10]})"

@@ -55,6 +55,16 @@ def test_cli_plots_every_timed_row(bench_json, tmp_path):
     assert len(pd.read_csv(only[2])) == 3
 
 
+def test_constant_token_grid_is_one_line(tmp_path):
+    from analysis.kernels import merge_batch_sweeps
+
+    rows = [BenchRow("mlstm", "ours", f"B{B} NH8 S{S} DQK128 DV128", "fwd", "bfloat16", 1.0 + S / 1e4)
+            for B, S in ((32, 2048), (8, 8192), (1, 65536))]
+    rows.append(BenchRow("mlstm", "ours", "B4 NH8 S512 DQK64 DV64", "fwd", "bfloat16", 0.5))
+    df, _ = load_bench(write_json("mlstm", rows, {"device": "x", "date": "2025"}, out_dir=tmp_path))
+    assert merge_batch_sweeps(df).tolist() == ["NH8 DQK128 DV128 (B varies)"] * 3 + ["B4 NH8 DQK64 DV64"]
+
+
 def test_bad_json_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
