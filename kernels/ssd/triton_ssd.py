@@ -95,7 +95,8 @@ def _chunk_attn(q, k, v, S, acum, dtT, Q, *, reverse, out_heads, out_dtype, w=No
     n_out = H // hpp
     out = _empty(batch, L, n_out, DV, device=q.device, dtype=out_dtype)
     dot = _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if w is not None else acum
-    BT = min(Q, 128 if q.element_size() == 2 else 64)
+    # 128-row tiles only where they fit in shared memory (16-bit inputs, head dim and state <= 64)
+    BT = min(Q, 128 if q.element_size() == 2 and max(DK, DV) <= 64 else 64)
     grid = (Lp // BT, batch * n_out)
     w_ = w if w is not None else v
     cb_ = cb if cb is not None else S

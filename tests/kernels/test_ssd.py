@@ -159,11 +159,13 @@ def test_triton_bad_inputs():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 3e-3), (torch.bfloat16, 3e-2)])
-def test_triton_cuda(dtype, tol):
-    inp = {k: v.cuda() for k, v in _inputs(2, 300, 8, 64, 1, 64, torch.float64, 9).items()}
-    y, f, g = _run("triton", {k: v.to(dtype) for k, v in inp.items()}, 64)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 3e-3), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("N", [64, 128])
+def test_triton_cuda(dtype, tol, N):
+    inp = {k: v.cuda() for k, v in _inputs(2, 300, 8, 64, 1, N, torch.float64, 9).items()}
+    y, f, g = _run("triton", {k: v.to(dtype) for k, v in inp.items()}, 128)
     y_ref, f_ref, g_ref = _run("chunked", inp, 64)
     assert _rel(y, y_ref) < tol and _rel(f, f_ref) < tol
     for k in g_ref:
-        assert _rel(g[k], g_ref[k]) < tol, k
+        # dA sums rowsum - colsum terms that cancel: TF32/bf16 products leave it ~4x less accurate
+        assert _rel(g[k], g_ref[k]) < (4 * tol if k == "A" else tol), k
