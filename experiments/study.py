@@ -66,6 +66,8 @@ def open_storage(url: str | None, out_dir: Path, stale_timeout: int = STALE_TIME
     if url.startswith(("postgresql", "mysql", "sqlite")):
         import warnings
 
+        url = _with_driver(url)
+
         from optuna.storages import RetryFailedTrialCallback
 
         with warnings.catch_warnings():
@@ -83,6 +85,16 @@ def open_storage(url: str | None, out_dir: Path, stale_timeout: int = STALE_TIME
                 msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ValueError(f"cannot open --storage (host {url.split('@')[-1]!r}): {msg}") from None
     raise ValueError(f"unsupported --storage {url!r}: use postgresql://..., mysql://... or omit it for the journal file")
+
+
+def _with_driver(url: str) -> str:
+    """``postgresql://`` -> ``postgresql+psycopg2://`` when psycopg 3 (SQLAlchemy 2.1's default) is absent."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
 
 
 def uses_heartbeat_files(storage: BaseStorage) -> bool:

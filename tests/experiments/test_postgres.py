@@ -71,7 +71,7 @@ def postgres_url(tmp_path_factory):
     if started.returncode:
         pytest.skip(f"pg_ctl start failed: {started.stderr.strip() or (root / 'server.log').read_text()[-500:]}")
     try:
-        yield f"postgresql+psycopg2://suite@127.0.0.1:{port}/postgres"
+        yield f"postgresql://suite@127.0.0.1:{port}/postgres"
     finally:
         run(pg_ctl, "-D", data, "-m", "immediate", "stop")
 
