@@ -98,9 +98,11 @@ def match_entry(task: str, config: dict[str, Any], entries: list[PaperEntry]) ->
     """The entry of ``entries`` for a results group of ``task`` with full ``config``, or ``None``.
 
     Only the options that tell the paper's columns of one task apart are compared (k-hop: ``k``
-    and the vocabulary), so a shortened run (other ``seq_len``) still lines up with its column.
+    and the vocabulary), so a shortened run (other ``seq_len``) still lines up with its column; but
+    the protocol must agree: a length-extrapolation run only matches an extrapolation column.
     """
-    same = [e for e in entries if e.task == task]
+    extrap = bool(config.get("extrapolation"))
+    same = [e for e in entries if e.task == task and bool(e.options.get("extrapolation")) == extrap]
     if len(same) <= 1:
         return same[0] if same else None
     configs = [full_task_config(e.task, e.options) for e in same]

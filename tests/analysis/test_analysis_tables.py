@@ -86,6 +86,12 @@ def test_paper_numbers_side_by_side(results):
     assert _get(summary, "khop k=1 vocab_size=10", "transformer")["paper"] == 0.82
     assert _get(summary, "khop k=2 vocab_size=5", "flashgru")["paper"] == 1.0
     assert math.isnan(_get(summary, "parity no extrapolation", "gru")["paper"])  # gru is not in Table 6
+    # a length-extrapolation run is not Table 6's Parity† (fixed length), but it is paper 001's Table 2
+    assert math.isnan(_get(summary, "parity train 3-20", "elman")["paper"])
+    extrap = summary_table(load_results(results), paper="flashrnn-parity")
+    elman = _get(extrap, "parity train 3-20", "elman")
+    assert (elman["paper"], elman["paper_metric"], elman["paper_aggregate"]) == (1.0, "extrap/mean_acc", "mean_at_best_lr")
+    assert math.isnan(_get(extrap, "parity no extrapolation", "gru")["paper"])
     md = to_markdown(summary, paper="pararnn-table6")
     assert "78.0 [32.2k] (best)" in md
     assert "97.0 (83.7 ± 16.1)" in md  # gru parity: best (mean ± std) in %
