@@ -131,6 +131,22 @@ def test_closed_form_jacobians_equal_autograd(cell):
     assert check.ok and check.closed_form_error < 1e-12 and check.off_structure == 0.0
 
 
+def test_structured_jacobian_by_autograd():
+    torch.manual_seed(0)
+    for cell in (DiagCell(3, 4), Block2Cell(3, 4), DenseCell(3, 4)):
+        cell = cell.double()
+        h, x = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+        full = torch.func.vmap(torch.func.jacrev(cell.recurrence_step))(h, x)  # (5, 4, 4)
+        got = cell.structured_jacobian(h, x)
+        if cell.jacobian == "diag":
+            want = torch.diagonal(full, dim1=-2, dim2=-1)
+        elif cell.jacobian == "block2":
+            want = torch.stack([torch.stack([torch.diagonal(full[:, 2 * i:2 * i + 2, 2 * j:2 * j + 2], dim1=-2, dim2=-1) for j in range(2)], 1) for i in range(2)], 1)
+        else:
+            want = full
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_verify_jacobian_catches_wrong_declarations():
     for cell, fits in [(DenseDeclaredDiag, "dense"), (Block2DeclaredDiag, "block2")]:
         with pytest.raises(ValueError, match=f"declares jacobian='diag'.*declare jacobian='{fits}'"):
