@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger("analysis")
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 

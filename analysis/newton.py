@@ -25,8 +25,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -166,7 +167,6 @@ def residual_curves(mixer, make_input: Callable[[int], torch.Tensor], lengths: S
 
 def plot(df: pd.DataFrame, title: str, eps: float):
     """Rows: cells; columns: panels (fresh, trained); one line per length (viridis, light = long)."""
-    import matplotlib.pyplot as plt
     import seaborn as sns
 
     from analysis.plotting import SEQUENTIAL, as_categories

@@ -7,8 +7,8 @@ Every figure is written three times beside each other: ``<stem>.png`` (for the R
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 

@@ -23,13 +23,20 @@ import logging
 import math
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 
 from analysis.cli import run, setup_logging
-from analysis.paper_numbers import PaperEntry, full_task_config, match_entry, paper_entries, reproduction_presets
+from analysis.paper_numbers import (
+    PaperEntry,
+    full_task_config,
+    match_entry,
+    paper_entries,
+    reproduction_presets,
+)
 
 log = logging.getLogger("analysis.tables")
 
@@ -146,32 +153,32 @@ def summary_table(df: pd.DataFrame, paper: str | None = None) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------------------------- formatting
 def _pct(x: float) -> str:
-    return "–" if x != x else f"{100 * x:.1f}"
+    return "–" if pd.isna(x) else f"{100 * x:.1f}"
 
 
 def _params(n: float) -> str:
-    return "–" if n != n else f"{n / 1000:.1f}k"
+    return "–" if pd.isna(n) else f"{n / 1000:.1f}k"
 
 
 def cell_text(r: pd.Series, metric: str) -> str:
     """``best (mean ± std)`` in %, just ``best`` for one seed, ``–`` when nothing finished."""
     best, mean, std = r.get(f"{metric} best", math.nan), r.get(f"{metric} mean", math.nan), r.get(f"{metric} std", math.nan)
-    if best != best:
+    if pd.isna(best):
         return "–"
     return _pct(best) if r["seeds"] <= 1 else f"{_pct(best)} ({_pct(mean)} ± {_pct(std)})"
 
 
 def _paper_text(r: pd.Series) -> str:
-    if "paper" not in r or r["paper"] != r["paper"]:
+    if "paper" not in r or pd.isna(r["paper"]):
         return ""
     stat = "mean" if r["paper_aggregate"] == "mean_at_best_lr" else "best"
-    params = f" [{_params(r['paper_params'])}]" if r["paper_params"] == r["paper_params"] else ""
+    params = "" if pd.isna(r["paper_params"]) else f" [{_params(r['paper_params'])}]"
     return f"{_pct(r['paper'])}{params} ({stat})"
 
 
 def _summary_cell(r: pd.Series, tex: bool = False) -> str:
     text = cell_text(r, r["main"])
-    if r["params"] == r["params"]:
+    if pd.notna(r["params"]):
         text += f" [{_params(r['params'])}]"
     if r["failed"]:
         text += f" {r['failed']}✗" if not tex else f" ({r['failed']} failed)"
@@ -206,9 +213,9 @@ def to_markdown(summary: pd.DataFrame, sources: Sequence[str] = (), paper: str |
             sel = summary[(summary["task_label"] == label) & (summary["mixer"] == mixer)]
             cells.append(_summary_cell(sel.iloc[0]) if len(sel) else "")
         lines.append(f"| {mixer} | " + " | ".join(cells) + " |")
-    lines += ["", "Accuracy in %: best over seeds (mean ± std over seeds in brackets); per seed the learning rate "
+    lines += ["", ("Accuracy in %: best over seeds (mean ± std over seeds in brackets); per seed the learning rate "
               "with the best validation accuracy. `[params]`: trainable parameters. `n✗`: failed trials. "
-              "Extrapolation columns report the mean accuracy over the evaluation lengths."]
+              "Extrapolation columns report the mean accuracy over the evaluation lengths.")]
     if paper:
         entries = paper_entries(paper)
         lines.append(f"`paper`: {entries[0].source if entries else paper} (preset `{paper}`); `(best)`: the paper "

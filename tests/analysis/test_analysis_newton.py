@@ -1,7 +1,6 @@
 """analysis.newton: residual curves for any cell (one defined here), fresh and from trained checkpoints."""
 
 import json
-import math
 
 import pandas as pd
 import pytest
@@ -119,7 +118,7 @@ def test_cli_trained_panel_from_checkpoints(sweep_dir, tmp_path):
 def test_mixer_input_matches_the_model(sweep_dir):
     from analysis.newton import load_trial
 
-    spec, model = load_trial(find_checkpoints(sweep_dir)[f"{__name__}:TanhCell"])
+    _spec, model = load_trial(find_checkpoints(sweep_dir)[f"{__name__}:TanhCell"])
     assert float(model.mixer.cells[0].a[0]) == -0.25  # the weights were loaded
     tokens = torch.randint(0, 2, (2, 9))
     x = mixer_input(model, tokens)
