@@ -283,8 +283,9 @@ def bench_gpu(cells, lengths, B, D, quick, dev: str = "cuda") -> list[BenchRow]:
     return rows
 
 
-SWEEP = {"gru": [(64, 16, 4), (32, 16, 4), (64, 8, 4), (128, 16, 8), (32, 8, 2), (64, 32, 4), (128, 8, 4)],
-         "lstm": [(32, 16, 4), (16, 16, 4), (32, 8, 4), (64, 16, 8), (16, 8, 2), (64, 8, 4)]}
+# first sweep (H200, 2026-11-21): 8 channels per program beat 16/32 (more programs), long chunks beat short
+SWEEP = {"gru": [(128, 8, 4), (256, 8, 8), (128, 4, 4), (64, 8, 2), (256, 8, 4), (64, 16, 4)],
+         "lstm": [(64, 8, 4), (128, 8, 8), (64, 4, 4), (128, 8, 4), (32, 8, 2), (32, 16, 4)]}
 
 
 def sweep(cells, lengths, B, D, dev="cuda") -> list[BenchRow]:

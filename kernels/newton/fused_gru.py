@@ -32,8 +32,8 @@ from kernels.newton.fused_common import check_fused_inputs, compose, compose_exc
 
 def config(L: int, Ds: int) -> tuple[int, int, int]:
     """``(CH, BD, num_warps)``: steps per chunk, state channels per program, warps."""
-    bd = 16 if Ds >= 16 else triton.next_power_of_2(Ds)
-    return 64, bd, 4
+    bd = 8 if Ds >= 8 else triton.next_power_of_2(Ds)
+    return 128, bd, 4
 
 
 @triton.jit
@@ -132,14 +132,14 @@ def _gru_bwd_kernel(
     uoff = n.to(tl.int64) * L * 3 * Ds
     hoff = n.to(tl.int64) * L * Ds
     idx = tl.arange(0, CH)
-    first = (idx == 0)[:, None]
+    chunk_start = (idx == CH - 1)[:, None]  # the chunk's first step sits in the tile's last row
     lam_carry = tl.zeros([BD], dtype=tl.float32)
     acc_z = tl.zeros([CH, BD], dtype=tl.float32)
     acc_r = tl.zeros([CH, BD], dtype=tl.float32)
     acc_c = tl.zeros([CH, BD], dtype=tl.float32)
     n_chunks = tl.cdiv(L, CH)
     for i in range(0, n_chunks):
-        rows = (n_chunks - 1 - i) * CH + idx
+        rows = (n_chunks - 1 - i) * CH + (CH - 1 - idx)  # reversed rows: the adjoint scan runs forward over the tile
         mask = (rows < L)[:, None] & lmask[None, :]
         pmask = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
         nmask = (rows + 1 < L)[:, None] & lmask[None, :]
@@ -156,9 +156,9 @@ def _gru_bwd_kernel(
         nc = tl.load(u_ptr + uo + 5 * Ds, mask=nmask, other=0.0)
         _, jn = _cell(h, nz, nr, nc, az, ar, ac)  # J_{t+1}, evaluated at (h_t, u_{t+1})
         jn = tl.where(nmask, jn, 0.0)
-        P, Y = tl.associative_scan((jn, g), 0, compose, reverse=True)
+        P, Y = tl.associative_scan((jn, g), 0, compose)
         lam = Y + P * lam_carry[None, :]  # lambda_t = g_t + J_{t+1} lambda_{t+1}
-        lam_carry = row_of(lam, first)
+        lam_carry = row_of(lam, chunk_start)
         z = sigmoid(az * hp + uz)
         r = sigmoid(ar * hp + ur)
         c = tanh(ac * (hp * r) + uc)

@@ -29,8 +29,8 @@ from kernels.newton.fused_common import check_fused_inputs, compose2, compose2_e
 
 def config(L: int, Ds: int) -> tuple[int, int, int]:
     """``(CH, BD, num_warps)``: steps per chunk, state channels per program, warps."""
-    bd = 16 if Ds >= 16 else triton.next_power_of_2(Ds)
-    return 32, bd, 4
+    bd = 8 if Ds >= 8 else triton.next_power_of_2(Ds)
+    return 64, bd, 4
 
 
 @triton.jit
@@ -157,7 +157,7 @@ def _lstm_bwd_kernel(
     uoff = n.to(tl.int64) * L * 3 * Ds
     soff = n.to(tl.int64) * L * 2 * Ds
     idx = tl.arange(0, CH)
-    first = (idx == 0)[:, None]
+    chunk_start = (idx == CH - 1)[:, None]  # the chunk's first step sits in the tile's last row
     lc_carry = tl.zeros([BD], dtype=tl.float32)
     lh_carry = tl.zeros([BD], dtype=tl.float32)
     acc_af = tl.zeros([CH, BD], dtype=tl.float32)
@@ -167,7 +167,7 @@ def _lstm_bwd_kernel(
     acc_po = tl.zeros([CH, BD], dtype=tl.float32)
     n_chunks = tl.cdiv(L, CH)
     for i in range(0, n_chunks):
-        rows = (n_chunks - 1 - i) * CH + idx
+        rows = (n_chunks - 1 - i) * CH + (CH - 1 - idx)  # reversed rows: the adjoint scan runs forward over the tile
         mask = (rows < L)[:, None] & lmask[None, :]
         pmask = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
         nmask = (rows + 1 < L)[:, None] & lmask[None, :]
@@ -191,11 +191,11 @@ def _lstm_bwd_kernel(
         j01 = tl.where(nmask, j01, 0.0)
         j10 = tl.where(nmask, j10, 0.0)
         j11 = tl.where(nmask, j11, 0.0)
-        P00, P01, P10, P11, Yc, Yh = tl.associative_scan((j00, j10, j01, j11, gc, gh), 0, compose2, reverse=True)
+        P00, P01, P10, P11, Yc, Yh = tl.associative_scan((j00, j10, j01, j11, gc, gh), 0, compose2)
         lc = Yc + P00 * lc_carry[None, :] + P01 * lh_carry[None, :]
         lh = Yh + P10 * lc_carry[None, :] + P11 * lh_carry[None, :]
-        lc_carry = row_of(lc, first)
-        lh_carry = row_of(lh, first)
+        lc_carry = row_of(lc, chunk_start)
+        lh_carry = row_of(lh, chunk_start)
         # local gradients of step t at (s_{t-1}, u_t)
         f = sigmoid(af * hp + uf + pf * cp)
         z = tanh(az * hp + uz)

@@ -7,7 +7,9 @@ result once: one pass over memory, ``12`` bytes per element (diagonal, float32, 
 
 Modes (constexpr):
 
-- ``REVERSE``: scan from the end (chunk ``k`` in scan order is memory chunk ``n_chunks - 1 - k``).
+- ``REVERSE``: scan from the end (chunk ``k`` in scan order is memory chunk ``n_chunks - 1 - k``, and
+  the tile holds its rows in reverse memory order, so the in-register scan always runs forward:
+  Triton lowers ``reverse=True`` scans with warp shuffles even when a thread owns the whole axis).
 - ``GRAD``: the backward of a scan of the *opposite* direction. The coefficient of row ``t`` is the
   forward coefficient at the previous position in this kernel's scan order ``p(t)``
   (``t + 1`` when ``REVERSE``, ``t - 1`` otherwise), transposed for 2x2 blocks; besides the result
@@ -58,7 +60,8 @@ def _diag_scan_kernel(
     b = lt // n_dt
     dt = lt % n_dt
     m = n_chunks - 1 - k if REVERSE else k
-    rows = m * CH + tl.arange(0, CH)
+    # reverse: the tile's rows in reverse memory order, so the scan always runs forward over the tile
+    rows = m * CH + ((CH - 1 - tl.arange(0, CH)) if REVERSE else tl.arange(0, CH))
     lanes = dt * BD + tl.arange(0, BD)
     lmask = lanes < D
     mask = (rows < L)[:, None] & lmask[None, :]
@@ -73,8 +76,8 @@ def _diag_scan_kernel(
         a = tl.load(c_ptr + offs, mask=mask, other=1.0).to(tl.float32)
     a = tl.where(mask, a, 1.0)  # rows past the end are the identity map
 
-    A, Y = tl.associative_scan((a, x), 0, _compose, reverse=REVERSE)
-    sel = (tl.arange(0, CH) == (0 if REVERSE else CH - 1))[:, None]
+    A, Y = tl.associative_scan((a, x), 0, _compose)
+    sel = (tl.arange(0, CH) == CH - 1)[:, None]  # the chunk's last step in scan order
     agg_a = _row_of(A, sel)
     agg_y = _row_of(Y, sel)
 
@@ -122,7 +125,8 @@ def _block2_scan_kernel(
     b = lt // n_dt
     dt = lt % n_dt
     m = n_chunks - 1 - k if REVERSE else k
-    rows = m * CH + tl.arange(0, CH)
+    # reverse: the tile's rows in reverse memory order, so the scan always runs forward over the tile
+    rows = m * CH + ((CH - 1 - tl.arange(0, CH)) if REVERSE else tl.arange(0, CH))
     lanes = dt * BD + tl.arange(0, BD)
     lmask = lanes < D
     mask = (rows < L)[:, None] & lmask[None, :]
@@ -151,9 +155,9 @@ def _block2_scan_kernel(
     a11 = tl.where(mask, a11, 1.0)
 
     A00, A01, A10, A11, Y0, Y1 = tl.associative_scan(
-        (a00, a01, a10, a11, x0, x1), 0, _compose2, reverse=REVERSE
+        (a00, a01, a10, a11, x0, x1), 0, _compose2
     )
-    sel = (tl.arange(0, CH) == (0 if REVERSE else CH - 1))[:, None]
+    sel = (tl.arange(0, CH) == CH - 1)[:, None]  # the chunk's last step in scan order
     g00 = _row_of(A00, sel)
     g01 = _row_of(A01, sel)
     g10 = _row_of(A10, sel)

@@ -32,11 +32,17 @@ _WS_OFFSET = 16  # int64 words before the look-back records (the ticket counter 
 
 
 def config(L: int, D: int, block2: bool) -> tuple[int, int, int]:
-    """``(CH, BD, num_warps)``: time steps per chunk, channels per tile, warps per program."""
+    """``(CH, BD, num_warps)``: time steps per chunk, channels per tile, warps per program.
+
+    Diagonal: ``BD = 128 * num_warps`` channels make Triton give every thread 4 adjacent channels
+    (16-byte accesses) and *all* ``CH`` steps of them, so the in-chunk scan is sequential in
+    registers (no shuffles, no shared memory); small chunks keep registers low and programs many.
+    2x2 blocks hold six tiles, so they use smaller tiles spread over more threads.
+    """
     if block2:
-        return 64, (32 if D > 16 else 16), 8
-    bd = 64 if D >= 64 else max(16, triton.next_power_of_2(D))
-    return 128, bd, 8
+        return 32, (32 if D > 16 else 16), 4
+    bd = min(256, max(16, triton.next_power_of_2(D)))
+    return 16, bd, max(1, bd // 128)
 
 
 def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> None:
