@@ -147,13 +147,14 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     columns = paper.get("columns", {})
     entries = list(dict.fromkeys(table["entry"]))
     lines = [f"# Reproduction: {name}", "", f"Paper: {paper.get('source', '')}.", "",
-             f"- Device: {meta.get('device', '?')}; date: {meta.get('date', '?')}; workers: {meta.get('workers', '?')}; "
-             f"wall time of this invocation: {meta.get('wall_min', float('nan')):.1f} min "
-             f"(trials' own training+test time, summed: {meta.get('trial_min', float('nan')):.1f} min).",
+             f"- Device: {meta.get('device', '?')}; date: {meta.get('date', '?')}; "
+             + (f"workers: {meta.get('workers', '?')}; wall time of this invocation: {meta.get('wall_min', float('nan')):.1f} min; "
+                if meta.get("ran", True) else "table written from stored results; ")
+             + f"trials' own training+test time, summed: {meta.get('trial_min', float('nan')):.1f} min.",
              f"- Budget: {meta.get('budget', '')}",
              f"- Cells: {meta.get('done', '?')} of {meta.get('cells', '?')} finished; versions: {meta.get('versions', '')}.",
              "", f"Metric: `{paper.get('metric', 'test/acc')}`, "
-             + ("best over 3 seeds (per seed the lr with the best validation accuracy)." if paper.get("aggregate", "best") == "best"
+             + ("best over seeds (per seed the lr with the best validation accuracy)." if paper.get("aggregate", "best") == "best"
                 else "mean over seeds at the learning rate with the best mean validation accuracy (± std)."),
              "Each cell: ours (parameters) / paper (parameters); ✓ same side of 98% as the paper, ✗ the paper "
              "reaches ≥ 98% and we do not, ↑ we reach ≥ 98% where the paper does not.", ""]
@@ -205,13 +206,13 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
     meta = {
         "device": ", ".join(sorted(set(every["device"].astype(str)))) if "device" in every else "none yet",
         "date": time.strftime("%Y-%m-%d"),
-        "workers": workers or 1,
+        "workers": workers or 1, "ran": run,
         "wall_min": info["wall_s"] / 60,
         "trial_min": float(every["wall_time_s"].sum()) / 60 if "wall_time_s" in every else float("nan"),
         "budget": (f"max_steps {train.max_steps} per trial, batch {train.batch_size}, {train.train_size} train / "
                    f"{train.test_size} test sequences, early stop at val acc > {train.early_stop_acc}"
                    + (" — QUICK (CPU smoke check, not a reproduction)" if quick else "")
-                   + (f"; preset budget: {data['budget']}" if data.get("budget") else "")),
+                   + ("; preset budget: " + ", ".join(f"{k} {v}" for k, v in data["budget"].items()) if data.get("budget") else "")),
         "done": info["done"], "cells": info["cells"],
         "versions": ", ".join(f"{k} {v}" for k, v in meta_versions.items()),
     }
