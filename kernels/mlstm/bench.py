@@ -223,8 +223,8 @@ def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, 
                         continue
                     log.warning("%s %s %s failed: %s", sh, dtype_name, name, msg)
                     log.debug("traceback", exc_info=True)
-                    rows.append(BenchRow("mlstm", name, sh, "fwd+bwd", dtype_name, math.nan, errs[0],
-                                         note + "failed: " + msg, extra={"gate": gate}))
+                    rows.append(BenchRow("mlstm", name, sh, "fwd+bwd", dtype_name, math.nan, max_rel_err=errs[0],
+                                         note=note + "failed: " + msg, extra={"gate": gate}))
                     break
             torch.cuda.empty_cache()
 

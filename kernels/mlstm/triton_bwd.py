@@ -33,7 +33,7 @@ def inter_chunk_dstates(
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BL: tl.constexpr, EXP: tl.constexpr, HAS_DLAST: tl.constexpr, PREC: tl.constexpr, PREC_DP: tl.constexpr,
 ):
-    pid_k, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_k, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     acc_t = dcst_ptr.dtype.element_ty
     offs_k = pid_k * BK + tl.arange(0, BK)
     offs_v = pid_v * BV + tl.arange(0, BV)
@@ -103,7 +103,7 @@ def intra_chunk_dq(
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BLQ: tl.constexpr, BLKV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr, PREC_DP: tl.constexpr,
 ):
-    pid_q, pid_k, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_q, pid_k, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     NQB: tl.constexpr = L // BLQ
     c = pid_q // NQB
     iq = pid_q % NQB
@@ -182,7 +182,7 @@ def intra_chunk_dk(
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BLQ: tl.constexpr, BLKV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr, PREC_DP: tl.constexpr,
 ):
-    pid_kv, pid_k, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_kv, pid_k, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     NKB: tl.constexpr = L // BLKV
     c = pid_kv // NKB
     ik = pid_kv % NKB
@@ -252,7 +252,7 @@ def intra_chunk_dv(
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BLQ: tl.constexpr, BLKV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr,
 ):
-    pid_kv, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_kv, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     NKB: tl.constexpr = L // BLKV
     c = pid_kv // NKB
     ik = pid_kv % NKB

@@ -9,7 +9,7 @@ on ``(q_t, B_t)`` only through ``exp(B_t) q_t`` and on ``(k_t, log i_t, B_t)`` t
 ``exp(log i_t - B_t) k_t``, ``B`` the cumulative log forget gate), plus the final-state term.
 
 Inputs must be contiguous, on one device (CUDA, or the CPU under ``TRITON_INTERPRET=1``), and of one
-dtype: float32, bfloat16 or float16 (float64 too, for the interpreter and tests). Chunk sizes are
+dtype: float32, bfloat16 or float16 (float64 only under the interpreter, for tests). Chunk sizes are
 powers of two from 16 to 4096; ``S`` need not be a multiple. float32 inputs use TF32 tensor cores
 when ``torch.get_float32_matmul_precision() != "highest"``.
 """
@@ -75,6 +75,27 @@ def _config(L: int, DQK: int, DV: int, dtype: torch.dtype) -> dict:
     return cfg
 
 
+# Fallbacks tried in order when a kernel does not fit the chip's shared memory (seen on an H200 with
+# 3-pass TF32 in float32): fewer pipeline stages, then single-pass TF32. The level that compiled is
+# remembered per kernel and compile-time arguments.
+_LADDER = ({}, {"num_stages": 1}, {"num_stages": 1, "PREC_DP": "tf32"})
+_LEVEL: dict = {}
+
+
+def _launch(kernel, grid, args, meta):
+    key = (kernel.fn.__name__ if hasattr(kernel, "fn") else repr(kernel), tuple(sorted(meta.items())))
+    levels = [lv for lv in _LADDER if "PREC_DP" not in lv or meta.get("PREC_DP") == "tf32x3"]
+    for level in range(_LEVEL.get(key, 0), len(levels)):
+        try:
+            kernel[grid](*args, **dict(meta, **levels[level]))
+        except Exception as err:  # noqa: BLE001 - only Triton's OutOfResources moves down the ladder
+            if type(err).__name__ != "OutOfResources" or level == len(levels) - 1:
+                raise
+            continue
+        _LEVEL[key] = level
+        return
+
+
 def _gates(i_pre, f_pre, exp_gate: bool, L: int, NC: int):
     """Per-chunk gate vectors (padded to NC*L): b (cumulative log f), li, a = g - b + li; g; max(a)."""
     dt = _acc_dtype(i_pre.dtype)
@@ -112,8 +133,8 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
     c0_ = c0 if has_init else cst
     n0_ = n0 if has_init else nst
     if fused:
-        inter_chunk_states[grid](k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, 0, FUSED=True, **args,
-                                 num_warps=cfg["WI"])
+        _launch(inter_chunk_states, grid, (k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, 0),
+                dict(args, FUSED=True, num_warps=cfg["WI"]))
     else:
         if has_init:
             cst[:, :, 0] = c0
@@ -123,8 +144,8 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
             nst[:, :, 0] = 0
         mst[:, :, 0] = m0
         for c in range(NC):
-            inter_chunk_states[grid](k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, c, FUSED=False, **args,
-                                     num_warps=cfg["WI"])
+            _launch(inter_chunk_states, grid, (k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, c),
+                    dict(args, FUSED=False, num_warps=cfg["WI"]))
     return cst, nst, mst
 
 
@@ -134,6 +155,9 @@ def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
         raise ValueError(f"the triton mLSTM needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU), got {q.device}")
     if q.dtype not in DTYPES:
         raise TypeError(f"the triton mLSTM supports {[str(d) for d in DTYPES]}, got {q.dtype}")
+    if q.dtype == torch.float64 and q.is_cuda:
+        raise TypeError("the triton mLSTM runs float64 only under TRITON_INTERPRET=1; on CUDA use float32 "
+                        "or backend='chunkwise'")
     for name, t in (("k", k), ("v", v), ("i_pre", i_pre), ("f_pre", f_pre)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype}, q has {q.dtype}; pass one dtype")
@@ -165,9 +189,9 @@ def mlstm_chunkwise_fwd(
     else:  # unused by mLSTMsig
         mtok, dtok = (torch.zeros(B, NH, NC * L, device=q.device, dtype=cst.dtype) for _ in range(2))
     grid = (NC * (L // cfg["BLQ"]), triton.cdiv(DV, cfg["BV"]), B * NH)
-    intra_chunk_h[grid](q, k, v, b, li, cst, nst, mst, h, mtok, dtok, S, NC, 1.0 / math.sqrt(DQK), eps,
-                        DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
-                        EXP=exp_gate, PREC=_precision(q.dtype), num_warps=cfg["W"], num_stages=cfg["ST"])
+    _launch(intra_chunk_h, grid, (q, k, v, b, li, cst, nst, mst, h, mtok, dtok, S, NC, 1.0 / math.sqrt(DQK), eps),
+            dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
+                 EXP=exp_gate, PREC=_precision(q.dtype), num_warps=cfg["W"], num_stages=cfg["ST"]))
     return h, cst, nst, mst, mtok, dtok, mst[:, :, -1].clone()
 
 
@@ -214,22 +238,23 @@ def mlstm_chunkwise_bwd(
     dnst = _empty(*nst.shape, like=nst)
     has_dlast = dc_last is not None
     grid = (triton.cdiv(DQK, cfg["BKI"]), triton.cdiv(DV, cfg["BVI"]), B * NH)
-    inter_chunk_dstates[grid](
-        q, dh, b, g, mtok, inv, dd, mst, dc_last if has_dlast else dcst, dn_last if has_dlast else dnst,
-        dcst, dnst, S, NC, scale, DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"],
-        EXP=exp_gate, HAS_DLAST=has_dlast, PREC=prec, PREC_DP=prec_dp, num_warps=cfg["WI"])
+    _launch(inter_chunk_dstates, grid,
+            (q, dh, b, g, mtok, inv, dd, mst, dc_last if has_dlast else dcst, dn_last if has_dlast else dnst,
+             dcst, dnst, S, NC, scale),
+            dict(DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate,
+                 HAS_DLAST=has_dlast, PREC=prec, PREC_DP=prec_dp, num_warps=cfg["WI"]))
     common = dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
                   EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"])
     common_dp = dict(common, PREC_DP=prec_dp)
     nkb = triton.cdiv(DQK, cfg["BK"])
     dq, dk, dv = (_empty(*t.shape, like=t) for t in (q, k, v))
     qdq, kdk = (_empty(nkb, B * NH, NC * L, like=q, dtype=acc) for _ in range(2))
-    intra_chunk_dq[(NC * (L // cfg["BLQ"]), nkb, B * NH)](
-        q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale, **common_dp)
-    intra_chunk_dk[(NC * (L // cfg["BLKV"]), nkb, B * NH)](
-        q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale, **common_dp)
-    intra_chunk_dv[(NC * (L // cfg["BLKV"]), triton.cdiv(DV, cfg["BV"]), B * NH)](
-        q, k, dh, b, li, a, mtok, inv, dcst, mst, dv, S, NC, scale, **common)
+    _launch(intra_chunk_dq, (NC * (L // cfg["BLQ"]), nkb, B * NH),
+            (q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale), common_dp)
+    _launch(intra_chunk_dk, (NC * (L // cfg["BLKV"]), nkb, B * NH),
+            (q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale), common_dp)
+    _launch(intra_chunk_dv, (NC * (L // cfg["BLKV"]), triton.cdiv(DV, cfg["BV"]), B * NH),
+            (q, k, dh, b, li, a, mtok, inv, dcst, mst, dv, S, NC, scale), common)
     # gate gradients
     qdq = qdq.sum(0).reshape(B, NH, NC * L)[..., :S]
     kdk = kdk.sum(0).reshape(B, NH, NC * L)[..., :S]

@@ -55,7 +55,7 @@ def inter_chunk_states(
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BL: tl.constexpr, EXP: tl.constexpr, HAS_INIT: tl.constexpr, FUSED: tl.constexpr, PREC: tl.constexpr,
 ):
-    pid_k, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_k, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     offs_k = pid_k * BK + tl.arange(0, BK)
     offs_v = pid_v * BV + tl.arange(0, BV)
     mask_kv = (offs_k[:, None] < DQK) & (offs_v[None, :] < DV)
@@ -107,7 +107,7 @@ def intra_chunk_h(
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BLQ: tl.constexpr, BLKV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr,
 ):
-    pid_q, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_q, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     NQB: tl.constexpr = L // BLQ
     c = pid_q // NQB
     iq = pid_q % NQB
