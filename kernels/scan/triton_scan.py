@@ -34,15 +34,15 @@ _WS_OFFSET = 16  # int64 words before the look-back records (the ticket counter 
 def config(L: int, D: int, block2: bool) -> tuple[int, int, int]:
     """``(CH, BD, num_warps)``: time steps per chunk, channels per tile, warps per program.
 
-    Diagonal: ``BD = 128 * num_warps`` channels make Triton give every thread 4 adjacent channels
-    (16-byte accesses) and *all* ``CH`` steps of them, so the in-chunk scan is sequential in
-    registers (no shuffles, no shared memory); small chunks keep registers low and programs many.
-    2x2 blocks hold six tiles, so they use smaller tiles spread over more threads.
+    Measured best of a sweep on an H200 (``benchmarks/scan.md``): 4-warp programs of 64 x 64
+    (diagonal) and 32 x 32 (2x2 blocks); 8-warp programs were 2-3x slower. Candidate not yet
+    measured on a GPU: ``BD = 128 * num_warps`` with ``CH = 16``, where every thread owns all
+    ``CH`` steps of 4 adjacent channels so the in-chunk scan needs no shuffles or shared memory
+    (``python -m kernels.bench scan --sweep`` times it).
     """
     if block2:
         return 32, (32 if D > 16 else 16), 4
-    bd = min(256, max(16, triton.next_power_of_2(D)))
-    return 16, bd, max(1, bd // 128)
+    return 64, min(64, max(16, triton.next_power_of_2(D))), 4
 
 
 def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> None:
