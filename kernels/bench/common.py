@@ -131,6 +131,9 @@ def print_table(rows: Iterable[BenchRow], *, baseline: str | None = None) -> str
         for r in rows:
             if r.impl == baseline:
                 base[(r.shape, r.direction, r.dtype)] = r.ms
+    def num(x: object, spec: str) -> str:
+        return format(x, spec) if isinstance(x, (int, float)) and x == x else "-"
+
     head = "| shape | dtype | dir | impl | ms | vs " + (baseline or "-") + " | limit ms | limit/ms | rel err | note |"
     lines = [head, "|" + "---|" * 10]
     for r in rows:
@@ -138,8 +141,8 @@ def print_table(rows: Iterable[BenchRow], *, baseline: str | None = None) -> str
         ratio = r.ms / b if b == b and r.ms == r.ms else math.nan
         eff = r.limit_ms / r.ms if r.limit_ms == r.limit_ms and r.ms == r.ms else math.nan
         lines.append(
-            f"| {r.shape} | {r.dtype} | {r.direction} | {r.impl} | {r.ms:.4g} | {ratio:.3g}x | "
-            f"{r.limit_ms:.4g} | {eff:.0%} | {r.max_rel_err:.2g} | {r.note} |".replace("nan%", "-")
+            f"| {r.shape} | {r.dtype} | {r.direction} | {r.impl} | {num(r.ms, '.4g')} | {num(ratio, '.3g')}x | "
+            f"{num(r.limit_ms, '.4g')} | {num(eff, '.0%')} | {num(r.max_rel_err, '.2g')} | {r.note} |"
         )
     text = "\n".join(lines)
     print(text)
