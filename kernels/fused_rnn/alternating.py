@@ -110,7 +110,9 @@ def _alt_fwd_step(
         rp += tl.load(bias + DH, mask=mask, other=0.0).to(ACC)
         zp = tl.load(x + DH, mask=mask, other=0.0).to(ACC) + tl.load(ry + 2 * DH, mask=mask, other=0.0)
         zp += tl.load(bias + 2 * DH, mask=mask, other=0.0).to(ACC)
-        npre = tl.load(x + 2 * DH, mask=mask, other=0.0).to(ACC) + tl.load(bias + 3 * DH, mask=mask, other=0.0)
+        npre = tl.load(x + 2 * DH, mask=mask, other=0.0).to(ACC) + tl.load(
+            bias + 3 * DH, mask=mask, other=0.0
+        )
         h, r, z, a = gru_fwd(g, rp, zp, npre, h_prev)
         if SAVE:
             tl.store(sv, h, mask=mask)
@@ -276,7 +278,9 @@ def fused_rnn_alt_bwd(
     spec = cell_spec(cell)
     bsz, length, nh, dh = dh_out.shape
     if saved.dim() != 5 or saved.shape != (bsz, length + 1, nh, NUM_SAVED[cell], dh):
-        raise ValueError(f"fused_rnn_alt_bwd: saved has shape {tuple(saved.shape)}; run the forward with save=True")
+        raise ValueError(
+            f"fused_rnn_alt_bwd: saved has shape {tuple(saved.shape)}; run the forward with save=True"
+        )
     acc = _acc(R.dtype)
     gr = spec.recurrent_gates
     dh_out = dh_out.contiguous()

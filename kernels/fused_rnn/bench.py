@@ -30,7 +30,15 @@ import traceback
 
 import torch
 
-from kernels.bench.common import BenchRow, copy_bandwidth_gbs, environment, matmul_tflops, rel_error, time_ms, write_json
+from kernels.bench.common import (
+    BenchRow,
+    copy_bandwidth_gbs,
+    environment,
+    matmul_tflops,
+    rel_error,
+    time_ms,
+    write_json,
+)
 from kernels.fused_rnn.reference import cell_spec
 
 DEVICE = "cuda"  # the CPU tests set "cpu" (with TRITON_INTERPRET=1) to exercise this module
@@ -42,10 +50,23 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: a name lists "/"-separated overrides of ``fused.launch_config``: bbN (batch block), wN (warps),
 #: ieee | tf32x3 | tf32 (float32 dot precision), accdr | dRafter (dR in registers | after the kernel)
 TUNE = {
-    ("lstm", 16, 12, 64, "float32"): ("bb16/w8/ieee/accdr", "bb16/w8/ieee/dRafter", "bb8/w4/ieee/dRafter",
-                                      "bb4/w4/ieee/dRafter", "bb4/w8/ieee/dRafter", "bb4/w4/ieee/accdr",
-                                      "bb16/w4/tf32x3/dRafter", "bb16/w8/tf32x3/accdr", "bb16/w4/tf32/dRafter"),
-    ("lstm", 16, 12, 64, "bfloat16"): ("bb16/w4/accdr", "bb16/w8/accdr", "bb16/w4/dRafter", "bb16/w8/dRafter"),
+    ("lstm", 16, 12, 64, "float32"): (
+        "bb16/w8/ieee/accdr",
+        "bb16/w8/ieee/dRafter",
+        "bb8/w4/ieee/dRafter",
+        "bb4/w4/ieee/dRafter",
+        "bb4/w8/ieee/dRafter",
+        "bb4/w4/ieee/accdr",
+        "bb16/w4/tf32x3/dRafter",
+        "bb16/w8/tf32x3/accdr",
+        "bb16/w4/tf32/dRafter",
+    ),
+    ("lstm", 16, 12, 64, "bfloat16"): (
+        "bb16/w4/accdr",
+        "bb16/w8/accdr",
+        "bb16/w4/dRafter",
+        "bb16/w8/dRafter",
+    ),
     ("slstm", 16, 12, 64, "float32"): ("bb4/w8/ieee/dRafter", "bb8/w4/ieee/dRafter"),
     ("slstm", 16, 12, 64, "bfloat16"): ("bb16/w4/accdr", "bb16/w8/dRafter"),
     ("lstm", 64, 12, 64, "float32"): ("bb8/w4", "bb16/w8"),
@@ -144,7 +165,7 @@ def check_case(case: Case, overrides: dict | None = None, seed: int = 0) -> dict
         errs = {n: rel_error(a, r) for n, a, r in zip(names, got, ref)}
         out.update(errors=errs, max_rel_err=max(errs.values()), ok=max(errs.values()) <= TOL[case.dtype])
         out["seconds"] = time.perf_counter() - t0
-    except Exception as err:  # report, keep going
+    except Exception as err:  # noqa: BLE001 - report, keep going
         out.update(errors={}, max_rel_err=math.inf, ok=False, error=f"{type(err).__name__}: {err}"[:300])
         out["trace"] = traceback.format_exc()[-1500:]
     finally:
@@ -268,7 +289,7 @@ def limits(case: Case, bw_gbs: float, tflops: dict[str, float]) -> tuple[float, 
     fwd_bytes = n * el * (spec.input_gates + 1)
     train_bytes = fwd_bytes + n * 4 * NUM_SAVED[case.cell] * 2 + n * el * (1 + spec.input_gates)
     rate = tflops[case.dtype] * 1e12
-    floor = lambda f, by: max(f / rate, by / (bw_gbs * 1e9)) * 1e3  # noqa: E731
+    floor = lambda f, by: max(f / rate, by / (bw_gbs * 1e9)) * 1e3
     return floor(flops, fwd_bytes), floor(3 * flops, train_bytes)
 
 
@@ -308,6 +329,7 @@ def _cases(length: int, quick: bool, tune: bool) -> tuple[list[tuple[Case, dict]
             c = Case(cell, 16, length, 6, 128, "float32", backend="fused", variant="w8/Ronchip")
             timed.append((c, parse_variant(c.variant)))
             checks.append((c, parse_variant(c.variant)))
+
     def priority(item):
         c, _ = item
         return (0 if (c.batch, c.num_heads) == (16, 12) else 2) + (1 if c.variant else 0)
@@ -340,15 +362,23 @@ def run_checks(checks: list[tuple[Case, dict]], workers: int, budget_s: float = 
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kernels.bench fused_rnn", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m kernels.bench fused_rnn", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="T=256 and only the 12x64 head shape")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness checks")
     parser.add_argument("--tune", action="store_true", help="also check and time launch variants")
     parser.add_argument("--workers", type=int, default=8, help="processes for the checks (default 8)")
-    parser.add_argument("--cuda-peer", action="store_true", help="also try flashrnn's cuda_fused (builds with nvcc)")
+    parser.add_argument(
+        "--cuda-peer", action="store_true", help="also try flashrnn's cuda_fused (builds with nvcc)"
+    )
     parser.add_argument("--no-vanilla", action="store_true", help="skip the (slow) vanilla loop rows")
-    parser.add_argument("--budget-s", type=float, default=math.inf, help="stop timing this many seconds after the start")
-    parser.add_argument("--check-budget-s", type=float, default=math.inf, help="skip checks not started by then")
+    parser.add_argument(
+        "--budget-s", type=float, default=math.inf, help="stop timing this many seconds after the start"
+    )
+    parser.add_argument(
+        "--check-budget-s", type=float, default=math.inf, help="skip checks not started by then"
+    )
     parser.add_argument("--out", default="benchmarks", help="folder for the JSON (default benchmarks/)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or DEVICE != "cuda":
@@ -358,28 +388,36 @@ def main(argv: list[str]) -> None:
 
     t0 = time.perf_counter()
     results = [] if args.no_check else run_checks(check_list, args.workers, args.check_budget_s)
-    print(f"checks: {sum(r['ok'] for r in results)}/{len(results)} passed in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(
+        f"checks: {sum(r['ok'] for r in results)}/{len(results)} passed in {time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
     errs = {(tuple(r["case"].values()), str(r["overrides"])): r["max_rel_err"] for r in results}
 
     env = environment("cuda")
     bw = copy_bandwidth_gbs()
     tflops = {"float32": matmul_tflops(dtype=torch.float32), "bfloat16": matmul_tflops(dtype=torch.bfloat16)}
     env.update(copy_gbs=bw, matmul_tflops=tflops, checks=results)
-    print(f"copy {bw:.0f} GB/s, matmul fp32 {tflops['float32']:.0f} / bf16 {tflops['bfloat16']:.0f} TFLOP/s", flush=True)
+    print(
+        f"copy {bw:.0f} GB/s, matmul fp32 {tflops['float32']:.0f} / bf16 {tflops['bfloat16']:.0f} TFLOP/s",
+        flush=True,
+    )
     rows: list[BenchRow] = []
 
     def add(impl, case, fwd_ms, fb_ms, err=math.nan, note="", extra=None):
         lim_f, lim_fb = limits(case, bw, tflops)
         for direction, ms, lim in (("fwd", fwd_ms, lim_f), ("fwd+bwd", fb_ms, lim_fb)):
             ex = {"us_per_step": ms * 1e3 / case.length, **(extra or {})}
-            rows.append(BenchRow("fused_rnn", impl, case.shape, direction, case.dtype, ms, lim, err, note, ex))
+            rows.append(
+                BenchRow("fused_rnn", impl, case.shape, direction, case.dtype, ms, lim, err, note, ex)
+            )
         print(f"time {impl:34s} {case.shape:28s} {case.dtype:8s} fwd {fwd_ms:8.3f} ms  fwd+bwd {fb_ms:8.3f} ms {note}",
               flush=True)  # fmt: skip
 
     def attempt(impl, case, thunk, err=math.nan, extra=None):
         try:
             add(impl, case, *thunk(), err=err, extra=extra)
-        except Exception as e:  # a peer that does not build / run here: a row with the reason
+        except Exception as e:  # noqa: BLE001 - a peer that does not build / run here: a row with the reason
             add(impl, case, math.nan, math.nan, note=f"failed: {type(e).__name__}: {str(e)[:120]}")
 
     seen_peer = set()
@@ -388,22 +426,29 @@ def main(argv: list[str]) -> None:
             print(f"time budget of {args.budget_s} s spent: {len(rows) // 2} rows timed, the rest skipped")
             break
         err = errs.get((tuple(dataclasses.asdict(case).values()), str(o)), math.nan)
-        attempt(case.impl, case, lambda: time_ours(case, o), err=err, extra={"overrides": o})
+        attempt(case.impl, case, lambda case=case, o=o: time_ours(case, o), err=err, extra={"overrides": o})
         base = Case(case.cell, case.batch, case.length, case.num_heads, case.head_dim, case.dtype)
         if base in seen_peer:
             continue
         seen_peer.add(base)
         if case.cell in ("lstm", "slstm"):
-            attempt("flashrnn-triton_fused", base, lambda: time_flashrnn(base, "triton_fused"))
+            attempt("flashrnn-triton_fused", base, lambda base=base: time_flashrnn(base, "triton_fused"))
             if args.cuda_peer:
-                attempt("flashrnn-cuda_fused", base, lambda: time_flashrnn(base, "cuda_fused"))
+                attempt("flashrnn-cuda_fused", base, lambda base=base: time_flashrnn(base, "cuda_fused"))
         if case.cell in ("lstm", "gru") and (case.num_heads, case.head_dim) == (12, 64):
             half = torch.float16 if case.dtype == "bfloat16" else torch.float32
             name = f"cudnn-nn.{case.cell.upper()}(768)-{'fp16' if half == torch.float16 else 'fp32'}"
-            attempt(name, base, lambda: time_cudnn(case.cell, case.batch, case.length, half))
-        if not args.no_vanilla and case.cell == "lstm" and case.batch == 16 and (case.num_heads, case.head_dim) == (12, 64):
+            attempt(
+                name, base, lambda case=case, half=half: time_cudnn(case.cell, case.batch, case.length, half)
+            )
+        if (
+            not args.no_vanilla
+            and case.cell == "lstm"
+            and case.batch == 16
+            and (case.num_heads, case.head_dim) == (12, 64)
+        ):
             van = dataclasses.replace(base, backend="reference")
-            attempt("vanilla-loop", base, lambda: time_ours(van))
+            attempt("vanilla-loop", base, lambda van=van: time_ours(van))
 
     path = write_json("fused_rnn", rows, env, args.out)
     print(f"\nwrote {path}\n")
@@ -413,7 +458,7 @@ def main(argv: list[str]) -> None:
 def _summary(rows: list[BenchRow]) -> None:
     """The issue's targets, then a compact table (last in the output)."""
     t = {(r.impl, r.shape, r.direction, r.dtype): r.ms for r in rows}
-    shape = lambda cell: f"{cell} B16 T1024 12x64"  # noqa: E731
+    shape = lambda cell: f"{cell} B16 T1024 12x64"
     checks = [
         ("LSTM fp32 fwd+bwd vs flashrnn triton_fused (<= 0.8)",
          t.get(("ours-triton", shape("lstm"), "fwd+bwd", "float32")),
@@ -439,5 +484,5 @@ def _summary(rows: list[BenchRow]) -> None:
               f"{fb.max_rel_err:.1e} |{' ' + fb.note if fb.note else ''}")  # fmt: skip
     print()
     for name, a, b in checks:
-        ratio = a / b if a and b and a == a and b == b else math.nan
+        ratio = a / b if a and b and not (math.isnan(a) or math.isnan(b)) else math.nan
         print(f"target {name}: {a} ms / {b} ms = {ratio:.3f}")

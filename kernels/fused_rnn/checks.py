@@ -28,7 +28,9 @@ def check_fast_inputs(
         )
     for name, x in tensors.items():
         if x.dtype != wx.dtype:
-            raise TypeError(f"fused_rnn[{backend}]: {name} has dtype {x.dtype} but wx has {wx.dtype}; cast them to one dtype")
+            raise TypeError(
+                f"fused_rnn[{backend}]: {name} has dtype {x.dtype} but wx has {wx.dtype}; cast them to one dtype"
+            )
         if x.device != wx.device:
             raise ValueError(f"fused_rnn[{backend}]: {name} is on {x.device} but wx is on {wx.device}")
         if not x.is_contiguous():

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.fused_rnn.cells_triton import CELL_IDS, NUM_SAVED
-from kernels.fused_rnn.checks import check_fast_inputs, new_output, head_dim_padded
+from kernels.fused_rnn.checks import check_fast_inputs, head_dim_padded, new_output
 from kernels.fused_rnn.fused_kernels import fused_bwd_kernel, fused_fwd_kernel
 from kernels.fused_rnn.reference import cell_spec, fused_rnn_reference
 
@@ -77,7 +77,10 @@ def launch_config(cell: str, batch: int, num_heads: int, dh: int, dtype: torch.d
         acc_dr=tensor_cores and gr * dhp * dhp * 4 <= ON_CHIP_DR_BYTES,
         precision="ieee",
     )
-    return dataclasses.replace(cfg, **OVERRIDES)
+    cfg = dataclasses.replace(cfg, **OVERRIDES)
+    if cfg.block_b < 16:  # dR on chip is a dot over the batch block: K >= 16
+        cfg.acc_dr = False
+    return cfg
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -144,7 +147,9 @@ def fused_rnn_bwd(
     spec = cell_spec(cell)
     bsz, length, nh, dh = dh_out.shape
     if saved.dim() != 5 or saved.shape != (bsz, length + 1, nh, NUM_SAVED[cell], dh):
-        raise ValueError(f"fused_rnn_bwd: saved has shape {tuple(saved.shape)}; run the forward with save=True")
+        raise ValueError(
+            f"fused_rnn_bwd: saved has shape {tuple(saved.shape)}; run the forward with save=True"
+        )
     acc = _acc_dtype(R.dtype)
     dh_out, dlast = dh_out.contiguous(), dlast.contiguous()
     cfg = launch_config(cell, bsz, nh, dh, R.dtype)
@@ -168,7 +173,12 @@ def fused_rnn_bwd(
         dgr = dg[:, :, :, : spec.recurrent_gates]  # the recurrent gates lead the bias gates
         dR = torch.einsum("bthi,bthgj->higj", h_prev.to(acc), dgr.to(acc))
     dwx = dg[:, :, :, spec.bias_gates - spec.input_gates :]
-    return dwx.contiguous() if spec.bias_gates != spec.input_gates else dwx, dR.to(R.dtype), db_part.sum(0).to(R.dtype), ds0
+    return (
+        dwx.contiguous() if spec.bias_gates != spec.input_gates else dwx,
+        dR.to(R.dtype),
+        db_part.sum(0).to(R.dtype),
+        ds0,
+    )
 
 
 @fused_rnn_bwd.register_fake
@@ -184,7 +194,7 @@ def _(cell, dh_out, dlast, R, saved):
 
 
 def _setup_context(ctx, inputs, output):
-    cell, _, R, _, _, save = inputs
+    cell, _, R, _, _, _ = inputs
     _, _, saved = output
     ctx.cell = cell
     ctx.save_for_backward(R, saved)

@@ -311,12 +311,16 @@ def fused_bwd_kernel(
     g_t = NH * GB * DH
 
     # step T-1's saved tiles; each step prefetches the step before it (they do not depend on dh)
-    q = _bwd_loads(DY, SAVED, y_row + (T - 1) * y_t, sv_row + T * sv_t, sv_row + (T - 1) * sv_t, rd, m2, DH, CELL, ACC)
+    q = _bwd_loads(
+        DY, SAVED, y_row + (T - 1) * y_t, sv_row + T * sv_t, sv_row + (T - 1) * sv_t, rd, m2, DH, CELL, ACC
+    )
     for tt in range(T):
         t = T - 1 - tt
         dy, h_prev, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10 = q
         tp = tl.maximum(t - 1, 0)
-        q = _bwd_loads(DY, SAVED, y_row + tp * y_t, sv_row + (tp + 1) * sv_t, sv_row + tp * sv_t, rd, m2, DH, CELL, ACC)
+        q = _bwd_loads(
+            DY, SAVED, y_row + tp * y_t, sv_row + (tp + 1) * sv_t, sv_row + tp * sv_t, rd, m2, DH, CELL, ACC
+        )
         dh = dy + dh_rec
         gp = g_row + t * g_t
         if CELL == ELMAN:

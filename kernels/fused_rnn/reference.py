@@ -54,7 +54,9 @@ def cell_spec(cell: str) -> CellSpec:
     return CELLS[cell]
 
 
-def pointwise(cell: str, wx: torch.Tensor, ry: torch.Tensor, b: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+def pointwise(
+    cell: str, wx: torch.Tensor, ry: torch.Tensor, b: torch.Tensor, states: torch.Tensor
+) -> torch.Tensor:
     """One step of the cell: ``wx (B, NH, G_x, DH)``, ``ry (B, NH, G_r, DH)``, ``b (NH, G_b, DH)``,
     ``states (N_s, B, NH, DH)`` -> new states ``(N_s, B, NH, DH)``."""
     if cell == "elman":
@@ -82,12 +84,14 @@ def pointwise(cell: str, wx: torch.Tensor, ry: torch.Tensor, b: torch.Tensor, st
     raise ValueError(f"unknown cell {cell!r}; known cells: {', '.join(CELLS)}")
 
 
-def check_inputs(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor | None) -> CellSpec:
+def check_inputs(
+    cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor | None
+) -> CellSpec:
     """Validate shapes against ``cell``; raises ``ValueError`` naming the mismatch."""
     spec = cell_spec(cell)
     if wx.dim() != 5:
         raise ValueError(f"wx must be (B, T, NH, G_x, DH), got shape {tuple(wx.shape)}")
-    bsz, _, nh, gx, dh = wx.shape
+    bsz, _, nh, _, dh = wx.shape
     expected = {
         "wx": ((bsz, wx.shape[1], nh, spec.input_gates, dh), tuple(wx.shape)),
         "R": ((nh, dh, spec.recurrent_gates, dh), tuple(R.shape)),

@@ -186,6 +186,12 @@ def test_gpu_matches_reference(cell, dtype, DH):
     s0 = torch.randn(spec.num_states, B, NH, DH, device="cuda", generator=g).abs()
     dy, dlast = torch.randn(B, T, NH, DH, device="cuda"), torch.randn_like(s0)
     got = run("triton", cell, *(x.to(dtype) for x in (wx, R, b, s0)), dy.to(dtype), dlast.to(dtype))
-    ref = run("reference", cell, *(x.to(dtype).double() for x in (wx, R, b, s0)), dy.to(dtype).double(), dlast.to(dtype).double())
+    ref = run(
+        "reference",
+        cell,
+        *(x.to(dtype).double() for x in (wx, R, b, s0)),
+        dy.to(dtype).double(),
+        dlast.to(dtype).double(),
+    )
     for a, r in zip(got, ref):
         assert rel(a, r) <= (1e-4 if dtype == torch.float32 else 2e-2)
