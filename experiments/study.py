@@ -209,7 +209,8 @@ def _fail(storage: BaseStorage, trial_id: int, failure: str, error: str) -> bool
     try:
         storage.set_trial_user_attr(trial_id, "failure", failure)
         storage.set_trial_user_attr(trial_id, "error", error[:2000])
-        return bool(storage.set_trial_state_values(trial_id, TrialState.FAIL) or True)
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        return True
     except (UpdateFinishedTrialError, RuntimeError):
         return False
 
