@@ -11,7 +11,7 @@
 
 Writes ``<out>/probe-report.md`` (the report card), ``probe.json`` (the numbers), and per task
 ``<out>/<task>/results.csv`` / ``table.md``. ``--quick`` (a few minutes on a CPU): short sequences,
-small data, 200 steps, one seed; the full version uses the ``default`` preset (the paper's sizes).
+small data, 600 steps, one seed; the full version uses the ``default`` preset (the paper's sizes).
 A cell whose Jacobian declaration is wrong is still swept, in sequential mode.
 """
 
@@ -33,7 +33,7 @@ log = logging.getLogger("experiments.probe")
 TASKS = ("parity", "keep_nth", "mqar", "khop")
 REFERENCES = ("gru", "flashgru", "transformer")
 QUICK_REFERENCES = ("gru", "transformer")
-QUICK_TRAIN = {"max_steps": 200, "batch_size": 32, "train_size": 1000, "val_size": 200, "test_size": 500, "eval_every": 50}
+QUICK_TRAIN = {"max_steps": 600, "batch_size": 32, "train_size": 1000, "val_size": 200, "test_size": 500, "eval_every": 50}
 QUICK_TASK_OPTIONS = {"parity": {"seq_len": 16}, "keep_nth": {"seq_len": 16, "vocab_size": 16, "n": 3},
                       "mqar": {"seq_len": 24, "vocab_size": 32, "num_kv_pairs": 2}, "khop": {"seq_len": 24, "k": 1}}
 #: test accuracy at or above which a task counts as solved
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("cell", help="module.path:CellClass")
-    p.add_argument("--quick", action="store_true", help="a few minutes on a CPU: small tasks, 200 steps, one seed")
+    p.add_argument("--quick", action="store_true", help="a few minutes on a CPU: small tasks, 600 steps, one seed")
     p.add_argument("--out", type=Path, help="output folder (default: runs/probe/<CellClass>[-quick])")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default: %(default)s)")
     p.add_argument("--references", help=f"comma-separated reference mixers (default: {','.join(REFERENCES)}; "
