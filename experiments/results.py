@@ -77,7 +77,9 @@ def collect(study, cells: Iterable[str], meta: dict[str, Any] | None = None) -> 
     rows = []
     for cell in cells:
         trials = by_cell.get(cell, [])
-        done = [t for t in trials if t.state == TrialState.COMPLETE] or [t for t in trials if t.state == TrialState.FAIL]
+        done = [t for t in trials if t.state == TrialState.COMPLETE] or [
+            t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("failure") != "duplicate"
+        ]
         if done:
             rows.append({**_row(max(done, key=lambda t: t.number)), **(meta or {})})
     return pd.DataFrame(rows)
