@@ -94,8 +94,8 @@ def sequential_apply(
         return u.new_zeros(_state_shape(u, time_dim, state_size))
     h = u.new_zeros((*u.shape[:time_dim], state_size))
     out = []
-    for t in range(L):
-        h = step(h, u.select(time_dim, t), *params)
+    for u_t in u.unbind(time_dim):  # one unbind: its backward is O(L), L selects' would be O(L^2)
+        h = step(h, u_t, *params)
         out.append(h)
     return torch.stack(out, dim=time_dim)
 

@@ -43,8 +43,8 @@ def linear_scan_block2_torch(C: torch.Tensor, x: torch.Tensor, reverse: bool = F
     if reverse:
         return linear_scan_block2_torch(C.flip(1), x.flip(1)).flip(1)
     L, s = x.shape[1], 1
-    a, b, c, d = C[:, :, 0, 0], C[:, :, 0, 1], C[:, :, 1, 0], C[:, :, 1, 1]
-    x0, x1 = x[:, :, 0], x[:, :, 1]
+    a, b, c, d = (C[:, :, i, j].contiguous() for i, j in ((0, 0), (0, 1), (1, 0), (1, 1)))
+    x0, x1 = x[:, :, 0].contiguous(), x[:, :, 1].contiguous()
     while s < L:
         p0, p1 = _shift(x0, s, 0.0), _shift(x1, s, 0.0)
         x0, x1 = x0 + a * p0 + b * p1, x1 + c * p0 + d * p1

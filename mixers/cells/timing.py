@@ -1,7 +1,7 @@
 """Wall time of a cell mixer's modes (sequential loop vs Newton-parallel) at several lengths.
 
 ``time_modes(name, lengths, modes=...)`` returns rows ``{mixer, mode, L, fwd_ms, fwd_bwd_ms}``
-(medians, ``kernels.bench.common.time_ms``). CLI (prints a Markdown table)::
+(median of ``samples`` runs after one warm-up; on CUDA ``kernels.bench.common.time_ms``). CLI (prints a Markdown table)::
 
     python -m mixers.cells.timing [--mixers flashgru,flashlstm] [--lengths 256,1024,4096]
         [--modes sequential,parallel] [--batch 8] [--d-model 64] [--device cpu]
@@ -10,12 +10,26 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from typing import Sequence
 
 import torch
 
 from kernels.bench.common import time_ms
+
+
+def _median_ms(fn, samples: int, device: str) -> float:
+    if device.startswith("cuda"):
+        return time_ms(fn, device=device)
+    fn()
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
 def time_modes(
@@ -26,6 +40,7 @@ def time_modes(
     d_model: int = 64,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
+    samples: int = 3,
 ) -> list[dict]:
     """Median forward and forward+backward times (ms) of mixer ``name`` in each mode."""
     from mixers import build_mixer
@@ -45,12 +60,9 @@ def time_modes(
             def fwd_bwd():
                 mixer(x).sum().backward()
 
-            rep = 10 if device == "cpu" else 100
             rows.append({
                 "mixer": name, "mode": mode, "L": L,
-                "fwd_ms": time_ms(fwd, warmup=1, rep=rep, device=device),
-                "fwd_bwd_ms": time_ms(fwd_bwd, warmup=1, rep=rep, device=device),
-                "fell_back": mixer.fallback_count,
+                "fwd_ms": _median_ms(fwd, samples, device), "fwd_bwd_ms": _median_ms(fwd_bwd, samples, device),
             })
     return rows
 
@@ -63,10 +75,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--samples", type=int, default=3, help="timed runs per point on the CPU (median)")
     args = p.parse_args(argv)
     lines = ["| mixer | L | mode | fwd ms | fwd+bwd ms | fwd speed-up vs sequential | fwd+bwd speed-up |", "|---" * 7 + "|"]
     for name in args.mixers.split(","):
-        rows = time_modes(name, [int(v) for v in args.lengths.split(",")], args.modes.split(","), args.batch, args.d_model, args.device)
+        rows = time_modes(name, [int(v) for v in args.lengths.split(",")], args.modes.split(","), args.batch, args.d_model, args.device, samples=args.samples)
         seq = {r["L"]: r for r in rows if r["mode"] == "sequential"}
         for r in rows:
             s = seq.get(r["L"])
