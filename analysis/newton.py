@@ -165,14 +165,24 @@ def residual_curves(mixer, make_input: Callable[[int], torch.Tensor], lengths: S
     return pd.DataFrame(rows)
 
 
+#: residuals above this (or non-finite: Newton diverged) are drawn on this ceiling line
+CEILING = 1e4
+
+
 def plot(df: pd.DataFrame, title: str, eps: float):
-    """Rows: cells; columns: panels (fresh, trained); one line per length (viridis, light = long)."""
+    """Rows: cells; columns: panels (fresh, trained); one line per length (viridis, light = long).
+
+    Exact zeros are left out (log axis); residuals above ``CEILING`` or non-finite are drawn on
+    the ceiling (red dotted line); the CSV keeps the true values."""
+    import numpy as np
     import seaborn as sns
 
     from analysis.plotting import SEQUENTIAL, as_categories
 
     data = df.copy()
-    data["residual"] = data["residual"].where(data["residual"] > 0)  # exact zeros cannot be drawn on a log axis
+    r = data["residual"].astype(float)
+    data["residual"] = r.where(~np.isfinite(r) | (r <= CEILING), CEILING).where(np.isfinite(r), CEILING).where(r != 0)
+    clipped = bool((data["residual"] == CEILING).any())
     data["length"] = [f"$2^{{{int(L).bit_length() - 1}}}$" if L & (L - 1) == 0 else str(L) for L in data["L"]]
     data = as_categories(data.sort_values(["L", "iteration"]), ["length", "cell", "panel"])
     g = sns.relplot(data=data, x="iteration", y="residual", hue="length", row="cell", col="panel", kind="line",
@@ -182,11 +192,15 @@ def plot(df: pd.DataFrame, title: str, eps: float):
     for ax in g.axes.flat:
         ax.axhline(eps, color="0.4", ls=":", lw=1)
         ax.text(ax.get_xlim()[1], eps, " machine ε", va="center", ha="left", fontsize=8, color="0.3")
+        if clipped:
+            ax.axhline(CEILING, color="tab:red", ls=":", lw=1)
+            ax.text(ax.get_xlim()[1], CEILING, f" ≥ {CEILING:.0e} or\n diverged", va="center", ha="left",
+                    fontsize=7, color="tab:red")
         ax.set_xticks(sorted(data["iteration"].unique()))
     g.set_axis_labels("Newton iteration", "max residual")
     g.set_titles("{row_name} — {col_name}")
     g.legend.set_title("L")
-    g.figure.suptitle(title, y=1.02)
+    g.figure.suptitle(title, y=1.0 + 0.12 / len(g.axes))
     return g.figure
 
 
@@ -230,6 +244,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("analysis-out"), help="output folder (default: %(default)s)")
     p.add_argument("--name", default="newton", help="file name stem (default: %(default)s)")
+    p.add_argument("--from-csv", type=Path, help="re-plot the CSV of an earlier run instead of computing")
     return p
 
 
@@ -246,6 +261,14 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     if args.batch < 1 or args.iters < 1:
         raise ValueError(f"--batch and --iters must be >= 1, got {args.batch} and {args.iters}")
     kind, _, task_name = args.inputs.partition(":")
+    if args.from_csv is not None:
+        if not args.from_csv.is_file():
+            raise ValueError(f"no CSV at {args.from_csv} (written by an earlier python -m analysis.newton)")
+        df = pd.read_csv(args.from_csv)
+        missing = {"cell", "panel", "L", "iteration", "residual"} - set(df.columns)
+        if missing:
+            raise ValueError(f"{args.from_csv} lacks column(s) {', '.join(sorted(missing))}")
+        return _finish(df, args, kind, task_name, getattr(torch, args.dtype))
     if kind not in ("random", "task") or (kind == "random" and task_name):
         raise ValueError(f"--inputs must be 'random', 'task' or 'task:NAME', got {args.inputs!r}")
     if kind == "task" and not task_name and args.checkpoints is None:
@@ -313,15 +336,30 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
             bar.update(task, description=f"{label['cell']} ({label['panel']})")
             frames.append(residual_curves(mixer, make, lengths, args.iters, dtype, label,
                                           progress=lambda: bar.advance(task)))
-    df = pd.concat(frames, ignore_index=True)
+    return _finish(pd.concat(frames, ignore_index=True), args, kind, task_name, dtype)
+
+
+def _finish(df: pd.DataFrame, args, kind: str, task_name: str, dtype) -> pd.DataFrame:
+    """Write the figure and CSV, log the longest length's residuals and any non-convergence."""
     from analysis.plotting import save_figure, setup_style
 
     setup_style()
+    inputs = "N(0,1)" if kind == "random" else task_name
+    if not inputs and "source" in df:  # the checkpoints' task, as recorded in the sources
+        found = df["source"].astype(str).str.extract(r", (\S+) inputs$")[0].dropna()
+        inputs = found.iloc[0] if len(found) else "task"
     title = (f"Newton convergence (paper 000 Fig. 4)\nmax residual over {args.batch} sequences, {args.dtype}, "
-             f"{'N(0,1)' if kind == 'random' else (task_name or 'task')} inputs")
+             f"{inputs} inputs")
     save_figure(plot(df, title, torch.finfo(dtype).eps), args.out / args.name, df)
-    last = df[df["L"] == lengths[-1]].pivot_table(index=["cell", "panel"], columns="iteration", values="residual")
-    log.info("residuals at L=%d:\n%s", lengths[-1], last.to_string(float_format=lambda x: f"{x:.1e}"))
+    longest = int(df["L"].max())
+    last = df[df["L"] == longest].pivot_table(index=["cell", "panel"], columns="iteration", values="residual",
+                                              dropna=False)
+    log.info("residuals at L=%d:\n%s", longest, last.to_string(float_format=lambda x: f"{x:.1e}"))
+    final = df[df["iteration"] == df["iteration"].max()]
+    bad = final[~(final["residual"].abs() <= 1e3 * torch.finfo(dtype).eps)]
+    for (cell, panel), group in bad.groupby(["cell", "panel"]):
+        log.warning("%s (%s): not converged after %d iterations at L = %s (final residual up to %.1e)", cell, panel,
+                    int(df["iteration"].max()), ", ".join(map(str, sorted(group["L"]))), group["residual"].max())
     return df
 
 

@@ -50,9 +50,9 @@ def save_figure(fig, stem: str | Path, data: pd.DataFrame, dpi: int | None = Non
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_name(stem.name + ext) for ext in (".png", ".pdf", ".csv")]
+    data.to_csv(paths[2], index=False, float_format="%.7g")  # the numbers first: they survive a plotting error
     fig.savefig(paths[0], dpi=dpi)
     fig.savefig(paths[1])
-    data.to_csv(paths[2], index=False, float_format="%.7g")
     plt.close(fig)
     log.info("wrote %s (.png, .pdf, .csv)", stem)
     return paths

@@ -1,6 +1,7 @@
 """analysis.newton: residual curves for any cell (one defined here), fresh and from trained checkpoints."""
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -135,3 +136,19 @@ def test_bad_input_one_line(tmp_path, capsys):
     assert "unknown task 'nope'" in err and err.count("\n") == 1
     assert run(main, ["--checkpoints", str(tmp_path), "--out", str(tmp_path)]) == 2
     assert "no trained checkpoints" in capsys.readouterr().err
+
+
+def test_replot_from_csv_with_diverged_residuals(tmp_path, caplog):
+    """Diverged (huge or non-finite) residuals are drawn on the ceiling and reported, not a crash."""
+    rows = [{"cell": "X", "panel": "trained", "source": "s, parity inputs", "L": L, "iteration": k, "residual": r}
+            for L in (64, 128) for k, r in enumerate([1.0, 1e200, math.inf, math.nan, 0.0, 1e-16])]
+    pd.DataFrame(rows).to_csv(tmp_path / "in.csv", index=False)
+    with caplog.at_level("WARNING"):
+        df = main(["--from-csv", str(tmp_path / "in.csv"), "--out", str(tmp_path), "--name", "re"])
+    assert len(df) == 12 and (tmp_path / "re.png").stat().st_size > 10_000
+    assert not any("not converged" in r.message for r in caplog.records)  # final residual 1e-16: converged
+    rows[-1]["residual"] = 0.5
+    pd.DataFrame(rows).to_csv(tmp_path / "in.csv", index=False)
+    with caplog.at_level("WARNING"):
+        main(["--from-csv", str(tmp_path / "in.csv"), "--out", str(tmp_path), "--name", "re"])
+    assert any("not converged after 5 iterations at L = 128" in r.message for r in caplog.records)
