@@ -9,7 +9,8 @@ every kernel the value-side gradient is ``dP = inv * (dh V^T) + dd`` (precompute
 ``dP`` is a difference of two nearly equal terms when the normalizer is active (like a softmax
 gradient), so the products that feed it (``dh V^T``, ``dh C^T``, ``v dC^T`` and the state gradient
 ``Q^T dh``) run at ``PREC_DP``: 3-pass TF32 (``"tf32x3"``, float32-accurate) where the other dots
-use TF32; with single-pass TF32 the float32 gradients of q, k and the gates were 8-12% off.
+use TF32. The same step amplifies errors of the saved forward ``h`` and ``d``, so float32 mLSTMexp
+also runs the forward in 3-pass TF32 (``triton_chunkwise._prec_fwd``, which has the measurements).
 
 * ``inter_chunk_dstates``: reverse recurrence over chunks for the gradients of the states entering
   every chunk (``NC + 1``: entry ``c`` is the gradient w.r.t. the state entering chunk ``c``; the

@@ -57,14 +57,35 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
+def _prec_dp(dtype: torch.dtype, exp_gate: bool, prec: str) -> str:
+    """Precision of the backward products that feed the normalizer gradient ``dP = inv (dh V^T) + dd``
+    (and ``dh C^T``, ``v dC^T``, ``Q^T dh``): 3-pass TF32 (float32 accuracy) in float32 mLSTMexp where
+    the other float32 dots use single-pass TF32. Never degraded to "tf32" (no fallback lowers it)."""
+    if exp_gate and dtype == torch.float32 and prec == "tf32":
+        return "tf32x3"
+    return prec
+
+
+def _prec_fwd(dtype: torch.dtype, exp_gate: bool, prec: str) -> str:
+    """Precision of the forward dots (state recurrence and ``intra_chunk_h``). float32 mLSTMexp runs
+    them in 3-pass TF32: the backward differentiates the normalizer through the saved ``h`` and
+    ``d = n^T q`` (``dd = -sign(d) inv (dh . h)``), an ill-conditioned step that amplifies their error.
+    CPU emulation of the H100/H200 TF32 (truncated mantissa) at B=1, NH=4, S=4096, DQK=128, DV=256,
+    chunk 64, the benchmark's inputs: a single-pass TF32 forward (h error 1.8e-3) gives gradients
+    7-9% off *even with an exact (IEEE) backward*; the 3-pass forward gives dq, dk, di 7.6e-4,
+    dv 1.4e-3, df 9.9e-3 (h 7.5e-7). mLSTMsig and bf16 / float16 are unchanged."""
+    return _prec_dp(dtype, exp_gate, prec)
+
+
 def _config(L: int, DQK: int, DV: int, dtype: torch.dtype) -> dict:
     """Tile sizes (query/key blocks of the chunk, feature blocks, inter-chunk blocks and sub-block),
     warps and pipeline stages. ``EXPRESSIVITY_MLSTM_TILES="BLQ=64,BV=128,W=8"`` overrides entries
     (for tuning; values are clipped to the problem)."""
     big = 64 if dtype != torch.float64 else 32
     cfg = dict(BLQ=64, BLKV=64, BK=128, BV=128, BKI=big, BVI=big, BL=64, W=4, ST=2, WI=4)
-    for item in filter(None, os.environ.get("EXPRESSIVITY_MLSTM_TILES", "").split(",")):
-        key, _, val = item.partition("=")
+    for key, val in _tile_env().items():
+        if key == "BVDP":  # read by _bwd_dp_config
+            continue
         if key not in cfg:
             raise ValueError(f"EXPRESSIVITY_MLSTM_TILES: unknown key {key!r}; known: {sorted(cfg)}")
         cfg[key] = int(val)
@@ -75,22 +96,53 @@ def _config(L: int, DQK: int, DV: int, dtype: torch.dtype) -> dict:
     return cfg
 
 
-# Fallbacks tried in order when a kernel does not fit the chip's shared memory (seen on an H200 with
-# 3-pass TF32 in float32): fewer pipeline stages, then single-pass TF32. The level that compiled is
-# remembered per kernel and compile-time arguments.
-_LADDER = ({}, {"num_stages": 1}, {"num_stages": 1, "PREC_DP": "tf32"})
+def _bwd_dp_config(cfg: dict, dtype: torch.dtype, exp_gate: bool, prec_dp: str) -> dict:
+    """Overrides of ``_config`` for the dq / dk kernels, whose ``dh V^T`` / ``v dh^T`` / ``dh C^T`` /
+    ``v dC^T`` products run at ``PREC_DP``. In 3-pass TF32 every float32 operand tile is split into
+    a high and a low TF32 part, doubling the shared memory of those dots: at BLQ = BLKV = 64,
+    BV = 128 and 2 stages the dq / dk kernels need 256 KiB (the H100/H200 have 227 KiB), so their
+    DV tile (the inner loop of those products, not a grid dimension) drops to 64: 144 KiB at chunk
+    64, 112 KiB at chunk 128 on sm_90 (``python -m kernels.mlstm.smem_check``). Same FLOPs, same
+    pipelining; bf16 / float16 / IEEE configs are unchanged. ``EXPRESSIVITY_MLSTM_TILES`` ``BVDP=``
+    overrides the value."""
+    if prec_dp != "tf32x3":
+        return {}
+    bv = int(_tile_env().get("BVDP", 64))
+    return {"BV": max(16, min(cfg["BV"], bv))}
+
+
+def _tile_env() -> dict:
+    out = {}
+    for item in filter(None, os.environ.get("EXPRESSIVITY_MLSTM_TILES", "").split(",")):
+        key, _, val = item.partition("=")
+        out[key] = val
+    return out
+
+
+# A kernel that does not fit the chip's shared memory (Triton's OutOfResources) is retried with one
+# pipeline stage, then with the caller's smaller tiles (``shrink``: only tiles that are not grid
+# dimensions). Precision is never lowered: if nothing fits, a RuntimeError says so. The level that
+# compiled is remembered per kernel and compile-time arguments.
+_LADDER = ({}, {"num_stages": 1})
 _LEVEL: dict = {}
 
 
-def _launch(kernel, grid, args, meta):
+def _launch(kernel, grid, args, meta, shrink: tuple = ()):
     key = (kernel.fn.__name__ if hasattr(kernel, "fn") else repr(kernel), tuple(sorted(meta.items())))
-    levels = [lv for lv in _LADDER if "PREC_DP" not in lv or meta.get("PREC_DP") == "tf32x3"]
+    levels = list(_LADDER) + [dict(_LADDER[-1], **lv) for lv in shrink]
     for level in range(_LEVEL.get(key, 0), len(levels)):
         try:
             kernel[grid](*args, **dict(meta, **levels[level]))
         except Exception as err:  # noqa: BLE001 - only Triton's OutOfResources moves down the ladder
-            if type(err).__name__ != "OutOfResources" or level == len(levels) - 1:
+            if type(err).__name__ != "OutOfResources":
                 raise
+            if level == len(levels) - 1:
+                name = key[0]
+                raise RuntimeError(
+                    f"mLSTM triton kernel {name} does not fit the GPU's shared memory with any of "
+                    f"{[dict(meta, **lv) for lv in levels]} ({err}); precision is not lowered to make it fit. "
+                    "Use smaller tiles (EXPRESSIVITY_MLSTM_TILES, e.g. BVDP=32,BV=64), a smaller chunk, "
+                    "or bfloat16 inputs.") from err
             continue
         _LEVEL[key] = level
         return
@@ -129,7 +181,7 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
         m0 = torch.zeros(B, NH, device=k.device, dtype=acc)
     grid = (triton.cdiv(DQK, cfg["BKI"]), triton.cdiv(DV, cfg["BVI"]), B * NH)
     args = dict(DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate,
-                HAS_INIT=has_init, PREC=_precision(k.dtype))
+                HAS_INIT=has_init, PREC=_prec_fwd(k.dtype, exp_gate, _precision(k.dtype)))
     c0_ = c0 if has_init else cst
     n0_ = n0 if has_init else nst
     if fused:
@@ -191,7 +243,8 @@ def mlstm_chunkwise_fwd(
     grid = (NC * (L // cfg["BLQ"]), triton.cdiv(DV, cfg["BV"]), B * NH)
     _launch(intra_chunk_h, grid, (q, k, v, b, li, cst, nst, mst, h, mtok, dtok, S, NC, 1.0 / math.sqrt(DQK), eps),
             dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
-                 EXP=exp_gate, PREC=_precision(q.dtype), num_warps=cfg["W"], num_stages=cfg["ST"]))
+                 EXP=exp_gate, PREC=_prec_fwd(q.dtype, exp_gate, _precision(q.dtype)), num_warps=cfg["W"],
+                 num_stages=cfg["ST"]))
     return h, cst, nst, mst, mtok, dtok, mst[:, :, -1].clone()
 
 
@@ -223,7 +276,7 @@ def mlstm_chunkwise_bwd(
     acc = cst.dtype
     scale = 1.0 / math.sqrt(DQK)
     prec = _precision(q.dtype)
-    prec_dp = "tf32x3" if exp_gate and prec == "tf32" and q.dtype == torch.float32 else prec
+    prec_dp = _prec_dp(q.dtype, exp_gate, prec)
     dh = dh.contiguous()
     b, li, a, g, _ = _gates(i_pre, f_pre, exp_gate, L, NC)
     if exp_gate:
@@ -245,14 +298,15 @@ def mlstm_chunkwise_bwd(
                  HAS_DLAST=has_dlast, PREC=prec, PREC_DP=prec_dp, num_warps=cfg["WI"]))
     common = dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
                   EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"])
-    common_dp = dict(common, PREC_DP=prec_dp)
+    common_dp = dict(common, PREC_DP=prec_dp, **_bwd_dp_config(cfg, q.dtype, exp_gate, prec_dp))
+    shrink_dp = ({"BV": max(16, common_dp["BV"] // 2)},) if common_dp["BV"] > 16 else ()
     nkb = triton.cdiv(DQK, cfg["BK"])
     dq, dk, dv = (_empty(*t.shape, like=t) for t in (q, k, v))
     qdq, kdk = (_empty(nkb, B * NH, NC * L, like=q, dtype=acc) for _ in range(2))
     _launch(intra_chunk_dq, (NC * (L // cfg["BLQ"]), nkb, B * NH),
-            (q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale), common_dp)
+            (q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale), common_dp, shrink_dp)
     _launch(intra_chunk_dk, (NC * (L // cfg["BLKV"]), nkb, B * NH),
-            (q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale), common_dp)
+            (q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale), common_dp, shrink_dp)
     _launch(intra_chunk_dv, (NC * (L // cfg["BLKV"]), triton.cdiv(DV, cfg["BV"]), B * NH),
             (q, k, dh, b, li, a, mtok, inv, dcst, mst, dv, S, NC, scale), common)
     # gate gradients

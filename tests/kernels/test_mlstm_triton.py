@@ -3,6 +3,7 @@ poisoned with NaN first; the per-chunk inter-chunk loop is bit-identical to the 
 On the CPU these run under ``TRITON_INTERPRET=1`` at small shapes."""
 
 import os
+import types
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -120,37 +121,110 @@ def test_bad_inputs():
             _triton(*[t.cpu() for t in x])
 
 
-def test_launch_falls_back_when_out_of_shared_memory(monkeypatch):
-    """A kernel that does not fit is retried with one pipeline stage, then single-pass TF32."""
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def test_float32_exp_gradients_with_active_normalizer(monkeypatch):
+    """float32 mLSTMexp at TF32 matmul precision with large input gates (pre-activations +2..+6, so
+    the max state and the normalizer are active and dP = inv dh V^T + dd cancels): every gradient
+    within 1e-3 (relative norm) of float64. Also checks the launch configuration picked for float32
+    exp: the forward dots (whose h and d the normalizer gradient amplifies) and the backward's
+    normalizer-gradient products never run single-pass "tf32" (the interpreter computes every dot in
+    full float32, so the accuracy half alone could not catch that on the CPU)."""
     import kernels.mlstm.triton_chunkwise as tc
 
-    class OutOfResources(Exception):
-        pass
+    B, NH, S, DQK, DV, L = 1, 2, 130, 32, 48, 64
+    x, _ = make_inputs(B, NH, S, DQK, DV, "exp", seed=21)
+    g = torch.Generator().manual_seed(22)
+    x[3] = 2.0 + 4.0 * torch.rand(B, NH, S, generator=g, dtype=torch.float64)
+    dh = torch.randn(B, NH, S, DV, generator=g, dtype=torch.float64)
 
-    calls = []
+    def grads(fn, xs):
+        xs = [t.detach().clone().requires_grad_(True) for t in xs]
+        h = fn(*xs)
+        return [h.detach(), *torch.autograd.grad(h, xs, dh.to(h.device, h.dtype))]
 
-    class Fake:
-        fn = type("F", (), {"__name__": "fake"})
+    want = grads(lambda *a: mlstm_parallel(*a, input_gate="exp"), x)
+    metas = []
+    real = tc._launch
 
-        def __getitem__(self, grid):
-            def launch(*args, **meta):
-                calls.append(meta)
-                if meta.get("PREC_DP") == "tf32x3":
-                    raise OutOfResources("shared memory")
+    def spy(kernel, grid, args, meta, shrink=()):
+        metas.append((kernel.fn.__name__ if hasattr(kernel, "fn") else repr(kernel), dict(meta)))
+        return real(kernel, grid, args, meta, shrink)
 
-            return launch
+    monkeypatch.setattr(tc, "_launch", spy)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # TF32 on CUDA: the benchmark's setting
+    try:
+        got = grads(lambda *a: _triton(*a, input_gate="exp", chunk_size=L), _to(x, None, torch.float32)[0])
+    finally:
+        torch.set_float32_matmul_precision(old)
+    errs = [_rel(a.cpu(), b) for a, b in zip(got, want)]
+    assert all(e < 1e-3 for e in errs), errs  # h, dq, dk, dv, di, df
+    dp = {name: m["PREC_DP"] for name, m in metas if "PREC_DP" in m}
+    assert set(dp) == {"inter_chunk_dstates", "intra_chunk_dq", "intra_chunk_dk"}
+    assert set(dp.values()) == {"tf32x3"}
+    fwd = {name: m["PREC"] for name, m in metas if name in ("inter_chunk_states", "intra_chunk_h")}
+    assert set(fwd) == {"inter_chunk_states", "intra_chunk_h"} and set(fwd.values()) == {"tf32x3"}
 
-    monkeypatch.setattr(tc, "_LEVEL", {})
-    tc._launch(Fake(), (1,), (), {"PREC_DP": "tf32x3", "num_stages": 2})
-    assert [c.get("num_stages") for c in calls] == [2, 1, 1] and calls[-1]["PREC_DP"] == "tf32"
-    tc._launch(Fake(), (1,), (), {"PREC_DP": "tf32x3", "num_stages": 2})  # remembered: one call
-    assert len(calls) == 4
-    class Never(Fake):
-        def __getitem__(self, grid):
-            def launch(*args, **meta):
+
+@pytest.mark.parametrize("L", [64, 128])
+def test_float32_exp_config_never_single_pass_tf32(L):
+    """The configuration selection for float32 mLSTMexp on CUDA (benchmark shape DQK=128, DV=256):
+    3-pass TF32 for the forward and the normalizer-gradient products, with the DV tile of the dq / dk kernels halved
+    so they fit 227 KiB of shared memory (kernels/mlstm/smem_check.py measures it); bf16 untouched."""
+    import kernels.mlstm.triton_chunkwise as tc
+
+    for choose in (tc._prec_dp, tc._prec_fwd):
+        for prec in ("tf32", "ieee"):
+            assert choose(torch.float32, True, prec) != "tf32"
+        assert choose(torch.float32, True, "tf32") == "tf32x3"
+        assert choose(torch.float32, False, "tf32") == "tf32"  # mLSTMsig: no normalizer, unchanged
+        assert choose(torch.bfloat16, True, "tf32") == "tf32"  # bf16 operands: dots in bf16 anyway
+    cfg = tc._config(L, 128, 256, torch.float32)
+    over = tc._bwd_dp_config(cfg, torch.float32, True, "tf32x3")
+    assert over["BV"] <= 64 and set(over) == {"BV"}  # an inner-loop tile: the grid is unchanged
+    assert tc._bwd_dp_config(tc._config(L, 128, 256, torch.bfloat16), torch.bfloat16, True, "tf32") == {}
+    assert all("PREC_DP" not in lv and "PREC" not in lv for lv in tc._LADDER)
+
+
+class OutOfResources(Exception):
+    pass
+
+
+class _Fake:
+    def __init__(self, fits=lambda meta: True, name="fake"):
+        self.calls, self.fits = [], fits
+        self.fn = types.SimpleNamespace(__name__=name)
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.calls.append(meta)
+            if not self.fits(meta):
                 raise OutOfResources("shared memory")
 
-            return launch
+        return launch
 
-    with pytest.raises(OutOfResources):  # nothing fits: the last failure propagates
-        tc._launch(Never(), (1,), (), {"num_stages": 2})
+
+def test_launch_falls_back_when_out_of_shared_memory(monkeypatch):
+    """A kernel that does not fit is retried with one pipeline stage, then with the caller's smaller
+    (non-grid) tiles; never with a lower precision; if nothing fits, a clear error."""
+    import kernels.mlstm.triton_chunkwise as tc
+
+    monkeypatch.setattr(tc, "_LEVEL", {})
+    k = _Fake(lambda meta: meta["BV"] <= 32)
+    meta = {"PREC_DP": "tf32x3", "num_stages": 2, "BV": 64}
+    tc._launch(k, (1,), (), meta, ({"BV": 32},))
+    assert [(c["num_stages"], c["BV"], c["PREC_DP"]) for c in k.calls] == [(2, 64, "tf32x3"), (1, 64, "tf32x3"),
+                                                                          (1, 32, "tf32x3")]
+    tc._launch(k, (1,), (), meta, ({"BV": 32},))  # remembered: one call
+    assert len(k.calls) == 4
+    never = _Fake(lambda meta: False, "never")
+    with pytest.raises(RuntimeError, match="precision is not lowered"):
+        tc._launch(never, (1,), (), {"PREC_DP": "tf32x3", "num_stages": 2, "BV": 64}, ({"BV": 32},))
+    assert all(c["PREC_DP"] == "tf32x3" for c in never.calls) and len(never.calls) == 3
+    other = _Fake(name="other")
+    other.fits = lambda meta: (_ for _ in ()).throw(ValueError("not a resource error"))
+    with pytest.raises(ValueError, match="not a resource error"):
+        tc._launch(other, (1,), (), {"num_stages": 2})
