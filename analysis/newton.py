@@ -190,12 +190,13 @@ def plot(df: pd.DataFrame, title: str, eps: float):
                     facet_kws={"sharey": True, "margin_titles": False})
     g.set(yscale="log")
     for ax in g.axes.flat:
+        right = ax.get_xlim()[1]
         ax.axhline(eps, color="0.4", ls=":", lw=1)
-        ax.text(ax.get_xlim()[1], eps, " machine ε", va="center", ha="left", fontsize=8, color="0.3")
+        ax.text(right, eps * 3, "machine ε ", va="bottom", ha="right", fontsize=7, color="0.3")
         if clipped:
             ax.axhline(CEILING, color="tab:red", ls=":", lw=1)
-            ax.text(ax.get_xlim()[1], CEILING, f" ≥ {CEILING:.0e} or\n diverged", va="center", ha="left",
-                    fontsize=7, color="tab:red")
+            ax.text(right, CEILING / 3, f"≥ {CEILING:.0e} or diverged ", va="top", ha="right", fontsize=7,
+                    color="tab:red")
         ax.set_xticks(sorted(data["iteration"].unique()))
     g.set_axis_labels("Newton iteration", "max residual")
     g.set_titles("{row_name} — {col_name}")
