@@ -10,7 +10,8 @@ R does not fit on chip.
     fused_rnn_alt_bwd(cell, dh, dlast, R, saved)     -> (dwx, dR, db, dstates0)
 
 ``saved`` has the layout of the fused backend (``fused.py``). The matmuls run in float32 (float64
-for float64 inputs) on operands rounded to the storage dtype, as the fused kernel's tensor-core dots.
+for float64 inputs) on operands rounded to the storage dtype, as the fused kernel's tensor-core dots
+(the bfloat16 sLSTM's forward takes the float32 h: ``checks.full_precision_h``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from kernels.fused_rnn.cells_triton import (
     slstm_bwd,
     slstm_fwd,
 )
-from kernels.fused_rnn.checks import check_fast_inputs, new_output
+from kernels.fused_rnn.checks import check_fast_inputs, full_precision_h, new_output
 from kernels.fused_rnn.reference import cell_spec, fused_rnn_reference
 
 BLOCK = 512  # elements per program of the pointwise kernels
@@ -248,8 +249,11 @@ def fused_rnn_alt_fwd(
     r_acc = R.to(acc).reshape(nh, dh, spec.recurrent_gates * dh)
     ry = new_output(nh, bsz, spec.recurrent_gates * dh, device=wx.device, dtype=acc)
     grid = (triton.cdiv(nh * bsz * dh, BLOCK),)
+    # h enters the matmul rounded to the storage dtype (as the fused kernel's dots), except where
+    # checks.full_precision_h (the bfloat16 sLSTM): the float32 h (the fused kernel: hi + lo parts)
+    full_h = full_precision_h(cell, wx.dtype)
     for t in range(length):
-        torch.bmm(st[0].to(wx.dtype).to(acc), r_acc, out=ry)
+        torch.bmm(st[0] if full_h else st[0].to(wx.dtype).to(acc), r_acc, out=ry)
         _alt_fwd_step[grid](
             wx, ry, b, st, h, saved if save else st, t,
             bsz, length, nh, dh,

@@ -43,6 +43,15 @@ def check_fast_inputs(
     return spec
 
 
+def full_precision_h(cell: str, dtype: torch.dtype) -> bool:
+    """Whether the forward feeds h to the recurrent matmul at ~float32 precision instead of rounded
+    to the storage dtype: the bfloat16 sLSTM, whose stabilizer branch (``m = max(log σ(f) + m_prev,
+    i)``) flips under bfloat16 rounding of h and makes the gradients of i / f jump (see
+    ``fused.launch_config``). The fused kernel splits h into two bfloat16 parts; the alternating
+    backend multiplies the float32 h."""
+    return cell == "slstm" and dtype == torch.bfloat16
+
+
 def head_dim_padded(dh: int) -> int:
     """The power of two >= max(dh, 16) that tiles a head (tl.dot needs >= 16)."""
     return max(16, 1 << (dh - 1).bit_length())

@@ -57,12 +57,23 @@ def _put(PTR, row, col, mask, value):
 
 
 @triton.jit
+def _rdot(hd, hl, Rg, PREC: tl.constexpr, SPLIT_H: tl.constexpr):
+    """``h R_g`` with h as ``hd`` (rounded to the storage dtype), plus ``hl`` (the rounding error,
+    rounded again) where ``SPLIT_H``: two tensor-core dots give h to ~16 mantissa bits."""
+    y = tl.dot(hd, Rg, input_precision=PREC)
+    if SPLIT_H:
+        y = tl.dot(hl, Rg, y, input_precision=PREC)
+    return y
+
+
+@triton.jit
 def fused_fwd_kernel(
     WX, R, BIAS, S0, H, LAST, SAVED,
     B, T, NH, DH,
     CELL: tl.constexpr, GX: tl.constexpr, GR: tl.constexpr, GB: tl.constexpr, NS: tl.constexpr,
     NSAVE: tl.constexpr, SAVE: tl.constexpr,
     BLOCK_B: tl.constexpr, DHP: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr,
+    SPLIT_H: tl.constexpr,
 ):  # fmt: skip
     pid_h = tl.program_id(0)
     rb = (tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
@@ -146,17 +157,21 @@ def fused_fwd_kernel(
         if GX > 3:
             x3n = _tile(WX, nxt + 3 * DH, rd, m2, ACC)
 
-        hd = h.to(H.dtype.element_ty).to(R0.dtype)  # the storage dtype's rounding
-        y0 = tl.dot(hd, R0, input_precision=PREC)
+        hs = h.to(H.dtype.element_ty)  # the storage dtype's rounding
+        hd = hs.to(R0.dtype)
+        hl = hd
+        if SPLIT_H:  # and the rounding error, as a second operand (see ``fused.launch_config``)
+            hl = (h - hs.to(ACC)).to(H.dtype.element_ty).to(R0.dtype)
+        y0 = _rdot(hd, hl, R0, PREC, SPLIT_H)
         sv = sv_row + (t + 1) * sv_t
         if CELL == ELMAN:
             h = elman_fwd(x0 + y0 + b0)
             if SAVE:
                 _put(SAVED, sv, rd, m2, h)
         if CELL == LSTM:
-            y1 = tl.dot(hd, R1, input_precision=PREC)
-            y2 = tl.dot(hd, R2, input_precision=PREC)
-            y3 = tl.dot(hd, R3, input_precision=PREC)
+            y1 = _rdot(hd, hl, R1, PREC, SPLIT_H)
+            y2 = _rdot(hd, hl, R2, PREC, SPLIT_H)
+            y3 = _rdot(hd, hl, R3, PREC, SPLIT_H)
             h, c, i, f, tz, o = lstm_fwd(x0 + y0 + b0, x1 + y1 + b1, x2 + y2 + b2, x3 + y3 + b3, c)
             if SAVE:
                 _put(SAVED, sv, rd, m2, h)
@@ -166,8 +181,8 @@ def fused_fwd_kernel(
                 _put(SAVED, sv + 4 * DH, rd, m2, tz)
                 _put(SAVED, sv + 5 * DH, rd, m2, o)
         if CELL == GRU:
-            y1 = tl.dot(hd, R1, input_precision=PREC)
-            y2 = tl.dot(hd, R2, input_precision=PREC)
+            y1 = _rdot(hd, hl, R1, PREC, SPLIT_H)
+            y2 = _rdot(hd, hl, R2, PREC, SPLIT_H)
             g = y0 + b0
             h_new, r, z, a = gru_fwd(g, x0 + y1 + b1, x1 + y2 + b2, x2 + b3, h)
             h = h_new
@@ -178,9 +193,9 @@ def fused_fwd_kernel(
                 _put(SAVED, sv + 3 * DH, rd, m2, z)
                 _put(SAVED, sv + 4 * DH, rd, m2, a)
         if CELL == SLSTM:
-            y1 = tl.dot(hd, R1, input_precision=PREC)
-            y2 = tl.dot(hd, R2, input_precision=PREC)
-            y3 = tl.dot(hd, R3, input_precision=PREC)
+            y1 = _rdot(hd, hl, R1, PREC, SPLIT_H)
+            y2 = _rdot(hd, hl, R2, PREC, SPLIT_H)
+            y3 = _rdot(hd, hl, R3, PREC, SPLIT_H)
             h, c, n, m, ig, fg, tz, o, sf, fi = slstm_fwd(
                 x0 + y0 + b0, x1 + y1 + b1, x2 + y2 + b2, x3 + y3 + b3, c, n, m
             )

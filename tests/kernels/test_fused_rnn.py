@@ -166,6 +166,45 @@ def test_bad_inputs_fail_with_one_line_errors(backend, monkeypatch):
         fused_rnn("lstm", wx, R, b, s0, backend=backend)
 
 
+@pytest.mark.parametrize(("backend", "seed"), [("fused", 4), ("alternating", 44)])
+def test_slstm_bfloat16_stabilizer_branch(backend, seed):
+    """bfloat16 sLSTM at the GPU test's shape (DH=128, T=65; states |randn|, so some n0 ~ 1e-4).
+
+    The stabilizer branch m = max(log σ(f) + m_prev, i) makes the gradients of i and f jump at
+    ties; with h rounded to bfloat16 before R^T h, the gates move by ~1e-3 and flip the branch where
+    float64 does not. These seeds gave dwx errors of 7e-2 (fused, interpreter) and 0.22
+    (alternating) before the forward kept h at ~float32 precision (``checks.full_precision_h``).
+    """
+    cell, (B, T, NH, DH), spec = "slstm", (5, 65, 2, 128), CELLS["slstm"]
+    g = torch.Generator().manual_seed(DH * 1000 + seed)
+    wx = torch.randn(B, T, NH, spec.input_gates, DH, generator=g)
+    R = (2 * torch.rand(NH, DH, spec.recurrent_gates, DH, generator=g) - 1) / DH**0.5
+    b = torch.randn(NH, spec.bias_gates, DH, generator=g)
+    s0 = torch.randn(spec.num_states, B, NH, DH, generator=g).abs()
+    dy, dlast = torch.randn(B, T, NH, DH, generator=g), torch.randn(s0.shape, generator=g)
+    ins = [x.to(torch.bfloat16) for x in (wx, R, b, s0, dy, dlast)]
+    got = run(backend, cell, *ins)
+    ref = run("reference", cell, *(x.double() for x in ins))
+    for name, a, r in zip(("h", "last", "dwx", "dR", "db", "ds0"), got, ref):
+        err = rel(a, r)
+        assert err <= TOL[torch.bfloat16], f"{backend} slstm bf16 DH=128: {name} rel err {err:.2e}"
+
+
+def test_saved_states_float32_and_split_h():
+    """bfloat16 storage is for the caller's tensors only: the saved states / gates are float32, and
+    only the bfloat16 sLSTM splits h for the forward's recurrent dot."""
+    for op in (fused_rnn_fwd, fused_rnn_alt_fwd):
+        for cell in ("lstm", "slstm"):
+            wx, R, b, s0 = inputs(cell, 2, 3, 1, 16, torch.bfloat16)
+            h, last, saved = op(cell, wx, R, b, s0, True)
+            assert h.dtype == last.dtype == torch.bfloat16 and saved.dtype == torch.float32
+    for cell in CELLS:
+        for dtype in (torch.float32, torch.bfloat16):
+            want = cell == "slstm" and dtype == torch.bfloat16
+            assert checks.full_precision_h(cell, dtype) == want
+            assert fused.launch_config(cell, 16, 12, 64, dtype).split_h == want
+
+
 def test_unknown_backend():
     with pytest.raises(ValueError, match="known: auto, reference"):
         fused_rnn("lstm", *inputs("lstm", 2, 3, 1, 16, torch.float32), backend="cuda")
