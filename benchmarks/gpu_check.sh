@@ -1,33 +1,41 @@
 #!/usr/bin/env bash
 # One device call that checks and times every Triton family (SPEC §7): GPU tests, then each family's
-# benchmark (each checks its implementations against the reference before timing). Each step has its
-# own time limit so one slow family cannot starve the rest.
+# benchmark (each checks its implementations against the reference before timing), then the sweep
+# workers' throughput and a paper-table reproduction. Each step has its own time limit so one slow
+# step cannot starve the rest; logs, JSON and tables are packed into OUT_DIR/results.tgz.
 #   usage (on the GPU machine, repo root):  bash benchmarks/gpu_check.sh OUT_DIR [steps...]
-#   steps: tests scan newton mlstm ssd fused_rnn (default: all)
+#   steps: tests scan newton mlstm ssd fused_rnn workers table6 flashrnn (default: the kernel steps)
 set -u
 out=${1:?output folder}; shift
 steps=${*:-tests scan newton mlstm ssd fused_rnn}
-mkdir -p "$out/json"
+res="$out/results"
+mkdir -p "$res/json"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 run() {  # name limit_s command...
   local name=$1 limit=$2; shift 2
   echo "=== $name (limit ${limit}s): $*"
   local t0=$SECONDS
-  timeout "$limit" "$@" > "$out/$name.log" 2>&1
-  echo "=== $name rc=$? in $((SECONDS - t0))s"; tail -n 25 "$out/$name.log"
+  timeout "$limit" "$@" > "$res/$name.log" 2>&1
+  echo "=== $name rc=$? in $((SECONDS - t0))s"; tail -n 25 "$res/$name.log"
 }
 for step in $steps; do
   case $step in
-    tests) run tests 240 python3 -m pytest -q -x -p no:cacheprovider \
+    tests) run tests 100 python3 -m pytest -q -p no:cacheprovider \
              tests/kernels/test_fused_rnn.py::test_gpu_matches_reference tests/kernels/test_newton_fused.py \
              tests/kernels/test_scan_triton.py tests/kernels/test_ssd.py::test_triton_cuda tests/kernels/test_mlstm_triton.py ;;
-    scan) run scan 150 python3 -m kernels.bench scan --sweep --out "$out/json" ;;
-    newton) run newton 150 python3 -m kernels.bench newton --out "$out/json" ;;
-    mlstm) run mlstm 200 python3 -m kernels.bench mlstm --sections main,chunk --dtypes fp32 --no-fla --out "$out/json" ;;
-    ssd) run ssd 150 python3 -m kernels.bench ssd --states 64,128 --dtypes bf16,fp32 --out "$out/json" ;;
-    fused_rnn) run fused_rnn 200 python3 -m kernels.bench fused_rnn --out "$out/json" ;;
+    scan) run scan 150 python3 -m kernels.bench scan --sweep --out "$res/json" ;;
+    newton) run newton 150 python3 -m kernels.bench newton --out "$res/json" ;;
+    mlstm) run mlstm 70 python3 -m kernels.bench mlstm --sections main --dtypes fp32 --no-fla --out "$res/json" ;;
+    ssd) run ssd 150 python3 -m kernels.bench ssd --states 64,128 --dtypes bf16,fp32 --out "$res/json" ;;
+    fused_rnn) run fused_rnn 200 python3 -m kernels.bench fused_rnn --out "$res/json" ;;
+    workers) run workers 80 python3 -m experiments.workers --counts 1,4,8,16 --steps 300 --device cuda \
+               --json "$res/workers-gpu.json" --no-progress ;;
+    table6|flashrnn)
+      name=$([ "$step" = table6 ] && echo pararnn-table6 || echo flashrnn-parity)
+      run "$step" "${REPRODUCE_LIMIT_S:-300}" python3 -m experiments.reproduce "$name" --workers 16 --no-progress
+      run "$step-table" 40 python3 -m experiments.reproduce "$name" --table-only --copy-to "$res/$name-gpu.md" ;;
     *) echo "unknown step $step" ;;
   esac
 done
-tar -C "$out" -czf "$out/json.tgz" json && rm -rf "$out/json"
+tar -C "$out" -czf "$out/results.tgz" results && rm -rf "$res"
