@@ -7,8 +7,8 @@ peers), one panel per problem configuration × direction × dtype, with the phys
 copy bandwidth or FLOPs / matmul rate, ``limit_ms``) as a dashed black line.
 
 The sequence length comes from ``extra`` (``seq_len``, ``length``, ``S``, ``T``, ``L``) or from the
-shape string: ``S4096`` (mlstm), ``L4096`` (ssd), ``T1024`` (fused_rnn), or ``G16 … L64`` (chunks ×
-chunk size). The rest of the shape names the configuration (``B8 NH8 DQK128 DV128``; single-length
+shape string: ``S4096`` (mlstm), ``L4096`` (ssd), ``T1024`` (fused_rnn), ``L=512`` (newton),
+``G16 … L64`` (chunks × chunk size), or a batch-first ``(B, L, D)`` tuple (scan). The rest of the shape names the configuration (``B8 NH8 DQK128 DV128``; single-length
 configurations that differ only in the batch, as in a constant-token grid, share one line). Rows without a
 time (skipped, out of memory) or without a length are left out and counted.
 
@@ -42,20 +42,28 @@ def parse_length(shape: str, extra: dict[str, Any] | None = None) -> tuple[int |
     (4096, 'B8 NH8 DQK128 DV128')
     >>> parse_length("lstm B16 T1024 12x64")
     (1024, 'lstm B16 12x64')
+    >>> parse_length("gru B=8 L=512 D=256")
+    (512, 'gru B=8 D=256')
     >>> parse_length("B2 NH4 G16 D128 L64")
     (1024, 'B2 NH4 D128 chunk 64')
+    >>> parse_length("2x2 (8, 4096, 512)")
+    (4096, '2x2 B8 D512')
     """
     tokens = shape.split()
     for key in _LEN_KEYS:
         if extra and isinstance(extra.get(key), (int, float)) and not isinstance(extra.get(key), bool):
-            return int(extra[key]), " ".join(t for t in tokens if not re.fullmatch(rf"{key}\d+", t))
-    values = {m.group(1): int(m.group(2)) for t in tokens if (m := re.fullmatch(r"([A-Z]+)(\d+)", t))}
+            return int(extra[key]), " ".join(t for t in tokens if not re.fullmatch(rf"{key}=?\d+", t))
+    values = {m.group(1): int(m.group(2)) for t in tokens if (m := re.fullmatch(r"([A-Z]+)=?(\d+)", t))}
     if "G" in values and "L" in values:  # G chunks of L steps
-        rest = [t for t in tokens if not re.fullmatch(r"[GL]\d+", t)]
+        rest = [t for t in tokens if not re.fullmatch(r"[GL]=?\d+", t)]
         return values["G"] * values["L"], " ".join(rest + [f"chunk {values['L']}"])
     for key in ("S", "T", "L"):
         if key in values:
-            return values[key], " ".join(t for t in tokens if not re.fullmatch(rf"{key}\d+", t))
+            return values[key], " ".join(t for t in tokens if not re.fullmatch(rf"{key}=?\d+", t))
+    m = re.search(r"\((\d+),\s*(\d+),\s*(\d+)\)", shape)  # a (B, L, D) tuple, batch-first (SPEC §2.1)
+    if m:
+        rest = (shape[:m.start()] + f"B{m.group(1)} D{m.group(3)}" + shape[m.end():]).split()
+        return int(m.group(2)), " ".join(rest)
     return None, shape
 
 
@@ -64,7 +72,7 @@ def merge_batch_sweeps(df: pd.DataFrame) -> pd.Series:
     (``B32 S2048``, ``B8 S8192``: a constant-token grid) become one line, named ``… (B varies)``."""
     lengths = df.groupby("config")["L"].nunique()
     single = {c for c, n in lengths.items() if n == 1}
-    stripped = {c: " ".join(t for t in c.split() if not re.fullmatch(r"B\d+", t)) for c in single}
+    stripped = {c: " ".join(t for t in c.split() if not re.fullmatch(r"B=?\d+", t)) for c in single}
     groups = pd.Series(stripped).value_counts() if stripped else pd.Series(dtype=int)
     return df["config"].map(lambda c: f"{stripped[c]} (B varies)" if c in stripped and groups[stripped[c]] > 1 else c)
 
@@ -112,10 +120,13 @@ def plot(df: pd.DataFrame, title: str):
                     facet_kws={"sharey": False, "sharex": False})
     for panel, ax in g.axes_dict.items():
         lim = data[data["panel"] == panel].groupby("L", observed=True)["limit_ms"].min().dropna()
-        if len(lim):
-            ax.plot(lim.index, lim.values, ls="--", color="black", lw=1.2)
+        if len(lim):  # the marker shows a limit at a single length too
+            ax.plot(lim.index, lim.values, ls="--", color="black", lw=1.2, marker="_", markersize=12)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        lengths = data.loc[data["panel"] == panel, "L"]
+        if lengths.nunique() == 1:  # one length: centre it instead of matplotlib's default decades
+            ax.set_xlim(lengths.iloc[0] / 2, lengths.iloc[0] * 2)
     g.set_titles("{col_name}", size=9)
     g.set_axis_labels("sequence length", "time (ms)")
     old = g.legend
@@ -170,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         df["config"] = merge_batch_sweeps(df)
         df["panel"] = df["config"] + " · " + df["direction"] + " · " + df["dtype"]
         family = df["family"].iloc[0]
-        title = f"{family} kernels on {env.get('device', 'unknown device')} (commit {env.get('commit', '?')}, {env.get('date', '')[:10]})"
+        title = (f"{family} kernels on {env.get('device') or 'unknown device'} "
+                 f"(commit {env.get('commit') or '?'}, {(env.get('date') or '?')[:10]})")
         out = (args.out or path.parent) / path.stem
         cols = ["family", "impl", "config", "direction", "dtype", "L", "ms", "limit_ms", "shape", "note"]
         written += save_figure(plot(df, title), out, df[cols])

@@ -16,6 +16,8 @@ from kernels.bench.common import BenchRow, write_json
     ("B4 L2048 H8 P64 N64", None, (2048, "B4 H8 P64 N64")),
     ("lstm B16 T1024 12x64", None, (1024, "lstm B16 12x64")),
     ("B2 NH4 G16 D128 L64", None, (1024, "B2 NH4 D128 chunk 64")),
+    ("gru B=8 L=512 D=256", None, (512, "gru B=8 D=256")),
+    ("2x2 (8, 4096, 512)", None, (4096, "2x2 B8 D512")),
     ("custom", {"seq_len": 77}, (77, "custom")),
     ("fig5", {}, (None, "fig5")),
 ])
