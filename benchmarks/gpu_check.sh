@@ -21,7 +21,7 @@ run() {  # name limit_s command...
 }
 for step in $steps; do
   case $step in
-    tests) run tests 100 python3 -m pytest -q -p no:cacheprovider \
+    tests) run tests "${TESTS_LIMIT_S:-150}" python3 -m pytest -v --tb=short -p no:cacheprovider \
              tests/kernels/test_fused_rnn.py::test_gpu_matches_reference tests/kernels/test_newton_fused.py \
              tests/kernels/test_scan_triton.py tests/kernels/test_ssd.py::test_triton_cuda tests/kernels/test_mlstm_triton.py ;;
     scan) run scan 150 python3 -m kernels.bench scan --sweep --out "$res/json" ;;
@@ -33,8 +33,9 @@ for step in $steps; do
                --json "$res/workers-gpu.json" --no-progress ;;
     table6|flashrnn)
       name=$([ "$step" = table6 ] && echo pararnn-table6 || echo flashrnn-parity)
-      run "$step" "${REPRODUCE_LIMIT_S:-300}" python3 -m experiments.reproduce "$name" --workers 16 --no-progress
-      run "$step-table" 40 python3 -m experiments.reproduce "$name" --table-only --copy-to "$res/$name-gpu.md" ;;
+      # shellcheck disable=SC2086  # REPRODUCE_ARGS: e.g. "--only mqar,khop"
+      run "$step" "${REPRODUCE_LIMIT_S:-300}" python3 -m experiments.reproduce "$name" --workers 16 --no-progress ${REPRODUCE_ARGS:-}
+      run "$step-table" 40 python3 -m experiments.reproduce "$name" --table-only ${REPRODUCE_ARGS:-} --copy-to "$res/$name-gpu.md" ;;
     *) echo "unknown step $step" ;;
   esac
 done

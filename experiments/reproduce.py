@@ -80,7 +80,8 @@ def _aggregate(df: pd.DataFrame, metric: str, how: str) -> pd.DataFrame:
         sel = ok[ok["mixer"] == mixer]
         if sel.empty or metric not in sel:
             rows.append({"mixer": mixer, "value": float("nan"), "std": float("nan"), "params": float("nan"),
-                         "seeds": 0, "lr": float("nan")})
+                         "seeds": 0, "lr": float("nan"), "steps": float("nan"),
+                         "failed": int((df[df["mixer"] == mixer]["status"] != "ok").sum())})
             continue
         if how == "mean_at_best_lr":
             by_lr = sel.groupby("lr")["best_val_acc"].mean()

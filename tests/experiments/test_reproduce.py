@@ -37,6 +37,14 @@ def test_reproduction_presets_carry_the_papers_numbers():
             assert all(plan.entry in data["paper"]["results"][m] for m in plan.mixers)
 
 
+def test_compare_with_a_mixer_whose_trials_all_failed():
+    failed = [dict(r, status="failed") for r in _rows("parity", "mamba2", [0.5, 0.5, 0.5])]
+    df = pd.DataFrame(_rows("parity", "flashgru", [0.5, 0.99, 0.7]) + failed)
+    t = compare("pararnn-table1", {"parity": df}).set_index("mixer")
+    assert t.loc["mamba2", "failed"] == 3 and t.loc["mamba2", "ours"] != t.loc["mamba2", "ours"]
+    assert t.loc["flashgru", "ours"] == 0.99
+
+
 def test_table6_matches_the_paper_setup_and_table1_is_its_subset():
     p = resolve_sweep("khop2", "pararnn-table6")
     assert (p.task, p.task_options["k"], p.task_options["vocab_size"], p.block) == ("khop", 2, 5, "full")
