@@ -102,7 +102,7 @@ class Mamba(nn.Module):
     """S6 mixer through ``kernels.scan.linear_scan``; see the module docstring.
 
     ``backend``: ``"reference"`` (a step loop over the recurrence), ``"torch"`` / ``"triton"`` (that
-    backend of ``linear_scan``), ``"auto"`` (``"triton"`` on CUDA when the scan has it, else ``"torch"``).
+    backend of ``linear_scan``), ``"auto"`` (``linear_scan``'s own choice: see ``kernels.scan.AUTO_TRITON``).
     """
 
     BACKENDS = ("auto", "reference", "torch", "triton")
@@ -134,7 +134,7 @@ class Mamba(nn.Module):
             if self.backend not in ("reference",) and self.backend not in SCAN_BACKENDS:
                 raise ValueError(f"mamba: the scan has no {self.backend!r} backend yet (has: {', '.join(SCAN_BACKENDS)})")
             return self.backend
-        return "triton" if u.is_cuda and "triton" in SCAN_BACKENDS else "torch"
+        return "auto"  # kernels.scan decides (see kernels.scan.AUTO_TRITON)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         batch, L, _ = u.shape

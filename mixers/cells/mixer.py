@@ -20,7 +20,8 @@ Modes (``mode=`` or, as for every mixer, ``backend=``):
   ``u (H, B, L, *feat)``: the per-head ``input_projection`` of the input; returns the states
   ``h (H, B, L, state_size)``, differentiable w.r.t. ``u`` and ``params``.
 - ``auto``: on CUDA ``fused`` if the cell has ``fused_apply``, else ``parallel-triton`` when the
-  Triton scan exists and the Jacobian is not dense, else ``parallel``; on the CPU ``parallel``.
+  Triton scan is enabled for ``auto`` (``kernels.scan.AUTO_TRITON``, off for now) and the Jacobian
+  is not dense, else ``parallel``; on the CPU ``parallel``.
 
 With ``check=True`` every parallel result's residual ``max |f(h_{t-1}, x_t) - h_t|`` is checked:
 non-finite or above ``divergence_tol * max(1, max |h|)`` -> the sequential result is returned and
@@ -37,8 +38,16 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+import kernels.scan
 from kernels._triton import triton_available
-from kernels.newton import NewtonDivergenceError, NewtonStats, check_residual, newton_apply, residual, sequential_apply
+from kernels.newton import (
+    NewtonDivergenceError,
+    NewtonStats,
+    check_residual,
+    newton_apply,
+    residual,
+    sequential_apply,
+)
 from kernels.scan import SCAN_BACKENDS
 from mixers.cells.base import RNNCell
 
@@ -149,7 +158,7 @@ class CellMixer(nn.Module):
         if x.is_cuda:
             if cls.fused_apply is not None:
                 return "fused"
-            if "triton" in SCAN_BACKENDS and cls.jacobian != "dense":
+            if kernels.scan.AUTO_TRITON and "triton" in SCAN_BACKENDS and cls.jacobian != "dense":
                 return "parallel-triton"
         return "parallel"
 
