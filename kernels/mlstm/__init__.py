@@ -27,7 +27,7 @@ from kernels.mlstm.reference import NORMALIZERS, mlstm_parallel, mlstm_recurrent
 
 BACKENDS = ("auto", "recurrent", "parallel", "chunkwise", "triton")
 
-# On the CPU the quadratic form beats the chunk loop up to a few hundred steps (measured, docs/mlstm.md).
+# On the CPU the quadratic form beats the chunk loop up to a few hundred steps (measured, README, "mLSTM").
 CPU_PARALLEL_MAX_LEN = 128
 
 

@@ -1,7 +1,7 @@
 """analysis.transfer reproduces paper 002's facts about the mLSTM transfer gains (§4.2, App. D.2).
 
 Small problem (T=64, d=32, 21 x 6 grid) so it runs in well under a second; the committed figure
-uses the paper's T=512, d=128, 21 x 18 grid, where the same facts hold (see docs/analysis.md).
+uses the paper's T=512, d=128, 21 x 18 grid, where the same facts hold (see the README, "Analysis").
 """
 
 import math
