@@ -1,14 +1,10 @@
 """kernels.fused_rnn: the Triton backends (fused, alternating) against the float64 reference loop.
 
-On the CPU the Triton kernels run under ``TRITON_INTERPRET=1`` (set below, before triton loads) at
-small, awkward shapes: T in {1, 5, 33}, head dims 16 and 24 (padded to 32), batch 3 and 17 (two
+On the CPU the Triton kernels run under ``TRITON_INTERPRET=1`` (set by tests/conftest.py when
+there is no GPU) at small, awkward shapes: T in {1, 5, 33}, head dims 16 and 24 (padded to 32), batch 3 and 17 (two
 batch blocks). Outputs are NaN-poisoned before each run. Forward (h, last states) and every
 gradient (wx, R, b, initial states) are compared.
 """
-
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch

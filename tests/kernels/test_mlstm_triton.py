@@ -5,7 +5,6 @@ On the CPU these run under ``TRITON_INTERPRET=1`` at small shapes."""
 import os
 import types
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch

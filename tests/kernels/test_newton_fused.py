@@ -10,8 +10,6 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # before any kernel module is imported: CPU runs use the interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton")
 

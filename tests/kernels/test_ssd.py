@@ -1,9 +1,5 @@
 """kernels.ssd: every backend against an independent float64 step loop, forward and all gradients."""
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 import torch
 

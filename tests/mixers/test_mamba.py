@@ -2,7 +2,6 @@
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch

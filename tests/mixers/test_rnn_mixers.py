@@ -5,10 +5,6 @@ parity on short sequences and extrapolates to 3x longer ones (paper 001 §6.3), 
 backend and a tiny hand-written training loop.
 """
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 import torch
 
