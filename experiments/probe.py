@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from experiments.cli import run_cli
+
 log = logging.getLogger("experiments.probe")
 
 TASKS = ("parity", "keep_nth", "mqar", "khop")
@@ -276,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_lightning()
     sys.path.insert(0, "")  # cells in the current directory
-    try:
+
+    def run() -> None:
         from experiments.presets import resolve_sweep  # noqa: F401
         from tasks import TASKS as KNOWN
 
@@ -294,14 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path("runs") / "probe" / (cell_cls.__name__ + ("-quick" if args.quick else ""))
         probe(args.cell, out, args.quick, tasks, references, args.workers, args.device, args.max_steps, seeds,
               lengths, run_sweeps=not args.no_sweeps, progress=not args.no_progress)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: re-run the same command to resume the sweeps", file=sys.stderr)
-        return 130
-    print((out / "probe-report.md").read_text())
-    return 0
+        print((out / "probe-report.md").read_text())
+
+    return run_cli(run, "re-run the same command to resume the sweeps")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.cli import run_cli
+
 log = logging.getLogger("experiments.reproduce")
 
 #: the --quick overrides: minutes on a CPU (not a reproduction)
@@ -248,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_lightning()
-    try:
+
+    def run() -> None:
         load_reproduction(args.name)
         if args.workers < 0:
             raise ValueError(f"--workers must be >= 0, got {args.workers}")
@@ -264,18 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
                          args.only.split(",") if args.only else None, run=not args.table_only,
                          progress=not args.no_progress)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: re-run the same command to resume", file=sys.stderr)
-        return 130
-    text = (out / "reproduction.md").read_text()
-    print(text)
-    if args.copy_to:
-        args.copy_to.parent.mkdir(parents=True, exist_ok=True)
-        args.copy_to.write_text(text)
-    return 0
+        text = (out / "reproduction.md").read_text()
+        print(text)
+        if args.copy_to:
+            args.copy_to.parent.mkdir(parents=True, exist_ok=True)
+            args.copy_to.write_text(text)
+
+    return run_cli(run, "re-run the same command to resume")
 
 
 if __name__ == "__main__":

@@ -20,11 +20,20 @@ from typing import Any
 
 import yaml
 
+from experiments.cli import run_cli
+from experiments.lit import NonFiniteLossError
 from experiments.presets import SweepPlan, available_presets, resolve_sweep
 from experiments.results import collect, versions, write_results
-from experiments.study import HEARTBEAT_DIR, STALE_TIMEOUT, cell_id, finish, open_storage, open_study, sync_grid
+from experiments.study import (
+    HEARTBEAT_DIR,
+    STALE_TIMEOUT,
+    cell_id,
+    finish,
+    open_storage,
+    open_study,
+    sync_grid,
+)
 from experiments.study import progress as progress_counts
-from experiments.lit import NonFiniteLossError
 from experiments.train import TrialSpec, quiet_lightning, run_trial
 from tasks import TASKS
 
@@ -234,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_lightning()
-    try:
+
+    def run() -> None:
         if args.task not in TASKS and args.task not in preset_entries(args.preset):
             raise ValueError(f"unknown task {args.task!r}; known tasks: {', '.join(sorted(TASKS))}")
         if args.workers < 0:
@@ -246,15 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path("runs") / f"{args.task}-{args.preset}"
         df = run_sweep(plan, out, args.storage, args.device, args.retry_failed, progress=not args.no_progress,
                        workers=args.workers, stale_timeout=args.stale_timeout)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: re-run the same command to resume", file=sys.stderr)
-        return 130
-    print((out / "table.md").read_text())
-    print(f"results: {out / 'results.csv'} ({len(df)} trials)")
-    return 0
+        print((out / "table.md").read_text())
+        print(f"results: {out / 'results.csv'} ({len(df)} trials)")
+
+    return run_cli(run, "re-run the same command to resume")
 
 
 if __name__ == "__main__":
