@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -18,6 +17,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from experiments.study import trials_by_cell
+from kernels.bench.common import git_commit
 
 ID_COLUMNS = ["task", "task_config", "mixer", "mixer_config", "backend", "block", "positional", "seed", "lr"]
 
@@ -34,12 +34,7 @@ def versions() -> dict[str, str]:
         out["triton"] = triton.__version__
     except Exception:
         out["triton"] = "none"
-    try:
-        out["commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
-        ).stdout.strip() or "unknown"
-    except Exception:
-        out["commit"] = "unknown"
+    out["commit"] = git_commit()
     return out
 
 

@@ -9,12 +9,13 @@ loop of ``kernels/fused_rnn/reference.py``; ``"triton"``, the fused / alternatin
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from kernels.fused_rnn import BACKENDS as KERNEL_BACKENDS
 from kernels.fused_rnn import cell_spec, fused_rnn
-from kernels.fused_rnn.reference import default_recurrent_init
 from mixers.registry import register_mixer
 
 #: mixer backend name -> kernels.fused_rnn backend name
@@ -48,7 +49,8 @@ class ClassicalRNN(nn.Module):
         self.W = nn.Linear(d_model, spec.input_gates * d_model, bias=False)
         self.R = nn.Parameter(torch.empty(num_heads, self.head_dim, spec.recurrent_gates, self.head_dim))
         self.b = nn.Parameter(torch.zeros(num_heads, spec.bias_gates, self.head_dim))
-        default_recurrent_init(self.R)
+        bound = 1.0 / math.sqrt(self.head_dim)  # uniform(±1/sqrt(DH)), as nn.LSTM / nn.GRU
+        nn.init.uniform_(self.R, -bound, bound)
         if cell in FORGET_BIAS:
             gate, value = FORGET_BIAS[cell]
             with torch.no_grad():

@@ -86,11 +86,12 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-300))
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
+    """Short git commit of the suite's checkout (``"unknown"`` outside one, e.g. on a device copy)."""
     try:
         return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
-        ).stdout.strip()
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        ).stdout.strip() or "unknown"
     except Exception:
         return "unknown"
 
@@ -112,7 +113,7 @@ def environment(device: str) -> dict:
         "torch": torch.__version__,
         "triton": _version("triton"),
         "python": platform.python_version(),
-        "commit": _git_commit(),
+        "commit": git_commit(),
     }
     for peer in ("pararnn-torch", "flashrnn", "mlstm-kernels", "accelerated-scan", "fla-core"):
         env[peer] = _version(peer)

@@ -24,7 +24,6 @@ Cells (states; gates of wx / R / b):
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
@@ -126,10 +125,3 @@ def fused_rnn_reference(
         outputs.append(states[0])
     h = torch.stack(outputs, dim=1) if outputs else wx.new_zeros(bsz, 0, nh, dh)
     return h, states
-
-
-def default_recurrent_init(R: torch.Tensor) -> None:
-    """Uniform(±1/sqrt(DH)) in place, as PyTorch's nn.LSTM/nn.GRU."""
-    bound = 1.0 / math.sqrt(R.shape[1])
-    with torch.no_grad():
-        R.uniform_(-bound, bound)
