@@ -68,17 +68,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--dtypes", default="float64,float32")
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--clip-norm", default="0.9", help="'none' for no clipping (the parity setting)")
+    p.add_argument("--clip-norm", default=None,
+                   help="FlashGRU/FlashLSTM norm clipping: a number, or 'none' (the parity setting); "
+                        "omitted: the cell's default (0.9); other cells take no such option")
     p.add_argument("--csv", default=None, help="also write the table as CSV here")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    clip = None if args.clip_norm.lower() == "none" else float(args.clip_norm)
+    options = {}
+    if args.clip_norm is not None:
+        options["clip_norm"] = None if args.clip_norm.lower() == "none" else float(args.clip_norm)
     rows = []
     for name in args.mixers.split(","):
         for dtype_name in args.dtypes.split(","):
             dtype = getattr(torch, dtype_name)
             torch.manual_seed(args.seed)
-            mixer = build_mixer(name, args.d_model, clip_norm=clip).to(dtype)
+            mixer = build_mixer(name, args.d_model, **options).to(dtype)
             for L in _lengths(args.log2_lengths):
                 gen = torch.Generator().manual_seed(args.seed + L)
                 x = torch.randn(args.batch, L, args.d_model, generator=gen).to(dtype)
