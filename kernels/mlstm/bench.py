@@ -17,8 +17,14 @@ the gradients. Timing: ``triton.testing.do_bench`` medians; forward alone, and f
 
 Physical limits (per batch*head; ``L`` = chunk size, causal half of each chunk counted): forward
 FLOPs ``S L (DQK + DV) + 4 S DQK DV``, backward ``S L (3 DQK + 2 DV) + 8 S DQK DV``, over the
-measured matmul rate of the dtype (TF32 for float32: the bench allows TF32); bytes: inputs read
-once, outputs written once, over the measured copy bandwidth. The larger is the floor.
+measured matmul rate of the dtype (single-pass TF32 for float32, although our float32 default runs
+3 TF32 passes); bytes: inputs read once, outputs written once, over the measured copy bandwidth.
+The larger is the floor.
+
+float32 precision (``--matmul-precision``, torch's float32 matmul setting): ``high`` (default)
+runs our float32 dots in 3-pass TF32 (float32-accurate); ``medium`` in single-pass TF32, the
+precision of the peers' float32 kernels (their ``tl.dot`` default, whatever the torch setting), and
+names ours ``triton-...-tf32``.
 
 Sections (``--sections``): ``main`` (B=4, NH=16, S=4096, DQK=128, DV=256; bf16 and fp32; chunk
 sizes), ``grid`` (65,536 tokens: (B, S) in (32, 2048), (8, 8192), (1, 65536); bf16), ``chunk``
@@ -33,6 +39,8 @@ import argparse
 import dataclasses
 import logging
 import math
+import os
+import re
 import time
 
 import torch
@@ -180,8 +188,23 @@ def _timed(fn, x, dh, direction):
     return lambda: torch.autograd.grad(fn(*leaves), leaves, dh)
 
 
+def _profile(fn, x, dh, label, steps=5):
+    """Log the CUDA kernels of ``steps`` forward + backward steps, by total device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = _timed(fn, x, dh, "fwd+bwd")
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=40)
+    log.info("%s: CUDA kernels over %d fwd+bwd steps\n%s", label, steps, table)
+
+
 def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, peers=True, fla=True, seed=0, skip=(),
-                 only=""):
+                 only="", suffix="", profile=False):
     B, NH, S, DQK, DV = shape
     dtype = DTYPES[dtype_name]
     sh = f"B{B} NH{NH} S{S} DQK{DQK} DV{DV}"
@@ -189,7 +212,7 @@ def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, 
         x = _inputs(B, NH, S, DQK, DV, dtype, seed)
         dh = torch.randn(B, NH, S, DV, device=DEVICE, dtype=dtype)
         ref = _reference(gate, x, dh) if check else None
-        impls = {f"triton-{gate}-c{L}": _ours(gate, L) for L in chunks[gate]}
+        impls = {f"triton-{gate}-c{L}{suffix}": _ours(gate, L) for L in chunks[gate]}
         if peers:
             impls.update(_peers(gate, fla))
         for name, fn in impls.items():
@@ -204,7 +227,7 @@ def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, 
                 try:
                     if check:
                         errs = _check(name, fn, gate, x, dh, ref)
-                    L = int(name.split("-c")[-1]) if name.startswith("triton") else 64
+                    L = int(re.search(r"-c(\d+)", name).group(1)) if name.startswith("triton") else 64
                     gerr = max((e for e in errs[1:] if e == e), default=math.nan)
                     note += f"grad err {gerr:.2g}" if check else ""
                     for direction in ("fwd", "fwd+bwd"):
@@ -214,6 +237,8 @@ def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, 
                                              extra={"gate": gate, "errors_h_dq_dk_dv_di_df": errs}))
                         log.info("%s %s %s %s: %.3f ms (errs %s)", sh, dtype_name, name, direction, ms,
                                  ", ".join(f"{e:.2g}" for e in errs))
+                    if profile and name.startswith("triton"):
+                        _profile(fn, x, dh, f"{sh} {dtype_name} {name}")
                     break
                 except Exception as e:  # noqa: BLE001 - a peer failing is recorded, the run goes on
                     msg = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
@@ -292,13 +317,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", default="", help="time only implementations whose name contains this")
     p.add_argument("--quick", action="store_true", help="smaller shapes (S/4), no grid / chunk sections")
     p.add_argument("--no-check", action="store_true")
+    p.add_argument("--matmul-precision", default="high", choices=["high", "medium"],
+                   help="torch float32 matmul precision: high = our float32 dots in 3-pass TF32 (accurate), "
+                        "medium = single-pass TF32 like the peers (ours named triton-...-tf32)")
+    p.add_argument("--tiles", default="",
+                   help="main section: ';'-separated EXPRESSIVITY_MLSTM_TILES settings to time ours with, "
+                        "e.g. 'W=8;ST=1;BV=256,W=8' (rows named triton-...[setting]); the default config runs first")
+    p.add_argument("--profile", action="store_true", help="log our kernels' CUDA times (torch.profiler)")
     p.add_argument("--out", default="benchmarks")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("kernels.mlstm.bench").setLevel(logging.DEBUG)
     if not torch.cuda.is_available():
         raise SystemExit("error: the mLSTM benchmark needs a CUDA GPU")
-    torch.set_float32_matmul_precision("high")  # TF32 for float32 dots, ours and the peers'
+    torch.set_float32_matmul_precision(args.matmul_precision)  # ours: 3-pass / 1-pass TF32; peers: TF32 anyway
+    suffix = "-tf32" if args.matmul_precision == "medium" else ""
     sections = set(args.sections.split(","))
     if args.quick:
         sections -= {"grid", "chunk"}
@@ -307,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     env = environment("cuda")
     limits = Limits(copy_bandwidth_gbs(), {"bf16": matmul_tflops(dtype=torch.bfloat16),
                                            "fp32": matmul_tflops(dtype=torch.float32)})
-    env.update(copy_gbs=limits.bw_gbs, matmul_tflops=limits.tflops)
+    env.update(copy_gbs=limits.bw_gbs, matmul_tflops=limits.tflops, float32_matmul_precision=args.matmul_precision)
     log.info("copy %.0f GB/s, matmul %s TFLOP/s", limits.bw_gbs, limits.tflops)
     rows: list[BenchRow] = []
     t0 = time.time()
@@ -321,9 +354,19 @@ def main(argv: list[str] | None = None) -> None:
         flush()
     if "main" in sections:
         for dn in args.dtypes.split(","):
+            sfx = suffix if dn == "fp32" else ""
             _bench_shape(rows, limits, (4, 16, S_main, 128, 256), dn, ("exp", "sig"), chunks,
-                         check=not args.no_check, fla=not args.no_fla, skip=skip, only=args.only)
+                         check=not args.no_check, fla=not args.no_fla, skip=skip, only=args.only, suffix=sfx,
+                         profile=args.profile)
             flush()
+            for tiles in filter(None, args.tiles.split(";")):
+                os.environ["EXPRESSIVITY_MLSTM_TILES"] = tiles
+                try:
+                    _bench_shape(rows, limits, (4, 16, S_main, 128, 256), dn, ("exp", "sig"), chunks,
+                                 check=not args.no_check, peers=False, only=args.only, suffix=f"{sfx}[{tiles}]")
+                finally:
+                    del os.environ["EXPRESSIVITY_MLSTM_TILES"]
+                flush()
     if "grid" in sections:
         for B, S in ((32, 2048), (8, 8192), (1, 65536)):
             first = {g: c[:1] for g, c in chunks.items()}

@@ -1,9 +1,9 @@
 """Shared memory of the mLSTM Triton kernels, compiled for a GPU target without a GPU.
 
 ``python -m kernels.mlstm.smem_check [--dtype fp32|bf16] [--chunks 64,128] [--dqk 128] [--dv 256]
-[--arch 90]`` compiles every forward/backward kernel (mLSTMexp and mLSTMsig) with exactly the
+[--arch 90] [--matmul-precision high|medium|highest]`` compiles every forward/backward kernel (mLSTMexp and mLSTMsig) with exactly the
 launch configuration ``triton_chunkwise`` would pick on CUDA (``_config``, ``_precision``,
-``_prec_fwd``, ``_prec_dp``, ``_bwd_dp_config``) for ``sm_<arch>`` and prints ``metadata.shared`` per kernel
+``_bwd_qk_config``) for ``sm_<arch>`` and prints ``metadata.shared`` per kernel
 against the device limit (232,448 bytes = 227 KiB on the H100/H200). Needs only Triton's CUDA
 backend (ptxas ships with the wheel), not a driver or a GPU. Exits 1 if a kernel exceeds the budget
 (the limit minus ``--headroom``, default 10%, since another Triton version may allocate a little
@@ -56,35 +56,32 @@ def kernel_args(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool):
     """(name, kernel, args) for every kernel launch of one forward + backward on CUDA."""
     cfg = tc._config(L, DQK, DV, dtype)
     prec = tc._precision(dtype)
-    prec_dp = tc._prec_dp(dtype, exp_gate, prec)
-    prec_fwd = tc._prec_fwd(dtype, exp_gate, prec)
     t, acc = "*" + _TY[dtype], "*fp32"
     shape = dict(DQK=DQK, DV=DV, L=L)
-    inter = dict(shape, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate, num_warps=cfg["WI"])
+    inter = dict(shape, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate, PREC=prec, num_warps=cfg["WI"])
     intra = dict(shape, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"], EXP=exp_gate,
                  PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"])
-    fwd = dict(intra, PREC=prec_fwd)
-    dp = dict(intra, **tc._bwd_dp_config(cfg, dtype, exp_gate, prec_dp))
+    qk = dict(intra, **tc._bwd_qk_config(cfg, prec))
     out = [
         ("fwd inter_chunk_states", triton_fwd.inter_chunk_states,
          dict(inter, k_ptr=t, v_ptr=t, a_ptr=acc, g_ptr=acc, amax_ptr=acc, c0_ptr=acc, n0_ptr=acc, m0_ptr=acc,
               cst_ptr=acc, nst_ptr=acc, mst_ptr=acc, S="i32", NC="i32", chunk="i32", HAS_INIT=True,
-              FUSED=True, PREC=prec_fwd)),
+              FUSED=True)),
         ("fwd intra_chunk_h", triton_fwd.intra_chunk_h,
-         dict(fwd, q_ptr=t, k_ptr=t, v_ptr=t, b_ptr=acc, li_ptr=acc, cst_ptr=acc, nst_ptr=acc, mst_ptr=acc,
+         dict(intra, q_ptr=t, k_ptr=t, v_ptr=t, b_ptr=acc, li_ptr=acc, cst_ptr=acc, nst_ptr=acc, mst_ptr=acc,
               h_ptr=t, mtok_ptr=acc, dtok_ptr=acc, S="i32", NC="i32", scale="fp32", eps="fp32")),
         ("bwd inter_chunk_dstates", triton_bwd.inter_chunk_dstates,
          dict(inter, q_ptr=t, dh_ptr=t, b_ptr=acc, g_ptr=acc, mtok_ptr=acc, inv_ptr=acc, dd_ptr=acc, mst_ptr=acc,
               dcl_ptr=acc, dnl_ptr=acc, dcst_ptr=acc, dnst_ptr=acc, S="i32", NC="i32", scale="fp32",
-              HAS_DLAST=True, PREC=prec, PREC_DP=prec_dp)),
+              HAS_DLAST=True)),
         ("bwd intra_chunk_dq", triton_bwd.intra_chunk_dq,
-         dict(dp, q_ptr=t, k_ptr=t, v_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, mtok_ptr=acc, inv_ptr=acc,
+         dict(qk, q_ptr=t, k_ptr=t, v_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, mtok_ptr=acc, inv_ptr=acc,
               dd_ptr=acc, cst_ptr=acc, nst_ptr=acc, mst_ptr=acc, dq_ptr=t, qdq_ptr=acc, S="i32", NC="i32",
-              scale="fp32", PREC_DP=prec_dp)),
+              scale="fp32")),
         ("bwd intra_chunk_dk", triton_bwd.intra_chunk_dk,
-         dict(dp, q_ptr=t, k_ptr=t, v_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, a_ptr=acc, mtok_ptr=acc,
+         dict(qk, q_ptr=t, k_ptr=t, v_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, a_ptr=acc, mtok_ptr=acc,
               inv_ptr=acc, dd_ptr=acc, dcst_ptr=acc, dnst_ptr=acc, mst_ptr=acc, dk_ptr=t, kdk_ptr=acc,
-              S="i32", NC="i32", scale="fp32", PREC_DP=prec_dp)),
+              S="i32", NC="i32", scale="fp32")),
         ("bwd intra_chunk_dv", triton_bwd.intra_chunk_dv,
          dict(intra, q_ptr=t, k_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, a_ptr=acc, mtok_ptr=acc, inv_ptr=acc,
               dcst_ptr=acc, mst_ptr=acc, dv_ptr=t, S="i32", NC="i32", scale="fp32")),
@@ -101,18 +98,20 @@ def main(argv=None) -> int:
     p.add_argument("--dv", type=int, default=256)
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--headroom", type=float, default=0.10)
+    p.add_argument("--matmul-precision", default="high", choices=["high", "medium", "highest"],
+                   help="torch float32 matmul precision: high = 3-pass TF32 (kernels.bench), medium = TF32")
     a = p.parse_args(argv)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     limit = SMEM_LIMIT.get(a.arch, 232448)
     budget = int(limit * (1 - a.headroom))
-    torch.set_float32_matmul_precision("high")  # TF32, as kernels.bench runs float32
+    torch.set_float32_matmul_precision(a.matmul_precision)
     print(f"triton {triton.__version__}, sm_{a.arch}, limit {limit} B, budget {budget} B "
           f"({a.headroom:.0%} headroom), {a.dtype}, DQK={a.dqk}, DV={a.dv}")
     bad = 0
     for gate in a.gates.split(","):
         for L in map(int, a.chunks.split(",")):
             for name, kernel, args in kernel_args(dtype, L, a.dqk, a.dv, gate == "exp"):
-                show = {k: args[k] for k in ("BLQ", "BLKV", "BK", "BV", "num_stages", "PREC", "PREC_DP")
+                show = {k: args[k] for k in ("BLQ", "BLKV", "BK", "BV", "num_stages", "PREC")
                         if k in args}
                 try:
                     smem = _compile(kernel, dict(args), a.arch).metadata.shared

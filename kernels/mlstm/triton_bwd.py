@@ -6,11 +6,11 @@ per step ``dnum = dh * inv`` and ``dd = -sign(d) [|d| > exp(-m)] inv (dh . h)`` 
 every kernel the value-side gradient is ``dP = inv * (dh V^T) + dd`` (precomputed per step:
 ``inv``, ``dd``). mLSTMsig has ``inv = 1``, ``dd = 0`` (``EXP=False``). The max states are constants.
 
-``dP`` is a difference of two nearly equal terms when the normalizer is active (like a softmax
-gradient), so the products that feed it (``dh V^T``, ``dh C^T``, ``v dC^T`` and the state gradient
-``Q^T dh``) run at ``PREC_DP``: 3-pass TF32 (``"tf32x3"``, float32-accurate) where the other dots
-use TF32. The same step amplifies errors of the saved forward ``h`` and ``d``, so float32 mLSTMexp
-also runs the forward in 3-pass TF32 (``triton_chunkwise._prec_fwd``, which has the measurements).
+Every ``tl.dot`` takes ``input_precision=PREC``, one value per launch (``triton_chunkwise._precision``:
+3-pass TF32 for float32 by default). ``dP`` is a difference of two nearly equal terms when the
+normalizer is active (like a softmax gradient), and the gate gradients are reverse cumulative sums
+of ``q . dq - k . dk`` (differences of large terms), so single-pass TF32 anywhere in the float32
+path shows up as percent-level gate-gradient errors.
 
 * ``inter_chunk_dstates``: reverse recurrence over chunks for the gradients of the states entering
   every chunk (``NC + 1``: entry ``c`` is the gradient w.r.t. the state entering chunk ``c``; the
@@ -32,7 +32,7 @@ def inter_chunk_dstates(
     q_ptr, dh_ptr, b_ptr, g_ptr, mtok_ptr, inv_ptr, dd_ptr, mst_ptr, dcl_ptr, dnl_ptr, dcst_ptr, dnst_ptr,
     S, NC, scale,
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BL: tl.constexpr, EXP: tl.constexpr, HAS_DLAST: tl.constexpr, PREC: tl.constexpr, PREC_DP: tl.constexpr,
+    BL: tl.constexpr, EXP: tl.constexpr, HAS_DLAST: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_k, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     acc_t = dcst_ptr.dtype.element_ty
@@ -82,7 +82,7 @@ def inter_chunk_dstates(
             else:
                 w = tl.exp(tl.load(b_ptr + pos)) * scale
                 qw = qT.to(acc_t) * w[None, :]
-            dC += tl.dot(qw.to(dh.dtype), dh, input_precision=PREC_DP).to(acc_t)
+            dC += tl.dot(qw.to(dh.dtype), dh, input_precision=PREC).to(acc_t)
     tl.store(dcst_ptr + c_off, dC, mask=mask_kv)
     if first:
         tl.store(dnst_ptr + offs_k, dn, mask=offs_k < DQK)
@@ -102,7 +102,7 @@ def intra_chunk_dq(
     q_ptr, k_ptr, v_ptr, dh_ptr, b_ptr, li_ptr, mtok_ptr, inv_ptr, dd_ptr, cst_ptr, nst_ptr, mst_ptr,
     dq_ptr, qdq_ptr, S, NC, scale,
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BLQ: tl.constexpr, BLKV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr, PREC_DP: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_q, pid_k, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     NQB: tl.constexpr = L // BLQ
@@ -136,7 +136,7 @@ def intra_chunk_dq(
                          mask=mask_q[:, None] & (offs_v[None, :] < DV), other=0.0)
             vT = tl.load(v_ptr + pos_kv[None, :] * DV + offs_v[:, None],
                          mask=(pos_kv[None, :] < S) & (offs_v[:, None] < DV), other=0.0)
-            dp += tl.dot(dh, vT, input_precision=PREC_DP).to(acc_t)
+            dp += tl.dot(dh, vT, input_precision=PREC).to(acc_t)
         if EXP:
             dp = dp * inv[:, None] + dd[:, None]
         p = _gate_matrix(b_q, m_q, tl.load(b_ptr + tok + pos_kv), tl.load(li_ptr + tok + pos_kv), row, col, EXP)
@@ -153,7 +153,7 @@ def intra_chunk_dq(
                      mask=mask_q[:, None] & (offs_v[None, :] < DV), other=0.0)
         cT = tl.load(cst_ptr + offs_k[None, :] * DV + offs_v[:, None],
                      mask=(offs_k[None, :] < DQK) & (offs_v[:, None] < DV), other=0.0)
-        t1 += tl.dot(dh, cT.to(dh.dtype), input_precision=PREC_DP).to(acc_t)
+        t1 += tl.dot(dh, cT.to(dh.dtype), input_precision=PREC).to(acc_t)
     if EXP:
         w = tl.exp(b_q + M_c - m_q) * scale
         nn = tl.load(nst_ptr + (bh * (NC + 1) + c) * DQK + offs_k, mask=offs_k < DQK, other=0.0)
@@ -181,7 +181,7 @@ def intra_chunk_dk(
     q_ptr, k_ptr, v_ptr, dh_ptr, b_ptr, li_ptr, a_ptr, mtok_ptr, inv_ptr, dd_ptr, dcst_ptr, dnst_ptr, mst_ptr,
     dk_ptr, kdk_ptr, S, NC, scale,
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BLQ: tl.constexpr, BLKV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr, PREC_DP: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_kv, pid_k, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     NKB: tl.constexpr = L // BLKV
@@ -210,7 +210,7 @@ def intra_chunk_dk(
                          mask=mask_kv[:, None] & (offs_v[None, :] < DV), other=0.0)
             dhT = tl.load(dh_ptr + pos_q[None, :] * DV + offs_v[:, None],
                           mask=(pos_q[None, :] < S) & (offs_v[:, None] < DV), other=0.0)
-            dpT += tl.dot(vv, dhT, input_precision=PREC_DP).to(acc_t)
+            dpT += tl.dot(vv, dhT, input_precision=PREC).to(acc_t)
         b_q = tl.load(b_ptr + tok + pos_q)
         if EXP:
             m_q = tl.load(mtok_ptr + tok + pos_q)
@@ -231,7 +231,7 @@ def intra_chunk_dk(
                      mask=mask_kv[:, None] & (offs_v[None, :] < DV), other=0.0)
         dcT = tl.load(dcst_ptr + offs_k[None, :] * DV + offs_v[:, None],
                       mask=(offs_k[None, :] < DQK) & (offs_v[:, None] < DV), other=0.0)
-        t1 += tl.dot(vv, dcT.to(vv.dtype), input_precision=PREC_DP).to(acc_t)
+        t1 += tl.dot(vv, dcT.to(vv.dtype), input_precision=PREC).to(acc_t)
     a_kv = tl.load(a_ptr + tok + pos_kv)
     if EXP:
         w = tl.exp(a_kv - M_next)

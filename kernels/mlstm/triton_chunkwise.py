@@ -10,8 +10,9 @@ on ``(q_t, B_t)`` only through ``exp(B_t) q_t`` and on ``(k_t, log i_t, B_t)`` t
 
 Inputs must be contiguous, on one device (CUDA, or the CPU under ``TRITON_INTERPRET=1``), and of one
 dtype: float32, bfloat16 or float16 (float64 only under the interpreter, for tests). Chunk sizes are
-powers of two from 16 to 4096; ``S`` need not be a multiple. float32 inputs use TF32 tensor cores
-when ``torch.get_float32_matmul_precision() != "highest"``.
+powers of two from 16 to 4096; ``S`` need not be a multiple. float32 dots follow
+``torch.get_float32_matmul_precision()`` (``_precision``): ``"high"`` 3-pass TF32 (float32-accurate,
+the tensor-core default), ``"medium"`` single-pass TF32 (opt-in, as the peers run), ``"highest"`` IEEE.
 """
 
 from __future__ import annotations
@@ -50,31 +51,27 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _precision(dtype: torch.dtype) -> str:
+    """``input_precision`` of every ``tl.dot`` of one forward / backward (one value for all kernels).
+
+    float32 follows ``torch.get_float32_matmul_precision()``:
+
+    * ``"high"`` (what ``kernels.bench`` sets): ``"tf32x3"``, 3-pass TF32 on tensor cores, about
+      float32-accurate. The float32 default on tensor cores: the normalizer gradient of mLSTMexp
+      (``dd = -sign(d) inv (dh . h)``) and the gate gradients (reverse cumulative sums of
+      ``q . dq - k . dk``) are differences of large terms that amplify single-pass TF32 error
+      (H200, 2026-11-21: df 3.4% off float64 with single-pass TF32 left in the backward).
+    * ``"medium"`` (opt-in): ``"tf32"``, single-pass TF32, as ``mlstm_kernels``' and ``fla``'s
+      float32 kernels run (their ``tl.dot`` default): about 2x fewer tensor-core passes, relative
+      errors ~1e-3 in h and percent-level in the mLSTMexp gate gradients.
+    * ``"highest"`` (torch's default): ``"ieee"``, float32 FMA, no tensor cores (slow).
+
+    float64 (interpreter only): ``"ieee"``. bfloat16 / float16 operands are multiplied in their own
+    type (the value is ignored)."""
     if dtype == torch.float64:
         return "ieee"
-    if dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
-        return "ieee"
-    return "tf32"
-
-
-def _prec_dp(dtype: torch.dtype, exp_gate: bool, prec: str) -> str:
-    """Precision of the backward products that feed the normalizer gradient ``dP = inv (dh V^T) + dd``
-    (and ``dh C^T``, ``v dC^T``, ``Q^T dh``): 3-pass TF32 (float32 accuracy) in float32 mLSTMexp where
-    the other float32 dots use single-pass TF32. Never degraded to "tf32" (no fallback lowers it)."""
-    if exp_gate and dtype == torch.float32 and prec == "tf32":
-        return "tf32x3"
-    return prec
-
-
-def _prec_fwd(dtype: torch.dtype, exp_gate: bool, prec: str) -> str:
-    """Precision of the forward dots (state recurrence and ``intra_chunk_h``). float32 mLSTMexp runs
-    them in 3-pass TF32: the backward differentiates the normalizer through the saved ``h`` and
-    ``d = n^T q`` (``dd = -sign(d) inv (dh . h)``), an ill-conditioned step that amplifies their error.
-    CPU emulation of the H100/H200 TF32 (truncated mantissa) at B=1, NH=4, S=4096, DQK=128, DV=256,
-    chunk 64, the benchmark's inputs: a single-pass TF32 forward (h error 1.8e-3) gives gradients
-    7-9% off *even with an exact (IEEE) backward*; the 3-pass forward gives dq, dk, di 7.6e-4,
-    dv 1.4e-3, df 9.9e-3 (h 7.5e-7). mLSTMsig and bf16 / float16 are unchanged."""
-    return _prec_dp(dtype, exp_gate, prec)
+    if dtype != torch.float32:
+        return "tf32"
+    return {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}[torch.get_float32_matmul_precision()]
 
 
 def _config(L: int, DQK: int, DV: int, dtype: torch.dtype) -> dict:
@@ -84,7 +81,7 @@ def _config(L: int, DQK: int, DV: int, dtype: torch.dtype) -> dict:
     big = 64 if dtype != torch.float64 else 32
     cfg = dict(BLQ=64, BLKV=64, BK=128, BV=128, BKI=big, BVI=big, BL=64, W=4, ST=2, WI=4)
     for key, val in _tile_env().items():
-        if key == "BVDP":  # read by _bwd_dp_config
+        if key == "BVDP":  # read by _bwd_qk_config
             continue
         if key not in cfg:
             raise ValueError(f"EXPRESSIVITY_MLSTM_TILES: unknown key {key!r}; known: {sorted(cfg)}")
@@ -96,16 +93,14 @@ def _config(L: int, DQK: int, DV: int, dtype: torch.dtype) -> dict:
     return cfg
 
 
-def _bwd_dp_config(cfg: dict, dtype: torch.dtype, exp_gate: bool, prec_dp: str) -> dict:
-    """Overrides of ``_config`` for the dq / dk kernels, whose ``dh V^T`` / ``v dh^T`` / ``dh C^T`` /
-    ``v dC^T`` products run at ``PREC_DP``. In 3-pass TF32 every float32 operand tile is split into
-    a high and a low TF32 part, doubling the shared memory of those dots: at BLQ = BLKV = 64,
-    BV = 128 and 2 stages the dq / dk kernels need 256 KiB (the H100/H200 have 227 KiB), so their
-    DV tile (the inner loop of those products, not a grid dimension) drops to 64: 144 KiB at chunk
-    64, 112 KiB at chunk 128 on sm_90 (``python -m kernels.mlstm.smem_check``). Same FLOPs, same
-    pipelining; bf16 / float16 / IEEE configs are unchanged. ``EXPRESSIVITY_MLSTM_TILES`` ``BVDP=``
-    overrides the value."""
-    if prec_dp != "tf32x3":
+def _bwd_qk_config(cfg: dict, prec: str) -> dict:
+    """Overrides of ``_config`` for the dq / dk kernels. In 3-pass TF32 every float32 operand tile is
+    split into a high and a low TF32 part, doubling the shared memory of the dots: at
+    BLQ = BLKV = 64, BV = 128 and 2 stages the dq / dk kernels need 256 KiB (the H100/H200 have
+    227 KiB), so their DV tile (the inner loop of ``dh V^T`` / ``v dh^T`` / ``dh C^T`` / ``v dC^T``,
+    not a grid dimension) drops to 64 (``python -m kernels.mlstm.smem_check`` lists every kernel).
+    ``EXPRESSIVITY_MLSTM_TILES`` ``BVDP=`` overrides the value."""
+    if prec != "tf32x3":
         return {}
     bv = int(_tile_env().get("BVDP", 64))
     return {"BV": max(16, min(cfg["BV"], bv))}
@@ -164,10 +159,12 @@ def _gates(i_pre, f_pre, exp_gate: bool, L: int, NC: int):
     return flat(b), flat(li), flat(a), g.contiguous(), a.amax(-1).contiguous()
 
 
-def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: int, fused: bool = True):
+def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: int, fused: bool = True,
+                           prec: str | None = None):
     """States entering each chunk: ``C (B, NH, NC+1, DQK, DV)``, ``n (B, NH, NC+1, DQK)``,
     ``M (B, NH, NC+1)`` (entry ``NC`` is the final state). ``fused`` keeps the state on chip
-    (paper 004); otherwise one kernel launch per chunk passes the state through memory."""
+    (paper 004); otherwise one kernel launch per chunk passes the state through memory. ``prec``:
+    the dots' input precision (default ``_precision(k.dtype)``)."""
     B, NH, S, DQK = k.shape
     DV = v.shape[-1]
     NC = g.shape[-1]
@@ -181,7 +178,7 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
         m0 = torch.zeros(B, NH, device=k.device, dtype=acc)
     grid = (triton.cdiv(DQK, cfg["BKI"]), triton.cdiv(DV, cfg["BVI"]), B * NH)
     args = dict(DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate,
-                HAS_INIT=has_init, PREC=_prec_fwd(k.dtype, exp_gate, _precision(k.dtype)))
+                HAS_INIT=has_init, PREC=prec or _precision(k.dtype))
     c0_ = c0 if has_init else cst
     n0_ = n0 if has_init else nst
     if fused:
@@ -224,16 +221,18 @@ def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
 def mlstm_chunkwise_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
     c0: Optional[torch.Tensor], n0: Optional[torch.Tensor], m0: Optional[torch.Tensor],
-    exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool,
+    exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool, prec: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``h``, the entering states ``C, n, M`` (``NC + 1`` each), per-step ``m`` and
-    normalizer dot ``d`` (padded to ``NC * L``; zeros for mLSTMsig), and the final ``M`` copy."""
+    normalizer dot ``d`` (padded to ``NC * L``; zeros for mLSTMsig), and the final ``M`` copy.
+    ``prec``: ``input_precision`` of every dot (``_precision``; the backward reuses it)."""
     B, NH, S, DQK = q.shape
     DV = v.shape[-1]
     L = chunk_size
     NC = triton.cdiv(S, L)
     b, li, a, g, amax = _gates(i_pre, f_pre, exp_gate, L, NC)
-    cst, nst, mst = run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, exp_gate=exp_gate, L=L, fused=fused_inter)
+    cst, nst, mst = run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, exp_gate=exp_gate, L=L, fused=fused_inter,
+                                           prec=prec)
     cfg = _config(L, DQK, DV, q.dtype)
     h = _empty(*v.shape, like=v)
     if exp_gate:
@@ -243,13 +242,12 @@ def mlstm_chunkwise_fwd(
     grid = (NC * (L // cfg["BLQ"]), triton.cdiv(DV, cfg["BV"]), B * NH)
     _launch(intra_chunk_h, grid, (q, k, v, b, li, cst, nst, mst, h, mtok, dtok, S, NC, 1.0 / math.sqrt(DQK), eps),
             dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
-                 EXP=exp_gate, PREC=_prec_fwd(q.dtype, exp_gate, _precision(q.dtype)), num_warps=cfg["W"],
-                 num_stages=cfg["ST"]))
+                 EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"]))
     return h, cst, nst, mst, mtok, dtok, mst[:, :, -1].clone()
 
 
 @mlstm_chunkwise_fwd.register_fake
-def _(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter):
+def _(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec):
     B, NH, S, DQK = q.shape
     DV = v.shape[-1]
     NC = -(-S // chunk_size)
@@ -264,7 +262,7 @@ def mlstm_chunkwise_bwd(
     dh: torch.Tensor, dc_last: Optional[torch.Tensor], dn_last: Optional[torch.Tensor],
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
     h: torch.Tensor, cst: torch.Tensor, nst: torch.Tensor, mst: torch.Tensor, mtok: torch.Tensor,
-    dtok: torch.Tensor, exp_gate: bool, chunk_size: int, eps: float,
+    dtok: torch.Tensor, exp_gate: bool, chunk_size: int, eps: float, prec: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``dq, dk, dv, di, df`` and of the initial state ``dC0, dn0`` (the initial ``m0``'s
     gradient, ``<C0, dC0> + <n0, dn0>``, is formed by the caller)."""
@@ -275,8 +273,6 @@ def mlstm_chunkwise_bwd(
     cfg = _config(L, DQK, DV, q.dtype)
     acc = cst.dtype
     scale = 1.0 / math.sqrt(DQK)
-    prec = _precision(q.dtype)
-    prec_dp = _prec_dp(q.dtype, exp_gate, prec)
     dh = dh.contiguous()
     b, li, a, g, _ = _gates(i_pre, f_pre, exp_gate, L, NC)
     if exp_gate:
@@ -295,18 +291,18 @@ def mlstm_chunkwise_bwd(
             (q, dh, b, g, mtok, inv, dd, mst, dc_last if has_dlast else dcst, dn_last if has_dlast else dnst,
              dcst, dnst, S, NC, scale),
             dict(DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate,
-                 HAS_DLAST=has_dlast, PREC=prec, PREC_DP=prec_dp, num_warps=cfg["WI"]))
+                 HAS_DLAST=has_dlast, PREC=prec, num_warps=cfg["WI"]))
     common = dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
                   EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"])
-    common_dp = dict(common, PREC_DP=prec_dp, **_bwd_dp_config(cfg, q.dtype, exp_gate, prec_dp))
-    shrink_dp = ({"BV": max(16, common_dp["BV"] // 2)},) if common_dp["BV"] > 16 else ()
+    common_qk = dict(common, **_bwd_qk_config(cfg, prec))
+    shrink_qk = ({"BV": max(16, common_qk["BV"] // 2)},) if common_qk["BV"] > 16 else ()
     nkb = triton.cdiv(DQK, cfg["BK"])
     dq, dk, dv = (_empty(*t.shape, like=t) for t in (q, k, v))
     qdq, kdk = (_empty(nkb, B * NH, NC * L, like=q, dtype=acc) for _ in range(2))
     _launch(intra_chunk_dq, (NC * (L // cfg["BLQ"]), nkb, B * NH),
-            (q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale), common_dp, shrink_dp)
+            (q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale), common_qk, shrink_qk)
     _launch(intra_chunk_dk, (NC * (L // cfg["BLKV"]), nkb, B * NH),
-            (q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale), common_dp, shrink_dp)
+            (q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale), common_qk, shrink_qk)
     _launch(intra_chunk_dv, (NC * (L // cfg["BLKV"]), triton.cdiv(DV, cfg["BV"]), B * NH),
             (q, k, dh, b, li, a, mtok, inv, dcst, mst, dv, S, NC, scale), common)
     # gate gradients
@@ -323,22 +319,22 @@ def mlstm_chunkwise_bwd(
 
 
 @mlstm_chunkwise_bwd.register_fake
-def _(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size, eps):
+def _(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size, eps, prec):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(i_pre),
             torch.empty_like(f_pre), torch.empty_like(cst[:, :, 0]), torch.empty_like(nst[:, :, 0]))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, _ = inputs
+    q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, _, prec = inputs
     h, cst, nst, mst, mtok, dtok, _ = output
     ctx.save_for_backward(q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok)
-    ctx.opts = (exp_gate, chunk_size, eps)
+    ctx.opts = (exp_gate, chunk_size, eps, prec)
     ctx.has_init = c0 is not None
 
 
 def _backward(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dm_last):
     q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok = ctx.saved_tensors
-    exp_gate, chunk_size, eps = ctx.opts
+    exp_gate, chunk_size, eps, prec = ctx.opts
     # only the final state is a user-visible output among the states (the caller slices it)
     dc_last = None if dcst is None else dcst[:, :, -1].contiguous()
     dn_last = None if dnst is None else dnst[:, :, -1].contiguous()
@@ -349,14 +345,14 @@ def _backward(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dm_last):
     if dh is None:
         dh = torch.zeros_like(h)
     dq, dk, dv, di, df, dc0, dn0 = mlstm_chunkwise_bwd(
-        dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size, eps)
+        dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size, eps, prec)
     dm0 = None
     if ctx.has_init:
         dm0 = (c0.to(dc0.dtype) * dc0).sum((-1, -2)) + (n0.to(dn0.dtype) * dn0).sum(-1)
         dc0, dn0, dm0 = dc0.to(c0.dtype), dn0.to(n0.dtype), dm0.to(c0.dtype)
     else:
         dc0 = dn0 = None
-    return dq, dk, dv, di, df, dc0, dn0, dm0, None, None, None, None
+    return dq, dk, dv, di, df, dc0, dn0, dm0, None, None, None, None, None
 
 
 mlstm_chunkwise_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -381,7 +377,8 @@ def mlstm_triton(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, init
             n0 = torch.zeros(c0.shape[:-1], device=c0.device, dtype=acc)
             m0 = torch.zeros(c0.shape[:-2], device=c0.device, dtype=acc)
     h, cst, nst, mst, _, _, m_last = mlstm_chunkwise_fwd(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate,
-                                                         chunk_size, float(eps), bool(fused_inter))
+                                                         chunk_size, float(eps), bool(fused_inter),
+                                                         _precision(q.dtype))
     if not return_last_state:
         return h
     if exp_gate:

@@ -103,7 +103,7 @@ def test_entry_point_and_opcheck():
     torch.testing.assert_close(mlstm(*x, backend="triton", chunk_size=16), _triton(*x, chunk_size=16))
     x = [t.requires_grad_(True) for t in x]
     st = [t.requires_grad_(True) for t in st]
-    torch.library.opcheck(mlstm_chunkwise_fwd, (*x, *st, True, 16, 1e-6, True),
+    torch.library.opcheck(mlstm_chunkwise_fwd, (*x, *st, True, 16, 1e-6, True, "ieee"),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
@@ -124,15 +124,33 @@ def _rel(a, b):
     return ((a.double() - b).norm() / b.norm()).item()
 
 
-def test_float32_exp_gradients_with_active_normalizer(monkeypatch):
-    """float32 mLSTMexp at TF32 matmul precision with large input gates (pre-activations +2..+6, so
-    the max state and the normalizer are active and dP = inv dh V^T + dd cancels): every gradient
-    within 1e-3 (relative norm) of float64. Also checks the launch configuration picked for float32
-    exp: the forward dots (whose h and d the normalizer gradient amplifies) and the backward's
-    normalizer-gradient products never run single-pass "tf32" (the interpreter computes every dot in
-    full float32, so the accuracy half alone could not catch that on the CPU)."""
+def _spy_launches(monkeypatch):
+    """Record (kernel name, launch meta) of every kernel launch of ``triton_chunkwise``."""
     import kernels.mlstm.triton_chunkwise as tc
 
+    metas = []
+    real = tc._launch
+
+    def spy(kernel, grid, args, meta, shrink=()):
+        metas.append((kernel.fn.__name__ if hasattr(kernel, "fn") else repr(kernel), dict(meta)))
+        return real(kernel, grid, args, meta, shrink)
+
+    monkeypatch.setattr(tc, "_launch", spy)
+    return metas
+
+
+KERNELS = {"inter_chunk_states", "intra_chunk_h", "inter_chunk_dstates", "intra_chunk_dq", "intra_chunk_dk",
+           "intra_chunk_dv"}
+
+
+def test_float32_exp_gradients_with_active_normalizer(monkeypatch):
+    """float32 mLSTMexp at matmul precision "high" with large input gates (pre-activations +2..+6, so
+    the max state and the normalizer are active and dP = inv dh V^T + dd cancels): every gradient
+    within 1e-3 (relative norm) of float64, df included (it is a reverse cumulative sum of
+    q.dq - k.dk). Also checks that every kernel of the forward and the backward is launched with
+    3-pass TF32 (the interpreter computes every dot in full float32, so the accuracy half alone could
+    not catch a single-pass TF32 dot on the CPU; test_every_dot_takes_the_launch_precision covers
+    the dots inside the kernels)."""
     B, NH, S, DQK, DV, L = 1, 2, 130, 32, 48, 64
     x, _ = make_inputs(B, NH, S, DQK, DV, "exp", seed=21)
     g = torch.Generator().manual_seed(22)
@@ -145,47 +163,93 @@ def test_float32_exp_gradients_with_active_normalizer(monkeypatch):
         return [h.detach(), *torch.autograd.grad(h, xs, dh.to(h.device, h.dtype))]
 
     want = grads(lambda *a: mlstm_parallel(*a, input_gate="exp"), x)
-    metas = []
-    real = tc._launch
-
-    def spy(kernel, grid, args, meta, shrink=()):
-        metas.append((kernel.fn.__name__ if hasattr(kernel, "fn") else repr(kernel), dict(meta)))
-        return real(kernel, grid, args, meta, shrink)
-
-    monkeypatch.setattr(tc, "_launch", spy)
+    metas = _spy_launches(monkeypatch)
     old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")  # TF32 on CUDA: the benchmark's setting
+    torch.set_float32_matmul_precision("high")  # the benchmark's setting: 3-pass TF32 on CUDA
     try:
         got = grads(lambda *a: _triton(*a, input_gate="exp", chunk_size=L), _to(x, None, torch.float32)[0])
     finally:
         torch.set_float32_matmul_precision(old)
     errs = [_rel(a.cpu(), b) for a, b in zip(got, want)]
     assert all(e < 1e-3 for e in errs), errs  # h, dq, dk, dv, di, df
-    dp = {name: m["PREC_DP"] for name, m in metas if "PREC_DP" in m}
-    assert set(dp) == {"inter_chunk_dstates", "intra_chunk_dq", "intra_chunk_dk"}
-    assert set(dp.values()) == {"tf32x3"}
-    fwd = {name: m["PREC"] for name, m in metas if name in ("inter_chunk_states", "intra_chunk_h")}
-    assert set(fwd) == {"inter_chunk_states", "intra_chunk_h"} and set(fwd.values()) == {"tf32x3"}
+    assert {name for name, _ in metas} == KERNELS
+    assert {m["PREC"] for _, m in metas} == {"tf32x3"}
+
+
+def test_every_dot_takes_the_launch_precision():
+    """Every ``tl.dot`` in the forward and backward kernels passes ``input_precision=PREC`` (the one
+    launch value, ``_precision``), and every kernel with a dot declares ``PREC``: no dot can run at
+    Triton's default (single-pass TF32 for float32) or at another precision. Read from the source."""
+    import ast
+    import inspect
+
+    from kernels.mlstm import triton_bwd, triton_fwd
+
+    with_dots = set()
+    for mod in (triton_fwd, triton_bwd):
+        tree = ast.parse(inspect.getsource(mod))
+        for fn in [n for n in tree.body if isinstance(n, ast.FunctionDef)]:
+            calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                     and c.func.attr == "dot"]
+            if calls:
+                assert "PREC" in [a.arg for a in fn.args.args], fn.name
+            for c in calls:
+                kw = {k.arg: k.value for k in c.keywords}
+                assert isinstance(kw.get("input_precision"), ast.Name) and kw["input_precision"].id == "PREC", (
+                    f"{mod.__name__}.{fn.name} line {c.lineno}: tl.dot without input_precision=PREC")
+            with_dots |= {fn.name} if calls else set()
+    assert with_dots == KERNELS - {"inter_chunk_states"} | {"_state_update"}  # the walk found the dots
+
+
+def test_float32_precision_follows_torch_setting():
+    """float32: "high" -> 3-pass TF32 (accurate, the default on tensor cores), "medium" -> single-pass
+    TF32 (opt-in, the peers' precision), "highest" -> IEEE; other dtypes fixed."""
+    import kernels.mlstm.triton_chunkwise as tc
+
+    old = torch.get_float32_matmul_precision()
+    try:
+        for setting, want in (("high", "tf32x3"), ("medium", "tf32"), ("highest", "ieee")):
+            torch.set_float32_matmul_precision(setting)
+            assert tc._precision(torch.float32) == want
+            assert tc._precision(torch.float64) == "ieee"
+            assert tc._precision(torch.bfloat16) == "tf32"  # 16-bit operands: multiplied in their own type
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+def test_backward_reuses_the_forward_precision(monkeypatch):
+    """The precision is fixed when the forward runs: changing the torch setting before backward()
+    does not mix precisions within one forward + backward; "medium" reaches every kernel."""
+    metas = _spy_launches(monkeypatch)
+    x, _ = _to(*make_inputs(1, 1, 20, 16, 16, "exp", seed=23), torch.float32)
+    x = [t.requires_grad_(True) for t in x]
+    old = torch.get_float32_matmul_precision()
+    try:
+        for fwd, bwd in (("medium", "high"), ("high", "medium")):
+            metas.clear()
+            torch.set_float32_matmul_precision(fwd)
+            h = _triton(*x, chunk_size=16)
+            torch.set_float32_matmul_precision(bwd)
+            h.sum().backward()
+            assert {name for name, _ in metas} == KERNELS
+            assert {m["PREC"] for _, m in metas} == {"tf32" if fwd == "medium" else "tf32x3"}
+    finally:
+        torch.set_float32_matmul_precision(old)
 
 
 @pytest.mark.parametrize("L", [64, 128])
-def test_float32_exp_config_never_single_pass_tf32(L):
-    """The configuration selection for float32 mLSTMexp on CUDA (benchmark shape DQK=128, DV=256):
-    3-pass TF32 for the forward and the normalizer-gradient products, with the DV tile of the dq / dk kernels halved
-    so they fit 227 KiB of shared memory (kernels/mlstm/smem_check.py measures it); bf16 untouched."""
+def test_float32_tiles_fit_with_3_pass_tf32(L):
+    """At the benchmark shape (DQK=128, DV=256) 3-pass TF32 halves the DV tile of the dq / dk kernels
+    (a loop tile, not a grid dimension) so they fit 227 KiB of shared memory
+    (kernels/mlstm/smem_check.py measures every kernel); other precisions and bf16 keep the tiles;
+    the launch fallback never changes the precision."""
     import kernels.mlstm.triton_chunkwise as tc
 
-    for choose in (tc._prec_dp, tc._prec_fwd):
-        for prec in ("tf32", "ieee"):
-            assert choose(torch.float32, True, prec) != "tf32"
-        assert choose(torch.float32, True, "tf32") == "tf32x3"
-        assert choose(torch.float32, False, "tf32") == "tf32"  # mLSTMsig: no normalizer, unchanged
-        assert choose(torch.bfloat16, True, "tf32") == "tf32"  # bf16 operands: dots in bf16 anyway
     cfg = tc._config(L, 128, 256, torch.float32)
-    over = tc._bwd_dp_config(cfg, torch.float32, True, "tf32x3")
-    assert over["BV"] <= 64 and set(over) == {"BV"}  # an inner-loop tile: the grid is unchanged
-    assert tc._bwd_dp_config(tc._config(L, 128, 256, torch.bfloat16), torch.bfloat16, True, "tf32") == {}
-    assert all("PREC_DP" not in lv and "PREC" not in lv for lv in tc._LADDER)
+    over = tc._bwd_qk_config(cfg, "tf32x3")
+    assert over["BV"] <= 64 and set(over) == {"BV"}
+    assert tc._bwd_qk_config(cfg, "tf32") == {} and tc._bwd_qk_config(cfg, "ieee") == {}
+    assert all("PREC" not in lv for lv in tc._LADDER)
 
 
 class OutOfResources(Exception):
@@ -213,16 +277,16 @@ def test_launch_falls_back_when_out_of_shared_memory(monkeypatch):
 
     monkeypatch.setattr(tc, "_LEVEL", {})
     k = _Fake(lambda meta: meta["BV"] <= 32)
-    meta = {"PREC_DP": "tf32x3", "num_stages": 2, "BV": 64}
+    meta = {"PREC": "tf32x3", "num_stages": 2, "BV": 64}
     tc._launch(k, (1,), (), meta, ({"BV": 32},))
-    assert [(c["num_stages"], c["BV"], c["PREC_DP"]) for c in k.calls] == [(2, 64, "tf32x3"), (1, 64, "tf32x3"),
+    assert [(c["num_stages"], c["BV"], c["PREC"]) for c in k.calls] == [(2, 64, "tf32x3"), (1, 64, "tf32x3"),
                                                                           (1, 32, "tf32x3")]
     tc._launch(k, (1,), (), meta, ({"BV": 32},))  # remembered: one call
     assert len(k.calls) == 4
     never = _Fake(lambda meta: False, "never")
     with pytest.raises(RuntimeError, match="precision is not lowered"):
-        tc._launch(never, (1,), (), {"PREC_DP": "tf32x3", "num_stages": 2, "BV": 64}, ({"BV": 32},))
-    assert all(c["PREC_DP"] == "tf32x3" for c in never.calls) and len(never.calls) == 3
+        tc._launch(never, (1,), (), {"PREC": "tf32x3", "num_stages": 2, "BV": 64}, ({"BV": 32},))
+    assert all(c["PREC"] == "tf32x3" for c in never.calls) and len(never.calls) == 3
     other = _Fake(name="other")
     other.fits = lambda meta: (_ for _ in ()).throw(ValueError("not a resource error"))
     with pytest.raises(ValueError, match="not a resource error"):
