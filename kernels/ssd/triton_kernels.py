@@ -15,16 +15,25 @@ the chunks in order, keeping the state in registers:
 - reverse:  ``out[nc] = init`` (the final state's gradient) and
   ``out[c] = exp(acum_last_c) out[c+1] + sum_{s in c} exp(acum_s) U_s (x) V_s``
   (``U = dy``, ``V = C``: the gradient reaching the state entering each chunk), plus this tile's
-  share of ``<out[c+1], prev[c+1]>`` for the decay gradient.
+  share of ``<out[c+1], exp(acum_last_c) prev[c]>`` (the decay gradient of the carried state).
 
 ``chunk_attn``: the quadratic, attention-like form inside a chunk plus a state term:
 - causal:      ``out_t = sum_{s<=t} (Q_t.K_s) exp(acum_t - acum_s) dt_s V_s + exp(acum_t) Q_t S_c``
 - anticausal:  ``out_s = dt_s [sum_{t>=s} (Q_s.K_t) exp(acum_t - acum_s) V_t + exp(acum_last - acum_s) Q_s S_c]``
-Optionally (``HAS_DOT``) ``dot_t = acc_t . W_t`` per head, ``acc`` being one head's sum (in
-reverse, the bracket before the ``dt_s`` factor); optionally (``HAS_CB``) ``Q_t . K_s`` is read
-from a precomputed ``(Q, Q)`` matrix per chunk and group instead of being recomputed per head.
+Optionally (``HAS_DOT``) ``dot_t = state_t . W_t`` per head, ``state_t`` being the state term
+alone (``exp(acum_t) Q_t S_c``, or in reverse the bracket's ``exp(acum_last - acum_s) Q_s S_c``),
+and (``FULL_DOT``) ``full_t = acc_t . W_t`` with ``acc`` one head's whole sum (in reverse, the
+bracket before the ``dt_s`` factor); optionally (``HAS_CB``) ``Q_t . K_s`` is read from a
+precomputed ``(Q, Q)`` matrix per chunk and group instead of being recomputed per head.
+``DDA`` (causal only, used with ``Q = dy``, ``K = x``, ``CB_ts = C_t . B_s`` from ``cb``): the
+intra-chunk part of the gradient of ``a_r = dt_r A``, ``sum_{t >= r > s} M_ts`` with
+``M_ts = (dy_t.x_s)(C_t.B_s) exp(acum_t - acum_s) dt_s``, summed from per-element terms (no
+difference of large row and column sums): a running row prefix sum over ``s`` (``tl.cumsum``),
+then a column sum over rows ``t > s``, written at ``r = s + 1`` into ``dda (batch, H, Q / BT, Lp)``
+(one slice per row tile, zero-initialised, summed by the caller).
 ``S_c`` is ``(DK, DV)``. With ``HPP > 1`` a program sums its output over ``HPP`` consecutive heads
-(gradients of ``B``, ``C`` shared by the heads of a group). Accumulation is float32.
+(gradients of ``B``, ``C`` shared by the heads of a group). Accumulation is float32; ``PREC`` is
+the ``input_precision`` of every ``tl.dot`` (float32 inputs: ``"tf32"`` or ``"tf32x3"``).
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ def chunk_state_kernel(
     so_b, so_c, so_h, so_r, so_k,
     sp_b, sp_c, sp_h, sp_r, sp_k,
     Q: tl.constexpr, BS: tl.constexpr, BU: tl.constexpr, BV: tl.constexpr,
-    REVERSE: tl.constexpr, HAS_INIT: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr,
 ):
     b = tl.program_id(0) // H
     h = tl.program_id(0) % H
@@ -65,13 +74,14 @@ def chunk_state_kernel(
             c = nc - 1 - i
         else:
             c = i
-        if REVERSE:  # <G_{c+1}, prev_{c+1}>, this tile's share
-            prev = tl.load(p_ptr + b * sp_b + (c + 1) * sp_c + h * sp_h + du[:, None] * sp_r + dv[None, :] * sp_k,
+        a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
+        if REVERSE:  # <G_{c+1}, exp(acum_last_c) prev_c>, this tile's share
+            prev = tl.load(p_ptr + b * sp_b + c * sp_c + h * sp_h + du[:, None] * sp_r + dv[None, :] * sp_k,
                            mask=tile_ok, other=0.0).to(tl.float32)
-            tl.store(dot_ptr + ((b * nc + c) * H + h) * tl.num_programs(1) + tl.program_id(1), tl.sum(tl.sum(state * prev, 1), 0))
+            tl.store(dot_ptr + ((b * nc + c) * H + h) * tl.num_programs(1) + tl.program_id(1),
+                     tl.sum(tl.sum(state * prev, 1), 0) * tl.exp(a_last))
         else:
             tl.store(out + c * so_c + tile, state.to(dtype), mask=tile_ok)
-        a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
         acc = tl.zeros((BU, BV), dtype=tl.float32)
         for s0 in range(c * Q, c * Q + Q, BS):
             s = s0 + tl.arange(0, BS)
@@ -84,7 +94,7 @@ def chunk_state_kernel(
                 w = tl.exp(a)
             else:
                 w = tl.exp(a_last - a) * tl.load(dt_ptr + base + s)
-            acc += tl.dot(tl.trans((u * w[:, None]).to(v.dtype)), v)
+            acc += tl.dot(tl.trans((u * w[:, None]).to(v.dtype)), v, input_precision=PREC)
         state = tl.exp(a_last) * state + acc
         if REVERSE:
             tl.store(out + c * so_c + tile, state.to(dtype), mask=tile_ok)
@@ -94,8 +104,8 @@ def chunk_state_kernel(
 
 @triton.jit
 def chunk_attn_kernel(
-    q_ptr, k_ptr, v_ptr, s_ptr, w_ptr, cb_ptr, out_ptr, dot_ptr, acum_ptr, dt_ptr,
-    L, H, Lp, DK, DV, n_out, rq, rk, rv, rw,
+    q_ptr, k_ptr, v_ptr, s_ptr, w_ptr, cb_ptr, out_ptr, dot_ptr, full_ptr, dda_ptr, acum_ptr, dt_ptr,
+    L, H, Lp, DK, DV, n_out, rq, rk, rv, rw, rcb,
     sq_b, sq_l, sq_h, sq_d,
     sk_b, sk_l, sk_h, sk_d,
     sv_b, sv_l, sv_h, sv_d,
@@ -104,10 +114,12 @@ def chunk_attn_kernel(
     scb_b, scb_c, scb_h, scb_r, scb_k,
     so_b, so_l, so_h, so_d,
     Q: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HPP: tl.constexpr,
-    REVERSE: tl.constexpr, HAS_DOT: tl.constexpr, HAS_CB: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_DOT: tl.constexpr, FULL_DOT: tl.constexpr, HAS_CB: tl.constexpr,
+    DDA: tl.constexpr, PREC: tl.constexpr,
 ):
     c = tl.program_id(0) // (Q // BT)
-    t0 = c * Q + (tl.program_id(0) % (Q // BT)) * BT
+    tile = tl.program_id(0) % (Q // BT)
+    t0 = c * Q + tile * BT
     b = tl.program_id(1) // n_out
     o = tl.program_id(1) % n_out
     rows = t0 + tl.arange(0, BT)
@@ -124,6 +136,7 @@ def chunk_attn_kernel(
         s_tile = tl.load(s_ptr + b * ss_b + c * ss_c + h * ss_h + dk[:, None] * ss_r + dv[None, :] * ss_k,
                          mask=(dk[:, None] < DK) & (dv[None, :] < DV), other=0.0)
         acc = tl.zeros((BT, BV), dtype=tl.float32)
+        carry = tl.zeros((BT,), dtype=tl.float32)  # DDA: sum of the row's M over the column tiles done
         if REVERSE:
             lo = t0
             hi = c * Q + Q
@@ -137,12 +150,12 @@ def chunk_attn_kernel(
                         mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
             a_cols = tl.load(acum_ptr + base + cols)
             if HAS_CB:  # Q.K precomputed per chunk and group, shared by the group's heads
-                scores = tl.load(cb_ptr + b * scb_b + c * scb_c + (h // rq) * scb_h
+                scores = tl.load(cb_ptr + b * scb_b + c * scb_c + (h // rcb) * scb_h
                                  + (rows - c * Q)[:, None] * scb_r + (cols - c * Q)[None, :] * scb_k)
             else:
                 k = tl.load(k_ptr + b * sk_b + cols[:, None] * sk_l + (h // rk) * sk_h + dk[None, :] * sk_d,
                             mask=col_ok[:, None] & (dk[None, :] < DK), other=0.0)
-                scores = tl.dot(q, tl.trans(k))
+                scores = tl.dot(q, tl.trans(k), input_precision=PREC)
             if REVERSE:
                 keep = cols[None, :] >= rows[:, None]
                 decay = tl.exp(tl.where(keep, a_cols[None, :] - a_rows[:, None], float("-inf")))
@@ -150,16 +163,29 @@ def chunk_attn_kernel(
                 keep = cols[None, :] <= rows[:, None]
                 dt_cols = tl.load(dt_ptr + base + cols)
                 decay = tl.exp(tl.where(keep, a_rows[:, None] - a_cols[None, :], float("-inf"))) * dt_cols[None, :]
-            acc += tl.dot((scores * decay).to(v.dtype), v)
+            weights = scores * decay
+            acc += tl.dot(weights.to(v.dtype), v, input_precision=PREC)
+            if DDA:  # causal only: d(dt*A)_r += sum_{t >= r > s} M_ts, M_ts = weights_ts * CB_ts for s < t
+                cbv = tl.load(cb_ptr + b * scb_b + c * scb_c + (h // rcb) * scb_h
+                              + (rows - c * Q)[:, None] * scb_r + (cols - c * Q)[None, :] * scb_k)
+                m = tl.where(cols[None, :] < rows[:, None], weights * cbv, 0.0)
+                run = carry[:, None] + tl.cumsum(m, axis=1)  # run_ts = sum_{s' <= s} M_ts'
+                carry += tl.sum(m, axis=1)
+                part = tl.sum(tl.where(rows[:, None] > cols[None, :], run, 0.0), axis=0)  # for r = s + 1
+                tl.store(dda_ptr + (base * (Q // BT) + tile * Lp) + cols + 1, part, mask=cols + 1 < c * Q + Q)
+        state = tl.dot(q, s_tile.to(q.dtype), input_precision=PREC)
         if REVERSE:
             a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
-            acc += tl.exp(a_last - a_rows)[:, None] * tl.dot(q, s_tile.to(q.dtype))
+            state = tl.exp(a_last - a_rows)[:, None] * state
         else:
-            acc += tl.exp(a_rows)[:, None] * tl.dot(q, s_tile.to(q.dtype))
+            state = tl.exp(a_rows)[:, None] * state
         if HAS_DOT:
             w = tl.load(w_ptr + b * sw_b + rows[:, None] * sw_l + (h // rw) * sw_h + dv[None, :] * sw_d,
-                        mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0)
-            tl.store(dot_ptr + base + rows, tl.sum(acc * w.to(tl.float32), axis=1))
+                        mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0).to(tl.float32)
+            tl.store(dot_ptr + base + rows, tl.sum(state * w, axis=1))
+        acc += state
+        if FULL_DOT:
+            tl.store(full_ptr + base + rows, tl.sum(acc * w, axis=1))
         if REVERSE:
             total += acc * tl.load(dt_ptr + base + rows)[:, None]
         else:

@@ -10,15 +10,26 @@ entering chunk ``c`` and ``G_c`` the gradient reaching it:
 - ``dx_s = dt_s [sum_{t>=s} (B_s.C_t) E_ts dy_t + exp(acum_last - acum_s) G_{c+1} B_s]``
 - ``dB_s = dt_s [sum_{t>=s} (x_s.dy_t) E_ts C_t + exp(acum_last - acum_s) x_s G_{c+1}]``
 - ``dC_t = sum_{s<=t} (dy_t.x_s) E_ts dt_s B_s + exp(acum_t) dy_t prev_c``
-- ``d acum_t = dy_t.y_t - dt_t (x_t . dx_t / dt_t)`` (``dy_t.y_t = dC_t . C_t`` per head), plus ``<G_{c+1}, prev_{c+1}>`` at a chunk's last
-  step; ``d(dt*A)`` is its reverse cumulative sum inside the chunk; then ``ddt``, ``dA``.
+- the gradient of ``a_r = dt_r A`` from per-position and per-pair terms that never cancel (a
+  difference of row and column sums would, see ``benchmarks/ssd.md``):
+  ``da_r = <G_{c+1}, exp(acum_last) prev_c>`` (carried state)
+  ``+ sum_{t>=r in c} exp(acum_t) dy_t . (prev_c C_t)`` (entering state, reverse cumulative sum)
+  ``+ sum_{s<r in c} dt_s x_s . (exp(acum_last - acum_s) G_{c+1} B_s)`` (chunk state, exclusive
+  cumulative sum) ``+ sum_{t>=r>s in c} (dy_t.x_s)(C_t.B_s) exp(acum_t - acum_s) dt_s`` (intra-chunk,
+  ``chunk_attn``'s ``DDA``); then ``ddt = x . dx / dt + da A`` and ``dA = sum da dt``.
 
 The step sizes, decays and states are float32; ``x, B, C`` are read in their dtype
-(float32 / bfloat16 / float16) and the matrix products accumulate in float32 (float32 inputs use
-TF32 products on GPUs that have them).
+(float32 / bfloat16 / float16) and the matrix products accumulate in float32. float32 products
+follow ``torch.get_float32_matmul_precision()`` at the forward call (``_precision``): ``"highest"``
+(torch's default) and ``"high"`` use 3-pass TF32 (``tf32x3``, float32-accurate on tensor cores),
+``"medium"`` single-pass TF32 (``tf32``, as ``mamba-ssm``'s kernels run: ~1e-3 relative errors).
+Tile sizes: ``_attn_config`` / ``_state_config``; ``EXPRESSIVITY_SSD_TILES="BT=64,W=8"`` overrides
+(for tuning).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +50,44 @@ def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
+def _precision(dtype: torch.dtype) -> str:
+    """``input_precision`` of every ``tl.dot`` (see the module docstring); 16-bit operands ignore it."""
+    if dtype != torch.float32:
+        return "tf32"
+    return {"highest": "tf32x3", "high": "tf32x3", "medium": "tf32"}[torch.get_float32_matmul_precision()]
+
+
+def _overrides() -> dict[str, int]:
+    """``EXPRESSIVITY_SSD_TILES="BT=64,W=8,S=2,BU=32,BV=64,BS=32,SW=4,SS=2"`` as a dict (tuning only):
+    ``BT``/``W``/``S`` rows, warps, stages of ``chunk_attn``; ``BU``/``BV``/``BS``/``SW``/``SS`` tile,
+    step block, warps, stages of ``chunk_state``."""
+    spec = os.environ.get("EXPRESSIVITY_SSD_TILES", "")
+    return {k: int(v) for k, v in (item.split("=") for item in spec.split(",") if item)}
+
+
+def _attn_config(Q: int, DK: int, DV: int, itemsize: int) -> dict:
+    """Rows per program ``BT``, warps and stages of ``chunk_attn``: 128-row tiles only where they fit
+    in shared memory (16-bit inputs, head dim and state <= 64)."""
+    over = _overrides()
+    BT = min(Q, over.get("BT", 128 if itemsize == 2 and max(DK, DV) <= 64 else 64))
+    cfg = {"BT": BT, "num_warps": over.get("W", 4 if max(DK, DV, BT) <= 64 else 8)}
+    if "S" in over:
+        cfg["num_stages"] = over["S"]
+    return cfg
+
+
+def _state_config(DU: int, DV: int, Q: int) -> dict:
+    """State tile ``BU x BV``, steps per block ``BS``, warps and stages of ``chunk_state``."""
+    over = _overrides()
+    cfg = {"BU": min(over.get("BU", 64), _pow2(DU)), "BV": min(over.get("BV", 64), _pow2(DV)),
+           "BS": min(Q, over.get("BS", 64))}
+    if "SW" in over:
+        cfg["num_warps"] = over["SW"]
+    if "SS" in over:
+        cfg["num_stages"] = over["SS"]
+    return cfg
+
+
 def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``dt`` as float32 ``(batch, H, Lp)`` zero-padded, and ``acum`` its in-chunk cumsum of dt*A."""
     batch, L, H = dt.shape
@@ -49,16 +98,16 @@ def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, to
     return dtT, acum
 
 
-def _chunk_state(u, v, init, acum, dtT, Q, *, reverse, prev=None):
+def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None):
     """``chunk_state`` (see ``triton_kernels``): ``(batch, nc + 1, H, DU, DV)`` in ``u``'s dtype, and in
-    reverse the per-``(batch, chunk, head)`` sums ``<out[c+1], prev[c+1]>`` ``(batch, nc, H)``."""
+    reverse the per-``(batch, chunk, head)`` sums ``<out[c+1], exp(acum_last_c) prev[c]>`` ``(batch, nc, H)``."""
     batch, L, H, DU = u.shape
     DV = v.shape[-1]
     Lp = acum.shape[-1]
     nc = Lp // Q
     out = _empty(batch, nc + 1, H, DU, DV, device=u.device, dtype=u.dtype)
-    BU, BV = min(64, _pow2(DU)), min(64, _pow2(DV))
-    tiles = triton.cdiv(DU, BU) * triton.cdiv(DV, BV)
+    cfg = _state_config(DU, DV, Q)
+    tiles = triton.cdiv(DU, cfg["BU"]) * triton.cdiv(DV, cfg["BV"])
     dots = _empty(batch, nc, H, tiles, device=u.device, dtype=torch.float32) if reverse else out
     init_strides = init.stride() if init is not None else (0, 0, 0, 0)
     p = prev if prev is not None else out
@@ -66,7 +115,7 @@ def _chunk_state(u, v, init, acum, dtT, Q, *, reverse, prev=None):
         u, v, init if init is not None else out, out, p, dots, acum, dtT,
         L, H, Lp, nc, DU, DV, H // v.shape[2],
         *u.stride(), *v.stride(), *init_strides, *out.stride(), *p.stride(),
-        Q=Q, BS=min(Q, 64), BU=BU, BV=BV, REVERSE=reverse, HAS_INIT=init is not None,
+        Q=Q, REVERSE=reverse, HAS_INIT=init is not None, PREC=prec, **cfg,
     )
     return out, (dots.sum(-1) if reverse else None)
 
@@ -84,60 +133,74 @@ def _chunk_dots(q: torch.Tensor, k: torch.Tensor, Q: int) -> torch.Tensor:
     return chunks(q) @ chunks(k).transpose(-1, -2)
 
 
-def _chunk_attn(q, k, v, S, acum, dtT, Q, *, reverse, out_heads, out_dtype, w=None, cb=None):
+def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype, w=None, full_dot=False,
+                cb=None, dda=False):
     """Run ``chunk_attn``. ``S (batch, nc, H, DK, DV)`` (any strides); ``cb (batch, nc, G, Q, Q)``
-    the precomputed ``q . k`` (any strides) or ``None``. Output ``(batch, L, out_heads * splits, DV)``
-    summed over heads within a split, and the row dots ``(batch, H, Lp)`` float32 when ``w`` is given."""
+    ``q . k`` precomputed per chunk (any strides), or with ``dda`` the ``C . B`` factor of the
+    intra-chunk decay gradient. Returns the output ``(batch, L, out_heads * splits, DV)`` summed over
+    heads within a split and, when ``w`` is given, the row dots ``(batch, H, Lp)`` float32 of the
+    state term (and of the whole sum with ``full_dot``), with ``dda`` the intra-chunk decay gradient
+    ``(batch, H, Lp)`` float32."""
     batch, L = q.shape[:2]
     H, Lp = acum.shape[1], acum.shape[2]
     DK, DV = q.shape[-1], v.shape[-1]
     hpp = 1 if out_heads == H else _heads_per_program(H // out_heads)
     n_out = H // hpp
     out = _empty(batch, L, n_out, DV, device=q.device, dtype=out_dtype)
-    dot = _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if w is not None else acum
-    # 128-row tiles only where they fit in shared memory (16-bit inputs, head dim and state <= 64)
-    BT = min(Q, 128 if q.element_size() == 2 and max(DK, DV) <= 64 else 64)
-    grid = (Lp // BT, batch * n_out)
+    rowdot = lambda on: _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if on else acum  # noqa: E731
+    dot, full = rowdot(w is not None), rowdot(full_dot)
+    cfg = _attn_config(Q, DK, DV, q.element_size())
+    ntile = Q // cfg["BT"]
+    dda_parts = torch.zeros(batch, H, ntile, Lp, device=q.device, dtype=torch.float32) if dda else acum
+    grid = (Lp // cfg["BT"], batch * n_out)
     w_ = w if w is not None else v
     cb_ = cb if cb is not None else S
     chunk_attn_kernel[grid](
-        q, k, v, S, w_, cb_, out, dot, acum, dtT,
+        q, k, v, S, w_, cb_, out, dot, full, dda_parts, acum, dtT,
         L, H, Lp, DK, DV, n_out, H // q.shape[2], H // k.shape[2], H // v.shape[2], H // w_.shape[2],
+        H // cb_.shape[2],
         *q.stride(), *k.stride(), *v.stride(), *S.stride(), *w_.stride(), *cb_.stride(), *out.stride(),
-        Q=Q, BT=BT, BK=_pow2(DK), BV=_pow2(DV), HPP=hpp, REVERSE=reverse, HAS_DOT=w is not None, HAS_CB=cb is not None,
-        num_warps=4 if max(DK, DV, BT) <= 64 else 8,
+        Q=Q, BK=_pow2(DK), BV=_pow2(DV), HPP=hpp, REVERSE=reverse, HAS_DOT=w is not None, FULL_DOT=full_dot,
+        HAS_CB=cb is not None and not dda, DDA=dda, PREC=prec, **cfg,
     )
-    return out, (dot if w is not None else None)
+    dots = (dot if w is not None else None, full if full_dot else None)
+    return out, dots, (dda_parts.sum(2) if dda else None)
 
 
 @torch.library.custom_op("expressivity::ssd_fwd", mutates_args=())
 def ssd_fwd(
     x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-    initial_state: torch.Tensor | None, chunk_size: int,
+    initial_state: torch.Tensor | None, chunk_size: int, precision: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``y (batch, L, H, P)`` (no ``D`` term) and the states entering every chunk and the
-    final one, ``prev (batch, nc + 1, H, P, N)`` in the dtype of ``x`` (float32 inside the kernel)."""
+    final one, ``prev (batch, nc + 1, H, P, N)`` in the dtype of ``x`` (float32 inside the kernel).
+    ``precision``: ``input_precision`` of the products (``_precision``)."""
     Q = chunk_size
     batch, L, H, P = x.shape
     dtT, acum = _decays(dt, A, Q)
     init = None if initial_state is None else initial_state.float()
-    prev, _ = _chunk_state(x, B, init, acum, dtT, Q, reverse=False)
-    y, _ = _chunk_attn(C, B, x, prev[:, :-1].transpose(-1, -2), acum, dtT, Q, reverse=False,
-                       out_heads=H, out_dtype=x.dtype, cb=_chunk_dots(C, B, Q))
+    prev, _ = _chunk_state(x, B, init, acum, dtT, Q, precision, reverse=False)
+    y, _, _ = _chunk_attn(C, B, x, prev[:, :-1].transpose(-1, -2), acum, dtT, Q, precision, reverse=False,
+                          out_heads=H, out_dtype=x.dtype, cb=_chunk_dots(C, B, Q))
     return y, prev
 
 
 @ssd_fwd.register_fake
-def _(x, dt, A, B, C, initial_state, chunk_size):
+def _(x, dt, A, B, C, initial_state, chunk_size, precision):
     batch, L, H, P = x.shape
     nc = -(-L // chunk_size)
     return x.new_empty(x.shape), x.new_empty(batch, nc + 1, H, P, B.shape[-1])
 
 
+def _in_chunks(t: torch.Tensor, Q: int) -> torch.Tensor:
+    """``(batch, H, Lp)`` -> ``(batch, H, nc, Q)``."""
+    return t.view(*t.shape[:2], -1, Q)
+
+
 @torch.library.custom_op("expressivity::ssd_bwd", mutates_args=())
 def ssd_bwd(
     dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-    B: torch.Tensor, C: torch.Tensor, prev: torch.Tensor, chunk_size: int,
+    B: torch.Tensor, C: torch.Tensor, prev: torch.Tensor, chunk_size: int, precision: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dx, ddt, dA, dB, dC, dinitial_state)`` of ``ssd_fwd`` given ``dy`` and the
     gradient ``dfinal (batch, H, P, N)`` of the final state."""
@@ -145,19 +208,21 @@ def ssd_bwd(
     batch, L, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     dtT, acum = _decays(dt, A, Q)
-    nc = acum.shape[-1] // Q
-    grads, to_end = _chunk_state(dy, C, dfinal, acum, dtT, Q, reverse=True, prev=prev)  # G_0..G_nc
+    grads, carried = _chunk_state(dy, C, dfinal, acum, dtT, Q, precision, reverse=True, prev=prev)  # G_0..G_nc
     dS = grads[:, 1:]
-    dx, ddt_direct = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, reverse=True,
-                                 out_heads=H, out_dtype=x.dtype, w=x, cb=_chunk_dots(C, B, Q).transpose(-1, -2))
-    dB, _ = _chunk_attn(x, dy, C, dS, acum, dtT, Q, reverse=True, out_heads=G, out_dtype=torch.float32)
-    dC, dy_y = _chunk_attn(dy, x, B, prev[:, :-1], acum, dtT, Q, reverse=False, out_heads=G, out_dtype=torch.float32,
-                           w=C)  # dy_t . y_t = dC_t(head) . C_t, in float32
+    cb = _chunk_dots(C, B, Q)
+    dx, (x_state, ddt_direct), _ = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, precision, reverse=True,
+                                               out_heads=H, out_dtype=x.dtype, w=x, full_dot=True,
+                                               cb=cb.transpose(-1, -2))
+    dB, _, _ = _chunk_attn(x, dy, C, dS, acum, dtT, Q, precision, reverse=True, out_heads=G, out_dtype=torch.float32)
+    dC, (dy_state, _), intra = _chunk_attn(dy, x, B, prev[:, :-1], acum, dtT, Q, precision, reverse=False,
+                                           out_heads=G, out_dtype=torch.float32, w=C, cb=cb, dda=True)
     dB = dB.view(batch, L, G, -1, N).sum(3)
     dC = dC.view(batch, L, G, -1, N).sum(3)
-    dacum = dy_y - dtT * ddt_direct
-    dacum[:, :, Q - 1 :: Q] += to_end.transpose(1, 2)
-    dda = dacum.view(batch, H, nc, Q).flip(-1).cumsum(-1).flip(-1).view(batch, H, -1)  # d(dt * A)
+    # d(dt * A): four sums of terms that do not cancel (module docstring)
+    entering = _in_chunks(dy_state, Q).flip(-1).cumsum(-1).flip(-1)
+    to_state = F.pad(_in_chunks(dtT * x_state, Q)[..., :-1], (1, 0)).cumsum(-1)
+    dda = (entering + to_state + _in_chunks(intra, Q) + carried.transpose(1, 2)[..., None]).view(batch, H, -1)
     ddt = ddt_direct + dda * A.float()[:, None]
     dA = (dda * dtT).sum((0, 2))
     return (dx, ddt[:, :, :L].transpose(1, 2).to(dt.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype),
@@ -165,16 +230,17 @@ def ssd_bwd(
 
 
 @ssd_bwd.register_fake
-def _(dy, dfinal, x, dt, A, B, C, prev, chunk_size):
+def _(dy, dfinal, x, dt, A, B, C, prev, chunk_size, precision):
     return (x.new_empty(x.shape), dt.new_empty(dt.shape), A.new_empty(A.shape), B.new_empty(B.shape),
             C.new_empty(C.shape), x.new_empty(dfinal.shape))
 
 
 def _setup_context(ctx, inputs, output):
-    x, dt, A, B, C, initial_state, chunk_size = inputs
+    x, dt, A, B, C, initial_state, chunk_size, precision = inputs
     y, prev = output
     ctx.save_for_backward(x, dt, A, B, C, prev)
     ctx.chunk_size = chunk_size
+    ctx.precision = precision
     ctx.init_dtype = None if initial_state is None else initial_state.dtype
 
 
@@ -183,9 +249,9 @@ def _backward(ctx, dy, dprev):
     if dy is None:
         dy = torch.zeros_like(x)
     dfinal = torch.zeros_like(prev[:, -1]) if dprev is None else dprev[:, -1].to(prev.dtype)
-    dx, ddt, dA, dB, dC, dinit = ssd_bwd(dy, dfinal, x, dt, A, B, C, prev, ctx.chunk_size)
+    dx, ddt, dA, dB, dC, dinit = ssd_bwd(dy, dfinal, x, dt, A, B, C, prev, ctx.chunk_size, ctx.precision)
     dinit = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
-    return dx, ddt, dA, dB, dC, dinit, None
+    return dx, ddt, dA, dB, dC, dinit, None, None
 
 
 ssd_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -215,5 +281,5 @@ def ssd_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton SSD: ``(y (batch, L, H, P), final_state (batch, H, P, N))``; shapes as ``ssd_reference``."""
     _check(x, dt, A, B, C, initial_state, chunk_size)
-    y, prev = ssd_fwd(x, dt, A, B, C, initial_state, chunk_size)
+    y, prev = ssd_fwd(x, dt, A, B, C, initial_state, chunk_size, _precision(x.dtype))
     return y, prev[:, -1].to(x.dtype)
