@@ -378,6 +378,10 @@ def main(argv: list[str] | None = None) -> None:
         flush()
     path = write_json("mlstm", rows, env, args.out)
     log.info("wrote %s after %.0f s", path, time.time() - t0)
+    from kernels.mlstm.triton_chunkwise import _LEVEL
+
+    log.info("launch fallbacks (kernel: ladder level; 1 = one pipeline stage, 2 = smaller tile): %s",
+             {f"{name}/L{dict(meta).get('L')}/{dict(meta).get('PREC')}": lv for (name, meta), lv in _LEVEL.items() if lv} or "none")
     print(f"device: {env['device']}  date: {env['date']}  copy {limits.bw_gbs:.0f} GB/s  "
           f"matmul bf16 {limits.tflops['bf16']:.0f} / tf32 {limits.tflops['fp32']:.0f} TFLOP/s")
     print_table(rows, baseline=None)
