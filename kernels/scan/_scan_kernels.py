@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.scan._lookback import FLAG_AGG, FLAG_INC, pack, take_ticket, unpack
+from kernels.scan._lookback import lookback_block2, lookback_diag, take_ticket
 
 
 @triton.jit
@@ -81,29 +81,9 @@ def _diag_scan_kernel(
     agg_a = _row_of(A, sel)
     agg_y = _row_of(Y, sel)
 
-    # ---- decoupled look-back: words [A, Y] x BD per (lane tile, chunk) ----
-    lane = tl.arange(0, BD)
-    rec = ws_ptr + (lt * n_chunks) * 2 * BD + lane  # record of chunk j: rec + j * 2 * BD (+ BD for Y)
-    carry = tl.zeros([BD], dtype=tl.float32)
-    if k > 0:
-        tl.store(rec + k * 2 * BD, pack(agg_a, FLAG_AGG))
-        tl.store(rec + k * 2 * BD + BD, pack(agg_y, FLAG_AGG))
-        j = tl.full([BD], 0, tl.int32) + (k - 1)
-        prod = tl.full([BD], 1.0, tl.float32)
-        done = tl.zeros([BD], dtype=tl.int32)
-        while tl.min(done) == 0:
-            live = done == 0
-            wy = tl.load(rec + j * 2 * BD + BD, mask=live, other=0, volatile=True)
-            wa = tl.load(rec + j * 2 * BD, mask=live, other=0, volatile=True)
-            vy, fy = unpack(wy)
-            va, fa = unpack(wa)
-            inc = live & (fy == FLAG_INC)
-            agg = live & (fy == FLAG_AGG) & (fa == FLAG_AGG)
-            carry = tl.where(inc | agg, carry + prod * vy, carry)
-            prod = tl.where(agg, prod * va, prod)
-            j = tl.where(agg, j - 1, j)
-            done = tl.where(inc, 1, done)
-    tl.store(rec + k * 2 * BD + BD, pack(agg_y + agg_a * carry, FLAG_INC))
+    # ---- decoupled look-back (_lookback.py): records of 3 x BD words per (lane tile, chunk) ----
+    rec = ws_ptr + (lt * n_chunks) * 3 * BD + tl.arange(0, BD)
+    carry = lookback_diag(rec, k, agg_a, agg_y, CH, BD)
 
     y = Y + A * carry[None, :]
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -165,56 +145,9 @@ def _block2_scan_kernel(
     gy0 = _row_of(Y0, sel)
     gy1 = _row_of(Y1, sel)
 
-    # ---- decoupled look-back: words [A00, A01, A10, A11, Y0, Y1] x BD per (lane tile, chunk) ----
-    lane = tl.arange(0, BD)
-    rec = ws_ptr + (lt * n_chunks) * 6 * BD + lane
-    r0 = tl.zeros([BD], dtype=tl.float32)
-    r1 = tl.zeros([BD], dtype=tl.float32)
-    if k > 0:
-        here = rec + k * 6 * BD
-        tl.store(here, pack(g00, FLAG_AGG))
-        tl.store(here + BD, pack(g01, FLAG_AGG))
-        tl.store(here + 2 * BD, pack(g10, FLAG_AGG))
-        tl.store(here + 3 * BD, pack(g11, FLAG_AGG))
-        tl.store(here + 4 * BD, pack(gy0, FLAG_AGG))
-        tl.store(here + 5 * BD, pack(gy1, FLAG_AGG))
-        j = tl.full([BD], 0, tl.int32) + (k - 1)
-        # running product P (2x2) of the coefficients between chunk j and us; carry += P @ value
-        p00 = tl.full([BD], 1.0, tl.float32)
-        p01 = tl.zeros([BD], dtype=tl.float32)
-        p10 = tl.zeros([BD], dtype=tl.float32)
-        p11 = tl.full([BD], 1.0, tl.float32)
-        done = tl.zeros([BD], dtype=tl.int32)
-        while tl.min(done) == 0:
-            live = done == 0
-            there = rec + j * 6 * BD
-            v0, f0 = unpack(tl.load(there + 4 * BD, mask=live, other=0, volatile=True))
-            v1, f1 = unpack(tl.load(there + 5 * BD, mask=live, other=0, volatile=True))
-            q00, e00 = unpack(tl.load(there, mask=live, other=0, volatile=True))
-            q01, e01 = unpack(tl.load(there + BD, mask=live, other=0, volatile=True))
-            q10, e10 = unpack(tl.load(there + 2 * BD, mask=live, other=0, volatile=True))
-            q11, e11 = unpack(tl.load(there + 3 * BD, mask=live, other=0, volatile=True))
-            inc = live & (f0 == FLAG_INC) & (f1 == FLAG_INC)
-            agg = (
-                live & (f0 == FLAG_AGG) & (f1 == FLAG_AGG)
-                & (e00 == FLAG_AGG) & (e01 == FLAG_AGG) & (e10 == FLAG_AGG) & (e11 == FLAG_AGG)
-            )
-            use = inc | agg
-            r0 = tl.where(use, r0 + p00 * v0 + p01 * v1, r0)
-            r1 = tl.where(use, r1 + p10 * v0 + p11 * v1, r1)
-            n00 = p00 * q00 + p01 * q10
-            n01 = p00 * q01 + p01 * q11
-            n10 = p10 * q00 + p11 * q10
-            n11 = p10 * q01 + p11 * q11
-            p00 = tl.where(agg, n00, p00)
-            p01 = tl.where(agg, n01, p01)
-            p10 = tl.where(agg, n10, p10)
-            p11 = tl.where(agg, n11, p11)
-            j = tl.where(agg, j - 1, j)
-            done = tl.where(inc, 1, done)
-    here = rec + k * 6 * BD
-    tl.store(here + 4 * BD, pack(gy0 + g00 * r0 + g01 * r1, FLAG_INC))
-    tl.store(here + 5 * BD, pack(gy1 + g10 * r0 + g11 * r1, FLAG_INC))
+    # ---- decoupled look-back (_lookback.py): records of 8 x BD words per (lane tile, chunk) ----
+    rec = ws_ptr + (lt * n_chunks) * 8 * BD + tl.arange(0, BD)
+    r0, r1 = lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, CH, BD)
 
     y0 = Y0 + A00 * r0[None, :] + A01 * r1[None, :]
     y1 = Y1 + A10 * r0[None, :] + A11 * r1[None, :]

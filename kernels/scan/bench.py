@@ -162,9 +162,11 @@ def bench_block2(shape, rows, dev, add_bw, quick):
         rows.append(BenchRow("scan", "ours torch (log-step)", name, "fwd", "float32", t, lim_f, rel_error(out, y_ref)))
 
 
-# measured on an H200 (2026-11-21): 8-warp programs and tiles scanned across warps were 2-3x slower
-SWEEP = [(16, 256, 2), (8, 256, 2), (32, 256, 2), (16, 512, 4), (8, 512, 4), (16, 128, 1), (32, 128, 1), (64, 64, 4)]
-SWEEP_BLOCK2 = [(32, 32, 4), (8, 128, 1), (4, 128, 1), (16, 64, 2), (16, 32, 2), (8, 256, 2)]
+# (CH, BD, num_warps). Measured on an H200 (2026-11-21, 06:08): 8-warp programs, 8-step chunks and
+# the in-thread layouts (BD = 128 * num_warps: 16x256/2, 16x512/4, 32x128/1) were 1.3-2.5x slower
+# than 64x64 on 4 warps; 32x256/2 was 5x slower in fwd+bwd.
+SWEEP = [(64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 32, 4), (64, 32, 2), (32, 64, 2), (64, 64, 2), (16, 256, 2)]
+SWEEP_BLOCK2 = [(32, 32, 4), (64, 32, 4), (32, 64, 4), (16, 32, 2), (32, 32, 2)]
 
 
 def sweep(dev: str) -> list[BenchRow]:

@@ -77,7 +77,7 @@ def _launch(kernel, c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool
     n_dt = triton.cdiv(D, BD)
     n_lt = B * n_dt
     n_chunks = triton.cdiv(L, CH)
-    words = 6 if block2 else 2
+    words = 8 if block2 else 3  # record words per lane (_lookback.py)
     ws = torch.zeros(_WS_OFFSET + n_lt * n_chunks * words * BD, dtype=torch.int64, device=x.device)
     kernel[(n_lt * n_chunks,)](
         c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws,

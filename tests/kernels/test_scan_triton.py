@@ -12,7 +12,12 @@ import torch
 
 pytest.importorskip("triton")
 
+import numpy as np  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from kernels.scan import linear_scan, linear_scan_block2  # noqa: E402
+from kernels.scan._lookback import lookback_block2, lookback_diag  # noqa: E402
 from kernels.scan import triton_scan as ts  # noqa: E402
 from kernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
 from kernels.scan.reference import linear_scan_block2_reference, linear_scan_reference  # noqa: E402
@@ -90,6 +95,82 @@ def test_many_chunks_and_lane_tiles(monkeypatch, reverse):
     check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c * 0.7, x, reverse)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+def test_one_row_tail(monkeypatch, reverse):
+    """L = 129 with 16-step chunks: the last chunk in memory holds one valid row (the first chunk of a
+    reverse scan and of the backward of a forward scan), forward and gradients, diagonal and 2x2."""
+    small_tiles(monkeypatch)
+    gen = torch.Generator().manual_seed(11 + reverse)
+    c, x = inputs((2, 129, 20), (2, 129, 20), gen)
+    check(ts.linear_scan_triton, linear_scan_reference, c, x, reverse)
+    c, x = inputs((1, 129, 2, 2, 5), (1, 129, 2, 5), gen)
+    check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c * 0.7, x, reverse)
+
+
+# ---- the look-back on records in every published state (the interpreter runs programs in ticket
+# order, so the kernels above only ever meet inclusive predecessors; here the records are written by
+# hand: per lane, the nearest inclusive chunk is at a different depth, aggregates above it)
+
+
+def _word(v):
+    """Published record word of float32 values ``v`` (bit 32 set, the float bits below)."""
+    return np.asarray(v, np.float32).view(np.uint32).astype(np.int64) | (1 << 32)
+
+
+@triton.jit
+def _lookback_probe(ws_ptr, agg_ptr, out_ptr, k, NW: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr):
+    lanes = tl.arange(0, BD)
+    if NW == 3:
+        carry = lookback_diag(ws_ptr + lanes, k, tl.load(agg_ptr + lanes), tl.load(agg_ptr + BD + lanes), CH, BD)
+        tl.store(out_ptr + lanes, carry)
+    else:
+        g = agg_ptr + lanes
+        r0, r1 = lookback_block2(
+            ws_ptr + lanes, k, tl.load(g), tl.load(g + BD), tl.load(g + 2 * BD), tl.load(g + 3 * BD),
+            tl.load(g + 4 * BD), tl.load(g + 5 * BD), CH, BD,
+        )
+        tl.store(out_ptr + lanes, r0)
+        tl.store(out_ptr + BD + lanes, r1)
+
+
+@pytest.mark.parametrize("block2", [False, True])
+def test_lookback_mixed_record_states(block2):
+    rng = np.random.default_rng(12 + block2)
+    BD, k, n = 16, 7, 2 if block2 else 1  # n: state size per lane
+    na, nw = n * n, n * n + 2 * n  # coefficient words, words per record
+    depth = rng.integers(0, k, size=BD)  # per lane: the chunk whose inclusive value ends the walk
+    A = rng.uniform(-1.1, 1.1, size=(k, n, n, BD))
+    Yagg = rng.standard_normal((k, n, BD))
+    Yinc = rng.standard_normal((k, n, BD))
+    ws = np.zeros((k + 1, nw, BD), np.int64)
+    want = np.zeros((n, BD))
+    for lane in range(BD):
+        d = depth[lane]
+        ws[d, na + n:, lane] = _word(Yinc[d, :, lane])
+        state = Yinc[d, :, lane].astype(np.float32).astype(np.float64)
+        for j in range(1, k):  # chunk 0 has no aggregate records
+            if j >= d or rng.random() < 0.5:  # below the inclusive chunk, aggregates may or may not be there
+                ws[j, :na, lane] = _word(A[j, :, :, lane].reshape(-1))
+                ws[j, na:na + n, lane] = _word(Yagg[j, :, lane])
+            if j > d:
+                a32 = A[j, :, :, lane].astype(np.float32).astype(np.float64)
+                state = a32 @ state + Yagg[j, :, lane].astype(np.float32).astype(np.float64)
+        want[:, lane] = state
+    agg = rng.uniform(-1, 1, size=(na + n, BD)).astype(np.float32)
+    out = torch.full((n * BD,), math.nan)
+    ws_t = torch.from_numpy(ws.reshape(-1).copy())
+    _lookback_probe[(1,)](ws_t, torch.from_numpy(agg), out, k, NW=nw, CH=4, BD=BD)
+    got = out.double().numpy().reshape(n, BD)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # chunk k published its aggregate (unchanged) and its inclusive value agg_y + agg_A @ carry
+    rec = ws_t.numpy().reshape(k + 1, nw, BD)[k]
+    assert (rec >> 32 == 1).all()
+    vals = (rec & 0xFFFFFFFF).astype(np.uint32).view(np.float32).astype(np.float64)
+    np.testing.assert_array_equal(vals[: na + n], agg.astype(np.float64))
+    gA = agg[:na].astype(np.float64).reshape(n, n, BD)
+    np.testing.assert_allclose(vals[na + n:], agg[na:].astype(np.float64) + np.einsum("ijl,jl->il", gA, got), rtol=1e-5, atol=1e-5)
+
+
 def test_bfloat16_storage():
     gen = torch.Generator().manual_seed(5)
     c, x = inputs((2, 150, 16), (2, 150, 16), gen)
@@ -165,6 +246,63 @@ def test_bad_inputs_give_clear_errors(monkeypatch):
     monkeypatch.setattr(ts, "triton_available", lambda t: False)
     with pytest.raises(ValueError, match="CUDA"):
         ts.linear_scan_triton(x, x)
+
+
+def _grads(fn, c, x, reverse, g):
+    c = c.detach().clone().requires_grad_()
+    x = x.detach().clone().requires_grad_()
+    y = fn(c, x, reverse)
+    (y * g).sum().backward()
+    return y.detach(), x.grad, c.grad
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("L", [1, 17, 64, 65, 129, 1000, 4097])
+def test_gpu_repeated_launches(monkeypatch, L):
+    """Races show only now and then: per length, 40 poisoned launches of every tile configuration in
+    ``cfgs`` (``None``: the shipped ``config``; 64x64 on 4 warps and 16x16 on 4 warps replicate lanes
+    over threads), both directions, diagonal and 2x2; forward every time, gradients every fourth time,
+    against the float64 loop (computed once)."""
+    cfgs = [None, (16, 16, 4), (64, 64, 4), (16, 256, 2), (128, 32, 4)]
+    shipped = ts.config
+    gen = torch.Generator().manual_seed(L)
+    c, x = inputs((2, L, 70), (2, L, 70), gen)
+    C, x2 = inputs((1, L, 2, 2, 9), (1, L, 2, 9), gen)
+    C = C * 0.7
+    for reverse in (False, True):
+        cases = []
+        for fn, ref, cc, xx in ((ts.linear_scan_triton, linear_scan_reference, c, x),
+                                (ts.linear_scan_block2_triton, linear_scan_block2_reference, C, x2)):
+            g = torch.randn(xx.shape, generator=gen, dtype=torch.float64).to(DEV)
+            cases.append((fn, cc, xx, g.float(), _grads(ref, cc.double(), xx.double(), reverse, g)))
+        for cfg in cfgs:
+            monkeypatch.setattr(ts, "config", shipped if cfg is None else (lambda L_, D_, b_, cfg=cfg: cfg))
+            for rep in range(40):
+                for fn, cc, xx, g, want in cases:
+                    where = (cfg, reverse, rep, fn.__name__)
+                    if rep % 4:
+                        assert rel(fn(cc, xx, reverse), want[0]) < 1e-5, where
+                    else:
+                        for got, w in zip(_grads(fn, cc, xx, reverse, g), want):
+                            assert rel(got, w) < 1e-5, where
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(8, 4096, 1024), (1, 65536, 256)])
+def test_gpu_benchmark_shapes_repeated(shape):
+    """The benchmark shapes with the shipped tiles: 20 poisoned forward launches each direction."""
+    from kernels.scan.torch_scan import linear_scan_torch
+
+    g = torch.Generator(device="cuda").manual_seed(13)
+    c = torch.rand(shape, device="cuda", generator=g) * 0.2 + 0.8
+    x = torch.randn(shape, device="cuda", generator=g)
+    for reverse in (False, True):
+        y64 = linear_scan_torch(c.double(), x.double(), reverse=reverse)
+        for rep in range(20):
+            y = ts.linear_scan_triton(c, x, reverse)
+            assert torch.isfinite(y).all()
+            err = float((y.double() - y64).abs().max() / y64.abs().max())  # a wrong carry: O(1)
+            assert err < 1e-5, (reverse, rep, err)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
