@@ -1,7 +1,9 @@
 """``python -m kernels.bench ssd``: time the SSD implementations, after checking each one.
 
 Implementations: ``chunked`` (our chunked PyTorch form), ``triton-q{Q}`` (our Triton kernels at
-chunk size ``Q``) and, when importable, ``mamba-ssm`` (``mamba_chunk_scan_combined``, the pure
+chunk size ``Q``; float32 at torch's default matmul precision, i.e. 3-pass TF32 products),
+``triton-q{Q}-tf32`` (float32 only: single-pass TF32 products, ``torch.set_float32_matmul_precision
+("medium")``, the precision mamba-ssm's float32 kernels use) and, when importable, ``mamba-ssm`` (``mamba_chunk_scan_combined``, the pure
 Triton SSD of the ``mamba-ssm`` package, at its default chunk size 256). Every implementation is
 first checked, forward and all gradients, against the chunked form in float64 on the first two
 sequences of the benchmark batch (the chunked form itself is tested against the step-by-step
@@ -54,11 +56,28 @@ def _peer():
     return mamba_chunk_scan_combined
 
 
+def _at_precision(precision: str, fn):
+    """``fn`` run under ``torch.set_float32_matmul_precision(precision)`` (the Triton SSD fixes its
+    product precision at the forward call, so the backward follows)."""
+
+    def run(*args):
+        old = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(precision)
+        try:
+            return fn(*args)
+        finally:
+            torch.set_float32_matmul_precision(old)
+
+    return run
+
+
 def _implementations(chunks: list[int], peer) -> dict:
     impls = {"chunked": lambda x, dt, A, B, C: ssd(x, dt, A, B, C, chunk_size=64, backend="chunked")}
     if "triton" in SSD_BACKENDS:
         for q in chunks:
-            impls[f"triton-q{q}"] = lambda x, dt, A, B, C, q=q: ssd(x, dt, A, B, C, chunk_size=q, backend="triton")
+            fn = lambda x, dt, A, B, C, q=q: ssd(x, dt, A, B, C, chunk_size=q, backend="triton")  # noqa: E731
+            impls[f"triton-q{q}"] = _at_precision("highest", fn)
+            impls[f"triton-q{q}-tf32"] = _at_precision("medium", fn)
     if peer is not None:
         impls["mamba-ssm"] = lambda x, dt, A, B, C: peer(x, dt, A, B, C, chunk_size=256)
     return impls
@@ -169,13 +188,15 @@ def main(argv: list[str] | None = None) -> None:
                 for impl, fn in impls.items():
                     if impl == "chunked" and args.impls and "chunked" not in args.impls.split(","):
                         continue
+                    if impl.endswith("-tf32") and dtype != torch.float32:
+                        continue
                     try:
                         with _poisoned():
                             out = _grads(fn, cast(small), dy)
                         err = max(rel_error(o, r) for o, r in zip(out, ref))
                         errs = {k: rel_error(o, r) for k, o, r in zip(["y", "dx", "ddt", "dA", "dB", "dC"], out, ref)}
                         del out
-                        Q = int(impl.split("q")[-1]) if impl.startswith("triton") else (256 if impl == "mamba-ssm" else 64)
+                        Q = int(impl.split("-")[1][1:]) if impl.startswith("triton") else (256 if impl == "mamba-ssm" else 64)
                         lim = _limits(args.batch, args.seqlen, H, P, G, N, Q, dtype, bw, rates[dname])
                         with torch.no_grad():
                             fwd_ms = time_ms(lambda: fn(*xs), device=device)

@@ -125,12 +125,18 @@ def _heads_per_program(ratio: int) -> int:
     return max(d for d in range(1, min(ratio, 16) + 1) if ratio % d == 0)
 
 
-def _chunk_dots(q: torch.Tensor, k: torch.Tensor, Q: int) -> torch.Tensor:
-    """``qk[b, c, g, t, s] = q_t . k_s`` inside each chunk, float32 ``(batch, nc, G, Q, Q)``."""
+def _chunk_dots(q: torch.Tensor, k: torch.Tensor, Q: int, prec: str) -> torch.Tensor:
+    """``qk[b, c, g, t, s] = q_t . k_s`` inside each chunk, float32 ``(batch, nc, G, Q, Q)``, with
+    single-pass TF32 products where ``prec`` is ``"tf32"``, else float32 ones."""
     batch, L, G, N = q.shape
     pad = (-L) % Q
     chunks = lambda t: F.pad(t.float(), (0, 0, 0, 0, 0, pad)).view(batch, -1, Q, G, N).transpose(2, 3)  # noqa: E731
-    return chunks(q) @ chunks(k).transpose(-1, -2)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if prec == "tf32" else "highest")
+    try:
+        return chunks(q) @ chunks(k).transpose(-1, -2)
+    finally:
+        torch.set_float32_matmul_precision(old)
 
 
 def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype, w=None, full_dot=False,
@@ -181,7 +187,7 @@ def ssd_fwd(
     init = None if initial_state is None else initial_state.float()
     prev, _ = _chunk_state(x, B, init, acum, dtT, Q, precision, reverse=False)
     y, _, _ = _chunk_attn(C, B, x, prev[:, :-1].transpose(-1, -2), acum, dtT, Q, precision, reverse=False,
-                          out_heads=H, out_dtype=x.dtype, cb=_chunk_dots(C, B, Q))
+                          out_heads=H, out_dtype=x.dtype, cb=_chunk_dots(C, B, Q, precision))
     return y, prev
 
 
@@ -210,7 +216,7 @@ def ssd_bwd(
     dtT, acum = _decays(dt, A, Q)
     grads, carried = _chunk_state(dy, C, dfinal, acum, dtT, Q, precision, reverse=True, prev=prev)  # G_0..G_nc
     dS = grads[:, 1:]
-    cb = _chunk_dots(C, B, Q)
+    cb = _chunk_dots(C, B, Q, precision)
     dx, (x_state, ddt_direct), _ = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, precision, reverse=True,
                                                out_heads=H, out_dtype=x.dtype, w=x, full_dot=True,
                                                cb=cb.transpose(-1, -2))

@@ -1,0 +1,87 @@
+"""``python -m kernels.ssd.tune``: tile-configuration sweep of the Triton SSD (a tuning aid).
+
+Times ``y = ssd(x, dt, A, B, C)`` forward and forward + backward (``triton.testing.do_bench``
+medians) for every ``--configs`` entry (``EXPRESSIVITY_SSD_TILES`` strings, see
+``triton_ssd._overrides``; ``default`` = no override), shape, dtype and float32 matmul precision,
+on the benchmark's inputs (``kernels.ssd.bench``: batch 16, L 4096, head dim 64, one group).
+With ``--profile`` it first logs where one forward + backward spends its GPU time, per kernel, for
+our default configuration and for ``mamba-ssm`` when importable. A failing configuration (e.g. too
+much shared memory) is reported and skipped. Results are logged, not written: the benchmark
+(``python -m kernels.bench ssd``) is the measurement of record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import torch
+
+from kernels.bench.common import time_ms
+from kernels.ssd import ssd
+from kernels.ssd.bench import DTYPES, _at_precision, _inputs, _peer
+
+log = logging.getLogger("kernels.ssd.tune")
+
+
+def _profile(fn, xs, dy, title: str) -> None:
+    leaves = [t.detach().requires_grad_(True) for t in xs]
+    for _ in range(3):
+        torch.autograd.grad(fn(*leaves), leaves, dy)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.autograd.grad(fn(*leaves), leaves, dy)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=40)
+    log.info("profile %s\n%s", title, table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m kernels.ssd.tune", description=__doc__.split("\n")[0])
+    ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--states", default="64")
+    ap.add_argument("--dtypes", default="fp32")
+    ap.add_argument("--precisions", default="medium", help="float32 matmul precisions (torch names)")
+    ap.add_argument("--chunks", default="128")
+    ap.add_argument("--configs", default="default", help="';'-separated EXPRESSIVITY_SSD_TILES values")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not torch.cuda.is_available():
+        raise SystemExit("kernels.ssd.tune needs a CUDA device")
+    peer = _peer() if args.profile else None
+    for N in map(int, args.states.split(",")):
+        xs32 = _inputs(16, 4096, args.heads, 64, 1, N, "cuda")
+        for dname in args.dtypes.split(","):
+            dtype = DTYPES[dname]
+            xs = [t.to(dtype) if t.dim() not in (1, 3) else t for t in xs32]
+            dy = torch.randn_like(xs[0])
+            leaves = [t.detach().requires_grad_(True) for t in xs]
+            precisions = args.precisions.split(",") if dtype == torch.float32 else ["highest"]
+            for prec in precisions:
+                for Q in map(int, args.chunks.split(",")):
+                    ours = _at_precision(prec, lambda x, dt, A, B, C, Q=Q: ssd(x, dt, A, B, C, chunk_size=Q, backend="triton"))
+                    if args.profile:
+                        os.environ.pop("EXPRESSIVITY_SSD_TILES", None)
+                        _profile(ours, xs, dy, f"triton-q{Q} N{N} {dname} {prec}")
+                    for cfg in args.configs.split(";"):
+                        os.environ["EXPRESSIVITY_SSD_TILES"] = "" if cfg == "default" else cfg
+                        try:
+                            with torch.no_grad():
+                                fwd = time_ms(lambda: ours(*xs))
+                            both = time_ms(lambda: torch.autograd.grad(ours(*leaves), leaves, dy))
+                            log.info("N%d %s %s q%d %-28s fwd %7.3f ms  fwd+bwd %7.3f ms", N, dname, prec, Q, cfg, fwd, both)
+                        except Exception as err:  # e.g. out of shared memory: report, go on
+                            log.info("N%d %s %s q%d %-28s failed: %s", N, dname, prec, Q, cfg, str(err)[:160])
+                    os.environ.pop("EXPRESSIVITY_SSD_TILES", None)
+            if peer is not None:
+                fn = lambda x, dt, A, B, C: peer(x, dt, A, B, C, chunk_size=256)  # noqa: E731
+                _profile(fn, xs, dy, f"mamba-ssm N{N} {dname}")
+                with torch.no_grad():
+                    fwd = time_ms(lambda: fn(*xs))
+                both = time_ms(lambda: torch.autograd.grad(fn(*leaves), leaves, dy))
+                log.info("N%d %s mamba-ssm fwd %7.3f ms  fwd+bwd %7.3f ms", N, dname, fwd, both)
+
+
+if __name__ == "__main__":
+    main()
