@@ -14,7 +14,8 @@ One run does both:
    and bfloat16; and a batch sweep B in {16, 64, 256} at 12x64.
 
 Writes ``<out>/fused_rnn-<device>-<date>.json`` (``kernels.bench.write_json``) and prints the table.
-Options: ``--quick`` (T=256, fewer shapes), ``--no-check``, ``--tune`` (time launch variants),
+Options: ``--quick`` (T=256, fewer shapes), ``--heads 12x64,48x16`` / ``--batches 16,64`` (fewer shapes),
+``--no-check``, ``--tune`` (time launch variants),
 ``--workers N``, ``--out DIR``, ``--cuda-peer`` (try building flashrnn's CUDA kernel, slow).
 """
 
@@ -48,33 +49,30 @@ TOL = {"float32": 1e-4, "bfloat16": 2e-2}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: launch variants checked and timed with --tune: (cell, batch, NH, DH, dtype) -> variant names;
 #: a name lists "/"-separated overrides of ``fused.launch_config``: bbN (batch block), wN (warps),
-#: ieee | tf32x3 | tf32 (float32 dot precision), accdr | dRafter (dR in registers | after the kernel)
+#: ieee | tf32x3 | tf32 (float32 dot precision), accdr | dRafter (dR in registers | after the kernel),
+#: cat | gatedots (backward: one dot over all gates | one per gate), dbreg | dbafter (backward: db
+#: summed in registers | ``dg.sum`` after the kernel)
 TUNE = {
     ("lstm", 16, 12, 64, "float32"): (
-        "bb16/w8/ieee/accdr",
-        "bb16/w8/ieee/dRafter",
-        "bb8/w4/ieee/dRafter",
-        "bb4/w4/ieee/dRafter",
-        "bb4/w8/ieee/dRafter",
-        "bb4/w4/ieee/accdr",
-        "bb16/w4/tf32x3/dRafter",
-        "bb16/w8/tf32x3/accdr",
-        "bb16/w4/tf32/dRafter",
+        "bb4/w8",
+        "bb2/w4",
+        "bb2/w8",
+        "bb8/w8",
+        "bb4/w4/gatedots/dbafter",
+        "bb4/w4/tf32",
     ),
     ("lstm", 16, 12, 64, "bfloat16"): (
         "bb16/w4/accdr",
-        "bb16/w8/accdr",
-        "bb16/w4/dRafter",
         "bb16/w8/dRafter",
+        "bb16/w8/cat",
+        "bb16/w8/dbreg",
     ),
-    ("slstm", 16, 12, 64, "float32"): ("bb4/w8/ieee/dRafter", "bb8/w4/ieee/dRafter"),
-    ("slstm", 16, 12, 64, "bfloat16"): ("bb16/w4/accdr", "bb16/w8/dRafter"),
-    ("lstm", 64, 12, 64, "float32"): ("bb8/w4", "bb16/w8"),
+    ("slstm", 16, 12, 64, "float32"): ("bb4/w8", "bb2/w4"),
+    ("slstm", 16, 12, 64, "bfloat16"): ("bb16/w8/dRafter", "bb16/w8/cat"),
+    ("gru", 16, 12, 64, "float32"): ("bb4/w8", "bb4/w4/gatedots/dbafter"),
+    ("lstm", 64, 12, 64, "float32"): ("bb8/w8", "bb16/w8"),
     ("lstm", 256, 12, 64, "float32"): ("bb16/w8", "bb32/w8"),
-    ("lstm", 64, 12, 64, "bfloat16"): ("bb16/w4", "bb32/w4", "bb64/w8"),
-    ("lstm", 256, 12, 64, "bfloat16"): ("bb16/w4", "bb32/w4", "bb64/w8"),
     ("lstm", 16, 48, 16, "float32"): ("bb4/w4", "bb16/w4"),
-    ("lstm", 16, 6, 128, "bfloat16"): ("bb16/w4/accdr", "bb16/w8/dRafter"),
 }
 
 
@@ -90,8 +88,10 @@ def parse_variant(name: str) -> dict:
             out["precision"] = tok
         elif tok in ("accdr", "dRafter"):
             out["acc_dr"] = tok == "accdr"
-        elif tok == "Ronchip":
-            out["r_bytes"] = 1 << 20
+        elif tok in ("cat", "gatedots"):
+            out["cat_gates"] = tok == "cat"
+        elif tok in ("dbreg", "dbafter"):
+            out["acc_db"] = tok == "dbreg"
         else:
             raise ValueError(f"unknown launch variant token {tok!r} in {name!r}")
     return out
@@ -175,13 +175,11 @@ def check_case(case: Case, overrides: dict | None = None, seed: int = 0) -> dict
 
 
 def _apply(overrides: dict | None) -> None:
-    """Set ``fused.OVERRIDES`` (launch fields) and the on-chip R budget (key ``r_bytes``)."""
+    """Set ``fused.OVERRIDES`` (launch fields)."""
     from kernels.fused_rnn import fused
 
-    o = dict(overrides or {})
-    fused.ON_CHIP_R_BYTES = o.pop("r_bytes", 128 * 1024)
     fused.OVERRIDES.clear()
-    fused.OVERRIDES.update(o)
+    fused.OVERRIDES.update(overrides or {})
 
 
 # ------------------------------------------------------------------ timing
@@ -296,11 +294,15 @@ def limits(case: Case, bw_gbs: float, tflops: dict[str, float]) -> tuple[float, 
 # ------------------------------------------------------------------ the run
 
 
-def _cases(length: int, quick: bool, tune: bool) -> tuple[list[tuple[Case, dict]], list[tuple[Case, dict]]]:
-    """(check list, time list) of (case, overrides), most important first."""
-    heads = HEAD_SHAPES[2:3] if quick else HEAD_SHAPES
+def _cases(
+    length: int, tune: bool, heads=HEAD_SHAPES, batches=BATCHES
+) -> tuple[list[tuple[Case, dict]], list[tuple[Case, dict]]]:
+    """(check list, time list) of (case, overrides), most important first. B=16 and 12x64 always
+    run; ``heads`` / ``batches`` add head shapes (at B=16) and the batch sweep (at 12x64)."""
+    heads = [(12, 64)] + [hd for hd in heads if hd != (12, 64)]
+    sweep = [bsz for bsz in batches if bsz != 16]
     checks, timed = [], []
-    for bsz in BATCHES[1:]:  # the big float64 references first, while few others run
+    for bsz in sweep:  # the big float64 references first, while few others run
         for dtype in DTYPES:
             checks.append((Case("lstm", bsz, length, 12, 64, dtype, backend="triton"), {}))
     for dtype in DTYPES:
@@ -315,9 +317,11 @@ def _cases(length: int, quick: bool, tune: bool) -> tuple[list[tuple[Case, dict]
                     timed.append((c, {}))
             checks.append((Case("lstm", 16, length, nh, dh, dtype, backend="alternating"), {}))
         timed.append((Case("lstm", 16, length, 12, 64, dtype, backend="alternating"), {}))
-        timed += [(Case("lstm", bsz, length, 12, 64, dtype, backend="triton"), {}) for bsz in BATCHES[1:]]
+        timed += [(Case("lstm", bsz, length, 12, 64, dtype, backend="triton"), {}) for bsz in sweep]
     if tune:
         for (cell, bsz, nh, dh, dt), names in TUNE.items():
+            if (nh, dh) not in heads or bsz not in [16, *sweep]:
+                continue
             for v in names:
                 o = parse_variant(v)
                 c = Case(cell, bsz, length, nh, dh, dt, backend="fused", variant=v)
@@ -325,10 +329,6 @@ def _cases(length: int, quick: bool, tune: bool) -> tuple[list[tuple[Case, dict]
                 # launch variants of the batch sweep are checked at T=128 (the float64 reference of
                 # B=256, T=1024 takes ~16 GB; the default launch is checked at full length above)
                 checks.append((dataclasses.replace(c, length=min(length, 128)) if bsz > 16 else c, o))
-        for cell in ("lstm", "gru"):  # does the fused kernel compile with an fp32 R of 128x128 per gate?
-            c = Case(cell, 16, length, 6, 128, "float32", backend="fused", variant="w8/Ronchip")
-            timed.append((c, parse_variant(c.variant)))
-            checks.append((c, parse_variant(c.variant)))
 
     def priority(item):
         c, _ = item
@@ -365,7 +365,15 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m kernels.bench fused_rnn", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--quick", action="store_true", help="T=256 and only the 12x64 head shape")
+    parser.add_argument("--quick", action="store_true", help="T=256, only B=16 and the 12x64 head shape")
+    parser.add_argument(
+        "--heads",
+        default=",".join(f"{nh}x{dh}" for nh, dh in HEAD_SHAPES),
+        help="head shapes NHxDH at B=16 (default: all; 12x64 always runs)",
+    )
+    parser.add_argument(
+        "--batches", default=",".join(map(str, BATCHES)), help="batch sweep at 12x64 (default: 16,64,256)"
+    )
     parser.add_argument("--no-check", action="store_true", help="skip the correctness checks")
     parser.add_argument("--tune", action="store_true", help="also check and time launch variants")
     parser.add_argument("--workers", type=int, default=8, help="processes for the checks (default 8)")
@@ -384,7 +392,11 @@ def main(argv: list[str]) -> None:
     if not torch.cuda.is_available() or DEVICE != "cuda":
         raise SystemExit("error: the fused_rnn benchmark needs a CUDA GPU (the CPU tests cover correctness)")
     length = 256 if args.quick else 1024
-    check_list, time_list = _cases(length, args.quick, args.tune)
+    heads = [tuple(int(v) for v in hd.split("x")) for hd in args.heads.split(",") if hd]
+    batches = [int(v) for v in args.batches.split(",") if v]
+    if args.quick:
+        heads, batches = [(12, 64)], [16]
+    check_list, time_list = _cases(length, args.tune, heads, batches)
 
     t0 = time.perf_counter()
     results = [] if args.no_check else run_checks(check_list, args.workers, args.check_budget_s)

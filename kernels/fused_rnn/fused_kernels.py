@@ -35,15 +35,11 @@ from kernels.fused_rnn.cells_triton import (
 
 
 @triton.jit
-def _load_r(R, pid_h, g, rd, DH, GR: tl.constexpr, TRANS: tl.constexpr):
-    """R_g of head ``pid_h`` as a (DHP, DHP) tile (``TRANS``: R_g^T), zero-padded."""
+def _load_r(R, pid_h, g, rd, DH, GR: tl.constexpr):
+    """R_g of head ``pid_h`` as a (DHP, DHP) tile, zero-padded: tile[i, j] = R[h, i, g, j]."""
     md = rd < DH
-    mask = md[:, None] & md[None, :]
-    if TRANS:  # tile[j, i] = R[h, i, g, j]
-        off = ((pid_h * DH + rd[None, :]) * GR + g) * DH + rd[:, None]
-    else:  # tile[i, j] = R[h, i, g, j]
-        off = ((pid_h * DH + rd[:, None]) * GR + g) * DH + rd[None, :]
-    return tl.load(R + off, mask=mask, other=0.0)
+    off = ((pid_h * DH + rd[:, None]) * GR + g) * DH + rd[None, :]
+    return tl.load(R + off, mask=md[:, None] & md[None, :], other=0.0)
 
 
 @triton.jit
@@ -82,15 +78,15 @@ def fused_fwd_kernel(
     m2 = (rb < B)[:, None] & md[None, :]
 
     # recurrent matrices and biases: loaded once, kept on chip for the whole time loop
-    R0 = _load_r(R, pid_h, 0, rd, DH, GR, False)
+    R0 = _load_r(R, pid_h, 0, rd, DH, GR)
     R1 = R0
     R2 = R0
     R3 = R0
     if GR > 1:
-        R1 = _load_r(R, pid_h, 1, rd, DH, GR, False)
-        R2 = _load_r(R, pid_h, 2, rd, DH, GR, False)
+        R1 = _load_r(R, pid_h, 1, rd, DH, GR)
+        R2 = _load_r(R, pid_h, 2, rd, DH, GR)
     if GR > 3:
-        R3 = _load_r(R, pid_h, 3, rd, DH, GR, False)
+        R3 = _load_r(R, pid_h, 3, rd, DH, GR)
     if UPCAST:  # the CPU interpreter's bfloat16 tl.dot is wrong: multiply the same values in float32
         R0 = R0.to(tl.float32)
         R1 = R1.to(tl.float32)
@@ -264,11 +260,44 @@ def _bwd_loads(DY, SAVED, y_off, cur, prv, rd, m2, DH, CELL: tl.constexpr, ACC: 
 
 
 @triton.jit
+def _gate_rows(GP: tl.constexpr, DHP: tl.constexpr):
+    """Row k of a gate-concatenated operand (``_cat4``; GP gates) holds gate ``k % GP``, unit ``k // GP``."""
+    k = tl.arange(0, GP * DHP)
+    return k % GP, k // GP
+
+
+@triton.jit
+def _load_rt(R, pid_h, g0, rd, DH, GR: tl.constexpr, GP: tl.constexpr, DHP: tl.constexpr):
+    """(GP * DHP, DHP) tile: rows of R^T of gates g0 .. g0 + GP - 1 (``_gate_rows`` order), zero
+    where a gate >= GR (the GRU's 4th) or a unit >= DH:  tile[k, n] = R[h, n, g0 + g(k), j(k)]."""
+    kg, kj = _gate_rows(GP, DHP)
+    mk = (g0 + kg < GR) & (kj < DH)
+    off = ((pid_h * DH + rd[None, :]) * GR + g0 + kg[:, None]) * DH + kj[:, None]
+    return tl.load(R + off, mask=mk[:, None] & (rd < DH)[None, :], other=0.0)
+
+
+@triton.jit
+def _cat4(d0, d1, d2, d3):
+    """Four (BB, DHP) gate tiles -> one (BB, 4 * DHP) tile, gates interleaved (``_gate_rows``)."""
+    z = tl.join(tl.join(d0, d2), tl.join(d1, d3))  # z[b, j, p, q] = d_{2p+q}[b, j]
+    return tl.reshape(z, (z.shape[0], z.shape[1] * 4))
+
+
+@triton.jit
+def _put_dr(DR_PART, base, g0, dR, rd, DH, GR: tl.constexpr, GP: tl.constexpr, DHP: tl.constexpr):
+    """Store a (DHP, GP * DHP) dR tile of gates g0 .. (``_gate_rows`` columns) at dR[h, i, g, j]."""
+    kg, kj = _gate_rows(GP, DHP)
+    md = rd < DH
+    off = (base + rd[:, None]) * GR * DH + (g0 + kg[None, :]) * DH + kj[None, :]
+    tl.store(DR_PART + off, dR, mask=md[:, None] & ((g0 + kg < GR) & (kj < DH))[None, :])
+
+
+@triton.jit
 def fused_bwd_kernel(
     DY, DLAST, R, SAVED, DG, DS0, DR_PART, DB_PART,
     B, T, NH, DH,
     CELL: tl.constexpr, GR: tl.constexpr, GB: tl.constexpr, NS: tl.constexpr,
-    NSAVE: tl.constexpr, ACC_DR: tl.constexpr,
+    NSAVE: tl.constexpr, ACC_DR: tl.constexpr, CAT: tl.constexpr, ACC_DB: tl.constexpr,
     BLOCK_B: tl.constexpr, DHP: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     pid_h = tl.program_id(0)
@@ -278,15 +307,18 @@ def fused_bwd_kernel(
     md = rd < DH
     m2 = (rb < B)[:, None] & md[None, :]
 
-    RT0 = _load_r(R, pid_h, 0, rd, DH, GR, True)
+    # R^T on chip. CAT: all gates stacked along K (GRU's 4th zero), so the per-step recurrent
+    # matmul is one dot and one layout change of its operand (``launch_config``); else one per gate.
+    GP: tl.constexpr = 4 if CAT and GR > 1 else 1
+    RT0 = _load_rt(R, pid_h, 0, rd, DH, GR, GP, DHP)
     RT1 = RT0
     RT2 = RT0
     RT3 = RT0
-    if GR > 1:
-        RT1 = _load_r(R, pid_h, 1, rd, DH, GR, True)
-        RT2 = _load_r(R, pid_h, 2, rd, DH, GR, True)
-    if GR > 3:
-        RT3 = _load_r(R, pid_h, 3, rd, DH, GR, True)
+    if GP == 1 and GR > 1:
+        RT1 = _load_rt(R, pid_h, 1, rd, DH, GR, 1, DHP)
+        RT2 = _load_rt(R, pid_h, 2, rd, DH, GR, 1, DHP)
+    if GP == 1 and GR > 3:
+        RT3 = _load_rt(R, pid_h, 3, rd, DH, GR, 1, DHP)
     SDT = RT0.dtype  # storage dtype: dot operands are rounded to it
     if UPCAST:  # see the forward
         RT0 = RT0.to(tl.float32)
@@ -307,16 +339,15 @@ def fused_bwd_kernel(
         dn = _tile(DLAST, s_row + 2 * s_step, rd, m2, ACC)
         dm = _tile(DLAST, s_row + 3 * s_step, rd, m2, ACC)
 
-    zero_row = tl.zeros((DHP,), dtype=ACC)
-    db0 = zero_row
-    db1 = zero_row
-    db2 = zero_row
-    db3 = zero_row
-    zero_sq = tl.zeros((DHP, DHP), dtype=ACC)
-    dR0 = zero_sq
-    dR1 = zero_sq
-    dR2 = zero_sq
-    dR3 = zero_sq
+    # ACC_DB: db as elementwise sums over time, reduced over the batch block once after the loop
+    db0 = dh_rec * 0.0
+    db1 = db0
+    db2 = db0
+    db3 = db0
+    dR0 = tl.zeros((DHP, GP * DHP), dtype=ACC)
+    dR1 = dR0
+    dR2 = dR0
+    dR3 = dR0
 
     sv_row = (rb * (T + 1) * NH + pid_h) * NSAVE * DH
     sv_t = NH * NSAVE * DH
@@ -355,34 +386,41 @@ def fused_bwd_kernel(
 
         # gate gradients = input / bias gradients (eq. 5-6); padded rows and columns are zero
         _put(DG, gp, rd, m2, d0)
-        db0 += tl.sum(d0, axis=0)
         if GB > 1:
             _put(DG, gp + DH, rd, m2, d1)
             _put(DG, gp + 2 * DH, rd, m2, d2)
             _put(DG, gp + 3 * DH, rd, m2, d3)
-            db1 += tl.sum(d1, axis=0)
-            db2 += tl.sum(d2, axis=0)
-            db3 += tl.sum(d3, axis=0)
+        if ACC_DB:
+            db0 += d0
+            db1 += d1
+            db2 += d2
+            db3 += d3
 
         # recurrent part of eq. 4 (R^T dg) and eq. 7 (dR += h_prev^T dg)
-        e0 = d0.to(SDT).to(DT)
-        dh_rec = tl.dot(e0, RT0, direct, input_precision=PREC)
-        if GR > 1:
-            e1 = d1.to(SDT).to(DT)
-            e2 = d2.to(SDT).to(DT)
-            dh_rec = tl.dot(e1, RT1, dh_rec, input_precision=PREC)
-            dh_rec = tl.dot(e2, RT2, dh_rec, input_precision=PREC)
-        if GR > 3:
-            e3 = d3.to(SDT).to(DT)
-            dh_rec = tl.dot(e3, RT3, dh_rec, input_precision=PREC)
-        if ACC_DR:
-            hT = tl.trans(h_prev.to(SDT).to(DT))
-            dR0 = tl.dot(hT, e0, dR0, input_precision=PREC)
+        hT = tl.trans(h_prev.to(SDT).to(DT))
+        if GP == 4:
+            e = _cat4(d0, d1, d2, d3).to(SDT).to(DT)
+            dh_rec = tl.dot(e, RT0, direct, input_precision=PREC)
+            if ACC_DR:
+                dR0 = tl.dot(hT, e, dR0, input_precision=PREC)
+        else:
+            e0 = d0.to(SDT).to(DT)
+            dh_rec = tl.dot(e0, RT0, direct, input_precision=PREC)
+            if ACC_DR:
+                dR0 = tl.dot(hT, e0, dR0, input_precision=PREC)
             if GR > 1:
-                dR1 = tl.dot(hT, e1, dR1, input_precision=PREC)
-                dR2 = tl.dot(hT, e2, dR2, input_precision=PREC)
+                e1 = d1.to(SDT).to(DT)
+                e2 = d2.to(SDT).to(DT)
+                dh_rec = tl.dot(e1, RT1, dh_rec, input_precision=PREC)
+                dh_rec = tl.dot(e2, RT2, dh_rec, input_precision=PREC)
+                if ACC_DR:
+                    dR1 = tl.dot(hT, e1, dR1, input_precision=PREC)
+                    dR2 = tl.dot(hT, e2, dR2, input_precision=PREC)
             if GR > 3:
-                dR3 = tl.dot(hT, e3, dR3, input_precision=PREC)
+                e3 = d3.to(SDT).to(DT)
+                dh_rec = tl.dot(e3, RT3, dh_rec, input_precision=PREC)
+                if ACC_DR:
+                    dR3 = tl.dot(hT, e3, dR3, input_precision=PREC)
 
     _put(DS0, s_row, rd, m2, dh_rec)
     if NS > 1:
@@ -391,18 +429,18 @@ def fused_bwd_kernel(
         _put(DS0, s_row + 2 * s_step, rd, m2, dn)
         _put(DS0, s_row + 3 * s_step, rd, m2, dm)
 
-    db_base = DB_PART + (pid_b * NH + pid_h) * GB * DH
-    tl.store(db_base + rd, db0, mask=md)
-    if GB > 1:
-        tl.store(db_base + DH + rd, db1, mask=md)
-        tl.store(db_base + 2 * DH + rd, db2, mask=md)
-        tl.store(db_base + 3 * DH + rd, db3, mask=md)
+    if ACC_DB:
+        db_base = DB_PART + (pid_b * NH + pid_h) * GB * DH
+        tl.store(db_base + rd, tl.sum(db0, axis=0), mask=md)
+        if GB > 1:
+            tl.store(db_base + DH + rd, tl.sum(db1, axis=0), mask=md)
+            tl.store(db_base + 2 * DH + rd, tl.sum(db2, axis=0), mask=md)
+            tl.store(db_base + 3 * DH + rd, tl.sum(db3, axis=0), mask=md)
     if ACC_DR:
-        mr = md[:, None] & md[None, :]
-        dr_off = ((pid_b * NH + pid_h) * DH + rd[:, None]) * GR * DH + rd[None, :]
-        tl.store(DR_PART + dr_off, dR0, mask=mr)
-        if GR > 1:
-            tl.store(DR_PART + dr_off + DH, dR1, mask=mr)
-            tl.store(DR_PART + dr_off + 2 * DH, dR2, mask=mr)
-        if GR > 3:
-            tl.store(DR_PART + dr_off + 3 * DH, dR3, mask=mr)
+        base = (pid_b * NH + pid_h) * DH
+        _put_dr(DR_PART, base, 0, dR0, rd, DH, GR, GP, DHP)
+        if GP == 1 and GR > 1:
+            _put_dr(DR_PART, base, 1, dR1, rd, DH, GR, 1, DHP)
+            _put_dr(DR_PART, base, 2, dR2, rd, DH, GR, 1, DHP)
+        if GP == 1 and GR > 3:
+            _put_dr(DR_PART, base, 3, dR3, rd, DH, GR, 1, DHP)

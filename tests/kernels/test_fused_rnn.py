@@ -103,6 +103,19 @@ def test_dR_after_the_kernel(cell):
     compare("fused", cell, B=3, T=5, NH=2, DH=16, dtype=torch.float64, seed=4)
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize(("dtype", "cat_gates", "acc_db"), [
+    (torch.float64, True, True), (torch.float64, True, False), (torch.float32, False, True), (torch.float32, False, False),
+])  # fmt: skip
+def test_backward_gate_layouts(cell, dtype, cat_gates, acc_db):
+    """Both backward matmul forms (one dot over the gates stacked along K, the float32 default; one
+    dot per gate, the bfloat16 / float64 default) and both db sums (registers / ``dg.sum`` after),
+    with dR in registers (block 16) and after the kernel (block 4, two batch blocks)."""
+    for block_b, acc_dr in ((16, True), (4, False)):
+        fused.OVERRIDES.update(block_b=block_b, acc_dr=acc_dr, cat_gates=cat_gates, acc_db=acc_db)
+        compare("fused", cell, B=5, T=4, NH=2, DH=24, dtype=dtype, seed=5)
+
+
 def test_triton_falls_back_to_alternating(monkeypatch):
     """``backend="triton"`` runs the alternating kernels when R does not fit on chip."""
     monkeypatch.setattr(fused, "ON_CHIP_R_BYTES", 1024)
