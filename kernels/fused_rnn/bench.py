@@ -51,7 +51,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: a name lists "/"-separated overrides of ``fused.launch_config``: bbN (batch block), wN (warps),
 #: ieee | tf32x3 | tf32 (float32 dot precision), accdr | dRafter (dR in registers | after the kernel),
 #: cat | gatedots (backward: one dot over all gates | one per gate), dbreg | dbafter (backward: db
-#: summed in registers | ``dg.sum`` after the kernel)
+#: summed in registers | ``dg.sum`` after the kernel), fma (bfloat16 dots in float32 on the FMA units)
 TUNE = {
     ("lstm", 16, 12, 64, "float32"): (
         "bb4/w8",
@@ -66,9 +66,12 @@ TUNE = {
         "bb16/w8/dRafter",
         "bb16/w8/cat",
         "bb16/w8/dbreg",
+        "bb4/w4/fma/cat/dbreg/dRafter",
+        "bb4/w8/fma/cat/dbreg/dRafter",
     ),
     ("slstm", 16, 12, 64, "float32"): ("bb4/w8", "bb2/w4"),
-    ("slstm", 16, 12, 64, "bfloat16"): ("bb16/w8/dRafter", "bb16/w8/cat"),
+    ("slstm", 16, 12, 64, "bfloat16"): ("bb16/w8/dRafter", "bb16/w8/cat", "bb4/w4/fma/cat/dbreg/dRafter"),
+    ("gru", 16, 12, 64, "bfloat16"): ("bb4/w4/fma/cat/dbreg/dRafter",),
     ("gru", 16, 12, 64, "float32"): ("bb4/w8", "bb4/w4/gatedots/dbafter"),
     ("lstm", 64, 12, 64, "float32"): ("bb8/w8", "bb16/w8"),
     ("lstm", 256, 12, 64, "float32"): ("bb16/w8", "bb32/w8"),
@@ -92,6 +95,8 @@ def parse_variant(name: str) -> dict:
             out["cat_gates"] = tok == "cat"
         elif tok in ("dbreg", "dbafter"):
             out["acc_db"] = tok == "dbreg"
+        elif tok == "fma":
+            out["fma"] = True
         else:
             raise ValueError(f"unknown launch variant token {tok!r} in {name!r}")
     return out

@@ -42,6 +42,7 @@ class LaunchConfig:
     split_h: bool = False  # forward: h enters R^T h as bf16 hi + lo (two dots), ~16-bit mantissa
     cat_gates: bool = False  # backward: one dot over all gates' R^T stacked along K (else one per gate)
     acc_db: bool = False  # backward: db summed in registers (else one reduction of dg after the kernel)
+    fma: bool = False  # bfloat16: float32 dots on the FMA units (h unrounded, dg and R bf16), any batch block
 
 
 #: field -> value; overrides ``launch_config``'s choices (for tuning and benchmarks)
@@ -106,9 +107,10 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _upcast(x: torch.Tensor) -> bool:
-    """Under ``TRITON_INTERPRET=1`` bfloat16 ``tl.dot`` is wrong (triton 3.9): dot in float32 there."""
-    return x.dtype == torch.bfloat16 and not x.is_cuda
+def _upcast(x: torch.Tensor, cfg: LaunchConfig) -> bool:
+    """bfloat16 operands (rounded to bfloat16) multiplied in float32: with ``cfg.fma``, and always
+    under ``TRITON_INTERPRET=1``, whose bfloat16 ``tl.dot`` is wrong (triton 3.9)."""
+    return x.dtype == torch.bfloat16 and (cfg.fma or not x.is_cuda)
 
 
 def _tl_acc(dtype: torch.dtype):
@@ -141,8 +143,9 @@ def fused_rnn_fwd(
         bsz, length, nh, dh,
         CELL=CELL_IDS[cell], GX=spec.input_gates, GR=spec.recurrent_gates, GB=spec.bias_gates,
         NS=spec.num_states, NSAVE=nsave, SAVE=save,
-        BLOCK_B=cfg.block_b, DHP=head_dim_padded(dh), PREC=cfg.precision, ACC=_tl_acc(wx.dtype), UPCAST=_upcast(wx),
-        SPLIT_H=cfg.split_h and wx.dtype == torch.bfloat16,
+        BLOCK_B=cfg.block_b, DHP=head_dim_padded(dh), PREC=cfg.precision, ACC=_tl_acc(wx.dtype), UPCAST=_upcast(wx, cfg),
+        SPLIT_H=cfg.split_h and wx.dtype == torch.bfloat16 and not cfg.fma,
+        FULL_H=cfg.fma and wx.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip
     return h, last, saved
@@ -183,7 +186,7 @@ def fused_rnn_bwd(
         bsz, length, nh, dh,
         CELL=CELL_IDS[cell], GR=spec.recurrent_gates, GB=spec.bias_gates, NS=spec.num_states,
         NSAVE=NUM_SAVED[cell], ACC_DR=cfg.acc_dr, CAT=cfg.cat_gates, ACC_DB=cfg.acc_db,
-        BLOCK_B=cfg.block_b, DHP=head_dim_padded(dh), PREC=cfg.precision, ACC=_tl_acc(R.dtype), UPCAST=_upcast(R),
+        BLOCK_B=cfg.block_b, DHP=head_dim_padded(dh), PREC=cfg.precision, ACC=_tl_acc(R.dtype), UPCAST=_upcast(R, cfg),
         num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip
     if cfg.acc_dr:

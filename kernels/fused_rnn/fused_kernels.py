@@ -69,7 +69,7 @@ def fused_fwd_kernel(
     CELL: tl.constexpr, GX: tl.constexpr, GR: tl.constexpr, GB: tl.constexpr, NS: tl.constexpr,
     NSAVE: tl.constexpr, SAVE: tl.constexpr,
     BLOCK_B: tl.constexpr, DHP: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr,
-    SPLIT_H: tl.constexpr,
+    SPLIT_H: tl.constexpr, FULL_H: tl.constexpr,
 ):  # fmt: skip
     pid_h = tl.program_id(0)
     rb = (tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
@@ -155,6 +155,8 @@ def fused_fwd_kernel(
 
         hs = h.to(H.dtype.element_ty)  # the storage dtype's rounding
         hd = hs.to(R0.dtype)
+        if FULL_H:  # float32 dots (``UPCAST``): h unrounded
+            hd = h
         hl = hd
         if SPLIT_H:  # and the rounding error, as a second operand (see ``fused.launch_config``)
             hl = (h - hs.to(ACC)).to(H.dtype.element_ty).to(R0.dtype)

@@ -116,6 +116,13 @@ def test_backward_gate_layouts(cell, dtype, cat_gates, acc_db):
         compare("fused", cell, B=5, T=4, NH=2, DH=24, dtype=dtype, seed=5)
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_bfloat16_on_fma_units(cell):
+    """``fma``: bfloat16 storage with float32 dots (h unrounded in the forward), batch block 4."""
+    fused.OVERRIDES.update(fma=True, block_b=4, acc_dr=False, cat_gates=True, acc_db=True)
+    compare("fused", cell, B=5, T=5, NH=2, DH=16, dtype=torch.bfloat16, seed=6)
+
+
 def test_triton_falls_back_to_alternating(monkeypatch):
     """``backend="triton"`` runs the alternating kernels when R does not fit on chip."""
     monkeypatch.setattr(fused, "ON_CHIP_R_BYTES", 1024)
@@ -175,8 +182,10 @@ def test_bad_inputs_fail_with_one_line_errors(backend, monkeypatch):
         fused_rnn("lstm", wx, R, b, s0, backend=backend)
 
 
-@pytest.mark.parametrize(("backend", "seed"), [("fused", 4), ("alternating", 44)])
-def test_slstm_bfloat16_stabilizer_branch(backend, seed):
+@pytest.mark.parametrize(
+    ("backend", "seed", "fma"), [("fused", 4, False), ("fused", 4, True), ("alternating", 44, False)]
+)
+def test_slstm_bfloat16_stabilizer_branch(backend, seed, fma):
     """bfloat16 sLSTM at the GPU test's shape (DH=128, T=65; states |randn|, so some n0 ~ 1e-4).
 
     The stabilizer branch m = max(log σ(f) + m_prev, i) makes the gradients of i and f jump at
@@ -192,6 +201,8 @@ def test_slstm_bfloat16_stabilizer_branch(backend, seed):
     s0 = torch.randn(spec.num_states, B, NH, DH, generator=g).abs()
     dy, dlast = torch.randn(B, T, NH, DH, generator=g), torch.randn(s0.shape, generator=g)
     ins = [x.to(torch.bfloat16) for x in (wx, R, b, s0, dy, dlast)]
+    if fma:  # float32 dots, h unrounded instead of split
+        fused.OVERRIDES.update(fma=True, block_b=4, acc_dr=False, cat_gates=True, acc_db=True)
     got = run(backend, cell, *ins)
     ref = run("reference", cell, *(x.double() for x in ins))
     for name, a, r in zip(("h", "last", "dwx", "dR", "db", "ds0"), got, ref):
