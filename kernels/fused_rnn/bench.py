@@ -58,6 +58,7 @@ TUNE = {
         "bb2/w4",
         "bb2/w8",
         "bb8/w8",
+        "bb4/w4/gatedots",
         "bb4/w4/gatedots/dbafter",
         "bb4/w4/tf32",
     ),
