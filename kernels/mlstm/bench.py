@@ -188,6 +188,25 @@ def _timed(fn, x, dh, direction):
     return lambda: torch.autograd.grad(fn(*leaves), leaves, dh)
 
 
+def _float32_floor(gate, x, dh, ref, sh) -> BenchRow:
+    """Errors of our PyTorch chunkwise form in float32 with IEEE matmuls on the same inputs: what
+    exact float32 arithmetic gives there (the conditioning floor of any float32 kernel). Not timed."""
+    from kernels.mlstm.chunkwise import mlstm_chunkwise
+
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        got = _grads(lambda *a: mlstm_chunkwise(*a, input_gate=gate, chunk_size=64), x, dh)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    errs = [rel_error(a, b) for a, b in zip(got, ref)]
+    log.info("%s fp32 float32 floor (torch chunkwise, IEEE matmuls), %s: errs %s", sh, gate,
+             ", ".join(f"{e:.2g}" for e in errs))
+    return BenchRow("mlstm", f"torch-chunkwise-{gate}-fp32-ieee", sh, "fwd+bwd", "fp32", math.nan, max_rel_err=errs[0],
+                    note=f"float32 floor, not timed; grad err {max(errs[1:]):.2g}",
+                    extra={"gate": gate, "errors_h_dq_dk_dv_di_df": errs})
+
+
 def _profile(fn, x, dh, label, steps=5):
     """Log the CUDA kernels of ``steps`` forward + backward steps, by total device time."""
     from torch.profiler import ProfilerActivity, profile
@@ -213,6 +232,8 @@ def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, 
         x = _inputs(B, NH, S, DQK, DV, dtype, seed)
         dh = torch.randn(B, NH, S, DV, device=DEVICE, dtype=dtype)
         ref = _reference(gate, x, dh) if check else None
+        if check and peers and dtype == torch.float32:
+            rows.append(_float32_floor(gate, x, dh, ref, sh))
         impls = {f"triton-{gate}-c{L}{suffix}": _ours(gate, L) for L in chunks[gate]}
         if peers:
             impls.update(_peers(gate, fla))

@@ -54,8 +54,8 @@ def _constexpr_names(fn):
 
 def kernel_args(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool):
     """(name, kernel, args) for every kernel launch of one forward + backward on CUDA."""
-    cfg = tc._config(L, DQK, DV, dtype)
     prec = tc._precision(dtype)
+    cfg = tc._config(L, DQK, DV, dtype, prec)
     t, acc = "*" + _TY[dtype], "*fp32"
     shape = dict(DQK=DQK, DV=DV, L=L)
     inter = dict(shape, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate, PREC=prec, num_warps=cfg["WI"])

@@ -74,12 +74,18 @@ def _precision(dtype: torch.dtype) -> str:
     return {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}[torch.get_float32_matmul_precision()]
 
 
-def _config(L: int, DQK: int, DV: int, dtype: torch.dtype) -> dict:
+def _config(L: int, DQK: int, DV: int, dtype: torch.dtype, prec: str = "tf32") -> dict:
     """Tile sizes (query/key blocks of the chunk, feature blocks, inter-chunk blocks and sub-block),
-    warps and pipeline stages. ``EXPRESSIVITY_MLSTM_TILES="BLQ=64,BV=128,W=8"`` overrides entries
-    (for tuning; values are clipped to the problem)."""
+    warps and pipeline stages for dots at ``prec``. ``EXPRESSIVITY_MLSTM_TILES="BLQ=64,BV=128,W=8"``
+    overrides entries (for tuning; values are clipped to the problem).
+
+    3-pass TF32 takes a DQK tile ``BK`` of 64 (the inner loop of ``intra_chunk_h`` / ``intra_chunk_dv``,
+    the grid's feature blocks of dq / dk): at B=4, NH=16, S=4096, DQK=128, DV=256, chunk 64 on an
+    H200 (2026-11-21) fwd+bwd 7.71 ms vs 9.35 ms with ``BK=128``; 8 warps (9.56), 1 or 3 pipeline
+    stages (9.69) were slower, ``BV=256`` does not fit shared memory."""
     big = 64 if dtype != torch.float64 else 32
-    cfg = dict(BLQ=64, BLKV=64, BK=128, BV=128, BKI=big, BVI=big, BL=64, W=4, ST=2, WI=4)
+    cfg = dict(BLQ=64, BLKV=64, BK=64 if prec == "tf32x3" else 128, BV=128, BKI=big, BVI=big, BL=64, W=4, ST=2,
+               WI=4)
     for key, val in _tile_env().items():
         if key == "BVDP":  # read by _bwd_qk_config
             continue
@@ -169,7 +175,8 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
     DV = v.shape[-1]
     NC = g.shape[-1]
     acc = _acc_dtype(k.dtype)
-    cfg = _config(L, DQK, DV, k.dtype)
+    prec = prec or _precision(k.dtype)
+    cfg = _config(L, DQK, DV, k.dtype, prec)
     cst = _empty(B, NH, NC + 1, DQK, DV, like=k, dtype=acc)
     nst = _empty(B, NH, NC + 1, DQK, like=k, dtype=acc)
     mst = _empty(B, NH, NC + 1, like=k, dtype=acc)
@@ -178,7 +185,7 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
         m0 = torch.zeros(B, NH, device=k.device, dtype=acc)
     grid = (triton.cdiv(DQK, cfg["BKI"]), triton.cdiv(DV, cfg["BVI"]), B * NH)
     args = dict(DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate,
-                HAS_INIT=has_init, PREC=prec or _precision(k.dtype))
+                HAS_INIT=has_init, PREC=prec)
     c0_ = c0 if has_init else cst
     n0_ = n0 if has_init else nst
     if fused:
@@ -233,7 +240,7 @@ def mlstm_chunkwise_fwd(
     b, li, a, g, amax = _gates(i_pre, f_pre, exp_gate, L, NC)
     cst, nst, mst = run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, exp_gate=exp_gate, L=L, fused=fused_inter,
                                            prec=prec)
-    cfg = _config(L, DQK, DV, q.dtype)
+    cfg = _config(L, DQK, DV, q.dtype, prec)
     h = _empty(*v.shape, like=v)
     if exp_gate:
         mtok, dtok = (_empty(B, NH, NC * L, like=q, dtype=cst.dtype) for _ in range(2))
@@ -270,7 +277,7 @@ def mlstm_chunkwise_bwd(
     DV = v.shape[-1]
     L = chunk_size
     NC = triton.cdiv(S, L)
-    cfg = _config(L, DQK, DV, q.dtype)
+    cfg = _config(L, DQK, DV, q.dtype, prec)
     acc = cst.dtype
     scale = 1.0 / math.sqrt(DQK)
     dh = dh.contiguous()

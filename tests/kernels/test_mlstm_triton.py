@@ -245,7 +245,7 @@ def test_float32_tiles_fit_with_3_pass_tf32(L):
     the launch fallback never changes the precision."""
     import kernels.mlstm.triton_chunkwise as tc
 
-    cfg = tc._config(L, 128, 256, torch.float32)
+    cfg = tc._config(L, 128, 256, torch.float32, "tf32x3")
     over = tc._bwd_qk_config(cfg, "tf32x3")
     assert over["BV"] <= 64 and set(over) == {"BV"}
     assert tc._bwd_qk_config(cfg, "tf32") == {} and tc._bwd_qk_config(cfg, "ieee") == {}
