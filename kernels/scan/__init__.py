@@ -10,8 +10,8 @@ coefficient). ``linear_scan_block2(C, x, reverse=False, backend="auto")``: ``C (
 Backends: ``"reference"`` (a loop, ``reference.py``), ``"torch"`` (log-step doubling,
 ``torch_scan.py``), ``"triton"`` (single-pass chunked scan with decoupled look-back, custom ops with
 a fused backward, ``triton_scan.py``; strided inputs are made contiguous first); ``"auto"`` picks
-``torch`` — and ``triton`` for CUDA tensors of float32/bfloat16/float16 only when ``AUTO_TRITON`` is
-on (it is off: see below).
+``triton`` for CUDA tensors of float32/bfloat16/float16 (when ``AUTO_TRITON`` is on, as it is) and
+``torch`` otherwise.
 """
 
 from __future__ import annotations
@@ -42,12 +42,10 @@ except ImportError:  # pragma: no cover
     _triton_supports = None
 
 
-#: Whether ``backend="auto"`` picks the Triton scan on CUDA. Off since the GPU run of 2026-11-21
-#: (H200, benchmarks/logs/gpu-20261121T0646-tests.log): the Triton forward was wrong by 5e-3 (relative)
-#: at L=129 in ``test_diag_matches_reference[False-129]`` while passing at L=1, 17, 1000 and at the
-#: benchmark shapes — a suspected race in the decoupled look-back. Until it is fixed and re-validated,
-#: the Triton scan runs only when asked for (``backend="triton"``); everything else gets ``torch``.
-AUTO_TRITON = False
+#: Whether ``backend="auto"`` picks the Triton scan on CUDA. Off from 06:53 to 07:50 on 2026-11-21 after a
+#: GPU failure (5e-3 error at L=129: threads sharing a lane could leave the look-back with different,
+#: incomplete carries); on again after the fix (``_lookback.py``) passed the GPU tests on an H200.
+AUTO_TRITON = True
 
 
 def _auto(x: torch.Tensor, c: torch.Tensor | None = None) -> str:

@@ -34,15 +34,13 @@ _WS_OFFSET = 16  # int64 words before the look-back records (the ticket counter 
 def config(L: int, D: int, block2: bool) -> tuple[int, int, int]:
     """``(CH, BD, num_warps)``: time steps per chunk, channels per tile, warps per program.
 
-    Measured best of a sweep on an H200 (``benchmarks/scan.md``): 4-warp programs of 64 x 64
-    (diagonal) and 32 x 32 (2x2 blocks); 8-warp programs were 2-3x slower. Candidate not yet
-    measured on a GPU: ``BD = 128 * num_warps`` with ``CH = 16``, where every thread owns all
-    ``CH`` steps of 4 adjacent channels so the in-chunk scan needs no shuffles or shared memory
-    (``python -m kernels.bench scan --sweep`` times it).
+    Measured best of the sweep on an H200 (2026-11-21 07:43, ``benchmarks/scan.md``): 64 x 64 tiles on
+    2 warps (diagonal; 64 x 64 on 4 warps, 128 x 32 / 4, 64 x 32 / 2 and the in-thread 16 x 256 / 2
+    were 5-95% slower) and 32 x 32 on 2 warps (2x2 blocks).
     """
     if block2:
-        return 32, (32 if D > 16 else 16), 4
-    return 64, min(64, max(16, triton.next_power_of_2(D))), 4
+        return 32, (32 if D > 16 else 16), 2
+    return 64, min(64, max(16, triton.next_power_of_2(D))), 2
 
 
 def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> None:

@@ -157,10 +157,11 @@ def test_lookback_mixed_record_states(block2):
                 state = a32 @ state + Yagg[j, :, lane].astype(np.float32).astype(np.float64)
         want[:, lane] = state
     agg = rng.uniform(-1, 1, size=(na + n, BD)).astype(np.float32)
-    out = torch.full((n * BD,), math.nan)
-    ws_t = torch.from_numpy(ws.reshape(-1).copy())
-    _lookback_probe[(1,)](ws_t, torch.from_numpy(agg), out, k, NW=nw, CH=4, BD=BD)
-    got = out.double().numpy().reshape(n, BD)
+    out = torch.full((n * BD,), math.nan, device=DEV)
+    ws_t = torch.from_numpy(ws.reshape(-1).copy()).to(DEV)
+    _lookback_probe[(1,)](ws_t, torch.from_numpy(agg).to(DEV), out, k, NW=nw, CH=4, BD=BD)
+    got = out.double().cpu().numpy().reshape(n, BD)
+    ws_t = ws_t.cpu()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # chunk k published its aggregate (unchanged) and its inclusive value agg_y + agg_A @ carry
     rec = ws_t.numpy().reshape(k + 1, nw, BD)[k]
@@ -259,11 +260,11 @@ def _grads(fn, c, x, reverse, g):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("L", [1, 17, 64, 65, 129, 1000, 4097])
 def test_gpu_repeated_launches(monkeypatch, L):
-    """Races show only now and then: per length, 40 poisoned launches of every tile configuration in
+    """Races show only now and then: per length, 24 poisoned launches of every tile configuration in
     ``cfgs`` (``None``: the shipped ``config``; 64x64 on 4 warps and 16x16 on 4 warps replicate lanes
     over threads), both directions, diagonal and 2x2; forward every time, gradients every fourth time,
     against the float64 loop (computed once)."""
-    cfgs = [None, (16, 16, 4), (64, 64, 4), (16, 256, 2), (128, 32, 4)]
+    cfgs = [None, (16, 16, 4), (64, 64, 4)]
     shipped = ts.config
     gen = torch.Generator().manual_seed(L)
     c, x = inputs((2, L, 70), (2, L, 70), gen)
@@ -277,7 +278,7 @@ def test_gpu_repeated_launches(monkeypatch, L):
             cases.append((fn, cc, xx, g.float(), _grads(ref, cc.double(), xx.double(), reverse, g)))
         for cfg in cfgs:
             monkeypatch.setattr(ts, "config", shipped if cfg is None else (lambda L_, D_, b_, cfg=cfg: cfg))
-            for rep in range(40):
+            for rep in range(24):
                 for fn, cc, xx, g, want in cases:
                     where = (cfg, reverse, rep, fn.__name__)
                     if rep % 4:
