@@ -20,7 +20,7 @@ Modes (``mode=`` or, as for every mixer, ``backend=``):
   ``u (H, B, L, *feat)``: the per-head ``input_projection`` of the input; returns the states
   ``h (H, B, L, state_size)``, differentiable w.r.t. ``u`` and ``params``.
 - ``auto``: on CUDA ``fused`` if the cell has ``fused_apply``, else ``parallel-triton`` when the
-  Triton scan is enabled for ``auto`` (``kernels.scan.AUTO_TRITON``, off for now) and the Jacobian
+  Triton scan is enabled for ``auto`` (``kernels.scan.AUTO_TRITON``, on) and the Jacobian
   is not dense, else ``parallel``; on the CPU ``parallel``.
 
 With ``check=True`` every parallel result's residual ``max |f(h_{t-1}, x_t) - h_t|`` is checked:
