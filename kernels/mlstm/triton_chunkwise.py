@@ -79,12 +79,17 @@ def _config(L: int, DQK: int, DV: int, dtype: torch.dtype, prec: str = "tf32") -
     warps and pipeline stages for dots at ``prec``. ``EXPRESSIVITY_MLSTM_TILES="BLQ=64,BV=128,W=8"``
     overrides entries (for tuning; values are clipped to the problem).
 
-    3-pass TF32 takes a DQK tile ``BK`` of 64 (the inner loop of ``intra_chunk_h`` / ``intra_chunk_dv``,
-    the grid's feature blocks of dq / dk): at B=4, NH=16, S=4096, DQK=128, DV=256, chunk 64 on an
-    H200 (2026-11-21) fwd+bwd 7.71 ms vs 9.35 ms with ``BK=128``; 8 warps (9.56), 1 or 3 pipeline
-    stages (9.69) were slower, ``BV=256`` does not fit shared memory."""
+    3-pass TF32 (float32 mLSTMexp, B=4, NH=16, S=4096, DQK=128, DV=256, chunk 64, fwd+bwd on an H200,
+    2026-11-21, ``python -m kernels.bench mlstm ... --tiles``) takes a DQK tile ``BK`` of 64 (the inner
+    loop of ``intra_chunk_h`` / ``intra_chunk_dv``, the grid's feature blocks of dq / dk): 7.71-7.75 ms
+    vs 9.35 ms at ``BK=128``; and a DQK tile ``BKI`` of 32 in the inter-chunk kernels (4x4 tiles
+    of the 128x256 state per head: more programs for the sequential chunk loop; it only partitions
+    the output rows, the products still reduce over the chunk's steps): 6.94 ms. Slower: 8 warps
+    (9.56), 1 or 3 pipeline stages (9.69), ``BK=32`` (8.38), 8 inter-chunk warps (8.18); ``BV=256``
+    does not fit shared memory. Single-pass TF32 stays at ``BK=128`` (5.15 ms at 64 vs 4.64)."""
     big = 64 if dtype != torch.float64 else 32
-    cfg = dict(BLQ=64, BLKV=64, BK=64 if prec == "tf32x3" else 128, BV=128, BKI=big, BVI=big, BL=64, W=4, ST=2,
+    x3 = prec == "tf32x3"
+    cfg = dict(BLQ=64, BLKV=64, BK=64 if x3 else 128, BV=128, BKI=32 if x3 else big, BVI=big, BL=64, W=4, ST=2,
                WI=4)
     for key, val in _tile_env().items():
         if key == "BVDP":  # read by _bwd_qk_config
