@@ -65,15 +65,17 @@ def _overrides() -> dict[str, int]:
     return {k: int(v) for k, v in (item.split("=") for item in spec.split(",") if item)}
 
 
-def _attn_config(Q: int, DK: int, DV: int, itemsize: int) -> dict:
-    """Rows per program ``BT``, warps and stages of ``chunk_attn``: 128-row tiles only where they fit
-    in shared memory (16-bit inputs, head dim and state <= 64)."""
+def _attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False) -> dict:
+    """Rows per program ``BT``, warps and stages of ``chunk_attn``. 128-row tiles only where they fit
+    in shared memory (16-bit inputs, head dim and state <= 64) and not with ``DDA`` (its extra
+    ``BT x BT`` float32 tiles, the prefix sum's among them, would spill registers). One pipeline
+    stage: the column loop runs only ``Q / BT`` times, so more stages buy no overlap and cost shared
+    memory (H200, float32 TF32, ``kernels.ssd.tune``: 13.5 ms fwd+bwd with 1 stage, 16.2 with 2,
+    22.5 with Triton's default 3)."""
     over = _overrides()
-    BT = min(Q, over.get("BT", 128 if itemsize == 2 and max(DK, DV) <= 64 else 64))
-    cfg = {"BT": BT, "num_warps": over.get("W", 4 if max(DK, DV, BT) <= 64 else 8)}
-    if "S" in over:
-        cfg["num_stages"] = over["S"]
-    return cfg
+    wide = itemsize == 2 and max(DK, DV) <= 64 and not dda
+    BT = min(Q, over.get("BT", 128 if wide else 64))
+    return {"BT": BT, "num_warps": over.get("W", 4 if max(DK, DV, BT) <= 64 else 8), "num_stages": over.get("S", 1)}
 
 
 def _state_config(DU: int, DV: int, Q: int) -> dict:
@@ -155,7 +157,7 @@ def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype
     out = _empty(batch, L, n_out, DV, device=q.device, dtype=out_dtype)
     rowdot = lambda on: _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if on else acum  # noqa: E731
     dot, full = rowdot(w is not None), rowdot(full_dot)
-    cfg = _attn_config(Q, DK, DV, q.element_size())
+    cfg = _attn_config(Q, DK, DV, q.element_size(), dda)
     ntile = Q // cfg["BT"]
     dda_parts = torch.zeros(batch, H, ntile, Lp, device=q.device, dtype=torch.float32) if dda else acum
     grid = (Lp // cfg["BT"], batch * n_out)
