@@ -50,30 +50,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: launch variants checked and timed with --tune: (cell, batch, NH, DH, dtype) -> variant names;
 #: a name lists "/"-separated overrides of ``fused.launch_config``: bbN (batch block), wN (warps),
 #: ieee | tf32x3 | tf32 (float32 dot precision), accdr | dRafter (dR in registers | after the kernel),
-#: cat | gatedots (backward: one dot over all gates | one per gate), dbreg | dbafter (backward: db
-#: summed in registers | ``dg.sum`` after the kernel), fma (bfloat16 dots in float32 on the FMA units)
+#: dbreg | dbafter (backward: db summed in registers | ``dg.sum`` after the kernel), fma (bfloat16
+#: dots in float32 on the FMA units)
 TUNE = {
-    ("lstm", 16, 12, 64, "float32"): (
-        "bb4/w8",
-        "bb2/w4",
-        "bb2/w8",
-        "bb8/w8",
-        "bb4/w4/gatedots",
-        "bb4/w4/gatedots/dbafter",
-        "bb4/w4/tf32",
-    ),
+    ("lstm", 16, 12, 64, "float32"): ("bb2/w4", "bb4/w8", "bb8/w8", "bb4/w4/dbafter", "bb4/w4/tf32"),
     ("lstm", 16, 12, 64, "bfloat16"): (
         "bb16/w4/accdr",
         "bb16/w8/dRafter",
-        "bb16/w8/cat",
         "bb16/w8/dbreg",
-        "bb4/w4/fma/cat/dbreg/dRafter",
-        "bb4/w8/fma/cat/dbreg/dRafter",
+        "bb4/w4/fma/dbreg/dRafter",
+        "bb2/w4/fma/dbreg/dRafter",
     ),
-    ("slstm", 16, 12, 64, "float32"): ("bb4/w8", "bb2/w4"),
-    ("slstm", 16, 12, 64, "bfloat16"): ("bb16/w8/dRafter", "bb16/w8/cat", "bb4/w4/fma/cat/dbreg/dRafter"),
-    ("gru", 16, 12, 64, "bfloat16"): ("bb4/w4/fma/cat/dbreg/dRafter",),
-    ("gru", 16, 12, 64, "float32"): ("bb4/w8", "bb4/w4/gatedots/dbafter"),
+    ("slstm", 16, 12, 64, "float32"): ("bb2/w4", "bb4/w8"),
+    ("slstm", 16, 12, 64, "bfloat16"): ("bb16/w8/dRafter", "bb4/w4/fma/dbreg/dRafter"),
+    ("gru", 16, 12, 64, "float32"): ("bb2/w4", "bb4/w8"),
+    ("gru", 16, 12, 64, "bfloat16"): ("bb4/w4/fma/dbreg/dRafter",),
     ("lstm", 64, 12, 64, "float32"): ("bb8/w8", "bb16/w8"),
     ("lstm", 256, 12, 64, "float32"): ("bb16/w8", "bb32/w8"),
     ("lstm", 16, 48, 16, "float32"): ("bb4/w4", "bb16/w4"),
@@ -92,8 +83,6 @@ def parse_variant(name: str) -> dict:
             out["precision"] = tok
         elif tok in ("accdr", "dRafter"):
             out["acc_dr"] = tok == "accdr"
-        elif tok in ("cat", "gatedots"):
-            out["cat_gates"] = tok == "cat"
         elif tok in ("dbreg", "dbafter"):
             out["acc_db"] = tok == "dbreg"
         elif tok == "fma":

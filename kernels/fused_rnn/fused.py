@@ -40,7 +40,6 @@ class LaunchConfig:
     acc_dr: bool
     precision: str  # tl.dot input precision for float32: "ieee" | "tf32x3" | "tf32"
     split_h: bool = False  # forward: h enters R^T h as bf16 hi + lo (two dots), ~16-bit mantissa
-    cat_gates: bool = False  # backward: one dot over all gates' R^T stacked along K (else one per gate)
     acc_db: bool = False  # backward: db summed in registers (else one reduction of dg after the kernel)
     fma: bool = False  # bfloat16: float32 dots on the FMA units (h unrounded, dg and R bf16), any batch block
 
@@ -74,12 +73,10 @@ def launch_config(cell: str, batch: int, num_heads: int, dh: int, dtype: torch.d
     that jumps at ties; with h rounded to 8 bits the gates move by ~1e-3 and flip that branch where
     float64 would not (errors up to 0.2 in dwx / dR / db at B=5, T=65, DH=128).
 
-    The backward's per-step matmul ``dh_rec = sum_g dg_g R_g^T`` needs the gate gradients moved into
-    the dot-operand layout, a round trip through shared memory with two barriers. On the FMA path
-    (float32) ``cat_gates`` moves all gates at once and runs one (BB, 4·DH) x (4·DH, DH) dot, and
-    ``acc_db`` keeps db as elementwise register sums (no per-step cross-warp reduction): 2 barriers
-    per step instead of 12 (sm_90 PTX, triton 3.6). On the tensor-core path (bfloat16) the joined
-    operand spilled more registers, so it keeps one dot per gate and db is ``dg.sum`` after the kernel.
+    ``acc_db`` (float32): the backward sums db elementwise in registers and reduces over the batch
+    block once after the loop; a per-step ``tl.sum`` over the batch rows crosses warps on the FMA
+    path (10 of its 12 barriers per step, sm_90 PTX, triton 3.6). On the tensor-core path the sum
+    stays within warps (shuffles), and register sums would spill, so db is ``dg.sum`` after the kernel.
     """
     dhp = head_dim_padded(dh)
     gr = cell_spec(cell).recurrent_gates
@@ -94,7 +91,6 @@ def launch_config(cell: str, batch: int, num_heads: int, dh: int, dtype: torch.d
         acc_dr=tensor_cores and gr * dhp * dhp * 4 <= ON_CHIP_DR_BYTES,
         precision="ieee",
         split_h=full_precision_h(cell, dtype),
-        cat_gates=not tensor_cores,
         acc_db=not tensor_cores,
     )
     cfg = dataclasses.replace(cfg, **OVERRIDES)
@@ -181,11 +177,12 @@ def fused_rnn_bwd(
     ds0 = new_output(spec.num_states, bsz, nh, dh, device=R.device, dtype=R.dtype)
     db_part = new_output((nbb, nh, spec.bias_gates, dh) if cfg.acc_db else (0,), device=R.device, dtype=acc)
     dr_part = new_output((nbb, *R.shape) if cfg.acc_dr else (0,), device=R.device, dtype=acc)
+    rt = R.permute(0, 2, 3, 1).contiguous()  # RT[h, g, j, i] = R[h, i, g, j]: see ``_load_rt``
     fused_bwd_kernel[(nh, nbb)](
-        dh_out, dlast, R, saved, dg, ds0, dr_part if cfg.acc_dr else ds0, db_part if cfg.acc_db else ds0,
+        dh_out, dlast, rt, saved, dg, ds0, dr_part if cfg.acc_dr else ds0, db_part if cfg.acc_db else ds0,
         bsz, length, nh, dh,
         CELL=CELL_IDS[cell], GR=spec.recurrent_gates, GB=spec.bias_gates, NS=spec.num_states,
-        NSAVE=NUM_SAVED[cell], ACC_DR=cfg.acc_dr, CAT=cfg.cat_gates, ACC_DB=cfg.acc_db,
+        NSAVE=NUM_SAVED[cell], ACC_DR=cfg.acc_dr, ACC_DB=cfg.acc_db,
         BLOCK_B=cfg.block_b, DHP=head_dim_padded(dh), PREC=cfg.precision, ACC=_tl_acc(R.dtype), UPCAST=_upcast(R, cfg),
         num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip

@@ -3,11 +3,12 @@
 One program per (head, batch block): the time loop runs inside the kernel, the head's recurrent
 matrices R_g (DH x DH per gate) and biases are loaded once and stay on chip, and each step fuses
 the recurrent matmul with the pointwise cell. The backward walks time in reverse with R_g^T on
-chip; it writes the gate gradients (= input and bias gradients, eq. 5-6) and, with ``ACC_DR``,
-accumulates dR (eq. 7) and db in registers (one partial sum per batch block).
+chip; it writes the gate gradients (= input and bias gradients, eq. 5-6) and, with ``ACC_DR`` /
+``ACC_DB``, accumulates dR (eq. 7) / db in registers (one partial sum per batch block).
 
 Layouts (all contiguous; DHP = DH padded to a power of two >= 16, masked):
-    WX (B, T, NH, GX, DH)   R (NH, DH, GR, DH)   BIAS (NH, GB, DH)   S0 / LAST (NS, B, NH, DH)
+    WX (B, T, NH, GX, DH)   R (NH, DH, GR, DH)   RT (NH, GR, DH, DH) = R transposed (backward)
+    BIAS (NH, GB, DH)       S0 / LAST (NS, B, NH, DH)
     H (B, T, NH, DH)        SAVED (B, T + 1, NH, NSAVE, DH) float32 (row 0: initial states)
     DY (B, T, NH, DH)       DLAST (NS, B, NH, DH)     DG (B, T, NH, GB, DH) gate gradients
     DS0 (NS, B, NH, DH)     DR_PART (NBB, NH, DH, GR, DH)   DB_PART (NBB, NH, GB, DH) float32
@@ -262,44 +263,23 @@ def _bwd_loads(DY, SAVED, y_off, cur, prv, rd, m2, DH, CELL: tl.constexpr, ACC: 
 
 
 @triton.jit
-def _gate_rows(GP: tl.constexpr, DHP: tl.constexpr):
-    """Row k of a gate-concatenated operand (``_cat4``; GP gates) holds gate ``k % GP``, unit ``k // GP``."""
-    k = tl.arange(0, GP * DHP)
-    return k % GP, k // GP
-
-
-@triton.jit
-def _load_rt(R, pid_h, g0, rd, DH, GR: tl.constexpr, GP: tl.constexpr, DHP: tl.constexpr):
-    """(GP * DHP, DHP) tile: rows of R^T of gates g0 .. g0 + GP - 1 (``_gate_rows`` order), zero
-    where a gate >= GR (the GRU's 4th) or a unit >= DH:  tile[k, n] = R[h, n, g0 + g(k), j(k)]."""
-    kg, kj = _gate_rows(GP, DHP)
-    mk = (g0 + kg < GR) & (kj < DH)
-    off = ((pid_h * DH + rd[None, :]) * GR + g0 + kg[:, None]) * DH + kj[:, None]
-    return tl.load(R + off, mask=mk[:, None] & (rd < DH)[None, :], other=0.0)
-
-
-@triton.jit
-def _cat4(d0, d1, d2, d3):
-    """Four (BB, DHP) gate tiles -> one (BB, 4 * DHP) tile, gates interleaved (``_gate_rows``)."""
-    z = tl.join(tl.join(d0, d2), tl.join(d1, d3))  # z[b, j, p, q] = d_{2p+q}[b, j]
-    return tl.reshape(z, (z.shape[0], z.shape[1] * 4))
-
-
-@triton.jit
-def _put_dr(DR_PART, base, g0, dR, rd, DH, GR: tl.constexpr, GP: tl.constexpr, DHP: tl.constexpr):
-    """Store a (DHP, GP * DHP) dR tile of gates g0 .. (``_gate_rows`` columns) at dR[h, i, g, j]."""
-    kg, kj = _gate_rows(GP, DHP)
+def _load_rt(RT, pid_h, g, rd, DH, GR: tl.constexpr):
+    """R_g^T of head ``pid_h`` as a (DHP, DHP) tile, zero-padded: tile[j, n] = RT[h, g, j, n] =
+    R[h, n, g, j]. ``RT`` is R transposed in memory (``fused_rnn_bwd``), so the tile's rows are
+    contiguous and it sits in shared memory with n fastest: the dot's lanes (one n each) read it
+    without bank conflicts. Loaded from R directly, the tile had j fastest and every read of the
+    dot's B operand was an 8-way bank conflict (sm_90 PTX; ~4 µs per step at 4 warps on the H200)."""
     md = rd < DH
-    off = (base + rd[:, None]) * GR * DH + (g0 + kg[None, :]) * DH + kj[None, :]
-    tl.store(DR_PART + off, dR, mask=md[:, None] & ((g0 + kg < GR) & (kj < DH))[None, :])
+    off = ((pid_h * GR + g) * DH + rd[:, None]) * DH + rd[None, :]
+    return tl.load(RT + off, mask=md[:, None] & md[None, :], other=0.0)
 
 
 @triton.jit
 def fused_bwd_kernel(
-    DY, DLAST, R, SAVED, DG, DS0, DR_PART, DB_PART,
+    DY, DLAST, RT, SAVED, DG, DS0, DR_PART, DB_PART,
     B, T, NH, DH,
     CELL: tl.constexpr, GR: tl.constexpr, GB: tl.constexpr, NS: tl.constexpr,
-    NSAVE: tl.constexpr, ACC_DR: tl.constexpr, CAT: tl.constexpr, ACC_DB: tl.constexpr,
+    NSAVE: tl.constexpr, ACC_DR: tl.constexpr, ACC_DB: tl.constexpr,
     BLOCK_B: tl.constexpr, DHP: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     pid_h = tl.program_id(0)
@@ -309,18 +289,15 @@ def fused_bwd_kernel(
     md = rd < DH
     m2 = (rb < B)[:, None] & md[None, :]
 
-    # R^T on chip. CAT: all gates stacked along K (GRU's 4th zero), so the per-step recurrent
-    # matmul is one dot and one layout change of its operand (``launch_config``); else one per gate.
-    GP: tl.constexpr = 4 if CAT and GR > 1 else 1
-    RT0 = _load_rt(R, pid_h, 0, rd, DH, GR, GP, DHP)
+    RT0 = _load_rt(RT, pid_h, 0, rd, DH, GR)
     RT1 = RT0
     RT2 = RT0
     RT3 = RT0
-    if GP == 1 and GR > 1:
-        RT1 = _load_rt(R, pid_h, 1, rd, DH, GR, 1, DHP)
-        RT2 = _load_rt(R, pid_h, 2, rd, DH, GR, 1, DHP)
-    if GP == 1 and GR > 3:
-        RT3 = _load_rt(R, pid_h, 3, rd, DH, GR, 1, DHP)
+    if GR > 1:
+        RT1 = _load_rt(RT, pid_h, 1, rd, DH, GR)
+        RT2 = _load_rt(RT, pid_h, 2, rd, DH, GR)
+    if GR > 3:
+        RT3 = _load_rt(RT, pid_h, 3, rd, DH, GR)
     SDT = RT0.dtype  # storage dtype: dot operands are rounded to it
     if UPCAST:  # see the forward
         RT0 = RT0.to(tl.float32)
@@ -346,7 +323,7 @@ def fused_bwd_kernel(
     db1 = db0
     db2 = db0
     db3 = db0
-    dR0 = tl.zeros((DHP, GP * DHP), dtype=ACC)
+    dR0 = tl.zeros((DHP, DHP), dtype=ACC)
     dR1 = dR0
     dR2 = dR0
     dR3 = dR0
@@ -399,30 +376,24 @@ def fused_bwd_kernel(
             db3 += d3
 
         # recurrent part of eq. 4 (R^T dg) and eq. 7 (dR += h_prev^T dg)
-        hT = tl.trans(h_prev.to(SDT).to(DT))
-        if GP == 4:
-            e = _cat4(d0, d1, d2, d3).to(SDT).to(DT)
-            dh_rec = tl.dot(e, RT0, direct, input_precision=PREC)
-            if ACC_DR:
-                dR0 = tl.dot(hT, e, dR0, input_precision=PREC)
-        else:
-            e0 = d0.to(SDT).to(DT)
-            dh_rec = tl.dot(e0, RT0, direct, input_precision=PREC)
-            if ACC_DR:
-                dR0 = tl.dot(hT, e0, dR0, input_precision=PREC)
+        e0 = d0.to(SDT).to(DT)
+        dh_rec = tl.dot(e0, RT0, direct, input_precision=PREC)
+        if GR > 1:
+            e1 = d1.to(SDT).to(DT)
+            e2 = d2.to(SDT).to(DT)
+            dh_rec = tl.dot(e1, RT1, dh_rec, input_precision=PREC)
+            dh_rec = tl.dot(e2, RT2, dh_rec, input_precision=PREC)
+        if GR > 3:
+            e3 = d3.to(SDT).to(DT)
+            dh_rec = tl.dot(e3, RT3, dh_rec, input_precision=PREC)
+        if ACC_DR:
+            hT = tl.trans(h_prev.to(SDT).to(DT))
+            dR0 = tl.dot(hT, e0, dR0, input_precision=PREC)
             if GR > 1:
-                e1 = d1.to(SDT).to(DT)
-                e2 = d2.to(SDT).to(DT)
-                dh_rec = tl.dot(e1, RT1, dh_rec, input_precision=PREC)
-                dh_rec = tl.dot(e2, RT2, dh_rec, input_precision=PREC)
-                if ACC_DR:
-                    dR1 = tl.dot(hT, e1, dR1, input_precision=PREC)
-                    dR2 = tl.dot(hT, e2, dR2, input_precision=PREC)
+                dR1 = tl.dot(hT, e1, dR1, input_precision=PREC)
+                dR2 = tl.dot(hT, e2, dR2, input_precision=PREC)
             if GR > 3:
-                e3 = d3.to(SDT).to(DT)
-                dh_rec = tl.dot(e3, RT3, dh_rec, input_precision=PREC)
-                if ACC_DR:
-                    dR3 = tl.dot(hT, e3, dR3, input_precision=PREC)
+                dR3 = tl.dot(hT, e3, dR3, input_precision=PREC)
 
     _put(DS0, s_row, rd, m2, dh_rec)
     if NS > 1:
@@ -439,10 +410,11 @@ def fused_bwd_kernel(
             tl.store(db_base + 2 * DH + rd, tl.sum(db2, axis=0), mask=md)
             tl.store(db_base + 3 * DH + rd, tl.sum(db3, axis=0), mask=md)
     if ACC_DR:
-        base = (pid_b * NH + pid_h) * DH
-        _put_dr(DR_PART, base, 0, dR0, rd, DH, GR, GP, DHP)
-        if GP == 1 and GR > 1:
-            _put_dr(DR_PART, base, 1, dR1, rd, DH, GR, 1, DHP)
-            _put_dr(DR_PART, base, 2, dR2, rd, DH, GR, 1, DHP)
-        if GP == 1 and GR > 3:
-            _put_dr(DR_PART, base, 3, dR3, rd, DH, GR, 1, DHP)
+        mr = md[:, None] & md[None, :]
+        dr_off = ((pid_b * NH + pid_h) * DH + rd[:, None]) * GR * DH + rd[None, :]
+        tl.store(DR_PART + dr_off, dR0, mask=mr)
+        if GR > 1:
+            tl.store(DR_PART + dr_off + DH, dR1, mask=mr)
+            tl.store(DR_PART + dr_off + 2 * DH, dR2, mask=mr)
+        if GR > 3:
+            tl.store(DR_PART + dr_off + 3 * DH, dR3, mask=mr)

@@ -104,22 +104,19 @@ def test_dR_after_the_kernel(cell):
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
-@pytest.mark.parametrize(("dtype", "cat_gates", "acc_db"), [
-    (torch.float64, True, True), (torch.float64, True, False), (torch.float32, False, True), (torch.float32, False, False),
-])  # fmt: skip
-def test_backward_gate_layouts(cell, dtype, cat_gates, acc_db):
-    """Both backward matmul forms (one dot over the gates stacked along K, the float32 default; one
-    dot per gate, the bfloat16 / float64 default) and both db sums (registers / ``dg.sum`` after),
-    with dR in registers (block 16) and after the kernel (block 4, two batch blocks)."""
+@pytest.mark.parametrize(("dtype", "acc_db"), [(torch.float64, True), (torch.float32, False)])
+def test_backward_db_and_dR_placement(cell, dtype, acc_db):
+    """db summed in registers (the float32 default) or from dg after the kernel (the bfloat16 and
+    float64 default), with dR in registers (block 16) and after the kernel (block 4, two blocks)."""
     for block_b, acc_dr in ((16, True), (4, False)):
-        fused.OVERRIDES.update(block_b=block_b, acc_dr=acc_dr, cat_gates=cat_gates, acc_db=acc_db)
+        fused.OVERRIDES.update(block_b=block_b, acc_dr=acc_dr, acc_db=acc_db)
         compare("fused", cell, B=5, T=4, NH=2, DH=24, dtype=dtype, seed=5)
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_bfloat16_on_fma_units(cell):
     """``fma``: bfloat16 storage with float32 dots (h unrounded in the forward), batch block 4."""
-    fused.OVERRIDES.update(fma=True, block_b=4, acc_dr=False, cat_gates=True, acc_db=True)
+    fused.OVERRIDES.update(fma=True, block_b=4, acc_dr=False, acc_db=True)
     compare("fused", cell, B=5, T=5, NH=2, DH=16, dtype=torch.bfloat16, seed=6)
 
 
@@ -202,7 +199,7 @@ def test_slstm_bfloat16_stabilizer_branch(backend, seed, fma):
     dy, dlast = torch.randn(B, T, NH, DH, generator=g), torch.randn(s0.shape, generator=g)
     ins = [x.to(torch.bfloat16) for x in (wx, R, b, s0, dy, dlast)]
     if fma:  # float32 dots, h unrounded instead of split
-        fused.OVERRIDES.update(fma=True, block_b=4, acc_dr=False, cat_gates=True, acc_db=True)
+        fused.OVERRIDES.update(fma=True, block_b=4, acc_dr=False, acc_db=True)
     got = run(backend, cell, *ins)
     ref = run("reference", cell, *(x.double() for x in ins))
     for name, a, r in zip(("h", "last", "dwx", "dR", "db", "ds0"), got, ref):
