@@ -148,7 +148,8 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     data = load_reproduction(name)
     paper = data["paper"]
     columns = paper.get("columns", {})
-    entries = list(dict.fromkeys(table["entry"]))
+    # the paper's column order (the preset may list its sweeps in another order, e.g. longest first)
+    entries = sorted(dict.fromkeys(table["entry"]), key=lambda e: list(columns).index(e) if e in columns else len(columns))
     lines = [f"# Reproduction: {name}", "", f"Paper: {paper.get('source', '')}.", "",
              f"- Device: {meta.get('device', '?')}; date: {meta.get('date', '?')}; "
              + (f"workers: {meta.get('workers', '?')}; wall time of this invocation: {meta.get('wall_min', float('nan')):.1f} min; "
