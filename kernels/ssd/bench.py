@@ -16,7 +16,8 @@ Physical limits: bytes = every input read once and every output written once (fo
 C, y; forward + backward adds dy, a second read of the inputs and dx, ddt, dB, dC) over the
 measured copy bandwidth; FLOPs = the matrix products of the chunked form counting only the causal
 half of each chunk (forward ``H (Q P + 4 P N) + G Q N`` per token, backward twice that) over the
-measured matmul rate of the dtype (TF32 for float32, as the kernels use it). The larger is the floor.
+measured matmul rate of the dtype (TF32 for float32; the 3-pass default runs 3x the products, so
+its FLOP floor is 3x too low). The larger is the floor.
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ def _attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False) -> 
     over = _overrides()
     wide = itemsize == 2 and max(DK, DV) <= 64 and not dda
     BT = min(Q, over.get("BT", 128 if wide else 64))
-    return {"BT": BT, "num_warps": over.get("W", 4 if max(DK, DV, BT) <= 64 else 8), "num_stages": over.get("S", 1)}
+    warps = over.get("W", 4 if max(DK, DV, BT) <= 64 else 8)
+    return {"BT": BT, "num_warps": warps, "num_stages": over.get("S", 1)}
 
 
 def _state_config(DU: int, DV: int, Q: int) -> dict:
@@ -102,7 +103,8 @@ def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, to
 
 def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None):
     """``chunk_state`` (see ``triton_kernels``): ``(batch, nc + 1, H, DU, DV)`` in ``u``'s dtype, and in
-    reverse the per-``(batch, chunk, head)`` sums ``<out[c+1], exp(acum_last_c) prev[c]>`` ``(batch, nc, H)``."""
+    reverse the per-``(batch, chunk, head)`` sums ``<out[c+1], exp(acum_last_c) prev[c]>``
+    ``(batch, nc, H)``."""
     batch, L, H, DU = u.shape
     DV = v.shape[-1]
     Lp = acum.shape[-1]
@@ -216,13 +218,15 @@ def ssd_bwd(
     batch, L, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
     dtT, acum = _decays(dt, A, Q)
-    grads, carried = _chunk_state(dy, C, dfinal, acum, dtT, Q, precision, reverse=True, prev=prev)  # G_0..G_nc
+    # G_0..G_nc, and the carried-state decay terms
+    grads, carried = _chunk_state(dy, C, dfinal, acum, dtT, Q, precision, reverse=True, prev=prev)
     dS = grads[:, 1:]
     cb = _chunk_dots(C, B, Q, precision)
-    dx, (x_state, ddt_direct), _ = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, precision, reverse=True,
-                                               out_heads=H, out_dtype=x.dtype, w=x, full_dot=True,
-                                               cb=cb.transpose(-1, -2))
-    dB, _, _ = _chunk_attn(x, dy, C, dS, acum, dtT, Q, precision, reverse=True, out_heads=G, out_dtype=torch.float32)
+    dx, (x_state, ddt_direct), _ = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, precision,
+                                               reverse=True, out_heads=H, out_dtype=x.dtype, w=x,
+                                               full_dot=True, cb=cb.transpose(-1, -2))
+    dB, _, _ = _chunk_attn(x, dy, C, dS, acum, dtT, Q, precision, reverse=True, out_heads=G,
+                           out_dtype=torch.float32)
     dC, (dy_state, _), intra = _chunk_attn(dy, x, B, prev[:, :-1], acum, dtT, Q, precision, reverse=False,
                                            out_heads=G, out_dtype=torch.float32, w=C, cb=cb, dda=True)
     dB = dB.view(batch, L, G, -1, N).sum(3)

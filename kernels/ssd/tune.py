@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
             precisions = args.precisions.split(",") if dtype == torch.float32 else ["highest"]
             for prec in precisions:
                 for Q in map(int, args.chunks.split(",")):
-                    ours = _at_precision(prec, lambda x, dt, A, B, C, Q=Q: ssd(x, dt, A, B, C, chunk_size=Q, backend="triton"))
+                    fn = lambda x, dt, A, B, C, Q=Q: ssd(x, dt, A, B, C, chunk_size=Q, backend="triton")  # noqa: E731
+                    ours = _at_precision(prec, fn)
                     if args.profile:
                         os.environ.pop("EXPRESSIVITY_SSD_TILES", None)
                         _profile(ours, xs, dy, f"triton-q{Q} N{N} {dname} {prec}")
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
                             with torch.no_grad():
                                 fwd = time_ms(lambda: ours(*xs))
                             both = time_ms(lambda: torch.autograd.grad(ours(*leaves), leaves, dy))
-                            log.info("N%d %s %s q%d %-28s fwd %7.3f ms  fwd+bwd %7.3f ms", N, dname, prec, Q, cfg, fwd, both)
+                            log.info("N%d %s %s q%d %-28s fwd %7.3f ms  fwd+bwd %7.3f ms",
+                                     N, dname, prec, Q, cfg, fwd, both)
                         except Exception as err:  # e.g. out of shared memory: report, go on
                             log.info("N%d %s %s q%d %-28s failed: %s", N, dname, prec, Q, cfg, str(err)[:160])
                     os.environ.pop("EXPRESSIVITY_SSD_TILES", None)

@@ -151,7 +151,7 @@ def test_triton_16bit_decay_gradient():
     dA 4.4e-2 off, ddt 9.6e-4 here; summed from non-cancelling terms: 1.8e-3 and 3.9e-4."""
     inp = _inputs(1, 64, 2, 16, 1, 16, torch.float64, 21)
     half = {k: (v.half() if k in ("x", "B", "C") else v.float()).to(DEV) for k, v in inp.items()}
-    y, f, g = _run("triton", half, 32)
+    _, _, g = _run("triton", half, 32)
     _, _, g_ref = _run("reference", {k: v.double().cpu() for k, v in half.items()}, 32)
     for k in g_ref:  # float16 unit roundoff 4.9e-4
         assert _rel(g[k].cpu(), g_ref[k]) < (5e-3 if k == "A" else 2e-3), k
@@ -166,7 +166,8 @@ def test_triton_without_initial_state_and_opcheck():
     from kernels.ssd.triton_ssd import ssd_fwd
 
     args = (inp["x"].requires_grad_(), inp["dt"], inp["A"], inp["B"], inp["C"], None, 16, "tf32x3")
-    torch.library.opcheck(ssd_fwd, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    tests = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(ssd_fwd, args, test_utils=tests)
 
 
 @needs_triton
@@ -189,8 +190,10 @@ def matmul_precision():
 # (inputs rounded to 10-bit mantissas, unit roundoff 2^-11 = 4.9e-4; sums of products and the
 # gradients' differences of terms leave a few times that); bfloat16 (2^-8 = 3.9e-3).
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dtype,precision,tol", [(torch.float32, "highest", 1e-4), (torch.float32, "medium", 3e-3),
-                                                 (torch.bfloat16, "highest", 2e-2)])
+@pytest.mark.parametrize(
+    "dtype,precision,tol",
+    [(torch.float32, "highest", 1e-4), (torch.float32, "medium", 3e-3), (torch.bfloat16, "highest", 2e-2)],
+)
 @pytest.mark.parametrize("N", [64, 128])
 def test_triton_cuda(matmul_precision, dtype, precision, tol, N):
     matmul_precision(precision)
