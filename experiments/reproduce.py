@@ -185,6 +185,28 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     return "\n".join(lines) + "\n"
 
 
+def devices_used(results: pd.DataFrame) -> str:
+    """The devices the finished trials ran on (failed or interrupted trials have none)."""
+    if "device" not in results or results["device"].dropna().empty:
+        return "none yet"
+    return ", ".join(sorted(set(results["device"].dropna().astype(str))))
+
+
+def trial_versions(results: pd.DataFrame) -> str:
+    """The library versions and commits the finished trials recorded (several values joined by '/')."""
+    parts = []
+    for key in ("torch", "lightning", "python", "triton", "commit"):
+        if key in results:
+            values = sorted(set(results[key].dropna().astype(str)))
+            if values:
+                parts.append(f"{key} {'/'.join(values)}")
+    return ", ".join(parts)
+
+
+def _lrs(lrs: list[float]) -> str:
+    return "/".join(f"{lr:g}" for lr in lrs)
+
+
 def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto", storage_url: str | None = None,
                      quick: bool = False, overrides: dict[str, Any] | None = None, entries: list[str] | None = None,
                      run: bool = True, progress: bool = True, stale_timeout: float = 60) -> pd.DataFrame:
@@ -208,17 +230,18 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
     data = load_reproduction(name)
     train = plans[0].train
     meta = {
-        "device": ", ".join(sorted(set(every["device"].astype(str)))) if "device" in every else "none yet",
+        "device": devices_used(every),
         "date": time.strftime("%Y-%m-%d"),
         "workers": workers or 1, "ran": run,
         "wall_min": info["wall_s"] / 60,
         "trial_min": float(every["wall_time_s"].sum()) / 60 if "wall_time_s" in every else float("nan"),
-        "budget": (f"max_steps {train.max_steps} per trial, batch {train.batch_size}, {train.train_size} train / "
+        "budget": (f"max_steps per trial {', '.join(f'{p.entry} {p.train.max_steps}' for p in plans)} "
+                   f"(lr {', '.join(f'{p.entry} {_lrs(p.lrs)}' for p in plans)}), batch {train.batch_size}, {train.train_size} train / "
                    f"{train.test_size} test sequences, early stop at val acc > {train.early_stop_acc}"
                    + (" — QUICK (CPU smoke check, not a reproduction)" if quick else "")
                    + ("; preset budget: " + ", ".join(f"{k} {v}" for k, v in data["budget"].items()) if data.get("budget") else "")),
         "done": info["done"], "cells": info["cells"],
-        "versions": ", ".join(f"{k} {v}" for k, v in meta_versions.items()),
+        "versions": trial_versions(every) or ", ".join(f"{k} {v}" for k, v in meta_versions.items()),
     }
     atomic_write_text(out / "reproduction.md", comparison_markdown(name, table, meta))
     atomic_write_text(out / "reproduction.csv", table.to_csv(index=False))

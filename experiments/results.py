@@ -66,7 +66,8 @@ def _row(trial: FrozenTrial) -> dict[str, Any]:
 def collect(study, cells: Iterable[str], meta: dict[str, Any] | None = None) -> pd.DataFrame:
     """One row per cell: its completed trial, else its latest failed one; pending cells are skipped.
 
-    ``meta`` (e.g. ``versions()``) is added as constant columns.
+    ``meta`` (e.g. ``versions()``) fills the columns a trial did not record itself (trials record the
+    versions they ran with; older ones did not).
     """
     by_cell = trials_by_cell(study)
     rows = []
@@ -76,7 +77,7 @@ def collect(study, cells: Iterable[str], meta: dict[str, Any] | None = None) -> 
             t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("failure") != "duplicate"
         ]
         if done:
-            rows.append({**_row(max(done, key=lambda t: t.number)), **(meta or {})})
+            rows.append({**(meta or {}), **_row(max(done, key=lambda t: t.number))})
     return pd.DataFrame(rows)
 
 

@@ -104,6 +104,7 @@ def run_one(study, trial, out: Path, device: str | None = None) -> str:
         return "error" if ok else "lost"
     finally:  # after run_trial: Lightning's CSV logger warns about a non-empty folder
         atomic_write_text(tdir / "run.json", json.dumps(run_info, indent=1))
+    result = {**result, **run_info["versions"]}  # the versions this trial ran with (the table shows them)
     return "ok" if finish(study, trial, result) else "lost"
 
 

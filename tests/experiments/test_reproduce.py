@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from experiments.presets import load_preset, resolve_sweep
-from experiments.reproduce import compare, comparison_markdown, plans_for, reproduction_presets, run_reproduction, verdict
+from experiments.reproduce import compare, comparison_markdown, devices_used, plans_for, reproduction_presets, run_reproduction, verdict
 from experiments.study import cell_id
 from experiments.sweep import build_specs
 
@@ -62,6 +62,11 @@ def test_table_columns_follow_the_paper_not_the_run_order():
     t = compare("pararnn-table6", {e: pd.DataFrame([r for r in rows if r["task"] == e]) for e in ("mqar", "keep_nth")})
     header = next(line for line in comparison_markdown("pararnn-table6", t, {}).splitlines() if line.startswith("| model"))
     assert header.index("Keep-nth") < header.index("MQAR")
+
+
+def test_devices_used_skips_trials_without_a_device():
+    df = pd.DataFrame({"device": ["NVIDIA H200", float("nan"), "NVIDIA H200"]})  # an interrupted trial has none
+    assert devices_used(df) == "NVIDIA H200" and devices_used(pd.DataFrame()) == "none yet"
 
 
 def _rows(entry, mixer, values, lrs=None):
