@@ -27,7 +27,9 @@ for step in $steps; do
     scan) run scan 150 python3 -m kernels.bench scan --sweep --out "$res/json" ;;
     newton) run newton 150 python3 -m kernels.bench newton --out "$res/json" ;;
     mlstm) run mlstm 70 python3 -m kernels.bench mlstm --sections main --dtypes fp32 --no-fla --out "$res/json" ;;
-    ssd) run ssd 150 python3 -m kernels.bench ssd --states 64,128 --dtypes bf16,fp32 --out "$res/json" ;;
+    ssd)  # one run per state size: both together do not fit in one step's limit
+      run ssd-state64 150 python3 -m kernels.bench ssd --states 64 --dtypes bf16,fp32 --out "$res/json"
+      run ssd-state128 150 python3 -m kernels.bench ssd --states 128 --dtypes bf16,fp32 --out "$res/json" ;;
     fused_rnn) run fused_rnn 200 python3 -m kernels.bench fused_rnn --out "$res/json" ;;
     workers) run workers 80 python3 -m experiments.workers --counts 1,4,8,16 --steps 300 --device cuda \
                --json "$res/workers-gpu.json" --no-progress ;;
