@@ -187,20 +187,22 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
 
 def devices_used(results: pd.DataFrame) -> str:
     """The devices the finished trials ran on (failed or interrupted trials have none)."""
-    if "device" not in results or results["device"].dropna().empty:
-        return "none yet"
-    return ", ".join(sorted(set(results["device"].dropna().astype(str))))
+    return ", ".join(_distinct(results, "device")) or "none yet"
 
 
 def trial_versions(results: pd.DataFrame) -> str:
     """The library versions and commits the finished trials recorded (several values joined by '/')."""
     parts = []
     for key in ("torch", "lightning", "python", "triton", "commit"):
-        if key in results:
-            values = sorted(set(results[key].dropna().astype(str)))
-            if values:
-                parts.append(f"{key} {'/'.join(values)}")
+        values = _distinct(results, key)
+        if values:
+            parts.append(f"{key} {'/'.join(values)}")
     return ", ".join(parts)
+
+
+def _distinct(results: pd.DataFrame, column: str) -> list[str]:
+    """The column's distinct recorded values (empty when absent or never recorded), sorted."""
+    return sorted(set(results[column].dropna().astype(str))) if column in results else []
 
 
 def _lrs(lrs: list[float]) -> str:

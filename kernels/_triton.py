@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -28,3 +30,14 @@ def triton_available(tensor: torch.Tensor) -> bool:
     if not triton_importable():
         return False
     return tensor.is_cuda or (tensor.device.type == "cpu" and interpreting())
+
+
+@contextlib.contextmanager
+def float32_matmul_precision(precision: str) -> Iterator[None]:
+    """``torch.set_float32_matmul_precision(precision)`` inside the block, the old setting after."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)

@@ -45,6 +45,7 @@ import time
 
 import torch
 
+from kernels._triton import float32_matmul_precision
 from kernels.bench.common import (
     BenchRow,
     copy_bandwidth_gbs,
@@ -193,12 +194,8 @@ def _float32_floor(gate, x, dh, ref, sh) -> BenchRow:
     exact float32 arithmetic gives there (the conditioning floor of any float32 kernel). Not timed."""
     from kernels.mlstm.chunkwise import mlstm_chunkwise
 
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
+    with float32_matmul_precision("highest"):
         got = _grads(lambda *a: mlstm_chunkwise(*a, input_gate=gate, chunk_size=64), x, dh)
-    finally:
-        torch.set_float32_matmul_precision(old)
     errs = [rel_error(a, b) for a, b in zip(got, ref)]
     log.info("%s fp32 float32 floor (torch chunkwise, IEEE matmuls), %s: errs %s", sh, gate,
              ", ".join(f"{e:.2g}" for e in errs))

@@ -135,13 +135,18 @@ def _setup(ctx, inputs, output):
     ctx.reverse = reverse
 
 
-def _scan_grad(ctx, dy):
-    c, y = ctx.saved_tensors
-    dc, dx = _scan_bwd_op(c, y, dy.contiguous().to(y.dtype), ctx.reverse)
-    return dc, dx, None
+def _grad_through(bwd_op):
+    """The autograd formula of a scan op whose backward custom op is ``bwd_op``."""
+
+    def grad(ctx, dy):
+        c, y = ctx.saved_tensors
+        dc, dx = bwd_op(c, y, dy.contiguous().to(y.dtype), ctx.reverse)
+        return dc, dx, None
+
+    return grad
 
 
-_scan_op.register_autograd(_scan_grad, setup_context=_setup)
+_scan_op.register_autograd(_grad_through(_scan_bwd_op), setup_context=_setup)
 
 
 # ---------------------------------------------------------------- custom ops: 2x2 blocks
@@ -168,13 +173,7 @@ def _(C, y, dy, reverse):
     return torch.empty_like(C), torch.empty_like(y)
 
 
-def _block2_grad(ctx, dy):
-    C, y = ctx.saved_tensors
-    dC, dx = _block2_bwd_op(C, y, dy.contiguous().to(y.dtype), ctx.reverse)
-    return dC, dx, None
-
-
-_block2_op.register_autograd(_block2_grad, setup_context=_setup)
+_block2_op.register_autograd(_grad_through(_block2_bwd_op), setup_context=_setup)
 
 
 # ---------------------------------------------------------------- public functions

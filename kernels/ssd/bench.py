@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from kernels._triton import float32_matmul_precision
 from kernels.bench.common import (
     BenchRow,
     copy_bandwidth_gbs,
@@ -62,12 +63,8 @@ def _at_precision(precision: str, fn):
     product precision at the forward call, so the backward follows)."""
 
     def run(*args):
-        old = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(precision)
-        try:
+        with float32_matmul_precision(precision):
             return fn(*args)
-        finally:
-            torch.set_float32_matmul_precision(old)
 
     return run
 

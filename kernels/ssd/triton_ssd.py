@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from kernels._triton import triton_available
+from kernels._triton import float32_matmul_precision, triton_available
 from kernels.ssd.triton_kernels import chunk_attn_kernel, chunk_state_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -135,12 +135,8 @@ def _chunk_dots(q: torch.Tensor, k: torch.Tensor, Q: int, prec: str) -> torch.Te
     batch, L, G, N = q.shape
     pad = (-L) % Q
     chunks = lambda t: F.pad(t.float(), (0, 0, 0, 0, 0, pad)).view(batch, -1, Q, G, N).transpose(2, 3)  # noqa: E731
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if prec == "tf32" else "highest")
-    try:
+    with float32_matmul_precision("high" if prec == "tf32" else "highest"):
         return chunks(q) @ chunks(k).transpose(-1, -2)
-    finally:
-        torch.set_float32_matmul_precision(old)
 
 
 def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype, w=None, full_dot=False,
