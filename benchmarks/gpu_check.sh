@@ -4,7 +4,8 @@
 # workers' throughput and a paper-table reproduction. Each step has its own time limit so one slow
 # step cannot starve the rest; logs, JSON and tables are packed into OUT_DIR/results.tgz.
 #   usage (on the GPU machine, repo root):  bash benchmarks/gpu_check.sh OUT_DIR [steps...]
-#   steps: tests scan newton mlstm ssd fused_rnn workers table6 flashrnn (default: the kernel steps)
+#   steps: tests scan newton mlstm ssd fused_rnn trainstep workers workers-mps table6 flashrnn
+#          (default: the kernel steps)
 set -u
 out=${1:?output folder}; shift
 steps=${*:-tests scan newton mlstm ssd fused_rnn}
@@ -31,8 +32,14 @@ for step in $steps; do
       run ssd-state64 150 python3 -m kernels.bench ssd --states 64 --dtypes bf16,fp32 --out "$res/json"
       run ssd-state128 150 python3 -m kernels.bench ssd --states 128 --dtypes bf16,fp32 --out "$res/json" ;;
     fused_rnn) run fused_rnn 200 python3 -m kernels.bench fused_rnn --out "$res/json" ;;
-    workers) run workers 80 python3 -m experiments.workers --counts 1,4,8,16 --steps 300 --device cuda \
-               --json "$res/workers-gpu.json" --no-progress ;;
+    trainstep)  # one process: steps/s of the preset models without Lightning, with and without the Newton check
+      run trainstep 200 python3 -m experiments.throughput --skip-generation --preset pararnn-table6 --tasks mqar,parity \
+        --mixers flashgru,flashlstm,transformer,mamba2 --device cuda --steps 200 --set check=false --profile ;;
+    workers) run workers 240 python3 -m experiments.workers --counts "${WORKER_COUNTS:-1,4,8,16}" --steps 300 --device cuda \
+               --mixer "${WORKER_MIXER:-flashgru}" --json "$res/workers-gpu.json" --no-progress ;;
+    workers-mps)  # the same under the CUDA Multi-Process Service (kernels of all workers share the GPU at once)
+      run workers-mps 240 python3 -m experiments.workers --counts "${WORKER_COUNTS:-1,4,8,16}" --steps 300 --device cuda \
+               --mixer "${WORKER_MIXER:-flashgru}" --mps --json "$res/workers-gpu-mps.json" --no-progress ;;
     table6|flashrnn)
       name=$([ "$step" = table6 ] && echo pararnn-table6 || echo flashrnn-parity)
       # shellcheck disable=SC2086  # REPRODUCE_ARGS: e.g. "--only mqar,khop"

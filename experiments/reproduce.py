@@ -251,6 +251,7 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
 
 
 def main(argv: list[str] | None = None) -> int:
+    from experiments.mps import cuda_mps
     from experiments.train import quiet_lightning
 
     p = argparse.ArgumentParser(
@@ -272,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", help="override the seeds, e.g. 0")
     p.add_argument("--table-only", action="store_true", help="do not train: write the comparison from what has finished")
     p.add_argument("--copy-to", type=Path, help="also copy reproduction.md here (e.g. benchmarks/reproduction/NAME.md)")
+    p.add_argument("--mps", action="store_true",
+                   help="with --workers on a GPU: run the workers under a private CUDA MPS daemon so their "
+                        "kernels share the GPU concurrently (experiments.mps)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -290,9 +294,12 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError:
                 raise ValueError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
         out = args.out or Path("runs") / "reproduce" / (args.name + ("-quick" if args.quick else ""))
-        run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
-                         args.only.split(",") if args.only else None, run=not args.table_only,
-                         progress=not args.no_progress)
+        if args.mps and not args.workers and not args.table_only:
+            raise ValueError("--mps applies to worker processes: give --workers N too")
+        with cuda_mps(args.mps and not args.table_only):
+            run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
+                             args.only.split(",") if args.only else None, run=not args.table_only,
+                             progress=not args.no_progress)
         text = (out / "reproduction.md").read_text()
         print(text)
         if args.copy_to:

@@ -125,7 +125,8 @@ def build_module(spec: TrialSpec, dm: SyntheticDataModule) -> LitSequenceModel:
 
 
 def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
-    """Newton statistics of mixers that record them (``last_newton_stats``), else ``{}``."""
+    """Newton statistics of mixers that record them (``last_newton_stats`` of the last forward, and the
+    ``fallback_count`` / ``newton_forwards`` counters over the whole trial, evaluation included), else ``{}``."""
     out: dict[str, Any] = {}
     for name, module in model.named_modules():
         stats = getattr(module, "last_newton_stats", None)
@@ -137,6 +138,9 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
                 v = v.tolist()
             if isinstance(v, (int, float, str, bool, list)):
                 out[f"newton/{k}"] = v
+        for counter in ("fallback_count", "newton_forwards"):
+            if isinstance(getattr(module, counter, None), int):
+                out[f"newton/{counter}"] = getattr(module, counter)
         break
     return out
 

@@ -271,20 +271,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("runs/bench-workers"), help="scratch folder (default: %(default)s)")
     p.add_argument("--json", type=Path, help="also write the rows here as JSON")
+    p.add_argument("--mps", action="store_true", help="run the workers under a private CUDA MPS daemon (experiments.mps)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from experiments.mps import cuda_mps
+
     try:
         counts = [int(x) for x in args.counts.split(",") if x.strip()]
         if not counts or min(counts) < 1:
             raise ValueError(f"--counts must be positive integers, got {args.counts!r}")
-        rows = bench_workers(counts, args.task, args.mixer, args.steps, args.device, args.out, args.preset,
-                             progress=not args.no_progress)
+        with cuda_mps(args.mps):
+            rows = bench_workers(counts, args.task, args.mixer, args.steps, args.device, args.out, args.preset,
+                                 progress=not args.no_progress)
+        for r in rows:
+            r["mps"] = args.mps
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     head = ["workers", "steps_per_s_per_worker", "total_steps_per_s", "end_to_end_steps_per_s", "trials_per_hour", "wall_s"]
-    print(f"{rows[0]['device']}: {args.task} / {args.mixer}, {args.steps} steps per trial")
+    print(f"{rows[0]['device']}: {args.task} / {args.mixer}, {args.steps} steps per trial" + (", under MPS" if args.mps else ""))
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
         print("| " + " | ".join(str(r[h]) for h in head) + " |")

@@ -25,7 +25,8 @@ Modes (``mode=`` or, as for every mixer, ``backend=``):
 
 With ``check=True`` every parallel result's residual ``max |f(h_{t-1}, x_t) - h_t|`` is checked:
 non-finite or above ``divergence_tol * max(1, max |h|)`` -> the sequential result is returned and
-``fallback_count`` incremented (``on_divergence="fallback"``) or ``NewtonDivergenceError`` is raised
+``fallback_count`` incremented (``on_divergence="fallback"``; ``newton_forwards`` counts the checked
+forwards, so ``fallback_count / newton_forwards`` is the fallback rate) or ``NewtonDivergenceError`` is raised
 (``"raise"``). ``last_newton_stats`` holds the per-iteration max residuals of the last forward.
 """
 
@@ -64,7 +65,8 @@ class CellMixer(nn.Module):
     """A multi-head mixer running one ``RNNCell`` per head; see the module docstring.
 
     Attributes: ``cells`` (one per head), ``last_newton_stats`` (``NewtonStats`` or ``None``),
-    ``fallback_count`` (parallel results replaced by the sequential one since construction).
+    ``fallback_count`` (parallel results replaced by the sequential one since construction),
+    ``newton_forwards`` (forwards in a parallel or fused mode since construction).
     """
 
     BACKENDS = MODES
@@ -124,6 +126,7 @@ class CellMixer(nn.Module):
         self.out_proj = nn.Linear(width, d_model, bias=False) if width != d_model else None
         self.last_newton_stats: Optional[NewtonStats] = None
         self.fallback_count = 0
+        self.newton_forwards = 0
 
     # --- parameters and per-head calls -------------------------------------------------------------
     def stacked_parameters(self) -> dict[str, torch.Tensor]:
@@ -189,14 +192,16 @@ class CellMixer(nn.Module):
         if mode == "sequential":
             self.last_newton_stats = NewtonStats(residuals=[], mode="sequential")
             return sequential_apply(step, u, values, state_size=S, time_dim=2)
+        self.newton_forwards += 1
         if mode == "fused":
             h = type(self.cells[0]).fused_apply(params, u, iters=self.iters, tol=self.tol)
             stats = NewtonStats(residuals=[], mode="fused")
             if self.check:
                 with torch.no_grad():
                     r = residual(step, h.detach(), u.detach(), [v.detach() for v in values], time_dim=2)
-                    stats.residuals = [float(r.abs().amax())] if r.numel() else [0.0]
-                    h_max = float(h.detach().abs().amax()) if h.numel() else 0.0
+                    # one device synchronisation for both maxima
+                    final, h_max = torch.stack([r.abs().amax(), h.detach().abs().amax()]).tolist() if h.numel() else (0.0, 0.0)
+                    stats.residuals = [final]
                 if not check_residual(stats.final_residual, h_max, self.divergence_tol):
                     h = self._diverged(stats, step, u, values)
             self.last_newton_stats = stats
