@@ -8,7 +8,8 @@ with fewer heads than ``H`` (``B``, ``C`` per group) is read at head ``h // rati
 
 ``chunk_state``: the chunk states and the recurrence across chunks in one pass (paper 004's fused
 inter-chunk recurrence); a program owns one ``(DU, DV)`` tile of one ``(b, h)`` state and walks
-the chunks in order, keeping the state in registers:
+the ``BS``-step blocks of the sequence in one flat loop (in order, or backwards), keeping the state
+in registers and folding each block into it with one product (the next blocks' loads overlap it):
 - forward:  ``out[c] = prev_c`` (``out[0] = init``, ``out[nc]`` = final) with
   ``prev_{c+1} = exp(acum_last_c) prev_c + sum_{s in c} dt_s exp(acum_last_c - acum_s) U_s (x) V_s``
   (``U = x``, ``V = B``: the state entering each chunk);
@@ -67,39 +68,44 @@ def chunk_state_kernel(
         state += tl.load(init_ptr + b * si_b + h * si_h + du[:, None] * si_r + dv[None, :] * si_k, mask=tile_ok, other=0.0)
     out = out_ptr + b * so_b + h * so_h
     dtype = out_ptr.dtype.element_ty
-    if REVERSE:
-        tl.store(out + nc * so_c + tile, state.to(dtype), mask=tile_ok)
-    for i in range(nc):
+    tl.store(out + (nc if REVERSE else 0) * so_c + tile, state.to(dtype), mask=tile_ok)
+    NB: tl.constexpr = Q // BS  # step blocks per chunk
+    # one flat loop over the step blocks (in reverse order for REVERSE), so that the loads of the
+    # next blocks overlap this block's product; per-chunk work is predicated on the block's place
+    for i in range(nc * NB):
         if REVERSE:
-            c = nc - 1 - i
+            k = nc * NB - 1 - i + 0 * b  # + 0 * b: a tensor under the interpreter too (masks below)
         else:
-            c = i
-        a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
-        if REVERSE:  # <G_{c+1}, exp(acum_last_c) prev_c>, this tile's share
-            prev = tl.load(p_ptr + b * sp_b + c * sp_c + h * sp_h + du[:, None] * sp_r + dv[None, :] * sp_k,
-                           mask=tile_ok, other=0.0).to(tl.float32)
-            tl.store(dot_ptr + ((b * nc + c) * H + h) * tl.num_programs(1) + tl.program_id(1),
-                     tl.sum(tl.sum(state * prev, 1), 0) * tl.exp(a_last))
-        else:
-            tl.store(out + c * so_c + tile, state.to(dtype), mask=tile_ok)
-        acc = tl.zeros((BU, BV), dtype=tl.float32)
-        for s0 in range(c * Q, c * Q + Q, BS):
-            s = s0 + tl.arange(0, BS)
-            u = tl.load(u_ptr + b * su_b + s[:, None] * su_l + h * su_h + du[None, :] * su_d,
-                        mask=(s[:, None] < L) & (du[None, :] < DU), other=0.0)
-            v = tl.load(v_ptr + b * sv_b + s[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
-                        mask=(s[:, None] < L) & (dv[None, :] < DV), other=0.0)
-            a = tl.load(acum_ptr + base + s)
-            if REVERSE:
-                w = tl.exp(a)
-            else:
-                w = tl.exp(a_last - a) * tl.load(dt_ptr + base + s)
-            acc += tl.dot(tl.trans((u * w[:, None]).to(v.dtype)), v, input_precision=PREC)
-        state = tl.exp(a_last) * state + acc
+            k = i + 0 * b
+        c = k // NB
+        j = k % NB
+        s = k * BS + tl.arange(0, BS)
+        u = tl.load(u_ptr + b * su_b + s[:, None] * su_l + h * su_h + du[None, :] * su_d,
+                    mask=(s[:, None] < L) & (du[None, :] < DU), other=0.0)
+        v = tl.load(v_ptr + b * sv_b + s[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
+                    mask=(s[:, None] < L) & (dv[None, :] < DV), other=0.0)
+        a = tl.load(acum_ptr + base + s)
+        if REVERSE:  # G_c = exp(acum_last_c) G_{c+1} + sum_{s in c} exp(acum_s) U_s (x) V_s
+            a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
+            if j == NB - 1:  # the chunk's last block comes first: state = G_{c+1}
+                prev = tl.load(p_ptr + b * sp_b + c * sp_c + h * sp_h + du[:, None] * sp_r + dv[None, :] * sp_k,
+                               mask=tile_ok, other=0.0).to(tl.float32)
+                tl.store(dot_ptr + ((b * nc + c) * H + h) * tl.num_programs(1) + tl.program_id(1),
+                         tl.sum(tl.sum(state * prev, 1), 0) * tl.exp(a_last))
+            scale = tl.where(j == NB - 1, tl.exp(a_last), 1.0)
+            w = tl.exp(a)
+        else:  # the state at the block's end: exp(a_end - a_start) state + sum dt_s exp(a_end - a_s) U_s (x) V_s
+            a_end = tl.load(acum_ptr + base + k * BS + BS - 1)
+            a_start = tl.load(acum_ptr + base + k * BS - 1, mask=j > 0, other=0.0)  # 0 at a chunk's start
+            scale = tl.exp(a_end - a_start)
+            w = tl.exp(a_end - a) * tl.load(dt_ptr + base + s)
+        state = tl.dot(tl.trans((u * w[:, None]).to(v.dtype)), v, state * scale, input_precision=PREC)
         if REVERSE:
-            tl.store(out + c * so_c + tile, state.to(dtype), mask=tile_ok)
-    if not REVERSE:
-        tl.store(out + nc * so_c + tile, state.to(dtype), mask=tile_ok)
+            if j == 0:  # the chunk's first block: state = G_c
+                tl.store(out + c * so_c + tile, state.to(dtype), mask=tile_ok)
+        else:
+            if j == NB - 1:  # the chunk's last block: state = prev_{c+1}
+                tl.store(out + (c + 1) * so_c + tile, state.to(dtype), mask=tile_ok)
 
 
 @triton.jit
