@@ -10,15 +10,16 @@
 set -u
 out=${1:?output folder}; action=${2:?start or wait}; name=${3:?table name}; shift 3
 workers=${WORKERS:-16}
+mps=$([ "${MPS:-1}" = 1 ] && echo --mps)  # MPS=0: time-sliced workers (about half the throughput)
 run_dir=runs/reproduce/$name
 mkdir -p "$run_dir" "$out"
 pid_file=$run_dir/bg.pid log=$run_dir/bg.log
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 if [ "$action" = start ]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
-  setsid nohup python3 -m experiments.reproduce "$name" --workers "$workers" --no-progress "$@" >> "$log" 2>&1 &
+  setsid nohup python3 -m experiments.reproduce "$name" --workers "$workers" $mps --no-progress "$@" >> "$log" 2>&1 &
   echo $! > "$pid_file"
-  echo "started $name (pid $(cat "$pid_file"), $workers workers) at $(date -u +%FT%TZ)"
+  echo "started $name (pid $(cat "$pid_file"), $workers workers ${mps:-without MPS}) at $(date -u +%FT%TZ)"
 fi
 deadline=$((SECONDS + ${WAIT_S:-540}))
 while kill -0 "$(cat "$pid_file")" 2> /dev/null && [ $SECONDS -lt $deadline ]; do

@@ -102,13 +102,15 @@ def resolve_device(device: str) -> tuple[str, list[int] | str]:
     raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
-def build_datamodule(spec: TrialSpec) -> SyntheticDataModule:
+def build_datamodule(spec: TrialSpec, device: str | torch.device = "cpu") -> SyntheticDataModule:
+    """The trial's data sets, kept on ``device`` (the training device)."""
     t = spec.train
     extrap = ExtrapolationConfig(**spec.extrapolation) if spec.extrapolation else None
     return SyntheticDataModule(
         get_task(spec.task, **spec.task_options),
         train_size=t.train_size, val_size=t.val_size, test_size=t.test_size,
         batch_size=t.batch_size, eval_batch_size=t.eval_batch_size, seed=t.data_seed, extrapolation=extrap,
+        device=device,
     )
 
 
@@ -155,7 +157,7 @@ def run_trial(spec: TrialSpec, out_dir: str | Path | None = None, progress_bar: 
     if accelerator == "cpu" and spec.train.cpu_threads > 0:
         torch.set_num_threads(spec.train.cpu_threads)
     out = Path(out_dir) if out_dir is not None else None
-    dm = build_datamodule(spec)
+    dm = build_datamodule(spec, f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu")
     dm.setup()
     L.seed_everything(spec.seed, workers=True, verbose=False)
     module = build_module(spec, dm)

@@ -83,3 +83,35 @@ def test_datamodule_splits_and_extrapolation():
     # 100 random bits: any shared sequence between splits would mean shared seed streams
     assert not rows("train") & rows("test") and not rows("train") & rows("val") and not rows("val") & rows("test")
     assert len(dm.test_dataloader()) == 3
+
+
+def test_tensor_batches_shuffle_each_epoch_like_randperm():
+    """Epoch e serves rows in the order of the e-th randperm of the generator, in batches, last one partial."""
+    from tasks.datamodule import TensorBatches
+
+    n, bs = 103, 16
+    x = torch.randint(0, 50, (n, 7))
+    y = x * 3 + 1  # rows of x and y must stay paired
+    ours = TensorBatches(x, y, bs, shuffle=True, generator=torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
+    assert len(ours) == 7
+    epochs = []
+    for _ in range(3):
+        batches = list(ours)
+        assert [b[0].shape[0] for b in batches] == [16] * 6 + [7]
+        gx, gy = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        order = torch.randperm(n, generator=g)
+        assert torch.equal(gx, x[order]) and torch.equal(gy, y[order])
+        epochs.append(order)
+    assert not torch.equal(epochs[0], epochs[1])
+    plain = list(TensorBatches(x, y, 50))
+    assert [b[0].shape[0] for b in plain] == [50, 50, 3] and torch.equal(torch.cat([b[0] for b in plain]), x)
+    with pytest.raises(ValueError, match="differ in length"):
+        TensorBatches(x, y[:5], bs)
+
+
+def test_datamodule_serves_batches_from_its_device():
+    dm = SyntheticDataModule("parity", train_size=40, val_size=10, test_size=10, batch_size=8, device="meta")
+    dm.setup()
+    batch = next(iter(dm.train_dataloader()))
+    assert batch[0].device.type == "meta" and batch[0].shape == (8, dm.task.seq_len)
