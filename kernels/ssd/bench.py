@@ -8,7 +8,9 @@ Triton SSD of the ``mamba-ssm`` package, at its default chunk size 256). Every i
 first checked, forward and all gradients, against the chunked form in float64 on the first two
 sequences of the benchmark batch (the chunked form itself is tested against the step-by-step
 recurrence in ``tests/kernels/test_ssd.py``); Triton outputs are poisoned with NaN before the check.
-The function timed is ``y = ssd(x, dt, A, B, C)`` (no ``D``, no initial state), forward alone (no
+Each implementation runs once at the timed shape before its check, so that autotuned kernels
+(``mamba-ssm``'s) tune for the timed shape; ``--warm N`` compiles everything in ``N`` processes
+first (``kernels.ssd.warm``). The function timed is ``y = ssd(x, dt, A, B, C)`` (no ``D``, no initial state), forward alone (no
 autograd) and forward + backward (``torch.autograd.grad`` of ``y`` with a random ``dy`` w.r.t.
 ``x, dt, A, B, C``).
 
@@ -132,6 +134,25 @@ def _profile(fn, xs, dy, title):
     log.info("profile %s\n%s", title, prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=48))
 
 
+def _warm(args, impls: list[str]) -> None:
+    """Compile ``impls`` at the benchmark's shapes (timed batch and the check's 2 sequences) in
+    ``args.warm`` processes; ``mamba-ssm``'s autotuning split in ``args.warm_parts``."""
+    from kernels.ssd.warm import Job, warm
+
+    H = int(args.heads.split(",")[0])
+    jobs = []
+    for N in map(int, args.states.split(",")):
+        for dname in args.dtypes.split(","):
+            for impl in impls:
+                if impl.endswith("-tf32") and dname != "fp32":
+                    continue
+                parts = args.warm_parts if impl == "mamba-ssm" else 1
+                jobs += [Job(impl, dname, H, N, args.headdim, args.seqlen, (args.batch, 2), part=i, parts=parts)
+                         for i in range(parts)]
+    jobs.sort(key=lambda j: j.impl != "mamba-ssm")  # the longest first
+    warm(jobs, args.warm)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kernels.bench ssd", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one small shape (CPU-friendly)")
@@ -144,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunks", default="64,128,256", help="chunk sizes of the Triton path")
     ap.add_argument("--impls", default="", help="comma-separated name prefixes to run (default: all)")
     ap.add_argument("--profile", default="", help="print a kernel-time profile of this impl's fwd+bwd first")
+    ap.add_argument("--warm", type=int, default=0,
+                    help="first compile every implementation in this many processes (kernels.ssd.warm)")
+    ap.add_argument("--warm-parts", type=int, default=4, help="processes that split one mamba-ssm autotuning")
     ap.add_argument("--out", default="benchmarks")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -167,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     log.info("copy %.0f GB/s, matmul %s TFLOP/s", bw, {k: round(v, 1) for k, v in rates.items()})
     rows: list[BenchRow] = []
     P, G = args.headdim, 1
+    if args.warm and device == "cuda":
+        _warm(args, [k for k in impls if k != "chunked"])
     for H in map(int, args.heads.split(",")):
         for N in map(int, args.states.split(",")):
             shape = f"B{args.batch} L{args.seqlen} H{H} P{P} N{N}"
@@ -189,6 +215,9 @@ def main(argv: list[str] | None = None) -> None:
                     if impl.endswith("-tf32") and dtype != torch.float32:
                         continue
                     try:
+                        # once at the timed shape first: autotuned peers tune for it, not for the check's
+                        leaves = [t.detach().requires_grad_(True) for t in xs]
+                        torch.autograd.grad(fn(*leaves), leaves, dy_full)
                         with _poisoned():
                             out = _grads(fn, cast(small), dy)
                         err = max(rel_error(o, r) for o, r in zip(out, ref))
@@ -198,7 +227,6 @@ def main(argv: list[str] | None = None) -> None:
                         lim = _limits(args.batch, args.seqlen, H, P, G, N, Q, dtype, bw, rates[dname])
                         with torch.no_grad():
                             fwd_ms = time_ms(lambda: fn(*xs), device=device)
-                        leaves = [t.detach().requires_grad_(True) for t in xs]
                         bwd_ms = time_ms(lambda: torch.autograd.grad(fn(*leaves), leaves, dy_full), device=device)
                         for direction, ms in (("fwd", fwd_ms), ("fwd+bwd", bwd_ms)):
                             rows.append(BenchRow("ssd", impl, shape, direction, dname, ms, lim[direction], err,

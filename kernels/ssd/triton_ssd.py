@@ -66,28 +66,33 @@ def _overrides() -> dict[str, int]:
 
 
 def _attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False) -> dict:
-    """Rows per program ``BT``, warps and stages of ``chunk_attn``. 128-row tiles only where they fit
-    in shared memory (16-bit inputs, head dim and state <= 64) and not with ``DDA`` (its extra
-    ``BT x BT`` float32 tiles, the prefix sum's among them, would spill registers). One pipeline
-    stage: the column loop runs only ``Q / BT`` times, so more stages buy no overlap and cost shared
-    memory (H200, float32 TF32, ``kernels.ssd.tune``: 13.5 ms fwd+bwd with 1 stage, 16.2 with 2,
-    22.5 with Triton's default 3)."""
+    """Rows per program ``BT``, warps and stages of ``chunk_attn``. 128-row tiles (8 warps) only
+    where they fit in shared memory (16-bit inputs, head dim and state <= 64) and not with ``DDA``
+    (its extra ``BT x BT`` float32 tiles, the prefix sum's among them, would spill registers);
+    float32 with a 128-wide operand (state 128): 32 rows; else 64 rows; 4 warps below 128 rows.
+    One pipeline stage: the column loop runs only ``Q / BT`` times, so more stages buy no overlap
+    and cost shared memory. H200, ``kernels.ssd.tune``, fwd+bwd ms (``benchmarks/ssd.md``): state
+    64 float32 TF32 13.5 with 1 stage, 16.2 with 2, 22.5 with 3; state 128 bf16 9.0 with 4 warps,
+    12.2 with 8; state 128 float32 TF32 20.4 with 32 rows and 4 warps, 22.4 with 64 and 4, 25.2 with
+    64 and 8."""
     over = _overrides()
     wide = itemsize == 2 and max(DK, DV) <= 64 and not dda
-    BT = min(Q, over.get("BT", 128 if wide else 64))
-    warps = over.get("W", 4 if max(DK, DV, BT) <= 64 else 8)
+    narrow = itemsize == 4 and max(DK, DV) > 64
+    BT = min(Q, over.get("BT", 128 if wide else 32 if narrow else 64))
+    warps = over.get("W", 8 if BT >= 128 else 4)
     return {"BT": BT, "num_warps": warps, "num_stages": over.get("S", 1)}
 
 
-def _state_config(DU: int, DV: int, Q: int) -> dict:
-    """State tile ``BU x BV``, steps per block ``BS``, warps and stages of ``chunk_state``."""
+def _state_config(DU: int, DV: int, Q: int, itemsize: int) -> dict:
+    """State tile ``BU x BV``, steps per block ``BS``, warps and stages of ``chunk_state``: 64 x 64
+    tiles, 64-step blocks, 4 warps; 16-bit inputs 2 stages, float32 32 x 64 tiles and 3 stages
+    (H200, ``kernels.ssd.tune --kernel state``, forward + reverse ms at states 64 / 128: bf16 0.68 /
+    1.35 with 2 stages, 0.71 / 1.43 with 3; float32 TF32 1.72 / 3.32 with 32-row tiles, 2.44 /
+    5.04 with 64 x 64; 3-pass TF32 2.97 / 5.91 with 32 x 64, 3.40 / 6.79 with 64 x 64)."""
     over = _overrides()
-    cfg = {"BU": min(over.get("BU", 64), _pow2(DU)), "BV": min(over.get("BV", 64), _pow2(DV)),
-           "BS": min(Q, over.get("BS", 64))}
-    if "SW" in over:
-        cfg["num_warps"] = over["SW"]
-    if "SS" in over:
-        cfg["num_stages"] = over["SS"]
+    cfg = {"BU": min(over.get("BU", 64 if itemsize == 2 else 32), _pow2(DU)),
+           "BV": min(over.get("BV", 64), _pow2(DV)), "BS": min(Q, over.get("BS", 64)),
+           "num_warps": over.get("SW", 4), "num_stages": over.get("SS", 2 if itemsize == 2 else 3)}
     return cfg
 
 
@@ -110,7 +115,7 @@ def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None):
     Lp = acum.shape[-1]
     nc = Lp // Q
     out = _empty(batch, nc + 1, H, DU, DV, device=u.device, dtype=u.dtype)
-    cfg = _state_config(DU, DV, Q)
+    cfg = _state_config(DU, DV, Q, u.element_size())
     tiles = triton.cdiv(DU, cfg["BU"]) * triton.cdiv(DV, cfg["BV"])
     dots = _empty(batch, nc, H, tiles, device=u.device, dtype=torch.float32) if reverse else out
     init_strides = init.stride() if init is not None else (0, 0, 0, 0)

@@ -127,8 +127,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the C
     "batch,L,H,P,G,N,chunk",
     [(1, 1, 2, 16, 1, 16, 16), (2, 37, 4, 16, 2, 16, 16), (1, 17, 2, 8, 1, 5, 16), (1, 67, 4, 32, 1, 32, 32),
      (1, 19, 2, 16, 1, 80, 16),
-     # chunk 128 > the 64-row tiles of float32 (two row tiles per chunk, the path of state 128 on a
-     # GPU), two 64-wide state tiles, a partial last chunk
+     # chunk 128 > the 32-row tiles of float32 with a state > 64 (four row tiles per chunk, the path
+     # of state 128 on a GPU), several state tiles, a partial last chunk
      (1, 150, 2, 16, 1, 72, 128)],
 )
 def test_triton_matches_reference(poisoned, batch, L, H, P, G, N, chunk):
