@@ -54,26 +54,29 @@ def _row_of(v, sel):
 def _diag_scan_kernel(
     c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, counter_ptr,
     L, D, n_dt, n_lt, n_chunks,
-    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
+    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, WIN: tl.constexpr,
 ):
-    k, lt = take_ticket(counter_ptr, n_lt)
+    k, lt, tag = take_ticket(counter_ptr, n_lt, n_lt * n_chunks)
     b = lt // n_dt
     dt = lt % n_dt
     m = n_chunks - 1 - k if REVERSE else k
     # reverse: the tile's rows in reverse memory order, so the scan always runs forward over the tile
-    rows = m * CH + ((CH - 1 - tl.arange(0, CH)) if REVERSE else tl.arange(0, CH))
+    i = (CH - 1 - tl.arange(0, CH)) if REVERSE else tl.arange(0, CH)  # row within the chunk in memory
+    rows = m * CH + i
     lanes = dt * BD + tl.arange(0, BD)
     lmask = lanes < D
     mask = (rows < L)[:, None] & lmask[None, :]
-    base = b.to(tl.int64) * L * D
-    offs = base + rows[:, None] * D + lanes[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    # int64 element offset of the tile's corner (b, m * CH, dt * BD); int32 offsets inside the tile
+    start = (b.to(tl.int64) * L + m * CH) * D + dt * BD
+    offs = i[:, None] * D + tl.arange(0, BD)[None, :]
+    x = tl.load(x_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
     if GRAD:
+        shift = D if REVERSE else -D  # the coefficient of the previous step in this scan's order
         prow = rows + 1 if REVERSE else rows - 1
         pmask = ((prow >= 0) & (prow < L))[:, None] & lmask[None, :]
-        a = tl.load(c_ptr + base + prow[:, None] * D + lanes[None, :], mask=pmask, other=0.0).to(tl.float32)
+        a = tl.load(c_ptr + start + offs + shift, mask=pmask, other=0.0).to(tl.float32)
     else:
-        a = tl.load(c_ptr + offs, mask=mask, other=1.0).to(tl.float32)
+        a = tl.load(c_ptr + start + offs, mask=mask, other=1.0).to(tl.float32)
     a = tl.where(mask, a, 1.0)  # rows past the end are the identity map
 
     A, Y = tl.associative_scan((a, x), 0, _compose)
@@ -83,15 +86,15 @@ def _diag_scan_kernel(
 
     # ---- decoupled look-back (_lookback.py): records of 3 x BD words per (lane tile, chunk) ----
     rec = ws_ptr + (lt * n_chunks) * 3 * BD + tl.arange(0, BD)
-    carry = lookback_diag(rec, k, agg_a, agg_y, CH, BD)
+    carry = lookback_diag(rec, k, agg_a, agg_y, tag, CH, BD, WIN)
 
     y = Y + A * carry[None, :]
-    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + start + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
     if GRAD:
         qrow = rows - 1 if REVERSE else rows + 1
         qmask = ((qrow >= 0) & (qrow < L))[:, None] & lmask[None, :]
-        yq = tl.load(yfwd_ptr + base + qrow[:, None] * D + lanes[None, :], mask=qmask, other=0.0).to(tl.float32)
-        tl.store(dc_ptr + offs, (y * yq).to(dc_ptr.dtype.element_ty), mask=mask)
+        yq = tl.load(yfwd_ptr + start + offs - shift, mask=qmask, other=0.0).to(tl.float32)
+        tl.store(dc_ptr + start + offs, (y * yq).to(dc_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -101,34 +104,39 @@ def _block2_scan_kernel(
     REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
 ):
     """``C (B, L, 2, 2, D)``, ``x / out / yfwd (B, L, 2, D)``, ``dc`` like ``C``."""
-    k, lt = take_ticket(counter_ptr, n_lt)
+    k, lt, tag = take_ticket(counter_ptr, n_lt, n_lt * n_chunks)
     b = lt // n_dt
     dt = lt % n_dt
     m = n_chunks - 1 - k if REVERSE else k
     # reverse: the tile's rows in reverse memory order, so the scan always runs forward over the tile
-    rows = m * CH + ((CH - 1 - tl.arange(0, CH)) if REVERSE else tl.arange(0, CH))
+    i = (CH - 1 - tl.arange(0, CH)) if REVERSE else tl.arange(0, CH)  # row within the chunk in memory
+    rows = m * CH + i
     lanes = dt * BD + tl.arange(0, BD)
     lmask = lanes < D
     mask = (rows < L)[:, None] & lmask[None, :]
-    bl = b.to(tl.int64) * L
-    xo = (bl + rows[:, None]) * 2 * D + lanes[None, :]  # x[b, t, 0, d]
-    x0 = tl.load(x_ptr + xo, mask=mask, other=0.0).to(tl.float32)
-    x1 = tl.load(x_ptr + xo + D, mask=mask, other=0.0).to(tl.float32)
+    # int64 offsets of the tile's corner in x (2 D per step) and C (4 D per step); int32 inside the tile
+    bm = b.to(tl.int64) * L + m * CH
+    xs = bm * 2 * D + dt * BD
+    cs = bm * 4 * D + dt * BD
+    xo = i[:, None] * (2 * D) + tl.arange(0, BD)[None, :]  # x[b, t, 0, d]
+    co = i[:, None] * (4 * D) + tl.arange(0, BD)[None, :]  # C[b, t, 0, 0, d]
+    x0 = tl.load(x_ptr + xs + xo, mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(x_ptr + xs + xo + D, mask=mask, other=0.0).to(tl.float32)
     if GRAD:
         prow = rows + 1 if REVERSE else rows - 1
         pmask = ((prow >= 0) & (prow < L))[:, None] & lmask[None, :]
-        co = (bl + prow[:, None]) * 4 * D + lanes[None, :]
+        pc = c_ptr + cs + co + (4 * D if REVERSE else -4 * D)
         # transposed: a_ij = C[p(t)][j, i]
-        a00 = tl.load(c_ptr + co, mask=pmask, other=0.0).to(tl.float32)
-        a10 = tl.load(c_ptr + co + D, mask=pmask, other=0.0).to(tl.float32)
-        a01 = tl.load(c_ptr + co + 2 * D, mask=pmask, other=0.0).to(tl.float32)
-        a11 = tl.load(c_ptr + co + 3 * D, mask=pmask, other=0.0).to(tl.float32)
+        a00 = tl.load(pc, mask=pmask, other=0.0).to(tl.float32)
+        a10 = tl.load(pc + D, mask=pmask, other=0.0).to(tl.float32)
+        a01 = tl.load(pc + 2 * D, mask=pmask, other=0.0).to(tl.float32)
+        a11 = tl.load(pc + 3 * D, mask=pmask, other=0.0).to(tl.float32)
     else:
-        co = (bl + rows[:, None]) * 4 * D + lanes[None, :]
-        a00 = tl.load(c_ptr + co, mask=mask, other=0.0).to(tl.float32)
-        a01 = tl.load(c_ptr + co + D, mask=mask, other=0.0).to(tl.float32)
-        a10 = tl.load(c_ptr + co + 2 * D, mask=mask, other=0.0).to(tl.float32)
-        a11 = tl.load(c_ptr + co + 3 * D, mask=mask, other=0.0).to(tl.float32)
+        pc = c_ptr + cs + co
+        a00 = tl.load(pc, mask=mask, other=0.0).to(tl.float32)
+        a01 = tl.load(pc + D, mask=mask, other=0.0).to(tl.float32)
+        a10 = tl.load(pc + 2 * D, mask=mask, other=0.0).to(tl.float32)
+        a11 = tl.load(pc + 3 * D, mask=mask, other=0.0).to(tl.float32)
     a00 = tl.where(mask, a00, 1.0)
     a01 = tl.where(mask, a01, 0.0)
     a10 = tl.where(mask, a10, 0.0)
@@ -147,22 +155,22 @@ def _block2_scan_kernel(
 
     # ---- decoupled look-back (_lookback.py): records of 8 x BD words per (lane tile, chunk) ----
     rec = ws_ptr + (lt * n_chunks) * 8 * BD + tl.arange(0, BD)
-    r0, r1 = lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, CH, BD)
+    r0, r1 = lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, tag, CH, BD)
 
     y0 = Y0 + A00 * r0[None, :] + A01 * r1[None, :]
     y1 = Y1 + A10 * r0[None, :] + A11 * r1[None, :]
     ety = out_ptr.dtype.element_ty
-    tl.store(out_ptr + xo, y0.to(ety), mask=mask)
-    tl.store(out_ptr + xo + D, y1.to(ety), mask=mask)
+    tl.store(out_ptr + xs + xo, y0.to(ety), mask=mask)
+    tl.store(out_ptr + xs + xo + D, y1.to(ety), mask=mask)
     if GRAD:
         qrow = rows - 1 if REVERSE else rows + 1
         qmask = ((qrow >= 0) & (qrow < L))[:, None] & lmask[None, :]
-        qo = (bl + qrow[:, None]) * 2 * D + lanes[None, :]
-        yq0 = tl.load(yfwd_ptr + qo, mask=qmask, other=0.0).to(tl.float32)
-        yq1 = tl.load(yfwd_ptr + qo + D, mask=qmask, other=0.0).to(tl.float32)
-        co = (bl + rows[:, None]) * 4 * D + lanes[None, :]
+        pq = yfwd_ptr + xs + xo + (-2 * D if REVERSE else 2 * D)
+        yq0 = tl.load(pq, mask=qmask, other=0.0).to(tl.float32)
+        yq1 = tl.load(pq + D, mask=qmask, other=0.0).to(tl.float32)
+        pd = dc_ptr + cs + co
         cty = dc_ptr.dtype.element_ty
-        tl.store(dc_ptr + co, (y0 * yq0).to(cty), mask=mask)
-        tl.store(dc_ptr + co + D, (y0 * yq1).to(cty), mask=mask)
-        tl.store(dc_ptr + co + 2 * D, (y1 * yq0).to(cty), mask=mask)
-        tl.store(dc_ptr + co + 3 * D, (y1 * yq1).to(cty), mask=mask)
+        tl.store(pd, (y0 * yq0).to(cty), mask=mask)
+        tl.store(pd + D, (y0 * yq1).to(cty), mask=mask)
+        tl.store(pd + 2 * D, (y1 * yq0).to(cty), mask=mask)
+        tl.store(pd + 3 * D, (y1 * yq1).to(cty), mask=mask)

@@ -162,16 +162,21 @@ def bench_block2(shape, rows, dev, add_bw, quick):
         rows.append(BenchRow("scan", "ours torch (log-step)", name, "fwd", "float32", t, lim_f, rel_error(out, y_ref)))
 
 
-# (CH, BD, num_warps). Measured on an H200 (2026-11-21, 06:08): 8-warp programs, 8-step chunks and
-# the in-thread layouts (BD = 128 * num_warps: 16x256/2, 16x512/4, 32x128/1) were 1.3-2.5x slower
-# than 64x64 on 4 warps; 32x256/2 was 5x slower in fwd+bwd.
-SWEEP = [(64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 32, 4), (64, 32, 2), (32, 64, 2), (64, 64, 2), (16, 256, 2)]
-SWEEP_BLOCK2 = [(32, 32, 4), (64, 32, 4), (32, 64, 4), (16, 32, 2), (32, 32, 2)]
+# (CH, BD, num_warps). Before 2026-11-21 09:xx the sweeps (06:08, 07:43) timed 64x64/4, 128x64/4, 64x128/4,
+# 128x32/4, 64x32/2, 32x64/2, 64x64/2 and in-thread 16x256/2 (benchmarks/scan.md); BD = 32 * warps (one channel
+# per thread, the chunk's steps in its registers) won, and since the kernels' in-tile offsets are int32 the
+# register use per step dropped, so shorter chunks on 2-8 warps are swept now.
+# The 4th entry: records per look-back step of the diagonal scan (ts.LOOKBACK_WINDOW).
+SWEEP = [(32, 64, 2, 1), (32, 64, 2, 4), (32, 64, 2, 8), (16, 64, 2, 8), (16, 64, 2, 16), (64, 64, 2, 8),
+         (16, 128, 4, 8), (32, 128, 4, 8), (32, 32, 1, 8), (64, 64, 4, 8)]
+SWEEP_BLOCK2 = [(8, 64, 2), (16, 64, 2), (16, 32, 1), (8, 128, 4), (16, 128, 4), (32, 32, 2)]
 
 
 def sweep(dev: str) -> list[BenchRow]:
-    """Time the Triton scan's tile configurations ``(CH, BD, num_warps)`` (forward and fwd+bwd)."""
-    rows, saved = [], ts.config
+    """Time the Triton scan's tile configurations ``(CH, BD, num_warps)``: the forward kernel (``fwd``) and
+    the backward kernel alone (``bwd``: ``dx`` and ``dc`` from ``c, y, dy``), each checked first (poisoned
+    outputs) against the float64 reference; ``rel err`` is the larger of the two checks."""
+    rows, saved, saved_win = [], ts.config, ts.LOOKBACK_WINDOW
     try:
         for shape in SHAPES + [("2x2",) + s for s in BLOCK2_SHAPES]:
             block2 = shape[0] == "2x2"
@@ -180,22 +185,30 @@ def sweep(dev: str) -> list[BenchRow]:
             if block2:
                 c = torch.rand((B, L, 2, 2, D), device=dev, generator=gen) * 0.5
                 x = torch.randn((B, L, 2, D), device=dev, generator=gen)
-                fn, ref = ts.linear_scan_block2_triton, linear_scan_block2_torch
+                fn, ref = ts.linear_scan_block2_triton, reference_block2
             else:
                 c = torch.rand((B, L, D), device=dev, generator=gen) * 0.2 + 0.8
                 x = torch.randn((B, L, D), device=dev, generator=gen)
-                fn, ref = ts.linear_scan_triton, linear_scan_torch
-            y_ref = ref(c.double(), x.double())
+                fn, ref = ts.linear_scan_triton, reference_diag
             dy = torch.randn_like(x)
+            y_ref, dx_ref, dc_ref = ref(c, x, dy)
+            y = y_ref.float()
+            name = f"{'2x2 ' if block2 else ''}({B}, {L}, {D})"
             for cfg in SWEEP_BLOCK2 if block2 else SWEEP:
-                ts.config = lambda L_, D_, b_, cfg=cfg: cfg
-                name = f"{'2x2 ' if block2 else ''}({B}, {L}, {D})"
-                err = rel_error(_poisoned(lambda: fn(c, x)), y_ref)
-                rows.append(BenchRow("scan", f"triton CH,BD,warps={cfg}", name, "fwd", "float32", time_ms(lambda: fn(c, x)), max_rel_err=err))
-                rows.append(BenchRow("scan", f"triton CH,BD,warps={cfg}", name, "fwd+bwd", "float32", time_ms(_fwd_bwd(fn, c, x, dy))))
-            del y_ref
+                ts.config = lambda L_, D_, b_, g_=False, cfg=cfg: cfg[:3]
+                ts.LOOKBACK_WINDOW = cfg[3] if len(cfg) > 3 else saved_win
+                impl = f"triton CH,BD,warps{',win' if len(cfg) > 3 else ''}={cfg}"
+                err_f = rel_error(_poisoned(lambda: fn(c, x)), y_ref)
+                dc, dx = _poisoned(lambda: ts._backward(c, y, dy, False, block2))
+                err_b = max(rel_error(dx, dx_ref), rel_error(dc, dc_ref))
+                rows.append(BenchRow("scan", impl, name, "fwd", "float32", time_ms(lambda: fn(c, x)), max_rel_err=err_f))
+                rows.append(BenchRow("scan", impl, name, "bwd", "float32",
+                                     time_ms(lambda: ts._backward(c, y, dy, False, block2)), max_rel_err=err_b))
+                del dc, dx
+            del y_ref, dx_ref, dc_ref, y
+            torch.cuda.empty_cache()
     finally:
-        ts.config = saved
+        ts.config, ts.LOOKBACK_WINDOW = saved, saved_win
     return rows
 
 

@@ -31,16 +31,18 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _WS_OFFSET = 16  # int64 words before the look-back records (the ticket counter lives in word 0)
 
 
-def config(L: int, D: int, block2: bool) -> tuple[int, int, int]:
-    """``(CH, BD, num_warps)``: time steps per chunk, channels per tile, warps per program.
+def config(L: int, D: int, block2: bool, grad: bool = False) -> tuple[int, int, int]:
+    """``(CH, BD, num_warps)``: time steps per chunk, channels per tile, warps per program, for the
+    forward kernel or (``grad``) the backward one.
 
-    Measured best of the sweep on an H200 (2026-11-21 07:43, ``benchmarks/scan.md``): 64 x 64 tiles on
-    2 warps (diagonal; 64 x 64 on 4 warps, 128 x 32 / 4, 64 x 32 / 2 and the in-thread 16 x 256 / 2
-    were 5-95% slower) and 32 x 32 on 2 warps (2x2 blocks).
+    ``BD = 32 * num_warps`` gives every thread one channel and the chunk's ``CH`` steps of it, so the
+    scan runs along time inside each thread (no shuffles) and no lane is replicated over threads.
     """
+    BD = min(64, max(16, triton.next_power_of_2(D)))
+    warps = max(1, BD // 32)
     if block2:
-        return 32, (32 if D > 16 else 16), 2
-    return 64, min(64, max(16, triton.next_power_of_2(D))), 2
+        return 16, BD, warps
+    return 32, BD, warps
 
 
 def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> None:
@@ -67,20 +69,55 @@ def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> N
         raise ValueError(f"{name}: Triton needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU), got {x.device}")
 
 
+#: Records per look-back step of the diagonal scan after the first (``_lookback.lookback_diag``).
+LOOKBACK_WINDOW = 8
+
+#: Launches of one cached workspace before it is zeroed: its records carry a 31-bit launch tag
+#: (``_lookback.py``), which must not repeat while an old record could still be read as published.
+WS_LAUNCH_LIMIT = 2**31 - 1
+_workspaces: dict[tuple[str, int], list] = {}  # (device, stream) -> [int64 workspace, launches since zeroed]
+
+
+def _workspace(device: torch.device, words: int) -> torch.Tensor:
+    """The int64 look-back workspace of the current stream on ``device`` (at least ``words`` words).
+
+    Cached per (device, stream) and reused by every launch: the kernels need no zeroing between launches
+    (the ticket counter in word 0 resets itself and carries the epoch; records are tagged by launch,
+    ``_lookback.py``). One workspace per stream, because launches on one stream never overlap. Limits:
+    it stays allocated (the largest size asked for, per stream); under CUDA graph replay the host does
+    not count launches, so a graph replayed more than ``WS_LAUNCH_LIMIT`` times without an eager launch
+    in between could meet repeated tags; capture after one eager (warm-up) call, so the workspace
+    is not allocated inside the capture.
+    """
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    entry = _workspaces.get(key)
+    if entry is None or entry[0].numel() < words:
+        entry = _workspaces[key] = [torch.zeros(words, dtype=torch.int64, device=device), 0]
+    elif entry[1] >= WS_LAUNCH_LIMIT:
+        entry[0].zero_()
+        entry[1] = 0
+    entry[1] += 1
+    return entry[0]
+
+
 def _launch(kernel, c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool) -> None:
     B, L, D = x.shape[0], x.shape[1], x.shape[-1]
     if out.numel() == 0:
         return
-    CH, BD, warps = config(L, D, block2)
+    CH, BD, warps = config(L, D, block2, grad)
+    if (CH + 1) * (4 if block2 else 1) * D + BD >= 2**31:
+        raise ValueError(f"linear_scan_triton: D = {D} is too large for the kernels' int32 in-tile offsets")
     n_dt = triton.cdiv(D, BD)
     n_lt = B * n_dt
     n_chunks = triton.cdiv(L, CH)
     words = 8 if block2 else 3  # record words per lane (_lookback.py)
-    ws = torch.zeros(_WS_OFFSET + n_lt * n_chunks * words * BD, dtype=torch.int64, device=x.device)
+    ws = _workspace(x.device, _WS_OFFSET + n_lt * n_chunks * words * BD)
+    extra = {} if block2 else {"WIN": LOOKBACK_WINDOW}
     kernel[(n_lt * n_chunks,)](
         c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws,
         L, D, n_dt, n_lt, n_chunks,
-        REVERSE=reverse, GRAD=grad, CH=CH, BD=BD, num_warps=warps,
+        REVERSE=reverse, GRAD=grad, CH=CH, BD=BD, num_warps=warps, **extra,
     )
 
 

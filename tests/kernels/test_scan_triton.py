@@ -36,7 +36,7 @@ def poison(monkeypatch):
 
 
 def small_tiles(monkeypatch, ch=16, bd=16):
-    monkeypatch.setattr(ts, "config", lambda L, D, block2: (ch, bd, 4))
+    monkeypatch.setattr(ts, "config", lambda L, D, block2, grad=False: (ch, bd, 4))
 
 
 def rel(a, b):
@@ -109,40 +109,49 @@ def test_one_row_tail(monkeypatch, reverse):
 
 # ---- the look-back on records in every published state (the interpreter runs programs in ticket
 # order, so the kernels above only ever meet inclusive predecessors; here the records are written by
-# hand: per lane, the nearest inclusive chunk is at a different depth, aggregates above it)
+# hand: per lane, the nearest inclusive chunk is at a different depth, aggregates above it; every word
+# not published in this launch holds garbage under another launch's tag, which must read as unpublished)
+
+TAG = 6
+STALE_TAGS = (1, 5, 7)  # 1: the published bit of the first record format; 5: the previous launch
 
 
-def _word(v):
-    """Published record word of float32 values ``v`` (bit 32 set, the float bits below)."""
-    return np.asarray(v, np.float32).view(np.uint32).astype(np.int64) | (1 << 32)
+def _word(v, tag=TAG):
+    """Record word of float32 values ``v`` under launch tag ``tag`` (bits 32-62, the float bits below)."""
+    return np.asarray(v, np.float32).view(np.uint32).astype(np.int64) | (tag << 32)
 
 
 @triton.jit
-def _lookback_probe(ws_ptr, agg_ptr, out_ptr, k, NW: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr):
+def _lookback_probe(ws_ptr, agg_ptr, out_ptr, k, tag, NW: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
+                    WIN: tl.constexpr):
     lanes = tl.arange(0, BD)
+    tag = tag.to(tl.int64)
     if NW == 3:
-        carry = lookback_diag(ws_ptr + lanes, k, tl.load(agg_ptr + lanes), tl.load(agg_ptr + BD + lanes), CH, BD)
+        carry = lookback_diag(ws_ptr + lanes, k, tl.load(agg_ptr + lanes), tl.load(agg_ptr + BD + lanes), tag, CH, BD, WIN)
         tl.store(out_ptr + lanes, carry)
     else:
         g = agg_ptr + lanes
         r0, r1 = lookback_block2(
             ws_ptr + lanes, k, tl.load(g), tl.load(g + BD), tl.load(g + 2 * BD), tl.load(g + 3 * BD),
-            tl.load(g + 4 * BD), tl.load(g + 5 * BD), CH, BD,
+            tl.load(g + 4 * BD), tl.load(g + 5 * BD), tag, CH, BD,
         )
         tl.store(out_ptr + lanes, r0)
         tl.store(out_ptr + BD + lanes, r1)
 
 
-@pytest.mark.parametrize("block2", [False, True])
-def test_lookback_mixed_record_states(block2):
-    rng = np.random.default_rng(12 + block2)
+@pytest.mark.parametrize("block2, win", [(False, 1), (False, 3), (False, 8), (True, 1)])
+def test_lookback_mixed_record_states(block2, win):
+    """Diagonal look-back windows of 1, 3 and 8 records (8 > k: the window reaches below chunk 0)."""
+    rng = np.random.default_rng(12 + block2 + win)
     BD, k, n = 16, 7, 2 if block2 else 1  # n: state size per lane
     na, nw = n * n, n * n + 2 * n  # coefficient words, words per record
     depth = rng.integers(0, k, size=BD)  # per lane: the chunk whose inclusive value ends the walk
     A = rng.uniform(-1.1, 1.1, size=(k, n, n, BD))
     Yagg = rng.standard_normal((k, n, BD))
     Yinc = rng.standard_normal((k, n, BD))
-    ws = np.zeros((k + 1, nw, BD), np.int64)
+    # garbage under stale tags everywhere first (including chunk k's own record)
+    stale = rng.choice(STALE_TAGS, size=(k + 1, nw, BD))
+    ws = _word(rng.standard_normal((k + 1, nw, BD)) * 100, 0) | (stale << 32)
     want = np.zeros((n, BD))
     for lane in range(BD):
         d = depth[lane]
@@ -159,17 +168,51 @@ def test_lookback_mixed_record_states(block2):
     agg = rng.uniform(-1, 1, size=(na + n, BD)).astype(np.float32)
     out = torch.full((n * BD,), math.nan, device=DEV)
     ws_t = torch.from_numpy(ws.reshape(-1).copy()).to(DEV)
-    _lookback_probe[(1,)](ws_t, torch.from_numpy(agg).to(DEV), out, k, NW=nw, CH=4, BD=BD)
+    _lookback_probe[(1,)](ws_t, torch.from_numpy(agg).to(DEV), out, k, TAG, NW=nw, CH=4, BD=BD, WIN=win)
     got = out.double().cpu().numpy().reshape(n, BD)
     ws_t = ws_t.cpu()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # chunk k published its aggregate (unchanged) and its inclusive value agg_y + agg_A @ carry
     rec = ws_t.numpy().reshape(k + 1, nw, BD)[k]
-    assert (rec >> 32 == 1).all()
+    assert (rec >> 32 == TAG).all()
     vals = (rec & 0xFFFFFFFF).astype(np.uint32).view(np.float32).astype(np.float64)
     np.testing.assert_array_equal(vals[: na + n], agg.astype(np.float64))
     gA = agg[:na].astype(np.float64).reshape(n, n, BD)
     np.testing.assert_allclose(vals[na + n:], agg[na:].astype(np.float64) + np.einsum("ijl,jl->il", gA, got), rtol=1e-5, atol=1e-5)
+
+
+def _counter(ws):
+    """``(epoch, tickets taken)`` of a workspace's ticket counter (word 0)."""
+    word = int(ws[0])
+    return word >> 32, word & 0xFFFFFFFF
+
+
+def test_workspace_reused_across_launches(monkeypatch):
+    """One cached workspace per stream, never re-zeroed by the host: every launch leaves the counter at
+    (next epoch, 0 tickets); records of earlier launches (other layouts too) are ignored. With the launch
+    limit set to 3, the host zeroes the workspace every third launch and the epochs start again."""
+    monkeypatch.setattr(ts, "_workspaces", {})
+    monkeypatch.setattr(ts, "WS_LAUNCH_LIMIT", 3)
+    small_tiles(monkeypatch)
+    gen = torch.Generator().manual_seed(21)
+    c, x = inputs((2, 50, 20), (2, 50, 20), gen)
+    C, x2 = inputs((1, 40, 2, 2, 5), (1, 40, 2, 5), gen)
+    want = [linear_scan_reference(c.double(), x.double(), r) for r in (False, True)]
+    want2 = linear_scan_block2_reference((C * 0.7).double(), x2.double())
+    epochs = []
+    for launch in range(7):
+        if launch == 4:
+            got = ts.linear_scan_block2_triton(C * 0.7, x2)
+            assert rel(got, want2) < 1e-5
+        else:
+            rev = bool(launch % 2)
+            assert rel(ts.linear_scan_triton(c, x, rev), want[rev]) < 1e-5, launch
+        (ws, count), = ts._workspaces.values()
+        epoch, tickets = _counter(ws.cpu())
+        assert tickets == 0
+        epochs.append(epoch)
+        assert count == epoch  # the host's launch count since the last zeroing is the device epoch
+    assert epochs == [1, 2, 3, 1, 2, 3, 1]
 
 
 def test_bfloat16_storage():
@@ -262,9 +305,10 @@ def _grads(fn, c, x, reverse, g):
 def test_gpu_repeated_launches(monkeypatch, L):
     """Races show only now and then: per length, 24 poisoned launches of every tile configuration in
     ``cfgs`` (``None``: the shipped ``config``; 64x64 on 4 warps and 16x16 on 4 warps replicate lanes
-    over threads), both directions, diagonal and 2x2; forward every time, gradients every fourth time,
-    against the float64 loop (computed once)."""
-    cfgs = [None, (16, 16, 4), (64, 64, 4)]
+    over threads; look-back windows of 3 and 8 records), both directions, diagonal and 2x2; forward
+    every time, gradients every fourth time, against the float64 loop (computed once). All launches
+    share the stream's cached workspace, full of records of earlier launches and other layouts."""
+    cfgs = [(None, ts.LOOKBACK_WINDOW), ((16, 16, 4), 3), ((64, 64, 4), 8)]
     shipped = ts.config
     gen = torch.Generator().manual_seed(L)
     c, x = inputs((2, L, 70), (2, L, 70), gen)
@@ -276,8 +320,9 @@ def test_gpu_repeated_launches(monkeypatch, L):
                                 (ts.linear_scan_block2_triton, linear_scan_block2_reference, C, x2)):
             g = torch.randn(xx.shape, generator=gen, dtype=torch.float64).to(DEV)
             cases.append((fn, cc, xx, g.float(), _grads(ref, cc.double(), xx.double(), reverse, g)))
-        for cfg in cfgs:
-            monkeypatch.setattr(ts, "config", shipped if cfg is None else (lambda L_, D_, b_, cfg=cfg: cfg))
+        for cfg, win in cfgs:
+            monkeypatch.setattr(ts, "config", shipped if cfg is None else (lambda L_, D_, b_, g_=False, cfg=cfg: cfg))
+            monkeypatch.setattr(ts, "LOOKBACK_WINDOW", win)
             for rep in range(24):
                 for fn, cc, xx, g, want in cases:
                     where = (cfg, reverse, rep, fn.__name__)
@@ -314,3 +359,23 @@ def test_gpu_large(shape):
     c = c.clamp(-1, 1)
     for reverse in (False, True):
         check(ts.linear_scan_triton, linear_scan_reference, c, x, reverse, tol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_concurrent_streams():
+    """Launches on two streams may overlap, so each stream has its own workspace (ticket counter and
+    records): 10 rounds of one launch per stream at once, every output checked."""
+    gen = torch.Generator().manual_seed(17)
+    c, x = inputs((4, 3000, 256), (4, 3000, 256), gen)
+    c = c.clamp(-1, 1)
+    want = linear_scan_reference(c.double(), x.double())
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    torch.cuda.synchronize()
+    for _ in range(10):
+        outs = []
+        for s in streams:
+            with torch.cuda.stream(s):
+                outs.append(ts.linear_scan_triton(c, x))
+        torch.cuda.synchronize()
+        for y in outs:
+            assert rel(y, want) < 1e-5
