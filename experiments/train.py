@@ -128,7 +128,7 @@ def build_module(spec: TrialSpec, dm: SyntheticDataModule) -> LitSequenceModel:
 
 def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
     """Newton statistics of mixers that record them (``last_newton_stats`` of the last forward, and the
-    ``fallback_count`` / ``newton_forwards`` counters over the whole trial, evaluation included), else ``{}``."""
+    ``fallback_count`` / ``retry_count`` / ``newton_forwards`` counters over the whole trial, evaluation included), else ``{}``."""
     out: dict[str, Any] = {}
     for name, module in model.named_modules():
         stats = getattr(module, "last_newton_stats", None)
@@ -140,7 +140,7 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
                 v = v.tolist()
             if isinstance(v, (int, float, str, bool, list)):
                 out[f"newton/{k}"] = v
-        for counter in ("fallback_count", "newton_forwards"):
+        for counter in ("fallback_count", "retry_count", "newton_forwards"):
             if isinstance(getattr(module, counter, None), int):
                 out[f"newton/{counter}"] = getattr(module, counter)
         break

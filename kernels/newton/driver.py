@@ -49,11 +49,14 @@ class NewtonStats:
     ``residuals[k]`` is ``max |f(h^k_{t-1}, u_t) - h^k_t|`` over every position, batch element and
     channel, for the initial guess (``k = 0``) and after each iteration ``k = 1 ..``.
     ``fell_back``: the residual check failed and the sequential result was returned instead.
+    ``retried``: the check failed and the solve was run again with more iterations (fused mode;
+    ``residuals`` then holds the final residual of each attempt).
     """
 
     residuals: list[float]
     mode: str = "parallel"
     fell_back: bool = False
+    retried: bool = False
 
     @property
     def iterations(self) -> int:

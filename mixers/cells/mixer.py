@@ -24,10 +24,13 @@ Modes (``mode=`` or, as for every mixer, ``backend=``):
   is not dense, else ``parallel``; on the CPU ``parallel``.
 
 With ``check=True`` every parallel result's residual ``max |f(h_{t-1}, x_t) - h_t|`` is checked:
-non-finite or above ``divergence_tol * max(1, max |h|)`` -> the sequential result is returned and
-``fallback_count`` incremented (``on_divergence="fallback"``; ``newton_forwards`` counts the checked
-forwards, so ``fallback_count / newton_forwards`` is the fallback rate) or ``NewtonDivergenceError`` is raised
-(``"raise"``). ``last_newton_stats`` holds the per-iteration max residuals of the last forward.
+non-finite or above ``divergence_tol * max(1, max |h|)`` -> in ``fused`` mode the solve is first
+run again with ``retry_iters`` iterations (default ``max(4 * iters, 8)``; ``0`` skips it;
+``retry_count`` counts these), which costs little next to the sequential loop; if that fails too, or
+in the other modes, the sequential result is returned and ``fallback_count`` incremented
+(``on_divergence="fallback"``) or ``NewtonDivergenceError`` is raised (``"raise"``).
+``newton_forwards`` counts the forwards in a Newton mode, so ``fallback_count / newton_forwards``
+is the fallback rate. ``last_newton_stats`` holds the max residuals of the last forward.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ class CellMixer(nn.Module):
 
     Attributes: ``cells`` (one per head), ``last_newton_stats`` (``NewtonStats`` or ``None``),
     ``fallback_count`` (parallel results replaced by the sequential one since construction),
-    ``newton_forwards`` (forwards in a parallel or fused mode since construction).
+    ``retry_count`` (fused solves re-run with ``retry_iters`` iterations), ``newton_forwards``
+    (forwards in a parallel or fused mode since construction).
     """
 
     BACKENDS = MODES
@@ -85,6 +89,7 @@ class CellMixer(nn.Module):
         divergence_tol: float = 1e-4,
         on_divergence: str = "fallback",
         verify: bool = True,
+        retry_iters: Optional[int] = None,
         cell_kwargs: Optional[dict] = None,
     ):
         super().__init__()
@@ -120,6 +125,9 @@ class CellMixer(nn.Module):
         self.d_in, self.state_size = cell.sizes()
         self.iters, self.tol, self.damping, self.check = iters, tol, damping, check
         self.divergence_tol, self.on_divergence = divergence_tol, on_divergence
+        if retry_iters is not None and (not isinstance(retry_iters, int) or isinstance(retry_iters, bool) or retry_iters < 0):
+            raise ValueError(f"retry_iters must be None or an int >= 0, got {retry_iters!r}")
+        self.retry_iters = max(4 * iters, 8) if retry_iters is None else retry_iters
         with torch.no_grad():
             self.d_out = cell.output(torch.zeros(1, self.state_size)).shape[-1]
         width = H * self.d_out
@@ -127,6 +135,7 @@ class CellMixer(nn.Module):
         self.last_newton_stats: Optional[NewtonStats] = None
         self.fallback_count = 0
         self.newton_forwards = 0
+        self.retry_count = 0
 
     # --- parameters and per-head calls -------------------------------------------------------------
     def stacked_parameters(self) -> dict[str, torch.Tensor]:
@@ -194,15 +203,15 @@ class CellMixer(nn.Module):
             return sequential_apply(step, u, values, state_size=S, time_dim=2)
         self.newton_forwards += 1
         if mode == "fused":
-            h = type(self.cells[0]).fused_apply(params, u, iters=self.iters, tol=self.tol)
+            fused_apply = type(self.cells[0]).fused_apply
+            h = fused_apply(params, u, iters=self.iters, tol=self.tol)
             stats = NewtonStats(residuals=[], mode="fused")
-            if self.check:
-                with torch.no_grad():
-                    r = residual(step, h.detach(), u.detach(), [v.detach() for v in values], time_dim=2)
-                    # one device synchronisation for both maxima
-                    final, h_max = torch.stack([r.abs().amax(), h.detach().abs().amax()]).tolist() if h.numel() else (0.0, 0.0)
-                    stats.residuals = [final]
-                if not check_residual(stats.final_residual, h_max, self.divergence_tol):
+            if self.check and not self._converged(stats, h, step, u, values):
+                if self.retry_iters > self.iters:  # more iterations cost little next to the sequential loop
+                    stats.retried = True
+                    self.retry_count += 1
+                    h = fused_apply(params, u, iters=self.retry_iters, tol=self.tol)
+                if not (stats.retried and self._converged(stats, h, step, u, values)):
                     h = self._diverged(stats, step, u, values)
             self.last_newton_stats = stats
             return h
@@ -223,6 +232,14 @@ class CellMixer(nn.Module):
         self.last_newton_stats = stats
         return h
 
+    def _converged(self, stats: NewtonStats, h: torch.Tensor, step, u: torch.Tensor, values) -> bool:
+        """Record the max residual of ``h`` in ``stats``; is it within ``divergence_tol``? (One device sync.)"""
+        with torch.no_grad():
+            r = residual(step, h.detach(), u.detach(), [v.detach() for v in values], time_dim=2)
+            final, h_max = torch.stack([r.abs().amax(), h.detach().abs().amax()]).tolist() if h.numel() else (0.0, 0.0)
+        stats.residuals.append(final)
+        return check_residual(final, h_max, self.divergence_tol)
+
     def _diverged(self, stats: NewtonStats, step, u, values) -> torch.Tensor:
         message = (
             f"{stats.mode} Newton result has max residual {stats.final_residual:.3g} "
@@ -241,14 +258,15 @@ class CellMixer(nn.Module):
         )
 
 
-_MIXER_KEYS = ("d_state", "mode", "iters", "tol", "damping", "check", "divergence_tol", "on_divergence", "verify")
+_MIXER_KEYS = ("d_state", "mode", "iters", "tol", "damping", "check", "divergence_tol", "on_divergence", "verify",
+               "retry_iters")
 
 
 def cell_mixer(cell_class: type, d_model: int, num_heads: int = 4, *, backend: Optional[str] = None, **config) -> CellMixer:
     """Build a ``CellMixer`` from ``cell_class``; keys not of the mixer go to the cell's ``__init__``.
 
     Mixer keys: ``d_state, mode (or backend), iters, tol, damping, check, divergence_tol,
-    on_divergence, verify``; e.g. ``cell_mixer(FlashGRUCell, 64, clip_norm=None)`` passes
+    on_divergence, verify, retry_iters``; e.g. ``cell_mixer(FlashGRUCell, 64, clip_norm=None)`` passes
     ``clip_norm`` to every head's ``FlashGRUCell(d_in, d_state, clip_norm=None)``.
     """
     if backend is not None:

@@ -202,9 +202,10 @@ class TorchFusedGRU(FlashGRUCell):
             z, r = torch.sigmoid(az * h + ut[..., 0, :]), torch.sigmoid(ar * h + ut[..., 1, :])
             h = (1 - z) * h + z * torch.tanh(ac * h * r + ut[..., 2, :])
             out.append(h)
-        return torch.stack(out, dim=2) + cls.offset
+        return torch.stack(out, dim=2) + (cls.offset if iters < cls.exact_from_iters else 0.0)
 
-    offset = 0.0
+    offset = 0.0  # error of a broken kernel ...
+    exact_from_iters = 10**9  # ... unless it runs this many iterations
 
 
 def test_fused_hook_contract_and_check():
@@ -218,10 +219,23 @@ def test_fused_hook_contract_and_check():
     TorchFusedGRU.offset = 0.1  # a broken kernel: the residual check catches it
     try:
         fused.mode = "fused"
+        torch.testing.assert_close(fused(x), y)  # retried with 12 iterations, still wrong: sequential
+        stats = fused.last_newton_stats
+        assert stats.retried and stats.fell_back and fused.fallback_count == 1 and fused.retry_count == 1
+        assert len(stats.residuals) == 2 and min(stats.residuals) > 0.05
+        TorchFusedGRU.exact_from_iters = 12  # not converged in 3 iterations, converged in max(4 * 3, 8)
         torch.testing.assert_close(fused(x), y)
-        assert fused.last_newton_stats.fell_back and fused.fallback_count == 1
+        stats = fused.last_newton_stats
+        assert stats.retried and not stats.fell_back and fused.fallback_count == 1 and fused.retry_count == 2
+        assert stats.residuals[0] > 0.05 and stats.final_residual < 1e-5
+        no_retry = cell_mixer(TorchFusedGRU, 8, num_heads=2, mode="fused", retry_iters=0)
+        TorchFusedGRU.exact_from_iters = 4
+        no_retry(x)
+        assert no_retry.last_newton_stats.fell_back and not no_retry.last_newton_stats.retried and no_retry.retry_count == 0
+        with pytest.raises(ValueError, match="retry_iters"):
+            cell_mixer(TorchFusedGRU, 8, num_heads=2, mode="fused", retry_iters=-1)
     finally:
-        TorchFusedGRU.offset = 0.0
+        TorchFusedGRU.offset, TorchFusedGRU.exact_from_iters = 0.0, 10**9
 
 
 def test_modes_and_bad_input():
