@@ -55,6 +55,7 @@ def _diag_scan_kernel(
     c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, counter_ptr,
     L, D, n_dt, n_lt, n_chunks,
     REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, WIN: tl.constexpr,
+    LAZY: tl.constexpr,
 ):
     k, lt, tag = take_ticket(counter_ptr, n_lt, n_lt * n_chunks)
     b = lt // n_dt
@@ -86,7 +87,7 @@ def _diag_scan_kernel(
 
     # ---- decoupled look-back (_lookback.py): records of 3 x BD words per (lane tile, chunk) ----
     rec = ws_ptr + (lt * n_chunks) * 3 * BD + tl.arange(0, BD)
-    carry = lookback_diag(rec, k, agg_a, agg_y, tag, CH, BD, WIN)
+    carry = lookback_diag(rec, k, agg_a, agg_y, tag, CH, BD, WIN, LAZY)
 
     y = Y + A * carry[None, :]
     tl.store(out_ptr + start + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -101,7 +102,7 @@ def _diag_scan_kernel(
 def _block2_scan_kernel(
     c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, counter_ptr,
     L, D, n_dt, n_lt, n_chunks,
-    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
+    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, LAZY: tl.constexpr,
 ):
     """``C (B, L, 2, 2, D)``, ``x / out / yfwd (B, L, 2, D)``, ``dc`` like ``C``."""
     k, lt, tag = take_ticket(counter_ptr, n_lt, n_lt * n_chunks)
@@ -155,7 +156,7 @@ def _block2_scan_kernel(
 
     # ---- decoupled look-back (_lookback.py): records of 8 x BD words per (lane tile, chunk) ----
     rec = ws_ptr + (lt * n_chunks) * 8 * BD + tl.arange(0, BD)
-    r0, r1 = lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, tag, CH, BD)
+    r0, r1 = lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, tag, CH, BD, LAZY)
 
     y0 = Y0 + A00 * r0[None, :] + A01 * r1[None, :]
     y1 = Y1 + A10 * r0[None, :] + A11 * r1[None, :]

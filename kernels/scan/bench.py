@@ -166,17 +166,22 @@ def bench_block2(shape, rows, dev, add_bw, quick):
 # 128x32/4, 64x32/2, 32x64/2, 64x64/2 and in-thread 16x256/2 (benchmarks/scan.md); BD = 32 * warps (one channel
 # per thread, the chunk's steps in its registers) won, and since the kernels' in-tile offsets are int32 the
 # register use per step dropped, so shorter chunks on 2-8 warps are swept now.
-# The 4th entry: records per look-back step of the diagonal scan (ts.LOOKBACK_WINDOW).
-SWEEP = [(32, 64, 2, 1), (32, 64, 2, 4), (32, 64, 2, 8), (16, 64, 2, 8), (16, 64, 2, 16), (64, 64, 2, 8),
-         (16, 128, 4, 8), (32, 128, 4, 8), (32, 32, 1, 8), (64, 64, 4, 8)]
-SWEEP_BLOCK2 = [(8, 64, 2), (16, 64, 2), (16, 32, 1), (8, 128, 4), (16, 128, 4), (32, 32, 2)]
+# Optional 4th entry: overrides of triton_scan's module knobs for that entry: "win" (LOOKBACK_WINDOW,
+# records per diagonal look-back step) and "lazy" (LAZY_MIN_LANE_TILES: 0 always lazy, 10**9 never).
+SWEEP = [(32, 64, 2, {"win": 1}), (32, 64, 2, {"win": 4}), (32, 64, 2), (32, 64, 2, {"lazy": 0}),
+         (32, 64, 2, {"lazy": 10**9}), (16, 64, 2), (16, 64, 2, {"win": 16}), (64, 64, 2), (16, 128, 4),
+         (32, 128, 4), (32, 32, 1), (64, 64, 4)]
+SWEEP_BLOCK2 = [(8, 64, 2), (16, 64, 2), (16, 64, 2, {"lazy": 10**9}), (16, 32, 1), (8, 128, 4), (16, 128, 4),
+                (32, 32, 2)]
+KNOBS = {"win": "LOOKBACK_WINDOW", "lazy": "LAZY_MIN_LANE_TILES"}
 
 
 def sweep(dev: str) -> list[BenchRow]:
     """Time the Triton scan's tile configurations ``(CH, BD, num_warps)``: the forward kernel (``fwd``) and
     the backward kernel alone (``bwd``: ``dx`` and ``dc`` from ``c, y, dy``), each checked first (poisoned
     outputs) against the float64 reference; ``rel err`` is the larger of the two checks."""
-    rows, saved, saved_win = [], ts.config, ts.LOOKBACK_WINDOW
+    rows, saved = [], ts.config
+    knobs = {k: getattr(ts, v) for k, v in KNOBS.items()}
     try:
         for shape in SHAPES + [("2x2",) + s for s in BLOCK2_SHAPES]:
             block2 = shape[0] == "2x2"
@@ -196,8 +201,10 @@ def sweep(dev: str) -> list[BenchRow]:
             name = f"{'2x2 ' if block2 else ''}({B}, {L}, {D})"
             for cfg in SWEEP_BLOCK2 if block2 else SWEEP:
                 ts.config = lambda L_, D_, b_, g_=False, cfg=cfg: cfg[:3]
-                ts.LOOKBACK_WINDOW = cfg[3] if len(cfg) > 3 else saved_win
-                impl = f"triton CH,BD,warps{',win' if len(cfg) > 3 else ''}={cfg}"
+                over = cfg[3] if len(cfg) > 3 else {}
+                for k, v in knobs.items():
+                    setattr(ts, KNOBS[k], over.get(k, v))
+                impl = f"triton CH,BD,warps={cfg[:3]}" + "".join(f" {k}={v}" for k, v in over.items())
                 err_f = rel_error(_poisoned(lambda: fn(c, x)), y_ref)
                 dc, dx = _poisoned(lambda: ts._backward(c, y, dy, False, block2))
                 err_b = max(rel_error(dx, dx_ref), rel_error(dc, dc_ref))
@@ -208,7 +215,9 @@ def sweep(dev: str) -> list[BenchRow]:
             del y_ref, dx_ref, dc_ref, y
             torch.cuda.empty_cache()
     finally:
-        ts.config, ts.LOOKBACK_WINDOW = saved, saved_win
+        ts.config = saved
+        for k, v in knobs.items():
+            setattr(ts, KNOBS[k], v)
     return rows
 
 

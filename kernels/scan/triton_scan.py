@@ -72,6 +72,11 @@ def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> N
 #: Records per look-back step of the diagonal scan after the first (``_lookback.lookback_diag``).
 LOOKBACK_WINDOW = 8
 
+#: Publish a chunk's aggregate only when its predecessor's inclusive value is not there yet
+#: (``LAZY`` in ``_lookback.py``) from this many lane tiles (``B * cdiv(D, BD)``) per chunk on: with
+#: many, the predecessor is usually done; with few (one long sequence), successors walk over aggregates.
+LAZY_MIN_LANE_TILES = 16
+
 #: Launches of one cached workspace before it is zeroed: its records carry a 31-bit launch tag
 #: (``_lookback.py``), which must not repeat while an old record could still be read as published.
 WS_LAUNCH_LIMIT = 2**31 - 1
@@ -113,7 +118,9 @@ def _launch(kernel, c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool
     n_chunks = triton.cdiv(L, CH)
     words = 8 if block2 else 3  # record words per lane (_lookback.py)
     ws = _workspace(x.device, _WS_OFFSET + n_lt * n_chunks * words * BD)
-    extra = {} if block2 else {"WIN": LOOKBACK_WINDOW}
+    extra = {"LAZY": n_lt >= LAZY_MIN_LANE_TILES}
+    if not block2:
+        extra["WIN"] = LOOKBACK_WINDOW
     kernel[(n_lt * n_chunks,)](
         c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws,
         L, D, n_dt, n_lt, n_chunks,
