@@ -15,8 +15,8 @@ Backends (same function, tested against each other):
 - ``"reference"``: the recurrence step by step (``reference.py``), any dtype including float64;
 - ``"chunked"``: the chunked PyTorch form (``chunked.py``), quadratic within chunks of
   ``chunk_size`` steps and a ``kernels.scan`` recurrence across chunks;
-- ``"triton"``: Triton kernels for the chunk states and the chunk outputs, forward and backward,
-  with ``kernels.scan`` across chunks (``triton_ssd.py``); float32/bfloat16/float16, CUDA or the
+- ``"triton"``: Triton kernels for the chunk states (the recurrence across chunks fused in) and
+  the chunk outputs, forward and backward (``triton_ssd.py``); float32/bfloat16/float16, CUDA or the
   interpreter. ``chunk_size`` must be a power of two in [16, 256].
 - ``"auto"``: ``"triton"`` on CUDA when Triton is importable, else ``"chunked"``.
 """
