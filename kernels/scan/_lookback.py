@@ -83,8 +83,7 @@ def take_ticket(counter_ptr, n_lane_tiles, n_programs):
 
 
 @triton.jit
-def lookback_diag(rec, k, agg_a, agg_y, tag, CH: tl.constexpr, BD: tl.constexpr, WIN: tl.constexpr,
-                  LAZY: tl.constexpr):
+def lookback_diag(rec, k, agg_a, agg_y, tag, CH: tl.constexpr, BD: tl.constexpr, WIN: tl.constexpr):
     """Carry-in ``[BD]`` of chunk ``k`` (scan order) of the diagonal scan; publishes its records.
 
     ``rec``: pointer row ``[BD]`` to chunk 0's record of this lane tile (records ``3 * BD`` words
@@ -96,20 +95,14 @@ def lookback_diag(rec, k, agg_a, agg_y, tag, CH: tl.constexpr, BD: tl.constexpr,
     first inclusive value, or up to a record not yet published, where the next window starts. The
     inclusive values reach chunk ``n`` only by such walks, ``WIN`` chunks per memory round trip:
     with few lane tiles (one long sequence) that, not bandwidth, bounded the one-record walk.
-    ``LAZY``: publish the aggregate only for lanes whose probe failed (saves its two words per lane
-    when the predecessor is done, as with many lane tiles per chunk; delays it by one round trip else).
     """
     carry = tl.zeros([BD], dtype=tl.float32)
     if k > 0:
         here = rec + k * 3 * BD
-        if not LAZY:
-            tl.store(here, pack(agg_a, tag))
-            tl.store(here + BD, pack(agg_y, tag))
+        tl.store(here, pack(agg_a, tag))
+        tl.store(here + BD, pack(agg_y, tag))
         j = tl.full([BD], k - 1, tl.int32)  # per lane (and thread): the next chunk to read
         vi, inc = unpack(tl.load(rec + j * 3 * BD + 2 * BD, volatile=True), tag)
-        if LAZY:
-            tl.store(here, pack(agg_a, tag), mask=~inc)
-            tl.store(here + BD, pack(agg_y, tag), mask=~inc)
         carry = tl.where(inc, vi, carry)
         live = ~inc
         prod = tl.full([BD], 1.0, tl.float32)
@@ -138,37 +131,26 @@ def lookback_diag(rec, k, agg_a, agg_y, tag, CH: tl.constexpr, BD: tl.constexpr,
 
 
 @triton.jit
-def _publish_block2(here, g00, g01, g10, g11, gy0, gy1, tag, BD: tl.constexpr, mask):
-    """Store the six aggregate words of a 2x2-block record (lanes where ``mask``; all if None)."""
-    tl.store(here, pack(g00, tag), mask=mask)
-    tl.store(here + BD, pack(g01, tag), mask=mask)
-    tl.store(here + 2 * BD, pack(g10, tag), mask=mask)
-    tl.store(here + 3 * BD, pack(g11, tag), mask=mask)
-    tl.store(here + 4 * BD, pack(gy0, tag), mask=mask)
-    tl.store(here + 5 * BD, pack(gy1, tag), mask=mask)
-
-
-@triton.jit
-def lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, tag, CH: tl.constexpr, BD: tl.constexpr,
-                    LAZY: tl.constexpr):
+def lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, tag, CH: tl.constexpr, BD: tl.constexpr):
     """Carry-in ``(r0, r1)`` of chunk ``k`` of the 2x2-block scan; publishes its records.
 
     Records ``8 * BD`` words apart: ``A00, A01, A10, A11``, aggregate ``Y0, Y1``, inclusive ``Y0, Y1``.
-    A probe of the predecessor's inclusive value, then one record per step; ``LAZY`` as in
-    ``lookback_diag`` (six aggregate words per lane saved when the probe succeeds).
+    A probe of the predecessor's inclusive value, then one record per step.
     """
     r0 = tl.zeros([BD], dtype=tl.float32)
     r1 = tl.zeros([BD], dtype=tl.float32)
     if k > 0:
         here = rec + k * 8 * BD
-        if not LAZY:
-            _publish_block2(here, g00, g01, g10, g11, gy0, gy1, tag, BD, None)
+        tl.store(here, pack(g00, tag))
+        tl.store(here + BD, pack(g01, tag))
+        tl.store(here + 2 * BD, pack(g10, tag))
+        tl.store(here + 3 * BD, pack(g11, tag))
+        tl.store(here + 4 * BD, pack(gy0, tag))
+        tl.store(here + 5 * BD, pack(gy1, tag))
         j = tl.full([BD], k - 1, tl.int32)
         i0, e0 = unpack(tl.load(rec + j * 8 * BD + 6 * BD, volatile=True), tag)
         i1, e1 = unpack(tl.load(rec + j * 8 * BD + 7 * BD, volatile=True), tag)
         live = ~(e0 & e1)
-        if LAZY:
-            _publish_block2(here, g00, g01, g10, g11, gy0, gy1, tag, BD, live)
         r0 = tl.where(live, r0, i0)
         r1 = tl.where(live, r1, i1)
         # running product P (2x2) of the coefficients between chunk j and us; carry += P @ value

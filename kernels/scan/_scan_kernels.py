@@ -55,8 +55,10 @@ def _diag_scan_kernel(
     c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, counter_ptr,
     L, D, n_dt, n_lt, n_chunks,
     REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, WIN: tl.constexpr,
-    LAZY: tl.constexpr,
+    DC: tl.constexpr,
 ):
+    if DC > 0:  # the channel count as a compile-time constant: row addresses fold into immediates
+        D = DC
     k, lt, tag = take_ticket(counter_ptr, n_lt, n_lt * n_chunks)
     b = lt // n_dt
     dt = lt % n_dt
@@ -87,7 +89,7 @@ def _diag_scan_kernel(
 
     # ---- decoupled look-back (_lookback.py): records of 3 x BD words per (lane tile, chunk) ----
     rec = ws_ptr + (lt * n_chunks) * 3 * BD + tl.arange(0, BD)
-    carry = lookback_diag(rec, k, agg_a, agg_y, tag, CH, BD, WIN, LAZY)
+    carry = lookback_diag(rec, k, agg_a, agg_y, tag, CH, BD, WIN)
 
     y = Y + A * carry[None, :]
     tl.store(out_ptr + start + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -102,9 +104,11 @@ def _diag_scan_kernel(
 def _block2_scan_kernel(
     c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, counter_ptr,
     L, D, n_dt, n_lt, n_chunks,
-    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, LAZY: tl.constexpr,
+    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, DC: tl.constexpr,
 ):
     """``C (B, L, 2, 2, D)``, ``x / out / yfwd (B, L, 2, D)``, ``dc`` like ``C``."""
+    if DC > 0:  # the channel count as a compile-time constant: row addresses fold into immediates
+        D = DC
     k, lt, tag = take_ticket(counter_ptr, n_lt, n_lt * n_chunks)
     b = lt // n_dt
     dt = lt % n_dt
@@ -156,7 +160,7 @@ def _block2_scan_kernel(
 
     # ---- decoupled look-back (_lookback.py): records of 8 x BD words per (lane tile, chunk) ----
     rec = ws_ptr + (lt * n_chunks) * 8 * BD + tl.arange(0, BD)
-    r0, r1 = lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, tag, CH, BD, LAZY)
+    r0, r1 = lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, tag, CH, BD)
 
     y0 = Y0 + A00 * r0[None, :] + A01 * r1[None, :]
     y1 = Y1 + A10 * r0[None, :] + A11 * r1[None, :]

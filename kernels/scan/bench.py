@@ -167,13 +167,14 @@ def bench_block2(shape, rows, dev, add_bw, quick):
 # per thread, the chunk's steps in its registers) won, and since the kernels' in-tile offsets are int32 the
 # register use per step dropped, so shorter chunks on 2-8 warps are swept now.
 # Optional 4th entry: overrides of triton_scan's module knobs for that entry: "win" (LOOKBACK_WINDOW,
-# records per diagonal look-back step) and "lazy" (LAZY_MIN_LANE_TILES: 0 always lazy, 10**9 never).
-SWEEP = [(32, 64, 2, {"win": 1}), (32, 64, 2, {"win": 4}), (32, 64, 2), (32, 64, 2, {"lazy": 0}),
-         (32, 64, 2, {"lazy": 10**9}), (16, 64, 2), (16, 64, 2, {"win": 16}), (64, 64, 2), (16, 128, 4),
-         (32, 128, 4), (32, 32, 1), (64, 64, 4)]
-SWEEP_BLOCK2 = [(8, 64, 2), (16, 64, 2), (16, 64, 2, {"lazy": 10**9}), (16, 32, 1), (8, 128, 4), (16, 128, 4),
-                (32, 32, 2)]
-KNOBS = {"win": "LOOKBACK_WINDOW", "lazy": "LAZY_MIN_LANE_TILES"}
+# records per diagonal look-back step), "one" (ONE_RECORD_FROM_LANE_TILES; 10**9: the window at every
+# shape), "spec" (SPECIALIZE_D). The 09:24 sweep (benchmarks/scan.md) covered 16-64-step chunks, 1-4
+# warps, windows 1-16 and lazy aggregates; this one compares windows at the shipped tile.
+ALL = 10**9
+SWEEP = [(64, 64, 2, {"win": 1, "one": ALL}), (64, 64, 2, {"win": 4, "one": ALL}), (64, 64, 2, {"win": 8, "one": ALL}),
+         (64, 64, 2, {"spec": False}), (32, 64, 2)]
+SWEEP_BLOCK2 = [(16, 32, 1), (16, 64, 2), (32, 32, 2), (32, 64, 2)]
+KNOBS = {"win": "LOOKBACK_WINDOW", "one": "ONE_RECORD_FROM_LANE_TILES", "spec": "SPECIALIZE_D"}
 
 
 def sweep(dev: str) -> list[BenchRow]:
@@ -212,7 +213,7 @@ def sweep(dev: str) -> list[BenchRow]:
                 rows.append(BenchRow("scan", impl, name, "bwd", "float32",
                                      time_ms(lambda: ts._backward(c, y, dy, False, block2)), max_rel_err=err_b))
                 del dc, dx
-            del y_ref, dx_ref, dc_ref, y
+            del y_ref, dx_ref, dc_ref
             torch.cuda.empty_cache()
     finally:
         ts.config = saved

@@ -37,12 +37,16 @@ def config(L: int, D: int, block2: bool, grad: bool = False) -> tuple[int, int, 
 
     ``BD = 32 * num_warps`` gives every thread one channel and the chunk's ``CH`` steps of it, so the
     scan runs along time inside each thread (no shuffles) and no lane is replicated over threads.
+    Measured on an H200 (2026-11-21 09:24 sweep, ``benchmarks/scan.md``): 64 x 64 on 2 warps was the
+    fastest diagonal tile forward and backward at every benchmark shape (16 and 32 steps per chunk,
+    128-channel tiles on 4 warps, 4-warp 64 x 64 were 7-80% slower); 2x2 blocks: 16 x 32 on one warp
+    forward, 16 x 64 on 2 warps backward.
     """
-    BD = min(64, max(16, triton.next_power_of_2(D)))
-    warps = max(1, BD // 32)
     if block2:
-        return 16, BD, warps
-    return 32, BD, warps
+        BD = min(64 if grad else 32, max(16, triton.next_power_of_2(D)))
+        return 16, BD, max(1, BD // 32)
+    BD = min(64, max(16, triton.next_power_of_2(D)))
+    return 64, BD, max(1, BD // 32)
 
 
 def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> None:
@@ -69,13 +73,17 @@ def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> N
         raise ValueError(f"{name}: Triton needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU), got {x.device}")
 
 
-#: Records per look-back step of the diagonal scan after the first (``_lookback.lookback_diag``).
-LOOKBACK_WINDOW = 8
-
-#: Publish a chunk's aggregate only when its predecessor's inclusive value is not there yet
-#: (``LAZY`` in ``_lookback.py``) from this many lane tiles (``B * cdiv(D, BD)``) per chunk on: with
-#: many, the predecessor is usually done; with few (one long sequence), successors walk over aggregates.
-LAZY_MIN_LANE_TILES = 16
+#: Records per look-back step of the diagonal scan after the first (``_lookback.lookback_diag``) ...
+LOOKBACK_WINDOW = 4
+#: ... below this many lane tiles (``B * cdiv(D, BD)``) per chunk; from it on, one record per step:
+#: with many lane tiles few chunks of one tile run at once, the walks are short, and a window only
+#: costs registers (H200 sweep at 32 x 64: one record 5% faster at B = 8, D = 1024; a 4-record window
+#: 7% faster at B = 1, L = 65536, D = 256, where the one-record walk bounds the kernel).
+ONE_RECORD_FROM_LANE_TILES = 64
+#: Compile the kernels for the exact channel count ``D`` when it is a multiple of 16 (model widths):
+#: the row stride becomes a constant and the tile's row addresses immediates, which saves ~60-90
+#: registers per thread at 64-step chunks (no spills); other ``D`` share one kernel with a runtime stride.
+SPECIALIZE_D = True
 
 #: Launches of one cached workspace before it is zeroed: its records carry a 31-bit launch tag
 #: (``_lookback.py``), which must not repeat while an old record could still be read as published.
@@ -118,9 +126,9 @@ def _launch(kernel, c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool
     n_chunks = triton.cdiv(L, CH)
     words = 8 if block2 else 3  # record words per lane (_lookback.py)
     ws = _workspace(x.device, _WS_OFFSET + n_lt * n_chunks * words * BD)
-    extra = {"LAZY": n_lt >= LAZY_MIN_LANE_TILES}
+    extra = {"DC": D if SPECIALIZE_D and D % 16 == 0 else 0}
     if not block2:
-        extra["WIN"] = LOOKBACK_WINDOW
+        extra["WIN"] = 1 if n_lt >= ONE_RECORD_FROM_LANE_TILES else LOOKBACK_WINDOW
     kernel[(n_lt * n_chunks,)](
         c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws,
         L, D, n_dt, n_lt, n_chunks,

@@ -84,17 +84,18 @@ def test_block2_matches_reference(L, reverse):
     check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c, x, reverse)
 
 
-@pytest.mark.parametrize("reverse, lazy", [(False, False), (True, True)])
-def test_many_chunks_and_lane_tiles(monkeypatch, reverse, lazy):
-    """Small tiles: long look-back chains across 13 chunks, 3 batch rows, partial lane tiles; with and
-    without lazy aggregates (``LAZY_MIN_LANE_TILES``)."""
+@pytest.mark.parametrize("reverse, spec", [(False, False), (True, True)])
+def test_many_chunks_and_lane_tiles(monkeypatch, reverse, spec):
+    """Small tiles: long look-back chains across 13 chunks, 3 batch rows, partial lane tiles; channel
+    counts 32 and 16 (multiples of 16: compiled for them when ``spec``) and 37, 19 (runtime)."""
     small_tiles(monkeypatch)
-    monkeypatch.setattr(ts, "LAZY_MIN_LANE_TILES", 0 if lazy else 10**9)
+    monkeypatch.setattr(ts, "SPECIALIZE_D", spec)
     gen = torch.Generator().manual_seed(3 + reverse)
-    c, x = inputs((3, 197, 37), (3, 197, 37), gen)
-    check(ts.linear_scan_triton, linear_scan_reference, c, x, reverse)
-    c, x = inputs((2, 61, 2, 2, 19), (2, 61, 2, 19), gen)
-    check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c * 0.7, x, reverse)
+    for d, d2 in ((37, 19), (32, 16)):
+        c, x = inputs((3, 197, d), (3, 197, d), gen)
+        check(ts.linear_scan_triton, linear_scan_reference, c, x, reverse)
+        c, x = inputs((2, 61, 2, 2, d2), (2, 61, 2, d2), gen)
+        check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c * 0.7, x, reverse)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -125,28 +126,26 @@ def _word(v, tag=TAG):
 
 @triton.jit
 def _lookback_probe(ws_ptr, agg_ptr, out_ptr, k, tag, NW: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
-                    WIN: tl.constexpr, LAZY: tl.constexpr):
+                    WIN: tl.constexpr):
     lanes = tl.arange(0, BD)
     tag = tag.to(tl.int64)
     if NW == 3:
-        carry = lookback_diag(ws_ptr + lanes, k, tl.load(agg_ptr + lanes), tl.load(agg_ptr + BD + lanes), tag, CH, BD, WIN, LAZY)
+        carry = lookback_diag(ws_ptr + lanes, k, tl.load(agg_ptr + lanes), tl.load(agg_ptr + BD + lanes), tag, CH, BD, WIN)
         tl.store(out_ptr + lanes, carry)
     else:
         g = agg_ptr + lanes
         r0, r1 = lookback_block2(
             ws_ptr + lanes, k, tl.load(g), tl.load(g + BD), tl.load(g + 2 * BD), tl.load(g + 3 * BD),
-            tl.load(g + 4 * BD), tl.load(g + 5 * BD), tag, CH, BD, LAZY,
+            tl.load(g + 4 * BD), tl.load(g + 5 * BD), tag, CH, BD,
         )
         tl.store(out_ptr + lanes, r0)
         tl.store(out_ptr + BD + lanes, r1)
 
 
-@pytest.mark.parametrize("block2, win, lazy", [(False, 1, False), (False, 3, True), (False, 8, False), (True, 1, False),
-                                               (True, 1, True)])
-def test_lookback_mixed_record_states(block2, win, lazy):
-    """Diagonal look-back windows of 1, 3 and 8 records (8 > k: the window reaches below chunk 0);
-    ``lazy``: the aggregate is published only in lanes whose predecessor's inclusive value was missing."""
-    rng = np.random.default_rng(12 + block2 + win + 2 * lazy)
+@pytest.mark.parametrize("block2, win", [(False, 1), (False, 3), (False, 8), (True, 1)])
+def test_lookback_mixed_record_states(block2, win):
+    """Diagonal look-back windows of 1, 3 and 8 records (8 > k: the window reaches below chunk 0)."""
+    rng = np.random.default_rng(12 + block2 + win)
     BD, k, n = 16, 7, 2 if block2 else 1  # n: state size per lane
     na, nw = n * n, n * n + 2 * n  # coefficient words, words per record
     depth = rng.integers(0, k, size=BD)  # per lane: the chunk whose inclusive value ends the walk
@@ -172,19 +171,15 @@ def test_lookback_mixed_record_states(block2, win, lazy):
     agg = rng.uniform(-1, 1, size=(na + n, BD)).astype(np.float32)
     out = torch.full((n * BD,), math.nan, device=DEV)
     ws_t = torch.from_numpy(ws.reshape(-1).copy()).to(DEV)
-    _lookback_probe[(1,)](ws_t, torch.from_numpy(agg).to(DEV), out, k, TAG, NW=nw, CH=4, BD=BD, WIN=win, LAZY=lazy)
+    _lookback_probe[(1,)](ws_t, torch.from_numpy(agg).to(DEV), out, k, TAG, NW=nw, CH=4, BD=BD, WIN=win)
     got = out.double().cpu().numpy().reshape(n, BD)
     ws_t = ws_t.cpu()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    # chunk k published its aggregate (unchanged; lazy: only where chunk k - 1 was not inclusive) and
-    # its inclusive value agg_y + agg_A @ carry
+    # chunk k published its aggregate (unchanged) and its inclusive value agg_y + agg_A @ carry
     rec = ws_t.numpy().reshape(k + 1, nw, BD)[k]
-    agg_lanes = depth != k - 1 if lazy else np.ones(BD, bool)
-    assert agg_lanes.any() and (not lazy or not agg_lanes.all())
-    assert (rec[:, agg_lanes] >> 32 == TAG).all() and (rec[na + n:] >> 32 == TAG).all()
-    assert (rec[: na + n, ~agg_lanes] >> 32 != TAG).all()
+    assert (rec >> 32 == TAG).all()
     vals = (rec & 0xFFFFFFFF).astype(np.uint32).view(np.float32).astype(np.float64)
-    np.testing.assert_array_equal(vals[: na + n, agg_lanes], agg.astype(np.float64)[:, agg_lanes])
+    np.testing.assert_array_equal(vals[: na + n], agg.astype(np.float64))
     gA = agg[:na].astype(np.float64).reshape(n, n, BD)
     np.testing.assert_allclose(vals[na + n:], agg[na:].astype(np.float64) + np.einsum("ijl,jl->il", gA, got), rtol=1e-5, atol=1e-5)
 
@@ -313,10 +308,10 @@ def _grads(fn, c, x, reverse, g):
 def test_gpu_repeated_launches(monkeypatch, L):
     """Races show only now and then: per length, 24 poisoned launches of every tile configuration in
     ``cfgs`` (``None``: the shipped ``config``; 64x64 on 4 warps and 16x16 on 4 warps replicate lanes
-    over threads; look-back windows of 3 and 8 records; lazy aggregates), both directions, diagonal and 2x2; forward
+    over threads; look-back windows of 4 (shipped), 3 records and one record per step), both directions, diagonal and 2x2; forward
     every time, gradients every fourth time, against the float64 loop (computed once). All launches
     share the stream's cached workspace, full of records of earlier launches and other layouts."""
-    cfgs = [(None, ts.LOOKBACK_WINDOW, ts.LAZY_MIN_LANE_TILES), ((16, 16, 4), 3, 0), ((64, 64, 4), 8, 0)]
+    cfgs = [(None, ts.LOOKBACK_WINDOW, ts.ONE_RECORD_FROM_LANE_TILES), ((16, 16, 4), 3, 10**9), ((64, 64, 4), 8, 1)]
     shipped = ts.config
     gen = torch.Generator().manual_seed(L)
     c, x = inputs((2, L, 70), (2, L, 70), gen)
@@ -328,10 +323,10 @@ def test_gpu_repeated_launches(monkeypatch, L):
                                 (ts.linear_scan_block2_triton, linear_scan_block2_reference, C, x2)):
             g = torch.randn(xx.shape, generator=gen, dtype=torch.float64).to(DEV)
             cases.append((fn, cc, xx, g.float(), _grads(ref, cc.double(), xx.double(), reverse, g)))
-        for cfg, win, lazy in cfgs:
+        for cfg, win, one in cfgs:
             monkeypatch.setattr(ts, "config", shipped if cfg is None else (lambda L_, D_, b_, g_=False, cfg=cfg: cfg))
             monkeypatch.setattr(ts, "LOOKBACK_WINDOW", win)
-            monkeypatch.setattr(ts, "LAZY_MIN_LANE_TILES", lazy)
+            monkeypatch.setattr(ts, "ONE_RECORD_FROM_LANE_TILES", one)
             for rep in range(24):
                 for fn, cc, xx, g, want in cases:
                     where = (cfg, reverse, rep, fn.__name__)
