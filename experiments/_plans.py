@@ -14,8 +14,11 @@ import pandas as pd
 
 def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device: str = "auto",
               storage_url: str | None = None, run: bool = True, progress: bool = True,
-              stale_timeout: float = 60, label: str | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+              stale_timeout: float = 60, label: str | None = None,
+              retry_failed: bool = False) -> tuple[dict[str, pd.DataFrame], dict]:
     """Run (resume) every plan's cells; returns ``({entry: results DataFrame}, info)``.
+
+    ``retry_failed``: also re-run cells whose trial failed for a final reason (NaN loss, an error).
 
     ``info``: ``cells``, ``done``, ``wall_s`` (this call), ``versions``. ``run=False`` only collects.
     """
@@ -42,7 +45,7 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
 
     t0 = time.perf_counter()
     if run:
-        sync_grid(study, specs, heartbeat_dir=out / HEARTBEAT_DIR, stale_timeout=stale_timeout)
+        sync_grid(study, specs, retry_failed=retry_failed, heartbeat_dir=out / HEARTBEAT_DIR, stale_timeout=stale_timeout)
         if workers:
             run_workers(study, specs, out, storage_url, workers, device, stale_timeout=stale_timeout,
                         progress=progress, label=label or study_name, on_progress=write_all)

@@ -77,6 +77,8 @@ def _restore(saved: dict[str, str | None]) -> None:
 def _quit(exe: str, pipe: Path, logs: Path) -> None:
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
     try:
-        subprocess.run([exe], input="quit\n", capture_output=True, text=True, timeout=30, env=env)
+        # `-t 5`: stop the server after 5 s even if a client (e.g. this process, which asked for the
+        # device count) is still attached; without it quit waits for every client to exit
+        subprocess.run([exe], input="quit -t 5\n", capture_output=True, text=True, timeout=30, env=env)
     except (OSError, subprocess.SubprocessError) as err:
         log.warning("could not stop the MPS daemon: %s", err)

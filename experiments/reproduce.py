@@ -211,7 +211,8 @@ def _lrs(lrs: list[float]) -> str:
 
 def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto", storage_url: str | None = None,
                      quick: bool = False, overrides: dict[str, Any] | None = None, entries: list[str] | None = None,
-                     run: bool = True, progress: bool = True, stale_timeout: float = 60) -> pd.DataFrame:
+                     run: bool = True, progress: bool = True, stale_timeout: float = 60,
+                     retry_failed: bool = False) -> pd.DataFrame:
     """Run (resume) the table's sweeps in one study, write the per-sweep results and the comparison."""
     from experiments._plans import run_plans
     from experiments.results import atomic_write_text
@@ -224,7 +225,8 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
         plans = [p for p in plans if p.entry in entries]
     # one study for every reproduction: presets with identical cells (table1 within table6) share trials
     results, info = run_plans(plans, out, "reproduce" + ("-quick" if quick else ""), workers, device,
-                              storage_url, run=run, progress=progress, stale_timeout=stale_timeout, label=name)
+                              storage_url, run=run, progress=progress, stale_timeout=stale_timeout, label=name,
+                              retry_failed=retry_failed)
     meta_versions = info["versions"]
     table = compare(name, results)
     frames = [df for df in results.values() if len(df)]
@@ -272,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-steps", type=int, help="override the step budget per trial")
     p.add_argument("--seeds", help="override the seeds, e.g. 0")
     p.add_argument("--table-only", action="store_true", help="do not train: write the comparison from what has finished")
+    p.add_argument("--retry-failed", action="store_true", help="re-run cells whose trial failed (NaN loss, an error)")
     p.add_argument("--copy-to", type=Path, help="also copy reproduction.md here (e.g. benchmarks/reproduction/NAME.md)")
     p.add_argument("--mps", action="store_true",
                    help="with --workers on a GPU: run the workers under a private CUDA MPS daemon so their "
@@ -299,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         with cuda_mps(args.mps and not args.table_only):
             run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
                              args.only.split(",") if args.only else None, run=not args.table_only,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, retry_failed=args.retry_failed)
         text = (out / "reproduction.md").read_text()
         print(text)
         if args.copy_to:

@@ -11,7 +11,7 @@ FAKE = """#!/bin/sh
 # records its calls; "-d" creates the control pipe the way the real daemon does
 echo "$@ pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >> "{calls}"
 if [ "$1" = "-d" ]; then [ -n "{fail}" ] && {{ echo "daemon refused" >&2; exit 3; }}; touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0; fi
-read cmd; echo "stdin=$cmd" >> "{calls}"
+read -r cmd; echo "stdin=$cmd" >> "{calls}"
 """
 
 
@@ -34,7 +34,7 @@ def test_daemon_started_exported_and_stopped(tmp_path, monkeypatch):
         assert log_dir != "/previous/log"
     lines = calls.read_text().splitlines()
     assert lines[0].startswith(f"-d pipe={pipe} log={log_dir}")
-    assert lines[-1] == "stdin=quit"  # stopped through the same pipe folder
+    assert lines[-1] == "stdin=quit -t 5"  # stopped through the same pipe folder
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
     assert os.environ["CUDA_MPS_LOG_DIRECTORY"] == "/previous/log"
     assert not pipe.exists()
@@ -44,7 +44,7 @@ def test_stopped_when_the_block_raises(tmp_path):
     exe, calls = _fake(tmp_path)
     with pytest.raises(KeyError), cuda_mps(control=exe):
         raise KeyError("boom")
-    assert calls.read_text().splitlines()[-1] == "stdin=quit"
+    assert calls.read_text().splitlines()[-1] == "stdin=quit -t 5"
 
 
 def test_errors_are_one_line(tmp_path):

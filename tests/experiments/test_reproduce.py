@@ -108,3 +108,17 @@ def test_cli_unknown_reproduction_is_one_line():
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2 and "unknown reproduction 'nosuch'; known: " in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_failed_cells_are_final_unless_retry_failed(tmp_path, monkeypatch):
+    """A cell whose trial failed (here: NaN) is not re-run on resume, only with retry_failed."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    over = {"train": {"max_steps": 5, "train_size": 32, "val_size": 16, "test_size": 16}, "mixers": ["nan_mixer:NaNMixer"]}
+    args = dict(quick=True, overrides=over, entries=["parity"], progress=False)
+    run_reproduction("pararnn-table1", tmp_path, **args)
+    assert pd.read_csv(tmp_path / "parity" / "results.csv")["status"].tolist() == ["failed"]
+    run_reproduction("pararnn-table1", tmp_path, **args)
+    assert set(pd.read_csv(tmp_path / "parity" / "results.csv")["trial"]) == {0}
+    run_reproduction("pararnn-table1", tmp_path, retry_failed=True, **args)
+    df = pd.read_csv(tmp_path / "parity" / "results.csv")
+    assert set(df["trial"]) == {1} and df["status"].tolist() == ["failed"]  # re-ran (and failed again)
