@@ -29,8 +29,11 @@ for step in $steps; do
     newton) run newton 150 python3 -m kernels.bench newton --out "$res/json" ;;
     mlstm) run mlstm 70 python3 -m kernels.bench mlstm --sections main --dtypes fp32 --no-fla --out "$res/json" ;;
     ssd)  # one run per state size: both together do not fit in one step's limit
-      run ssd-state64 150 python3 -m kernels.bench ssd --states 64 --dtypes bf16,fp32 --out "$res/json"
-      run ssd-state128 150 python3 -m kernels.bench ssd --states 128 --dtypes bf16,fp32 --out "$res/json" ;;
+      # parallel compilation (--warm) and one chunk size, or mamba-ssm's serial autotuning overruns the limit
+      for state in 64 128; do
+        run "ssd-state$state" 150 python3 -m kernels.bench ssd --states "$state" --dtypes bf16,fp32 --chunks 128 \
+          --impls triton-q128,mamba --warm 16 --warm-parts 6 --out "$res/json"
+      done ;;
     fused_rnn) run fused_rnn 200 python3 -m kernels.bench fused_rnn --out "$res/json" ;;
     trainstep)  # one process: steps/s of the preset models without Lightning, with and without the Newton check
       run trainstep 200 python3 -m experiments.throughput --skip-generation --preset pararnn-table6 --tasks mqar,parity \
