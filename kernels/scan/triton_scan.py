@@ -37,13 +37,13 @@ def config(L: int, D: int, block2: bool, grad: bool = False) -> tuple[int, int, 
 
     ``BD = 32 * num_warps`` gives every thread one channel and the chunk's ``CH`` steps of it, so the
     scan runs along time inside each thread (no shuffles) and no lane is replicated over threads.
-    Measured on an H200 (2026-11-21 09:24 sweep, ``benchmarks/scan.md``): 64 x 64 on 2 warps was the
-    fastest diagonal tile forward and backward at every benchmark shape (16 and 32 steps per chunk,
-    128-channel tiles on 4 warps, 4-warp 64 x 64 were 7-80% slower); 2x2 blocks: 16 x 32 on one warp
-    forward, 16 x 64 on 2 warps backward.
+    Measured on an H200 (2026-11-21 sweeps of 09:24 and 09:39, ``benchmarks/scan.md``): 64 x 64 on 2
+    warps was the fastest diagonal tile forward and backward at every benchmark shape (16 and 32 steps
+    per chunk, 128-channel tiles on 4 warps, 4-warp 64 x 64 were 7-80% slower); 2x2 blocks: 16 x 64 on
+    2 warps forward (0.212 ms), 16 x 32 on one warp backward (0.318 ms).
     """
     if block2:
-        BD = min(64 if grad else 32, max(16, triton.next_power_of_2(D)))
+        BD = min(32 if grad else 64, max(16, triton.next_power_of_2(D)))
         return 16, BD, max(1, BD // 32)
     BD = min(64, max(16, triton.next_power_of_2(D)))
     return 64, BD, max(1, BD // 32)
