@@ -162,14 +162,11 @@ def bench_block2(shape, rows, dev, add_bw, quick):
         rows.append(BenchRow("scan", "ours torch (log-step)", name, "fwd", "float32", t, lim_f, rel_error(out, y_ref)))
 
 
-# (CH, BD, num_warps). Before 2026-11-21 09:xx the sweeps (06:08, 07:43) timed 64x64/4, 128x64/4, 64x128/4,
-# 128x32/4, 64x32/2, 32x64/2, 64x64/2 and in-thread 16x256/2 (benchmarks/scan.md); BD = 32 * warps (one channel
-# per thread, the chunk's steps in its registers) won, and since the kernels' in-tile offsets are int32 the
-# register use per step dropped, so shorter chunks on 2-8 warps are swept now.
-# Optional 4th entry: overrides of triton_scan's module knobs for that entry: "win" (LOOKBACK_WINDOW,
-# records per diagonal look-back step), "one" (ONE_RECORD_FROM_LANE_TILES; 10**9: the window at every
-# shape), "spec" (SPECIALIZE_D). The 09:24 sweep (benchmarks/scan.md) covered 16-64-step chunks, 1-4
-# warps, windows 1-16 and lazy aggregates; this one compares windows at the shipped tile.
+# (CH, BD, num_warps), optionally a 4th entry: overrides of triton_scan's module knobs for that entry:
+# "win" (LOOKBACK_WINDOW, records per diagonal look-back step), "one" (ONE_RECORD_FROM_LANE_TILES; ALL: the
+# window at every shape), "spec" (SPECIALIZE_D). Earlier H200 sweeps (benchmarks/scan.md): 06:08 and 07:43
+# (64-128-step chunks, 2-8 warps, in-thread layouts), 09:24 (16-64-step chunks with BD = 32 * warps, 1-4
+# warps, windows 1-16, lazy aggregates); this one compares windows and D specialization at the shipped tile.
 ALL = 10**9
 SWEEP = [(64, 64, 2, {"win": 1, "one": ALL}), (64, 64, 2, {"win": 4, "one": ALL}), (64, 64, 2, {"win": 8, "one": ALL}),
          (64, 64, 2, {"spec": False}), (32, 64, 2)]
