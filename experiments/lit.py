@@ -72,6 +72,7 @@ class LitSequenceModel(L.LightningModule):
         n = model_config.num_classes
         self.val_metrics = _metrics(n, "val")
         self.test_metrics = nn.ModuleList([_metrics(n, name) for name in self.test_set_names])
+        self._last_loss: torch.Tensor | None = None  # detached loss of the latest training step
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -102,7 +103,7 @@ class LitSequenceModel(L.LightningModule):
         return loss
 
     def on_train_end(self) -> None:
-        if getattr(self, "_last_loss", None) is not None:  # the steps after the last logging step
+        if self._last_loss is not None:  # the steps after the last logging step
             self._check_finite(self._last_loss, self.global_step)
 
     def validation_step(self, batch, batch_idx: int) -> None:

@@ -31,6 +31,20 @@ class MPSError(ValueError):
     """The MPS daemon could not be started (a ``ValueError``: the CLIs print it as a one-line error)."""
 
 
+def add_mps_argument(parser) -> None:
+    """The ``--mps`` option of the CLIs that start worker processes."""
+    parser.add_argument("--mps", action="store_true",
+                        help="with --workers on a GPU: run the workers under a private CUDA MPS daemon so their "
+                             "kernels share the GPU concurrently (experiments.mps)")
+
+
+def workers_mps(enabled: bool, workers: int):
+    """``cuda_mps(enabled)`` for a run of ``workers`` worker processes (``--mps`` needs some)."""
+    if enabled and not workers:
+        raise MPSError("--mps applies to worker processes: give --workers N too")
+    return cuda_mps(enabled)
+
+
 @contextlib.contextmanager
 def cuda_mps(enabled: bool = True, control: str = CONTROL) -> Iterator[Path | None]:
     """Run the block with a private MPS daemon (yields its pipe folder); a no-op if not ``enabled``."""

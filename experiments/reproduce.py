@@ -253,7 +253,7 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.mps import cuda_mps
+    from experiments.mps import add_mps_argument, workers_mps
     from experiments.train import quiet_lightning
 
     p = argparse.ArgumentParser(
@@ -276,9 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table-only", action="store_true", help="do not train: write the comparison from what has finished")
     p.add_argument("--retry-failed", action="store_true", help="re-run cells whose trial failed (NaN loss, an error)")
     p.add_argument("--copy-to", type=Path, help="also copy reproduction.md here (e.g. benchmarks/reproduction/NAME.md)")
-    p.add_argument("--mps", action="store_true",
-                   help="with --workers on a GPU: run the workers under a private CUDA MPS daemon so their "
-                        "kernels share the GPU concurrently (experiments.mps)")
+    add_mps_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -297,9 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError:
                 raise ValueError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
         out = args.out or Path("runs") / "reproduce" / (args.name + ("-quick" if args.quick else ""))
-        if args.mps and not args.workers and not args.table_only:
-            raise ValueError("--mps applies to worker processes: give --workers N too")
-        with cuda_mps(args.mps and not args.table_only):
+        with workers_mps(args.mps and not args.table_only, args.workers):
             run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
                              args.only.split(",") if args.only else None, run=not args.table_only,
                              progress=not args.no_progress, retry_failed=args.retry_failed)

@@ -22,6 +22,7 @@ import yaml
 
 from experiments.cli import run_cli
 from experiments.lit import NonFiniteLossError
+from experiments.mps import add_mps_argument, workers_mps
 from experiments.presets import SweepPlan, available_presets, resolve_sweep
 from experiments.results import collect, versions, write_results
 from experiments.study import (
@@ -236,16 +237,12 @@ def parser() -> argparse.ArgumentParser:
                         "default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--retry-failed", action="store_true", help="re-run cells whose trial failed (NaN, errors)")
-    p.add_argument("--mps", action="store_true",
-                   help="with --workers on a GPU: run the workers under a private CUDA MPS daemon so their "
-                        "kernels share the GPU concurrently (experiments.mps)")
+    add_mps_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.mps import cuda_mps
-
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_lightning()
@@ -260,9 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                      "task_options": dict(args.task_option) or None}
         plan = resolve_sweep(args.task, args.preset, overrides)
         out = args.out or Path("runs") / f"{args.task}-{args.preset}"
-        if args.mps and not args.workers:
-            raise ValueError("--mps applies to worker processes: give --workers N too")
-        with cuda_mps(args.mps):
+        with workers_mps(args.mps, args.workers):
             df = run_sweep(plan, out, args.storage, args.device, args.retry_failed, progress=not args.no_progress,
                            workers=args.workers, stale_timeout=args.stale_timeout)
         print((out / "table.md").read_text())

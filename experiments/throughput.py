@@ -26,10 +26,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-import yaml
-
 from experiments.model import ModelConfig, SingleLayerModel
 from experiments.presets import resolve_sweep
+from experiments.sweep import _key_value
 from tasks import get_task
 
 GENERATION = [("parity", {}), ("parity", {"running": True}), ("keep_nth", {}), ("mqar", {}),
@@ -56,10 +55,11 @@ def _sync(device: torch.device) -> None:
 
 
 def build_step(task: str, mixer: str, preset: str = "smoke", device: str = "cpu", options: dict | None = None):
-    """A closure running one training step of ``mixer`` at ``preset``'s shapes for ``task``.
+    """A closure running one training step of ``mixer`` at ``preset``'s shapes for ``task``, after 5
+    warm-up steps (compilation, autotuning; synchronised).
 
-    ``options`` override the preset's mixer options. Returns ``(step, model)``; ``step(i)`` trains
-    on the ``i % 4``-th of four fixed batches (batch size and sequence length from the preset).
+    ``options`` override the preset's mixer options. ``step(i)`` trains on the ``i % 4``-th of four
+    fixed batches (batch size and sequence length from the preset).
     """
     plan = resolve_sweep(task, preset, {"mixers": [mixer]})
     length = (plan.extrapolation or {}).get("max_len") or plan.task_options.get("seq_len", 100)
@@ -80,17 +80,16 @@ def build_step(task: str, mixer: str, preset: str = "smoke", device: str = "cpu"
         loss.backward()
         opt.step()
 
-    return step, model
+    for i in range(5):
+        step(i)
+    _sync(dev)
+    return step
 
 
 def time_training(task: str, mixer: str, steps: int, preset: str = "smoke", device: str = "cpu",
                   options: dict | None = None) -> float:
     """Steps/s of model forward + backward + AdamW (no Lightning); see ``build_step``."""
-    step, _ = build_step(task, mixer, preset, device, options)
-    dev = torch.device(device)
-    for i in range(5):
-        step(i)
-    _sync(dev)
+    step, dev = build_step(task, mixer, preset, device, options), torch.device(device)
     t0 = time.perf_counter()
     for i in range(steps):
         step(i)
@@ -103,11 +102,7 @@ def profile_training(task: str, mixer: str, preset: str, device: str, options: d
     """``torch.profiler`` table (top ``rows`` operators by self CPU time) of ``steps`` training steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    step, _ = build_step(task, mixer, preset, device, options)
-    dev = torch.device(device)
-    for i in range(5):
-        step(i)
-    _sync(dev)
+    step, dev = build_step(task, mixer, preset, device, options), torch.device(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for i in range(steps):
@@ -118,13 +113,7 @@ def profile_training(task: str, mixer: str, preset: str, device: str, options: d
 
 def _parse_set(text: str) -> dict:
     """``"check=false,iters=4"`` -> ``{"check": False, "iters": 4}`` (values parsed as YAML)."""
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise argparse.ArgumentTypeError(f"--set expects KEY=VALUE[,KEY=VALUE...], got {text!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+    return dict(_key_value(item) for item in text.split(",") if item)
 
 
 def main(argv: list[str] | None = None) -> None:

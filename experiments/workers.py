@@ -257,6 +257,8 @@ def bench_workers(counts: list[int], task: str, mixer: str, steps: int, device: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from experiments.mps import add_mps_argument, cuda_mps
+
     p = argparse.ArgumentParser(
         prog="python -m experiments.workers",
         description="Throughput of N parallel sweep workers: N identical fixed-step trials (no early stopping) "
@@ -271,12 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("runs/bench-workers"), help="scratch folder (default: %(default)s)")
     p.add_argument("--json", type=Path, help="also write the rows here as JSON")
-    p.add_argument("--mps", action="store_true", help="run the workers under a private CUDA MPS daemon (experiments.mps)")
+    add_mps_argument(p)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from experiments.mps import cuda_mps
-
     try:
         counts = [int(x) for x in args.counts.split(",") if x.strip()]
         if not counts or min(counts) < 1:

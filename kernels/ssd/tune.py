@@ -24,7 +24,7 @@ import torch
 
 from kernels.bench.common import time_ms
 from kernels.ssd import ssd
-from kernels.ssd.bench import DTYPES, _at_precision, _inputs, _peer
+from kernels.ssd.bench import DTYPES, _at_precision, _inputs, _peer, _profile
 
 log = logging.getLogger("kernels.ssd.tune")
 
@@ -46,17 +46,6 @@ def state_calls(xs, Q: int, prec: str) -> list:
     dfinal = torch.randn_like(prev[:, -1])
     return [lambda: _chunk_state(x, B, None, acum, dtT, Q, prec, reverse=False),
             lambda: _chunk_state(dy, C, dfinal, acum, dtT, Q, prec, reverse=True, prev=prev)]
-
-
-def _profile(fn, xs, dy, title: str) -> None:
-    leaves = [t.detach().requires_grad_(True) for t in xs]
-    for _ in range(3):
-        torch.autograd.grad(fn(*leaves), leaves, dy)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.autograd.grad(fn(*leaves), leaves, dy)
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=40)
-    log.info("profile %s\n%s", title, table)
 
 
 def _cases(args):
