@@ -162,26 +162,48 @@ def bench_block2(shape, rows, dev, add_bw, quick):
         rows.append(BenchRow("scan", "ours torch (log-step)", name, "fwd", "float32", t, lim_f, rel_error(out, y_ref)))
 
 
-# (CH, BD, num_warps), optionally a 4th entry: overrides of triton_scan's module knobs for that entry:
-# "win" (LOOKBACK_WINDOW, records per diagonal look-back step), "one" (ONE_RECORD_FROM_LANE_TILES; ALL: the
-# window at every shape), "spec" (SPECIALIZE_D). Earlier H200 sweeps (benchmarks/scan.md): 06:08 and 07:43
-# (64-128-step chunks, 2-8 warps, in-thread layouts), 09:24 (16-64-step chunks with BD = 32 * warps, 1-4
-# warps, windows 1-16, lazy aggregates); this one compares windows and D specialization at the shipped tile.
+# Sweep entries: (kind, tile, knobs). kind "lookback": tile (CH, BD, num_warps) of the look-back kernels
+# (triton_scan.config); "loop": (CH, BD, num_warps, stages) of the chunk-loop kernels (loop_config); knobs:
+# overrides of triton_scan's module knobs for that entry: "win" (LOOKBACK_WINDOW, records per diagonal
+# look-back step), "one" (ONE_RECORD_FROM_LANE_TILES; ALL: the window at every shape), "spec" (SPECIALIZE_D).
+# Earlier H200 sweeps (benchmarks/scan.md): 06:08 and 07:43 (look-back, 64-128-step chunks, 2-8 warps),
+# 09:24 (look-back, 16-64-step chunks with BD = 32 * warps, 1-4 warps, windows 1-16, lazy aggregates),
+# 09:39 (windows and D specialization at 64 x 64); this one: the chunk-loop kernels' tiles and stages.
 ALL = 10**9
-SWEEP = [(64, 64, 2, {"win": 1, "one": ALL}), (64, 64, 2, {"win": 4, "one": ALL}), (64, 64, 2, {"win": 8, "one": ALL}),
-         (64, 64, 2, {"spec": False}), (32, 64, 2)]
-SWEEP_BLOCK2 = [(16, 32, 1), (16, 64, 2), (32, 32, 2), (32, 64, 2)]
+SWEEP = [("lookback", (64, 64, 2), {}), ("lookback", (64, 32, 1), {}),
+         ("loop", (32, 32, 1, 3), {}), ("loop", (32, 32, 1, 4), {}), ("loop", (64, 32, 1, 3), {}),
+         ("loop", (64, 32, 1, 4), {}), ("loop", (16, 32, 1, 6), {}), ("loop", (32, 64, 2, 3), {}),
+         ("loop", (64, 64, 2, 3), {}), ("loop", (32, 16, 1, 4), {})]
+SWEEP_BLOCK2 = [("lookback", (16, 64, 2), {}), ("lookback", (16, 32, 1), {}),
+                ("loop", (16, 32, 1, 3), {}), ("loop", (16, 32, 1, 4), {}), ("loop", (8, 32, 1, 6), {}),
+                ("loop", (16, 64, 2, 3), {}), ("loop", (32, 32, 1, 3), {})]
+#: Shapes with fewer lanes, for the rule that picks the kernel kind (triton_scan.LOOP_FROM_LANE_TILES):
+#: 64 and 128 lane tiles of 32 channels; timed with the first entries of each kind only.
+DISPATCH_SHAPES = [(2, 16384, 1024), (4, 8192, 1024)]
+FEW_LANES = 16  # below this many lane tiles, only the first loop entry runs (one program per lane tile is slow)
 KNOBS = {"win": "LOOKBACK_WINDOW", "one": "ONE_RECORD_FROM_LANE_TILES", "spec": "SPECIALIZE_D"}
 
 
+def _entries(shape, block2: bool):
+    """The sweep entries for one shape (see ``SWEEP``)."""
+    if block2:
+        return SWEEP_BLOCK2
+    if shape in DISPATCH_SHAPES:
+        return [e for e in SWEEP if e[0] == "lookback"][:1] + [e for e in SWEEP if e[0] == "loop"][:3]
+    B, _, D = shape
+    if B * -(-D // 32) < FEW_LANES:
+        return [e for e in SWEEP if e[0] == "lookback"] + [e for e in SWEEP if e[0] == "loop"][:1]
+    return SWEEP
+
+
 def sweep(dev: str) -> list[BenchRow]:
-    """Time the Triton scan's tile configurations ``(CH, BD, num_warps)``: the forward kernel (``fwd``) and
-    the backward kernel alone (``bwd``: ``dx`` and ``dc`` from ``c, y, dy``), each checked first (poisoned
-    outputs) against the float64 reference; ``rel err`` is the larger of the two checks."""
-    rows, saved = [], ts.config
-    knobs = {k: getattr(ts, v) for k, v in KNOBS.items()}
+    """Time the Triton scan's kernels and tiles (``SWEEP``): the forward kernel (``fwd``) and the backward
+    kernel alone (``bwd``: ``dx`` and ``dc`` from ``c, y, dy``), each checked first (poisoned outputs)
+    against the float64 reference; ``rel err`` is the larger of the two checks."""
+    rows = []
+    saved = {k: getattr(ts, k) for k in ("config", "loop_config", "LOOP_FROM_LANE_TILES", *KNOBS.values())}
     try:
-        for shape in SHAPES + [("2x2",) + s for s in BLOCK2_SHAPES]:
+        for shape in SHAPES + DISPATCH_SHAPES + [("2x2",) + s for s in BLOCK2_SHAPES]:
             block2 = shape[0] == "2x2"
             B, L, D = shape[1:] if block2 else shape
             gen = torch.Generator(device=dev).manual_seed(2)
@@ -197,12 +219,16 @@ def sweep(dev: str) -> list[BenchRow]:
             y_ref, dx_ref, dc_ref = ref(c, x, dy)
             y = y_ref.float()
             name = f"{'2x2 ' if block2 else ''}({B}, {L}, {D})"
-            for cfg in SWEEP_BLOCK2 if block2 else SWEEP:
-                ts.config = lambda L_, D_, b_, g_=False, cfg=cfg: cfg[:3]
-                over = cfg[3] if len(cfg) > 3 else {}
-                for k, v in knobs.items():
-                    setattr(ts, KNOBS[k], over.get(k, v))
-                impl = f"triton CH,BD,warps={cfg[:3]}" + "".join(f" {k}={v}" for k, v in over.items())
+            for kind, tile, over in _entries(shape, block2):
+                for k, v in saved.items():
+                    setattr(ts, k, v)
+                ts.LOOP_FROM_LANE_TILES = 0 if kind == "loop" else ALL
+                setattr(ts, "loop_config" if kind == "loop" else "config",
+                        lambda L_, D_, b_, g_=False, tile=tile: tile)
+                for k, v in over.items():
+                    setattr(ts, KNOBS[k], v)
+                impl = f"{kind} {'CH,BD,warps,stages' if kind == 'loop' else 'CH,BD,warps'}={tile}"
+                impl += "".join(f" {k}={v}" for k, v in over.items())
                 err_f = rel_error(_poisoned(lambda: fn(c, x)), y_ref)
                 dc, dx = _poisoned(lambda: ts._backward(c, y, dy, False, block2))
                 err_b = max(rel_error(dx, dx_ref), rel_error(dc, dc_ref))
@@ -213,9 +239,8 @@ def sweep(dev: str) -> list[BenchRow]:
             del y_ref, dx_ref, dc_ref
             torch.cuda.empty_cache()
     finally:
-        ts.config = saved
-        for k, v in knobs.items():
-            setattr(ts, KNOBS[k], v)
+        for k, v in saved.items():
+            setattr(ts, k, v)
     return rows
 
 

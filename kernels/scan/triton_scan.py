@@ -7,11 +7,18 @@ Same signatures and semantics as ``kernels.scan.reference``:
 - ``linear_scan_block2_triton(C, x, reverse=False)``: ``C (B, L, 2, 2, D)``, ``x (B, L, 2, D)``,
   ``y_t[i] = sum_j C_t[i, j] y_{t-1}[j] + x_t[i]``.
 
-One single-pass kernel per call (``_scan_kernels.py``): the sequence is split into chunks of ``CH``
-steps and the channels into tiles of ``BD``; every (chunk, tile) is one program, so even one long
-sequence fills the GPU, and the carry between chunks travels by decoupled look-back. The backward
-is the same kernel in the other direction with shifted coefficients, and writes the coefficient
-gradient in the same pass (``dx_t = dy_t + c_{t+1} dx_{t+1}``, ``dc_t = dx_t y_{t-1}``).
+One single-pass kernel per call, of two kinds (``use_loop`` picks one):
+
+- many lanes (``B * D`` channels in at least ``LOOP_FROM_LANE_TILES`` tiles): the chunk-loop kernels
+  (``_loop_kernels.py``), one program per (batch row, channel tile) walking the whole sequence in
+  chunks with the state in registers and the loads software-pipelined; no communication;
+- few lanes (one long sequence): the look-back kernels (``_scan_kernels.py``): the sequence is split
+  into chunks of ``CH`` steps and the channels into tiles of ``BD``; every (chunk, tile) is one
+  program, so even one long sequence fills the GPU, and the carry between chunks travels by
+  decoupled look-back.
+
+The backward is the same kernel in the other direction with shifted coefficients, and writes the
+coefficient gradient in the same pass (``dx_t = dy_t + c_{t+1} dx_{t+1}``, ``dc_t = dx_t y_{t-1}``).
 
 Storage float32, bfloat16 or float16 (``c`` and ``x`` of one dtype); arithmetic in float32.
 Inputs must be contiguous and on CUDA (or on the CPU under ``TRITON_INTERPRET=1``).
@@ -25,6 +32,7 @@ import torch
 import triton
 
 from kernels._triton import triton_available
+from kernels.scan._loop_kernels import _block2_loop_kernel, _diag_loop_kernel
 from kernels.scan._scan_kernels import _block2_scan_kernel, _diag_scan_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -47,6 +55,25 @@ def config(L: int, D: int, block2: bool, grad: bool = False) -> tuple[int, int, 
         return 16, BD, max(1, BD // 32)
     BD = min(64, max(16, triton.next_power_of_2(D)))
     return 64, BD, max(1, BD // 32)
+
+
+def loop_config(L: int, D: int, block2: bool, grad: bool = False) -> tuple[int, int, int, int]:
+    """``(CH, BD, num_warps, stages)`` of the chunk-loop kernels (``_loop_kernels.py``): steps per chunk,
+    channels per program, warps, and pipeline stages (chunks whose loads are in flight, plus one).
+    ``BD = 32 * num_warps``: one channel per thread, the chunk's steps in its registers."""
+    BD = min(32, max(16, triton.next_power_of_2(D)))
+    return (16 if block2 else 32), BD, 1, 4
+
+
+#: The chunk-loop kernels run from this many lane tiles (``B * cdiv(D, BD)`` with ``loop_config``'s
+#: ``BD``) on: then there are enough programs, each with several chunks in flight, to keep the memory busy.
+LOOP_FROM_LANE_TILES = 128
+
+
+def use_loop(B: int, L: int, D: int, block2: bool, grad: bool = False) -> bool:
+    """Whether a scan of this shape runs the chunk-loop kernel (else the look-back kernel)."""
+    BD = loop_config(L, D, block2, grad)[1]
+    return B * triton.cdiv(D, BD) >= LOOP_FROM_LANE_TILES
 
 
 def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> None:
@@ -114,21 +141,31 @@ def _workspace(device: torch.device, words: int) -> torch.Tensor:
     return entry[0]
 
 
-def _launch(kernel, c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool) -> None:
+def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool) -> None:
     B, L, D = x.shape[0], x.shape[1], x.shape[-1]
     if out.numel() == 0:
         return
-    CH, BD, warps = config(L, D, block2, grad)
+    loop = use_loop(B, L, D, block2, grad)
+    CH, BD, warps, *stages = loop_config(L, D, block2, grad) if loop else config(L, D, block2, grad)
     if (CH + 1) * (4 if block2 else 1) * D + BD >= 2**31:
         raise ValueError(f"linear_scan_triton: D = {D} is too large for the kernels' int32 in-tile offsets")
     n_dt = triton.cdiv(D, BD)
-    n_lt = B * n_dt
     n_chunks = triton.cdiv(L, CH)
+    dconst = D if SPECIALIZE_D and D % 16 == 0 else 0
+    if loop:
+        kernel = _block2_loop_kernel if block2 else _diag_loop_kernel
+        kernel[(B * n_dt,)](
+            c, x, out, yfwd, dc, L, D, n_dt, n_chunks,
+            REVERSE=reverse, GRAD=grad, CH=CH, BD=BD, STAGES=stages[0], DC=dconst, num_warps=warps,
+        )
+        return
+    n_lt = B * n_dt
     words = 8 if block2 else 3  # record words per lane (_lookback.py)
     ws = _workspace(x.device, _WS_OFFSET + n_lt * n_chunks * words * BD)
-    extra = {"DC": D if SPECIALIZE_D and D % 16 == 0 else 0}
+    extra = {"DC": dconst}
     if not block2:
         extra["WIN"] = 1 if n_lt >= ONE_RECORD_FROM_LANE_TILES else LOOKBACK_WINDOW
+    kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
     kernel[(n_lt * n_chunks,)](
         c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws,
         L, D, n_dt, n_lt, n_chunks,
@@ -143,17 +180,15 @@ def _alloc(like: torch.Tensor) -> torch.Tensor:
 
 def _forward(c, x, reverse, block2):
     out = _alloc(x)
-    kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
-    _launch(kernel, c, x, out, out, out, reverse, False, block2)
+    _launch(c, x, out, out, out, reverse, False, block2)
     return out
 
 
 def _backward(c, y, dy, reverse, block2):
     dx = _alloc(y)
     dc = _alloc(c)
-    kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
     # the backward of a forward scan is a reverse scan with coefficients c_{t+1}, and vice versa
-    _launch(kernel, c, dy, dx, y, dc, not reverse, True, block2)
+    _launch(c, dy, dx, y, dc, not reverse, True, block2)
     return dc, dx
 
 

@@ -35,8 +35,21 @@ def poison(monkeypatch):
     monkeypatch.setattr(ts, "_alloc", lambda like: torch.full_like(like, math.nan))
 
 
+#: ``LOOP_FROM_LANE_TILES`` that forces each kernel kind (``triton_scan.use_loop``)
+KINDS = {"lookback": 10**9, "loop": 0}
+
+
+@pytest.fixture(params=list(KINDS))
+def kind(request, monkeypatch):
+    """Run the test with the look-back kernels and again with the chunk-loop kernels."""
+    monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[request.param])
+    return request.param
+
+
 def small_tiles(monkeypatch, ch=16, bd=16):
+    """16 x 16 tiles on 4 warps (look-back) / 2 warps, 3 stages (chunk loop): threads replicate lanes."""
     monkeypatch.setattr(ts, "config", lambda L, D, block2, grad=False: (ch, bd, 4))
+    monkeypatch.setattr(ts, "loop_config", lambda L, D, block2, grad=False: (ch, bd, 2, 3))
 
 
 def rel(a, b):
@@ -69,7 +82,7 @@ def check(fn, ref, c, x, reverse, tol=1e-5):
 
 @pytest.mark.parametrize("L", [1, 17, 129, 1000])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_diag_matches_reference(L, reverse):
+def test_diag_matches_reference(kind, L, reverse):
     gen = torch.Generator().manual_seed(L + 7 * reverse)
     c, x = inputs((2, L, 70), (2, L, 70), gen)  # 70 channels: one full and one partial lane tile
     check(ts.linear_scan_triton, linear_scan_reference, c, x, reverse)
@@ -77,7 +90,7 @@ def test_diag_matches_reference(L, reverse):
 
 @pytest.mark.parametrize("L", [1, 17, 129, 1000])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_block2_matches_reference(L, reverse):
+def test_block2_matches_reference(kind, L, reverse):
     gen = torch.Generator().manual_seed(100 + L + 7 * reverse)
     c, x = inputs((1, L, 2, 2, 5), (1, L, 2, 5), gen)
     c = c * 0.7  # keep 2x2 products bounded over 1000 steps
@@ -85,7 +98,7 @@ def test_block2_matches_reference(L, reverse):
 
 
 @pytest.mark.parametrize("reverse, spec", [(False, False), (True, True)])
-def test_many_chunks_and_lane_tiles(monkeypatch, reverse, spec):
+def test_many_chunks_and_lane_tiles(kind, monkeypatch, reverse, spec):
     """Small tiles: long look-back chains across 13 chunks, 3 batch rows, partial lane tiles; channel
     counts 32 and 16 (multiples of 16: compiled for them when ``spec``) and 37, 19 (runtime)."""
     small_tiles(monkeypatch)
@@ -99,7 +112,7 @@ def test_many_chunks_and_lane_tiles(monkeypatch, reverse, spec):
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_one_row_tail(monkeypatch, reverse):
+def test_one_row_tail(kind, monkeypatch, reverse):
     """L = 129 with 16-step chunks: the last chunk in memory holds one valid row (the first chunk of a
     reverse scan and of the backward of a forward scan), forward and gradients, diagonal and 2x2."""
     small_tiles(monkeypatch)
@@ -218,7 +231,7 @@ def test_workspace_reused_across_launches(monkeypatch):
     assert epochs == [1, 2, 3, 1, 2, 3, 1]
 
 
-def test_bfloat16_storage():
+def test_bfloat16_storage(kind):
     gen = torch.Generator().manual_seed(5)
     c, x = inputs((2, 150, 16), (2, 150, 16), gen)
     c = c * 0.9
@@ -258,7 +271,7 @@ def test_auto_picks_triton_only_on_cuda():
 
 
 @pytest.mark.parametrize("block2", [False, True])
-def test_opcheck(block2):
+def test_opcheck(kind, block2):
     gen = torch.Generator().manual_seed(8)
     if block2:
         c, x = inputs((2, 20, 2, 2, 3), (2, 20, 2, 3), gen)
@@ -306,13 +319,18 @@ def _grads(fn, c, x, reverse, g):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("L", [1, 17, 64, 65, 129, 1000, 4097])
 def test_gpu_repeated_launches(monkeypatch, L):
-    """Races show only now and then: per length, 24 poisoned launches of every tile configuration in
-    ``cfgs`` (``None``: the shipped ``config``; 64x64 on 4 warps and 16x16 on 4 warps replicate lanes
-    over threads; look-back windows of 4 (shipped), 3 records and one record per step), both directions, diagonal and 2x2; forward
-    every time, gradients every fourth time, against the float64 loop (computed once). All launches
-    share the stream's cached workspace, full of records of earlier launches and other layouts."""
-    cfgs = [(None, ts.LOOKBACK_WINDOW, ts.ONE_RECORD_FROM_LANE_TILES), ((16, 16, 4), 3, 10**9), ((64, 64, 4), 8, 1)]
-    shipped = ts.config
+    """Races show only now and then: per length, poisoned launches of every kernel and tile configuration
+    in ``cfgs`` (``None``: the shipped ``config`` / ``loop_config``), both directions, diagonal and 2x2;
+    forward every time, gradients every fourth time, against the float64 loop (computed once).
+    Look-back kernels, 24 launches each: shipped tiles, 16x16 on 4 warps and 64x64 on 4 warps (both
+    replicate lanes over threads), windows of 4 (shipped), 3 records and one record per step; all share
+    the stream's cached workspace, full of records of earlier launches and other layouts. Chunk-loop
+    kernels (no communication between programs), 8 launches each: shipped tiles, 16x16 on 2 warps with
+    3 stages (replicated lanes), 64x64 on 2 warps with 2 stages."""
+    cfgs = [("lookback", None, ts.LOOKBACK_WINDOW, ts.ONE_RECORD_FROM_LANE_TILES),
+            ("lookback", (16, 16, 4), 3, 10**9), ("lookback", (64, 64, 4), 8, 1),
+            ("loop", None, 0, 0), ("loop", (16, 16, 2, 3), 0, 0), ("loop", (64, 64, 2, 2), 0, 0)]
+    shipped = {"lookback": ts.config, "loop": ts.loop_config}
     gen = torch.Generator().manual_seed(L)
     c, x = inputs((2, L, 70), (2, L, 70), gen)
     C, x2 = inputs((1, L, 2, 2, 9), (1, L, 2, 9), gen)
@@ -323,13 +341,16 @@ def test_gpu_repeated_launches(monkeypatch, L):
                                 (ts.linear_scan_block2_triton, linear_scan_block2_reference, C, x2)):
             g = torch.randn(xx.shape, generator=gen, dtype=torch.float64).to(DEV)
             cases.append((fn, cc, xx, g.float(), _grads(ref, cc.double(), xx.double(), reverse, g)))
-        for cfg, win, one in cfgs:
-            monkeypatch.setattr(ts, "config", shipped if cfg is None else (lambda L_, D_, b_, g_=False, cfg=cfg: cfg))
-            monkeypatch.setattr(ts, "LOOKBACK_WINDOW", win)
-            monkeypatch.setattr(ts, "ONE_RECORD_FROM_LANE_TILES", one)
-            for rep in range(24):
+        for kind, cfg, win, one in cfgs:
+            monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[kind])
+            name = "config" if kind == "lookback" else "loop_config"
+            monkeypatch.setattr(ts, name, shipped[kind] if cfg is None else (lambda L_, D_, b_, g_=False, cfg=cfg: cfg))
+            if kind == "lookback":
+                monkeypatch.setattr(ts, "LOOKBACK_WINDOW", win)
+                monkeypatch.setattr(ts, "ONE_RECORD_FROM_LANE_TILES", one)
+            for rep in range(24 if kind == "lookback" else 8):
                 for fn, cc, xx, g, want in cases:
-                    where = (cfg, reverse, rep, fn.__name__)
+                    where = (kind, cfg, reverse, rep, fn.__name__)
                     if rep % 4:
                         assert rel(fn(cc, xx, reverse), want[0]) < 1e-5, where
                     else:
@@ -338,21 +359,40 @@ def test_gpu_repeated_launches(monkeypatch, L):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("shape", [(8, 4096, 1024), (1, 65536, 256)])
-def test_gpu_benchmark_shapes_repeated(shape):
-    """The benchmark shapes with the shipped tiles: 20 poisoned forward launches each direction."""
-    from kernels.scan.torch_scan import linear_scan_torch
+@pytest.mark.parametrize("shape, kind", [((8, 4096, 1024), None), ((8, 4096, 1024), "lookback"),
+                                         ((1, 65536, 256), None), ((8, 4096, 2, 512), None)])
+def test_gpu_benchmark_shapes_repeated(monkeypatch, shape, kind):
+    """The benchmark shapes (``(B, L, 2, D)``: the 2x2 scan) with the shipped tiles and kernel choice
+    (``kind``: forced instead): 20 poisoned forward launches each direction, against the float64
+    log-step scan, then the gradients once per direction against autograd through it in float64."""
+    from kernels.scan.torch_scan import linear_scan_block2_torch, linear_scan_torch
 
+    if kind is not None:
+        monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[kind])
+    block2 = len(shape) == 4
     g = torch.Generator(device="cuda").manual_seed(13)
-    c = torch.rand(shape, device="cuda", generator=g) * 0.2 + 0.8
+    if block2:
+        B, L, _, D = shape
+        c = (torch.rand((B, L, 2, 2, D), device="cuda", generator=g) - 0.5) * 0.9
+        c[:, :, 0, 0] += 0.5
+        c[:, :, 1, 1] += 0.5
+        fn, ref = ts.linear_scan_block2_triton, linear_scan_block2_torch
+    else:
+        c = torch.rand(shape, device="cuda", generator=g) * 0.2 + 0.8
+        fn, ref = ts.linear_scan_triton, linear_scan_torch
     x = torch.randn(shape, device="cuda", generator=g)
     for reverse in (False, True):
-        y64 = linear_scan_torch(c.double(), x.double(), reverse=reverse)
+        y64 = ref(c.double(), x.double(), reverse=reverse)
         for rep in range(20):
-            y = ts.linear_scan_triton(c, x, reverse)
+            y = fn(c, x, reverse)
             assert torch.isfinite(y).all()
             err = float((y.double() - y64).abs().max() / y64.abs().max())  # a wrong carry: O(1)
             assert err < 1e-5, (reverse, rep, err)
+        del y64
+        dy = torch.randn(shape, device="cuda", generator=g)
+        for got, want in zip(_grads(fn, c, x, reverse, dy), _grads(ref, c.double(), x.double(), reverse, dy.double())):
+            assert rel(got, want) < 1e-5, reverse
+        torch.cuda.empty_cache()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
