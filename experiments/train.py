@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -171,6 +172,8 @@ def run_trial(spec: TrialSpec, out_dir: str | Path | None = None, progress_bar: 
     logger = CSVLogger(str(out), name="", version="") if out is not None else False
     trainer = L.Trainer(
         accelerator=accelerator, devices=devices, max_steps=t.max_steps,
+        # never the working directory: a worker must survive its cwd being deleted under it
+        default_root_dir=str(out) if out is not None else tempfile.gettempdir(),
         val_check_interval=t.eval_every, check_val_every_n_epoch=None, num_sanity_val_steps=0,
         callbacks=callbacks, logger=logger, enable_checkpointing=False, enable_model_summary=False,
         enable_progress_bar=progress_bar, log_every_n_steps=max(1, t.eval_every // 5),

@@ -40,3 +40,19 @@ def test_transformer_cannot_learn_parity_quickly():
         train=TrainConfig(max_steps=150, batch_size=32, train_size=1000, val_size=200, test_size=500, eval_every=50),
     )
     assert run_trial(spec)["len32/acc"] < 0.7
+
+
+@pytest.mark.parametrize("with_out_dir", [True, False])
+def test_trial_survives_its_working_directory_being_deleted(tmp_path, monkeypatch, with_out_dir):
+    """A worker whose cwd was removed under it (e.g. a re-synced code folder) still trains and writes
+    its results: nothing in a trial resolves the working directory."""
+    quiet_lightning()
+    gone = tmp_path / "cwd"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
+                     train=TrainConfig(max_steps=20, batch_size=8, train_size=64, val_size=32, test_size=32, eval_every=10))
+    result = run_trial(spec, tmp_path / "trial" if with_out_dir else None)
+    assert result["steps"] == 20
+    assert not with_out_dir or (tmp_path / "trial" / "metrics.csv").is_file()
