@@ -165,23 +165,32 @@ def bench_block2(shape, rows, dev, add_bw, quick):
 # Sweep entries: (kind, tile, knobs). kind "lookback": tile (CH, BD, num_warps) of the look-back kernels
 # (triton_scan.config); "loop": (CH, BD, num_warps, stages) of the chunk-loop kernels (loop_config); knobs:
 # overrides of triton_scan's module knobs for that entry: "win" (LOOKBACK_WINDOW, records per diagonal
-# look-back step), "one" (ONE_RECORD_FROM_LANE_TILES; ALL: the window at every shape), "spec" (SPECIALIZE_D).
-# Earlier H200 sweeps (benchmarks/scan.md): 06:08 and 07:43 (look-back, 64-128-step chunks, 2-8 warps),
-# 09:24 (look-back, 16-64-step chunks with BD = 32 * warps, 1-4 warps, windows 1-16, lazy aggregates),
-# 09:39 (windows and D specialization at 64 x 64); this one: the chunk-loop kernels' tiles and stages.
+# look-back step), "one" (ONE_RECORD_FROM_LANE_TILES; ALL: the window at every shape), "spec" (SPECIALIZE_D),
+# "persist" (PERSIST_PER_SM: programs per SM of the persistent diagonal look-back kernel; 0: one chunk per
+# program). Earlier H200 sweeps (benchmarks/scan.md): 06:08 and 07:43 (look-back, 64-128-step chunks, 2-8
+# warps), 09:24 (look-back, 16-64-step chunks with BD = 32 * warps, 1-4 warps, windows 1-16, lazy
+# aggregates), 09:39 (windows and D specialization at 64 x 64), 10:47 (chunk-loop tiles 16-64 steps, 16-64
+# channels, 3-6 stages; 2x2 chunk loop); this one: chunk-loop tiles around the 10:47 best, the persistent
+# look-back's programs per SM and tiles.
 ALL = 10**9
-SWEEP = [("lookback", (64, 64, 2), {}), ("lookback", (64, 32, 1), {}),
-         ("loop", (32, 32, 1, 3), {}), ("loop", (32, 32, 1, 4), {}), ("loop", (64, 32, 1, 3), {}),
-         ("loop", (64, 32, 1, 4), {}), ("loop", (16, 32, 1, 6), {}), ("loop", (32, 64, 2, 3), {}),
-         ("loop", (64, 64, 2, 3), {}), ("loop", (32, 16, 1, 4), {})]
+SWEEP = [("lookback", (64, 64, 2), {"persist": 0}), ("lookback", (32, 64, 2), {"persist": 4}),
+         ("loop", (64, 32, 1, 3), {}), ("loop", (64, 32, 1, 4), {}), ("loop", (64, 16, 1, 3), {}),
+         ("loop", (64, 16, 1, 4), {}), ("loop", (128, 16, 1, 2), {}), ("loop", (32, 16, 1, 4), {}),
+         ("loop", (64, 32, 2, 3), {}), ("loop", (128, 32, 1, 2), {})]
+#: Few lanes (one long sequence): the look-back kernels only (a chunk loop runs 8 programs here).
+SWEEP_FEW_LANES = [("lookback", (64, 64, 2), {"persist": 0}), ("lookback", (32, 64, 2), {"persist": 0})] + [
+    ("lookback", (32, 64, 2), {"persist": p}) for p in (2, 3, 4, 6, 8)] + [
+    ("lookback", (32, 32, 1), {"persist": p}) for p in (8, 12)]
 SWEEP_BLOCK2 = [("lookback", (16, 64, 2), {}), ("lookback", (16, 32, 1), {}),
-                ("loop", (16, 32, 1, 3), {}), ("loop", (16, 32, 1, 4), {}), ("loop", (8, 32, 1, 6), {}),
-                ("loop", (16, 64, 2, 3), {}), ("loop", (32, 32, 1, 3), {})]
+                ("loop", (16, 32, 1, 3), {}), ("loop", (16, 16, 1, 3), {}), ("loop", (16, 16, 1, 4), {}),
+                ("loop", (32, 16, 1, 3), {})]
 #: Shapes with fewer lanes, for the rule that picks the kernel kind (triton_scan.LOOP_FROM_LANE_TILES):
-#: 64 and 128 lane tiles of 32 channels; timed with the first entries of each kind only.
+#: 64 and 128 lane tiles of 32 channels.
 DISPATCH_SHAPES = [(2, 16384, 1024), (4, 8192, 1024)]
-FEW_LANES = 16  # below this many lane tiles, only the first loop entry runs (one program per lane tile is slow)
-KNOBS = {"win": "LOOKBACK_WINDOW", "one": "ONE_RECORD_FROM_LANE_TILES", "spec": "SPECIALIZE_D"}
+SWEEP_DISPATCH = SWEEP[:3] + [("loop", (64, 16, 1, 3), {})]
+FEW_LANES = 16  # lane tiles of 32 channels below which a shape gets SWEEP_FEW_LANES
+KNOBS = {"win": "LOOKBACK_WINDOW", "one": "ONE_RECORD_FROM_LANE_TILES", "spec": "SPECIALIZE_D",
+         "persist": "PERSIST_PER_SM"}
 
 
 def _entries(shape, block2: bool):
@@ -189,11 +198,9 @@ def _entries(shape, block2: bool):
     if block2:
         return SWEEP_BLOCK2
     if shape in DISPATCH_SHAPES:
-        return [e for e in SWEEP if e[0] == "lookback"][:1] + [e for e in SWEEP if e[0] == "loop"][:3]
+        return SWEEP_DISPATCH
     B, _, D = shape
-    if B * -(-D // 32) < FEW_LANES:
-        return [e for e in SWEEP if e[0] == "lookback"] + [e for e in SWEEP if e[0] == "loop"][:1]
-    return SWEEP
+    return SWEEP_FEW_LANES if B * -(-D // 32) < FEW_LANES else SWEEP
 
 
 def sweep(dev: str) -> list[BenchRow]:

@@ -24,6 +24,7 @@ from triton.compiler import ASTSource
 
 from kernels.scan import triton_scan as ts
 from kernels.scan._loop_kernels import _block2_loop_kernel, _diag_loop_kernel
+from kernels.scan._scan_kernels import _diag_scan_kernel
 
 
 def compile_loop(block2: bool, tile: tuple[int, int, int, int], grad: bool, D: int, arch: int = 90):
@@ -35,6 +36,18 @@ def compile_loop(block2: bool, tile: tuple[int, int, int, int], grad: bool, D: i
     const = dict(REVERSE=grad, GRAD=grad, CH=CH, BD=BD, STAGES=stages, DC=D if D % 16 == 0 else 0)
     sig.update({k: "constexpr" for k in const})
     src = ASTSource(fn=kernel, signature=sig, constexprs=const)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
+
+
+def compile_lookback(tile: tuple[int, int, int], grad: bool, D: int, persist: bool, win: int = 1, arch: int = 90):
+    """The compiled diagonal look-back kernel (one chunk per program, or ``persist``ent)."""
+    CH, BD, warps = tile
+    sig = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr", "yfwd_ptr", "dc_ptr")}
+    sig.update(ws_ptr="*i64", counter_ptr="*i64", L="i32", D="i32", n_dt="i32", n_lt="i32", n_chunks="i32",
+               n_tickets="i32")
+    const = dict(REVERSE=grad, GRAD=grad, CH=CH, BD=BD, WIN=win, DC=D if D % 16 == 0 else 0, PERSIST=persist)
+    sig.update({k: "constexpr" for k in const})
+    src = ASTSource(fn=_diag_scan_kernel, signature=sig, constexprs=const)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
 
 
@@ -59,17 +72,22 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m kernels.scan.compile_check", description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--D", type=int, default=1024, help="channel count the kernels are compiled for")
-    p.add_argument("tiles", nargs="*", help="CH,BD,warps,stages or b2:CH,BD,warps,stages")
+    p.add_argument("tiles", nargs="*", help="CH,BD,warps,stages or b2:CH,BD,warps,stages (chunk loop); "
+                   "lb:CH,BD,warps or lbp:CH,BD,warps (diagonal look-back, one chunk per program / persistent)")
     args = p.parse_args(argv)
     tiles = args.tiles or [",".join(map(str, ts.loop_config(4096, args.D, False))),
                            "b2:" + ",".join(map(str, ts.loop_config(4096, args.D, True)))]
     print(f"triton {triton.__version__}, sm_{args.arch}, D = {args.D}")
     for spec in tiles:
-        block2 = spec.startswith("b2:")
-        tile = tuple(int(v) for v in spec.removeprefix("b2:").split(","))
+        prefix, _, numbers = spec.rpartition(":")
+        tile = tuple(int(v) for v in numbers.split(","))
         for grad in (False, True):
-            info = describe(compile_loop(block2, tile, grad, args.D, args.arch))
-            name = f"{'2x2' if block2 else 'diag'} {'bwd' if grad else 'fwd'} {tile}"
+            if prefix.startswith("lb"):
+                info = describe(compile_lookback(tile, grad, args.D, prefix == "lbp", arch=args.arch))
+            else:
+                info = describe(compile_loop(prefix == "b2", tile, grad, args.D, args.arch))
+            kind = {"": "loop diag", "b2": "loop 2x2", "lb": "lookback diag", "lbp": "persistent diag"}[prefix]
+            name = f"{kind} {'bwd' if grad else 'fwd'} {tile}"
             print(f"{name:32s} " + " ".join(f"{k}={v}" for k, v in info.items()))
 
 

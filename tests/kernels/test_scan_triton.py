@@ -35,14 +35,20 @@ def poison(monkeypatch):
     monkeypatch.setattr(ts, "_alloc", lambda like: torch.full_like(like, math.nan))
 
 
-#: ``LOOP_FROM_LANE_TILES`` that forces each kernel kind (``triton_scan.use_loop``)
-KINDS = {"lookback": 10**9, "loop": 0}
+#: ``(LOOP_FROM_LANE_TILES, PERSIST_PER_SM)`` that force each kernel kind: look-back with one chunk
+#: per program, persistent look-back (diagonal; 2x2 runs one chunk per program), chunk loop
+KINDS = {"lookback": (10**9, 0), "persist": (10**9, 4), "loop": (0, 0)}
+
+
+def force_kind(monkeypatch, kind):
+    monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[kind][0])
+    monkeypatch.setattr(ts, "PERSIST_PER_SM", KINDS[kind][1])
 
 
 @pytest.fixture(params=list(KINDS))
 def kind(request, monkeypatch):
-    """Run the test with the look-back kernels and again with the chunk-loop kernels."""
-    monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[request.param])
+    """Run the test with each kernel kind."""
+    force_kind(monkeypatch, request.param)
     return request.param
 
 
@@ -320,16 +326,20 @@ def _grads(fn, c, x, reverse, g):
 @pytest.mark.parametrize("L", [1, 17, 64, 65, 129, 1000, 4097])
 def test_gpu_repeated_launches(monkeypatch, L):
     """Races show only now and then: per length, poisoned launches of every kernel and tile configuration
-    in ``cfgs`` (``None``: the shipped ``config`` / ``loop_config``), both directions, diagonal and 2x2;
-    forward every time, gradients every fourth time, against the float64 loop (computed once).
-    Look-back kernels, 24 launches each: shipped tiles, 16x16 on 4 warps and 64x64 on 4 warps (both
-    replicate lanes over threads), windows of 4 (shipped), 3 records and one record per step; all share
-    the stream's cached workspace, full of records of earlier launches and other layouts. Chunk-loop
-    kernels (no communication between programs), 8 launches each: shipped tiles, 16x16 on 2 warps with
-    3 stages (replicated lanes), 64x64 on 2 warps with 2 stages."""
-    cfgs = [("lookback", None, ts.LOOKBACK_WINDOW, ts.ONE_RECORD_FROM_LANE_TILES),
-            ("lookback", (16, 16, 4), 3, 10**9), ("lookback", (64, 64, 4), 8, 1),
-            ("loop", None, 0, 0), ("loop", (16, 16, 2, 3), 0, 0), ("loop", (64, 64, 2, 2), 0, 0)]
+    in ``cfgs`` (tile ``None``: the shipped ``config`` / ``loop_config``), both directions, diagonal and
+    2x2; forward every time, gradients every fourth time, against the float64 loop (computed once).
+    Look-back kernels, 24 launches each (all sharing the stream's cached workspace, full of records of
+    earlier launches and other layouts): shipped (persistent, diagonal), one chunk per program with the
+    64 x 64 tile, 16x16 on 4 warps and 64x64 on 4 warps (both replicate lanes over threads), windows of
+    4 (shipped), 3 records and one record per step, persistent with one and with 3 programs per SM
+    (each program takes many tickets and waits with a tile in flight). Chunk-loop kernels (no
+    communication between programs), 8 launches each: shipped tiles, 16x16 on 2 warps with 3 stages
+    (replicated lanes), 64x64 on 2 warps with 2 stages."""
+    lb = dict(kind="lookback", win=ts.LOOKBACK_WINDOW, one=ts.ONE_RECORD_FROM_LANE_TILES, persist=0)
+    cfgs = [dict(lb, tile=None, persist=ts.PERSIST_PER_SM), dict(lb, tile=(64, 64, 2)),
+            dict(lb, tile=(16, 16, 4), win=3, one=10**9), dict(lb, tile=(64, 64, 4), win=8, one=1),
+            dict(lb, tile=(16, 16, 4), win=3, one=10**9, persist=1), dict(lb, tile=(32, 64, 2), persist=3),
+            dict(kind="loop", tile=None), dict(kind="loop", tile=(16, 16, 2, 3)), dict(kind="loop", tile=(64, 64, 2, 2))]
     shipped = {"lookback": ts.config, "loop": ts.loop_config}
     gen = torch.Generator().manual_seed(L)
     c, x = inputs((2, L, 70), (2, L, 70), gen)
@@ -341,16 +351,18 @@ def test_gpu_repeated_launches(monkeypatch, L):
                                 (ts.linear_scan_block2_triton, linear_scan_block2_reference, C, x2)):
             g = torch.randn(xx.shape, generator=gen, dtype=torch.float64).to(DEV)
             cases.append((fn, cc, xx, g.float(), _grads(ref, cc.double(), xx.double(), reverse, g)))
-        for kind, cfg, win, one in cfgs:
-            monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[kind])
+        for cfg in cfgs:
+            kind, tile = cfg["kind"], cfg["tile"]
+            force_kind(monkeypatch, kind)
             name = "config" if kind == "lookback" else "loop_config"
-            monkeypatch.setattr(ts, name, shipped[kind] if cfg is None else (lambda L_, D_, b_, g_=False, cfg=cfg: cfg))
+            monkeypatch.setattr(ts, name, shipped[kind] if tile is None else (lambda L_, D_, b_, g_=False, t=tile: t))
             if kind == "lookback":
-                monkeypatch.setattr(ts, "LOOKBACK_WINDOW", win)
-                monkeypatch.setattr(ts, "ONE_RECORD_FROM_LANE_TILES", one)
+                monkeypatch.setattr(ts, "LOOKBACK_WINDOW", cfg["win"])
+                monkeypatch.setattr(ts, "ONE_RECORD_FROM_LANE_TILES", cfg["one"])
+                monkeypatch.setattr(ts, "PERSIST_PER_SM", cfg["persist"])
             for rep in range(24 if kind == "lookback" else 8):
                 for fn, cc, xx, g, want in cases:
-                    where = (kind, cfg, reverse, rep, fn.__name__)
+                    where = (cfg, reverse, rep, fn.__name__)
                     if rep % 4:
                         assert rel(fn(cc, xx, reverse), want[0]) < 1e-5, where
                     else:
@@ -359,8 +371,9 @@ def test_gpu_repeated_launches(monkeypatch, L):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("shape, kind", [((8, 4096, 1024), None), ((8, 4096, 1024), "lookback"),
-                                         ((1, 65536, 256), None), ((8, 4096, 2, 512), None)])
+@pytest.mark.parametrize("shape, kind", [((8, 4096, 1024), None), ((8, 4096, 1024), "persist"),
+                                         ((1, 65536, 256), None), ((1, 65536, 256), "lookback"),
+                                         ((8, 4096, 2, 512), None)])
 def test_gpu_benchmark_shapes_repeated(monkeypatch, shape, kind):
     """The benchmark shapes (``(B, L, 2, D)``: the 2x2 scan) with the shipped tiles and kernel choice
     (``kind``: forced instead): 20 poisoned forward launches each direction, against the float64
@@ -368,7 +381,7 @@ def test_gpu_benchmark_shapes_repeated(monkeypatch, shape, kind):
     from kernels.scan.torch_scan import linear_scan_block2_torch, linear_scan_torch
 
     if kind is not None:
-        monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[kind])
+        force_kind(monkeypatch, kind)
     block2 = len(shape) == 4
     g = torch.Generator(device="cuda").manual_seed(13)
     if block2:
