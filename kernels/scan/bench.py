@@ -176,10 +176,11 @@ ALL = 10**9
 SWEEP = [("lookback", (64, 64, 2), {"persist": 0}), ("lookback", (32, 64, 2), {"persist": 4}),
          ("loop", (64, 32, 1, 3), {}), ("loop", (64, 32, 1, 4), {}), ("loop", (64, 16, 1, 3), {}),
          ("loop", (64, 16, 1, 4), {}), ("loop", (128, 16, 1, 2), {}), ("loop", (32, 16, 1, 4), {}),
-         ("loop", (64, 32, 2, 3), {}), ("loop", (128, 32, 1, 2), {})]
+         ("loop", (64, 32, 2, 3), {}), ("loop", (128, 32, 1, 2), {}), ("loop", (32, 64, 1, 3), {})]
 #: Few lanes (one long sequence): the look-back kernels only (a chunk loop runs 8 programs here).
 SWEEP_FEW_LANES = [("lookback", (64, 64, 2), {"persist": 0}), ("lookback", (32, 64, 2), {"persist": 0})] + [
     ("lookback", (32, 64, 2), {"persist": p}) for p in (2, 3, 4, 6, 8)] + [
+    ("lookback", (32, 64, 2), {"persist": 4, "win": w}) for w in (1, 8)] + [
     ("lookback", (32, 32, 1), {"persist": p}) for p in (8, 12)]
 SWEEP_BLOCK2 = [("lookback", (16, 64, 2), {}), ("lookback", (16, 32, 1), {}),
                 ("loop", (16, 32, 1, 3), {}), ("loop", (16, 16, 1, 3), {}), ("loop", (16, 16, 1, 4), {}),
