@@ -68,7 +68,7 @@ class TrialSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrialSpec":
+    def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
         d = dict(d)
         d["train"] = TrainConfig(**d.get("train", {}))
         return cls(**d)
