@@ -69,20 +69,17 @@ def missing_anywhere(bits, CH: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
-def take_ticket(counter_ptr, n_tickets):
-    """``(ticket, tag)``: this program's next ticket and the launch's tag (module doc).
+def take_ticket(counter_ptr, n_lane_tiles, n_programs):
+    """``(chunk index in scan order, lane tile, tag)`` for this program, chunk-major.
 
-    ``counter_ptr``: the int64 counter word (``epoch << 32 | tickets taken``); ``n_tickets``: how many
-    tickets the launch's programs take in all (the one that takes the last resets the counter).
-    A scalar atomic runs in one thread and is broadcast, so the whole program shares the ticket.
-    Ticket order is chunk-major: ticket ``t`` is chunk ``t // n_lane_tiles`` (scan order) of lane tile
-    ``t % n_lane_tiles``."""
+    ``counter_ptr``: the int64 counter word (``epoch << 32 | tickets taken``, see the module doc).
+    A scalar atomic runs in one thread and is broadcast, so the whole program shares the ticket."""
     old = tl.atomic_add(counter_ptr, 1)
     ticket = (old & 0xFFFFFFFF).to(tl.int32)
     epoch = old >> 32
-    if ticket == n_tickets - 1:  # every ticket of this launch is taken: reset for the next launch
+    if ticket == n_programs - 1:  # every ticket of this launch is taken: reset for the next launch
         tl.atomic_xchg(counter_ptr, (epoch + 1) << 32)
-    return ticket, epoch + 1
+    return ticket // n_lane_tiles, ticket % n_lane_tiles, epoch + 1
 
 
 @triton.jit

@@ -51,54 +51,41 @@ def _row_of(v, sel):
 
 
 @triton.jit
-def _diag_tile(c_ptr, x_ptr, t, n_total, L, D, n_dt, n_lt, n_chunks,
-               REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr):
-    """Where the chunk of ticket ``t`` lies, and its loaded tiles: ``(k, lt, start, offs, mask, a, x)``:
-    chunk ``k`` in scan order, lane tile ``lt``, the int64 element offset ``start`` of the tile's corner
-    and int32 offsets ``offs [CH, BD]`` inside it, ``mask``, and the float32 coefficients ``a`` (the
-    identity where masked) and inputs ``x``. A ticket ``t >= n_total`` (persistent programs' last
-    tickets) loads nothing."""
-    k = t // n_lt
-    lt = t % n_lt
+def _diag_scan_kernel(
+    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, counter_ptr,
+    L, D, n_dt, n_lt, n_chunks,
+    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, WIN: tl.constexpr,
+    DC: tl.constexpr,
+):
+    if DC > 0:  # the channel count as a compile-time constant: row addresses fold into immediates
+        D = DC
+    k, lt, tag = take_ticket(counter_ptr, n_lt, n_lt * n_chunks)
     b = lt // n_dt
     dt = lt % n_dt
     m = n_chunks - 1 - k if REVERSE else k
     # reverse: the tile's rows in reverse memory order, so the scan always runs forward over the tile
     i = (CH - 1 - tl.arange(0, CH)) if REVERSE else tl.arange(0, CH)  # row within the chunk in memory
     rows = m * CH + i
-    lmask = dt * BD + tl.arange(0, BD) < tl.where(t < n_total, D, 0)  # no lane past the last ticket
+    lanes = dt * BD + tl.arange(0, BD)
+    lmask = lanes < D
     mask = (rows < L)[:, None] & lmask[None, :]
+    # int64 element offset of the tile's corner (b, m * CH, dt * BD); int32 offsets inside the tile
     start = (b.to(tl.int64) * L + m * CH) * D + dt * BD
     offs = i[:, None] * D + tl.arange(0, BD)[None, :]
     x = tl.load(x_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
     if GRAD:
-        prow = rows + 1 if REVERSE else rows - 1  # the coefficient of the previous step in this scan's order
+        shift = D if REVERSE else -D  # the coefficient of the previous step in this scan's order
+        prow = rows + 1 if REVERSE else rows - 1
         pmask = ((prow >= 0) & (prow < L))[:, None] & lmask[None, :]
-        a = tl.load(c_ptr + start + offs + (D if REVERSE else -D), mask=pmask, other=0.0).to(tl.float32)
+        a = tl.load(c_ptr + start + offs + shift, mask=pmask, other=0.0).to(tl.float32)
     else:
         a = tl.load(c_ptr + start + offs, mask=mask, other=1.0).to(tl.float32)
     a = tl.where(mask, a, 1.0)  # rows past the end are the identity map
-    return k, lt, start, offs, mask, a, x
 
-
-@triton.jit
-def _diag_finish(a, x, k, lt, start, offs, mask, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, tag, L, D, n_chunks,
-                 REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
-                 WIN: tl.constexpr, EARLY: tl.constexpr):
-    """Scan the loaded tile, get the carry-in by look-back, store ``y`` (and ``dc`` when ``GRAD``; with
-    ``EARLY`` the ``y_{q(t)}`` tile is loaded before the look-back, so its latency overlaps the walk)."""
     A, Y = tl.associative_scan((a, x), 0, _compose)
     sel = (tl.arange(0, CH) == CH - 1)[:, None]  # the chunk's last step in scan order
     agg_a = _row_of(A, sel)
     agg_y = _row_of(Y, sel)
-    if GRAD:
-        i = (CH - 1 - tl.arange(0, CH)) if REVERSE else tl.arange(0, CH)
-        m = n_chunks - 1 - k if REVERSE else k
-        qrow = m * CH + i + (-1 if REVERSE else 1)
-        qmask = ((qrow >= 0) & (qrow < L))[:, None] & mask
-        qptr = yfwd_ptr + start + offs + (-D if REVERSE else D)
-        if EARLY:
-            yq = tl.load(qptr, mask=qmask, other=0.0).to(tl.float32)
 
     # ---- decoupled look-back (_lookback.py): records of 3 x BD words per (lane tile, chunk) ----
     rec = ws_ptr + (lt * n_chunks) * 3 * BD + tl.arange(0, BD)
@@ -107,45 +94,10 @@ def _diag_finish(a, x, k, lt, start, offs, mask, out_ptr, yfwd_ptr, dc_ptr, ws_p
     y = Y + A * carry[None, :]
     tl.store(out_ptr + start + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
     if GRAD:
-        if not EARLY:
-            yq = tl.load(qptr, mask=qmask, other=0.0).to(tl.float32)
+        qrow = rows - 1 if REVERSE else rows + 1
+        qmask = ((qrow >= 0) & (qrow < L))[:, None] & lmask[None, :]
+        yq = tl.load(yfwd_ptr + start + offs - shift, mask=qmask, other=0.0).to(tl.float32)
         tl.store(dc_ptr + start + offs, (y * yq).to(dc_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _diag_scan_kernel(
-    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, counter_ptr,
-    L, D, n_dt, n_lt, n_chunks, n_tickets,
-    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, WIN: tl.constexpr,
-    DC: tl.constexpr, PERSIST: tl.constexpr,
-):
-    """``c, x, out, yfwd, dc (B, L, D)``; ``ws``/``counter``: the look-back workspace (``_lookback.py``).
-
-    ``PERSIST = False``: one program per chunk (grid ``n_lt * n_chunks = n_tickets``). ``PERSIST``:
-    a grid of a few programs per SM, each taking tickets until they run out, with the next chunk's
-    tile loaded (and the ticket after it taken) *before* the current chunk's look-back and stores,
-    so a program waiting for its predecessors still has a tile in flight. Each program takes exactly
-    two tickets ``>= n_lt * n_chunks`` (its prefetches past the end): ``n_tickets = n_lt * n_chunks +
-    2 * grid``. Deadlock-free like the one-chunk programs: a program only waits for lower tickets than
-    its current one, and the lowest unfinished ticket is always some program's current one."""
-    if DC > 0:  # the channel count as a compile-time constant: row addresses fold into immediates
-        D = DC
-    n_total = n_lt * n_chunks
-    t, tag = take_ticket(counter_ptr, n_tickets)
-    k, lt, start, offs, mask, a, x = _diag_tile(c_ptr, x_ptr, t, n_total, L, D, n_dt, n_lt, n_chunks,
-                                                REVERSE, GRAD, CH, BD)
-    if PERSIST:
-        tn, _ = take_ticket(counter_ptr, n_tickets)
-        while t < n_total:
-            kn, ltn, startn, offsn, maskn, an, xn = _diag_tile(c_ptr, x_ptr, tn, n_total, L, D, n_dt, n_lt,
-                                                               n_chunks, REVERSE, GRAD, CH, BD)
-            tnn, _ = take_ticket(counter_ptr, n_tickets)
-            _diag_finish(a, x, k, lt, start, offs, mask, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, tag, L, D, n_chunks,
-                         REVERSE, GRAD, CH, BD, WIN, True)
-            t, k, lt, start, offs, mask, a, x, tn = tn, kn, ltn, startn, offsn, maskn, an, xn, tnn
-    else:
-        _diag_finish(a, x, k, lt, start, offs, mask, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, tag, L, D, n_chunks,
-                     REVERSE, GRAD, CH, BD, WIN, False)
 
 
 @triton.jit
@@ -157,9 +109,7 @@ def _block2_scan_kernel(
     """``C (B, L, 2, 2, D)``, ``x / out / yfwd (B, L, 2, D)``, ``dc`` like ``C``."""
     if DC > 0:  # the channel count as a compile-time constant: row addresses fold into immediates
         D = DC
-    t, tag = take_ticket(counter_ptr, n_lt * n_chunks)
-    k = t // n_lt
-    lt = t % n_lt
+    k, lt, tag = take_ticket(counter_ptr, n_lt, n_lt * n_chunks)
     b = lt // n_dt
     dt = lt % n_dt
     m = n_chunks - 1 - k if REVERSE else k

@@ -165,33 +165,27 @@ def bench_block2(shape, rows, dev, add_bw, quick):
 # Sweep entries: (kind, tile, knobs). kind "lookback": tile (CH, BD, num_warps) of the look-back kernels
 # (triton_scan.config); "loop": (CH, BD, num_warps, stages) of the chunk-loop kernels (loop_config); knobs:
 # overrides of triton_scan's module knobs for that entry: "win" (LOOKBACK_WINDOW, records per diagonal
-# look-back step), "one" (ONE_RECORD_FROM_LANE_TILES; ALL: the window at every shape), "spec" (SPECIALIZE_D),
-# "persist" (PERSIST_PER_SM: programs per SM of the persistent diagonal look-back kernel; 0: one chunk per
-# program). Earlier H200 sweeps (benchmarks/scan.md): 06:08 and 07:43 (look-back, 64-128-step chunks, 2-8
-# warps), 09:24 (look-back, 16-64-step chunks with BD = 32 * warps, 1-4 warps, windows 1-16, lazy
-# aggregates), 09:39 (windows and D specialization at 64 x 64), 10:47 (chunk-loop tiles 16-64 steps, 16-64
-# channels, 3-6 stages; 2x2 chunk loop); this one: chunk-loop tiles around the 10:47 best, the persistent
-# look-back's programs per SM and tiles.
+# look-back step), "one" (ONE_RECORD_FROM_LANE_TILES; ALL: the window at every shape), "spec" (SPECIALIZE_D).
+# Earlier H200 sweeps (benchmarks/scan.md): 06:08 and 07:43 (look-back, 64-128-step chunks, 2-8 warps),
+# 09:24 (look-back, 16-64-step chunks with BD = 32 * warps, 1-4 warps, windows 1-16, lazy aggregates),
+# 09:39 (windows and D specialization at 64 x 64), 10:47 (chunk-loop tiles: 16-64 steps, 16-64 channels,
+# 1-2 warps, 3-6 stages; 2x2 chunk loop), 10:58 (chunk-loop tiles around the 10:47 best, 16-channel 2x2
+# loop tiles, and a persistent look-back kernel since removed: 1.3-1.5x slower). This list: the shipped
+# tiles and their nearest neighbours.
 ALL = 10**9
-SWEEP = [("lookback", (64, 64, 2), {"persist": 0}), ("lookback", (32, 64, 2), {"persist": 4}),
-         ("loop", (64, 32, 1, 3), {}), ("loop", (64, 32, 1, 4), {}), ("loop", (64, 16, 1, 3), {}),
-         ("loop", (64, 16, 1, 4), {}), ("loop", (128, 16, 1, 2), {}), ("loop", (32, 16, 1, 4), {}),
-         ("loop", (64, 32, 2, 3), {}), ("loop", (128, 32, 1, 2), {}), ("loop", (32, 64, 1, 3), {})]
+SWEEP = [("lookback", (64, 64, 2), {}), ("loop", (64, 32, 1, 3), {}), ("loop", (64, 32, 1, 4), {}),
+         ("loop", (32, 32, 1, 4), {}), ("loop", (32, 16, 1, 4), {}), ("loop", (64, 16, 1, 3), {})]
 #: Few lanes (one long sequence): the look-back kernels only (a chunk loop runs 8 programs here).
-SWEEP_FEW_LANES = [("lookback", (64, 64, 2), {"persist": 0}), ("lookback", (32, 64, 2), {"persist": 0})] + [
-    ("lookback", (32, 64, 2), {"persist": p}) for p in (2, 3, 4, 6, 8)] + [
-    ("lookback", (32, 64, 2), {"persist": 4, "win": w}) for w in (1, 8)] + [
-    ("lookback", (32, 32, 1), {"persist": p}) for p in (8, 12)]
+SWEEP_FEW_LANES = [("lookback", (64, 64, 2), {}), ("lookback", (64, 64, 2), {"win": 1, "one": ALL}),
+                   ("lookback", (32, 64, 2), {}), ("lookback", (64, 32, 1), {})]
 SWEEP_BLOCK2 = [("lookback", (16, 64, 2), {}), ("lookback", (16, 32, 1), {}),
-                ("loop", (16, 32, 1, 3), {}), ("loop", (16, 16, 1, 3), {}), ("loop", (16, 16, 1, 4), {}),
-                ("loop", (32, 16, 1, 3), {})]
+                ("loop", (16, 32, 1, 3), {}), ("loop", (32, 16, 1, 3), {}), ("loop", (16, 16, 1, 4), {})]
 #: Shapes with fewer lanes, for the rule that picks the kernel kind (triton_scan.LOOP_FROM_LANE_TILES):
 #: 64 and 128 lane tiles of 32 channels.
 DISPATCH_SHAPES = [(2, 16384, 1024), (4, 8192, 1024)]
-SWEEP_DISPATCH = SWEEP[:3] + [("loop", (64, 16, 1, 3), {})]
+SWEEP_DISPATCH = [("lookback", (64, 64, 2), {}), ("loop", (64, 32, 1, 3), {}), ("loop", (64, 16, 1, 3), {})]
 FEW_LANES = 16  # lane tiles of 32 channels below which a shape gets SWEEP_FEW_LANES
-KNOBS = {"win": "LOOKBACK_WINDOW", "one": "ONE_RECORD_FROM_LANE_TILES", "spec": "SPECIALIZE_D",
-         "persist": "PERSIST_PER_SM"}
+KNOBS = {"win": "LOOKBACK_WINDOW", "one": "ONE_RECORD_FROM_LANE_TILES", "spec": "SPECIALIZE_D"}
 
 
 def _entries(shape, block2: bool):

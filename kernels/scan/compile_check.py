@@ -5,8 +5,8 @@ kernels (``_loop_kernels.py``) for ``sm_<arch>`` with Triton's bundled ``ptxas``
 kernel (forward / backward, diagonal / 2x2): registers per thread, spilled bytes, shared memory, and
 how many asynchronous copies (``ttg.async_copy_global_to_local``: loads the software pipeliner
 moved into shared memory) the kernel has; 0 means its loads were *not* pipelined. ``TILE``:
-``CH,BD,warps,stages`` (diagonal) or ``b2:CH,BD,warps,stages`` (2x2); default: the shipped
-``loop_config`` at ``D``.
+``CH,BD,warps,stages`` (diagonal) or ``b2:CH,BD,warps,stages`` (2x2) of the chunk loop, or
+``lb:CH,BD,warps`` (the diagonal look-back kernel); default: the shipped ``loop_config`` at ``D``.
 """
 
 from __future__ import annotations
@@ -39,13 +39,12 @@ def compile_loop(block2: bool, tile: tuple[int, int, int, int], grad: bool, D: i
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
 
 
-def compile_lookback(tile: tuple[int, int, int], grad: bool, D: int, persist: bool, win: int = 1, arch: int = 90):
-    """The compiled diagonal look-back kernel (one chunk per program, or ``persist``ent)."""
+def compile_lookback(tile: tuple[int, int, int], grad: bool, D: int, win: int = 1, arch: int = 90):
+    """The compiled diagonal look-back kernel (``_scan_kernels._diag_scan_kernel``)."""
     CH, BD, warps = tile
     sig = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr", "yfwd_ptr", "dc_ptr")}
-    sig.update(ws_ptr="*i64", counter_ptr="*i64", L="i32", D="i32", n_dt="i32", n_lt="i32", n_chunks="i32",
-               n_tickets="i32")
-    const = dict(REVERSE=grad, GRAD=grad, CH=CH, BD=BD, WIN=win, DC=D if D % 16 == 0 else 0, PERSIST=persist)
+    sig.update(ws_ptr="*i64", counter_ptr="*i64", L="i32", D="i32", n_dt="i32", n_lt="i32", n_chunks="i32")
+    const = dict(REVERSE=grad, GRAD=grad, CH=CH, BD=BD, WIN=win, DC=D if D % 16 == 0 else 0)
     sig.update({k: "constexpr" for k in const})
     src = ASTSource(fn=_diag_scan_kernel, signature=sig, constexprs=const)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
@@ -73,20 +72,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--D", type=int, default=1024, help="channel count the kernels are compiled for")
     p.add_argument("tiles", nargs="*", help="CH,BD,warps,stages or b2:CH,BD,warps,stages (chunk loop); "
-                   "lb:CH,BD,warps or lbp:CH,BD,warps (diagonal look-back, one chunk per program / persistent)")
+                   "lb:CH,BD,warps (diagonal look-back)")
     args = p.parse_args(argv)
     tiles = args.tiles or [",".join(map(str, ts.loop_config(4096, args.D, False))),
-                           "b2:" + ",".join(map(str, ts.loop_config(4096, args.D, True)))]
+                           "b2:" + ",".join(map(str, ts.loop_config(4096, args.D, True))),
+                           "b2:" + ",".join(map(str, ts.loop_config(4096, args.D, True, True)))]
     print(f"triton {triton.__version__}, sm_{args.arch}, D = {args.D}")
     for spec in tiles:
         prefix, _, numbers = spec.rpartition(":")
         tile = tuple(int(v) for v in numbers.split(","))
         for grad in (False, True):
-            if prefix.startswith("lb"):
-                info = describe(compile_lookback(tile, grad, args.D, prefix == "lbp", arch=args.arch))
+            if prefix == "lb":
+                info = describe(compile_lookback(tile, grad, args.D, arch=args.arch))
             else:
                 info = describe(compile_loop(prefix == "b2", tile, grad, args.D, args.arch))
-            kind = {"": "loop diag", "b2": "loop 2x2", "lb": "lookback diag", "lbp": "persistent diag"}[prefix]
+            kind = {"": "loop diag", "b2": "loop 2x2", "lb": "lookback diag"}[prefix]
             name = f"{kind} {'bwd' if grad else 'fwd'} {tile}"
             print(f"{name:32s} " + " ".join(f"{k}={v}" for k, v in info.items()))
 

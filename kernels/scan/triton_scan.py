@@ -54,41 +54,32 @@ def config(L: int, D: int, block2: bool, grad: bool = False) -> tuple[int, int, 
         BD = min(32 if grad else 64, max(16, triton.next_power_of_2(D)))
         return 16, BD, max(1, BD // 32)
     BD = min(64, max(16, triton.next_power_of_2(D)))
-    return (32 if PERSIST_PER_SM else 64), BD, max(1, BD // 32)
-
-
-#: Programs per SM of the persistent diagonal look-back kernel (``_scan_kernels._diag_scan_kernel``):
-#: each loads its next chunk's tile before the current chunk's look-back; 0: one program per chunk.
-#: Two tiles in registers: 32-step chunks (64 x 64 would spill: 255 registers + 184 B, ptxas of
-#: triton 3.9 for sm_90; 32 x 64 on 2 warps: 182, backward 205, no spills).
-PERSIST_PER_SM = 4
-
-
-def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device`` (2 for the CPU interpreter, so tests see several programs)."""
-    if device.type != "cuda":
-        return 2
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return 64, BD, max(1, BD // 32)
 
 
 def loop_config(L: int, D: int, block2: bool, grad: bool = False) -> tuple[int, int, int, int]:
     """``(CH, BD, num_warps, stages)`` of the chunk-loop kernels (``_loop_kernels.py``): steps per chunk,
     channels per program, warps, and pipeline stages (chunks whose loads are in flight, plus one).
 
-    ``BD = 32 * num_warps``: one channel per thread, the chunk's steps in its registers. Measured on an
-    H200 (sweep of 2026-11-21 10:47, ``benchmarks/scan.md``): 64 x 32 on one warp with 3 stages was the
-    fastest diagonal tile forward and backward at (8, 4096 / 16384, 1024) (32-step chunks, 16-step
-    chunks with 6 stages, 2-warp tiles 1-60% slower); 2x2 blocks 16 x 32 with 3 stages.
+    One warp per program, one channel per thread (``BD = 32``: the chunk's steps in its registers) or
+    two threads per channel (``BD = 16``). Measured on an H200 (sweeps of 2026-11-21 10:47 and 10:58,
+    ``benchmarks/scan.md``): 64 x 32 with 3 stages was the fastest diagonal tile forward and backward
+    at (8, 4096 / 16384, 1024) (4 stages within 1-2% either way; 16- and 32-step chunks, 16- and
+    64-channel tiles, 2 warps, 128-step chunks 4-160% slower). 2x2 blocks: the backward with 32 x 16
+    (0.300 ms at (8, 4096, 512), the look-back's best 0.321); the forward tile 16 x 32 (the look-back
+    kernel, 0.213 ms, beat every chunk-loop tile there: 0.266-0.366 ms).
     """
+    if block2 and grad:
+        return 32, 16, 1, 3
     BD = min(32, max(16, triton.next_power_of_2(D)))
     return (16, BD, 1, 3) if block2 else (64, BD, 1, 3)
 
 
 #: The chunk-loop kernels run from this many lane tiles (``B * cdiv(D, BD)`` with ``loop_config``'s
 #: ``BD``) on, about two programs per SM of an H200 (132 SMs); below, there are too few programs to keep
-#: the memory busy and the look-back kernels split the sequence instead. Measured (10:47): 256 lane
-#: tiles (8, 4096, 1024): loop 0.108 ms vs look-back 0.123 forward; 128 (4, 8192, 1024): 0.181 vs 0.128;
-#: 64 (2, 16384, 1024): 0.353 vs 0.142.
+#: the memory busy and the look-back kernels split the sequence instead. Measured forward (10:47 and
+#: 10:58): 256 lane tiles (8, 4096, 1024): loop 0.109 ms vs look-back 0.124; 128 (4, 8192, 1024): 0.182
+#: (0.141 with 16-channel tiles, 256 programs) vs 0.130; 64 (2, 16384, 1024): 0.355 (0.243) vs 0.142.
 LOOP_FROM_LANE_TILES = 256
 
 
@@ -184,19 +175,14 @@ def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool) -> Non
     n_lt = B * n_dt
     words = 8 if block2 else 3  # record words per lane (_lookback.py)
     ws = _workspace(x.device, _WS_OFFSET + n_lt * n_chunks * words * BD)
-    n_total = n_lt * n_chunks
-    if block2:
-        _block2_scan_kernel[(n_total,)](
-            c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws, L, D, n_dt, n_lt, n_chunks,
-            REVERSE=reverse, GRAD=grad, CH=CH, BD=BD, DC=dconst, num_warps=warps,
-        )
-        return
-    grid = min(n_total, PERSIST_PER_SM * _sm_count(x.device)) if PERSIST_PER_SM else n_total
-    n_tickets = n_total + 2 * grid if PERSIST_PER_SM else n_total  # persistent: 2 tickets past the end each
-    _diag_scan_kernel[(grid,)](
-        c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws, L, D, n_dt, n_lt, n_chunks, n_tickets,
-        REVERSE=reverse, GRAD=grad, CH=CH, BD=BD, DC=dconst, PERSIST=bool(PERSIST_PER_SM),
-        WIN=1 if n_lt >= ONE_RECORD_FROM_LANE_TILES else LOOKBACK_WINDOW, num_warps=warps,
+    extra = {"DC": dconst}
+    if not block2:
+        extra["WIN"] = 1 if n_lt >= ONE_RECORD_FROM_LANE_TILES else LOOKBACK_WINDOW
+    kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
+    kernel[(n_lt * n_chunks,)](
+        c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws,
+        L, D, n_dt, n_lt, n_chunks,
+        REVERSE=reverse, GRAD=grad, CH=CH, BD=BD, num_warps=warps, **extra,
     )
 
 

@@ -35,14 +35,12 @@ def poison(monkeypatch):
     monkeypatch.setattr(ts, "_alloc", lambda like: torch.full_like(like, math.nan))
 
 
-#: ``(LOOP_FROM_LANE_TILES, PERSIST_PER_SM)`` that force each kernel kind: look-back with one chunk
-#: per program, persistent look-back (diagonal; 2x2 runs one chunk per program), chunk loop
-KINDS = {"lookback": (10**9, 0), "persist": (10**9, 4), "loop": (0, 0)}
+#: ``LOOP_FROM_LANE_TILES`` that forces each kernel kind (``triton_scan.use_loop``)
+KINDS = {"lookback": 10**9, "loop": 0}
 
 
 def force_kind(monkeypatch, kind):
-    monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[kind][0])
-    monkeypatch.setattr(ts, "PERSIST_PER_SM", KINDS[kind][1])
+    monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[kind])
 
 
 @pytest.fixture(params=list(KINDS))
@@ -329,16 +327,12 @@ def test_gpu_repeated_launches(monkeypatch, L):
     in ``cfgs`` (tile ``None``: the shipped ``config`` / ``loop_config``), both directions, diagonal and
     2x2; forward every time, gradients every fourth time, against the float64 loop (computed once).
     Look-back kernels, 24 launches each (all sharing the stream's cached workspace, full of records of
-    earlier launches and other layouts): shipped (persistent, diagonal), one chunk per program with the
-    64 x 64 tile, 16x16 on 4 warps and 64x64 on 4 warps (both replicate lanes over threads), windows of
-    4 (shipped), 3 records and one record per step, persistent with one and with 3 programs per SM
-    (each program takes many tickets and waits with a tile in flight). Chunk-loop kernels (no
-    communication between programs), 8 launches each: shipped tiles, 16x16 on 2 warps with 3 stages
-    (replicated lanes), 64x64 on 2 warps with 2 stages."""
-    lb = dict(kind="lookback", win=ts.LOOKBACK_WINDOW, one=ts.ONE_RECORD_FROM_LANE_TILES, persist=0)
-    cfgs = [dict(lb, tile=None, persist=ts.PERSIST_PER_SM), dict(lb, tile=(64, 64, 2)),
-            dict(lb, tile=(16, 16, 4), win=3, one=10**9), dict(lb, tile=(64, 64, 4), win=8, one=1),
-            dict(lb, tile=(16, 16, 4), win=3, one=10**9, persist=1), dict(lb, tile=(32, 64, 2), persist=3),
+    earlier launches and other layouts): shipped tiles, 16x16 on 4 warps and 64x64 on 4 warps (both
+    replicate lanes over threads), windows of 4 (shipped), 3 records and one record per step.
+    Chunk-loop kernels (no communication between programs), 8 launches each: shipped tiles, 16x16 on
+    2 warps with 3 stages (replicated lanes), 64x64 on 2 warps with 2 stages."""
+    lb = dict(kind="lookback", win=ts.LOOKBACK_WINDOW, one=ts.ONE_RECORD_FROM_LANE_TILES)
+    cfgs = [dict(lb, tile=None), dict(lb, tile=(16, 16, 4), win=3, one=10**9), dict(lb, tile=(64, 64, 4), win=8, one=1),
             dict(kind="loop", tile=None), dict(kind="loop", tile=(16, 16, 2, 3)), dict(kind="loop", tile=(64, 64, 2, 2))]
     shipped = {"lookback": ts.config, "loop": ts.loop_config}
     gen = torch.Generator().manual_seed(L)
@@ -359,7 +353,6 @@ def test_gpu_repeated_launches(monkeypatch, L):
             if kind == "lookback":
                 monkeypatch.setattr(ts, "LOOKBACK_WINDOW", cfg["win"])
                 monkeypatch.setattr(ts, "ONE_RECORD_FROM_LANE_TILES", cfg["one"])
-                monkeypatch.setattr(ts, "PERSIST_PER_SM", cfg["persist"])
             for rep in range(24 if kind == "lookback" else 8):
                 for fn, cc, xx, g, want in cases:
                     where = (cfg, reverse, rep, fn.__name__)
@@ -371,9 +364,8 @@ def test_gpu_repeated_launches(monkeypatch, L):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("shape, kind", [((8, 4096, 1024), None), ((8, 4096, 1024), "persist"),
-                                         ((1, 65536, 256), None), ((1, 65536, 256), "lookback"),
-                                         ((8, 4096, 2, 512), None)])
+@pytest.mark.parametrize("shape, kind", [((8, 4096, 1024), None), ((8, 4096, 1024), "lookback"),
+                                         ((1, 65536, 256), None), ((8, 4096, 2, 512), None)])
 def test_gpu_benchmark_shapes_repeated(monkeypatch, shape, kind):
     """The benchmark shapes (``(B, L, 2, D)``: the 2x2 scan) with the shipped tiles and kernel choice
     (``kind``: forced instead): 20 poisoned forward launches each direction, against the float64
