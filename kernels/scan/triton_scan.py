@@ -66,8 +66,9 @@ def loop_config(L: int, D: int, block2: bool, grad: bool = False) -> tuple[int, 
     ``benchmarks/scan.md``): 64 x 32 with 3 stages was the fastest diagonal tile forward and backward
     at (8, 4096 / 16384, 1024) (4 stages within 1-2% either way; 16- and 32-step chunks, 16- and
     64-channel tiles, 2 warps, 128-step chunks 4-160% slower). 2x2 blocks: the backward with 32 x 16
-    (0.300 ms at (8, 4096, 512), the look-back's best 0.321); the forward tile 16 x 32 (the look-back
-    kernel, 0.213 ms, beat every chunk-loop tile there: 0.266-0.366 ms).
+    (0.300 ms at (8, 4096, 512), the look-back's best 0.321); the forward with 16 x 32 for many lanes
+    (at (8, 4096, 512), 128 such tiles, the look-back kernel runs: 0.213 ms, every chunk-loop tile
+    0.266-0.625 ms).
     """
     if block2 and grad:
         return 32, 16, 1, 3
