@@ -72,6 +72,17 @@ def _fwd_bwd(fn, c, x, dy):
     return run
 
 
+def kernel_note(B: int, L: int, D: int, block2: bool) -> str:
+    """Which kernel kind and tile the shipped dispatch runs, forward and backward (``triton_scan``)."""
+    parts = []
+    for grad in (False, True):
+        loop = ts.use_loop(B, L, D, block2, grad)
+        tile = ts.loop_config(L, D, block2, grad) if loop else ts.config(L, D, block2, grad)
+        desc = f"{tile[0]}x{tile[1]}/{tile[2]}" + (f"/{tile[3]}" if loop else "")  # CH x BD / warps / stages
+        parts.append(f"{'bwd' if grad else 'fwd'} {'loop' if loop else 'look-back'} {desc}")
+    return ", ".join(parts)
+
+
 def bench_diag(shape, rows, dev, add_bw, quick):
     B, L, D = shape
     name = f"({B}, {L}, {D})"
@@ -101,7 +112,7 @@ def bench_diag(shape, rows, dev, add_bw, quick):
     err = max(rel_error(out, y_ref), rel_error(gx, dx_ref), rel_error(gc, dc_ref))
     t = time_ms(lambda: ts.linear_scan_triton(c, x))
     rows.append(BenchRow("scan", "ours triton", name, "fwd", "float32", t, lim_f, rel_error(out, y_ref),
-                         note=f"{fwd_bytes / (t * 1e-3) / 1e9:.0f} GB/s"))
+                         note=f"{fwd_bytes / (t * 1e-3) / 1e9:.0f} GB/s; {kernel_note(B, L, D, False)}"))
     t = time_ms(_fwd_bwd(ts.linear_scan_triton, c, x, dy))
     rows.append(BenchRow("scan", "ours triton", name, "fwd+bwd", "float32", t, lim_fb, err))
 
@@ -153,7 +164,8 @@ def bench_block2(shape, rows, dev, add_bw, quick):
     err = max(rel_error(out, y_ref), rel_error(gx, dx_ref), rel_error(gc, dC_ref))
     t = time_ms(lambda: ts.linear_scan_block2_triton(C, x))
     rows.append(BenchRow("scan", "ours triton", name, "fwd", "float32", t, lim_f, rel_error(out, y_ref),
-                         note=f"{fwd_bytes / (t * 1e-3) / 1e9:.0f} GB/s; limit at the best torch.add bandwidth"))
+                         note=f"{fwd_bytes / (t * 1e-3) / 1e9:.0f} GB/s; limit at the best torch.add bandwidth; "
+                              f"{kernel_note(B, L, D, True)}"))
     t = time_ms(_fwd_bwd(ts.linear_scan_block2_triton, C, x, dy))
     rows.append(BenchRow("scan", "ours triton", name, "fwd+bwd", "float32", t, lim_fb, err))
     if not quick:
