@@ -12,9 +12,7 @@ adjoint computed in float64. Writes ``benchmarks/scan-<device>-<date>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
 
 import torch
 
@@ -78,20 +76,11 @@ def kernel_note(B: int, L: int, D: int, block2: bool) -> str:
     """Which kernel kind and tile the shipped dispatch runs, forward and backward (``triton_scan``)."""
     parts = []
     for grad in (False, True):
-        kind = ts.kernel_kind(B, L, D, block2, grad)
-        tile = ts.tile_of(kind, L, D, block2, grad)
-        parts.append(f"{'bwd' if grad else 'fwd'} {KIND_NAMES[kind]} {tile_desc(kind, tile)}")
+        loop = ts.use_loop(B, L, D, block2, grad)
+        tile = ts.loop_config(L, D, block2, grad) if loop else ts.config(L, D, block2, grad)
+        desc = f"{tile[0]}x{tile[1]}/{tile[2]}" + (f"/{tile[3]}" if loop else "")  # CH x BD / warps / stages
+        parts.append(f"{'bwd' if grad else 'fwd'} {'loop' if loop else 'look-back'} {desc}")
     return ", ".join(parts)
-
-
-KIND_NAMES = {"loop": "loop", "lookback": "look-back", "seg": "seg look-back"}
-
-
-def tile_desc(kind: str, tile: tuple) -> str:
-    """``CHxBD/warps[/stages]``; segmented: ``CHxNSUBxBD/warps/stages``."""
-    if kind == "seg":
-        return f"{tile[0]}x{tile[1]}x{tile[2]}/{tile[3]}/{tile[4]}"
-    return f"{tile[0]}x{tile[1]}/{tile[2]}" + (f"/{tile[3]}" if kind == "loop" else "")
 
 
 def bench_diag(shape, rows, dev, add_bw, quick):
@@ -186,31 +175,22 @@ def bench_block2(shape, rows, dev, add_bw, quick):
 
 
 # Sweep entries: (kind, tile, knobs). kind "lookback": tile (CH, BD, num_warps) of the look-back kernels
-# (triton_scan.config); "loop": (CH, BD, num_warps, stages) of the chunk-loop kernels (loop_config); "seg":
-# (CH, NSUB, BD, num_warps, stages) of the segmented look-back kernel (seg_config); knobs:
+# (triton_scan.config); "loop": (CH, BD, num_warps, stages) of the chunk-loop kernels (loop_config); knobs:
 # overrides of triton_scan's module knobs for that entry: "win" (LOOKBACK_WINDOW, records per diagonal
 # look-back step), "one" (ONE_RECORD_FROM_LANE_TILES; ALL: the window at every shape), "spec" (SPECIALIZE_D).
 # Earlier H200 sweeps (benchmarks/scan.md): 06:08 and 07:43 (look-back, 64-128-step chunks, 2-8 warps),
 # 09:24 (look-back, 16-64-step chunks with BD = 32 * warps, 1-4 warps, windows 1-16, lazy aggregates),
 # 09:39 (windows and D specialization at 64 x 64), 10:47 (chunk-loop tiles: 16-64 steps, 16-64 channels,
 # 1-2 warps, 3-6 stages; 2x2 chunk loop), 10:58 (chunk-loop tiles around the 10:47 best, 16-channel 2x2
-# loop tiles, and a persistent look-back kernel since removed: 1.3-1.5x slower). This list: the shipped
-# tiles and their nearest neighbours.
+# loop tiles, and a persistent look-back kernel since removed: 1.3-1.5x slower), 11:29 (a segmented
+# look-back kernel, 15 tiles at (1, 65536, 256), since removed: 1.19-2.9x slower forward, 1.30-3.4x
+# backward; code in commit 17f0f6c). This list: the shipped tiles and their nearest neighbours.
 ALL = 10**9
 SWEEP = [("lookback", (64, 64, 2), {}), ("loop", (64, 32, 1, 3), {}), ("loop", (64, 32, 1, 4), {}),
          ("loop", (32, 32, 1, 4), {}), ("loop", (32, 16, 1, 4), {}), ("loop", (64, 16, 1, 3), {})]
-#: Few lanes (one long sequence): the look-back kernels (a chunk loop runs 8 programs here) and the
-#: segmented look-back kernel: segments of 128-1024 steps x 32-128 channels (64-512 KB of c and x:
-#: how many segments in flight fit in the 50 MB L2 for the second pass), 1-4 warps, 2-4 stages.
-#: The second pass hits in L2 only while the segments in flight (programs per SM, bounded by shared
-#: memory: (stages - 1) x CH x BD x 8 bytes forward, x 12 backward, times 132 SMs) fit: deep pipelines
-#: on 16-32-step sub-chunks bound the programs per SM and keep many bytes in flight per program.
-SWEEP_FEW_LANES = [("lookback", (64, 64, 2), {}), ("lookback", (32, 64, 2), {}),
-                   ("seg", (32, 4, 64, 2, 6), {}), ("seg", (32, 4, 64, 2, 4), {}), ("seg", (32, 8, 64, 2, 4), {}),
-                   ("seg", (32, 8, 64, 2, 6), {}), ("seg", (32, 16, 64, 2, 6), {}), ("seg", (16, 8, 64, 2, 8), {}),
-                   ("seg", (16, 8, 64, 2, 12), {}), ("seg", (16, 16, 64, 2, 12), {}), ("seg", (16, 16, 64, 2, 4), {}),
-                   ("seg", (16, 8, 128, 4, 8), {}), ("seg", (16, 4, 128, 4, 8), {}), ("seg", (64, 2, 64, 2, 3), {}),
-                   ("seg", (64, 4, 64, 2, 3), {}), ("seg", (32, 8, 32, 1, 6), {}), ("seg", (16, 16, 32, 1, 12), {})]
+#: Few lanes (one long sequence): the look-back kernels only (a chunk loop runs 8 programs here).
+SWEEP_FEW_LANES = [("lookback", (64, 64, 2), {}), ("lookback", (64, 64, 2), {"win": 1, "one": ALL}),
+                   ("lookback", (32, 64, 2), {}), ("lookback", (64, 32, 1), {})]
 SWEEP_BLOCK2 = [("lookback", (16, 64, 2), {}), ("lookback", (16, 32, 1), {}),
                 ("loop", (16, 32, 1, 3), {}), ("loop", (32, 16, 1, 3), {}), ("loop", (16, 16, 1, 4), {})]
 #: Shapes with fewer lanes, for the rule that picks the kernel kind (triton_scan.LOOP_FROM_LANE_TILES):
@@ -231,21 +211,14 @@ def _entries(shape, block2: bool):
     return SWEEP_FEW_LANES if B * -(-D // 32) < FEW_LANES else SWEEP
 
 
-CONFIG_OF = {"lookback": "config", "loop": "loop_config", "seg": "seg_config"}
-
-
-def sweep(dev: str, shapes=None) -> list[BenchRow]:
+def sweep(dev: str) -> list[BenchRow]:
     """Time the Triton scan's kernels and tiles (``SWEEP``): the forward kernel (``fwd``) and the backward
     kernel alone (``bwd``: ``dx`` and ``dc`` from ``c, y, dy``), each checked first (poisoned outputs)
-    against the float64 reference; ``rel err`` is the larger of the two checks. ``shapes``: the shapes to
-    sweep (default: all benchmark and dispatch shapes); each row is printed as soon as it is timed."""
+    against the float64 reference; ``rel err`` is the larger of the two checks."""
     rows = []
-    saved = {k: getattr(ts, k) for k in (*CONFIG_OF.values(), "LOOP_FROM_LANE_TILES", "SEG_BELOW_LANE_TILES",
-                                         *KNOBS.values())}
-    if shapes is None:
-        shapes = SHAPES + DISPATCH_SHAPES + [("2x2",) + s for s in BLOCK2_SHAPES]
+    saved = {k: getattr(ts, k) for k in ("config", "loop_config", "LOOP_FROM_LANE_TILES", *KNOBS.values())}
     try:
-        for shape in shapes:
+        for shape in SHAPES + DISPATCH_SHAPES + [("2x2",) + s for s in BLOCK2_SHAPES]:
             block2 = shape[0] == "2x2"
             B, L, D = shape[1:] if block2 else shape
             gen = torch.Generator(device=dev).manual_seed(2)
@@ -265,12 +238,11 @@ def sweep(dev: str, shapes=None) -> list[BenchRow]:
                 for k, v in saved.items():
                     setattr(ts, k, v)
                 ts.LOOP_FROM_LANE_TILES = 0 if kind == "loop" else ALL
-                ts.SEG_BELOW_LANE_TILES = ALL if kind == "seg" else 0
-                setattr(ts, CONFIG_OF[kind], lambda *a, tile=tile, **k: tile)
+                setattr(ts, "loop_config" if kind == "loop" else "config",
+                        lambda L_, D_, b_, g_=False, tile=tile: tile)
                 for k, v in over.items():
                     setattr(ts, KNOBS[k], v)
-                fields = {"loop": "CH,BD,warps,stages", "seg": "CH,NSUB,BD,warps,stages"}.get(kind, "CH,BD,warps")
-                impl = f"{kind} {fields}={tile}"
+                impl = f"{kind} {'CH,BD,warps,stages' if kind == 'loop' else 'CH,BD,warps'}={tile}"
                 impl += "".join(f" {k}={v}" for k, v in over.items())
                 err_f = rel_error(_poisoned(lambda: fn(c, x)), y_ref)
                 dc, dx = _poisoned(lambda: ts._backward(c, y, dy, False, block2))
@@ -278,8 +250,6 @@ def sweep(dev: str, shapes=None) -> list[BenchRow]:
                 rows.append(BenchRow("scan", impl, name, "fwd", "float32", time_ms(lambda: fn(c, x)), max_rel_err=err_f))
                 rows.append(BenchRow("scan", impl, name, "bwd", "float32",
                                      time_ms(lambda: ts._backward(c, y, dy, False, block2)), max_rel_err=err_b))
-                print(f"{name} {impl}: fwd {rows[-2].ms:.4f} ms, bwd {rows[-1].ms:.4f} ms, "
-                      f"rel err {max(err_f, err_b):.1e}", flush=True)
                 del dc, dx
             del y_ref, dx_ref, dc_ref
             torch.cuda.empty_cache()
@@ -289,74 +259,15 @@ def sweep(dev: str, shapes=None) -> list[BenchRow]:
     return rows
 
 
-def best_seg_tiles(folder: str) -> tuple[str | None, str | None]:
-    """Per direction (forward, backward kernel) of the newest ``scan-sweep-*.json`` in ``folder``, at
-    the shape with the most segmented rows: the fastest clean (rel err < 1e-5) segmented tile as
-    ``"CH,NSUB,BD,warps,stages"``, or ``"off"`` where a look-back tile was faster; ``None`` without a
-    sweep (then ``seg_config``'s tiles run)."""
-    files = sorted(Path(folder).glob("scan-sweep-*.json"))
-    if not files:
-        return None, None
-    rows = [r for r in json.loads(files[-1].read_text())["rows"] if r["max_rel_err"] < 1e-5]
-    seg_rows = [r for r in rows if r["impl"].startswith("seg ") and " win=" not in r["impl"]]
-    if not seg_rows:
-        return None, None
-    shape = max({r["shape"] for r in seg_rows}, key=lambda sh: sum(r["shape"] == sh for r in seg_rows))
-    out = []
-    for d in ("fwd", "bwd"):
-        best = min((r for r in seg_rows if r["shape"] == shape and r["direction"] == d), key=lambda r: r["ms"])
-        lb = [r["ms"] for r in rows if r["impl"].startswith("lookback") and r["shape"] == shape and r["direction"] == d]
-        tile = best["impl"].split("=")[1].strip("()").replace(" ", "")
-        out.append("off" if lb and min(lb) <= best["ms"] else tile)
-    return out[0], out[1]
-
-
-def _override_seg(fwd: str | None, bwd: str | None) -> None:
-    """``--seg`` / ``--seg-bwd``: the segmented kernel's tile per direction (``None``: ``seg_config``'s),
-    or ``"off"``: that direction runs the look-back kernel instead (``triton_scan.use_seg``)."""
-    shipped_cfg, shipped_use = ts.seg_config, ts.use_seg
-    spec = {False: fwd, True: bwd}
-
-    def seg_config(L, D, grad=False):
-        s = spec[grad]
-        return tuple(int(v) for v in s.split(",")) if s and s != "off" else shipped_cfg(L, D, grad)
-
-    def use_seg(B, L, D, block2, grad=False):
-        return spec[grad] != "off" and shipped_use(B, L, D, block2, grad)
-
-    ts.seg_config, ts.use_seg = seg_config, use_seg
-
-
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m kernels.bench scan", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small shapes, fewer implementations")
     p.add_argument("--out", default="benchmarks", help="folder for the JSON (default: benchmarks)")
     p.add_argument("--sweep", action="store_true", help="also time the tile configurations (tuning)")
-    p.add_argument("--sweep-only", action="store_true", help="only the sweep (no main table)")
-    p.add_argument("--sweep-shapes", help="the sweep's shapes, 'B,L,D;B,L,D' (default: all)")
-    p.add_argument("--seg", metavar="TILE|off", help="segmented look-back tile CH,NSUB,BD,warps,stages for "
-                   "the forward kernel (default: seg_config), or 'off' (the look-back kernel instead)")
-    p.add_argument("--seg-bwd", metavar="TILE|off", help="the same for the backward kernel")
-    p.add_argument("--seg-from-sweep", metavar="DIR", help="--seg and --seg-bwd from the newest scan-sweep "
-                   "JSON in DIR (best_seg_tiles)")
     args = p.parse_args(argv)
-    if args.seg_from_sweep:
-        args.seg, args.seg_bwd = best_seg_tiles(args.seg_from_sweep)
-        print(f"segmented tiles from the sweep: fwd {args.seg}, bwd {args.seg_bwd}")
     if not torch.cuda.is_available():
         raise SystemExit("error: the scan benchmark needs a CUDA GPU (the Triton scan runs on CPU only in tests)")
     dev = "cuda"
-    if args.seg or args.seg_bwd:
-        _override_seg(args.seg, args.seg_bwd)
-    if args.sweep_only:
-        shapes = None
-        if args.sweep_shapes:
-            shapes = [tuple(int(v) for v in part.split(",")) for part in args.sweep_shapes.split(";")]
-        env = environment(dev)
-        sw = sweep(dev, shapes)
-        print_table(sw)
-        print("written:", write_json("scan-sweep", sw, env, args.out))
-        return
     rows: list[BenchRow] = []
     add_bw: list[float] = []
     for shape in QUICK_SHAPES if args.quick else SHAPES:

@@ -6,8 +6,7 @@ kernel (forward / backward, diagonal / 2x2): registers per thread, spilled bytes
 how many asynchronous copies (``ttg.async_copy_global_to_local``: loads the software pipeliner
 moved into shared memory) the kernel has; 0 means its loads were *not* pipelined. ``TILE``:
 ``CH,BD,warps,stages`` (diagonal) or ``b2:CH,BD,warps,stages`` (2x2) of the chunk loop, or
-``lb:CH,BD,warps`` (the diagonal look-back kernel), or ``sg:CH,NSUB,BD,warps,stages`` (the segmented
-look-back kernel); default: the shipped ``loop_config`` at ``D``.
+``lb:CH,BD,warps`` (the diagonal look-back kernel); default: the shipped ``loop_config`` at ``D``.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from triton.compiler import ASTSource
 from kernels.scan import triton_scan as ts
 from kernels.scan._loop_kernels import _block2_loop_kernel, _diag_loop_kernel
 from kernels.scan._scan_kernels import _diag_scan_kernel
-from kernels.scan._seg_kernels import _diag_seg_kernel
 
 
 def compile_loop(block2: bool, tile: tuple[int, int, int, int], grad: bool, D: int, arch: int = 90):
@@ -52,18 +50,6 @@ def compile_lookback(tile: tuple[int, int, int], grad: bool, D: int, win: int = 
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
 
 
-def compile_seg(tile: tuple[int, int, int, int, int], grad: bool, D: int, win: int = 4, arch: int = 90):
-    """The compiled segmented look-back kernel (``_seg_kernels._diag_seg_kernel``)."""
-    CH, NSUB, BD, warps, stages = tile
-    sig = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr", "yfwd_ptr", "dc_ptr")}
-    sig.update(ws_ptr="*i64", counter_ptr="*i64", L="i32", D="i32", n_dt="i32", n_lt="i32", n_seg="i32")
-    const = dict(REVERSE=grad, GRAD=grad, CH=CH, NSUB=NSUB, BD=BD, STAGES=stages, WIN=win,
-                 DC=D if D % 16 == 0 else 0)
-    sig.update({k: "constexpr" for k in const})
-    src = ASTSource(fn=_diag_seg_kernel, signature=sig, constexprs=const)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
-
-
 def describe(compiled) -> dict:
     """``regs`` (per thread), ``spill`` (bytes of local memory per thread: spills), ``smem`` (bytes),
     ``async_copies``."""
@@ -86,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--D", type=int, default=1024, help="channel count the kernels are compiled for")
     p.add_argument("tiles", nargs="*", help="CH,BD,warps,stages or b2:CH,BD,warps,stages (chunk loop); "
-                   "lb:CH,BD,warps (diagonal look-back); sg:CH,NSUB,BD,warps,stages (segmented look-back)")
+                   "lb:CH,BD,warps (diagonal look-back)")
     args = p.parse_args(argv)
     tiles = args.tiles or [",".join(map(str, ts.loop_config(4096, args.D, False))),
                            "b2:" + ",".join(map(str, ts.loop_config(4096, args.D, True))),
@@ -98,11 +84,9 @@ def main(argv: list[str] | None = None) -> None:
         for grad in (False, True):
             if prefix == "lb":
                 info = describe(compile_lookback(tile, grad, args.D, arch=args.arch))
-            elif prefix == "sg":
-                info = describe(compile_seg(tile, grad, args.D, arch=args.arch))
             else:
                 info = describe(compile_loop(prefix == "b2", tile, grad, args.D, args.arch))
-            kind = {"": "loop diag", "b2": "loop 2x2", "lb": "lookback diag", "sg": "seg diag"}[prefix]
+            kind = {"": "loop diag", "b2": "loop 2x2", "lb": "lookback diag"}[prefix]
             name = f"{kind} {'bwd' if grad else 'fwd'} {tile}"
             print(f"{name:32s} " + " ".join(f"{k}={v}" for k, v in info.items()))
 

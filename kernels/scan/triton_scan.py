@@ -7,18 +7,15 @@ Same signatures and semantics as ``kernels.scan.reference``:
 - ``linear_scan_block2_triton(C, x, reverse=False)``: ``C (B, L, 2, 2, D)``, ``x (B, L, 2, D)``,
   ``y_t[i] = sum_j C_t[i, j] y_{t-1}[j] + x_t[i]``.
 
-One single-pass kernel per call, of three kinds (``kernel_kind`` picks one):
+One single-pass kernel per call, of two kinds (``use_loop`` picks one):
 
 - many lanes (``B * D`` channels in at least ``LOOP_FROM_LANE_TILES`` tiles): the chunk-loop kernels
   (``_loop_kernels.py``), one program per (batch row, channel tile) walking the whole sequence in
   chunks with the state in registers and the loads software-pipelined; no communication;
-- fewer lanes: the look-back kernels (``_scan_kernels.py``): the sequence is split into chunks of
-  ``CH`` steps and the channels into tiles of ``BD``; every (chunk, tile) is one program, so even one
-  long sequence fills the GPU, and the carry between chunks travels by decoupled look-back;
-- very few lanes (diagonal, below ``SEG_BELOW_LANE_TILES`` lane tiles, one long sequence): the segmented
-  look-back kernel (``_seg_kernels.py``): one program per segment of ``CH * NSUB`` steps, which reads
-  the segment once for its aggregate, waits on the look-back holding only that, and reads it again
-  (from L2) to write the output.
+- few lanes (one long sequence): the look-back kernels (``_scan_kernels.py``): the sequence is split
+  into chunks of ``CH`` steps and the channels into tiles of ``BD``; every (chunk, tile) is one
+  program, so even one long sequence fills the GPU, and the carry between chunks travels by
+  decoupled look-back.
 
 The backward is the same kernel in the other direction with shifted coefficients, and writes the
 coefficient gradient in the same pass (``dx_t = dy_t + c_{t+1} dx_{t+1}``, ``dc_t = dx_t y_{t-1}``).
@@ -37,7 +34,6 @@ import triton
 from kernels._triton import triton_available
 from kernels.scan._loop_kernels import _block2_loop_kernel, _diag_loop_kernel
 from kernels.scan._scan_kernels import _block2_scan_kernel, _diag_scan_kernel
-from kernels.scan._seg_kernels import _diag_seg_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _WS_OFFSET = 16  # int64 words before the look-back records (the ticket counter lives in word 0)
@@ -89,42 +85,9 @@ LOOP_FROM_LANE_TILES = 256
 
 
 def use_loop(B: int, L: int, D: int, block2: bool, grad: bool = False) -> bool:
-    """Whether a scan of this shape runs the chunk-loop kernel (else a look-back kernel)."""
+    """Whether a scan of this shape runs the chunk-loop kernel (else the look-back kernel)."""
     BD = loop_config(L, D, block2, grad)[1]
     return B * triton.cdiv(D, BD) >= LOOP_FROM_LANE_TILES
-
-
-def seg_config(L: int, D: int, grad: bool = False) -> tuple[int, int, int, int, int]:
-    """``(CH, NSUB, BD, num_warps, stages)`` of the segmented look-back kernel (``_seg_kernels.py``):
-    steps per sub-chunk, sub-chunks per segment (a segment is ``CH * NSUB`` steps), channels per
-    program, warps, and pipeline stages of the sub-chunk loops (diagonal scan only)."""
-    BD = min(64, max(16, triton.next_power_of_2(D)))
-    return (32, 4, BD, max(1, BD // 32), 4 if grad else 6)
-
-
-#: The segmented look-back kernel runs below this many lane tiles of 32 channels (``B * cdiv(D, 32)``),
-#: diagonal scans only; 0 turns it off.
-SEG_BELOW_LANE_TILES = 16
-
-
-def use_seg(B: int, L: int, D: int, block2: bool, grad: bool = False) -> bool:
-    """Whether a scan of this shape runs the segmented look-back kernel."""
-    return not block2 and not use_loop(B, L, D, block2, grad) and B * triton.cdiv(D, 32) < SEG_BELOW_LANE_TILES
-
-
-def kernel_kind(B: int, L: int, D: int, block2: bool, grad: bool = False) -> str:
-    """``"loop"``, ``"seg"`` or ``"lookback"``: the kernel a scan of this shape runs, and its tile
-    (``loop_config``, ``seg_config``, ``config``) with ``tile_of``."""
-    if use_loop(B, L, D, block2, grad):
-        return "loop"
-    return "seg" if use_seg(B, L, D, block2, grad) else "lookback"
-
-
-def tile_of(kind: str, L: int, D: int, block2: bool, grad: bool = False) -> tuple:
-    """The tile tuple of kernel kind ``kind`` (see ``kernel_kind``)."""
-    if kind == "loop":
-        return loop_config(L, D, block2, grad)
-    return seg_config(L, D, grad) if kind == "seg" else config(L, D, block2, grad)
 
 
 def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> None:
@@ -196,40 +159,26 @@ def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool) -> Non
     B, L, D = x.shape[0], x.shape[1], x.shape[-1]
     if out.numel() == 0:
         return
-    kind = kernel_kind(B, L, D, block2, grad)
-    tile = tile_of(kind, L, D, block2, grad)
-    CH, BD = (tile[0], tile[2]) if kind == "seg" else tile[:2]
+    loop = use_loop(B, L, D, block2, grad)
+    CH, BD, warps, *stages = loop_config(L, D, block2, grad) if loop else config(L, D, block2, grad)
     if (CH + 1) * (4 if block2 else 1) * D + BD >= 2**31:
         raise ValueError(f"linear_scan_triton: D = {D} is too large for the kernels' int32 in-tile offsets")
     n_dt = triton.cdiv(D, BD)
-    n_lt = B * n_dt
-    dconst = D if SPECIALIZE_D and D % 16 == 0 else 0
-    if kind == "loop":
-        _, _, warps, stages = tile
-        kernel = _block2_loop_kernel if block2 else _diag_loop_kernel
-        kernel[(n_lt,)](
-            c, x, out, yfwd, dc, L, D, n_dt, triton.cdiv(L, CH),
-            REVERSE=reverse, GRAD=grad, CH=CH, BD=BD, STAGES=stages, DC=dconst, num_warps=warps,
-        )
-        return
-    win = 1 if n_lt >= ONE_RECORD_FROM_LANE_TILES else LOOKBACK_WINDOW
-    words = 8 if block2 else 3  # record words per lane (_lookback.py)
-    if kind == "seg":
-        _, nsub, _, warps, stages = tile
-        n_seg = triton.cdiv(L, CH * nsub)
-        ws = _workspace(x.device, _WS_OFFSET + n_lt * n_seg * words * BD)
-        _diag_seg_kernel[(n_lt * n_seg,)](
-            c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws, L, D, n_dt, n_lt, n_seg,
-            REVERSE=reverse, GRAD=grad, CH=CH, NSUB=nsub, BD=BD, STAGES=stages, WIN=win, DC=dconst,
-            num_warps=warps,
-        )
-        return
-    warps = tile[2]
     n_chunks = triton.cdiv(L, CH)
+    dconst = D if SPECIALIZE_D and D % 16 == 0 else 0
+    if loop:
+        kernel = _block2_loop_kernel if block2 else _diag_loop_kernel
+        kernel[(B * n_dt,)](
+            c, x, out, yfwd, dc, L, D, n_dt, n_chunks,
+            REVERSE=reverse, GRAD=grad, CH=CH, BD=BD, STAGES=stages[0], DC=dconst, num_warps=warps,
+        )
+        return
+    n_lt = B * n_dt
+    words = 8 if block2 else 3  # record words per lane (_lookback.py)
     ws = _workspace(x.device, _WS_OFFSET + n_lt * n_chunks * words * BD)
     extra = {"DC": dconst}
     if not block2:
-        extra["WIN"] = win
+        extra["WIN"] = 1 if n_lt >= ONE_RECORD_FROM_LANE_TILES else LOOKBACK_WINDOW
     kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
     kernel[(n_lt * n_chunks,)](
         c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws,

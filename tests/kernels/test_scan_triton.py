@@ -35,15 +35,12 @@ def poison(monkeypatch):
     monkeypatch.setattr(ts, "_alloc", lambda like: torch.full_like(like, math.nan))
 
 
-#: ``(LOOP_FROM_LANE_TILES, SEG_BELOW_LANE_TILES)`` that force each kernel kind (``triton_scan.kernel_kind``;
-#: the segmented kernel is diagonal only: 2x2 scans run the look-back kernel under "seg")
-KINDS = {"lookback": (10**9, 0), "loop": (0, 0), "seg": (10**9, 10**9)}
+#: ``LOOP_FROM_LANE_TILES`` that forces each kernel kind (``triton_scan.use_loop``)
+KINDS = {"lookback": 10**9, "loop": 0}
 
 
 def force_kind(monkeypatch, kind):
-    loop_from, seg_below = KINDS[kind]
-    monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", loop_from)
-    monkeypatch.setattr(ts, "SEG_BELOW_LANE_TILES", seg_below)
+    monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[kind])
 
 
 @pytest.fixture(params=list(KINDS))
@@ -54,11 +51,9 @@ def kind(request, monkeypatch):
 
 
 def small_tiles(monkeypatch, ch=16, bd=16):
-    """16 x 16 tiles on 4 warps (look-back) / 2 warps, 3 stages (chunk loop), segments of 3 sub-chunks of
-    ``ch / 2`` steps on 4 warps, 2 stages (segmented): threads replicate lanes."""
+    """16 x 16 tiles on 4 warps (look-back) / 2 warps, 3 stages (chunk loop): threads replicate lanes."""
     monkeypatch.setattr(ts, "config", lambda L, D, block2, grad=False: (ch, bd, 4))
     monkeypatch.setattr(ts, "loop_config", lambda L, D, block2, grad=False: (ch, bd, 2, 3))
-    monkeypatch.setattr(ts, "seg_config", lambda L, D, grad=False: (ch // 2, 3, bd, 4, 2))
 
 
 def rel(a, b):
@@ -100,8 +95,6 @@ def test_diag_matches_reference(kind, L, reverse):
 @pytest.mark.parametrize("L", [1, 17, 129, 1000])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_block2_matches_reference(kind, L, reverse):
-    if kind == "seg":
-        pytest.skip("the segmented kernel is diagonal only (2x2 runs the look-back kernel: covered)")
     gen = torch.Generator().manual_seed(100 + L + 7 * reverse)
     c, x = inputs((1, L, 2, 2, 5), (1, L, 2, 5), gen)
     c = c * 0.7  # keep 2x2 products bounded over 1000 steps
@@ -118,9 +111,8 @@ def test_many_chunks_and_lane_tiles(kind, monkeypatch, reverse, spec):
     for d, d2 in ((37, 19), (32, 16)):
         c, x = inputs((3, 197, d), (3, 197, d), gen)
         check(ts.linear_scan_triton, linear_scan_reference, c, x, reverse)
-        if kind != "seg":  # diagonal only
-            c, x = inputs((2, 61, 2, 2, d2), (2, 61, 2, d2), gen)
-            check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c * 0.7, x, reverse)
+        c, x = inputs((2, 61, 2, 2, d2), (2, 61, 2, d2), gen)
+        check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c * 0.7, x, reverse)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -131,9 +123,8 @@ def test_one_row_tail(kind, monkeypatch, reverse):
     gen = torch.Generator().manual_seed(11 + reverse)
     c, x = inputs((2, 129, 20), (2, 129, 20), gen)
     check(ts.linear_scan_triton, linear_scan_reference, c, x, reverse)
-    if kind != "seg":  # diagonal only
-        c, x = inputs((1, 129, 2, 2, 5), (1, 129, 2, 5), gen)
-        check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c * 0.7, x, reverse)
+    c, x = inputs((1, 129, 2, 2, 5), (1, 129, 2, 5), gen)
+    check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c * 0.7, x, reverse)
 
 
 # ---- the look-back on records in every published state (the interpreter runs programs in ticket
@@ -285,8 +276,6 @@ def test_auto_picks_triton_only_on_cuda():
 
 @pytest.mark.parametrize("block2", [False, True])
 def test_opcheck(kind, block2):
-    if kind == "seg" and block2:
-        pytest.skip("the segmented kernel is diagonal only")
     gen = torch.Generator().manual_seed(8)
     if block2:
         c, x = inputs((2, 20, 2, 2, 3), (2, 20, 2, 3), gen)
@@ -341,17 +330,11 @@ def test_gpu_repeated_launches(monkeypatch, L):
     earlier launches and other layouts): shipped tiles, 16x16 on 4 warps and 64x64 on 4 warps (both
     replicate lanes over threads), windows of 4 (shipped), 3 records and one record per step.
     Chunk-loop kernels (no communication between programs), 8 launches each: shipped tiles, 16x16 on
-    2 warps with 3 stages (replicated lanes), 64x64 on 2 warps with 2 stages. Segmented look-back
-    (diagonal only), 16 launches each: shipped tiles, segments of 3 x 8 steps x 16 channels on 4 warps
-    (replicated lanes, window of 3), 2 x 16 x 64 on 2 warps with 8 stages (more stages than sub-chunks)
-    and one record per step."""
+    2 warps with 3 stages (replicated lanes), 64x64 on 2 warps with 2 stages."""
     lb = dict(kind="lookback", win=ts.LOOKBACK_WINDOW, one=ts.ONE_RECORD_FROM_LANE_TILES)
-    sg = dict(lb, kind="seg")
     cfgs = [dict(lb, tile=None), dict(lb, tile=(16, 16, 4), win=3, one=10**9), dict(lb, tile=(64, 64, 4), win=8, one=1),
-            dict(kind="loop", tile=None), dict(kind="loop", tile=(16, 16, 2, 3)), dict(kind="loop", tile=(64, 64, 2, 2)),
-            dict(sg, tile=None), dict(sg, tile=(8, 3, 16, 4, 2), win=3, one=10**9), dict(sg, tile=(16, 2, 64, 2, 8), one=1)]
-    shipped = {"lookback": ts.config, "loop": ts.loop_config, "seg": ts.seg_config}
-    names = {"lookback": "config", "loop": "loop_config", "seg": "seg_config"}
+            dict(kind="loop", tile=None), dict(kind="loop", tile=(16, 16, 2, 3)), dict(kind="loop", tile=(64, 64, 2, 2))]
+    shipped = {"lookback": ts.config, "loop": ts.loop_config}
     gen = torch.Generator().manual_seed(L)
     c, x = inputs((2, L, 70), (2, L, 70), gen)
     C, x2 = inputs((1, L, 2, 2, 9), (1, L, 2, 9), gen)
@@ -365,14 +348,13 @@ def test_gpu_repeated_launches(monkeypatch, L):
         for cfg in cfgs:
             kind, tile = cfg["kind"], cfg["tile"]
             force_kind(monkeypatch, kind)
-            monkeypatch.setattr(ts, names[kind], shipped[kind] if tile is None else (lambda *a, t=tile, **k: t))
-            if kind != "loop":
+            name = "config" if kind == "lookback" else "loop_config"
+            monkeypatch.setattr(ts, name, shipped[kind] if tile is None else (lambda L_, D_, b_, g_=False, t=tile: t))
+            if kind == "lookback":
                 monkeypatch.setattr(ts, "LOOKBACK_WINDOW", cfg["win"])
                 monkeypatch.setattr(ts, "ONE_RECORD_FROM_LANE_TILES", cfg["one"])
-            for rep in range({"lookback": 24, "loop": 8, "seg": 16}[kind]):
+            for rep in range(24 if kind == "lookback" else 8):
                 for fn, cc, xx, g, want in cases:
-                    if kind == "seg" and fn is ts.linear_scan_block2_triton:
-                        continue  # diagonal only
                     where = (cfg, reverse, rep, fn.__name__)
                     if rep % 4:
                         assert rel(fn(cc, xx, reverse), want[0]) < 1e-5, where
@@ -383,8 +365,7 @@ def test_gpu_repeated_launches(monkeypatch, L):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("shape, kind", [((8, 4096, 1024), None), ((8, 4096, 1024), "lookback"),
-                                         ((1, 65536, 256), None), ((1, 65536, 256), "lookback"),
-                                         ((1, 65536, 256), "seg"), ((8, 4096, 2, 512), None)])
+                                         ((1, 65536, 256), None), ((8, 4096, 2, 512), None)])
 def test_gpu_benchmark_shapes_repeated(monkeypatch, shape, kind):
     """The benchmark shapes (``(B, L, 2, D)``: the 2x2 scan) with the shipped tiles and kernel choice
     (``kind``: forced instead): 20 poisoned forward launches each direction, against the float64
