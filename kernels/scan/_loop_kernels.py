@@ -22,7 +22,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.scan._scan_kernels import _compose, _compose2, _row_of
+from kernels.scan._scan_kernels import (
+    _compose,
+    _compose2,
+    _load_block2_tile,
+    _load_diag_tile,
+    _row_of,
+    _store_block2_tile,
+    _store_diag_tile,
+)
 
 
 @triton.jit
@@ -43,7 +51,6 @@ def _diag_loop_kernel(
     lanes = dt * BD + tl.arange(0, BD)
     lmask = lanes < D
     offs = i[:, None] * D + tl.arange(0, BD)[None, :]  # int32 offsets inside the tile
-    shift = D if REVERSE else -D  # GRAD: the coefficient of the previous step in this scan's order
     sel = (tl.arange(0, CH) == CH - 1)[:, None]  # the chunk's last step in scan order
     carry = tl.zeros([BD], dtype=tl.float32)
     for k in tl.range(0, n_chunks, num_stages=STAGES):
@@ -51,22 +58,10 @@ def _diag_loop_kernel(
         rows = m * CH + i
         mask = (rows < L)[:, None] & lmask[None, :]
         start = (b.to(tl.int64) * L + m * CH) * D + dt * BD  # int64 element offset of the tile's corner
-        x = tl.load(x_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
-        if GRAD:
-            prow = rows + 1 if REVERSE else rows - 1
-            pmask = ((prow >= 0) & (prow < L))[:, None] & lmask[None, :]
-            a = tl.load(c_ptr + start + offs + shift, mask=pmask, other=0.0).to(tl.float32)
-        else:
-            a = tl.load(c_ptr + start + offs, mask=mask, other=1.0).to(tl.float32)
-        a = tl.where(mask, a, 1.0)  # rows past the end are the identity map
+        a, x = _load_diag_tile(c_ptr, x_ptr, start, offs, rows, mask, lmask, L, D, REVERSE, GRAD)
         A, Y = tl.associative_scan((a, x), 0, _compose)
         y = Y + A * carry[None, :]
-        tl.store(out_ptr + start + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-        if GRAD:
-            qrow = rows - 1 if REVERSE else rows + 1
-            qmask = ((qrow >= 0) & (qrow < L))[:, None] & lmask[None, :]
-            yq = tl.load(yfwd_ptr + start + offs - shift, mask=qmask, other=0.0).to(tl.float32)
-            tl.store(dc_ptr + start + offs, (y * yq).to(dc_ptr.dtype.element_ty), mask=mask)
+        _store_diag_tile(out_ptr, yfwd_ptr, dc_ptr, y, start, offs, rows, mask, lmask, L, D, REVERSE, GRAD)
         carry = _row_of(y, sel)
 
 
@@ -99,44 +94,12 @@ def _block2_loop_kernel(
         bm = b.to(tl.int64) * L + m * CH
         xs = bm * 2 * D + dt * BD
         cs = bm * 4 * D + dt * BD
-        x0 = tl.load(x_ptr + xs + xo, mask=mask, other=0.0).to(tl.float32)
-        x1 = tl.load(x_ptr + xs + xo + D, mask=mask, other=0.0).to(tl.float32)
-        if GRAD:
-            prow = rows + 1 if REVERSE else rows - 1
-            pmask = ((prow >= 0) & (prow < L))[:, None] & lmask[None, :]
-            pc = c_ptr + cs + co + (4 * D if REVERSE else -4 * D)
-            # transposed: a_ij = C[p(t)][j, i]
-            a00 = tl.load(pc, mask=pmask, other=0.0).to(tl.float32)
-            a10 = tl.load(pc + D, mask=pmask, other=0.0).to(tl.float32)
-            a01 = tl.load(pc + 2 * D, mask=pmask, other=0.0).to(tl.float32)
-            a11 = tl.load(pc + 3 * D, mask=pmask, other=0.0).to(tl.float32)
-        else:
-            pc = c_ptr + cs + co
-            a00 = tl.load(pc, mask=mask, other=0.0).to(tl.float32)
-            a01 = tl.load(pc + D, mask=mask, other=0.0).to(tl.float32)
-            a10 = tl.load(pc + 2 * D, mask=mask, other=0.0).to(tl.float32)
-            a11 = tl.load(pc + 3 * D, mask=mask, other=0.0).to(tl.float32)
-        a00 = tl.where(mask, a00, 1.0)
-        a01 = tl.where(mask, a01, 0.0)
-        a10 = tl.where(mask, a10, 0.0)
-        a11 = tl.where(mask, a11, 1.0)
+        a00, a01, a10, a11, x0, x1 = _load_block2_tile(c_ptr, x_ptr, xs, cs, xo, co, rows, mask, lmask, L, D,
+                                                       REVERSE, GRAD)
         A00, A01, A10, A11, Y0, Y1 = tl.associative_scan((a00, a01, a10, a11, x0, x1), 0, _compose2)
         y0 = Y0 + A00 * r0[None, :] + A01 * r1[None, :]
         y1 = Y1 + A10 * r0[None, :] + A11 * r1[None, :]
-        ety = out_ptr.dtype.element_ty
-        tl.store(out_ptr + xs + xo, y0.to(ety), mask=mask)
-        tl.store(out_ptr + xs + xo + D, y1.to(ety), mask=mask)
-        if GRAD:
-            qrow = rows - 1 if REVERSE else rows + 1
-            qmask = ((qrow >= 0) & (qrow < L))[:, None] & lmask[None, :]
-            pq = yfwd_ptr + xs + xo + (-2 * D if REVERSE else 2 * D)
-            yq0 = tl.load(pq, mask=qmask, other=0.0).to(tl.float32)
-            yq1 = tl.load(pq + D, mask=qmask, other=0.0).to(tl.float32)
-            pd = dc_ptr + cs + co
-            cty = dc_ptr.dtype.element_ty
-            tl.store(pd, (y0 * yq0).to(cty), mask=mask)
-            tl.store(pd + D, (y0 * yq1).to(cty), mask=mask)
-            tl.store(pd + 2 * D, (y1 * yq0).to(cty), mask=mask)
-            tl.store(pd + 3 * D, (y1 * yq1).to(cty), mask=mask)
+        _store_block2_tile(out_ptr, yfwd_ptr, dc_ptr, y0, y1, xs, cs, xo, co, rows, mask, lmask, L, D, REVERSE,
+                           GRAD)
         r0 = _row_of(y0, sel)
         r1 = _row_of(y1, sel)
