@@ -26,28 +26,33 @@ from kernels.scan import triton_scan as ts
 from kernels.scan._loop_kernels import _block2_loop_kernel, _diag_loop_kernel
 from kernels.scan._scan_kernels import _diag_scan_kernel
 
+_POINTERS = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr", "yfwd_ptr", "dc_ptr")}
+
+
+def _compile(kernel, runtime: dict, const: dict, warps: int, arch: int):
+    """``kernel`` compiled for ``sm_<arch>``: float32 pointers, ``runtime`` arguments (name -> type)
+    and compile-time ``const`` ones."""
+    sig = {**_POINTERS, **runtime, **{k: "constexpr" for k in const}}
+    src = ASTSource(fn=kernel, signature=sig, constexprs=const)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
+
 
 def compile_loop(block2: bool, tile: tuple[int, int, int, int], grad: bool, D: int, arch: int = 90):
     """The compiled chunk-loop kernel (forward scan, or the backward kernel when ``grad``)."""
     CH, BD, warps, stages = tile
-    kernel = _block2_loop_kernel if block2 else _diag_loop_kernel
-    sig = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr", "yfwd_ptr", "dc_ptr")}
-    sig.update(L="i32", D="i32", n_dt="i32", n_chunks="i32")
-    const = dict(REVERSE=grad, GRAD=grad, CH=CH, BD=BD, STAGES=stages, DC=D if D % 16 == 0 else 0)
-    sig.update({k: "constexpr" for k in const})
-    src = ASTSource(fn=kernel, signature=sig, constexprs=const)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
+    return _compile(_block2_loop_kernel if block2 else _diag_loop_kernel,
+                    dict(L="i32", D="i32", n_dt="i32", n_chunks="i32"),
+                    dict(REVERSE=grad, GRAD=grad, CH=CH, BD=BD, STAGES=stages, DC=D if D % 16 == 0 else 0),
+                    warps, arch)
 
 
 def compile_lookback(tile: tuple[int, int, int], grad: bool, D: int, win: int = 1, arch: int = 90):
     """The compiled diagonal look-back kernel (``_scan_kernels._diag_scan_kernel``)."""
     CH, BD, warps = tile
-    sig = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr", "yfwd_ptr", "dc_ptr")}
-    sig.update(ws_ptr="*i64", counter_ptr="*i64", L="i32", D="i32", n_dt="i32", n_lt="i32", n_chunks="i32")
-    const = dict(REVERSE=grad, GRAD=grad, CH=CH, BD=BD, WIN=win, DC=D if D % 16 == 0 else 0)
-    sig.update({k: "constexpr" for k in const})
-    src = ASTSource(fn=_diag_scan_kernel, signature=sig, constexprs=const)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
+    return _compile(_diag_scan_kernel,
+                    dict(ws_ptr="*i64", counter_ptr="*i64", L="i32", D="i32", n_dt="i32", n_lt="i32", n_chunks="i32"),
+                    dict(REVERSE=grad, GRAD=grad, CH=CH, BD=BD, WIN=win, DC=D if D % 16 == 0 else 0),
+                    warps, arch)
 
 
 def describe(compiled) -> dict:
