@@ -125,6 +125,10 @@ ONE_RECORD_FROM_LANE_TILES = 64
 #: the row stride becomes a constant and the tile's row addresses immediates, which saves ~60-90
 #: registers per thread at 64-step chunks (no spills); other ``D`` share one kernel with a runtime stride.
 SPECIALIZE_D = True
+#: Register cap per thread of the look-back kernels (Triton's ``maxnreg``); None: the compiler's choice
+#: (222 for the 64 x 64 forward on triton 3.6). H200 sweep of 11:32 at (1, 65536, 256): 168 made the
+#: forward 5% faster and the backward 3% slower, 128 spilled; so None.
+LOOKBACK_MAXNREG = None
 
 #: Launches of one cached workspace before it is zeroed: its records carry a 31-bit launch tag
 #: (``_lookback.py``), which must not repeat while an old record could still be read as published.
@@ -179,6 +183,8 @@ def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool) -> Non
     extra = {"DC": dconst}
     if not block2:
         extra["WIN"] = 1 if n_lt >= ONE_RECORD_FROM_LANE_TILES else LOOKBACK_WINDOW
+    if LOOKBACK_MAXNREG is not None:
+        extra["maxnreg"] = LOOKBACK_MAXNREG
     kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
     kernel[(n_lt * n_chunks,)](
         c, x, out, yfwd, dc, ws[_WS_OFFSET:], ws,
