@@ -5,7 +5,7 @@ import torch
 
 from tasks import ExtrapolationConfig, SyntheticDataModule, TASKS, generate_variable_length, get_task, make_generator
 
-ALL = [("parity", {}), ("keep_nth", {}), ("mqar", {}), ("khop", {"k": 1}), ("khop", {"k": 2})]
+ALL = [("parity", {}), ("keep_nth", {}), ("keep_nth", {"per_position": True}), ("mqar", {}), ("khop", {"k": 1}), ("khop", {"k": 2})]
 
 
 @pytest.mark.parametrize("name,opts", ALL)
@@ -34,6 +34,7 @@ def test_seed_streams_are_disjoint():
 @pytest.mark.parametrize("name,opts,message", [
     ("keep_nth", {"n": 101}, "n <= seq_len"),
     ("keep_nth", {"n": 0}, "1 <= n"),
+    ("keep_nth", {"per_position": "yes"}, "per_position must be True or False"),
     ("mqar", {"num_kv_pairs": 40, "seq_len": 100}, "3*num_kv_pairs <= seq_len"),
     ("mqar", {"num_kv_pairs": 64}, "num_kv_pairs < vocab_size/2"),
     ("mqar", {"vocab_size": 127}, "even"),
@@ -83,31 +84,6 @@ def test_datamodule_splits_and_extrapolation():
     # 100 random bits: any shared sequence between splits would mean shared seed streams
     assert not rows("train") & rows("test") and not rows("train") & rows("val") and not rows("val") & rows("test")
     assert len(dm.test_dataloader()) == 3
-
-
-def test_tensor_batches_shuffle_each_epoch_like_randperm():
-    """Epoch e serves rows in the order of the e-th randperm of the generator, in batches, last one partial."""
-    from tasks.datamodule import TensorBatches
-
-    n, bs = 103, 16
-    x = torch.randint(0, 50, (n, 7))
-    y = x * 3 + 1  # rows of x and y must stay paired
-    ours = TensorBatches(x, y, bs, shuffle=True, generator=torch.Generator().manual_seed(5))
-    g = torch.Generator().manual_seed(5)
-    assert len(ours) == 7
-    epochs = []
-    for _ in range(3):
-        batches = list(ours)
-        assert [b[0].shape[0] for b in batches] == [16] * 6 + [7]
-        gx, gy = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
-        order = torch.randperm(n, generator=g)
-        assert torch.equal(gx, x[order]) and torch.equal(gy, y[order])
-        epochs.append(order)
-    assert not torch.equal(epochs[0], epochs[1])
-    plain = list(TensorBatches(x, y, 50))
-    assert [b[0].shape[0] for b in plain] == [50, 50, 3] and torch.equal(torch.cat([b[0] for b in plain]), x)
-    with pytest.raises(ValueError, match="differ in length"):
-        TensorBatches(x, y[:5], bs)
 
 
 def test_datamodule_serves_batches_from_its_device():

@@ -16,8 +16,12 @@ def brute_parity(x, running):
     return out
 
 
-def brute_keep_nth(x, n):
-    return [IGNORE_INDEX] * (len(x) - 1) + [x[n - 1]]
+def brute_keep_nth(x, n, per_position):
+    out = []
+    for t in range(1, len(x) + 1):  # 1-based position
+        scored = t >= n if per_position else t == len(x)
+        out.append(x[n - 1] if scored else IGNORE_INDEX)
+    return out
 
 
 def brute_khop(x, v, k, mask_none):
@@ -63,12 +67,21 @@ def test_parity(running, seq_len):
         assert y == brute_parity(x, running)
 
 
-@pytest.mark.parametrize("seq_len,n,v", [(100, 5, 128), (9, 9, 3), (1, 1, 2)])
-def test_keep_nth(seq_len, n, v):
-    d = get_task("keep_nth", seq_len=seq_len, n=n, vocab_size=v).generate(N, seed=3)
+@pytest.mark.parametrize("per_position", [False, True])
+@pytest.mark.parametrize("seq_len,n,v", [(100, 5, 128), (9, 9, 3), (1, 1, 2), (13, 1, 7), (37, 23, 5)])
+def test_keep_nth(seq_len, n, v, per_position):
+    d = get_task("keep_nth", seq_len=seq_len, n=n, vocab_size=v, per_position=per_position).generate(N, seed=seq_len + n)
     assert d.inputs.max() < v
     for x, y in zip(d.inputs.tolist(), d.targets.tolist()):
-        assert y == brute_keep_nth(x, n)
+        assert y == brute_keep_nth(x, n, per_position)
+
+
+def test_keep_nth_readings_share_inputs_and_last_target():
+    """Same seed, same tokens; the per-position reading scores L - n + 1 positions, the last as the literal one."""
+    last = get_task("keep_nth", seq_len=11, n=4).generate(32, seed=9)
+    dense = get_task("keep_nth", seq_len=11, n=4, per_position=True).generate(32, seed=9)
+    assert torch.equal(last.inputs, dense.inputs) and torch.equal(last.targets[:, -1], dense.targets[:, -1])
+    assert ((dense.targets != IGNORE_INDEX).sum(1) == 11 - 4 + 1).all()
 
 
 @pytest.mark.parametrize("opts", [
@@ -97,7 +110,8 @@ def test_mqar_power_placement_concentrates_queries_early():
     assert pos.median() < 20  # power law (a=0.01) puts most queries right after the context
 
 
-@pytest.mark.parametrize("opts", [{"k": 1}, {"k": 2}, {"k": 3, "vocab_size": 4}, {"k": 1, "mask_none": True}, {"k": 2, "seq_len": 2}])
+@pytest.mark.parametrize("opts", [{"k": 1}, {"k": 2}, {"k": 3, "vocab_size": 4}, {"k": 1, "mask_none": True},
+                                  {"k": 2, "mask_none": True, "seq_len": 31}, {"k": 2, "seq_len": 2}])
 def test_khop(opts):
     task = get_task("khop", **opts)
     d = task.generate(N, seed=7)
