@@ -1,5 +1,5 @@
-"""Synthetic tasks (SPEC §3): Parity, Keep-nth, MQAR, k-hop, the length-extrapolation protocol and a
-``LightningDataModule``.
+"""Synthetic tasks (SPEC §3): Parity, Keep-nth, MQAR, k-hop, group word problems, modular counting,
+the length-extrapolation protocol and a ``LightningDataModule``.
 
     from tasks import get_task, TASKS
     task = get_task("parity", seq_len=100)
@@ -11,11 +11,13 @@ from tasks.datamodule import SyntheticDataModule
 from tasks.extrapolation import ExtrapolationConfig, generate_variable_length
 from tasks.keep_nth import KeepNth
 from tasks.khop import KHop
+from tasks.modular_count import ModularCount
 from tasks.mqar import MQAR
 from tasks.parity import Parity
+from tasks.word_problem import WordProblem
 
 __all__ = [
     "IGNORE_INDEX", "TASKS", "Task", "TaskData", "get_task", "make_generator", "register_task",
     "SyntheticDataModule", "ExtrapolationConfig", "generate_variable_length",
-    "KeepNth", "KHop", "MQAR", "Parity",
+    "KeepNth", "KHop", "ModularCount", "MQAR", "Parity", "WordProblem",
 ]
