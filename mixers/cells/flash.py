@@ -21,13 +21,16 @@ Closed-form Jacobians: eq. 8 with diagonal ``A``, ``C``. In a mixer the heads' p
 ``mixer.stacked_parameters()``: ``B (H, 3, d_in, Ds)``, ``b (H, 3, Ds)``, ``a (H, 3, Ds)`` and, for
 FlashLSTM, ``p (H, 2, Ds)``.
 
-Initialization (App. C.1): ``B`` Kaiming-uniform per gate (``nn.init.kaiming_uniform_`` on the
-``(Ds, d_in)`` gate matrix, fan-in ``d_in``), ``a`` and ``p`` Xavier-normal as the diagonals of
-``Ds x Ds`` matrices (std ``1/sqrt(Ds)``), biases 0. Clipping: ``clip_norm`` (default 0.9, the
-synthetic-task value; ``None`` for parity, where the paper found it harmful) bounds the norm of
-``diag(a_*)`` and ``diag(c_*)`` -- for a diagonal matrix the largest ``|entry|`` -- by projecting
-the entries into ``[-clip_norm, clip_norm]`` at initialization and before every forward
-(``project_parameters_``), so the bound holds throughout training (projected gradient descent).
+Initialization (App. C.1, as apple/ml-pararnn's ``pararnn/utils/init.py`` computes it): ``B``
+Kaiming-uniform per gate, bound ``sqrt(3 / d_in)`` (``kaiming_uniform_`` with gain 1; fan-in the
+head's ``d_in``); ``a`` and ``p`` Xavier-normal as the diagonals of the whole cell's state matrix,
+std ``1 / sqrt(total_state)`` with ``total_state`` the state width of all heads together (64 in
+paper 000's synthetic models: std 0.125), truncated to ``[-0.9, 0.9]``; biases 0. Clipping:
+``clip_norm`` (default 0.9, the synthetic-task value; ``None`` for parity, where the paper found it
+harmful) bounds the norm of ``diag(a_*)`` and ``diag(c_*)`` -- for a diagonal matrix the largest
+``|entry|`` -- by projecting the entries into ``[-clip_norm, clip_norm]`` at initialization and
+before every forward (``project_parameters_``), so the bound holds throughout training (projected
+gradient descent).
 """
 
 from __future__ import annotations
@@ -44,16 +47,27 @@ from mixers.cells.mixer import cell_mixer
 from mixers.registry import register_mixer
 
 
+#: the Xavier-normal diagonals are drawn from a normal truncated to [-DIAG_TRUNCATION, DIAG_TRUNCATION]
+DIAG_TRUNCATION = 0.9
+
+
 class _FlashCell(RNNCell):
-    """Shared parameters and initialization of FlashGRU / FlashLSTM (gates: 3, diagonals ``a``)."""
+    """Shared parameters and initialization of FlashGRU / FlashLSTM (gates: 3, diagonals ``a``).
+
+    ``total_state``: the state width of the whole multi-head cell (default ``d_state``: one head),
+    the fan of the diagonals' Xavier-normal init; the mixer factories pass ``num_heads * d_state``.
+    """
 
     n_peepholes = 0
 
-    def __init__(self, d_in: int, d_state: int, clip_norm: Optional[float] = 0.9):
+    def __init__(self, d_in: int, d_state: int, clip_norm: Optional[float] = 0.9, total_state: Optional[int] = None):
         super().__init__()
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be None or > 0, got {clip_norm!r}")
-        self.d_in, self.d_state, self.clip_norm = d_in, d_state, clip_norm
+        total_state = d_state if total_state is None else total_state
+        if not isinstance(total_state, int) or isinstance(total_state, bool) or total_state < d_state:
+            raise ValueError(f"total_state must be an int >= d_state={d_state}, got {total_state!r}")
+        self.d_in, self.d_state, self.clip_norm, self.total_state = d_in, d_state, clip_norm, total_state
         self.B = nn.Parameter(torch.empty(3, d_in, d_state))
         self.b = nn.Parameter(torch.empty(3, d_state))
         self.a = nn.Parameter(torch.empty(3, d_state))
@@ -66,11 +80,11 @@ class _FlashCell(RNNCell):
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            for g in range(3):
-                nn.init.kaiming_uniform_(self.B[g].T)  # (Ds, d_in) view: fan-in d_in
+            for g in range(3):  # (Ds, d_in) view: fan-in d_in; gain 1: bound sqrt(3 / d_in)
+                nn.init.kaiming_uniform_(self.B[g].T, nonlinearity="linear")
             self.b.zero_()
-            for d in self._diagonals():
-                d.normal_(0.0, math.sqrt(2.0 / (2 * self.d_state)))  # Xavier-normal of diag(d)
+            for d in self._diagonals():  # Xavier-normal of the (total_state x total_state) diag: std 1/sqrt(n)
+                nn.init.trunc_normal_(d, 0.0, 1.0 / math.sqrt(self.total_state), -DIAG_TRUNCATION, DIAG_TRUNCATION)
         self.project_parameters_()
 
     def project_parameters_(self) -> None:
@@ -110,8 +124,8 @@ class FlashLSTMCell(_FlashCell):
     jacobian = "block2"
     n_peepholes = 2
 
-    def __init__(self, d_in: int, d_state: int, clip_norm: Optional[float] = 0.9):
-        super().__init__(d_in, d_state, clip_norm)
+    def __init__(self, d_in: int, d_state: int, clip_norm: Optional[float] = 0.9, total_state: Optional[int] = None):
+        super().__init__(d_in, d_state, clip_norm, total_state)
         self.state_size = 2 * d_state
 
     def state_update(self, state: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -132,13 +146,18 @@ class FlashLSTMCell(_FlashCell):
         return flashlstm_fused(u.contiguous(), params["a"].contiguous(), params["p"].contiguous(), iters, tol)[0]
 
 
+def _with_total_state(d_model: int, config: dict) -> dict:
+    """``config`` plus the whole mixer's state width as the cells' ``total_state`` (the init's fan)."""
+    return {"total_state": config.get("d_state") or d_model, **config}
+
+
 @register_mixer("flashgru")
 def flashgru(d_model: int, **config) -> nn.Module:
     """FlashGRU mixer: ``cell_mixer(FlashGRUCell, d_model, **config)`` (``clip_norm`` goes to the cell)."""
-    return cell_mixer(FlashGRUCell, d_model, **config)
+    return cell_mixer(FlashGRUCell, d_model, **_with_total_state(d_model, config))
 
 
 @register_mixer("flashlstm")
 def flashlstm(d_model: int, **config) -> nn.Module:
     """FlashLSTM mixer: ``cell_mixer(FlashLSTMCell, d_model, **config)``; outputs ``h`` of ``[c, h]``."""
-    return cell_mixer(FlashLSTMCell, d_model, **config)
+    return cell_mixer(FlashLSTMCell, d_model, **_with_total_state(d_model, config))

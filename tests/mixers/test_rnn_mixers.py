@@ -1,14 +1,19 @@
-"""The classical RNN mixers ``lstm``, ``gru``, ``elman``, ``slstm`` (mixers/rnn.py).
+"""The classical RNN mixers ``lstm``, ``gru``, ``elman``, ``slstm`` (mixers/rnn.py), and the
+initialization of the Newton cells ``flashgru`` / ``flashlstm`` (mixers/cells/flash.py).
 
 Backends agree (the Triton ones under ``TRITON_INTERPRET=1`` on the CPU), and each cell learns
 parity on short sequences and extrapolates to 3x longer ones (paper 001 §6.3), with the vanilla
-backend and a tiny hand-written training loop.
+backend and a tiny hand-written training loop. FlashGRU/FlashLSTM initial parameters have the
+statistics of paper 000 App. C.1 as apple/ml-pararnn draws them.
 """
+
+import math
 
 import pytest
 import torch
 
 from mixers import build_mixer
+from mixers.cells.flash import FlashGRUCell
 
 CELLS = ("lstm", "gru", "elman", "slstm")
 
@@ -80,3 +85,40 @@ def test_parity_with_length_extrapolation(cell):
     finally:
         torch.set_num_threads(threads)
     assert accuracy >= 0.95, f"{cell}: parity accuracy {accuracy:.3f} at length 36"
+
+
+@pytest.mark.parametrize("name", ["flashgru", "flashlstm"])
+def test_flash_init_statistics(name):
+    """B ~ U(+-sqrt(3 / d_in)) (Kaiming-uniform, gain 1); a (and the LSTM's peepholes p) ~ N(0, 1/n)
+    truncated to [-0.9, 0.9], n the whole mixer's state width; b = 0. d_model 384 in 3 heads of 128."""
+    torch.manual_seed(0)
+    d_model, heads = 384, 3
+    mixer = build_mixer(name, d_model, num_heads=heads, verify=False)
+    with torch.no_grad():
+        p = mixer.stacked_parameters()
+    bound = math.sqrt(3 / (d_model // heads))
+    B = p["B"].flatten()  # 3 * 3 * 128 * 128 = 147,456 draws
+    assert float(B.abs().max()) <= bound and float(B.abs().max()) > 0.999 * bound
+    assert float(B.var()) == pytest.approx(bound**2 / 3, rel=0.02)  # var of U(-c, c) = c^2 / 3
+    assert float(B.mean()) == pytest.approx(0.0, abs=0.01 * bound)
+    diagonals = torch.cat([p[k].flatten() for k in ("a", "p") if k in p])  # 1,152 or 1,920 draws
+    assert float(diagonals.std()) == pytest.approx(1 / math.sqrt(d_model), rel=0.07)
+    assert (p["b"] == 0).all()
+
+
+def test_flash_diagonals_are_truncated_not_clamped():
+    """With std 1 (a one-channel state), the diagonals follow N(0, 1) truncated to [-0.9, 0.9]:
+    std sqrt(1 - 2 t phi(t) / (2 Phi(t) - 1)) = 0.492 at t = 0.9, none at the bounds (a clamp would
+    give std 0.67 with 37% of the mass at +-0.9)."""
+    torch.manual_seed(1)
+    cell = FlashGRUCell(1, 1, clip_norm=None)
+    draws = []
+    for _ in range(2000):
+        cell.reset_parameters()
+        draws.append(cell.a.detach().flatten().clone())
+    a = torch.cat(draws)  # 6,000 draws
+    t = 0.9
+    pdf, mass = math.exp(-t * t / 2) / math.sqrt(2 * math.pi), math.erf(t / math.sqrt(2))
+    assert float(a.abs().max()) < t
+    assert float(a.std()) == pytest.approx(math.sqrt(1 - 2 * t * pdf / mass), rel=0.03)
+
