@@ -9,6 +9,11 @@ of ``P = d_model / num_heads``; per head a scalar decay ``exp(dt_t A)``, ``A = -
 the heads of a group (``ngroups``), a skip ``D`` per head. One linear map (no bias) gives
 ``x, B, C, dt`` from the input; ``x_proj=False`` uses the input itself as ``x`` (inside the full
 block, where the block's own input projection and convolution already produce it, as in Mamba2).
+``conv_kernel=k`` (default 0: none) adds Mamba2's causal depthwise convolution (with bias) + SiLU
+on the projected ``x, B, C`` (``B, C`` only with ``x_proj=False``: the full block convolves ``x``);
+``norm=True`` adds Mamba2's RMSNorm on the output (without its gate, which the full block has).
+With ``x_proj=False, conv_kernel=4`` the full block around this mixer has the Mamba2 layer's
+parameters (in_proj 16,640, conv 960 at d = 64, N = 64) plus the block's per-channel skip scale.
 Initialization as Mamba2: ``A`` uniform in [1, 16], ``dt`` log-uniform in [1e-3, 1e-1] through
 ``dt_bias`` (inverse softplus), ``D = 1``.
 
@@ -60,6 +65,8 @@ class Mamba2(nn.Module):
         backend: str = "auto",
         chunk_size: int = 64,
         x_proj: bool = True,
+        conv_kernel: int = 0,
+        norm: bool = False,
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
     ):
@@ -67,6 +74,8 @@ class Mamba2(nn.Module):
         d_model, num_heads = _positive_int("d_model", d_model), _positive_int("num_heads", num_heads)
         d_state, ngroups = _positive_int("d_state", d_state), _positive_int("ngroups", ngroups)
         self.chunk_size = _positive_int("chunk_size", chunk_size)
+        if not isinstance(conv_kernel, int) or isinstance(conv_kernel, bool) or conv_kernel < 0:
+            raise ValueError(f"mamba2: conv_kernel must be an int >= 0 (0: no convolution), got {conv_kernel!r}")
         if d_model % num_heads:
             raise ValueError(f"mamba2: d_model={d_model} must be divisible by num_heads={num_heads}")
         if num_heads % ngroups:
@@ -80,10 +89,17 @@ class Mamba2(nn.Module):
         self.A_log = nn.Parameter(torch.log(torch.empty(num_heads).uniform_(1, 16)))
         self.dt_bias = nn.Parameter(_dt_bias(num_heads, dt_min, dt_max))
         self.D = nn.Parameter(torch.ones(num_heads))
+        conv_width = sum(self.split[:3])  # x (if projected here), B, C
+        self.conv = (nn.Conv1d(conv_width, conv_width, conv_kernel, groups=conv_width, padding=conv_kernel - 1)
+                     if conv_kernel else None)
+        self.norm = nn.RMSNorm(d_model) if norm else None
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         batch, L, d = u.shape
-        x, B, C, dt = torch.split(self.in_proj(u), self.split, dim=-1)
+        xbc, dt = torch.split(self.in_proj(u), [sum(self.split[:3]), self.split[3]], dim=-1)
+        if self.conv is not None:  # causal depthwise conv + SiLU, as Mamba2's on (x, B, C)
+            xbc = F.silu(self.conv(xbc.transpose(1, 2))[..., :L].transpose(1, 2))
+        x, B, C = torch.split(xbc, self.split[:3], dim=-1)
         x = x if self.x_proj else u
         y = ssd(
             x.reshape(batch, L, self.num_heads, d // self.num_heads),
@@ -95,7 +111,8 @@ class Mamba2(nn.Module):
             chunk_size=self.chunk_size,
             backend=pick_backend(self.backend, u),
         )
-        return y.reshape(batch, L, d)
+        y = y.reshape(batch, L, d)
+        return y if self.norm is None else self.norm(y)
 
 
 class Mamba(nn.Module):
