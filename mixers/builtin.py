@@ -2,5 +2,6 @@
 import mixers.attention  # noqa: F401,E402
 import mixers.rnn  # noqa: F401,E402
 import mixers.mamba  # noqa: F401
+import mixers.signed_mamba  # noqa: F401
 import mixers.mlstm  # noqa: F401
 import mixers.cells  # noqa: F401
