@@ -1,0 +1,236 @@
+"""``python -m analysis.expressivity RESULTS... --out DIR``: the expressivity map, mixers × tasks across lengths.
+
+Reads ``results.csv`` files of length-extrapolation sweeps (e.g. ``python -m experiments.reproduce
+state-tracking``). Per (task configuration, mixer, seed) the learning rate with the best validation
+accuracy (``experiments.results.best_over_lrs``); then per (task, mixer) and evaluation length the
+best seed (``--aggregate best``, default) or the mean over seeds.
+
+Metric (``--metric``): ``last_acc`` (accuracy at each sequence's last position, i.e. of the running
+value over the whole length; the default when the results have it), ``acc`` (mean over every scored
+position, so with dense targets it includes the positions inside the training range) or ``exact``
+(whole sequences right).
+
+Writes into ``--out`` (default ``analysis-out/expressivity``):
+
+- ``expressivity-map.{png,pdf,csv}``: a heatmap, mixers × tasks, colour = accuracy, one panel per
+  factor of the longest training length (``--factors 2,6``: 2× and 6×; where a task was not evaluated
+  at exactly that length, its nearest evaluated length, which the CSV names);
+- ``expressivity-lengths.{png,pdf,csv}``: per task, accuracy vs evaluation length for every mixer,
+  with the longest training length and chance (``1 / classes``) marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.cli import csv_list, run, setup_logging
+from analysis.tables import label_tasks, load_results
+
+log = logging.getLogger("analysis.expressivity")
+
+METRICS = ("auto", "last_acc", "acc", "exact")
+AGGREGATES = ("best", "mean")
+#: task families in the map's column order (then by number of classes)
+TASK_ORDER = ("parity", "modular_count", "word_problem")
+
+
+def _display_label(label: str, task: str, config: dict) -> str:
+    """``word_problem`` -> ``S5 word``, ``modular_count`` -> ``count mod 3``; other tasks keep their label."""
+    if task == "word_problem" and "group" in config:
+        return re.sub(r" ?group=\S+", "", label).replace("word_problem", f"{config['group']} word", 1)
+    if task == "modular_count" and "m" in config:
+        return re.sub(r" ?\bm=\S+", "", label).replace("modular_count", f"count mod {config['m']}", 1)
+    return label
+
+
+def _chance(task: str, config: dict) -> float:
+    from tasks import get_task
+
+    try:
+        return 1.0 / get_task(task, **{k: v for k, v in config.items() if k != "extrapolation"}).num_classes
+    except (ValueError, TypeError):
+        return math.nan
+
+
+def pick_metric(df: pd.DataFrame, metric: str = "auto") -> str:
+    """The metric to map: ``metric``, or for ``"auto"`` ``last_acc`` when any ``len<L>/last_acc`` value exists, else ``acc``."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if metric != "auto":
+        return metric
+    has_last = any(re.fullmatch(r"len\d+/last_acc", c) and df[c].notna().any() for c in df.columns)
+    return "last_acc" if has_last else "acc"
+
+
+def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best") -> pd.DataFrame:
+    """Long table, one row per (task configuration, mixer, evaluation length).
+
+    Columns: ``task``, ``task_label``, ``mixer``, ``length``, ``train_max_len``, ``factor``
+    (``length / train_max_len``), ``metric``, ``value`` (the ``aggregate`` over seeds), ``best``,
+    ``mean``, ``std`` (ddof 0) over seeds, ``seeds``, ``lr`` (of the best seed), ``chance``.
+    ``ValueError`` when no finished trial has extrapolation lengths.
+    """
+    from experiments.results import best_over_lrs
+
+    if aggregate not in AGGREGATES:
+        raise ValueError(f"aggregate must be one of {', '.join(AGGREGATES)}, got {aggregate!r}")
+    df = df[df["extrapolation"].str.strip() != ""]
+    if df.empty:
+        raise ValueError("no length-extrapolation trials in the results (their 'extrapolation' column is empty)")
+    metric = pick_metric(df, metric)
+    columns = {int(m.group(1)): c for c in df.columns if (m := re.fullmatch(rf"len(\d+)/{metric}", c))}
+    if not columns:
+        raise ValueError(f"the results have no len<L>/{metric} columns (metric {metric!r})")
+    df = label_tasks(df)
+    best = best_over_lrs(df.assign(task=df["task_label"]))
+    if best.empty:
+        raise ValueError("no finished ('ok') trials in the results")
+    rows = []
+    for (label, mixer), group in best.groupby(["task", "mixer"], sort=False):
+        first = df[df["task_label"] == label].iloc[0]
+        config = json.loads(first["task_full_config"])
+        train_max = int(config["extrapolation"]["max_len"])
+        for length, col in sorted(columns.items()):
+            values = group[col].dropna()
+            if values.empty:
+                continue
+            top = values.idxmax()
+            rows.append({
+                "task": first["task"], "task_label": _display_label(label, first["task"], config), "mixer": mixer,
+                "length": length, "train_max_len": train_max, "factor": length / train_max, "metric": metric,
+                "best": float(values.max()), "mean": float(values.mean()), "std": float(values.std(ddof=0)),
+                "seeds": int(len(values)), "lr": float(group.loc[top, "lr"]), "chance": _chance(first["task"], config),
+            })
+    out = pd.DataFrame(rows)
+    out.insert(out.columns.get_loc("best"), "value", out[aggregate])
+    return _ordered(out, list(dict.fromkeys(df["mixer"])))
+
+
+def _ordered(table: pd.DataFrame, mixers: list[str]) -> pd.DataFrame:
+    """Tasks by family (parity, counting, word problems, others) then classes; mixers in ``mixers``' order."""
+    family = {t: TASK_ORDER.index(t) if t in TASK_ORDER else len(TASK_ORDER) for t in table["task"]}
+    tasks = (table.drop_duplicates("task_label")
+             .assign(_f=lambda d: d["task"].map(family), _c=lambda d: -d["chance"].fillna(0))
+             .sort_values(["_f", "_c"], kind="stable")["task_label"].tolist())
+    table = table.assign(_t=table["task_label"].map(tasks.index), _m=table["mixer"].map(mixers.index))
+    return table.sort_values(["_t", "_m", "length"], kind="stable").drop(columns=["_t", "_m"]).reset_index(drop=True)
+
+
+def map_table(lengths: pd.DataFrame, factors: Sequence[float] = (2, 6)) -> pd.DataFrame:
+    """The heatmap's numbers: per (task, mixer, factor) the row of ``lengths`` at ``factor × train_max_len``,
+    or at the evaluated length nearest to it (in log length); adds ``target_factor``."""
+    if not factors or min(factors) <= 0:
+        raise ValueError(f"factors must be positive, got {list(factors)}")
+    picked, substituted = [], {}
+    for (task, _), group in lengths.groupby(["task_label", "mixer"], sort=False):
+        for factor in factors:
+            want = factor * group["train_max_len"].iloc[0]
+            row = group.loc[(np.log(group["length"]) - math.log(want)).abs().idxmin()].copy()
+            if row["length"] != want:
+                substituted[(task, want)] = row["length"]
+            row["target_factor"] = factor
+            picked.append(row)
+    for (task, want), used in substituted.items():
+        log.warning("%s: not evaluated at length %g; the map uses length %d", task, want, used)
+    return pd.DataFrame(picked).reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------- figures
+def plot_map(table: pd.DataFrame, stem: Path) -> list[Path]:
+    """Heatmap panels (one per factor), mixers × tasks, accuracy in % annotated."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from analysis.plotting import SEQUENTIAL, save_figure
+
+    factors = list(dict.fromkeys(table["target_factor"]))
+    tasks, mixers = list(dict.fromkeys(table["task_label"])), list(dict.fromkeys(table["mixer"]))
+    fig, axes = plt.subplots(1, len(factors), figsize=(2.2 + max(1.6, 0.9 * len(tasks)) * len(factors), 0.45 * len(mixers) + 1.6),
+                             squeeze=False, sharey=True)
+    for i, (ax, factor) in enumerate(zip(axes[0], factors)):
+        sel = table[table["target_factor"] == factor]
+        grid = sel.pivot(index="mixer", columns="task_label", values="value").reindex(index=mixers, columns=tasks)
+        sns.heatmap(100 * grid, ax=ax, vmin=0, vmax=100, cmap=SEQUENTIAL, annot=True, fmt=".0f", linewidths=0.5,
+                    cbar=i == len(factors) - 1, cbar_kws={"label": f"accuracy (%, {sel['metric'].iloc[0]})"})
+        lengths = sorted(set(sel["length"]))
+        at = f"L = {lengths[0]}" if len(lengths) == 1 else f"L = {lengths[0]}…{lengths[-1]}"
+        ax.set_title(f"{factor:g}× the training length\n({at})")
+        ax.set_xlabel("")
+        ax.set_ylabel("" if i else "mixer")
+        ax.tick_params(axis="x", rotation=30)
+    return save_figure(fig, stem, table)
+
+
+def plot_lengths(lengths: pd.DataFrame, stem: Path) -> list[Path]:
+    """Accuracy vs evaluation length, one panel per task, one line per mixer."""
+    import seaborn as sns
+
+    from analysis.plotting import as_categories, save_figure
+
+    data = as_categories(lengths, ["task_label", "mixer"])
+    tasks = list(data["task_label"].cat.categories)
+    grid = sns.relplot(data=data, x="length", y="value", hue="mixer", style="mixer", markers=True, dashes=False,
+                       col="task_label", col_wrap=min(3, len(tasks)), kind="line", height=2.8, aspect=1.25,
+                       facet_kws={"sharey": True})
+    for task, ax in grid.axes_dict.items():
+        sel = lengths[lengths["task_label"] == task]
+        ax.axvline(sel["train_max_len"].iloc[0], color="0.4", linestyle=":", linewidth=1)
+        if sel["chance"].notna().any():
+            ax.axhline(sel["chance"].iloc[0], color="0.6", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ticks = sorted(set(sel["length"]))
+        ax.set_xticks(ticks, [str(t) for t in ticks], rotation=45 if len(ticks) > 4 else 0)
+        ax.minorticks_off()
+        ax.set_title(str(task))
+    grid.set(ylim=(-0.02, 1.02))
+    grid.set_axis_labels("evaluation length", f"accuracy ({lengths['metric'].iloc[0]})")
+    grid.figure.suptitle("dotted: longest training length; dashed: chance", y=1.02, fontsize="small")
+    return save_figure(grid.figure, stem, lengths)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.expressivity",
+        description="The expressivity map from results.csv files of length-extrapolation sweeps: a mixers × tasks "
+                    "heatmap of accuracy at 2x and 6x the training length, and accuracy vs length per task "
+                    "(PNG, PDF and the CSV of every plotted number).",
+        epilog="Example: python -m analysis.expressivity runs/reproduce/state-tracking/*/results.csv --out docs/figures",
+    )
+    p.add_argument("results", nargs="+", help="results.csv files or sweep folders holding one")
+    p.add_argument("--out", type=Path, default=Path("analysis-out/expressivity"), help="output folder (default: %(default)s)")
+    p.add_argument("--metric", choices=METRICS, default="auto",
+                   help="accuracy reading (default: last_acc when present, else acc)")
+    p.add_argument("--aggregate", choices=AGGREGATES, default="best", help="over seeds (default: %(default)s)")
+    p.add_argument("--factors", type=csv_list(float), default=[2.0, 6.0],
+                   help="panels: multiples of the longest training length (default: 2,6)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    args = parser().parse_args(argv)
+    setup_logging()
+    from analysis.plotting import setup_style
+
+    lengths = length_table(load_results(args.results), args.metric, args.aggregate)
+    table = map_table(lengths, args.factors)
+    setup_style()
+    args.out.mkdir(parents=True, exist_ok=True)
+    paths = plot_map(table, args.out / "expressivity-map") + plot_lengths(lengths, args.out / "expressivity-lengths")
+    log.info("%d tasks x %d mixers (%s, %s over seeds) -> %s", lengths["task_label"].nunique(), lengths["mixer"].nunique(),
+             lengths["metric"].iloc[0], args.aggregate, args.out)
+    return paths
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

@@ -1,0 +1,129 @@
+"""analysis.expressivity on a synthetic results file: the CSVs hold the hand-computed numbers."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from analysis.cli import run
+from analysis.expressivity import length_table, main, map_table
+from analysis.tables import load_results
+
+NAN = math.nan
+EXTRAP_40 = json.dumps({"min_len": 3, "max_len": 40, "eval_lengths": [40, 80, 240]})
+EXTRAP_20 = json.dumps({"min_len": 3, "max_len": 20, "eval_lengths": [40, 100]})
+
+
+def _row(task, config, extrap, mixer, seed, lr, val, accs, status="ok"):
+    """``accs``: {length: (acc, last_acc)}."""
+    row = {"task": task, "task_config": json.dumps(config), "mixer": mixer, "seed": seed, "lr": lr, "status": status,
+           "best_val_acc": val if status == "ok" else NAN, "n_params": 1000, "extrapolation": extrap}
+    for length, (acc, last) in accs.items():
+        row[f"len{length}/acc"], row[f"len{length}/last_acc"] = acc, last
+    return row
+
+
+S3, PARITY, MOD3 = ("word_problem", {"group": "S3"}, EXTRAP_40), ("parity", {"running": True}, EXTRAP_40), \
+    ("modular_count", {"m": 3}, EXTRAP_20)
+ROWS = [
+    # mamba on S3: one seed (listed first: the map keeps the mixers' order of appearance, mamba before gru)
+    _row(*S3, "mamba", 0, 1e-3, 0.60, {40: (0.5, 0.3), 80: (0.4, 0.2), 240: (0.3, 0.17)}),
+    # gru on S3: seed 0 picks lr 1e-2 (val 0.95), seed 1 lr 1e-3 (val 0.99); the unpicked rows score higher
+    _row(*S3, "gru", 0, 1e-3, 0.90, {40: (1.0, 1.0), 80: (1.0, 1.0), 240: (1.0, 1.0)}),
+    _row(*S3, "gru", 0, 1e-2, 0.95, {40: (0.99, 0.98), 80: (0.8, 0.7), 240: (0.5, 0.2)}),
+    _row(*S3, "gru", 1, 1e-3, 0.99, {40: (1.0, 1.0), 80: (0.95, 0.9), 240: (0.7, 0.4)}),
+    _row(*S3, "gru", 1, 1e-2, 0.50, {40: (1.0, 1.0), 80: (1.0, 1.0), 240: (1.0, 1.0)}),
+    _row(*S3, "gru", 2, 1e-3, NAN, {40: (1.0, 1.0), 80: (1.0, 1.0), 240: (1.0, 1.0)}, status="failed"),
+    # parity: gru listed before mamba here; the order stays the global one
+    _row(*PARITY, "gru", 0, 1e-3, 1.00, {40: (1.0, 1.0), 80: (1.0, 1.0), 240: (1.0, 0.99)}),
+    _row(*PARITY, "mamba", 0, 1e-3, 0.70, {40: (0.7, 0.55), 80: (0.6, 0.5), 240: (0.55, 0.5)}),
+    # counting mod 3, trained up to 20 and evaluated at 40 and 100 only: 6x (120) falls back to 100
+    _row(*MOD3, "gru", 0, 1e-3, 1.00, {40: (0.98, 0.97), 100: (0.9, 0.6)}),
+    # a sweep without extrapolation is ignored
+    {"task": "parity", "task_config": "{}", "mixer": "gru", "seed": 0, "lr": 1e-3, "status": "ok", "best_val_acc": 1.0,
+     "extrapolation": "", "test/acc": 1.0},
+]
+
+
+@pytest.fixture
+def results(tmp_path):
+    path = tmp_path / "sweep" / "results.csv"
+    path.parent.mkdir()
+    pd.DataFrame(ROWS).to_csv(path, index=False)
+    return path
+
+
+def _cell(table, task, mixer, **where):
+    sel = table[(table["task_label"] == task) & (table["mixer"] == mixer)]
+    for key, value in where.items():
+        sel = sel[sel[key] == value]
+    assert len(sel) == 1, (task, mixer, where, table)
+    return sel.iloc[0]
+
+
+def _reference(rows, task, config, mixer, length, metric):
+    """Independent loop: per seed the row with the best validation accuracy, then best / mean over seeds."""
+    per_seed = {}
+    for r in rows:
+        if r["task"] == task and r["task_config"] == json.dumps(config) and r["mixer"] == mixer and r["status"] == "ok" \
+                and r["extrapolation"]:
+            if r["seed"] not in per_seed or r["best_val_acc"] > per_seed[r["seed"]]["best_val_acc"]:
+                per_seed[r["seed"]] = r
+    values = [r[f"len{length}/{metric}"] for r in per_seed.values()]
+    return max(values), sum(values) / len(values)
+
+
+def test_map_csv_holds_the_hand_computed_numbers(results, tmp_path):
+    out = tmp_path / "map"
+    paths = main([str(results), "--out", str(out)])
+    assert {p.name for p in paths} == {f"expressivity-{k}.{e}" for k in ("map", "lengths") for e in ("png", "pdf", "csv")}
+    table = pd.read_csv(out / "expressivity-map.csv")
+    # default: last_acc (present), best seed, factors 2 and 6
+    assert set(table["metric"]) == {"last_acc"} and set(table["target_factor"]) == {2, 6}
+    gru_80 = _cell(table, "S3 word", "gru", target_factor=2)
+    assert (gru_80["length"], gru_80["value"], gru_80["best"]) == (80, 0.9, 0.9)
+    assert gru_80["mean"] == pytest.approx(0.8) and gru_80["std"] == pytest.approx(0.1) and gru_80["seeds"] == 2
+    assert gru_80["lr"] == 1e-3 and gru_80["chance"] == pytest.approx(1 / 6)
+    gru_240 = _cell(table, "S3 word", "gru", target_factor=6)
+    assert (gru_240["length"], gru_240["value"]) == (240, 0.4) and gru_240["mean"] == pytest.approx(0.3)
+    assert _cell(table, "S3 word", "mamba", target_factor=6)["value"] == pytest.approx(0.17)
+    assert _cell(table, "parity", "gru", target_factor=6)["value"] == pytest.approx(0.99)
+    mod3 = _cell(table, "count mod 3", "gru", target_factor=6)
+    assert (mod3["length"], mod3["train_max_len"], mod3["value"]) == (100, 20, 0.6)
+    assert _cell(table, "count mod 3", "gru", target_factor=2)["length"] == 40
+    # every mapped number against the independent loop
+    configs = {"S3 word": S3, "parity": PARITY, "count mod 3": MOD3}
+    for _, r in table.iterrows():
+        task, config, _ = configs[r["task_label"]]
+        best, mean = _reference(ROWS, task, config, r["mixer"], r["length"], "last_acc")
+        assert (r["best"], r["mean"]) == (pytest.approx(best), pytest.approx(mean))
+    # column order: parity, counting, word problems; rows: mixers in order of appearance
+    assert list(dict.fromkeys(table["task_label"])) == ["parity", "count mod 3", "S3 word"]
+    lengths = pd.read_csv(out / "expressivity-lengths.csv")
+    assert len(lengths) == 3 + 3 + 3 + 3 + 2  # S3 gru/mamba, parity mamba/gru at 3 lengths; mod 3 at 2
+    for task in ("parity", "S3 word"):
+        assert list(dict.fromkeys(lengths[lengths["task_label"] == task]["mixer"])) == ["mamba", "gru"]
+        assert list(dict.fromkeys(table[table["task_label"] == task]["mixer"])) == ["mamba", "gru"]
+
+
+def test_metric_and_aggregate_options(results):
+    df = load_results([results])
+    acc = length_table(df, metric="acc", aggregate="mean")
+    gru = _cell(acc, "S3 word", "gru", length=80)
+    assert gru["metric"] == "acc" and gru["value"] == pytest.approx((0.8 + 0.95) / 2) and gru["best"] == 0.95
+    no_last = df.drop(columns=[c for c in df.columns if c.endswith("/last_acc")])
+    assert set(length_table(no_last)["metric"]) == {"acc"}  # auto falls back to acc
+    table = map_table(length_table(df), factors=[1])
+    assert set(table["length"]) == {40} and len(table) == 5
+
+
+def test_bad_input(results, tmp_path):
+    df = load_results([results])
+    with pytest.raises(ValueError, match="no length-extrapolation trials"):
+        length_table(df[df["extrapolation"] == ""])
+    with pytest.raises(ValueError, match="metric must be one of"):
+        length_table(df, metric="f1")
+    with pytest.raises(ValueError, match="factors must be positive"):
+        map_table(length_table(df), factors=[0])
+    assert run(main, [str(tmp_path / "missing.csv"), "--out", str(tmp_path)]) == 2
