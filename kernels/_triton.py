@@ -1,9 +1,17 @@
-"""Whether Triton can run here: on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1``."""
+"""What every Triton path shares: can Triton run here, integer tile arithmetic, output allocation.
+
+- ``triton_available(tensor)``: on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1``.
+- ``cdiv`` / ``next_pow2``: plain-Python integer helpers for launch code (``triton.cdiv`` is a
+  ``ConstexprFunction`` on recent Triton, several microseconds per host call).
+- ``empty(shape, device, dtype)``: every kernel output is allocated here; inside ``poisoned()``
+  (tests and benchmark checks) it is NaN-filled instead, so an element a kernel never writes shows.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Iterator
 
@@ -30,6 +38,37 @@ def triton_available(tensor: torch.Tensor) -> bool:
     if not triton_importable():
         return False
     return tensor.is_cuda or (tensor.device.type == "cpu" and interpreting())
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative ints."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+_POISON = False
+
+
+def empty(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized kernel output, or a NaN-filled one inside ``poisoned()``."""
+    if _POISON:
+        return torch.full(shape, math.nan, device=device, dtype=dtype)
+    return torch.empty(shape, device=device, dtype=dtype)
+
+
+@contextlib.contextmanager
+def poisoned() -> Iterator[None]:
+    """Inside the block every kernel output starts as NaN (``empty``)."""
+    global _POISON
+    old, _POISON = _POISON, True
+    try:
+        yield
+    finally:
+        _POISON = old
 
 
 @contextlib.contextmanager

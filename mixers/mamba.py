@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.scan import SCAN_BACKENDS, linear_scan
-from kernels.ssd import SSD_BACKENDS, pick_backend, ssd
+from kernels.ssd import SSD_BACKENDS, resolve_backend, ssd
 from mixers.registry import register_mixer
 
 
@@ -109,7 +109,7 @@ class Mamba2(nn.Module):
             C.reshape(batch, L, self.ngroups, self.d_state),
             D=self.D,
             chunk_size=self.chunk_size,
-            backend=pick_backend(self.backend, u),
+            backend=resolve_backend(self.backend, u),
         )
         y = y.reshape(batch, L, d)
         return y if self.norm is None else self.norm(y)
@@ -119,7 +119,7 @@ class Mamba(nn.Module):
     """S6 mixer through ``kernels.scan.linear_scan``; see the module docstring.
 
     ``backend``: ``"reference"`` (a step loop over the recurrence), ``"torch"`` / ``"triton"`` (that
-    backend of ``linear_scan``), ``"auto"`` (``linear_scan``'s own choice: see ``kernels.scan.AUTO_TRITON``).
+    backend of ``linear_scan``), ``"auto"`` (``linear_scan``'s own choice: ``kernels.scan.resolve_backend``).
     """
 
     BACKENDS = ("auto", "reference", "torch", "triton")
@@ -151,7 +151,7 @@ class Mamba(nn.Module):
             if self.backend not in ("reference",) and self.backend not in SCAN_BACKENDS:
                 raise ValueError(f"mamba: the scan has no {self.backend!r} backend yet (has: {', '.join(SCAN_BACKENDS)})")
             return self.backend
-        return "auto"  # kernels.scan decides (see kernels.scan.AUTO_TRITON)
+        return "auto"  # kernels.scan decides (kernels.scan.resolve_backend)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         batch, L, _ = u.shape

@@ -3,8 +3,9 @@
 
     x (B, L, d) --W--> wx (B, L, NH, G_x, DH) --cell over time--> h (B, L, NH, DH) -> (B, L, d)
 
-The recurrence itself is ``kernels.fused_rnn.fused_rnn`` (mixer backends: ``"vanilla"``, the PyTorch
-loop of ``kernels/fused_rnn/reference.py``; ``"triton"``, the fused / alternating Triton kernels).
+The recurrence itself is ``kernels.fused_rnn.fused_rnn``; the mixer's ``backend`` is its backend
+(``"reference"``, the PyTorch loop; ``"triton"``, the fused / alternating Triton kernels; ``"fused"``,
+``"alternating"``; ``"auto"``: ``kernels/README.md``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,6 @@ from kernels.fused_rnn import BACKENDS as KERNEL_BACKENDS
 from kernels.fused_rnn import cell_spec, fused_rnn
 from mixers.registry import register_mixer
 
-#: mixer backend name -> kernels.fused_rnn backend name
-BACKEND_NAMES = {"vanilla": "reference", "triton": "triton", "alternating": "alternating", "auto": "auto"}
-
 #: the forget gate's index in the bias, and its initial value (opens the memory at the start)
 FORGET_BIAS = {"lstm": (1, 1.0), "slstm": (1, 1.0)}
 
@@ -31,20 +29,20 @@ class ClassicalRNN(nn.Module):
     Args:
         cell: ``"lstm" | "gru" | "elman" | "slstm"``.
         d_model: input and output width; split into ``num_heads`` heads of ``d_model // num_heads``.
-        backend: ``"vanilla"`` (PyTorch loop), ``"triton"`` (the fused persistent kernel, or the
-            alternating one where a head's R does not fit on chip), ``"alternating"`` or ``"auto"``
-            (``"triton"`` on CUDA, ``"vanilla"`` on the CPU).
+        backend: ``"reference"`` (PyTorch loop), ``"triton"`` (the fused persistent kernel, or the
+            alternating one where a head's R does not fit on chip), ``"fused"``, ``"alternating"`` or
+            ``"auto"`` (``"triton"`` on CUDA, ``"reference"`` on the CPU).
     """
 
-    BACKENDS = tuple(BACKEND_NAMES)
+    BACKENDS = ("auto", *KERNEL_BACKENDS)
 
     def __init__(self, cell: str, d_model: int, num_heads: int = 4, backend: str = "auto") -> None:
         super().__init__()
         spec = cell_spec(cell)
         if num_heads < 1 or d_model % num_heads:
             raise ValueError(f"{cell}: d_model={d_model} must be divisible by num_heads={num_heads}")
-        if backend not in BACKEND_NAMES:
-            raise ValueError(f"{cell}: unknown backend {backend!r}; known: {', '.join(BACKEND_NAMES)}")
+        if backend not in self.BACKENDS:
+            raise ValueError(f"{cell}: unknown backend {backend!r}; known: {', '.join(self.BACKENDS)}")
         self.cell, self.backend, self.num_heads, self.head_dim = cell, backend, num_heads, d_model // num_heads
         self.W = nn.Linear(d_model, spec.input_gates * d_model, bias=False)
         self.R = nn.Parameter(torch.empty(num_heads, self.head_dim, spec.recurrent_gates, self.head_dim))
@@ -59,12 +57,9 @@ class ClassicalRNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, length, d = x.shape
         wx = self.W(x).view(bsz, length, self.num_heads, -1, self.head_dim)
-        backend = BACKEND_NAMES[self.backend]
-        if backend not in KERNEL_BACKENDS and backend != "auto":
-            raise ValueError(f"{self.cell}: backend {self.backend!r} is not available in this installation")
         # the Triton kernels take one dtype (e.g. bfloat16 wx under autocast): cast the parameters
         R, b = self.R.to(wx.dtype), self.b.to(wx.dtype)
-        h, _ = fused_rnn(self.cell, wx, R, b, backend=backend)
+        h, _ = fused_rnn(self.cell, wx, R, b, backend=self.backend)
         return h.reshape(bsz, length, d)
 
     def extra_repr(self) -> str:

@@ -1,33 +1,31 @@
 """FlashRNN-style recurrent cells (LSTM, GRU, Elman, sLSTM) with block-diagonal recurrent matrices.
 
 ``fused_rnn(cell, wx, R, b, states0=None, backend="auto")`` returns ``(h, last_states)``; see
-``reference.py`` for shapes and the cell equations. Backends (all compute the same function):
+``reference.py`` for shapes and the cell equations. Backends (all compute the same function;
+vocabulary: ``kernels/README.md``):
 
 - ``"reference"``: a PyTorch loop (``reference.py``), any device and dtype, autograd backward.
+- ``"triton"``: ``"fused"`` where the head's R fits on chip, else ``"alternating"``; the extras:
 - ``"fused"``: the persistent Triton kernel (``fused.py``): the time loop inside the kernel, R on
-  chip, forward and backward; needs the head's R to fit on chip (``fused.fits_on_chip``).
+  chip, forward and backward; needs the head's R to fit on chip (``fused.fits_on_chip``);
 - ``"alternating"``: per step a batched matmul + a fused Triton pointwise kernel (``alternating.py``);
   any head dimension.
-- ``"triton"``: ``"fused"`` where R fits on chip, else ``"alternating"``.
-- ``"auto"``: ``"triton"`` on CUDA tensors, ``"reference"`` elsewhere.
+- ``"auto"``: ``"triton"`` on CUDA tensors of float32 / bfloat16 / float64, else ``"reference"``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels._dispatch import resolve
 from kernels.fused_rnn.alternating import fused_rnn_alternating
+from kernels.fused_rnn.checks import DTYPES
 from kernels.fused_rnn.fused import fits_on_chip, fused_rnn_fused
 from kernels.fused_rnn.reference import CELLS, CellSpec, cell_spec, fused_rnn_reference
 
 
-def fused_rnn_triton(
-    cell: str,
-    wx: torch.Tensor,
-    R: torch.Tensor,
-    b: torch.Tensor,
-    states0: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_rnn_triton(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor,
+                     states0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused kernel where the head's R fits on chip, else the alternating one."""
     cell_spec(cell)  # unknown cells fail here with the list of known ones
     if wx.dim() == 5 and fits_on_chip(cell, wx.shape[-1], wx.dtype):
@@ -43,21 +41,11 @@ BACKENDS = {
 }
 
 
-def fused_rnn(
-    cell: str,
-    wx: torch.Tensor,
-    R: torch.Tensor,
-    b: torch.Tensor,
-    states0: torch.Tensor | None = None,
-    *,
-    backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Apply ``cell`` over time with the chosen backend (``"auto"``: the fastest for the device)."""
-    if backend == "auto":
-        backend = "triton" if wx.is_cuda else "reference"
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown fused_rnn backend {backend!r}; known: auto, {', '.join(BACKENDS)}")
-    return BACKENDS[backend](cell, wx, R, b, states0)
+def fused_rnn(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor | None = None,
+              *, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply ``cell`` over time with the chosen backend; see the module docstring."""
+    name = resolve("fused_rnn", backend, BACKENDS, wx, wx.dtype in DTYPES)
+    return BACKENDS[name](cell, wx, R, b, states0)
 
 
 __all__ = [

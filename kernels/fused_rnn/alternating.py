@@ -4,7 +4,7 @@ re-read from memory every step), so ``fused_rnn(backend="triton")`` falls back t
 R does not fit on chip.
 
 ``fused_rnn_alternating(cell, wx, R, b, states0=None)`` has the signature and result of
-``fused_rnn_reference``. Ops (namespace ``expressivity``):
+``fused_rnn_reference``. Custom ops (``checks.TritonBackend``; namespace ``expressivity``):
 
     fused_rnn_alt_fwd(cell, wx, R, b, states0, save) -> (h, last_states, saved)
     fused_rnn_alt_bwd(cell, dh, dlast, R, saved)     -> (dwx, dR, db, dstates0)
@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kernels._triton import cdiv, empty
 
 from kernels.fused_rnn.cells_triton import (
     CELL_IDS,
@@ -36,8 +38,8 @@ from kernels.fused_rnn.cells_triton import (
     slstm_bwd,
     slstm_fwd,
 )
-from kernels.fused_rnn.checks import check_fast_inputs, full_precision_h, new_output
-from kernels.fused_rnn.reference import cell_spec, fused_rnn_reference
+from kernels.fused_rnn.checks import TritonBackend, acc_dtype, full_precision_h, run_checked
+from kernels.fused_rnn.reference import cell_spec
 
 BLOCK = 512  # elements per program of the pointwise kernels
 
@@ -218,25 +220,18 @@ def _heads_first(states: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _tl(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-@torch.library.custom_op("expressivity::fused_rnn_alt_fwd", mutates_args=())
-def fused_rnn_alt_fwd(
-    cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor, save: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Forward of the alternating backend: ``(h, last_states, saved)`` (see ``fused.fused_rnn_fwd``)."""
-    spec = check_fast_inputs("alternating", cell, wx, R, b, states0)
+def _forward(cell: str, wx, R, b, states0, save: bool, config=None):
+    """Forward of the alternating backend: ``(h, last_states, saved)`` (``checks.TritonBackend``)."""
+    spec = cell_spec(cell)
     bsz, length, nh, _, dh = wx.shape
-    acc = _acc(wx.dtype)
-    h = new_output(bsz, length, nh, dh, device=wx.device, dtype=wx.dtype)
+    acc = acc_dtype(wx.dtype)
+    h = empty((bsz, length, nh, dh), wx.device, wx.dtype)
     nsave = NUM_SAVED[cell]
-    saved = new_output((bsz, length + 1, nh, nsave, dh) if save else (0,), device=wx.device, dtype=acc)
+    saved = empty((bsz, length + 1, nh, nsave, dh) if save else (0,), wx.device, acc)
     if save:
         saved[:, 0].zero_()  # row 0 holds the initial states; its gate slots are never read
     st = _heads_first(states0, acc)  # (NS, NH, B, DH), a fresh copy updated in place
@@ -247,8 +242,8 @@ def fused_rnn_alt_fwd(
         if cell == "slstm":
             saved[:, 0, :, 2] = states0[2].to(acc)
     r_acc = R.to(acc).reshape(nh, dh, spec.recurrent_gates * dh)
-    ry = new_output(nh, bsz, spec.recurrent_gates * dh, device=wx.device, dtype=acc)
-    grid = (triton.cdiv(nh * bsz * dh, BLOCK),)
+    ry = empty((nh, bsz, spec.recurrent_gates * dh), wx.device, acc)
+    grid = (cdiv(nh * bsz * dh, BLOCK),)
     # h enters the matmul rounded to the storage dtype (as the fused kernel's dots), except where
     # checks.full_precision_h (the bfloat16 sLSTM): the float32 h (the fused kernel: hi + lo parts)
     full_h = full_precision_h(cell, wx.dtype)
@@ -264,20 +259,7 @@ def fused_rnn_alt_fwd(
     return h, last, saved
 
 
-@fused_rnn_alt_fwd.register_fake
-def _(cell, wx, R, b, states0, save):
-    bsz, length, nh, _, dh = wx.shape
-    return (
-        wx.new_empty(bsz, length, nh, dh),
-        wx.new_empty(cell_spec(cell).num_states, bsz, nh, dh),
-        wx.new_empty((bsz, length + 1, nh, NUM_SAVED[cell], dh) if save else (0,), dtype=_acc(wx.dtype)),
-    )
-
-
-@torch.library.custom_op("expressivity::fused_rnn_alt_bwd", mutates_args=())
-def fused_rnn_alt_bwd(
-    cell: str, dh_out: torch.Tensor, dlast: torch.Tensor, R: torch.Tensor, saved: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(cell: str, dh_out, dlast, R, saved, config=None):
     """Backward of the alternating backend: ``(dwx, dR, db, dstates0)``."""
     spec = cell_spec(cell)
     bsz, length, nh, dh = dh_out.shape
@@ -285,16 +267,16 @@ def fused_rnn_alt_bwd(
         raise ValueError(
             f"fused_rnn_alt_bwd: saved has shape {tuple(saved.shape)}; run the forward with save=True"
         )
-    acc = _acc(R.dtype)
+    acc = acc_dtype(R.dtype)
     gr = spec.recurrent_gates
     dh_out = dh_out.contiguous()
     dst = _heads_first(dlast, acc)  # (NS, NH, B, DH): dh_T through R is dlast[0]
     dhr = dst[0].clone()
     dst[0].zero_()
-    dg = new_output(bsz, length, nh, spec.bias_gates, dh, device=R.device, dtype=R.dtype)
-    dgr = new_output(nh, bsz, gr * dh, device=R.device, dtype=acc)
+    dg = empty((bsz, length, nh, spec.bias_gates, dh), R.device, R.dtype)
+    dgr = empty((nh, bsz, gr * dh), R.device, acc)
     rt = R.to(acc).reshape(nh, dh, gr * dh).transpose(1, 2)  # (NH, GR*DH, DH)
-    grid = (triton.cdiv(nh * bsz * dh, BLOCK),)
+    grid = (cdiv(nh * bsz * dh, BLOCK),)
     for t in reversed(range(length)):
         _alt_bwd_step[grid](
             dh_out, dhr, dst, saved, dg, dgr, t,
@@ -312,54 +294,11 @@ def fused_rnn_alt_bwd(
     return dwx, dR.to(R.dtype), db.to(R.dtype), _heads_first(dst, R.dtype)
 
 
-@fused_rnn_alt_bwd.register_fake
-def _(cell, dh_out, dlast, R, saved):
-    spec = cell_spec(cell)
-    bsz, length, nh, dh = dh_out.shape
-    return (
-        R.new_empty(bsz, length, nh, spec.input_gates, dh),
-        torch.empty_like(R),
-        R.new_empty(nh, spec.bias_gates, dh),
-        R.new_empty(spec.num_states, bsz, nh, dh),
-    )
+_BACKEND = TritonBackend("fused_rnn_alt", _forward, _backward)
+fused_rnn_alt_fwd, fused_rnn_alt_bwd = _BACKEND.fwd_op, _BACKEND.bwd_op
 
 
-def _setup_context(ctx, inputs, output):
-    cell, _, R, _, _, _ = inputs
-    ctx.cell = cell
-    ctx.save_for_backward(R, output[2])
-    ctx.mark_non_differentiable(output[2])
-
-
-def _backward(ctx, dh, dlast, _dsaved):
-    R, saved = ctx.saved_tensors
-    if saved.dim() != 5:
-        raise RuntimeError("fused_rnn: backward through a forward run with save=False (under no_grad?)")
-    bsz, length1, nh, _, dhd = saved.shape
-    if dh is None:
-        dh = R.new_zeros(bsz, length1 - 1, nh, dhd)
-    if dlast is None:
-        dlast = R.new_zeros(cell_spec(ctx.cell).num_states, bsz, nh, dhd)
-    dwx, dR, db, ds0 = fused_rnn_alt_bwd(ctx.cell, dh, dlast, R, saved)
-    return None, dwx, dR, db, ds0, None
-
-
-fused_rnn_alt_fwd.register_autograd(_backward, setup_context=_setup_context)
-
-
-def fused_rnn_alternating(
-    cell: str,
-    wx: torch.Tensor,
-    R: torch.Tensor,
-    b: torch.Tensor,
-    states0: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_rnn_alternating(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor,
+                          states0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The alternating backend; same signature and result as ``fused_rnn_reference``."""
-    spec = check_fast_inputs("alternating", cell, wx, R, b, states0)
-    if wx.shape[1] == 0:  # nothing to run
-        return fused_rnn_reference(cell, wx, R, b, states0)
-    if states0 is None:
-        states0 = wx.new_zeros(spec.num_states, wx.shape[0], wx.shape[2], wx.shape[4])
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (wx, R, b, states0))
-    h, last, _ = fused_rnn_alt_fwd(cell, wx, R, b, states0, grad)
-    return h, last
+    return run_checked(_BACKEND, "alternating", cell, wx, R, b, states0)

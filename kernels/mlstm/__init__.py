@@ -14,51 +14,49 @@ true memory is ``C * exp(m)``); mLSTMsig ``(C,)``. ``initial_state=None`` means 
 ``return_last_state=True`` returns ``(h, state)``; states are float32 (float64 for float64 inputs).
 The max state ``m`` is a stabilizer: gradients never flow through it.
 
-Backends (all compute the same function): ``"recurrent"`` and ``"parallel"`` (references),
-``"chunkwise"`` (PyTorch, chunks of ``chunk_size``), ``"triton"`` (TFLA chunkwise kernels, forward
-and backward), ``"auto"`` (triton on CUDA, parallel on the CPU for ``S <= 128``, chunkwise above).
+Backends (all compute the same function; vocabulary: ``kernels/README.md``): ``"reference"`` (the
+stabilized recurrence, ``reference.py``), ``"parallel"`` (the quadratic form, ``reference.py``),
+``"torch"`` (chunkwise PyTorch, chunks of ``chunk_size``, ``chunkwise.py``), ``"triton"`` (TFLA
+chunkwise kernels, forward and backward, ``triton_chunkwise.py``), ``"auto"`` (``triton`` on CUDA
+float32 / bfloat16 / float16, else ``torch``).
 """
 
 from __future__ import annotations
 
+import torch
+
+from kernels._dispatch import resolve
 from kernels._triton import triton_importable
 from kernels.mlstm.chunkwise import mlstm_chunkwise
 from kernels.mlstm.reference import NORMALIZERS, mlstm_parallel, mlstm_recurrent
 
-BACKENDS = ("auto", "recurrent", "parallel", "chunkwise", "triton")
-
-# On the CPU the quadratic form beats the chunk loop up to a few hundred steps (measured, README, "mLSTM").
-CPU_PARALLEL_MAX_LEN = 128
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _triton_fn():
+def _mlstm_triton(*args, **kwargs):
     from kernels.mlstm.triton_chunkwise import mlstm_triton
 
-    return mlstm_triton
+    return mlstm_triton(*args, **kwargs)
+
+
+BACKEND_FNS = {"reference": mlstm_recurrent, "parallel": mlstm_parallel, "torch": mlstm_chunkwise}
+if triton_importable():
+    BACKEND_FNS["triton"] = _mlstm_triton
+BACKENDS = ("auto", *BACKEND_FNS)
 
 
 def resolve_backend(backend: str, q) -> str:
-    """The concrete backend ``"auto"`` picks for ``q`` (or ``backend`` itself, validated)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown mLSTM backend {backend!r}; choose one of {BACKENDS}")
-    if backend != "auto":
-        return backend
-    if q.is_cuda and triton_importable():
-        return "triton"
-    return "parallel" if q.shape[-2] <= CPU_PARALLEL_MAX_LEN else "chunkwise"
+    """The concrete backend ``backend`` (``"auto"`` included) stands for on ``q``."""
+    return resolve("mlstm", backend, BACKEND_FNS, q, q.dtype in _TRITON_DTYPES)
 
 
 def mlstm(q, k, v, i_pre, f_pre, *, input_gate="exp", backend="auto", chunk_size=64, initial_state=None,
           return_last_state=False, eps=1e-6):
     """Run the mLSTM cell over a sequence; see the module docstring for shapes, states and backends."""
-    fn = {
-        "recurrent": mlstm_recurrent,
-        "parallel": mlstm_parallel,
-        "chunkwise": mlstm_chunkwise,
-    }.get(resolve_backend(backend, q)) or _triton_fn()
-    return fn(q, k, v, i_pre, f_pre, input_gate=input_gate, chunk_size=chunk_size,
-              initial_state=initial_state, return_last_state=return_last_state, eps=eps)
+    return BACKEND_FNS[resolve_backend(backend, q)](
+        q, k, v, i_pre, f_pre, input_gate=input_gate, chunk_size=chunk_size, initial_state=initial_state,
+        return_last_state=return_last_state, eps=eps)
 
 
-__all__ = ["BACKENDS", "NORMALIZERS", "mlstm", "mlstm_chunkwise", "mlstm_parallel", "mlstm_recurrent",
-           "resolve_backend"]
+__all__ = ["BACKENDS", "BACKEND_FNS", "NORMALIZERS", "mlstm", "mlstm_chunkwise", "mlstm_parallel",
+           "mlstm_recurrent", "resolve_backend"]

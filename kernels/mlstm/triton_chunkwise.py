@@ -17,33 +17,28 @@ the tensor-core default), ``"medium"`` single-pass TF32 (opt-in, as the peers ru
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
-import os
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
-import triton
+from torch.autograd.function import once_differentiable
 
-from kernels._triton import triton_available
+from kernels._triton import cdiv, empty, next_pow2, triton_available
 from kernels.mlstm.reference import check_args
 from kernels.mlstm.triton_bwd import inter_chunk_dstates, intra_chunk_dk, intra_chunk_dq, intra_chunk_dv
 from kernels.mlstm.triton_fwd import inter_chunk_states, intra_chunk_h
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
-POISON = False  # tests set this: outputs start as NaN so elements a kernel never writes show up
-
-
 def _empty(*shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    dtype = dtype or like.dtype
-    if POISON:
-        return torch.full(shape, math.nan, device=like.device, dtype=dtype)
-    return torch.empty(shape, device=like.device, dtype=dtype)
+    return empty(shape, like.device, dtype or like.dtype)
 
 
 def _np2(x: int) -> int:
-    return max(16, triton.next_power_of_2(x))
+    return max(16, next_pow2(x))
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -55,11 +50,11 @@ def _precision(dtype: torch.dtype) -> str:
 
     float32 follows ``torch.get_float32_matmul_precision()``:
 
-    * ``"high"`` (what ``kernels.bench`` sets): ``"tf32x3"``, 3-pass TF32 on tensor cores, about
+    * ``"high"`` (what the benchmark sets): ``"tf32x3"``, 3-pass TF32 on tensor cores, about
       float32-accurate. The float32 default on tensor cores: the normalizer gradient of mLSTMexp
       (``dd = -sign(d) inv (dh . h)``) and the gate gradients (reverse cumulative sums of
-      ``q . dq - k . dk``) are differences of large terms that amplify single-pass TF32 error
-      (H200, 2026-11-21: df 3.4% off float64 with single-pass TF32 left in the backward).
+      ``q . dq - k . dk``) are differences of large terms that amplify single-pass TF32 error (df
+      3.4% off float64 with single-pass TF32 in the backward, H200).
     * ``"medium"`` (opt-in): ``"tf32"``, single-pass TF32, as ``mlstm_kernels``' and ``fla``'s
       float32 kernels run (their ``tl.dot`` default): about 2x fewer tensor-core passes, relative
       errors ~1e-3 in h and percent-level in the mLSTMexp gate gradients.
@@ -74,55 +69,48 @@ def _precision(dtype: torch.dtype) -> str:
     return {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}[torch.get_float32_matmul_precision()]
 
 
-def _config(L: int, DQK: int, DV: int, dtype: torch.dtype, prec: str = "tf32") -> dict:
-    """Tile sizes (query/key blocks of the chunk, feature blocks, inter-chunk blocks and sub-block),
-    warps and pipeline stages for dots at ``prec``. ``EXPRESSIVITY_MLSTM_TILES="BLQ=64,BV=128,W=8"``
-    overrides entries (for tuning; values are clipped to the problem).
+@dataclasses.dataclass(frozen=True)
+class MlstmTiles:
+    """Tiles, warps and pipeline stages of the TFLA kernels (clipped to the problem at launch).
 
-    3-pass TF32 (float32 mLSTMexp, B=4, NH=16, S=4096, DQK=128, DV=256, chunk 64, fwd+bwd on an H200,
-    2026-11-21, ``python -m kernels.bench mlstm ... --tiles``) takes a DQK tile ``BK`` of 64 (the inner
-    loop of ``intra_chunk_h`` / ``intra_chunk_dv``, the grid's feature blocks of dq / dk): 7.71-7.75 ms
-    vs 9.35 ms at ``BK=128``; and a DQK tile ``BKI`` of 32 in the inter-chunk kernels (4x4 tiles
-    of the 128x256 state per head: more programs for the sequential chunk loop; it only partitions
-    the output rows, the products still reduce over the chunk's steps): 6.94 ms. Slower: 8 warps
-    (9.56), 1 or 3 pipeline stages (9.69), ``BK=32`` (8.38), 8 inter-chunk warps (8.18); ``BV=256``
-    does not fit shared memory. Single-pass TF32 stays at ``BK=128`` (5.15 ms at 64 vs 4.64)."""
+    Intra-chunk kernels: ``blq`` query rows and ``blkv`` key/value rows of a chunk per block, ``bk``
+    the DQK tile (the inner loop of ``intra_chunk_h`` / ``intra_chunk_dv``, the grid's feature blocks of
+    dq / dk), ``bv`` the DV tile, ``bv_dqdk`` the DV tile of the dq / dk kernels (the inner loop of
+    ``dh V^T`` / ``v dh^T`` / ``dh C^T`` / ``v dC^T``), ``warps`` and ``stages``. Inter-chunk state
+    kernels: ``bki x bvi`` state tiles, ``bl`` steps per inner block, ``inter_warps``.
+    """
+
+    blq: int = 64
+    blkv: int = 64
+    bk: int = 128
+    bv: int = 128
+    bv_dqdk: int = 128
+    bki: int = 64
+    bvi: int = 64
+    bl: int = 64
+    warps: int = 4
+    stages: int = 2
+    inter_warps: int = 4
+
+
+@functools.lru_cache(maxsize=16)
+def default_tiles(dtype: torch.dtype, prec: str) -> MlstmTiles:
+    """The tiles for dots at ``prec`` (``_precision``). 3-pass TF32 (``tf32x3``) splits every float32
+    operand tile into a high and a low TF32 part, doubling the dots' shared memory: a DQK tile ``bk``
+    of 64, inter-chunk DQK tiles ``bki`` of 32 (more programs for the sequential chunk loop), and a
+    ``bv_dqdk`` of 64 (at 128 the dq / dk kernels need 256 KiB, the H100/H200 have 227 KiB). float64
+    (interpreter only) uses 32-wide inter-chunk tiles. Measured: ``kernels/mlstm/README.md``."""
     big = 64 if dtype != torch.float64 else 32
-    x3 = prec == "tf32x3"
-    cfg = dict(BLQ=64, BLKV=64, BK=64 if x3 else 128, BV=128, BKI=32 if x3 else big, BVI=big, BL=64, W=4, ST=2,
-               WI=4)
-    for key, val in _tile_env().items():
-        if key == "BVDP":  # read by _bwd_qk_config
-            continue
-        if key not in cfg:
-            raise ValueError(f"EXPRESSIVITY_MLSTM_TILES: unknown key {key!r}; known: {sorted(cfg)}")
-        cfg[key] = int(val)
-    for key in ("BLQ", "BLKV", "BL"):
-        cfg[key] = min(cfg[key], L)
-    for key, dim in (("BK", DQK), ("BKI", DQK), ("BV", DV), ("BVI", DV)):
-        cfg[key] = min(cfg[key], _np2(dim))
-    return cfg
+    if prec == "tf32x3":
+        return MlstmTiles(bk=64, bv_dqdk=64, bki=32, bvi=big)
+    return MlstmTiles(bki=big, bvi=big)
 
 
-def _bwd_qk_config(cfg: dict, prec: str) -> dict:
-    """Overrides of ``_config`` for the dq / dk kernels. In 3-pass TF32 every float32 operand tile is
-    split into a high and a low TF32 part, doubling the shared memory of the dots: at
-    BLQ = BLKV = 64, BV = 128 and 2 stages the dq / dk kernels need 256 KiB (the H100/H200 have
-    227 KiB), so their DV tile (the inner loop of ``dh V^T`` / ``v dh^T`` / ``dh C^T`` / ``v dC^T``,
-    not a grid dimension) drops to 64 (``python -m kernels.mlstm.smem_check`` lists every kernel).
-    ``EXPRESSIVITY_MLSTM_TILES`` ``BVDP=`` overrides the value."""
-    if prec != "tf32x3":
-        return {}
-    bv = int(_tile_env().get("BVDP", 64))
-    return {"BV": max(16, min(cfg["BV"], bv))}
-
-
-def _tile_env() -> dict:
-    out = {}
-    for item in filter(None, os.environ.get("EXPRESSIVITY_MLSTM_TILES", "").split(",")):
-        key, _, val = item.partition("=")
-        out[key] = val
-    return out
+def _config(L: int, DQK: int, DV: int, t: MlstmTiles) -> dict:
+    """The launch dict of tiles ``t`` clipped to a chunk of ``L`` steps and head dims ``DQK, DV``."""
+    return dict(BLQ=min(t.blq, L), BLKV=min(t.blkv, L), BK=min(t.bk, _np2(DQK)), BV=min(t.bv, _np2(DV)),
+                BVDP=min(t.bv_dqdk, t.bv, _np2(DV)), BKI=min(t.bki, _np2(DQK)), BVI=min(t.bvi, _np2(DV)),
+                BL=min(t.bl, L), W=t.warps, ST=t.stages, WI=t.inter_warps)
 
 
 # A kernel that does not fit the chip's shared memory (Triton's OutOfResources) is retried with one
@@ -147,7 +135,7 @@ def _launch(kernel, grid, args, meta, shrink: tuple = ()):
                 raise RuntimeError(
                     f"mLSTM triton kernel {name} does not fit the GPU's shared memory with any of "
                     f"{[dict(meta, **lv) for lv in levels]} ({err}); precision is not lowered to make it fit. "
-                    "Use smaller tiles (EXPRESSIVITY_MLSTM_TILES, e.g. BVDP=32,BV=64), a smaller chunk, "
+                    "Use smaller tiles (MlstmTiles, e.g. bv_dqdk=32, bv=64), a smaller chunk, "
                     "or bfloat16 inputs.") from err
             continue
         _LEVEL[key] = level
@@ -171,24 +159,24 @@ def _gates(i_pre, f_pre, exp_gate: bool, L: int, NC: int):
 
 
 def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: int, fused: bool = True,
-                           prec: str | None = None):
+                           prec: str | None = None, tiles: MlstmTiles | None = None):
     """States entering each chunk: ``C (B, NH, NC+1, DQK, DV)``, ``n (B, NH, NC+1, DQK)``,
     ``M (B, NH, NC+1)`` (entry ``NC`` is the final state). ``fused`` keeps the state on chip
     (paper 004); otherwise one kernel launch per chunk passes the state through memory. ``prec``:
-    the dots' input precision (default ``_precision(k.dtype)``)."""
+    the dots' input precision (default ``_precision(k.dtype)``); ``tiles``: default ``default_tiles``."""
     B, NH, S, DQK = k.shape
     DV = v.shape[-1]
     NC = g.shape[-1]
     acc = _acc_dtype(k.dtype)
     prec = prec or _precision(k.dtype)
-    cfg = _config(L, DQK, DV, k.dtype, prec)
+    cfg = _config(L, DQK, DV, tiles or default_tiles(k.dtype, prec))
     cst = _empty(B, NH, NC + 1, DQK, DV, like=k, dtype=acc)
     nst = _empty(B, NH, NC + 1, DQK, like=k, dtype=acc)
     mst = _empty(B, NH, NC + 1, like=k, dtype=acc)
     has_init = c0 is not None
     if m0 is None:
         m0 = torch.zeros(B, NH, device=k.device, dtype=acc)
-    grid = (triton.cdiv(DQK, cfg["BKI"]), triton.cdiv(DV, cfg["BVI"]), B * NH)
+    grid = (cdiv(DQK, cfg["BKI"]), cdiv(DV, cfg["BVI"]), B * NH)
     args = dict(DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate,
                 HAS_INIT=has_init, PREC=prec)
     c0_ = c0 if has_init else cst
@@ -229,33 +217,40 @@ def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
         raise ValueError(f"triton chunk_size must be a power of two in [16, 4096], got {chunk_size!r}")
 
 
-@torch.library.custom_op("expressivity::mlstm_chunkwise_fwd", mutates_args=())
-def mlstm_chunkwise_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
-    c0: Optional[torch.Tensor], n0: Optional[torch.Tensor], m0: Optional[torch.Tensor],
-    exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool, prec: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool,
+             prec: str, tiles: MlstmTiles | None = None):
     """Returns ``h``, the entering states ``C, n, M`` (``NC + 1`` each), per-step ``m`` and
     normalizer dot ``d`` (padded to ``NC * L``; zeros for mLSTMsig), and the final ``M`` copy.
     ``prec``: ``input_precision`` of every dot (``_precision``; the backward reuses it)."""
     B, NH, S, DQK = q.shape
     DV = v.shape[-1]
     L = chunk_size
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     b, li, a, g, amax = _gates(i_pre, f_pre, exp_gate, L, NC)
+    tiles = tiles or default_tiles(q.dtype, prec)
     cst, nst, mst = run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, exp_gate=exp_gate, L=L, fused=fused_inter,
-                                           prec=prec)
-    cfg = _config(L, DQK, DV, q.dtype, prec)
+                                           prec=prec, tiles=tiles)
+    cfg = _config(L, DQK, DV, tiles)
     h = _empty(*v.shape, like=v)
     if exp_gate:
         mtok, dtok = (_empty(B, NH, NC * L, like=q, dtype=cst.dtype) for _ in range(2))
     else:  # unused by mLSTMsig
         mtok, dtok = (torch.zeros(B, NH, NC * L, device=q.device, dtype=cst.dtype) for _ in range(2))
-    grid = (NC * (L // cfg["BLQ"]), triton.cdiv(DV, cfg["BV"]), B * NH)
+    grid = (NC * (L // cfg["BLQ"]), cdiv(DV, cfg["BV"]), B * NH)
     _launch(intra_chunk_h, grid, (q, k, v, b, li, cst, nst, mst, h, mtok, dtok, S, NC, 1.0 / math.sqrt(DQK), eps),
             dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
                  EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"]))
     return h, cst, nst, mst, mtok, dtok, mst[:, :, -1].clone()
+
+
+@torch.library.custom_op("expressivity::mlstm_chunkwise_fwd", mutates_args=())
+def mlstm_chunkwise_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
+    c0: Optional[torch.Tensor], n0: Optional[torch.Tensor], m0: Optional[torch.Tensor],
+    exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool, prec: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward (``_forward``) with the default tiles."""
+    return _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec)
 
 
 @mlstm_chunkwise_fwd.register_fake
@@ -269,20 +264,15 @@ def _(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter,
             e(B, NH, NC * chunk_size), e(B, NH, NC * chunk_size), e(B, NH))
 
 
-@torch.library.custom_op("expressivity::mlstm_chunkwise_bwd", mutates_args=())
-def mlstm_chunkwise_bwd(
-    dh: torch.Tensor, dc_last: Optional[torch.Tensor], dn_last: Optional[torch.Tensor],
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
-    h: torch.Tensor, cst: torch.Tensor, nst: torch.Tensor, mst: torch.Tensor, mtok: torch.Tensor,
-    dtok: torch.Tensor, exp_gate: bool, chunk_size: int, eps: float, prec: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate: bool,
+              chunk_size: int, eps: float, prec: str, tiles: MlstmTiles | None = None):
     """Gradients ``dq, dk, dv, di, df`` and of the initial state ``dC0, dn0`` (the initial ``m0``'s
     gradient, ``<C0, dC0> + <n0, dn0>``, is formed by the caller)."""
     B, NH, S, DQK = q.shape
     DV = v.shape[-1]
     L = chunk_size
-    NC = triton.cdiv(S, L)
-    cfg = _config(L, DQK, DV, q.dtype, prec)
+    NC = cdiv(S, L)
+    cfg = _config(L, DQK, DV, tiles or default_tiles(q.dtype, prec))
     acc = cst.dtype
     scale = 1.0 / math.sqrt(DQK)
     dh = dh.contiguous()
@@ -298,7 +288,7 @@ def mlstm_chunkwise_bwd(
     dcst = _empty(*cst.shape, like=cst)
     dnst = _empty(*nst.shape, like=nst)
     has_dlast = dc_last is not None
-    grid = (triton.cdiv(DQK, cfg["BKI"]), triton.cdiv(DV, cfg["BVI"]), B * NH)
+    grid = (cdiv(DQK, cfg["BKI"]), cdiv(DV, cfg["BVI"]), B * NH)
     _launch(inter_chunk_dstates, grid,
             (q, dh, b, g, mtok, inv, dd, mst, dc_last if has_dlast else dcst, dn_last if has_dlast else dnst,
              dcst, dnst, S, NC, scale),
@@ -306,16 +296,16 @@ def mlstm_chunkwise_bwd(
                  HAS_DLAST=has_dlast, PREC=prec, num_warps=cfg["WI"]))
     common = dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
                   EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"])
-    common_qk = dict(common, **_bwd_qk_config(cfg, prec))
+    common_qk = dict(common, BV=cfg["BVDP"])
     shrink_qk = ({"BV": max(16, common_qk["BV"] // 2)},) if common_qk["BV"] > 16 else ()
-    nkb = triton.cdiv(DQK, cfg["BK"])
+    nkb = cdiv(DQK, cfg["BK"])
     dq, dk, dv = (_empty(*t.shape, like=t) for t in (q, k, v))
     qdq, kdk = (_empty(nkb, B * NH, NC * L, like=q, dtype=acc) for _ in range(2))
     _launch(intra_chunk_dq, (NC * (L // cfg["BLQ"]), nkb, B * NH),
             (q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale), common_qk, shrink_qk)
     _launch(intra_chunk_dk, (NC * (L // cfg["BLKV"]), nkb, B * NH),
             (q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale), common_qk, shrink_qk)
-    _launch(intra_chunk_dv, (NC * (L // cfg["BLKV"]), triton.cdiv(DV, cfg["BV"]), B * NH),
+    _launch(intra_chunk_dv, (NC * (L // cfg["BLKV"]), cdiv(DV, cfg["BV"]), B * NH),
             (q, k, dh, b, li, a, mtok, inv, dcst, mst, dv, S, NC, scale), common)
     # gate gradients
     qdq = qdq.sum(0).reshape(B, NH, NC * L)[..., :S]
@@ -330,10 +320,42 @@ def mlstm_chunkwise_bwd(
     return dq, dk, dv, di.to(i_pre.dtype), df.to(f_pre.dtype), dcst[:, :, 0].clone(), dnst[:, :, 0].clone()
 
 
+@torch.library.custom_op("expressivity::mlstm_chunkwise_bwd", mutates_args=())
+def mlstm_chunkwise_bwd(
+    dh: torch.Tensor, dc_last: Optional[torch.Tensor], dn_last: Optional[torch.Tensor],
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
+    h: torch.Tensor, cst: torch.Tensor, nst: torch.Tensor, mst: torch.Tensor, mtok: torch.Tensor,
+    dtok: torch.Tensor, exp_gate: bool, chunk_size: int, eps: float, prec: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward (``_backward``) with the default tiles."""
+    return _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size,
+                     eps, prec)
+
+
 @mlstm_chunkwise_bwd.register_fake
 def _(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size, eps, prec):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(i_pre),
             torch.empty_like(f_pre), torch.empty_like(cst[:, :, 0]), torch.empty_like(nst[:, :, 0]))
+
+
+def _last_state_grads(dh, dcst, dnst, h, cst, nst):
+    """The gradients reaching the final state (the only user-visible state output), zeros where
+    autograd passes none."""
+    dc_last = None if dcst is None else dcst[:, :, -1].contiguous()
+    dn_last = None if dnst is None else dnst[:, :, -1].contiguous()
+    if dc_last is not None and dn_last is None:
+        dn_last = torch.zeros_like(nst[:, :, -1])
+    if dn_last is not None and dc_last is None:
+        dc_last = torch.zeros_like(cst[:, :, -1])
+    return (torch.zeros_like(h) if dh is None else dh), dc_last, dn_last
+
+
+def _initial_state_grads(c0, n0, dc0, dn0):
+    """``(dC0, dn0, dm0)`` for a given initial state (``dm0 = <C0, dC0> + <n0, dn0>``), else Nones."""
+    if c0 is None:
+        return None, None, None
+    dm0 = (c0.to(dc0.dtype) * dc0).sum((-1, -2)) + (n0.to(dn0.dtype) * dn0).sum(-1)
+    return dc0.to(c0.dtype), dn0.to(n0.dtype), dm0.to(c0.dtype)
 
 
 def _setup_context(ctx, inputs, output):
@@ -341,41 +363,49 @@ def _setup_context(ctx, inputs, output):
     h, cst, nst, mst, mtok, dtok, _ = output
     ctx.save_for_backward(q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok)
     ctx.opts = (exp_gate, chunk_size, eps, prec)
-    ctx.has_init = c0 is not None
 
 
-def _backward(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dm_last):
+def _grad(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dm_last):
     q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok = ctx.saved_tensors
-    exp_gate, chunk_size, eps, prec = ctx.opts
-    # only the final state is a user-visible output among the states (the caller slices it)
-    dc_last = None if dcst is None else dcst[:, :, -1].contiguous()
-    dn_last = None if dnst is None else dnst[:, :, -1].contiguous()
-    if dc_last is not None and dn_last is None:
-        dn_last = torch.zeros_like(nst[:, :, -1])
-    if dn_last is not None and dc_last is None:
-        dc_last = torch.zeros_like(cst[:, :, -1])
-    if dh is None:
-        dh = torch.zeros_like(h)
-    dq, dk, dv, di, df, dc0, dn0 = mlstm_chunkwise_bwd(
-        dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size, eps, prec)
-    dm0 = None
-    if ctx.has_init:
-        dm0 = (c0.to(dc0.dtype) * dc0).sum((-1, -2)) + (n0.to(dn0.dtype) * dn0).sum(-1)
-        dc0, dn0, dm0 = dc0.to(c0.dtype), dn0.to(n0.dtype), dm0.to(c0.dtype)
-    else:
-        dc0 = dn0 = None
-    return dq, dk, dv, di, df, dc0, dn0, dm0, None, None, None, None, None
+    dh, dc_last, dn_last = _last_state_grads(dh, dcst, dnst, h, cst, nst)
+    dq, dk, dv, di, df, dc0, dn0 = mlstm_chunkwise_bwd(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst,
+                                                       mtok, dtok, *ctx.opts)
+    return (dq, dk, dv, di, df, *_initial_state_grads(c0, n0, dc0, dn0), None, None, None, None, None)
 
 
-mlstm_chunkwise_fwd.register_autograd(_backward, setup_context=_setup_context)
+mlstm_chunkwise_fwd.register_autograd(_grad, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """Eager autograd over the same launches as the custom ops (no dispatcher round trips), with
+    explicit tiles."""
+
+    @staticmethod
+    def forward(ctx, tiles, q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec):
+        out = _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec, tiles)
+        h, cst, nst, mst, mtok, dtok, _ = out
+        ctx.save_for_backward(q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok)
+        ctx.opts, ctx.tiles = (exp_gate, chunk_size, eps, prec), tiles
+        ctx.mark_non_differentiable(mst, mtok, dtok, out[-1])
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dm_last):
+        q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok = ctx.saved_tensors
+        dh, dc_last, dn_last = _last_state_grads(dh, dcst, dnst, h, cst, nst)
+        dq, dk, dv, di, df, dc0, dn0 = _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok,
+                                                 dtok, *ctx.opts, ctx.tiles)
+        return (None, dq, dk, dv, di, df, *_initial_state_grads(c0, n0, dc0, dn0), None, None, None, None, None)
 
 
 def mlstm_triton(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, initial_state=None,
-                 return_last_state=False, eps=1e-6, fused_inter=True):
+                 return_last_state=False, eps=1e-6, fused_inter=True, tiles: MlstmTiles | None = None):
     """TFLA chunkwise mLSTM (see the module docstring); same contract as ``kernels.mlstm.mlstm``.
 
     ``fused_inter=False`` runs the inter-chunk state recurrence as one kernel launch per chunk
     (the baseline of paper 004) instead of keeping the state on chip; results are bit-identical.
+    ``tiles``: ``MlstmTiles`` (default ``default_tiles``).
     """
     _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size)
     exp_gate = input_gate == "exp"
@@ -388,9 +418,14 @@ def mlstm_triton(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, init
             c0 = initial_state[0].to(acc).contiguous()
             n0 = torch.zeros(c0.shape[:-1], device=c0.device, dtype=acc)
             m0 = torch.zeros(c0.shape[:-2], device=c0.device, dtype=acc)
-    h, cst, nst, mst, _, _, m_last = mlstm_chunkwise_fwd(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate,
-                                                         chunk_size, float(eps), bool(fused_inter),
-                                                         _precision(q.dtype))
+    args = (q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, float(eps), bool(fused_inter), _precision(q.dtype))
+    if torch.compiler.is_compiling():
+        out = mlstm_chunkwise_fwd(*args)
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:8]):
+        out = _Eager.apply(tiles, *args)
+    else:
+        out = _forward(*args, tiles)
+    h, cst, nst, mst, _, _, m_last = out
     if not return_last_state:
         return h
     if exp_gate:

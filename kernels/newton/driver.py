@@ -27,8 +27,8 @@ from torch.autograd.function import once_differentiable
 
 from kernels.newton.jacobian import autograd_jacobian
 from kernels.newton.reduction import check_structure, solve_bidiagonal, transpose_jacobian
+from kernels.newton.reference import StepFn, sequential_apply
 
-StepFn = Callable[..., torch.Tensor]  # step(h_prev, u, *params) -> h
 JacFn = Callable[..., torch.Tensor]  # jac(h_prev, u, *params) -> structured Jacobian
 
 ON_DIVERGENCE = ("fallback", "raise")
@@ -42,21 +42,31 @@ class NewtonDivergenceError(RuntimeError):
         self.residuals = list(residuals)
 
 
-@dataclasses.dataclass
 class NewtonStats:
     """What one Newton solve did.
 
     ``residuals[k]`` is ``max |f(h^k_{t-1}, u_t) - h^k_t|`` over every position, batch element and
-    channel, for the initial guess (``k = 0``) and after each iteration ``k = 1 ..``.
+    channel, for the initial guess (``k = 0``) and after each iteration ``k = 1 ..``. They may be
+    given as a device tensor, read (one device sync) on first access of ``residuals``.
     ``fell_back``: the residual check failed and the sequential result was returned instead.
     ``retried``: the check failed and the solve was run again with more iterations (fused mode;
     ``residuals`` then holds the final residual of each attempt).
     """
 
-    residuals: list[float]
-    mode: str = "parallel"
-    fell_back: bool = False
-    retried: bool = False
+    def __init__(self, residuals: Sequence[float] | torch.Tensor = (), mode: str = "parallel",
+                 fell_back: bool = False, retried: bool = False):
+        self._residuals = residuals if isinstance(residuals, torch.Tensor) else list(residuals)
+        self.mode, self.fell_back, self.retried = mode, fell_back, retried
+
+    @property
+    def residuals(self) -> list[float]:
+        if isinstance(self._residuals, torch.Tensor):
+            self._residuals = self._residuals.tolist()
+        return self._residuals
+
+    @residuals.setter
+    def residuals(self, values: Sequence[float]) -> None:
+        self._residuals = list(values)
 
     @property
     def iterations(self) -> int:
@@ -65,6 +75,10 @@ class NewtonStats:
     @property
     def final_residual(self) -> float:
         return self.residuals[-1] if self.residuals else math.nan
+
+    def __repr__(self) -> str:
+        return (f"NewtonStats(residuals={self.residuals}, mode={self.mode!r}, fell_back={self.fell_back}, "
+                f"retried={self.retried})")
 
 
 def shift_states(h: torch.Tensor, time_dim: int) -> torch.Tensor:
@@ -83,24 +97,6 @@ def _next_step(jac: torch.Tensor, time_dim: int) -> torch.Tensor:
 
 def _state_shape(u: torch.Tensor, time_dim: int, state_size: int) -> tuple[int, ...]:
     return (*u.shape[: time_dim + 1], state_size)
-
-
-def sequential_apply(
-    step: StepFn, u: torch.Tensor, params: Sequence[torch.Tensor], *, state_size: int, time_dim: int = 1
-) -> torch.Tensor:
-    """The ground truth: ``h_t = step(h_{t-1}, u_t)`` in a loop (autograd flows through it).
-
-    Returns the states ``(*lead, L, S)``.
-    """
-    L = u.shape[time_dim]
-    if L == 0:
-        return u.new_zeros(_state_shape(u, time_dim, state_size))
-    h = u.new_zeros((*u.shape[:time_dim], state_size))
-    out = []
-    for u_t in u.unbind(time_dim):  # one unbind: its backward is O(L), L selects' would be O(L^2)
-        h = step(h, u_t, *params)
-        out.append(h)
-    return torch.stack(out, dim=time_dim)
 
 
 def residual(step: StepFn, h: torch.Tensor, u: torch.Tensor, params: Sequence[torch.Tensor], time_dim: int) -> torch.Tensor:
@@ -219,9 +215,11 @@ def newton_apply(
             is ``<= tol``. ``damping`` in ``[0, 1]``: scale the Jacobians by ``1 - damping``
             (``1`` = Picard / Jacobi iteration: slower, but converges in at most ``L`` iterations).
         backend: the ``kernels.scan`` backend of the reduction.
-        check: verify the final residual; if it is non-finite or above
+        check: verify the final residual (one device sync); if it is non-finite or above
             ``divergence_tol * max(1, max |h|)``, ``on_divergence="fallback"`` returns the
             sequential result (``stats.fell_back``) and ``"raise"`` raises ``NewtonDivergenceError``.
+            With ``check=False`` and ``tol=None`` the solve reads nothing back to the host (CUDA
+            graphs can capture it); ``tol`` stops early by a host read per iteration.
 
     Returns ``(h (*lead, L, S), NewtonStats)``.
     """
@@ -238,9 +236,11 @@ def newton_apply(
         raise ValueError(f"divergence_tol must be > 0, got {divergence_tol!r}")
     solver = _Solver(step, jac, structure, state_size, time_dim, iters, tol, damping, backend)
     h = NewtonFunction.apply(solver, u, *params)
+    if not check:  # no host read: the residuals stay on the device until someone reads them
+        return h, NewtonStats(residuals=torch.stack(solver.residuals), mode="parallel")
     values = torch.stack([*solver.residuals, h.detach().abs().amax() if h.numel() else h.new_zeros(())]).tolist()
     stats = NewtonStats(residuals=values[:-1], mode="parallel")
-    if check and not check_residual(stats.final_residual, values[-1], divergence_tol):
+    if not check_residual(stats.final_residual, values[-1], divergence_tol):
         message = (
             f"Newton did not converge: max residual {stats.final_residual:.3g} after {stats.iterations} "
             f"iterations (divergence_tol {divergence_tol:g}); residual per iteration: "

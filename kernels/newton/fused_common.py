@@ -16,10 +16,15 @@ value ``A c + Y`` and ``(A', Y')`` to the one before it, ``A' c + Y'``. With a z
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+import dataclasses
+from typing import Optional
 
 import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from kernels._triton import cdiv, empty, next_pow2, triton_available
 
 
 @triton.jit
@@ -52,34 +57,6 @@ def compose(a1, y1, a2, y2):
     return a1 * a2, a2 * y1 + y2
 
 
-def check_fused_inputs(name: str, u: torch.Tensor, params: dict, want: dict, iters, tol) -> tuple[int, int, int, int]:
-    """Validate ``u (H, B, L, 3, Ds)`` and parameters ``{name: (H, k, Ds)}``; returns ``(H, B, L, Ds)``."""
-    from kernels._triton import triton_available
-
-    if not isinstance(u, torch.Tensor) or u.dim() != 5 or u.shape[3] != 3:
-        shape = tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__
-        raise ValueError(f"{name}: expected u (H, B, L, 3, Ds), got {shape}")
-    H, B, L, _, Ds = u.shape
-    if u.dtype != torch.float32:
-        raise TypeError(f"{name}: u must be float32, got {u.dtype}")
-    if not u.is_contiguous():
-        raise ValueError(f"{name}: u must be contiguous (call .contiguous() first)")
-    if not triton_available(u):
-        raise ValueError(f"{name}: Triton needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU), got {u.device}")
-    for key, k in want.items():
-        p = params[key]
-        if not isinstance(p, torch.Tensor) or tuple(p.shape) != (H, k, Ds):
-            got = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
-            raise ValueError(f"{name}: {key} must be (H, {k}, Ds) = {(H, k, Ds)}, got {got}")
-        if p.dtype != torch.float32 or p.device != u.device or not p.is_contiguous():
-            raise ValueError(f"{name}: {key} must be a contiguous float32 tensor on {u.device}, got {p.dtype} on {p.device}")
-    if not isinstance(iters, int) or isinstance(iters, bool) or iters < 0:
-        raise ValueError(f"{name}: iters must be an int >= 0, got {iters!r}")
-    if tol is not None and not tol >= 0:
-        raise ValueError(f"{name}: tol must be None or >= 0, got {tol!r}")
-    return H, B, L, Ds
-
-
 @triton.jit
 def _mm(a00, a01, a10, a11, b00, b01, b10, b11):
     """``A @ B`` for 2x2 blocks of diagonals."""
@@ -105,3 +82,148 @@ def compose2_excl(
         m00, m01, m10, m11, b00 * y0 + b01 * y1 + z0, b10 * y0 + b11 * y1 + z1,
         n00, n01, n10, n11, s00 * y0 + s01 * y1 + w0, s10 * y0 + s11 * y1 + w1,
     )
+
+
+# ---------------------------------------------------------------- host side: tiles, checks, ops
+
+
+@dataclasses.dataclass(frozen=True)
+class NewtonTiles:
+    """Tile of one fused Newton launch: ``ch`` steps per chunk (a power of two), ``bd`` state
+    channels per program (a power of two), ``warps`` per program."""
+
+    ch: int
+    bd: int
+    warps: int = 4
+
+
+def check_fused_inputs(name: str, u: torch.Tensor, params: dict, want: dict, iters, tol) -> tuple[int, int, int, int]:
+    """Validate ``u (H, B, L, 3, Ds)`` and parameters ``{name: (H, k, Ds)}``; returns ``(H, B, L, Ds)``."""
+    if not isinstance(u, torch.Tensor) or u.dim() != 5 or u.shape[3] != 3:
+        shape = tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__
+        raise ValueError(f"{name}: expected u (H, B, L, 3, Ds), got {shape}")
+    H, B, L, _, Ds = u.shape
+    if u.dtype != torch.float32:
+        raise TypeError(f"{name}: u must be float32, got {u.dtype}")
+    if not u.is_contiguous():
+        raise ValueError(f"{name}: u must be contiguous (call .contiguous() first)")
+    if not triton_available(u):
+        raise ValueError(f"{name}: Triton needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU), got {u.device}")
+    for key, k in want.items():
+        p = params[key]
+        if not isinstance(p, torch.Tensor) or tuple(p.shape) != (H, k, Ds):
+            got = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
+            raise ValueError(f"{name}: {key} must be (H, {k}, Ds) = {(H, k, Ds)}, got {got}")
+        if p.dtype != torch.float32 or p.device != u.device or not p.is_contiguous():
+            raise ValueError(f"{name}: {key} must be a contiguous float32 tensor on {u.device}, got {p.dtype} on {p.device}")
+    if not isinstance(iters, int) or isinstance(iters, bool) or iters < 0:
+        raise ValueError(f"{name}: iters must be an int >= 0, got {iters!r}")
+    if tol is not None and not tol >= 0:
+        raise ValueError(f"{name}: tol must be None or >= 0, got {tol!r}")
+    return H, B, L, Ds
+
+
+
+class FusedNewton:
+    """The forward and backward Triton kernels of one cell's fused Newton, as custom ops and as an
+    eager ``autograd.Function`` (the same launches without the dispatcher round trips).
+
+    ``params``: name -> gate count ``k`` of each diagonal weight ``(H, k, Ds)`` the kernels take after
+    ``u``; ``states``: state channels per ``Ds`` (1: ``h``; 2: ``[c, h]``); ``ch``: default chunk.
+    Kernel arguments: forward ``(u, *params, s, res, B, L, Ds, n_st, iters, tol, HAS_TOL, STATS, CH,
+    BD)``, backward ``(u, *params, s, gs, du, *dparams, B, L, Ds, n_st, CH, BD)`` with ``dparams`` per
+    (head, batch row) ``(H, B, k, Ds)``, summed over batch rows here.
+    """
+
+    def __init__(self, name: str, fwd_kernel, bwd_kernel, params: dict[str, int], states: int, ch: int):
+        self.name, self.fwd_kernel, self.bwd_kernel = name, fwd_kernel, bwd_kernel
+        self.params, self.states, self.ch = params, states, ch
+        names = ", ".join(f"Tensor {p}" for p in params)
+        self.fwd_op = torch.library.custom_op(
+            f"expressivity::{name}", self._fwd_impl, mutates_args=(),
+            schema=f"(Tensor u, {names}, int iters, float? tol, bool stats) -> (Tensor, Tensor)")
+        self.bwd_op = torch.library.custom_op(
+            f"expressivity::{name}_bwd", self._bwd_impl, mutates_args=(),
+            schema=f"(Tensor u, {names}, Tensor s, Tensor gs) -> ({', '.join(['Tensor'] * (1 + len(params)))})")
+        n = len(params)
+
+        def fake_fwd(u, *rest):
+            H, B, L, _, Ds = u.shape
+            return u.new_empty((H, B, L, states * Ds)), u.new_empty((rest[n] + 1,))
+
+        self.fwd_op.register_fake(fake_fwd)
+        self.bwd_op.register_fake(lambda u, *rest: (torch.empty_like(u), *(torch.empty_like(p) for p in rest[:n])))
+
+        def setup(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0], output[0], *inputs[1:1 + n])
+
+        def grad(ctx, gs, _gres):
+            u, s, *ps = ctx.saved_tensors
+            return (*self.bwd_op(u, *ps, s, gs.contiguous()), None, None, None)
+
+        self.fwd_op.register_autograd(grad, setup_context=setup)
+
+    def default_tiles(self, Ds: int) -> NewtonTiles:
+        """``ch`` steps per chunk, 8 state channels per program (fewer when ``Ds < 8``), 4 warps."""
+        return NewtonTiles(self.ch, 8 if Ds >= 8 else next_pow2(Ds), 4)
+
+    def forward(self, u, params, iters: int, tol: Optional[float], stats: bool, tiles: Optional[NewtonTiles]):
+        H, B, L, _, Ds = u.shape
+        s = empty((H, B, L, self.states * Ds), u.device, torch.float32)
+        res = torch.full((iters + 1,), -1.0, dtype=torch.float32, device=u.device)
+        if s.numel():
+            t = tiles or self.default_tiles(Ds)
+            n_st = cdiv(Ds, t.bd)
+            self.fwd_kernel[(H * B * n_st,)](
+                u, *params, s, res, B, L, Ds, n_st, iters, float(tol or 0.0),
+                HAS_TOL=tol is not None, STATS=stats, CH=t.ch, BD=t.bd, num_warps=t.warps,
+            )
+        return s, res
+
+    def backward(self, u, params, s, gs, tiles: Optional[NewtonTiles]):
+        H, B, L, _, Ds = u.shape
+        du = empty(u.shape, u.device, torch.float32)
+        parts = [empty((H, B, k, Ds), u.device, torch.float32) for k in self.params.values()]
+        if s.numel():
+            t = tiles or self.default_tiles(Ds)
+            n_st = cdiv(Ds, t.bd)
+            self.bwd_kernel[(H * B * n_st,)](u, *params, s, gs, du, *parts, B, L, Ds, n_st, CH=t.ch, BD=t.bd,
+                                             num_warps=t.warps)
+            return (du, *(p.sum(dim=1) for p in parts))
+        return (du.zero_(), *(torch.zeros_like(p) for p in params))
+
+    def _fwd_impl(self, u, *rest):
+        params, (iters, tol, stats) = rest[:len(self.params)], rest[len(self.params):]
+        check_fused_inputs(f"{self.name}", u, dict(zip(self.params, params)), self.params, iters, tol)
+        return self.forward(u, params, iters, tol, stats, None)
+
+    def _bwd_impl(self, u, *rest):
+        n = len(self.params)
+        return self.backward(u, rest[:n], rest[n], rest[n + 1], None)
+
+    def __call__(self, u, *params, iters: int = 3, tol: Optional[float] = None, stats: bool = False,
+                 tiles: Optional[NewtonTiles] = None):
+        tol = None if tol is None else float(tol)
+        if torch.compiler.is_compiling():
+            return self.fwd_op(u, *params, iters, tol, bool(stats))
+        check_fused_inputs(self.name, u, dict(zip(self.params, params)), self.params, iters, tol)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (u, *params)):
+            return _FusedFunction.apply(self, tiles, u, iters, tol, bool(stats), *params)
+        return self.forward(u, params, iters, tol, bool(stats), tiles)
+
+
+class _FusedFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, cell: FusedNewton, tiles, u, iters, tol, stats, *params):
+        s, res = cell.forward(u, params, iters, tol, stats, tiles)
+        ctx.save_for_backward(u, s, *params)
+        ctx.cell, ctx.tiles = cell, tiles
+        ctx.mark_non_differentiable(res)
+        return s, res
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gs, _gres):
+        u, s, *params = ctx.saved_tensors
+        grads = ctx.cell.backward(u, params, s, gs.contiguous(), ctx.tiles)
+        return (None, None, grads[0], None, None, None, *grads[1:])

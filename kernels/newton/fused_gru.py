@@ -27,13 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.newton.fused_common import check_fused_inputs, compose, compose_excl, row_of, sigmoid, tanh
-
-
-def config(L: int, Ds: int) -> tuple[int, int, int]:
-    """``(CH, BD, num_warps)``: steps per chunk, state channels per program, warps."""
-    bd = 8 if Ds >= 8 else triton.next_power_of_2(Ds)
-    return 128, bd, 4
+from kernels.newton.fused_common import FusedNewton, NewtonTiles, compose, compose_excl, row_of, sigmoid, tanh
 
 
 @triton.jit
@@ -177,66 +171,13 @@ def _gru_bwd_kernel(
     tl.store(dap + 2 * Ds, tl.sum(acc_c, axis=0), mask=lmask)
 
 
-def _alloc(shape, like: torch.Tensor) -> torch.Tensor:
-    """Output allocation (tests replace it to poison outputs)."""
-    return torch.empty(shape, dtype=torch.float32, device=like.device)
-
-
-@torch.library.custom_op("expressivity::flashgru_fused", mutates_args=())
-def _fwd_op(u: torch.Tensor, a: torch.Tensor, iters: int, tol: Optional[float], stats: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    H, B, L, Ds = check_fused_inputs("flashgru_fused", u, {"a": a}, {"a": 3}, iters, tol)
-    h = _alloc((H, B, L, Ds), u)
-    res = torch.full((iters + 1,), -1.0, dtype=torch.float32, device=u.device)
-    if h.numel():
-        CH, BD, warps = config(L, Ds)
-        n_st = triton.cdiv(Ds, BD)
-        _gru_fwd_kernel[(H * B * n_st,)](
-            u, a, h, res, B, L, Ds, n_st, iters, float(tol or 0.0),
-            HAS_TOL=tol is not None, STATS=stats, CH=CH, BD=BD, num_warps=warps,
-        )
-    return h, res
-
-
-@_fwd_op.register_fake
-def _(u, a, iters, tol, stats):
-    H, B, L, _, Ds = u.shape
-    return u.new_empty((H, B, L, Ds)), u.new_empty((iters + 1,))
-
-
-@torch.library.custom_op("expressivity::flashgru_fused_bwd", mutates_args=())
-def _bwd_op(u: torch.Tensor, a: torch.Tensor, h: torch.Tensor, gh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    H, B, L, _, Ds = u.shape
-    du = _alloc(u.shape, u)
-    da = torch.zeros((H, B, 3, Ds), dtype=torch.float32, device=u.device)
-    if h.numel():
-        CH, BD, warps = config(L, Ds)
-        n_st = triton.cdiv(Ds, BD)
-        _gru_bwd_kernel[(H * B * n_st,)](u, a, h, gh, du, da, B, L, Ds, n_st, CH=CH, BD=BD, num_warps=warps)
-    return du, da.sum(dim=1)
-
-
-@_bwd_op.register_fake
-def _(u, a, h, gh):
-    return torch.empty_like(u), torch.empty_like(a)
-
-
-def _setup(ctx, inputs, output):
-    u, a, *_ = inputs
-    ctx.save_for_backward(u, a, output[0])
-
-
-def _grad(ctx, gh, _gres):
-    u, a, h = ctx.saved_tensors
-    du, da = _bwd_op(u, a, h, gh.contiguous())
-    return du, da, None, None, None
-
-
-_fwd_op.register_autograd(_grad, setup_context=_setup)
+_CELL = FusedNewton("flashgru_fused", _gru_fwd_kernel, _gru_bwd_kernel, {"a": 3}, 1, ch=128)
 
 
 def flashgru_fused(
-    u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: Optional[float] = None, stats: bool = False
+    u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: Optional[float] = None, stats: bool = False, *,
+    tiles: Optional[NewtonTiles] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashGRU states by fused Newton; see the module docstring. Differentiable in ``u`` and ``a``."""
-    check_fused_inputs("flashgru_fused", u, {"a": a}, {"a": 3}, iters, tol)
-    return _fwd_op(u, a, iters, None if tol is None else float(tol), bool(stats))
+    """FlashGRU states by fused Newton; see the module docstring. Differentiable in ``u, a``.
+    ``tiles``: chunk and channel tile (default ``128`` steps, 8 channels, 4 warps)."""
+    return _CELL(u, a, iters=iters, tol=tol, stats=stats, tiles=tiles)

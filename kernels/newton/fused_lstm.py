@@ -24,13 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.newton.fused_common import check_fused_inputs, compose2, compose2_excl, row_of, sigmoid, tanh
-
-
-def config(L: int, Ds: int) -> tuple[int, int, int]:
-    """``(CH, BD, num_warps)``: steps per chunk, state channels per program, warps."""
-    bd = 8 if Ds >= 8 else triton.next_power_of_2(Ds)
-    return 64, bd, 4
+from kernels.newton.fused_common import FusedNewton, NewtonTiles, compose2, compose2_excl, row_of, sigmoid, tanh
 
 
 @triton.jit
@@ -223,76 +217,13 @@ def _lstm_bwd_kernel(
     tl.store(dpp + Ds, tl.sum(acc_po, axis=0), mask=lmask)
 
 
-def _alloc(shape, like: torch.Tensor) -> torch.Tensor:
-    """Output allocation (tests replace it to poison outputs)."""
-    return torch.empty(shape, dtype=torch.float32, device=like.device)
-
-
-_WANT = {"a": 3, "p": 2}
-
-
-@torch.library.custom_op("expressivity::flashlstm_fused", mutates_args=())
-def _fwd_op(
-    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int, tol: Optional[float], stats: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    H, B, L, Ds = check_fused_inputs("flashlstm_fused", u, {"a": a, "p": p}, _WANT, iters, tol)
-    s = _alloc((H, B, L, 2 * Ds), u)
-    res = torch.full((iters + 1,), -1.0, dtype=torch.float32, device=u.device)
-    if s.numel():
-        CH, BD, warps = config(L, Ds)
-        n_st = triton.cdiv(Ds, BD)
-        _lstm_fwd_kernel[(H * B * n_st,)](
-            u, a, p, s, res, B, L, Ds, n_st, iters, float(tol or 0.0),
-            HAS_TOL=tol is not None, STATS=stats, CH=CH, BD=BD, num_warps=warps,
-        )
-    return s, res
-
-
-@_fwd_op.register_fake
-def _(u, a, p, iters, tol, stats):
-    H, B, L, _, Ds = u.shape
-    return u.new_empty((H, B, L, 2 * Ds)), u.new_empty((iters + 1,))
-
-
-@torch.library.custom_op("expressivity::flashlstm_fused_bwd", mutates_args=())
-def _bwd_op(
-    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, s: torch.Tensor, gs: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    H, B, L, _, Ds = u.shape
-    du = _alloc(u.shape, u)
-    da = torch.zeros((H, B, 3, Ds), dtype=torch.float32, device=u.device)
-    dp = torch.zeros((H, B, 2, Ds), dtype=torch.float32, device=u.device)
-    if s.numel():
-        CH, BD, warps = config(L, Ds)
-        n_st = triton.cdiv(Ds, BD)
-        _lstm_bwd_kernel[(H * B * n_st,)](
-            u, a, p, s, gs, du, da, dp, B, L, Ds, n_st, CH=CH, BD=BD, num_warps=warps
-        )
-    return du, da.sum(dim=1), dp.sum(dim=1)
-
-
-@_bwd_op.register_fake
-def _(u, a, p, s, gs):
-    return torch.empty_like(u), torch.empty_like(a), torch.empty_like(p)
-
-
-def _setup(ctx, inputs, output):
-    u, a, p, *_ = inputs
-    ctx.save_for_backward(u, a, p, output[0])
-
-
-def _grad(ctx, gs, _gres):
-    u, a, p, s = ctx.saved_tensors
-    du, da, dp = _bwd_op(u, a, p, s, gs.contiguous())
-    return du, da, dp, None, None, None
-
-
-_fwd_op.register_autograd(_grad, setup_context=_setup)
+_CELL = FusedNewton("flashlstm_fused", _lstm_fwd_kernel, _lstm_bwd_kernel, {"a": 3, "p": 2}, 2, ch=64)
 
 
 def flashlstm_fused(
-    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: Optional[float] = None, stats: bool = False
+    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: Optional[float] = None, stats: bool = False, *,
+    tiles: Optional[NewtonTiles] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashLSTM states ``[c, h]`` by fused Newton; see the module docstring. Differentiable in ``u, a, p``."""
-    check_fused_inputs("flashlstm_fused", u, {"a": a, "p": p}, _WANT, iters, tol)
-    return _fwd_op(u, a, p, iters, None if tol is None else float(tol), bool(stats))
+    """FlashLSTM states ``[c, h]`` by fused Newton; see the module docstring. Differentiable in ``u, a, p``.
+    ``tiles``: chunk and channel tile (default ``64`` steps, 8 channels, 4 warps)."""
+    return _CELL(u, a, p, iters=iters, tol=tol, stats=stats, tiles=tiles)

@@ -9,7 +9,7 @@ A program scans its chunk in registers, publishes the chunk's *aggregate* (the c
 records, composing aggregates until it meets an *inclusive* value (the true state at the end of
 that chunk), and finally publishes its own inclusive value.
 
-Workspace (int64, cached across launches by ``triton_scan``): word 0 is the ticket counter,
+Workspace (int64, cached across launches by ``triton_scan._workspace``): word 0 is the ticket counter,
 ``epoch << 32 | tickets taken``; the program that takes the launch's last ticket sets it to
 ``(epoch + 1) << 32``, so the next launch on the stream starts at ticket 0 with the next epoch, and no
 host-side reset (or zeroing) is needed between launches. Every record word is **written once per
@@ -22,16 +22,13 @@ workspace before that.)
 
 Replicated lanes. When a program has more threads than its ``[BD]`` rows have elements, Triton gives
 each lane to several threads ("replicas"), which load the records independently and may see a word
-at different moments, and a reduction over a ``[BD]`` row may combine only one replica's view. The
-first version let the loop's exit test be such a reduction: a replica could leave the walk with an
-incomplete carry (wrong outputs about once in a few launches on an H200). Here every thread walks
-on its own for the lanes it holds (its own chunk index per lane, its own loads: a replica that
-already sees the inclusive value stops, its twin may compose one more aggregate; both carries are
-exact compositions of final values, equal up to float32 rounding), and the loop ends only when *no
-thread* has a lane left: ``missing_anywhere`` ORs the per-thread flags broadcast over the
-``[CH, BD]`` tile, whose elements are all distinct threads' registers. One ``[CH, BD]`` reduction per
-look-back step (the first fix agreed every loaded word: 3 reductions per step for the diagonal scan,
-8 for the 2x2 scan, plus 2 for the exit test).
+at different moments, and a reduction over a ``[BD]`` row may combine only one replica's view. So
+the walk's exit test must not be such a reduction: every thread walks on its own for the lanes it
+holds (its own chunk index per lane, its own loads: a replica that already sees the inclusive value
+stops, its twin may compose one more aggregate; both carries are exact compositions of final values,
+equal up to float32 rounding), and the loop ends only when *no thread* has a lane left:
+``missing_anywhere`` ORs the per-thread flags broadcast over the ``[CH, BD]`` tile, whose elements
+are all distinct threads' registers. One ``[CH, BD]`` reduction per look-back step.
 """
 
 from __future__ import annotations
@@ -92,9 +89,8 @@ def lookback_diag(rec, k, agg_a, agg_y, tag, CH: tl.constexpr, BD: tl.constexpr,
 
     First the predecessor's inclusive value alone (usually there when many lane tiles run per chunk);
     then windows of ``WIN`` records per step, loaded together and composed from the top down to the
-    first inclusive value, or up to a record not yet published, where the next window starts. The
-    inclusive values reach chunk ``n`` only by such walks, ``WIN`` chunks per memory round trip:
-    with few lane tiles (one long sequence) that, not bandwidth, bounded the one-record walk.
+    first inclusive value, or up to a record not yet published, where the next window starts: ``WIN``
+    chunks per memory round trip, for the long walks of few lane tiles (one long sequence).
     """
     carry = tl.zeros([BD], dtype=tl.float32)
     if k > 0:

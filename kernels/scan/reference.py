@@ -28,33 +28,29 @@ def _check(c: torch.Tensor, x: torch.Tensor, c_extra: tuple, x_extra: tuple, nam
         raise ValueError(f"{name}: c is on {c.device} but x is on {x.device}")
 
 
-def linear_scan_reference(c: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """Diagonal recurrence by a loop. ``c, x (B, L, D)`` -> ``y (B, L, D)`` (dtype of ``x``)."""
-    _check(c, x, (), (), "linear_scan_reference")
+def _loop(step, x: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """``y_t = step(t, y_{t -/+ 1})`` from ``y = 0``, stacked along dim 1 (``x`` gives shapes)."""
     L = x.shape[1]
     if L == 0:
         return x.clone()
     y = torch.zeros_like(x[:, 0])
     out = [None] * L
     for t in (reversed(range(L)) if reverse else range(L)):
-        y = c[:, t] * y + x[:, t]
-        out[t] = y
+        y = out[t] = step(t, y)
     return torch.stack(out, dim=1)
+
+
+def linear_scan_reference(c: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """Diagonal recurrence by a loop. ``c, x (B, L, D)`` -> ``y (B, L, D)`` (dtype of ``x``)."""
+    _check(c, x, (), (), "linear_scan_reference")
+    return _loop(lambda t, y: c[:, t] * y + x[:, t], x, reverse)
 
 
 def linear_scan_block2_reference(C: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     """2x2-block recurrence by a loop. ``C (B, L, 2, 2, D)``, ``x (B, L, 2, D)`` -> ``y (B, L, 2, D)``."""
     _check(C, x, (2, 2), (2,), "linear_scan_block2_reference")
-    L = x.shape[1]
-    if L == 0:
-        return x.clone()
-    y = torch.zeros_like(x[:, 0])
-    out = [None] * L
-    for t in (reversed(range(L)) if reverse else range(L)):
-        # y_new[i] = sum_j C[i, j] * y[j] + x[i]
-        y = (C[:, t] * y.unsqueeze(1)).sum(dim=2) + x[:, t]
-        out[t] = y
-    return torch.stack(out, dim=1)
+    # y_new[i] = sum_j C[i, j] * y[j] + x[i]
+    return _loop(lambda t, y: (C[:, t] * y.unsqueeze(1)).sum(dim=2) + x[:, t], x, reverse)
 
 
 def linear_scan_dense_reference(C: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
@@ -62,19 +58,12 @@ def linear_scan_dense_reference(C: torch.Tensor, x: torch.Tensor, reverse: bool 
 
     ``C (B, L, D, D)`` with ``C_t[i, j]`` multiplying ``y_{t-1}[j]`` into ``y_t[i]``; ``x (B, L, D)``.
     """
+    check_dense(C, x, "linear_scan_dense_reference")
+    return _loop(lambda t, y: torch.einsum("bij,bj->bi", C[:, t], y) + x[:, t], x, reverse)
+
+
+def check_dense(C: torch.Tensor, x: torch.Tensor, name: str) -> None:
     if not isinstance(C, torch.Tensor) or not isinstance(x, torch.Tensor):
-        raise TypeError("linear_scan_dense_reference: C and x must be tensors")
+        raise TypeError(f"{name}: C and x must be tensors")
     if x.dim() != 3 or tuple(C.shape) != (*x.shape, x.shape[-1]):
-        raise ValueError(
-            f"linear_scan_dense_reference: expected C (B, L, D, D) and x (B, L, D), "
-            f"got C {tuple(C.shape)} and x {tuple(x.shape)}"
-        )
-    L = x.shape[1]
-    if L == 0:
-        return x.clone()
-    y = torch.zeros_like(x[:, 0])
-    out = [None] * L
-    for t in (reversed(range(L)) if reverse else range(L)):
-        y = torch.einsum("bij,bj->bi", C[:, t], y) + x[:, t]
-        out[t] = y
-    return torch.stack(out, dim=1)
+        raise ValueError(f"{name}: expected C (B, L, D, D) and x (B, L, D), got C {tuple(C.shape)} and x {tuple(x.shape)}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.scan.reference import _check
+from kernels.scan.reference import _check, check_dense
 
 
 def _shift(t: torch.Tensor, s: int, fill: float) -> torch.Tensor:
@@ -57,11 +57,7 @@ def linear_scan_block2_torch(C: torch.Tensor, x: torch.Tensor, reverse: bool = F
 
 def linear_scan_dense_torch(C: torch.Tensor, x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     """Dense ``y_t = C_t @ y_{t-1} + x_t``. ``C (B, L, D, D)``, ``x (B, L, D)``; ``O(L log L D^3)`` work."""
-    if x.dim() != 3 or tuple(C.shape) != (*x.shape, x.shape[-1]):
-        raise ValueError(
-            f"linear_scan_dense_torch: expected C (B, L, D, D) and x (B, L, D), "
-            f"got C {tuple(C.shape)} and x {tuple(x.shape)}"
-        )
+    check_dense(C, x, "linear_scan_dense_torch")
     if reverse:
         return linear_scan_dense_torch(C.flip(1), x.flip(1)).flip(1)
     L, s = x.shape[1], 1

@@ -11,14 +11,14 @@ sizes (apply ``softplus`` and any bias before), ``A (H,)`` negative log-decay ra
 or ``None`` (zeros). Returns ``y (batch, L, H, P)`` in the dtype of ``x``, and with
 ``return_final_state=True`` also the state after the last step ``(batch, H, P, N)``.
 
-Backends (same function, tested against each other):
+Backends (same function, tested against each other; vocabulary: ``kernels/README.md``):
 - ``"reference"``: the recurrence step by step (``reference.py``), any dtype including float64;
-- ``"chunked"``: the chunked PyTorch form (``chunked.py``), quadratic within chunks of
-  ``chunk_size`` steps and a ``kernels.scan`` recurrence across chunks;
+- ``"torch"``: the chunked PyTorch form (``chunked.py``), quadratic within chunks of ``chunk_size``
+  steps and a ``kernels.scan`` recurrence across chunks;
 - ``"triton"``: Triton kernels for the chunk states (the recurrence across chunks fused in) and
   the chunk outputs, forward and backward (``triton_ssd.py``); float32/bfloat16/float16, CUDA or the
   interpreter. ``chunk_size`` must be a power of two in [16, 256].
-- ``"auto"``: ``"triton"`` on CUDA when Triton is importable, else ``"chunked"``.
+- ``"auto"``: ``"triton"`` on CUDA float32/bfloat16/float16 inputs, else ``"torch"``.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from typing import Callable
 
 import torch
 
-from kernels._triton import triton_available
+from kernels._dispatch import resolve
 from kernels.ssd.chunked import ssd_chunked
 from kernels.ssd.reference import ssd_reference
 
 # name -> core(x, dt, A, B, C, initial_state, chunk_size) -> (y without D, final state)
-SSD_BACKENDS: dict[str, Callable] = {"reference": ssd_reference, "chunked": ssd_chunked}
+SSD_BACKENDS: dict[str, Callable] = {"reference": ssd_reference, "torch": ssd_chunked}
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 try:  # the Triton path needs triton importable (not on every platform)
     from kernels.ssd.triton_ssd import ssd_triton
@@ -74,34 +75,20 @@ def _check(x, dt, A, B, C, D, initial_state, chunk_size) -> None:
         raise ValueError(f"ssd: chunk_size must be a positive int, got {chunk_size!r}")
 
 
-def pick_backend(backend: str, x: torch.Tensor) -> str:
-    """Resolve ``"auto"`` and validate a backend name for inputs like ``x``."""
-    if backend == "auto":
-        return "triton" if "triton" in SSD_BACKENDS and x.is_cuda and triton_available(x) else "chunked"
-    if backend not in SSD_BACKENDS:
-        raise ValueError(f"unknown ssd backend {backend!r}; valid: auto, {', '.join(SSD_BACKENDS)}")
-    return backend
+def resolve_backend(backend: str, x: torch.Tensor) -> str:
+    """The backend ``backend`` (``"auto"`` included) stands for on inputs like ``x``."""
+    return resolve("ssd", backend, SSD_BACKENDS, x, x.dtype in _TRITON_DTYPES)
 
 
-def ssd(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    *,
-    D: torch.Tensor | None = None,
-    chunk_size: int = 64,
-    initial_state: torch.Tensor | None = None,
-    return_final_state: bool = False,
-    backend: str = "auto",
-):
+def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, *,
+        D: torch.Tensor | None = None, chunk_size: int = 64, initial_state: torch.Tensor | None = None,
+        return_final_state: bool = False, backend: str = "auto"):
     """The SSD layer; see the module docstring for shapes and backends."""
     _check(x, dt, A, B, C, D, initial_state, chunk_size)
-    y, final = SSD_BACKENDS[pick_backend(backend, x)](x, dt, A, B, C, initial_state, chunk_size)
+    y, final = SSD_BACKENDS[resolve_backend(backend, x)](x, dt, A, B, C, initial_state, chunk_size)
     if D is not None:
         y = y + x * D.to(x.dtype)[:, None]
     return (y, final) if return_final_state else y
 
 
-__all__ = ["SSD_BACKENDS", "pick_backend", "ssd", "ssd_chunked", "ssd_reference"]
+__all__ = ["SSD_BACKENDS", "resolve_backend", "ssd", "ssd_chunked", "ssd_reference"]

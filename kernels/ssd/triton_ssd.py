@@ -23,31 +23,53 @@ The step sizes, decays and states are float32; ``x, B, C`` are read in their dty
 follow ``torch.get_float32_matmul_precision()`` at the forward call (``_precision``): ``"highest"``
 (torch's default) and ``"high"`` use 3-pass TF32 (``tf32x3``, float32-accurate on tensor cores),
 ``"medium"`` single-pass TF32 (``tf32``, as ``mamba-ssm``'s kernels run: ~1e-3 relative errors).
-Tile sizes: ``_attn_config`` / ``_state_config``; ``EXPRESSIVITY_SSD_TILES="BT=64,W=8"`` overrides
-(for tuning).
+Tiles: ``SsdTiles`` (defaults ``attn_config`` / ``state_config``), passed as ``ssd_triton(...,
+tiles=)``. Custom ops ``expressivity::ssd_fwd`` / ``ssd_bwd`` (the ``torch.compile`` path; eager calls
+run the same launches through an ``autograd.Function``).
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
-import triton
+from torch.autograd.function import once_differentiable
 
-from kernels._triton import float32_matmul_precision, triton_available
+from kernels._triton import cdiv, empty, float32_matmul_precision, next_pow2, triton_available
 from kernels.ssd.triton_kernels import chunk_attn_kernel, chunk_state_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _empty(*shape: int, device, dtype) -> torch.Tensor:
-    """Allocation of every kernel output (tests replace it with a NaN fill to catch unwritten elements)."""
-    return torch.empty(*shape, device=device, dtype=dtype)
+    return empty(shape, device, dtype)
 
 
 def _pow2(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))
+    return max(16, next_pow2(n))
+
+
+@dataclasses.dataclass(frozen=True)
+class SsdTiles:
+    """Tiles of the SSD kernels; a field left ``None`` takes the default for the problem.
+
+    ``chunk_attn``: ``attn_rows`` rows per program, ``attn_warps``, ``attn_stages``. ``chunk_state``:
+    ``state_rows x state_cols`` state tile, ``state_steps`` steps per block, ``state_warps``,
+    ``state_stages``."""
+
+    attn_rows: Optional[int] = None
+    attn_warps: Optional[int] = None
+    attn_stages: Optional[int] = None
+    state_rows: Optional[int] = None
+    state_cols: Optional[int] = None
+    state_steps: Optional[int] = None
+    state_warps: Optional[int] = None
+    state_stages: Optional[int] = None
+
+
+_DEFAULT_TILES = SsdTiles()
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -57,56 +79,40 @@ def _precision(dtype: torch.dtype) -> str:
     return {"highest": "tf32x3", "high": "tf32x3", "medium": "tf32"}[torch.get_float32_matmul_precision()]
 
 
-def _overrides() -> dict[str, int]:
-    """``EXPRESSIVITY_SSD_TILES="BT=64,W=8,S=2,BU=32,BV=64,BS=32,SW=4,SS=2"`` as a dict (tuning only):
-    ``BT``/``W``/``S`` rows, warps, stages of ``chunk_attn``; ``BU``/``BV``/``BS``/``SW``/``SS`` tile,
-    step block, warps, stages of ``chunk_state``."""
-    spec = os.environ.get("EXPRESSIVITY_SSD_TILES", "")
-    return {k: int(v) for k, v in (item.split("=") for item in spec.split(",") if item)}
-
-
-def _attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False) -> dict:
+def attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tiles: SsdTiles = _DEFAULT_TILES) -> dict:
     """Rows per program ``BT``, warps and stages of ``chunk_attn``. 128-row tiles (8 warps) only
     where they fit in shared memory (16-bit inputs, head dim and state <= 64) and not with ``DDA``
     (its extra ``BT x BT`` float32 tiles, the prefix sum's among them, would spill registers);
     float32 with a 128-wide operand (state 128): 32 rows; else 64 rows; 4 warps below 128 rows.
     One pipeline stage: the column loop runs only ``Q / BT`` times, so more stages buy no overlap
-    and cost shared memory. H200, ``kernels.ssd.tune``, fwd+bwd ms (``benchmarks/ssd.md``): state
-    64 float32 TF32 13.5 with 1 stage, 16.2 with 2, 22.5 with 3; state 128 bf16 9.0 with 4 warps,
-    12.2 with 8; state 128 float32 TF32 20.4 with 32 rows and 4 warps, 22.4 with 64 and 4, 25.2 with
-    64 and 8."""
-    over = _overrides()
+    and cost shared memory. Measured: ``kernels/ssd/README.md``."""
     wide = itemsize == 2 and max(DK, DV) <= 64 and not dda
     narrow = itemsize == 4 and max(DK, DV) > 64
-    BT = min(Q, over.get("BT", 128 if wide else 32 if narrow else 64))
-    warps = over.get("W", 8 if BT >= 128 else 4)
-    return {"BT": BT, "num_warps": warps, "num_stages": over.get("S", 1)}
+    BT = min(Q, tiles.attn_rows or (128 if wide else 32 if narrow else 64))
+    warps = tiles.attn_warps or (8 if BT >= 128 else 4)
+    return {"BT": BT, "num_warps": warps, "num_stages": tiles.attn_stages or 1}
 
 
-def _state_config(DU: int, DV: int, Q: int, itemsize: int) -> dict:
+def state_config(DU: int, DV: int, Q: int, itemsize: int, tiles: SsdTiles = _DEFAULT_TILES) -> dict:
     """State tile ``BU x BV``, steps per block ``BS``, warps and stages of ``chunk_state``: 64 x 64
-    tiles, 64-step blocks, 4 warps; 16-bit inputs 2 stages, float32 32 x 64 tiles and 3 stages
-    (H200, ``kernels.ssd.tune --kernel state``, forward + reverse ms at states 64 / 128: bf16 0.68 /
-    1.35 with 2 stages, 0.71 / 1.43 with 3; float32 TF32 1.72 / 3.32 with 32-row tiles, 2.44 /
-    5.04 with 64 x 64; 3-pass TF32 2.97 / 5.91 with 32 x 64, 3.40 / 6.79 with 64 x 64)."""
-    over = _overrides()
-    cfg = {"BU": min(over.get("BU", 64 if itemsize == 2 else 32), _pow2(DU)),
-           "BV": min(over.get("BV", 64), _pow2(DV)), "BS": min(Q, over.get("BS", 64)),
-           "num_warps": over.get("SW", 4), "num_stages": over.get("SS", 2 if itemsize == 2 else 3)}
-    return cfg
+    tiles, 64-step blocks, 4 warps; 16-bit inputs 2 stages, float32 32 x 64 tiles (twice the programs)
+    and 3 stages. Measured: ``kernels/ssd/README.md``."""
+    return {"BU": min(tiles.state_rows or (64 if itemsize == 2 else 32), _pow2(DU)),
+            "BV": min(tiles.state_cols or 64, _pow2(DV)), "BS": min(Q, tiles.state_steps or 64),
+            "num_warps": tiles.state_warps or 4, "num_stages": tiles.state_stages or (2 if itemsize == 2 else 3)}
 
 
 def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``dt`` as float32 ``(batch, H, Lp)`` zero-padded, and ``acum`` its in-chunk cumsum of dt*A."""
     batch, L, H = dt.shape
-    Lp = triton.cdiv(L, Q) * Q
+    Lp = cdiv(L, Q) * Q
     dtT = dt.new_zeros(batch, H, Lp, dtype=torch.float32)
     dtT[:, :, :L] = dt.transpose(1, 2)
     acum = (dtT * A.float()[:, None]).view(batch, H, Lp // Q, Q).cumsum(-1).view(batch, H, Lp)
     return dtT, acum
 
 
-def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None):
+def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None, tiles: SsdTiles = _DEFAULT_TILES):
     """``chunk_state`` (see ``triton_kernels``): ``(batch, nc + 1, H, DU, DV)`` in ``u``'s dtype, and in
     reverse the per-``(batch, chunk, head)`` sums ``<out[c+1], exp(acum_last_c) prev[c]>``
     ``(batch, nc, H)``."""
@@ -115,8 +121,8 @@ def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None):
     Lp = acum.shape[-1]
     nc = Lp // Q
     out = _empty(batch, nc + 1, H, DU, DV, device=u.device, dtype=u.dtype)
-    cfg = _state_config(DU, DV, Q, u.element_size())
-    tiles = triton.cdiv(DU, cfg["BU"]) * triton.cdiv(DV, cfg["BV"])
+    cfg = state_config(DU, DV, Q, u.element_size(), tiles)
+    tiles = cdiv(DU, cfg["BU"]) * cdiv(DV, cfg["BV"])
     dots = _empty(batch, nc, H, tiles, device=u.device, dtype=torch.float32) if reverse else out
     init_strides = init.stride() if init is not None else (0, 0, 0, 0)
     p = prev if prev is not None else out
@@ -145,7 +151,7 @@ def _chunk_dots(q: torch.Tensor, k: torch.Tensor, Q: int, prec: str) -> torch.Te
 
 
 def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype, w=None, full_dot=False,
-                cb=None, dda=False):
+                cb=None, dda=False, tiles: SsdTiles = _DEFAULT_TILES):
     """Run ``chunk_attn``. ``S (batch, nc, H, DK, DV)`` (any strides); ``cb (batch, nc, G, Q, Q)``
     ``q . k`` precomputed per chunk (any strides), or with ``dda`` the ``C . B`` factor of the
     intra-chunk decay gradient. Returns the output ``(batch, L, out_heads * splits, DV)`` summed over
@@ -160,7 +166,7 @@ def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype
     out = _empty(batch, L, n_out, DV, device=q.device, dtype=out_dtype)
     rowdot = lambda on: _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if on else acum  # noqa: E731
     dot, full = rowdot(w is not None), rowdot(full_dot)
-    cfg = _attn_config(Q, DK, DV, q.element_size(), dda)
+    cfg = attn_config(Q, DK, DV, q.element_size(), dda, tiles)
     ntile = Q // cfg["BT"]
     dda_parts = torch.zeros(batch, H, ntile, Lp, device=q.device, dtype=torch.float32) if dda else acum
     grid = (Lp // cfg["BT"], batch * n_out)
@@ -178,11 +184,7 @@ def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype
     return out, dots, (dda_parts.sum(2) if dda else None)
 
 
-@torch.library.custom_op("expressivity::ssd_fwd", mutates_args=())
-def ssd_fwd(
-    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-    initial_state: torch.Tensor | None, chunk_size: int, precision: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(x, dt, A, B, C, initial_state, chunk_size: int, precision: str, tiles: SsdTiles = _DEFAULT_TILES):
     """Returns ``y (batch, L, H, P)`` (no ``D`` term) and the states entering every chunk and the
     final one, ``prev (batch, nc + 1, H, P, N)`` in the dtype of ``x`` (float32 inside the kernel).
     ``precision``: ``input_precision`` of the products (``_precision``)."""
@@ -190,10 +192,19 @@ def ssd_fwd(
     batch, L, H, P = x.shape
     dtT, acum = _decays(dt, A, Q)
     init = None if initial_state is None else initial_state.float()
-    prev, _ = _chunk_state(x, B, init, acum, dtT, Q, precision, reverse=False)
+    prev, _ = _chunk_state(x, B, init, acum, dtT, Q, precision, reverse=False, tiles=tiles)
     y, _, _ = _chunk_attn(C, B, x, prev[:, :-1].transpose(-1, -2), acum, dtT, Q, precision, reverse=False,
-                          out_heads=H, out_dtype=x.dtype, cb=_chunk_dots(C, B, Q, precision))
+                          out_heads=H, out_dtype=x.dtype, cb=_chunk_dots(C, B, Q, precision), tiles=tiles)
     return y, prev
+
+
+@torch.library.custom_op("expressivity::ssd_fwd", mutates_args=())
+def ssd_fwd(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+    initial_state: torch.Tensor | None, chunk_size: int, precision: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_forward`` with the default tiles."""
+    return _forward(x, dt, A, B, C, initial_state, chunk_size, precision)
 
 
 @ssd_fwd.register_fake
@@ -208,11 +219,7 @@ def _in_chunks(t: torch.Tensor, Q: int) -> torch.Tensor:
     return t.view(*t.shape[:2], -1, Q)
 
 
-@torch.library.custom_op("expressivity::ssd_bwd", mutates_args=())
-def ssd_bwd(
-    dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-    B: torch.Tensor, C: torch.Tensor, prev: torch.Tensor, chunk_size: int, precision: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(dy, dfinal, x, dt, A, B, C, prev, chunk_size: int, precision: str, tiles: SsdTiles = _DEFAULT_TILES):
     """Gradients ``(dx, ddt, dA, dB, dC, dinitial_state)`` of ``ssd_fwd`` given ``dy`` and the
     gradient ``dfinal (batch, H, P, N)`` of the final state."""
     Q = chunk_size
@@ -220,16 +227,16 @@ def ssd_bwd(
     G, N = B.shape[2], B.shape[3]
     dtT, acum = _decays(dt, A, Q)
     # G_0..G_nc, and the carried-state decay terms
-    grads, carried = _chunk_state(dy, C, dfinal, acum, dtT, Q, precision, reverse=True, prev=prev)
+    grads, carried = _chunk_state(dy, C, dfinal, acum, dtT, Q, precision, reverse=True, prev=prev, tiles=tiles)
     dS = grads[:, 1:]
     cb = _chunk_dots(C, B, Q, precision)
     dx, (x_state, ddt_direct), _ = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, precision,
                                                reverse=True, out_heads=H, out_dtype=x.dtype, w=x,
-                                               full_dot=True, cb=cb.transpose(-1, -2))
+                                               full_dot=True, cb=cb.transpose(-1, -2), tiles=tiles)
     dB, _, _ = _chunk_attn(x, dy, C, dS, acum, dtT, Q, precision, reverse=True, out_heads=G,
-                           out_dtype=torch.float32)
+                           out_dtype=torch.float32, tiles=tiles)
     dC, (dy_state, _), intra = _chunk_attn(dy, x, B, prev[:, :-1], acum, dtT, Q, precision, reverse=False,
-                                           out_heads=G, out_dtype=torch.float32, w=C, cb=cb, dda=True)
+                                           out_heads=G, out_dtype=torch.float32, w=C, cb=cb, dda=True, tiles=tiles)
     dB = dB.view(batch, L, G, -1, N).sum(3)
     dC = dC.view(batch, L, G, -1, N).sum(3)
     # d(dt * A): four sums of terms that do not cancel (module docstring)
@@ -242,6 +249,15 @@ def ssd_bwd(
             grads[:, 0])
 
 
+@torch.library.custom_op("expressivity::ssd_bwd", mutates_args=())
+def ssd_bwd(
+    dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+    B: torch.Tensor, C: torch.Tensor, prev: torch.Tensor, chunk_size: int, precision: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_backward`` with the default tiles."""
+    return _backward(dy, dfinal, x, dt, A, B, C, prev, chunk_size, precision)
+
+
 @ssd_bwd.register_fake
 def _(dy, dfinal, x, dt, A, B, C, prev, chunk_size, precision):
     return (x.new_empty(x.shape), dt.new_empty(dt.shape), A.new_empty(A.shape), B.new_empty(B.shape),
@@ -250,24 +266,46 @@ def _(dy, dfinal, x, dt, A, B, C, prev, chunk_size, precision):
 
 def _setup_context(ctx, inputs, output):
     x, dt, A, B, C, initial_state, chunk_size, precision = inputs
-    y, prev = output
-    ctx.save_for_backward(x, dt, A, B, C, prev)
-    ctx.chunk_size = chunk_size
-    ctx.precision = precision
+    ctx.save_for_backward(x, dt, A, B, C, output[1])
+    ctx.opts = (chunk_size, precision)
     ctx.init_dtype = None if initial_state is None else initial_state.dtype
 
 
-def _backward(ctx, dy, dprev):
+def _output_grads(x, prev, dy, dprev):
+    """``dy`` and the final state's gradient, zeros where autograd passes none."""
+    dy = torch.zeros_like(x) if dy is None else dy
+    return dy, (torch.zeros_like(prev[:, -1]) if dprev is None else dprev[:, -1].to(prev.dtype))
+
+
+def _grad(ctx, dy, dprev):
     x, dt, A, B, C, prev = ctx.saved_tensors
-    if dy is None:
-        dy = torch.zeros_like(x)
-    dfinal = torch.zeros_like(prev[:, -1]) if dprev is None else dprev[:, -1].to(prev.dtype)
-    dx, ddt, dA, dB, dC, dinit = ssd_bwd(dy, dfinal, x, dt, A, B, C, prev, ctx.chunk_size, ctx.precision)
+    dx, ddt, dA, dB, dC, dinit = ssd_bwd(*_output_grads(x, prev, dy, dprev), x, dt, A, B, C, prev, *ctx.opts)
     dinit = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
     return dx, ddt, dA, dB, dC, dinit, None, None
 
 
-ssd_fwd.register_autograd(_backward, setup_context=_setup_context)
+ssd_fwd.register_autograd(_grad, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """Eager autograd over the custom ops' launches (no dispatcher round trips), with explicit tiles."""
+
+    @staticmethod
+    def forward(ctx, tiles, x, dt, A, B, C, initial_state, chunk_size, precision):
+        y, prev = _forward(x, dt, A, B, C, initial_state, chunk_size, precision, tiles)
+        ctx.save_for_backward(x, dt, A, B, C, prev)
+        ctx.opts, ctx.tiles = (chunk_size, precision), tiles
+        ctx.init_dtype = None if initial_state is None else initial_state.dtype
+        return y, prev
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dprev):
+        x, dt, A, B, C, prev = ctx.saved_tensors
+        dx, ddt, dA, dB, dC, dinit = _backward(*_output_grads(x, prev, dy, dprev), x, dt, A, B, C, prev, *ctx.opts,
+                                               ctx.tiles)
+        dinit = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
+        return None, dx, ddt, dA, dB, dC, dinit, None, None
 
 
 def _check(x, dt, A, B, C, initial_state, chunk_size) -> None:
@@ -283,16 +321,17 @@ def _check(x, dt, A, B, C, initial_state, chunk_size) -> None:
         raise ValueError("ssd triton: the sequence length must be >= 1")
 
 
-def ssd_triton(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton SSD: ``(y (batch, L, H, P), final_state (batch, H, P, N))``; shapes as ``ssd_reference``."""
+def ssd_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+               initial_state: torch.Tensor | None = None, chunk_size: int = 64, *,
+               tiles: Optional[SsdTiles] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton SSD: ``(y (batch, L, H, P), final_state (batch, H, P, N))``; shapes as ``ssd_reference``;
+    ``tiles``: ``SsdTiles`` (default: ``attn_config`` / ``state_config``)."""
     _check(x, dt, A, B, C, initial_state, chunk_size)
-    y, prev = ssd_fwd(x, dt, A, B, C, initial_state, chunk_size, _precision(x.dtype))
+    args = (x, dt, A, B, C, initial_state, chunk_size, _precision(x.dtype))
+    if torch.compiler.is_compiling():
+        y, prev = ssd_fwd(*args)
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:6]):
+        y, prev = _Eager.apply(tiles or _DEFAULT_TILES, *args)
+    else:
+        y, prev = _forward(*args, tiles or _DEFAULT_TILES)
     return y, prev[:, -1].to(x.dtype)

@@ -6,9 +6,12 @@ batch blocks). Outputs are NaN-poisoned before each run. Forward (h, last states
 gradient (wx, R, b, initial states) are compared.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
+from kernels._triton import poisoned
 from kernels.fused_rnn import BACKENDS, CELLS, checks, fused, fused_rnn, fused_rnn_reference
 from kernels.fused_rnn.alternating import fused_rnn_alt_fwd
 from kernels.fused_rnn.fused import fused_rnn_fwd
@@ -19,11 +22,18 @@ TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 @pytest.fixture(autouse=True)
 def _poison():
-    checks.POISON = True
-    fused.OVERRIDES.clear()
-    yield
-    checks.POISON = False
-    fused.OVERRIDES.clear()
+    with poisoned():
+        yield
+
+
+def fused_with(**over):
+    """The fused backend with its default launch configuration's fields replaced by ``over``."""
+
+    def run(cell, wx, R, b, s0=None):
+        cfg = fused.launch_config(cell, wx.shape[0], wx.shape[2], wx.shape[4], wx.dtype)
+        return fused.fused_rnn_fused(cell, wx, R, b, s0, config=dataclasses.replace(cfg, **over))
+
+    return run
 
 
 def inputs(cell, B, T, NH, DH, dtype, seed=0, states=True):
@@ -41,8 +51,12 @@ def inputs(cell, B, T, NH, DH, dtype, seed=0, states=True):
 
 
 def run(backend, cell, wx, R, b, s0, dy, dlast):
+    """``backend``: a name, or a function with ``fused_rnn_reference``'s signature."""
     leaves = [x.detach().requires_grad_() if x is not None else None for x in (wx, R, b, s0)]
-    h, last = fused_rnn(cell, *leaves, backend=backend)
+    if callable(backend):
+        h, last = backend(cell, *leaves)
+    else:
+        h, last = fused_rnn(cell, *leaves, backend=backend)
     used = [x for x in leaves if x is not None]
     grads = torch.autograd.grad((h, last), used, (dy, dlast))
     return (h, last, *grads)
@@ -66,7 +80,7 @@ def compare(backend, cell, B, T, NH, DH, dtype, seed=0, states=True):
     for name, a, r in zip(names, got, ref):
         assert a.shape == r.shape and a.dtype == dtype, name
         err = rel(a, r)
-        assert err <= TOL[dtype], f"{backend} {cell} T={T} {dtype}: {name} rel err {err:.2e}"
+        assert err <= TOL[dtype], f"{getattr(backend, '__name__', backend)} {cell} T={T} {dtype}: {name} rel err {err:.2e}"
 
 
 @pytest.mark.parametrize("backend", FAST)
@@ -99,8 +113,7 @@ def test_zero_initial_state(cell):
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_dR_after_the_kernel(cell):
     """acc_dr=False: dR from one matmul over (batch, time) instead of registers."""
-    fused.OVERRIDES["acc_dr"] = False
-    compare("fused", cell, B=3, T=5, NH=2, DH=16, dtype=torch.float64, seed=4)
+    compare(fused_with(acc_dr=False), cell, B=3, T=5, NH=2, DH=16, dtype=torch.float64, seed=4)
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
@@ -109,15 +122,14 @@ def test_backward_db_and_dR_placement(cell, dtype, acc_db):
     """db summed in registers (the float32 default) or from dg after the kernel (the bfloat16 and
     float64 default), with dR in registers (block 16) and after the kernel (block 4, two blocks)."""
     for block_b, acc_dr in ((16, True), (4, False)):
-        fused.OVERRIDES.update(block_b=block_b, acc_dr=acc_dr, acc_db=acc_db)
-        compare("fused", cell, B=5, T=4, NH=2, DH=24, dtype=dtype, seed=5)
+        compare(fused_with(block_b=block_b, acc_dr=acc_dr, acc_db=acc_db), cell, B=5, T=4, NH=2, DH=24, dtype=dtype, seed=5)
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_bfloat16_on_fma_units(cell):
     """``fma``: bfloat16 storage with float32 dots (h unrounded in the forward), batch block 4."""
-    fused.OVERRIDES.update(fma=True, block_b=4, acc_dr=False, acc_db=True)
-    compare("fused", cell, B=5, T=5, NH=2, DH=16, dtype=torch.bfloat16, seed=6)
+    compare(fused_with(fma=True, block_b=4, acc_dr=False, acc_db=True), cell, B=5, T=5, NH=2, DH=16,
+            dtype=torch.bfloat16, seed=6)
 
 
 def test_triton_falls_back_to_alternating(monkeypatch):
@@ -199,7 +211,7 @@ def test_slstm_bfloat16_stabilizer_branch(backend, seed, fma):
     dy, dlast = torch.randn(B, T, NH, DH, generator=g), torch.randn(s0.shape, generator=g)
     ins = [x.to(torch.bfloat16) for x in (wx, R, b, s0, dy, dlast)]
     if fma:  # float32 dots, h unrounded instead of split
-        fused.OVERRIDES.update(fma=True, block_b=4, acc_dr=False, acc_db=True)
+        backend = fused_with(fma=True, block_b=4, acc_dr=False, acc_db=True)
     got = run(backend, cell, *ins)
     ref = run("reference", cell, *(x.double() for x in ins))
     for name, a, r in zip(("h", "last", "dwx", "dR", "db", "ds0"), got, ref):
@@ -223,7 +235,7 @@ def test_saved_states_float32_and_split_h():
 
 
 def test_unknown_backend():
-    with pytest.raises(ValueError, match="known: auto, reference"):
+    with pytest.raises(ValueError, match="unknown fused_rnn backend 'cuda'; valid: auto, reference"):
         fused_rnn("lstm", *inputs("lstm", 2, 3, 1, 16, torch.float32), backend="cuda")
 
 

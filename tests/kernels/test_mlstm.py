@@ -132,11 +132,10 @@ def test_entry_point_dispatch_and_dtype():
     x, _ = make_inputs(1, 1, 5, 4, 4, "exp", dtype=torch.float32)
     assert mlstm(*x).dtype == torch.float32
     xb = [t.bfloat16() for t in x]
-    assert mlstm(*xb, backend="chunkwise").dtype == torch.bfloat16
-    assert resolve_backend("auto", x[0]) == "parallel"
-    long_q = torch.zeros(1, 1, 1000, 4)
-    assert resolve_backend("auto", long_q) == "chunkwise"
-    torch.testing.assert_close(mlstm(*x, backend="recurrent"), mlstm(*x, backend="parallel"))
+    assert mlstm(*xb, backend="torch").dtype == torch.bfloat16
+    assert resolve_backend("auto", x[0]) == "torch"  # on the CPU: the chunkwise PyTorch form
+    torch.testing.assert_close(mlstm(*x, backend="reference"), mlstm(*x, backend="parallel"))
+    torch.testing.assert_close(mlstm(*x, backend="torch"), mlstm(*x, backend="parallel"))
 
 
 @pytest.mark.parametrize(
@@ -160,13 +159,13 @@ def test_bad_options():
     x, st = make_inputs(1, 1, 5, 4, 4, "exp", init=True)
     with pytest.raises(ValueError, match="input_gate"):
         mlstm(*x, input_gate="tanh")
-    with pytest.raises(ValueError, match="unknown mLSTM backend"):
+    with pytest.raises(ValueError, match="unknown mlstm backend 'cuda'; valid: auto, reference, parallel, torch"):
         mlstm(*x, backend="cuda")
     with pytest.raises(ValueError, match=r"must be a tuple \(C0,\)"):
         mlstm(*x, input_gate="sig", initial_state=st)
     with pytest.raises(ValueError, match="n0 must have shape"):
         mlstm(*x, initial_state=(st[0], st[1][..., :-1], st[2]))
     with pytest.raises(ValueError, match="chunk_size"):
-        mlstm(*x, backend="chunkwise", chunk_size=0)
+        mlstm(*x, backend="torch", chunk_size=0)
     with pytest.raises(ValueError, match="normalizer"):
         mlstm_parallel(*x, normalizer="l2")

@@ -18,16 +18,16 @@ pytestmark = pytest.mark.skipif(
 
 from test_mlstm import assert_all_close, make_inputs, run  # noqa: E402
 
+from kernels._triton import poisoned  # noqa: E402
 from kernels.mlstm import mlstm, mlstm_parallel  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    import kernels.mlstm.triton_chunkwise as tc
-
-    monkeypatch.setattr(tc, "POISON", True)
+def poison():
+    with poisoned():
+        yield
 
 
 def _triton(*args, **kw):
@@ -66,6 +66,21 @@ def test_matches_parallel_float32(gate):
     out_p, grad_p = run(mlstm_parallel, *_to(x, st), gate)
     torch.set_float32_matmul_precision("highest")
     out, grad = run(_triton, *_to(x, st, torch.float32), gate, chunk_size=16)
+    assert_all_close([t.double() for t in out], out_p, rtol=1e-4, atol=1e-4)
+    assert_all_close([g.double() for g in grad], grad_p, rtol=1e-3, atol=1e-3)
+
+
+def test_explicit_tiles():
+    """Non-default tiles (16-row blocks of a 32-step chunk, 16-wide feature and state tiles, 2 warps, one
+    stage): two query/key blocks per chunk, two feature blocks of DQK = DV = 24, 3 chunks; forward and
+    gradients against the parallel form."""
+    from kernels.mlstm.triton_chunkwise import MlstmTiles
+
+    tiles = MlstmTiles(blq=16, blkv=16, bk=16, bv=16, bv_dqdk=16, bki=16, bvi=16, bl=16, warps=2, stages=1)
+    x, st = make_inputs(1, 2, 70, 24, 24, "exp", init=True, seed=15)
+    out_p, grad_p = run(mlstm_parallel, *_to(x, st), "exp")
+    torch.set_float32_matmul_precision("highest")
+    out, grad = run(lambda *a, **k: _triton(*a, tiles=tiles, **k), *_to(x, st, torch.float32), "exp", chunk_size=32)
     assert_all_close([t.double() for t in out], out_p, rtol=1e-4, atol=1e-4)
     assert_all_close([g.double() for g in grad], grad_p, rtol=1e-3, atol=1e-3)
 
@@ -245,10 +260,10 @@ def test_float32_tiles_fit_with_3_pass_tf32(L):
     the launch fallback never changes the precision."""
     import kernels.mlstm.triton_chunkwise as tc
 
-    cfg = tc._config(L, 128, 256, torch.float32, "tf32x3")
-    over = tc._bwd_qk_config(cfg, "tf32x3")
-    assert over["BV"] <= 64 and set(over) == {"BV"}
-    assert tc._bwd_qk_config(cfg, "tf32") == {} and tc._bwd_qk_config(cfg, "ieee") == {}
+    cfg = tc._config(L, 128, 256, tc.default_tiles(torch.float32, "tf32x3"))
+    assert cfg["BVDP"] <= 64 and cfg["BV"] == 128
+    for dtype, prec in ((torch.float32, "tf32"), (torch.float32, "ieee"), (torch.bfloat16, "tf32")):
+        assert tc._config(L, 128, 256, tc.default_tiles(dtype, prec))["BVDP"] == 128
     assert all("PREC" not in lv for lv in tc._LADDER)
 
 

@@ -13,7 +13,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.newton import fused_gru, fused_lstm  # noqa: E402
+from kernels._triton import poisoned  # noqa: E402
+from kernels.newton import flashgru, flashlstm, fused_common, fused_gru, fused_lstm  # noqa: E402
+from kernels.newton.fused_common import NewtonTiles  # noqa: E402
 from kernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
 
 use_vectorized_interpreter_scan()
@@ -24,9 +26,9 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    for mod in (fused_gru, fused_lstm):
-        monkeypatch.setattr(mod, "_alloc", lambda shape, like: torch.full(shape, math.nan, device=like.device))
+def poison():
+    with poisoned():
+        yield
 
 
 def gru_loop(u, a):
@@ -75,13 +77,13 @@ def make(H, B, L, Ds, seed, lstm):
     return u.to(DEV), a.to(DEV), p.to(DEV)
 
 
-def run_and_compare(lstm, H, B, L, Ds, seed, iters=8, tol=None):
+def run_and_compare(lstm, H, B, L, Ds, seed, iters=8, tol=None, tiles=None):
     u, a, p = make(H, B, L, Ds, seed, lstm)
     leaves = [t.clone().requires_grad_() for t in ((u, a, p) if lstm else (u, a))]
     if lstm:
-        out, res = fused_lstm.flashlstm_fused(*leaves, iters=iters, tol=tol, stats=True)
+        out, res = fused_lstm.flashlstm_fused(*leaves, iters=iters, tol=tol, stats=True, tiles=tiles)
     else:
-        out, res = fused_gru.flashgru_fused(*leaves, iters=iters, tol=tol, stats=True)
+        out, res = fused_gru.flashgru_fused(*leaves, iters=iters, tol=tol, stats=True, tiles=tiles)
     g = torch.randn_like(out)
     (out * g).sum().backward()
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
@@ -106,9 +108,33 @@ def test_lstm_matches_sequential(L):
 
 
 def test_heads_and_lane_tiles():
-    """Two heads with their own parameters, 20 channels = one full and one partial lane tile."""
+    """Two heads with their own parameters, 20 channels = one full and one partial lane tile; then
+    explicit 16-step chunks of 4 channels on 2 warps (5 chunks, 5 lane tiles)."""
     run_and_compare(False, 2, 2, 70, 20, seed=3)
     run_and_compare(True, 2, 1, 20, 20, seed=4)
+    run_and_compare(False, 1, 2, 70, 20, seed=5, tiles=NewtonTiles(16, 4, 2))
+
+
+@pytest.mark.parametrize("name", ["flashgru", "flashlstm"])
+def test_family_backends_agree(name):
+    """``kernels.newton.flashgru`` / ``flashlstm``: reference (float64 loop), torch (Newton, float64)
+    and triton (fused, float32) compute the same states and gradients at an awkward size."""
+    lstm = name == "flashlstm"
+    fn = flashlstm if lstm else flashgru
+    u, a, p = make(2, 3, 37, 6, 21, lstm)
+    params = (u, a, p) if lstm else (u, a)
+    g = torch.randn(*u.shape[:3], (2 if lstm else 1) * u.shape[-1], device=DEV)
+    outs = {}
+    for backend, dtype in (("reference", torch.float64), ("torch", torch.float64), ("triton", torch.float32)):
+        leaves = [t.to(dtype).requires_grad_() for t in params]
+        y = fn(*leaves, iters=12, backend=backend)
+        grads = torch.autograd.grad(y, leaves, g.to(dtype))
+        outs[backend] = (y, *grads)
+    for backend in ("torch", "triton"):
+        for got, want in zip(outs[backend], outs["reference"]):
+            assert rel(got, want) < 1e-4, backend
+    with pytest.raises(ValueError, match="unknown flash"):
+        fn(*params, backend="fused")
 
 
 @pytest.mark.parametrize("lstm", [False, True])
@@ -168,9 +194,7 @@ def test_bad_inputs_give_clear_errors(monkeypatch):
         fused_gru.flashgru_fused(u, a, iters=-1)
     with pytest.raises(ValueError, match="tol"):
         fused_lstm.flashlstm_fused(u, a, p, tol=-1.0)
-    import kernels._triton as kt
-
-    monkeypatch.setattr(kt, "triton_available", lambda t: False)
+    monkeypatch.setattr(fused_common, "triton_available", lambda t: False)
     with pytest.raises(ValueError, match="CUDA"):
         fused_gru.flashgru_fused(u, a)
 

@@ -3,6 +3,7 @@
 CPU runs use the Triton interpreter (small shapes); outputs are poisoned with NaN before every run.
 """
 
+import dataclasses
 import math
 import os
 
@@ -16,7 +17,8 @@ import numpy as np  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels.scan import linear_scan, linear_scan_block2  # noqa: E402
+from kernels._triton import poisoned  # noqa: E402
+from kernels.scan import linear_scan, linear_scan_block2, resolve_backend  # noqa: E402
 from kernels.scan._lookback import lookback_block2, lookback_diag  # noqa: E402
 from kernels.scan import triton_scan as ts  # noqa: E402
 from kernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
@@ -30,30 +32,38 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def poison(monkeypatch):
+def poison():
     """Every output buffer of the kernels starts as NaN, so an unwritten element fails the test."""
-    monkeypatch.setattr(ts, "_alloc", lambda like: torch.full_like(like, math.nan))
+    with poisoned():
+        yield
 
 
-#: ``LOOP_FROM_LANE_TILES`` that forces each kernel kind (``triton_scan.use_loop``)
-KINDS = {"lookback": 10**9, "loop": 0}
+KINDS = ("lookback", "loop")
 
 
-def force_kind(monkeypatch, kind):
-    monkeypatch.setattr(ts, "LOOP_FROM_LANE_TILES", KINDS[kind])
+def forced(kind, block2=False, **over):
+    """The Triton scan with the kernel kind ``kind`` forward and backward (its default tile for the
+    shape, fields replaced by ``over``), as ``fn(c, x, reverse)``."""
+    fn = ts.linear_scan_block2_triton if block2 else ts.linear_scan_triton
+
+    def run(c, x, reverse=False):
+        B, L, D = x.shape[0], x.shape[1], x.shape[-1]
+        fwd, bwd = (dataclasses.replace(ts.default_tiles(B, L, D, block2, g, kind=kind), **over) for g in (False, True))
+        return fn(c, x, reverse, tiles=fwd, grad_tiles=bwd)
+
+    run.__name__ = f"{fn.__name__}[{kind}{over or ''}]"
+    return run
 
 
-@pytest.fixture(params=list(KINDS))
-def kind(request, monkeypatch):
+@pytest.fixture(params=KINDS)
+def kind(request):
     """Run the test with each kernel kind."""
-    force_kind(monkeypatch, request.param)
     return request.param
 
 
-def small_tiles(monkeypatch, ch=16, bd=16):
+def small(kind, block2=False, **over):
     """16 x 16 tiles on 4 warps (look-back) / 2 warps, 3 stages (chunk loop): threads replicate lanes."""
-    monkeypatch.setattr(ts, "config", lambda L, D, block2, grad=False: (ch, bd, 4))
-    monkeypatch.setattr(ts, "loop_config", lambda L, D, block2, grad=False: (ch, bd, 2, 3))
+    return forced(kind, block2, ch=16, bd=16, warps=4 if kind == "lookback" else 2, stages=3, **over)
 
 
 def rel(a, b):
@@ -89,7 +99,7 @@ def check(fn, ref, c, x, reverse, tol=1e-5):
 def test_diag_matches_reference(kind, L, reverse):
     gen = torch.Generator().manual_seed(L + 7 * reverse)
     c, x = inputs((2, L, 70), (2, L, 70), gen)  # 70 channels: one full and one partial lane tile
-    check(ts.linear_scan_triton, linear_scan_reference, c, x, reverse)
+    check(forced(kind), linear_scan_reference, c, x, reverse)
 
 
 @pytest.mark.parametrize("L", [1, 17, 129, 1000])
@@ -98,33 +108,30 @@ def test_block2_matches_reference(kind, L, reverse):
     gen = torch.Generator().manual_seed(100 + L + 7 * reverse)
     c, x = inputs((1, L, 2, 2, 5), (1, L, 2, 5), gen)
     c = c * 0.7  # keep 2x2 products bounded over 1000 steps
-    check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c, x, reverse)
+    check(forced(kind, True), linear_scan_block2_reference, c, x, reverse)
 
 
 @pytest.mark.parametrize("reverse, spec", [(False, False), (True, True)])
-def test_many_chunks_and_lane_tiles(kind, monkeypatch, reverse, spec):
+def test_many_chunks_and_lane_tiles(kind, reverse, spec):
     """Small tiles: long look-back chains across 13 chunks, 3 batch rows, partial lane tiles; channel
     counts 32 and 16 (multiples of 16: compiled for them when ``spec``) and 37, 19 (runtime)."""
-    small_tiles(monkeypatch)
-    monkeypatch.setattr(ts, "SPECIALIZE_D", spec)
     gen = torch.Generator().manual_seed(3 + reverse)
     for d, d2 in ((37, 19), (32, 16)):
         c, x = inputs((3, 197, d), (3, 197, d), gen)
-        check(ts.linear_scan_triton, linear_scan_reference, c, x, reverse)
+        check(small(kind, specialize_d=spec), linear_scan_reference, c, x, reverse)
         c, x = inputs((2, 61, 2, 2, d2), (2, 61, 2, d2), gen)
-        check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c * 0.7, x, reverse)
+        check(small(kind, True, specialize_d=spec), linear_scan_block2_reference, c * 0.7, x, reverse)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_one_row_tail(kind, monkeypatch, reverse):
+def test_one_row_tail(kind, reverse):
     """L = 129 with 16-step chunks: the last chunk in memory holds one valid row (the first chunk of a
     reverse scan and of the backward of a forward scan), forward and gradients, diagonal and 2x2."""
-    small_tiles(monkeypatch)
     gen = torch.Generator().manual_seed(11 + reverse)
     c, x = inputs((2, 129, 20), (2, 129, 20), gen)
-    check(ts.linear_scan_triton, linear_scan_reference, c, x, reverse)
+    check(small(kind), linear_scan_reference, c, x, reverse)
     c, x = inputs((1, 129, 2, 2, 5), (1, 129, 2, 5), gen)
-    check(ts.linear_scan_block2_triton, linear_scan_block2_reference, c * 0.7, x, reverse)
+    check(small(kind, True), linear_scan_block2_reference, c * 0.7, x, reverse)
 
 
 # ---- the look-back on records in every published state (the interpreter runs programs in ticket
@@ -213,7 +220,6 @@ def test_workspace_reused_across_launches(monkeypatch):
     limit set to 3, the host zeroes the workspace every third launch and the epochs start again."""
     monkeypatch.setattr(ts, "_workspaces", {})
     monkeypatch.setattr(ts, "WS_LAUNCH_LIMIT", 3)
-    small_tiles(monkeypatch)
     gen = torch.Generator().manual_seed(21)
     c, x = inputs((2, 50, 20), (2, 50, 20), gen)
     C, x2 = inputs((1, 40, 2, 2, 5), (1, 40, 2, 5), gen)
@@ -222,12 +228,12 @@ def test_workspace_reused_across_launches(monkeypatch):
     epochs = []
     for launch in range(7):
         if launch == 4:
-            got = ts.linear_scan_block2_triton(C * 0.7, x2)
+            got = small("lookback", True)(C * 0.7, x2)
             assert rel(got, want2) < 1e-5
         else:
             rev = bool(launch % 2)
-            assert rel(ts.linear_scan_triton(c, x, rev), want[rev]) < 1e-5, launch
-        (ws, count), = ts._workspaces.values()
+            assert rel(small("lookback")(c, x, rev), want[rev]) < 1e-5, launch
+        (ws, count, _), = ts._workspaces.values()
         epoch, tickets = _counter(ws.cpu())
         assert tickets == 0
         epochs.append(epoch)
@@ -239,7 +245,7 @@ def test_bfloat16_storage(kind):
     gen = torch.Generator().manual_seed(5)
     c, x = inputs((2, 150, 16), (2, 150, 16), gen)
     c = c * 0.9
-    y = ts.linear_scan_triton(c.bfloat16(), x.bfloat16())
+    y = forced(kind)(c.bfloat16(), x.bfloat16())
     assert y.dtype == torch.bfloat16
     ref = linear_scan_reference(c.bfloat16().double(), x.bfloat16().double())
     assert rel(y, ref) < 1e-2
@@ -259,23 +265,19 @@ def test_linear_scan_triton_backend_dispatch():
 
 
 def test_auto_picks_triton_only_on_cuda():
-    from kernels.scan import _auto
-
     x = torch.zeros(1, 4, 2)
-    assert _auto(x, x) == "torch"  # never the (slow) interpreter on the CPU
+    assert resolve_backend("auto", x, x) == "torch"  # never the (slow) interpreter on the CPU
+    with pytest.raises(ValueError, match="unknown scan backend 'fast'; valid: auto, reference, torch, triton"):
+        resolve_backend("fast", x, x)
     if torch.cuda.is_available():
         xc = x.cuda()
-        import kernels.scan
-
-        assert _auto(xc, xc) == ("triton" if kernels.scan.AUTO_TRITON else "torch")
-        if not kernels.scan.AUTO_TRITON:
-            return
-        assert _auto(xc.double(), xc.double()) == "torch"
-        assert _auto(xc.transpose(1, 2), xc.transpose(1, 2)) == "triton"
+        assert resolve_backend("auto", xc, xc) == "triton"
+        assert resolve_backend("auto", xc.double(), xc.double()) == "torch"
+        assert resolve_backend("auto", xc.transpose(1, 2), xc.transpose(1, 2)) == "triton"
 
 
 @pytest.mark.parametrize("block2", [False, True])
-def test_opcheck(kind, block2):
+def test_opcheck(block2):
     gen = torch.Generator().manual_seed(8)
     if block2:
         c, x = inputs((2, 20, 2, 2, 3), (2, 20, 2, 3), gen)
@@ -302,7 +304,7 @@ def test_bad_inputs_give_clear_errors(monkeypatch):
     with pytest.raises(ValueError, match="expected"):
         ts.linear_scan_triton(x[0], x[0])
     with pytest.raises(ValueError, match="contiguous"):
-        ts.linear_scan_triton(x.transpose(0, 1), x.transpose(0, 1))
+        torch.ops.expressivity.linear_scan(x.transpose(0, 1), x.transpose(0, 1), False)
     with pytest.raises(ValueError, match="expected"):
         ts.linear_scan_block2_triton(torch.randn(2, 5, 2, 3, 3, device=DEV), torch.randn(2, 5, 2, 3, device=DEV))
     with pytest.raises(TypeError, match="tensors"):
@@ -322,40 +324,31 @@ def _grads(fn, c, x, reverse, g):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("L", [1, 17, 64, 65, 129, 1000, 4097])
-def test_gpu_repeated_launches(monkeypatch, L):
-    """Races show only now and then: per length, poisoned launches of every kernel and tile configuration
-    in ``cfgs`` (tile ``None``: the shipped ``config`` / ``loop_config``), both directions, diagonal and
-    2x2; forward every time, gradients every fourth time, against the float64 loop (computed once).
-    Look-back kernels, 24 launches each (all sharing the stream's cached workspace, full of records of
-    earlier launches and other layouts): shipped tiles, 16x16 on 4 warps and 64x64 on 4 warps (both
-    replicate lanes over threads), windows of 4 (shipped), 3 records and one record per step.
-    Chunk-loop kernels (no communication between programs), 8 launches each: shipped tiles, 16x16 on
-    2 warps with 3 stages (replicated lanes), 64x64 on 2 warps with 2 stages."""
-    lb = dict(kind="lookback", win=ts.LOOKBACK_WINDOW, one=ts.ONE_RECORD_FROM_LANE_TILES)
-    cfgs = [dict(lb, tile=None), dict(lb, tile=(16, 16, 4), win=3, one=10**9), dict(lb, tile=(64, 64, 4), win=8, one=1),
-            dict(kind="loop", tile=None), dict(kind="loop", tile=(16, 16, 2, 3)), dict(kind="loop", tile=(64, 64, 2, 2))]
-    shipped = {"lookback": ts.config, "loop": ts.loop_config}
+def test_gpu_repeated_launches(L):
+    """Races show only now and then: per length, poisoned launches of every kernel and tile in ``cfgs``,
+    both directions, diagonal and 2x2; forward every time, gradients every fourth time, against the
+    float64 loop (computed once). Look-back kernels, 24 launches each (all sharing the stream's cached
+    workspace, full of records of earlier launches and other layouts): default tiles, 16x16 on 4 warps
+    with a 3-record window and 64x64 on 4 warps with one record per step (both replicate lanes over
+    threads). Chunk-loop kernels (no communication between programs), 8 launches each: default tiles,
+    16x16 on 2 warps with 3 stages (replicated lanes), 64x64 on 2 warps with 2 stages."""
+    cfgs = [("lookback", {}), ("lookback", dict(ch=16, bd=16, warps=4, window=3)),
+            ("lookback", dict(ch=64, bd=64, warps=4, window=1)),
+            ("loop", {}), ("loop", dict(ch=16, bd=16, warps=2, stages=3)), ("loop", dict(ch=64, bd=64, warps=2, stages=2))]
     gen = torch.Generator().manual_seed(L)
     c, x = inputs((2, L, 70), (2, L, 70), gen)
     C, x2 = inputs((1, L, 2, 2, 9), (1, L, 2, 9), gen)
     C = C * 0.7
     for reverse in (False, True):
         cases = []
-        for fn, ref, cc, xx in ((ts.linear_scan_triton, linear_scan_reference, c, x),
-                                (ts.linear_scan_block2_triton, linear_scan_block2_reference, C, x2)):
+        for block2, ref, cc, xx in ((False, linear_scan_reference, c, x), (True, linear_scan_block2_reference, C, x2)):
             g = torch.randn(xx.shape, generator=gen, dtype=torch.float64).to(DEV)
-            cases.append((fn, cc, xx, g.float(), _grads(ref, cc.double(), xx.double(), reverse, g)))
-        for cfg in cfgs:
-            kind, tile = cfg["kind"], cfg["tile"]
-            force_kind(monkeypatch, kind)
-            name = "config" if kind == "lookback" else "loop_config"
-            monkeypatch.setattr(ts, name, shipped[kind] if tile is None else (lambda L_, D_, b_, g_=False, t=tile: t))
-            if kind == "lookback":
-                monkeypatch.setattr(ts, "LOOKBACK_WINDOW", cfg["win"])
-                monkeypatch.setattr(ts, "ONE_RECORD_FROM_LANE_TILES", cfg["one"])
+            cases.append((block2, cc, xx, g.float(), _grads(ref, cc.double(), xx.double(), reverse, g)))
+        for kind, over in cfgs:
             for rep in range(24 if kind == "lookback" else 8):
-                for fn, cc, xx, g, want in cases:
-                    where = (cfg, reverse, rep, fn.__name__)
+                for block2, cc, xx, g, want in cases:
+                    fn = forced(kind, block2, **over)
+                    where = (kind, over, reverse, rep, fn.__name__)
                     if rep % 4:
                         assert rel(fn(cc, xx, reverse), want[0]) < 1e-5, where
                     else:
@@ -366,14 +359,12 @@ def test_gpu_repeated_launches(monkeypatch, L):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("shape, kind", [((8, 4096, 1024), None), ((8, 4096, 1024), "lookback"),
                                          ((1, 65536, 256), None), ((8, 4096, 2, 512), None)])
-def test_gpu_benchmark_shapes_repeated(monkeypatch, shape, kind):
-    """The benchmark shapes (``(B, L, 2, D)``: the 2x2 scan) with the shipped tiles and kernel choice
+def test_gpu_benchmark_shapes_repeated(shape, kind):
+    """The benchmark shapes (``(B, L, 2, D)``: the 2x2 scan) with the default tiles and kernel choice
     (``kind``: forced instead): 20 poisoned forward launches each direction, against the float64
     log-step scan, then the gradients once per direction against autograd through it in float64."""
     from kernels.scan.torch_scan import linear_scan_block2_torch, linear_scan_torch
 
-    if kind is not None:
-        force_kind(monkeypatch, kind)
     block2 = len(shape) == 4
     g = torch.Generator(device="cuda").manual_seed(13)
     if block2:
@@ -381,10 +372,11 @@ def test_gpu_benchmark_shapes_repeated(monkeypatch, shape, kind):
         c = (torch.rand((B, L, 2, 2, D), device="cuda", generator=g) - 0.5) * 0.9
         c[:, :, 0, 0] += 0.5
         c[:, :, 1, 1] += 0.5
-        fn, ref = ts.linear_scan_block2_triton, linear_scan_block2_torch
+        ref = linear_scan_block2_torch
     else:
         c = torch.rand(shape, device="cuda", generator=g) * 0.2 + 0.8
-        fn, ref = ts.linear_scan_triton, linear_scan_torch
+        ref = linear_scan_torch
+    fn = forced(kind, block2)
     x = torch.randn(shape, device="cuda", generator=g)
     for reverse in (False, True):
         y64 = ref(c.double(), x.double(), reverse=reverse)

@@ -58,21 +58,21 @@ def test_reference_matches_loop():
 
 
 @pytest.mark.parametrize("L,chunk", [(1, 4), (13, 4), (17, 16), (33, 8), (8, 8)])
-def test_chunked_float64(L, chunk):
+def test_torch_float64(L, chunk):
     inp = _inputs(2, L, 4, 3, 2, 5, torch.float64, L)
     y_ref, f_ref, g_ref = _run("reference", inp, chunk)
     y_loop, f_loop = _loop(**inp)
     torch.testing.assert_close(y_ref, y_loop, rtol=1e-12, atol=1e-12)
-    y, f, g = _run("chunked", inp, chunk)
+    y, f, g = _run("torch", inp, chunk)
     torch.testing.assert_close(y, y_loop, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(f, f_loop, rtol=1e-10, atol=1e-10)
     for k in g_ref:
         torch.testing.assert_close(g[k], g_ref[k], rtol=1e-9, atol=1e-10, msg=f"grad {k}")
 
 
-def test_chunked_float32():
+def test_torch_float32():
     inp = _inputs(1, 37, 2, 8, 1, 16, torch.float32, 5)
-    y, f, g = _run("chunked", inp, 16)
+    y, f, g = _run("torch", inp, 16)
     y64, f64, g64 = _run("reference", {k: v.double() for k, v in inp.items()}, 16)
     torch.testing.assert_close(y, y64.float(), rtol=1e-4, atol=1e-4)
     for k in g64:
@@ -95,7 +95,7 @@ def test_bad_inputs():
         ssd(**inp, chunk_size=0)
     with pytest.raises(TypeError, match="floating point"):
         ssd(**{**inp, "x": inp["x"].long()})
-    with pytest.raises(ValueError, match="unknown ssd backend"):
+    with pytest.raises(ValueError, match="unknown ssd backend 'cuda'; valid: auto, reference, torch"):
         ssd(**inp, backend="cuda")
 
 
@@ -105,14 +105,12 @@ needs_triton = pytest.mark.skipif("triton" not in SSD_BACKENDS, reason="triton n
 
 
 @pytest.fixture
-def poisoned(monkeypatch):
+def poisoned():
     """Every kernel output starts as NaN, so an element a kernel fails to write shows up."""
-    from kernels.ssd import triton_ssd
+    from kernels._triton import poisoned as poison
 
-    def nan_empty(*shape, device, dtype):
-        return torch.full(shape, float("nan"), device=device, dtype=dtype)
-
-    monkeypatch.setattr(triton_ssd, "_empty", nan_empty)
+    with poison():
+        yield
 
 
 def _rel(a, b):
@@ -132,7 +130,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the C
      (1, 150, 2, 16, 1, 72, 128)],
 )
 def test_triton_matches_reference(poisoned, batch, L, H, P, G, N, chunk):
-    from kernels.ssd.triton_ssd import _attn_config
+    from kernels.ssd.triton_ssd import attn_config
 
     inp = _inputs(batch, L, H, P, G, N, torch.float64, 100 + L)
     y, f, g = _run("triton", {k: v.float().to(DEV) for k, v in inp.items()}, chunk)
@@ -141,7 +139,27 @@ def test_triton_matches_reference(poisoned, batch, L, H, P, G, N, chunk):
     for k in g_ref:
         assert _rel(g[k].cpu(), g_ref[k]) < 1e-4, k
     if chunk == 128:  # the case exists for this path: keep it exercised if the tile rule changes
-        assert _attn_config(chunk, N, P, 4)["BT"] < chunk
+        assert attn_config(chunk, N, P, 4)["BT"] < chunk
+
+
+@needs_triton
+def test_triton_explicit_tiles(poisoned):
+    """``SsdTiles``: 16-row ``chunk_attn`` tiles on 2 warps with 2 stages, 16 x 16 ``chunk_state`` tiles of
+    16-step blocks on 2 warps: several row, state and step tiles per 64-step chunk, against the reference."""
+    from kernels.ssd.triton_ssd import SsdTiles, ssd_triton
+
+    tiles = SsdTiles(attn_rows=16, attn_warps=2, attn_stages=2, state_rows=16, state_cols=16, state_steps=16,
+                     state_warps=2, state_stages=2)
+    inp = _inputs(1, 70, 2, 24, 1, 20, torch.float64, 31)
+    leaves = {k: v.float().to(DEV).requires_grad_() for k, v in inp.items() if k != "D"}
+    y, f = ssd_triton(**leaves, chunk_size=64, tiles=tiles)
+    g = torch.autograd.grad((y * y).sum() + f.sum(), list(leaves.values()))
+    ref = {k: v.requires_grad_() for k, v in inp.items() if k != "D"}
+    y_ref, f_ref = SSD_BACKENDS["reference"](**ref)
+    g_ref = torch.autograd.grad((y_ref * y_ref).sum() + f_ref.sum(), list(ref.values()))
+    assert _rel(y.cpu(), y_ref) < 1e-5 and _rel(f.cpu(), f_ref) < 1e-5
+    for a, b, k in zip(g, g_ref, ref):
+        assert _rel(a.cpu(), b) < 1e-4, k
 
 
 @needs_triton
@@ -162,7 +180,7 @@ def test_triton_without_initial_state_and_opcheck():
     inp = {k: v.to(DEV) for k, v in _inputs(1, 20, 2, 16, 1, 16, torch.float32, 3).items()}
     inp.pop("initial_state")
     y = ssd(**inp, chunk_size=16, backend="triton")
-    torch.testing.assert_close(y, ssd(**inp, chunk_size=16, backend="chunked"), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(y, ssd(**inp, chunk_size=16, backend="torch"), rtol=1e-4, atol=1e-4)
     from kernels.ssd.triton_ssd import ssd_fwd
 
     args = (inp["x"].requires_grad_(), inp["dt"], inp["A"], inp["B"], inp["C"], None, 16, "tf32x3")
@@ -199,7 +217,7 @@ def test_triton_cuda(matmul_precision, dtype, precision, tol, N):
     matmul_precision(precision)
     inp = {k: v.cuda() for k, v in _inputs(2, 300, 8, 64, 1, N, torch.float64, 9).items()}
     y, f, g = _run("triton", {k: v.to(dtype) for k, v in inp.items()}, 128)
-    y_ref, f_ref, g_ref = _run("chunked", inp, 64)
+    y_ref, f_ref, g_ref = _run("torch", inp, 64)
     errs = {"y": _rel(y, y_ref), "final": _rel(f, f_ref), **{k: _rel(g[k], g_ref[k]) for k in g_ref}}
     print(f"N={N} {dtype} {precision}: " + " ".join(f"{k} {e:.1e}" for k, e in errs.items()))
     assert all(e < tol for e in errs.values()), errs

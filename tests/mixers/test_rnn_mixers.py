@@ -2,7 +2,7 @@
 initialization of the Newton cells ``flashgru`` / ``flashlstm`` (mixers/cells/flash.py).
 
 Backends agree (the Triton ones under ``TRITON_INTERPRET=1`` on the CPU), and each cell learns
-parity on short sequences and extrapolates to 3x longer ones (paper 001 §6.3), with the vanilla
+parity on short sequences and extrapolates to 3x longer ones (paper 001 §6.3), with the reference
 backend and a tiny hand-written training loop. FlashGRU/FlashLSTM initial parameters have the
 statistics of paper 000 App. C.1 as apple/ml-pararnn draws them.
 """
@@ -22,15 +22,15 @@ CELLS = ("lstm", "gru", "elman", "slstm")
 @pytest.mark.parametrize("backend", ["triton", "alternating"])
 def test_backends_compute_the_same_function(cell, backend):
     torch.manual_seed(0)
-    vanilla = build_mixer(cell, 32, num_heads=2, backend="vanilla")
+    ref = build_mixer(cell, 32, num_heads=2, backend="reference")
     fast = build_mixer(cell, 32, num_heads=2, backend=backend)
-    fast.load_state_dict(vanilla.state_dict())
+    fast.load_state_dict(ref.state_dict())
     x = torch.randn(3, 7, 32)
-    y_ref, y = vanilla(x), fast(x)
+    y_ref, y = ref(x), fast(x)
     assert y.shape == x.shape
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     dy = torch.randn_like(y)
-    g_ref = torch.autograd.grad(y_ref, list(vanilla.parameters()), dy)
+    g_ref = torch.autograd.grad(y_ref, list(ref.parameters()), dy)
     g = torch.autograd.grad(y, list(fast.parameters()), dy)
     for a, b in zip(g, g_ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
@@ -39,7 +39,7 @@ def test_backends_compute_the_same_function(cell, backend):
 @pytest.mark.parametrize("cell", CELLS)
 def test_causal(cell):
     torch.manual_seed(0)
-    mixer = build_mixer(cell, 16, num_heads=2, backend="vanilla")
+    mixer = build_mixer(cell, 16, num_heads=2, backend="reference")
     x = torch.randn(2, 9, 16)
     x2 = x.clone()
     x2[:, 5:] = torch.randn(2, 4, 16)
@@ -69,7 +69,7 @@ def test_parity_with_length_extrapolation(cell):
         gen = torch.Generator().manual_seed(0)
         d = 16
         emb, head = torch.nn.Embedding(2, d), torch.nn.Linear(d, 2)
-        mixer = build_mixer(cell, d, num_heads=1, backend="vanilla")
+        mixer = build_mixer(cell, d, num_heads=1, backend="reference")
         modules = torch.nn.ModuleList([emb, mixer, head])
         opt = torch.optim.Adam(modules.parameters(), lr=1e-2)
         for _ in range(400):
