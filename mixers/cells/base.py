@@ -29,42 +29,64 @@ once given the shifted states). Optional overrides:
 Jacobian structures (state ``h`` of size ``S``): ``diag``: ``(..., S)``; ``block2``: the state split
 in two halves, each of the 4 blocks diagonal: ``(..., 2, 2, S/2)`` with ``[i, j]`` = d half_i / d
 half_j; ``dense``: ``(..., S, S)`` with ``[i, j] = d h'_i / d h_j``.
+
+Checks (each raises a one-line ``ValueError``, or returns a report with ``raise_on_error=False``):
+``check_shapes``; ``verify_position_wise`` (the step gives the same result for the same positions
+laid out differently); ``verify_jacobian`` (the declared structure, and ``jacobian_fn``, against
+autograd's dense Jacobian). The last two run at random states for the parameters as built *and*
+for random moves of every trainable parameter (``_parameter_draws``), so a coupling that starts at
+zero is caught before training moves it. ``CellMixer`` runs all three at construction (a few ms);
+``experiments.probe`` runs them with more states and draws.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import dataclasses
+import functools
+import math
 from typing import ClassVar, Optional
 
 import torch
 from torch import nn
-from torch.func import jacrev, vmap
+from torch.func import functional_call, jacrev, vmap
 
 from kernels.newton import STRUCTURES, autograd_jacobian, jacobian_shape
+
+#: relative size (of the largest entry) above which an entry outside a structure counts as nonzero
+JACOBIAN_RTOL = 1e-6
 
 
 @dataclasses.dataclass
 class JacobianCheck:
-    """Result of ``RNNCell.verify_jacobian``: relative sizes in the probed states."""
+    """Result of ``RNNCell.verify_jacobian``: relative sizes, worst over the probed states and parameters."""
 
     ok: bool
     structure: str
     off_structure: float  # max |J_ij| outside the declared structure / max |J|
     closed_form_error: Optional[float]  # max |jacobian_fn - autograd| / max |J|, None without jacobian_fn
     message: str
+    fits: str = "dense"  # the first of STRUCTURES that holds every probed Jacobian
+    param_draws: int = 0  # perturbed parameter draws with finite Jacobians (besides the built parameters)
 
 
-def _structure_mask(structure: str, S: int) -> torch.Tensor:
+@dataclasses.dataclass
+class PositionWiseCheck:
+    """Result of ``RNNCell.verify_position_wise``."""
+
+    ok: bool
+    error: float  # max |step(layout A) - step(layout B)| / max |step|
+    message: str
+
+
+def _structure_mask(structure: str, S: int, device=None) -> torch.Tensor:
     """Boolean ``(S, S)``: where the declared structure allows nonzero ``J[i, j]``."""
-    eye = torch.eye(S, dtype=torch.bool)
+    eye = torch.eye(S, dtype=torch.bool, device=device)
     if structure == "diag":
         return eye
     if structure == "block2":
-        half = torch.eye(S // 2, dtype=torch.bool)
+        half = torch.eye(S // 2, dtype=torch.bool, device=device)
         return half.repeat(2, 2)
-    return torch.ones(S, S, dtype=torch.bool)
+    return torch.ones(S, S, dtype=torch.bool, device=device)
 
 
 def _to_structure(J: torch.Tensor, structure: str) -> torch.Tensor:
@@ -77,6 +99,62 @@ def _to_structure(J: torch.Tensor, structure: str) -> torch.Tensor:
         blocks = [[torch.diagonal(J[..., i * h:(i + 1) * h, j * h:(j + 1) * h], dim1=-2, dim2=-1) for j in range(2)] for i in range(2)]
         return torch.stack([torch.stack(row, dim=-2) for row in blocks], dim=-3)
     return J
+
+
+def structure_to_dense(J: torch.Tensor, structure: str) -> torch.Tensor:
+    """The dense ``(..., S, S)`` matrix of a structured Jacobian (inverse of extracting ``structure``)."""
+    if structure == "diag":
+        return torch.diag_embed(J)
+    if structure == "block2":  # (..., 2, 2, S/2): [i, j] = the diagonal of block (i, j)
+        rows = [torch.cat([torch.diag_embed(J[..., i, j, :]) for j in range(2)], dim=-1) for i in range(2)]
+        return torch.cat(rows, dim=-2)
+    return J
+
+
+def off_structure(dense: torch.Tensor, structure: str, dim: Optional[tuple[int, ...]] = None) -> torch.Tensor:
+    """``max |J_ij|`` outside ``structure`` / ``max |J|`` over dense ``J (..., S, S)``, reduced over ``dim`` (default: all)."""
+    S = dense.shape[-1]
+    dim = tuple(range(dense.dim())) if dim is None else dim
+    scale = dense.abs().amax(dim=dim).clamp_min(1e-300)
+    if structure == "block2" and S % 2:
+        return torch.full_like(scale, math.inf)
+    return dense.masked_fill(_structure_mask(structure, S, dense.device), 0).abs().amax(dim=dim) / scale
+
+
+def fitting_structure(offs: dict[str, float], rtol: float = JACOBIAN_RTOL) -> str:
+    """The first of ``STRUCTURES`` whose ``off_structure`` (``offs[structure]``) is within ``rtol``."""
+    return next((st for st in STRUCTURES if offs[st] <= rtol), "dense")
+
+
+def _parameter_draws(cell: nn.Module, draws: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """``cell``'s parameters and buffers in float64 for ``1 + draws`` draws: ``{name: (1 + draws, ...)}``.
+
+    Draw 0 is the parameters as built. Draw ``k >= 1`` sets each trainable parameter ``p`` (as built:
+    ``p0``) to ``p0 + sigma * N(0, 1)`` with ``sigma = max(rms(p0) / 2, 0.05)`` and applies
+    ``project_parameters_``: values training can reach. A parameter that starts at zero (a gate, a
+    coupling) gets random values of that scale; buffers and frozen parameters keep their values.
+    Run the cell's methods on the draws with ``_on_draws``; ``cell`` itself is not changed.
+    """
+    trainable = {n for n, p in cell.named_parameters() if p.requires_grad}
+    built = {n: t.detach().double() if t.is_floating_point() else t.detach()
+             for n, t in (dict(cell.named_parameters()) | dict(cell.named_buffers())).items()}
+    stacked = {n: [t] for n, t in built.items()}
+    with torch.no_grad():
+        for _ in range(draws):
+            moved = {n: t.clone() for n, t in built.items()}
+            for n in trainable:
+                b = built[n]
+                sigma = max(0.5 * float(b.square().mean().sqrt()) if b.numel() else 0.0, 0.05)
+                moved[n] += sigma * torch.randn(b.shape, generator=gen, dtype=b.dtype).to(b.device)
+            functional_call(cell, moved, ("project_parameters_",))  # in place, on the moved tensors
+            for n, t in moved.items():
+                stacked[n].append(t)
+    return {n: torch.stack(v) for n, v in stacked.items()}
+
+
+def _on_draws(cell: nn.Module, params: dict[str, torch.Tensor], method: str, *args: torch.Tensor) -> torch.Tensor:
+    """``cell.method(*args)`` for every draw of ``params`` at once; ``args`` have the draw dim first."""
+    return vmap(lambda p, *a: functional_call(cell, p, (method, *a)))(params, *args)
 
 
 class RNNCell(nn.Module):
@@ -147,51 +225,136 @@ class RNNCell(nn.Module):
             return self.jacobian_fn(h_prev, u)
         return autograd_jacobian(lambda h: self.state_update(h, u), h_prev, self.jacobian)
 
-    def verify_jacobian(self, probes: int = 8, rtol: float = 1e-6, raise_on_error: bool = True, seed: int = 0) -> JacobianCheck:
-        """Check the declared ``jacobian`` structure (and ``jacobian_fn``, if any) at random states.
+    def verify_jacobian(self, probes: int = 8, rtol: float = JACOBIAN_RTOL, raise_on_error: bool = True, seed: int = 0,
+                        param_draws: int = 2) -> JacobianCheck:
+        """Check the declared ``jacobian`` structure (and ``jacobian_fn``, if any) at random states and parameters.
 
-        Computes the dense Jacobian by reverse-mode autograd in float64 at ``probes`` random
-        ``(h, x)`` (standard normal) and measures the largest entry outside the declared structure
-        relative to the largest entry. Raises ``ValueError`` (or returns ``ok=False`` when
-        ``raise_on_error=False``) if it exceeds ``rtol``, or if ``jacobian_fn`` disagrees with autograd.
+        Computes the dense ``d state_update / d h`` by reverse-mode autograd in float64, one position
+        at a time (``vmap`` over positions), at ``probes`` random ``(h, x)`` (standard normal) for the
+        parameters as built and for ``param_draws`` random moves of every trainable parameter
+        (``_parameter_draws``: a coupling initialized to zero is caught although it is zero now), and
+        measures the largest entry outside the declared structure relative to the largest entry of the
+        same draw. Probes with non-finite Jacobians are left out. Raises ``ValueError`` (or returns
+        ``ok=False`` when ``raise_on_error=False``) if it exceeds ``rtol`` in any draw -- the message
+        names the structure that fits -- if ``jacobian_fn`` disagrees with autograd, or if the
+        derivative cannot be taken one position at a time.
         """
         d_in, S = self.sizes()
-        if self.jacobian == "block2" and S % 2:
-            raise ValueError(f"{type(self).__name__} declares jacobian='block2' but its state size {S} is odd")
-        cell = copy.deepcopy(self).double()
-        gen = torch.Generator().manual_seed(seed)
-        h = torch.randn(probes, S, generator=gen, dtype=torch.float64)
-        x = torch.randn(probes, d_in, generator=gen, dtype=torch.float64)
-        with torch.no_grad():
-            u = cell.input_projection(x)
-        dense = vmap(jacrev(lambda hh, uu: cell.state_update(hh, uu)))(h, u).detach()  # (P, S, S)
-        scale = dense.abs().max().clamp_min(1e-300)
-        mask = _structure_mask(self.jacobian, S)
-        off = float(dense.masked_fill(mask, 0).abs().max() / scale)
         name = type(self).__name__
-        problems = []
+        if self.jacobian == "block2" and S % 2:
+            raise ValueError(f"{name} declares jacobian='block2' but its state size {S} is odd")
+        gen = torch.Generator().manual_seed(seed)
+        params = _parameter_draws(self, param_draws, gen)
+        D, dev = 1 + param_draws, next(iter(params.values()), torch.empty(0)).device
+        h = torch.randn(D, probes, S, generator=gen, dtype=torch.float64).to(dev)
+        x = torch.randn(D, probes, d_in, generator=gen, dtype=torch.float64).to(dev)
+
+        def jac_one_draw(p, hh, uu):
+            return vmap(jacrev(lambda h1, u1: functional_call(self, p, ("state_update", h1, u1))))(hh, uu)
+
+        try:
+            with torch.no_grad():
+                u = _on_draws(self, params, "input_projection", x)
+            dense = vmap(jac_one_draw)(params, h, u).detach()  # (D, P, S, S)
+        except Exception as err:  # the user's step: say what we asked of it
+            message = (f"{name}: d state_update / d h cannot be taken one position at a time (torch.func vmap + "
+                       f"jacrev on h ({S},), x ({d_in},)): {type(err).__name__}: {err}; the step must act "
+                       "position-wise for any leading dims, including none")
+            if raise_on_error:
+                raise ValueError(message) from err
+            return JacobianCheck(False, self.jacobian, math.nan, None, message, "dense", 0)
+        finite = dense.flatten(2).isfinite().all(2)  # (D, P)
+        dense = dense.masked_fill(~finite[..., None, None], 0.0)
+        usable = finite.any(1)  # draws with a finite Jacobian somewhere
+        per_draw = torch.stack([off_structure(dense, st, dim=(1, 2, 3)) for st in STRUCTURES], 1)  # (D, structures)
+        per_draw = per_draw.masked_fill(~usable[:, None], 0.0).tolist()
+        offs = {st: max(row[i] for row in per_draw) for i, st in enumerate(STRUCTURES)}
+        k = STRUCTURES.index(self.jacobian)
+        off, off_built = offs[self.jacobian], per_draw[0][k]
+        fits = fitting_structure(offs, rtol)
+        finite_draws = int(usable[1:].sum())
+        where = f"{probes} random states x (built + {finite_draws} perturbed) parameters"
+        problems, closed = [], None
         if off > rtol:
-            rel = lambda st: float(dense.masked_fill(_structure_mask(st, S), 0).abs().max() / scale)  # noqa: E731
-            fits = next(st for st in STRUCTURES if (st != "block2" or S % 2 == 0) and rel(st) <= rtol)
-            problems.append(
-                f"{name} declares jacobian={self.jacobian!r} but d h'/d h has entries outside that structure "
-                f"(up to {off:.2g} of the largest); declare jacobian={fits!r}"
-            )
-        closed = None
+            at = ("at randomly moved parameters, not at the built ones (a coupling that starts at zero mixes the "
+                  "channels once training moves it)" if off_built <= rtol else "at random states")
+            problems.append(f"{name} declares jacobian={self.jacobian!r} but d h'/d h has entries outside that "
+                            f"structure (up to {off:.2g} of the largest) {at}; declare jacobian={fits!r}")
         if self.jacobian_fn is not None:
             with torch.no_grad():
-                got = cell.jacobian_fn(h, u)
+                got = _on_draws(self, params, "jacobian_fn", h, u)
             want = _to_structure(dense, self.jacobian)
             if tuple(got.shape) != tuple(want.shape):
-                problems.append(f"{name}.jacobian_fn returned shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+                problems.append(f"{name}.jacobian_fn returned shape {tuple(got.shape[1:])}, expected {tuple(want.shape[1:])}")
             else:
-                closed = float((got - want).abs().max() / scale)
+                scale = dense.abs().amax(dim=(1, 2, 3)).clamp_min(1e-300)
+                mask = finite.view(*finite.shape, *[1] * (got.dim() - 2))
+                diff = (got - want).masked_fill(~mask, 0.0).abs().flatten(1).amax(1) / scale
+                closed = float(diff.amax())
                 if closed > 1e-8:
-                    problems.append(f"{name}.jacobian_fn differs from autograd by {closed:.2g} (relative)")
-        message = "; ".join(problems) or f"{name}: jacobian={self.jacobian!r} verified at {probes} random states"
+                    problems.append(f"{name}.jacobian_fn differs from autograd by {closed:.2g} (relative) at {where}")
+        if not problems and not bool(usable.any()):
+            message = f"{name}: jacobian={self.jacobian!r} not checked: d h'/d h is non-finite at every probed state"
+        else:
+            message = "; ".join(problems) or f"{name}: jacobian={self.jacobian!r} verified at {where}"
         if problems and raise_on_error:
             raise ValueError(message)
-        return JacobianCheck(not problems, self.jacobian, off, closed, message)
+        return JacobianCheck(not problems, self.jacobian, off, closed, message, fits, finite_draws)
+
+    def verify_position_wise(self, rtol: float = 1e-9, raise_on_error: bool = True, seed: int = 0,
+                             param_draws: int = 2) -> PositionWiseCheck:
+        """Check that the step (``recurrence_step``, i.e. ``state_update(h, input_projection(x))``) acts on each position on its own.
+
+        The mixer calls the step on one step's states ``(B, S)`` (sequential) and on all ``(B, L, S)``
+        at once (parallel); a step that mixes positions (a cumulative op or a mean over a leading dim,
+        a branch on ``h.dim()``) gives different results in the two. Evaluates it in float64 at random
+        ``(h, x)`` with leading dims ``(3, 5)`` and compares with the same positions laid out as
+        ``(5, 3)`` and as 15 shuffled positions ``(15,)``, for the built
+        parameters and ``param_draws`` random moves of them (as ``verify_jacobian``). Raises
+        ``ValueError`` (or returns ``ok=False``) if they differ by more than ``rtol`` (relative).
+        """
+        d_in, S = self.sizes()
+        name = type(self).__name__
+        gen = torch.Generator().manual_seed(seed)
+        params = _parameter_draws(self, param_draws, gen)
+        D, dev = 1 + param_draws, next(iter(params.values()), torch.empty(0)).device
+        h = torch.randn(D, 3, 5, S, generator=gen, dtype=torch.float64).to(dev)
+        x = torch.randn(D, 3, 5, d_in, generator=gen, dtype=torch.float64).to(dev)
+        perm = torch.randperm(15, generator=gen).to(dev)
+
+        def step(hh, xx):
+            return _on_draws(self, params, "recurrence_step", hh, xx)
+
+        try:
+            with torch.no_grad():
+                ref = step(h, x)
+                layouts = {
+                    "(L, B) = (5, 3)": (step(h.transpose(1, 2), x.transpose(1, 2)).transpose(1, 2), ref),
+                    "(B*L,) = (15,) shuffled": (step(h.flatten(1, 2)[:, perm], x.flatten(1, 2)[:, perm]),
+                                                ref.flatten(1, 2)[:, perm]),
+                }
+        except Exception as err:
+            message = (f"{name}: the step failed on positions laid out differently (leading dims (5, 3), (15,)): "
+                       f"{type(err).__name__}: {err}; the step must act position-wise for any leading dims")
+            if raise_on_error:
+                raise ValueError(message) from err
+            return PositionWiseCheck(False, math.inf, message)
+        scale = float(ref.abs().nan_to_num(0.0, 0.0, 0.0).amax().clamp_min(1e-300))
+        worst, bad = 0.0, None
+        for layout, (got, want) in layouts.items():
+            same = (got == want) | (got.isnan() & want.isnan())
+            err = float(torch.where(same, 0.0, (got - want).abs()).nan_to_num(math.inf).amax()) / scale
+            if err > worst:
+                worst, bad = err, layout
+        if worst > rtol:
+            message = (f"{name} breaks the position-wise rule: state_update gives results that differ by up to "
+                       f"{worst:.2g} (relative) when the same positions are laid out as {bad} instead of (B, L) = "
+                       "(3, 5) (it mixes positions: a cumulative op, a mean or a branch over the leading dims); the "
+                       "step must act on each position on its own, for any leading dims")
+            if raise_on_error:
+                raise ValueError(message)
+            return PositionWiseCheck(False, worst, message)
+        return PositionWiseCheck(True, worst, f"{name}: position-wise (relative difference {worst:.1g} across layouts)")
 
     def check_shapes(self) -> None:
         """One-line ``ValueError`` if the step, projection, Jacobian or output have wrong shapes."""

@@ -31,31 +31,60 @@ in the other modes, the sequential result is returned and ``fallback_count`` inc
 (``on_divergence="fallback"``) or ``NewtonDivergenceError`` is raised (``"raise"``).
 ``newton_forwards`` counts the forwards in a Newton mode, so ``fallback_count / newton_forwards``
 is the fallback rate. ``last_newton_stats`` holds the max residuals of the last forward.
+
+The residual check cannot see a wrong Jacobian: Newton may still converge (more slowly) to the right
+states, but the backward pass solves the adjoint with the declared structure, so the gradients are
+wrong. ``verify=True`` (default) checks the cell at construction (``RNNCell.verify_position_wise``
+and ``RNNCell.verify_jacobian``, at random states and random moves of the parameters); training can
+still move a parameter into a coupling the declaration rules out. So with ``jacobian_check_every =
+N`` (default 100; ``0`` disables) the first and then every ``N``-th forward in a Newton mode that
+builds an autograd graph (a training forward) also compares, in float64 at ``JACOBIAN_CHECK_POSITIONS``
+sampled positions of its batch, the structured Jacobian the solve uses with autograd's dense one
+(``check_jacobian``). The other forwards do nothing extra; a checking forward reads one number on
+the host (a device sync), so it must not be captured in a CUDA graph (capture with
+``jacobian_check_every=0`` and call ``check_jacobian(x)`` outside the graph instead). If the
+relative difference exceeds ``JACOBIAN_RTOL``, ``on_divergence="raise"`` raises
+``JacobianMismatchError``, a ``ValueError`` naming the declared and the fitting structure; with
+``"fallback"`` the mixer warns once with the same line and from then on solves with the structure
+that fits and autograd Jacobians (``structure``, ``closed_form`` and ``jacobian_fallback`` record
+it; ``fused`` runs as ``parallel``), including the checking forward itself; a step that cannot be
+differentiated one position at a time breaks the position-wise rule, and the mixer then runs
+sequentially.
 """
 
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Optional
 
 import torch
 from torch import nn
-from torch.func import functional_call, vmap
+from torch.func import functional_call, jacrev, vmap
 
 import kernels.scan
 from kernels._triton import triton_available
 from kernels.newton import (
+    STRUCTURES,
     NewtonDivergenceError,
     NewtonStats,
+    autograd_jacobian,
     check_residual,
     newton_apply,
     residual,
     sequential_apply,
+    shift_states,
 )
 from kernels.scan import SCAN_BACKENDS
-from mixers.cells.base import RNNCell
+from mixers.cells.base import JACOBIAN_RTOL, RNNCell, fitting_structure, off_structure, structure_to_dense
 
 MODES = ("auto", "sequential", "parallel", "parallel-triton", "fused")
+#: positions (batch element, time step) per head sampled by the run-time Jacobian check
+JACOBIAN_CHECK_POSITIONS = 8
+
+
+class JacobianMismatchError(ValueError):
+    """The structured Jacobian a Newton solve uses differs from autograd's at the current parameters."""
 
 
 def _positive_int(name: str, value) -> int:
@@ -70,7 +99,10 @@ class CellMixer(nn.Module):
     Attributes: ``cells`` (one per head), ``last_newton_stats`` (``NewtonStats`` or ``None``),
     ``fallback_count`` (parallel results replaced by the sequential one since construction),
     ``retry_count`` (fused solves re-run with ``retry_iters`` iterations), ``newton_forwards``
-    (forwards in a parallel or fused mode since construction).
+    (forwards in a parallel or fused mode since construction), ``jacobian_checks`` (run-time Jacobian
+    checks run), ``structure`` / ``closed_form`` (the Jacobian structure the solve uses and whether
+    it uses the cell's ``jacobian_fn``: the cell's declaration unless a run-time check fell back) and
+    ``jacobian_fallback`` (the check's message when it fell back, else ``None``).
     """
 
     BACKENDS = MODES
@@ -90,6 +122,7 @@ class CellMixer(nn.Module):
         on_divergence: str = "fallback",
         verify: bool = True,
         retry_iters: Optional[int] = None,
+        jacobian_check_every: int = 100,
         cell_kwargs: Optional[dict] = None,
     ):
         super().__init__()
@@ -111,6 +144,8 @@ class CellMixer(nn.Module):
             raise ValueError(f"on_divergence must be 'fallback' or 'raise', got {on_divergence!r}")
         if not divergence_tol > 0:
             raise ValueError(f"divergence_tol must be > 0, got {divergence_tol!r}")
+        if not isinstance(jacobian_check_every, int) or isinstance(jacobian_check_every, bool) or jacobian_check_every < 0:
+            raise ValueError(f"jacobian_check_every must be an int >= 0 (0: no run-time check), got {jacobian_check_every!r}")
         if mode == "fused" and cell_class.fused_apply is None:
             raise ValueError(f"mode='fused' needs {cell_class.__name__}.fused_apply; use mode='parallel' or 'parallel-triton'")
         if mode == "parallel-triton" and cell_class.jacobian == "dense":
@@ -120,6 +155,7 @@ class CellMixer(nn.Module):
         cell = self.cells[0]
         cell.check_shapes()
         if verify:
+            cell.verify_position_wise()
             cell.verify_jacobian()
         self.d_model, self.num_heads, self.d_state, self.mode = d_model, H, d_state, mode
         self.d_in, self.state_size = cell.sizes()
@@ -136,6 +172,10 @@ class CellMixer(nn.Module):
         self.fallback_count = 0
         self.newton_forwards = 0
         self.retry_count = 0
+        self.jacobian_check_every, self.jacobian_checks = jacobian_check_every, 0
+        self.structure, self.closed_form = cell.jacobian, cell.jacobian_fn is not None
+        self.jacobian_fallback: Optional[str] = None
+        self._graph_forwards = 0
 
     # --- parameters and per-head calls -------------------------------------------------------------
     def stacked_parameters(self) -> dict[str, torch.Tensor]:
@@ -154,7 +194,7 @@ class CellMixer(nn.Module):
             return self._heads("state_update", dict(zip(names, values)), h_prev, u)
 
         jac = None
-        if self.cells[0].jacobian_fn is not None:
+        if self.closed_form:
 
             def jac(h_prev, u, *values):
                 return self._heads("jacobian_fn", dict(zip(names, values)), h_prev, u)
@@ -163,16 +203,23 @@ class CellMixer(nn.Module):
 
     # --- modes ---------------------------------------------------------------------------------------
     def resolve_mode(self, x: torch.Tensor) -> str:
-        """The mode a forward on ``x`` uses (``auto`` resolved)."""
-        if self.mode != "auto":
-            return self.mode
+        """The mode a forward on ``x`` uses (``auto`` resolved; after a run-time Jacobian fallback,
+        ``fused`` -> ``parallel``, ``parallel-triton`` with a dense structure -> ``parallel``, and
+        ``sequential`` if the step cannot be differentiated one position at a time)."""
+        mode = self.mode
         cls = type(self.cells[0])
-        if x.is_cuda:
-            if cls.fused_apply is not None:
-                return "fused"
-            if kernels.scan.AUTO_TRITON and "triton" in SCAN_BACKENDS and cls.jacobian != "dense":
-                return "parallel-triton"
-        return "parallel"
+        if mode == "auto":
+            mode = "parallel"
+            if x.is_cuda and cls.fused_apply is not None:
+                mode = "fused"
+            elif x.is_cuda and kernels.scan.AUTO_TRITON and "triton" in SCAN_BACKENDS and self.structure != "dense":
+                mode = "parallel-triton"
+        if self.jacobian_fallback is not None:
+            if self.structure is None:
+                return "sequential"
+            if mode == "fused" or (mode == "parallel-triton" and self.structure == "dense"):
+                return "parallel"
+        return mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x (B, L, d_model)`` -> ``(B, L, d_model)``."""
@@ -196,12 +243,23 @@ class CellMixer(nn.Module):
         return self.out_proj(y) if self.out_proj is not None else y
 
     def _run(self, mode: str, u: torch.Tensor, params: dict, x: torch.Tensor) -> torch.Tensor:
+        if mode == "sequential":
+            step, _, values = self._functions(params)
+            self.last_newton_stats = NewtonStats(residuals=[], mode="sequential")
+            return sequential_apply(step, u, values, state_size=self.state_size, time_dim=2)
+        self.newton_forwards += 1
+        h = self._solve(mode, u, params, x)
+        if self.jacobian_check_every and h.requires_grad and (self.structure != "dense" or self.closed_form):
+            due = self._graph_forwards % self.jacobian_check_every == 0
+            self._graph_forwards += 1
+            if due and self._jacobian_check(h, u, params):  # again, with the structure that fits (or sequentially)
+                mode = self.resolve_mode(x)
+                h = self._run(mode, u, params, x) if mode == "sequential" else self._solve(mode, u, params, x)
+        return h
+
+    def _solve(self, mode: str, u: torch.Tensor, params: dict, x: torch.Tensor) -> torch.Tensor:
         step, jac, values = self._functions(params)
         S = self.state_size
-        if mode == "sequential":
-            self.last_newton_stats = NewtonStats(residuals=[], mode="sequential")
-            return sequential_apply(step, u, values, state_size=S, time_dim=2)
-        self.newton_forwards += 1
         if mode == "fused":
             fused_apply = type(self.cells[0]).fused_apply
             h = fused_apply(params, u, iters=self.iters, tol=self.tol)
@@ -223,7 +281,7 @@ class CellMixer(nn.Module):
                 raise ValueError(f"mode='parallel-triton' cannot run Triton on {x.device} (needs CUDA, or TRITON_INTERPRET=1 on the CPU)")
             backend = "triton"
         h, stats = newton_apply(
-            step, u, values, state_size=S, structure=self.cells[0].jacobian, jac=jac, time_dim=2,
+            step, u, values, state_size=S, structure=self.structure, jac=jac, time_dim=2,
             iters=self.iters, tol=self.tol, damping=self.damping, backend=backend,
             check=self.check, divergence_tol=self.divergence_tol, on_divergence=self.on_divergence,
         )
@@ -251,22 +309,115 @@ class CellMixer(nn.Module):
         self.fallback_count += 1
         return sequential_apply(step, u, values, state_size=self.state_size, time_dim=2)
 
+    # --- the run-time Jacobian check ---------------------------------------------------------------
+    def jacobian_mismatch(self, h: torch.Tensor, u: torch.Tensor, params: dict, positions: int = JACOBIAN_CHECK_POSITIONS,
+                          seed: int = 0) -> Optional[tuple[str, Optional[str]]]:
+        """Compare the structured Jacobian the solve uses with autograd's dense one at sampled positions.
+
+        ``h (H, B, L, S)``: states, ``u (H, B, L, *feat)``: the heads' input projections, ``params``:
+        ``stacked_parameters()``. At ``positions`` positions ``(b, t)`` drawn with ``seed``, in float64:
+        ``J = d state_update / d h`` at ``(h_{t-1}, u_t)`` by reverse-mode autograd (dense), against
+        the Jacobian in ``structure`` (the closed form if ``closed_form``, else autograd in
+        ``structure``) written out densely. Returns ``None`` if they agree within ``JACOBIAN_RTOL``
+        of ``max |J|`` (or nothing is finite to compare), else ``(message, fitting structure)``, the
+        structure ``None`` if the derivative cannot be taken one position at a time. One host read.
+        """
+        B, L = h.shape[1:3]
+        if B * L == 0:
+            return None
+        gen = torch.Generator().manual_seed(seed)
+        flat = torch.randint(B * L, (min(positions, B * L),), generator=gen).to(h.device)
+        b, t = flat // L, flat % L
+        cell = self.cells[0]
+        with torch.no_grad():
+            hp = shift_states(h.detach(), 2)[:, b, t].double()  # (H, k, S)
+            uk = u.detach()[:, b, t].double()  # (H, k, *feat)
+            p64 = {n: v.detach().double() if v.is_floating_point() else v.detach() for n, v in params.items()}
+
+        def dense_one_head(p, hh, uu):
+            return vmap(jacrev(lambda h1, u1: functional_call(cell, p, ("state_update", h1, u1))))(hh, uu)
+
+        def structured_one_head(p, hh, uu):
+            if self.closed_form:
+                return functional_call(cell, p, ("jacobian_fn", hh, uu))
+            return autograd_jacobian(lambda h1: functional_call(cell, p, ("state_update", h1, uu)), hh, self.structure)
+
+        name = type(cell).__name__
+        try:
+            dense = vmap(dense_one_head)(p64, hp, uk).detach()  # (H, k, S, S)
+            used = structure_to_dense(vmap(structured_one_head)(p64, hp, uk).detach(), self.structure)
+        except Exception as err:  # noqa: BLE001 -- the user's step, one position at a time
+            message = (f"{name}: d state_update / d h cannot be taken one position at a time ({type(err).__name__}: "
+                       f"{err}): the step breaks the position-wise rule, so no Jacobian structure makes the Newton "
+                       "solve right")
+            return message, None
+        scale = dense.abs().amax().clamp_min(1e-300)
+        numbers = torch.stack([(used - dense).abs().amax() / scale, *[off_structure(dense, st) for st in STRUCTURES]])
+        err, *offs = numbers.tolist()
+        offs = dict(zip(STRUCTURES, offs))
+        if not err > JACOBIAN_RTOL:  # also False for NaN: nothing finite to compare
+            return None
+        fits = fitting_structure(offs)
+        where = f"at {len(flat)} positions of the batch, current parameters"
+        if offs[self.structure] > JACOBIAN_RTOL:
+            message = (f"{name} declares jacobian={self.structure!r} but d h'/d h has entries outside that structure "
+                       f"(up to {offs[self.structure]:.2g} of the largest) {where}: the Newton gradients would be off "
+                       f"by that order; declare jacobian={fits!r}")
+            return message, fits
+        message = (f"{name}.jacobian_fn differs from autograd by {err:.2g} (relative) {where}: the Newton gradients "
+                   f"would be off by that order; fix jacobian_fn or delete it (autograd in jacobian={self.structure!r})")
+        return message, self.structure
+
+    def check_jacobian(self, x: torch.Tensor) -> Optional[str]:
+        """The run-time Jacobian check on input ``x (B, L, d_model)``, states from the sequential loop.
+
+        Returns ``None`` if the structured Jacobian the solve uses matches autograd's, else the
+        one-line message; changes nothing (for use outside a captured CUDA graph, or by the probe).
+        """
+        with torch.no_grad():
+            for c in self.cells:
+                c.project_parameters_()
+            params = self.stacked_parameters()
+            B, L, _ = x.shape
+            xh = x.reshape(B, L, self.num_heads, self.d_in).permute(2, 0, 1, 3)
+            u = self._heads("input_projection", params, xh)
+            h = self._run("sequential", u, params, x)
+        found = self.jacobian_mismatch(h, u, params)
+        return None if found is None else found[0]
+
+    def _jacobian_check(self, h: torch.Tensor, u: torch.Tensor, params: dict) -> bool:
+        """Run the check; on a mismatch raise, or switch to the fitting structure (none: sequential). True if it switched."""
+        found = self.jacobian_mismatch(h, u, params, seed=self.jacobian_checks)
+        self.jacobian_checks += 1
+        if found is None:
+            return False
+        message, fits = found
+        if self.on_divergence == "raise":
+            raise JacobianMismatchError(message)
+        message += (f"; this mixer now solves with jacobian={fits!r} by autograd" if fits is not None
+                    else "; this mixer now runs sequentially")
+        warnings.warn(message, RuntimeWarning, stacklevel=6)
+        self.structure, self.closed_form, self.jacobian_fallback = fits, False, message
+        return True
+
     def extra_repr(self) -> str:
         return (
             f"cell={type(self.cells[0]).__name__}, d_model={self.d_model}, num_heads={self.num_heads}, "
-            f"d_state={self.d_state}, mode={self.mode!r}, iters={self.iters}, tol={self.tol}, damping={self.damping}"
+            f"d_state={self.d_state}, mode={self.mode!r}, iters={self.iters}, tol={self.tol}, damping={self.damping}, "
+            f"jacobian_check_every={self.jacobian_check_every}"
+            + (f", structure={self.structure!r} (run-time fallback)" if self.jacobian_fallback else "")
         )
 
 
 _MIXER_KEYS = ("d_state", "mode", "iters", "tol", "damping", "check", "divergence_tol", "on_divergence", "verify",
-               "retry_iters")
+               "retry_iters", "jacobian_check_every")
 
 
 def cell_mixer(cell_class: type, d_model: int, num_heads: int = 4, *, backend: Optional[str] = None, **config) -> CellMixer:
     """Build a ``CellMixer`` from ``cell_class``; keys not of the mixer go to the cell's ``__init__``.
 
     Mixer keys: ``d_state, mode (or backend), iters, tol, damping, check, divergence_tol,
-    on_divergence, verify, retry_iters``; e.g. ``cell_mixer(FlashGRUCell, 64, clip_norm=None)`` passes
+    on_divergence, verify, retry_iters, jacobian_check_every``; e.g. ``cell_mixer(FlashGRUCell, 64, clip_norm=None)`` passes
     ``clip_norm`` to every head's ``FlashGRUCell(d_in, d_state, clip_norm=None)``.
     """
     if backend is not None:

@@ -2,22 +2,25 @@
 
 Parallel (Newton) vs sequential agreement, forward and every gradient, for FlashGRU, FlashLSTM and
 three cells written here with only ``recurrence_step`` (diag, block2, dense); closed-form vs
-autograd Jacobians; ``verify_jacobian``; divergence fallback / raise; the fused hook; bad input;
-parameter layout and initialization; and a short parity run that must be solved.
+autograd Jacobians; ``verify_jacobian`` at random states and parameters; ``verify_position_wise``;
+the run-time Jacobian check; divergence fallback / raise; the fused hook; bad input; parameter
+layout and initialization; and a short parity run that must be solved.
 """
 
 import math
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
+from kernels._triton import triton_available
 from kernels.newton import NewtonDivergenceError, autograd_jacobian
 from kernels.scan import SCAN_BACKENDS
-from kernels._triton import triton_available
 from mixers import build_mixer, cell_mixer
 from mixers.cells import CellMixer, FlashGRUCell, FlashLSTMCell, RNNCell
 from mixers.cells.convergence import newton_residuals
+from mixers.cells.mixer import JacobianMismatchError
 
 
 class DiagCell(RNNCell):
@@ -69,6 +72,59 @@ class Block2DeclaredDiag(Block2Cell):
     jacobian = "diag"
 
 
+class ZeroCouplingDiag(DiagCell):
+    """Declares a diagonal Jacobian; mixes the state channels through R, which starts at zero."""
+
+    def __init__(self, d_in, d_state):
+        super().__init__(d_in, d_state)
+        self.R = nn.Parameter(torch.zeros(d_state, d_state))
+
+    def recurrence_step(self, h, x):
+        return torch.tanh(self.w * h + h @ self.R + x @ self.W)
+
+
+class ZeroPairingDiag(DiagCell):
+    """Declares a diagonal Jacobian; couples state half i with half 1 - i through c, which starts at zero."""
+
+    def __init__(self, d_in, d_state):
+        super().__init__(d_in, d_state)
+        self.c = nn.Parameter(torch.zeros(d_state))
+
+    def recurrence_step(self, h, x):
+        return torch.tanh(self.w * h + self.c * h.roll(h.shape[-1] // 2, -1) + x @ self.W)
+
+
+class ClosedFormIgnoresC(DiagCell):
+    """h' = tanh(w h + c h^2 + W x) with c starting at zero and a jacobian_fn that leaves c out."""
+
+    def __init__(self, d_in, d_state):
+        super().__init__(d_in, d_state)
+        self.c = nn.Parameter(torch.zeros(d_state))
+
+    def recurrence_step(self, h, x):
+        return torch.tanh(self.w * h + self.c * h * h + x @ self.W)
+
+    def jacobian_fn(self, h, u):
+        return (1 - self.recurrence_step(h, u) ** 2) * self.w
+
+
+class RunningMeanOverTime(DiagCell):
+    """Breaks the position-wise rule: given all positions (B, L, d), adds the running mean over time."""
+
+    def recurrence_step(self, h, x):
+        v = x @ self.W
+        if v.dim() >= 3:
+            v = v.cumsum(-2) / torch.arange(1, v.shape[-2] + 1, dtype=v.dtype)[:, None]
+        return torch.tanh(self.w * h + v)
+
+
+class CumsumOverDim2(DiagCell):
+    """Breaks the position-wise rule: a cumulative sum over the second-to-last dim (time, or batch)."""
+
+    def recurrence_step(self, h, x):
+        return torch.tanh(self.w * h + (x @ self.W).cumsum(-2))
+
+
 class ChaoticCell(RNNCell):
     """Expanding (|df/dh| up to 4): three Newton iterations are far from the solution."""
 
@@ -105,6 +161,8 @@ def test_parallel_matches_sequential(cell, L, dtype, tol):
     params = [x, *mixer.parameters()]
     y = mixer(x)
     assert not mixer.last_newton_stats.fell_back and mixer.last_newton_stats.mode == "parallel"
+    # the run-time Jacobian check ran on this first training forward (a dense autograd Jacobian needs none)
+    assert mixer.jacobian_checks == (0 if cell is DenseCell else 1) and mixer.jacobian_fallback is None
     gy = torch.randn_like(y)
     got = _grads(y, gy, params)
     mixer.mode = "sequential"
@@ -164,6 +222,127 @@ def test_verify_jacobian_catches_wrong_declarations():
 
     with pytest.raises(ValueError, match="jacobian_fn differs from autograd"):
         WrongClosedForm(4, 6).verify_jacobian()
+
+
+def test_verify_jacobian_at_random_parameters_catches_zero_initialized_couplings():
+    """At the built parameters these Jacobians fit the declaration; once a parameter moves they do not."""
+    for cell, fits in [(ZeroCouplingDiag, "dense"), (ZeroPairingDiag, "block2")]:
+        built = cell(4, 6).verify_jacobian(param_draws=0)  # what a check at the built parameters sees
+        assert built.ok and built.off_structure == 0.0
+        with pytest.raises(ValueError, match=f"declares jacobian='diag'.*at randomly moved parameters.*declare jacobian='{fits}'"):
+            cell(4, 6).verify_jacobian()
+        report = cell(4, 6).verify_jacobian(raise_on_error=False)
+        assert not report.ok and report.fits == fits and report.off_structure > 1e-3 and report.param_draws == 2
+        with pytest.raises(ValueError, match=f"declare jacobian='{fits}'"):
+            cell_mixer(cell, 8, num_heads=2)
+    with pytest.raises(ValueError, match="jacobian_fn differs from autograd"):
+        ClosedFormIgnoresC(4, 6).verify_jacobian()
+    assert ClosedFormIgnoresC(4, 6).verify_jacobian(param_draws=0).ok
+    # the moved parameters: every trainable parameter moved, buffers and frozen ones kept, the constraint applied
+    from mixers.cells.base import _parameter_draws
+
+    gru = FlashGRUCell(4, 6)
+    gru.b.requires_grad_(False)
+    draws = _parameter_draws(gru, 3, torch.Generator().manual_seed(0))
+    assert {k: tuple(v.shape) for k, v in draws.items()} == {"B": (4, 3, 4, 6), "b": (4, 3, 6), "a": (4, 3, 6)}
+    assert (draws["b"] == 0).all() and (draws["B"][1:] != draws["B"][0]).all()
+    assert float(draws["a"].abs().max()) <= gru.clip_norm and torch.equal(draws["a"][0].float(), gru.a.detach())
+
+
+def test_verify_position_wise():
+    for cell in (RunningMeanOverTime, CumsumOverDim2):
+        check = cell(4, 6).verify_position_wise(raise_on_error=False)
+        assert not check.ok and check.error > 0.1 and "breaks the position-wise rule" in check.message
+        with pytest.raises(ValueError, match="position-wise"):
+            cell_mixer(cell, 8, num_heads=2)
+    for cell in (*CELLS, ZeroCouplingDiag):
+        check = cell(4, 6).verify_position_wise()
+        assert check.ok and check.error < 1e-12
+
+
+def _moved_coupling_mixer(check_every, on_divergence="fallback"):
+    torch.manual_seed(0)
+    mixer = cell_mixer(ZeroCouplingDiag, 12, num_heads=2, mode="parallel", iters=30, tol=1e-13, verify=False,
+                       jacobian_check_every=check_every, on_divergence=on_divergence).double()
+    x = torch.randn(3, 40, 12, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):  # R = 0: the declaration holds
+        mixer(x).sum().backward()
+    with torch.no_grad():  # training moves the coupling
+        for c in mixer.cells:
+            c.R.normal_(0.0, 0.01)
+    return mixer, x
+
+
+def _grad_errors(mixer, x, tensors=None):
+    """Max relative errors of this forward's gradients (``x`` and ``tensors``; default: every parameter)
+    against the sequential loop's."""
+    gy = torch.randn(*x.shape, dtype=x.dtype, generator=torch.Generator().manual_seed(1))
+    tensors = [x, *(mixer.parameters() if tensors is None else tensors)]
+    got = _grads(mixer(x), gy, tensors)
+    mode, mixer.mode = mixer.mode, "sequential"
+    want = _grads(mixer(x), gy, tensors)
+    mixer.mode = mode
+    return [float((g - w).abs().max() / w.abs().max()) for g, w in zip(got, want)]
+
+
+def test_run_time_jacobian_check_catches_a_coupling_moved_by_training():
+    every = 4
+    # without the check the parallel gradients are silently wrong (the forward's residual check passes)
+    mixer, x = _moved_coupling_mixer(0)
+    errors = _grad_errors(mixer, x, [mixer.cells[0].R])
+    assert min(errors) > 1e-3 and not mixer.last_newton_stats.fell_back, errors
+    # raise: within `every` training forwards, naming the declared and the fitting structure
+    mixer, x = _moved_coupling_mixer(every, "raise")
+    with pytest.raises(JacobianMismatchError, match="declares jacobian='diag'.*declare jacobian='dense'"):
+        for _ in range(every):
+            mixer(x)
+    # no_grad forwards neither count nor check
+    mixer, x = _moved_coupling_mixer(every)
+    with torch.no_grad():
+        for _ in range(2 * every):
+            mixer(x)
+    assert mixer.jacobian_checks == 1 and mixer.jacobian_fallback is None  # the first forward only
+    # fallback: the checking forward and every later one solve with the dense structure by autograd
+    caught = None
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for k in range(every):
+            errors = _grad_errors(mixer, x)
+            if mixer.jacobian_fallback is not None:
+                caught = k
+                break
+    said = "declare jacobian='dense'; this mixer now solves with jacobian='dense' by autograd"
+    assert [str(w.message).endswith(said) for w in seen if w.category is RuntimeWarning] == [True]
+    assert caught is not None and caught < every and mixer.structure == "dense" and not mixer.closed_form
+    assert max(errors) < 1e-9, errors  # the checking forward's gradients are right
+    assert max(_grad_errors(mixer, x)) < 1e-9 and mixer.jacobian_checks == 2
+
+
+def test_run_time_jacobian_check_of_closed_forms_and_position_wise_steps():
+    torch.manual_seed(0)
+    x = torch.randn(2, 30, 8, dtype=torch.float64, requires_grad=True)
+    mixer = cell_mixer(ClosedFormIgnoresC, 8, num_heads=2, mode="parallel", iters=30, tol=1e-13, verify=False,
+                       jacobian_check_every=1, on_divergence="raise").double()
+    mixer(x)  # c = 0: the closed form is right
+    with torch.no_grad():
+        for c in mixer.cells:
+            c.c.normal_(0.0, 0.3)
+    assert "jacobian_fn differs from autograd" in mixer.check_jacobian(x)
+    with pytest.raises(JacobianMismatchError, match="jacobian_fn differs from autograd"):
+        mixer(x)
+    mixer.on_divergence = "fallback"
+    with pytest.warns(RuntimeWarning, match="now solves with jacobian='diag' by autograd"):
+        mixer(x)
+    assert mixer.structure == "diag" and not mixer.closed_form and max(_grad_errors(mixer, x)) < 1e-9
+    # a step that cannot be differentiated one position at a time: sequential from then on
+    cum = cell_mixer(CumsumOverDim2, 8, num_heads=2, mode="parallel", verify=False, jacobian_check_every=1).double()
+    with pytest.warns(RuntimeWarning, match="position-wise rule.*now runs sequentially"):
+        y = cum(x)
+    assert cum.resolve_mode(x) == "sequential" and cum.last_newton_stats.mode == "sequential"
+    cum.mode = "sequential"
+    torch.testing.assert_close(y, cum(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="jacobian_check_every must be an int >= 0"):
+        cell_mixer(DiagCell, 8, num_heads=2, jacobian_check_every=-1)
 
 
 def test_divergence_falls_back_or_raises():
