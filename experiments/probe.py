@@ -1,18 +1,27 @@
-"""``python -m experiments.probe module.path:MyCell [--quick]``: a report card for a new cell (SPEC §8.6).
+"""``python -m experiments.probe module.path:MyCell [--quick]``: a report card for a new cell.
 
-1. Imports the ``RNNCell`` subclass and checks its declared Jacobian structure (``verify_jacobian``)
-   and shapes.
+1. The rules a cell must follow for Newton-parallel training: shapes (``check_shapes``), a
+   position-wise step (``verify_position_wise``) and the declared Jacobian structure and closed
+   form (``verify_jacobian``) at random states and random moves of the parameters -- the full check,
+   with more states and parameter draws than the one at every mixer construction.
 2. Newton-parallel vs sequential: forward outputs and gradients (input and parameters) of the
-   multi-head mixer, in float64 and float32, with Newton run to convergence.
+   multi-head mixer, in float64 and float32, with Newton run to convergence, against tolerances
+   (``TOLERANCES``); plus the run-time Jacobian check (``CellMixer.check_jacobian``) at the states
+   the sequence visits.
 3. Newton iterations needed vs sequence length: max residual per iteration of freshly initialized
    cells (``mixers.cells.convergence.newton_residuals``), and the first iteration below tolerance.
 4. The four tasks' sweeps (Parity, Keep-nth, MQAR, k-hop) for the cell next to reference mixers,
    as one study (``--workers N`` spreads them over worker processes; re-running resumes).
 
+The verdict (first lines of the report card, ``probe.json["verdict"]``) fails the cell if it breaks
+a rule or if parallel and sequential disagree, and names the rule: ``shapes``, ``position-wise
+rule``, ``declared Jacobian structure``, ``closed-form Jacobian`` (``jacobian_fn``), ``non-finite``,
+or ``Newton-parallel vs sequential`` (disagreement with every rule followed: Newton did not
+converge). The command then exits with status 1. A failed cell is still swept, in sequential mode.
+
 Writes ``<out>/probe-report.md`` (the report card), ``probe.json`` (the numbers), and per task
 ``<out>/<task>/results.csv`` / ``table.md``. ``--quick`` (a few minutes on a CPU): short sequences,
 small data, 600 steps, one seed; the full version uses the ``default`` preset (the paper's sizes).
-A cell whose Jacobian declaration is wrong is still swept, in sequential mode.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import argparse
 import copy
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -55,21 +65,42 @@ def load_cell(spec: str) -> type:
     return obj
 
 
-def check_jacobian(cell_cls: type, d_in: int = 16, d_state: int = 16) -> dict[str, Any]:
-    """Shapes and the declared Jacobian structure at random states (float64 autograd)."""
+#: max relative error (max |parallel - sequential| / max |sequential|) of forward and gradients per dtype
+TOLERANCES = {"float64": 1e-8, "float32": 1e-3}
+#: the full check: random states per draw and random parameter draws (a mixer's construction uses 8 and 2)
+RULE_PROBES, RULE_PARAM_DRAWS = 32, 8
+
+
+def check_rules(cell_cls: type, d_in: int = 16, d_state: int = 16) -> dict[str, dict[str, Any]]:
+    """Shapes, the position-wise rule and the declared Jacobian at random states and parameters (float64)."""
     torch.manual_seed(0)
     cell = cell_cls(d_in, d_state)
+    rules: dict[str, dict[str, Any]] = {}
     try:
         cell.check_shapes()
+        rules["shapes"] = {"ok": True, "message": "shapes of the step, projection, Jacobian and output are consistent"}
     except (ValueError, TypeError) as err:
-        return {"ok": False, "structure": cell_cls.jacobian, "message": f"shape check: {err}"}
-    check = cell.verify_jacobian(raise_on_error=False)
-    return {"ok": check.ok, "structure": check.structure, "off_structure": check.off_structure,
-            "closed_form_error": check.closed_form_error, "message": check.message}
+        rules["shapes"] = {"ok": False, "message": f"shape check: {err}"}
+        return rules
+    pw = cell.verify_position_wise(raise_on_error=False, param_draws=RULE_PARAM_DRAWS)
+    rules["position_wise"] = {"ok": pw.ok, "error": pw.error, "message": pw.message}
+    jac = cell.verify_jacobian(probes=RULE_PROBES, param_draws=RULE_PARAM_DRAWS, raise_on_error=False)
+    rules["jacobian"] = {"ok": jac.ok, "structure": jac.structure, "fits": jac.fits, "off_structure": jac.off_structure,
+                         "closed_form_error": jac.closed_form_error, "param_draws": jac.param_draws, "message": jac.message}
+    return rules
 
 
 def _rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def _nan_max(values) -> float:
+    values = list(values)
+    return math.nan if any(math.isnan(v) for v in values) else max(values, default=0.0)
+
+
+def _finite(*tensors) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def agreement(cell_cls: type, d_model: int = 32, num_heads: int = 4, length: int = 64, batch: int = 4,
@@ -77,7 +108,11 @@ def agreement(cell_cls: type, d_model: int = 32, num_heads: int = 4, length: int
     """Max errors of Newton-parallel vs sequential (forward, input gradient, parameter gradients).
 
     Newton runs until the residual is below ``tol`` (at most ``iters`` iterations), without the
-    residual check (so a non-converged result shows instead of falling back).
+    residual check or the run-time Jacobian check (so what the solve does shows instead of a
+    fallback). Per dtype: the errors, ``finite`` (sequential and parallel results and gradients),
+    ``within`` (every error within ``TOLERANCES``) and Newton's iterations and final residual;
+    ``jacobian_at_states``: the run-time Jacobian check's message at the float64 sequence's states,
+    or ``None``.
     """
     from mixers.cells import cell_mixer
 
@@ -87,6 +122,7 @@ def agreement(cell_cls: type, d_model: int = 32, num_heads: int = 4, length: int
         seq = cell_mixer(cell_cls, d_model, num_heads, mode="sequential", verify=False).to(dtype)
         par = copy.deepcopy(seq)
         par.mode, par.iters, par.tol, par.check = "parallel", iters, tol if dtype == torch.float64 else 1e-6, False
+        par.jacobian_check_every = 0
         gen = torch.Generator().manual_seed(1)
         x = torch.randn(batch, length, d_model, generator=gen, dtype=dtype)
         w = torch.randn(batch, length, d_model, generator=gen, dtype=dtype)
@@ -98,13 +134,78 @@ def agreement(cell_cls: type, d_model: int = 32, num_heads: int = 4, length: int
             grads.append((y.detach(), xi.grad, {n: p.grad.clone() for n, p in mixer.named_parameters() if p.grad is not None}))
         (ys, gxs, gps), (yp, gxp, gpp) = grads
         name = str(dtype).replace("torch.", "")
-        out[name] = {
+        row = {
             "forward": _rel_max(yp, ys), "grad_input": _rel_max(gxp, gxs),
-            "grad_params": max((_rel_max(gpp[n], gps[n]) for n in gps if n in gpp), default=0.0),
+            "grad_params": _nan_max(_rel_max(gpp[n], gps[n]) for n in gps if n in gpp),
+            "sequential_finite": _finite(ys, gxs, *gps.values()), "parallel_finite": _finite(yp, gxp, *gpp.values()),
             "newton_iters": len(par.last_newton_stats.residuals) - 1 if par.last_newton_stats else None,
             "final_residual": par.last_newton_stats.final_residual if par.last_newton_stats else None,
         }
+        errors = [row["forward"], row["grad_input"], row["grad_params"]]
+        row["within"] = row["sequential_finite"] and row["parallel_finite"] and all(e <= TOLERANCES[name] for e in errors)
+        out[name] = row
+        if dtype == torch.float64:
+            out["jacobian_at_states"] = seq.check_jacobian(x)
     return out
+
+
+#: how the verdict line says that a rule is broken
+_BROKEN = {"shapes": "wrong shapes", "position-wise rule": "breaks the position-wise rule",
+           "declared Jacobian structure": "breaks its declared Jacobian structure",
+           "closed-form Jacobian": "its closed-form Jacobian (jacobian_fn) differs from autograd",
+           "non-finite": "non-finite states or gradients"}
+
+
+def verdict(rules: dict[str, dict[str, Any]], agree: dict[str, Any] | None) -> dict[str, Any]:
+    """PASS, or FAIL with the rules broken (most basic first) and one reason per rule."""
+    from mixers.cells.base import JACOBIAN_RTOL
+
+    broken: dict[str, str] = {}  # rule -> the first reason found
+
+    def jacobian_rule(message: str, off: float) -> str:
+        if "one position at a time" in message:
+            return "position-wise rule"
+        return "declared Jacobian structure" if off > JACOBIAN_RTOL else "closed-form Jacobian"
+
+    if not rules["shapes"]["ok"]:
+        broken["shapes"] = rules["shapes"]["message"]
+    if "position_wise" in rules and not rules["position_wise"]["ok"]:
+        broken["position-wise rule"] = rules["position_wise"]["message"]
+    jac = rules.get("jacobian")
+    if jac is not None and not jac["ok"]:
+        broken.setdefault(jacobian_rule(jac["message"], jac["off_structure"]), jac["message"])
+    if agree is not None and "error" in agree:
+        broken.setdefault("Newton-parallel vs sequential", f"the comparison failed: {agree['error']}")
+    elif agree is not None:
+        mismatch = agree.get("jacobian_at_states")
+        if mismatch:
+            broken.setdefault(jacobian_rule(mismatch, math.inf if "declares jacobian" in mismatch else 0.0), mismatch)
+        if not all(agree[d]["sequential_finite"] for d in TOLERANCES):  # no ground truth to compare with
+            broken.setdefault("non-finite", "the sequential loop itself gives non-finite states or gradients on "
+                                            "standard normal inputs")
+        else:
+            off = [f"{d} {what.replace('_', ' ')} {agree[d][what]:.1e} > {TOLERANCES[d]:g}"
+                   for d in TOLERANCES for what in ("forward", "grad_input", "grad_params")
+                   if not agree[d][what] <= TOLERANCES[d]]
+            if not all(agree[d]["parallel_finite"] for d in TOLERANCES):
+                off.insert(0, "Newton-parallel results or gradients are non-finite")
+            if off and broken:
+                broken["Newton-parallel vs sequential"] = "; ".join(off) + " (a consequence of the rule broken above)"
+            elif off:
+                res = ", ".join(f"{d} {agree[d]['final_residual']:.1e} after {agree[d]['newton_iters']} iterations"
+                                for d in TOLERANCES)
+                broken["Newton-parallel vs sequential"] = "; ".join(off) + f" (the rules hold; Newton's final residual: {res})"
+    if not broken:
+        return {"ok": True, "rules": [], "reasons": [],
+                "line": "PASS: follows the position-wise rule and its declared Jacobian at random states and "
+                        "parameters; Newton-parallel matches sequential (forward and gradients) within "
+                        + " / ".join(f"{t:g} ({d})" for d, t in TOLERANCES.items())}
+    rules_broken = list(broken)
+    named = [_BROKEN[r] for r in rules_broken if r in _BROKEN]
+    if "Newton-parallel vs sequential" in rules_broken:
+        named.append("Newton-parallel and sequential disagree" + ("" if named else " although the cell follows the rules"))
+    line = "FAIL: " + "; ".join(named)
+    return {"ok": False, "rules": rules_broken, "reasons": [f"{r}: {m}" for r, m in broken.items()], "line": line}
 
 
 def iterations_vs_length(cell_cls: type, lengths: list[int], d_model: int = 32, num_heads: int = 4, batch: int = 4,
@@ -149,24 +250,40 @@ def sweep_plans(cell: str, tasks: list[str], references: list[str], quick: bool,
     return plans
 
 
-def report_markdown(cell: str, jac: dict, agree: dict | None, conv: list[dict] | None, sweeps: dict[str, Any] | None,
-                    meta: dict[str, Any]) -> str:
+def report_markdown(cell: str, rules: dict, agree: dict | None, conv: list[dict] | None, sweeps: dict[str, Any] | None,
+                    meta: dict[str, Any], verdict_: dict[str, Any]) -> str:
     """The report card."""
-    lines = [f"# Probe report: `{cell}`", "",
-             f"{meta.get('mode', '')}; device {meta.get('device', 'cpu')}; {meta.get('date', '')}; "
-             f"{meta.get('versions', '')}", "", "## 1. Jacobian structure", "",
-             f"- declared `{jac['structure']}`: {'**OK**' if jac['ok'] else '**WRONG**'} — {jac['message']}"]
-    if jac.get("off_structure") is not None:
-        lines.append(f"- largest entry outside the declared structure: {jac['off_structure']:.2g} of the largest entry")
-    if agree:
+    header = (f"{meta.get('mode', '')}; device {meta.get('device', 'cpu')}; {meta.get('date', '')}; "
+              f"{meta.get('versions', '')}")
+    lines = [f"# Probe report: `{cell}`", "", header, "", f"**Verdict: {verdict_['line']}**"]
+    lines += [f"- {reason}" for reason in verdict_["reasons"]]
+    lines += ["", "## 1. Rules", ""]
+
+    def ok(rule: dict[str, Any]) -> str:
+        return "**OK**" if rule["ok"] else "**BROKEN**"
+
+    lines.append(f"- shapes: {ok(rules['shapes'])} — {rules['shapes']['message']}")
+    if "position_wise" in rules:
+        lines.append(f"- position-wise step: {ok(rules['position_wise'])} — {rules['position_wise']['message']}")
+    jac = rules.get("jacobian")
+    if jac is not None:
+        lines.append(f"- declared Jacobian `{jac['structure']}`: {'**OK**' if jac['ok'] else '**WRONG**'} — {jac['message']}")
+        if jac.get("off_structure") is not None and jac["off_structure"] == jac["off_structure"]:
+            lines.append(f"- largest entry outside the declared structure: {jac['off_structure']:.2g} of the largest entry "
+                         f"(the structure that fits: `{jac['fits']}`)")
+    if agree and "error" not in agree:
         lines += ["", "## 2. Newton-parallel vs sequential", "",
                   f"B={agree['batch']}, L={agree['length']}, d={agree['d_model']}; relative max errors "
-                  "(max |parallel − sequential| / max |sequential|), Newton run to convergence.", "",
-                  "| dtype | forward | grad input | grad params | Newton iterations | final residual |", "|---|---|---|---|---|---|"]
-        for name in ("float64", "float32"):
+                  "(max |parallel − sequential| / max |sequential|), Newton run to convergence without fallback; "
+                  "tolerance " + ", ".join(f"{t:g} ({d})" for d, t in TOLERANCES.items()) + ".", "",
+                  "| dtype | forward | grad input | grad params | within tolerance | Newton iterations | final residual |",
+                  "|---|---|---|---|---|---|---|"]
+        for name in TOLERANCES:
             a = agree[name]
             lines.append(f"| {name} | {a['forward']:.1e} | {a['grad_input']:.1e} | {a['grad_params']:.1e} | "
-                         f"{a['newton_iters']} | {a['final_residual']:.1e} |")
+                         f"{'yes' if a['within'] else '**no**'} | {a['newton_iters']} | {a['final_residual']:.1e} |")
+        lines += ["", "Run-time Jacobian check at the states of the float64 sequence: "
+                  + (agree["jacobian_at_states"] or "no mismatch (the Jacobian the solve uses matches autograd's where finite)")]
     if conv:
         width = max(len(r["residuals"]) for r in conv)
         lines += ["", "## 3. Newton iterations vs sequence length", "",
@@ -197,7 +314,10 @@ def report_markdown(cell: str, jac: dict, agree: dict | None, conv: list[dict] |
 def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = None, references: list[str] | None = None,
           workers: int = 0, device: str = "auto", max_steps: int | None = None, seeds: list[int] | None = None,
           lengths: list[int] | None = None, run_sweeps: bool = True, progress: bool = True) -> dict[str, Any]:
-    """Run every check and the sweeps; write the report card; returns the numbers (also ``probe.json``)."""
+    """Run every check and the sweeps; write the report card; returns the numbers (also ``probe.json``).
+
+    ``numbers["verdict"]``: ``ok``, the ``rules`` broken, one reason per rule and the verdict ``line``.
+    """
     from experiments.results import atomic_write_text, best_over_lrs, versions
 
     cell_cls = load_cell(cell)
@@ -206,12 +326,19 @@ def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = N
     lengths = lengths or ([16, 64, 256] if quick else [64, 256, 1024, 4096])
     out.mkdir(parents=True, exist_ok=True)
     numbers: dict[str, Any] = {"cell": cell}
-    log.info("1/4 Jacobian structure")
-    numbers["jacobian"] = jac = check_jacobian(cell_cls)
+    log.info("1/4 rules: shapes, position-wise step, Jacobian structure")
+    numbers["rules"] = rules = check_rules(cell_cls)
     agree = conv = None
-    if jac["ok"]:
+    if rules["shapes"]["ok"]:
         log.info("2/4 Newton-parallel vs sequential")
-        numbers["agreement"] = agree = agreement(cell_cls, length=32 if quick else 128)
+        try:
+            agree = agreement(cell_cls, length=32 if quick else 128)
+        except Exception as err:  # noqa: BLE001 -- the user's cell: report it on the card
+            agree = {"error": f"{type(err).__name__}: {err}"}
+        numbers["agreement"] = agree
+    numbers["verdict"] = verdict_ = verdict(rules, agree)
+    log.info("verdict: %s", verdict_["line"])
+    if verdict_["ok"]:
         log.info("3/4 Newton iterations vs length")
         numbers["convergence"] = conv = iterations_vs_length(cell_cls, lengths)
     sweeps = None
@@ -219,7 +346,7 @@ def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = N
         from experiments._plans import run_plans
 
         log.info("4/4 sweeps: %s × %s", ", ".join(tasks), ", ".join([cell, *references]))
-        options = {} if jac["ok"] else {"mode": "sequential", "verify": False}
+        options = {} if verdict_["ok"] else {"mode": "sequential", "verify": False}
         plans = sweep_plans(cell, tasks, references, quick, max_steps, seeds, options)
         results, info = run_plans(plans, out, "probe" + ("-quick" if quick else ""), workers, device,
                                   progress=progress, label=f"probe {cell_cls.__name__}")
@@ -243,7 +370,7 @@ def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = N
     meta = {"mode": "quick (CPU smoke sizes)" if quick else "full (default preset)", "date": time.strftime("%Y-%m-%d"),
             "device": device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"),
             "versions": ", ".join(f"{k} {v}" for k, v in versions().items()), "tol": 1e-6}
-    text = report_markdown(cell, jac, agree, conv, sweeps, meta)
+    text = report_markdown(cell, rules, agree, conv, sweeps, meta, verdict_)
     atomic_write_text(out / "probe-report.md", text)
     atomic_write_text(out / "probe.json", json.dumps(numbers, indent=1, default=lambda x: None if x != x else x))
     return numbers
@@ -254,9 +381,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(
         prog="python -m experiments.probe",
-        description="Report card for a new recurrent cell: Jacobian declaration, Newton-parallel vs sequential "
-                    "agreement (forward and gradients), Newton iterations vs length, and the four tasks' sweeps "
-                    "next to reference mixers.",
+        description="Report card for a new recurrent cell: its rules (position-wise step, declared Jacobian at "
+                    "random states and parameters), Newton-parallel vs sequential agreement (forward and gradients), "
+                    "Newton iterations vs length, and the four tasks' sweeps next to reference mixers. The verdict "
+                    "names the rule a failing cell breaks; the exit status is then 1.",
         epilog="CELL is 'module.path:ClassName' of an RNNCell subclass (mixers.cells.RNNCell) importable from the "
                "current directory. Example: python -m experiments.probe mycells:MinGRU --quick",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -295,11 +423,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--seeds/--lengths: expected comma-separated integers") from None
         cell_cls = load_cell(args.cell)
         out = args.out or Path("runs") / "probe" / (cell_cls.__name__ + ("-quick" if args.quick else ""))
-        probe(args.cell, out, args.quick, tasks, references, args.workers, args.device, args.max_steps, seeds,
-              lengths, run_sweeps=not args.no_sweeps, progress=not args.no_progress)
+        numbers = probe(args.cell, out, args.quick, tasks, references, args.workers, args.device, args.max_steps, seeds,
+                        lengths, run_sweeps=not args.no_sweeps, progress=not args.no_progress)
         print((out / "probe-report.md").read_text())
+        passed.append(numbers["verdict"]["ok"])
 
-    return run_cli(run, "re-run the same command to resume the sweeps")
+    passed: list[bool] = []
+    code = run_cli(run, "re-run the same command to resume the sweeps")
+    return code or (0 if passed and passed[0] else 1)
 
 
 if __name__ == "__main__":

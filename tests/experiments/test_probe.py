@@ -1,4 +1,4 @@
-"""``experiments.probe`` on cells defined here: report card, checks, sweeps next to a reference."""
+"""``experiments.probe`` on cells defined here: report card, rules, verdict, sweeps next to a reference."""
 
 import json
 import os
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 from torch import nn
 
@@ -41,11 +42,51 @@ class ProbeMisdeclaredCell(ProbeTanhCell):
         return torch.tanh(h @ self.R + x @ self.W)
 
 
+class ProbeZeroCouplingCell(ProbeTanhCell):
+    """Declares a diagonal Jacobian; mixes the state channels through R, which starts at zero."""
+
+    def __init__(self, d_in, d_state):
+        super().__init__(d_in, d_state)
+        self.R = nn.Parameter(torch.zeros(d_state, d_state))
+
+    def recurrence_step(self, h, x):
+        return torch.tanh(self.w * h + h @ self.R + x @ self.W)
+
+
+class ProbeRunningMeanCell(ProbeTanhCell):
+    """Breaks the position-wise rule: given all positions (B, L, d), adds the running mean over time."""
+
+    def recurrence_step(self, h, x):
+        v = x @ self.W
+        if v.dim() >= 3:
+            v = v.cumsum(-2) / torch.arange(1, v.shape[-2] + 1, dtype=v.dtype)[:, None]
+        return torch.tanh(self.w * h + v)
+
+
+class ProbeNonFiniteCell(ProbeTanhCell):
+    """log(0): -inf states."""
+
+    def recurrence_step(self, h, x):
+        return torch.tanh(self.w * h + x @ self.W) + torch.log(h * 0)
+
+
+class ProbeDenseCell(RNNCell):
+    jacobian = "dense"
+
+    def __init__(self, d_in, d_state):
+        super().__init__()
+        self.R = nn.Parameter(torch.randn(d_state, d_state) * 0.7 / d_state**0.5)
+        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in**0.5)
+
+    def recurrence_step(self, h, x):
+        return torch.tanh(h @ self.R + x @ self.W)
+
+
 def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     numbers = probe("test_probe:ProbeTanhCell", tmp_path, quick=True, tasks=["parity"], references=["gru"],
                     max_steps=30, lengths=[16, 64], progress=False)
-    assert numbers["jacobian"]["ok"]
+    assert numbers["rules"]["jacobian"]["ok"] and numbers["rules"]["position_wise"]["ok"] and numbers["verdict"]["ok"]
     for dtype, bound in (("float64", 1e-9), ("float32", 1e-4)):
         a = numbers["agreement"][dtype]
         assert a["forward"] < bound and a["grad_input"] < bound and a["grad_params"] < bound, a
@@ -54,7 +95,7 @@ def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch
     acc = numbers["sweeps"]["acc"]
     assert set(acc) == {"test_probe:ProbeTanhCell", "gru"} and all(0 <= a["parity"] <= 1 for a in acc.values())
     report = (tmp_path / "probe-report.md").read_text()
-    for heading in ("## 1. Jacobian structure", "## 2. Newton-parallel vs sequential", "## 3. Newton iterations",
+    for heading in ("**Verdict: PASS", "## 1. Rules", "## 2. Newton-parallel vs sequential", "## 3. Newton iterations",
                     "## 4. Tasks", "| test_probe:ProbeTanhCell |", "| gru |"):
         assert heading in report
     df = pd.read_csv(tmp_path / "parity" / "results.csv")
@@ -62,12 +103,55 @@ def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch
     assert json.loads((tmp_path / "probe.json").read_text())["cell"] == "test_probe:ProbeTanhCell"
 
 
-def test_probe_flags_a_wrong_jacobian_declaration(tmp_path, monkeypatch, capsys):
+def _probe_cli(cell, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    assert main(["test_probe:ProbeMisdeclaredCell", "--no-sweeps", "--out", str(tmp_path), "--no-progress"]) == 0
-    report = (tmp_path / "probe-report.md").read_text()
-    assert "**WRONG**" in report and "declare jacobian='dense'" in report
-    assert "## 2." not in report  # no Newton checks on a wrong declaration
+    code = main([f"test_probe:{cell}", "--no-sweeps", "--quick", "--lengths", "16", "--out", str(tmp_path), "--no-progress"])
+    return code, (tmp_path / "probe-report.md").read_text(), json.loads((tmp_path / "probe.json").read_text())
+
+
+def test_probe_fails_a_wrong_jacobian_declaration(tmp_path, monkeypatch):
+    code, report, numbers = _probe_cli("ProbeMisdeclaredCell", tmp_path, monkeypatch)
+    assert code == 1 and numbers["verdict"]["rules"] == ["declared Jacobian structure", "Newton-parallel vs sequential"]
+    assert "**Verdict: FAIL: breaks its declared Jacobian structure" in report and "declare jacobian='dense'" in report
+    assert "**WRONG**" in report and "## 3." not in report  # no convergence table for a failed cell
+    a = numbers["agreement"]["float64"]  # the consequence, shown: right forward, wrong gradients
+    assert a["forward"] < 1e-9 and a["grad_input"] > 1e-2 and not a["within"]
+
+
+def test_probe_fails_a_coupling_that_starts_at_zero(tmp_path, monkeypatch):
+    """Parallel and sequential agree at the built parameters; the rule check at moved parameters fails it."""
+    code, report, numbers = _probe_cli("ProbeZeroCouplingCell", tmp_path, monkeypatch)
+    assert code == 1 and numbers["verdict"]["rules"] == ["declared Jacobian structure"]
+    assert all(numbers["agreement"][d]["within"] for d in ("float64", "float32"))
+    assert "at randomly moved parameters" in report and "declare jacobian='dense'" in report
+    assert numbers["rules"]["jacobian"]["param_draws"] == 8
+
+
+def test_probe_fails_a_step_that_mixes_positions(tmp_path, monkeypatch):
+    code, report, numbers = _probe_cli("ProbeRunningMeanCell", tmp_path, monkeypatch)
+    assert code == 1 and numbers["verdict"]["rules"][0] == "position-wise rule"
+    assert "**Verdict: FAIL: breaks the position-wise rule; Newton-parallel and sequential disagree**" in report
+    assert "- position-wise step: **BROKEN**" in report
+    assert numbers["agreement"]["float64"]["forward"] > 0.1  # the table's error, now with its cause named
+    assert numbers["rules"]["jacobian"]["ok"]  # one position at a time the Jacobian is diagonal
+
+
+def test_probe_fails_a_non_finite_cell(tmp_path, monkeypatch):
+    code, report, numbers = _probe_cli("ProbeNonFiniteCell", tmp_path, monkeypatch)
+    assert code == 1 and numbers["verdict"]["rules"] == ["non-finite"]
+    assert "**Verdict: FAIL: non-finite states or gradients**" in report
+
+
+@pytest.mark.parametrize("cell", ["mixers.cells.flash:FlashGRUCell", "mixers.cells.flash:FlashLSTMCell",
+                                  "test_probe:ProbeDenseCell"])
+def test_probe_passes_honest_cells(cell, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    numbers = probe(cell, tmp_path, quick=True, lengths=[16], run_sweeps=False, progress=False)
+    assert numbers["verdict"]["ok"], numbers["verdict"]
+    for dtype, bound in (("float64", 1e-9), ("float32", 1e-4)):
+        a = numbers["agreement"][dtype]
+        assert a["forward"] < bound and a["grad_input"] < bound and a["grad_params"] < bound, a
+    assert numbers["agreement"]["jacobian_at_states"] is None
 
 
 def test_probe_cli_errors_are_one_line(tmp_path):
