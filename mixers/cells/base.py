@@ -273,7 +273,7 @@ class RNNCell(nn.Module):
         off, off_built = offs[self.jacobian], per_draw[0][k]
         fits = fitting_structure(offs, rtol)
         finite_draws = int(usable[1:].sum())
-        where = f"{probes} random states x (built + {finite_draws} perturbed) parameters"
+        where = f"{probes} random states x (built + {finite_draws} randomly moved) parameters"
         problems, closed = [], None
         if off > rtol:
             at = ("at randomly moved parameters, not at the built ones (a coupling that starts at zero mixes the "
