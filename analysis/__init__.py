@@ -3,7 +3,7 @@
 Each module is a CLI writing PNG + PDF figures and the CSV of every plotted number beside them:
 
 - ``python -m analysis.tables RESULTS...``: accuracy tables (Markdown, LaTeX, CSV) from
-  ``results.csv`` files, with the papers' numbers side by side (``analysis.paper_numbers``).
+  ``results.csv`` files, with the papers' numbers side by side (``experiments.paper``).
 - ``python -m analysis.newton``: Newton residual vs iteration for sequence lengths 2^6 … 2^14,
   for freshly initialized cells and for cells from trained checkpoints (paper 000 Fig. 4).
 - ``python -m analysis.transfer``: mLSTM transfer-gain heatmaps (paper 002 Fig. 3, 6, 7).

@@ -8,7 +8,7 @@ Two panels per cell, as in the paper:
 
 * **fresh**: a freshly initialized ``cell_mixer`` (seeded; ``--cell-option clip_norm=none`` etc.);
 * **trained**: the cell of a trained model from a sweep folder (``--checkpoints runs/parity-smoke``
-  holding ``trials/*/spec.json`` + ``model.pt``), per mixer the trial with the best validation accuracy.
+  holding ``trials/*/spec.json`` + ``checkpoints/best.ckpt``), per mixer the cell with the best validation accuracy.
 
 Any cell is accepted: registered names (``flashgru``, ``flashlstm``) or ``module.path:CellClass``.
 Inputs: ``random`` (N(0, 1), the mixer's width) or ``task`` / ``task:NAME`` — that task's sequences
@@ -95,39 +95,43 @@ def fresh_model(name: str, task: str, task_options: dict[str, Any], options: dic
 
 
 def load_trial(trial_dir: Path):
-    """``(spec dict, SingleLayerModel)`` rebuilt from ``spec.json`` and loaded from ``model.pt``."""
-    from experiments.train import TrialSpec, build_datamodule, build_module
+    """``(spec, SingleLayerModel)`` of a cell folder of a sweep: ``spec.json`` and ``checkpoints/best.ckpt``."""
+    from experiments.lit import LitSequenceModel
+    from experiments.train import BEST_CHECKPOINT, CHECKPOINT_DIR, TrialSpec
 
     trial_dir = Path(trial_dir)
-    for f in ("spec.json", "model.pt"):
+    for f in ("spec.json", f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"):
         if not (trial_dir / f).is_file():
-            raise ValueError(f"{trial_dir} has no {f} (a trial folder of experiments.sweep holds spec.json and model.pt)")
+            raise ValueError(f"{trial_dir} has no {f} (a cell folder of experiments.sweep holds spec.json and "
+                             f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT})")
     spec = TrialSpec.from_dict(json.loads((trial_dir / "spec.json").read_text()))
-    model = build_module(spec, build_datamodule(spec)).model
-    model.load_state_dict(torch.load(trial_dir / "model.pt", map_location="cpu", weights_only=True))
-    return spec, model.eval()
+    module = LitSequenceModel.load_from_checkpoint(trial_dir / CHECKPOINT_DIR / BEST_CHECKPOINT, map_location="cpu")
+    return spec, module.model.eval()
 
 
 def find_checkpoints(sweep_dir: Path, mixers: Sequence[str] | None = None) -> dict[str, Path]:
-    """Per mixer of ``sweep_dir/trials/*``, the trial folder with the best validation accuracy
-    (from ``results.csv`` when present, else the first folder); only ``mixers`` if given."""
+    """Per mixer of ``sweep_dir/trials/*``, the cell folder with the best validation accuracy
+    (from ``results.csv``'s ``trial_dir`` and ``best_val_acc`` when present, else the first folder);
+    only ``mixers`` if given."""
+    from experiments.train import BEST_CHECKPOINT, CHECKPOINT_DIR
+
     sweep_dir = Path(sweep_dir)
-    trials = sorted(p.parent for p in sweep_dir.glob("trials/*/model.pt") if (p.parent / "spec.json").is_file())
+    trials = sorted(p.parent.parent for p in sweep_dir.glob(f"trials/*/{CHECKPOINT_DIR}/{BEST_CHECKPOINT}")
+                    if (p.parent.parent / "spec.json").is_file())
     if not trials:
-        raise ValueError(f"no trained checkpoints under {sweep_dir}/trials/*/ (spec.json + model.pt); "
+        raise ValueError(f"no trained checkpoints under {sweep_dir}/trials/*/ (spec.json + {CHECKPOINT_DIR}/{BEST_CHECKPOINT}); "
                          "give the output folder of experiments.sweep")
-    score: dict[int, float] = {}
+    score: dict[str, float] = {}
     if (sweep_dir / "results.csv").is_file():
         res = pd.read_csv(sweep_dir / "results.csv")
-        if {"trial", "best_val_acc"} <= set(res.columns):
-            score = {int(t): float(a) for t, a in zip(res["trial"], res["best_val_acc"].fillna(-1.0))}
+        if {"trial_dir", "best_val_acc"} <= set(res.columns):
+            score = {Path(str(d)).name: float(a) for d, a in zip(res["trial_dir"], res["best_val_acc"].fillna(-1.0))}
     best: dict[str, tuple[float, Path]] = {}
     for path in trials:
         mixer = json.loads((path / "spec.json").read_text())["mixer"]
         if mixers is not None and mixer not in mixers:
             continue
-        number = int(path.name.split("-")[0]) if path.name.split("-")[0].isdigit() else -1
-        s = score.get(number, -1.0)
+        s = score.get(path.name, -1.0)
         if mixer not in best or s > best[mixer][0]:
             best[mixer] = (s, path)
     if mixers is not None:
@@ -228,7 +232,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cells", type=csv_list(str), default=None,
                    help="comma-separated registered cell mixers or module.path:CellClass (default: flashgru,flashlstm; "
                         "with --checkpoints: every cell mixer found there)")
-    p.add_argument("--checkpoints", type=Path, help="a sweep folder (trials/*/spec.json + model.pt): add the trained panel")
+    p.add_argument("--checkpoints", type=Path, help="a sweep folder (trials/*/spec.json + checkpoints/best.ckpt): add the trained panel")
     p.add_argument("--no-fresh", action="store_true", help="only the trained panel")
     p.add_argument("--inputs", default="random",
                    help="'random' (N(0,1)), 'task' (each checkpoint's task) or 'task:NAME' (default: %(default)s)")

@@ -1,4 +1,4 @@
-"""``python -m analysis.tables RESULTS...``: accuracy tables from one or more ``results.csv`` (SPEC §9.1).
+"""``python -m analysis.tables RESULTS...``: accuracy tables from one or more ``results.csv``.
 
 Per (task, mixer, seed) the learning rate with the best validation accuracy
 (``experiments.results.best_over_lrs``); then per (task, mixer) the best and the mean ± std
@@ -12,7 +12,8 @@ With ``--paper NAME`` (a reproduction preset: ``pararnn-table6``, ``pararnn-tabl
 statistic the paper reports (best seed, or mean over seeds).
 
 Writes ``table.md`` (a mixer × task summary, then the details per task), ``table.tex`` (the summary,
-booktabs) and ``table.csv`` (every number, long form) into ``--out`` (default: the first input's folder).
+booktabs) and ``table.csv`` (every number, long form) into ``--out`` (default: ``analysis-out/tables``; never
+a sweep's own folder, so the sweep's ``table.md`` is never overwritten).
 """
 
 from __future__ import annotations
@@ -30,13 +31,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.cli import run, setup_logging
-from analysis.paper_numbers import (
-    PaperEntry,
-    full_task_config,
-    match_entry,
-    paper_entries,
-    reproduction_presets,
-)
+from experiments.paper import PaperEntry, full_task_config, match_entry, paper_entries, reproduction_presets
 
 log = logging.getLogger("analysis.tables")
 
@@ -291,7 +286,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("results", nargs="+", help="results.csv files or sweep folders holding one")
     p.add_argument("--paper", help=f"put this paper table's numbers beside ours; one of: {papers}")
-    p.add_argument("--out", type=Path, help="output folder (default: the folder of the first input)")
+    p.add_argument("--out", type=Path, default=Path("analysis-out/tables"), help="output folder (default: %(default)s)")
     p.add_argument("--quiet", action="store_true", help="do not print the Markdown table")
     return p
 
@@ -301,8 +296,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     setup_logging()
     df = load_results(args.results)
     summary = summary_table(df, args.paper)
-    first = Path(args.results[0])
-    out = args.out or (first if first.is_dir() else first.parent)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     sources = list(dict.fromkeys(df["source"]))
     md = to_markdown(summary, sources, args.paper)

@@ -1,11 +1,27 @@
-"""Shared plumbing of the command-line tools: a user mistake (``ValueError``) becomes a one-line
-``error: ...`` with exit code 2, Ctrl-C a one-line resume hint with exit code 130; never a traceback.
+"""Shared plumbing of the command-line tools.
+
+- ``run_cli``: a user mistake (``ValueError``) becomes a one-line ``error: ...`` with exit code 2,
+  Ctrl-C a one-line resume hint with exit code 130; never a traceback.
+- ``Parser``: an ``ArgumentParser`` with one-line errors; argument types (``positive_int``,
+  ``nonnegative_int``, ``int_list``, ``positive_float_list``, ``str_list``, ``key_value``).
+- Checks made before any training: ``check_output_folder``, ``check_device``.
+- ``add_run_arguments``: the options every training CLI shares (``--workers``, ``--device``,
+  ``--storage``, ``--stale-timeout``, ``--retry-failed``, ``--logger``, ``--mps``, ``--no-progress``).
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import re
 import sys
-from typing import Callable
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+_NUMBER = re.compile(r"^-[\d.]")
 
 
 def run_cli(body: Callable[[], None], resume_hint: str = "re-run the same command to resume") -> int:
@@ -19,3 +35,148 @@ def run_cli(body: Callable[[], None], resume_hint: str = "re-run the same comman
         print(f"interrupted: {resume_hint}", file=sys.stderr)
         return 130
     return 0
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (``error: ...``, exit code 2) and whose options
+    take negative numbers as values (``--lrs -1e-3`` reaches the value check instead of being read
+    as an unknown option)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    def parse_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        joined: list[str] = []
+        for token in argv:
+            if joined and joined[-1].startswith("--") and "=" not in joined[-1] and _NUMBER.match(token):
+                joined[-1] = f"{joined[-1]}={token}"
+            else:
+                joined.append(token)
+        return super().parse_args(joined, namespace)
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def int_list(text: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]`` (non-negative)."""
+    values = [nonnegative_int(x) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}")
+    return values
+
+
+def positive_float_list(text: str) -> list[float]:
+    """``"1e-3,3e-4"`` -> ``[0.001, 0.0003]`` (each > 0)."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers, got {text!r}") from None
+    bad = [v for v in values if not v > 0]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"must be numbers > 0, got {text!r}")
+    return values
+
+
+def str_list(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return values
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    """``"seq_len=64"`` -> ``("seq_len", 64)`` (the value parsed as YAML)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), yaml.safe_load(value)
+
+
+def check_output_folder(path: Path) -> Path:
+    """Create ``path`` if needed and check that files can be written there; one-line ``ValueError`` if not."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {str(path)!r} is a file, not a folder: choose another path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write to --out {str(path)!r}: {err.strerror or err}") from None
+    return path
+
+
+def check_device(device: str) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` that exists on this machine; one-line ``ValueError`` if not."""
+    from experiments.train import resolve_device
+
+    resolve_device(device)
+    return device
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options shared by the CLIs that train (sweep, reproduce, probe)."""
+    from experiments.mps import add_mps_argument
+    from experiments.study import STALE_TIMEOUT
+    from experiments.train import LOGGERS
+
+    parser.add_argument("--workers", type=nonnegative_int, default=0, metavar="N",
+                        help="run trials in N worker processes on this machine (spread over the visible GPUs, several "
+                             "per GPU; on a CPU one thread each); 0 (default): in this process")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    parser.add_argument("--storage", help="Optuna storage URL shared by workers on several machines (postgresql://...); "
+                                          "default: a JournalStorage file in the output folder")
+    parser.add_argument("--stale-timeout", type=float, default=STALE_TIMEOUT, metavar="S",
+                        help="seconds without a heartbeat after which another worker's running trial counts as dead and "
+                             "its cell is re-run (a dead process on this host is detected at once; default: %(default)s)")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="re-run cells whose trial failed for a final reason (NaN loss, an error)")
+    parser.add_argument("--logger", choices=LOGGERS, default="csv",
+                        help="step log of each trial: csv (default), tensorboard (pip install "
+                             "'expressivity-suite[tensorboard]'; then tensorboard --logdir OUT/trials) or none")
+    add_mps_argument(parser)
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (a line per finished cell instead; automatic when not on a terminal)")
+
+
+def check_run_arguments(args: argparse.Namespace, out: Path) -> None:
+    """Everything about the run options that can be checked before training (one-line errors)."""
+    from experiments.train import check_logger
+
+    check_device(args.device)
+    check_logger(args.logger)
+    if args.stale_timeout <= 0:
+        raise ValueError(f"--stale-timeout must be > 0 seconds, got {args.stale_timeout}")
+    if args.mps and not args.workers:
+        raise ValueError("--mps applies to worker processes: give --workers N too")
+    check_output_folder(out)
+
+
+def on_terminal() -> bool:
+    """Is standard error an interactive terminal (where a progress bar makes sense)?"""
+    return os.isatty(sys.stderr.fileno()) if hasattr(sys.stderr, "fileno") else False

@@ -1,19 +1,27 @@
-"""The LightningModule (SPEC §8.1): cross-entropy over scored positions, AdamW with a cosine schedule
-and linear warmup, torchmetrics token accuracy (micro) and exact match on validation and test sets.
+"""The LightningModule: cross-entropy over scored positions, AdamW with a cosine schedule and linear
+warmup, torchmetrics token accuracy (micro), exact match and final-position accuracy on the
+validation and test sets.
 
-Metric names: ``val/acc``, ``val/exact``, and for each test set ``<name>/acc``, ``<name>/exact``
-(``test``, then ``len<L>`` per extrapolation length).
+Metric names: ``val/acc``, ``val/exact``, ``val/last_acc``, and for each test set ``<name>/acc``,
+``<name>/exact``, ``<name>/last_acc`` (``test``, then ``len<L>`` per extrapolation length).
+``acc`` averages over every scored position, ``last_acc`` scores only the last scored position of
+each sequence (where a single-label task puts its label), so one run gives both readings.
+
+The hyperparameters are plain data (``save_hyperparameters``), so a checkpoint rebuilds its model:
+``LitSequenceModel.load_from_checkpoint(path)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MetricCollection
+from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassExactMatch
 
 from experiments.model import ModelConfig, SingleLayerModel
@@ -24,11 +32,39 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
+def last_scored(preds: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``preds``, ``targets (N, L)`` -> ``(N',)`` each: the last scored position of every sequence that has one."""
+    positions = torch.arange(targets.shape[1], device=targets.device).expand_as(targets)
+    last = torch.where(targets != IGNORE_INDEX, positions, -1).amax(dim=1)
+    rows = (last >= 0).nonzero().squeeze(1)
+    return preds[rows, last[rows]], targets[rows, last[rows]]
+
+
+class LastPositionAccuracy(Metric):
+    """Accuracy at the last scored position of each sequence (``update(preds (N, L), targets (N, L))``)."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("correct", default=torch.tensor(0), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, targets: torch.Tensor) -> None:
+        p, t = last_scored(preds, targets)
+        self.correct += (p == t).sum()
+        self.total += t.numel()
+
+    def compute(self) -> torch.Tensor:
+        return self.correct.float() / self.total.clamp_min(1)
+
+
 def _metrics(num_classes: int, prefix: str) -> MetricCollection:
     return MetricCollection(
         {
             "acc": MulticlassAccuracy(num_classes=num_classes, average="micro", ignore_index=IGNORE_INDEX),
             "exact": MulticlassExactMatch(num_classes=num_classes, multidim_average="global", ignore_index=IGNORE_INDEX),
+            "last_acc": LastPositionAccuracy(),
         },
         prefix=f"{prefix}/",
     )
@@ -46,7 +82,8 @@ class LitSequenceModel(L.LightningModule):
     """Trains a ``SingleLayerModel``.
 
     Args:
-        model_config: the model (see ``ModelConfig``).
+        model: the model's ``ModelConfig`` as a plain dict (``dataclasses.asdict``; a ``ModelConfig`` is
+            converted), so the hyperparameters saved in checkpoints are plain data.
         lr: peak learning rate; ``weight_decay``, ``betas``: AdamW (paper: 1e-6, (0.9, 0.999)).
         max_steps: the schedule's length; ``warmup_ratio``: fraction of it spent warming up.
         test_set_names: names of the test dataloaders, in order.
@@ -54,17 +91,23 @@ class LitSequenceModel(L.LightningModule):
 
     def __init__(
         self,
-        model_config: ModelConfig,
+        model: dict[str, Any] | ModelConfig,
         lr: float = 5e-4,
         weight_decay: float = 1e-6,
-        betas: tuple[float, float] = (0.9, 0.999),
+        betas: tuple[float, float] | list[float] = (0.9, 0.999),
         max_steps: int = 10_000,
         warmup_ratio: float = 0.1,
-        test_set_names: tuple[str, ...] = ("test",),
+        test_set_names: tuple[str, ...] | list[str] = ("test",),
     ) -> None:
         super().__init__()
         if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
+        model_config = model if isinstance(model, ModelConfig) else ModelConfig(**model)
+        self.save_hyperparameters({
+            "model": dataclasses.asdict(model_config), "lr": float(lr), "weight_decay": float(weight_decay),
+            "betas": [float(b) for b in betas], "max_steps": int(max_steps), "warmup_ratio": float(warmup_ratio),
+            "test_set_names": list(test_set_names),
+        })
         self.model = SingleLayerModel(model_config)
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
         self.max_steps, self.warmup_ratio = max_steps, warmup_ratio

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from experiments.train import TrainConfig
+from experiments.train import TrainConfig, TrialSpec
 
 PRESET_DIR = Path(__file__).with_name("presets")
 
@@ -127,3 +127,15 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         extrapolation=merged.get("extrapolation"),
         description=data.get("description", ""),
     )
+
+
+def build_specs(plan: SweepPlan, device: str = "auto") -> list[TrialSpec]:
+    """The grid of ``plan``: one ``TrialSpec`` per (mixer, seed, lr), in that nesting order."""
+    return [
+        TrialSpec(
+            task=plan.task, mixer=mixer, lr=lr, seed=seed, task_options=plan.task_options,
+            mixer_options=plan.mixer_options.get(mixer, {}), block=plan.block, positional=plan.positional,
+            extrapolation=plan.extrapolation, train=plan.train, device=device,
+        )
+        for mixer in plan.mixers for seed in plan.seeds for lr in plan.lrs
+    ]

@@ -343,7 +343,7 @@ def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = N
         numbers["convergence"] = conv = iterations_vs_length(cell_cls, lengths)
     sweeps = None
     if run_sweeps:
-        from experiments._plans import run_plans
+        from experiments.runner import run_plans
 
         log.info("4/4 sweeps: %s × %s", ", ".join(tasks), ", ".join([cell, *references]))
         options = {} if verdict_["ok"] else {"mode": "sequential", "verify": False}

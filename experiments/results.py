@@ -1,29 +1,47 @@
-"""Results files (SPEC §8.3): ``results.csv`` (one row per grid cell) and ``table.md``.
+"""Results files: ``results.csv`` (one row per grid cell, the source of truth) and ``table.md``.
 
-The table: for each (mixer, seed) the learning rate with the best validation accuracy; then per
-mixer the best and the mean ± std over seeds of the test accuracy (and extrapolation accuracy).
-Failed cells are counted and shown.
+``collect`` reads the study: per cell its completed trial, else its latest failed one, else a row
+saying the cell has no result yet (``status`` ``running``, ``waiting`` or ``missing``), so an
+unfinished grid is visible in every table. The table, rendered by pandas: for each (entry, mixer,
+seed) the learning rate with the best validation accuracy; then per (entry, mixer) the best and the
+mean ± std over seeds of the test accuracy (the best checkpoint's), extrapolation accuracies, and
+counts of failed and missing cells; for Newton mixers the share of forwards that fell back to the
+sequential loop or were re-solved.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-from experiments.study import trials_by_cell
-from kernels.bench.common import git_commit
+log = logging.getLogger("experiments.results")
 
-ID_COLUMNS = ["task", "task_config", "mixer", "mixer_config", "backend", "block", "positional", "seed", "lr"]
+#: metrics shown in table.md, in this order, when present
+TABLE_METRICS = ("test/acc", "test/last_acc", "test/exact", "extrap/mean_acc")
+#: a mixer that falls back to the sequential loop in more forwards than this gets a console warning
+FALLBACK_WARNING = 0.05
+
+
+def git_describe() -> str:
+    """The suite's git commit, ``-dirty`` when the work tree has uncommitted changes (``unknown`` outside git)."""
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def versions() -> dict[str, str]:
-    """Versions of the libraries a result depends on, and the suite's git commit."""
+    """Versions of the libraries a result depends on, and the suite's git commit (with a dirty flag)."""
     import lightning
     import torch
 
@@ -32,16 +50,15 @@ def versions() -> dict[str, str]:
         import triton
 
         out["triton"] = triton.__version__
-    except Exception:
+    except ImportError:
         out["triton"] = "none"
-    out["commit"] = git_commit()
+    out["commit"] = git_describe()
     return out
 
 
-def _row(trial: FrozenTrial) -> dict[str, Any]:
-    spec = trial.user_attrs["spec"]
-    status = {TrialState.COMPLETE: "ok", TrialState.FAIL: "failed"}.get(trial.state, trial.state.name.lower())
-    row: dict[str, Any] = {
+def _spec_columns(entry: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "entry": entry,
         "task": spec["task"],
         "task_config": json.dumps(spec["task_options"], sort_keys=True),
         "mixer": spec["mixer"],
@@ -53,31 +70,42 @@ def _row(trial: FrozenTrial) -> dict[str, Any]:
         "seed": spec["seed"],
         "lr": spec["lr"],
         "max_steps": spec["train"]["max_steps"],
-        "status": status,
-        "failure": trial.user_attrs.get("failure", ""),
-        "error": trial.user_attrs.get("error", ""),
-        "trial": trial.number,
     }
+
+
+def _row(entry: str, trial: FrozenTrial) -> dict[str, Any]:
+    status = {TrialState.COMPLETE: "ok", TrialState.FAIL: "failed"}.get(trial.state, trial.state.name.lower())
+    row = {**_spec_columns(entry, trial.user_attrs["spec"]), "status": status,
+           "failure": trial.user_attrs.get("failure", ""), "error": trial.user_attrs.get("error", ""), "trial": trial.number}
     for key, value in trial.user_attrs.get("result", {}).items():
         row[key] = json.dumps(value) if isinstance(value, list) else value
     return row
 
 
-def collect(study, cells: Iterable[str], meta: dict[str, Any] | None = None) -> pd.DataFrame:
-    """One row per cell: its completed trial, else its latest failed one; pending cells are skipped.
+def collect(grid, cells: Iterable[tuple[str, Any]], meta: dict[str, Any] | None = None) -> pd.DataFrame:
+    """One row per cell ``(entry, spec)``: its completed trial, else its final failed one, else a row with
+    the cell's state (``running``, ``waiting``, or ``missing``: never started, or interrupted and to be re-run).
 
-    ``meta`` (e.g. ``versions()``) fills the columns a trial did not record itself (trials record the
-    versions they ran with; older ones did not).
+    ``meta`` (e.g. ``versions()``) fills the version columns of trials that did not record them.
     """
-    by_cell = trials_by_cell(study)
+    from experiments.study import cell_id, cell_state
+
+    by_cell = grid.trials_by_cell()
     rows = []
-    for cell in cells:
-        trials = by_cell.get(cell, [])
-        done = [t for t in trials if t.state == TrialState.COMPLETE] or [
-            t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("failure") != "duplicate"
-        ]
-        if done:
-            rows.append({**(meta or {}), **_row(max(done, key=lambda t: t.number))})
+    for entry, spec in cells:
+        trials = by_cell.get(cell_id(spec), [])
+        state = cell_state(trials)
+        if state == "done":
+            done = [t for t in trials if t.state == TrialState.COMPLETE] or [
+                t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("failure") != "duplicate"]
+            rows.append({**(meta or {}), **_row(entry, max(done, key=lambda t: t.number))})
+            continue
+        status = "missing"
+        if state == "pending":
+            status = "running" if any(t.state == TrialState.RUNNING for t in trials) else "waiting"
+        failed = [t for t in trials if t.state == TrialState.FAIL]
+        last = max(failed, key=lambda t: t.number).user_attrs.get("failure", "") if failed else ""
+        rows.append({**_spec_columns(entry, spec.to_dict()), "status": status, "failure": last})
     return pd.DataFrame(rows)
 
 
@@ -89,7 +117,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_results(df: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """``results.csv`` (+ ``results.parquet`` when pyarrow is installed) and ``table.md``."""
+    """``results.csv`` (+ ``results.parquet`` with the ``parquet`` extra installed) and ``table.md``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "results.csv", out_dir / "table.md"]
     atomic_write_text(written[0], df.to_csv(index=False))
@@ -106,29 +134,53 @@ def write_results(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     return written
 
 
+def finished(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of cells with a result (``ok`` or ``failed``)."""
+    return df[df["status"].isin(["ok", "failed"])] if len(df) else df
+
+
 def best_over_lrs(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (task, mixer, seed): the row of the learning rate with the best validation accuracy."""
+    """Per (entry, mixer, seed): the row of the learning rate with the best validation accuracy."""
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
         return ok
+    keys = ["entry" if "entry" in ok else "task", "mixer", "seed"]
     ok["_rank"] = ok["best_val_acc"].fillna(-1.0)
-    idx = ok.groupby(["task", "mixer", "seed"])["_rank"].idxmax()
+    idx = ok.groupby(keys)["_rank"].idxmax()
     return ok.loc[idx].drop(columns="_rank")
 
 
+def _newton_rates(rows: pd.DataFrame) -> tuple[float, float]:
+    """(fallback share, retry share) of the Newton forwards of ``rows``; NaN without Newton statistics."""
+    if "newton/newton_forwards" not in rows or rows["newton/newton_forwards"].fillna(0).sum() == 0:
+        return float("nan"), float("nan")
+    forwards = rows["newton/newton_forwards"].fillna(0).sum()
+    fallback = rows.get("newton/fallback_count", pd.Series(dtype=float)).fillna(0).sum()
+    retry = rows.get("newton/retry_count", pd.Series(dtype=float)).fillna(0).sum()
+    return float(fallback / forwards), float(retry / forwards)
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (task, mixer): params, best / mean / std over seeds of the metrics, failures."""
+    """Per (entry, mixer): params, counts (seeds with a result, failed, missing), best / mean / std over
+    seeds of every metric, and Newton fallback / retry shares."""
     if df.empty:
         return pd.DataFrame()
+    group_key = "entry" if "entry" in df else "task"
     best = best_over_lrs(df)
-    metric_cols = [c for c in ("test/acc", "test/exact", "extrap/mean_acc") if c in best.columns]
-    metric_cols += sorted(c for c in best.columns if c.startswith("len") and c.endswith("/acc"))
+    metric_cols = [c for c in TABLE_METRICS if c in best.columns]
+    metric_cols += sorted((c for c in best.columns if c.startswith("len") and c.endswith("/acc")),
+                          key=lambda c: int(c[3:].split("/")[0]))
     rows = []
-    for (task, mixer), group in df.groupby(["task", "mixer"], sort=False):
-        sel = best[(best["task"] == task) & (best["mixer"] == mixer)]
-        row: dict[str, Any] = {"task": task, "mixer": mixer,
-                               "params": int(sel["n_params"].iloc[0]) if len(sel) and "n_params" in sel else float("nan"),
-                               "seeds": len(sel), "failed": int((group["status"] != "ok").sum())}
+    for (entry, mixer), group in df.groupby([group_key, "mixer"], sort=False):
+        sel = best[(best[group_key] == entry) & (best["mixer"] == mixer)] if len(best) else best
+        fallback, retry = _newton_rates(group[group["status"] == "ok"])
+        row: dict[str, Any] = {
+            "entry": entry, "task": group["task"].iloc[0], "mixer": mixer,
+            "params": int(sel["n_params"].iloc[0]) if len(sel) and "n_params" in sel else float("nan"),
+            "seeds": len(sel), "failed": int((group["status"] == "failed").sum()),
+            "missing": int((~group["status"].isin(["ok", "failed"])).sum()),
+            "newton_fallback": fallback, "newton_retry": retry,
+        }
         for col in metric_cols:
             vals = sel[col].dropna() if col in sel else pd.Series(dtype=float)
             row[f"{col} best"] = vals.max() if len(vals) else float("nan")
@@ -145,24 +197,64 @@ def _fmt(best: float, mean: float, std: float, seeds: int) -> str:
     return f"{100 * best:.1f}" if seeds <= 1 else f"{100 * best:.1f} ({100 * mean:.1f} ± {100 * std:.1f})"
 
 
-def table_markdown(df: pd.DataFrame) -> str:
-    """The Markdown table of ``summarize(df)``: accuracies in %, best (mean ± std) over seeds."""
+def _pct(x: float) -> str:
+    return "–" if x != x else f"{100 * x:.1f}%"
+
+
+def table_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The display table of ``summarize(df)`` (strings): what ``table.md`` shows."""
     summary = summarize(df)
     if summary.empty:
-        return "_no finished trials yet_\n"
+        return summary
     metrics = [c[: -len(" best")] for c in summary.columns if c.endswith(" best")]
     # exact match equals accuracy when each sequence has one scored position: show it only if it differs
-    if "test/exact" in metrics and (summary["test/exact best"].fillna(-1) == summary["test/acc best"].fillna(-1)).all():
-        metrics = [m for m in metrics if not m.endswith("/exact")]
-    metrics = [m for m in metrics if not (m.startswith("len") and m.endswith("/exact"))]
-    head = ["task", "mixer", "params", "seeds", "failed"] + [m.replace("/", " ") for m in metrics]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in summary.iterrows():
-        params = f"{r['params'] / 1000:.1f}k" if pd.notna(r["params"]) else "–"
-        cells = [str(r["task"]), str(r["mixer"]), params, str(r["seeds"]), str(r["failed"])]
-        cells += [_fmt(r[f"{m} best"], r[f"{m} mean"], r[f"{m} std"], r["seeds"]) for m in metrics]
-        lines.append("| " + " | ".join(cells) + " |")
-    note = ("\nAccuracy in % on the test set (`len<L>`: extrapolation lengths). Per (mixer, seed) the learning rate "
-            "with the best validation accuracy; then the best over seeds (mean ± std in brackets). "
-            "`failed`: trials that failed (NaN loss, errors).\n")
-    return "\n".join(lines) + "\n" + note
+    for twin in ("test/exact", "test/last_acc"):
+        if twin in metrics and (summary[f"{twin} best"].fillna(-1) == summary["test/acc best"].fillna(-1)).all():
+            metrics.remove(twin)
+    table = pd.DataFrame({
+        "task": summary["entry"], "mixer": summary["mixer"],
+        "params": [f"{p / 1000:.1f}k" if p == p else "–" for p in summary["params"]],
+        "seeds": summary["seeds"], "failed": summary["failed"],
+    })
+    if summary["missing"].any():
+        table["missing"] = summary["missing"]
+    for m in metrics:
+        table[m.replace("/", " ")] = [_fmt(r[f"{m} best"], r[f"{m} mean"], r[f"{m} std"], r["seeds"])
+                                      for _, r in summary.iterrows()]
+    if summary["newton_fallback"].notna().any():
+        table["Newton fallback / retry"] = [
+            "" if f != f else f"{_pct(f)} / {_pct(r)}" for f, r in zip(summary["newton_fallback"], summary["newton_retry"])]
+    return table
+
+
+def table_markdown(df: pd.DataFrame) -> str:
+    """``table.md``: accuracies in %, best (mean ± std) over seeds, with the counts that qualify them."""
+    table = table_frame(df)
+    if table.empty:
+        return "_no trials yet_\n"
+    text = table.to_markdown(index=False, disable_numparse=True)
+    notes = ["Accuracy in % on the test set at the checkpoint with the best validation accuracy "
+             "(`last_acc`: at each sequence's last scored position; `len<L>`: extrapolation lengths). "
+             "Per (mixer, seed) the learning rate with the best validation accuracy; then the best over seeds "
+             "(mean ± std in brackets). `failed`: trials that failed (NaN loss, errors)."]
+    if "missing" in table:
+        n = int(table["missing"].sum())
+        notes.append(f"**{n} cell(s) have no result yet** (`missing`: running, waiting or never started): "
+                     "re-run the same command to finish them.")
+    if "Newton fallback / retry" in table:
+        notes.append("`Newton fallback / retry`: share of the Newton forwards that fell back to the sequential loop / "
+                     "were re-solved with more iterations.")
+    return text + "\n\n" + "\n\n".join(notes) + "\n"
+
+
+def warn_newton_fallbacks(df: pd.DataFrame, threshold: float = FALLBACK_WARNING) -> list[str]:
+    """Log a warning for every (entry, mixer) whose Newton forwards fell back more than ``threshold``; returns them."""
+    summary = summarize(df)
+    warnings = []
+    for _, r in summary.iterrows() if len(summary) else []:
+        if r["newton_fallback"] == r["newton_fallback"] and r["newton_fallback"] > threshold:
+            warnings.append(f"{r['entry']}/{r['mixer']}: {100 * r['newton_fallback']:.0f}% of its Newton forwards fell back to "
+                            "the sequential loop (slow; the Newton solve does not converge for this cell: try more "
+                            "iters, damping, or mode='sequential')")
+            log.warning("%s", warnings[-1])
+    return warnings

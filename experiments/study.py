@@ -1,8 +1,13 @@
-"""The sweep's Optuna study: storage, the grid of cells as enqueued trials, claiming, finishing.
+"""The sweep's Optuna study: the grid of cells as trials, claiming, finishing, crash safety.
 
-Each grid cell (one ``TrialSpec``) is an Optuna trial enqueued in the WAITING state with the spec in
-its user attributes. Workers claim WAITING trials (WAITING -> RUNNING is atomic in the storage), run
-them and mark them COMPLETE (value: test accuracy) or FAIL (with the reason).
+Each grid cell (one ``TrialSpec``) is an Optuna trial added in the WAITING state with its cell as
+*parameters* (``entry``, ``task``, ``mixer``, ``seed``, ``lr``, with the grid's distributions) and the
+full spec in its user attributes, so ``study.trials_dataframe()`` and ``optuna-dashboard`` show the
+grid. A worker claims a WAITING trial (WAITING -> RUNNING is atomic in the storage), reports the
+validation accuracy as intermediate values while it trains (learning curves), and tells the study
+the trial's value: the best validation accuracy, the metric the tables select learning rates on.
+Test metrics are user attributes (``result``). A failed trial is FAIL with ``failure`` and ``error``
+attributes. Only public Optuna APIs are used.
 
 Crash safety. A RUNNING trial whose worker is gone is *stale*: it is marked FAIL (``failure="died"``)
 and its cell enqueued again. A worker is gone when
@@ -11,16 +16,15 @@ and its cell enqueued again. A worker is gone when
 - its heartbeat is older than ``stale_timeout``: with the journal file, each worker touches a
   heartbeat file ``<out>/heartbeats/<worker id>`` every few seconds (also works across hosts
   sharing the output folder); with an RDB storage (PostgreSQL), Optuna's own trial heartbeats
-  (``RDBStorage(heartbeat_interval, grace_period)``) and ``fail_stale_trials`` with a
-  ``RetryFailedTrialCallback`` that keeps the cell's user attributes.
+  (``RDBStorage(heartbeat_interval, grace_period)``, ``fail_stale_trials`` and
+  ``RetryHeartbeatStaleTrialCallback``, which re-queues the trial with its parameters and attributes).
 
-Exactly once. Two processes may enqueue the same cell (two machines starting at once, or two live
-workers re-queueing the same stale trial). So after claiming, a worker resolves duplicates
-(``_resolve_duplicates``): it cancels the cell's other WAITING trials (claiming them, then failing
-them as ``"duplicate"``) and gives way if the cell already completed or another worker runs it with
-a lower trial number. The storage's atomic state changes make exactly one trial per cell run to
-completion. A cell whose trials died ``MAX_DEATHS`` times (e.g. a segfaulting kernel) is not
-re-queued again (``--retry-failed`` does).
+A trial stopped by Ctrl-C is FAIL with ``failure="interrupted"``: re-run by the next invocation, never
+counted as a death. Exactly once: two processes may enqueue the same cell (two machines starting at
+once, or two live workers re-queueing the same stale trial); after claiming, a worker cancels the
+cell's other WAITING trials and gives way if the cell already completed or another worker runs it
+with a lower trial number. A cell whose trials died ``MAX_DEATHS`` times (e.g. a segfaulting kernel)
+is not re-queued again (``--retry-failed`` does).
 """
 
 from __future__ import annotations
@@ -31,15 +35,17 @@ import os
 import socket
 import time
 import uuid
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
 import optuna
-from optuna.exceptions import UpdateFinishedTrialError
-from optuna.storages import BaseStorage, JournalStorage
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 
 from experiments.train import TrialSpec
 
@@ -52,30 +58,27 @@ MAX_DEATHS = 3
 #: seconds between heartbeats, and the default age after which a silent worker counts as dead
 HEARTBEAT_INTERVAL = 5
 STALE_TIMEOUT = 60
+#: the cell parameters every trial records
+PARAMS = ("entry", "task", "mixer", "seed", "lr")
 
 
-def open_storage(url: str | None, out_dir: Path, stale_timeout: int = STALE_TIMEOUT) -> BaseStorage:
-    """``None`` -> a ``JournalStorage`` file in ``out_dir``; else an Optuna storage URL (RDB).
+def open_storage(url: str | None, out_dir: Path, stale_timeout: float = STALE_TIMEOUT) -> BaseStorage:
+    """``None`` -> a ``JournalStorage`` file in ``out_dir``; else an Optuna RDB storage URL.
 
-    RDB storages get Optuna heartbeats (every ``HEARTBEAT_INTERVAL`` s; stale after
-    ``stale_timeout`` s) and a retry callback that re-queues a stale trial with its cell attributes.
+    RDB storages get Optuna heartbeats (every ``HEARTBEAT_INTERVAL`` s; stale after ``stale_timeout``
+    s) and a callback that re-queues a stale trial with its cell.
     """
     if url is None:
         out_dir.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(out_dir / JOURNAL_FILE)))
     if url.startswith(("postgresql", "mysql", "sqlite")):
-        import warnings
-
         url = _with_driver(url)
-
-        from optuna.storages import RetryFailedTrialCallback
-
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # heartbeat_interval is "experimental"
+            warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats and the retry callback
             try:
-                return optuna.storages.RDBStorage(
+                return RDBStorage(
                     url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=max(int(stale_timeout), HEARTBEAT_INTERVAL + 1),
-                    heartbeat_stale_trial_callback=RetryFailedTrialCallback(max_retry=MAX_DEATHS - 1),
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_DEATHS - 1),
                     engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
                 )
             except ImportError as err:
@@ -97,20 +100,35 @@ def _with_driver(url: str) -> str:
     return url
 
 
-def uses_heartbeat_files(storage: BaseStorage) -> bool:
-    """Journal storages have no heartbeat of their own: workers use heartbeat files instead."""
-    return isinstance(storage, JournalStorage)
+def heartbeats_enabled(storage: BaseStorage) -> bool:
+    """Does the storage keep Optuna's own trial heartbeats (an RDB storage opened by ``open_storage``)?"""
+    return isinstance(storage, RDBStorage) and storage.get_heartbeat_interval() is not None
 
 
 def cell_id(spec: TrialSpec) -> str:
     """Readable cell key plus a hash of the full spec, so an edited preset makes new cells."""
-    digest = hashlib.sha1(json.dumps(spec.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"{spec.cell_key()}|{digest}"
+    return f"{spec.cell_key()}|{spec_hash(spec)}"
 
 
-def open_study(storage: BaseStorage, name: str) -> optuna.Study:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+def spec_hash(spec: TrialSpec) -> str:
+    return hashlib.sha1(json.dumps(spec.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def cell_params(spec: TrialSpec, entry: str) -> dict[str, Any]:
+    """The cell as Optuna parameters (``PARAMS``)."""
+    return {"entry": entry, "task": spec.task, "mixer": spec.mixer, "seed": spec.seed, "lr": spec.lr}
+
+
+def grid_distributions(params: list[dict[str, Any]]) -> dict[str, BaseDistribution]:
+    """Distributions spanning the grid's values: categorical names, an int range of seeds, a log range of lrs."""
+    values = {name: sorted({p[name] for p in params}) for name in PARAMS}
+    return {
+        "entry": CategoricalDistribution(values["entry"]),
+        "task": CategoricalDistribution(values["task"]),
+        "mixer": CategoricalDistribution(values["mixer"]),
+        "seed": IntDistribution(min(values["seed"]), max(values["seed"])),
+        "lr": FloatDistribution(min(values["lr"]), max(values["lr"]), log=True),
+    }
 
 
 # --- workers and their liveness ----------------------------------------------------------------------
@@ -125,11 +143,11 @@ def worker_id() -> str:
     return _WORKER_ID
 
 
-def _worker_identity() -> dict[str, Any]:
+def worker_identity() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "id": worker_id()}
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -158,7 +176,7 @@ def is_stale(trial: FrozenTrial, heartbeat_dir: Path | None = None, timeout: flo
     if trial.state != TrialState.RUNNING:
         return False
     worker = trial.system_attrs.get("worker") or {}
-    if worker.get("host") == socket.gethostname() and not _pid_alive(int(worker.get("pid", -1))):
+    if worker.get("host") == socket.gethostname() and not pid_alive(int(worker.get("pid", -1))):
         return True
     if heartbeat_dir is None or timeout is None:
         return False
@@ -169,12 +187,21 @@ def is_stale(trial: FrozenTrial, heartbeat_dir: Path | None = None, timeout: flo
         return _age_s(trial.datetime_start) > timeout
 
 
-def trials_by_cell(study: optuna.Study) -> dict[str, list[FrozenTrial]]:
-    out: dict[str, list[FrozenTrial]] = {}
-    for t in study.get_trials(deepcopy=False):
-        if "cell" in t.user_attrs:
-            out.setdefault(t.user_attrs["cell"], []).append(t)
-    return out
+def remove_dead_heartbeats(heartbeat_dir: Path, timeout: float) -> int:
+    """Delete heartbeat files of workers of this host that are gone, or silent for over ``timeout`` s."""
+    removed = 0
+    host = socket.gethostname()
+    for beat in heartbeat_dir.glob("*") if heartbeat_dir.is_dir() else []:
+        name = beat.name
+        pid = name[len(host) + 1:].split("-")[0] if name.startswith(f"{host}-") else ""
+        try:
+            silent = time.time() - beat.stat().st_mtime > timeout
+        except FileNotFoundError:
+            continue
+        if silent or (pid.isdigit() and not pid_alive(int(pid))):
+            beat.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def _deaths(trials: Iterable[FrozenTrial]) -> int:
@@ -199,163 +226,178 @@ def cell_state(trials: Iterable[FrozenTrial], retry_failed: bool = False) -> str
     return "todo"
 
 
-def cell_done(trials: Iterable[FrozenTrial]) -> bool:
-    """A cell is done once one of its trials completed or failed for a final reason."""
-    return cell_state(trials) == "done"
+class GridStudy:
+    """A sweep's Optuna study (``study``) on its ``storage``: see the module docstring.
 
-
-def _fail(storage: BaseStorage, trial_id: int, failure: str, error: str) -> bool:
-    """Record the reason, then FAIL; ``False`` if another process finished the trial first."""
-    try:
-        storage.set_trial_user_attr(trial_id, "failure", failure)
-        storage.set_trial_user_attr(trial_id, "error", error[:2000])
-        storage.set_trial_state_values(trial_id, TrialState.FAIL)
-        return True
-    except (UpdateFinishedTrialError, RuntimeError):
-        return False
-
-
-def fail_stale(study: optuna.Study, cells: set[str] | None = None, heartbeat_dir: Path | None = None,
-               timeout: float | None = None) -> int:
-    """Mark stale RUNNING trials FAIL (``"died"``); returns how many this process failed.
-
-    RDB storages: Optuna's heartbeat check (``fail_stale_trials``; its retry callback re-queues).
-    All storages: trials of dead processes of this host, and (journal) silent heartbeat files.
+    ``heartbeat_dir``: where journal-storage workers keep their heartbeat files (``None`` for RDB
+    storages, which have Optuna's own heartbeats).
     """
-    from optuna.storages._heartbeat import is_heartbeat_enabled
 
-    storage = study._storage
-    n = 0
-    if is_heartbeat_enabled(storage):
-        before = {t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
-        import warnings
+    def __init__(self, storage: BaseStorage, name: str, out: Path, stale_timeout: float = STALE_TIMEOUT) -> None:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.storage, self.out, self.stale_timeout = storage, Path(out), stale_timeout
+        self.study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+        self.study_id = storage.get_study_id_from_name(name)
+        self.heartbeat_dir = None if heartbeats_enabled(storage) else self.out / HEARTBEAT_DIR
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "experimental"
-            optuna.storages.fail_stale_trials(study)
-        n += len({t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))} - before)
-    hb = heartbeat_dir if uses_heartbeat_files(storage) else None
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if (cells is None or t.user_attrs.get("cell") in cells) and is_stale(t, hb, timeout):
-            worker = t.system_attrs.get("worker") or {}
-            if _fail(storage, t._trial_id, "died",
-                     f"worker {worker.get('id', worker.get('pid', '?'))} died mid-trial (re-queued)"):
-                n += 1
-    return n
+    @classmethod
+    def open(cls, url: str | None, out: Path, name: str, stale_timeout: float = STALE_TIMEOUT) -> "GridStudy":
+        return cls(open_storage(url, out, stale_timeout), name, out, stale_timeout)
 
+    @property
+    def name(self) -> str:
+        return self.study.study_name
 
-def enqueue_cell(study: optuna.Study, spec: TrialSpec, key: str | None = None) -> None:
-    study.enqueue_trial(
-        {"mixer": spec.mixer, "seed": spec.seed, "lr": spec.lr},
-        user_attrs={"cell": key or cell_id(spec), "spec": spec.to_dict()},
-    )
+    def trial_id(self, trial: FrozenTrial | int) -> int:
+        number = trial if isinstance(trial, int) else trial.number
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
 
+    def trials(self, states: tuple[TrialState, ...] | None = None) -> list[FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=states)
 
-def sync_grid(study: optuna.Study, specs: list[TrialSpec], retry_failed: bool = False,
-              heartbeat_dir: Path | None = None, stale_timeout: float | None = None) -> dict[str, int]:
-    """Fail stale trials, then enqueue every cell of ``specs`` that is neither done, waiting nor running.
+    def trials_by_cell(self) -> dict[str, list[FrozenTrial]]:
+        out: dict[str, list[FrozenTrial]] = {}
+        for t in self.trials():
+            if "cell" in t.user_attrs:
+                out.setdefault(t.user_attrs["cell"], []).append(t)
+        return out
 
-    Safe to call from several processes at once (duplicates are resolved when claimed).
-    Returns counts: ``done``, ``queued`` (newly enqueued), ``pending`` (already waiting/running),
-    ``stale`` (interrupted trials marked failed by this call).
-    """
-    keys = [cell_id(s) for s in specs]
-    stale = fail_stale(study, set(keys), heartbeat_dir, stale_timeout)
-    counts = {"done": 0, "queued": 0, "pending": 0, "stale": stale}
-    existing = trials_by_cell(study)
-    for spec, key in zip(specs, keys):
-        trials = existing.get(key, [])
-        if retry_failed:
-            trials = [t for t in trials if t.state != TrialState.FAIL]
-        state = cell_state(trials)
-        if state == "todo":
-            enqueue_cell(study, spec, key)
-            counts["queued"] += 1
-        else:
-            counts[state] += 1
-    return counts
+    # --- the grid -------------------------------------------------------------------------------------
+    def enqueue(self, spec: TrialSpec, entry: str, distributions: dict[str, BaseDistribution], key: str | None = None) -> None:
+        """Add the cell as a WAITING trial carrying its parameters (the grid's ``distributions``) and spec."""
+        self.study.add_trial(create_trial(
+            state=TrialState.WAITING, params=cell_params(spec, entry), distributions=distributions,
+            user_attrs={"cell": key or cell_id(spec), "spec": spec.to_dict()},
+        ))
 
+    def sync(self, cells: list[tuple[str, TrialSpec]], retry_failed: bool = False) -> dict[str, int]:
+        """Fail stale trials, then enqueue every cell ``(entry, spec)`` that is neither done, waiting nor running.
 
-def progress(study: optuna.Study, cells: Iterable[str]) -> dict[str, int]:
-    """Counts of the cells' states: ``done``, ``running``, ``waiting``, ``todo``."""
-    by_cell = trials_by_cell(study)
-    out = {"done": 0, "running": 0, "waiting": 0, "todo": 0}
-    for cell in cells:
-        trials = by_cell.get(cell, [])
-        state = cell_state(trials)
-        if state == "pending":
-            state = "running" if any(t.state == TrialState.RUNNING for t in trials) else "waiting"
-        out[state] += 1
-    return out
+        Safe to call from several processes at once (duplicates are resolved when claimed). Returns
+        counts: ``done``, ``queued`` (newly enqueued), ``waiting`` and ``running`` (already pending),
+        ``stale`` (trials of gone workers marked failed by this call).
+        """
+        keys = [cell_id(s) for _, s in cells]
+        stale = self.fail_stale(set(keys))
+        counts = {"done": 0, "queued": 0, "waiting": 0, "running": 0, "stale": stale}
+        existing = self.trials_by_cell()
+        distributions = grid_distributions([cell_params(s, e) for e, s in cells])
+        for (entry, spec), key in zip(cells, keys):
+            trials = existing.get(key, [])
+            if retry_failed:
+                trials = [t for t in trials if t.state != TrialState.FAIL]
+            state = cell_state(trials)
+            if state == "todo":
+                self.enqueue(spec, entry, distributions, key)
+                counts["queued"] += 1
+            elif state == "pending":
+                counts["running" if any(t.state == TrialState.RUNNING for t in trials) else "waiting"] += 1
+            else:
+                counts["done"] += 1
+        return counts
 
+    def progress(self, cells: Iterable[str]) -> dict[str, int]:
+        """Counts of the cells' states: ``done``, ``running``, ``waiting``, ``todo``."""
+        by_cell = self.trials_by_cell()
+        out = {"done": 0, "running": 0, "waiting": 0, "todo": 0}
+        for cell in cells:
+            trials = by_cell.get(cell, [])
+            state = cell_state(trials)
+            if state == "pending":
+                state = "running" if any(t.state == TrialState.RUNNING for t in trials) else "waiting"
+            out[state] += 1
+        return out
 
-def _claim(storage: BaseStorage, trial_id: int) -> bool:
-    try:
-        return bool(storage.set_trial_state_values(trial_id, TrialState.RUNNING))
-    except (UpdateFinishedTrialError, RuntimeError):  # finished meanwhile
-        return False
+    # --- liveness ---------------------------------------------------------------------------------------
+    def fail_stale(self, cells: set[str] | None = None) -> int:
+        """Mark stale RUNNING trials FAIL (``"died"``); returns how many this process failed.
 
+        RDB storages: Optuna's heartbeat check (``fail_stale_trials``; its callback re-queues). All
+        storages: trials of dead processes of this host, and (journal) silent heartbeat files.
+        """
+        n = 0
+        if heartbeats_enabled(self.storage):
+            before = {t.number for t in self.trials(states=(TrialState.FAIL,))}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)
+            n += len({t.number for t in self.trials(states=(TrialState.FAIL,))} - before)
+        for t in self.trials(states=(TrialState.RUNNING,)):
+            if (cells is None or t.user_attrs.get("cell") in cells) and is_stale(t, self.heartbeat_dir, self.stale_timeout):
+                worker = t.system_attrs.get("worker") or {}
+                if self._fail(t.number, "died", f"worker {worker.get('id', worker.get('pid', '?'))} died mid-trial (re-queued)"):
+                    n += 1
+        if self.heartbeat_dir is not None:
+            remove_dead_heartbeats(self.heartbeat_dir, self.stale_timeout)
+        return n
 
-def _resolve_duplicates(study: optuna.Study, mine: FrozenTrial) -> bool:
-    """After claiming ``mine``: may it run? Cancels the cell's other WAITING trials (see module doc)."""
-    storage = study._storage
-    cell = mine.user_attrs["cell"]
-    siblings = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("cell") == cell and t.number != mine.number]
-    for t in siblings:
-        if t.state == TrialState.WAITING and _claim(storage, t._trial_id):
-            _fail(storage, t._trial_id, "duplicate", f"duplicate of trial {mine.number}")
-    for t in siblings:
-        t = storage.get_trial(t._trial_id)
-        if t.state == TrialState.COMPLETE or (t.state == TrialState.RUNNING and t.number < mine.number):
+    def record_heartbeat(self, number: int) -> None:
+        """Optuna's heartbeat of a running trial (RDB storages; a no-op for the journal)."""
+        if heartbeats_enabled(self.storage):
+            self.storage.record_heartbeat(self.trial_id(number))
+
+    # --- claiming and finishing -------------------------------------------------------------------------
+    def _claim(self, number: int) -> bool:
+        try:
+            return bool(self.storage.set_trial_state_values(self.trial_id(number), TrialState.RUNNING))
+        except (UpdateFinishedTrialError, RuntimeError):  # finished meanwhile
             return False
-    return True
 
+    def _fail(self, number: int, failure: str, error: str) -> bool:
+        """Record the reason, then FAIL; ``False`` if another process finished the trial first."""
+        trial_id = self.trial_id(number)
+        try:
+            self.storage.set_trial_user_attr(trial_id, "failure", failure)
+            self.storage.set_trial_user_attr(trial_id, "error", error[:2000])
+            self.study.tell(number, state=TrialState.FAIL)
+            return True
+        except (UpdateFinishedTrialError, ValueError, RuntimeError):
+            return False
 
-def claim_next(study: optuna.Study, cells: set[str]) -> FrozenTrial | None:
-    """Atomically move one WAITING trial of ``cells`` to RUNNING for this process; ``None`` if none.
+    def _resolve_duplicates(self, mine: FrozenTrial) -> bool:
+        """After claiming ``mine``: may it run? Cancels the cell's other WAITING trials (see module doc)."""
+        cell = mine.user_attrs["cell"]
+        siblings = [t for t in self.trials() if t.user_attrs.get("cell") == cell and t.number != mine.number]
+        for t in siblings:
+            if t.state == TrialState.WAITING and self._claim(t.number):
+                self._fail(t.number, "duplicate", f"duplicate of trial {mine.number}")
+        for t in siblings:
+            t = self.storage.get_trial(self.trial_id(t))
+            if t.state == TrialState.COMPLETE or (t.state == TrialState.RUNNING and t.number < mine.number):
+                return False
+        return True
 
-    The claimed trial is the only one of its cell that will run (duplicates are cancelled).
-    """
-    storage = study._storage
-    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if t.user_attrs.get("cell") not in cells:
-            continue
-        if not _claim(storage, t._trial_id):
-            continue
-        storage.set_trial_system_attr(t._trial_id, "worker", _worker_identity())
-        _record_heartbeat(storage, t._trial_id)
-        if not _resolve_duplicates(study, t):
-            _fail(storage, t._trial_id, "duplicate", "another trial of this cell ran or runs")
-            continue
-        return storage.get_trial(t._trial_id)
-    return None
+    def claim(self, cells: set[str]) -> Trial | None:
+        """Atomically move one WAITING trial of ``cells`` to RUNNING for this process; ``None`` if none.
 
+        Returns a live ``optuna.trial.Trial`` (report intermediate values on it). The claimed trial is
+        the only one of its cell that will run (duplicates are cancelled).
+        """
+        for t in self.trials(states=(TrialState.WAITING,)):
+            if t.user_attrs.get("cell") not in cells or not self._claim(t.number):
+                continue
+            trial_id = self.trial_id(t)
+            self.storage.set_trial_system_attr(trial_id, "worker", worker_identity())
+            self.record_heartbeat(t.number)
+            if not self._resolve_duplicates(t):
+                self._fail(t.number, "duplicate", "another trial of this cell ran or runs")
+                continue
+            return Trial(self.study, trial_id)
+        return None
 
-def _record_heartbeat(storage: BaseStorage, trial_id: int) -> None:
-    from optuna.storages._heartbeat import is_heartbeat_enabled
+    def finish(self, trial: Trial, result: dict[str, Any] | None, failure: str | None = None,
+               error: str | None = None) -> bool:
+        """Record ``result`` and tell COMPLETE (value: best validation accuracy), or FAIL with ``failure``/``error``.
 
-    if is_heartbeat_enabled(storage):
-        storage.record_heartbeat(trial_id)
-
-
-def finish(study: optuna.Study, trial: FrozenTrial, result: dict[str, Any] | None,
-           failure: str | None = None, error: str | None = None) -> bool:
-    """Record ``result`` and mark COMPLETE (value: test accuracy), or FAIL with ``failure``/``error``.
-
-    Returns ``False`` (recording nothing more) if the trial was already finished elsewhere, e.g.
-    declared stale while its worker hung.
-    """
-    storage = study._storage
-    try:
-        if result is not None:
-            storage.set_trial_user_attr(trial._trial_id, "result", result)
-        if failure is None:
-            value = float(result.get("test/acc", float("nan")))
-            storage.set_trial_state_values(trial._trial_id, TrialState.COMPLETE, [value if value == value else 0.0])
-        else:
-            storage.set_trial_user_attr(trial._trial_id, "failure", failure)
-            storage.set_trial_user_attr(trial._trial_id, "error", (error or "")[:2000])
-            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-    except UpdateFinishedTrialError:
-        return False
-    return True
+        Returns ``False`` (recording nothing more) if the trial was already finished elsewhere, e.g.
+        declared stale while its worker hung.
+        """
+        try:
+            if failure is not None:
+                return self._fail(trial.number, failure, error or "")
+            trial.set_user_attr("result", result)
+            value = float(result.get("best_val_acc", float("nan")))
+            self.study.tell(trial, value if value == value else 0.0)
+        except (UpdateFinishedTrialError, ValueError, RuntimeError):
+            return False
+        return True

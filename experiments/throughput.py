@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from experiments.model import ModelConfig, SingleLayerModel
 from experiments.presets import resolve_sweep
-from experiments.sweep import _key_value
+from experiments.cli import key_value as _key_value
 from tasks import get_task
 
 GENERATION = [("parity", {}), ("parity", {"running": True}), ("keep_nth", {}), ("mqar", {}),

@@ -2,14 +2,21 @@
 
     spec = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, train=TrainConfig(max_steps=500))
     result = run_trial(spec, out_dir="runs/demo")   # {'test/acc': ..., 'n_params': ..., ...}
+
+Two seeds: ``TrialSpec.seed`` (the trial's seed) sets the initialization and the order in which the
+training set is served; ``TrainConfig.data_seed`` fixes the data sets themselves (as the paper fixes
+one training set). Trained models: ``LitSequenceModel.load_from_checkpoint(<trial dir>/checkpoints/best.ckpt)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import contextlib
 import logging
+import signal
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -17,7 +24,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, EarlyStopping
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from experiments.lit import LitSequenceModel
@@ -41,11 +48,25 @@ class TrainConfig:
     weight_decay: float = 1e-6
     #: stop once validation accuracy exceeds this (EarlyStopping's threshold is strict)
     early_stop_acc: float = 0.999
-    #: the data seed (the trial's ``seed`` sets initialization and shuffling)
+    #: the data seed: fixes the data sets (the trial's ``seed`` sets initialization and the training order)
     data_seed: int = 0
     #: torch intra-op threads on the CPU: the models are tiny, so one thread per trial is fastest
     #: (run several trials in parallel instead); 0 leaves torch's default
     cpu_threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "batch_size", "train_size", "val_size", "test_size", "eval_batch_size", "eval_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"train option {name} must be a positive integer, got {value!r}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"train option warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"train option weight_decay must be >= 0, got {self.weight_decay!r}")
+        if isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int) or self.data_seed < 0:
+            raise ValueError(f"train option data_seed must be an integer >= 0, got {self.data_seed!r}")
+        if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 0:
+            raise ValueError(f"train option cpu_threads must be an integer >= 0, got {self.cpu_threads!r}")
 
 
 @dataclasses.dataclass
@@ -63,6 +84,12 @@ class TrialSpec:
     extrapolation: dict[str, Any] | None = None
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -95,10 +122,12 @@ def resolve_device(device: str) -> tuple[str, list[int] | str]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         return "cpu", 1
-    if device.startswith("cuda"):
+    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} requested but CUDA is not available")
+            raise ValueError(f"device {device!r} requested but CUDA is not available on this machine; use --device cpu")
         index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
         return "gpu", [index]
     raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
@@ -110,7 +139,8 @@ def build_datamodule(spec: TrialSpec, device: str | torch.device = "cpu") -> Syn
     return SyntheticDataModule(
         get_task(spec.task, **spec.task_options),
         train_size=t.train_size, val_size=t.val_size, test_size=t.test_size,
-        batch_size=t.batch_size, eval_batch_size=t.eval_batch_size, seed=t.data_seed, extrapolation=extrap,
+        batch_size=t.batch_size, eval_batch_size=t.eval_batch_size, seed=t.data_seed, shuffle_seed=spec.seed,
+        extrapolation=extrap,
         device=device,
     )
 
@@ -122,14 +152,16 @@ def build_module(spec: TrialSpec, dm: SyntheticDataModule) -> LitSequenceModel:
     )
     t = spec.train
     return LitSequenceModel(
-        config, lr=spec.lr, weight_decay=t.weight_decay, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio,
+        dataclasses.asdict(config), lr=spec.lr, weight_decay=t.weight_decay, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio,
         test_set_names=tuple(dm.test_set_names),
     )
 
 
 def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
-    """Newton statistics of mixers that record them (``last_newton_stats`` of the last forward, and the
-    ``fallback_count`` / ``retry_count`` / ``newton_forwards`` counters over the whole trial, evaluation included), else ``{}``."""
+    """Newton statistics of mixers that record them (``last_newton_stats`` of the last forward, the
+    ``fallback_count`` / ``retry_count`` / ``newton_forwards`` / ``jacobian_checks`` counters over the whole
+    trial, evaluation included, and ``jacobian_fallback``: the run-time Jacobian check's message when it
+    found the declared structure wrong), else ``{}``."""
     out: dict[str, Any] = {}
     for name, module in model.named_modules():
         stats = getattr(module, "last_newton_stats", None)
@@ -141,75 +173,197 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
                 v = v.tolist()
             if isinstance(v, (int, float, str, bool, list)):
                 out[f"newton/{k}"] = v
-        for counter in ("fallback_count", "retry_count", "newton_forwards"):
+        for counter in ("fallback_count", "retry_count", "newton_forwards", "jacobian_checks"):
             if isinstance(getattr(module, counter, None), int):
                 out[f"newton/{counter}"] = getattr(module, counter)
+        if getattr(module, "jacobian_fallback", None):
+            out["newton/jacobian_fallback"] = module.jacobian_fallback
         break
     return out
 
 
-def run_trial(spec: TrialSpec, out_dir: str | Path | None = None, progress_bar: bool = False) -> dict[str, Any]:
+#: loggers ``run_trial`` can write the step log with (``tensorboard`` needs the ``tensorboard`` extra)
+LOGGERS = ("csv", "tensorboard", "none")
+LOG_DIR = "logs"
+CHECKPOINT_DIR = "checkpoints"
+BEST_CHECKPOINT = "best.ckpt"
+LAST_CHECKPOINT = "last.ckpt"
+INTERRUPT_CHECKPOINT = "interrupted.ckpt"
+
+
+def check_logger(kind: str) -> None:
+    """One-line ``ValueError`` unless ``kind`` is a logger that can run here."""
+    if kind not in LOGGERS:
+        raise ValueError(f"logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
+    if kind == "tensorboard":
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
+            raise ValueError("logger 'tensorboard' needs tensorboard: pip install 'expressivity-suite[tensorboard]'")
+
+
+def _logger(kind: str, out: Path):
+    check_logger(kind)
+    if kind == "none":
+        return False
+    # one version folder per invocation (logs/version_<n>/): a resumed trial keeps the earlier part of its log
+    if kind == "tensorboard":
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(str(out), name=LOG_DIR)
+    return CSVLogger(str(out), name=LOG_DIR)
+
+
+class InterruptCheckpoint(OnExceptionCheckpoint):
+    """Writes ``last.ckpt`` when training is interrupted (Ctrl-C, SIGTERM), so a re-run resumes from there.
+
+    Other exceptions (a NaN loss, a kernel error) write nothing: such a trial is not resumed."""
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if isinstance(exception, KeyboardInterrupt):
+            super().on_exception(trainer, pl_module, exception)
+
+
+@contextlib.contextmanager
+def interrupt_as_keyboard_interrupt(trainer: L.Trainer):
+    """Lightning turns Ctrl-C into ``sys.exit(1)`` (and ignores further Ctrl-C); turn it back into
+    ``KeyboardInterrupt`` and restore the Ctrl-C handler, so callers can record the trial as interrupted."""
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    except SystemExit:
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        if main and handler is not None and signal.getsignal(signal.SIGINT) is not handler:
+            signal.signal(signal.SIGINT, handler)
+
+
+def _test(trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticDataModule, ckpt_path: str | None = None) -> dict[str, float]:
+    """Test-set metrics ``{"test/acc": ..., "len64/acc": ...}`` of the module (or of ``ckpt_path``'s weights)."""
+    metrics: dict[str, float] = {}
+    kwargs = {"ckpt_path": ckpt_path} if ckpt_path else {}
+    for part in trainer.test(module, datamodule=dm, verbose=False, **kwargs):
+        for key, value in part.items():
+            metrics[key.split("/dataloader_idx")[0]] = float(value)
+    return metrics
+
+
+def run_trial(spec: TrialSpec, out_dir: str | Path | None = None, progress_bar: bool = False,
+              callbacks: list[Callback] | None = None, logger: str = "csv") -> dict[str, Any]:
     """Train and evaluate one trial; returns a flat dict of results.
 
-    Raises ``NonFiniteLossError`` when the loss becomes NaN/Inf. With ``out_dir``, writes the
-    per-step CSV log (``metrics.csv``), ``spec.json`` and the final weights ``model.pt`` there.
+    Checkpoints go to ``<out_dir>/checkpoints/``: ``best.ckpt`` (the weights of the highest ``val/acc``),
+    ``last.ckpt`` (everything needed to resume, written at every validation) and, when training is
+    interrupted (Ctrl-C, SIGTERM), ``interrupted.ckpt``. Training resumes from the newer of the last
+    two when one exists (a trial interrupted mid-way continues where it stopped). The test sets are evaluated twice: on the best
+    checkpoint (``test/acc``, ``len<L>/acc``, ...: what tables report) and on the final weights
+    (``final/test/acc``, ...). Raises ``NonFiniteLossError`` when the loss becomes NaN/Inf.
+
+    With ``out_dir``, also writes ``spec.json`` and the step log (``logger``: ``csv`` writes
+    ``logs/version_<n>/metrics.csv``, ``tensorboard`` event files there; one version per invocation); without, everything goes to a temporary folder that is
+    removed. ``callbacks`` are extra Lightning callbacks (e.g. reporting validation accuracy to Optuna).
+    Rebuild a trained model with ``LitSequenceModel.load_from_checkpoint(<out_dir>/checkpoints/best.ckpt)``.
     """
     accelerator, devices = resolve_device(spec.device)
     if accelerator == "cpu" and spec.train.cpu_threads > 0:
         torch.set_num_threads(spec.train.cpu_threads)
-    out = Path(out_dir) if out_dir is not None else None
+    if out_dir is None:
+        with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
+            return _run_trial(spec, Path(tmp), accelerator, devices, progress_bar, callbacks, "none", keep=False)
+    return _run_trial(spec, Path(out_dir), accelerator, devices, progress_bar, callbacks, logger, keep=True)
+
+
+def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_bar: bool,
+               callbacks: list[Callback] | None, logger: str, keep: bool) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    if keep:
+        (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
     dm = build_datamodule(spec, f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu")
     dm.setup()
     L.seed_everything(spec.seed, workers=True, verbose=False)
     module = build_module(spec, dm)
     t = spec.train
     history = _History()
-    callbacks = [
-        history,
-        EarlyStopping(monitor="val/acc", mode="max", stopping_threshold=t.early_stop_acc,
-                      patience=10**9, check_on_train_epoch_end=False),
-    ]
-    logger = CSVLogger(str(out), name="", version="") if out is not None else False
+    checkpoints = ModelCheckpoint(  # the best weights only: kB
+        dirpath=out / CHECKPOINT_DIR, filename=Path(BEST_CHECKPOINT).stem, monitor="val/acc", mode="max",
+        save_top_k=1, save_weights_only=True, auto_insert_metric_name=False, enable_version_counter=False,
+    )
+    resume_point = ModelCheckpoint(  # last.ckpt at every validation, with optimizer and loop state
+        dirpath=out / CHECKPOINT_DIR, filename=Path(LAST_CHECKPOINT).stem, save_top_k=1, monitor=None,
+        enable_version_counter=False,
+    )
+    on_interrupt = InterruptCheckpoint(dirpath=out / CHECKPOINT_DIR, filename=Path(INTERRUPT_CHECKPOINT).stem)
     trainer = L.Trainer(
         accelerator=accelerator, devices=devices, max_steps=t.max_steps,
         # never the working directory: a worker must survive its cwd being deleted under it
-        default_root_dir=str(out) if out is not None else tempfile.gettempdir(),
-        val_check_interval=t.eval_every, check_val_every_n_epoch=None, num_sanity_val_steps=0,
-        callbacks=callbacks, logger=logger, enable_checkpointing=False, enable_model_summary=False,
+        default_root_dir=str(out),
+        # at least one validation, so every trial has a best checkpoint
+        val_check_interval=min(t.eval_every, t.max_steps), check_val_every_n_epoch=None, num_sanity_val_steps=0,
+        callbacks=[
+            history, checkpoints, resume_point, on_interrupt,
+            EarlyStopping(monitor="val/acc", mode="max", stopping_threshold=t.early_stop_acc,
+                          patience=10**9, check_on_train_epoch_end=False),
+            *(callbacks or []),
+        ],
+        logger=_logger(logger, out), enable_checkpointing=True, enable_model_summary=False,
         enable_progress_bar=progress_bar, log_every_n_steps=max(1, t.eval_every // 5),
     )
+    resume = resume_checkpoint(out)
+    resumed_from = trainer_step_of(resume) if resume else 0
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*is smaller than the logging interval.*")
-        trainer.fit(module, datamodule=dm)
-        train_time = time.perf_counter() - start
-        tested = trainer.test(module, datamodule=dm, verbose=False)
-    metrics: dict[str, Any] = {}
-    for part in tested:
-        for key, value in part.items():
-            metrics[key.split("/dataloader_idx")[0]] = float(value)
-    extrap_accs = [metrics[f"{name}/acc"] for name in dm.test_set_names[1:] if f"{name}/acc" in metrics]
+        warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
+        warnings.filterwarnings("ignore", ".*is set, but there is no last checkpoint available.*")  # a fresh trial
+        with interrupt_as_keyboard_interrupt(trainer):
+            trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else "last")
+            train_time = time.perf_counter() - start
+            final = _test(trainer, module, dm)
+            best_path = checkpoints.best_model_path
+            best = _test(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
+    extrap_accs = [best[f"{name}/acc"] for name in dm.test_set_names[1:] if f"{name}/acc" in best]
     device_name = torch.cuda.get_device_name(devices[0]) if accelerator == "gpu" else "cpu"
+    steps_here = trainer.global_step - resumed_from
     result: dict[str, Any] = {
         "n_params": count_parameters(module.model),
         "steps": trainer.global_step,
+        "best_step": _best_step(best_path, trainer.global_step),
+        "resumed_from_step": resumed_from,
         "train_time_s": round(train_time, 3),
         "wall_time_s": round(time.perf_counter() - start, 3),
-        "steps_per_s": round(trainer.global_step / max(train_time, 1e-9), 3),
-        "best_val_acc": max(history.val_acc) if history.val_acc else float("nan"),
+        "steps_per_s": round(steps_here / max(train_time, 1e-9), 3),
+        # the checkpoint callback's best score survives a resume; the history holds this run's validations
+        "best_val_acc": float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else float("nan"),
         "final_val_acc": history.val_acc[-1] if history.val_acc else float("nan"),
         "stopped_early": trainer.global_step < t.max_steps,
         "device": device_name,
-        **metrics,
+        **best,
+        **{f"final/{k}": v for k, v in final.items()},
         **newton_summary(module.model),
     }
     if extrap_accs:
         result["extrap/mean_acc"] = sum(extrap_accs) / len(extrap_accs)
-    if out is not None:
-        (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
-        torch.save(module.model.state_dict(), out / "model.pt")
     return result
+
+
+def resume_checkpoint(out: Path) -> Path | None:
+    """The checkpoint a trial in ``out`` resumes from: the newer of ``interrupted.ckpt`` (written on
+    Ctrl-C / SIGTERM) and ``last.ckpt`` (written at every validation), or ``None``."""
+    found = [p for p in (out / CHECKPOINT_DIR / INTERRUPT_CHECKPOINT, out / CHECKPOINT_DIR / LAST_CHECKPOINT) if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+def trainer_step_of(checkpoint: Path) -> int:
+    """The training step a Lightning checkpoint was written at."""
+    return int(torch.load(checkpoint, map_location="cpu", weights_only=False).get("global_step", 0))
+
+
+def _best_step(best_path: str, default: int) -> int:
+    return trainer_step_of(Path(best_path)) if best_path else default
 
 
 def quiet_lightning() -> None:

@@ -1,42 +1,43 @@
-"""Parallel sweep workers (SPEC §8.2 ``--workers N``) and their throughput benchmark.
+"""Running the cells of a study: the per-trial step, the worker loop and the pool of worker processes.
 
-``run_workers`` starts N long-lived worker processes on this machine (``multiprocessing`` spawn).
-Each opens the study's storage and loops: claim a WAITING trial, run it, record it; when none is
-left it re-queues the cells of dead workers (``study.sync_grid``) and waits for the running ones,
-then exits. Worker ``i`` trains on ``cuda:{i % K}`` with K visible GPUs (several workers per GPU:
-the models are tiny), else on the CPU with one thread. The parent shows one progress bar over all
-cells by polling the storage, rewrites ``results.csv``/``table.md`` as cells finish (atomically),
-replaces a worker that died (e.g. a CUDA error that poisoned its context) while cells remain, and
-on Ctrl-C stops the workers, whose trials are then re-run by the next invocation.
+``run_cell`` runs one claimed trial (``experiments.train.run_trial``) in the cell's folder and records
+its outcome in the study. ``worker_loop`` claims and runs trials until every cell is done, re-queueing
+the cells of dead workers. ``run_workers`` starts N long-lived worker processes on this machine
+(``multiprocessing`` spawn), each running ``worker_loop``: worker ``i`` trains on ``cuda:{i % K}``
+with K visible GPUs (several workers per GPU: the models are tiny), else on the CPU with one thread.
+The parent reports progress by polling the storage, replaces a worker that died (e.g. a CUDA error
+that poisoned its context) while cells remain, and on Ctrl-C stops the workers, whose trials are
+recorded as interrupted and re-run by the next invocation. Worker logs: ``<out>/workers/worker-<i>.log``.
 
-Worker logs: ``<out>/workers/worker-<i>.log``.
-
-Throughput benchmark::
-
-    python -m experiments.workers --counts 1,4,8,16 --task mqar --mixer flashgru --steps 400 \\
-        [--device cuda] [--json benchmarks/reproduction/workers-h100.json]
-
-runs N identical fixed-step trials on N workers for each N and reports steps/s per worker and in
-total (training only) and end-to-end trials per hour.
+A cell's folder, ``<out>/trials/<entry>-<mixer>-s<seed>-lr<lr>-<hash>/``, is the same for every
+trial of the cell: a re-run after an interruption resumes from its ``checkpoints/last.ckpt``.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import logging
 import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
+
+from lightning.pytorch.callbacks import Callback
 
 log = logging.getLogger("experiments.workers")
 
 #: a worker exits with this code to be replaced by a fresh process (its CUDA context is broken)
 EXIT_RESTART = 75
+#: a worker exits with this code when it was interrupted (Ctrl-C / SIGTERM)
+EXIT_INTERRUPTED = 130
+
+Cell = tuple  # (entry: str, spec: TrialSpec)
 
 
 def worker_devices(n: int, device: str = "auto") -> list[str]:
@@ -53,6 +54,77 @@ def worker_devices(n: int, device: str = "auto") -> list[str]:
     return [device] * n
 
 
+def cell_dir(out: Path, entry: str, spec) -> Path:
+    """The folder of a cell (shared by all its trials, so an interrupted trial resumes there)."""
+    from experiments.study import spec_hash
+
+    return out / "trials" / f"{entry}-{spec.mixer.replace(':', '.')}-s{spec.seed}-lr{spec.lr:g}-{spec_hash(spec)}"
+
+
+class ReportValidation(Callback):
+    """Reports ``val/acc`` after each validation as the Optuna trial's intermediate value (learning curves)."""
+
+    def __init__(self, trial) -> None:
+        self.trial = trial
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
+            self.trial.report(float(trainer.callback_metrics["val/acc"]), step=trainer.global_step)
+
+
+def run_cell(grid, trial, out: Path, device: str | None = None, logger: str = "csv") -> str:
+    """Run a claimed trial and record its outcome; returns ``"ok"``, ``"nan"``, ``"error"`` or ``"lost"``.
+
+    ``device`` (a worker's GPU) replaces the spec's ``"auto"``/``"cuda"``; the cell stays the same.
+    Writes ``run.json`` (worker, device, library versions) beside ``run_trial``'s files in the cell's
+    folder. ``"lost"``: the trial was finished elsewhere meanwhile (declared stale while this worker
+    hung); its cell was re-queued. Ctrl-C records the trial as interrupted and re-raises.
+    """
+    from experiments.lit import NonFiniteLossError
+    from experiments.results import atomic_write_text, versions
+    from experiments.study import worker_identity
+    from experiments.train import CHECKPOINT_DIR, LAST_CHECKPOINT, TrialSpec, run_trial
+
+    spec = TrialSpec.from_dict(trial.user_attrs["spec"])
+    tdir = cell_dir(out, trial.params.get("entry", spec.task), spec)  # of the cell's spec, before the device is set
+    if device and spec.device in ("auto", "cuda"):
+        spec.device = device
+    tdir.mkdir(parents=True, exist_ok=True)
+    run_info = {"trial": trial.number, "cell": trial.user_attrs["cell"], "device": spec.device,
+                "worker": worker_identity(), "versions": versions()}
+    atomic_write_text(tdir / "run.json", json.dumps(run_info, indent=1))
+    try:
+        result = run_trial(spec, tdir, callbacks=[ReportValidation(trial)], logger=logger)
+    except NonFiniteLossError as err:
+        (tdir / CHECKPOINT_DIR / LAST_CHECKPOINT).unlink(missing_ok=True)  # a final failure: --retry-failed starts afresh
+        return "nan" if grid.finish(trial, None, failure="nan", error=str(err)) else "lost"
+    except KeyboardInterrupt:
+        with signals_deferred():  # a second Ctrl-C / SIGTERM must not cut the recording short
+            grid.finish(trial, None, failure="interrupted", error="stopped by Ctrl-C / SIGTERM; re-run to resume")
+        raise
+    except Exception as err:  # a kernel error etc.: the trial fails, the sweep goes on
+        (tdir / "error.txt").write_text(traceback.format_exc())
+        (tdir / CHECKPOINT_DIR / LAST_CHECKPOINT).unlink(missing_ok=True)
+        ok = grid.finish(trial, None, failure="error", error=f"{type(err).__name__}: {err}")
+        return "error" if ok else "lost"
+    # the versions this trial ran with (the table shows them) and where its checkpoints are
+    result = {**result, **run_info["versions"], "trial_dir": str(tdir.relative_to(out))}
+    return "ok" if grid.finish(trial, result) else "lost"
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold Ctrl-C and SIGTERM while the block runs (main thread); they are delivered after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _cuda_broken(device: str) -> bool:
     if not device.startswith("cuda"):
         return False
@@ -66,49 +138,47 @@ def _cuda_broken(device: str) -> bool:
         return True
 
 
-def worker_loop(study, specs: list, out: Path, device: str | None = None, stale_timeout: float = 60,
-                poll_s: float = 2.0, on_trial: Callable[[dict, str], None] | None = None,
-                on_claim: Callable[[dict], None] | None = None) -> dict[str, int]:
-    """Claim and run trials of ``specs``' cells until every cell is done; returns outcome counts.
+def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, poll_s: float = 2.0,
+                on_trial: Callable[[dict, str], None] | None = None, on_claim: Callable[[dict], None] | None = None,
+                logger: str = "csv") -> dict[str, int]:
+    """Claim and run trials of ``cells`` (``(entry, spec)`` pairs) until every cell is done; returns outcome counts.
 
     While other workers still run trials, waits (``poll_s``) and re-queues the cells of dead
     workers. ``on_claim(spec_dict)``/``on_trial(spec_dict, outcome)`` are called around each trial.
     """
     from experiments._heartbeat import Heartbeat
-    from experiments.study import HEARTBEAT_DIR, HEARTBEAT_INTERVAL, claim_next, cell_id, sync_grid, \
-        uses_heartbeat_files, worker_id
-    from experiments.sweep import run_one
+    from experiments.study import HEARTBEAT_INTERVAL, cell_id, worker_id
 
-    cells = {cell_id(s) for s in specs}
-    hb_dir = out / HEARTBEAT_DIR if uses_heartbeat_files(study._storage) else None
+    keys = {cell_id(s) for _, s in cells}
     counts = {"ok": 0, "nan": 0, "error": 0, "lost": 0}
-    with Heartbeat(study._storage, hb_dir, worker_id(), interval=min(HEARTBEAT_INTERVAL, stale_timeout / 4)) as hb:
+    with Heartbeat(grid, worker_id(), interval=min(HEARTBEAT_INTERVAL, grid.stale_timeout / 4)) as hb:
         while True:
-            trial = claim_next(study, cells)
+            trial = grid.claim(keys)
             if trial is not None:
-                hb.set_trial(trial._trial_id)
+                hb.set_trial(trial.number)
+                spec = trial.user_attrs["spec"]
                 if on_claim:
-                    on_claim(trial.user_attrs["spec"])
-                outcome = run_one(study, trial, out, device=device)
+                    on_claim(spec)
+                outcome = run_cell(grid, trial, out, device=device, logger=logger)
                 hb.set_trial(None)
                 counts[outcome] = counts.get(outcome, 0) + 1
                 if on_trial:
-                    on_trial(trial.user_attrs["spec"], outcome)
+                    on_trial(spec, outcome)
                 if outcome == "error" and device and _cuda_broken(device):
                     log.error("CUDA context on %s is broken after trial %d: this worker exits", device, trial.number)
                     counts["restart"] = 1
                     return counts
                 continue
-            state = sync_grid(study, specs, heartbeat_dir=out / HEARTBEAT_DIR, stale_timeout=stale_timeout)
+            state = grid.sync(cells)
             if state["queued"] or state["stale"]:
                 continue
-            if state["pending"] == 0:
+            if state["waiting"] + state["running"] == 0:
                 return counts
             time.sleep(poll_s)
 
 
-def _worker_main(index: int, spec_dicts: list[dict], study_name: str, storage_url: str | None, out: str,
-                 device: str, stale_timeout: float) -> None:
+def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str, storage_url: str | None, out: str,
+                 device: str, stale_timeout: float, logger: str) -> None:
     """Entry point of a worker process (spawned): logs to ``<out>/workers/worker-<index>.log``."""
     out_dir = Path(out)
     logs = out_dir / "workers"
@@ -122,189 +192,89 @@ def _worker_main(index: int, spec_dicts: list[dict], study_name: str, storage_ur
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
-    from experiments.study import open_storage, open_study
+    from experiments.study import GridStudy
     from experiments.train import TrialSpec, quiet_lightning
 
     quiet_lightning()
-    specs = [TrialSpec.from_dict(d) for d in spec_dicts]
-    study = open_study(open_storage(storage_url, out_dir, stale_timeout), study_name)
-    log.info("worker %d on %s: %d cells", index, device, len(specs))
+    cells = [(entry, TrialSpec.from_dict(d)) for entry, d in cell_dicts]
+    grid = GridStudy.open(storage_url, out_dir, study_name, stale_timeout)
+    log.info("worker %d on %s: %d cells", index, device, len(cells))
     try:
-        counts = worker_loop(study, specs, out_dir, device=device, stale_timeout=stale_timeout,
+        counts = worker_loop(grid, cells, out_dir, device=device, logger=logger,
                              on_trial=lambda s, o: log.info("%s seed=%s lr=%g: %s", s["mixer"], s["seed"], s["lr"], o))
     except KeyboardInterrupt:
         log.info("interrupted")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     log.info("done: %s", counts)
     sys.exit(EXIT_RESTART if counts.get("restart") else 0)
 
 
-def start_worker(index: int, specs: list, study_name: str, storage_url: str | None, out: Path, device: str,
-                 stale_timeout: float) -> mp.Process:
+def start_worker(index: int, cells: list[Cell], study_name: str, storage_url: str | None, out: Path, device: str,
+                 stale_timeout: float, logger: str = "csv") -> mp.Process:
     """Spawn one worker process (``multiprocessing`` spawn context) and return it."""
     ctx = mp.get_context("spawn")
     proc = ctx.Process(target=_worker_main, name=f"sweep-worker-{index}",
-                       args=(index, [s.to_dict() for s in specs], study_name, storage_url, str(out), device,
-                             stale_timeout))
+                       args=(index, [(e, s.to_dict()) for e, s in cells], study_name, storage_url, str(out), device,
+                             stale_timeout, logger))
     proc.start()
     return proc
 
 
-def run_workers(study, specs: list, out: Path, storage_url: str | None, n_workers: int, device: str = "auto",
-                stale_timeout: float = 60, progress: bool = True, label: str = "sweep",
-                on_progress: Callable[[], None] | None = None, max_restarts: int | None = None) -> dict[str, int]:
-    """Run ``specs``' cells (already enqueued in ``study``) on ``n_workers`` processes; wait for them.
+def run_workers(grid, cells: list[Cell], out: Path, storage_url: str | None, n_workers: int, device: str = "auto",
+                on_progress: Callable[[dict[str, int]], None] | None = None, max_restarts: int | None = None,
+                logger: str = "csv") -> dict[str, int]:
+    """Run ``cells`` (already enqueued in ``grid``) on ``n_workers`` processes; wait for them.
 
-    ``on_progress()`` is called whenever the number of finished cells changes (the sweep rewrites
-    its results files there). Returns the final ``study.progress`` counts.
+    ``on_progress(counts)`` is called every second with the cells' ``grid.progress`` counts. Returns
+    the final counts. On Ctrl-C the workers are stopped (their trials are recorded as interrupted)
+    and ``KeyboardInterrupt`` is re-raised.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from experiments.study import cell_id, progress as cell_progress
+    from experiments.study import cell_id
 
     if n_workers < 1:
         raise ValueError(f"--workers must be >= 1, got {n_workers}")
-    cells = list(dict.fromkeys(cell_id(s) for s in specs))
+    keys = list(dict.fromkeys(cell_id(s) for _, s in cells))
     devices = worker_devices(n_workers, device)
     restarts_left = n_workers if max_restarts is None else max_restarts
-    procs = {i: start_worker(i, specs, study.study_name, storage_url, out, devices[i], stale_timeout)
-             for i in range(n_workers)}
-    log.info("%d workers on %s", n_workers, ", ".join(sorted(set(devices))))
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[status]}")]
-    last_done = -1
+
+    def start(i: int) -> mp.Process:
+        return start_worker(i, cells, grid.name, storage_url, out, devices[i], grid.stale_timeout, logger)
+
+    procs = {i: start(i) for i in range(n_workers)}
+    log.info("%d workers on %s (logs: %s)", n_workers, ", ".join(sorted(set(devices))), out / "workers")
     try:
-        with Progress(*columns, disable=not progress, transient=False) as bar:
-            task_id = bar.add_task(f"{label} ({n_workers} workers)", total=len(cells), status="")
-            while True:
-                counts = cell_progress(study, cells)
-                bar.update(task_id, completed=counts["done"],
-                           status=f"{counts['running']} running, {counts['waiting']} waiting")
-                if counts["done"] != last_done:
-                    last_done = counts["done"]
-                    if on_progress:
-                        on_progress()
-                alive = {i: p for i, p in procs.items() if p.is_alive()}
-                for i, p in procs.items():
-                    if i in alive or p.exitcode in (0, None):
-                        continue
-                    left = counts["running"] + counts["waiting"] + counts["todo"]
-                    if left and restarts_left > 0:
-                        restarts_left -= 1
-                        log.warning("worker %d exited with code %s; starting a fresh one (%d restarts left)",
-                                    i, p.exitcode, restarts_left)
-                        alive[i] = start_worker(i, specs, study.study_name, storage_url, out, devices[i], stale_timeout)
-                    else:
-                        log.warning("worker %d exited with code %s", i, p.exitcode)
-                procs = {**procs, **alive}
-                if not alive:
-                    break
-                time.sleep(1.0)
+        while True:
+            counts = grid.progress(keys)
+            if on_progress:
+                on_progress(counts)
+            alive = {i: p for i, p in procs.items() if p.is_alive()}
+            for i, p in procs.items():
+                if i in alive or p.exitcode in (0, None):
+                    continue
+                left = counts["running"] + counts["waiting"] + counts["todo"]
+                if left and restarts_left > 0 and p.exitcode != EXIT_INTERRUPTED:
+                    restarts_left -= 1
+                    log.warning("worker %d exited with code %s; starting a fresh one (%d restarts left)",
+                                i, p.exitcode, restarts_left)
+                    alive[i] = start(i)
+                elif p.exitcode == EXIT_INTERRUPTED:
+                    raise KeyboardInterrupt  # a worker was stopped by a signal meant for the whole run
+                else:
+                    log.warning("worker %d exited with code %s", i, p.exitcode)
+            procs = {**procs, **alive}
+            if not alive:
+                break
+            time.sleep(1.0)
     except KeyboardInterrupt:
         for p in procs.values():
             if p.is_alive():
-                p.terminate()
+                p.terminate()  # SIGTERM: the worker records its trial as interrupted
         for p in procs.values():
             p.join(timeout=30)
         raise
     for p in procs.values():
         p.join()
-    counts = cell_progress(study, cells)
+    counts = grid.progress(keys)
     if on_progress:
-        on_progress()
+        on_progress(counts)
     return counts
-
-
-# --- throughput benchmark ----------------------------------------------------------------------------
-def bench_workers(counts: list[int], task: str, mixer: str, steps: int, device: str, out: Path,
-                  preset: str = "pararnn-table6", progress: bool = True) -> list[dict[str, Any]]:
-    """For each N in ``counts``: N identical ``steps``-step trials on N workers; throughput rows."""
-    import dataclasses
-    import shutil
-
-    from experiments.presets import resolve_sweep
-    from experiments.results import collect
-    from experiments.study import cell_id, open_storage, open_study, sync_grid
-    from experiments.sweep import build_specs
-
-    rows = []
-    for n in counts:
-        train = {"max_steps": steps, "early_stop_acc": 2.0, "eval_every": steps, "test_size": 2000, "val_size": 500}
-        plan = resolve_sweep(task, preset, {"mixers": [mixer], "seeds": list(range(n)), "train": train})
-        specs = build_specs(plan, device)
-        run_dir = out / f"n{n}"
-        shutil.rmtree(run_dir, ignore_errors=True)
-        study = open_study(open_storage(None, run_dir), f"bench-{n}")
-        sync_grid(study, specs)
-        t0 = time.perf_counter()
-        run_workers(study, specs, run_dir, None, n, device, progress=progress, label=f"bench N={n}")
-        wall = time.perf_counter() - t0
-        df = collect(study, [cell_id(s) for s in specs])
-        ok = df[df["status"] == "ok"] if len(df) else df
-        per_worker = float(ok["steps_per_s"].mean()) if len(ok) else float("nan")
-        rows.append({
-            "workers": n, "task": plan.task, "mixer": mixer, "steps": steps, "ok_trials": int(len(ok)),
-            "device": str(ok["device"].iloc[0]) if len(ok) else device,
-            "steps_per_s_per_worker": round(per_worker, 1),
-            "total_steps_per_s": round(per_worker * len(ok), 1),
-            "wall_s": round(wall, 1),
-            "end_to_end_steps_per_s": round(float(ok["steps"].sum()) / wall, 1) if len(ok) else float("nan"),
-            "trials_per_hour": round(3600 * len(ok) / wall, 1),
-            "train_config": json.dumps(dataclasses.asdict(plan.train)),
-        })
-        log.info("N=%d: %s", n, rows[-1])
-    return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    from experiments.mps import add_mps_argument, cuda_mps
-
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.workers",
-        description="Throughput of N parallel sweep workers: N identical fixed-step trials (no early stopping) "
-                    "on N workers, for each N; prints steps/s per worker and in total.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--counts", default="1,4,8,16", help="worker counts to measure (default: %(default)s)")
-    p.add_argument("--task", default="mqar", help="a task entry of --preset (default: %(default)s)")
-    p.add_argument("--preset", default="pararnn-table6", help="preset giving the task's shapes (default: %(default)s)")
-    p.add_argument("--mixer", default="flashgru", help="mixer to train (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=400, help="training steps per trial (default: %(default)s)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=Path("runs/bench-workers"), help="scratch folder (default: %(default)s)")
-    p.add_argument("--json", type=Path, help="also write the rows here as JSON")
-    add_mps_argument(p)
-    p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        counts = [int(x) for x in args.counts.split(",") if x.strip()]
-        if not counts or min(counts) < 1:
-            raise ValueError(f"--counts must be positive integers, got {args.counts!r}")
-        with cuda_mps(args.mps):
-            rows = bench_workers(counts, args.task, args.mixer, args.steps, args.device, args.out, args.preset,
-                                 progress=not args.no_progress)
-        for r in rows:
-            r["mps"] = args.mps
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    head = ["workers", "steps_per_s_per_worker", "total_steps_per_s", "end_to_end_steps_per_s", "trials_per_hour", "wall_s"]
-    print(f"{rows[0]['device']}: {args.task} / {args.mixer}, {args.steps} steps per trial" + (", under MPS" if args.mps else ""))
-    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for r in rows:
-        print("| " + " | ".join(str(r[h]) for h in head) + " |")
-    if args.json:
-        import platform
-
-        import torch
-
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "python": platform.python_version(),
-                "cpu_count": os.cpu_count()}
-        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

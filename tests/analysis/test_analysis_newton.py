@@ -76,6 +76,8 @@ def test_task_inputs_are_what_the_mixer_sees(tmp_path):
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
     """A fake sweep folder: two trials of the test cell (the better one by validation accuracy) and a GRU."""
+    import lightning as L
+
     from experiments.train import TrialSpec, build_datamodule, build_module
 
     root = tmp_path_factory.mktemp("sweep")
@@ -83,23 +85,25 @@ def sweep_dir(tmp_path_factory):
     for number, (mixer, acc) in enumerate([(f"{__name__}:TanhCell", 0.6), (f"{__name__}:TanhCell", 0.9), ("gru", 1.0)]):
         spec = TrialSpec(task="parity", mixer=mixer, lr=1e-3, seed=number, task_options={"seq_len": 12})
         torch.manual_seed(number)
-        model = build_module(spec, build_datamodule(spec)).model
+        module = build_module(spec, build_datamodule(spec))
         if number == 1:
             with torch.no_grad():
-                for cell in model.mixer.cells:
+                for cell in module.model.mixer.cells:
                     cell.a.fill_(-0.25)  # marks the chosen checkpoint
-        d = root / "trials" / f"{number:04d}-{mixer.replace(':', '.')}-s{number}-lr0.001"
-        d.mkdir(parents=True)
+        d = root / "trials" / f"parity-{mixer.replace(':', '.')}-s{number}-lr0.001-{number:010d}"
+        (d / "checkpoints").mkdir(parents=True)
         (d / "spec.json").write_text(json.dumps(spec.to_dict()))
-        torch.save(model.state_dict(), d / "model.pt")
-        rows.append({"trial": number, "mixer": mixer, "best_val_acc": acc})
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.strategy.connect(module)
+        trainer.save_checkpoint(d / "checkpoints" / "best.ckpt", weights_only=True)
+        rows.append({"trial_dir": f"trials/{d.name}", "mixer": mixer, "best_val_acc": acc})
     pd.DataFrame(rows).to_csv(root / "results.csv", index=False)
     return root
 
 
 def test_checkpoints_best_trial_per_mixer(sweep_dir):
     found = find_checkpoints(sweep_dir)
-    assert found[f"{__name__}:TanhCell"].name.startswith("0001-") and found["gru"].name.startswith("0002-")
+    assert found[f"{__name__}:TanhCell"].name.endswith("-s1-lr0.001-0000000001") and found["gru"].name.endswith("-s2-lr0.001-0000000002")
     with pytest.raises(ValueError, match="no checkpoint of flashlstm"):
         find_checkpoints(sweep_dir, ["flashlstm"])
 
@@ -110,7 +114,7 @@ def test_cli_trained_panel_from_checkpoints(sweep_dir, tmp_path):
     assert set(df["cell"]) == {"TanhCell"}
     assert set(df["panel"]) == {"freshly initialized", "trained on parity"}
     trained = df[df["panel"] == "trained on parity"]
-    assert "0001-" in trained["source"].iloc[0] and df["source"].iloc[0] == "fresh, parity inputs"
+    assert "-s1-" in trained["source"].iloc[0] and df["source"].iloc[0] == "fresh, parity inputs"
     only = main(["--checkpoints", str(sweep_dir), "--no-fresh", "--max-log2", "6", "--iters", "2",
                  "--out", str(tmp_path), "--name", "only"])
     assert set(only["cell"]) == {"TanhCell"} and set(only["panel"]) == {"trained on parity"}  # the GRU: skipped

@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.presets import load_preset, resolve_sweep
-from experiments.reproduce import compare, comparison_markdown, devices_used, plans_for, reproduction_presets, run_reproduction, verdict
+from experiments.paper import compare, comparison_frame, comparison_markdown, entry_metric, reproduction_presets, verdict
+from experiments.presets import build_specs, load_preset, resolve_sweep
+from experiments.reproduce import devices_used, plans_for, run_reproduction
 from experiments.study import cell_id
-from experiments.sweep import build_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_TABLE6 = {  # SPEC §10 / paper 000 Table 6
@@ -49,8 +49,8 @@ def test_table6_matches_the_paper_setup_and_table1_is_its_subset():
     p = resolve_sweep("khop2", "pararnn-table6")
     assert (p.task, p.task_options["k"], p.task_options["vocab_size"], p.block) == ("khop", 2, 5, "full")
     p = resolve_sweep("parity", "pararnn-table6")
-    assert p.block == "mixer" and p.mixer_options["flashgru"]["clip_norm"] is None and p.lrs == [2e-3]
-    assert resolve_sweep("khop", "pararnn-table6").lrs == [5e-4]  # the paper's lr where 4,000 steps suffice
+    assert p.block == "mixer" and p.mixer_options["flashgru"]["clip_norm"] is None
+    assert resolve_sweep("khop", "pararnn-table6").lrs == [5e-4]  # the paper's lr where the budget suffices
     assert (p.train.batch_size, p.train.train_size, p.train.test_size) == (16, 10_000, 100_000)
     assert resolve_sweep("keep_nth", "pararnn-table6").positional == "sinusoidal"
     cells = lambda name: {cell_id(s) for plan in plans_for(name) for s in build_specs(plan)}  # noqa: E731
@@ -60,8 +60,8 @@ def test_table6_matches_the_paper_setup_and_table1_is_its_subset():
 def test_table_columns_follow_the_paper_not_the_run_order():
     rows = _rows("mqar", "flashgru", [0.9]) + _rows("keep_nth", "flashgru", [0.8])  # mqar ran first
     t = compare("pararnn-table6", {e: pd.DataFrame([r for r in rows if r["task"] == e]) for e in ("mqar", "keep_nth")})
-    header = next(line for line in comparison_markdown("pararnn-table6", t, {}).splitlines() if line.startswith("| model"))
-    assert header.index("Keep-nth") < header.index("MQAR")
+    columns = list(comparison_frame("pararnn-table6", t).columns)
+    assert columns[0] == "model" and columns.index("Keep-nth† n=5 V=128") < columns.index("MQAR κ=2 V=128")
 
 
 def test_devices_used_skips_trials_without_a_device():
@@ -71,8 +71,9 @@ def test_devices_used_skips_trials_without_a_device():
 
 def _rows(entry, mixer, values, lrs=None):
     lrs = lrs or [1e-3] * len(values)
-    return [{"task": entry, "mixer": mixer, "seed": i, "lr": lr, "status": "ok", "test/acc": v, "extrap/mean_acc": v,
-             "best_val_acc": v, "n_params": 1000, "steps": 100} for i, (v, lr) in enumerate(zip(values, lrs))]
+    return [{"entry": entry, "task": entry, "mixer": mixer, "seed": i, "lr": lr, "status": "ok", "test/acc": v,
+             "test/last_acc": v, "extrap/mean_acc": v, "best_val_acc": v, "n_params": 1000, "steps": 100}
+            for i, (v, lr) in enumerate(zip(values, lrs))]
 
 
 def test_compare_best_and_mean_at_best_lr():
@@ -85,8 +86,18 @@ def test_compare_best_and_mean_at_best_lr():
     t = compare("flashrnn-parity", {"parity": pd.DataFrame(rows)}).set_index("mixer")
     assert t.loc["gru", "ours"] == pytest.approx(0.95) and t.loc["gru", "lr"] == 1e-3
     assert [verdict(0.99, 1.0), verdict(0.5, 1.0), verdict(1.0, 0.5), verdict(0.5, 0.53)] == ["✓", "✗", "↑", "✓"]
+    frame = comparison_frame("flashrnn-parity", t.reset_index()).set_index("model")
+    assert frame.loc["gru"].iloc[0] == "95.0% ± 0.0 (1.0k) / 100% ✗"
     text = comparison_markdown("flashrnn-parity", t.reset_index(), {"device": "cpu", "date": "today"})
-    assert "| gru | 95.0% ± 0.0 (1.0k) / 100% ✗ |" in text and "gru 95.0% vs 100%" in text
+    assert "gru 95.0% vs 100%" in text and "| gru " in text
+
+
+def test_a_paper_metric_per_column():
+    """``metric: {default: ..., entry: ...}`` picks the column the paper reports for each sweep."""
+    paper = {"metric": {"default": "test/acc", "keep_nth": "test/last_acc"}}
+    assert entry_metric(paper, "keep_nth") == "test/last_acc" and entry_metric(paper, "mqar") == "test/acc"
+    assert entry_metric({"metric": "extrap/mean_acc"}, "parity") == "extrap/mean_acc"
+    assert entry_metric({}, "parity") == "test/acc"
 
 
 def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
@@ -94,12 +105,13 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     table = run_reproduction("pararnn-table1", tmp_path, quick=True, overrides=over, entries=["parity"], progress=False)
     assert set(table["entry"]) == {"parity"} and table.set_index("mixer").loc["flashgru", "ours_params"] > 0
     text = (tmp_path / "reproduction.md").read_text()
-    assert "QUICK" in text and "| flashgru |" in text and "Cells: 2 of 2 finished" in text
+    assert "QUICK" in text and "| flashgru " in text and "Cells: 2 of 2 finished" in text
     assert len(pd.read_csv(tmp_path / "parity" / "results.csv")) == 2
     mtime = (tmp_path / "parity" / "results.csv").stat().st_mtime_ns
     run_reproduction("pararnn-table1", tmp_path, quick=True, overrides=over, entries=["parity"], progress=False)
     df = pd.read_csv(tmp_path / "parity" / "results.csv")
     assert len(df) == 2 and set(df["trial"]) == {0, 1}  # resumed: nothing re-ran
+    assert set(df["status"]) == {"ok"}
     assert (tmp_path / "parity" / "results.csv").stat().st_mtime_ns >= mtime
 
 

@@ -1,8 +1,11 @@
-"""The sweep: results files, resume without re-running, interrupted trials, NaN trials, CLI errors."""
+"""The sweep: results files, resume without re-running, interrupted trials, NaN trials, what Optuna sees, CLI errors."""
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -10,8 +13,8 @@ import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
-from experiments.presets import resolve_sweep
-from experiments.study import open_storage, open_study
+from experiments.presets import build_specs, resolve_sweep
+from experiments.study import GridStudy, cell_id
 from experiments.sweep import main, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,47 +26,76 @@ def tiny_plan(mixers, seeds=(0,), lrs=(1e-3,)):
                                              "extrapolation": {"min_len": 3, "max_len": 8, "eval_lengths": [12]}})
 
 
+def plain_study(out, name="parity-smoke"):
+    """The sweep's study opened with plain Optuna, as optuna-dashboard or a user would."""
+    return optuna.load_study(study_name=name, storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "journal.log"))))
+
+
 def trial_states(out, name="parity-smoke"):
-    study = open_study(open_storage(None, out), name)
-    return [t.state for t in study.get_trials(deepcopy=False)]
+    return [t.state for t in plain_study(out, name).get_trials(deepcopy=False)]
 
 
 def test_sweep_writes_results_and_resumes_without_rerunning(tmp_path):
     plan = tiny_plan(["gru", "elman"], seeds=[0, 1])
     df = run_sweep(plan, tmp_path, progress=False)
     assert len(df) == 4 and set(df["status"]) == {"ok"}
-    assert {"test/acc", "len12/acc", "extrap/mean_acc", "n_params", "torch", "commit"} <= set(df.columns)
+    assert {"test/acc", "test/last_acc", "final/test/acc", "len12/acc", "extrap/mean_acc", "n_params", "torch", "commit",
+            "best_step"} <= set(df.columns)
     on_disk = pd.read_csv(tmp_path / "results.csv")
-    assert len(on_disk) == 4 and (tmp_path / "table.md").read_text().count("| parity |") == 2
+    assert len(on_disk) == 4 and (tmp_path / "table.md").read_text().count("| parity ") == 2
     assert len(trial_states(tmp_path)) == 4
     run_sweep(plan, tmp_path, progress=False)  # resume: nothing left to do
     assert trial_states(tmp_path) == [TrialState.COMPLETE] * 4
     # a larger grid on the same storage runs only the new cells
     run_sweep(tiny_plan(["gru", "elman"], seeds=[0, 1, 2]), tmp_path, progress=False)
     assert trial_states(tmp_path).count(TrialState.COMPLETE) == 6
+    # one folder per cell, with the best and last checkpoints
+    folders = sorted((tmp_path / "trials").iterdir())
+    assert len(folders) == 6 and all((f / "checkpoints" / "best.ckpt").is_file() for f in folders)
+
+
+def test_plain_optuna_sees_the_cells_values_and_learning_curves(tmp_path):
+    """What optuna-dashboard reads: parameters with the grid's distributions, the validation metric as the value,
+    the validation accuracy after every evaluation as intermediate values, test metrics as attributes."""
+    plan = tiny_plan(["gru", "elman"], seeds=[0, 1], lrs=[1e-3, 3e-3])
+    df = run_sweep(plan, tmp_path, progress=False)
+    study = plain_study(tmp_path)
+    frame = study.trials_dataframe()
+    assert {"params_mixer", "params_seed", "params_lr", "params_task", "params_entry", "value"} <= set(frame.columns)
+    assert sorted(zip(frame["params_mixer"], frame["params_seed"], frame["params_lr"])) == sorted(
+        (m, s, lr) for m in ("gru", "elman") for s in (0, 1) for lr in (1e-3, 3e-3))
+    by_cell = df.set_index(["mixer", "seed", "lr"])
+    for t in study.trials:
+        row = by_cell.loc[(t.params["mixer"], t.params["seed"], t.params["lr"])]
+        assert t.value == pytest.approx(row["best_val_acc"])  # the selection metric, not the test accuracy
+        assert t.user_attrs["result"]["test/acc"] == pytest.approx(row["test/acc"])
+        assert sorted(t.intermediate_values) == [10, 20]  # eval_every = 10 of 20 steps
+        assert max(t.intermediate_values.values()) == pytest.approx(t.value)
+        assert t.distributions["lr"].log and t.distributions["mixer"].choices == ("elman", "gru")
+
+
+def _make_running(grid, number, pid):
+    trial_id = grid.trial_id(number)
+    grid.storage.set_trial_state_values(trial_id, TrialState.RUNNING)
+    grid.storage.set_trial_system_attr(trial_id, "worker", {"host": socket.gethostname(), "pid": pid})
 
 
 def test_interrupted_trial_is_rerun_once(tmp_path):
     plan = tiny_plan(["gru"], seeds=[0, 1])
-    from experiments.study import cell_id, sync_grid
-    from experiments.sweep import build_specs
-
-    study = open_study(open_storage(None, tmp_path), "parity-smoke")
     specs = build_specs(plan)
-    sync_grid(study, specs)
+    grid = GridStudy.open(None, tmp_path, "parity-smoke")
+    grid.sync([("parity", s) for s in specs])
     # simulate a worker killed mid-trial: RUNNING, claimed by a pid that no longer exists
-    waiting = study.get_trials(states=(TrialState.WAITING,))[0]
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    study._storage.set_trial_state_values(waiting._trial_id, TrialState.RUNNING)
-    import socket
-    study._storage.set_trial_system_attr(waiting._trial_id, "worker", {"host": socket.gethostname(), "pid": dead.pid})
+    _make_running(grid, grid.trials(states=(TrialState.WAITING,))[0].number, dead.pid)
     df = run_sweep(plan, tmp_path, progress=False)
     states = trial_states(tmp_path)
     assert states.count(TrialState.COMPLETE) == 2 and states.count(TrialState.FAIL) == 1
     assert len(df) == 2 and set(df["status"]) == {"ok"}
-    assert {cell_id(s) for s in specs} == set(t.user_attrs["cell"] for t in optuna.load_study(
-        study_name="parity-smoke", storage=open_storage(None, tmp_path)).get_trials() if t.state == TrialState.COMPLETE)
+    assert {cell_id(s) for s in specs} == {t.user_attrs["cell"] for t in plain_study(tmp_path).trials
+                                           if t.state == TrialState.COMPLETE}
 
 
 def test_nan_trial_fails_cleanly_and_sweep_goes_on(tmp_path, monkeypatch):
@@ -73,26 +105,139 @@ def test_nan_trial_fails_cleanly_and_sweep_goes_on(tmp_path, monkeypatch):
     by_mixer = df.set_index("mixer")
     assert by_mixer.loc["nan_mixer:NaNMixer", "status"] == "failed"
     assert by_mixer.loc["nan_mixer:NaNMixer", "failure"] == "nan"
-    assert "NaN" in by_mixer.loc["nan_mixer:NaNMixer", "error"] or "nan" in by_mixer.loc["nan_mixer:NaNMixer", "error"]
+    assert "nan" in by_mixer.loc["nan_mixer:NaNMixer", "error"].lower()
     assert by_mixer.loc["gru", "status"] == "ok"
     table = (tmp_path / "table.md").read_text()
-    assert "| parity | nan_mixer:NaNMixer | – | 0 | 1 |" in table
+    row = next(line for line in table.splitlines() if "nan_mixer" in line)
+    assert [c.strip() for c in row.strip("|").split("|")][2:5] == ["–", "0", "1"]  # params, seeds, failed
     run_sweep(plan, tmp_path, progress=False)  # a NaN result is final: not re-run
     assert trial_states(tmp_path).count(TrialState.FAIL) == 1
+
+
+def test_unfinished_cells_are_visible_in_the_table(tmp_path):
+    """A grid with cells never run shows them as missing, with a line saying how to finish them."""
+    from experiments.results import collect, table_markdown
+
+    plan = tiny_plan(["gru", "elman"])
+    run_sweep(resolve_sweep("parity", "smoke", {**_plan_overrides(plan), "mixers": ["gru"]}), tmp_path, progress=False)
+    grid = GridStudy.open(None, tmp_path, "parity-smoke")
+    df = collect(grid, [("parity", s) for s in build_specs(plan)])
+    assert df.set_index("mixer")["status"].to_dict() == {"gru": "ok", "elman": "missing"}
+    text = table_markdown(df)
+    assert "1 cell(s) have no result yet" in text and "| elman " in text
+
+
+def _plan_overrides(plan):
+    return {"seeds": plan.seeds, "lrs": plan.lrs, "train": TINY, "extrapolation": plan.extrapolation}
+
+
+SLOW_MIXER = "test_workers:SlowMixer"
+
+
+def _sweep_cmd(out, *extra):
+    return [sys.executable, "-m", "experiments.sweep", "parity", "--preset", "smoke", "--mixers", SLOW_MIXER,
+            "--max-steps", "200", "--task-option", "seq_len=8", "--out", str(out), "--no-progress", *extra]
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{Path(__file__).parent}"}
+
+
+def _interrupt_after_training_started(out, extra=()):
+    """Start the sweep, wait until it trains (a trial RUNNING in the study for a few seconds), then Ctrl-C it."""
+    proc = subprocess.Popen(_sweep_cmd(out, *extra), cwd=ROOT, env=_env(), stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (
+            (out / "journal.log").is_file() and plain_study(out).get_trials(states=(TrialState.RUNNING,))):
+        time.sleep(0.2)
+    time.sleep(4.0)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+def test_ctrl_c_three_times_then_the_sweep_finishes(tmp_path, workers):
+    """Each Ctrl-C: exit 130 with a resume hint, the trial recorded as interrupted (not a death), resumed
+    from its checkpoint by the next run; after three of them the cell still finishes, once."""
+    extra = ("--workers", str(workers)) if workers else ()
+    steps = []
+    for _ in range(3):
+        code, err = _interrupt_after_training_started(tmp_path, extra)
+        assert code == 130, err
+        assert "interrupted: re-run the same command to resume" in err and "Traceback" not in err
+        steps.append(pd.read_csv(tmp_path / "results.csv")["status"].tolist())
+    study = plain_study(tmp_path)
+    assert [t.user_attrs.get("failure") for t in study.trials] == ["interrupted"] * 3
+    done = subprocess.run(_sweep_cmd(tmp_path, *extra), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert df["status"].tolist() == ["ok"] and df["resumed_from_step"].iloc[0] > 0 and df["steps"].iloc[0] == 200
+    assert steps == [["missing"]] * 3  # an interrupted cell is shown as missing, never as a result
+    assert [t.state for t in plain_study(tmp_path).trials].count(TrialState.COMPLETE) == 1
 
 
 @pytest.mark.parametrize("argv,message", [
     (["nosuchtask"], "unknown task 'nosuchtask'; known tasks:"),
     (["parity", "--preset", "nosuch"], "unknown preset 'nosuch'; known presets:"),
     (["parity", "--preset", "smoke", "--mixers", "gru,nosuch"], "unknown mixer 'nosuch'"),
+    (["parity", "--preset", "smoke", "--mixers", "torch:Tensor"], "mixer 'torch:Tensor'"),
     (["parity", "--preset", "smoke", "--task-option", "seq_len=0"], "seq_len must be >= 1"),
+    (["parity", "--preset", "smoke", "--max-steps", "-5"], "--max-steps: must be a positive integer, got '-5'"),
+    (["parity", "--preset", "smoke", "--max-steps", "0"], "--max-steps: must be a positive integer, got '0'"),
+    (["parity", "--preset", "smoke", "--lrs", "-1e-3"], "--lrs: must be numbers > 0, got '-1e-3'"),
+    (["parity", "--preset", "smoke", "--seeds", "a"], "--seeds: expected an integer, got 'a'"),
+    (["parity", "--preset", "smoke", "--device", "tpu"], "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    (["parity", "--preset", "smoke", "--workers", "-1"], "--workers: must be an integer >= 0, got '-1'"),
+    (["parity", "--preset", "smoke", "--mps"], "--mps applies to worker processes"),
+    pytest.param(["parity", "--preset", "smoke", "--logger", "tensorboard"], "logger 'tensorboard' needs tensorboard",
+                 marks=pytest.mark.skipif(__import__("importlib").util.find_spec("tensorboard") is not None,
+                                          reason="tensorboard is installed")),
 ])
-def test_cli_user_errors_are_one_line(tmp_path, argv, message):
-    proc = subprocess.run([sys.executable, "-m", "experiments.sweep", *argv, "--out", str(tmp_path)],
+def test_cli_user_errors_are_one_line_and_store_nothing(tmp_path, argv, message):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "experiments.sweep", *argv, "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (out / "journal.log").exists()  # nothing was stored as a "result"
+
+
+def test_cli_unwritable_output_folder_is_one_line(tmp_path):
+    if os.geteuid() == 0:  # root writes into read-only folders: use a file system nobody may write to
+        target = "/sys/kernel/expressivity-suite-test"
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        target = str(ro / "x")
+    proc = subprocess.run([sys.executable, "-m", "experiments.sweep", "parity", "--preset", "smoke", "--out", target],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: cannot write to --out {target!r}"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_output_folder_that_is_a_file_is_one_line(tmp_path):
+    file = tmp_path / "f"
+    file.write_text("")
+    for module in ("experiments.sweep", "experiments.reproduce"):
+        first = "parity" if module.endswith("sweep") else "pararnn-table1"
+        proc = subprocess.run([sys.executable, "-m", module, first, "--out", str(file)], capture_output=True, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 2 and proc.stderr.strip() == f"error: --out {str(file)!r} is a file, not a folder: choose another path"
+
+
+def test_tensorboard_logger_writes_event_files(tmp_path):
+    pytest.importorskip("tensorboard")
+    from experiments.train import TrainConfig, TrialSpec, run_trial
+
+    spec = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, task_options={"seq_len": 8},
+                     train=TrainConfig(max_steps=10, batch_size=8, train_size=32, val_size=16, test_size=16, eval_every=5))
+    run_trial(spec, tmp_path, logger="tensorboard")
+    assert list((tmp_path / "logs" / "version_0").glob("events.out.tfevents.*"))
 
 
 def test_cli_help_explains_everything(capsys):
@@ -100,5 +245,16 @@ def test_cli_help_explains_everything(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for word in ("--mixers", "--seeds", "--lrs", "--preset", "--out", "--storage", "resumes", "module.path:CellClass"):
+    for word in ("--mixers", "--seeds", "--lrs", "--preset", "--out", "--storage", "--logger", "resumes",
+                 "module.path:CellClass", "--preset smoke"):
         assert word in text
+
+
+def test_progress_without_a_terminal_is_a_line_per_finished_cell(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="experiments.runner")
+    run_sweep(tiny_plan(["gru", "elman"]), tmp_path, progress=True)  # pytest's stderr is not a terminal
+    lines = [r.getMessage() for r in caplog.records if "cells done" in r.getMessage()]
+    assert any(line.startswith("parity sweep: 1/2 cells done") for line in lines)
+    assert any(line.startswith("parity sweep: 2/2 cells done") for line in lines) and "elapsed" in lines[-1]

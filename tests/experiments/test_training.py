@@ -1,11 +1,13 @@
-"""Training actually learns: a GRU solves short parity (with length extrapolation) on the CPU."""
+"""One trial: it learns, it tests the best checkpoint, checkpoints reload, an interrupted trial resumes exactly."""
 
 import math
 
+import lightning as L
 import pytest
+import torch
 
-from experiments.lit import cosine_with_warmup
-from experiments.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
+from experiments.lit import LitSequenceModel, LastPositionAccuracy, cosine_with_warmup, last_scored
+from experiments.train import TrainConfig, TrialSpec, build_datamodule, quiet_lightning, run_trial
 
 
 def test_cosine_with_warmup():
@@ -16,19 +18,76 @@ def test_cosine_with_warmup():
     assert not math.isnan(cosine_with_warmup(5, 10, 10))
 
 
-@pytest.mark.slow
-def test_gru_learns_short_parity_and_extrapolates(tmp_path):
-    quiet_lightning()
-    spec = TrialSpec(
+def test_last_position_accuracy_on_a_hand_made_batch():
+    """The last *scored* position of each sequence counts, whatever the positions before it hold."""
+    targets = torch.tensor([[-100, -100, 1, 0],     # last scored: index 3 (target 0)
+                            [1, 0, -100, -100],     # index 1 (target 0): right-padded
+                            [-100, -100, -100, -100],  # nothing scored: not counted
+                            [2, 2, 2, 1]])          # index 3 (target 1)
+    preds = torch.tensor([[9, 9, 9, 0],             # right
+                          [1, 1, 0, 0],             # wrong at index 1
+                          [0, 0, 0, 0],
+                          [2, 2, 2, 1]])            # right
+    p, t = last_scored(preds, targets)
+    assert t.tolist() == [0, 0, 1] and p.tolist() == [0, 1, 1]
+    metric = LastPositionAccuracy()
+    metric.update(preds[:2], targets[:2])
+    metric.update(preds[2:], targets[2:])
+    assert metric.compute().item() == pytest.approx(2 / 3)
+
+
+def _parity_spec(**train):
+    return TrialSpec(
         task="parity", mixer="gru", lr=3e-3, seed=0, mixer_options={"num_heads": 4},
         extrapolation={"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]},
-        train=TrainConfig(max_steps=1200, batch_size=32, train_size=3000, val_size=300, test_size=1000, eval_every=100),
+        train=TrainConfig(**{"max_steps": 1200, "batch_size": 32, "train_size": 3000, "val_size": 300, "test_size": 1000,
+                             "eval_every": 100, **train}),
     )
+
+
+@pytest.mark.slow
+def test_gru_learns_short_parity_extrapolates_and_its_checkpoint_reloads(tmp_path):
+    quiet_lightning()
+    spec = _parity_spec()
     result = run_trial(spec, tmp_path)
     assert result["test/acc"] >= 0.99, result
     assert result["len32/acc"] >= 0.95, result  # twice the longest training length
     assert result["stopped_early"], "early stopping at val acc > 0.999 should end the run before max_steps"
-    assert (tmp_path / "model.pt").is_file() and (tmp_path / "metrics.csv").is_file()
+    assert result["best_step"] == result["steps"]  # it stopped at its best validation
+    assert (tmp_path / "checkpoints" / "best.ckpt").is_file() and list((tmp_path / "logs").glob("version_0/metrics.csv"))
+    # the checkpoint rebuilds the model from its saved hyperparameters alone, and scores what the trial reported
+    module = LitSequenceModel.load_from_checkpoint(tmp_path / "checkpoints" / "best.ckpt", map_location="cpu")
+    assert module.hparams["model"]["mixer"] == "gru" and isinstance(module.hparams["model"], dict)
+    dm = build_datamodule(spec)
+    dm.setup()
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    tested = {k.split("/dataloader_idx")[0]: v for part in trainer.test(module, datamodule=dm, verbose=False)
+              for k, v in part.items()}
+    assert tested["test/acc"] == pytest.approx(result["test/acc"]) and tested["len32/acc"] == pytest.approx(result["len32/acc"])
+    assert (tmp_path / "checkpoints" / "best.ckpt").stat().st_size < 200_000  # weights only: kB
+
+
+class Sabotage(L.Callback):
+    """From ``after`` on, scrambles the head after every step: the model degrades after its best validation."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        if trainer.global_step > self.after:
+            with torch.no_grad():
+                pl_module.model.head.weight.normal_()
+
+
+@pytest.mark.slow
+def test_test_set_is_scored_on_the_best_checkpoint_and_the_final_weights(tmp_path):
+    """A trial that peaked and then degraded reports the best checkpoint's accuracy, and the final one beside it."""
+    quiet_lightning()
+    spec = _parity_spec(max_steps=1000, early_stop_acc=2.0)  # never stops early
+    result = run_trial(spec, tmp_path, callbacks=[Sabotage(after=800)])
+    assert result["best_val_acc"] >= 0.99 and result["test/acc"] >= 0.99, result
+    assert result["final/test/acc"] < 0.8 and result["final_val_acc"] < 0.8, result
+    assert result["best_step"] <= 800 < result["steps"]
 
 
 def test_transformer_cannot_learn_parity_quickly():
@@ -40,6 +99,48 @@ def test_transformer_cannot_learn_parity_quickly():
         train=TrainConfig(max_steps=150, batch_size=32, train_size=1000, val_size=200, test_size=500, eval_every=50),
     )
     assert run_trial(spec)["len32/acc"] < 0.7
+
+
+class Interrupt(L.Callback):
+    """Raises Ctrl-C's KeyboardInterrupt after training step ``at``."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.at:
+            raise KeyboardInterrupt
+
+
+def test_interrupted_trial_resumes_exactly_where_it_stopped(tmp_path):
+    """Ctrl-C mid-epoch, then a re-run: the same weights as an uninterrupted run (same batches, same state)."""
+    quiet_lightning()
+    spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
+                     train=TrainConfig(max_steps=60, batch_size=8, train_size=100, val_size=32, test_size=32, eval_every=20))
+    whole = run_trial(spec, tmp_path / "whole")
+    with pytest.raises(KeyboardInterrupt):  # Lightning's sys.exit(1) is turned back into KeyboardInterrupt
+        run_trial(spec, tmp_path / "cut", callbacks=[Interrupt(at=45)])  # 13 batches per epoch: mid-epoch
+    assert (tmp_path / "cut" / "checkpoints" / "interrupted.ckpt").is_file()
+    resumed = run_trial(spec, tmp_path / "cut")
+    assert resumed["resumed_from_step"] == 45 and resumed["steps"] == whole["steps"] == 60
+    a = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    b = torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["test/acc"] == whole["test/acc"] and resumed["best_val_acc"] == whole["best_val_acc"]
+    assert not (tmp_path / "cut" / "checkpoints" / "interrupted.ckpt").exists()  # consumed by the finished run
+
+
+def test_different_seeds_train_on_different_batch_orders(tmp_path):
+    quiet_lightning()
+
+    def first_losses(seed):
+        spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=seed, task_options={"seq_len": 8},
+                         train=TrainConfig(max_steps=5, batch_size=8, train_size=64, val_size=16, test_size=16))
+        dm = build_datamodule(spec)
+        dm.setup()
+        return torch.cat([b[0] for b in dm.train_dataloader()])
+
+    assert not torch.equal(first_losses(0), first_losses(1)) and torch.equal(first_losses(0), first_losses(0))
 
 
 @pytest.mark.parametrize("with_out_dir", [True, False])
@@ -55,4 +156,15 @@ def test_trial_survives_its_working_directory_being_deleted(tmp_path, monkeypatc
                      train=TrainConfig(max_steps=20, batch_size=8, train_size=64, val_size=32, test_size=32, eval_every=10))
     result = run_trial(spec, tmp_path / "trial" if with_out_dir else None)
     assert result["steps"] == 20
-    assert not with_out_dir or (tmp_path / "trial" / "metrics.csv").is_file()
+    assert not with_out_dir or (tmp_path / "trial" / "checkpoints" / "best.ckpt").is_file()
+
+
+@pytest.mark.parametrize("train,message", [
+    ({"max_steps": -5}, "max_steps must be a positive integer"),
+    ({"max_steps": 0}, "max_steps must be a positive integer"),
+    ({"batch_size": 0}, "batch_size must be a positive integer"),
+    ({"warmup_ratio": 1.5}, "warmup_ratio must be in"),
+])
+def test_bad_train_options_are_rejected(train, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**train)

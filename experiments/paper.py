@@ -1,0 +1,265 @@
+"""The papers' tables and the comparison of our results with them: the one path behind
+``experiments.reproduce`` and ``analysis.tables --paper``.
+
+A reproduction preset (``experiments/presets/<name>.yaml``) holds the sweeps and a ``paper:`` section::
+
+    tasks:   {khop2: {task: khop, task_options: {k: 2, vocab_size: 5}}, ...}    # the sweeps
+    paper:
+      source: "paper 000, Table 6 (best of 3 seeds)"
+      metric: test/acc              # the results column the paper reports, or per sweep:
+                                    # {default: test/acc, keep_nth: test/last_acc}
+      aggregate: best               # best seed, or mean_at_best_lr
+      columns: {khop2: "k-hop k=2 V=5", ...}
+      results: {flashgru: {khop2: [1.00, 17000], ...}, ...}   # [accuracy, parameters (optional)]
+
+``paper_entries(name)`` reads it as one ``PaperEntry`` per column; ``compare`` puts our number (the
+paper's statistic over our seeds) beside the paper's for every (column, mixer); ``comparison_markdown``
+renders it (pandas) with a verdict per cell: ✓ same side of 98% as the paper, ✗ the paper reaches
+≥ 98% and we do not, ↑ the reverse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pandas as pd
+
+#: an accuracy at or above this counts as "solved" when comparing with the paper
+SOLVED = 0.98
+AGGREGATES = ("best", "mean_at_best_lr")
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperEntry:
+    """One column of a paper table: a sweep of the preset, with every mixer's number."""
+
+    entry: str  #: the preset's name for the sweep (e.g. ``khop2``)
+    task: str
+    options: dict[str, Any]  #: the sweep's task options (resolved by the preset; ``extrapolation`` if any)
+    title: str  #: the paper's column title
+    metric: str  #: the results.csv column the paper reports (``test/acc``, ``test/last_acc``, ``extrap/mean_acc``)
+    aggregate: str  #: ``best`` (best seed) or ``mean_at_best_lr``
+    source: str
+    values: dict[str, tuple[float, float]]  #: mixer -> (accuracy in [0, 1], parameters or nan)
+
+
+def reproduction_presets() -> list[str]:
+    """Names of the presets that carry a ``paper:`` section."""
+    from experiments.presets import available_presets, load_preset
+
+    return [name for name in available_presets() if "paper" in load_preset(name)]
+
+
+def load_reproduction(name: str) -> dict[str, Any]:
+    """The raw reproduction preset; ``ValueError`` listing the known ones."""
+    from experiments.presets import load_preset
+
+    known = reproduction_presets()
+    if name not in known:
+        raise ValueError(f"unknown reproduction {name!r}; known: {', '.join(known) or 'none'}")
+    return load_preset(name)
+
+
+def entry_metric(paper: dict[str, Any], entry: str) -> str:
+    """The metric the paper reports for sweep ``entry`` (``metric:`` is a name or ``{default: ..., entry: ...}``)."""
+    metric = paper.get("metric", "test/acc")
+    if isinstance(metric, dict):
+        return str(metric.get(entry, metric.get("default", "test/acc")))
+    return str(metric)
+
+
+def paper_entries(name: str) -> list[PaperEntry]:
+    """The paper table of reproduction preset ``name``, one entry per sweep, in the paper's column order
+    (``columns:``; a preset may list its sweeps in another order, e.g. longest first)."""
+    from experiments.presets import resolve_sweep
+
+    data = load_reproduction(name)
+    paper = data["paper"]
+    aggregate = str(paper.get("aggregate", "best"))
+    if aggregate not in AGGREGATES:
+        raise ValueError(f"preset {name!r}: paper aggregate must be one of {', '.join(AGGREGATES)}, got {aggregate!r}")
+    nan = float("nan")
+    entries = []
+    for entry in data.get("tasks", {}):
+        plan = resolve_sweep(entry, name)
+        values = {}
+        for mixer, by_entry in (paper.get("results") or {}).items():
+            ref = (by_entry or {}).get(entry)
+            if ref is None:
+                continue
+            ref = list(ref) if isinstance(ref, (list, tuple)) else [ref]
+            values[mixer] = (float(ref[0]), float(ref[1]) if len(ref) > 1 else nan)
+        options = dict(plan.task_options)
+        if plan.extrapolation:
+            options["extrapolation"] = plan.extrapolation
+        entries.append(PaperEntry(
+            entry=entry, task=plan.task, options=options,
+            title=str((paper.get("columns") or {}).get(entry, entry)),
+            metric=entry_metric(paper, entry), aggregate=aggregate,
+            source=str(paper.get("source", name)), values=values,
+        ))
+    order = list(paper.get("columns") or {})
+    return sorted(entries, key=lambda e: order.index(e.entry) if e.entry in order else len(order))
+
+
+def full_task_config(task: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The task's whole configuration (defaults filled in; ``None`` defaults replaced by the task's
+    effective value, e.g. k-hop's vocabulary); the raw ``options`` if the task cannot be built."""
+    from tasks import get_task
+
+    opts = {k: v for k, v in options.items() if k != "extrapolation"}
+    try:
+        t = get_task(task, **opts)
+        config = dataclasses.asdict(t.config)
+        for key, value in config.items():
+            if value is None and hasattr(t, key):
+                config[key] = getattr(t, key)
+    except (ValueError, TypeError):
+        config = dict(opts)
+    if options.get("extrapolation"):
+        config["extrapolation"] = dict(sorted(options["extrapolation"].items()))
+    return config
+
+
+def match_entry(task: str, config: dict[str, Any], entries: list[PaperEntry]) -> PaperEntry | None:
+    """The entry of ``entries`` for a results group of ``task`` with full ``config``, or ``None``.
+
+    Only the options that tell the paper's columns of one task apart are compared (k-hop: ``k``
+    and the vocabulary), so a shortened run (other ``seq_len``) still lines up with its column; but
+    the protocol must agree: a length-extrapolation run only matches an extrapolation column.
+    """
+    extrap = bool(config.get("extrapolation"))
+    same = [e for e in entries if e.task == task and bool(e.options.get("extrapolation")) == extrap]
+    if len(same) <= 1:
+        return same[0] if same else None
+    configs = [full_task_config(e.task, e.options) for e in same]
+    keys = sorted({k for c in configs for k in c if len({json.dumps(x.get(k), sort_keys=True) for x in configs}) > 1})
+    for entry, entry_config in zip(same, configs):
+        if all(json.dumps(config.get(k), sort_keys=True) == json.dumps(entry_config.get(k), sort_keys=True) for k in keys):
+            return entry
+    return None
+
+
+def aggregate(df: pd.DataFrame, metric: str, how: str) -> pd.DataFrame:
+    """Per mixer of ``df`` (one sweep's rows): ``value`` (best over seeds, per seed at the lr with the best
+    validation accuracy; or the mean over seeds at the lr with the best mean validation accuracy),
+    ``std``, ``params``, ``seeds``, ``lr``, ``steps`` (median), ``failed``, ``missing``."""
+    from experiments.results import best_over_lrs
+
+    rows = []
+    for mixer in dict.fromkeys(df["mixer"]) if len(df) else []:
+        mine = df[df["mixer"] == mixer]
+        counts = {"failed": int((mine["status"] == "failed").sum()),
+                  "missing": int((~mine["status"].isin(["ok", "failed"])).sum())}
+        sel = mine[mine["status"] == "ok"]
+        if sel.empty or metric not in sel or sel[metric].isna().all():
+            rows.append({"mixer": mixer, "value": float("nan"), "std": float("nan"), "params": float("nan"),
+                         "seeds": 0, "lr": float("nan"), "steps": float("nan"), **counts})
+            continue
+        if how == "mean_at_best_lr":
+            lr = float(sel.groupby("lr")["best_val_acc"].mean().idxmax())
+            chosen = sel[sel["lr"] == lr]
+            value, std = chosen[metric].mean(), chosen[metric].std(ddof=0)
+        else:
+            chosen = best_over_lrs(sel)
+            value, std = chosen[metric].max(), chosen[metric].std(ddof=0)
+            lr = float(chosen.loc[chosen[metric].idxmax(), "lr"])
+        rows.append({"mixer": mixer, "value": float(value), "std": float(std), "params": int(chosen["n_params"].iloc[0]),
+                     "seeds": int(chosen["seed"].nunique()), "lr": lr, "steps": int(chosen["steps"].median()), **counts})
+    return pd.DataFrame(rows)
+
+
+def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Long table: one row per (entry, mixer) with ours and the paper's value and parameters."""
+    entries = {e.entry: e for e in paper_entries(name)}
+    rows = []
+    for entry_name, df in results.items():
+        entry = entries.get(entry_name)
+        if entry is None:
+            continue
+        ours = aggregate(df, entry.metric, entry.aggregate).set_index("mixer") if len(df) else pd.DataFrame()
+        for mixer in dict.fromkeys([*entry.values, *(ours.index if len(ours) else [])]):
+            paper_value, paper_params = entry.values.get(mixer, (float("nan"), float("nan")))
+            r = ours.loc[mixer] if len(ours) and mixer in ours.index else None
+            get = (lambda k, default=float("nan"): r[k] if r is not None else default)  # noqa: E731
+            rows.append({
+                "entry": entry_name, "mixer": mixer, "metric": entry.metric,
+                "ours": float(get("value")), "ours_std": float(get("std")), "ours_params": get("params"),
+                "seeds": int(get("seeds", 0)), "lr": get("lr"), "median_steps": get("steps"),
+                "failed": int(get("failed", 0)), "missing": int(get("missing", 0)),
+                "paper": paper_value, "paper_params": paper_params,
+            })
+    return pd.DataFrame(rows)
+
+
+def verdict(ours: float, paper: float) -> str:
+    """``✓`` same side of the 98% line as the paper, ``✗`` paper solved it and we did not, ``↑`` the reverse."""
+    if ours != ours or paper != paper:
+        return ""
+    if (ours >= SOLVED) == (paper >= SOLVED):
+        return "✓"
+    return "✗" if paper >= SOLVED else "↑"
+
+
+def _pct(x: float) -> str:
+    return "–" if x != x else f"{100 * x:.0f}%" if x in (0.0, 1.0) else f"{100 * x:.1f}%"
+
+
+def _k(n: float) -> str:
+    return "" if n != n else f" ({n / 1000:.1f}k)"
+
+
+def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
+    """The side-by-side table (strings): a row per mixer, a column per paper column, in the paper's order."""
+    entries = [e for e in paper_entries(name) if e.entry in set(table["entry"])]
+    mean = entries and entries[0].aggregate == "mean_at_best_lr"
+    out: dict[str, list[str]] = {"model": []}
+    for e in entries:
+        out[e.title] = []
+    for mixer in dict.fromkeys(table["mixer"]):
+        out["model"].append(mixer)
+        for e in entries:
+            r = table[(table["entry"] == e.entry) & (table["mixer"] == mixer)]
+            if r.empty:
+                out[e.title].append("")
+                continue
+            r = r.iloc[0]
+            ours = _pct(r["ours"]) + (f" ± {100 * r['ours_std']:.1f}" if mean and r["ours_std"] == r["ours_std"] else "")
+            gaps = "".join(f", {int(r[k])} {k}" for k in ("failed", "missing") if r[k])
+            out[e.title].append(f"{ours}{_k(r['ours_params'])} / {_pct(r['paper'])}{_k(r['paper_params'])} "
+                                f"{verdict(r['ours'], r['paper'])}{' (' + gaps[2:] + ')' if gaps else ''}".strip())
+    return pd.DataFrame(out)
+
+
+def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) -> str:
+    """The Markdown report: a header (device, date, budget), the side-by-side table, the differing cells."""
+    data = load_reproduction(name)
+    entries = paper_entries(name)
+    metrics = sorted({e.metric for e in entries if e.entry in set(table["entry"])})
+    statistic = ("best over seeds (per seed the lr with the best validation accuracy)" if entries[0].aggregate == "best"
+                 else "mean over seeds at the learning rate with the best mean validation accuracy (± std)")
+    lines = [f"# Reproduction: {name}", "", f"Paper: {entries[0].source}.", "",
+             f"- Device: {meta.get('device', '?')}; date: {meta.get('date', '?')}; "
+             + (f"workers: {meta.get('workers', '?')}; wall time of this invocation: {meta.get('wall_min', float('nan')):.1f} min; "
+                if meta.get("ran", True) else "table written from stored results; ")
+             + f"trials' own training+test time, summed: {meta.get('trial_min', float('nan')):.1f} min.",
+             f"- Budget: {meta.get('budget', '')}",
+             f"- Cells: {meta.get('done', '?')} of {meta.get('cells', '?')} finished; versions: {meta.get('versions', '')}.",
+             "", f"Metric: {', '.join(f'`{m}`' for m in metrics)} "
+             + ("(per column: " + ", ".join(f"{e.title} `{e.metric}`" for e in entries if e.entry in set(table['entry']))
+                + "); " if len(metrics) > 1 else "; ") + f"{statistic}.",
+             "Each cell: ours (parameters) / paper (parameters); ✓ same side of 98% as the paper, ✗ the paper "
+             "reaches ≥ 98% and we do not, ↑ we reach ≥ 98% where the paper does not.", "",
+             comparison_frame(name, table).to_markdown(index=False, disable_numparse=True)]
+    differ = table[[verdict(o, p) in ("✗", "↑") for o, p in zip(table["ours"], table["paper"])]]
+    lines += ["", f"Preset: `experiments/presets/{name}.yaml`. {' '.join(str(data.get('description', '')).split())}", ""]
+    if len(differ):
+        lines.append("Cells that differ from the paper (✗/↑): " + "; ".join(
+            f"{r.entry}/{r.mixer} {_pct(r.ours)} vs {_pct(r.paper)} (median steps {r.median_steps:g})"
+            for r in differ.itertuples()) + ".")
+    unfinished = table[(table["missing"] > 0) | (table["seeds"] == 0)]
+    if len(unfinished):
+        lines.append(f"**{len(unfinished)} cell(s) of the table are incomplete** (missing trials): re-run the command.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,167 @@
+"""The one runner below every training CLI (sweep, reproduce, probe): plans in, results files out.
+
+``run_plans(plans, out, study_name, ...)`` runs (or resumes) the cells of several sweep plans as one
+Optuna study, so a worker pool spans all of them: it checks every model builds, syncs the grid
+(re-queueing the cells of dead or interrupted workers), runs the cells in this process or in
+``workers`` worker processes (``experiments.workers``), shows progress, and writes each plan's
+``<out>/<entry>/results.csv`` and ``table.md`` (with one plan and ``flat=True``: ``<out>/results.csv``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.cli import on_terminal
+
+log = logging.getLogger("experiments.runner")
+
+
+class Progress:
+    """Progress of a run over ``total`` cells: a rich bar on a terminal, else a line whenever a cell finishes."""
+
+    def __init__(self, label: str, total: int, enabled: bool = True) -> None:
+        self.label, self.total, self.start = label, total, time.perf_counter()
+        self.bar = None
+        self._last: int | None = None
+        if enabled and on_terminal():
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
+
+            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           TextColumn("{task.fields[status]}"), transient=False)
+            self.task = self.bar.add_task(label, total=total, status="")
+
+    def __enter__(self) -> "Progress":
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def update(self, counts: dict[str, int], detail: str = "") -> None:
+        """``counts``: ``done``, ``running``, ``waiting``, ``todo`` (``GridStudy.progress``)."""
+        status = f"{counts.get('running', 0)} running, {counts.get('waiting', 0)} waiting"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=counts["done"], status=status,
+                            description=f"{self.label}{': ' + detail if detail else ''}")
+            return
+        if counts["done"] != self._last:
+            self._last = counts["done"]
+            elapsed = time.strftime("%H:%M:%S", time.gmtime(time.perf_counter() - self.start))
+            log.info("%s: %d/%d cells done, %s%s; %s elapsed", self.label, counts["done"], self.total, status,
+                     f" ({detail})" if detail else "", elapsed)
+
+
+def validate_specs(cells: list[tuple[str, Any]]) -> None:
+    """Build each distinct model once and run it on a tiny input, so configuration errors (an unknown
+    mixer option, something that is not a mixer) surface before any training."""
+    import torch
+
+    from experiments.train import build_datamodule, build_module
+
+    seen = set()
+    for _, spec in cells:
+        key = (spec.task, repr(sorted(spec.task_options.items())), spec.mixer, repr(sorted(spec.mixer_options.items())),
+               spec.block, spec.positional)
+        if key in seen:
+            continue
+        seen.add(key)
+        dm = build_datamodule(spec)
+        try:
+            model = build_module(spec, dm).model
+            tokens = torch.zeros(1, 4, dtype=torch.long)
+            with torch.no_grad():
+                logits = model(tokens)
+        except (ValueError, TypeError, AttributeError, RuntimeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"mixer {spec.mixer!r} with options {spec.mixer_options}: {first}") from None
+        if tuple(logits.shape) != (1, 4, dm.num_classes):
+            raise ValueError(f"mixer {spec.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "
+                             f"a mixer must map (B, L, d) to (B, L, d)")
+
+
+def _run(grid, cells: list, keys: list[str], out: Path, workers: int, device: str, storage_url: str | None,
+         logger: str, on_progress, bar: Progress) -> None:
+    """Run the cells: in ``workers`` processes, or in this one."""
+    from experiments.workers import run_workers, worker_loop
+
+    if workers:
+        run_workers(grid, cells, out, storage_url, workers, device, on_progress=on_progress, logger=logger)
+        return
+    on_progress(grid.progress(keys))
+
+    def finished(spec: dict, outcome: str) -> None:
+        if outcome != "ok":
+            log.warning("trial (%s seed=%s lr=%g) failed: %s", spec["mixer"], spec["seed"], spec["lr"], outcome)
+        on_progress(grid.progress(keys), f"{spec['mixer']} seed={spec['seed']} lr={spec['lr']:g} {outcome}")
+
+    worker_loop(grid, cells, out, device=None if device == "auto" else device, logger=logger,
+                on_claim=lambda s: bar.update(grid.progress(keys), f"{s['mixer']} seed={s['seed']} lr={s['lr']:g}"),
+                on_trial=finished)
+
+
+def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device: str = "auto",
+              storage_url: str | None = None, run: bool = True, progress: bool = True, stale_timeout: float = 60,
+              label: str | None = None, retry_failed: bool = False, logger: str = "csv",
+              flat: bool = False) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """Run (resume) every plan's cells; returns ``({entry: results DataFrame}, info)``.
+
+    ``retry_failed``: also re-run cells whose trial failed for a final reason (NaN loss, an error).
+    ``run=False`` only collects. ``flat``: one plan, results in ``out`` itself (a sweep's folder).
+    ``info``: ``cells``, ``done``, ``counts`` (of this call's sync), ``wall_s``, ``versions``.
+    """
+    from experiments.results import collect, versions, warn_newton_fallbacks, write_results
+    from experiments.presets import build_specs
+    from experiments.study import GridStudy, cell_id
+
+    cells_by_entry = {p.entry or p.task: [(p.entry or p.task, s) for s in build_specs(p, device)] for p in plans}
+    cells = [c for v in cells_by_entry.values() for c in v]
+    if flat and len(cells_by_entry) != 1:
+        raise ValueError("flat results need exactly one plan")
+    validate_specs(cells)
+    out.mkdir(parents=True, exist_ok=True)
+    grid = GridStudy.open(storage_url, out, study_name, stale_timeout)
+    keys = list(dict.fromkeys(cell_id(s) for _, s in cells))
+    meta = versions()
+
+    def write_all() -> dict[str, pd.DataFrame]:
+        results = {}
+        for entry, entry_cells in cells_by_entry.items():
+            results[entry] = collect(grid, entry_cells, meta)
+            write_results(results[entry], out if flat else out / entry)
+        return results
+
+    t0 = time.perf_counter()
+    counts: dict[str, int] = {}
+    if run:
+        counts = grid.sync(cells, retry_failed=retry_failed)
+        log.info("%s: %d cells: %d done, %d queued, %d waiting, %d running%s", label or study_name, len(keys),
+                 counts["done"], counts["queued"], counts["waiting"], counts["running"],
+                 f", {counts['stale']} of dead workers re-queued" if counts["stale"] else "")
+        with Progress(label or study_name, len(keys), enabled=progress) as bar:
+            done_seen = [-1]
+
+            def on_progress(c: dict[str, int], detail: str = "") -> None:
+                bar.update(c, detail)
+                if c["done"] != done_seen[0]:
+                    done_seen[0] = c["done"]
+                    write_all()
+
+            try:
+                _run(grid, cells, keys, out, workers, device, storage_url, logger, on_progress, bar)
+            except KeyboardInterrupt:
+                write_all()  # the interrupted cells show as missing
+                raise
+    results = write_all()
+    for df in results.values():
+        warn_newton_fallbacks(df)
+    info = {"cells": len(keys), "done": grid.progress(keys)["done"], "counts": counts,
+            "wall_s": time.perf_counter() - t0, "versions": meta}
+    return results, info
