@@ -1,16 +1,14 @@
-"""``python -m analysis.kernels BENCH_JSON...``: kernel time vs sequence length (SPEC §9.4).
+"""``python -m analysis.kernels RESULTS_JSON...``: kernel time vs sequence length.
 
-Reads the JSON files of ``python -m kernels.bench <family>`` (``{family, env, rows: [BenchRow...]}``,
-see ``kernels/bench/common.py``) and draws, per file (timings are only comparable within one run on
-one device), log-log time in ms vs sequence length, one line per implementation (ours and the
-peers), one panel per problem configuration × direction × dtype, with the physical limit (bytes /
-copy bandwidth or FLOPs / matmul rate, ``limit_ms``) as a dashed black line.
-
-The sequence length comes from ``extra`` (``seq_len``, ``length``, ``S``, ``T``, ``L``) or from the
-shape string: ``S4096`` (mlstm), ``L4096`` (ssd), ``T1024`` (fused_rnn), ``L=512`` (newton),
-``G16 … L64`` (chunks × chunk size), or a batch-first ``(B, L, D)`` tuple (scan). The rest of the shape names the configuration (``B8 NH8 DQK128 DV128``; single-length
-configurations that differ only in the batch, as in a constant-token grid, share one line). Rows without a
-time (skipped, out of memory) or without a length are left out and counted.
+Reads the results of ``python -m benchmarks.ops <family>`` (``{family, env, rows}``; each row a flat
+record: ``family, section, impl, direction, dtype``, one column per problem dimension (``batch``,
+``length``, ``dim``, ``heads`` ...), ``ms, limit_ms, max_rel_err, note``; see
+``benchmarks/ops/common.py``) and draws, per file (timings are only comparable within one run on one
+device), log-log time in ms vs ``length``, one line per implementation (ours and the peers), one panel
+per configuration (the other dimensions and the section) × direction × dtype, with the physical limit
+(``limit_ms``) as a dashed black line. Configurations that hold a single length and differ only in
+``batch`` (a constant-token grid) share one line. Rows without a time or a length are left out and
+counted.
 
 Writes ``<out>/<json stem>.{png,pdf,csv}`` (default ``--out``: the JSON's folder).
 """
@@ -20,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,77 +29,71 @@ from analysis.cli import run, setup_logging
 
 log = logging.getLogger("analysis.kernels")
 
-_LEN_KEYS = ("seq_len", "length", "S", "T", "L")
+#: the columns of a row that are not problem dimensions
+FIELDS = ("family", "section", "impl", "direction", "dtype", "ms", "limit_ms", "max_rel_err", "note", "extra")
+REQUIRED = ("impl", "direction", "dtype", "ms")
 
 
-def parse_length(shape: str, extra: dict[str, Any] | None = None) -> tuple[int | None, str]:
-    """``(sequence length or None, configuration)`` from a BenchRow's ``shape`` and ``extra``.
+def dimension_columns(df: pd.DataFrame) -> list[str]:
+    """The problem-dimension columns of a results frame, ``length`` excluded."""
+    return [c for c in df.columns if c not in FIELDS and c not in ("length", "L", "config", "panel")]
 
-    >>> parse_length("B8 NH8 S4096 DQK128 DV128")
-    (4096, 'B8 NH8 DQK128 DV128')
-    >>> parse_length("lstm B16 T1024 12x64")
-    (1024, 'lstm B16 12x64')
-    >>> parse_length("gru B=8 L=512 D=256")
-    (512, 'gru B=8 D=256')
-    >>> parse_length("B2 NH4 G16 D128 L64")
-    (1024, 'B2 NH4 D128 chunk 64')
-    >>> parse_length("2x2 (8, 4096, 512)")
-    (4096, '2x2 B8 D512')
-    """
-    tokens = shape.split()
-    for key in _LEN_KEYS:
-        if extra and isinstance(extra.get(key), (int, float)) and not isinstance(extra.get(key), bool):
-            return int(extra[key]), " ".join(t for t in tokens if not re.fullmatch(rf"{key}=?\d+", t))
-    values = {m.group(1): int(m.group(2)) for t in tokens if (m := re.fullmatch(r"([A-Z]+)=?(\d+)", t))}
-    if "G" in values and "L" in values:  # G chunks of L steps
-        rest = [t for t in tokens if not re.fullmatch(r"[GL]=?\d+", t)]
-        return values["G"] * values["L"], " ".join(rest + [f"chunk {values['L']}"])
-    for key in ("S", "T", "L"):
-        if key in values:
-            return values[key], " ".join(t for t in tokens if not re.fullmatch(rf"{key}=?\d+", t))
-    m = re.search(r"\((\d+),\s*(\d+),\s*(\d+)\)", shape)  # a (B, L, D) tuple, batch-first (SPEC §2.1)
-    if m:
-        rest = (shape[:m.start()] + f"B{m.group(1)} D{m.group(3)}" + shape[m.end():]).split()
-        return int(m.group(2)), " ".join(rest)
-    return None, shape
+
+def _fmt(value: Any) -> str:
+    """A dimension's value: whole floats (a column with gaps is float) as ints."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def config_label(row: pd.Series, dims: Sequence[str]) -> str:
+    """``batch=8 dim=1024`` from the row's dimensions (``nan`` ones left out), plus ``[section]``."""
+    parts = [f"{d}={_fmt(row[d])}" for d in dims if pd.notna(row[d])]
+    section = row.get("section")
+    if isinstance(section, str) and section != "main":
+        parts.append(f"[{section}]")
+    return " ".join(parts)
 
 
 def merge_batch_sweeps(df: pd.DataFrame) -> pd.Series:
-    """Configurations that hold a single length and differ from each other only in the batch
-    (``B32 S2048``, ``B8 S8192``: a constant-token grid) become one line, named ``… (B varies)``."""
-    lengths = df.groupby("config")["L"].nunique()
-    single = {c for c, n in lengths.items() if n == 1}
-    stripped = {c: " ".join(t for t in c.split() if not re.fullmatch(r"B=?\d+", t)) for c in single}
-    groups = pd.Series(stripped).value_counts() if stripped else pd.Series(dtype=int)
-    return df["config"].map(lambda c: f"{stripped[c]} (B varies)" if c in stripped and groups[stripped[c]] > 1 else c)
+    """Configurations that hold a single length and differ from each other only in ``batch`` (a
+    constant-token grid: ``batch=32 length=2048``, ``batch=8 length=8192``) become one line, named
+    ``... (batch varies)``."""
+    if "batch" not in df.columns:
+        return df["config"]
+    others = [d for d in dimension_columns(df) if d != "batch"]
+    stripped = df.apply(lambda r: config_label(r, others), axis=1)
+    single = df.groupby("config")["L"].transform("nunique") == 1
+    per_group = df[single].groupby(stripped[single])["config"].transform("nunique")
+    merged = df["config"].copy()
+    many = per_group[per_group > 1].index
+    merged.loc[many] = stripped.loc[many] + " (batch varies)"
+    return merged
 
 
 def load_bench(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """One benchmark JSON -> (rows with ``L`` and ``config`` columns, env). ``ValueError`` if malformed."""
+    """One results JSON -> (rows with ``L`` and ``config`` columns, env). ``ValueError`` if malformed."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"no benchmark file at {path} (python -m kernels.bench <family> writes them under benchmarks/)")
+        raise ValueError(f"no benchmark file at {path} (python -m benchmarks.ops <family> writes them)")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not JSON ({err.msg} at line {err.lineno})") from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-        raise ValueError(f"{path}: expected {{family, env, rows: [...]}} as written by kernels.bench")
-    rows = []
+        raise ValueError(f"{path}: expected {{family, env, rows: [...]}} as written by benchmarks.ops")
     for r in data["rows"]:
-        missing = [k for k in ("impl", "shape", "direction", "dtype", "ms") if k not in r]
+        missing = [k for k in REQUIRED if k not in r]
         if missing:
             raise ValueError(f"{path}: a row lacks {', '.join(missing)}: {r}")
-        extra = r.get("extra") or {}
-        L, config = parse_length(str(r["shape"]), extra)
-        if extra.get("section"):
-            config = f"{config} [{extra['section']}]"
-        ms = float("nan") if r["ms"] is None else float(r["ms"])
-        limit = r.get("limit_ms")
-        rows.append({"family": data.get("family", r.get("family", "")), "impl": r["impl"], "shape": r["shape"],
-                     "config": config, "direction": r["direction"], "dtype": r["dtype"], "L": L, "ms": ms,
-                     "limit_ms": float("nan") if limit is None else float(limit), "note": r.get("note", "")})
-    return pd.DataFrame(rows), dict(data.get("env") or {})
+    df = pd.DataFrame(data["rows"])
+    df["family"] = df.get("family", data.get("family", "")).fillna(data.get("family", ""))
+    df["section"] = df["section"].fillna("main") if "section" in df.columns else "main"
+    df["ms"] = pd.to_numeric(df["ms"], errors="coerce")
+    df["limit_ms"] = pd.to_numeric(df["limit_ms"], errors="coerce") if "limit_ms" in df.columns else float("nan")
+    df["note"] = df["note"].fillna("") if "note" in df.columns else ""
+    df["L"] = pd.to_numeric(df["length"], errors="coerce") if "length" in df.columns else float("nan")
+    dims = dimension_columns(df)
+    df["config"] = df.apply(lambda r: config_label(r, dims), axis=1) if len(df) else []
+    return df, dict(data.get("env") or {})
 
 
 def plot(df: pd.DataFrame, title: str):
@@ -142,12 +133,12 @@ def plot(df: pd.DataFrame, title: str):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analysis.kernels",
-        description="Kernel timing plots from the JSON of python -m kernels.bench: time vs sequence length "
+        description="Kernel timing plots from the results of python -m benchmarks.ops: time vs sequence length "
                     "(log-log) per implementation, peers included, with the physical limit dashed; one figure per file.",
-        epilog="Example: python -m analysis.kernels benchmarks/mlstm-*.json --out docs/figures",
+        epilog="Example: python -m analysis.kernels benchmarks/ops/results/mlstm.json --out docs/figures",
     )
-    p.add_argument("bench", nargs="+", type=Path, help="benchmark JSON files (benchmarks/<family>-<device>-<date>.json)")
-    p.add_argument("--direction", choices=("fwd", "fwd+bwd"), help="only this direction (default: both)")
+    p.add_argument("bench", nargs="+", type=Path, help="results JSON files (benchmarks/ops/results/<family>.json)")
+    p.add_argument("--direction", choices=("fwd", "bwd", "fwd+bwd"), help="only this direction (default: all)")
     p.add_argument("--dtype", help="only this dtype (as written in the JSON, e.g. bfloat16)")
     p.add_argument("--impls", help="regular expression: only implementations whose name matches")
     p.add_argument("--out", type=Path, help="output folder (default: each JSON's folder)")
@@ -184,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         title = (f"{family} kernels on {env.get('device') or 'unknown device'} "
                  f"(commit {env.get('commit') or '?'}, {(env.get('date') or '?')[:10]})")
         out = (args.out or path.parent) / path.stem
-        cols = ["family", "impl", "config", "direction", "dtype", "L", "ms", "limit_ms", "shape", "note"]
+        cols = ["family", "section", "impl", "config", "direction", "dtype", "L", "ms", "limit_ms", "note"]
         written += save_figure(plot(df, title), out, df[cols])
     return written
 

@@ -1,27 +1,16 @@
-"""Shared benchmark machinery: timing, physical limits, tables and JSON (SPEC §7).
+"""Alias for callers that still import ``kernels.bench``: the benchmarks and their machinery live in
+``benchmarks/ops`` (``python -m benchmarks.ops <family>``). Remove once ``mixers/cells/timing.py`` and
+``experiments/results.py`` import ``benchmarks.ops.common`` (and ``benchmarks*`` is in pyproject's
+package list, so that it imports from any working directory)."""
 
-Each family provides ``kernels/<family>/bench.py`` with ``main(argv: list[str]) -> None``;
-``python -m kernels.bench <family> [--quick] [...]`` dispatches to it.
-"""
+try:
+    from benchmarks.ops import common as _common
+except ModuleNotFoundError:  # the repository root is not on sys.path (another working directory)
+    import sys
+    from pathlib import Path
 
-from kernels.bench.common import (
-    BenchRow,
-    copy_bandwidth_gbs,
-    environment,
-    matmul_tflops,
-    print_table,
-    rel_error,
-    time_ms,
-    write_json,
-)
+    sys.path.append(str(Path(__file__).resolve().parents[2]))
+    from benchmarks.ops import common as _common
 
-__all__ = [
-    "BenchRow",
-    "copy_bandwidth_gbs",
-    "environment",
-    "matmul_tflops",
-    "print_table",
-    "rel_error",
-    "time_ms",
-    "write_json",
-]
+BenchRow, time_ms, git_commit, environment = _common.BenchRow, _common.time_ms, _common.git_commit, _common.environment
+copy_bandwidth_gbs, matmul_tflops, rel_error = _common.copy_bandwidth_gbs, _common.matmul_tflops, _common.rel_error

@@ -48,14 +48,5 @@ def fused_rnn(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, sta
     return BACKENDS[name](cell, wx, R, b, states0)
 
 
-__all__ = [
-    "BACKENDS",
-    "CELLS",
-    "CellSpec",
-    "cell_spec",
-    "fused_rnn",
-    "fused_rnn_alternating",
-    "fused_rnn_fused",
-    "fused_rnn_reference",
-    "fused_rnn_triton",
-]
+__all__ = ["BACKENDS", "CELLS", "CellSpec", "cell_spec", "fused_rnn", "fused_rnn_alternating",
+           "fused_rnn_fused", "fused_rnn_reference", "fused_rnn_triton"]

@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 from kernels._triton import cdiv, empty
-
 from kernels.fused_rnn.cells_triton import (
     CELL_IDS,
     ELMAN,
@@ -38,7 +37,7 @@ from kernels.fused_rnn.cells_triton import (
     slstm_bwd,
     slstm_fwd,
 )
-from kernels.fused_rnn.checks import TritonBackend, acc_dtype, full_precision_h, run_checked
+from kernels.fused_rnn.checks import TritonBackend, acc_dtype, check_saved, full_precision_h, run_checked
 from kernels.fused_rnn.reference import cell_spec
 
 BLOCK = 512  # elements per program of the pointwise kernels
@@ -263,10 +262,7 @@ def _backward(cell: str, dh_out, dlast, R, saved, config=None):
     """Backward of the alternating backend: ``(dwx, dR, db, dstates0)``."""
     spec = cell_spec(cell)
     bsz, length, nh, dh = dh_out.shape
-    if saved.dim() != 5 or saved.shape != (bsz, length + 1, nh, NUM_SAVED[cell], dh):
-        raise ValueError(
-            f"fused_rnn_alt_bwd: saved has shape {tuple(saved.shape)}; run the forward with save=True"
-        )
+    check_saved("fused_rnn_alt_bwd", cell, saved, dh_out.shape)
     acc = acc_dtype(R.dtype)
     gr = spec.recurrent_gates
     dh_out = dh_out.contiguous()

@@ -62,6 +62,13 @@ def head_dim_padded(dh: int) -> int:
     return max(16, 1 << (dh - 1).bit_length())
 
 
+def check_saved(name: str, cell: str, saved: torch.Tensor, out_shape) -> None:
+    """``saved`` must be what a forward with ``save=True`` wrote for outputs ``h`` of ``out_shape``."""
+    bsz, length, nh, dh = out_shape
+    if saved.dim() != 5 or saved.shape != (bsz, length + 1, nh, NUM_SAVED[cell], dh):
+        raise ValueError(f"{name}: saved has shape {tuple(saved.shape)}; run the forward with save=True")
+
+
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation / saved-state dtype: float64 for float64 storage, else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32

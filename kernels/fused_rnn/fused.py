@@ -22,7 +22,14 @@ import triton.language as tl
 
 from kernels._triton import cdiv, empty
 from kernels.fused_rnn.cells_triton import CELL_IDS, NUM_SAVED
-from kernels.fused_rnn.checks import TritonBackend, acc_dtype, full_precision_h, head_dim_padded, run_checked
+from kernels.fused_rnn.checks import (
+    TritonBackend,
+    acc_dtype,
+    check_saved,
+    full_precision_h,
+    head_dim_padded,
+    run_checked,
+)
 from kernels.fused_rnn.fused_kernels import fused_bwd_kernel, fused_fwd_kernel
 from kernels.fused_rnn.reference import cell_spec
 
@@ -143,10 +150,7 @@ def _backward(cell: str, dh_out, dlast, R, saved, cfg: Optional[LaunchConfig]):
     """Backward of the fused kernel: ``(dwx, dR, db, dstates0)`` from the output gradients."""
     spec = cell_spec(cell)
     bsz, length, nh, dh = dh_out.shape
-    if saved.dim() != 5 or saved.shape != (bsz, length + 1, nh, NUM_SAVED[cell], dh):
-        raise ValueError(
-            f"fused_rnn_bwd: saved has shape {tuple(saved.shape)}; run the forward with save=True"
-        )
+    check_saved("fused_rnn_bwd", cell, saved, dh_out.shape)
     acc = acc_dtype(R.dtype)
     dh_out, dlast = dh_out.contiguous(), dlast.contiguous()
     cfg = cfg or launch_config(cell, bsz, nh, dh, R.dtype)

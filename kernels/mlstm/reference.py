@@ -125,20 +125,26 @@ def _finish(h, state, dtype, return_last_state, input_gate):
     return h, (C.to(sdtype),)
 
 
+def _prepare(q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer):
+    """Checked shapes, the normalizer, the output and compute dtypes, and ``q, k, v, log i, log f`` in
+    the compute dtype (shared by both references)."""
+    shape = check_args(q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer)
+    normalizer = normalizer or default_normalizer(input_gate)
+    if input_gate == "sig" and initial_state is not None and normalizer != "none":
+        raise ValueError("an mLSTMsig initial state carries no normalizer state; use normalizer='none'")
+    dt = compute_dtype(q.dtype)
+    log_i, log_f = log_gates(i_pre.to(dt), f_pre.to(dt), input_gate)
+    return shape, normalizer, q.dtype, dt, (q.to(dt), k.to(dt), v.to(dt), log_i, log_f)
+
+
 def mlstm_recurrent(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, initial_state=None,
                     return_last_state=False, eps=1e-6, normalizer=None):
     """Step-by-step mLSTM (paper 002 eq. 1-8, or 22-24 for ``input_gate="sig"``).
 
     ``chunk_size`` is accepted for a uniform signature and ignored.
     """
-    B, NH, S, DQK, DV = check_args(q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer)
-    normalizer = normalizer or default_normalizer(input_gate)
-    if input_gate == "sig" and initial_state is not None and normalizer != "none":
-        raise ValueError("an mLSTMsig initial state carries no normalizer state; use normalizer='none'")
-    out_dtype = q.dtype
-    dt = compute_dtype(q.dtype)
-    q, k, v = (x.to(dt) for x in (q, k, v))
-    log_i, log_f = log_gates(i_pre.to(dt), f_pre.to(dt), input_gate)
+    (B, NH, S, DQK, DV), normalizer, out_dtype, dt, (q, k, v, log_i, log_f) = _prepare(
+        q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer)
     C, n, m = _initial(initial_state, input_gate, B, NH, DQK, DV, dt, q.device)
     scale = 1.0 / math.sqrt(DQK)
     hs = []
@@ -166,14 +172,8 @@ def mlstm_parallel(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, in
     The initial state enters as an extra "time step 0" whose log weight at step ``t`` is
     ``sum_{s<=t} log f_s + m0``. ``chunk_size`` is accepted for a uniform signature and ignored.
     """
-    B, NH, S, DQK, DV = check_args(q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer)
-    normalizer = normalizer or default_normalizer(input_gate)
-    if input_gate == "sig" and initial_state is not None and normalizer != "none":
-        raise ValueError("an mLSTMsig initial state carries no normalizer state; use normalizer='none'")
-    out_dtype = q.dtype
-    dt = compute_dtype(q.dtype)
-    q, k, v = (x.to(dt) for x in (q, k, v))
-    log_i, log_f = log_gates(i_pre.to(dt), f_pre.to(dt), input_gate)
+    (B, NH, S, DQK, DV), normalizer, out_dtype, dt, (q, k, v, log_i, log_f) = _prepare(
+        q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer)
     C0, n0, m0 = _initial(initial_state, input_gate, B, NH, DQK, DV, dt, q.device)
     cum_f = torch.cumsum(log_f, dim=-1)  # (B, NH, S): sum_{s<=t} log f_s
     causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()

@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 
-
 @triton.jit
 def _state_update(C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c, offs_k, offs_v, S,
                   DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BL: tl.constexpr,

@@ -24,7 +24,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.newton.fused_common import FusedNewton, NewtonTiles, compose2, compose2_excl, row_of, sigmoid, tanh
+from kernels.newton.fused_common import (
+    FusedNewton,
+    NewtonTiles,
+    compose2,
+    compose2_excl,
+    row_of,
+    sigmoid,
+    tanh,
+)
 
 
 @triton.jit

@@ -17,6 +17,7 @@ from kernels.fused_rnn.alternating import fused_rnn_alt_fwd
 from kernels.fused_rnn.fused import fused_rnn_fwd
 
 FAST = ("fused", "alternating")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU, compiled kernels on a GPU
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
@@ -47,7 +48,7 @@ def inputs(cell, B, T, NH, DH, dtype, seed=0, states=True):
         s0 = torch.randn(spec.num_states, B, NH, DH, generator=g, dtype=torch.float64)
         if cell == "slstm":  # a normalizer state n > 0 (n == 0 is the "first step" case)
             s0[2] = s0[2].abs() + 0.5
-    return [x.to(dtype) if x is not None else None for x in (wx, R, b, s0)]
+    return [x.to(DEV, dtype) if x is not None else None for x in (wx, R, b, s0)]
 
 
 def run(backend, cell, wx, R, b, s0, dy, dlast):
@@ -73,6 +74,7 @@ def compare(backend, cell, B, T, NH, DH, dtype, seed=0, states=True):
     g = torch.Generator().manual_seed(seed + 100)
     dy = torch.randn(B, T, NH, DH, generator=g, dtype=torch.float64)
     dlast = torch.randn(CELLS[cell].num_states, B, NH, DH, generator=g, dtype=torch.float64)
+    dy, dlast = dy.to(DEV), dlast.to(DEV)
     got = run(backend, cell, wx, R, b, s0, dy.to(dtype), dlast.to(dtype))
     up = [x.double() if x is not None else None for x in (wx, R, b, s0)]
     ref = run("reference", cell, *up, dy, dlast)
@@ -157,7 +159,7 @@ def test_no_grad_forward_and_empty_sequence():
 
 
 def test_auto_is_reference_on_cpu(monkeypatch):
-    wx, R, b, s0 = inputs("gru", 2, 3, 1, 16, torch.float64)
+    wx, R, b, s0 = (t.cpu() for t in inputs("gru", 2, 3, 1, 16, torch.float64))
     monkeypatch.setitem(BACKENDS, "reference", lambda *a: "reference called")
     assert fused_rnn("gru", wx, R, b, s0) == "reference called"
 
@@ -188,7 +190,7 @@ def test_bad_inputs_fail_with_one_line_errors(backend, monkeypatch):
         fused_rnn("rnn", wx, R, b, s0, backend=backend)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="Triton cannot run"):
-        fused_rnn("lstm", wx, R, b, s0, backend=backend)
+        fused_rnn("lstm", wx.cpu(), R.cpu(), b.cpu(), s0.cpu(), backend=backend)
 
 
 @pytest.mark.parametrize(
@@ -209,7 +211,7 @@ def test_slstm_bfloat16_stabilizer_branch(backend, seed, fma):
     b = torch.randn(NH, spec.bias_gates, DH, generator=g)
     s0 = torch.randn(spec.num_states, B, NH, DH, generator=g).abs()
     dy, dlast = torch.randn(B, T, NH, DH, generator=g), torch.randn(s0.shape, generator=g)
-    ins = [x.to(torch.bfloat16) for x in (wx, R, b, s0, dy, dlast)]
+    ins = [x.to(DEV, torch.bfloat16) for x in (wx, R, b, s0, dy, dlast)]
     if fma:  # float32 dots, h unrounded instead of split
         backend = fused_with(fma=True, block_b=4, acc_dr=False, acc_db=True)
     got = run(backend, cell, *ins)

@@ -5,7 +5,6 @@ On the CPU these run under ``TRITON_INTERPRET=1`` at small shapes."""
 import os
 import types
 
-
 import pytest
 import torch
 

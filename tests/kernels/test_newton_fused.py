@@ -4,12 +4,10 @@ Forward states and the gradients of ``u``, ``a`` (and ``p``); CPU runs use the T
 at small shapes, outputs poisoned with NaN before every run.
 """
 
-import math
 import os
 
 import pytest
 import torch
-
 
 pytest.importorskip("triton")
 

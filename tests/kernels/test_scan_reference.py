@@ -8,10 +8,10 @@ from kernels.scan import (
     SCAN_BACKENDS,
     linear_scan,
     linear_scan_block2,
-    linear_scan_dense,
-    linear_scan_reference,
     linear_scan_block2_reference,
+    linear_scan_dense,
     linear_scan_dense_reference,
+    linear_scan_reference,
 )
 
 LENGTHS = [1, 2, 7, 33, 100, 257]

@@ -10,7 +10,6 @@ import os
 import pytest
 import torch
 
-
 pytest.importorskip("triton")
 
 import numpy as np  # noqa: E402
@@ -19,9 +18,9 @@ import triton.language as tl  # noqa: E402
 
 from kernels._triton import poisoned  # noqa: E402
 from kernels.scan import linear_scan, linear_scan_block2, resolve_backend  # noqa: E402
-from kernels.scan._lookback import lookback_block2, lookback_diag  # noqa: E402
 from kernels.scan import triton_scan as ts  # noqa: E402
 from kernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
+from kernels.scan._lookback import lookback_block2, lookback_diag  # noqa: E402
 from kernels.scan.reference import linear_scan_block2_reference, linear_scan_reference  # noqa: E402
 
 use_vectorized_interpreter_scan()

@@ -1,0 +1,1 @@
+"""Benchmarks and kernel tools of the suite (``benchmarks/ops``); run from the repository root."""

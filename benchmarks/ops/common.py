@@ -1,0 +1,299 @@
+"""What every family's benchmark shares: rows with structured dimensions, timing, physical limits,
+the check-then-time runner, tables and the JSON results file.
+
+Times are medians in milliseconds: on CUDA ``triton.testing.do_bench`` (CUDA events, after warm-up),
+on the CPU wall-clock medians. A family module builds ``Problem``s (dimensions, dtype, limits) with
+``Impl``s (the implementations: ours and the peers) and hands them to ``run``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+PEERS = ("pararnn-torch", "flashrnn", "mlstm-kernels", "accelerated-scan", "fla-core", "mamba-ssm")
+
+
+@dataclasses.dataclass
+class BenchRow:
+    """One timed implementation at one problem.
+
+    ``dims``: the problem's dimensions (``batch``, ``length``, ``dim``, ``heads``, ``head_dim``,
+    ``state``, ``chunk``, ``cell`` ...), one column each in the JSON; ``ms``: median time (``nan`` when
+    skipped or failed, ``note`` says why); ``limit_ms``: the physical floor of the same work (bytes /
+    copy bandwidth or FLOPs / matmul rate); ``max_rel_err``: the check against the reference;
+    ``section``: the part of the benchmark (``main``, ``sweep`` ...).
+    """
+
+    family: str
+    impl: str
+    direction: str  # "fwd", "bwd" or "fwd+bwd"
+    dtype: str
+    dims: dict
+    ms: float
+    limit_ms: float = math.nan
+    max_rel_err: float = math.nan
+    section: str = "main"
+    note: str = ""
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    def record(self) -> dict:
+        """The flat JSON record: the fields with ``dims`` spread into columns."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "dims"}
+        return {**{k: out.pop(k) for k in ("family", "section", "impl", "direction", "dtype")}, **self.dims, **out}
+
+
+DIM_ORDER = ("cell", "kind", "gate", "batch", "length", "heads", "head_dim", "dim", "qk_dim", "v_dim", "state", "groups",
+             "chunk", "chunks")
+
+
+def dims_label(dims: dict) -> str:
+    """``batch=8 length=4096 dim=1024`` (ordered by ``DIM_ORDER``), for tables and logs."""
+    keys = [k for k in DIM_ORDER if k in dims] + sorted(k for k in dims if k not in DIM_ORDER)
+    return " ".join(f"{k}={dims[k]}" for k in keys)
+
+
+def time_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100, device: str | None = None) -> float:
+    """Median wall time of ``fn()`` in ms. CUDA: ``do_bench`` (warmup/rep in ms); CPU: counts."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    for _ in range(max(1, min(warmup, 3))):
+        fn()
+    samples = []
+    budget = time.perf_counter() + max(rep, 1) / 1000.0 * 20  # at most ~20x rep ms of samples
+    while len(samples) < 5 or (time.perf_counter() < budget and len(samples) < 50):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000.0)
+    return float(statistics.median(samples))
+
+
+def copy_bandwidth_gbs(device: str = "cuda", nbytes: int = 1 << 30) -> float:
+    """Measured device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    n = nbytes // 4
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device=device)
+    return 2 * n * 4 / (ms * 1e-3) / 1e9
+
+
+def matmul_tflops(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
+    """Measured dense matmul rate in TFLOP/s on random ``n x n`` operands."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = time_ms(lambda: a @ b, device=device)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64; ``inf`` when ``out`` has a NaN or Inf."""
+    out64, ref64 = out.detach().double(), ref.detach().double().to(out.device)
+    if not torch.isfinite(out64).all():
+        return math.inf
+    return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-300))
+
+
+def max_rel_error(got: Iterable[torch.Tensor | None], want: Iterable[torch.Tensor | None]) -> float:
+    """The largest ``rel_error`` over pairs (pairs with a ``None`` are skipped)."""
+    return max((rel_error(g, w) for g, w in zip(got, want) if g is not None and w is not None), default=math.nan)
+
+
+def grads(fn: Callable, inputs: list[torch.Tensor], dy: torch.Tensor) -> list[torch.Tensor]:
+    """``[y, *dy/dinputs]`` of ``y = fn(*inputs)`` for the output gradient ``dy`` (fresh leaves)."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    y = fn(*leaves)
+    return [y.detach(), *torch.autograd.grad(y, leaves, dy.to(y.dtype), allow_unused=True)]
+
+
+def fwd_bwd(fn: Callable, inputs: list[torch.Tensor], dy: torch.Tensor) -> Callable[[], object]:
+    """A thunk running ``fn`` forward and backward (``autograd.grad`` w.r.t. every input)."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    return lambda: torch.autograd.grad(fn(*leaves), leaves, dy)
+
+
+def no_grad(fn: Callable, *args) -> Callable[[], object]:
+    """A thunk running ``fn(*args)`` without autograd."""
+
+    def run():
+        with torch.no_grad():
+            return fn(*args)
+
+    return run
+
+
+def git_commit() -> str:
+    """Short git commit of the suite's checkout (``"unknown"`` outside one, e.g. on a device copy)."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        ).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def _version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:
+        return None
+
+
+def environment(device: str) -> dict:
+    """Device name, library versions, date and commit, for the JSON header."""
+    env = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "python": platform.python_version(),
+        "commit": os.environ.get("BENCH_COMMIT") or git_commit(),
+    }
+    for peer in PEERS:
+        env[peer] = _version(peer)
+    return env
+
+
+# ---------------------------------------------------------------- problems and the runner
+
+
+@dataclasses.dataclass
+class Impl:
+    """One implementation at one problem: thunks for the forward and the forward + backward (``None``:
+    not timed) and ``check() -> max relative error`` against the reference (``None``: not checked)."""
+
+    name: str
+    fwd: Callable[[], object] | None
+    fwd_bwd: Callable[[], object] | None = None
+    check: Callable[[], float] | None = None
+    note: str = ""
+    time_kw: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Problem:
+    """A problem of one family: dimensions, dtype, physical limits (ms) per direction, implementations
+    (built lazily: ``impls()``, so inputs live only while the problem runs)."""
+
+    family: str
+    dims: dict
+    dtype: str
+    impls: Callable[[], list[Impl]]
+    limits: dict = dataclasses.field(default_factory=dict)
+    section: str = "main"
+
+
+def run(problems: Iterable[Problem], *, warm_only: bool = False, log: Callable[[str], None] = print) -> list[BenchRow]:
+    """Check, then time, every implementation of every problem; a failing implementation gives a row
+    with ``ms = nan`` and the error in ``note``. ``warm_only``: run each thunk once (compiles and
+    autotunes), neither check nor time."""
+    rows: list[BenchRow] = []
+    for pb in problems:
+        try:
+            impls = pb.impls()
+        except Exception as err:  # noqa: BLE001 - e.g. out of memory building inputs
+            rows.append(BenchRow(pb.family, "-", "fwd", pb.dtype, pb.dims, math.nan, section=pb.section,
+                                 note=f"failed: {type(err).__name__}: {err}"[:200]))
+            continue
+        for impl in impls:
+            rows += _run_impl(pb, impl, warm_only, log)
+        del impls
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _run_impl(pb: Problem, impl: Impl, warm_only: bool, log) -> list[BenchRow]:
+    out = []
+    if impl.fwd is None and impl.fwd_bwd is None:  # not available here: a row that says why
+        return [BenchRow(pb.family, impl.name, "fwd", pb.dtype, pb.dims, math.nan, section=pb.section, note=impl.note)]
+    try:
+        if warm_only:
+            for thunk in (impl.fwd, impl.fwd_bwd):
+                if thunk is not None:
+                    thunk()
+            return []
+        err = impl.check() if impl.check is not None else math.nan
+        for direction, thunk in (("fwd", impl.fwd), ("fwd+bwd", impl.fwd_bwd)):
+            if thunk is None:
+                continue
+            ms = time_ms(thunk, **impl.time_kw)
+            out.append(BenchRow(pb.family, impl.name, direction, pb.dtype, pb.dims, ms, pb.limits.get(direction, math.nan),
+                                err, pb.section, impl.note))
+            log(f"{pb.family} {dims_label(pb.dims)} {pb.dtype} {impl.name} {direction}: {ms:.4g} ms (err {err:.2g})")
+    except Exception as e:  # noqa: BLE001 - a failing implementation is reported, the others still run
+        msg = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
+        log(f"{pb.family} {dims_label(pb.dims)} {pb.dtype} {impl.name}: {msg}")
+        out.append(BenchRow(pb.family, impl.name, "fwd+bwd", pb.dtype, pb.dims, math.nan, section=pb.section, note=msg))
+    return out
+
+
+# ---------------------------------------------------------------- output
+
+
+def _num(x: object, spec: str) -> str:
+    return format(x, spec) if isinstance(x, (int, float)) and x == x else "-"
+
+
+def table(rows: Iterable[BenchRow], *, baseline: str | None = None) -> str:
+    """Rows as a Markdown table (returned), with each row's time ratio to ``baseline`` (an impl name)
+    at the same problem and direction, and the share of the physical limit."""
+    rows = list(rows)
+    key = lambda r: (r.section, dims_label(r.dims), r.direction, r.dtype)  # noqa: E731
+    base = {key(r): r.ms for r in rows if r.impl == baseline}
+    lines = [f"| problem | dtype | dir | impl | ms | vs {baseline or '-'} | limit ms | limit/ms | rel err | note |",
+             "|" + "---|" * 10]
+    for r in rows:
+        b = base.get(key(r), math.nan)
+        ratio = r.ms / b if b == b and r.ms == r.ms else math.nan
+        eff = r.limit_ms / r.ms if r.limit_ms == r.limit_ms and r.ms == r.ms else math.nan
+        lines.append(f"| {dims_label(r.dims)} | {r.dtype} | {r.direction} | {r.impl} | {_num(r.ms, '.4g')} | "
+                     f"{_num(ratio, '.3g')}x | {_num(r.limit_ms, '.4g')} | {_num(eff, '.0%')} | "
+                     f"{_num(r.max_rel_err, '.2g')} | {r.note} |")
+    return "\n".join(lines)
+
+
+def write_json(family: str, rows: Iterable[BenchRow], env: dict, out_dir: str | os.PathLike = RESULTS) -> Path:
+    """Write ``{family, env, rows}`` to ``<out_dir>/<family>.json`` (replacing the previous results)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{family}.json"
+    payload = {"family": family, "env": env, "rows": [r.record() for r in rows]}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    tmp.replace(path)
+    return path
+
+
+def cli_common(parser) -> None:
+    """The options every family's benchmark takes."""
+    parser.add_argument("--out", default=str(RESULTS), help=f"folder for <family>.json (default {RESULTS})")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="run every timed implementation once (compile, autotune); no check, no timing, no JSON")
+
+
+def finish(family: str, rows: list[BenchRow], env: dict, args, *, baseline: str | None = None) -> None:
+    """Print the table and write the JSON (not after ``--warm-only``)."""
+    if args.warm_only:
+        print(f"{family}: warm-up done")
+        return
+    print(f"# {family} benchmark on {env['device']}, {env['date']}")
+    print(table(rows, baseline=baseline))
+    print("written:", write_json(family, rows, env, args.out))

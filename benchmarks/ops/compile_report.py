@@ -1,0 +1,170 @@
+"""``python -m benchmarks.ops compile [--families scan,mlstm] [--arch 90] [...]``: the compile report.
+
+Compiles Triton kernels for ``sm_<arch>`` with Triton's bundled ``ptxas``, without a GPU or a
+driver, exactly with the launch configuration the families pick on CUDA, and prints per kernel:
+registers per thread, spilled bytes, shared memory, and the asynchronous copies (loads the software
+pipeliner moved to shared memory; 0: not pipelined). Exits 1 when a kernel does not compile or needs
+more shared memory than the device has minus ``--headroom``.
+
+- ``scan``: the chunk-loop and look-back kernels (forward and backward, diagonal and 2x2) with the
+  default tiles at ``--scan-shapes`` (``B,L,D``), or ``--scan-tiles`` (``kind,ch,bd,warps[,stages]``);
+- ``mlstm``: every TFLA forward / backward kernel for ``--mlstm-dtype``, chunk sizes ``--mlstm-chunks``,
+  ``DQK = --mlstm-dqk``, ``DV = --mlstm-dv``, both gates, at ``--matmul-precision``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile the real kernels (read when the kernels are decorated)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+SMEM_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+_TY = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def compile_kernel(kernel, args: dict, arch: int):
+    """``kernel`` compiled for ``sm_<arch>``. ``args``: argument name -> type string (``*fp32``, ``i32``,
+    ``fp32``) or, for constexprs and the launch options ``num_warps`` / ``num_stages`` / ``maxnreg``,
+    the value."""
+    args = dict(args)
+    opts = {k: args.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in args and args[k] is not None}
+    args.pop("maxnreg", None)
+    const_names = {kernel.arg_names[i] for i in kernel.constexprs}
+    sig = {n: ("constexpr" if n in const_names else args[n]) for n in kernel.arg_names}
+    const = {n: args[n] for n in kernel.arg_names if n in const_names}
+    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=const),
+                          target=GPUTarget("cuda", arch, 32), options=opts)
+
+
+def describe(compiled) -> dict:
+    """``regs`` (per thread), ``spill`` (bytes of local memory per thread), ``smem`` (bytes), ``async``."""
+    out = {"regs": getattr(compiled, "n_regs", None), "spill": getattr(compiled, "n_spills", None),
+           "smem": compiled.metadata.shared, "async": compiled.asm["ttgir"].count("async_copy_global_to_local")}
+    if out["regs"] is None:  # not loaded on a device: ask cuobjdump
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(compiled.asm["cubin"])
+            f.flush()
+            res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", res)
+        out["regs"], out["spill"] = (int(m.group(1)), int(m.group(2)) + int(m.group(3))) if m else (None, None)
+    return out
+
+
+def scan_kernels(shapes, tiles):
+    """``(name, kernel, args)`` of the scan launches: default tiles per shape, or the given tiles."""
+    from kernels.scan import triton_scan as ts
+
+    ptrs = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr", "yfwd_ptr", "dc_ptr")}
+    cases = []
+    for B, L, D in shapes:
+        for block2 in (False, True):
+            for grad in (False, True):
+                cases.append((D, block2, grad, tiles or ts.default_tiles(B, L, D, block2, grad)))
+    out = []
+    for D, block2, grad, t in cases:
+        kernel, _, _, meta, words = ts._plan(1, 64, D, grad, grad, block2, t)
+        runtime = (dict(ws_ptr="*i64", counter_ptr="*i64", L="i32", D="i32", n_dt="i32", n_lt="i32", n_chunks="i32")
+                   if words else dict(L="i32", D="i32", n_dt="i32", n_chunks="i32"))
+        name = f"scan {'2x2' if block2 else 'diag'} {'bwd' if grad else 'fwd'} D={D} {t.kind} {t.ch}x{t.bd}/{t.warps}"
+        out.append((name, kernel, {**ptrs, **runtime, **meta}))
+    return out
+
+
+def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool):
+    """``(name, kernel, args)`` of every kernel of one mLSTM forward + backward on CUDA."""
+    from kernels.mlstm import triton_bwd, triton_fwd
+    from kernels.mlstm import triton_chunkwise as tc
+
+    prec = tc._precision(dtype)
+    cfg = tc._config(L, DQK, DV, tc.default_tiles(dtype, prec))
+    t, acc = "*" + _TY[dtype], "*fp32"
+    shape = dict(DQK=DQK, DV=DV, L=L)
+    inter = dict(shape, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate, PREC=prec, num_warps=cfg["WI"])
+    intra = dict(shape, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"], EXP=exp_gate,
+                 PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"])
+    qk = dict(intra, BV=cfg["BVDP"])
+    gate = "exp" if exp_gate else "sig"
+    return [(f"mlstm {gate} L={L} {name}", kernel, args) for name, kernel, args in [
+        ("fwd inter_chunk_states", triton_fwd.inter_chunk_states,
+         dict(inter, k_ptr=t, v_ptr=t, a_ptr=acc, g_ptr=acc, amax_ptr=acc, c0_ptr=acc, n0_ptr=acc, m0_ptr=acc,
+              cst_ptr=acc, nst_ptr=acc, mst_ptr=acc, S="i32", NC="i32", chunk="i32", HAS_INIT=True, FUSED=True)),
+        ("fwd intra_chunk_h", triton_fwd.intra_chunk_h,
+         dict(intra, q_ptr=t, k_ptr=t, v_ptr=t, b_ptr=acc, li_ptr=acc, cst_ptr=acc, nst_ptr=acc, mst_ptr=acc,
+              h_ptr=t, mtok_ptr=acc, dtok_ptr=acc, S="i32", NC="i32", scale="fp32", eps="fp32")),
+        ("bwd inter_chunk_dstates", triton_bwd.inter_chunk_dstates,
+         dict(inter, q_ptr=t, dh_ptr=t, b_ptr=acc, g_ptr=acc, mtok_ptr=acc, inv_ptr=acc, dd_ptr=acc, mst_ptr=acc,
+              dcl_ptr=acc, dnl_ptr=acc, dcst_ptr=acc, dnst_ptr=acc, S="i32", NC="i32", scale="fp32",
+              HAS_DLAST=True)),
+        ("bwd intra_chunk_dq", triton_bwd.intra_chunk_dq,
+         dict(qk, q_ptr=t, k_ptr=t, v_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, mtok_ptr=acc, inv_ptr=acc,
+              dd_ptr=acc, cst_ptr=acc, nst_ptr=acc, mst_ptr=acc, dq_ptr=t, qdq_ptr=acc, S="i32", NC="i32",
+              scale="fp32")),
+        ("bwd intra_chunk_dk", triton_bwd.intra_chunk_dk,
+         dict(qk, q_ptr=t, k_ptr=t, v_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, a_ptr=acc, mtok_ptr=acc,
+              inv_ptr=acc, dd_ptr=acc, dcst_ptr=acc, dnst_ptr=acc, mst_ptr=acc, dk_ptr=t, kdk_ptr=acc,
+              S="i32", NC="i32", scale="fp32")),
+        ("bwd intra_chunk_dv", triton_bwd.intra_chunk_dv,
+         dict(intra, q_ptr=t, k_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, a_ptr=acc, mtok_ptr=acc, inv_ptr=acc,
+              dcst_ptr=acc, mst_ptr=acc, dv_ptr=t, S="i32", NC="i32", scale="fp32")),
+    ]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ops compile", description=__doc__.splitlines()[0])
+    p.add_argument("--families", default="scan,mlstm")
+    p.add_argument("--arch", type=int, default=90)
+    p.add_argument("--headroom", type=float, default=0.10, help="shared-memory headroom below the device limit")
+    p.add_argument("--scan-shapes", default="8,4096,1024;1,65536,256;8,4096,512")
+    p.add_argument("--scan-tiles", default="", help="kind,ch,bd,warps[,stages] instead of the default tiles")
+    p.add_argument("--mlstm-dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--mlstm-chunks", default="64,128")
+    p.add_argument("--mlstm-dqk", type=int, default=128)
+    p.add_argument("--mlstm-dv", type=int, default=256)
+    p.add_argument("--matmul-precision", default="high", choices=["high", "medium", "highest"])
+    a = p.parse_args(argv)
+    torch.set_float32_matmul_precision(a.matmul_precision)
+    budget = int(SMEM_LIMIT.get(a.arch, 232448) * (1 - a.headroom))
+    print(f"triton {triton.__version__}, sm_{a.arch}, shared-memory budget {budget} B")
+    kernels = []
+    families = a.families.split(",")
+    if "scan" in families:
+        from kernels.scan.triton_scan import ScanTiles
+
+        tiles = None
+        if a.scan_tiles:
+            kind, *nums = a.scan_tiles.split(",")
+            tiles = ScanTiles(kind, *map(int, nums))
+        shapes = [tuple(map(int, s.split(","))) for s in a.scan_shapes.split(";")]
+        kernels += scan_kernels(shapes, tiles)
+    if "mlstm" in families:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[a.mlstm_dtype]
+        for exp_gate in (True, False):
+            for L in map(int, a.mlstm_chunks.split(",")):
+                kernels += mlstm_kernels(dtype, L, a.mlstm_dqk, a.mlstm_dv, exp_gate)
+    bad = 0
+    for name, kernel, args in kernels:
+        try:
+            info = describe(compile_kernel(kernel, args, a.arch))
+        except Exception as err:  # noqa: BLE001 - report and go on
+            print(f"{name:48s} COMPILE ERROR {type(err).__name__}: {err}"[:300])
+            bad += 1
+            continue
+        over = info["smem"] > budget
+        bad += over
+        print(f"{name:48s} " + " ".join(f"{k}={v}" for k, v in info.items()) + (" OVER BUDGET" if over else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One device call: the GPU kernel tests and every kernel family's benchmark against its peers.
+#   usage (GPU machine, repository root, peers importable):  bash benchmarks/ops/gpu_check.sh OUT_DIR [steps...]
+#   steps: tests scan newton fused_rnn mlstm ssd (default: all). Environment: TEST_WORKERS (pytest-xdist
+#   processes, default 12), WARM_PROCS (default 8), BENCH_ARGS_<family> (replaces that family's arguments).
+# First the tests (pytest-xdist) and the compilation of every benchmarked kernel (benchmarks.ops warm) run
+# side by side (both are mostly Triton compilation, on the CPU); then each benchmark checks and times its
+# implementations alone on the GPU. Writes OUT_DIR/results/<family>.json and OUT_DIR/logs/<step>.log; the
+# last lines printed are the test summary and the table of ours vs the fastest peer per family.
+set -u
+out=${1:?output folder}; shift
+steps=${*:-tests scan newton fused_rnn mlstm ssd}
+mkdir -p "$out/results" "$out/logs"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+
+declare -A ARGS=(
+  [scan]="${BENCH_ARGS_scan:-}"
+  [newton]="${BENCH_ARGS_newton:---lengths 2048}"
+  [fused_rnn]="${BENCH_ARGS_fused_rnn:---heads 12x64 --batches 16 --workers 8}"
+  [mlstm]="${BENCH_ARGS_mlstm:---sections main --dtypes bf16,fp32 --exp-chunks 64 --sig-chunks 64 --no-fla}"
+  [ssd]="${BENCH_ARGS_ssd:---states 64 --impls ours,mamba}"
+)
+families=()
+for step in $steps; do [ "$step" != tests ] && families+=("$step"); done
+
+t0=$SECONDS
+pids=()
+if [[ " $steps " == *" tests "* ]]; then
+  timeout "${TESTS_LIMIT_S:-360}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" --durations=15 \
+    tests/kernels > "$out/logs/tests.log" 2>&1 &
+  pids+=($!)
+fi
+if [ ${#families[@]} -gt 0 ]; then
+  runs=()
+  for f in "${families[@]}"; do runs+=("$f ${ARGS[$f]}"); done
+  timeout "${WARM_LIMIT_S:-300}" python3 -m benchmarks.ops warm --procs "${WARM_PROCS:-8}" "${runs[@]}" \
+    > "$out/logs/warm.log" 2>&1 &
+  pids+=($!)
+fi
+for pid in "${pids[@]}"; do wait "$pid"; done
+echo "=== tests and warm-up done in $((SECONDS - t0)) s"; tail -n 3 "$out/logs/warm.log" 2>/dev/null
+
+for f in "${families[@]}"; do
+  t1=$SECONDS
+  # shellcheck disable=SC2086  # the family's arguments are words
+  timeout "${BENCH_LIMIT_S:-150}" python3 -m benchmarks.ops "$f" ${ARGS[$f]} --out "$out/results" > "$out/logs/$f.log" 2>&1
+  echo "=== $f rc=$? in $((SECONDS - t1)) s"
+done
+
+echo "=== GPU kernel tests (tests/kernels, -n ${TEST_WORKERS:-12}):"
+grep -E "passed|failed|error" "$out/logs/tests.log" | tail -n 3
+grep -E "^FAILED|^ERROR" "$out/logs/tests.log" | head -n 20
+echo "=== ours vs the fastest peer (same run):"
+python3 -m benchmarks.ops summary "$out/results"

@@ -1,0 +1,73 @@
+"""``python -m benchmarks.ops summary [RESULTS_DIR]``: one table of every family's headline rows.
+
+Per family, problem, dtype and direction: our fastest Triton row (``ours-triton...``, kernel-only
+rows aside) against the fastest peer library measured in the same run, and their ratio; for the scan
+also the forward's share of the ``torch.add`` bandwidth. Reads ``<family>.json`` in ``RESULTS_DIR``
+(default ``benchmarks/ops/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from benchmarks.ops.common import RESULTS, dims_label
+
+FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd")
+NOT_PEERS = ("ours", "torch.add", "inter-", "cudnn")
+
+
+def _ms(r: dict) -> float:
+    ms = r.get("ms")
+    return math.nan if ms is None else float(ms)
+
+
+def headline(rows: list[dict]) -> list[tuple]:
+    """``(problem, dtype, direction, ours impl, ours ms, peer impl, peer ms, note)`` per main-section problem."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("section", "main") != "main" or not math.isfinite(_ms(r)):
+            continue
+        dims = {k: v for k, v in r.items() if k not in ("family", "section", "impl", "direction", "dtype", "ms",
+                                                        "limit_ms", "max_rel_err", "note", "extra")}
+        groups.setdefault((dims_label(dims), r["dtype"], r["direction"]), []).append(r)
+    out = []
+    for (label, dtype, direction), rs in groups.items():
+        ours = [r for r in rs if r["impl"].startswith("ours-triton") and "(kernel)" not in r["impl"] and "[" not in r["impl"]]
+        peers = [r for r in rs if not r["impl"].startswith(NOT_PEERS)]
+        if not ours:
+            continue
+        o = min(ours, key=_ms)
+        p = min(peers, key=_ms) if peers else None
+        note = ""
+        add = [r for r in rs if r["impl"].startswith("torch.add")]
+        if add and direction == "fwd":
+            note = f"{_ms(add[0]) / _ms(o):.0%} of torch.add bandwidth"
+        out.append((label, dtype, direction, o["impl"], _ms(o), p["impl"] if p else "-", _ms(p) if p else math.nan, note))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ops summary", description=__doc__.splitlines()[0])
+    p.add_argument("results", nargs="?", default=str(RESULTS))
+    args = p.parse_args(argv)
+    print("| family | problem | dtype | dir | ours | ms | peer | ms | ours/peer | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    devices = set()
+    for family in FAMILIES:
+        path = Path(args.results, f"{family}.json")
+        if not path.is_file():
+            print(f"| {family} | (no results) | | | | | | | | |")
+            continue
+        data = json.loads(path.read_text())
+        devices.add(f"{data['env'].get('device')} {data['env'].get('date', '')[:16]}")
+        for label, dtype, direction, oi, oms, pi, pms, note in headline(data["rows"]):
+            ratio = f"{oms / pms:.2f}x" if math.isfinite(pms) else "-"
+            print(f"| {family} | {label} | {dtype} | {direction} | {oi} | {oms:.4g} | {pi} | {pms:.4g} | {ratio} | {note} |")
+    print("devices, dates:", "; ".join(sorted(devices)))
+
+
+if __name__ == "__main__":
+    main()
