@@ -1,10 +1,16 @@
 """The ``transformer`` mixer: a causal multi-head attention block with an MLP (a whole sequence block).
 
-    y = x + Attn(x);   out = y + MLP(RMSNorm(y))
+    y = x + Attn(x + P);   out = y + MLP(RMSNorm(y))      MLP: Linear(d, r d) -> GELU -> Linear(r d, d)
 
-Attention uses PyTorch's SDPA with rotary position embeddings (RoPE) on q and k, or sinusoidal
-positions added to the input (``positions="sinusoidal"``). The model applies RMSNorm before and
-after the block.
+Attention uses PyTorch's SDPA. Positions (``positions=``): ``"rope"`` rotates q and k (relative
+positions; P = 0); ``"sinusoidal"`` adds the fixed encoding P of Vaswani et al. (absolute);
+``"learned"`` adds a trained table P of ``max_len`` rows (absolute; ``max_len * d`` parameters,
+initialized N(0, 0.02); ``max_len`` is ignored by the other two). ``bias=True`` gives the q/k/v,
+output and MLP linears biases. The model applies RMSNorm before and after the block.
+
+With ``positions="learned", max_len=100, mlp_ratio=1, bias=True`` the single-layer model has paper
+000's Table 6 Transformer counts within 0.4% (48.1k at V=128, 31.8k at V=2, 32.8k/32.2k at V=10/5;
+docs/paper000-model.md).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from torch import nn
 
 from mixers.registry import register_mixer
 
-POSITIONS = ("rope", "sinusoidal")
+POSITIONS = ("rope", "sinusoidal", "learned")
 
 
 def sinusoidal_positions(length: int, dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -41,32 +47,47 @@ def apply_rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
 
 
 class TransformerBlock(nn.Module):
-    """Causal MHA + MLP. ``d_model`` split into ``num_heads``; MLP hidden ``mlp_ratio * d_model``."""
+    """Causal MHA + MLP. ``d_model`` split into ``num_heads``; MLP hidden ``mlp_ratio * d_model``.
+
+    ``forward(x (B, L, d)) -> (B, L, d)``; with ``positions="learned"``, ``L <= max_len``.
+    """
 
     is_block = True
     has_positions = True
     BACKENDS = ("torch", "auto")
 
     def __init__(self, d_model: int, num_heads: int = 4, mlp_ratio: float = 2.0, positions: str = "rope",
-                 backend: str = "auto") -> None:
+                 max_len: int | None = None, bias: bool = False, backend: str = "auto") -> None:
         super().__init__()
         if num_heads < 1 or d_model % num_heads or (d_model // num_heads) % 2:
             raise ValueError(f"transformer: d_model={d_model} must split into num_heads={num_heads} even-sized heads")
         if positions not in POSITIONS:
             raise ValueError(f"transformer: positions must be one of {', '.join(POSITIONS)}, got {positions!r}")
+        if positions == "learned" and max_len is None:
+            raise ValueError("transformer: positions='learned' needs max_len (the longest sequence), got None")
+        if max_len is not None and (not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1):
+            raise ValueError(f"transformer: max_len must be a positive int, got {max_len!r}")
+        if not mlp_ratio > 0:
+            raise ValueError(f"transformer: mlp_ratio must be > 0, got {mlp_ratio!r}")
         if backend not in self.BACKENDS:
             raise ValueError(f"transformer: unknown backend {backend!r}; known: {', '.join(self.BACKENDS)}")
         hidden = int(round(mlp_ratio * d_model))
-        self.num_heads, self.positions = num_heads, positions
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.out = nn.Linear(d_model, d_model, bias=False)
+        self.num_heads, self.positions, self.max_len = num_heads, positions, max_len
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
         self.norm = nn.RMSNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, hidden, bias=False), nn.GELU(), nn.Linear(hidden, d_model, bias=False))
+        self.mlp = nn.Sequential(nn.Linear(d_model, hidden, bias=bias), nn.GELU(), nn.Linear(hidden, d_model, bias=bias))
+        if positions == "learned":
+            self.position_table = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         bsz, length, d = x.shape
         if self.positions == "sinusoidal":
             x = x + sinusoidal_positions(length, d, x.device, x.dtype)
+        elif self.positions == "learned":
+            if length > self.max_len:
+                raise ValueError(f"transformer: sequence length {length} exceeds the learned positions' max_len={self.max_len}")
+            x = x + self.position_table[:length]
         q, k, v = self.qkv(x).view(bsz, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
         if self.positions == "rope":
             q, k = apply_rope(q), apply_rope(k)
@@ -80,6 +101,7 @@ class TransformerBlock(nn.Module):
 
 @register_mixer("transformer")
 def build_transformer(d_model: int, num_heads: int = 4, mlp_ratio: float = 2.0, positions: str = "rope",
-                      backend: str = "auto") -> TransformerBlock:
+                      max_len: int | None = None, bias: bool = False, backend: str = "auto") -> TransformerBlock:
     """Causal multi-head attention + MLP (see ``TransformerBlock``)."""
-    return TransformerBlock(d_model, num_heads=num_heads, mlp_ratio=mlp_ratio, positions=positions, backend=backend)
+    return TransformerBlock(d_model, num_heads=num_heads, mlp_ratio=mlp_ratio, positions=positions,
+                            max_len=max_len, bias=bias, backend=backend)
