@@ -6,7 +6,7 @@
   ``nonnegative_int``, ``int_list``, ``positive_float_list``, ``str_list``, ``key_value``).
 - Checks made before any training: ``check_output_folder``, ``check_device``.
 - ``add_run_arguments``: the options every training CLI shares (``--workers``, ``--device``,
-  ``--storage``, ``--stale-timeout``, ``--retry-failed``, ``--logger``, ``--mps``, ``--no-progress``).
+  ``--storage``, ``--stale-timeout``, ``--retry-failed``, ``--logger``, ``--engine``, ``--mps``, ``--no-progress``).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options shared by the CLIs that train (sweep, reproduce, probe)."""
     from experiments.mps import add_mps_argument
     from experiments.study import STALE_TIMEOUT
-    from experiments.train import LOGGERS
+    from experiments.train import ENGINES, LOGGERS
 
     parser.add_argument("--workers", type=nonnegative_int, default=0, metavar="N",
                         help="run trials in N worker processes on this machine (spread over the visible GPUs, several "
@@ -159,6 +159,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logger", choices=LOGGERS, default="csv",
                         help="step log of each trial: csv (default), tensorboard (pip install "
                              "'expressivity-suite[tensorboard]'; then tensorboard --logdir OUT/trials) or none")
+    parser.add_argument("--engine", choices=ENGINES, default="auto",
+                        help="how optimizer steps run: graph (each step a CUDA-graph replay, fast), eager, or auto "
+                             "(default: graph on CUDA, eager on the CPU); both compute the same")
     add_mps_argument(parser)
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (a line per finished cell instead; automatic when not on a terminal)")
@@ -166,15 +169,22 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_run_arguments(args: argparse.Namespace, out: Path) -> None:
     """Everything about the run options that can be checked before training (one-line errors)."""
-    from experiments.train import check_logger
-
     check_device(args.device)
-    check_logger(args.logger)
+    options = run_options(args)
+    if options.engine == "graph" and args.device == "cpu":
+        raise ValueError("--engine graph needs a CUDA device")
     if args.stale_timeout <= 0:
         raise ValueError(f"--stale-timeout must be > 0 seconds, got {args.stale_timeout}")
     if args.mps and not args.workers:
         raise ValueError("--mps applies to worker processes: give --workers N too")
     check_output_folder(out)
+
+
+def run_options(args: argparse.Namespace):
+    """The ``experiments.train.RunOptions`` of the parsed ``--logger`` and ``--engine`` (checked)."""
+    from experiments.train import RunOptions
+
+    return RunOptions(logger=args.logger, engine=args.engine)
 
 
 def on_terminal() -> bool:

@@ -28,6 +28,12 @@ from experiments.model import ModelConfig, SingleLayerModel
 from tasks import IGNORE_INDEX
 
 
+def _keep_input_sample(module: nn.Module, args: tuple) -> None:
+    """Forward pre-hook: keep a few sequences of the module's input of an evaluation forward (``input_sample``)."""
+    if not module.training:
+        module.input_sample = args[0][:4].detach()
+
+
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite."""
 
@@ -71,11 +77,18 @@ def _metrics(num_classes: int, prefix: str) -> MetricCollection:
 
 
 def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
-    """LR multiplier: linear warmup to 1 over ``warmup_steps``, then cosine decay to ``min_ratio``."""
+    """LR multiplier of step ``step`` (0-based): linear warmup to 1 over ``warmup_steps``, then cosine decay to ``min_ratio``."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def cosine_with_warmup_tensor(step: torch.Tensor, warmup_steps: int, total_steps: int) -> torch.Tensor:
+    """``cosine_with_warmup`` of a step held in a tensor (float32, on its device): computable inside a CUDA graph."""
+    t = step.float()
+    progress = ((t - warmup_steps) / max(1, total_steps - warmup_steps)).clamp(0.0, 1.0)
+    return torch.where(t < warmup_steps, (t + 1) / warmup_steps, 0.5 * (1 + torch.cos(math.pi * progress)))
 
 
 class LitSequenceModel(L.LightningModule):
@@ -115,7 +128,13 @@ class LitSequenceModel(L.LightningModule):
         n = model_config.num_classes
         self.val_metrics = _metrics(n, "val")
         self.test_metrics = nn.ModuleList([_metrics(n, name) for name in self.test_set_names])
-        self._last_loss: torch.Tensor | None = None  # detached loss of the latest training step
+        self.automatic_optimization = False  # training_step runs a chunk of optimizer steps (see there)
+        # training-step state on the device: written inside the (possibly captured) step, read on the host
+        # only when logging or validating
+        self.register_buffer("_last_loss", torch.zeros(()), persistent=False)
+        self.register_buffer("_nonfinite", torch.zeros((), dtype=torch.bool), persistent=False)
+        self.register_buffer("_step_counter", torch.zeros((), dtype=torch.long), persistent=False)
+        self._static: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -123,31 +142,103 @@ class LitSequenceModel(L.LightningModule):
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
 
-    def _logging_step(self) -> bool:
-        """Does Lightning write step-level logs after this step? (Every ``log_every_n_steps`` steps.)"""
-        if self._trainer is None:
-            return True
-        return (self.global_step + 1) % max(1, self.trainer.log_every_n_steps) == 0 or self.trainer.should_stop
+    # --- training: one Lightning step runs a chunk of optimizer steps ------------------------------------
+    @property
+    def graphed(self) -> bool:
+        """Do the optimizer steps replay a CUDA graph (``experiments.cuda_graph.CUDAGraphPrecision``)?"""
+        from experiments.cuda_graph import CUDAGraphPrecision
 
-    def _check_finite(self, loss: torch.Tensor, step: int) -> None:
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(f"training loss is {loss.item()} at step {step}")
+        return self._trainer is not None and isinstance(self.trainer.precision_plugin, CUDAGraphPrecision)
 
-    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        tokens, targets = batch
+    def training_step(self, chunk, batch_idx: int) -> None:
+        """Runs one optimizer step per batch ``(tokens (B, L), targets (B, L))`` of ``chunk`` (a
+        ``tasks.datamodule.Chunk``: the batches of the training stream from this step on, so the batch
+        of optimizer step ``t`` is the stream's batch ``t``, also after a resume).
+
+        Each batch is copied into static buffers that the step closure reads, so the step can be a
+        CUDA-graph replay; a batch of another shape (an epoch's smaller last batch) runs eagerly on
+        its own tensors. The training loss is logged every ``log_every_n_steps`` Lightning steps (``self.log``
+        costs about a millisecond of host time: too much for every step of a small model).
+        """
+        opt = self.optimizers()
+        for tokens, targets in chunk.batches(self.global_step):
+            static = self._static is not None and self._static[0].shape == tokens.shape
+            if self._static is None and self.graphed:
+                self._static = (torch.empty_like(tokens), torch.empty_like(targets))
+                static = True
+            if static:
+                self._static[0].copy_(tokens)
+                self._static[1].copy_(targets)
+                tokens, targets = self._static
+            closure = lambda t=tokens, y=targets: self._optimizer_closure(opt, t, y)  # noqa: E731
+            opt.step(closure=closure, **({"graph": static} if self.graphed else {}))
+        if not self._nonfinite.is_cuda:  # free on the CPU; on a GPU checked at validations (no sync per step)
+            self._raise_if_nonfinite()
+        if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:
+            self.log("train/loss", self._last_loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
+
+    def _optimizer_closure(self, opt, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward, loss, backward and this step's learning rate; reads nothing on the host (capturable).
+
+        A Newton mixer whose result did not pass its residual check inside a CUDA graph (``step_ok``)
+        makes the fused AdamW skip this step's update (``found_inf``), as a gradient scaler does.
+        """
+        opt.zero_grad(set_to_none=True)
         loss = self._loss(self(tokens), targets)
-        self._last_loss = loss.detach()
-        # Only on the steps whose logs Lightning writes: `self.log` costs ~1 ms of CPU per call and the
-        # finiteness test a device synchronisation, while a small model's whole step takes 3-8 ms. A
-        # non-finite loss makes AdamW's weights non-finite, so a later test still catches it.
-        if self._logging_step():
-            self._check_finite(loss, self.global_step)
-            self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        self.manual_backward(loss)
+        with torch.no_grad():
+            self._nonfinite |= ~torch.isfinite(loss)
+            self._last_loss.copy_(loss.detach())
+            flags = [m.step_ok for m in self._newton_mixers if m.step_ok is not None]
+            opt.optimizer.found_inf = (~torch.stack(flags).all()).float() if flags else None
+            self._set_learning_rate(opt.optimizer)
         return loss
 
+    def _set_learning_rate(self, optimizer: torch.optim.Optimizer) -> None:
+        """The lr of this step, ``lr * cosine_with_warmup(step)``: a device tensor (capturable) or a float (CPU)."""
+        if isinstance(optimizer.param_groups[0]["lr"], torch.Tensor):
+            step = self._step_counter
+            optimizer.param_groups[0]["lr"].copy_(self.lr * cosine_with_warmup_tensor(step, self._warmup_steps, self.max_steps))
+            step += 1
+        else:
+            optimizer.param_groups[0]["lr"] = self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps)
+
+    @property
+    def _warmup_steps(self) -> int:
+        return max(1, int(self.warmup_ratio * self.max_steps))
+
+    @property
+    def _newton_mixers(self) -> list[nn.Module]:
+        return [m for m in self.model.modules() if hasattr(m, "step_ok")]
+
+    def on_train_start(self) -> None:
+        self._step_counter.fill_(self.global_step)  # where the schedule stands (after a resume)
+        if self.graphed:  # captured forwards skip the mixers' run-time Jacobian check: run it after validations
+            for m in self._newton_mixers:
+                if getattr(m, "jacobian_check_every", 0):
+                    m.register_forward_pre_hook(_keep_input_sample)
+
+    def _raise_if_nonfinite(self) -> None:
+        if bool(self._nonfinite):
+            raise NonFiniteLossError(f"training loss became non-finite (NaN or Inf) at or before step {self.global_step} "
+                                     f"(last loss {float(self._last_loss)})")
+
+    def on_validation_start(self) -> None:
+        if self.trainer.state.fn == "fit":
+            self._raise_if_nonfinite()
+
     def on_train_end(self) -> None:
-        if self._last_loss is not None:  # the steps after the last logging step
-            self._check_finite(self._last_loss, self.global_step)
+        self._raise_if_nonfinite()
+
+    def on_validation_end(self) -> None:
+        """Graph engine: the run-time Jacobian check of Newton mixers on a validation sample; a mixer that
+        switches its structure makes the captured step stale (captured again at the next step)."""
+        if not self.graphed or self.trainer.sanity_checking:
+            return
+        for m in self._newton_mixers:
+            sample = getattr(m, "input_sample", None)
+            if getattr(m, "jacobian_check_every", 0) and sample is not None and m.check_jacobian(sample, adapt=True):
+                self.trainer.precision_plugin.reset()
 
     def validation_step(self, batch, batch_idx: int) -> None:
         tokens, targets = batch
@@ -169,9 +260,10 @@ class LitSequenceModel(L.LightningModule):
             metrics.reset()
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay)
-        warmup = max(1, int(self.warmup_ratio * self.max_steps))
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: cosine_with_warmup(step, warmup, self.max_steps)
-        )
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        """AdamW; on CUDA the fused, capturable one with the lr as a device tensor (set each step by
+        ``_set_learning_rate``), so a whole step can be captured in a CUDA graph."""
+        cuda = self.device.type == "cuda"
+        lr = torch.tensor(self.lr * cosine_with_warmup(0, self._warmup_steps, self.max_steps), device=self.device) \
+            if cuda else self.lr
+        return torch.optim.AdamW(self.parameters(), lr=lr, betas=self.betas, weight_decay=self.weight_decay,
+                                 fused=cuda, capturable=cuda)

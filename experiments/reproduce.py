@@ -21,7 +21,16 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.cli import Parser, add_run_arguments, check_run_arguments, int_list, positive_int, run_cli, str_list
+from experiments.cli import (
+    Parser,
+    add_run_arguments,
+    check_run_arguments,
+    int_list,
+    positive_int,
+    run_cli,
+    run_options,
+    str_list,
+)
 from experiments.paper import compare, comparison_markdown, load_reproduction, reproduction_presets
 
 log = logging.getLogger("experiments.reproduce")
@@ -82,7 +91,7 @@ def _lrs(lrs: list[float]) -> str:
 def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto", storage_url: str | None = None,
                      quick: bool = False, overrides: dict[str, Any] | None = None, entries: list[str] | None = None,
                      run: bool = True, progress: bool = True, stale_timeout: float = 60,
-                     retry_failed: bool = False, logger: str = "csv") -> pd.DataFrame:
+                     retry_failed: bool = False, options=None) -> pd.DataFrame:
     """Run (resume) the table's sweeps in one study, write the per-sweep results and the comparison."""
     from experiments.results import atomic_write_text
     from experiments.runner import run_plans
@@ -96,7 +105,7 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
     # one study for every reproduction: presets with identical cells (table1 within table6) share trials
     results, info = run_plans(plans, out, "reproduce" + ("-quick" if quick else ""), workers, device,
                               storage_url, run=run, progress=progress, stale_timeout=stale_timeout, label=name,
-                              retry_failed=retry_failed, logger=logger)
+                              retry_failed=retry_failed, options=options)
     table = compare(name, results)
     frames = [df for df in results.values() if len(df)]
     every = pd.concat(frames) if frames else pd.DataFrame()
@@ -161,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         with workers_mps(args.mps and not args.table_only, args.workers):
             run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
                              args.only, run=not args.table_only, progress=not args.no_progress,
-                             stale_timeout=args.stale_timeout, retry_failed=args.retry_failed, logger=args.logger)
+                             stale_timeout=args.stale_timeout, retry_failed=args.retry_failed, options=run_options(args))
         text = (out / "reproduction.md").read_text()
         print(text)
         if args.copy_to:

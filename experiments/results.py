@@ -150,14 +150,14 @@ def best_over_lrs(df: pd.DataFrame) -> pd.DataFrame:
     return ok.loc[idx].drop(columns="_rank")
 
 
-def _newton_rates(rows: pd.DataFrame) -> tuple[float, float]:
-    """(fallback share, retry share) of the Newton forwards of ``rows``; NaN without Newton statistics."""
+def _newton_rates(rows: pd.DataFrame) -> tuple[float, float, float]:
+    """(fallback, re-solve, skipped-update) shares of the Newton forwards of ``rows``; NaN without Newton statistics."""
     if "newton/newton_forwards" not in rows or rows["newton/newton_forwards"].fillna(0).sum() == 0:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
     forwards = rows["newton/newton_forwards"].fillna(0).sum()
-    fallback = rows.get("newton/fallback_count", pd.Series(dtype=float)).fillna(0).sum()
-    retry = rows.get("newton/retry_count", pd.Series(dtype=float)).fillna(0).sum()
-    return float(fallback / forwards), float(retry / forwards)
+    total = lambda key: rows.get(key, pd.Series(dtype=float)).fillna(0).sum()  # noqa: E731
+    return (float(total("newton/fallback_count") / forwards), float(total("newton/retry_count") / forwards),
+            float(total("newton/skipped_steps") / forwards))
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
@@ -173,13 +173,13 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (entry, mixer), group in df.groupby([group_key, "mixer"], sort=False):
         sel = best[(best[group_key] == entry) & (best["mixer"] == mixer)] if len(best) else best
-        fallback, retry = _newton_rates(group[group["status"] == "ok"])
+        fallback, retry, skipped = _newton_rates(group[group["status"] == "ok"])
         row: dict[str, Any] = {
             "entry": entry, "task": group["task"].iloc[0], "mixer": mixer,
             "params": int(sel["n_params"].iloc[0]) if len(sel) and "n_params" in sel else float("nan"),
             "seeds": len(sel), "failed": int((group["status"] == "failed").sum()),
             "missing": int((~group["status"].isin(["ok", "failed"])).sum()),
-            "newton_fallback": fallback, "newton_retry": retry,
+            "newton_fallback": fallback, "newton_retry": retry, "newton_skipped": skipped,
         }
         for col in metric_cols:
             vals = sel[col].dropna() if col in sel else pd.Series(dtype=float)
@@ -222,8 +222,9 @@ def table_frame(df: pd.DataFrame) -> pd.DataFrame:
         table[m.replace("/", " ")] = [_fmt(r[f"{m} best"], r[f"{m} mean"], r[f"{m} std"], r["seeds"])
                                       for _, r in summary.iterrows()]
     if summary["newton_fallback"].notna().any():
-        table["Newton fallback / retry"] = [
-            "" if f != f else f"{_pct(f)} / {_pct(r)}" for f, r in zip(summary["newton_fallback"], summary["newton_retry"])]
+        table["Newton fallback / retry / skipped"] = [
+            "" if f != f else f"{_pct(f)} / {_pct(r)} / {_pct(k)}"
+            for f, r, k in zip(summary["newton_fallback"], summary["newton_retry"], summary["newton_skipped"])]
     return table
 
 
@@ -241,9 +242,10 @@ def table_markdown(df: pd.DataFrame) -> str:
         n = int(table["missing"].sum())
         notes.append(f"**{n} cell(s) have no result yet** (`missing`: running, waiting or never started): "
                      "re-run the same command to finish them.")
-    if "Newton fallback / retry" in table:
-        notes.append("`Newton fallback / retry`: share of the Newton forwards that fell back to the sequential loop / "
-                     "were re-solved with more iterations.")
+    if "Newton fallback / retry / skipped" in table:
+        notes.append("`Newton fallback / retry / skipped`: share of the Newton forwards that fell back to the sequential "
+                     "loop / were re-solved with more iterations / failed the check inside a CUDA graph, whose training "
+                     "step then skipped its update.")
     return text + "\n\n" + "\n\n".join(notes) + "\n"
 
 

@@ -88,12 +88,12 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
 
 
 def _run(grid, cells: list, keys: list[str], out: Path, workers: int, device: str, storage_url: str | None,
-         logger: str, on_progress, bar: Progress) -> None:
+         options, on_progress, bar: Progress) -> None:
     """Run the cells: in ``workers`` processes, or in this one."""
     from experiments.workers import run_workers, worker_loop
 
     if workers:
-        run_workers(grid, cells, out, storage_url, workers, device, on_progress=on_progress, logger=logger)
+        run_workers(grid, cells, out, storage_url, workers, device, on_progress=on_progress, options=options)
         return
     on_progress(grid.progress(keys))
 
@@ -102,18 +102,19 @@ def _run(grid, cells: list, keys: list[str], out: Path, workers: int, device: st
             log.warning("trial (%s seed=%s lr=%g) failed: %s", spec["mixer"], spec["seed"], spec["lr"], outcome)
         on_progress(grid.progress(keys), f"{spec['mixer']} seed={spec['seed']} lr={spec['lr']:g} {outcome}")
 
-    worker_loop(grid, cells, out, device=None if device == "auto" else device, logger=logger,
+    worker_loop(grid, cells, out, device=None if device == "auto" else device, options=options,
                 on_claim=lambda s: bar.update(grid.progress(keys), f"{s['mixer']} seed={s['seed']} lr={s['lr']:g}"),
                 on_trial=finished)
 
 
 def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device: str = "auto",
               storage_url: str | None = None, run: bool = True, progress: bool = True, stale_timeout: float = 60,
-              label: str | None = None, retry_failed: bool = False, logger: str = "csv",
+              label: str | None = None, retry_failed: bool = False, options=None,
               flat: bool = False) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """Run (resume) every plan's cells; returns ``({entry: results DataFrame}, info)``.
 
     ``retry_failed``: also re-run cells whose trial failed for a final reason (NaN loss, an error).
+    ``options``: ``experiments.train.RunOptions`` (step log, step engine).
     ``run=False`` only collects. ``flat``: one plan, results in ``out`` itself (a sweep's folder).
     ``info``: ``cells``, ``done``, ``counts`` (of this call's sync), ``wall_s``, ``versions``.
     """
@@ -155,7 +156,7 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
                     write_all()
 
             try:
-                _run(grid, cells, keys, out, workers, device, storage_url, logger, on_progress, bar)
+                _run(grid, cells, keys, out, workers, device, storage_url, options, on_progress, bar)
             except KeyboardInterrupt:
                 write_all()  # the interrupted cells show as missing
                 raise

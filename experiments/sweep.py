@@ -19,6 +19,7 @@ from experiments.cli import (
     Parser,
     add_run_arguments,
     check_run_arguments,
+    run_options,
     key_value,
     int_list,
     positive_float_list,
@@ -39,13 +40,13 @@ def study_name(plan: SweepPlan) -> str:
 
 def run_sweep(plan: SweepPlan, out: Path, storage_url: str | None = None, device: str = "auto",
               retry_failed: bool = False, progress: bool = True, workers: int = 0,
-              stale_timeout: float = 60, logger: str = "csv"):
+              stale_timeout: float = 60, options=None):
     """Run (or resume) the sweep; returns the results ``DataFrame`` (one row per cell)."""
     from experiments.runner import run_plans
 
     results, _ = run_plans([plan], out, study_name(plan), workers=workers, device=device, storage_url=storage_url,
                            progress=progress, stale_timeout=stale_timeout, label=f"{plan.entry or plan.task} sweep",
-                           retry_failed=retry_failed, logger=logger, flat=True)
+                           retry_failed=retry_failed, options=options, flat=True)
     return next(iter(results.values()))
 
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         check_run_arguments(args, out)
         with workers_mps(args.mps, args.workers):
             df = run_sweep(plan, out, args.storage, args.device, args.retry_failed, progress=not args.no_progress,
-                           workers=args.workers, stale_timeout=args.stale_timeout, logger=args.logger)
+                           workers=args.workers, stale_timeout=args.stale_timeout, options=run_options(args))
         print((out / "table.md").read_text())
         print(f"results: {out / 'results.csv'} ({len(df)} cells); study: optuna-dashboard {out / 'journal.log'}")
 

@@ -1,165 +1,232 @@
-"""``python -m experiments.throughput``: data-generation speed and training-step throughput.
+"""``python -m experiments.throughput``: how fast trials train, per step engine.
 
-Measures:
-1. generation of ``--samples`` samples of length 100 for every task (median of ``--repeats`` runs;
-   ``--skip-generation`` to leave it out);
-2. training steps/s (model forward + backward + AdamW, no Lightning) of each ``--mixers`` model at
-   ``--preset``'s shapes for each ``--tasks`` entry, on ``--device`` (CUDA time includes a final
-   synchronisation); ``--set KEY=VALUE`` overrides a mixer option for every timed mixer (e.g.
-   ``--set check=false`` times a Newton cell without its residual check) and may be repeated:
-   each ``--set`` group is timed as a separate variant;
-3. ``--profile``: the top operators of a ``torch.profiler`` trace of 20 steps per model (CPU and
-   CUDA self time), to see where a step's time goes.
+Three measurements, each a sub-command:
+
+- ``generation``: seconds to generate ``--samples`` sequences of length 100 for every task.
+- ``steps``: training steps/s of one trial through the real training path (Lightning, ``run_trial``)
+  for each task entry × mixer × ``--engines`` (``eager``: steps launched op by op, the way every step
+  ran before; ``graph``: each step a CUDA-graph replay), fixed ``--steps`` per trial (no early stop).
+- ``workers``: N trials at once in N worker processes (``--counts``, e.g. 1,4,8,16; ``--mps`` to share
+  the GPU through CUDA MPS) on the Table 6 mix (task entries × mixers of ``--preset``, round robin),
+  per engine: steps/s per worker, in total (the sum of the trials' rates), end to end (all steps over
+  the wall-clock of the whole run) and the GPU busy fraction (``torch.cuda.utilization`` sampled every
+  0.2 s while they train).
+
+Each prints a Markdown table (pandas) and, with ``--json``, writes its rows there.
 
 Examples::
 
-    python -m experiments.throughput                                   # smoke shapes, CPU, 1 thread
-    python -m experiments.throughput --skip-generation --preset pararnn-table6 --tasks mqar \\
-        --mixers flashgru,transformer --device cuda --set check=false --profile
+    python -m experiments.throughput steps --preset pararnn-table6 --tasks mqar --mixers flashgru --steps 3000
+    python -m experiments.throughput workers --counts 1,4,8,16 --mps --engines eager,graph --steps 4000
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import json
+import logging
+import platform
 import statistics
+import sys
+import threading
 import time
+from pathlib import Path
+from typing import Any
 
-import torch
-import torch.nn.functional as F
-from experiments.model import ModelConfig, SingleLayerModel
-from experiments.presets import resolve_sweep
-from experiments.cli import key_value as _key_value
-from tasks import get_task
+import pandas as pd
 
-GENERATION = [("parity", {}), ("parity", {"running": True}), ("keep_nth", {}), ("mqar", {}),
-              ("mqar", {"placement": "power"}), ("khop", {"k": 1}), ("khop", {"k": 2})]
+from experiments.cli import Parser, positive_int, run_cli, str_list
+
+log = logging.getLogger("experiments.throughput")
+
+GENERATION = [("parity", {}), ("parity", {"running": True}), ("keep_nth", {}), ("keep_nth", {"per_position": True}),
+              ("mqar", {}), ("mqar", {"placement": "power"}), ("khop", {"k": 1}), ("khop", {"k": 2})]
 
 
-def time_generation(num_samples: int, repeats: int) -> list[tuple[str, float]]:
+def time_generation(num_samples: int, repeats: int) -> pd.DataFrame:
+    """Median seconds to generate ``num_samples`` sequences of length 100, per task configuration."""
+    from tasks import get_task
+
     rows = []
     for name, opts in GENERATION:
-        task = get_task(name, seq_len=100, **opts)
+        try:
+            task = get_task(name, seq_len=100, **opts)
+        except ValueError:  # an option this version of the task lacks
+            continue
         times = []
         for r in range(repeats):
             t0 = time.perf_counter()
             task.generate(num_samples, seed=r)
             times.append(time.perf_counter() - t0)
-        label = name + "".join(f" {k}={v}" for k, v in opts.items())
-        rows.append((label, statistics.median(times)))
-    return rows
+        rows.append({"task": name + "".join(f" {k}={v}" for k, v in opts.items()), "seconds": statistics.median(times)})
+    return pd.DataFrame(rows)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def benchmark_specs(preset: str, tasks: list[str] | None, mixers: list[str] | None, steps: int, device: str,
+                    count: int | None = None) -> list[tuple[str, Any]]:
+    """``(entry, TrialSpec)`` pairs of the preset's task entries × mixers (round robin over ``count`` trials),
+    ``steps`` steps each with a single validation at the end and small evaluation sets (timing, not results)."""
+    from experiments.presets import build_specs, load_preset, resolve_sweep
+
+    entries = tasks or list(load_preset(preset).get("tasks", {}))
+    mix = []
+    for entry in entries:
+        plan = resolve_sweep(entry, preset, {"mixers": mixers} if mixers else None)
+        train = {**dataclasses.asdict(plan.train), "max_steps": steps, "eval_every": steps, "early_stop_acc": 2.0,
+                 "val_size": 256, "test_size": 256}
+        plan = resolve_sweep(entry, preset, {"mixers": plan.mixers, "seeds": [0], "lrs": plan.lrs[:1], "train": train})
+        mix += [(entry, s) for s in build_specs(plan, device)]
+    if count is None:
+        return mix
+    return [(entry, dataclasses.replace(spec, seed=i // len(mix))) for i, (entry, spec) in
+            ((i, mix[i % len(mix)]) for i in range(count))]
 
 
-def build_step(task: str, mixer: str, preset: str = "smoke", device: str = "cpu", options: dict | None = None):
-    """A closure running one training step of ``mixer`` at ``preset``'s shapes for ``task``, after 5
-    warm-up steps (compilation, autotuning; synchronised).
+def time_steps(preset: str, tasks: list[str] | None, mixers: list[str] | None, engines: list[str], steps: int,
+               device: str) -> pd.DataFrame:
+    """Steps/s of single trials through ``run_trial``, per entry × mixer × engine (same process, one after another)."""
+    from experiments.train import RunOptions, run_trial
 
-    ``options`` override the preset's mixer options. ``step(i)`` trains on the ``i % 4``-th of four
-    fixed batches (batch size and sequence length from the preset).
-    """
-    plan = resolve_sweep(task, preset, {"mixers": [mixer]})
-    length = (plan.extrapolation or {}).get("max_len") or plan.task_options.get("seq_len", 100)
-    t = get_task(plan.task, **{**plan.task_options, "seq_len": length})
-    vocab = t.vocab_size + (1 if plan.extrapolation else 0)
-    mixer_options = {**plan.mixer_options.get(mixer, {}), **(options or {})}
-    dev = torch.device(device)
-    model = SingleLayerModel(ModelConfig(vocab, t.num_classes, mixer=mixer, block=plan.block,
-                                         positional=plan.positional, mixer_options=mixer_options)).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = t.generate(plan.train.batch_size * 4, seed=0)
-    xs = [b.to(dev) for b in data.inputs.split(plan.train.batch_size)]
-    ys = [b.to(dev) for b in data.targets.split(plan.train.batch_size)]
-
-    def step(i: int) -> None:
-        loss = F.cross_entropy(model(xs[i % 4]).flatten(0, 1), ys[i % 4].flatten(), ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    for i in range(5):
-        step(i)
-    _sync(dev)
-    return step
+    rows = []
+    for entry, spec in benchmark_specs(preset, tasks, mixers, steps, device):
+        for engine in engines:
+            result = run_trial(spec, options=RunOptions(logger="none", engine=engine))
+            rows.append({"task": entry, "mixer": spec.mixer, "engine": engine, "steps": result["steps"],
+                         "steps_per_s": result["steps_per_s"], "device": result["device"]})
+            log.info("%s", rows[-1])
+    return pd.DataFrame(rows)
 
 
-def time_training(task: str, mixer: str, steps: int, preset: str = "smoke", device: str = "cpu",
-                  options: dict | None = None) -> float:
-    """Steps/s of model forward + backward + AdamW (no Lightning); see ``build_step``."""
-    step, dev = build_step(task, mixer, preset, device, options), torch.device(device)
-    t0 = time.perf_counter()
-    for i in range(steps):
-        step(i)
-    _sync(dev)
-    return steps / (time.perf_counter() - t0)
+class GPUBusy:
+    """Samples ``torch.cuda.utilization()`` (the share of time a kernel ran) every ``interval`` s in a thread."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval, self.samples = interval, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import torch
+
+        while not self._stop.wait(self.interval):
+            try:
+                self.samples.append(torch.cuda.utilization())
+            except Exception:  # no NVML: no samples
+                return
+
+    def __enter__(self) -> "GPUBusy":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def mean(self, skip: int = 0) -> float:
+        kept = self.samples[skip:]
+        return statistics.mean(kept) / 100 if kept else float("nan")
 
 
-def profile_training(task: str, mixer: str, preset: str, device: str, options: dict | None = None,
-                     steps: int = 20, rows: int = 25) -> str:
-    """``torch.profiler`` table (top ``rows`` operators by self CPU time) of ``steps`` training steps."""
-    from torch.profiler import ProfilerActivity, profile
+def time_workers(counts: list[int], engines: list[str], preset: str, tasks: list[str] | None,
+                 mixers: list[str] | None, steps: int, device: str, out: Path) -> pd.DataFrame:
+    """For each engine and N in ``counts``: N trials of the mix on N worker processes; throughput rows."""
+    import shutil
 
-    step, dev = build_step(task, mixer, preset, device, options), torch.device(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for i in range(steps):
-            step(i)
-        _sync(dev)
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    import torch
+
+    from experiments.results import collect
+    from experiments.study import GridStudy
+    from experiments.train import RunOptions
+    from experiments.workers import run_workers
+
+    rows = []
+    for engine in engines:
+        for n in counts:
+            cells = benchmark_specs(preset, tasks, mixers, steps, device, count=n)
+            run_dir = out / f"{engine}-n{n}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            grid = GridStudy.open(None, run_dir, f"bench-{engine}-{n}")
+            grid.sync(cells)
+            t0 = time.perf_counter()
+            with GPUBusy() as busy:
+                run_workers(grid, cells, run_dir, None, n, device, options=RunOptions(logger="none", engine=engine))
+            wall = time.perf_counter() - t0
+            df = collect(grid, cells)
+            ok = df[df["status"] == "ok"]
+            rows.append({
+                "engine": engine, "workers": n, "ok_trials": len(ok),
+                "steps_per_s_per_worker": round(float(ok["steps_per_s"].median()), 1) if len(ok) else float("nan"),
+                "total_steps_per_s": round(float(ok["steps_per_s"].sum()), 1) if len(ok) else float("nan"),
+                "end_to_end_steps_per_s": round(float(ok["steps"].sum()) / wall, 1) if len(ok) else float("nan"),
+                "gpu_busy": round(busy.mean(), 3) if torch.cuda.is_available() else float("nan"),
+                "wall_s": round(wall, 1),
+                "per_mixer_steps_per_s": json.dumps(ok.groupby("mixer")["steps_per_s"].median().round(1).to_dict()),
+                "device": str(ok["device"].iloc[0]) if len(ok) else device,
+            })
+            log.info("%s", rows[-1])
+    return pd.DataFrame(rows)
 
 
-def _parse_set(text: str) -> dict:
-    """``"check=false,iters=4"`` -> ``{"check": False, "iters": 4}`` (values parsed as YAML)."""
-    return dict(_key_value(item) for item in text.split(",") if item)
+def parser() -> Parser:
+    p = Parser(prog="python -m experiments.throughput", description=__doc__)
+    sub = p.add_subparsers(dest="what", required=True)
+    gen = sub.add_parser("generation", help="data generation time per task")
+    gen.add_argument("--samples", type=positive_int, default=100_000)
+    gen.add_argument("--repeats", type=positive_int, default=3)
+    for name, help_ in (("steps", "steps/s of single trials per engine"), ("workers", "steps/s of N parallel workers")):
+        q = sub.add_parser(name, help=help_)
+        q.add_argument("--preset", default="pararnn-table6", help="preset giving the shapes (default: %(default)s)")
+        q.add_argument("--tasks", type=str_list, help="task entries of --preset (default: all)")
+        q.add_argument("--mixers", type=str_list, help="mixers (default: each entry's preset mixers)")
+        q.add_argument("--engines", type=str_list, default=["eager", "graph"], help="step engines (default: eager,graph)")
+        q.add_argument("--steps", type=positive_int, default=2000, help="training steps per trial (default: %(default)s)")
+        q.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+        if name == "workers":
+            q.add_argument("--counts", type=str_list, default=["1", "4", "8", "16"], help="worker counts (default: 1,4,8,16)")
+            q.add_argument("--out", type=Path, default=Path("runs/bench-workers"), help="scratch folder (default: %(default)s)")
+            from experiments.mps import add_mps_argument
+
+            add_mps_argument(q)
+    for q in sub.choices.values():
+        q.add_argument("--json", type=Path, help="also write the rows here as JSON")
+    return p
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m experiments.throughput", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--samples", type=int, default=100_000)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--skip-generation", action="store_true", help="time training only")
-    p.add_argument("--steps", type=int, default=50, help="timed training steps per model (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--preset", default="smoke", help="preset giving the shapes (default: %(default)s)")
-    p.add_argument("--tasks", default="parity,keep_nth,mqar,khop", help="task entries of --preset (default: %(default)s)")
-    p.add_argument("--mixers", default=None, help="comma-separated mixers (default: each entry's preset mixers)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
-    p.add_argument("--set", dest="variants", action="append", type=_parse_set, default=[],
-                   metavar="KEY=VALUE[,...]", help="mixer-option variant to time too (repeatable)")
-    p.add_argument("--profile", action="store_true", help="print a torch.profiler table per model")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if not args.skip_generation:
-        print(f"## Data generation: {args.samples:,} samples x L=100, {args.threads} thread(s), median of {args.repeats}\n")
-        print("| task | seconds |\n|---|---|")
-        for label, seconds in time_generation(args.samples, args.repeats):
-            print(f"| {label} | {seconds:.3f} |")
-    where = args.device if args.device == "cpu" else torch.cuda.get_device_name(torch.device(args.device))
-    print(f"\n## Training throughput at the {args.preset} preset's shapes ({where}, {args.threads} CPU thread(s), "
-          f"steps/s, no Lightning)\n")
-    print("| task | mixer | options | steps/s |\n|---|---|---|---|")
-    profiles = []
-    for task in args.tasks.split(","):
-        mixers = args.mixers.split(",") if args.mixers else resolve_sweep(task, args.preset).mixers
-        for mixer in mixers:
-            for options in [{}] + args.variants:
-                label = ",".join(f"{k}={v}" for k, v in options.items()) or "preset"
-                try:
-                    rate = f"{time_training(task, mixer, args.steps, args.preset, args.device, options):.1f}"
-                except TypeError as err:  # an option this mixer does not take
-                    if not options:
-                        raise
-                    rate = f"n/a ({err})"
-                print(f"| {task} | {mixer} | {label} | {rate} |", flush=True)
-            if args.profile:
-                profiles.append((task, mixer, profile_training(task, mixer, args.preset, args.device)))
-    for task, mixer, table in profiles:
-        print(f"\n## Profile: {task} / {mixer} (20 steps)\n\n{table}")
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    def run() -> None:
+        from experiments.train import ENGINES, quiet_lightning
+
+        quiet_lightning()
+        if args.what == "generation":
+            table = time_generation(args.samples, args.repeats)
+        else:
+            bad = [e for e in args.engines if e not in ENGINES]
+            if bad:
+                raise ValueError(f"--engines: unknown {', '.join(bad)}; valid: {', '.join(ENGINES)}")
+            if args.what == "steps":
+                table = time_steps(args.preset, args.tasks, args.mixers, args.engines, args.steps, args.device)
+            else:
+                from experiments.mps import workers_mps
+
+                counts = [positive_int(c) for c in args.counts]
+                with workers_mps(args.mps, max(counts)):
+                    table = time_workers(counts, args.engines, args.preset, args.tasks, args.mixers, args.steps,
+                                         args.device, args.out)
+                table["mps"] = args.mps
+        print(table.to_markdown(index=False))
+        if args.json:
+            import torch
+
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "python": platform.python_version(),
+                    "command": " ".join(sys.argv)}
+            args.json.write_text(json.dumps({"meta": meta, "rows": table.to_dict(orient="records")}, indent=1))
+
+    return run_cli(run, "nothing to resume: re-run the measurement")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

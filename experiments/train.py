@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
+from experiments.cuda_graph import CUDAGraphPrecision
 from experiments.lit import LitSequenceModel
 from experiments.model import ModelConfig, count_parameters
 from tasks import ExtrapolationConfig, SyntheticDataModule, get_task
@@ -132,15 +133,15 @@ def resolve_device(device: str) -> tuple[str, list[int] | str]:
     raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
-def build_datamodule(spec: TrialSpec, device: str | torch.device = "cpu") -> SyntheticDataModule:
-    """The trial's data sets, kept on ``device`` (the training device)."""
+def build_datamodule(spec: TrialSpec, device: str | torch.device = "cpu", chunk: int = 1) -> SyntheticDataModule:
+    """The trial's data sets, kept on ``device`` (the training device); training batches in chunks of ``chunk``."""
     t = spec.train
     extrap = ExtrapolationConfig(**spec.extrapolation) if spec.extrapolation else None
     return SyntheticDataModule(
         get_task(spec.task, **spec.task_options),
         train_size=t.train_size, val_size=t.val_size, test_size=t.test_size,
         batch_size=t.batch_size, eval_batch_size=t.eval_batch_size, seed=t.data_seed, shuffle_seed=spec.seed,
-        extrapolation=extrap,
+        train_chunk=chunk, extrapolation=extrap,
         device=device,
     )
 
@@ -160,8 +161,10 @@ def build_module(spec: TrialSpec, dm: SyntheticDataModule) -> LitSequenceModel:
 def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
     """Newton statistics of mixers that record them (``last_newton_stats`` of the last forward, the
     ``fallback_count`` / ``retry_count`` / ``newton_forwards`` / ``jacobian_checks`` counters over the whole
-    trial, evaluation included, and ``jacobian_fallback``: the run-time Jacobian check's message when it
-    found the declared structure wrong), else ``{}``."""
+    trial, evaluation and CUDA-graph replays included; ``graph_forwards``, ``graph_resolved`` and
+    ``skipped_steps`` of the replays (``skipped_steps``: updates skipped because the solve failed its
+    check); ``jacobian_fallback``: the run-time Jacobian check's message when it found the declared
+    structure wrong), else ``{}``."""
     out: dict[str, Any] = {}
     for name, module in model.named_modules():
         stats = getattr(module, "last_newton_stats", None)
@@ -176,6 +179,12 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
         for counter in ("fallback_count", "retry_count", "newton_forwards", "jacobian_checks"):
             if isinstance(getattr(module, counter, None), int):
                 out[f"newton/{counter}"] = getattr(module, counter)
+        graph = getattr(module, "graph_counts", None)
+        if isinstance(graph, torch.Tensor) and graph.numel() == 3 and int(graph[0]):  # forwards in CUDA-graph replays
+            forwards, resolved, unchecked = (int(v) for v in graph.tolist())
+            out["newton/graph_forwards"], out["newton/graph_resolved"], out["newton/skipped_steps"] = forwards, resolved, unchecked
+            out["newton/newton_forwards"] = out.get("newton/newton_forwards", 0) + forwards
+            out["newton/retry_count"] = out.get("newton/retry_count", 0) + resolved
         if getattr(module, "jacobian_fallback", None):
             out["newton/jacobian_fallback"] = module.jacobian_fallback
         break
@@ -184,6 +193,39 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
 
 #: loggers ``run_trial`` can write the step log with (``tensorboard`` needs the ``tensorboard`` extra)
 LOGGERS = ("csv", "tensorboard", "none")
+#: how optimizer steps run: ``eager`` (launched op by op), ``graph`` (replays of a CUDA graph,
+#: ``experiments.cuda_graph``), ``auto`` (``graph`` on CUDA, ``eager`` on the CPU)
+ENGINES = ("auto", "eager", "graph")
+#: the graph engine runs up to this many optimizer steps per Lightning training step
+MAX_CHUNK = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How trials run, not what they compute (not part of a cell): the step log and the step engine."""
+
+    logger: str = "csv"
+    engine: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_logger(self.logger)
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+
+    def resolved_engine(self, accelerator: str) -> str:
+        """``eager`` or ``graph`` for a trial on ``accelerator`` (``graph`` needs CUDA)."""
+        if self.engine == "graph" and accelerator != "gpu":
+            raise ValueError("engine 'graph' (CUDA graphs) needs a CUDA device")
+        return ("graph" if accelerator == "gpu" else "eager") if self.engine == "auto" else self.engine
+
+
+def steps_per_chunk(engine: str, train: TrainConfig) -> int:
+    """Optimizer steps per Lightning training step: 1 eagerly; with graphs the largest divisor of both
+    ``eval_every`` and ``max_steps`` up to ``MAX_CHUNK``, so validations and the end fall on chunk ends."""
+    if engine != "graph":
+        return 1
+    g = math.gcd(min(train.eval_every, train.max_steps), train.max_steps)
+    return next(d for d in range(min(MAX_CHUNK, g), 0, -1) if g % d == 0)
 LOG_DIR = "logs"
 CHECKPOINT_DIR = "checkpoints"
 BEST_CHECKPOINT = "best.ckpt"
@@ -252,7 +294,7 @@ def _test(trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticDataModule,
 
 
 def run_trial(spec: TrialSpec, out_dir: str | Path | None = None, progress_bar: bool = False,
-              callbacks: list[Callback] | None = None, logger: str = "csv") -> dict[str, Any]:
+              callbacks: list[Callback] | None = None, options: RunOptions = RunOptions()) -> dict[str, Any]:
     """Train and evaluate one trial; returns a flat dict of results.
 
     Checkpoints go to ``<out_dir>/checkpoints/``: ``best.ckpt`` (the weights of the highest ``val/acc``),
@@ -262,7 +304,8 @@ def run_trial(spec: TrialSpec, out_dir: str | Path | None = None, progress_bar: 
     checkpoint (``test/acc``, ``len<L>/acc``, ...: what tables report) and on the final weights
     (``final/test/acc``, ...). Raises ``NonFiniteLossError`` when the loss becomes NaN/Inf.
 
-    With ``out_dir``, also writes ``spec.json`` and the step log (``logger``: ``csv`` writes
+    ``options``: the step engine (``RunOptions.engine``: CUDA-graph replays or eager steps, the same
+    computation) and the step log. With ``out_dir``, also writes ``spec.json`` and the step log (``csv`` writes
     ``logs/version_<n>/metrics.csv``, ``tensorboard`` event files there; one version per invocation); without, everything goes to a temporary folder that is
     removed. ``callbacks`` are extra Lightning callbacks (e.g. reporting validation accuracy to Optuna).
     Rebuild a trained model with ``LitSequenceModel.load_from_checkpoint(<out_dir>/checkpoints/best.ckpt)``.
@@ -270,22 +313,24 @@ def run_trial(spec: TrialSpec, out_dir: str | Path | None = None, progress_bar: 
     accelerator, devices = resolve_device(spec.device)
     if accelerator == "cpu" and spec.train.cpu_threads > 0:
         torch.set_num_threads(spec.train.cpu_threads)
+    engine = options.resolved_engine(accelerator)
     if out_dir is None:
         with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
-            return _run_trial(spec, Path(tmp), accelerator, devices, progress_bar, callbacks, "none", keep=False)
-    return _run_trial(spec, Path(out_dir), accelerator, devices, progress_bar, callbacks, logger, keep=True)
+            return _run_trial(spec, Path(tmp), accelerator, devices, progress_bar, callbacks, "none", engine, keep=False)
+    return _run_trial(spec, Path(out_dir), accelerator, devices, progress_bar, callbacks, options.logger, engine, keep=True)
 
 
 def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_bar: bool,
-               callbacks: list[Callback] | None, logger: str, keep: bool) -> dict[str, Any]:
+               callbacks: list[Callback] | None, logger: str, engine: str, keep: bool) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     if keep:
         (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
-    dm = build_datamodule(spec, f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu")
+    t = spec.train
+    chunk = steps_per_chunk(engine, t)
+    dm = build_datamodule(spec, f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu", chunk=chunk)
     dm.setup()
     L.seed_everything(spec.seed, workers=True, verbose=False)
     module = build_module(spec, dm)
-    t = spec.train
     history = _History()
     checkpoints = ModelCheckpoint(  # the best weights only: kB
         dirpath=out / CHECKPOINT_DIR, filename=Path(BEST_CHECKPOINT).stem, monitor="val/acc", mode="max",
@@ -298,10 +343,11 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
     on_interrupt = InterruptCheckpoint(dirpath=out / CHECKPOINT_DIR, filename=Path(INTERRUPT_CHECKPOINT).stem)
     trainer = L.Trainer(
         accelerator=accelerator, devices=devices, max_steps=t.max_steps,
+        plugins=[CUDAGraphPrecision()] if engine == "graph" else None,
         # never the working directory: a worker must survive its cwd being deleted under it
         default_root_dir=str(out),
-        # at least one validation, so every trial has a best checkpoint
-        val_check_interval=min(t.eval_every, t.max_steps), check_val_every_n_epoch=None, num_sanity_val_steps=0,
+        # in Lightning steps (chunks of optimizer steps); at least one validation, so every trial has a best checkpoint
+        val_check_interval=min(t.eval_every, t.max_steps) // chunk, check_val_every_n_epoch=None, num_sanity_val_steps=0,
         callbacks=[
             history, checkpoints, resume_point, on_interrupt,
             EarlyStopping(monitor="val/acc", mode="max", stopping_threshold=t.early_stop_acc,
@@ -309,7 +355,7 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
             *(callbacks or []),
         ],
         logger=_logger(logger, out), enable_checkpointing=True, enable_model_summary=False,
-        enable_progress_bar=progress_bar, log_every_n_steps=max(1, t.eval_every // 5),
+        enable_progress_bar=progress_bar, log_every_n_steps=max(1, t.eval_every // 5 // chunk),
     )
     resume = resume_checkpoint(out)
     resumed_from = trainer_step_of(resume) if resume else 0

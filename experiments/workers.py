@@ -72,18 +72,19 @@ class ReportValidation(Callback):
             self.trial.report(float(trainer.callback_metrics["val/acc"]), step=trainer.global_step)
 
 
-def run_cell(grid, trial, out: Path, device: str | None = None, logger: str = "csv") -> str:
+def run_cell(grid, trial, out: Path, device: str | None = None, options=None) -> str:
     """Run a claimed trial and record its outcome; returns ``"ok"``, ``"nan"``, ``"error"`` or ``"lost"``.
 
     ``device`` (a worker's GPU) replaces the spec's ``"auto"``/``"cuda"``; the cell stays the same.
     Writes ``run.json`` (worker, device, library versions) beside ``run_trial``'s files in the cell's
     folder. ``"lost"``: the trial was finished elsewhere meanwhile (declared stale while this worker
     hung); its cell was re-queued. Ctrl-C records the trial as interrupted and re-raises.
+    ``options``: ``experiments.train.RunOptions`` (step log, step engine).
     """
     from experiments.lit import NonFiniteLossError
     from experiments.results import atomic_write_text, versions
     from experiments.study import worker_identity
-    from experiments.train import CHECKPOINT_DIR, LAST_CHECKPOINT, TrialSpec, run_trial
+    from experiments.train import CHECKPOINT_DIR, LAST_CHECKPOINT, RunOptions, TrialSpec, run_trial
 
     spec = TrialSpec.from_dict(trial.user_attrs["spec"])
     tdir = cell_dir(out, trial.params.get("entry", spec.task), spec)  # of the cell's spec, before the device is set
@@ -94,7 +95,7 @@ def run_cell(grid, trial, out: Path, device: str | None = None, logger: str = "c
                 "worker": worker_identity(), "versions": versions()}
     atomic_write_text(tdir / "run.json", json.dumps(run_info, indent=1))
     try:
-        result = run_trial(spec, tdir, callbacks=[ReportValidation(trial)], logger=logger)
+        result = run_trial(spec, tdir, callbacks=[ReportValidation(trial)], options=options or RunOptions())
     except NonFiniteLossError as err:
         (tdir / CHECKPOINT_DIR / LAST_CHECKPOINT).unlink(missing_ok=True)  # a final failure: --retry-failed starts afresh
         return "nan" if grid.finish(trial, None, failure="nan", error=str(err)) else "lost"
@@ -140,7 +141,7 @@ def _cuda_broken(device: str) -> bool:
 
 def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, poll_s: float = 2.0,
                 on_trial: Callable[[dict, str], None] | None = None, on_claim: Callable[[dict], None] | None = None,
-                logger: str = "csv") -> dict[str, int]:
+                options=None) -> dict[str, int]:
     """Claim and run trials of ``cells`` (``(entry, spec)`` pairs) until every cell is done; returns outcome counts.
 
     While other workers still run trials, waits (``poll_s``) and re-queues the cells of dead
@@ -159,7 +160,7 @@ def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, p
                 spec = trial.user_attrs["spec"]
                 if on_claim:
                     on_claim(spec)
-                outcome = run_cell(grid, trial, out, device=device, logger=logger)
+                outcome = run_cell(grid, trial, out, device=device, options=options)
                 hb.set_trial(None)
                 counts[outcome] = counts.get(outcome, 0) + 1
                 if on_trial:
@@ -178,7 +179,7 @@ def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, p
 
 
 def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str, storage_url: str | None, out: str,
-                 device: str, stale_timeout: float, logger: str) -> None:
+                 device: str, stale_timeout: float, options: dict) -> None:
     """Entry point of a worker process (spawned): logs to ``<out>/workers/worker-<index>.log``."""
     out_dir = Path(out)
     logs = out_dir / "workers"
@@ -193,14 +194,14 @@ def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str
 
     signal.signal(signal.SIGTERM, _terminate)
     from experiments.study import GridStudy
-    from experiments.train import TrialSpec, quiet_lightning
+    from experiments.train import RunOptions, TrialSpec, quiet_lightning
 
     quiet_lightning()
     cells = [(entry, TrialSpec.from_dict(d)) for entry, d in cell_dicts]
     grid = GridStudy.open(storage_url, out_dir, study_name, stale_timeout)
     log.info("worker %d on %s: %d cells", index, device, len(cells))
     try:
-        counts = worker_loop(grid, cells, out_dir, device=device, logger=logger,
+        counts = worker_loop(grid, cells, out_dir, device=device, options=RunOptions(**options),
                              on_trial=lambda s, o: log.info("%s seed=%s lr=%g: %s", s["mixer"], s["seed"], s["lr"], o))
     except KeyboardInterrupt:
         log.info("interrupted")
@@ -210,19 +211,23 @@ def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str
 
 
 def start_worker(index: int, cells: list[Cell], study_name: str, storage_url: str | None, out: Path, device: str,
-                 stale_timeout: float, logger: str = "csv") -> mp.Process:
+                 stale_timeout: float, options=None) -> mp.Process:
     """Spawn one worker process (``multiprocessing`` spawn context) and return it."""
+    import dataclasses
+
+    from experiments.train import RunOptions
+
     ctx = mp.get_context("spawn")
     proc = ctx.Process(target=_worker_main, name=f"sweep-worker-{index}",
                        args=(index, [(e, s.to_dict()) for e, s in cells], study_name, storage_url, str(out), device,
-                             stale_timeout, logger))
+                             stale_timeout, dataclasses.asdict(options or RunOptions())))
     proc.start()
     return proc
 
 
 def run_workers(grid, cells: list[Cell], out: Path, storage_url: str | None, n_workers: int, device: str = "auto",
                 on_progress: Callable[[dict[str, int]], None] | None = None, max_restarts: int | None = None,
-                logger: str = "csv") -> dict[str, int]:
+                options=None) -> dict[str, int]:
     """Run ``cells`` (already enqueued in ``grid``) on ``n_workers`` processes; wait for them.
 
     ``on_progress(counts)`` is called every second with the cells' ``grid.progress`` counts. Returns
@@ -238,7 +243,7 @@ def run_workers(grid, cells: list[Cell], out: Path, storage_url: str | None, n_w
     restarts_left = n_workers if max_restarts is None else max_restarts
 
     def start(i: int) -> mp.Process:
-        return start_worker(i, cells, grid.name, storage_url, out, devices[i], grid.stale_timeout, logger)
+        return start_worker(i, cells, grid.name, storage_url, out, devices[i], grid.stale_timeout, options)
 
     procs = {i: start(i) for i in range(n_workers)}
     log.info("%d workers on %s (logs: %s)", n_workers, ", ".join(sorted(set(devices))), out / "workers")

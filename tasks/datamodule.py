@@ -24,52 +24,80 @@ SHUFFLE_STREAM = 99
 
 
 class TensorBatches:
-    """Batches ``(inputs[i:j], targets[i:j])`` of in-memory tensors, for Lightning's loops.
+    """Batches ``(inputs[i:j], targets[i:j])`` of in-memory tensors in order (an evaluation set).
 
-    With ``shuffle_seed``, epoch ``e`` serves the order ``torch.randperm(n)`` drawn from
-    ``make_generator(shuffle_seed, SHUFFLE_STREAM, e)`` (on the CPU), gathering both tensors once in
-    that order on their device; batches are then views. ``len()`` = number of batches.
-
-    It is stateful in Lightning's sense (``state_dict``/``load_state_dict``: the epoch and the
-    batches already served), so a run resumed from a checkpoint serves exactly the batches the
-    uninterrupted run would have.
+    ``len()`` = number of batches; the last one may be smaller.
     """
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
-                 shuffle_seed: int | None = None) -> None:
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> None:
         if inputs.shape[0] != targets.shape[0]:
             raise ValueError(f"inputs and targets differ in length: {inputs.shape[0]} vs {targets.shape[0]}")
         self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
-        self.shuffle_seed = shuffle_seed
-        self.epoch = 0  # the epoch the next __iter__ serves
-        self.served = 0  # batches of the current epoch handed out so far
-        self._skip = 0  # batches to skip at the start of the next epoch (after load_state_dict)
 
     def __len__(self) -> int:
         return -(-self.inputs.shape[0] // self.batch_size)
+
+    def __iter__(self):
+        for start in range(0, self.inputs.shape[0], self.batch_size):
+            yield self.inputs[start : start + self.batch_size], self.targets[start : start + self.batch_size]
+
+
+class TrainingStream:
+    """The training set as an endless stream of batches, served to Lightning in chunks.
+
+    Batch ``b`` of the stream is batch ``b mod per_epoch`` of epoch ``b // per_epoch``, whose rows are
+    in the order ``torch.randperm(n)`` drawn from ``make_generator(shuffle_seed, SHUFFLE_STREAM, epoch)``
+    (on the CPU; both tensors gathered once per epoch on their device; the epoch's last batch may be
+    smaller); epochs follow each other without a break.
+
+    Lightning's loop receives ``Chunk`` items of ``chunk`` batches; the training step asks a chunk for
+    the batches starting at its own step count (``Chunk.batches(start)``), so the batch of optimizer
+    step ``t`` is batch ``t`` of the stream whatever the chunk size, and a run resumed at step ``t``
+    continues with batch ``t`` (nothing of the stream needs saving). It has no length: train with
+    ``max_steps``.
+    """
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, shuffle_seed: int,
+                 chunk: int = 1) -> None:
+        if inputs.shape[0] != targets.shape[0]:
+            raise ValueError(f"inputs and targets differ in length: {inputs.shape[0]} vs {targets.shape[0]}")
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
+        self.shuffle_seed, self.chunk = shuffle_seed, chunk
+        self.per_epoch = -(-inputs.shape[0] // batch_size)
+        self._epoch: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def order(self, epoch: int) -> torch.Tensor:
         """The permutation served in ``epoch`` (``LongTensor (n,)`` on the CPU)."""
         return torch.randperm(self.inputs.shape[0], generator=make_generator(self.shuffle_seed, SHUFFLE_STREAM, epoch))
 
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch ``index`` of the stream: ``(inputs (b, L), targets (b, L))`` views."""
+        epoch, i = divmod(index, self.per_epoch)
+        if self._epoch is None or self._epoch[0] != epoch:
+            order = self.order(epoch).to(self.inputs.device)
+            self._epoch = (epoch, self.inputs[order], self.targets[order])
+        _, x, y = self._epoch
+        return x[i * self.batch_size : (i + 1) * self.batch_size], y[i * self.batch_size : (i + 1) * self.batch_size]
+
     def __iter__(self):
-        x, y = self.inputs, self.targets
-        epoch = self.epoch
-        if self.shuffle_seed is not None:
-            order = self.order(epoch).to(x.device)
-            x, y = x[order], y[order]
-        self.epoch, self.served, skip, self._skip = epoch + 1, self._skip, self._skip, 0
-        for start in range(skip * self.batch_size, x.shape[0], self.batch_size):
-            self.served += 1
-            yield x[start : start + self.batch_size], y[start : start + self.batch_size]
+        while True:
+            yield Chunk(self, self.chunk)
 
-    def state_dict(self) -> dict[str, int]:
-        """Where the order stands: the epoch being served and how many of its batches were handed out."""
-        return {"epoch": max(self.epoch - 1, 0), "served": self.served}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from ``state``: the next ``__iter__`` serves epoch ``state["epoch"]`` from batch ``served``."""
-        self.epoch, self._skip, self.served = int(state["epoch"]), int(state["served"]), int(state["served"])
+class Chunk:
+    """``size`` consecutive batches of a ``TrainingStream``, from wherever the training step stands."""
+
+    def __init__(self, stream: TrainingStream, size: int) -> None:
+        self.stream, self.size = stream, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def batches(self, start: int):
+        """Batches ``start, start + 1, ...`` of the stream, ``size`` of them."""
+        return (self.stream.batch(start + k) for k in range(self.size))
 
 
 class SyntheticDataModule(L.LightningDataModule):
@@ -81,6 +109,7 @@ class SyntheticDataModule(L.LightningDataModule):
         batch_size: training batch size (paper: 16); evaluation uses ``eval_batch_size``.
         seed: the data seed; splits use disjoint streams derived from it.
         shuffle_seed: the seed of the training order (a trial's seed); default: ``seed``.
+        train_chunk: batches per item of the training stream (``TrainingStream``).
         extrapolation: if given, train/val/test use lengths in ``[min_len, max_len]`` (padded) and
             one extra test set per ``eval_lengths`` entry is built (named ``len<L>``).
         device: where the sets live (the training device, e.g. ``"cuda:0"``); batches are views.
@@ -98,6 +127,7 @@ class SyntheticDataModule(L.LightningDataModule):
         eval_batch_size: int = 1024,
         seed: int = 0,
         shuffle_seed: int | None = None,
+        train_chunk: int = 1,
         extrapolation: ExtrapolationConfig | None = None,
         device: str | torch.device = "cpu",
     ) -> None:
@@ -111,6 +141,7 @@ class SyntheticDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
         self.shuffle_seed = seed if shuffle_seed is None else shuffle_seed
         make_generator(self.shuffle_seed)  # validates it
+        self.train_chunk = train_chunk
         self.extrapolation = extrapolation
         self.device = torch.device(device)
         self.data: dict[str, TaskData] = {}
@@ -152,17 +183,17 @@ class SyntheticDataModule(L.LightningDataModule):
                 seed = make_generator(self.seed, len(SPLIT_IDS) + i)
                 self.data[f"len{length}"] = task.generate(self.sizes["test"], seed=seed)
 
-    def _loader(self, name: str, train: bool = False) -> TensorBatches:
+    def _tensors(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         if name not in self._on_device:
             data = self.data[name]
             self._on_device[name] = (data.inputs.to(self.device), data.targets.to(self.device))
-        inputs, targets = self._on_device[name]
-        if train:
-            return TensorBatches(inputs, targets, self.batch_size, shuffle_seed=self.shuffle_seed)
-        return TensorBatches(inputs, targets, self.eval_batch_size)
+        return self._on_device[name]
 
-    def train_dataloader(self) -> TensorBatches:
-        return self._loader("train", train=True)
+    def _loader(self, name: str) -> TensorBatches:
+        return TensorBatches(*self._tensors(name), self.eval_batch_size)
+
+    def train_dataloader(self) -> TrainingStream:
+        return TrainingStream(*self._tensors("train"), self.batch_size, self.shuffle_seed, self.train_chunk)
 
     def val_dataloader(self) -> TensorBatches:
         return self._loader("val")

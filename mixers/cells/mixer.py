@@ -176,6 +176,11 @@ class CellMixer(nn.Module):
         self.structure, self.closed_form = cell.jacobian, cell.jacobian_fn is not None
         self.jacobian_fallback: Optional[str] = None
         self._graph_forwards = 0
+        #: whether the last forward's result is checked (a bool tensor on the device), set only while a
+        #: CUDA graph is captured (``_solve_in_graph``); ``None`` otherwise
+        self.step_ok: Optional[torch.Tensor] = None
+        #: (forwards, re-solved, unchecked) counted on the device by captured forwards
+        self.register_buffer("graph_counts", torch.zeros(3, dtype=torch.long), persistent=False)
 
     # --- parameters and per-head calls -------------------------------------------------------------
     def stacked_parameters(self) -> dict[str, torch.Tensor]:
@@ -243,6 +248,9 @@ class CellMixer(nn.Module):
         return self.out_proj(y) if self.out_proj is not None else y
 
     def _run(self, mode: str, u: torch.Tensor, params: dict, x: torch.Tensor) -> torch.Tensor:
+        if mode != "sequential" and u.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self._solve_in_graph(mode, u, params, x)
+        self.step_ok = None
         if mode == "sequential":
             step, _, values = self._functions(params)
             self.last_newton_stats = NewtonStats(residuals=[], mode="sequential")
@@ -289,6 +297,47 @@ class CellMixer(nn.Module):
         self.fallback_count += int(stats.fell_back)
         self.last_newton_stats = stats
         return h
+
+    def _solve_in_graph(self, mode: str, u: torch.Tensor, params: dict, x: torch.Tensor) -> torch.Tensor:
+        """The Newton solve inside a CUDA graph being captured: no host reads, a fixed policy.
+
+        ``fused``: the solve with ``iters`` and the re-solve with ``retry_iters`` both run; the result
+        is the first where its residual passes the check, else the re-solve. Other modes: the solve
+        with ``iters``. ``step_ok`` (a bool tensor) says whether the result passed the check; the
+        training step skips its parameter update when it did not (``experiments.lit``), so an
+        unchecked trajectory is never trained on. ``graph_counts`` counts (forwards, re-solves,
+        unchecked results) on the device. The sequential fallback happens outside graphs only.
+        """
+        step, jac, values = self._functions(params)
+        if mode == "fused":
+            fused_apply = type(self.cells[0]).fused_apply
+            h = fused_apply(params, u, iters=self.iters, tol=self.tol)
+            ok = self._converged_on_device(h, step, u, values)
+            retried = torch.zeros_like(ok)
+            if self.check and self.retry_iters > self.iters:
+                h_retry = fused_apply(params, u, iters=self.retry_iters, tol=self.tol)
+                h, retried = torch.where(ok, h, h_retry), ~ok
+                ok = ok | self._converged_on_device(h_retry, step, u, values)
+        else:
+            backend = "triton" if mode == "parallel-triton" else "torch"
+            h, _ = newton_apply(step, u, values, state_size=self.state_size, structure=self.structure, jac=jac, time_dim=2,
+                                iters=self.iters, tol=None, damping=self.damping, backend=backend, check=False)
+            ok, retried = self._converged_on_device(h, step, u, values), None
+        if not self.check:
+            ok = torch.ones_like(ok)
+        with torch.no_grad():
+            self.graph_counts += torch.stack([torch.ones_like(ok), retried if retried is not None else torch.zeros_like(ok),
+                                              ~ok]).long()
+        self.step_ok = ok
+        self.last_newton_stats = NewtonStats(residuals=[], mode=f"{mode} (CUDA graph)")
+        return h
+
+    def _converged_on_device(self, h: torch.Tensor, step, u: torch.Tensor, values) -> torch.Tensor:
+        """``check_residual`` as a bool tensor: the max residual is finite and ``<= divergence_tol * max(1, max |h|)``."""
+        with torch.no_grad():
+            r = residual(step, h.detach(), u.detach(), [v.detach() for v in values], time_dim=2).abs().amax()
+            h_max = h.detach().abs().amax()
+            return torch.isfinite(r) & torch.isfinite(h_max) & (r <= self.divergence_tol * h_max.clamp_min(1.0))
 
     def _converged(self, stats: NewtonStats, h: torch.Tensor, step, u: torch.Tensor, values) -> bool:
         """Record the max residual of ``h`` in ``stats``; is it within ``divergence_tol``? (One device sync.)"""
@@ -368,11 +417,13 @@ class CellMixer(nn.Module):
                    f"would be off by that order; fix jacobian_fn or delete it (autograd in jacobian={self.structure!r})")
         return message, self.structure
 
-    def check_jacobian(self, x: torch.Tensor) -> Optional[str]:
+    def check_jacobian(self, x: torch.Tensor, adapt: bool = False) -> Optional[str]:
         """The run-time Jacobian check on input ``x (B, L, d_model)``, states from the sequential loop.
 
         Returns ``None`` if the structured Jacobian the solve uses matches autograd's, else the
-        one-line message; changes nothing (for use outside a captured CUDA graph, or by the probe).
+        one-line message. With ``adapt=False`` it changes nothing (the probe); with ``adapt=True`` it
+        acts as the check during training does (raise, or switch to the structure that fits): what
+        runs outside a captured CUDA graph, whose forwards skip the check.
         """
         with torch.no_grad():
             for c in self.cells:
@@ -382,6 +433,8 @@ class CellMixer(nn.Module):
             xh = x.reshape(B, L, self.num_heads, self.d_in).permute(2, 0, 1, 3)
             u = self._heads("input_projection", params, xh)
             h = self._run("sequential", u, params, x)
+        if adapt:
+            return self.jacobian_fallback if self._jacobian_check(h, u, params) else None
         found = self.jacobian_mismatch(h, u, params)
         return None if found is None else found[0]
 

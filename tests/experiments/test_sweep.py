@@ -232,11 +232,11 @@ def test_cli_output_folder_that_is_a_file_is_one_line(tmp_path):
 
 def test_tensorboard_logger_writes_event_files(tmp_path):
     pytest.importorskip("tensorboard")
-    from experiments.train import TrainConfig, TrialSpec, run_trial
+    from experiments.train import RunOptions, TrainConfig, TrialSpec, run_trial
 
     spec = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, task_options={"seq_len": 8},
                      train=TrainConfig(max_steps=10, batch_size=8, train_size=32, val_size=16, test_size=16, eval_every=5))
-    run_trial(spec, tmp_path, logger="tensorboard")
+    run_trial(spec, tmp_path, options=RunOptions(logger="tensorboard"))
     assert list((tmp_path / "logs" / "version_0").glob("events.out.tfevents.*"))
 
 

@@ -5,37 +5,42 @@ import torch
 
 from tasks import SyntheticDataModule
 from tasks.base import make_generator
-from tasks.datamodule import SHUFFLE_STREAM, TensorBatches
+from tasks.datamodule import SHUFFLE_STREAM, TensorBatches, TrainingStream
 
 
-def test_tensor_batches_shuffle_each_epoch_like_randperm():
-    """Epoch e serves rows in the order of randperm drawn from (seed, stream, e), in batches, last one partial."""
+def test_training_stream_shuffles_each_epoch_like_randperm():
+    """Batch b of the stream is rows order(e)[i*bs:(i+1)*bs] with e, i = divmod(b, batches per epoch)."""
     n, bs = 103, 16
     x = torch.randint(0, 50, (n, 7))
     y = x * 3 + 1  # rows of x and y must stay paired
-    ours = TensorBatches(x, y, bs, shuffle_seed=5)
-    assert len(ours) == 7
-    epochs = []
+    expected = []
     for epoch in range(3):
-        batches = list(ours)
-        assert [b[0].shape[0] for b in batches] == [16] * 6 + [7]
-        gx, gy = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
         order = torch.randperm(n, generator=make_generator(5, SHUFFLE_STREAM, epoch))
-        assert torch.equal(gx, x[order]) and torch.equal(gy, y[order])
-        epochs.append(order)
-    assert not torch.equal(epochs[0], epochs[1])
-    plain = list(TensorBatches(x, y, 50))
+        expected += [(x[order][s:s + bs], y[order][s:s + bs]) for s in range(0, n, bs)]
+    assert [b[0].shape[0] for b in expected[:7]] == [16] * 6 + [7]  # the epoch's last batch is smaller
+    stream = TrainingStream(x, y, bs, shuffle_seed=5, chunk=3)
+    for index in [0, 6, 7, 13, 20, 5, 14]:  # any order: the batch depends on its index alone
+        got = stream.batch(index)
+        assert torch.equal(got[0], expected[index][0]) and torch.equal(got[1], expected[index][1]), index
+    chunk = next(iter(stream))
+    assert len(chunk) == 3
+    assert all(torch.equal(g[0], e[0]) for g, e in zip(chunk.batches(6), expected[6:9]))
+
+
+def test_tensor_batches_serve_an_evaluation_set_in_order():
+    x = torch.randint(0, 50, (103, 7))
+    plain = list(TensorBatches(x, x + 1, 50))
     assert [b[0].shape[0] for b in plain] == [50, 50, 3] and torch.equal(torch.cat([b[0] for b in plain]), x)
     with pytest.raises(ValueError, match="differ in length"):
-        TensorBatches(x, y[:5], bs)
+        TensorBatches(x, x[:5], 16)
 
 
 def _first_batches(data_seed: int, shuffle_seed: int, n: int = 3) -> list[torch.Tensor]:
     dm = SyntheticDataModule("keep_nth", {"seq_len": 12}, train_size=200, val_size=10, test_size=10, batch_size=8,
                              seed=data_seed, shuffle_seed=shuffle_seed)
     dm.setup()
-    it = iter(dm.train_dataloader())
-    return [next(it)[0] for _ in range(n)]
+    stream = dm.train_dataloader()
+    return [stream.batch(i)[0] for i in range(n)]
 
 
 def test_trial_seed_sets_the_order_and_data_seed_the_data():
@@ -48,7 +53,8 @@ def test_trial_seed_sets_the_order_and_data_seed_the_data():
                              seed=0, shuffle_seed=1)
     dm.setup()
     rows = lambda t: sorted(map(tuple, t.tolist()))  # noqa: E731
-    served = torch.cat([b[0] for b in dm.train_dataloader()])
+    stream = dm.train_dataloader()
+    served = torch.cat([stream.batch(i)[0] for i in range(25)])  # 200 rows / batches of 8: one epoch
     assert rows(served) == rows(dm.data["train"].inputs)
     # another data seed: another training set
     dm2 = SyntheticDataModule("keep_nth", {"seq_len": 12}, train_size=200, val_size=10, test_size=10, batch_size=8,

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One device call for the training side: the CUDA-graph engine's GPU tests, the step engines' throughput,
+# and paper-table reproductions that may outlive one call.
+#   usage (GPU machine, repository root, optuna importable):  bash benchmarks/training_gpu.sh OUT_DIR STEP...
+#   steps:
+#     graph-tests           tests/experiments/test_cuda_graph.py (graph vs eager, the Newton policy, resume)
+#     steps                 python -m experiments.throughput steps (single trials, eager and graph)
+#     workers               python -m experiments.throughput workers (N = WORKER_COUNTS under MPS, eager and graph)
+#     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/NAME, so it runs on
+#                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
+#                           from what finished and packs it into OUT_DIR. A later `start` resumes the study.
+# Environment: STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
+# folder), REPRODUCE_ARGS (e.g. "--workers 16 --mps"), WAIT_S (default 540).
+set -u
+out=${1:?output folder}; shift
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+run_root=${RUN_ROOT:-/tmp/runs}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+for step in "$@"; do
+  t0=$SECONDS
+  case $step in
+    graph-tests)
+      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/experiments/test_cuda_graph.py > "$out/graph-tests.log" 2>&1
+      echo "=== graph-tests rc=$? in $((SECONDS - t0)) s"; tail -n 15 "$out/graph-tests.log" ;;
+    steps)
+      # shellcheck disable=SC2086
+      timeout 500 python3 -m experiments.throughput steps --device cuda ${STEPS_ARGS:-} --json "$out/steps.json" \
+        > "$out/steps.log" 2>&1
+      echo "=== steps rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/steps.log" ;;
+    workers)
+      # shellcheck disable=SC2086
+      timeout 560 python3 -m experiments.throughput workers --device cuda --mps --counts "${WORKER_COUNTS:-1,4,8,16}" \
+        --out "$run_root/bench-workers" ${WORKERS_ARGS:-} --json "$out/workers.json" > "$out/workers.log" 2>&1
+      echo "=== workers rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/workers.log" ;;
+    start:*|wait:*)
+      name=${step#*:}; dir=$run_root/$name
+      mkdir -p "$dir"
+      if [[ $step == start:* ]]; then
+        # shellcheck disable=SC2086
+        setsid nohup python3 -m experiments.reproduce "$name" --out "$dir" --no-progress ${REPRODUCE_ARGS:---workers 16 --mps} \
+          >> "$dir/bg.log" 2>&1 &
+        echo $! > "$dir/bg.pid"
+        echo "=== started $name (pid $(cat "$dir/bg.pid")) at $(date -u +%FT%TZ)"
+      fi
+      deadline=$((SECONDS + ${WAIT_S:-540}))
+      while kill -0 "$(cat "$dir/bg.pid")" 2> /dev/null && [ $SECONDS -lt $deadline ]; do
+        sleep 15; grep "cells done" "$dir/bg.log" | tail -n 1
+      done
+      state=$(kill -0 "$(cat "$dir/bg.pid")" 2> /dev/null && echo running || echo finished)
+      echo "=== $name: $state at $(date -u +%FT%TZ)"; tail -n 5 "$dir/bg.log"
+      python3 -m experiments.reproduce "$name" --out "$dir" --table-only --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
+        || tail -n 5 "$out/$name-table.log"
+      tar -C "$dir" -czf "$out/$name-run.tgz" --exclude='*.ckpt' . 2> /dev/null
+      cat "$out/$name.md" 2> /dev/null | sed -n '/^| model/,/^$/p' ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
