@@ -2,5 +2,5 @@
 
 One folder per family (``scan``, ``newton``, ``fused_rnn``, ``mlstm``, ``ssd``), each with
 ``reference.py`` and fast paths of the same signature. This package imports nothing else of the
-suite. Conventions: ``kernels/CONVENTIONS.md``.
+suite. Families, backend vocabulary, benchmarks: ``kernels/README.md``.
 """

@@ -7,7 +7,7 @@ import os
 import sys
 
 FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd")
-TOOLS = {"compile": "compile_report", "warm": "warm", "summary": "summary"}
+TOOLS = {"compile": "compile_report", "warm": "warm", "summary": "summary", "host": "host"}
 
 
 def _slice_autotuning(spec: str) -> None:

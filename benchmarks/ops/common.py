@@ -200,10 +200,12 @@ class Problem:
     section: str = "main"
 
 
-def run(problems: Iterable[Problem], *, warm_only: bool = False, log: Callable[[str], None] = print) -> list[BenchRow]:
+def run(problems: Iterable[Problem], *, warm_only: bool = False, log: Callable[[str], None] = print,
+        checkpoint: Callable[[list[BenchRow]], object] | None = None) -> list[BenchRow]:
     """Check, then time, every implementation of every problem; a failing implementation gives a row
     with ``ms = nan`` and the error in ``note``. ``warm_only``: run each thunk once (compiles and
-    autotunes), neither check nor time."""
+    autotunes), neither check nor time. ``checkpoint(rows)`` after every problem (a run cut short
+    keeps what it timed)."""
     rows: list[BenchRow] = []
     for pb in problems:
         try:
@@ -215,6 +217,8 @@ def run(problems: Iterable[Problem], *, warm_only: bool = False, log: Callable[[
         for impl in impls:
             rows += _run_impl(pb, impl, warm_only, log)
         del impls
+        if checkpoint is not None and not warm_only:
+            checkpoint(rows)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return rows

@@ -40,6 +40,7 @@ from benchmarks.ops.common import (
     rel_error,
     run,
     time_ms,
+    write_json,
 )
 from kernels._triton import poisoned
 from kernels.newton import (
@@ -225,11 +226,11 @@ def main(argv: list[str] | None = None) -> None:
     lengths = [int(v) for v in (args.lengths or ("256,1024" if args.quick else "512,2048,8192")).split(",")]
     bw = copy_bandwidth_gbs("cuda")
     problems = [problem(c, args.batch, L, args.dim, bw, args.quick, "cuda") for c in cells for L in lengths]
-    rows = run(problems, warm_only=args.warm_only)
-    if args.sweep and not args.warm_only:
-        rows += sweep(cells, [lengths[len(lengths) // 2]], args.batch, args.dim)
     env = environment("cuda")
     env["copy_gbs"] = bw
+    rows = run(problems, warm_only=args.warm_only, checkpoint=lambda rows: write_json("newton", rows, env, args.out))
+    if args.sweep and not args.warm_only:
+        rows += sweep(cells, [lengths[len(lengths) // 2]], args.batch, args.dim)
     finish("newton", rows, env, args, baseline="pararnn")
 
 

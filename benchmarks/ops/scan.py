@@ -30,6 +30,7 @@ from benchmarks.ops.common import (
     rel_error,
     run,
     time_ms,
+    write_json,
 )
 from kernels._triton import poisoned
 from kernels.scan import linear_scan_block2_torch, linear_scan_torch
@@ -191,10 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     add_bw: list[float] = []
     problems = [problem(s, False, add_bw, args.quick, "cuda") for s in (QUICK_SHAPES if args.quick else SHAPES)]
     problems += [problem(s, True, add_bw, args.quick, "cuda") for s in (QUICK_BLOCK2 if args.quick else BLOCK2_SHAPES)]
-    rows = run(problems, warm_only=args.warm_only)
+    env = environment("cuda")
+    rows = run(problems, warm_only=args.warm_only, checkpoint=lambda rows: write_json("scan", rows, env, args.out))
     if args.sweep and not args.warm_only:
         rows += sweep("cuda", args.quick)
-    finish("scan", rows, environment("cuda"), args, baseline="accelerated-scan")
+    finish("scan", rows, env, args, baseline="accelerated-scan")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from benchmarks.ops.common import (
     max_rel_error,
     no_grad,
     run,
+    write_json,
 )
 from kernels._triton import float32_matmul_precision, poisoned
 from kernels.ssd import SSD_BACKENDS, ssd
@@ -194,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
         tuned = {f"{k}[{spec}]": v for k, v in implementations(chunks, tiles).items() if k.startswith("ours-triton")}
         problems += [problem(args.batch, args.seqlen, H, args.headdim, N, dn, {"ours-torch": impls["ours-torch"], **tuned},
                              bw, rates, section="tiles") for H, N in shapes for dn in dnames]
-    rows = run(problems, warm_only=args.warm_only, log=log.info)
+    rows = run(problems, warm_only=args.warm_only, log=log.info,
+               checkpoint=lambda rows: write_json("ssd", rows, env, args.out))
     finish("ssd", rows, env, args, baseline="mamba-ssm" if "mamba-ssm" in impls else "fla:chunk_simple_gla")
 
 

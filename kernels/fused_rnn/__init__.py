@@ -10,7 +10,8 @@ vocabulary: ``kernels/README.md``):
   chip, forward and backward; needs the head's R to fit on chip (``fused.fits_on_chip``);
 - ``"alternating"``: per step a batched matmul + a fused Triton pointwise kernel (``alternating.py``);
   any head dimension.
-- ``"auto"``: ``"triton"`` on CUDA tensors of float32 / bfloat16 / float64, else ``"reference"``.
+- ``"auto"``: ``"triton"`` on CUDA tensors of float32 / bfloat16, else ``"reference"`` (float64 runs
+  the Triton backends only in the interpreter, for tests).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from kernels._dispatch import resolve
 from kernels.fused_rnn.alternating import fused_rnn_alternating
-from kernels.fused_rnn.checks import DTYPES
+from kernels.fused_rnn.checks import CUDA_DTYPES
 from kernels.fused_rnn.fused import fits_on_chip, fused_rnn_fused
 from kernels.fused_rnn.reference import CELLS, CellSpec, cell_spec, fused_rnn_reference
 
@@ -44,7 +45,7 @@ BACKENDS = {
 def fused_rnn(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor | None = None,
               *, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Apply ``cell`` over time with the chosen backend; see the module docstring."""
-    name = resolve("fused_rnn", backend, BACKENDS, wx, wx.dtype in DTYPES)
+    name = resolve("fused_rnn", backend, BACKENDS, wx, wx.dtype in CUDA_DTYPES)
     return BACKENDS[name](cell, wx, R, b, states0)
 
 

@@ -12,9 +12,10 @@ from kernels._triton import triton_available
 from kernels.fused_rnn.cells_triton import NUM_SAVED
 from kernels.fused_rnn.reference import CellSpec, cell_spec, check_inputs
 
-#: storage dtypes the Triton backends accept (float64 is meant for tests; accumulation is float32
-#: for float32 / bfloat16 storage and float64 for float64)
+#: storage dtypes the Triton backends accept (accumulation is float32 for float32 / bfloat16 storage
+#: and float64 for float64); float64 only in the interpreter (tests): CUDA Triton has no float64 dots
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+CUDA_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def check_fast_inputs(
@@ -26,10 +27,10 @@ def check_fast_inputs(
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"fused_rnn[{backend}]: {name} must be a torch.Tensor, got {type(x).__name__}")
     spec = check_inputs(cell, wx, R, b, states0)
-    if wx.dtype not in DTYPES:
+    if wx.dtype not in (CUDA_DTYPES if wx.is_cuda else DTYPES):
         raise TypeError(
-            f"fused_rnn[{backend}]: dtype {wx.dtype} is not supported; use one of "
-            f"{', '.join(str(d) for d in DTYPES)} (or backend='reference')"
+            f"fused_rnn[{backend}]: dtype {wx.dtype} is not supported on {wx.device.type}; use one of "
+            f"{', '.join(str(d) for d in (CUDA_DTYPES if wx.is_cuda else DTYPES))} (or backend='reference')"
         )
     for name, x in tensors.items():
         if x.dtype != wx.dtype:

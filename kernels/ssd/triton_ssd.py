@@ -11,7 +11,7 @@ entering chunk ``c`` and ``G_c`` the gradient reaching it:
 - ``dB_s = dt_s [sum_{t>=s} (x_s.dy_t) E_ts C_t + exp(acum_last - acum_s) x_s G_{c+1}]``
 - ``dC_t = sum_{s<=t} (dy_t.x_s) E_ts dt_s B_s + exp(acum_t) dy_t prev_c``
 - the gradient of ``a_r = dt_r A`` from per-position and per-pair terms that never cancel (a
-  difference of row and column sums would, see ``benchmarks/ssd.md``):
+  difference of row and column sums would, ``tests/kernels/test_ssd.py::test_triton_16bit_decay_gradient``):
   ``da_r = <G_{c+1}, exp(acum_last) prev_c>`` (carried state)
   ``+ sum_{t>=r in c} exp(acum_t) dy_t . (prev_c C_t)`` (entering state, reverse cumulative sum)
   ``+ sum_{s<r in c} dt_s x_s . (exp(acum_last - acum_s) G_{c+1} B_s)`` (chunk state, exclusive

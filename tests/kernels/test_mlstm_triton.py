@@ -255,7 +255,7 @@ def test_backward_reuses_the_forward_precision(monkeypatch):
 def test_float32_tiles_fit_with_3_pass_tf32(L):
     """At the benchmark shape (DQK=128, DV=256) 3-pass TF32 halves the DV tile of the dq / dk kernels
     (a loop tile, not a grid dimension) so they fit 227 KiB of shared memory
-    (kernels/mlstm/smem_check.py measures every kernel); other precisions and bf16 keep the tiles;
+    (python -m benchmarks.ops compile measures every kernel); other precisions and bf16 keep the tiles;
     the launch fallback never changes the precision."""
     import kernels.mlstm.triton_chunkwise as tc
 
