@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -22,6 +23,20 @@ from typing import Any, Callable
 import yaml
 
 _NUMBER = re.compile(r"^-[\d.]")
+
+
+RESUME_HINT = ("re-run the same command to resume (finished cells are kept, interrupted ones continue from their "
+               "last checkpoint)")
+
+
+def training_main(parser: argparse.ArgumentParser, argv: list[str] | None, body: Callable[[argparse.Namespace], None]) -> int:
+    """A training CLI's ``main``: parse ``argv``, log to the console, run ``body(args)`` under ``run_cli``."""
+    from experiments.train import quiet_lightning
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quiet_lightning()
+    return run_cli(lambda: body(args), RESUME_HINT)
 
 
 def run_cli(body: Callable[[], None], resume_hint: str = "re-run the same command to resume") -> int:

@@ -213,6 +213,9 @@ class LitSequenceModel(L.LightningModule):
 
     def on_train_start(self) -> None:
         self._step_counter.fill_(self.global_step)  # where the schedule stands (after a resume)
+        for group in self.optimizers().optimizer.param_groups:  # a restored lr tensor comes back on the CPU
+            if isinstance(group["lr"], torch.Tensor) and group["lr"].device != self.device:
+                group["lr"] = group["lr"].to(self.device)
         if self.graphed:  # captured forwards skip the mixers' run-time Jacobian check: run it after validations
             for m in self._newton_mixers:
                 if getattr(m, "jacobian_check_every", 0):

@@ -27,9 +27,9 @@ from experiments.cli import (
     check_run_arguments,
     int_list,
     positive_int,
-    run_cli,
     run_options,
     str_list,
+    training_main,
 )
 from experiments.paper import compare, comparison_markdown, load_reproduction, reproduction_presets
 
@@ -150,35 +150,31 @@ def parser() -> Parser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(args) -> None:
+    """The reproduction of the parsed command line: run (or only tabulate) and print the comparison."""
     from experiments.mps import workers_mps
-    from experiments.train import quiet_lightning
 
-    args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    quiet_lightning()
+    load_reproduction(args.name)
+    overrides: dict[str, Any] = {}
+    if args.max_steps:
+        overrides["train"] = {"max_steps": args.max_steps}
+    if args.seeds:
+        overrides["seeds"] = args.seeds
+    out = args.out or Path("runs") / "reproduce" / (args.name + ("-quick" if args.quick else ""))
+    check_run_arguments(args, out)
+    with workers_mps(args.mps and not args.table_only, args.workers):
+        run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
+                         args.only, run=not args.table_only, progress=not args.no_progress,
+                         stale_timeout=args.stale_timeout, retry_failed=args.retry_failed, options=run_options(args))
+    text = (out / "reproduction.md").read_text()
+    print(text)
+    if args.copy_to:
+        args.copy_to.parent.mkdir(parents=True, exist_ok=True)
+        args.copy_to.write_text(text)
 
-    def run() -> None:
-        load_reproduction(args.name)
-        overrides: dict[str, Any] = {}
-        if args.max_steps:
-            overrides["train"] = {"max_steps": args.max_steps}
-        if args.seeds:
-            overrides["seeds"] = args.seeds
-        out = args.out or Path("runs") / "reproduce" / (args.name + ("-quick" if args.quick else ""))
-        check_run_arguments(args, out)
-        with workers_mps(args.mps and not args.table_only, args.workers):
-            run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
-                             args.only, run=not args.table_only, progress=not args.no_progress,
-                             stale_timeout=args.stale_timeout, retry_failed=args.retry_failed, options=run_options(args))
-        text = (out / "reproduction.md").read_text()
-        print(text)
-        if args.copy_to:
-            args.copy_to.parent.mkdir(parents=True, exist_ok=True)
-            args.copy_to.write_text(text)
 
-    return run_cli(run, "re-run the same command to resume (finished cells are kept, interrupted ones continue "
-                        "from their last checkpoint)")
+def main(argv: list[str] | None = None) -> int:
+    return training_main(parser(), argv, run)
 
 
 if __name__ == "__main__":

@@ -19,16 +19,15 @@ from experiments.cli import (
     Parser,
     add_run_arguments,
     check_run_arguments,
-    run_options,
-    key_value,
     int_list,
+    key_value,
     positive_float_list,
     positive_int,
-    run_cli,
+    run_options,
     str_list,
+    training_main,
 )
 from experiments.presets import SweepPlan, available_presets, load_preset, resolve_sweep
-from experiments.train import quiet_lightning
 from tasks import TASKS
 
 log = logging.getLogger("experiments.sweep")
@@ -83,30 +82,27 @@ def parser() -> Parser:
     return p
 
 
+def run(args) -> None:
+    """The sweep of the parsed command line: resolve the plan, check the options, run, print the table."""
+    from experiments.mps import workers_mps
+
+    if args.task not in TASKS and args.task not in preset_entries(args.preset):
+        raise ValueError(f"unknown task {args.task!r}; known tasks: {', '.join(sorted(TASKS))}")
+    train_over = {"max_steps": args.max_steps} if args.max_steps else None
+    overrides = {"mixers": args.mixers, "seeds": args.seeds, "lrs": args.lrs, "train": train_over,
+                 "task_options": dict(args.task_option) or None}
+    plan = resolve_sweep(args.task, args.preset, overrides)
+    out = args.out or Path("runs") / f"{args.task}-{args.preset}"
+    check_run_arguments(args, out)
+    with workers_mps(args.mps, args.workers):
+        df = run_sweep(plan, out, args.storage, args.device, args.retry_failed, progress=not args.no_progress,
+                       workers=args.workers, stale_timeout=args.stale_timeout, options=run_options(args))
+    print((out / "table.md").read_text())
+    print(f"results: {out / 'results.csv'} ({len(df)} cells); study: optuna-dashboard {out / 'journal.log'}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    quiet_lightning()
-
-    def run() -> None:
-        from experiments.mps import workers_mps
-
-        if args.task not in TASKS and args.task not in preset_entries(args.preset):
-            raise ValueError(f"unknown task {args.task!r}; known tasks: {', '.join(sorted(TASKS))}")
-        train_over = {"max_steps": args.max_steps} if args.max_steps else None
-        overrides = {"mixers": args.mixers, "seeds": args.seeds, "lrs": args.lrs, "train": train_over,
-                     "task_options": dict(args.task_option) or None}
-        plan = resolve_sweep(args.task, args.preset, overrides)
-        out = args.out or Path("runs") / f"{args.task}-{args.preset}"
-        check_run_arguments(args, out)
-        with workers_mps(args.mps, args.workers):
-            df = run_sweep(plan, out, args.storage, args.device, args.retry_failed, progress=not args.no_progress,
-                           workers=args.workers, stale_timeout=args.stale_timeout, options=run_options(args))
-        print((out / "table.md").read_text())
-        print(f"results: {out / 'results.csv'} ({len(df)} cells); study: optuna-dashboard {out / 'journal.log'}")
-
-    return run_cli(run, "re-run the same command to resume (finished cells are kept, interrupted ones continue "
-                        "from their last checkpoint)")
+    return training_main(parser(), argv, run)
 
 
 if __name__ == "__main__":

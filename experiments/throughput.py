@@ -8,9 +8,9 @@ Three measurements, each a sub-command:
   ran before; ``graph``: each step a CUDA-graph replay), fixed ``--steps`` per trial (no early stop).
 - ``workers``: N trials at once in N worker processes (``--counts``, e.g. 1,4,8,16; ``--mps`` to share
   the GPU through CUDA MPS) on the Table 6 mix (task entries × mixers of ``--preset``, round robin),
-  per engine: steps/s per worker, in total (the sum of the trials' rates), end to end (all steps over
-  the wall-clock of the whole run) and the GPU busy fraction (``torch.cuda.utilization`` sampled every
-  0.2 s while they train).
+  per engine: steady steps/s per worker (after compilation and graph capture), in total (the sum of the
+  trials' steady rates), end to end (all steps over the wall-clock of the whole run, start-up included)
+  and the GPU busy fraction (``torch.cuda.utilization`` sampled every 0.2 s while they train).
 
 Each prints a Markdown table (pandas) and, with ``--json``, writes its rows there.
 
@@ -92,7 +92,8 @@ def time_steps(preset: str, tasks: list[str] | None, mixers: list[str] | None, e
         for engine in engines:
             result = run_trial(spec, options=RunOptions(logger="none", engine=engine))
             rows.append({"task": entry, "mixer": spec.mixer, "engine": engine, "steps": result["steps"],
-                         "steps_per_s": result["steps_per_s"], "device": result["device"]})
+                         "steps_per_s": result["steps_per_s"], "steady_steps_per_s": result["steady_steps_per_s"],
+                         "device": result["device"]})
             log.info("%s", rows[-1])
     return pd.DataFrame(rows)
 
@@ -155,12 +156,12 @@ def time_workers(counts: list[int], engines: list[str], preset: str, tasks: list
             ok = df[df["status"] == "ok"]
             rows.append({
                 "engine": engine, "workers": n, "ok_trials": len(ok),
-                "steps_per_s_per_worker": round(float(ok["steps_per_s"].median()), 1) if len(ok) else float("nan"),
-                "total_steps_per_s": round(float(ok["steps_per_s"].sum()), 1) if len(ok) else float("nan"),
+                "steps_per_s_per_worker": round(float(ok["steady_steps_per_s"].median()), 1) if len(ok) else float("nan"),
+                "total_steps_per_s": round(float(ok["steady_steps_per_s"].sum()), 1) if len(ok) else float("nan"),
                 "end_to_end_steps_per_s": round(float(ok["steps"].sum()) / wall, 1) if len(ok) else float("nan"),
                 "gpu_busy": round(busy.mean(), 3) if torch.cuda.is_available() else float("nan"),
                 "wall_s": round(wall, 1),
-                "per_mixer_steps_per_s": json.dumps(ok.groupby("mixer")["steps_per_s"].median().round(1).to_dict()),
+                "per_mixer_steps_per_s": json.dumps(ok.groupby("mixer")["steady_steps_per_s"].median().round(1).to_dict()),
                 "device": str(ok["device"].iloc[0]) if len(ok) else device,
             })
             log.info("%s", rows[-1])

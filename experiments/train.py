@@ -10,10 +10,11 @@ one training set). Trained models: ``LitSequenceModel.load_from_checkpoint(<tria
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import contextlib
 import logging
+import math
 import signal
 import tempfile
 import threading
@@ -49,6 +50,10 @@ class TrainConfig:
     weight_decay: float = 1e-6
     #: stop once validation accuracy exceeds this (EarlyStopping's threshold is strict)
     early_stop_acc: float = 0.999
+    #: also stop when the best validation accuracy has not grown by ``plateau_delta`` for this many
+    #: steps (``None``: never; a departure from budgets stated in epochs, for cells stuck at chance)
+    plateau_steps: int | None = None
+    plateau_delta: float = 0.001
     #: the data seed: fixes the data sets (the trial's ``seed`` sets initialization and the training order)
     data_seed: int = 0
     #: torch intra-op threads on the CPU: the models are tiny, so one thread per trial is fastest
@@ -66,6 +71,9 @@ class TrainConfig:
             raise ValueError(f"train option weight_decay must be >= 0, got {self.weight_decay!r}")
         if isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int) or self.data_seed < 0:
             raise ValueError(f"train option data_seed must be an integer >= 0, got {self.data_seed!r}")
+        if self.plateau_steps is not None and (not isinstance(self.plateau_steps, int) or self.plateau_steps < self.eval_every):
+            raise ValueError(f"train option plateau_steps must be None or an integer >= eval_every ({self.eval_every}), "
+                             f"got {self.plateau_steps!r}")
         if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 0:
             raise ValueError(f"train option cpu_threads must be an integer >= 0, got {self.cpu_threads!r}")
 
@@ -107,14 +115,33 @@ class TrialSpec:
 
 
 class _History(Callback):
-    """Records validation accuracy after each validation."""
+    """Records validation accuracy after each validation, and the training clock after the first
+    Lightning step (``steady_*``: what comes after compilation and CUDA-graph capture)."""
 
     def __init__(self) -> None:
         self.val_acc: list[float] = []
+        self.steady_start: tuple[float, int] | None = None
+        self.train_end: tuple[float, int] | None = None
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
             self.val_acc.append(float(trainer.callback_metrics["val/acc"]))
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        if self.steady_start is None and trainer.global_step >= 10:
+            torch.cuda.synchronize() if pl_module.device.type == "cuda" else None
+            self.steady_start = (time.perf_counter(), trainer.global_step)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        torch.cuda.synchronize() if pl_module.device.type == "cuda" else None
+        self.train_end = (time.perf_counter(), trainer.global_step)
+
+    def steady_rate(self) -> float:
+        """Training steps/s from the end of the first Lightning step after 10 steps to the end of training
+        (validations included, first-call compilation and graph capture excluded); NaN if too short."""
+        if self.steady_start is None or self.train_end is None or self.train_end[1] <= self.steady_start[1]:
+            return float("nan")
+        return (self.train_end[1] - self.steady_start[1]) / max(self.train_end[0] - self.steady_start[0], 1e-9)
 
 
 def resolve_device(device: str) -> tuple[str, list[int] | str]:
@@ -351,7 +378,8 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         callbacks=[
             history, checkpoints, resume_point, on_interrupt,
             EarlyStopping(monitor="val/acc", mode="max", stopping_threshold=t.early_stop_acc,
-                          patience=10**9, check_on_train_epoch_end=False),
+                          patience=t.plateau_steps // t.eval_every if t.plateau_steps else 10**9,
+                          min_delta=t.plateau_delta if t.plateau_steps else 0.0, check_on_train_epoch_end=False),
             *(callbacks or []),
         ],
         logger=_logger(logger, out), enable_checkpointing=True, enable_model_summary=False,
@@ -382,6 +410,7 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         "train_time_s": round(train_time, 3),
         "wall_time_s": round(time.perf_counter() - start, 3),
         "steps_per_s": round(steps_here / max(train_time, 1e-9), 3),
+        "steady_steps_per_s": round(history.steady_rate(), 3),
         # the checkpoint callback's best score survives a resume; the history holds this run's validations
         "best_val_acc": float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else float("nan"),
         "final_val_acc": history.val_acc[-1] if history.val_acc else float("nan"),

@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from lightning.pytorch.callbacks import Callback
 

@@ -160,6 +160,36 @@ def test_trial_survives_its_working_directory_being_deleted(tmp_path, monkeypatc
     assert not with_out_dir or (tmp_path / "trial" / "checkpoints" / "best.ckpt").is_file()
 
 
+def test_a_trial_stuck_on_a_plateau_stops_early():
+    """plateau_steps: no gain of plateau_delta in validation accuracy for that many steps ends the trial."""
+    quiet_lightning()
+    spec = TrialSpec(task="parity", mixer="transformer", lr=1e-3, seed=0, task_options={"seq_len": 24},
+                     train=TrainConfig(max_steps=2000, batch_size=16, train_size=256, val_size=64, test_size=64,
+                                       eval_every=50, plateau_steps=150, plateau_delta=0.2))
+    result = run_trial(spec)
+    assert result["stopped_early"] and result["steps"] <= 400, result["steps"]
+    with pytest.raises(ValueError, match="plateau_steps"):
+        TrainConfig(eval_every=100, plateau_steps=50)
+
+
+def test_steps_per_chunk_divide_validations_and_the_budget():
+    from experiments.train import MAX_CHUNK, steps_per_chunk
+
+    for eval_every, max_steps in [(200, 60_000), (250, 10_000), (7, 91), (500, 1_200), (100, 30)]:
+        k = steps_per_chunk("graph", TrainConfig(eval_every=eval_every, max_steps=max_steps))
+        assert 1 <= k <= MAX_CHUNK and min(eval_every, max_steps) % k == 0 and max_steps % k == 0
+    assert steps_per_chunk("graph", TrainConfig(eval_every=200, max_steps=60_000)) == 50
+    assert steps_per_chunk("eager", TrainConfig(eval_every=200, max_steps=60_000)) == 1
+
+
+def test_graph_engine_needs_cuda():
+    from experiments.train import RunOptions
+
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        RunOptions(engine="graph").resolved_engine("cpu")
+    assert RunOptions().resolved_engine("cpu") == "eager" and RunOptions().resolved_engine("gpu") == "graph"
+
+
 @pytest.mark.parametrize("train,message", [
     ({"max_steps": -5}, "max_steps must be a positive integer"),
     ({"max_steps": 0}, "max_steps must be a positive integer"),
