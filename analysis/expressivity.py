@@ -109,7 +109,7 @@ def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best"
                 "task": first["task"], "task_label": _display_label(label, first["task"], config), "mixer": mixer,
                 "length": length, "train_max_len": train_max, "factor": length / train_max, "metric": metric,
                 "best": float(values.max()), "mean": float(values.mean()), "std": float(values.std(ddof=0)),
-                "seeds": int(len(values)), "lr": float(group.loc[top, "lr"]), "chance": _chance(first["task"], config),
+                "seeds": len(values), "lr": float(group.loc[top, "lr"]), "chance": _chance(first["task"], config),
             })
     out = pd.DataFrame(rows)
     out.insert(out.columns.get_loc("best"), "value", out[aggregate])

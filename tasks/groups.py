@@ -104,7 +104,7 @@ def _table(elements: tuple[tuple[int, ...], ...]) -> torch.Tensor:
     return order[found]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_group(name: str) -> Group:
     """The group ``name`` (see the module docstring); ``ValueError`` for unknown or too large groups."""
     if not isinstance(name, str):

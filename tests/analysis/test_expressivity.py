@@ -66,10 +66,10 @@ def _reference(rows, task, config, mixer, length, metric):
     """Independent loop: per seed the row with the best validation accuracy, then best / mean over seeds."""
     per_seed = {}
     for r in rows:
-        if r["task"] == task and r["task_config"] == json.dumps(config) and r["mixer"] == mixer and r["status"] == "ok" \
-                and r["extrapolation"]:
-            if r["seed"] not in per_seed or r["best_val_acc"] > per_seed[r["seed"]]["best_val_acc"]:
-                per_seed[r["seed"]] = r
+        mine = (r["task"], r["task_config"], r["mixer"], r["status"]) == (task, json.dumps(config), mixer, "ok")
+        if mine and r["extrapolation"] and (r["seed"] not in per_seed
+                                            or r["best_val_acc"] > per_seed[r["seed"]]["best_val_acc"]):
+            per_seed[r["seed"]] = r
     values = [r[f"len{length}/{metric}"] for r in per_seed.values()]
     return max(values), sum(values) / len(values)
 

@@ -34,7 +34,7 @@ def _assert_backend_matches_reference(mixer, backend, u, rtol, atol, reference_d
     y, grads = _run(fast, backend, u, weights.to(u.dtype))
     torch.testing.assert_close(y.to(reference_dtype), y_ref, rtol=rtol, atol=atol)
     for (name, _), a, b in zip([("input", None), *fast.named_parameters()], grads, g_ref):
-        torch.testing.assert_close(a.to(reference_dtype), b, rtol=rtol, atol=atol, msg=lambda m: f"grad {name}: {m}")
+        torch.testing.assert_close(a.to(reference_dtype), b, rtol=rtol, atol=atol, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
 def _mixer(name, d_model, d_state, seed):
