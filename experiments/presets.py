@@ -1,4 +1,4 @@
-"""Presets (SPEC §8.4): named sweep configurations in ``experiments/presets/<name>.yaml``.
+"""Presets: named sweep configurations in ``experiments/presets/<name>.yaml``.
 
 A preset file::
 
@@ -15,6 +15,11 @@ A preset file::
 A ``tasks:`` entry may name its task with ``task:`` (``khop2: {task: khop, task_options: {k: 2}}``),
 so one preset can sweep a task in several configurations. Top-level ``paper:`` and ``budget:``
 hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``).
+
+``extends: OTHER`` starts from preset ``OTHER`` and merges this file over it (dictionaries key by key,
+so ``tasks: {parity: {train: {max_steps: 1000}}}`` changes one number of one sweep); ``only: [...]``
+keeps just those sweeps of the result, in that order. Variants of a table (a subset, another reading,
+another budget) so state only what differs, and share the cells that do not.
 
 ``resolve_sweep(task, preset)`` merges: the task's structural defaults (``TASK_DEFAULTS``: the
 paper's block and positional encoding per task) < ``defaults`` < ``tasks[task]`` < CLI overrides.
@@ -44,7 +49,7 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 SWEEP_KEYS = {"mixers", "seeds", "lrs", "train", "mixer_options", "task_options", "block", "positional",
               "extrapolation", "description", "task"}
 #: top-level keys of a preset file (``paper``: the paper's numbers, read by ``experiments.reproduce``)
-PRESET_KEYS = {"description", "defaults", "tasks", "paper", "budget"}
+PRESET_KEYS = {"description", "defaults", "tasks", "paper", "budget", "extends", "only"}
 
 
 @dataclasses.dataclass
@@ -72,12 +77,24 @@ def available_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def load_preset(name: str) -> dict[str, Any]:
-    """The raw preset dict; ``ValueError`` listing the known presets if ``name`` is unknown."""
+def load_preset(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The preset dict (``extends`` and ``only`` applied); ``ValueError`` listing the known presets if
+    ``name`` is unknown."""
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(available_presets())}")
     data = yaml.safe_load(path.read_text()) or {}
+    if "extends" in data:
+        if data["extends"] in (*_seen, name):
+            raise ValueError(f"preset {name!r}: 'extends' makes a cycle ({' -> '.join([*_seen, name, data['extends']])})")
+        base = load_preset(data["extends"], (*_seen, name))
+        data = _merge(base, {k: v for k, v in data.items() if k != "extends"})
+    if "only" in data:
+        only, tasks = list(data.pop("only")), data.get("tasks", {})
+        missing = [t for t in only if t not in tasks]
+        if missing:
+            raise ValueError(f"preset {name!r}: 'only' names sweep(s) it does not have: {', '.join(missing)}")
+        data["tasks"] = {t: tasks[t] for t in only}
     unknown = set(data) - PRESET_KEYS
     if unknown:
         raise ValueError(f"preset {name!r}: unknown top-level key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(PRESET_KEYS))}")

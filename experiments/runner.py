@@ -118,8 +118,8 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
     ``run=False`` only collects. ``flat``: one plan, results in ``out`` itself (a sweep's folder).
     ``info``: ``cells``, ``done``, ``counts`` (of this call's sync), ``wall_s``, ``versions``.
     """
-    from experiments.results import collect, versions, warn_newton_fallbacks, write_results
     from experiments.presets import build_specs
+    from experiments.results import collect, versions, warn_newton_fallbacks, write_results
     from experiments.study import GridStudy, cell_id
 
     cells_by_entry = {p.entry or p.task: [(p.entry or p.task, s) for s in build_specs(p, device)] for p in plans}

@@ -1,0 +1,42 @@
+"""Preset files: inheritance (``extends``), subsets (``only``) and their errors."""
+
+import pytest
+
+import experiments.presets as presets
+from experiments.presets import build_specs, load_preset, resolve_sweep
+
+
+@pytest.fixture
+def preset_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(presets, "PRESET_DIR", tmp_path)
+    (tmp_path / "base.yaml").write_text(
+        "defaults: {mixers: [gru, lstm], seeds: [0, 1], lrs: [1.0e-3], train: {max_steps: 100, eval_every: 50}}\n"
+        "tasks:\n  parity: {task_options: {seq_len: 8}}\n  mqar: {train: {max_steps: 300}}\n"
+        "paper: {source: base, results: {gru: {parity: [1.0, 100], mqar: [0.5, 200]}}}\n")
+    return tmp_path
+
+
+def test_extends_merges_key_by_key_and_only_keeps_sweeps(preset_dir):
+    (preset_dir / "child.yaml").write_text(
+        "extends: base\nonly: [mqar, parity]\ntasks: {parity: {train: {max_steps: 7}}}\n"
+        "paper: {results: {gru: {parity: [0.9]}}}\n")
+    data = load_preset("child")
+    assert list(data["tasks"]) == ["mqar", "parity"]  # the order of `only`
+    parity = resolve_sweep("parity", "child")
+    assert parity.train.max_steps == 7 and parity.task_options == {"seq_len": 8} and parity.mixers == ["gru", "lstm"]
+    assert resolve_sweep("mqar", "child").train.max_steps == 300
+    assert data["paper"]["results"]["gru"] == {"parity": [0.9], "mqar": [0.5, 200]} and data["paper"]["source"] == "base"
+    # a sweep the child does not change has the same cells as the base's
+    assert build_specs(resolve_sweep("mqar", "child")) == build_specs(resolve_sweep("mqar", "base"))
+
+
+def test_extends_errors_are_one_line(preset_dir):
+    (preset_dir / "loop.yaml").write_text("extends: loop\n")
+    with pytest.raises(ValueError, match="'extends' makes a cycle"):
+        load_preset("loop")
+    (preset_dir / "orphan.yaml").write_text("extends: nosuch\n")
+    with pytest.raises(ValueError, match="unknown preset 'nosuch'"):
+        load_preset("orphan")
+    (preset_dir / "bad.yaml").write_text("extends: base\nonly: [parity, khop]\n")
+    with pytest.raises(ValueError, match="'only' names sweep\\(s\\) it does not have: khop"):
+        load_preset("bad")
