@@ -10,7 +10,8 @@
 #                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
 #                           from what finished and packs it into OUT_DIR. A later `start` resumes the study.
 # Environment: STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
-# folder), REPRODUCE_ARGS (e.g. "--workers 16 --mps"), WAIT_S (default 540).
+# folder), REPRODUCE_OUT (one --out for every reproduction: presets that share cells share trials),
+# REPRODUCE_ARGS (default "--workers 16 --mps"), WAIT_S (default 540).
 set -u
 out=${1:?output folder}; shift
 mkdir -p "$out"
@@ -34,13 +35,16 @@ for step in "$@"; do
         --out "$run_root/bench-workers" ${WORKERS_ARGS:-} --json "$out/workers.json" > "$out/workers.log" 2>&1
       echo "=== workers rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/workers.log" ;;
     start:*|wait:*)
-      name=${step#*:}; dir=$run_root/$name
+      name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/$name}
       mkdir -p "$dir"
       if [[ $step == start:* ]]; then
+        # run from a copy: the next device call replaces this checkout under a running job
+        code=/tmp/code-$name; rm -rf "$code"; mkdir -p "$code"
+        cp -r tasks mixers kernels experiments analysis pyproject.toml "$code"/
         # shellcheck disable=SC2086
-        setsid nohup python3 -m experiments.reproduce "$name" --out "$dir" --no-progress ${REPRODUCE_ARGS:---workers 16 --mps} \
-          >> "$dir/bg.log" 2>&1 &
-        echo $! > "$dir/bg.pid"
+        (cd "$code" && PYTHONPATH="$code:${PYTHONPATH:-}" setsid nohup python3 -m experiments.reproduce "$name" --out "$dir" \
+          --no-progress ${REPRODUCE_ARGS:---workers 16 --mps} >> "$dir/bg.log" 2>&1 &)
+        sleep 1; pgrep -f -n "experiments.reproduce $name" > "$dir/bg.pid"
         echo "=== started $name (pid $(cat "$dir/bg.pid")) at $(date -u +%FT%TZ)"
       fi
       deadline=$((SECONDS + ${WAIT_S:-540}))
