@@ -17,6 +17,7 @@ from kernels.fused_rnn.alternating import fused_rnn_alt_fwd
 from kernels.fused_rnn.fused import fused_rnn_fwd
 
 FAST = ("fused", "alternating")
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2}
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU, compiled kernels on a GPU
 if DEV == "cuda":  # float64 Triton runs only in the interpreter: the float64 cases run in float32 on a GPU
     TOL[torch.float32] = 1e-4
@@ -25,7 +26,6 @@ if DEV == "cuda":  # float64 Triton runs only in the interpreter: the float64 ca
 def on_device(dtype):
     """``dtype``, or float32 for float64 on a GPU."""
     return torch.float32 if DEV == "cuda" and dtype == torch.float64 else dtype
-TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
 @pytest.fixture(autouse=True)
