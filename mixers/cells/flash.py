@@ -36,7 +36,6 @@ gradient descent).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import nn
@@ -45,7 +44,6 @@ from kernels.newton.cells import flashgru_jacobian, flashgru_step, flashlstm_jac
 from mixers.cells.base import RNNCell
 from mixers.cells.mixer import cell_mixer
 from mixers.registry import register_mixer
-
 
 #: the Xavier-normal diagonals are drawn from a normal truncated to [-DIAG_TRUNCATION, DIAG_TRUNCATION]
 DIAG_TRUNCATION = 0.9
@@ -60,7 +58,7 @@ class _FlashCell(RNNCell):
 
     n_peepholes = 0
 
-    def __init__(self, d_in: int, d_state: int, clip_norm: Optional[float] = 0.9, total_state: Optional[int] = None):
+    def __init__(self, d_in: int, d_state: int, clip_norm: float | None = 0.9, total_state: int | None = None):
         super().__init__()
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be None or > 0, got {clip_norm!r}")
@@ -111,7 +109,7 @@ class FlashGRUCell(_FlashCell):
         return flashgru_jacobian(h, u, self.a)
 
     @classmethod
-    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: Optional[float]) -> torch.Tensor:
+    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None) -> torch.Tensor:
         """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_gru``)."""
         from kernels.newton.fused_gru import flashgru_fused
 
@@ -124,7 +122,7 @@ class FlashLSTMCell(_FlashCell):
     jacobian = "block2"
     n_peepholes = 2
 
-    def __init__(self, d_in: int, d_state: int, clip_norm: Optional[float] = 0.9, total_state: Optional[int] = None):
+    def __init__(self, d_in: int, d_state: int, clip_norm: float | None = 0.9, total_state: int | None = None):
         super().__init__(d_in, d_state, clip_norm, total_state)
         self.state_size = 2 * d_state
 
@@ -139,7 +137,7 @@ class FlashLSTMCell(_FlashCell):
         return state[..., self.d_state :]
 
     @classmethod
-    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: Optional[float]) -> torch.Tensor:
+    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None) -> torch.Tensor:
         """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_lstm``)."""
         from kernels.newton.fused_lstm import flashlstm_fused
 

@@ -4,8 +4,13 @@ import pytest
 import torch
 
 import mixers
-from experiments.model import FullBlock, ModelConfig, SingleLayerModel, count_parameters, preset_parameter_counts
-
+from experiments.model import (
+    FullBlock,
+    ModelConfig,
+    SingleLayerModel,
+    count_parameters,
+    preset_parameter_counts,
+)
 
 
 @pytest.mark.parametrize("preset", ["pararnn-table6", "pararnn-table6-literal"])
@@ -34,7 +39,7 @@ def test_transformer_positions():
     it. On a sequence of one repeated vector RoPE (relative) gives the same output at every position
     (attention averages equal values), absolute positions (learned, sinusoidal) do not."""
     torch.manual_seed(0)
-    base = dict(num_heads=4, mlp_ratio=1)
+    base = {"num_heads": 4, "mlp_ratio": 1}
     learned = mixers.build_mixer("transformer", 16, positions="learned", max_len=12, **base)
     rope = mixers.build_mixer("transformer", 16, positions="rope", **base)
     sinusoidal = mixers.build_mixer("transformer", 16, positions="sinusoidal", **base)

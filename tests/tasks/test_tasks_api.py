@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from tasks import ExtrapolationConfig, SyntheticDataModule, TASKS, generate_variable_length, get_task, make_generator
+from tasks import (
+    TASKS,
+    ExtrapolationConfig,
+    SyntheticDataModule,
+    generate_variable_length,
+    get_task,
+    make_generator,
+)
 
 ALL = [("parity", {}), ("keep_nth", {}), ("keep_nth", {"per_position": True}), ("mqar", {}), ("khop", {"k": 1}), ("khop", {"k": 2})]
 
@@ -80,7 +87,7 @@ def test_datamodule_splits_and_extrapolation():
     b = SyntheticDataModule("parity", train_size=500, val_size=100, test_size=500, seed=1)
     a.setup(), b.setup()
     assert torch.equal(a.data["train"].inputs, b.data["train"].inputs)
-    rows = lambda name: {tuple(r) for r in a.data[name].inputs.tolist()}  # noqa: E731
+    rows = lambda name: {tuple(r) for r in a.data[name].inputs.tolist()}
     # 100 random bits: any shared sequence between splits would mean shared seed streams
     assert not rows("train") & rows("test") and not rows("train") & rows("val") and not rows("val") & rows("test")
     assert len(dm.test_dataloader()) == 3
