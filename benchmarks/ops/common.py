@@ -204,8 +204,8 @@ def run(problems: Iterable[Problem], *, warm_only: bool = False, log: Callable[[
         checkpoint: Callable[[list[BenchRow]], object] | None = None) -> list[BenchRow]:
     """Check, then time, every implementation of every problem; a failing implementation gives a row
     with ``ms = nan`` and the error in ``note``. ``warm_only``: run each thunk once (compiles and
-    autotunes), neither check nor time. ``checkpoint(rows)`` after every problem (a run cut short
-    keeps what it timed)."""
+    autotunes), neither check nor time. ``checkpoint(rows)`` after every implementation (a run cut
+    short keeps what it timed)."""
     rows: list[BenchRow] = []
     for pb in problems:
         try:
@@ -216,9 +216,9 @@ def run(problems: Iterable[Problem], *, warm_only: bool = False, log: Callable[[
             continue
         for impl in impls:
             rows += _run_impl(pb, impl, warm_only, log)
+            if checkpoint is not None and not warm_only:
+                checkpoint(rows)
         del impls
-        if checkpoint is not None and not warm_only:
-            checkpoint(rows)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return rows

@@ -31,17 +31,8 @@ import traceback
 
 import torch
 
-from benchmarks.ops.common import (
-    BenchRow,
-    cli_common,
-    copy_bandwidth_gbs,
-    environment,
-    matmul_tflops,
-    rel_error,
-    table,
-    time_ms,
-    write_json,
-)
+from benchmarks.ops.common import (BenchRow, cli_common, copy_bandwidth_gbs, environment, matmul_tflops,
+                                   rel_error, table, time_ms, write_json)
 from kernels.fused_rnn.reference import cell_spec
 
 DEVICE = "cuda"  # the CPU tests set "cpu" (with TRITON_INTERPRET=1) to exercise this module

@@ -44,17 +44,8 @@ import time
 
 import torch
 
-from benchmarks.ops.common import (
-    BenchRow,
-    cli_common,
-    copy_bandwidth_gbs,
-    environment,
-    matmul_tflops,
-    rel_error,
-    table,
-    time_ms,
-    write_json,
-)
+from benchmarks.ops.common import (BenchRow, cli_common, copy_bandwidth_gbs, environment, matmul_tflops,
+                                   rel_error, table, time_ms, write_json)
 from kernels._triton import float32_matmul_precision, poisoned
 
 log = logging.getLogger("benchmarks.ops.mlstm")

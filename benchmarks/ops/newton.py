@@ -27,31 +27,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from benchmarks.ops.common import (
-    BenchRow,
-    Impl,
-    Problem,
-    cli_common,
-    copy_bandwidth_gbs,
-    environment,
-    finish,
-    max_rel_error,
-    no_grad,
-    rel_error,
-    run,
-    time_ms,
-    write_json,
-)
+from benchmarks.ops.common import (BenchRow, Impl, Problem, cli_common, copy_bandwidth_gbs, environment,
+                                   finish, max_rel_error, no_grad, rel_error, run, time_ms, write_json)
 from kernels._triton import poisoned
-from kernels.newton import (
-    flashgru,
-    flashgru_jacobian,
-    flashgru_step,
-    flashlstm,
-    flashlstm_jacobian,
-    flashlstm_step,
-    newton_apply,
-)
+from kernels.newton import (flashgru, flashgru_jacobian, flashgru_step, flashlstm, flashlstm_jacobian,
+                            flashlstm_step, newton_apply)
 from kernels.newton.fused_common import NewtonTiles
 
 SWEEP = {"gru": [(128, 8, 4), (256, 8, 8), (128, 4, 4), (64, 8, 2), (64, 16, 4)],

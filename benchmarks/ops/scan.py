@@ -18,20 +18,8 @@ import math
 
 import torch
 
-from benchmarks.ops.common import (
-    BenchRow,
-    Impl,
-    Problem,
-    cli_common,
-    environment,
-    finish,
-    fwd_bwd,
-    no_grad,
-    rel_error,
-    run,
-    time_ms,
-    write_json,
-)
+from benchmarks.ops.common import (BenchRow, Impl, Problem, cli_common, environment, finish, fwd_bwd,
+                                   no_grad, rel_error, run, time_ms, write_json)
 from kernels._triton import poisoned
 from kernels.scan import linear_scan_block2_torch, linear_scan_torch
 from kernels.scan import triton_scan as ts

@@ -30,21 +30,8 @@ import math
 
 import torch
 
-from benchmarks.ops.common import (
-    Impl,
-    Problem,
-    cli_common,
-    copy_bandwidth_gbs,
-    environment,
-    finish,
-    fwd_bwd,
-    grads,
-    matmul_tflops,
-    max_rel_error,
-    no_grad,
-    run,
-    write_json,
-)
+from benchmarks.ops.common import (Impl, Problem, cli_common, copy_bandwidth_gbs, environment, finish,
+                                   fwd_bwd, grads, matmul_tflops, max_rel_error, no_grad, run, write_json)
 from kernels._triton import float32_matmul_precision, poisoned
 from kernels.ssd import SSD_BACKENDS, ssd
 

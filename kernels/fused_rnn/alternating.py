@@ -21,22 +21,9 @@ import triton
 import triton.language as tl
 
 from kernels._triton import cdiv, empty
-from kernels.fused_rnn.cells_triton import (
-    CELL_IDS,
-    ELMAN,
-    GRU,
-    LSTM,
-    NUM_SAVED,
-    SLSTM,
-    elman_bwd,
-    elman_fwd,
-    gru_bwd,
-    gru_fwd,
-    lstm_bwd,
-    lstm_fwd,
-    slstm_bwd,
-    slstm_fwd,
-)
+from kernels.fused_rnn.cells_triton import (CELL_IDS, ELMAN, GRU, LSTM, NUM_SAVED, SLSTM, elman_bwd,
+                                            elman_fwd, gru_bwd, gru_fwd, lstm_bwd, lstm_fwd, slstm_bwd,
+                                            slstm_fwd)
 from kernels.fused_rnn.checks import TritonBackend, acc_dtype, check_saved, full_precision_h, run_checked
 from kernels.fused_rnn.reference import cell_spec
 

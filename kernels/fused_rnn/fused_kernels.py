@@ -19,20 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.fused_rnn.cells_triton import (
-    ELMAN,
-    GRU,
-    LSTM,
-    SLSTM,
-    elman_bwd,
-    elman_fwd,
-    gru_bwd,
-    gru_fwd,
-    lstm_bwd,
-    lstm_fwd,
-    slstm_bwd,
-    slstm_fwd,
-)
+from kernels.fused_rnn.cells_triton import (ELMAN, GRU, LSTM, SLSTM, elman_bwd, elman_fwd, gru_bwd, gru_fwd,
+                                            lstm_bwd, lstm_fwd, slstm_bwd, slstm_fwd)
 
 
 @triton.jit
