@@ -96,5 +96,5 @@ def test_datamodule_splits_and_extrapolation():
 def test_datamodule_serves_batches_from_its_device():
     dm = SyntheticDataModule("parity", train_size=40, val_size=10, test_size=10, batch_size=8, device="meta")
     dm.setup()
-    batch = next(iter(dm.train_dataloader()))
+    batch = next(next(iter(dm.train_dataloader())).batches(0))  # the stream yields chunks of batches
     assert batch[0].device.type == "meta" and batch[0].shape == (8, dm.task.seq_len)
