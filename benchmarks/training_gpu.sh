@@ -6,12 +6,13 @@
 #     graph-tests           tests/experiments/test_cuda_graph.py (graph vs eager, the Newton policy, resume)
 #     steps                 python -m experiments.throughput steps (single trials, eager and graph)
 #     workers               python -m experiments.throughput workers (N = WORKER_COUNTS under MPS, eager and graph)
-#     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/NAME, so it runs on
+#     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/reproduce (one study
+#                           for every reproduction, as experiments.reproduce's default), so it runs on
 #                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
 #                           from what finished and packs it into OUT_DIR. A later `start` resumes the study.
 # Environment: STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
-# folder), REPRODUCE_OUT (one --out for every reproduction: presets that share cells share trials),
-# REPRODUCE_ARGS (default "--workers 16 --mps"), WAIT_S (default 540).
+# folder), REPRODUCE_OUT (the reproductions' --out, default RUN_ROOT/reproduce), REPRODUCE_ARGS (default
+# "--workers 16 --mps"), WAIT_S (default 540).
 set -u
 out=${1:?output folder}; shift
 mkdir -p "$out"
@@ -35,7 +36,7 @@ for step in "$@"; do
         --out "$run_root/bench-workers" ${WORKERS_ARGS:-} --json "$out/workers.json" > "$out/workers.log" 2>&1
       echo "=== workers rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/workers.log" ;;
     start:*|wait:*)
-      name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/$name}
+      name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/reproduce}
       mkdir -p "$dir"
       if [[ $step == start:* ]]; then
         # run from a copy: the next device call replaces this checkout under a running job
@@ -43,19 +44,19 @@ for step in "$@"; do
         cp -r tasks mixers kernels experiments analysis pyproject.toml "$code"/
         # shellcheck disable=SC2086
         (cd "$code" && PYTHONPATH="$code:${PYTHONPATH:-}" setsid nohup python3 -m experiments.reproduce "$name" --out "$dir" \
-          --no-progress ${REPRODUCE_ARGS:---workers 16 --mps} >> "$dir/bg.log" 2>&1 &)
-        sleep 1; pgrep -f -n "experiments.reproduce $name" > "$dir/bg.pid"
-        echo "=== started $name (pid $(cat "$dir/bg.pid")) at $(date -u +%FT%TZ)"
+          --no-progress ${REPRODUCE_ARGS:---workers 16 --mps} >> "$dir/$name.log" 2>&1 &)
+        sleep 1; pgrep -f -n "experiments.reproduce $name" > "$dir/$name.pid"
+        echo "=== started $name (pid $(cat "$dir/$name.pid")) at $(date -u +%FT%TZ)"
       fi
       deadline=$((SECONDS + ${WAIT_S:-540}))
-      while kill -0 "$(cat "$dir/bg.pid")" 2> /dev/null && [ $SECONDS -lt $deadline ]; do
-        sleep 15; grep "cells done" "$dir/bg.log" | tail -n 1
+      while kill -0 "$(cat "$dir/$name.pid")" 2> /dev/null && [ $SECONDS -lt $deadline ]; do
+        sleep 15; grep "cells done" "$dir/$name.log" | tail -n 1
       done
-      state=$(kill -0 "$(cat "$dir/bg.pid")" 2> /dev/null && echo running || echo finished)
-      echo "=== $name: $state at $(date -u +%FT%TZ)"; tail -n 5 "$dir/bg.log"
+      state=$(kill -0 "$(cat "$dir/$name.pid")" 2> /dev/null && echo running || echo finished)
+      echo "=== $name: $state at $(date -u +%FT%TZ)"; tail -n 5 "$dir/$name.log"
       python3 -m experiments.reproduce "$name" --out "$dir" --table-only --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
         || tail -n 5 "$out/$name-table.log"
-      tar -C "$dir" -czf "$out/$name-run.tgz" --exclude='*.ckpt' . 2> /dev/null
+      tar -C "$dir" -czf "$out/$name-run.tgz" --exclude='*.ckpt' journal.log "$name" "$name.log" 2> /dev/null
       cat "$out/$name.md" 2> /dev/null | sed -n '/^| model/,/^$/p' ;;
     *) echo "unknown step $step" ;;
   esac

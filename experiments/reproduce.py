@@ -5,8 +5,10 @@ NAME is a reproduction preset (a preset file with a ``paper:`` section holding t
 ``--workers N`` keeps N workers busy across the whole table, and re-running the command resumes
 (finished cells are kept; interrupted ones continue from their last checkpoint).
 
-Writes ``<out>/<entry>/results.csv`` and ``table.md`` per sweep, and ``<out>/reproduction.md`` (+
-``reproduction.csv``): our numbers next to the paper's, with parameter counts, the budget and the
+Every reproduction shares one study in ``--out`` (default ``runs/reproduce``), so presets with
+identical cells (pararnn-table1 within pararnn-table6) share their trials. Writes
+``<out>/<NAME>/<entry>/results.csv`` and ``table.md`` per sweep, and ``<out>/<NAME>/reproduction.md``
+(+ ``reproduction.csv``): our numbers next to the paper's, with parameter counts, the budget and the
 device. ``--quick`` shrinks everything (one seed, short sequences, a few hundred steps) to check
 the pipeline on a CPU; its numbers are not a reproduction.
 """
@@ -103,9 +105,10 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
             raise ValueError(f"unknown sweep(s) {', '.join(sorted(unknown))} in {name}; valid: {', '.join(p.entry for p in plans)}")
         plans = [p for p in plans if p.entry in entries]
     # one study for every reproduction: presets with identical cells (table1 within table6) share trials
+    report = out / name
     results, info = run_plans(plans, out, "reproduce" + ("-quick" if quick else ""), workers, device,
                               storage_url, run=run, progress=progress, stale_timeout=stale_timeout, label=name,
-                              retry_failed=retry_failed, options=options)
+                              retry_failed=retry_failed, options=options, results_dir=report)
     table = compare(name, results)
     frames = [df for df in results.values() if len(df)]
     every = pd.concat(frames) if frames else pd.DataFrame()
@@ -125,8 +128,8 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
         "done": info["done"], "cells": info["cells"],
         "versions": trial_versions(every) or ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
     }
-    atomic_write_text(out / "reproduction.md", comparison_markdown(name, table, meta))
-    atomic_write_text(out / "reproduction.csv", table.to_csv(index=False))
+    atomic_write_text(report / "reproduction.md", comparison_markdown(name, table, meta))
+    atomic_write_text(report / "reproduction.csv", table.to_csv(index=False))
     return table
 
 
@@ -139,7 +142,8 @@ def parser() -> Parser:
                "on a CPU: python -m experiments.reproduce pararnn-table6 --quick --workers 2",
     )
     p.add_argument("name", help=f"one of: {', '.join(reproduction_presets())}")
-    p.add_argument("--out", type=Path, help="output folder (default: runs/reproduce/NAME[-quick])")
+    p.add_argument("--out", type=Path, help="output folder shared by the reproductions (default: runs/reproduce, "
+                                            "runs/reproduce-quick with --quick); NAME's report in OUT/NAME/")
     p.add_argument("--quick", action="store_true", help="a CPU-sized smoke version (1 seed, short sequences, 300 steps)")
     p.add_argument("--only", type=str_list, help="comma-separated sweeps of the table to run (e.g. parity,mqar)")
     p.add_argument("--max-steps", type=positive_int, help="override the step budget per trial")
@@ -160,13 +164,13 @@ def run(args) -> None:
         overrides["train"] = {"max_steps": args.max_steps}
     if args.seeds:
         overrides["seeds"] = args.seeds
-    out = args.out or Path("runs") / "reproduce" / (args.name + ("-quick" if args.quick else ""))
+    out = args.out or Path("runs") / ("reproduce-quick" if args.quick else "reproduce")
     check_run_arguments(args, out)
     with workers_mps(args.mps and not args.table_only, args.workers):
         run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
                          args.only, run=not args.table_only, progress=not args.no_progress,
                          stale_timeout=args.stale_timeout, retry_failed=args.retry_failed, options=run_options(args))
-    text = (out / "reproduction.md").read_text()
+    text = (out / args.name / "reproduction.md").read_text()
     print(text)
     if args.copy_to:
         args.copy_to.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,10 @@ FALLBACK_WARNING = 0.05
 
 
 def git_describe() -> str:
-    """The suite's git commit, ``-dirty`` when the work tree has uncommitted changes (``unknown`` outside git)."""
+    """The suite's git commit, ``-dirty`` when the work tree has uncommitted changes; outside a git checkout
+    (a copy on another machine) the ``EXPRESSIVITY_COMMIT`` environment variable, else ``unknown``."""
+    if os.environ.get("EXPRESSIVITY_COMMIT"):
+        return os.environ["EXPRESSIVITY_COMMIT"]
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=Path(__file__).parent,
                              capture_output=True, text=True, timeout=10)

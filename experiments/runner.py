@@ -110,12 +110,13 @@ def _run(grid, cells: list, keys: list[str], out: Path, workers: int, device: st
 def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device: str = "auto",
               storage_url: str | None = None, run: bool = True, progress: bool = True, stale_timeout: float = 60,
               label: str | None = None, retry_failed: bool = False, options=None,
-              flat: bool = False) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+              flat: bool = False, results_dir: Path | None = None) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """Run (resume) every plan's cells; returns ``({entry: results DataFrame}, info)``.
 
     ``retry_failed``: also re-run cells whose trial failed for a final reason (NaN loss, an error).
     ``options``: ``experiments.train.RunOptions`` (step log, step engine).
-    ``run=False`` only collects. ``flat``: one plan, results in ``out`` itself (a sweep's folder).
+    ``run=False`` only collects. Results files go to ``results_dir`` (default ``out``, the folder of the
+    study and the cells): ``<results_dir>/<entry>/``, or with ``flat`` (one plan) ``results_dir`` itself.
     ``info``: ``cells``, ``done``, ``counts`` (of this call's sync), ``wall_s``, ``versions``.
     """
     from experiments.presets import build_specs
@@ -132,11 +133,13 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
     keys = list(dict.fromkeys(cell_id(s) for _, s in cells))
     meta = versions()
 
+    target = results_dir or out
+
     def write_all() -> dict[str, pd.DataFrame]:
         results = {}
         for entry, entry_cells in cells_by_entry.items():
             results[entry] = collect(grid, entry_cells, meta)
-            write_results(results[entry], out if flat else out / entry)
+            write_results(results[entry], target if flat else target / entry)
         return results
 
     t0 = time.perf_counter()

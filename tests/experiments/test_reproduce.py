@@ -104,15 +104,20 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     over = {"train": {"max_steps": 10, "train_size": 64, "val_size": 32, "test_size": 64}, "mixers": ["gru", "flashgru"]}
     table = run_reproduction("pararnn-table1", tmp_path, quick=True, overrides=over, entries=["parity"], progress=False)
     assert set(table["entry"]) == {"parity"} and table.set_index("mixer").loc["flashgru", "ours_params"] > 0
-    text = (tmp_path / "reproduction.md").read_text()
+    text = (tmp_path / "pararnn-table1" / "reproduction.md").read_text()
     assert "QUICK" in text and "| flashgru " in text and "Cells: 2 of 2 finished" in text
-    assert len(pd.read_csv(tmp_path / "parity" / "results.csv")) == 2
-    mtime = (tmp_path / "parity" / "results.csv").stat().st_mtime_ns
+    results = tmp_path / "pararnn-table1" / "parity" / "results.csv"
+    assert len(pd.read_csv(results)) == 2
+    mtime = results.stat().st_mtime_ns
     run_reproduction("pararnn-table1", tmp_path, quick=True, overrides=over, entries=["parity"], progress=False)
-    df = pd.read_csv(tmp_path / "parity" / "results.csv")
+    df = pd.read_csv(results)
     assert len(df) == 2 and set(df["trial"]) == {0, 1}  # resumed: nothing re-ran
     assert set(df["status"]) == {"ok"}
-    assert (tmp_path / "parity" / "results.csv").stat().st_mtime_ns >= mtime
+    assert results.stat().st_mtime_ns >= mtime
+    # pararnn-table6 in the same folder shares the cell: its parity sweep reuses the finished trials
+    table6 = run_reproduction("pararnn-table6", tmp_path, quick=True, overrides=over, entries=["parity"], run=False)
+    assert table6.set_index("mixer").loc["flashgru", "seeds"] == 1
+    assert (tmp_path / "pararnn-table6" / "reproduction.md").is_file()
 
 
 def test_cli_unknown_reproduction_is_one_line():
@@ -127,10 +132,11 @@ def test_failed_cells_are_final_unless_retry_failed(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     over = {"train": {"max_steps": 5, "train_size": 32, "val_size": 16, "test_size": 16}, "mixers": ["nan_mixer:NaNMixer"]}
     args = dict(quick=True, overrides=over, entries=["parity"], progress=False)
+    results = tmp_path / "pararnn-table1" / "parity" / "results.csv"
     run_reproduction("pararnn-table1", tmp_path, **args)
-    assert pd.read_csv(tmp_path / "parity" / "results.csv")["status"].tolist() == ["failed"]
+    assert pd.read_csv(results)["status"].tolist() == ["failed"]
     run_reproduction("pararnn-table1", tmp_path, **args)
-    assert set(pd.read_csv(tmp_path / "parity" / "results.csv")["trial"]) == {0}
+    assert set(pd.read_csv(results)["trial"]) == {0}
     run_reproduction("pararnn-table1", tmp_path, retry_failed=True, **args)
-    df = pd.read_csv(tmp_path / "parity" / "results.csv")
+    df = pd.read_csv(results)
     assert set(df["trial"]) == {1} and df["status"].tolist() == ["failed"]  # re-ran (and failed again)
