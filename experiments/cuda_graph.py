@@ -16,6 +16,7 @@ mixer changed how it solves.
 
 from __future__ import annotations
 
+import gc
 from typing import Any, Callable
 
 import torch
@@ -39,6 +40,12 @@ class CUDAGraphPrecision(Precision):
         """Drop the captured graph; the next steps warm up and capture again."""
         self.graph, self._warm = None, 0
 
+    def teardown(self) -> None:
+        """Release the graph when training ends (Lightning calls this, also after an interruption): a graph
+        freed later, while another one is being captured, would break that capture."""
+        self.reset()
+        super().teardown()
+
     def optimizer_step(self, optimizer, model, closure: Callable[[], Any], graph: bool = True, **kwargs: Any) -> Any:
         if not graph:
             self.eager_steps += 1
@@ -58,6 +65,7 @@ class CUDAGraphPrecision(Precision):
             self._warm += 1
             self.eager_steps += 1
             return None
+        gc.collect()  # graphs of finished trials must not be freed in the middle of this capture
         graph_ = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph_):
             closure()
