@@ -12,7 +12,7 @@ Mixers that are whole blocks themselves (``is_block = True``: the Transformer) a
 
 The head has no bias by default (``head_bias=False``): paper 000's Table 6 counts (e.g. FlashGRU
 32.7k on MQAR = embedding 8,192 + block 16,192 + two RMSNorm weights 128 + head weight 8,192) have
-none. ``python -m experiments.model PRESET`` prints a preset's parameter counts next to the paper's.
+none. ``python -m experiments.paper PRESET`` prints a preset's parameter counts next to the paper's.
 """
 
 from __future__ import annotations
@@ -107,48 +107,3 @@ class SingleLayerModel(nn.Module):
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def preset_parameter_counts(preset: str) -> list[dict[str, Any]]:
-    """Our parameter count for every (sweep entry, mixer) of ``preset``, built as its trials build the
-    model, next to the paper's (the second number of the preset's ``paper: results`` cell, or None)."""
-    from experiments.presets import load_preset, resolve_sweep  # presets -> train -> model: import late
-    from tasks import get_task
-
-    data = load_preset(preset)
-    paper = (data.get("paper") or {}).get("results", {})
-    rows = []
-    for entry in data.get("tasks", {}):
-        plan = resolve_sweep(entry, preset)
-        task = get_task(plan.task, **plan.task_options)
-        vocab = task.vocab_size + (1 if plan.extrapolation else 0)  # the pad token
-        for mixer in plan.mixers:
-            config = ModelConfig(vocab, task.num_classes, mixer=mixer, mixer_options=dict(plan.mixer_options.get(mixer, {})),
-                                 block=plan.block, positional=plan.positional)
-            cell = paper.get(mixer, {}).get(entry, [])
-            rows.append({"entry": entry, "mixer": mixer, "ours": count_parameters(SingleLayerModel(config)),
-                         "paper": int(cell[1]) if len(cell) > 1 else None})
-    return rows
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m experiments.model PRESET``: a Markdown table of parameter counts, ours vs the paper's."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m experiments.model", description=main.__doc__)
-    parser.add_argument("preset", help="a preset name, e.g. pararnn-table6")
-    rows = preset_parameter_counts(parser.parse_args(argv).preset)
-    entries, mixers = list(dict.fromkeys(r["entry"] for r in rows)), list(dict.fromkeys(r["mixer"] for r in rows))
-    cells = {}
-    for r in rows:
-        diff = "" if r["paper"] is None else f" / {r['paper']:,} ({(r['ours'] - r['paper']) / r['paper']:+.1%})"
-        cells[r["mixer"], r["entry"]] = f"{r['ours']:,}{diff}"
-    print("Parameters: ours / paper (difference)\n")
-    print("| mixer | " + " | ".join(entries) + " |\n|---|" + "---|" * len(entries))
-    for m in mixers:
-        print(f"| {m} | " + " | ".join(cells.get((m, e), "–") for e in entries) + " |")
-
-
-if __name__ == "__main__":
-    main()
-

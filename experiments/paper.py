@@ -263,3 +263,52 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     if len(unfinished):
         lines.append(f"**{len(unfinished)} cell(s) of the table are incomplete** (missing trials): re-run the command.")
     return "\n".join(lines) + "\n"
+
+
+def parameter_counts(preset: str) -> pd.DataFrame:
+    """Our parameter count for every (sweep entry, mixer) of ``preset``, built as its trials build the
+    model, next to the paper's (the second number of the preset's ``paper: results`` cell, or None)."""
+    from experiments.model import ModelConfig, SingleLayerModel, count_parameters
+    from experiments.presets import load_preset, resolve_sweep
+    from tasks import get_task
+
+    data = load_preset(preset)
+    paper = (data.get("paper") or {}).get("results", {})
+    rows = []
+    for entry in data.get("tasks", {}):
+        plan = resolve_sweep(entry, preset)
+        task = get_task(plan.task, **plan.task_options)
+        vocab = task.vocab_size + (1 if plan.extrapolation else 0)  # the pad token
+        for mixer in plan.mixers:
+            config = ModelConfig(vocab, task.num_classes, mixer=mixer, mixer_options=dict(plan.mixer_options.get(mixer, {})),
+                                 block=plan.block, positional=plan.positional)
+            cell = paper.get(mixer, {}).get(entry, [])
+            rows.append({"entry": entry, "mixer": mixer, "ours": count_parameters(SingleLayerModel(config)),
+                         "paper": int(cell[1]) if len(cell) > 1 else None})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m experiments.paper PRESET``: a preset's parameter counts, ours / the paper's (difference)."""
+    from experiments.cli import Parser, run_cli
+
+    parser = Parser(prog="python -m experiments.paper", description=main.__doc__)
+    parser.add_argument("preset", help="a preset name, e.g. pararnn-table6")
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        rows = parameter_counts(args.preset)
+        rows["cell"] = [f"{o:,}" + ("" if p is None or p != p else f" / {int(p):,} ({(o - p) / p:+.1%})")
+                        for o, p in zip(rows["ours"], rows["paper"])]
+        table = rows.pivot(index="mixer", columns="entry", values="cell").reindex(
+            index=list(dict.fromkeys(rows["mixer"])), columns=list(dict.fromkeys(rows["entry"])))
+        print("Parameters: ours / paper (difference)\n")
+        print(table.fillna("–").to_markdown())
+
+    return run_cli(run, "")
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

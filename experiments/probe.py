@@ -55,11 +55,11 @@ SOLVED = 0.98
 def load_cell(spec: str) -> type:
     """``module.path:Class`` -> the ``RNNCell`` subclass; one-line ``ValueError`` otherwise."""
     from mixers.cells import RNNCell
-    from mixers.registry import _import_attr
+    from mixers.registry import import_attr
 
     if ":" not in spec:
         raise ValueError(f"expected 'module.path:CellClass', got {spec!r}")
-    obj = _import_attr(spec)
+    obj = import_attr(spec)
     if not (isinstance(obj, type) and issubclass(obj, RNNCell)):
         raise ValueError(f"{spec!r} is not an RNNCell subclass (got {obj!r}); write `class MyCell(RNNCell)` with recurrence_step")
     return obj

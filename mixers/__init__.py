@@ -4,7 +4,8 @@ Importing this package registers every built-in mixer in ``MIXERS``. Conventions
 ``mixers/CONVENTIONS.md``.
 """
 
-from mixers.registry import MIXERS, build_mixer, register_mixer, resolve_mixer
+from mixers.build import build_mixer, resolve_mixer
+from mixers.registry import MIXERS, register_mixer
 
 # Built-in mixers register themselves on import (one line per module).
 import mixers.builtin  # noqa: F401,E402

@@ -18,7 +18,6 @@ scale. The mixer adds no residual. Parameters at ``d_model=64, num_heads=4``: 20
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.mlstm import BACKENDS, mlstm

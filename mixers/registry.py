@@ -1,9 +1,8 @@
-"""The mixer registry: names -> factories, plus ``module.path:Attr`` resolution.
+"""The mixer registry: names -> factories (``MIXERS``, ``register_mixer``), and ``import_attr`` for
+``module.path:Attr`` names. Building a mixer from a name: ``mixers.build``.
 
 A factory is any callable ``factory(d_model: int, **config) -> nn.Module`` whose module maps
-``(B, L, d_model) -> (B, L, d_model)`` causally. ``build_mixer`` also accepts
-``"module.path:Attr"``: an ``RNNCell`` subclass is turned into a mixer with
-``mixers.cells.cell_mixer``; any other callable is used as the factory itself.
+``(B, L, d_model) -> (B, L, d_model)`` causally.
 """
 
 from __future__ import annotations
@@ -30,7 +29,8 @@ def register_mixer(name: str) -> Callable[[MixerFactory], MixerFactory]:
     return add
 
 
-def _import_attr(spec: str) -> object:
+def import_attr(spec: str) -> object:
+    """The attribute ``Attr`` of module ``module.path`` named by ``"module.path:Attr"`` (one-line ``ValueError``)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"mixer {spec!r}: expected 'module.path:Attr'")
@@ -42,33 +42,3 @@ def _import_attr(spec: str) -> object:
         return getattr(module, attr)
     except AttributeError:
         raise ValueError(f"mixer {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
-
-
-def resolve_mixer(name: str) -> MixerFactory:
-    """Return the factory for a registered name or a ``module.path:Attr`` spec.
-
-    Raises ``ValueError`` listing the registered names when ``name`` is unknown.
-    """
-    if name in MIXERS:
-        return MIXERS[name]
-    if ":" in name:
-        obj = _import_attr(name)
-        if isinstance(obj, type) and hasattr(obj, "recurrence_step"):
-            from mixers.cells import cell_mixer  # a user's RNNCell subclass
-
-            def factory(d_model: int, **config) -> nn.Module:
-                return cell_mixer(obj, d_model=d_model, **config)
-
-            return factory
-        if callable(obj):
-            return obj
-        raise ValueError(f"mixer {name!r} is neither an RNNCell subclass nor a callable")
-    known = ", ".join(sorted(MIXERS))
-    raise ValueError(f"unknown mixer {name!r}; known mixers: {known} (or 'module.path:CellClass')")
-
-
-def build_mixer(name: str, d_model: int, **config) -> nn.Module:
-    """Build the mixer ``name`` for width ``d_model`` with keyword ``config`` overrides."""
-    if not isinstance(d_model, int) or d_model <= 0:
-        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
-    return resolve_mixer(name)(d_model, **config)

@@ -45,10 +45,6 @@ DENSE_SCAN_BACKENDS: dict[str, Callable] = {
     "torch": linear_scan_dense_torch,
 }
 
-#: Alias kept for ``mixers.cells.mixer`` (``"auto"`` picks Triton on CUDA): ``resolve_backend`` is the rule.
-AUTO_TRITON = True
-
-
 def resolve_backend(backend: str, c: torch.Tensor, x: torch.Tensor) -> str:
     """The backend ``backend`` (``"auto"`` included) stands for on these inputs."""
     ok = _triton_supports is not None and x.is_cuda and _triton_supports(c, x)

@@ -20,7 +20,7 @@ Modes (``mode=`` or, as for every mixer, ``backend=``):
   ``u (H, B, L, *feat)``: the per-head ``input_projection`` of the input; returns the states
   ``h (H, B, L, state_size)``, differentiable w.r.t. ``u`` and ``params``.
 - ``auto``: on CUDA ``fused`` if the cell has ``fused_apply``, else ``parallel-triton`` when the
-  Triton scan is enabled for ``auto`` (``kernels.scan.AUTO_TRITON``, on) and the Jacobian
+  Triton scan is available and the Jacobian
   is not dense, else ``parallel``; on the CPU ``parallel``.
 
 With ``check=True`` every parallel result's residual ``max |f(h_{t-1}, x_t) - h_t|`` is checked:
@@ -62,7 +62,6 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
-import kernels.scan
 from kernels._triton import triton_available
 from kernels.newton import (
     STRUCTURES,
@@ -217,7 +216,7 @@ class CellMixer(nn.Module):
             mode = "parallel"
             if x.is_cuda and cls.fused_apply is not None:
                 mode = "fused"
-            elif x.is_cuda and kernels.scan.AUTO_TRITON and "triton" in SCAN_BACKENDS and self.structure != "dense":
+            elif x.is_cuda and "triton" in SCAN_BACKENDS and self.structure != "dense":
                 mode = "parallel-triton"
         if self.jacobian_fallback is not None:
             if self.structure is None:

@@ -1,7 +1,7 @@
 """Wall time of a cell mixer's modes (sequential loop vs Newton-parallel) at several lengths.
 
 ``time_modes(name, lengths, modes=...)`` returns rows ``{mixer, mode, L, fwd_ms, fwd_bwd_ms}``
-(median of ``samples`` runs after one warm-up; on CUDA ``kernels.bench.common.time_ms``). CLI (prints a Markdown table)::
+(median of ``samples`` runs after one warm-up; on CUDA the median of ``triton.testing.do_bench``). CLI (prints a Markdown table)::
 
     python -m mixers.cells.timing [--mixers flashgru,flashlstm] [--lengths 256,1024,4096]
         [--modes sequential,parallel] [--batch 8] [--d-model 64] [--device cpu]
@@ -17,12 +17,12 @@ from typing import Sequence
 
 import torch
 
-from kernels.bench.common import time_ms
-
 
 def _median_ms(fn, samples: int, device: str) -> float:
     if device.startswith("cuda"):
-        return time_ms(fn, device=device)
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, return_mode="median"))
     fn()
     times = []
     for _ in range(samples):

@@ -4,20 +4,15 @@ import pytest
 import torch
 
 import mixers
-from experiments.model import (
-    FullBlock,
-    ModelConfig,
-    SingleLayerModel,
-    count_parameters,
-    preset_parameter_counts,
-)
+from experiments.model import FullBlock, ModelConfig, SingleLayerModel, count_parameters
+from experiments.paper import parameter_counts
 
 
 @pytest.mark.parametrize("preset", ["pararnn-table6", "pararnn-table6-literal"])
 def test_paper_presets_have_the_papers_parameter_counts(preset):
     """Every cell's model, built from the preset as its trials build it, within 1% of paper 000 Table 6
-    or within its rounding (the paper gives 0.1k: 3,840 is "3.8k"). Table: python -m experiments.model."""
-    rows = preset_parameter_counts(preset)
+    or within its rounding (the paper gives 0.1k: 3,840 is "3.8k"). Table: python -m experiments.paper PRESET."""
+    rows = parameter_counts(preset).to_dict(orient="records")
     assert len(rows) == 20 and all(r["paper"] for r in rows)
     far = [r for r in rows if abs(r["ours"] - r["paper"]) > max(0.01 * r["paper"], 50)]
     assert not far, far
