@@ -1,4 +1,4 @@
-"""Analysis (SPEC §9): tables and figures from what ``experiments`` and the benchmarks write.
+"""Analysis: tables and figures from what ``experiments`` and the benchmarks write.
 
 Each module is a CLI writing PNG + PDF figures and the CSV of every plotted number beside them:
 

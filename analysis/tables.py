@@ -41,7 +41,7 @@ REQUIRED = ("task", "mixer", "seed", "lr", "status")
 def load_results(paths: Sequence[str | Path]) -> pd.DataFrame:
     """Concatenate ``results.csv`` files (a folder means ``<folder>/results.csv``); adds ``source``.
 
-    Raises ``ValueError`` for a missing file or a file without the columns of SPEC §8.3.
+    Raises ``ValueError`` for a missing file or a file without the columns a sweep's results.csv has.
     """
     if not paths:
         raise ValueError("give at least one results.csv (or a sweep folder holding one)")

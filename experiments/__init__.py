@@ -1,1 +1,1 @@
-"""Experiments: the model, Lightning training, sweeps, presets (SPEC §4, §8)."""
+"""Experiments: the model, Lightning training, sweeps, presets."""

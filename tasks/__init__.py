@@ -1,4 +1,4 @@
-"""Synthetic tasks (SPEC §3): Parity, Keep-nth, MQAR, k-hop, group word problems, modular counting,
+"""Synthetic tasks: Parity, Keep-nth, MQAR, k-hop, group word problems, modular counting,
 the length-extrapolation protocol and a ``LightningDataModule``.
 
     from tasks import get_task, TASKS

@@ -1,6 +1,6 @@
 """Task base class, the data container and the task registry.
 
-Conventions (SPEC §2.1, §3): inputs and targets are ``LongTensor (N, L)``; targets hold class ids in
+Conventions: inputs and targets are ``LongTensor (N, L)``; targets hold class ids in
 ``[0, num_classes)`` or ``-100`` (``IGNORE_INDEX``) at unscored positions. Generation is vectorized
 and deterministic in ``seed``: it never touches torch's global RNG.
 """

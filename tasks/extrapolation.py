@@ -1,4 +1,4 @@
-"""Length extrapolation (SPEC §3.5): train on lengths drawn from ``[min_len, max_len]``, right-padded
+"""Length extrapolation: train on lengths drawn from ``[min_len, max_len]``, right-padded
 with a pad token (the vocabulary grows by one), and evaluate on fixed longer lengths.
 """
 

@@ -1,4 +1,4 @@
-"""k-hop induction heads (SPEC §3.4).
+"""k-hop induction heads.
 
 Tokens are uniform over V with no immediate repeats. For position p, ``prev(p)`` is the most recent
 strictly earlier position with the same token and ``τ(p) = prev(p) + 1``. The target at i is

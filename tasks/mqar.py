@@ -1,4 +1,4 @@
-"""Multi-query associative recall (SPEC §3.3).
+"""Multi-query associative recall.
 
 Layout: ``k1 v1 k2 v2 ... kκ vκ`` then queries interleaved with noise. Keys come from
 ``[1, V/2)`` (token 0 is never a key), values from ``[V/2, V)``, both distinct within a sequence.

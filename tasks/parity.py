@@ -1,4 +1,4 @@
-"""Parity (SPEC §3.1): i.i.d. bits; the target is the parity of all bits, at the last position."""
+"""Parity: i.i.d. bits; the target is the running parity at every position, or the parity of all bits at the last."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Recurrent cells written as one recurrence step, and their Newton-parallel mixers (SPEC §5.1).
+"""Recurrent cells written as one recurrence step, and their Newton-parallel mixers.
 
 ``RNNCell`` (``base.py``): the cell interface and derived Jacobians / checks. ``cell_mixer``
 (``mixer.py``): a cell class -> a multi-head mixer with modes sequential / parallel /

@@ -14,7 +14,7 @@ from experiments.reproduce import devices_used, plans_for, run_reproduction
 from experiments.study import cell_id
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC_TABLE6 = {  # SPEC §10 / paper 000 Table 6
+PAPER_TABLE6 = {  # paper 000 Table 6
     "transformer": [1.00, 0.53, 1.00, 0.82, 0.78], "mamba2": [0.01, 0.52, 1.00, 1.00, 0.98],
     "flashgru": [1.00, 1.00, 1.00, 1.00, 1.00], "flashlstm": [1.00, 1.00, 1.00, 1.00, 1.00],
 }
@@ -23,7 +23,7 @@ SPEC_TABLE6 = {  # SPEC §10 / paper 000 Table 6
 def test_reproduction_presets_carry_the_papers_numbers():
     assert set(reproduction_presets()) >= {"pararnn-table6", "pararnn-table1", "flashrnn-parity"}
     t6 = load_preset("pararnn-table6")["paper"]["results"]
-    for mixer, accs in SPEC_TABLE6.items():
+    for mixer, accs in PAPER_TABLE6.items():
         assert [t6[mixer][e][0] for e in ("keep_nth", "parity", "mqar", "khop", "khop2")] == accs
     assert t6["flashgru"]["parity"][1] == 3800 and t6["transformer"]["parity"][1] == 31800
     fr = load_preset("flashrnn-parity")["paper"]["results"]

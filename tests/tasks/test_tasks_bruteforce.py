@@ -1,4 +1,4 @@
-"""Every task's labels recomputed by brute force (Python loops over the definition, SPEC §3)."""
+"""Every task's labels recomputed by brute force (Python loops over the definition)."""
 
 import pytest
 import torch
