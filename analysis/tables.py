@@ -197,18 +197,17 @@ def _columns(summary: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 def to_markdown(summary: pd.DataFrame, sources: Sequence[str] = (), paper: str | None = None) -> str:
-    """The Markdown report: the mixer × task summary, then one detailed table per task group."""
+    """The Markdown report: the mixer × task summary, then one detailed table per task group (pandas)."""
     if summary.empty:
         return "_no trials in the results files_\n"
     cols = _columns(summary)
-    lines = ["## Summary", "", "| mixer | " + " | ".join(h for _, h in cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for mixer in dict.fromkeys(summary["mixer"]):
-        cells = []
-        for label, _ in cols:
-            sel = summary[(summary["task_label"] == label) & (summary["mixer"] == mixer)]
-            cells.append(_summary_cell(sel.iloc[0]) if len(sel) else "")
-        lines.append(f"| {mixer} | " + " | ".join(cells) + " |")
-    lines += ["", ("Accuracy in %: best over seeds (mean ± std over seeds in brackets); per seed the learning rate "
+    overview = pd.DataFrame([
+        {"mixer": mixer, **{head: (_summary_cell(sel.iloc[0]) if len(sel) else "")
+                            for label, head in cols
+                            for sel in [summary[(summary["task_label"] == label) & (summary["mixer"] == mixer)]]}}
+        for mixer in dict.fromkeys(summary["mixer"])])
+    lines = ["## Summary", "", overview.to_markdown(index=False, disable_numparse=True), "",
+             ("Accuracy in %: best over seeds (mean ± std over seeds in brackets); per seed the learning rate "
               "with the best validation accuracy. `[params]`: trainable parameters. `n✗`: failed trials. "
               "Extrapolation columns report the mean accuracy over the evaluation lengths.")]
     if paper:
@@ -222,15 +221,13 @@ def to_markdown(summary: pd.DataFrame, sources: Sequence[str] = (), paper: str |
             metrics.remove("test/exact")  # one scored position per sequence: exact match = accuracy
         metrics = [m for m in metrics if not (m.startswith("len") and m.endswith("/exact"))]
         has_paper = "paper" in group and group["paper"].notna().any()
-        lines += ["", f"## {head}", "", f"Configuration: `{group['task_config'].iloc[0]}`", ""]
-        head_cells = ["mixer", "params", "seeds", "trials", "failed", *[m.replace("/", " ") for m in metrics]]
-        head_cells += ["paper"] if has_paper else []
-        lines += ["| " + " | ".join(head_cells) + " |", "|---" * len(head_cells) + "|"]
-        for _, r in group.iterrows():
-            cells = [str(r["mixer"]), _params(r["params"]), str(r["seeds"]), str(r["trials"]), str(r["failed"])]
-            cells += [cell_text(r, m) for m in metrics]
-            cells += [_paper_text(r) or "–"] if has_paper else []
-            lines.append("| " + " | ".join(cells) + " |")
+        detail = pd.DataFrame([
+            {"mixer": str(r["mixer"]), "params": _params(r["params"]), "seeds": str(r["seeds"]), "trials": str(r["trials"]),
+             "failed": str(r["failed"]), **{m.replace("/", " "): cell_text(r, m) for m in metrics},
+             **({"paper": _paper_text(r) or "–"} if has_paper else {})}
+            for _, r in group.iterrows()])
+        lines += ["", f"## {head}", "", f"Configuration: `{group['task_config'].iloc[0]}`", "",
+                  detail.to_markdown(index=False, disable_numparse=True)]
     if sources:
         lines += ["", "Sources: " + ", ".join(f"`{s}`" for s in sources)]
     return "\n".join(lines) + "\n"

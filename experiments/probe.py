@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 from experiments.cli import run_cli
@@ -276,12 +277,11 @@ def report_markdown(cell: str, rules: dict, agree: dict | None, conv: list[dict]
                   f"B={agree['batch']}, L={agree['length']}, d={agree['d_model']}; relative max errors "
                   "(max |parallel − sequential| / max |sequential|), Newton run to convergence without fallback; "
                   "tolerance " + ", ".join(f"{t:g} ({d})" for d, t in TOLERANCES.items()) + ".", "",
-                  "| dtype | forward | grad input | grad params | within tolerance | Newton iterations | final residual |",
-                  "|---|---|---|---|---|---|---|"]
-        for name in TOLERANCES:
-            a = agree[name]
-            lines.append(f"| {name} | {a['forward']:.1e} | {a['grad_input']:.1e} | {a['grad_params']:.1e} | "
-                         f"{'yes' if a['within'] else '**no**'} | {a['newton_iters']} | {a['final_residual']:.1e} |")
+                  pd.DataFrame([{"dtype": name, "forward": f"{a['forward']:.1e}", "grad input": f"{a['grad_input']:.1e}",
+                                 "grad params": f"{a['grad_params']:.1e}",
+                                 "within tolerance": "yes" if a["within"] else "**no**",
+                                 "Newton iterations": a["newton_iters"], "final residual": f"{a['final_residual']:.1e}"}
+                                for name, a in ((n, agree[n]) for n in TOLERANCES)]).to_markdown(index=False, disable_numparse=True)]
         lines += ["", "Run-time Jacobian check at the states of the float64 sequence: "
                   + (agree["jacobian_at_states"] or "no mismatch (the Jacobian the solve uses matches autograd's where finite)")]
     if conv:
@@ -289,14 +289,13 @@ def report_markdown(cell: str, rules: dict, agree: dict | None, conv: list[dict]
         lines += ["", "## 3. Newton iterations vs sequence length", "",
                   f"Max residual per iteration (float64, fresh initialization); `to tol`: first iteration ≤ {meta.get('tol', 1e-6):g} "
                   "(the default training setting is 3 iterations).", "",
-                  "| L | to tol | " + " | ".join(f"it{k}" for k in range(width)) + " |", "|---" * (width + 2) + "|"]
-        for r in conv:
-            lines.append(f"| {r['length']} | {r['iters_to_tol'] if r['iters_to_tol'] is not None else f'> {width - 1}'} | "
-                         + " | ".join(f"{x:.0e}" for x in r["residuals"]) + " |")
+                  pd.DataFrame([{"L": r["length"], "to tol": r["iters_to_tol"] if r["iters_to_tol"] is not None else f"> {width - 1}",
+                                 **{f"it{k}": f"{x:.0e}" for k, x in enumerate(r["residuals"])}}
+                                for r in conv]).fillna("").to_markdown(index=False, disable_numparse=True)]
     if sweeps:
         tasks, table, params = sweeps["tasks"], sweeps["acc"], sweeps["params"]
-        lines += ["", "## 4. Tasks", "", f"Test accuracy (best over seeds; {sweeps['budget']}); **bold**: solved (≥ {SOLVED:.0%}).", "",
-                  "| mixer | " + " | ".join(tasks) + " | solved |", "|---" * (len(tasks) + 2) + "|"]
+        lines += ["", "## 4. Tasks", "", f"Test accuracy (best over seeds; {sweeps['budget']}); **bold**: solved (≥ {SOLVED:.0%}).", ""]
+        card = []
         for mixer, accs in table.items():
             cells = []
             for t in tasks:
@@ -306,7 +305,8 @@ def report_markdown(cell: str, rules: dict, agree: dict | None, conv: list[dict]
                 text = f"**{text}**" if a == a and a >= SOLVED else text
                 cells.append(text + (f" ({p / 1000:.1f}k)" if p else ""))
             solved = [t for t in tasks if accs.get(t, 0) == accs.get(t, 0) and accs.get(t, 0) >= SOLVED]
-            lines.append(f"| {mixer} | " + " | ".join(cells) + f" | {', '.join(solved) or 'none'} |")
+            card.append({"mixer": mixer, **dict(zip(tasks, cells)), "solved": ", ".join(solved) or "none"})
+        lines.append(pd.DataFrame(card).to_markdown(index=False, disable_numparse=True))
         lines += ["", f"Per-task results: `<task>/results.csv`, `<task>/table.md`; failed trials: {sweeps['failed']}."]
     return "\n".join(lines) + "\n"
 

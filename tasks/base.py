@@ -51,8 +51,9 @@ class TaskData:
 class Task:
     """A synthetic task: a config dataclass plus a vectorized ``generate``.
 
-    Subclasses define ``Config`` (a dataclass with defaults and a ``seq_len`` field),
-    ``vocab_size``, ``num_classes``, ``_validate`` and ``_generate(num_samples, generator)``.
+    Subclasses define ``Config`` (a dataclass with defaults and a ``seq_len`` field), ``_validate`` and
+    ``_generate(num_samples, generator)``, and ``vocab_size`` / ``num_classes`` where the defaults (the
+    config's ``vocab_size``; one class per token) do not fit.
     """
 
     name: ClassVar[str]
@@ -71,11 +72,15 @@ class Task:
     # --- subclass interface -------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
-        raise NotImplementedError
+        """Input tokens are ids in ``[0, vocab_size)``; default: the config's ``vocab_size``."""
+        if not hasattr(self.config, "vocab_size"):
+            raise NotImplementedError(f"{type(self).__name__} must define vocab_size")
+        return self.config.vocab_size
 
     @property
     def num_classes(self) -> int:
-        raise NotImplementedError
+        """Targets are class ids in ``[0, num_classes)``; default: one class per token."""
+        return self.vocab_size
 
     def _validate(self) -> None:
         raise NotImplementedError

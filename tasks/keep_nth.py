@@ -31,14 +31,6 @@ class KeepNth(Task):
 
     Config = KeepNthConfig
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def num_classes(self) -> int:
-        return self.config.vocab_size
-
     def _validate(self) -> None:
         c = self.config
         check(c.vocab_size >= 2, self.name, f"vocab_size must be >= 2, got {c.vocab_size}")

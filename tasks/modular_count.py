@@ -35,10 +35,6 @@ class ModularCount(Task):
     Config = ModularCountConfig
 
     @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
     def num_classes(self) -> int:
         return self.config.m
 

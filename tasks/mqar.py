@@ -50,14 +50,6 @@ class MQAR(Task):
 
     Config = MQARConfig
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def num_classes(self) -> int:
-        return self.config.vocab_size
-
     def _validate(self) -> None:
         c = self.config
         kappa, half = c.num_kv_pairs, c.vocab_size // 2

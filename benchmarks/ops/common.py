@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 RESULTS = Path(__file__).parent / "results"
@@ -262,16 +263,16 @@ def table(rows: Iterable[BenchRow], *, baseline: str | None = None) -> str:
     rows = list(rows)
     key = lambda r: (r.section, dims_label(r.dims), r.direction, r.dtype)  # noqa: E731
     base = {key(r): r.ms for r in rows if r.impl == baseline}
-    lines = [f"| problem | dtype | dir | impl | ms | vs {baseline or '-'} | limit ms | limit/ms | rel err | note |",
-             "|" + "---|" * 10]
+    out = []
     for r in rows:
         b = base.get(key(r), math.nan)
         ratio = r.ms / b if b == b and r.ms == r.ms else math.nan
         eff = r.limit_ms / r.ms if r.limit_ms == r.limit_ms and r.ms == r.ms else math.nan
-        lines.append(f"| {dims_label(r.dims)} | {r.dtype} | {r.direction} | {r.impl} | {_num(r.ms, '.4g')} | "
-                     f"{_num(ratio, '.3g')}x | {_num(r.limit_ms, '.4g')} | {_num(eff, '.0%')} | "
-                     f"{_num(r.max_rel_err, '.2g')} | {r.note} |")
-    return "\n".join(lines)
+        out.append({"problem": dims_label(r.dims), "dtype": r.dtype, "dir": r.direction, "impl": r.impl,
+                    "ms": _num(r.ms, ".4g"), f"vs {baseline or '-'}": _num(ratio, ".3g") + "x",
+                    "limit ms": _num(r.limit_ms, ".4g"), "limit/ms": _num(eff, ".0%"),
+                    "rel err": _num(r.max_rel_err, ".2g"), "note": r.note})
+    return pd.DataFrame(out).to_markdown(index=False, disable_numparse=True)
 
 
 def write_json(family: str, rows: Iterable[BenchRow], env: dict, out_dir: str | os.PathLike = RESULTS) -> Path:

@@ -13,6 +13,8 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
+
 from benchmarks.ops.common import RESULTS, dims_label
 
 FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd")
@@ -53,19 +55,19 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ops summary", description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="?", default=str(RESULTS))
     args = p.parse_args(argv)
-    print("| family | problem | dtype | dir | ours | ms | peer | ms | ours/peer | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    devices = set()
+    rows, devices = [], set()
     for family in FAMILIES:
         path = Path(args.results, f"{family}.json")
         if not path.is_file():
-            print(f"| {family} | (no results) | | | | | | | | |")
+            rows.append({"family": family, "problem": "(no results)"})
             continue
         data = json.loads(path.read_text())
         devices.add(f"{data['env'].get('device')} {data['env'].get('date', '')[:16]}")
         for label, dtype, direction, oi, oms, pi, pms, note in headline(data["rows"]):
-            ratio = f"{oms / pms:.2f}x" if math.isfinite(pms) else "-"
-            print(f"| {family} | {label} | {dtype} | {direction} | {oi} | {oms:.4g} | {pi} | {pms:.4g} | {ratio} | {note} |")
+            rows.append({"family": family, "problem": label, "dtype": dtype, "dir": direction, "ours": oi, "ms": oms,
+                         "peer": pi, "peer ms": pms, "ours/peer": f"{oms / pms:.2f}x" if math.isfinite(pms) else "-",
+                         "note": note})
+    print(pd.DataFrame(rows).fillna("").to_markdown(index=False, floatfmt=".4g"))
     print("devices, dates:", "; ".join(sorted(devices)))
 
 

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Sequence
 
+import pandas as pd
 import torch
 
 from kernels.newton import newton_apply
@@ -91,10 +92,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 logging.info("%s %s L=%d: %.1fs", name, dtype_name, L, time.perf_counter() - t0)
                 rows.append({"mixer": name, "dtype": dtype_name, "L": L, **{f"it{k}": r for k, r in enumerate(res)}})
     its = [f"it{k}" for k in range(args.iters + 1)]
-    lines = ["| mixer | dtype | L | " + " | ".join(its) + " |", "|---" * (3 + len(its)) + "|"]
-    for r in rows:
-        lines.append(f"| {r['mixer']} | {r['dtype']} | {r['L']} | " + " | ".join(f"{r[k]:.1e}" for k in its) + " |")
-    sys.stdout.write("\n".join(lines) + "\n")
+    table = pd.DataFrame(rows, columns=["mixer", "dtype", "L", *its])
+    sys.stdout.write(table.to_markdown(index=False, floatfmt=".1e") + "\n")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=["mixer", "dtype", "L", *its])

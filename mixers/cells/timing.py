@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Sequence
 
+import pandas as pd
 import torch
 
 
@@ -77,15 +78,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--samples", type=int, default=3, help="timed runs per point on the CPU (median)")
     args = p.parse_args(argv)
-    lines = ["| mixer | L | mode | fwd ms | fwd+bwd ms | fwd speed-up vs sequential | fwd+bwd speed-up |", "|---" * 7 + "|"]
+    table = []
     for name in args.mixers.split(","):
         rows = time_modes(name, [int(v) for v in args.lengths.split(",")], args.modes.split(","), args.batch, args.d_model, args.device, samples=args.samples)
         seq = {r["L"]: r for r in rows if r["mode"] == "sequential"}
         for r in rows:
             s = seq.get(r["L"])
-            up = f"{s['fwd_ms'] / r['fwd_ms']:.1f}x | {s['fwd_bwd_ms'] / r['fwd_bwd_ms']:.1f}x" if s else "- | -"
-            lines.append(f"| {name} | {r['L']} | {r['mode']} | {r['fwd_ms']:.1f} | {r['fwd_bwd_ms']:.1f} | {up} |")
-    sys.stdout.write("\n".join(lines) + "\n")
+            table.append({"mixer": name, "L": r["L"], "mode": r["mode"], "fwd ms": r["fwd_ms"], "fwd+bwd ms": r["fwd_bwd_ms"],
+                          "fwd speed-up vs sequential": s["fwd_ms"] / r["fwd_ms"] if s else float("nan"),
+                          "fwd+bwd speed-up": s["fwd_bwd_ms"] / r["fwd_bwd_ms"] if s else float("nan")})
+    sys.stdout.write(pd.DataFrame(table).to_markdown(index=False, floatfmt=".1f") + "\n")
 
 
 if __name__ == "__main__":

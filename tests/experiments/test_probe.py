@@ -96,7 +96,7 @@ def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch
     assert set(acc) == {"test_probe:ProbeTanhCell", "gru"} and all(0 <= a["parity"] <= 1 for a in acc.values())
     report = (tmp_path / "probe-report.md").read_text()
     for heading in ("**Verdict: PASS", "## 1. Rules", "## 2. Newton-parallel vs sequential", "## 3. Newton iterations",
-                    "## 4. Tasks", "| test_probe:ProbeTanhCell |", "| gru |"):
+                    "## 4. Tasks", "| test_probe:ProbeTanhCell ", "| gru "):
         assert heading in report
     df = pd.read_csv(tmp_path / "parity" / "results.csv")
     assert set(df["mixer"]) == {"test_probe:ProbeTanhCell", "gru"} and set(df["status"]) == {"ok"}
