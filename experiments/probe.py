@@ -26,7 +26,6 @@ small data, 600 steps, one seed; the full version uses the ``default`` preset (t
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import logging
@@ -39,16 +38,31 @@ from typing import Any
 import pandas as pd
 import torch
 
-from experiments.cli import run_cli
+from experiments.cli import (
+    Parser,
+    check_device,
+    check_output_folder,
+    int_list,
+    nonnegative_int,
+    positive_int,
+    run_cli,
+    str_list,
+)
 
 log = logging.getLogger("experiments.probe")
 
-TASKS = ("parity", "keep_nth", "mqar", "khop")
+#: the paper tasks (sweeps of the default or, with --quick, the smoke preset) ...
+PAPER_TASKS = ("parity", "keep_nth", "mqar", "khop")
+#: ... and the state-tracking entries (sweeps of the state-tracking preset: trained on short sequences,
+#: scored beyond them): counting mod 3 and 5, the S3, A5 and S5 word problems
+STATE_TASKS = ("z3", "z5", "s3", "a5", "s5")
+TASKS = (*PAPER_TASKS, "z3", "s3")  # the default: a5, s5 and z5 take longer (--tasks)
 REFERENCES = ("gru", "flashgru", "transformer")
 QUICK_REFERENCES = ("gru", "transformer")
 QUICK_TRAIN = {"max_steps": 600, "batch_size": 32, "train_size": 1000, "val_size": 200, "test_size": 500, "eval_every": 50}
 QUICK_TASK_OPTIONS = {"parity": {"seq_len": 16}, "keep_nth": {"seq_len": 16, "vocab_size": 16, "n": 3},
                       "mqar": {"seq_len": 24, "vocab_size": 32, "num_kv_pairs": 2}, "khop": {"seq_len": 24, "k": 1}}
+QUICK_EXTRAPOLATION = {"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]}
 #: test accuracy at or above which a task counts as solved
 SOLVED = 0.98
 
@@ -235,11 +249,15 @@ def sweep_plans(cell: str, tasks: list[str], references: list[str], quick: bool,
     plans = []
     for task in tasks:
         over: dict[str, Any] = {"mixers": [cell, *references]}
-        if quick:
+        if task in STATE_TASKS:
+            over["preset"] = "state-tracking"
+            if quick:
+                over.update({"seeds": [0], "train": dict(QUICK_TRAIN), "lrs": [3e-3], "extrapolation": QUICK_EXTRAPOLATION})
+        elif quick:
             over.update({"preset": "smoke", "seeds": [0], "train": dict(QUICK_TRAIN),
                          "task_options": QUICK_TASK_OPTIONS.get(task, {}), "lrs": [3e-3]})
             if task == "parity":
-                over["extrapolation"] = {"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]}
+                over["extrapolation"] = QUICK_EXTRAPOLATION
         if max_steps:
             over["train"] = {**over.get("train", {}), "max_steps": max_steps}
         if seeds:
@@ -358,9 +376,10 @@ def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = N
                 continue
             failed += int((df["status"] != "ok").sum())
             best = best_over_lrs(df)
+            metric = "extrap/mean_acc" if task in STATE_TASKS else "test/acc"  # state tracking: beyond the training lengths
             for mixer in dict.fromkeys(df["mixer"]):
                 sel = best[best["mixer"] == mixer] if len(best) else best
-                acc.setdefault(mixer, {})[task] = float(sel["test/acc"].max()) if len(sel) else float("nan")
+                acc.setdefault(mixer, {})[task] = float(sel[metric].max()) if len(sel) and metric in sel else float("nan")
                 if len(sel):
                     params.setdefault(mixer, {})[task] = int(sel["n_params"].iloc[0])
         train = plans[0].train
@@ -379,27 +398,29 @@ def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = N
 def main(argv: list[str] | None = None) -> int:
     from experiments.train import quiet_lightning
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m experiments.probe",
         description="Report card for a new recurrent cell: its rules (position-wise step, declared Jacobian at "
                     "random states and parameters), Newton-parallel vs sequential agreement (forward and gradients), "
-                    "Newton iterations vs length, and the four tasks' sweeps next to reference mixers. The verdict "
-                    "names the rule a failing cell breaks; the exit status is then 1.",
+                    "Newton iterations vs length, and sweeps of the paper tasks and the state-tracking tasks next to "
+                    "reference mixers. The verdict names the rule a failing cell breaks; the exit status is then 1.",
         epilog="CELL is 'module.path:ClassName' of an RNNCell subclass (mixers.cells.RNNCell) importable from the "
-               "current directory. Example: python -m experiments.probe mycells:MinGRU --quick",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+               f"current directory. Tasks: {', '.join(PAPER_TASKS)} (accuracy on the test set) and {', '.join(STATE_TASKS)} "
+               "(the state-tracking preset's entries: mean accuracy beyond the training lengths). "
+               "Example: python -m experiments.probe mycells:MinGRU --quick",
     )
     p.add_argument("cell", help="module.path:CellClass")
     p.add_argument("--quick", action="store_true", help="a few minutes on a CPU: small tasks, 600 steps, one seed")
     p.add_argument("--out", type=Path, help="output folder (default: runs/probe/<CellClass>[-quick])")
-    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default: %(default)s)")
+    p.add_argument("--tasks", type=str_list, default=list(TASKS), help=f"comma-separated tasks (default: {','.join(TASKS)})")
     p.add_argument("--references", help=f"comma-separated reference mixers (default: {','.join(REFERENCES)}; "
                                         f"--quick: {','.join(QUICK_REFERENCES)}); '' for none")
-    p.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes for the sweeps (default: in this process)")
+    p.add_argument("--workers", type=nonnegative_int, default=0, metavar="N",
+                   help="worker processes for the sweeps (default: in this process)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
-    p.add_argument("--max-steps", type=int, help="override the step budget per trial")
-    p.add_argument("--seeds", help="override the seeds, e.g. 0,1,2")
-    p.add_argument("--lengths", help="sequence lengths for the Newton convergence check, e.g. 64,256,1024")
+    p.add_argument("--max-steps", type=positive_int, help="override the step budget per trial")
+    p.add_argument("--seeds", type=int_list, help="override the seeds, e.g. 0,1,2")
+    p.add_argument("--lengths", type=int_list, help="sequence lengths for the Newton convergence check, e.g. 64,256,1024")
     p.add_argument("--no-sweeps", action="store_true", help="only the Jacobian and Newton checks")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -408,23 +429,18 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, "")  # cells in the current directory
 
     def run() -> None:
-        from experiments.presets import resolve_sweep  # noqa: F401
-        from tasks import TASKS as KNOWN
-
-        tasks = [t for t in args.tasks.split(",") if t]
-        bad = [t for t in tasks if t not in TASKS or t not in KNOWN]
-        if bad or not tasks:
-            raise ValueError(f"--tasks: unknown {', '.join(bad) or '(none given)'}; valid: {', '.join(TASKS)}")
+        tasks = args.tasks
+        bad = [t for t in tasks if t not in (*PAPER_TASKS, *STATE_TASKS)]
+        if bad:
+            raise ValueError(f"--tasks: unknown {', '.join(bad)}; valid: {', '.join((*PAPER_TASKS, *STATE_TASKS))}")
+        if any(n < 2 for n in args.lengths or []):
+            raise ValueError(f"--lengths: every length must be >= 2, got {args.lengths}")
         references = None if args.references is None else [m for m in args.references.split(",") if m]
-        try:
-            seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-            lengths = [int(s) for s in args.lengths.split(",")] if args.lengths else None
-        except ValueError:
-            raise ValueError("--seeds/--lengths: expected comma-separated integers") from None
+        check_device(args.device)
         cell_cls = load_cell(args.cell)
-        out = args.out or Path("runs") / "probe" / (cell_cls.__name__ + ("-quick" if args.quick else ""))
-        numbers = probe(args.cell, out, args.quick, tasks, references, args.workers, args.device, args.max_steps, seeds,
-                        lengths, run_sweeps=not args.no_sweeps, progress=not args.no_progress)
+        out = check_output_folder(args.out or Path("runs") / "probe" / (cell_cls.__name__ + ("-quick" if args.quick else "")))
+        numbers = probe(args.cell, out, args.quick, tasks, references, args.workers, args.device, args.max_steps, args.seeds,
+                        args.lengths, run_sweeps=not args.no_sweeps, progress=not args.no_progress)
         print((out / "probe-report.md").read_text())
         passed.append(numbers["verdict"]["ok"])
 

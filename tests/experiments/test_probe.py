@@ -103,6 +103,20 @@ def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch
     assert json.loads((tmp_path / "probe.json").read_text())["cell"] == "test_probe:ProbeTanhCell"
 
 
+def test_probe_sweeps_the_state_tracking_tasks_beyond_the_training_lengths(tmp_path, monkeypatch):
+    """The report card's z3 column is the mean accuracy at the evaluation lengths beyond training (quick: 16, 32)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    numbers = probe("test_probe:ProbeTanhCell", tmp_path, quick=True, tasks=["z3"], references=["gru"],
+                    max_steps=30, lengths=[16], progress=False)
+    df = pd.read_csv(tmp_path / "z3" / "results.csv")
+    assert set(df["task"]) == {"modular_count"} and set(df["status"]) == {"ok"}
+    assert {"len16/acc", "len32/acc", "extrap/mean_acc"} <= set(df.columns)
+    by_mixer = df.set_index("mixer")["extrap/mean_acc"]
+    assert numbers["sweeps"]["acc"]["gru"]["z3"] == by_mixer["gru"] and 0 <= by_mixer["gru"] <= 1
+    assert "| z3 " in (tmp_path / "probe-report.md").read_text().replace("| mixer ", "| z3 ") or "z3" in (
+        tmp_path / "probe-report.md").read_text()
+
+
 def _probe_cli(cell, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     code = main([f"test_probe:{cell}", "--no-sweeps", "--quick", "--lengths", "16", "--out", str(tmp_path), "--no-progress"])
