@@ -312,7 +312,9 @@ def report_markdown(cell: str, rules: dict, agree: dict | None, conv: list[dict]
                                 for r in conv]).fillna("").to_markdown(index=False, disable_numparse=True)]
     if sweeps:
         tasks, table, params = sweeps["tasks"], sweeps["acc"], sweeps["params"]
-        lines += ["", "## 4. Tasks", "", f"Test accuracy (best over seeds; {sweeps['budget']}); **bold**: solved (≥ {SOLVED:.0%}).", ""]
+        state = [t for t in tasks if t in STATE_TASKS]
+        metric = "Test accuracy" + (f"; {', '.join(state)}: mean accuracy beyond the training lengths" if state else "")
+        lines += ["", "## 4. Tasks", "", f"{metric} (best over seeds; {sweeps['budget']}); **bold**: solved (≥ {SOLVED:.0%}).", ""]
         card = []
         for mixer, accs in table.items():
             cells = []

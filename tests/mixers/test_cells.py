@@ -12,6 +12,19 @@ import warnings
 
 import pytest
 import torch
+from example_cells import (
+    Block2Cell,
+    Block2DeclaredDiag,
+    ChaoticCell,
+    ClosedFormIgnoresC,
+    CumsumOverDim2,
+    DenseCell,
+    DenseDeclaredDiag,
+    DiagCell,
+    RunningMeanOverTime,
+    ZeroCouplingDiag,
+    ZeroPairingDiag,
+)
 from torch import nn
 
 from kernels._triton import triton_available
@@ -21,122 +34,6 @@ from mixers import build_mixer, cell_mixer
 from mixers.cells import CellMixer, FlashGRUCell, FlashLSTMCell, RNNCell
 from mixers.cells.convergence import newton_residuals
 from mixers.cells.mixer import JacobianMismatchError
-
-
-class DiagCell(RNNCell):
-    jacobian = "diag"
-
-    def __init__(self, d_in, d_state):
-        super().__init__()
-        self.w = nn.Parameter(torch.rand(d_state) * 1.6 - 0.8)
-        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in**0.5)
-
-    def recurrence_step(self, h, x):
-        return torch.tanh(self.w * h + x @ self.W)
-
-
-class Block2Cell(RNNCell):
-    """A damped nonlinear rotation of the pairs (p_i, q_i): 2x2 blocks of diagonals."""
-
-    jacobian = "block2"
-
-    def __init__(self, d_in, d_state):
-        super().__init__()
-        self.theta = nn.Parameter(torch.rand(d_state // 2) * math.pi)
-        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in**0.5)
-
-    def recurrence_step(self, h, x):
-        half = h.shape[-1] // 2
-        p, q, v = h[..., :half], h[..., half:], x @ self.W
-        c, s = torch.cos(self.theta), torch.sin(self.theta)
-        return torch.cat([torch.tanh(0.8 * (c * p - s * q) + v[..., :half]), torch.tanh(0.8 * (s * p + c * q) + v[..., half:])], -1)
-
-
-class DenseCell(RNNCell):
-    jacobian = "dense"
-
-    def __init__(self, d_in, d_state):
-        super().__init__()
-        self.R = nn.Parameter(torch.randn(d_state, d_state) * 0.7 / d_state**0.5)
-        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in**0.5)
-
-    def recurrence_step(self, h, x):
-        return torch.tanh(h @ self.R + x @ self.W)
-
-
-class DenseDeclaredDiag(DenseCell):
-    jacobian = "diag"
-
-
-class Block2DeclaredDiag(Block2Cell):
-    jacobian = "diag"
-
-
-class ZeroCouplingDiag(DiagCell):
-    """Declares a diagonal Jacobian; mixes the state channels through R, which starts at zero."""
-
-    def __init__(self, d_in, d_state):
-        super().__init__(d_in, d_state)
-        self.R = nn.Parameter(torch.zeros(d_state, d_state))
-
-    def recurrence_step(self, h, x):
-        return torch.tanh(self.w * h + h @ self.R + x @ self.W)
-
-
-class ZeroPairingDiag(DiagCell):
-    """Declares a diagonal Jacobian; couples state half i with half 1 - i through c, which starts at zero."""
-
-    def __init__(self, d_in, d_state):
-        super().__init__(d_in, d_state)
-        self.c = nn.Parameter(torch.zeros(d_state))
-
-    def recurrence_step(self, h, x):
-        return torch.tanh(self.w * h + self.c * h.roll(h.shape[-1] // 2, -1) + x @ self.W)
-
-
-class ClosedFormIgnoresC(DiagCell):
-    """h' = tanh(w h + c h^2 + W x) with c starting at zero and a jacobian_fn that leaves c out."""
-
-    def __init__(self, d_in, d_state):
-        super().__init__(d_in, d_state)
-        self.c = nn.Parameter(torch.zeros(d_state))
-
-    def recurrence_step(self, h, x):
-        return torch.tanh(self.w * h + self.c * h * h + x @ self.W)
-
-    def jacobian_fn(self, h, u):
-        return (1 - self.recurrence_step(h, u) ** 2) * self.w
-
-
-class RunningMeanOverTime(DiagCell):
-    """Breaks the position-wise rule: given all positions (B, L, d), adds the running mean over time."""
-
-    def recurrence_step(self, h, x):
-        v = x @ self.W
-        if v.dim() >= 3:
-            v = v.cumsum(-2) / torch.arange(1, v.shape[-2] + 1, dtype=v.dtype)[:, None]
-        return torch.tanh(self.w * h + v)
-
-
-class CumsumOverDim2(DiagCell):
-    """Breaks the position-wise rule: a cumulative sum over the second-to-last dim (time, or batch)."""
-
-    def recurrence_step(self, h, x):
-        return torch.tanh(self.w * h + (x @ self.W).cumsum(-2))
-
-
-class ChaoticCell(RNNCell):
-    """Expanding (|df/dh| up to 4): three Newton iterations are far from the solution."""
-
-    jacobian = "diag"
-
-    def __init__(self, d_in, d_state):
-        super().__init__()
-        self.W = nn.Parameter(torch.randn(d_in, d_state))
-
-    def recurrence_step(self, h, x):
-        return torch.sin(4.0 * h) + x @ self.W
-
 
 CELLS = [FlashGRUCell, FlashLSTMCell, DiagCell, Block2Cell, DenseCell]
 BATCH = {1: 4, 2: 1, 7: 3, 100: 2, 1000: 2}
