@@ -2,31 +2,20 @@
 poisoned with NaN first; the per-chunk inter-chunk loop is bit-identical to the fused recurrence.
 On the CPU these run under ``TRITON_INTERPRET=1`` at small shapes."""
 
-import os
 import types
 
 import pytest
 import torch
 
-from kernels._triton import triton_available, triton_importable
+from kernels._triton import triton_available
 
-pytestmark = pytest.mark.skipif(
-    not triton_importable() or not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
-    reason="needs Triton on CUDA or TRITON_INTERPRET=1",
-)
+pytestmark = [pytest.mark.triton, pytest.mark.usefixtures("poison")]
 
 from test_mlstm import assert_all_close, make_inputs, run  # noqa: E402
 
-from kernels._triton import poisoned  # noqa: E402
 from kernels.mlstm import mlstm, mlstm_parallel  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(autouse=True)
-def poison():
-    with poisoned():
-        yield
 
 
 def _triton(*args, **kw):

@@ -4,29 +4,18 @@ Forward states and the gradients of ``u``, ``a`` (and ``p``); CPU runs use the T
 at small shapes, outputs poisoned with NaN before every run.
 """
 
-import os
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from kernels._triton import poisoned  # noqa: E402
 from kernels.newton import flashgru, flashlstm, fused_common, fused_gru, fused_lstm  # noqa: E402
 from kernels.newton.fused_common import NewtonTiles  # noqa: E402
 from kernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
 
 use_vectorized_interpreter_scan()
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(
-    DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1", reason="needs CUDA or TRITON_INTERPRET=1"
-)
-
-
-@pytest.fixture(autouse=True)
-def poison():
-    with poisoned():
-        yield
+pytestmark = [pytest.mark.triton, pytest.mark.usefixtures("poison")]
 
 
 def gru_loop(u, a):

@@ -5,7 +5,6 @@ CPU runs use the Triton interpreter (small shapes); outputs are poisoned with Na
 
 import dataclasses
 import math
-import os
 
 import pytest
 import torch
@@ -16,7 +15,6 @@ import numpy as np  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels._triton import poisoned  # noqa: E402
 from kernels.scan import linear_scan, linear_scan_block2, resolve_backend  # noqa: E402
 from kernels.scan import triton_scan as ts  # noqa: E402
 from kernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
@@ -25,16 +23,7 @@ from kernels.scan.reference import linear_scan_block2_reference, linear_scan_ref
 
 use_vectorized_interpreter_scan()
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(
-    DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1", reason="needs CUDA or TRITON_INTERPRET=1"
-)
-
-
-@pytest.fixture(autouse=True)
-def poison():
-    """Every output buffer of the kernels starts as NaN, so an unwritten element fails the test."""
-    with poisoned():
-        yield
+pytestmark = [pytest.mark.triton, pytest.mark.usefixtures("poison")]  # outputs start as NaN
 
 
 KINDS = ("lookback", "loop")
