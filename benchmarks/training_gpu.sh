@@ -12,7 +12,8 @@
 #                           from what finished and packs it into OUT_DIR. A later `start` resumes the study.
 # Environment: STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
 # folder), REPRODUCE_OUT (the reproductions' --out, default RUN_ROOT/reproduce), REPRODUCE_ARGS (default
-# "--workers 16 --mps"), WAIT_S (default 540).
+# "--workers 16 --mps"), WAIT_S (default 540), EXPRESSIVITY_COMMIT (the commit results record where the
+# checkout has no .git).
 set -u
 out=${1:?output folder}; shift
 mkdir -p "$out"
@@ -42,8 +43,10 @@ for step in "$@"; do
         # run from a copy: the next device call replaces this checkout under a running job
         code=/tmp/code-$name; rm -rf "$code"; mkdir -p "$code"
         cp -r tasks mixers kernels experiments analysis pyproject.toml "$code"/
+        # the copy has no .git: results record the checkout's commit (or EXPRESSIVITY_COMMIT as given)
+        commit=$(git describe --always --dirty --abbrev=12 2> /dev/null || echo "${EXPRESSIVITY_COMMIT:-unknown}")
         # shellcheck disable=SC2086
-        (cd "$code" && PYTHONPATH="$code:${PYTHONPATH:-}" setsid nohup python3 -m experiments.reproduce "$name" --out "$dir" \
+        (cd "$code" && EXPRESSIVITY_COMMIT=$commit PYTHONPATH="$code:${PYTHONPATH:-}" setsid nohup python3 -m experiments.reproduce "$name" --out "$dir" \
           --no-progress ${REPRODUCE_ARGS:---workers 16 --mps} >> "$dir/$name.log" 2>&1 &)
         sleep 1; pgrep -f -n "experiments.reproduce $name" > "$dir/$name.pid"
         echo "=== started $name (pid $(cat "$dir/$name.pid")) at $(date -u +%FT%TZ)"
@@ -56,7 +59,7 @@ for step in "$@"; do
       echo "=== $name: $state at $(date -u +%FT%TZ)"; tail -n 5 "$dir/$name.log"
       python3 -m experiments.reproduce "$name" --out "$dir" --table-only --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
         || tail -n 5 "$out/$name-table.log"
-      tar -C "$dir" -czf "$out/$name-run.tgz" --exclude='*.ckpt' journal.log "$name" "$name.log" 2> /dev/null
+      tar -C "$dir" -czf "$out/$name-run.tgz" --exclude='*.ckpt' journal.log "$name" "$name.log" workers 2> /dev/null
       cat "$out/$name.md" 2> /dev/null | sed -n '/^| model/,/^$/p' ;;
     *) echo "unknown step $step" ;;
   esac

@@ -349,6 +349,7 @@ def run_trial(spec: TrialSpec, out_dir: str | Path | None = None, progress_bar: 
 
 def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_bar: bool,
                callbacks: list[Callback] | None, logger: str, engine: str, keep: bool) -> dict[str, Any]:
+    entered = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     if keep:
         (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
@@ -407,6 +408,8 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         "steps": trainer.global_step,
         "best_step": _best_step(best_path, trainer.global_step),
         "resumed_from_step": resumed_from,
+        # seconds: data sets, model and trainer built; fit (validations included); fit and both test passes
+        "setup_time_s": round(start - entered, 3),
         "train_time_s": round(train_time, 3),
         "wall_time_s": round(time.perf_counter() - start, 3),
         "steps_per_s": round(steps_here / max(train_time, 1e-9), 3),

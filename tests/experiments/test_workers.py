@@ -17,7 +17,7 @@ from experiments.lit import LitSequenceModel
 from experiments.presets import build_specs, resolve_sweep
 from experiments.study import HEARTBEAT_DIR, GridStudy, cell_id, grid_distributions, cell_params, is_stale
 from experiments.sweep import run_sweep
-from experiments.workers import start_worker, worker_devices, worker_loop
+from experiments.workers import start_worker, worker_devices, worker_loop, worker_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"max_steps": 20, "batch_size": 16, "train_size": 64, "val_size": 32, "test_size": 32, "eval_every": 10}
@@ -91,10 +91,22 @@ def test_two_workers_complete_grid_exactly_once_and_save_checkpoints(tmp_path):
     assert len(folders) == 6
     for folder in folders:
         assert {"logs", "spec.json", "run.json", "checkpoints"} <= {p.name for p in folder.iterdir()}
-    assert len(list((tmp_path / "workers").glob("worker-*.log"))) == 2
+    logs = [p.read_text() for p in (tmp_path / "workers").glob("worker-*.log")]
+    assert len(logs) == 2
+    # each worker takes its share of the cores, and logs where each trial's time went
+    assert all(f"{worker_threads(2)} CPU threads" in text for text in logs)
+    timings = [line for text in logs for line in text.splitlines() if "s in all: setup" in line]
+    assert len(timings) == 6
     module = LitSequenceModel.load_from_checkpoint(folders[0] / "checkpoints" / "best.ckpt", map_location="cpu")
     assert module.hparams["model"]["mixer"] in ("gru", "elman")
     assert not list((tmp_path / HEARTBEAT_DIR).glob("*"))  # workers remove their heartbeat on exit
+
+
+def test_worker_threads_share_the_cores():
+    assert worker_threads(16, cores=16) == 1
+    assert worker_threads(4, cores=16) == 4
+    assert worker_threads(5, cores=16) == 3
+    assert worker_threads(32, cores=16) == 1  # never 0
 
 
 def test_worker_killed_mid_trial_then_rerun_resumes_and_completes_exactly_once(tmp_path, slow_on_path):
