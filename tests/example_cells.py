@@ -136,3 +136,28 @@ class NonFiniteCell(DiagCell):
 
     def recurrence_step(self, h, x):
         return torch.tanh(self.w * h + x @ self.W) + torch.log(h * 0)
+
+
+class DenseFlashGRU(RNNCell):
+    """FlashGRU's equations (``mixers.cells.flash``) with full ``(Ds, Ds)`` state matrices in place of the
+    diagonals ``a_z, a_r, a_c``: the control for what the element-wise recurrence cannot learn."""
+
+    jacobian = "dense"
+
+    def __init__(self, d_in, d_state):
+        super().__init__()
+        self.B = nn.Parameter(torch.empty(3, d_in, d_state))
+        self.b = nn.Parameter(torch.zeros(3, d_state))
+        self.A = nn.Parameter(torch.randn(3, d_state, d_state) / d_state**0.5)
+        with torch.no_grad():
+            for g in range(3):
+                nn.init.kaiming_uniform_(self.B[g].T, nonlinearity="linear")
+
+    def input_projection(self, x):
+        return torch.einsum("...i,gis->...gs", x, self.B) + self.b
+
+    def state_update(self, h, u):
+        z = torch.sigmoid(h @ self.A[0] + u[..., 0, :])
+        r = torch.sigmoid(h @ self.A[1] + u[..., 1, :])
+        c = torch.tanh((h * r) @ self.A[2] + u[..., 2, :])
+        return (1 - z) * h + z * c

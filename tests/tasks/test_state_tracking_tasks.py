@@ -192,3 +192,24 @@ def test_gru_solves_counting_mod_3_beyond_the_training_length():
     result = run_trial(spec)
     assert result["test/acc"] >= 0.99, result
     assert result["len24/acc"] >= 0.98, result
+
+
+@pytest.mark.slow
+def test_flashgru_counts_mod_3_only_with_dense_state_matrices():
+    """FlashGRU's element-wise recurrence (each unit a 1-D map of itself) does not learn counting mod 3
+    beyond the training length; the same equations with dense state matrices (``DenseFlashGRU``) do.
+    Trained on lengths 3..12, scored at the last position of length-24 sequences (chance 1/3); about
+    10 s on a CPU core."""
+    from experiments.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
+
+    quiet_lightning()
+    last_acc = {}
+    for mixer, options in [("example_cells:DenseFlashGRU", {"mode": "sequential"}),
+                           ("flashgru", {"mode": "sequential", "clip_norm": None})]:
+        spec = TrialSpec(task="modular_count", mixer=mixer, mixer_options=options, lr=1e-2, seed=0,
+                         task_options={"m": 3}, extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [24]},
+                         train=TrainConfig(max_steps=500, batch_size=32, train_size=4000, val_size=300,
+                                           test_size=500, eval_every=50))
+        last_acc[mixer] = run_trial(spec)["len24/last_acc"]
+    assert last_acc["example_cells:DenseFlashGRU"] >= 0.9, last_acc
+    assert last_acc["flashgru"] <= 0.5, last_acc
