@@ -46,6 +46,47 @@ def row_of(v, sel):
 
 
 @triton.jit
+def lane_tile(pid, n_st, B, Ds, BD: tl.constexpr):
+    """Program ``pid``'s work: sequence row ``n`` of the ``H * B`` rows (``pid // n_st``), its head
+    ``n // B``, and the ``BD`` state channels of channel tile ``pid % n_st`` with their mask ``< Ds``."""
+    n = pid // n_st
+    lanes = (pid % n_st) * BD + tl.arange(0, BD)
+    return n, n // B, lanes, lanes < Ds
+
+
+@triton.jit
+def chunk_masks(rows, L, lmask):
+    """Masks of a ``[CH, BD]`` tile at positions ``rows [CH]``: in range; with a previous position in
+    range (``rows >= 1``); with a next one (``rows + 1 < L``)."""
+    here = (rows < L)[:, None] & lmask[None, :]
+    prev = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
+    nxt = (rows + 1 < L)[:, None] & lmask[None, :]
+    return here, prev, nxt
+
+
+@triton.jit
+def load3(ptr, Ds, mask):
+    """The three gate planes at ``ptr``, ``ptr + Ds``, ``ptr + 2 Ds`` (0 where ``mask`` is off)."""
+    return (tl.load(ptr, mask=mask, other=0.0), tl.load(ptr + Ds, mask=mask, other=0.0),
+            tl.load(ptr + 2 * Ds, mask=mask, other=0.0))
+
+
+@triton.jit
+def param_rows3(ptr, Ds, lmask):
+    """Three per-gate parameter vectors ``(3, Ds)`` at ``ptr`` (the lanes' entries) as ``[1, BD]`` rows."""
+    a0, a1, a2 = load3(ptr, Ds, lmask)
+    return a0[None, :], a1[None, :], a2[None, :]
+
+
+@triton.jit
+def store3(ptr, Ds, v0, v1, v2, mask):
+    """Store three gate planes at ``ptr``, ``ptr + Ds``, ``ptr + 2 Ds``."""
+    tl.store(ptr, v0, mask=mask)
+    tl.store(ptr + Ds, v1, mask=mask)
+    tl.store(ptr + 2 * Ds, v2, mask=mask)
+
+
+@triton.jit
 def compose_excl(a1, y1, p1, q1, a2, y2, p2, q2):
     """Segment composition keeping the exclusive result: ``(A, Y, A', Y')`` (module docstring)."""
     return a1 * a2, a2 * y1 + y2, p2 * a1, p2 * y1 + q2

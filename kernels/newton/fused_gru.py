@@ -27,7 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.newton.fused_common import FusedNewton, NewtonTiles, compose, compose_excl, row_of, sigmoid, tanh
+from kernels.newton.fused_common import (
+    FusedNewton, NewtonTiles, compose, compose_excl, chunk_masks, lane_tile, load3, param_rows3, row_of, sigmoid, store3, tanh,
+)
 
 
 @triton.jit
@@ -53,16 +55,8 @@ def _gru_fwd_kernel(
     B, L, Ds, n_st, iters, tol,
     HAS_TOL: tl.constexpr, STATS: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n = pid // n_st
-    st = pid % n_st
-    head = n // B
-    lanes = st * BD + tl.arange(0, BD)
-    lmask = lanes < Ds
-    ap = a_ptr + head * 3 * Ds + lanes
-    az = tl.load(ap, mask=lmask, other=0.0)[None, :]
-    ar = tl.load(ap + Ds, mask=lmask, other=0.0)[None, :]
-    ac = tl.load(ap + 2 * Ds, mask=lmask, other=0.0)[None, :]
+    n, head, lanes, lmask = lane_tile(tl.program_id(0), n_st, B, Ds, BD)
+    az, ar, ac = param_rows3(a_ptr + head * 3 * Ds + lanes, Ds, lmask)
     ubase = u_ptr + n.to(tl.int64) * L * 3 * Ds
     hbase = h_ptr + n.to(tl.int64) * L * Ds
     idx = tl.arange(0, CH)
@@ -71,12 +65,9 @@ def _gru_fwd_kernel(
     hcarry = tl.zeros([BD], dtype=tl.float32)
     for m in range(0, tl.cdiv(L, CH)):
         rows = m * CH + idx
-        mask = (rows < L)[:, None] & lmask[None, :]
-        pmask = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
+        mask, pmask, _next = chunk_masks(rows, L, lmask)  # (no `_`: the Newton loop reassigns it with another type)
         uo = rows[:, None] * (3 * Ds) + lanes[None, :]
-        uz = tl.load(ubase + uo, mask=mask, other=0.0)
-        ur = tl.load(ubase + uo + Ds, mask=mask, other=0.0)
-        uc = tl.load(ubase + uo + 2 * Ds, mask=mask, other=0.0)
+        uz, ur, uc = load3(ubase + uo, Ds, mask)
         pz = tl.load(ubase + uo - 3 * Ds, mask=pmask, other=0.0)
         pc = tl.load(ubase + uo - Ds, mask=pmask, other=0.0)
         h = _f0(uz, uc)  # eq. 10: h^0_t = f(0, u_t)
@@ -113,16 +104,8 @@ def _gru_bwd_kernel(
     B, L, Ds, n_st,
     CH: tl.constexpr, BD: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n = pid // n_st
-    st = pid % n_st
-    head = n // B
-    lanes = st * BD + tl.arange(0, BD)
-    lmask = lanes < Ds
-    ap = a_ptr + head * 3 * Ds + lanes
-    az = tl.load(ap, mask=lmask, other=0.0)[None, :]
-    ar = tl.load(ap + Ds, mask=lmask, other=0.0)[None, :]
-    ac = tl.load(ap + 2 * Ds, mask=lmask, other=0.0)[None, :]
+    n, head, lanes, lmask = lane_tile(tl.program_id(0), n_st, B, Ds, BD)
+    az, ar, ac = param_rows3(a_ptr + head * 3 * Ds + lanes, Ds, lmask)
     uoff = n.to(tl.int64) * L * 3 * Ds
     hoff = n.to(tl.int64) * L * Ds
     idx = tl.arange(0, CH)
@@ -134,20 +117,14 @@ def _gru_bwd_kernel(
     n_chunks = tl.cdiv(L, CH)
     for i in range(0, n_chunks):
         rows = (n_chunks - 1 - i) * CH + (CH - 1 - idx)  # reversed rows: the adjoint scan runs forward over the tile
-        mask = (rows < L)[:, None] & lmask[None, :]
-        pmask = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
-        nmask = (rows + 1 < L)[:, None] & lmask[None, :]
+        mask, pmask, nmask = chunk_masks(rows, L, lmask)
         ho = hoff + rows[:, None] * Ds + lanes[None, :]
         h = tl.load(h_ptr + ho, mask=mask, other=0.0)
         hp = tl.load(h_ptr + ho - Ds, mask=pmask, other=0.0)
         g = tl.load(gh_ptr + ho, mask=mask, other=0.0)
         uo = uoff + rows[:, None] * (3 * Ds) + lanes[None, :]
-        uz = tl.load(u_ptr + uo, mask=mask, other=0.0)
-        ur = tl.load(u_ptr + uo + Ds, mask=mask, other=0.0)
-        uc = tl.load(u_ptr + uo + 2 * Ds, mask=mask, other=0.0)
-        nz = tl.load(u_ptr + uo + 3 * Ds, mask=nmask, other=0.0)
-        nr = tl.load(u_ptr + uo + 4 * Ds, mask=nmask, other=0.0)
-        nc = tl.load(u_ptr + uo + 5 * Ds, mask=nmask, other=0.0)
+        uz, ur, uc = load3(u_ptr + uo, Ds, mask)
+        nz, nr, nc = load3(u_ptr + uo + 3 * Ds, Ds, nmask)
         _, jn = _cell(h, nz, nr, nc, az, ar, ac)  # J_{t+1}, evaluated at (h_t, u_{t+1})
         jn = tl.where(nmask, jn, 0.0)
         P, Y = tl.associative_scan((jn, g), 0, compose)
@@ -159,16 +136,11 @@ def _gru_bwd_kernel(
         gz = lam * (c - hp) * z * (1.0 - z)
         gc = lam * z * (1.0 - c * c)
         gr = gc * ac * hp * r * (1.0 - r)
-        tl.store(du_ptr + uo, gz, mask=mask)
-        tl.store(du_ptr + uo + Ds, gr, mask=mask)
-        tl.store(du_ptr + uo + 2 * Ds, gc, mask=mask)
+        store3(du_ptr + uo, Ds, gz, gr, gc, mask)
         acc_z += gz * hp
         acc_r += gr * hp
         acc_c += gc * hp * r
-    dap = da_ptr + n * 3 * Ds + lanes
-    tl.store(dap, tl.sum(acc_z, axis=0), mask=lmask)
-    tl.store(dap + Ds, tl.sum(acc_r, axis=0), mask=lmask)
-    tl.store(dap + 2 * Ds, tl.sum(acc_c, axis=0), mask=lmask)
+    store3(da_ptr + n * 3 * Ds + lanes, Ds, tl.sum(acc_z, axis=0), tl.sum(acc_r, axis=0), tl.sum(acc_c, axis=0), lmask)
 
 
 _CELL = FusedNewton("flashgru_fused", _gru_fwd_kernel, _gru_bwd_kernel, {"a": 3}, 1, ch=128)

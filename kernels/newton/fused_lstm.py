@@ -29,10 +29,23 @@ from kernels.newton.fused_common import (
     NewtonTiles,
     compose2,
     compose2_excl,
+    chunk_masks,
+    lane_tile,
+    load3,
+    param_rows3,
     row_of,
     sigmoid,
+    store3,
     tanh,
 )
+
+
+@triton.jit
+def _peepholes(ptr, Ds, lmask):
+    """The peephole vectors ``(c_f, c_o)`` (``(2, Ds)`` at ``ptr``) as ``[1, BD]`` rows."""
+    pf = tl.load(ptr, mask=lmask, other=0.0)[None, :]
+    po = tl.load(ptr + Ds, mask=lmask, other=0.0)[None, :]
+    return pf, po
 
 
 @triton.jit
@@ -64,19 +77,9 @@ def _lstm_fwd_kernel(
     B, L, Ds, n_st, iters, tol,
     HAS_TOL: tl.constexpr, STATS: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n = pid // n_st
-    st = pid % n_st
-    head = n // B
-    lanes = st * BD + tl.arange(0, BD)
-    lmask = lanes < Ds
-    wp = a_ptr + head * 3 * Ds + lanes
-    af = tl.load(wp, mask=lmask, other=0.0)[None, :]
-    az = tl.load(wp + Ds, mask=lmask, other=0.0)[None, :]
-    ao = tl.load(wp + 2 * Ds, mask=lmask, other=0.0)[None, :]
-    pp = p_ptr + head * 2 * Ds + lanes
-    pf = tl.load(pp, mask=lmask, other=0.0)[None, :]
-    po = tl.load(pp + Ds, mask=lmask, other=0.0)[None, :]
+    n, head, lanes, lmask = lane_tile(tl.program_id(0), n_st, B, Ds, BD)
+    af, az, ao = param_rows3(a_ptr + head * 3 * Ds + lanes, Ds, lmask)
+    pf, po = _peepholes(p_ptr + head * 2 * Ds + lanes, Ds, lmask)
     ubase = u_ptr + n.to(tl.int64) * L * 3 * Ds
     sbase = s_ptr + n.to(tl.int64) * L * 2 * Ds
     idx = tl.arange(0, CH)
@@ -86,15 +89,10 @@ def _lstm_fwd_kernel(
     h_carry = tl.zeros([BD], dtype=tl.float32)
     for m in range(0, tl.cdiv(L, CH)):
         rows = m * CH + idx
-        mask = (rows < L)[:, None] & lmask[None, :]
-        pmask = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
+        mask, pmask, _next = chunk_masks(rows, L, lmask)  # (no `_`: the Newton loop reassigns it with another type)
         uo_ = rows[:, None] * (3 * Ds) + lanes[None, :]
-        uf = tl.load(ubase + uo_, mask=mask, other=0.0)
-        uz = tl.load(ubase + uo_ + Ds, mask=mask, other=0.0)
-        uo = tl.load(ubase + uo_ + 2 * Ds, mask=mask, other=0.0)
-        qf = tl.load(ubase + uo_ - 3 * Ds, mask=pmask, other=0.0)
-        qz = tl.load(ubase + uo_ - 2 * Ds, mask=pmask, other=0.0)
-        qo = tl.load(ubase + uo_ - Ds, mask=pmask, other=0.0)
+        uf, uz, uo = load3(ubase + uo_, Ds, mask)
+        qf, qz, qo = load3(ubase + uo_ - 3 * Ds, Ds, pmask)
         c, h = _f0(uf, uz, uo, po)  # eq. 10: s^0_t = f(0, u_t)
         cp, hp = _f0(qf, qz, qo, po)
         cp = tl.where(first, c_carry[None, :], cp)  # exact at the chunk's start
@@ -143,19 +141,9 @@ def _lstm_bwd_kernel(
     B, L, Ds, n_st,
     CH: tl.constexpr, BD: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n = pid // n_st
-    st = pid % n_st
-    head = n // B
-    lanes = st * BD + tl.arange(0, BD)
-    lmask = lanes < Ds
-    wp = a_ptr + head * 3 * Ds + lanes
-    af = tl.load(wp, mask=lmask, other=0.0)[None, :]
-    az = tl.load(wp + Ds, mask=lmask, other=0.0)[None, :]
-    ao = tl.load(wp + 2 * Ds, mask=lmask, other=0.0)[None, :]
-    pp = p_ptr + head * 2 * Ds + lanes
-    pf = tl.load(pp, mask=lmask, other=0.0)[None, :]
-    po = tl.load(pp + Ds, mask=lmask, other=0.0)[None, :]
+    n, head, lanes, lmask = lane_tile(tl.program_id(0), n_st, B, Ds, BD)
+    af, az, ao = param_rows3(a_ptr + head * 3 * Ds + lanes, Ds, lmask)
+    pf, po = _peepholes(p_ptr + head * 2 * Ds + lanes, Ds, lmask)
     uoff = n.to(tl.int64) * L * 3 * Ds
     soff = n.to(tl.int64) * L * 2 * Ds
     idx = tl.arange(0, CH)
@@ -170,9 +158,7 @@ def _lstm_bwd_kernel(
     n_chunks = tl.cdiv(L, CH)
     for i in range(0, n_chunks):
         rows = (n_chunks - 1 - i) * CH + (CH - 1 - idx)  # reversed rows: the adjoint scan runs forward over the tile
-        mask = (rows < L)[:, None] & lmask[None, :]
-        pmask = ((rows >= 1) & (rows < L))[:, None] & lmask[None, :]
-        nmask = (rows + 1 < L)[:, None] & lmask[None, :]
+        mask, pmask, nmask = chunk_masks(rows, L, lmask)
         so = soff + rows[:, None] * (2 * Ds) + lanes[None, :]
         c = tl.load(s_ptr + so, mask=mask, other=0.0)
         h = tl.load(s_ptr + so + Ds, mask=mask, other=0.0)
@@ -181,12 +167,8 @@ def _lstm_bwd_kernel(
         gc = tl.load(gs_ptr + so, mask=mask, other=0.0)
         gh = tl.load(gs_ptr + so + Ds, mask=mask, other=0.0)
         uo_ = uoff + rows[:, None] * (3 * Ds) + lanes[None, :]
-        uf = tl.load(u_ptr + uo_, mask=mask, other=0.0)
-        uz = tl.load(u_ptr + uo_ + Ds, mask=mask, other=0.0)
-        uo = tl.load(u_ptr + uo_ + 2 * Ds, mask=mask, other=0.0)
-        nf = tl.load(u_ptr + uo_ + 3 * Ds, mask=nmask, other=0.0)
-        nz = tl.load(u_ptr + uo_ + 4 * Ds, mask=nmask, other=0.0)
-        no = tl.load(u_ptr + uo_ + 5 * Ds, mask=nmask, other=0.0)
+        uf, uz, uo = load3(u_ptr + uo_, Ds, mask)
+        nf, nz, no = load3(u_ptr + uo_ + 3 * Ds, Ds, nmask)
         # J_{t+1} at (s_t, u_{t+1}); the adjoint uses its transpose
         _, _, j00, j01, j10, j11 = _cell(c, h, nf, nz, no, af, az, ao, pf, po)
         j00 = tl.where(nmask, j00, 0.0)
@@ -208,18 +190,13 @@ def _lstm_bwd_kernel(
         g_c = lc + lh * o * (1.0 - tc * tc) + g_op * po
         g_fp = g_c * (cp - z) * f * (1.0 - f)
         g_zp = g_c * (1.0 - f) * (1.0 - z * z)
-        tl.store(du_ptr + uo_, g_fp, mask=mask)
-        tl.store(du_ptr + uo_ + Ds, g_zp, mask=mask)
-        tl.store(du_ptr + uo_ + 2 * Ds, g_op, mask=mask)
+        store3(du_ptr + uo_, Ds, g_fp, g_zp, g_op, mask)
         acc_af += g_fp * hp
         acc_az += g_zp * hp
         acc_ao += g_op * hp
         acc_pf += g_fp * cp
         acc_po += g_op * cc
-    dap = da_ptr + n * 3 * Ds + lanes
-    tl.store(dap, tl.sum(acc_af, axis=0), mask=lmask)
-    tl.store(dap + Ds, tl.sum(acc_az, axis=0), mask=lmask)
-    tl.store(dap + 2 * Ds, tl.sum(acc_ao, axis=0), mask=lmask)
+    store3(da_ptr + n * 3 * Ds + lanes, Ds, tl.sum(acc_af, axis=0), tl.sum(acc_az, axis=0), tl.sum(acc_ao, axis=0), lmask)
     dpp = dp_ptr + n * 2 * Ds + lanes
     tl.store(dpp, tl.sum(acc_pf, axis=0), mask=lmask)
     tl.store(dpp + Ds, tl.sum(acc_po, axis=0), mask=lmask)
