@@ -162,7 +162,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--workers", type=nonnegative_int, default=0, metavar="N",
                         help="run trials in N worker processes on this machine (spread over the visible GPUs, several "
-                             "per GPU; on a CPU one thread each); 0 (default): in this process")
+                             "per GPU; each with cores/N CPU threads, a CPU trial with its cpu_threads, default 1); "
+                             "0 (default): in this process")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--storage", help="Optuna storage URL shared by workers on several machines (postgresql://...); "
                                           "default: a JournalStorage file in the output folder")
