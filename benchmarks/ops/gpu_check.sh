@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: the GPU kernel tests and every kernel family's benchmark against its peers.
+# One device call: the GPU kernel (and Triton-backed mixer) tests and every kernel family's benchmark
+# against its peers.
 #   usage (GPU machine, repository root, peers importable):  bash benchmarks/ops/gpu_check.sh OUT_DIR [steps...]
 #   steps: tests scan newton fused_rnn mlstm ssd host (default: all). Environment: TEST_WORKERS (pytest-xdist
 #   processes, default 12), WARM_PROCS (default 8), BENCH_ARGS_<family> (replaces that family's arguments),
@@ -34,8 +35,10 @@ for step in $steps; do [ "$step" != tests ] && [ "$step" != host ] && families+=
 t0=$SECONDS
 pids=()
 if [[ " $steps " == *" tests "* ]]; then
-  timeout "${TESTS_LIMIT_S:-360}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" --durations=15 \
-    tests/kernels > "$out/logs/tests.log" 2>&1 &
+  # the kernels, and the mixers whose tests reach a Triton path on a GPU (signed_mamba's GPU test among them)
+  timeout "${TESTS_LIMIT_S:-360}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" --durations=15 -m "not slow" \
+    tests/kernels tests/mixers/test_cells.py tests/mixers/test_mamba.py tests/mixers/test_mlstm_mixer.py \
+    tests/mixers/test_rnn_mixers.py tests/mixers/test_signed_mamba.py > "$out/logs/tests.log" 2>&1 &
   pids+=($!)
 fi
 if [ ${#families[@]} -gt 0 ]; then
