@@ -222,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             args.json.parent.mkdir(parents=True, exist_ok=True)
+            from experiments.workers import host_cores, physical_cores
+
             meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "python": platform.python_version(),
-                    "command": " ".join(sys.argv)}
+                    "command": " ".join(sys.argv), "cpus": host_cores(), "physical_cores": physical_cores()}
             args.json.write_text(json.dumps({"meta": meta, "rows": table.to_dict(orient="records")}, indent=1))
 
     return run_cli(run, "nothing to resume: re-run the measurement")

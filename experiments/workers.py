@@ -59,6 +59,16 @@ def host_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def physical_cores(sysfs: Path = Path("/sys/devices/system/cpu")) -> int | None:
+    """Physical cores among the CPUs this process may run on (hyper-threads counted once), from Linux's
+    ``cpu<i>/topology/thread_siblings_list``; ``None`` where that is not readable."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    try:
+        return len({(sysfs / f"cpu{i}" / "topology" / "thread_siblings_list").read_text().strip() for i in cpus})
+    except OSError:
+        return None
+
+
 def worker_threads(n_workers: int, cores: int | None = None) -> int:
     """Torch CPU threads of each of ``n_workers`` worker processes: an equal share of the host's cores, at least 1.
 
@@ -274,7 +284,9 @@ def run_workers(grid, cells: list[Cell], out: Path, storage_url: str | None, n_w
                             worker_threads(n_workers))
 
     procs = {i: start(i) for i in range(n_workers)}
-    log.info("%d workers on %s (logs: %s)", n_workers, ", ".join(sorted(set(devices))), out / "workers")
+    log.info("%d workers on %s, %d CPU threads each (host: %d logical CPUs, %s physical cores; logs: %s)",
+             n_workers, ", ".join(sorted(set(devices))), worker_threads(n_workers), host_cores(),
+             physical_cores() or "?", out / "workers")
     try:
         while True:
             counts = grid.progress(keys)

@@ -17,7 +17,7 @@ from experiments.lit import LitSequenceModel
 from experiments.presets import build_specs, resolve_sweep
 from experiments.study import HEARTBEAT_DIR, GridStudy, cell_id, grid_distributions, cell_params, is_stale
 from experiments.sweep import run_sweep
-from experiments.workers import start_worker, worker_devices, worker_loop, worker_threads
+from experiments.workers import host_cores, physical_cores, start_worker, worker_devices, worker_loop, worker_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"max_steps": 20, "batch_size": 16, "train_size": 64, "val_size": 32, "test_size": 32, "eval_every": 10}
@@ -107,6 +107,17 @@ def test_worker_threads_share_the_cores():
     assert worker_threads(4, cores=16) == 4
     assert worker_threads(5, cores=16) == 3
     assert worker_threads(32, cores=16) == 1  # never 0
+
+
+def test_physical_cores_count_hyperthreads_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    for cpu, siblings in {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"}.items():  # 2 cores x 2 threads
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(siblings + "\n")
+    assert physical_cores(tmp_path) == 2
+    assert physical_cores(tmp_path / "absent") is None
+    here = physical_cores()
+    assert here is None or 1 <= here <= host_cores()
 
 
 def test_worker_killed_mid_trial_then_rerun_resumes_and_completes_exactly_once(tmp_path, slow_on_path):
