@@ -7,12 +7,15 @@ import torch
 
 from mixers import MIXERS, build_mixer
 
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # compiled kernels on a GPU, the interpreter on a CPU
+
 
 def _run(mixer, backend, u):
     mixer.backend = backend
     u = u.clone().requires_grad_(True)
     y = mixer(u)
-    grads = torch.autograd.grad((y * torch.randn_like(y, generator=torch.Generator().manual_seed(7))).sum(), [u, *mixer.parameters()])
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7), dtype=y.dtype).to(y.device)
+    grads = torch.autograd.grad((y * w).sum(), [u, *mixer.parameters()])
     return y.detach(), grads
 
 
@@ -37,8 +40,8 @@ def test_backends_agree_float64(name, backends, opts):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(), reason="needs Triton")
 def test_mamba2_triton_matches_reference():
     torch.manual_seed(3)
-    mixer = build_mixer("mamba2", 16, num_heads=2, d_state=16, chunk_size=16)
-    u = torch.randn(1, 19, 16)
+    mixer = build_mixer("mamba2", 16, num_heads=2, d_state=16, chunk_size=16).to(TRITON_DEVICE)
+    u = torch.randn(1, 19, 16).to(TRITON_DEVICE)
     y_ref, g_ref = _run(mixer, "reference", u)
     y, g = _run(mixer, "triton", u)
     torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)

@@ -7,12 +7,14 @@ import torch
 
 from mixers import MIXERS, build_mixer
 
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # compiled kernels on a GPU, the interpreter on a CPU
+
 
 def _run(mixer, backend, u):
     mixer.backend = backend
     u = u.clone().requires_grad_(True)
     y = mixer(u)
-    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7), dtype=y.dtype)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7), dtype=y.dtype).to(y.device)
     return y.detach(), torch.autograd.grad((y * w).sum(), [u, *mixer.parameters()])
 
 
@@ -33,8 +35,8 @@ def test_backends_agree_float64(name):
 @pytest.mark.parametrize("name", ["mlstm_exp", "mlstm_sig"])
 def test_triton_backend_matches(name):
     torch.manual_seed(2)
-    mixer = build_mixer(name, 16, num_heads=2, chunk_size=16, igate_bias=0.0)
-    u = torch.randn(1, 19, 16)
+    mixer = build_mixer(name, 16, num_heads=2, chunk_size=16, igate_bias=0.0).to(TRITON_DEVICE)
+    u = torch.randn(1, 19, 16).to(TRITON_DEVICE)
     y_ref, g_ref = _run(mixer, "parallel", u)
     y, g = _run(mixer, "triton", u)
     torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)

@@ -15,6 +15,8 @@ import torch
 from mixers import build_mixer
 from mixers.cells.flash import FlashGRUCell
 
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # compiled kernels on a GPU, the interpreter on a CPU
+
 CELLS = ("lstm", "gru", "elman", "slstm")
 
 
@@ -22,10 +24,10 @@ CELLS = ("lstm", "gru", "elman", "slstm")
 @pytest.mark.parametrize("backend", ["triton", "alternating"])
 def test_backends_compute_the_same_function(cell, backend):
     torch.manual_seed(0)
-    ref = build_mixer(cell, 32, num_heads=2, backend="reference")
-    fast = build_mixer(cell, 32, num_heads=2, backend=backend)
+    ref = build_mixer(cell, 32, num_heads=2, backend="reference").to(TRITON_DEVICE)
+    fast = build_mixer(cell, 32, num_heads=2, backend=backend).to(TRITON_DEVICE)
     fast.load_state_dict(ref.state_dict())
-    x = torch.randn(3, 7, 32)
+    x = torch.randn(3, 7, 32).to(TRITON_DEVICE)
     y_ref, y = ref(x), fast(x)
     assert y.shape == x.shape
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)

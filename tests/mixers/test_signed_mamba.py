@@ -25,16 +25,22 @@ def _run(mixer, backend, u, weights):
 
 
 def _assert_backend_matches_reference(mixer, backend, u, rtol, atol, reference_dtype=torch.float64):
-    """``backend`` in ``u``'s dtype against the reference loop run in ``reference_dtype``."""
+    """``backend`` in ``u``'s dtype against the reference loop run in ``reference_dtype``. ``atol`` is relative
+    to each tensor's largest entry (at least 1): a float32 gradient summed over B*L positions carries a
+    rounding error that grows with its scale (in_proj.weight at (8, 256, 64): entries up to 3.5e3, error
+    2e-3 in the float32 reference loop itself)."""
     g = torch.Generator(device=u.device).manual_seed(7)
     weights = torch.randn(u.shape[:2] + (u.shape[2],), generator=g, device=u.device, dtype=reference_dtype)
     ref = mixer.to(reference_dtype)
     y_ref, g_ref = _run(ref, "reference", u.to(reference_dtype), weights)
     fast = mixer.to(u.dtype)
     y, grads = _run(fast, backend, u, weights.to(u.dtype))
-    torch.testing.assert_close(y.to(reference_dtype), y_ref, rtol=rtol, atol=atol)
+    def scaled(ref):
+        return atol * max(1.0, ref.abs().max().item())
+
+    torch.testing.assert_close(y.to(reference_dtype), y_ref, rtol=rtol, atol=scaled(y_ref))
     for (name, _), a, b in zip([("input", None), *fast.named_parameters()], grads, g_ref):
-        torch.testing.assert_close(a.to(reference_dtype), b, rtol=rtol, atol=atol, msg=lambda m, name=name: f"grad {name}: {m}")
+        torch.testing.assert_close(a.to(reference_dtype), b, rtol=rtol, atol=scaled(b), msg=lambda m, name=name: f"grad {name}: {m}")
 
 
 def _mixer(name, d_model, d_state, seed):
@@ -72,10 +78,11 @@ def test_triton_scan_equals_reference_loop(name):
 @pytest.mark.parametrize("name", ["signed_mamba", "unsigned_mamba"])
 def test_gpu_backends_equal_reference_loop(name, backend):
     """The training shape of the state-tracking preset (d 64, state 16, length 256) on the GPU, float32,
-    against the float64 loop on the same GPU."""
+    against the float64 loop on the same GPU (``atol`` 2e-6 of each tensor's scale: the float32 reference loop
+    itself is off by up to 7e-7 of it on the CPU)."""
     mixer = _mixer(name, 64, 16, seed=11).cuda()
     u = torch.randn(8, 256, 64, generator=torch.Generator().manual_seed(11)).cuda()
-    _assert_backend_matches_reference(mixer, backend, u, rtol=2e-4, atol=2e-5)
+    _assert_backend_matches_reference(mixer, backend, u, rtol=2e-4, atol=2e-6)
 
 
 def test_unsigned_mamba_is_the_mamba_mixer():
