@@ -317,7 +317,9 @@ def _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mto
     i32, f32 = i_pre.to(acc), f_pre.to(acc)
     di = kdk if exp_gate else kdk * torch.sigmoid(-i32)
     df = d_logf * torch.sigmoid(-f32)
-    return dq, dk, dv, di.to(i_pre.dtype), df.to(f_pre.dtype), dcst[:, :, 0].clone(), dnst[:, :, 0].clone()
+    # contiguous, as the fake kernel (and torch.compile's plan) has them: kdk is a slice when S % L != 0
+    return (dq, dk, dv, di.to(i_pre.dtype).contiguous(), df.to(f_pre.dtype).contiguous(), dcst[:, :, 0].clone(),
+            dnst[:, :, 0].clone())
 
 
 @torch.library.custom_op("expressivity::mlstm_chunkwise_bwd", mutates_args=())

@@ -245,8 +245,9 @@ def _backward(dy, dfinal, x, dt, A, B, C, prev, chunk_size: int, precision: str,
     dda = (entering + to_state + _in_chunks(intra, Q) + carried.transpose(1, 2)[..., None]).view(batch, H, -1)
     ddt = ddt_direct + dda * A.float()[:, None]
     dA = (dda * dtT).sum((0, 2))
-    return (dx, ddt[:, :, :L].transpose(1, 2).to(dt.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype),
-            grads[:, 0])
+    # contiguous, as the fake kernel (and torch.compile's plan) has them
+    return (dx.contiguous(), ddt[:, :, :L].transpose(1, 2).to(dt.dtype).contiguous(), dA.to(A.dtype),
+            dB.to(B.dtype).contiguous(), dC.to(C.dtype).contiguous(), grads[:, 0].contiguous())
 
 
 @torch.library.custom_op("expressivity::ssd_bwd", mutates_args=())

@@ -110,6 +110,19 @@ def test_entry_point_and_opcheck():
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
+@pytest.mark.parametrize("S", [17, 32])
+def test_backward_op_outputs_match_its_fake(S):
+    """``mlstm_chunkwise_bwd``'s outputs have the shapes and strides its fake kernel promises (what
+    ``torch.compile`` plans with), with and without a partial last chunk."""
+    from kernels.mlstm.triton_chunkwise import mlstm_chunkwise_bwd, mlstm_chunkwise_fwd
+
+    x, st = _to(*make_inputs(1, 2, S, 16, 16, "exp", init=True, seed=15), torch.float32)
+    h, cst, nst, mst, mtok, dtok, _ = mlstm_chunkwise_fwd(*x, *st, True, 16, 1e-6, True, "ieee")
+    dc, dn = torch.randn_like(cst[:, :, -1]), torch.randn_like(nst[:, :, -1])
+    args = (torch.randn_like(h), dc, dn, *x, h, cst, nst, mst, mtok, dtok, True, 16, 1e-6, "ieee")
+    torch.library.opcheck(mlstm_chunkwise_bwd, args, test_utils=("test_schema", "test_faketensor"))
+
+
 def test_bad_inputs():
     x, _ = _to(*make_inputs(1, 1, 17, 16, 16, "exp"), torch.float32)
     with pytest.raises(ValueError, match="power of two"):

@@ -180,6 +180,20 @@ def test_triton_without_initial_state_and_opcheck():
 
 
 @needs_triton
+def test_backward_op_outputs_match_its_fake():
+    """``ssd_bwd``'s outputs have the shapes and strides its fake kernel promises (what ``torch.compile``
+    plans with), at a length that is not a multiple of the chunk and with non-contiguous dt (as Mamba2
+    slices it from its projection)."""
+    from kernels.ssd.triton_ssd import ssd_bwd, ssd_fwd
+
+    inp = {k: v.to(DEV) for k, v in _inputs(2, 20, 3, 16, 1, 16, torch.float32, 5).items()}
+    dt = torch.cat([inp["dt"], torch.zeros_like(inp["dt"])], -1)[..., :3]  # stride (2*L*H, 2*H, 1)
+    y, prev = ssd_fwd(inp["x"], dt, inp["A"], inp["B"], inp["C"], inp["initial_state"], 16, "ieee")
+    args = (torch.randn_like(y), torch.randn_like(prev[:, -1]), inp["x"], dt, inp["A"], inp["B"], inp["C"], prev, 16, "ieee")
+    torch.library.opcheck(ssd_bwd, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@needs_triton
 def test_triton_bad_inputs():
     inp = {k: v.to(DEV) for k, v in _inputs(1, 5, 2, 16, 1, 16, torch.float32, 0).items()}
     with pytest.raises(ValueError, match="power of two"):
