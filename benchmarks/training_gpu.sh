@@ -3,14 +3,16 @@
 # and paper-table reproductions that may outlive one call.
 #   usage (GPU machine, repository root, optuna importable):  bash benchmarks/training_gpu.sh OUT_DIR STEP...
 #   steps:
-#     graph-tests           tests/experiments/test_cuda_graph.py (graph vs eager, the Newton policy, resume)
+#     graph-tests           tests/experiments/test_cuda_graph.py (graph vs eager, the Newton policy, resume) and
+#                           test_step_profile.py
+#     kernels               python -m experiments.throughput kernels --compile (kernels and GPU time of a captured step)
 #     steps                 python -m experiments.throughput steps (single trials, eager and graph)
 #     workers               python -m experiments.throughput workers (N = WORKER_COUNTS under MPS, eager and graph)
 #     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/reproduce (one study
 #                           for every reproduction, as experiments.reproduce's default), so it runs on
 #                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
 #                           from what finished and packs it into OUT_DIR. A later `start` resumes the study.
-# Environment: STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
+# Environment: KERNELS_ARGS / STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
 # folder), REPRODUCE_OUT (the reproductions' --out, default RUN_ROOT/reproduce), REPRODUCE_ARGS (default
 # "--workers 16 --mps"), WAIT_S (default 540), EXPRESSIVITY_COMMIT (the commit results record where the
 # checkout has no .git).
@@ -24,8 +26,14 @@ for step in "$@"; do
   t0=$SECONDS
   case $step in
     graph-tests)
-      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/experiments/test_cuda_graph.py > "$out/graph-tests.log" 2>&1
+      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/experiments/test_cuda_graph.py \
+        tests/experiments/test_step_profile.py > "$out/graph-tests.log" 2>&1
       echo "=== graph-tests rc=$? in $((SECONDS - t0)) s"; tail -n 15 "$out/graph-tests.log" ;;
+    kernels)
+      # shellcheck disable=SC2086
+      timeout 400 python3 -m experiments.throughput kernels --compile ${KERNELS_ARGS:-} --json "$out/kernels.json" \
+        > "$out/kernels.log" 2>&1
+      echo "=== kernels rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/kernels.log" ;;
     steps)
       # shellcheck disable=SC2086
       timeout 500 python3 -m experiments.throughput steps --device cuda ${STEPS_ARGS:-} --json "$out/steps.json" \

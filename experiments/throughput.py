@@ -6,6 +6,9 @@ Three measurements, each a sub-command:
 - ``steps``: training steps/s of one trial through the real training path (Lightning, ``run_trial``)
   for each task entry × mixer × ``--engines`` (``eager``: steps launched op by op, the way every step
   ran before; ``graph``: each step a CUDA-graph replay), fixed ``--steps`` per trial (no early stop).
+- ``kernels``: what one captured training step costs on the GPU, per task entry × mixer: kernels per
+  step by family, their summed time and the replay's wall time (``experiments.step_profile``); with
+  ``--compile`` also with the model ``torch.compile``d. Needs a CUDA GPU.
 - ``workers``: N trials at once in N worker processes (``--counts``, e.g. 1,4,8,16; ``--mps`` to share
   the GPU through CUDA MPS) on the Table 6 mix (task entries × mixers of ``--preset``, round robin),
   per engine: steady steps/s per worker (after compilation and graph capture), in total (the sum of the
@@ -18,6 +21,7 @@ Examples::
 
     python -m experiments.throughput steps --preset pararnn-table6 --tasks mqar --mixers flashgru --steps 3000
     python -m experiments.throughput workers --counts 1,4,8,16 --mps --engines eager,graph --steps 4000
+    python -m experiments.throughput kernels --tasks mqar --compile
 """
 
 from __future__ import annotations
@@ -98,6 +102,22 @@ def time_steps(preset: str, tasks: list[str] | None, mixers: list[str] | None, e
     return pd.DataFrame(rows)
 
 
+def profile_kernels(preset: str, tasks: list[str] | None, mixers: list[str] | None, compile: bool) -> pd.DataFrame:
+    """``experiments.step_profile.profile_step`` rows per entry × mixer (and compiled, with ``compile``)."""
+    from experiments.step_profile import profile_step
+
+    rows = []
+    for entry, spec in benchmark_specs(preset, tasks, mixers, 100, "cuda"):
+        for compiled in (False, True) if compile else (False,):
+            rows.append({"task": entry, **profile_step(spec, compiled)})
+            log.info("%s", rows[-1])
+    table = pd.DataFrame(rows)
+    import torch
+
+    table["device"] = torch.cuda.get_device_name()
+    return table
+
+
 class GPUBusy:
     """Samples ``torch.cuda.utilization()`` (the share of time a kernel ran) every ``interval`` s in a thread."""
 
@@ -174,6 +194,11 @@ def parser() -> Parser:
     gen = sub.add_parser("generation", help="data generation time per task")
     gen.add_argument("--samples", type=positive_int, default=100_000)
     gen.add_argument("--repeats", type=positive_int, default=3)
+    kernels = sub.add_parser("kernels", help="kernels and GPU time of one captured training step (CUDA)")
+    kernels.add_argument("--preset", default="pararnn-table6", help="preset giving the shapes (default: %(default)s)")
+    kernels.add_argument("--tasks", type=str_list, help="task entries of --preset (default: all)")
+    kernels.add_argument("--mixers", type=str_list, help="mixers (default: each entry's preset mixers)")
+    kernels.add_argument("--compile", action="store_true", help="also profile the step with the model torch.compile'd")
     for name, help_ in (("steps", "steps/s of single trials per engine"), ("workers", "steps/s of N parallel workers")):
         q = sub.add_parser(name, help=help_)
         q.add_argument("--preset", default="pararnn-table6", help="preset giving the shapes (default: %(default)s)")
@@ -203,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         quiet_lightning()
         if args.what == "generation":
             table = time_generation(args.samples, args.repeats)
+        elif args.what == "kernels":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("kernels profiles a captured training step and needs a CUDA GPU (none is visible)")
+            table = profile_kernels(args.preset, args.tasks, args.mixers, args.compile)
         else:
             bad = [e for e in args.engines if e not in ENGINES]
             if bad:

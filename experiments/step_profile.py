@@ -1,0 +1,119 @@
+"""What one captured training step costs on the GPU: its kernels, their time, and the replay's time.
+
+``profile_step(spec)`` builds the trial's model and data as ``run_trial`` does, captures one training
+step (forward, loss, backward, fused capturable AdamW: what the graph engine's CUDA graph holds, less
+the learning-rate schedule's few scalar kernels) in a CUDA graph, and measures
+
+- ``kernels_per_step``: kernels one replay launches, by family (``elementwise``, ``reduction``,
+  ``gemm``, ``other``: the suite's Triton kernels, copies and the rest), from ``torch.profiler``;
+- ``gpu_us_per_step``: the sum of those kernels' durations;
+- ``replay_us_per_step``: wall time per replay, replays back to back (the step rate of one trial
+  alone on the GPU is its inverse).
+
+With ``compile=True`` the model's forward is ``torch.compile``d first (Inductor fuses the
+elementwise and reduction chains, forward and backward). A Newton mixer's graph policy branches on
+whether a capture is running, so Dynamo recompiles it inside the capture and the capture fails there:
+such a trial reports the error in ``error``.
+
+Used by ``python -m experiments.throughput kernels``. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+#: kernel-name fragments of each family (first match wins; ``other`` catches the rest)
+FAMILIES = {
+    "gemm": ("gemm", "splitKreduce", "cutlass", "cublas"),
+    "reduction": ("reduce_kernel", "scan_innermost", "_red_", "_per_"),
+    "elementwise": ("elementwise_kernel", "triton_poi", "CatArrayBatchedCopy", "unrolled_elementwise", "fill_kernel"),
+}
+
+
+def kernel_family(name: str) -> str:
+    """``gemm``, ``reduction``, ``elementwise`` or ``other`` for a CUDA kernel's name."""
+    for family, fragments in FAMILIES.items():
+        if any(f in name for f in fragments):
+            return family
+    return "other"
+
+
+def _kernel_events(prof) -> list:
+    """The CUDA kernels of a profile (memcpy / memset excluded)."""
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and not any(m in e.name.lower() for m in ("memcpy", "memset"))]
+
+
+def captured_step(spec, compile: bool = False, warmup: int = 3):
+    """``(graph, step)``: the trial's training step captured in a CUDA graph (after ``warmup`` eager
+    steps on a side stream), and the step as a plain function (for an eager profile)."""
+    from experiments.train import build_datamodule, build_module
+
+    torch.manual_seed(spec.seed)
+    dm = build_datamodule(spec, "cuda")
+    dm.setup("fit")
+    lit = build_module(spec, dm).cuda()
+    forward = torch.compile(lit.model) if compile else lit.model
+    opt = torch.optim.AdamW(lit.model.parameters(), lr=torch.tensor(spec.lr, device="cuda"), weight_decay=lit.weight_decay,
+                            betas=lit.betas, fused=True, capturable=True)
+    tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        lit._loss(forward(tokens), targets).backward()
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph, step
+
+
+def profile_step(spec, compile: bool = False, replays: int = 300, profiled: int = 5) -> dict[str, Any]:
+    """The step's kernels and times (module docstring) as one row."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        raise ValueError("profiling a captured training step needs a CUDA GPU (none is visible)")
+    row: dict[str, Any] = {"mixer": spec.mixer, "compiled": compile}
+    t0 = time.perf_counter()
+    try:
+        graph, _ = captured_step(spec, compile)
+    except Exception as e:  # noqa: BLE001  (a trial that cannot be captured is reported, not fatal)
+        torch.cuda.synchronize()
+        return {**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    row["setup_s"] = round(time.perf_counter() - t0, 1)
+    for _ in range(20):
+        graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    replay_us = (time.perf_counter() - t0) / replays * 1e6
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(profiled):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = _kernel_events(prof)
+    families = {f: 0 for f in (*FAMILIES, "other")}
+    for e in kernels:
+        families[kernel_family(e.name)] += 1
+    row.update({
+        "kernels_per_step": round(len(kernels) / profiled, 1),
+        **{f: round(n / profiled, 1) for f, n in families.items()},
+        "gpu_us_per_step": round(sum(e.device_time for e in kernels) / profiled, 1),
+        "replay_us_per_step": round(replay_us, 1),
+        "steps_per_s_alone": round(1e6 / replay_us),
+    })
+    del graph
+    return row

@@ -1,0 +1,69 @@
+"""``experiments.step_profile`` / ``python -m experiments.throughput kernels``: kernel families, the
+CPU refusal, and (GPU) a replay launches exactly the kernels of one eager step."""
+
+import pytest
+import torch
+
+from experiments.step_profile import kernel_family
+from experiments.throughput import benchmark_specs, main
+
+
+@pytest.mark.parametrize("name,family", [
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float> >", "elementwise"),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<float, unsigned int, 4>", "elementwise"),
+    ("triton_poi_fused_add_mul_0", "elementwise"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t> >", "reduction"),
+    ("triton_per_fused__fused_rms_norm_backward_view_2", "reduction"),
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize32x32x8_stage3", "gemm"),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float>", "gemm"),
+    ("_gru_fwd_kernel", "other"),
+    ("chunk_attn_kernel", "other"),
+])
+def test_kernel_family(name, family):
+    assert kernel_family(name) == family
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_kernels_without_a_gpu_is_a_one_line_error(capsys):
+    assert main(["kernels", "--tasks", "mqar", "--mixers", "transformer"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs a CUDA GPU" in err
+
+
+def _spec(mixer):
+    (_, spec), = benchmark_specs("pararnn-table6", ["mqar"], [mixer], 100, "cuda")
+    return spec
+
+
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@NEEDS_CUDA
+@pytest.mark.parametrize("mixer", ["transformer", "mamba2", "flashgru"])
+def test_profile_rows_add_up(mixer):
+    """Families add up to the total; a replay takes at least its kernels' summed time."""
+    from experiments.step_profile import profile_step
+
+    row = profile_step(_spec(mixer), replays=50)
+    assert "error" not in row, row
+    assert row["kernels_per_step"] == pytest.approx(sum(row[f] for f in ("elementwise", "reduction", "gemm", "other")))
+    assert row["replay_us_per_step"] > 0.9 * row["gpu_us_per_step"] > 0
+
+
+@pytest.mark.gpu
+@NEEDS_CUDA
+def test_a_replay_launches_the_kernels_of_one_eager_step():
+    """The profile's kernel count against a profile of the same step run eagerly (same kernels, same
+    number; the Transformer: the Newton mixers run another policy outside a capture)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from experiments.step_profile import _kernel_events, captured_step, profile_step
+
+    spec = _spec("transformer")
+    row = profile_step(spec, replays=50)
+    _, step = captured_step(spec)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    assert len(_kernel_events(prof)) == row["kernels_per_step"]
