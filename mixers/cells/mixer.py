@@ -180,6 +180,10 @@ class CellMixer(nn.Module):
         self.step_ok: Optional[torch.Tensor] = None
         #: (forwards, re-solved, unchecked) counted on the device by captured forwards
         self.register_buffer("graph_counts", torch.zeros(3, dtype=torch.long), persistent=False)
+        #: run the in-graph policy (``_solve_in_graph``) on CUDA while training also outside a capture, so
+        #: the warm-up steps before a capture run the code that is captured (a ``torch.compile``d step then
+        #: compiles nothing new inside the capture; ``experiments.step_profile``)
+        self.graph_policy = False
 
     # --- parameters and per-head calls -------------------------------------------------------------
     def stacked_parameters(self) -> dict[str, torch.Tensor]:
@@ -247,7 +251,8 @@ class CellMixer(nn.Module):
         return self.out_proj(y) if self.out_proj is not None else y
 
     def _run(self, mode: str, u: torch.Tensor, params: dict, x: torch.Tensor) -> torch.Tensor:
-        if mode != "sequential" and u.is_cuda and torch.cuda.is_current_stream_capturing():
+        if mode != "sequential" and u.is_cuda and ((self.graph_policy and self.training)
+                                                   or torch.cuda.is_current_stream_capturing()):
             return self._solve_in_graph(mode, u, params, x)
         self.step_ok = None
         if mode == "sequential":

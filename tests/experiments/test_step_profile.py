@@ -67,3 +67,32 @@ def test_a_replay_launches_the_kernels_of_one_eager_step():
         step()
         torch.cuda.synchronize()
     assert len(_kernel_events(prof)) == row["kernels_per_step"]
+
+
+@pytest.mark.gpu
+@NEEDS_CUDA
+def test_a_compiled_newton_step_captures_with_fewer_kernels():
+    """With ``graph_policy`` the compiled FlashGRU step captures (nothing compiles inside the capture)
+    and launches fewer kernels than the uncompiled one."""
+    from experiments.step_profile import profile_step
+
+    spec = _spec("flashgru")
+    plain, compiled = profile_step(spec, replays=20), profile_step(spec, compile=True, replays=20)
+    assert "error" not in compiled, compiled
+    assert compiled["kernels_per_step"] < plain["kernels_per_step"]
+
+
+@pytest.mark.gpu
+@NEEDS_CUDA
+def test_graph_policy_runs_the_in_graph_solve_only_while_training():
+    from mixers import build_mixer
+
+    mixer = build_mixer("flashgru", 16, num_heads=2).cuda()
+    mixer.graph_policy = True
+    x = torch.randn(2, 12, 16, device="cuda")
+    mixer.train()
+    mixer(x)
+    assert mixer.step_ok is not None and mixer.graph_counts[0].item() == 1
+    mixer.eval()
+    mixer(x)
+    assert mixer.step_ok is None and mixer.graph_counts[0].item() == 1
