@@ -144,6 +144,9 @@ class LitSequenceModel(L.LightningModule):
         #: the trial ran eagerly because captured steps skipped their updates (``None``: never)
         self._graph_counts_seen: dict[int, list[int]] = {}
         self.eager_from_step: int | None = None
+        #: the ``compiled`` engine: captured steps run the ``torch.compile``d model (set before ``fit``)
+        self.compiled_steps = False
+        self._train_forward: Any = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -193,7 +196,7 @@ class LitSequenceModel(L.LightningModule):
         makes the fused AdamW skip this step's update (``found_inf``), as a gradient scaler does.
         """
         opt.zero_grad(set_to_none=True)
-        loss = self._loss(self(tokens), targets)
+        loss = self._loss((self._train_forward or self.model)(tokens), targets)
         self.manual_backward(loss)
         with torch.no_grad():
             self._nonfinite |= ~torch.isfinite(loss)
@@ -225,6 +228,11 @@ class LitSequenceModel(L.LightningModule):
         for group in self.optimizers().optimizer.param_groups:  # a restored lr tensor comes back on the CPU
             if isinstance(group["lr"], torch.Tensor) and group["lr"].device != self.device:
                 group["lr"] = group["lr"].to(self.device)
+        if self.graphed and self.compiled_steps and self._train_forward is None:
+            # the Newton mixers run their in-graph policy from the warm-up on, so the capture compiles nothing new
+            for m in self._newton_mixers:
+                m.graph_policy = True
+            self._train_forward = torch.compile(self.model.forward)  # a function: no submodule in the checkpoint
         if self.graphed:  # captured forwards skip the mixers' run-time Jacobian check: run it after validations
             for m in self._newton_mixers:
                 if getattr(m, "jacobian_check_every", 0):
@@ -269,6 +277,9 @@ class LitSequenceModel(L.LightningModule):
             if forwards and skipped > MAX_SKIPPED_SHARE * forwards:
                 self.trainer.precision_plugin.stop_graphs()
                 self.eager_from_step = self.global_step
+                self._train_forward = None  # eager steps: the plain model, with the sequential fallback
+                for n in self._newton_mixers:
+                    n.graph_policy = False
                 rank_zero_info(f"step {self.global_step}: {skipped} of {forwards} captured steps since the last validation "
                                "skipped their update (Newton solve failed its check): continuing with eager steps")
                 return

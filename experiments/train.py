@@ -222,7 +222,9 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
 LOGGERS = ("csv", "tensorboard", "none")
 #: how optimizer steps run: ``eager`` (launched op by op), ``graph`` (replays of a CUDA graph,
 #: ``experiments.cuda_graph``), ``auto`` (``graph`` on CUDA, ``eager`` on the CPU)
-ENGINES = ("auto", "eager", "graph")
+ENGINES = ("auto", "eager", "graph", "compiled")
+#: engines whose optimizer steps replay a CUDA graph (``compiled``: of the ``torch.compile``d model)
+GRAPH_ENGINES = ("graph", "compiled")
 #: the graph engine runs up to this many optimizer steps per Lightning training step
 MAX_CHUNK = 50
 
@@ -241,15 +243,15 @@ class RunOptions:
 
     def resolved_engine(self, accelerator: str) -> str:
         """``eager`` or ``graph`` for a trial on ``accelerator`` (``graph`` needs CUDA)."""
-        if self.engine == "graph" and accelerator != "gpu":
-            raise ValueError("engine 'graph' (CUDA graphs) needs a CUDA device")
+        if self.engine in GRAPH_ENGINES and accelerator != "gpu":
+            raise ValueError(f"engine {self.engine!r} (CUDA graphs) needs a CUDA device")
         return ("graph" if accelerator == "gpu" else "eager") if self.engine == "auto" else self.engine
 
 
 def steps_per_chunk(engine: str, train: TrainConfig) -> int:
     """Optimizer steps per Lightning training step: 1 eagerly; with graphs the largest divisor of both
     ``eval_every`` and ``max_steps`` up to ``MAX_CHUNK``, so validations and the end fall on chunk ends."""
-    if engine != "graph":
+    if engine not in GRAPH_ENGINES:
         return 1
     g = math.gcd(min(train.eval_every, train.max_steps), train.max_steps)
     return next(d for d in range(min(MAX_CHUNK, g), 0, -1) if g % d == 0)
@@ -359,6 +361,7 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
     dm.setup()
     L.seed_everything(spec.seed, workers=True, verbose=False)
     module = build_module(spec, dm)
+    module.compiled_steps = engine == "compiled"
     history = _History()
     checkpoints = ModelCheckpoint(  # the best weights only: kB
         dirpath=out / CHECKPOINT_DIR, filename=Path(BEST_CHECKPOINT).stem, monitor="val/acc", mode="max",
@@ -371,7 +374,7 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
     on_interrupt = InterruptCheckpoint(dirpath=out / CHECKPOINT_DIR, filename=Path(INTERRUPT_CHECKPOINT).stem)
     trainer = L.Trainer(
         accelerator=accelerator, devices=devices, max_steps=t.max_steps,
-        plugins=[CUDAGraphPrecision()] if engine == "graph" else None,
+        plugins=[CUDAGraphPrecision()] if engine in GRAPH_ENGINES else None,
         # never the working directory: a worker must survive its cwd being deleted under it
         default_root_dir=str(out),
         # in Lightning steps (chunks of optimizer steps); at least one validation, so every trial has a best checkpoint

@@ -183,10 +183,12 @@ def test_steps_per_chunk_divide_validations_and_the_budget():
 
 
 def test_graph_engine_needs_cuda():
-    from experiments.train import RunOptions
+    from experiments.train import RunOptions, steps_per_chunk
 
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        RunOptions(engine="graph").resolved_engine("cpu")
+    for engine in ("graph", "compiled"):
+        with pytest.raises(ValueError, match=f"engine '{engine}' .* needs a CUDA device"):
+            RunOptions(engine=engine).resolved_engine("cpu")
+    assert steps_per_chunk("compiled", TrainConfig(eval_every=200, max_steps=60_000)) == 50
     assert RunOptions().resolved_engine("cpu") == "eager" and RunOptions().resolved_engine("gpu") == "graph"
 
 
