@@ -187,9 +187,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_run_arguments(args: argparse.Namespace, out: Path) -> None:
     """Everything about the run options that can be checked before training (one-line errors)."""
+    from experiments.train import GRAPH_ENGINES
+
     check_device(args.device)
     options = run_options(args)
-    if options.engine in ("graph", "compiled") and args.device == "cpu":
+    if options.engine in GRAPH_ENGINES and args.device == "cpu":
         raise ValueError(f"--engine {options.engine} needs a CUDA device")
     if args.stale_timeout <= 0:
         raise ValueError(f"--stale-timeout must be > 0 seconds, got {args.stale_timeout}")

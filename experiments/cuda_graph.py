@@ -23,6 +23,21 @@ import torch
 from lightning.pytorch.plugins.precision import Precision
 
 
+def set_graph_policy(model: torch.nn.Module, on: bool) -> None:
+    """Switch the in-graph Newton policy of every ``CellMixer`` in ``model`` (``CellMixer.graph_policy``)."""
+    for m in model.modules():
+        if hasattr(m, "graph_policy"):
+            m.graph_policy = on
+
+
+def compiled_forward(model: torch.nn.Module) -> Callable[..., Any]:
+    """``model.forward`` ``torch.compile``d for captured steps (a function: nothing enters the checkpoint).
+    The Newton mixers run their in-graph policy from the warm-up on (``set_graph_policy``), so the capture
+    compiles nothing new."""
+    set_graph_policy(model, True)
+    return torch.compile(model.forward)
+
+
 class CUDAGraphPrecision(Precision):
     """Float32 training whose optimizer steps replay a captured CUDA graph (see the module docstring)."""
 

@@ -229,10 +229,9 @@ class LitSequenceModel(L.LightningModule):
             if isinstance(group["lr"], torch.Tensor) and group["lr"].device != self.device:
                 group["lr"] = group["lr"].to(self.device)
         if self.graphed and self.compiled_steps and self._train_forward is None:
-            # the Newton mixers run their in-graph policy from the warm-up on, so the capture compiles nothing new
-            for m in self._newton_mixers:
-                m.graph_policy = True
-            self._train_forward = torch.compile(self.model.forward)  # a function: no submodule in the checkpoint
+            from experiments.cuda_graph import compiled_forward
+
+            self._train_forward = compiled_forward(self.model)
         if self.graphed:  # captured forwards skip the mixers' run-time Jacobian check: run it after validations
             for m in self._newton_mixers:
                 if getattr(m, "jacobian_check_every", 0):
@@ -277,9 +276,11 @@ class LitSequenceModel(L.LightningModule):
             if forwards and skipped > MAX_SKIPPED_SHARE * forwards:
                 self.trainer.precision_plugin.stop_graphs()
                 self.eager_from_step = self.global_step
-                self._train_forward = None  # eager steps: the plain model, with the sequential fallback
-                for n in self._newton_mixers:
-                    n.graph_policy = False
+                if self._train_forward is not None:  # eager steps: the plain model, with the sequential fallback
+                    from experiments.cuda_graph import set_graph_policy
+
+                    self._train_forward = None
+                    set_graph_policy(self.model, False)
                 rank_zero_info(f"step {self.global_step}: {skipped} of {forwards} captured steps since the last validation "
                                "skipped their update (Newton solve failed its check): continuing with eager steps")
                 return

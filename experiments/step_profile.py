@@ -11,9 +11,8 @@ the learning-rate schedule's few scalar kernels) in a CUDA graph, and measures
   alone on the GPU is its inverse).
 
 With ``compile=True`` the model's forward is ``torch.compile``d first (Inductor fuses the
-elementwise and reduction chains, forward and backward); the Newton mixers then run their in-graph
-policy already in the warm-up steps (``CellMixer.graph_policy``), so nothing new is compiled inside
-the capture. A trial that cannot be captured reports why in ``error``.
+elementwise and reduction chains, forward and backward) as the ``compiled`` engine does
+(``experiments.cuda_graph.compiled_forward``). A trial that cannot be captured reports why in ``error``.
 
 Used by ``python -m experiments.throughput kernels``. Needs a CUDA GPU.
 """
@@ -50,19 +49,15 @@ def _kernel_events(prof) -> list:
 def captured_step(spec, compile: bool = False, warmup: int = 3):
     """``(graph, step)``: the trial's training step captured in a CUDA graph (after ``warmup`` eager
     steps on a side stream), and the step as a plain function (for an eager profile)."""
+    from experiments.cuda_graph import compiled_forward
     from experiments.train import build_datamodule, build_module
 
     torch.manual_seed(spec.seed)
     dm = build_datamodule(spec, "cuda")
     dm.setup("fit")
     lit = build_module(spec, dm).cuda()
-    if compile:  # the Newton mixers' warm-up runs the captured policy: nothing new compiles inside the capture
-        for m in lit.model.modules():
-            if hasattr(m, "graph_policy"):
-                m.graph_policy = True
-    forward = torch.compile(lit.model) if compile else lit.model
-    opt = torch.optim.AdamW(lit.model.parameters(), lr=torch.tensor(spec.lr, device="cuda"), weight_decay=lit.weight_decay,
-                            betas=lit.betas, fused=True, capturable=True)
+    forward = compiled_forward(lit.model) if compile else lit.model
+    opt = lit.configure_optimizers()  # the training's fused, capturable AdamW
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))
 
     def step() -> None:
