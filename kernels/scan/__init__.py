@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from kernels._dispatch import resolve
+from kernels._dispatch import AUTO, resolve
 from kernels.scan.reference import (
     linear_scan_block2_reference,
     linear_scan_dense_reference,
@@ -47,7 +47,7 @@ DENSE_SCAN_BACKENDS: dict[str, Callable] = {
 
 def resolve_backend(backend: str, c: torch.Tensor, x: torch.Tensor) -> str:
     """The backend ``backend`` (``"auto"`` included) stands for on these inputs."""
-    ok = _triton_supports is not None and x.is_cuda and _triton_supports(c, x)
+    ok = backend == AUTO and _triton_supports is not None and x.is_cuda and _triton_supports(c, x)
     return resolve("scan", backend, SCAN_BACKENDS, x, ok)
 
 

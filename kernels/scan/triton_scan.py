@@ -36,7 +36,7 @@ from typing import Literal, Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from kernels._triton import cdiv, empty, next_pow2, triton_available
+from kernels._triton import cdiv, empty_like, next_pow2, triton_available
 from kernels.scan._loop_kernels import _block2_loop_kernel, _diag_loop_kernel
 from kernels.scan._scan_kernels import _block2_scan_kernel, _diag_scan_kernel
 
@@ -112,18 +112,19 @@ def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> N
     """One-line ``TypeError`` / ``ValueError`` for anything the kernels cannot take (strides aside)."""
     if not isinstance(c, torch.Tensor) or not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: c and x must be tensors, got {type(c).__name__} and {type(x).__name__}")
-    nx = 4 if block2 else 3
-    if x.dim() != nx or (block2 and x.shape[2] != 2):
+    xs = x.shape
+    if len(xs) != (4 if block2 else 3) or (block2 and xs[2] != 2):
         want = "x (B, L, 2, D)" if block2 else "x (B, L, D)"
-        raise ValueError(f"{name}: expected {want}, got x of shape {tuple(x.shape)}")
-    if c.shape != ((*x.shape[:2], 2, 2, x.shape[3]) if block2 else x.shape):
-        want = (*x.shape[:2], 2, 2, x.shape[-1]) if block2 else tuple(x.shape)
+        raise ValueError(f"{name}: expected {want}, got x of shape {tuple(xs)}")
+    if c.shape != ((*xs[:2], 2, 2, xs[3]) if block2 else xs):
+        want = (*xs[:2], 2, 2, xs[-1]) if block2 else tuple(xs)
         raise ValueError(f"{name}: c has shape {tuple(c.shape)}, expected {want} to match x")
     if c.device != x.device:
         raise ValueError(f"{name}: c is on {c.device} but x is on {x.device}")
-    if x.dtype not in DTYPES or c.dtype != x.dtype:
+    dtype = x.dtype
+    if dtype not in DTYPES or c.dtype != dtype:
         raise TypeError(
-            f"{name}: c and x must share one dtype of float32/bfloat16/float16, got {c.dtype} and {x.dtype} "
+            f"{name}: c and x must share one dtype of float32/bfloat16/float16, got {c.dtype} and {dtype} "
             "(use backend='torch' for float64)"
         )
     if not triton_available(x):
@@ -133,27 +134,31 @@ def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> N
 #: Launches of one cached workspace before it is zeroed: its records carry a 31-bit launch tag
 #: (``_lookback.py``), which must not repeat while an old record could still be read as published.
 WS_LAUNCH_LIMIT = 2**31 - 1
-_workspaces: dict[tuple[str, int], list] = {}  # (device, stream) -> [workspace, launches since zeroed, records]
+#: (CUDA device index or -1: CPU, raw stream handle or 0) -> [workspace, launches since zeroed, records]
+_workspaces: dict[tuple[int, int], list] = {}
 
 
-def _workspace(device: torch.device, words: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(workspace, its records)``: the int64 look-back workspace of the current stream on ``device``
-    (at least ``words`` words) and the view of it past the ticket counter's words.
+def _workspace(x: torch.Tensor, words: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(workspace, its records)``: the int64 look-back workspace of the current stream on ``x``'s
+    device (at least ``words`` words) and the view of it past the ticket counter's words.
 
-    Cached per (device, stream) and reused by every launch: the kernels need no zeroing between launches
-    (the ticket counter in word 0 resets itself and carries the epoch; records are tagged by launch,
-    ``_lookback.py``). One workspace per stream, because launches on one stream never overlap. It stays
-    allocated (the largest size asked for, per stream). CUDA graphs: a workspace first allocated during
-    capture is zeroed at the start of every replay (the capture records the zeroing), one allocated
-    before capture carries its epoch through replays; the host does not count replayed launches, so a
-    graph replayed more than ``WS_LAUNCH_LIMIT`` times without an eager launch between could meet
-    repeated tags.
+    Cached per (device, stream), the stream by its raw handle (the one Triton launches on), and reused
+    by every launch: the kernels need no zeroing between launches (the ticket counter in word 0 resets
+    itself and carries the epoch; records are tagged by launch, ``_lookback.py``). One workspace per
+    stream, because launches on one stream never overlap. It stays allocated (the largest size asked
+    for, per stream). CUDA graphs: a workspace first allocated during capture is zeroed at the start of
+    every replay (the capture records the zeroing), one allocated before capture carries its epoch
+    through replays; the host does not count replayed launches, so a graph replayed more than
+    ``WS_LAUNCH_LIMIT`` times without an eager launch between could meet repeated tags.
     """
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
+    if x.is_cuda:
+        index = x.get_device()
+        key = (index, torch._C._cuda_getCurrentRawStream(index))
+    else:
+        key = (-1, 0)
     entry = _workspaces.get(key)
     if entry is None or entry[0].numel() < words:
-        ws = torch.zeros(words, dtype=torch.int64, device=device)
+        ws = torch.zeros(words, dtype=torch.int64, device=x.device)
         entry = _workspaces[key] = [ws, 0, ws[_WS_OFFSET:]]
     elif entry[1] >= WS_LAUNCH_LIMIT:
         entry[0].zero_()
@@ -164,7 +169,10 @@ def _workspace(device: torch.device, words: int) -> tuple[torch.Tensor, torch.Te
 
 @functools.lru_cache(maxsize=4096)
 def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles: Optional[ScanTiles]):
-    """``(kernel, grid, runtime ints, constexpr kwargs, workspace words or 0)`` of one launch."""
+    """``(kernel, grid, runtime ints, constexpr kwargs, workspace words or 0)`` of one launch, ``None``
+    when there is nothing to compute (``B * L * D == 0``)."""
+    if B * L * D == 0:
+        return None
     t = tiles or default_tiles(B, L, D, block2, grad)
     if (t.ch + 1) * (4 if block2 else 1) * D + t.bd >= 2**31:
         raise ValueError(f"linear_scan_triton: D = {D} is too large for the kernels' int32 in-tile offsets")
@@ -185,11 +193,13 @@ def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles
 
 
 def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool, tiles: Optional[ScanTiles]) -> None:
-    if out.numel() == 0:
+    shape = x.shape
+    plan = _plan(shape[0], shape[1], shape[-1], reverse, grad, block2, tiles)
+    if plan is None:
         return
-    kernel, grid, ints, meta, words = _plan(x.shape[0], x.shape[1], x.shape[-1], reverse, grad, block2, tiles)
+    kernel, grid, ints, meta, words = plan
     if words:
-        ws, records = _workspace(x.device, words)
+        ws, records = _workspace(x, words)
         kernel[grid](c, x, out, yfwd, dc, records, ws, *ints, **meta)
     else:
         kernel[grid](c, x, out, yfwd, dc, *ints, **meta)
@@ -197,15 +207,15 @@ def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool, tiles:
 
 def scan_forward(c, x, reverse: bool, block2: bool, tiles: Optional[ScanTiles] = None) -> torch.Tensor:
     """``y`` of contiguous, checked inputs (no autograd)."""
-    out = empty(x.shape, x.device, x.dtype)
+    out = empty_like(x)
     _launch(c, x, out, out, out, reverse, False, block2, tiles)
     return out
 
 
 def scan_backward(c, y, dy, reverse: bool, block2: bool, tiles: Optional[ScanTiles] = None):
     """``(dc, dx)`` of the scan that gave ``y`` (contiguous), for the output gradient ``dy`` (contiguous)."""
-    dx = empty(y.shape, y.device, y.dtype)
-    dc = empty(c.shape, c.device, c.dtype)
+    dx = empty_like(y)
+    dc = empty_like(c)
     # the backward of a forward scan is a reverse scan with coefficients c_{t+1}, and vice versa
     _launch(c, dy, dx, y, dc, not reverse, True, block2, tiles)
     return dc, dx
@@ -248,23 +258,38 @@ def _register(name: str, block2: bool):
 _OPS = {False: _register("linear_scan", False), True: _register("linear_scan_block2", True)}
 
 
+def _scan_grads(ctx, dy):
+    """``(dc, dx, None)`` of ``_Scan`` for the output gradient ``dy``."""
+    c, y = ctx.saved_tensors
+    reverse, block2, _, grad_tiles = ctx.cfg
+    dy = dy.contiguous()
+    if dy.dtype != y.dtype:
+        dy = dy.to(y.dtype)
+    dc, dx = scan_backward(c, y, dy, reverse, block2, grad_tiles)
+    return dc, dx, None
+
+
+_scan_grads_once = once_differentiable(_scan_grads)
+
+
 class _Scan(torch.autograd.Function):
-    """Eager autograd of the scans: the custom ops' kernels without the dispatcher round trips."""
+    """Eager autograd of the scans: the custom ops' kernels without the dispatcher round trips.
+    ``cfg``: ``(reverse, block2, tiles, grad_tiles)``."""
 
     @staticmethod
-    def forward(ctx, c, x, reverse, block2, tiles, grad_tiles):
-        y = scan_forward(c, x, reverse, block2, tiles)
+    def forward(ctx, c, x, cfg):
+        y = scan_forward(c, x, cfg[0], cfg[1], cfg[2])
         ctx.save_for_backward(c, y)
-        ctx.args = (reverse, block2, grad_tiles)
+        ctx.cfg = cfg
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy):
-        c, y = ctx.saved_tensors
-        reverse, block2, grad_tiles = ctx.args
-        dc, dx = scan_backward(c, y, dy.contiguous().to(y.dtype), reverse, block2, grad_tiles)
-        return dc, dx, None, None, None, None
+        # grad mode is on here only under create_graph=True; once_differentiable then makes a second
+        # differentiation raise (with grad mode off, its no_grad block would change nothing)
+        if torch.is_grad_enabled():
+            return _scan_grads_once(ctx, dy)
+        return _scan_grads(ctx, dy)
 
 
 def _scan(name, c, x, reverse, block2, tiles, grad_tiles):
@@ -273,7 +298,7 @@ def _scan(name, c, x, reverse, block2, tiles, grad_tiles):
     check_inputs(name, c, x, block2)
     c, x = c.contiguous(), x.contiguous()
     if torch.is_grad_enabled() and (c.requires_grad or x.requires_grad):
-        return _Scan.apply(c, x, bool(reverse), block2, tiles, grad_tiles)
+        return _Scan.apply(c, x, (bool(reverse), block2, tiles, grad_tiles))
     return scan_forward(c, x, bool(reverse), block2, tiles)
 
 
