@@ -11,11 +11,15 @@
 #     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/reproduce (one study
 #                           for every reproduction, as experiments.reproduce's default), so it runs on
 #                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
-#                           from what finished and packs it into OUT_DIR. A later `start` resumes the study.
+#                           from what finished and packs the run into OUT_DIR/NAME-run.tgz (benchmarks.pack_run:
+#                           the journal, and the checkpoints of unfinished trials). A later `start` resumes the
+#                           study; on a fresh machine, with RESTORE_RUN=that archive (carried) it unpacks it first.
+#     stop:NAME             as `wait`, but interrupts the reproduction (Ctrl-C to its process group: running trials
+#                           write interrupted.ckpt) once WAIT_S s are up, so the archive resumes on another machine.
 # Environment: KERNELS_ARGS / STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
 # folder), REPRODUCE_OUT (the reproductions' --out, default RUN_ROOT/reproduce), REPRODUCE_ARGS (default
-# "--workers 16 --mps"), WAIT_S (default 540), EXPRESSIVITY_COMMIT (the commit results record where the
-# checkout has no .git).
+# "--workers 16 --mps"), WAIT_S (default 540), RESTORE_RUN (a NAME-run.tgz to resume from on a fresh machine),
+# EXPRESSIVITY_COMMIT (the commit results record where the checkout has no .git).
 set -u
 out=${1:?output folder}; shift
 mkdir -p "$out"
@@ -44,10 +48,13 @@ for step in "$@"; do
       timeout 560 python3 -m experiments.throughput workers --device cuda --mps --counts "${WORKER_COUNTS:-1,4,8,16}" \
         --out "$run_root/bench-workers" ${WORKERS_ARGS:-} --json "$out/workers.json" > "$out/workers.log" 2>&1
       echo "=== workers rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/workers.log" ;;
-    start:*|wait:*)
+    start:*|wait:*|stop:*)
       name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/reproduce}
       mkdir -p "$dir"
       if [[ $step == start:* ]]; then
+        if [ -n "${RESTORE_RUN:-}" ] && [ ! -e "$dir/journal.log" ]; then
+          tar -xzf "$RESTORE_RUN" -C "$dir" && echo "=== restored $RESTORE_RUN into $dir"
+        fi
         # run from a copy: the next device call replaces this checkout under a running job
         code=/tmp/code-$name; rm -rf "$code"; mkdir -p "$code"
         cp -r tasks mixers kernels experiments analysis pyproject.toml "$code"/
@@ -59,15 +66,20 @@ for step in "$@"; do
         sleep 1; pgrep -f -n "experiments.reproduce $name" > "$dir/$name.pid"
         echo "=== started $name (pid $(cat "$dir/$name.pid")) at $(date -u +%FT%TZ)"
       fi
+      pid=$(cat "$dir/$name.pid")
       deadline=$((SECONDS + ${WAIT_S:-540}))
-      while kill -0 "$(cat "$dir/$name.pid")" 2> /dev/null && [ $SECONDS -lt $deadline ]; do
+      while kill -0 "$pid" 2> /dev/null && [ $SECONDS -lt $deadline ]; do
         sleep 15; grep "cells done" "$dir/$name.log" | tail -n 1
       done
-      state=$(kill -0 "$(cat "$dir/$name.pid")" 2> /dev/null && echo running || echo finished)
+      if [[ $step == stop:* ]] && kill -0 "$pid" 2> /dev/null; then
+        kill -INT -- "-$(ps -o pgid= "$pid" | tr -d ' ')"  # its process group (setsid): the workers too
+        for _ in $(seq 120); do kill -0 "$pid" 2> /dev/null || break; sleep 1; done
+      fi
+      state=$(kill -0 "$pid" 2> /dev/null && echo running || echo finished)
       echo "=== $name: $state at $(date -u +%FT%TZ)"; tail -n 5 "$dir/$name.log"
       python3 -m experiments.reproduce "$name" --out "$dir" --table-only --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
         || tail -n 5 "$out/$name-table.log"
-      tar -C "$dir" -czf "$out/$name-run.tgz" --exclude='*.ckpt' journal.log "$name" "$name.log" workers 2> /dev/null
+      python3 -m benchmarks.pack_run "$dir" "$out/$name-run.tgz" "$name"
       cat "$out/$name.md" 2> /dev/null | sed -n '/^| model/,/^$/p' ;;
     *) echo "unknown step $step" ;;
   esac

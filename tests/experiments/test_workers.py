@@ -223,3 +223,43 @@ def test_cli_device_without_cuda_is_one_line_with_workers_too(tmp_path):
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert proc.returncode == 2 and proc.stderr.strip() == (
             "error: device 'cuda' requested but CUDA is not available on this machine; use --device cpu")
+
+
+def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path):
+    """``benchmarks.pack_run``: a run cut mid-trial, packed, its folder wiped and unpacked again (a fresh
+    machine, the same run path) finishes: the completed cell is not re-run, the cut one resumes from its
+    checkpoint, and the archive carries checkpoints for the unfinished trials only."""
+    import shutil
+    import tarfile
+
+    from benchmarks.pack_run import pack
+
+    plan = tiny_plan(["test_workers:SlowMixer"], seeds=[0, 1, 2], max_steps=60)
+    specs = build_specs(plan)
+    here = tmp_path / "run"
+    grid = open_grid(here)
+    grid.sync(cells_of(specs))
+    proc = start_worker(0, cells_of(specs), "parity-smoke", None, here, "cpu", stale_timeout=60)
+    deadline = time.time() + 120  # one cell done, the next one past its first checkpoint
+    while time.time() < deadline:
+        done = grid.trials(states=(TrialState.COMPLETE,))
+        cut = [p for p in (here / "trials").glob("*/checkpoints/last.ckpt")
+               if done and p.parents[1].name != Path(done[0].user_attrs["result"]["trial_dir"]).name]
+        if done and cut:
+            break
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(30)
+    assert len(done) == 1 and cut
+    counts = pack(here, tmp_path / "run.tgz", [])
+    assert counts == {"trials": 2, "resumable": 1, "bytes": counts["bytes"]}
+    with tarfile.open(tmp_path / "run.tgz") as tar:
+        ckpts = {Path(n).parts[1] for n in tar.getnames() if n.endswith(".ckpt")}
+        assert ckpts == {cut[0].parents[1].name}
+        shutil.rmtree(here)
+        here.mkdir()
+        tar.extractall(here, filter="data")
+    df = run_sweep(plan, here, progress=False, stale_timeout=1)
+    assert len(df) == 3 and set(df["status"]) == {"ok"} and set(df["steps"]) == {60}
+    assert sorted(df["resumed_from_step"]) == [0, 0, 10]
+    assert len([t for t in open_grid(here).trials(states=(TrialState.COMPLETE,))]) == 3
