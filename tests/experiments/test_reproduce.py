@@ -57,6 +57,18 @@ def test_table6_matches_the_paper_setup_and_table1_is_its_subset():
     assert cells("pararnn-table1") < cells("pararnn-table6")  # running both in one --out shares the trials
 
 
+def test_table6_full_trains_at_the_papers_lr_from_the_first_step():
+    """Paper 000: cosine schedule "starting at 5e-4" for up to 3,000 epochs; no warm-up below it."""
+    from experiments.lit import cosine_with_warmup
+
+    for entry in ("keep_nth", "parity", "mqar", "khop", "khop2"):
+        p = resolve_sweep(entry, "pararnn-table6-full")
+        assert p.lrs == [5e-4] and p.train.max_steps == 3000 * 10_000 // 16
+        warmup = max(1, int(p.train.warmup_ratio * p.train.max_steps))  # as LitSequenceModel counts it
+        assert cosine_with_warmup(0, warmup, p.train.max_steps) == 1.0
+        assert p.train.plateau_steps == 100_000
+
+
 def test_table_columns_follow_the_paper_not_the_run_order():
     rows = _rows("mqar", "flashgru", [0.9]) + _rows("keep_nth", "flashgru", [0.8])  # mqar ran first
     t = compare("pararnn-table6", {e: pd.DataFrame([r for r in rows if r["task"] == e]) for e in ("mqar", "keep_nth")})
