@@ -17,17 +17,17 @@ import argparse
 import tarfile
 from pathlib import Path
 
-JOURNAL = "journal.log"
+from experiments.study import JOURNAL_FILE
 
 
 def completed_trial_dirs(run_dir: Path) -> set[str]:
     """Trial folders (relative to ``run_dir``) of the study's completed trials."""
     import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+
+    from experiments.study import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = JournalStorage(JournalFileBackend(str(run_dir / JOURNAL)))
+    storage = open_storage(None, run_dir)
     done = set()
     for summary in storage.get_all_studies():
         for t in storage.get_all_trials(summary._study_id, deepcopy=False):
@@ -40,13 +40,13 @@ def completed_trial_dirs(run_dir: Path) -> set[str]:
 def pack(run_dir: Path, archive: Path, names: list[str]) -> dict[str, int]:
     """Write ``archive``; returns counts: ``trials``, ``resumable`` (trials packed with checkpoints), ``bytes``."""
     run_dir = Path(run_dir)
-    if not (run_dir / JOURNAL).exists():
-        raise SystemExit(f"error: {run_dir} has no {JOURNAL}: not an experiments.reproduce output folder")
+    if not (run_dir / JOURNAL_FILE).exists():
+        raise SystemExit(f"error: {run_dir} has no {JOURNAL_FILE}: not an experiments.reproduce output folder")
     done = completed_trial_dirs(run_dir)
     trials = sorted(p for p in (run_dir / "trials").glob("*") if p.is_dir())
     resumable = 0
     with tarfile.open(archive, "w:gz") as tar:
-        tar.add(run_dir / JOURNAL, arcname=JOURNAL)
+        tar.add(run_dir / JOURNAL_FILE, arcname=JOURNAL_FILE)
         for name in names:
             for extra in (run_dir / name, run_dir / f"{name}.log"):
                 if extra.exists():

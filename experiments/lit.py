@@ -81,6 +81,12 @@ def _metrics(num_classes: int, prefix: str) -> MetricCollection:
     )
 
 
+def warmup_steps(warmup_ratio: float, max_steps: int) -> int:
+    """Steps of the linear warm-up: ``warmup_ratio`` of ``max_steps``, at least 1 (ratio 0: the first
+    step already runs at the full lr)."""
+    return max(1, int(warmup_ratio * max_steps))
+
+
 def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
     """LR multiplier of step ``step`` (0-based): linear warmup to 1 over ``warmup_steps``, then cosine decay to ``min_ratio``."""
     if step < warmup_steps:
@@ -217,7 +223,7 @@ class LitSequenceModel(L.LightningModule):
 
     @property
     def _warmup_steps(self) -> int:
-        return max(1, int(self.warmup_ratio * self.max_steps))
+        return warmup_steps(self.warmup_ratio, self.max_steps)
 
     @property
     def _newton_mixers(self) -> list[nn.Module]:

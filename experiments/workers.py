@@ -54,15 +54,20 @@ def worker_devices(n: int, device: str = "auto") -> list[str]:
     return [device] * n
 
 
+def _allowed_cpus() -> list[int]:
+    """Indices of the CPUs this process may run on."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
 def host_cores() -> int:
     """CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return len(_allowed_cpus())
 
 
 def physical_cores(sysfs: Path = Path("/sys/devices/system/cpu")) -> int | None:
     """Physical cores among the CPUs this process may run on (hyper-threads counted once), from Linux's
     ``cpu<i>/topology/thread_siblings_list``; ``None`` where that is not readable."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cpus = _allowed_cpus()
     try:
         return len({(sysfs / f"cpu{i}" / "topology" / "thread_siblings_list").read_text().strip() for i in cpus})
     except OSError:
@@ -279,13 +284,14 @@ def run_workers(grid, cells: list[Cell], out: Path, storage_url: str | None, n_w
     devices = worker_devices(n_workers, device)
     restarts_left = n_workers if max_restarts is None else max_restarts
 
+    threads = worker_threads(n_workers)
+
     def start(i: int) -> mp.Process:
-        return start_worker(i, cells, grid.name, storage_url, out, devices[i], grid.stale_timeout, options,
-                            worker_threads(n_workers))
+        return start_worker(i, cells, grid.name, storage_url, out, devices[i], grid.stale_timeout, options, threads)
 
     procs = {i: start(i) for i in range(n_workers)}
     log.info("%d workers on %s, %d CPU threads each (host: %d logical CPUs, %s physical cores; logs: %s)",
-             n_workers, ", ".join(sorted(set(devices))), worker_threads(n_workers), host_cores(),
+             n_workers, ", ".join(sorted(set(devices))), threads, host_cores(),
              physical_cores() or "?", out / "workers")
     try:
         while True:

@@ -59,12 +59,12 @@ def test_table6_matches_the_paper_setup_and_table1_is_its_subset():
 
 def test_table6_full_trains_at_the_papers_lr_from_the_first_step():
     """Paper 000: cosine schedule "starting at 5e-4" for up to 3,000 epochs; no warm-up below it."""
-    from experiments.lit import cosine_with_warmup
+    from experiments.lit import cosine_with_warmup, warmup_steps
 
     for entry in ("keep_nth", "parity", "mqar", "khop", "khop2"):
         p = resolve_sweep(entry, "pararnn-table6-full")
         assert p.lrs == [5e-4] and p.train.max_steps == 3000 * 10_000 // 16
-        warmup = max(1, int(p.train.warmup_ratio * p.train.max_steps))  # as LitSequenceModel counts it
+        warmup = warmup_steps(p.train.warmup_ratio, p.train.max_steps)
         assert cosine_with_warmup(0, warmup, p.train.max_steps) == 1.0
         assert p.train.plateau_steps == 100_000
 
