@@ -69,6 +69,14 @@ def test_table6_full_trains_at_the_papers_lr_from_the_first_step():
         assert p.train.plateau_steps == 100_000
 
 
+def test_table6_full_queues_its_longest_sweeps_first():
+    """Workers claim cells in plan order: the 1.8M-step k-hop Transformer trials must not start last."""
+    entries = [p.entry for p in plans_for("pararnn-table6-full")]
+    assert entries[:3] == ["khop", "khop2", "mqar"] and sorted(entries) == sorted(p.entry for p in plans_for("pararnn-table6"))
+    first = build_specs(plans_for("pararnn-table6-full")[0])[0]
+    assert (first.task, first.task_options["k"], first.mixer) == ("khop", 1, "transformer")
+
+
 def test_table_columns_follow_the_paper_not_the_run_order():
     rows = _rows("mqar", "flashgru", [0.9]) + _rows("keep_nth", "flashgru", [0.8])  # mqar ran first
     t = compare("pararnn-table6", {e: pd.DataFrame([r for r in rows if r["task"] == e]) for e in ("mqar", "keep_nth")})
