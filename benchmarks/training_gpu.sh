@@ -58,8 +58,9 @@ for step in "$@"; do
         # run from a copy: the next device call replaces this checkout under a running job
         code=/tmp/code-$name; rm -rf "$code"; mkdir -p "$code"
         cp -r tasks mixers kernels experiments analysis pyproject.toml "$code"/
-        # the copy has no .git: results record the checkout's commit (or EXPRESSIVITY_COMMIT as given)
-        commit=$(git describe --always --dirty --abbrev=12 2> /dev/null || echo "${EXPRESSIVITY_COMMIT:-unknown}")
+        # the copy has no .git: results record EXPRESSIVITY_COMMIT when given (a device checkout's .git
+        # may be older than its files), else the checkout's commit
+        commit=${EXPRESSIVITY_COMMIT:-$(git describe --always --dirty --abbrev=12 2> /dev/null || echo unknown)}
         # shellcheck disable=SC2086
         (cd "$code" && EXPRESSIVITY_COMMIT=$commit PYTHONPATH="$code:${PYTHONPATH:-}" setsid nohup python3 -m experiments.reproduce "$name" --out "$dir" \
           --no-progress ${REPRODUCE_ARGS:---workers 16 --mps} >> "$dir/$name.log" 2>&1 &)

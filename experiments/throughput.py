@@ -11,9 +11,13 @@ Three measurements, each a sub-command:
   ``--compile`` also with the model ``torch.compile``d. Needs a CUDA GPU.
 - ``workers``: N trials at once in N worker processes (``--counts``, e.g. 1,4,8,16; ``--mps`` to share
   the GPU through CUDA MPS) on the Table 6 mix (task entries × mixers of ``--preset``, round robin),
-  per engine: steady steps/s per worker (after compilation and graph capture), in total (the sum of the
-  trials' steady rates), end to end (all steps over the wall-clock of the whole run, start-up included)
-  and the GPU busy fraction (``torch.cuda.utilization`` sampled every 0.2 s while they train).
+  per engine: steady steps/s per worker (after compilation and graph capture); in total while all N
+  train at once (``concurrent_rate``: the steps every trial ran in the window in which all of them
+  were past their compilation and none had finished, over that window, from each trial's
+  ``progress.csv``); the sum of the trials' own steady rates (an upper bound: a trial that finishes
+  late ran part of its steady phase on a less crowded GPU); end to end (all steps over the
+  wall-clock of the whole run, start-up included) and the GPU busy fraction
+  (``torch.cuda.utilization`` sampled every 0.2 s while they train).
 
 Each prints a Markdown table (pandas) and, with ``--json``, writes its rows there.
 
@@ -37,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from experiments.cli import Parser, positive_int, run_cli, str_list
@@ -118,6 +123,22 @@ def profile_kernels(preset: str, tasks: list[str] | None, mixers: list[str] | No
     return table
 
 
+def concurrent_rate(progress: list[pd.DataFrame]) -> tuple[float, float]:
+    """``(steps/s, window s)``: the steps all trials ran together per second in the window in which
+    every one of them trained, from each trial's progress samples (``unix_time_s``, ``step``; the first
+    sample is the end of its compilation, the last its end of training; steps interpolated linearly
+    between samples). ``(nan, 0.0)`` when the trials' windows do not overlap."""
+    if not progress or any(len(p) < 2 for p in progress):
+        return float("nan"), 0.0
+    start = max(float(p["unix_time_s"].iloc[0]) for p in progress)
+    end = min(float(p["unix_time_s"].iloc[-1]) for p in progress)
+    if end <= start:
+        return float("nan"), 0.0
+    steps = sum(float(np.interp(end, p["unix_time_s"], p["step"]) - np.interp(start, p["unix_time_s"], p["step"]))
+                for p in progress)
+    return steps / (end - start), end - start
+
+
 class GPUBusy:
     """Samples ``torch.cuda.utilization()`` (the share of time a kernel ran) every ``interval`` s in a thread."""
 
@@ -157,8 +178,8 @@ def time_workers(counts: list[int], engines: list[str], preset: str, tasks: list
 
     from experiments.results import collect
     from experiments.study import GridStudy
-    from experiments.train import RunOptions
-    from experiments.workers import run_workers
+    from experiments.train import PROGRESS_FILE, RunOptions
+    from experiments.workers import cell_dir, run_workers
 
     rows = []
     for engine in engines:
@@ -174,10 +195,15 @@ def time_workers(counts: list[int], engines: list[str], preset: str, tasks: list
             wall = time.perf_counter() - t0
             df = collect(grid, cells)
             ok = df[df["status"] == "ok"]
+            progress = [pd.read_csv(cell_dir(run_dir, entry, spec) / PROGRESS_FILE) for entry, spec in cells
+                        if (cell_dir(run_dir, entry, spec) / PROGRESS_FILE).is_file()]
+            together, window = concurrent_rate(progress) if len(progress) == n else (float("nan"), 0.0)
             rows.append({
                 "engine": engine, "workers": n, "ok_trials": len(ok),
                 "steps_per_s_per_worker": round(float(ok["steady_steps_per_s"].median()), 1) if len(ok) else float("nan"),
-                "total_steps_per_s": round(float(ok["steady_steps_per_s"].sum()), 1) if len(ok) else float("nan"),
+                "total_steps_per_s": round(together, 1),
+                "together_window_s": round(window, 1),
+                "sum_of_steady_steps_per_s": round(float(ok["steady_steps_per_s"].sum()), 1) if len(ok) else float("nan"),
                 "end_to_end_steps_per_s": round(float(ok["steps"].sum()) / wall, 1) if len(ok) else float("nan"),
                 "gpu_busy": round(busy.mean(), 3) if torch.cuda.is_available() else float("nan"),
                 "wall_s": round(wall, 1),

@@ -114,14 +114,28 @@ class TrialSpec:
         return f"{self.task}|{self.mixer}|seed={self.seed}|lr={self.lr:g}"
 
 
+#: seconds between two samples of a trial's training progress (``progress.csv``)
+PROGRESS_EVERY_S = 1.0
+PROGRESS_FILE = "progress.csv"
+
+
 class _History(Callback):
-    """Records validation accuracy after each validation, and the training clock after the first
-    Lightning step (``steady_*``: what comes after compilation and CUDA-graph capture)."""
+    """Records validation accuracy after each validation, the training clock after the first
+    Lightning step (``steady_*``: what comes after compilation and CUDA-graph capture), and from then
+    on ``progress``: ``(unix time s, optimizer step)`` samples at least ``PROGRESS_EVERY_S`` apart
+    (after a device synchronization, so a step counts once the GPU has run it), the last at the end of
+    training. Several trials' samples give the steps they ran in one shared time window
+    (``experiments.throughput.concurrent_rate``)."""
 
     def __init__(self) -> None:
         self.val_acc: list[float] = []
         self.steady_start: tuple[float, int] | None = None
         self.train_end: tuple[float, int] | None = None
+        self.progress: list[tuple[float, int]] = []
+
+    def _sample(self, pl_module, step: int) -> None:
+        torch.cuda.synchronize() if pl_module.device.type == "cuda" else None
+        self.progress.append((time.time(), step))
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
@@ -129,11 +143,13 @@ class _History(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
         if self.steady_start is None and trainer.global_step >= 10:
-            torch.cuda.synchronize() if pl_module.device.type == "cuda" else None
+            self._sample(pl_module, trainer.global_step)
             self.steady_start = (time.perf_counter(), trainer.global_step)
+        elif self.steady_start is not None and time.time() - self.progress[-1][0] >= PROGRESS_EVERY_S:
+            self._sample(pl_module, trainer.global_step)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        torch.cuda.synchronize() if pl_module.device.type == "cuda" else None
+        self._sample(pl_module, trainer.global_step)
         self.train_end = (time.perf_counter(), trainer.global_step)
 
     def steady_rate(self) -> float:
@@ -142,6 +158,14 @@ class _History(Callback):
         if self.steady_start is None or self.train_end is None or self.train_end[1] <= self.steady_start[1]:
             return float("nan")
         return (self.train_end[1] - self.steady_start[1]) / max(self.train_end[0] - self.steady_start[0], 1e-9)
+
+    def write_progress(self, path: Path) -> None:
+        """Append this invocation's samples to the CSV ``path`` (``unix_time_s,step``)."""
+        new = not path.exists()
+        with path.open("a") as f:
+            if new:
+                f.write("unix_time_s,step\n")
+            f.writelines(f"{t:.3f},{s}\n" for t, s in self.progress)
 
 
 def resolve_device(device: str) -> tuple[str, list[int] | str]:
@@ -403,6 +427,8 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
             final = _test(trainer, module, dm)
             best_path = checkpoints.best_model_path
             best = _test(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
+    if keep:
+        history.write_progress(out / PROGRESS_FILE)
     extrap_accs = [best[f"{name}/acc"] for name in dm.test_set_names[1:] if f"{name}/acc" in best]
     device_name = torch.cuda.get_device_name(devices[0]) if accelerator == "gpu" else "cpu"
     steps_here = trainer.global_step - resumed_from

@@ -1,0 +1,51 @@
+"""``python -m experiments.throughput workers``: the aggregate rate counts only steps run while every
+trial trained, from the trials' own progress samples."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from experiments.throughput import concurrent_rate, time_workers
+
+
+def _progress(times, steps):
+    return pd.DataFrame({"unix_time_s": times, "step": steps})
+
+
+def test_concurrent_rate_counts_the_shared_window_only():
+    # A: 100 steps/s from t=0 to 10; B: 50 steps/s from t=4 to 20. Shared window [4, 10]: 600 + 300 steps.
+    a = _progress([0.0, 5.0, 10.0], [0, 500, 1000])
+    b = _progress([4.0, 12.0, 20.0], [0, 400, 800])
+    rate, window = concurrent_rate([a, b])
+    assert window == pytest.approx(6.0) and rate == pytest.approx(900 / 6)
+    # the sum of their own rates (150) is what a late finisher on an emptier GPU would inflate; here equal
+    assert rate == pytest.approx(100 + 50)
+
+
+def test_concurrent_rate_interpolates_uneven_trials():
+    # B runs 10 steps/s until t=6, then 90 steps/s (A finished at t=6 in a real run would do that)
+    a = _progress([0.0, 6.0], [0, 600])
+    b = _progress([1.0, 6.0, 11.0], [0, 50, 500])
+    rate, window = concurrent_rate([a, b])
+    assert window == pytest.approx(5.0) and rate == pytest.approx((500 + 50) / 5)
+
+
+def test_concurrent_rate_without_overlap_is_nan():
+    assert math.isnan(concurrent_rate([_progress([0, 1], [0, 10]), _progress([2, 3], [0, 10])])[0])
+    assert math.isnan(concurrent_rate([_progress([0], [0])])[0]) and math.isnan(concurrent_rate([])[0])
+
+
+@pytest.mark.slow
+def test_two_cpu_workers_report_a_rate_they_ran_together(tmp_path):
+    """Two short trials on two worker processes: each writes progress.csv; the shared-window rate is
+    positive, and no larger than the sum of the trials' own steady rates (plus sampling slack)."""
+    rows = time_workers([2], ["eager"], "pararnn-table6", ["parity"], ["flashgru"], 300, "cpu", tmp_path)
+    row = rows.iloc[0]
+    assert row["ok_trials"] == 2 and row["together_window_s"] > 0
+    assert 0 < row["total_steps_per_s"] <= 1.2 * row["sum_of_steady_steps_per_s"]
+    files = sorted(tmp_path.rglob("progress.csv"))
+    assert len(files) == 2
+    for f in files:
+        p = pd.read_csv(f)
+        assert p["step"].is_monotonic_increasing and p["step"].iloc[-1] == 300 and p["step"].iloc[0] >= 10
