@@ -81,7 +81,7 @@ def benchmark_specs(preset: str, tasks: list[str] | None, mixers: list[str] | No
     mix = []
     for entry in entries:
         plan = resolve_sweep(entry, preset, {"mixers": mixers} if mixers else None)
-        train = {**dataclasses.asdict(plan.train), "max_steps": steps, "eval_every": steps, "early_stop_acc": 2.0,
+        train = {**dataclasses.asdict(plan.train), "max_steps": steps, "eval_every": steps, "early_stop_acc": 2.0, "plateau_steps": None,
                  "val_size": 256, "test_size": 256}
         plan = resolve_sweep(entry, preset, {"mixers": plan.mixers, "seeds": [0], "lrs": plan.lrs[:1], "train": train})
         mix += [(entry, s) for s in build_specs(plan, device)]

@@ -49,3 +49,11 @@ def test_two_cpu_workers_report_a_rate_they_ran_together(tmp_path):
     for f in files:
         p = pd.read_csv(f)
         assert p["step"].is_monotonic_increasing and p["step"].iloc[-1] == 300 and p["step"].iloc[0] >= 10
+
+
+def test_long_benchmark_trials_train_every_step():
+    """--steps above a preset's plateau window: no plateau stop (and no validation error) cuts them."""
+    from experiments.throughput import benchmark_specs
+
+    for _, spec in benchmark_specs("pararnn-table6", None, None, 100_000, "cuda"):
+        assert spec.train.max_steps == spec.train.eval_every == 100_000 and spec.train.plateau_steps is None
