@@ -421,14 +421,16 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         warnings.filterwarnings("ignore", ".*is smaller than the logging interval.*")
         warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
         warnings.filterwarnings("ignore", ".*is set, but there is no last checkpoint available.*")  # a fresh trial
-        with interrupt_as_keyboard_interrupt(trainer):
-            trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else "last")
-            train_time = time.perf_counter() - start
-            final = _test(trainer, module, dm)
-            best_path = checkpoints.best_model_path
-            best = _test(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
-    if keep:
-        history.write_progress(out / PROGRESS_FILE)
+        try:
+            with interrupt_as_keyboard_interrupt(trainer):
+                trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else "last")
+                train_time = time.perf_counter() - start
+                final = _test(trainer, module, dm)
+                best_path = checkpoints.best_model_path
+                best = _test(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
+        finally:  # an interrupted invocation keeps its samples too; the resumed one appends
+            if keep:
+                history.write_progress(out / PROGRESS_FILE)
     extrap_accs = [best[f"{name}/acc"] for name in dm.test_set_names[1:] if f"{name}/acc" in best]
     device_name = torch.cuda.get_device_name(devices[0]) if accelerator == "gpu" else "cpu"
     steps_here = trainer.global_step - resumed_from

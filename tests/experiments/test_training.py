@@ -3,6 +3,7 @@
 import math
 
 import lightning as L
+import pandas as pd
 import pytest
 import torch
 
@@ -128,6 +129,9 @@ def test_interrupted_trial_resumes_exactly_where_it_stopped(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert resumed["test/acc"] == whole["test/acc"] and resumed["best_val_acc"] == whole["best_val_acc"]
     assert not (tmp_path / "cut" / "checkpoints" / "interrupted.ckpt").exists()  # consumed by the finished run
+    progress = pd.read_csv(tmp_path / "cut" / "progress.csv")  # both invocations' samples, in order
+    assert progress["step"].is_monotonic_increasing and progress["unix_time_s"].is_monotonic_increasing
+    assert progress["step"].iloc[0] <= 45 < progress["step"].iloc[-2] and progress["step"].iloc[-1] == 60
 
 
 def test_different_seeds_train_on_different_batch_orders(tmp_path):
