@@ -81,8 +81,8 @@ def benchmark_specs(preset: str, tasks: list[str] | None, mixers: list[str] | No
     mix = []
     for entry in entries:
         plan = resolve_sweep(entry, preset, {"mixers": mixers} if mixers else None)
-        train = {**dataclasses.asdict(plan.train), "max_steps": steps, "eval_every": steps, "early_stop_acc": 2.0, "plateau_steps": None,
-                 "val_size": 256, "test_size": 256}
+        train = {**dataclasses.asdict(plan.train), "max_steps": steps, "eval_every": steps, "early_stop_acc": 2.0,
+                 "plateau_steps": None, "val_size": 256, "test_size": 256}
         plan = resolve_sweep(entry, preset, {"mixers": plan.mixers, "seeds": [0], "lrs": plan.lrs[:1], "train": train})
         mix += [(entry, s) for s in build_specs(plan, device)]
     if count is None:
@@ -195,8 +195,8 @@ def time_workers(counts: list[int], engines: list[str], preset: str, tasks: list
             wall = time.perf_counter() - t0
             df = collect(grid, cells)
             ok = df[df["status"] == "ok"]
-            progress = [pd.read_csv(cell_dir(run_dir, entry, spec) / PROGRESS_FILE) for entry, spec in cells
-                        if (cell_dir(run_dir, entry, spec) / PROGRESS_FILE).is_file()]
+            files = [cell_dir(run_dir, entry, spec) / PROGRESS_FILE for entry, spec in cells]
+            progress = [pd.read_csv(f) for f in files if f.is_file()]
             together, window = concurrent_rate(progress) if len(progress) == n else (float("nan"), 0.0)
             rows.append({
                 "engine": engine, "workers": n, "ok_trials": len(ok),

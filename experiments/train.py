@@ -120,44 +120,41 @@ PROGRESS_FILE = "progress.csv"
 
 
 class _History(Callback):
-    """Records validation accuracy after each validation, the training clock after the first
-    Lightning step (``steady_*``: what comes after compilation and CUDA-graph capture), and from then
-    on ``progress``: ``(unix time s, optimizer step)`` samples at least ``PROGRESS_EVERY_S`` apart
-    (after a device synchronization, so a step counts once the GPU has run it), the last at the end of
-    training. Several trials' samples give the steps they ran in one shared time window
+    """Records validation accuracy after each validation and, from the end of the first Lightning step
+    after 10 steps (what comes after compilation and CUDA-graph capture) on, ``progress``:
+    ``(perf_counter s, optimizer step)`` samples at least ``PROGRESS_EVERY_S`` apart (after a device
+    synchronization, so a step counts once the GPU has run it), the last at the end of training.
+    Several trials' samples give the steps they ran in one shared time window
     (``experiments.throughput.concurrent_rate``)."""
 
     def __init__(self) -> None:
         self.val_acc: list[float] = []
-        self.steady_start: tuple[float, int] | None = None
-        self.train_end: tuple[float, int] | None = None
         self.progress: list[tuple[float, int]] = []
+        self._unix_offset = time.time() - time.perf_counter()
 
     def _sample(self, pl_module, step: int) -> None:
         torch.cuda.synchronize() if pl_module.device.type == "cuda" else None
-        self.progress.append((time.time(), step))
+        self.progress.append((time.perf_counter(), step))
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
             self.val_acc.append(float(trainer.callback_metrics["val/acc"]))
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-        if self.steady_start is None and trainer.global_step >= 10:
-            self._sample(pl_module, trainer.global_step)
-            self.steady_start = (time.perf_counter(), trainer.global_step)
-        elif self.steady_start is not None and time.time() - self.progress[-1][0] >= PROGRESS_EVERY_S:
+        if (not self.progress and trainer.global_step >= 10) or \
+                (self.progress and time.perf_counter() - self.progress[-1][0] >= PROGRESS_EVERY_S):
             self._sample(pl_module, trainer.global_step)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._sample(pl_module, trainer.global_step)
-        self.train_end = (time.perf_counter(), trainer.global_step)
 
     def steady_rate(self) -> float:
-        """Training steps/s from the end of the first Lightning step after 10 steps to the end of training
-        (validations included, first-call compilation and graph capture excluded); NaN if too short."""
-        if self.steady_start is None or self.train_end is None or self.train_end[1] <= self.steady_start[1]:
+        """Training steps/s from the first progress sample to the end of training (validations
+        included, first-call compilation and graph capture excluded); NaN if too short."""
+        if len(self.progress) < 2 or self.progress[-1][1] <= self.progress[0][1]:
             return float("nan")
-        return (self.train_end[1] - self.steady_start[1]) / max(self.train_end[0] - self.steady_start[0], 1e-9)
+        (t0, s0), (t1, s1) = self.progress[0], self.progress[-1]
+        return (s1 - s0) / max(t1 - t0, 1e-9)
 
     def write_progress(self, path: Path) -> None:
         """Append this invocation's samples to the CSV ``path`` (``unix_time_s,step``)."""
@@ -165,7 +162,7 @@ class _History(Callback):
         with path.open("a") as f:
             if new:
                 f.write("unix_time_s,step\n")
-            f.writelines(f"{t:.3f},{s}\n" for t, s in self.progress)
+            f.writelines(f"{t + self._unix_offset:.3f},{s}\n" for t, s in self.progress)
 
 
 def resolve_device(device: str) -> tuple[str, list[int] | str]:
