@@ -24,8 +24,10 @@ follow ``torch.get_float32_matmul_precision()`` at the forward call (``_precisio
 (torch's default) and ``"high"`` use 3-pass TF32 (``tf32x3``, float32-accurate on tensor cores),
 ``"medium"`` single-pass TF32 (``tf32``, as ``mamba-ssm``'s kernels run: ~1e-3 relative errors).
 Tiles: ``SsdTiles`` (defaults ``attn_config`` / ``state_config``), passed as ``ssd_triton(...,
-tiles=)``. Custom ops ``expressivity::ssd_fwd`` / ``ssd_bwd`` (the ``torch.compile`` path; eager calls
-run the same launches through an ``autograd.Function``).
+tiles=)``. Each kernel launch is a custom op (``expressivity::ssd_chunk_state``, ``ssd_chunk_attn``,
+and the per-chunk ``C . B`` products ``ssd_chunk_dots``); the padding, decays and sums around them
+are plain torch code in one ``autograd.Function``, so ``torch.compile`` traces and fuses them with
+the rest of the model. Eager calls run the launches directly.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from kernels._triton import cdiv, empty, float32_matmul_precision, next_pow2, triton_available
 from kernels.ssd.triton_kernels import chunk_attn_kernel, chunk_state_kernel
@@ -72,11 +73,14 @@ class SsdTiles:
 _DEFAULT_TILES = SsdTiles()
 
 
+@torch.compiler.assume_constant_result  # torch.compile reads it once, when it traces
+def _float32_precision() -> str:
+    return {"highest": "tf32x3", "high": "tf32x3", "medium": "tf32"}[torch.get_float32_matmul_precision()]
+
+
 def _precision(dtype: torch.dtype) -> str:
     """``input_precision`` of every ``tl.dot`` (see the module docstring); 16-bit operands ignore it."""
-    if dtype != torch.float32:
-        return "tf32"
-    return {"highest": "tf32x3", "high": "tf32x3", "medium": "tf32"}[torch.get_float32_matmul_precision()]
+    return _float32_precision() if dtype == torch.float32 else "tf32"
 
 
 def attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tiles: SsdTiles = _DEFAULT_TILES) -> dict:
@@ -105,34 +109,70 @@ def state_config(DU: int, DV: int, Q: int, itemsize: int, tiles: SsdTiles = _DEF
 def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``dt`` as float32 ``(batch, H, Lp)`` zero-padded, and ``acum`` its in-chunk cumsum of dt*A."""
     batch, L, H = dt.shape
-    Lp = cdiv(L, Q) * Q
-    dtT = dt.new_zeros(batch, H, Lp, dtype=torch.float32)
-    dtT[:, :, :L] = dt.transpose(1, 2)
-    acum = (dtT * A.float()[:, None]).view(batch, H, Lp // Q, Q).cumsum(-1).view(batch, H, Lp)
+    pad = (-L) % Q
+    dtT = F.pad(dt.float().transpose(1, 2), (0, pad)).contiguous()
+    acum = (dtT * A.float()[:, None]).view(batch, H, -1, Q).cumsum(-1).view(batch, H, L + pad)
     return dtT, acum
 
 
-def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None, tiles: SsdTiles = _DEFAULT_TILES):
+# --- the launches: custom ops that hold one Triton kernel each (opaque to torch.compile) -------------
+# Everything around them (padding, decays, the sums of partial results) is plain torch code, so
+# Inductor fuses it with the model's own elementwise work. Eagerly the launch functions run directly
+# (``_launch``: no dispatcher round trips); while compiling through their custom ops.
+
+def _tile_list(tiles: SsdTiles) -> list[int]:
+    """``SsdTiles`` as the custom ops take it: one int per field, 0 for the default."""
+    return [v or 0 for v in dataclasses.astuple(tiles)]
+
+
+def _tiles_of(tiles: list[int]) -> SsdTiles:
+    return SsdTiles(*(v or None for v in tiles))
+
+
+def _state_tiles(u: torch.Tensor, DV: int, Q: int, tiles: list[int]) -> tuple[dict, int]:
+    cfg = state_config(u.shape[-1], DV, Q, u.element_size(), _tiles_of(tiles))
+    return cfg, cdiv(u.shape[-1], cfg["BU"]) * cdiv(DV, cfg["BV"])
+
+
+def _chunk_state_launch(u, v, init, acum, dtT, prev, chunk_size: int, precision: str, reverse: bool,
+                        tiles: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``chunk_state`` (see ``triton_kernels``): ``(batch, nc + 1, H, DU, DV)`` in ``u``'s dtype, and in
-    reverse the per-``(batch, chunk, head)`` sums ``<out[c+1], exp(acum_last_c) prev[c]>``
-    ``(batch, nc, H)``."""
+    reverse the per-``(batch, chunk, head, state tile)`` partial sums of ``<out[c+1], exp(acum_last_c)
+    prev[c]>`` ``(batch, nc, H, state tiles)`` float32 (forward: an empty tensor)."""
     batch, L, H, DU = u.shape
     DV = v.shape[-1]
     Lp = acum.shape[-1]
-    nc = Lp // Q
+    nc = Lp // chunk_size
     out = _empty(batch, nc + 1, H, DU, DV, device=u.device, dtype=u.dtype)
-    cfg = state_config(DU, DV, Q, u.element_size(), tiles)
-    tiles = cdiv(DU, cfg["BU"]) * cdiv(DV, cfg["BV"])
-    dots = _empty(batch, nc, H, tiles, device=u.device, dtype=torch.float32) if reverse else out
+    cfg, ntiles = _state_tiles(u, DV, chunk_size, tiles)
+    dots = _empty(batch, nc, H, ntiles, device=u.device, dtype=torch.float32) if reverse else out.new_empty(0)
     init_strides = init.stride() if init is not None else (0, 0, 0, 0)
     p = prev if prev is not None else out
-    chunk_state_kernel[(batch * H, tiles)](
-        u, v, init if init is not None else out, out, p, dots, acum, dtT,
+    chunk_state_kernel[(batch * H, ntiles)](
+        u, v, init if init is not None else out, out, p, dots if reverse else out, acum, dtT,
         L, H, Lp, nc, DU, DV, H // v.shape[2],
         *u.stride(), *v.stride(), *init_strides, *out.stride(), *p.stride(),
-        Q=Q, REVERSE=reverse, HAS_INIT=init is not None, PREC=prec, **cfg,
+        Q=chunk_size, REVERSE=reverse, HAS_INIT=init is not None, PREC=precision, **cfg,
     )
-    return out, (dots.sum(-1) if reverse else None)
+    return out, dots
+
+
+@torch.library.custom_op("expressivity::ssd_chunk_state", mutates_args=())
+def ssd_chunk_state(
+    u: torch.Tensor, v: torch.Tensor, init: torch.Tensor | None, acum: torch.Tensor, dtT: torch.Tensor,
+    prev: torch.Tensor | None, chunk_size: int, precision: str, reverse: bool, tiles: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_chunk_state_launch`` as a custom op."""
+    return _chunk_state_launch(u, v, init, acum, dtT, prev, chunk_size, precision, reverse, tiles)
+
+
+@ssd_chunk_state.register_fake
+def _(u, v, init, acum, dtT, prev, chunk_size, precision, reverse, tiles):
+    batch, _, H, DU = u.shape
+    nc = acum.shape[-1] // chunk_size
+    _, ntiles = _state_tiles(u, v.shape[-1], chunk_size, tiles)
+    dots = u.new_empty(batch, nc, H, ntiles, dtype=torch.float32) if reverse else u.new_empty(0)
+    return u.new_empty(batch, nc + 1, H, DU, v.shape[-1]), dots
 
 
 def _heads_per_program(ratio: int) -> int:
@@ -140,56 +180,121 @@ def _heads_per_program(ratio: int) -> int:
     return max(d for d in range(1, min(ratio, 16) + 1) if ratio % d == 0)
 
 
-def _chunk_dots(q: torch.Tensor, k: torch.Tensor, Q: int, prec: str) -> torch.Tensor:
-    """``qk[b, c, g, t, s] = q_t . k_s`` inside each chunk, float32 ``(batch, nc, G, Q, Q)``, with
-    single-pass TF32 products where ``prec`` is ``"tf32"``, else float32 ones."""
-    batch, L, G, N = q.shape
-    pad = (-L) % Q
-    chunks = lambda t: F.pad(t.float(), (0, 0, 0, 0, 0, pad)).view(batch, -1, Q, G, N).transpose(2, 3)  # noqa: E731
-    with float32_matmul_precision("high" if prec == "tf32" else "highest"):
-        return chunks(q) @ chunks(k).transpose(-1, -2)
+def _attn_outputs(q, v, acum, chunk_size, out_heads, dda, tiles) -> tuple[int, dict, int]:
+    """Heads per program, ``attn_config`` and row tiles per chunk of a ``chunk_attn`` launch."""
+    H = acum.shape[1]
+    hpp = 1 if out_heads == H else _heads_per_program(H // out_heads)
+    cfg = attn_config(chunk_size, q.shape[-1], v.shape[-1], q.element_size(), dda, _tiles_of(tiles))
+    return hpp, cfg, chunk_size // cfg["BT"]
 
 
-def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype, w=None, full_dot=False,
-                cb=None, dda=False, tiles: SsdTiles = _DEFAULT_TILES):
+def _chunk_attn_launch(q, k, v, S, acum, dtT, w, cb, chunk_size: int, precision: str, reverse: bool,
+                       out_heads: int, out_dtype: torch.dtype, full_dot: bool, dda: bool,
+                       tiles: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run ``chunk_attn``. ``S (batch, nc, H, DK, DV)`` (any strides); ``cb (batch, nc, G, Q, Q)``
     ``q . k`` precomputed per chunk (any strides), or with ``dda`` the ``C . B`` factor of the
-    intra-chunk decay gradient. Returns the output ``(batch, L, out_heads * splits, DV)`` summed over
-    heads within a split and, when ``w`` is given, the row dots ``(batch, H, Lp)`` float32 of the
-    state term (and of the whole sum with ``full_dot``), with ``dda`` the intra-chunk decay gradient
-    ``(batch, H, Lp)`` float32."""
+    intra-chunk decay gradient. Returns the output ``(batch, L, H / hpp, DV)`` summed over the ``hpp``
+    heads of a program (``_heads_per_program``; all heads of a group share one output when
+    ``out_heads < H``), the row dots ``(batch, H, Lp)`` float32 of the state term when ``w`` is given
+    (and of the whole sum with ``full_dot``), and with ``dda`` the per-row-tile parts of the
+    intra-chunk decay gradient ``(batch, H, Q / BT, Lp)`` float32; each unused output is an empty
+    tensor."""
     batch, L = q.shape[:2]
     H, Lp = acum.shape[1], acum.shape[2]
     DK, DV = q.shape[-1], v.shape[-1]
-    hpp = 1 if out_heads == H else _heads_per_program(H // out_heads)
-    n_out = H // hpp
-    out = _empty(batch, L, n_out, DV, device=q.device, dtype=out_dtype)
-    rowdot = lambda on: _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if on else acum  # noqa: E731
-    dot, full = rowdot(w is not None), rowdot(full_dot)
-    cfg = attn_config(Q, DK, DV, q.element_size(), dda, tiles)
-    ntile = Q // cfg["BT"]
-    dda_parts = torch.zeros(batch, H, ntile, Lp, device=q.device, dtype=torch.float32) if dda else acum
-    grid = (Lp // cfg["BT"], batch * n_out)
+    hpp, cfg, ntile = _attn_outputs(q, v, acum, chunk_size, out_heads, dda, tiles)
+    out = _empty(batch, L, H // hpp, DV, device=q.device, dtype=out_dtype)
+    dot = _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if w is not None else acum.new_empty(0)
+    full = _empty(batch, H, Lp, device=q.device, dtype=torch.float32) if full_dot else acum.new_empty(0)
+    dda_parts = torch.zeros(batch, H, ntile, Lp, device=q.device, dtype=torch.float32) if dda else acum.new_empty(0)
     w_ = w if w is not None else v
     cb_ = cb if cb is not None else S
-    chunk_attn_kernel[grid](
-        q, k, v, S, w_, cb_, out, dot, full, dda_parts, acum, dtT,
-        L, H, Lp, DK, DV, n_out, H // q.shape[2], H // k.shape[2], H // v.shape[2], H // w_.shape[2],
+    chunk_attn_kernel[(Lp // cfg["BT"], batch * (H // hpp))](
+        q, k, v, S, w_, cb_, out, dot if w is not None else acum, full if full_dot else acum,
+        dda_parts if dda else acum, acum, dtT,
+        L, H, Lp, DK, DV, H // hpp, H // q.shape[2], H // k.shape[2], H // v.shape[2], H // w_.shape[2],
         H // cb_.shape[2],
         *q.stride(), *k.stride(), *v.stride(), *S.stride(), *w_.stride(), *cb_.stride(), *out.stride(),
-        Q=Q, BK=_pow2(DK), BV=_pow2(DV), HPP=hpp, REVERSE=reverse, HAS_DOT=w is not None, FULL_DOT=full_dot,
-        HAS_CB=cb is not None and not dda, DDA=dda, PREC=prec, **cfg,
+        Q=chunk_size, BK=_pow2(DK), BV=_pow2(DV), HPP=hpp, REVERSE=reverse, HAS_DOT=w is not None,
+        FULL_DOT=full_dot, HAS_CB=cb is not None and not dda, DDA=dda, PREC=precision, **cfg,
     )
-    dots = (dot if w is not None else None, full if full_dot else None)
-    return out, dots, (dda_parts.sum(2) if dda else None)
+    return out, dot, full, dda_parts
 
 
-def _forward(x, dt, A, B, C, initial_state, chunk_size: int, precision: str, tiles: SsdTiles = _DEFAULT_TILES):
+@torch.library.custom_op("expressivity::ssd_chunk_attn", mutates_args=())
+def ssd_chunk_attn(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, S: torch.Tensor, acum: torch.Tensor, dtT: torch.Tensor,
+    w: torch.Tensor | None, cb: torch.Tensor | None, chunk_size: int, precision: str, reverse: bool,
+    out_heads: int, out_dtype: torch.dtype, full_dot: bool, dda: bool, tiles: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_chunk_attn_launch`` as a custom op."""
+    return _chunk_attn_launch(q, k, v, S, acum, dtT, w, cb, chunk_size, precision, reverse, out_heads,
+                              out_dtype, full_dot, dda, tiles)
+
+
+@ssd_chunk_attn.register_fake
+def _(q, k, v, S, acum, dtT, w, cb, chunk_size, precision, reverse, out_heads, out_dtype, full_dot, dda, tiles):
+    batch, L = q.shape[:2]
+    H, Lp = acum.shape[1], acum.shape[2]
+    hpp, _, ntile = _attn_outputs(q, v, acum, chunk_size, out_heads, dda, tiles)
+    rows = lambda on: acum.new_empty(batch, H, Lp) if on else acum.new_empty(0)  # noqa: E731
+    return (q.new_empty(batch, L, H // hpp, v.shape[-1], dtype=out_dtype), rows(w is not None), rows(full_dot),
+            acum.new_empty(batch, H, ntile, Lp) if dda else acum.new_empty(0))
+
+
+def _chunk_dots_launch(q: torch.Tensor, k: torch.Tensor, precision: str) -> torch.Tensor:
+    """``q @ k^T`` of ``(..., Q, N)`` float32 operands with single-pass TF32 products where ``precision``
+    is ``"tf32"``, else float32 ones."""
+    with float32_matmul_precision("high" if precision == "tf32" else "highest"):
+        return q @ k.transpose(-1, -2)
+
+
+@torch.library.custom_op("expressivity::ssd_chunk_dots", mutates_args=())
+def ssd_chunk_dots(q: torch.Tensor, k: torch.Tensor, precision: str) -> torch.Tensor:
+    """``_chunk_dots_launch`` as a custom op (its matmul precision is not torch.compile's to choose)."""
+    return _chunk_dots_launch(q, k, precision)
+
+
+@ssd_chunk_dots.register_fake
+def _(q, k, precision):
+    return q.new_empty(*q.shape[:-1], k.shape[-2])
+
+
+def _launch(op, launch):
+    """The custom op while ``torch.compile`` traces, else the launch function itself."""
+    return op if torch.compiler.is_compiling() else launch
+
+
+def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None, tiles: list[int]):
+    """``chunk_state``: the states ``(batch, nc + 1, H, DU, DV)`` and, in reverse, the per-``(batch,
+    chunk, head)`` sums ``<out[c+1], exp(acum_last_c) prev[c]>`` ``(batch, nc, H)``."""
+    out, dots = _launch(ssd_chunk_state, _chunk_state_launch)(u, v, init, acum, dtT, prev, Q, prec, reverse, tiles)
+    return out, (dots.sum(-1) if reverse else None)
+
+
+def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype, tiles: list[int], w=None,
+                full_dot=False, cb=None, dda=False):
+    """``chunk_attn`` (``_chunk_attn_launch``): the output, the row dots ``(dot or None, full or None)``
+    and the intra-chunk decay gradient ``(batch, H, Lp)`` (``dda``, else ``None``)."""
+    out, dot, full, dda_parts = _launch(ssd_chunk_attn, _chunk_attn_launch)(
+        q, k, v, S, acum, dtT, w, cb, Q, prec, reverse, out_heads, out_dtype, full_dot, dda, tiles)
+    return out, (dot if w is not None else None, full if full_dot else None), (dda_parts.sum(2) if dda else None)
+
+
+def _chunk_dots(q: torch.Tensor, k: torch.Tensor, Q: int, prec: str) -> torch.Tensor:
+    """``qk[b, c, g, t, s] = q_t . k_s`` inside each chunk, float32 ``(batch, nc, G, Q, Q)``."""
+    batch, L, G, N = q.shape
+    pad = (-L) % Q
+    chunks = lambda t: F.pad(t.float(), (0, 0, 0, 0, 0, pad)).view(batch, -1, Q, G, N).transpose(2, 3)  # noqa: E731
+    return _launch(ssd_chunk_dots, _chunk_dots_launch)(chunks(q), chunks(k), prec)
+
+
+def _forward(x, dt, A, B, C, initial_state, chunk_size: int, precision: str, tiles: list[int]):
     """Returns ``y (batch, L, H, P)`` (no ``D`` term) and the states entering every chunk and the
     final one, ``prev (batch, nc + 1, H, P, N)`` in the dtype of ``x`` (float32 inside the kernel).
     ``precision``: ``input_precision`` of the products (``_precision``)."""
     Q = chunk_size
-    batch, L, H, P = x.shape
+    H = x.shape[2]
     dtT, acum = _decays(dt, A, Q)
     init = None if initial_state is None else initial_state.float()
     prev, _ = _chunk_state(x, B, init, acum, dtT, Q, precision, reverse=False, tiles=tiles)
@@ -198,29 +303,13 @@ def _forward(x, dt, A, B, C, initial_state, chunk_size: int, precision: str, til
     return y, prev
 
 
-@torch.library.custom_op("expressivity::ssd_fwd", mutates_args=())
-def ssd_fwd(
-    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-    initial_state: torch.Tensor | None, chunk_size: int, precision: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_forward`` with the default tiles."""
-    return _forward(x, dt, A, B, C, initial_state, chunk_size, precision)
-
-
-@ssd_fwd.register_fake
-def _(x, dt, A, B, C, initial_state, chunk_size, precision):
-    batch, L, H, P = x.shape
-    nc = -(-L // chunk_size)
-    return x.new_empty(x.shape), x.new_empty(batch, nc + 1, H, P, B.shape[-1])
-
-
 def _in_chunks(t: torch.Tensor, Q: int) -> torch.Tensor:
     """``(batch, H, Lp)`` -> ``(batch, H, nc, Q)``."""
     return t.view(*t.shape[:2], -1, Q)
 
 
-def _backward(dy, dfinal, x, dt, A, B, C, prev, chunk_size: int, precision: str, tiles: SsdTiles = _DEFAULT_TILES):
-    """Gradients ``(dx, ddt, dA, dB, dC, dinitial_state)`` of ``ssd_fwd`` given ``dy`` and the
+def _backward(dy, dfinal, x, dt, A, B, C, prev, chunk_size: int, precision: str, tiles: list[int]):
+    """Gradients ``(dx, ddt, dA, dB, dC, dinitial_state)`` of ``_forward`` given ``dy`` and the
     gradient ``dfinal (batch, H, P, N)`` of the final state."""
     Q = chunk_size
     batch, L, H, P = x.shape
@@ -245,31 +334,8 @@ def _backward(dy, dfinal, x, dt, A, B, C, prev, chunk_size: int, precision: str,
     dda = (entering + to_state + _in_chunks(intra, Q) + carried.transpose(1, 2)[..., None]).view(batch, H, -1)
     ddt = ddt_direct + dda * A.float()[:, None]
     dA = (dda * dtT).sum((0, 2))
-    # contiguous, as the fake kernel (and torch.compile's plan) has them
-    return (dx.contiguous(), ddt[:, :, :L].transpose(1, 2).to(dt.dtype).contiguous(), dA.to(A.dtype),
-            dB.to(B.dtype).contiguous(), dC.to(C.dtype).contiguous(), grads[:, 0].contiguous())
-
-
-@torch.library.custom_op("expressivity::ssd_bwd", mutates_args=())
-def ssd_bwd(
-    dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-    B: torch.Tensor, C: torch.Tensor, prev: torch.Tensor, chunk_size: int, precision: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``_backward`` with the default tiles."""
-    return _backward(dy, dfinal, x, dt, A, B, C, prev, chunk_size, precision)
-
-
-@ssd_bwd.register_fake
-def _(dy, dfinal, x, dt, A, B, C, prev, chunk_size, precision):
-    return (x.new_empty(x.shape), dt.new_empty(dt.shape), A.new_empty(A.shape), B.new_empty(B.shape),
-            C.new_empty(C.shape), x.new_empty(dfinal.shape))
-
-
-def _setup_context(ctx, inputs, output):
-    x, dt, A, B, C, initial_state, chunk_size, precision = inputs
-    ctx.save_for_backward(x, dt, A, B, C, output[1])
-    ctx.opts = (chunk_size, precision)
-    ctx.init_dtype = None if initial_state is None else initial_state.dtype
+    return (dx, ddt[:, :, :L].transpose(1, 2).to(dt.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype),
+            grads[:, 0])
 
 
 def _output_grads(x, prev, dy, dprev):
@@ -278,35 +344,24 @@ def _output_grads(x, prev, dy, dprev):
     return dy, (torch.zeros_like(prev[:, -1]) if dprev is None else dprev[:, -1].to(prev.dtype))
 
 
-def _grad(ctx, dy, dprev):
-    x, dt, A, B, C, prev = ctx.saved_tensors
-    dx, ddt, dA, dB, dC, dinit = ssd_bwd(*_output_grads(x, prev, dy, dprev), x, dt, A, B, C, prev, *ctx.opts)
-    dinit = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
-    return dx, ddt, dA, dB, dC, dinit, None, None
-
-
-ssd_fwd.register_autograd(_grad, setup_context=_setup_context)
-
-
-class _Eager(torch.autograd.Function):
-    """Eager autograd over the custom ops' launches (no dispatcher round trips), with explicit tiles."""
+class _Ssd(torch.autograd.Function):
+    """The SSD's autograd: ``_forward`` and ``_backward`` (traced by ``torch.compile``, their launches
+    through the custom ops)."""
 
     @staticmethod
-    def forward(ctx, tiles, x, dt, A, B, C, initial_state, chunk_size, precision):
+    def forward(ctx, x, dt, A, B, C, initial_state, chunk_size, precision, tiles):
         y, prev = _forward(x, dt, A, B, C, initial_state, chunk_size, precision, tiles)
         ctx.save_for_backward(x, dt, A, B, C, prev)
-        ctx.opts, ctx.tiles = (chunk_size, precision), tiles
+        ctx.opts = (chunk_size, precision, tiles)
         ctx.init_dtype = None if initial_state is None else initial_state.dtype
         return y, prev
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy, dprev):
         x, dt, A, B, C, prev = ctx.saved_tensors
-        dx, ddt, dA, dB, dC, dinit = _backward(*_output_grads(x, prev, dy, dprev), x, dt, A, B, C, prev, *ctx.opts,
-                                               ctx.tiles)
+        dx, ddt, dA, dB, dC, dinit = _backward(*_output_grads(x, prev, dy, dprev), x, dt, A, B, C, prev, *ctx.opts)
         dinit = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
-        return None, dx, ddt, dA, dB, dC, dinit, None, None
+        return dx, ddt, dA, dB, dC, dinit, None, None, None
 
 
 def _check(x, dt, A, B, C, initial_state, chunk_size) -> None:
@@ -328,11 +383,9 @@ def ssd_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
     """Triton SSD: ``(y (batch, L, H, P), final_state (batch, H, P, N))``; shapes as ``ssd_reference``;
     ``tiles``: ``SsdTiles`` (default: ``attn_config`` / ``state_config``)."""
     _check(x, dt, A, B, C, initial_state, chunk_size)
-    args = (x, dt, A, B, C, initial_state, chunk_size, _precision(x.dtype))
-    if torch.compiler.is_compiling():
-        y, prev = ssd_fwd(*args)
-    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:6]):
-        y, prev = _Eager.apply(tiles or _DEFAULT_TILES, *args)
+    args = (x, dt, A, B, C, initial_state, chunk_size, _precision(x.dtype), _tile_list(tiles or _DEFAULT_TILES))
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:6]):
+        y, prev = _Ssd.apply(*args)
     else:
-        y, prev = _forward(*args, tiles or _DEFAULT_TILES)
+        y, prev = _forward(*args)
     return y, prev[:, -1].to(x.dtype)

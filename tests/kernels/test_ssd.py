@@ -167,30 +167,59 @@ def test_triton_16bit_decay_gradient():
 
 
 @needs_triton
-def test_triton_without_initial_state_and_opcheck():
+def test_triton_without_initial_state():
     inp = {k: v.to(DEV) for k, v in _inputs(1, 20, 2, 16, 1, 16, torch.float32, 3).items()}
     inp.pop("initial_state")
     y = ssd(**inp, chunk_size=16, backend="triton")
     torch.testing.assert_close(y, ssd(**inp, chunk_size=16, backend="torch"), rtol=1e-4, atol=1e-4)
-    from kernels.ssd.triton_ssd import ssd_fwd
-
-    args = (inp["x"].requires_grad_(), inp["dt"], inp["A"], inp["B"], inp["C"], None, 16, "tf32x3")
-    tests = ("test_schema", "test_faketensor", "test_autograd_registration")
-    torch.library.opcheck(ssd_fwd, args, test_utils=tests)
 
 
 @needs_triton
-def test_backward_op_outputs_match_its_fake():
-    """``ssd_bwd``'s outputs have the shapes and strides its fake kernel promises (what ``torch.compile``
-    plans with), at a length that is not a multiple of the chunk and with non-contiguous dt (as Mamba2
-    slices it from its projection)."""
-    from kernels.ssd.triton_ssd import ssd_bwd, ssd_fwd
+@pytest.mark.parametrize("reverse", [False, True])
+def test_launch_ops_match_their_fakes(reverse):
+    """Each launch op's outputs have the shapes, dtypes and strides its fake kernel promises (what
+    ``torch.compile`` plans with), at a length that is not a multiple of the chunk, with a transposed
+    state operand and per-group outputs (``out_heads < H``) as the backward passes them."""
+    from kernels.ssd.triton_ssd import SsdTiles, _decays, _tile_list, ssd_chunk_attn, ssd_chunk_dots, ssd_chunk_state
 
-    inp = {k: v.to(DEV) for k, v in _inputs(2, 20, 3, 16, 1, 16, torch.float32, 5).items()}
-    dt = torch.cat([inp["dt"], torch.zeros_like(inp["dt"])], -1)[..., :3]  # stride (2*L*H, 2*H, 1)
-    y, prev = ssd_fwd(inp["x"], dt, inp["A"], inp["B"], inp["C"], inp["initial_state"], 16, "ieee")
-    args = (torch.randn_like(y), torch.randn_like(prev[:, -1]), inp["x"], dt, inp["A"], inp["B"], inp["C"], prev, 16, "ieee")
-    torch.library.opcheck(ssd_bwd, args, test_utils=("test_schema", "test_faketensor"))
+    inp = {k: v.to(DEV) for k, v in _inputs(2, 20, 4, 16, 2, 16, torch.float32, 5).items()}
+    x, B, C = inp["x"], inp["B"], inp["C"]
+    dtT, acum = _decays(inp["dt"], inp["A"], 16)
+    tiles = _tile_list(SsdTiles())
+    checks = ("test_schema", "test_faketensor")
+    prev, _ = ssd_chunk_state(x, B, inp["initial_state"], acum, dtT, None, 16, "ieee", False, tiles)
+    state_args = (x, B, inp["initial_state"], acum, dtT, prev if reverse else None, 16, "ieee", reverse, tiles)
+    torch.library.opcheck(ssd_chunk_state, state_args, test_utils=checks)
+    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, 0, 0, 12)).view(2, 2, 16, 2, 16).transpose(2, 3)  # noqa: E731
+    cb = ssd_chunk_dots(pad(C), pad(B), "ieee")
+    torch.library.opcheck(ssd_chunk_dots, (pad(C), pad(B), "ieee"), test_utils=checks)
+    attn_args = (x, x, C, prev[:, :-1], acum, dtT, C if reverse else None, None if reverse else cb, 16, "ieee",
+                 reverse, 2 if reverse else 4, torch.float32, reverse, not reverse, tiles)
+    torch.library.opcheck(ssd_chunk_attn, attn_args, test_utils=checks)
+
+
+@needs_triton
+def test_compiled_graph_matches_eager():
+    """``torch.compile`` traces the SSD's autograd (its glue visible, its launches through the custom
+    ops) in one graph: same output and gradients as the eager path. ``aot_eager`` on the CPU (no C++
+    toolchain needed), Inductor on a GPU."""
+    inp = {k: v.float().to(DEV) for k, v in _inputs(2, 37, 4, 16, 2, 16, torch.float64, 8).items() if k != "D"}
+    backend = "inductor" if DEV == "cuda" else "aot_eager"
+
+    def loss(**t):
+        y, f = SSD_BACKENDS["triton"](**t, chunk_size=16)
+        return (y * y).sum() + (f * f).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend=backend, fullgraph=True)
+    leaves = lambda: {k: v.clone().requires_grad_() for k, v in inp.items()}  # noqa: E731
+    a, b = leaves(), leaves()
+    la, lb = loss(**a), compiled(**b)
+    ga = torch.autograd.grad(la, list(a.values()))
+    gb = torch.autograd.grad(lb, list(b.values()))
+    assert _rel(lb.detach(), la.detach()) < 1e-5
+    for x, y, k in zip(gb, ga, a):
+        assert _rel(x, y) < 1e-4, k
 
 
 @needs_triton
