@@ -3,7 +3,7 @@
 - ``run_cli``: a user mistake (``ValueError``) becomes a one-line ``error: ...`` with exit code 2,
   Ctrl-C a one-line resume hint with exit code 130; never a traceback.
 - ``Parser``: an ``ArgumentParser`` with one-line errors; argument types (``positive_int``,
-  ``nonnegative_int``, ``int_list``, ``positive_float_list``, ``str_list``, ``key_value``).
+  ``nonnegative_int``, ``int_list``, ``positive_int_list``, ``positive_float_list``, ``str_list``, ``key_value``).
 - Checks made before any training: ``check_output_folder``, ``check_device``.
 - ``add_run_arguments``: the options every training CLI shares (``--workers``, ``--device``,
   ``--storage``, ``--stale-timeout``, ``--retry-failed``, ``--logger``, ``--engine``, ``--mps``, ``--no-progress``).
@@ -102,6 +102,14 @@ def int_list(text: str) -> list[int]:
     values = [nonnegative_int(x) for x in text.split(",") if x.strip()]
     if not values:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}")
+    return values
+
+
+def positive_int_list(text: str) -> list[int]:
+    """``"16,48"`` -> ``[16, 48]`` (each >= 1)."""
+    values = [positive_int(x) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of positive integers, got {text!r}")
     return values
 
 

@@ -8,7 +8,8 @@ Three measurements, each a sub-command:
   ran before; ``graph``: each step a CUDA-graph replay), fixed ``--steps`` per trial (no early stop).
 - ``kernels``: what one captured training step costs on the GPU, per task entry × mixer: kernels per
   step by family, their summed time and the replay's wall time (``experiments.step_profile``); with
-  ``--compile`` also with the model ``torch.compile``d. Needs a CUDA GPU.
+  ``--compile`` also with the model ``torch.compile``d; ``--batch-sizes`` profiles the step at other
+  batch sizes too (what stacking several trials into one model would make of a step). Needs a CUDA GPU.
 - ``workers``: N trials at once in N worker processes (``--counts``, e.g. 1,4,8,16; ``--mps`` to share
   the GPU through CUDA MPS) on the Table 6 mix (task entries × mixers of ``--preset``, round robin),
   per engine: steady steps/s per worker (after compilation and graph capture); in total while all N
@@ -44,7 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.cli import Parser, positive_int, run_cli, str_list
+from experiments.cli import Parser, positive_int, positive_int_list, run_cli, str_list
 
 log = logging.getLogger("experiments.throughput")
 
@@ -107,15 +108,20 @@ def time_steps(preset: str, tasks: list[str] | None, mixers: list[str] | None, e
     return pd.DataFrame(rows)
 
 
-def profile_kernels(preset: str, tasks: list[str] | None, mixers: list[str] | None, compile: bool) -> pd.DataFrame:
-    """``experiments.step_profile.profile_step`` rows per entry × mixer (and compiled, with ``compile``)."""
+def profile_kernels(preset: str, tasks: list[str] | None, mixers: list[str] | None, compile: bool,
+                    batch_sizes: list[int] | None = None) -> pd.DataFrame:
+    """``experiments.step_profile.profile_step`` rows per entry × mixer × batch size (``batch_sizes``;
+    default: the preset's) (and compiled, with ``compile``). A step over several times the batch
+    shows what a step of several trials stacked into one model could cost."""
     from experiments.step_profile import profile_step
 
     rows = []
     for entry, spec in benchmark_specs(preset, tasks, mixers, 100, "cuda"):
-        for compiled in (False, True) if compile else (False,):
-            rows.append({"task": entry, **profile_step(spec, compiled)})
-            log.info("%s", rows[-1])
+        for batch in batch_sizes or [spec.train.batch_size]:
+            sized = dataclasses.replace(spec, train=dataclasses.replace(spec.train, batch_size=batch))
+            for compiled in (False, True) if compile else (False,):
+                rows.append({"task": entry, "batch": batch, **profile_step(sized, compiled)})
+                log.info("%s", rows[-1])
     table = pd.DataFrame(rows)
     import torch
 
@@ -225,6 +231,7 @@ def parser() -> Parser:
     kernels.add_argument("--tasks", type=str_list, help="task entries of --preset (default: all)")
     kernels.add_argument("--mixers", type=str_list, help="mixers (default: each entry's preset mixers)")
     kernels.add_argument("--compile", action="store_true", help="also profile the step with the model torch.compile'd")
+    kernels.add_argument("--batch-sizes", type=positive_int_list, help="training batch sizes to profile (default: the preset's)")
     for name, help_ in (("steps", "steps/s of single trials per engine"), ("workers", "steps/s of N parallel workers")):
         q = sub.add_parser(name, help=help_)
         q.add_argument("--preset", default="pararnn-table6", help="preset giving the shapes (default: %(default)s)")
@@ -234,7 +241,7 @@ def parser() -> Parser:
         q.add_argument("--steps", type=positive_int, default=2000, help="training steps per trial (default: %(default)s)")
         q.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
         if name == "workers":
-            q.add_argument("--counts", type=str_list, default=["1", "4", "8", "16"], help="worker counts (default: 1,4,8,16)")
+            q.add_argument("--counts", type=positive_int_list, default=[1, 4, 8, 16], help="worker counts (default: 1,4,8,16)")
             q.add_argument("--out", type=Path, default=Path("runs/bench-workers"), help="scratch folder (default: %(default)s)")
             from experiments.mps import add_mps_argument
 
@@ -255,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "generation":
             table = time_generation(args.samples, args.repeats)
         elif args.what == "kernels":
-            table = profile_kernels(args.preset, args.tasks, args.mixers, args.compile)
+            table = profile_kernels(args.preset, args.tasks, args.mixers, args.compile, args.batch_sizes)
         else:
             bad = [e for e in args.engines if e not in ENGINES]
             if bad:
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 from experiments.mps import workers_mps
 
-                counts = [positive_int(c) for c in args.counts]
+                counts = args.counts
                 with workers_mps(args.mps, max(counts)):
                     table = time_workers(counts, args.engines, args.preset, args.tasks, args.mixers, args.steps,
                                          args.device, args.out)

@@ -30,6 +30,14 @@ def test_kernels_without_a_gpu_is_a_one_line_error(capsys):
     assert len(err.splitlines()) == 1 and "needs a CUDA GPU" in err
 
 
+@pytest.mark.parametrize("argv", [["kernels", "--batch-sizes", "16,0"], ["workers", "--counts", "4,0"]])
+def test_a_bad_size_list_is_a_one_line_error(capsys, argv):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "positive integer" in err, err
+
+
 def _spec(mixer):
     (_, spec), = benchmark_specs("pararnn-table6", ["mqar"], [mixer], 100, "cuda")
     return spec
@@ -49,6 +57,19 @@ def test_profile_rows_add_up(mixer):
     assert "error" not in row, row
     assert row["kernels_per_step"] == pytest.approx(sum(row[f] for f in ("elementwise", "reduction", "gemm", "other")))
     assert row["replay_us_per_step"] > 0.9 * row["gpu_us_per_step"] > 0
+
+
+@pytest.mark.gpu
+@NEEDS_CUDA
+def test_profile_at_other_batch_sizes():
+    """``--batch-sizes``: one row per batch size, each step built at that batch (4x the sequences:
+    more GPU time per step; eagerly also other kernels, 61 at batch 16 and 79 at 64 on an H100)."""
+    from experiments.throughput import profile_kernels
+
+    table = profile_kernels("pararnn-table6", ["mqar"], ["transformer"], False, [16, 64])
+    assert list(table["batch"]) == [16, 64] and "error" not in table
+    small, large = table.iloc[0], table.iloc[1]
+    assert large["gpu_us_per_step"] > 1.2 * small["gpu_us_per_step"]
 
 
 @pytest.mark.gpu
