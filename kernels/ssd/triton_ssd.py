@@ -27,7 +27,8 @@ Tiles: ``SsdTiles`` (defaults ``attn_config`` / ``state_config``), passed as ``s
 tiles=)``. Each kernel launch is a custom op (``expressivity::ssd_chunk_state``, ``ssd_chunk_attn``,
 and the per-chunk ``C . B`` products ``ssd_chunk_dots``); the padding, decays and sums around them
 are plain torch code in one ``autograd.Function``, so ``torch.compile`` traces and fuses them with
-the rest of the model. Eager calls run the launches directly.
+the rest of the model. Eager calls run the launches directly. Under ``torch.func.vmap`` the vmapped
+dimension is folded into the heads (one launch for every model of the vmap).
 """
 
 from __future__ import annotations
@@ -344,17 +345,36 @@ def _output_grads(x, prev, dy, dprev):
     return dy, (torch.zeros_like(prev[:, -1]) if dprev is None else dprev[:, -1].to(prev.dtype))
 
 
+def _fold_heads(t: torch.Tensor | None, dim: int | None, size: int, head_dim: int) -> torch.Tensor | None:
+    """``t`` with its ``torch.func.vmap`` dimension ``dim`` (``None``: not vmapped, so repeated) folded
+    into its head dimension ``head_dim`` (counted without the vmap dimension): trial ``s``'s head
+    ``h`` becomes head ``s * H + h``."""
+    if t is None:
+        return None
+    t = t.unsqueeze(0).expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
+    return t.movedim(0, head_dim).flatten(head_dim, head_dim + 1)
+
+
+def _unfold_heads(t: torch.Tensor, size: int, head_dim: int) -> torch.Tensor:
+    """Inverse of ``_fold_heads``: the folded heads of ``head_dim`` back into a leading vmap dimension."""
+    return t.unflatten(head_dim, (size, -1)).movedim(head_dim, 0)
+
+
 class _Ssd(torch.autograd.Function):
     """The SSD's autograd: ``_forward`` and ``_backward`` (traced by ``torch.compile``, their launches
-    through the custom ops)."""
+    through the custom ops). Under ``torch.func.vmap`` (several models' SSDs at once, e.g. stacked
+    trials) the vmapped dimension becomes more heads: one launch for all of them."""
 
     @staticmethod
-    def forward(ctx, x, dt, A, B, C, initial_state, chunk_size, precision, tiles):
-        y, prev = _forward(x, dt, A, B, C, initial_state, chunk_size, precision, tiles)
-        ctx.save_for_backward(x, dt, A, B, C, prev)
+    def forward(x, dt, A, B, C, initial_state, chunk_size, precision, tiles):
+        return _forward(x, dt, A, B, C, initial_state, chunk_size, precision, tiles)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dt, A, B, C, initial_state, chunk_size, precision, tiles = inputs
+        ctx.save_for_backward(x, dt, A, B, C, output[1])
         ctx.opts = (chunk_size, precision, tiles)
         ctx.init_dtype = None if initial_state is None else initial_state.dtype
-        return y, prev
 
     @staticmethod
     def backward(ctx, dy, dprev):
@@ -362,6 +382,16 @@ class _Ssd(torch.autograd.Function):
         dx, ddt, dA, dB, dC, dinit = _backward(*_output_grads(x, prev, dy, dprev), x, dt, A, B, C, prev, *ctx.opts)
         dinit = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
         return dx, ddt, dA, dB, dC, dinit, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, dt, A, B, C, initial_state, chunk_size, precision, tiles):
+        n = info.batch_size
+        # heads: x (batch, L, H, P), dt (batch, L, H), A (H,), B and C (batch, L, G, N) (a trial's
+        # groups stay its own: head s * H + h reads group s * G + h // (H / G)), initial_state (batch, H, P, N)
+        folded = [_fold_heads(t, d, n, head) for t, d, head in
+                  zip((x, dt, A, B, C, initial_state), in_dims[:6], (2, 2, 0, 2, 2, 1))]
+        y, prev = _Ssd.apply(*folded, chunk_size, precision, tiles)
+        return (_unfold_heads(y, n, 2), _unfold_heads(prev, n, 2)), (0, 0)
 
 
 def _check(x, dt, A, B, C, initial_state, chunk_size) -> None:
@@ -383,9 +413,6 @@ def ssd_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
     """Triton SSD: ``(y (batch, L, H, P), final_state (batch, H, P, N))``; shapes as ``ssd_reference``;
     ``tiles``: ``SsdTiles`` (default: ``attn_config`` / ``state_config``)."""
     _check(x, dt, A, B, C, initial_state, chunk_size)
-    args = (x, dt, A, B, C, initial_state, chunk_size, _precision(x.dtype), _tile_list(tiles or _DEFAULT_TILES))
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:6]):
-        y, prev = _Ssd.apply(*args)
-    else:
-        y, prev = _forward(*args)
+    y, prev = _Ssd.apply(x, dt, A, B, C, initial_state, chunk_size, _precision(x.dtype),
+                         _tile_list(tiles or _DEFAULT_TILES))
     return y, prev[:, -1].to(x.dtype)

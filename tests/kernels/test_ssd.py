@@ -223,6 +223,42 @@ def test_compiled_graph_matches_eager():
 
 
 @needs_triton
+@pytest.mark.parametrize("shared", ["", "A", "initial_state"])
+def test_vmap_folds_models_into_heads(poison, shared):
+    """``torch.func.vmap`` over 3 models' SSDs (4 heads in 2 groups each, a partial last chunk) runs
+    one launch over 12 heads: same outputs and gradients as each model's SSD on its own; an input
+    left out of the vmap (``shared``) is every model's."""
+    n = 3
+    inp = [_inputs(1, 20, 4, 16, 2, 16, torch.float64, 40 + i) for i in range(n)]
+    stacked = {k: torch.stack([v[k] for v in inp]).float().to(DEV).requires_grad_() for k in inp[0] if k != "D"}
+    if shared:
+        stacked[shared] = stacked[shared][0].detach().requires_grad_()
+    names = list(stacked)
+
+    def one(*t):
+        return ssd(**dict(zip(names, t)), chunk_size=16, return_final_state=True, backend="triton")
+
+    y, final = torch.func.vmap(one, in_dims=tuple(None if k == shared else 0 for k in names))(*stacked.values())
+    g = torch.Generator().manual_seed(3)
+    wy, wf = (torch.randn(t.shape, generator=g).to(DEV) for t in (y, final))
+    grads = torch.autograd.grad((y * wy).sum() + (final * wf).sum(), list(stacked.values()))
+    for i in range(n):
+        leaves = {k: (v if k == shared else v[i]).detach().clone().requires_grad_() for k, v in stacked.items()}
+        y_i, f_i = one(*leaves.values())
+        assert _rel(y[i], y_i) < 1e-5 and _rel(final[i], f_i) < 1e-5
+        g_i = torch.autograd.grad((y_i * wy[i]).sum() + (f_i * wf[i]).sum(), list(leaves.values()))
+        for k, a, b in zip(names, grads, g_i):
+            if k != shared:
+                assert _rel(a[i], b) < 1e-4, k
+    if shared:  # a shared input's gradient sums every model's
+        total = sum(torch.autograd.grad(
+            (lambda yf, i: (yf[0] * wy[i]).sum() + (yf[1] * wf[i]).sum())(
+                one(*[(v if k == shared else v[i].detach()) for k, v in stacked.items()]), i), stacked[shared])[0]
+            for i in range(n))
+        assert _rel(grads[names.index(shared)], total) < 1e-4
+
+
+@needs_triton
 def test_triton_bad_inputs():
     inp = {k: v.to(DEV) for k, v in _inputs(1, 5, 2, 16, 1, 16, torch.float32, 0).items()}
     with pytest.raises(ValueError, match="power of two"):
