@@ -27,8 +27,9 @@ Tiles: ``SsdTiles`` (defaults ``attn_config`` / ``state_config``), passed as ``s
 tiles=)``. Each kernel launch is a custom op (``expressivity::ssd_chunk_state``, ``ssd_chunk_attn``,
 and the per-chunk ``C . B`` products ``ssd_chunk_dots``); the padding, decays and sums around them
 are plain torch code in one ``autograd.Function``, so ``torch.compile`` traces and fuses them with
-the rest of the model. Eager calls run the launches directly. Under ``torch.func.vmap`` the vmapped
-dimension is folded into the heads (one launch for every model of the vmap).
+the rest of the model. Eager calls run the launches directly. Under ``torch.func.vmap`` each launch
+folds the vmapped models into its heads (one launch for every model of the vmap), also when
+``torch.compile`` traces the vmap.
 """
 
 from __future__ import annotations
@@ -261,15 +262,65 @@ def _(q, k, precision):
     return q.new_empty(*q.shape[:-1], k.shape[-2])
 
 
-def _launch(op, launch):
-    """The custom op while ``torch.compile`` traces, else the launch function itself."""
-    return op if torch.compiler.is_compiling() else launch
+def _fold_heads(t: torch.Tensor | None, dim: int | None, size: int, head_dim: int) -> torch.Tensor | None:
+    """``t`` with its ``torch.func.vmap`` dimension ``dim`` (``None``: not vmapped, so repeated) folded
+    into its head dimension ``head_dim`` (counted without the vmap dimension): model ``s``'s head
+    ``h`` becomes head ``s * H + h``."""
+    if t is None:
+        return None
+    t = t.unsqueeze(0).expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
+    return t.movedim(0, head_dim).flatten(head_dim, head_dim + 1)
+
+
+def _unfold_heads(t: torch.Tensor, size: int, head_dim: int) -> torch.Tensor:
+    """Inverse of ``_fold_heads``: the folded heads of ``head_dim`` back into a leading vmap dimension."""
+    return t.unflatten(head_dim, (size, -1)).movedim(head_dim, 0)
+
+
+def _batched(*args) -> bool:
+    """Is any argument a ``torch.func`` (vmap, grad) wrapper?"""
+    return any(isinstance(a, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(a) for a in args)
+
+
+def _launch(op, launch, *args):
+    """Call the custom op while ``torch.compile`` traces or under ``torch.func`` transforms (its vmap
+    rule below), else the launch function itself (no dispatcher round trips)."""
+    return (op if torch.compiler.is_compiling() or _batched(*args) else launch)(*args)
+
+
+# vmap rules of the launches: the vmapped models become more heads (head dimensions counted without
+# the vmap dimension), so several models' SSDs are one launch; an empty (unused) output stays unbatched.
+@ssd_chunk_state.register_vmap
+def _(info, in_dims, u, v, init, acum, dtT, prev, chunk_size, precision, reverse, tiles):
+    n = info.batch_size
+    args = [_fold_heads(t, d, n, h) for t, d, h in zip((u, v, init, acum, dtT, prev), in_dims[:6], (2, 2, 1, 1, 1, 2))]
+    out, dots = ssd_chunk_state(*args, chunk_size, precision, reverse, tiles)
+    return (_unfold_heads(out, n, 2), _unfold_heads(dots, n, 2) if reverse else dots), (0, 0 if reverse else None)
+
+
+@ssd_chunk_attn.register_vmap
+def _(info, in_dims, q, k, v, S, acum, dtT, w, cb, chunk_size, precision, reverse, out_heads, out_dtype, full_dot,
+      dda, tiles):
+    n = info.batch_size
+    args = [_fold_heads(t, d, n, h) for t, d, h in zip((q, k, v, S, acum, dtT, w, cb), in_dims[:8], (2, 2, 2, 2, 1, 1, 2, 2))]
+    out, dot, full, dda_parts = ssd_chunk_attn(*args, chunk_size, precision, reverse, n * out_heads, out_dtype,
+                                               full_dot, dda, tiles)
+    rows = lambda t, on: (_unfold_heads(t, n, 1), 0) if on else (t, None)  # noqa: E731
+    (dot, d_dim), (full, f_dim), (dda_parts, p_dim) = rows(dot, w is not None), rows(full, full_dot), rows(dda_parts, dda)
+    return (_unfold_heads(out, n, 2), dot, full, dda_parts), (0, d_dim, f_dim, p_dim)
+
+
+@ssd_chunk_dots.register_vmap
+def _(info, in_dims, q, k, precision):
+    n = info.batch_size
+    return _unfold_heads(ssd_chunk_dots(_fold_heads(q, in_dims[0], n, 2), _fold_heads(k, in_dims[1], n, 2), precision),
+                         n, 2), 0
 
 
 def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None, tiles: list[int]):
     """``chunk_state``: the states ``(batch, nc + 1, H, DU, DV)`` and, in reverse, the per-``(batch,
     chunk, head)`` sums ``<out[c+1], exp(acum_last_c) prev[c]>`` ``(batch, nc, H)``."""
-    out, dots = _launch(ssd_chunk_state, _chunk_state_launch)(u, v, init, acum, dtT, prev, Q, prec, reverse, tiles)
+    out, dots = _launch(ssd_chunk_state, _chunk_state_launch, u, v, init, acum, dtT, prev, Q, prec, reverse, tiles)
     return out, (dots.sum(-1) if reverse else None)
 
 
@@ -277,8 +328,8 @@ def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype
                 full_dot=False, cb=None, dda=False):
     """``chunk_attn`` (``_chunk_attn_launch``): the output, the row dots ``(dot or None, full or None)``
     and the intra-chunk decay gradient ``(batch, H, Lp)`` (``dda``, else ``None``)."""
-    out, dot, full, dda_parts = _launch(ssd_chunk_attn, _chunk_attn_launch)(
-        q, k, v, S, acum, dtT, w, cb, Q, prec, reverse, out_heads, out_dtype, full_dot, dda, tiles)
+    out, dot, full, dda_parts = _launch(ssd_chunk_attn, _chunk_attn_launch, q, k, v, S, acum, dtT, w, cb, Q, prec,
+                                        reverse, out_heads, out_dtype, full_dot, dda, tiles)
     return out, (dot if w is not None else None, full if full_dot else None), (dda_parts.sum(2) if dda else None)
 
 
@@ -287,7 +338,7 @@ def _chunk_dots(q: torch.Tensor, k: torch.Tensor, Q: int, prec: str) -> torch.Te
     batch, L, G, N = q.shape
     pad = (-L) % Q
     chunks = lambda t: F.pad(t.float(), (0, 0, 0, 0, 0, pad)).view(batch, -1, Q, G, N).transpose(2, 3)  # noqa: E731
-    return _launch(ssd_chunk_dots, _chunk_dots_launch)(chunks(q), chunks(k), prec)
+    return _launch(ssd_chunk_dots, _chunk_dots_launch, chunks(q), chunks(k), prec)
 
 
 def _forward(x, dt, A, B, C, initial_state, chunk_size: int, precision: str, tiles: list[int]):
@@ -345,25 +396,12 @@ def _output_grads(x, prev, dy, dprev):
     return dy, (torch.zeros_like(prev[:, -1]) if dprev is None else dprev[:, -1].to(prev.dtype))
 
 
-def _fold_heads(t: torch.Tensor | None, dim: int | None, size: int, head_dim: int) -> torch.Tensor | None:
-    """``t`` with its ``torch.func.vmap`` dimension ``dim`` (``None``: not vmapped, so repeated) folded
-    into its head dimension ``head_dim`` (counted without the vmap dimension): trial ``s``'s head
-    ``h`` becomes head ``s * H + h``."""
-    if t is None:
-        return None
-    t = t.unsqueeze(0).expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
-    return t.movedim(0, head_dim).flatten(head_dim, head_dim + 1)
-
-
-def _unfold_heads(t: torch.Tensor, size: int, head_dim: int) -> torch.Tensor:
-    """Inverse of ``_fold_heads``: the folded heads of ``head_dim`` back into a leading vmap dimension."""
-    return t.unflatten(head_dim, (size, -1)).movedim(head_dim, 0)
-
-
 class _Ssd(torch.autograd.Function):
     """The SSD's autograd: ``_forward`` and ``_backward`` (traced by ``torch.compile``, their launches
     through the custom ops). Under ``torch.func.vmap`` (several models' SSDs at once, e.g. stacked
-    trials) the vmapped dimension becomes more heads: one launch for all of them."""
+    trials) the glue runs batched and each launch's vmap rule makes the models more heads."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, dt, A, B, C, initial_state, chunk_size, precision, tiles):
@@ -382,16 +420,6 @@ class _Ssd(torch.autograd.Function):
         dx, ddt, dA, dB, dC, dinit = _backward(*_output_grads(x, prev, dy, dprev), x, dt, A, B, C, prev, *ctx.opts)
         dinit = None if ctx.init_dtype is None else dinit.to(ctx.init_dtype)
         return dx, ddt, dA, dB, dC, dinit, None, None, None
-
-    @staticmethod
-    def vmap(info, in_dims, x, dt, A, B, C, initial_state, chunk_size, precision, tiles):
-        n = info.batch_size
-        # heads: x (batch, L, H, P), dt (batch, L, H), A (H,), B and C (batch, L, G, N) (a trial's
-        # groups stay its own: head s * H + h reads group s * G + h // (H / G)), initial_state (batch, H, P, N)
-        folded = [_fold_heads(t, d, n, head) for t, d, head in
-                  zip((x, dt, A, B, C, initial_state), in_dims[:6], (2, 2, 0, 2, 2, 1))]
-        y, prev = _Ssd.apply(*folded, chunk_size, precision, tiles)
-        return (_unfold_heads(y, n, 2), _unfold_heads(prev, n, 2)), (0, 0)
 
 
 def _check(x, dt, A, B, C, initial_state, chunk_size) -> None:

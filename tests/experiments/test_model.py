@@ -86,14 +86,17 @@ def test_bad_model_config():
 
 
 @pytest.mark.parametrize("mixer, options", [
-    ("transformer", {"positions": "learned", "max_len": 24, "mlp_ratio": 1}),
+    pytest.param("transformer", {"positions": "learned", "max_len": 24, "mlp_ratio": 1}, marks=pytest.mark.xfail(
+        torch.cuda.is_available(), strict=True, reason="on CUDA the backward of scaled_dot_product_attention's "
+        "efficient kernel under vmap fails: 'LSE is not correctly aligned (strideH)' (torch 2.11, H100)")),
     ("mamba2", {"backend": "torch"}),
     pytest.param("mamba2", {"backend": "triton"}, marks=pytest.mark.triton),
 ])
 def test_stacked_models_under_vmap(mixer, options):
     """Three models' weights stacked (``torch.func.stack_module_state``) and run as one under
     ``torch.func.vmap``: each model's logits and gradients as when it runs alone (the basis for stacking
-    trials; the Triton SSD folds the models into its heads)."""
+    trials; the Triton SSD folds the models into its heads). Eager only: ``torch.compile`` of such a
+    vmap does not trace the SSD's ``autograd.Function`` yet."""
     from torch.func import functional_call, stack_module_state, vmap
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
