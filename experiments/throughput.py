@@ -272,9 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 from experiments.mps import workers_mps
 
-                counts = args.counts
-                with workers_mps(args.mps, max(counts)):
-                    table = time_workers(counts, args.engines, args.preset, args.tasks, args.mixers, args.steps,
+                with workers_mps(args.mps, max(args.counts)):
+                    table = time_workers(args.counts, args.engines, args.preset, args.tasks, args.mixers, args.steps,
                                          args.device, args.out)
                 table["mps"] = args.mps
         print(table.to_markdown(index=False))
