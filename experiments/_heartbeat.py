@@ -12,25 +12,25 @@ from experiments.study import GridStudy
 
 
 class Heartbeat:
-    """``with Heartbeat(grid, worker_id): ...``; ``set_trial(trial number | None)`` while running one."""
+    """``with Heartbeat(grid, worker_id): ...``; ``set_trial(trial number | numbers | None)`` while running
+    one trial (or a stack of them)."""
 
     def __init__(self, grid: GridStudy, worker_id: str, interval: float = 5.0) -> None:
         self.grid, self.interval = grid, interval
         self.path = grid.heartbeat_dir / worker_id if grid.heartbeat_dir is not None else None
-        self._trial: int | None = None
+        self._trials: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
-    def set_trial(self, number: int | None) -> None:
-        self._trial = number
+    def set_trial(self, number: int | list[int] | None) -> None:
+        self._trials = [] if number is None else [number] if isinstance(number, int) else list(number)
         self.beat()
 
     def beat(self) -> None:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.touch()
-        number = self._trial
-        if number is not None:
+        for number in self._trials:
             try:
                 self.grid.record_heartbeat(number)
             except Exception:  # a transient database error: the next beat retries

@@ -6,7 +6,7 @@
   ``nonnegative_int``, ``int_list``, ``positive_int_list``, ``positive_float_list``, ``str_list``, ``key_value``).
 - Checks made before any training: ``check_output_folder``, ``check_device``.
 - ``add_run_arguments``: the options every training CLI shares (``--workers``, ``--device``,
-  ``--storage``, ``--stale-timeout``, ``--retry-failed``, ``--logger``, ``--engine``, ``--mps``, ``--no-progress``).
+  ``--storage``, ``--stale-timeout``, ``--retry-failed``, ``--logger``, ``--engine``, ``--stack``, ``--mps``, ``--no-progress``).
 """
 
 from __future__ import annotations
@@ -188,6 +188,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "replays of the torch.compile'd model: fewer, fused kernels, ~10-20 s to compile per "
                              "trial), eager, or auto (default: graph on CUDA, eager on the CPU); all compute the same "
                              "steps (compiled: within float rounding)")
+    parser.add_argument("--stack", type=positive_int, default=1, metavar="S",
+                        help="train up to S trials of a cell's seeds (same task, mixer, lr, options) as one stacked "
+                             "model in one worker: S times the work per kernel, each trial with its own early stopping, "
+                             "checkpoints and results (default: %(default)s, one trial per model)")
     add_mps_argument(parser)
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (a line per finished cell instead; automatic when not on a terminal)")
@@ -212,7 +216,7 @@ def run_options(args: argparse.Namespace):
     """The ``experiments.train.RunOptions`` of the parsed ``--logger`` and ``--engine`` (checked)."""
     from experiments.train import RunOptions
 
-    return RunOptions(logger=args.logger, engine=args.engine)
+    return RunOptions(logger=args.logger, engine=args.engine, stack=args.stack)
 
 
 def on_terminal() -> bool:

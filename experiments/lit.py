@@ -26,6 +26,7 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassExactMatch
 
 from experiments.model import ModelConfig, SingleLayerModel
+from mixers.stacking import stack_trials
 from tasks import IGNORE_INDEX
 
 #: graph engine: the largest share of the captured steps between two validations that may skip their
@@ -111,6 +112,12 @@ class LitSequenceModel(L.LightningModule):
         lr: peak learning rate; ``weight_decay``, ``betas``: AdamW (paper: 1e-6, (0.9, 0.999)).
         max_steps: the schedule's length; ``warmup_ratio``: fraction of it spent warming up.
         test_set_names: names of the test dataloaders, in order.
+        stack_seeds: train the trials of these seeds as one stacked model (``mixers.stacking``; at least
+            two): each trial's model is built after ``torch.manual_seed(seed)``, as its own trial builds
+            it; batches are ``(S, B, L)`` (row ``s``: trial ``s``'s); the loss is the sum of the trials'
+            own mean losses, so each trial's gradients are its own; validation metrics are logged per
+            trial as ``s<seed>/val/acc`` etc. (``experiments.stack`` trains them; ``train/loss`` is the
+            trials' mean). ``None``: one trial.
     """
 
     def __init__(
@@ -122,6 +129,7 @@ class LitSequenceModel(L.LightningModule):
         max_steps: int = 10_000,
         warmup_ratio: float = 0.1,
         test_set_names: tuple[str, ...] | list[str] = ("test",),
+        stack_seeds: list[int] | None = None,
     ) -> None:
         super().__init__()
         if not lr > 0:
@@ -131,13 +139,25 @@ class LitSequenceModel(L.LightningModule):
             "model": dataclasses.asdict(model_config), "lr": float(lr), "weight_decay": float(weight_decay),
             "betas": [float(b) for b in betas], "max_steps": int(max_steps), "warmup_ratio": float(warmup_ratio),
             "test_set_names": list(test_set_names),
+            **({"stack_seeds": [int(x) for x in stack_seeds]} if stack_seeds is not None else {}),
         })
-        self.model = SingleLayerModel(model_config)
+        self.stack_seeds = [int(x) for x in stack_seeds] if stack_seeds is not None else None
+        if self.stack_seeds is None:
+            self.model = SingleLayerModel(model_config)
+        else:
+            if len(self.stack_seeds) < 2 or len(set(self.stack_seeds)) != len(self.stack_seeds):
+                raise ValueError(f"stack_seeds must be at least two distinct seeds, got {stack_seeds!r}")
+            models = []
+            for seed in self.stack_seeds:
+                torch.manual_seed(seed)
+                models.append(SingleLayerModel(model_config))
+            self.model = stack_trials(models)
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
         self.max_steps, self.warmup_ratio = max_steps, warmup_ratio
         self.test_set_names = tuple(test_set_names)
         n = model_config.num_classes
-        self.val_metrics = _metrics(n, "val")
+        self.val_metrics = _metrics(n, "val") if self.stack_seeds is None else \
+            nn.ModuleList([_metrics(n, f"s{seed}/val") for seed in self.stack_seeds])
         self.test_metrics = nn.ModuleList([_metrics(n, name) for name in self.test_set_names])
         self.automatic_optimization = False  # training_step runs a chunk of optimizer steps (see there)
         # training-step state on the device: written inside the (possibly captured) step, read on the host
@@ -158,7 +178,14 @@ class LitSequenceModel(L.LightningModule):
         return self.model(tokens)
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        """Mean cross-entropy over the scored positions; stacked trials (``logits (S, B, L, C)``): the sum
+        of each trial's own mean."""
+        if logits.dim() == 3:
+            return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        S = logits.shape[0]
+        losses = F.cross_entropy(logits.flatten(0, 2).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+        scored = (targets != IGNORE_INDEX).reshape(S, -1).sum(1)
+        return (losses.view(S, -1).sum(1) / scored).sum()
 
     # --- training: one Lightning step runs a chunk of optimizer steps ------------------------------------
     @property
@@ -206,7 +233,7 @@ class LitSequenceModel(L.LightningModule):
         self.manual_backward(loss)
         with torch.no_grad():
             self._nonfinite |= ~torch.isfinite(loss)
-            self._last_loss.copy_(loss.detach())
+            self._last_loss.copy_(loss.detach() / (len(self.stack_seeds) if self.stack_seeds else 1))
             flags = [m.step_ok for m in self._newton_mixers if m.step_ok is not None]
             opt.optimizer.found_inf = (~torch.stack(flags).all()).float() if flags else None
             self._set_learning_rate(opt.optimizer)
@@ -293,13 +320,23 @@ class LitSequenceModel(L.LightningModule):
 
     def validation_step(self, batch, batch_idx: int) -> None:
         tokens, targets = batch
+        if self.stack_seeds is not None:  # every trial on the same validation set
+            S = len(self.stack_seeds)
+            logits = self(tokens.expand(S, *tokens.shape))
+            preds = logits.argmax(-1)
+            for s, metrics in enumerate(self.val_metrics):
+                metrics.update(preds[s], targets)
+            self.log("val/loss", self._loss(logits, targets.expand(S, *targets.shape)) / S, on_epoch=True,
+                     batch_size=tokens.shape[0])
+            return
         logits = self(tokens)
         self.val_metrics.update(logits.argmax(-1), targets)
         self.log("val/loss", self._loss(logits, targets), on_epoch=True, batch_size=tokens.shape[0])
 
     def on_validation_epoch_end(self) -> None:
-        self.log_dict(self.val_metrics.compute(), prog_bar=True)
-        self.val_metrics.reset()
+        for metrics in self.val_metrics if self.stack_seeds is not None else [self.val_metrics]:
+            self.log_dict(metrics.compute(), prog_bar=self.stack_seeds is None)
+            metrics.reset()
 
     def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         tokens, targets = batch

@@ -58,6 +58,8 @@ class ModelConfig:
 class FullBlock(nn.Module):
     """Gated block around a mixer (paper 000 Fig. 9 without the MLP): see the module docstring."""
 
+    stackable, trials = True, 1  # mixers.stacking
+
     def __init__(self, mixer: nn.Module, d_model: int, conv_kernel: int = 4) -> None:
         super().__init__()
         self.in_proj = nn.Linear(d_model, 2 * d_model, bias=False)
@@ -69,14 +71,20 @@ class FullBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         length = x.shape[1]
-        u, z = self.in_proj(x).chunk(2, dim=-1)
+        u, z = self.in_proj(x).unflatten(-1, (self.trials, 2, -1)).unbind(-2)  # each trial's (u, z)
+        u, z = u.flatten(-2), z.flatten(-2)
         u = F.silu(self.conv(u.transpose(1, 2))[..., :length].transpose(1, 2))  # causal: drop the tail
         y = self.norm(self.mixer(u)) * F.silu(z)
         return self.out_proj(y) + self.skip_scale * x
 
 
 class SingleLayerModel(nn.Module):
-    """Embedding -> RMSNorm -> sequence block -> RMSNorm -> head. ``forward(tokens (B, L)) -> (B, L, C)``."""
+    """Embedding -> RMSNorm -> sequence block -> RMSNorm -> head. ``forward(tokens (B, L)) -> (B, L, C)``.
+
+    ``mixers.stacking.stack_trials([model, ...])`` of ``S`` models: ``forward(tokens (S, B, L)) -> (S, B, L, C)``.
+    """
+
+    stackable, trials = True, 1
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -98,10 +106,12 @@ class SingleLayerModel(nn.Module):
         return self.block.mixer if isinstance(self.block, FullBlock) else self.block
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embedding(tokens)
+        x = self.embedding(tokens)  # (B, L, S * d)
+        length, S = tokens.shape[-1], self.trials
         if self.add_positions:
-            x = x + sinusoidal_positions(tokens.shape[1], x.shape[-1], x.device, x.dtype)
-        return self.head(self.norm_out(self.block(self.norm_in(x))))
+            x = x + sinusoidal_positions(length, x.shape[-1] // S, x.device, x.dtype).repeat(1, S)
+        logits = self.head(self.norm_out(self.block(self.norm_in(x))))
+        return logits if S == 1 else logits.unflatten(-1, (S, -1)).permute(2, 0, 1, 3)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -46,16 +46,23 @@ def _kernel_events(prof) -> list:
             and not any(m in e.name.lower() for m in ("memcpy", "memset"))]
 
 
-def captured_step(spec, compile: bool = False, warmup: int = 3):
+def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1):
     """``(graph, step)``: the trial's training step captured in a CUDA graph (after ``warmup`` eager
-    steps on a side stream), and the step as a plain function (for an eager profile)."""
+    steps on a side stream), and the step as a plain function (for an eager profile). ``stack`` > 1:
+    the step of that many trials (seeds ``spec.seed + k``) stacked into one model (``experiments.stack``)."""
     from experiments.cuda_graph import compiled_forward
+    from experiments.lit import LitSequenceModel
     from experiments.train import build_datamodule, build_module
 
     torch.manual_seed(spec.seed)
     dm = build_datamodule(spec, "cuda")
+    if stack > 1:
+        dm.stack_shuffle_seeds = [spec.seed + k for k in range(stack)]
     dm.setup("fit")
-    lit = build_module(spec, dm).cuda()
+    lit = build_module(spec, dm)
+    if stack > 1:
+        lit = LitSequenceModel(**{**lit.hparams, "stack_seeds": dm.stack_shuffle_seeds})
+    lit = lit.cuda()
     forward = compiled_forward(lit.model) if compile else lit.model
     opt = lit.configure_optimizers()  # the training's fused, capturable AdamW
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))
@@ -77,16 +84,16 @@ def captured_step(spec, compile: bool = False, warmup: int = 3):
     return graph, step
 
 
-def profile_step(spec, compile: bool = False, replays: int = 300, profiled: int = 5) -> dict[str, Any]:
-    """The step's kernels and times (module docstring) as one row."""
+def profile_step(spec, compile: bool = False, replays: int = 300, profiled: int = 5, stack: int = 1) -> dict[str, Any]:
+    """The step's kernels and times (module docstring) as one row; ``stack``: trials stacked in the step."""
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
         raise ValueError("profiling a captured training step needs a CUDA GPU (none is visible)")
-    row: dict[str, Any] = {"mixer": spec.mixer, "compiled": compile}
+    row: dict[str, Any] = {"mixer": spec.mixer, "compiled": compile, "stack": stack}
     t0 = time.perf_counter()
     try:
-        graph, _ = captured_step(spec, compile)
+        graph, _ = captured_step(spec, compile, stack=stack)
     except Exception as e:  # noqa: BLE001  (a trial that cannot be captured is reported, not fatal)
         torch.cuda.synchronize()
         return {**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}

@@ -9,7 +9,7 @@ Three measurements, each a sub-command:
 - ``kernels``: what one captured training step costs on the GPU, per task entry × mixer: kernels per
   step by family, their summed time and the replay's wall time (``experiments.step_profile``); with
   ``--compile`` also with the model ``torch.compile``d; ``--batch-sizes`` profiles the step at other
-  batch sizes too (what stacking several trials into one model would make of a step). Needs a CUDA GPU.
+  batch sizes too, ``--stacks`` with several trials stacked into one model. Needs a CUDA GPU.
 - ``workers``: N trials at once in N worker processes (``--counts``, e.g. 1,4,8,16; ``--mps`` to share
   the GPU through CUDA MPS) on the Table 6 mix (task entries × mixers of ``--preset``, round robin),
   per engine: steady steps/s per worker (after compilation and graph capture); in total while all N
@@ -18,7 +18,9 @@ Three measurements, each a sub-command:
   ``progress.csv``); the sum of the trials' own steady rates (an upper bound: a trial that finishes
   late ran part of its steady phase on a less crowded GPU); end to end (all steps over the
   wall-clock of the whole run, start-up included) and the GPU busy fraction
-  (``torch.cuda.utilization`` sampled every 0.2 s while they train).
+  (``torch.cuda.utilization`` sampled every 0.2 s while they train). ``--stacks 1,3`` also runs each
+  worker's trials as stacks of 3 seeds (``experiments.stack``): N workers then train 3N trials, and
+  the rates count trial steps (a stack's step is 3).
 
 Each prints a Markdown table (pandas) and, with ``--json``, writes its rows there.
 
@@ -109,18 +111,18 @@ def time_steps(preset: str, tasks: list[str] | None, mixers: list[str] | None, e
 
 
 def profile_kernels(preset: str, tasks: list[str] | None, mixers: list[str] | None, compile: bool,
-                    batch_sizes: list[int] | None = None) -> pd.DataFrame:
+                    batch_sizes: list[int] | None = None, stacks: list[int] = (1,)) -> pd.DataFrame:
     """``experiments.step_profile.profile_step`` rows per entry × mixer × batch size (``batch_sizes``;
-    default: the preset's) (and compiled, with ``compile``). A step over several times the batch
-    shows what a step of several trials stacked into one model could cost."""
+    default: the preset's) × stack size (``stacks``: trials stacked into one model, ``experiments.stack``)
+    (and compiled, with ``compile``)."""
     from experiments.step_profile import profile_step
 
     rows = []
     for entry, spec in benchmark_specs(preset, tasks, mixers, 100, "cuda"):
-        for batch in batch_sizes or [spec.train.batch_size]:
+        for batch, stack in ((b, s) for b in batch_sizes or [spec.train.batch_size] for s in stacks):
             sized = dataclasses.replace(spec, train=dataclasses.replace(spec.train, batch_size=batch))
             for compiled in (False, True) if compile else (False,):
-                rows.append({"task": entry, "batch": batch, **profile_step(sized, compiled)})
+                rows.append({"task": entry, "batch": batch, **profile_step(sized, compiled, stack=stack)})
                 log.info("%s", rows[-1])
     table = pd.DataFrame(rows)
     import torch
@@ -175,9 +177,16 @@ class GPUBusy:
         return statistics.mean(kept) / 100 if kept else float("nan")
 
 
+def stacked_specs(cells: list[tuple[str, Any]], stack: int) -> list[tuple[str, Any]]:
+    """Each of ``cells`` as ``stack`` trials of seeds ``seed * stack + k`` (one full stack per cell)."""
+    return [(entry, dataclasses.replace(spec, seed=spec.seed * stack + k)) for entry, spec in cells for k in range(stack)]
+
+
 def time_workers(counts: list[int], engines: list[str], preset: str, tasks: list[str] | None,
-                 mixers: list[str] | None, steps: int, device: str, out: Path) -> pd.DataFrame:
-    """For each engine and N in ``counts``: N trials of the mix on N worker processes; throughput rows."""
+                 mixers: list[str] | None, steps: int, device: str, out: Path, stacks: list[int] = (1,)) -> pd.DataFrame:
+    """For each engine, stack size S in ``stacks`` and N in ``counts``: N stacks of S trials of the mix (N
+    trials when S is 1) on N worker processes; throughput rows (steps are trial steps: a stack's step
+    counts S)."""
     import shutil
 
     import torch
@@ -188,35 +197,35 @@ def time_workers(counts: list[int], engines: list[str], preset: str, tasks: list
     from experiments.workers import cell_dir, run_workers
 
     rows = []
-    for engine in engines:
-        for n in counts:
-            cells = benchmark_specs(preset, tasks, mixers, steps, device, count=n)
-            run_dir = out / f"{engine}-n{n}"
-            shutil.rmtree(run_dir, ignore_errors=True)
-            grid = GridStudy.open(None, run_dir, f"bench-{engine}-{n}")
-            grid.sync(cells)
-            t0 = time.perf_counter()
-            with GPUBusy() as busy:
-                run_workers(grid, cells, run_dir, None, n, device, options=RunOptions(logger="none", engine=engine))
-            wall = time.perf_counter() - t0
-            df = collect(grid, cells)
-            ok = df[df["status"] == "ok"]
-            files = [cell_dir(run_dir, entry, spec) / PROGRESS_FILE for entry, spec in cells]
-            progress = [pd.read_csv(f) for f in files if f.is_file()]
-            together, window = concurrent_rate(progress) if len(progress) == n else (float("nan"), 0.0)
-            rows.append({
-                "engine": engine, "workers": n, "ok_trials": len(ok),
-                "steps_per_s_per_worker": round(float(ok["steady_steps_per_s"].median()), 1) if len(ok) else float("nan"),
-                "total_steps_per_s": round(together, 1),
-                "together_window_s": round(window, 1),
-                "sum_of_steady_steps_per_s": round(float(ok["steady_steps_per_s"].sum()), 1) if len(ok) else float("nan"),
-                "end_to_end_steps_per_s": round(float(ok["steps"].sum()) / wall, 1) if len(ok) else float("nan"),
-                "gpu_busy": round(busy.mean(), 3) if torch.cuda.is_available() else float("nan"),
-                "wall_s": round(wall, 1),
-                "per_mixer_steps_per_s": json.dumps(ok.groupby("mixer")["steady_steps_per_s"].median().round(1).to_dict()),
-                "device": str(ok["device"].iloc[0]) if len(ok) else device,
-            })
-            log.info("%s", rows[-1])
+    for engine, stack, n in ((e, s, n) for e in engines for s in stacks for n in counts):
+        cells = stacked_specs(benchmark_specs(preset, tasks, mixers, steps, device, count=n), stack)
+        run_dir = out / f"{engine}-s{stack}-n{n}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        grid = GridStudy.open(None, run_dir, f"bench-{engine}-{stack}-{n}")
+        grid.sync(cells)
+        t0 = time.perf_counter()
+        with GPUBusy() as busy:
+            run_workers(grid, cells, run_dir, None, n, device,
+                        options=RunOptions(logger="none", engine=engine, stack=stack))
+        wall = time.perf_counter() - t0
+        df = collect(grid, cells)
+        ok = df[df["status"] == "ok"]
+        files = [cell_dir(run_dir, entry, spec) / PROGRESS_FILE for entry, spec in cells]
+        progress = [pd.read_csv(f) for f in files if f.is_file()]
+        together, window = concurrent_rate(progress) if len(progress) == len(cells) else (float("nan"), 0.0)
+        rows.append({
+            "engine": engine, "stack": stack, "workers": n, "ok_trials": len(ok),
+            "steps_per_s_per_worker": round(stack * float(ok["steady_steps_per_s"].median()), 1) if len(ok) else float("nan"),
+            "total_steps_per_s": round(together, 1),
+            "together_window_s": round(window, 1),
+            "sum_of_steady_steps_per_s": round(float(ok["steady_steps_per_s"].sum()), 1) if len(ok) else float("nan"),
+            "end_to_end_steps_per_s": round(float(ok["steps"].sum()) / wall, 1) if len(ok) else float("nan"),
+            "gpu_busy": round(busy.mean(), 3) if torch.cuda.is_available() else float("nan"),
+            "wall_s": round(wall, 1),
+            "per_mixer_steps_per_s": json.dumps((stack * ok.groupby("mixer")["steady_steps_per_s"].median()).round(1).to_dict()),
+            "device": str(ok["device"].iloc[0]) if len(ok) else device,
+        })
+        log.info("%s", rows[-1])
     return pd.DataFrame(rows)
 
 
@@ -232,6 +241,8 @@ def parser() -> Parser:
     kernels.add_argument("--mixers", type=str_list, help="mixers (default: each entry's preset mixers)")
     kernels.add_argument("--compile", action="store_true", help="also profile the step with the model torch.compile'd")
     kernels.add_argument("--batch-sizes", type=positive_int_list, help="training batch sizes to profile (default: the preset's)")
+    kernels.add_argument("--stacks", type=positive_int_list, default=[1],
+                         help="trials stacked into one model per profiled step (default: 1; e.g. 1,3)")
     for name, help_ in (("steps", "steps/s of single trials per engine"), ("workers", "steps/s of N parallel workers")):
         q = sub.add_parser(name, help=help_)
         q.add_argument("--preset", default="pararnn-table6", help="preset giving the shapes (default: %(default)s)")
@@ -242,6 +253,8 @@ def parser() -> Parser:
         q.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
         if name == "workers":
             q.add_argument("--counts", type=positive_int_list, default=[1, 4, 8, 16], help="worker counts (default: 1,4,8,16)")
+            q.add_argument("--stacks", type=positive_int_list, default=[1],
+                           help="trials per stacked model in each worker (default: 1; e.g. 1,3 compares)")
             q.add_argument("--out", type=Path, default=Path("runs/bench-workers"), help="scratch folder (default: %(default)s)")
             from experiments.mps import add_mps_argument
 
@@ -262,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "generation":
             table = time_generation(args.samples, args.repeats)
         elif args.what == "kernels":
-            table = profile_kernels(args.preset, args.tasks, args.mixers, args.compile, args.batch_sizes)
+            table = profile_kernels(args.preset, args.tasks, args.mixers, args.compile, args.batch_sizes, args.stacks)
         else:
             bad = [e for e in args.engines if e not in ENGINES]
             if bad:
@@ -274,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 with workers_mps(args.mps, max(args.counts)):
                     table = time_workers(args.counts, args.engines, args.preset, args.tasks, args.mixers, args.steps,
-                                         args.device, args.out)
+                                         args.device, args.out, args.stacks)
                 table["mps"] = args.mps
         print(table.to_markdown(index=False))
         if args.json:

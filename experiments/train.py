@@ -252,15 +252,20 @@ MAX_CHUNK = 50
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
-    """How trials run, not what they compute (not part of a cell): the step log and the step engine."""
+    """How trials run, not what they compute (not part of a cell): the step log, the step engine, and
+    how many trials of a cell's seeds a worker trains together as one stacked model (``stack``;
+    ``experiments.stack``: each trial's results as when it runs alone, within float rounding)."""
 
     logger: str = "csv"
     engine: str = "auto"
+    stack: int = 1
 
     def __post_init__(self) -> None:
         check_logger(self.logger)
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if isinstance(self.stack, bool) or not isinstance(self.stack, int) or self.stack < 1:
+            raise ValueError(f"stack must be a positive integer (trials per stacked model), got {self.stack!r}")
 
     def resolved_engine(self, accelerator: str) -> str:
         """``eager`` or ``graph`` for a trial on ``accelerator`` (``graph`` needs CUDA)."""

@@ -91,15 +91,29 @@ def cell_dir(out: Path, entry: str, spec) -> Path:
     return out / "trials" / f"{entry}-{spec.mixer.replace(':', '.')}-s{spec.seed}-lr{spec.lr:g}-{spec_hash(spec)}"
 
 
-class ReportValidation(Callback):
-    """Reports ``val/acc`` after each validation as the Optuna trial's intermediate value (learning curves)."""
+def stack_dir(out: Path, entry: str, specs: list) -> Path:
+    """The folder of a stack of trials (``experiments.stack``): its resume checkpoint and step log. The
+    same trials stacked again (a re-run after an interruption) resume there."""
+    import hashlib
 
-    def __init__(self, trial) -> None:
-        self.trial = trial
+    from experiments.stack import stack_key
+
+    spec = specs[0]
+    digest = hashlib.sha1(stack_key(spec).encode()).hexdigest()[:10]
+    seeds = ",".join(str(s.seed) for s in specs)
+    return out / "stacks" / f"{entry}-{spec.mixer.replace(':', '.')}-lr{spec.lr:g}-s{seeds}-{digest}"
+
+
+class ReportValidation(Callback):
+    """Reports ``metric`` (default ``val/acc``; a stacked trial's ``s<seed>/val/acc``) after each
+    validation as the Optuna trial's intermediate value (learning curves)."""
+
+    def __init__(self, trial, metric: str = "val/acc") -> None:
+        self.trial, self.metric = trial, metric
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
-            self.trial.report(float(trainer.callback_metrics["val/acc"]), step=trainer.global_step)
+        if not trainer.sanity_checking and self.metric in trainer.callback_metrics:
+            self.trial.report(float(trainer.callback_metrics[self.metric]), step=trainer.global_step)
 
 
 def run_cell(grid, trial, out: Path, device: str | None = None, options=None) -> str:
@@ -150,6 +164,79 @@ def run_cell(grid, trial, out: Path, device: str | None = None, options=None) ->
     return outcome
 
 
+def run_stacked_cells(grid, trials: list, out: Path, device: str | None = None, options=None) -> list[str]:
+    """Run claimed trials of one cell's seeds as one stack (``experiments.stack.run_stack``) and record
+    each one's outcome, as ``run_cell`` does for one; returns the outcomes in order. A failure of the
+    stack (NaN loss, an error) is the failure of each of its trials; Ctrl-C records all as interrupted."""
+    from experiments.lit import NonFiniteLossError
+    from experiments.results import atomic_write_text, versions
+    from experiments.stack import run_stack
+    from experiments.study import worker_identity
+    from experiments.train import RunOptions, TrialSpec
+
+    specs = [TrialSpec.from_dict(t.user_attrs["spec"]) for t in trials]
+    entry = trials[0].params.get("entry", specs[0].task)
+    dirs = [cell_dir(out, entry, spec) for spec in specs]
+    sdir = stack_dir(out, entry, specs)
+    for spec in specs:
+        if device and spec.device in ("auto", "cuda"):
+            spec.device = device
+    run_infos = []
+    for trial, spec, tdir in zip(trials, specs, dirs):
+        tdir.mkdir(parents=True, exist_ok=True)
+        run_infos.append({"trial": trial.number, "cell": trial.user_attrs["cell"], "device": spec.device,
+                          "worker": worker_identity(), "versions": versions(), "stack": str(sdir.relative_to(out))})
+        atomic_write_text(tdir / "run.json", json.dumps(run_infos[-1], indent=1))
+
+    def fail_all(failure: str, error: str) -> list[str]:
+        return [failure if grid.finish(t, None, failure=failure, error=error) else "lost" for t in trials]
+
+    claimed = time.perf_counter()
+    report = [ReportValidation(t, f"s{spec.seed}/val/acc") for t, spec in zip(trials, specs)]
+    try:
+        results = run_stack(specs, dirs, sdir, options=options or RunOptions(), callbacks=report)
+    except NonFiniteLossError as err:
+        (sdir / "checkpoints" / "last.ckpt").unlink(missing_ok=True)
+        return fail_all("nan", str(err))
+    except KeyboardInterrupt:
+        with signals_deferred():
+            fail_all("interrupted", "stopped by Ctrl-C / SIGTERM; re-run to resume")
+        raise
+    except Exception as err:
+        (sdir / "error.txt").parent.mkdir(parents=True, exist_ok=True)
+        (sdir / "error.txt").write_text(traceback.format_exc())
+        (sdir / "checkpoints" / "last.ckpt").unlink(missing_ok=True)
+        return fail_all("error", f"{type(err).__name__}: {err}")
+    outcomes = []
+    for trial, result, info, tdir in zip(trials, results, run_infos, dirs):
+        result = {**result, **info["versions"], "trial_dir": str(tdir.relative_to(out))}
+        outcomes.append("ok" if grid.finish(trial, result) else "lost")
+    log.info("stack of trials %s: %.1f s in all: setup %.1f, train %.1f", [t.number for t in trials],
+             time.perf_counter() - claimed, results[0]["setup_time_s"], results[0]["train_time_s"])
+    return outcomes
+
+
+def claim_stack(grid, trial, cells: list[Cell], size: int) -> list:
+    """``trial`` plus up to ``size - 1`` more WAITING trials of its cell's other seeds (same entry, task,
+    mixer, lr and options), claimed for this worker in seed order."""
+    from experiments.stack import stack_key
+    from experiments.study import cell_id
+    from experiments.train import TrialSpec
+
+    spec = TrialSpec.from_dict(trial.user_attrs["spec"])
+    entry = trial.params.get("entry", spec.task)
+    group = sorted((s.seed, cell_id(s)) for e, s in cells if e == entry and stack_key(s) == stack_key(spec)
+                   and s.seed != spec.seed)
+    stack = [trial]
+    for _, key in group:
+        if len(stack) >= size:
+            break
+        other = grid.claim({key})
+        if other is not None:
+            stack.append(other)
+    return sorted(stack, key=lambda t: t.user_attrs["spec"]["seed"])
+
+
 @contextlib.contextmanager
 def signals_deferred():
     """Hold Ctrl-C and SIGTERM while the block runs (main thread); they are delivered after it."""
@@ -181,8 +268,9 @@ def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, p
                 options=None) -> dict[str, int]:
     """Claim and run trials of ``cells`` (``(entry, spec)`` pairs) until every cell is done; returns outcome counts.
 
-    While other workers still run trials, waits (``poll_s``) and re-queues the cells of dead
-    workers. ``on_claim(spec_dict)``/``on_trial(spec_dict, outcome)`` are called around each trial.
+    With ``options.stack`` > 1 it claims up to that many trials of one cell's seeds at a time and trains
+    them as one stacked model (``run_stacked_cells``). While other workers still run trials, waits
+    (``poll_s``) and re-queues the cells of dead workers. ``on_claim(spec_dict)``/``on_trial(spec_dict, outcome)`` are called around each trial.
     """
     from experiments._heartbeat import Heartbeat
     from experiments.study import HEARTBEAT_INTERVAL, cell_id, worker_id
@@ -193,16 +281,21 @@ def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, p
         while True:
             trial = grid.claim(keys)
             if trial is not None:
-                hb.set_trial(trial.number)
-                spec = trial.user_attrs["spec"]
-                if on_claim:
+                stack = claim_stack(grid, trial, cells, options.stack) if options is not None and options.stack > 1 else [trial]
+                hb.set_trial([t.number for t in stack])
+                specs = [t.user_attrs["spec"] for t in stack]
+                for spec in specs if on_claim else ():
                     on_claim(spec)
-                outcome = run_cell(grid, trial, out, device=device, options=options)
+                if len(stack) > 1:
+                    outcomes = run_stacked_cells(grid, stack, out, device=device, options=options)
+                else:
+                    outcomes = [run_cell(grid, trial, out, device=device, options=options)]
                 hb.set_trial(None)
-                counts[outcome] = counts.get(outcome, 0) + 1
-                if on_trial:
-                    on_trial(spec, outcome)
-                if outcome == "error" and device and _cuda_broken(device):
+                for spec, outcome in zip(specs, outcomes):
+                    counts[outcome] = counts.get(outcome, 0) + 1
+                    if on_trial:
+                        on_trial(spec, outcome)
+                if "error" in outcomes and device and _cuda_broken(device):
                     log.error("CUDA context on %s is broken after trial %d: this worker exits", device, trial.number)
                     counts["restart"] = 1
                     return counts

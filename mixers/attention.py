@@ -54,6 +54,8 @@ class TransformerBlock(nn.Module):
 
     is_block = True
     has_positions = True
+    #: ``mixers.stacking``: stacked trials run as ``trials * num_heads`` heads
+    stackable, trials = True, 1
     BACKENDS = ("torch", "auto")
 
     def __init__(self, d_model: int, num_heads: int = 4, mlp_ratio: float = 2.0, positions: str = "rope",
@@ -82,13 +84,15 @@ class TransformerBlock(nn.Module):
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         bsz, length, d = x.shape
+        S = self.trials
         if self.positions == "sinusoidal":
-            x = x + sinusoidal_positions(length, d, x.device, x.dtype)
+            x = x + sinusoidal_positions(length, d // S, x.device, x.dtype).repeat(1, S)
         elif self.positions == "learned":
             if length > self.max_len:
                 raise ValueError(f"transformer: sequence length {length} exceeds the learned positions' max_len={self.max_len}")
             x = x + self.position_table[:length]
-        q, k, v = self.qkv(x).view(bsz, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).view(bsz, length, S, 3, self.num_heads, -1)  # each trial's (q, k, v)
+        q, k, v = qkv.permute(3, 0, 2, 4, 1, 5).flatten(2, 3)  # (B, S * H, L, Dh) each
         if self.positions == "rope":
             q, k = apply_rope(q), apply_rope(k)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)

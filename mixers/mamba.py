@@ -55,6 +55,8 @@ class Mamba2(nn.Module):
     """SSD mixer; see the module docstring. ``backend``: one of ``BACKENDS``."""
 
     BACKENDS = ("auto", *SSD_BACKENDS)
+    #: ``mixers.stacking``: stacked trials run as ``trials * num_heads`` heads and ``trials * ngroups`` groups
+    stackable, trials = True, 1
 
     def __init__(
         self,
@@ -96,17 +98,19 @@ class Mamba2(nn.Module):
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         batch, L, d = u.shape
-        xbc, dt = torch.split(self.in_proj(u), [sum(self.split[:3]), self.split[3]], dim=-1)
+        S, heads, groups = self.trials, self.trials * self.num_heads, self.trials * self.ngroups
+        proj = self.in_proj(u).unflatten(-1, (S, -1))  # each trial's (x, B, C, dt)
+        xbc, dt = torch.split(proj, [sum(self.split[:3]), self.split[3]], dim=-1)
         if self.conv is not None:  # causal depthwise conv + SiLU, as Mamba2's on (x, B, C)
-            xbc = F.silu(self.conv(xbc.transpose(1, 2))[..., :L].transpose(1, 2))
+            xbc = F.silu(self.conv(xbc.flatten(-2).transpose(1, 2))[..., :L].transpose(1, 2)).unflatten(-1, (S, -1))
         x, B, C = torch.split(xbc, self.split[:3], dim=-1)
         x = x if self.x_proj else u
         y = ssd(
-            x.reshape(batch, L, self.num_heads, d // self.num_heads),
-            F.softplus(dt + self.dt_bias),
+            x.reshape(batch, L, heads, d // heads),
+            F.softplus(dt.flatten(-2) + self.dt_bias),
             -torch.exp(self.A_log),
-            B.reshape(batch, L, self.ngroups, self.d_state),
-            C.reshape(batch, L, self.ngroups, self.d_state),
+            B.reshape(batch, L, groups, self.d_state),
+            C.reshape(batch, L, groups, self.d_state),
             D=self.D,
             chunk_size=self.chunk_size,
             backend=resolve_backend(self.backend, u),

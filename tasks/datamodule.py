@@ -68,9 +68,11 @@ class TrainingStream:
         self.per_epoch = -(-inputs.shape[0] // batch_size)
         self._epoch: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
-    def order(self, epoch: int) -> torch.Tensor:
-        """The permutation served in ``epoch`` (``LongTensor (n,)`` on the CPU)."""
-        return torch.randperm(self.inputs.shape[0], generator=make_generator(self.shuffle_seed, SHUFFLE_STREAM, epoch))
+    def order(self, epoch: int, shuffle_seed: int | None = None) -> torch.Tensor:
+        """The permutation served in ``epoch`` (``LongTensor (n,)`` on the CPU) with ``shuffle_seed``
+        (default: the stream's)."""
+        seed = self.shuffle_seed if shuffle_seed is None else shuffle_seed
+        return torch.randperm(self.inputs.shape[0], generator=make_generator(seed, SHUFFLE_STREAM, epoch))
 
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch ``index`` of the stream: ``(inputs (b, L), targets (b, L))`` views."""
@@ -84,6 +86,28 @@ class TrainingStream:
     def __iter__(self):
         while True:
             yield Chunk(self, self.chunk)
+
+
+class StackedTrainingStream(TrainingStream):
+    """The training streams of ``S`` trials (one shuffle seed each) over the same training set, served
+    together for stacked trials (``mixers.stacking``): batch ``b`` is ``(inputs (S, b, L), targets (S, b, L))``,
+    row ``s`` being batch ``b`` of the ``TrainingStream`` with ``shuffle_seeds[s]``."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, shuffle_seeds: list[int],
+                 chunk: int = 1) -> None:
+        if len(shuffle_seeds) < 1:
+            raise ValueError("a stacked training stream needs at least one shuffle seed")
+        super().__init__(inputs, targets, batch_size, shuffle_seeds[0], chunk)
+        self.shuffle_seeds = list(shuffle_seeds)
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        epoch, i = divmod(index, self.per_epoch)
+        if self._epoch is None or self._epoch[0] != epoch:
+            orders = torch.stack([self.order(epoch, seed) for seed in self.shuffle_seeds]).to(self.inputs.device)
+            self._epoch = (epoch, self.inputs[orders], self.targets[orders])  # (S, n, L) each
+        _, x, y = self._epoch
+        rows = slice(i * self.batch_size, (i + 1) * self.batch_size)
+        return x[:, rows], y[:, rows]
 
 
 class Chunk:
@@ -109,6 +133,7 @@ class SyntheticDataModule(L.LightningDataModule):
         batch_size: training batch size (paper: 16); evaluation uses ``eval_batch_size``.
         seed: the data seed; splits use disjoint streams derived from it.
         shuffle_seed: the seed of the training order (a trial's seed); default: ``seed``.
+        stack_shuffle_seeds: for stacked trials, the training order of each (``StackedTrainingStream``).
         train_chunk: batches per item of the training stream (``TrainingStream``).
         extrapolation: if given, train/val/test use lengths in ``[min_len, max_len]`` (padded) and
             one extra test set per ``eval_lengths`` entry is built (named ``len<L>``).
@@ -127,6 +152,7 @@ class SyntheticDataModule(L.LightningDataModule):
         eval_batch_size: int = 1024,
         seed: int = 0,
         shuffle_seed: int | None = None,
+        stack_shuffle_seeds: list[int] | None = None,
         train_chunk: int = 1,
         extrapolation: ExtrapolationConfig | None = None,
         device: str | torch.device = "cpu",
@@ -141,6 +167,9 @@ class SyntheticDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size, self.seed = batch_size, eval_batch_size, seed
         self.shuffle_seed = seed if shuffle_seed is None else shuffle_seed
         make_generator(self.shuffle_seed)  # validates it
+        self.stack_shuffle_seeds = list(stack_shuffle_seeds) if stack_shuffle_seeds is not None else None
+        for seed in self.stack_shuffle_seeds or ():
+            make_generator(seed)
         self.train_chunk = train_chunk
         self.extrapolation = extrapolation
         self.device = torch.device(device)
@@ -193,6 +222,8 @@ class SyntheticDataModule(L.LightningDataModule):
         return TensorBatches(*self._tensors(name), self.eval_batch_size)
 
     def train_dataloader(self) -> TrainingStream:
+        if self.stack_shuffle_seeds is not None:
+            return StackedTrainingStream(*self._tensors("train"), self.batch_size, self.stack_shuffle_seeds, self.train_chunk)
         return TrainingStream(*self._tensors("train"), self.batch_size, self.shuffle_seed, self.train_chunk)
 
     def val_dataloader(self) -> TensorBatches:

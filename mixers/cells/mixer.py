@@ -54,6 +54,7 @@ sequentially.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 from typing import Optional
@@ -184,6 +185,47 @@ class CellMixer(nn.Module):
         #: the warm-up steps before a capture run the code that is captured (a ``torch.compile``d step then
         #: compiles nothing new inside the capture; ``experiments.cuda_graph.compiled_forward``)
         self.graph_policy = False
+
+    # --- stacked trials (``mixers.stacking``) --------------------------------------------------------
+    trials = 1
+
+    @classmethod
+    def stack_trials(cls, mixers: list["CellMixer"]) -> "CellMixer":
+        """The trials' heads side by side: ``S * H`` heads on wide inputs ``(B, L, S * d_model)``.
+
+        Each trial's heads keep their own cells, so the stack computes what each mixer computes, with
+        one difference: a Newton result is checked, re-solved or replaced by the sequential one for all
+        heads of the stack at once, and inside a CUDA graph a failed check skips every trial's update.
+        """
+        from mixers.stacking import stack_trials
+
+        first = mixers[0]
+        config = ("cells", "d_model", "num_heads", "d_state", "mode", "iters", "tol", "damping", "check",
+                  "divergence_tol", "on_divergence", "retry_iters", "jacobian_check_every", "structure", "closed_form")
+        for m in mixers[1:]:
+            if any(getattr(m, k) != getattr(first, k) for k in config[1:]) or type(m.cells[0]) is not type(first.cells[0]):
+                raise ValueError("stacking: the trials' cell mixers have different configurations")
+        S = len(mixers)
+        stacked = copy.copy(first)
+        stacked.__dict__ = dict(first.__dict__)
+        stacked._parameters, stacked._modules = {}, {}
+        stacked._buffers = {"graph_counts": torch.zeros_like(first.graph_counts)}
+        stacked.cells = nn.ModuleList([copy.deepcopy(c) for m in mixers for c in m.cells])
+        stacked.out_proj = stack_trials([m.out_proj for m in mixers]) if first.out_proj is not None else None
+        stacked.trials, stacked.num_heads = S, S * first.num_heads
+        stacked.d_model, stacked.d_state = S * first.d_model, S * first.d_state
+        stacked.fallback_count = stacked.newton_forwards = stacked.retry_count = stacked.jacobian_checks = 0
+        stacked._graph_forwards, stacked.last_newton_stats, stacked.step_ok = 0, None, None
+        return stacked
+
+    def trial_state(self, s: int) -> dict[str, torch.Tensor]:
+        """Trial ``s``'s parameters under an ordinary mixer's names (``mixers.stacking.trial_state_dict``)."""
+        H = self.num_heads // self.trials
+        out = {f"cells.{h}.{n}": p for h in range(H) for n, p in self.cells[s * H + h].named_parameters()}
+        if self.out_proj is not None:
+            proj = self.out_proj.trial_state(s) if self.trials > 1 else dict(self.out_proj.named_parameters())
+            out |= {f"out_proj.{n}": p for n, p in proj.items()}
+        return out
 
     # --- parameters and per-head calls -------------------------------------------------------------
     def stacked_parameters(self) -> dict[str, torch.Tensor]:

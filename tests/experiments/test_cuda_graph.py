@@ -136,3 +136,25 @@ def test_interrupted_graph_trial_resumes_exactly(tmp_path, engine, tol):
     run_trial(one_step, tmp_path / "start", options=RunOptions(logger="none", engine="eager"))
     start = _weights(tmp_path / "start")
     assert max(float((a[k].float() - start[k].float()).abs().max()) for k in a) > 100 * tol
+
+
+@pytest.mark.parametrize("engine, tol", [("graph", 1e-5), ("compiled", 1e-3)])
+@pytest.mark.parametrize("case", CASES[:4], ids=[c[-1] for c in CASES[:4]])
+def test_stacked_trials_train_like_their_separate_trials(tmp_path, case, engine, tol):
+    """Three seeds stacked (``experiments.stack``) on a GPU step engine: after 50 captured steps each
+    trial's final weights are its separate trial's on the same engine, within float rounding (the
+    stack's kernels run over 3 times the heads or batch, in another order of float operations)."""
+    from experiments.stack import run_stack
+
+    quiet_lightning()
+    specs = [dataclasses.replace(_spec(case), seed=s) for s in (0, 1, 2)]
+    options = RunOptions(logger="none", engine=engine)
+    stacked = run_stack(specs, [tmp_path / f"t{s.seed}" for s in specs], tmp_path / "stack", options)
+    for spec, result in zip(specs, stacked):
+        alone = run_trial(spec, tmp_path / f"alone{spec.seed}", options=options)
+        a = torch.load(tmp_path / f"t{spec.seed}" / "checkpoints" / "final.ckpt", weights_only=False)["state_dict"]
+        b = _weights(tmp_path / f"alone{spec.seed}")
+        worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in b)
+        assert worst <= tol, f"seed {spec.seed}: max weight difference {worst:.3g} after 50 steps"
+        assert result["steps"] == alone["steps"] == 50
+        assert result["final/test/acc"] == pytest.approx(alone["final/test/acc"], abs=2 / 64)

@@ -83,36 +83,3 @@ def test_bad_model_config():
         ModelConfig(2, 2, block="fancy")
     with pytest.raises(ValueError, match="unknown mixer 'nope'"):
         SingleLayerModel(ModelConfig(2, 2, mixer="nope"))
-
-
-@pytest.mark.parametrize("mixer, options", [
-    pytest.param("transformer", {"positions": "learned", "max_len": 24, "mlp_ratio": 1}, marks=pytest.mark.xfail(
-        torch.cuda.is_available(), strict=True, reason="on CUDA the backward of scaled_dot_product_attention's "
-        "efficient kernel under vmap fails: 'LSE is not correctly aligned (strideH)' (torch 2.11, H100)")),
-    ("mamba2", {"backend": "torch"}),
-    pytest.param("mamba2", {"backend": "triton"}, marks=pytest.mark.triton),
-])
-def test_stacked_models_under_vmap(mixer, options):
-    """Three models' weights stacked (``torch.func.stack_module_state``) and run as one under
-    ``torch.func.vmap``: each model's logits and gradients as when it runs alone (the basis for stacking
-    trials; the Triton SSD folds the models into its heads). Eager only: ``torch.compile`` of such a
-    vmap does not trace the SSD's ``autograd.Function`` yet."""
-    from torch.func import functional_call, stack_module_state, vmap
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    config = ModelConfig(11, 7, mixer=mixer, mixer_options=options, d_model=32, block="full")
-    models = []
-    for seed in range(3):
-        torch.manual_seed(seed)
-        models.append(SingleLayerModel(config).to(device))
-    params, buffers = stack_module_state(models)
-    base = SingleLayerModel(config).to("meta")
-    tokens = torch.randint(0, 11, (3, 2, 21), generator=torch.Generator().manual_seed(5)).to(device)
-    logits = vmap(lambda p, b, t: functional_call(base, (p, b), (t,)))(params, buffers, tokens)
-    logits.square().sum().backward()
-    for i, model in enumerate(models):
-        alone = model(tokens[i])
-        alone.square().sum().backward()
-        torch.testing.assert_close(logits[i], alone, rtol=1e-4, atol=1e-5)
-        for name, p in model.named_parameters():
-            torch.testing.assert_close(params[name].grad[i], p.grad, rtol=1e-3, atol=1e-5, msg=name)

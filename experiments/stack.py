@@ -1,0 +1,259 @@
+"""Stacked trials: the seeds of one cell trained together as one model (``mixers.stacking``).
+
+    results = run_stack([spec_seed0, spec_seed1, spec_seed2], [dir0, dir1, dir2], stack_dir)
+
+Each trial keeps what ``run_trial`` gives it: its own initialization (built after its seed) and data
+order (its seed's ``TrainingStream``), its own early stopping (validation accuracy above
+``early_stop_acc``, and the plateau rule), its own ``checkpoints/best.ckpt`` in its own folder (an
+ordinary checkpoint: ``LitSequenceModel.load_from_checkpoint`` rebuilds the one-trial model), its
+own ``checkpoints/final.ckpt`` (the weights when it stopped), ``progress.csv`` and results row, with
+test metrics of its best (``test/acc``, ...) and final (``final/test/acc``, ...) weights computed by
+the one-trial model. The stack trains until every trial has stopped; a trial that stopped early
+goes on training inside the stack, but its checkpoints and results are those of its stopping step.
+
+What differs from separate trials: the stack's steps are one computation, so a Newton solve that
+fails its check is re-solved, replaced by the sequential loop or (in a CUDA graph) skipped for all
+trials of the stack at once (``CellMixer.stack_trials``), and a trial's weights after a step equal
+its separate trial's within float rounding (``tests/experiments/test_stack.py``). The stack's own
+folder holds ``checkpoints/last.ckpt`` (written at every validation and on Ctrl-C: a re-run with the
+same trials resumes from it) and the step log (``logs/``, validation metrics as ``s<seed>/val/acc``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from experiments.cuda_graph import CUDAGraphPrecision
+from experiments.lit import LitSequenceModel
+from experiments.model import ModelConfig, count_parameters
+from experiments.train import (
+    BEST_CHECKPOINT,
+    CHECKPOINT_DIR,
+    GRAPH_ENGINES,
+    LAST_CHECKPOINT,
+    PROGRESS_FILE,
+    InterruptCheckpoint,
+    RunOptions,
+    TrialSpec,
+    _History,
+    _logger,
+    interrupt_as_keyboard_interrupt,
+    newton_summary,
+    resolve_device,
+    resume_checkpoint,
+    steps_per_chunk,
+    trainer_step_of,
+)
+from mixers.stacking import trial_state_dict
+from tasks import ExtrapolationConfig, SyntheticDataModule, get_task
+
+FINAL_CHECKPOINT = "final.ckpt"
+
+
+def check_stackable(specs: list[TrialSpec]) -> None:
+    """One-line ``ValueError`` unless ``specs`` differ in their seeds only (at least two, distinct)."""
+    if len(specs) < 2:
+        raise ValueError(f"a stack needs at least two trials, got {len(specs)}")
+    seeds = [s.seed for s in specs]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"stacked trials need distinct seeds, got {seeds}")
+    base = dataclasses.replace(specs[0], seed=0)
+    for spec in specs[1:]:
+        if dataclasses.replace(spec, seed=0) != base:
+            raise ValueError(f"stacked trials must differ in their seed only: {specs[0].cell_key()} vs {spec.cell_key()}")
+
+
+def stack_key(spec: TrialSpec) -> str:
+    """What trials must share to be stacked: everything but the seed."""
+    return json.dumps(dataclasses.replace(spec, seed=0).to_dict(), sort_keys=True, default=str)
+
+
+class StackedTrials(Callback):
+    """Each trial's best checkpoint, early stopping and final checkpoint inside a stack (module docstring).
+
+    After every validation, for each trial still training: a higher ``s<seed>/val/acc`` than its best
+    writes its ``best.ckpt``; it stops when the accuracy exceeds ``early_stop_acc`` or (with
+    ``plateau_steps``) when it has not exceeded its best by ``plateau_delta`` for that many steps (as
+    Lightning's ``EarlyStopping``: strict comparisons, the plateau reference moving only on gains
+    above the delta); a stopping trial writes its ``final.ckpt``. Training ends when all stopped (or at
+    ``max_steps``, where the rest write theirs). The state survives a resume (``state_dict``)."""
+
+    def __init__(self, specs: list[TrialSpec], dirs: list[Path]) -> None:
+        self.specs, self.dirs = specs, dirs
+        S = len(specs)
+        self.best: list[float | None] = [None] * S
+        self.best_step = [0] * S
+        self.plateau_best: list[float | None] = [None] * S
+        self.plateau_step = [0] * S
+        self.stopped_at: list[int | None] = [None] * S
+        self.val_acc: list[list[float]] = [[] for _ in range(S)]  # this invocation's validations
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("best", "best_step", "plateau_best", "plateau_step", "stopped_at")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, list(v))
+
+    def write_checkpoint(self, pl_module: LitSequenceModel, s: int, name: str, step: int) -> None:
+        """Trial ``s``'s weights as an ordinary one-trial checkpoint ``<trial dir>/checkpoints/<name>``."""
+        hparams = {k: v for k, v in pl_module.hparams.items() if k != "stack_seeds"}
+        state = {f"model.{k}": v.cpu() for k, v in trial_state_dict(pl_module.model, s).items()}
+        path = self.dirs[s] / CHECKPOINT_DIR / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"state_dict": state, "hyper_parameters": hparams, "global_step": step,
+                    "pytorch-lightning_version": L.__version__}, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        step = trainer.global_step
+        for s, spec in enumerate(self.specs):
+            key = f"s{spec.seed}/val/acc"
+            if self.stopped_at[s] is not None or key not in trainer.callback_metrics:
+                continue
+            t = spec.train
+            acc = float(trainer.callback_metrics[key])
+            self.val_acc[s].append(acc)
+            if self.best[s] is None or acc > self.best[s]:
+                self.best[s], self.best_step[s] = acc, step
+                self.write_checkpoint(pl_module, s, BEST_CHECKPOINT, step)
+            if self.plateau_best[s] is None or acc - t.plateau_delta > self.plateau_best[s]:
+                self.plateau_best[s], self.plateau_step[s] = acc, step
+            plateau = t.plateau_steps is not None and step - self.plateau_step[s] >= t.plateau_steps
+            if acc > t.early_stop_acc or plateau:
+                self.stopped_at[s] = step
+                self.write_checkpoint(pl_module, s, FINAL_CHECKPOINT, step)
+        if all(x is not None for x in self.stopped_at):
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        for s in range(len(self.specs)):
+            if self.stopped_at[s] is None:
+                self.stopped_at[s] = trainer.global_step
+                self.write_checkpoint(pl_module, s, FINAL_CHECKPOINT, trainer.global_step)
+
+
+def _datamodule(spec: TrialSpec, seeds: list[int] | None, device: str, chunk: int = 1) -> SyntheticDataModule:
+    t = spec.train
+    extrap = ExtrapolationConfig(**spec.extrapolation) if spec.extrapolation else None
+    return SyntheticDataModule(
+        get_task(spec.task, **spec.task_options), train_size=t.train_size, val_size=t.val_size, test_size=t.test_size,
+        batch_size=t.batch_size, eval_batch_size=t.eval_batch_size, seed=t.data_seed, shuffle_seed=spec.seed,
+        stack_shuffle_seeds=seeds, train_chunk=chunk, extrapolation=extrap, device=device,
+    )
+
+
+def _test(module: LitSequenceModel, dm: SyntheticDataModule, accelerator: str, devices) -> dict[str, float]:
+    trainer = L.Trainer(accelerator=accelerator, devices=devices, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    metrics: dict[str, float] = {}
+    for part in trainer.test(module, datamodule=dm, verbose=False):
+        for key, value in part.items():
+            metrics[key.split("/dataloader_idx")[0]] = float(value)
+    return metrics
+
+
+def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: str | Path,
+              options: RunOptions = RunOptions(), callbacks: list[Callback] | None = None,
+              progress_bar: bool = False) -> list[dict[str, Any]]:
+    """Train ``specs`` (differing in their seed only) as one stacked model; one results dict per trial,
+    in order, with ``run_trial``'s keys plus ``stack_size`` (module docstring). Each trial's files go
+    to its ``trial_dirs`` entry, the stack's resume checkpoint and step log to ``stack_dir``.
+    Raises ``NonFiniteLossError`` when the loss of the stack becomes NaN/Inf."""
+    check_stackable(specs)
+    if len(trial_dirs) != len(specs):
+        raise ValueError(f"{len(specs)} trials but {len(trial_dirs)} trial folders")
+    entered = time.perf_counter()
+    spec, seeds = specs[0], [s.seed for s in specs]
+    dirs, out = [Path(d) for d in trial_dirs], Path(stack_dir)
+    accelerator, devices = resolve_device(spec.device)
+    if accelerator == "cpu" and spec.train.cpu_threads > 0:
+        torch.set_num_threads(spec.train.cpu_threads)
+    engine = options.resolved_engine(accelerator)
+    for d, s in zip(dirs, specs):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "spec.json").write_text(json.dumps(s.to_dict(), indent=1))
+    out.mkdir(parents=True, exist_ok=True)
+    t = spec.train
+    chunk = steps_per_chunk(engine, t)
+    device = f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu"
+    dm = _datamodule(spec, seeds, device, chunk)
+    dm.setup()
+    config = ModelConfig(vocab_size=dm.vocab_size, num_classes=dm.num_classes, mixer=spec.mixer,
+                         mixer_options=dict(spec.mixer_options), block=spec.block, positional=spec.positional)
+    module = LitSequenceModel(dataclasses.asdict(config), lr=spec.lr, weight_decay=t.weight_decay, max_steps=t.max_steps,
+                              warmup_ratio=t.warmup_ratio, test_set_names=tuple(dm.test_set_names), stack_seeds=seeds)
+    module.compiled_steps = engine == "compiled"
+    history, trials = _History(), StackedTrials(specs, dirs)
+    resume_point = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename=Path(LAST_CHECKPOINT).stem, save_top_k=1,
+                                   monitor=None, enable_version_counter=False)
+    trainer = L.Trainer(
+        accelerator=accelerator, devices=devices, max_steps=t.max_steps,
+        plugins=[CUDAGraphPrecision()] if engine in GRAPH_ENGINES else None, default_root_dir=str(out),
+        val_check_interval=min(t.eval_every, t.max_steps) // chunk, check_val_every_n_epoch=None, num_sanity_val_steps=0,
+        callbacks=[history, trials, resume_point,
+                   InterruptCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="interrupted"), *(callbacks or [])],
+        logger=_logger(options.logger, out), enable_checkpointing=True, enable_model_summary=False,
+        enable_progress_bar=progress_bar, log_every_n_steps=max(1, t.eval_every // 5 // chunk),
+    )
+    resume = resume_checkpoint(out)
+    resumed_from = trainer_step_of(resume) if resume else 0
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        warnings.filterwarnings("ignore", ".*is smaller than the logging interval.*")
+        warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
+        warnings.filterwarnings("ignore", ".*is set, but there is no last checkpoint available.*")
+        try:
+            with interrupt_as_keyboard_interrupt(trainer):
+                trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else "last")
+        finally:
+            for d in dirs:
+                history.write_progress(d / PROGRESS_FILE)
+        train_time = time.perf_counter() - start
+        test_dm = _datamodule(spec, None, device)
+        test_dm.setup()
+        results = []
+        for s, (trial, d) in enumerate(zip(specs, dirs)):
+            best_path, final_path = d / CHECKPOINT_DIR / BEST_CHECKPOINT, d / CHECKPOINT_DIR / FINAL_CHECKPOINT
+            best = _test(LitSequenceModel.load_from_checkpoint(best_path, map_location=device), test_dm, accelerator, devices)
+            final_module = LitSequenceModel.load_from_checkpoint(final_path, map_location=device)
+            final = _test(final_module, test_dm, accelerator, devices)
+            extrap = [best[f"{name}/acc"] for name in dm.test_set_names[1:] if f"{name}/acc" in best]
+            stopped = trials.stopped_at[s]
+            result: dict[str, Any] = {
+                "n_params": count_parameters(final_module.model),
+                "steps": stopped,
+                "best_step": trials.best_step[s],
+                "resumed_from_step": resumed_from,
+                "setup_time_s": round(start - entered, 3),
+                "train_time_s": round(train_time, 3),
+                "wall_time_s": round(time.perf_counter() - start, 3),
+                "steps_per_s": round((trainer.global_step - resumed_from) / max(train_time, 1e-9), 3),
+                "steady_steps_per_s": round(history.steady_rate(), 3),
+                "best_val_acc": trials.best[s] if trials.best[s] is not None else float("nan"),
+                "final_val_acc": trials.val_acc[s][-1] if trials.val_acc[s] else float("nan"),
+                "stopped_early": stopped < t.max_steps,
+                "device": torch.cuda.get_device_name(devices[0]) if accelerator == "gpu" else "cpu",
+                "stack_size": len(specs),
+                **best,
+                **{f"final/{k}": v for k, v in final.items()},
+                **newton_summary(module.model),
+            }
+            if module.eager_from_step is not None:
+                result["newton/eager_from_step"] = module.eager_from_step
+            if extrap:
+                result["extrap/mean_acc"] = sum(extrap) / len(extrap)
+            results.append(result)
+    return results
