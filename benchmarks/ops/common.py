@@ -139,10 +139,12 @@ def no_grad(fn: Callable, *args) -> Callable[[], object]:
 
 
 def git_commit() -> str:
-    """Short git commit of the suite's checkout (``"unknown"`` outside one, e.g. on a device copy)."""
+    """Short git commit of the suite's checkout, ``-dirty`` appended when its files differ from that commit
+    (a copy whose ``.git`` is older than its files says so); ``"unknown"`` outside a checkout."""
     try:
         return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+            ["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=Path(__file__).parent, capture_output=True,
+            text=True, timeout=5,
         ).stdout.strip() or "unknown"
     except Exception:
         return "unknown"

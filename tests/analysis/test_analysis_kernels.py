@@ -2,6 +2,7 @@
 
 import json
 import math
+import sys
 
 import pandas as pd
 import pytest
@@ -74,3 +75,28 @@ def test_bad_json_one_line(tmp_path, capsys):
     assert run(main, [str(bad)]) == 2
     assert "a row lacks" in capsys.readouterr().err
     assert run(main, [str(tmp_path / "missing.json")]) == 2
+
+
+def test_benchmark_commit_says_when_the_files_differ(tmp_path):
+    """``git_commit`` names the checkout's commit, with ``-dirty`` once a tracked file differs from it
+    (a device copy whose ``.git`` is older than its files must not pass for that commit)."""
+    import shutil
+    import subprocess
+
+    from benchmarks.ops import common
+
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    shutil.copy(common.__file__, repo / "pkg" / "common.py")
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    head = git("rev-parse", "--short=7", "HEAD")
+    run = [sys.executable, "-c", "import common; print(common.git_commit())"]
+    assert subprocess.run(run, cwd=repo / "pkg", capture_output=True, text=True).stdout.strip() == head
+    (repo / "pkg" / "common.py").write_text((repo / "pkg" / "common.py").read_text() + "\n# changed\n")
+    assert subprocess.run(run, cwd=repo / "pkg", capture_output=True, text=True).stdout.strip() == f"{head}-dirty"
