@@ -26,7 +26,7 @@ import json
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
@@ -84,11 +84,13 @@ class StackedTrials(Callback):
     writes its ``best.ckpt``; it stops when the accuracy exceeds ``early_stop_acc`` or (with
     ``plateau_steps``) when it has not exceeded its best by ``plateau_delta`` for that many steps (as
     Lightning's ``EarlyStopping``: strict comparisons, the plateau reference moving only on gains
-    above the delta); a stopping trial writes its ``final.ckpt``. Training ends when all stopped (or at
+    above the delta); a stopping trial writes its ``final.ckpt``. ``report(s, acc, step)`` is called
+    with each validation of a trial still training (its stopping one included). Training ends when all stopped (or at
     ``max_steps``, where the rest write theirs). The state survives a resume (``state_dict``)."""
 
-    def __init__(self, specs: list[TrialSpec], dirs: list[Path]) -> None:
-        self.specs, self.dirs = specs, dirs
+    def __init__(self, specs: list[TrialSpec], dirs: list[Path],
+                 report: Callable[[int, float, int], None] | None = None) -> None:
+        self.specs, self.dirs, self.report = specs, dirs, report
         S = len(specs)
         self.best: list[float | None] = [None] * S
         self.best_step = [0] * S
@@ -125,6 +127,8 @@ class StackedTrials(Callback):
             t = spec.train
             acc = float(trainer.callback_metrics[key])
             self.val_acc[s].append(acc)
+            if self.report is not None:
+                self.report(s, acc, step)
             if self.best[s] is None or acc > self.best[s]:
                 self.best[s], self.best_step[s] = acc, step
                 self.write_checkpoint(pl_module, s, BEST_CHECKPOINT, step)
@@ -166,10 +170,12 @@ def _test(module: LitSequenceModel, dm: SyntheticDataModule, accelerator: str, d
 
 def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: str | Path,
               options: RunOptions = RunOptions(), callbacks: list[Callback] | None = None,
-              progress_bar: bool = False) -> list[dict[str, Any]]:
+              progress_bar: bool = False, report: Callable[[int, float, int], None] | None = None) -> list[dict[str, Any]]:
     """Train ``specs`` (differing in their seed only) as one stacked model; one results dict per trial,
     in order, with ``run_trial``'s keys plus ``stack_size`` (module docstring). Each trial's files go
     to its ``trial_dirs`` entry, the stack's resume checkpoint and step log to ``stack_dir``.
+    ``report(trial index, val/acc, step)``: each validation of a trial while it trains (Optuna's
+    learning curves).
     Raises ``NonFiniteLossError`` when the loss of the stack becomes NaN/Inf."""
     check_stackable(specs)
     if len(trial_dirs) != len(specs):
@@ -195,7 +201,7 @@ def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: s
     module = LitSequenceModel(dataclasses.asdict(config), lr=spec.lr, weight_decay=t.weight_decay, max_steps=t.max_steps,
                               warmup_ratio=t.warmup_ratio, test_set_names=tuple(dm.test_set_names), stack_seeds=seeds)
     module.compiled_steps = engine == "compiled"
-    history, trials = _History(), StackedTrials(specs, dirs)
+    history, trials = _History(), StackedTrials(specs, dirs, report)
     resume_point = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename=Path(LAST_CHECKPOINT).stem, save_top_k=1,
                                    monitor=None, enable_version_counter=False)
     trainer = L.Trainer(

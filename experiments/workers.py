@@ -105,15 +105,14 @@ def stack_dir(out: Path, entry: str, specs: list) -> Path:
 
 
 class ReportValidation(Callback):
-    """Reports ``metric`` (default ``val/acc``; a stacked trial's ``s<seed>/val/acc``) after each
-    validation as the Optuna trial's intermediate value (learning curves)."""
+    """Reports ``val/acc`` after each validation as the Optuna trial's intermediate value (learning curves)."""
 
-    def __init__(self, trial, metric: str = "val/acc") -> None:
-        self.trial, self.metric = trial, metric
+    def __init__(self, trial) -> None:
+        self.trial = trial
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking and self.metric in trainer.callback_metrics:
-            self.trial.report(float(trainer.callback_metrics[self.metric]), step=trainer.global_step)
+        if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
+            self.trial.report(float(trainer.callback_metrics["val/acc"]), step=trainer.global_step)
 
 
 def run_cell(grid, trial, out: Path, device: str | None = None, options=None) -> str:
@@ -192,9 +191,11 @@ def run_stacked_cells(grid, trials: list, out: Path, device: str | None = None, 
         return [failure if grid.finish(t, None, failure=failure, error=error) else "lost" for t in trials]
 
     claimed = time.perf_counter()
-    report = [ReportValidation(t, f"s{spec.seed}/val/acc") for t, spec in zip(trials, specs)]
+    def report(s: int, acc: float, step: int) -> None:
+        trials[s].report(acc, step=step)
+
     try:
-        results = run_stack(specs, dirs, sdir, options=options or RunOptions(), callbacks=report)
+        results = run_stack(specs, dirs, sdir, options=options or RunOptions(), report=report)
     except NonFiniteLossError as err:
         (sdir / "checkpoints" / "last.ckpt").unlink(missing_ok=True)
         return fail_all("nan", str(err))

@@ -33,11 +33,15 @@ def test_stacked_trials_train_as_their_separate_trials(tmp_path, mixer, stop_at)
     trials stop early (each at its own step) while others train on; they learn (above chance, 0.5)."""
     quiet_lightning()
     specs = _specs(mixer, (0, 1, 2), early_stop_acc=stop_at)
-    stacked = run_stack(specs, [tmp_path / f"t{s.seed}" for s in specs], tmp_path / "stack", RunOptions(logger="none"))
+    curves = {0: [], 1: [], 2: []}
+    stacked = run_stack(specs, [tmp_path / f"t{s.seed}" for s in specs], tmp_path / "stack", RunOptions(logger="none"),
+                        report=lambda s, acc, step: curves[s].append((step, acc)))
     alone = [run_trial(s, tmp_path / f"alone{s.seed}", options=RunOptions(logger="none")) for s in specs]
-    for a, b in zip(stacked, alone):
+    for s, (a, b) in enumerate(zip(stacked, alone)):
         _same(a, b)
         assert a["stack_size"] == 3
+        assert [step for step, _ in curves[s]] == list(range(50, b["steps"] + 1, 50))  # reported until it stopped
+        assert max(acc for _, acc in curves[s]) == pytest.approx(b["best_val_acc"])
     assert any(r["stopped_early"] for r in alone) and not all(r["stopped_early"] for r in alone)
     assert max(r["best_val_acc"] for r in stacked) > 0.6
     for s in specs:  # an ordinary one-trial checkpoint
