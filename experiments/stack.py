@@ -24,37 +24,33 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 
-from experiments.cuda_graph import CUDAGraphPrecision
 from experiments.lit import LitSequenceModel
-from experiments.model import ModelConfig, count_parameters
+from experiments.model import count_parameters
 from experiments.train import (
     BEST_CHECKPOINT,
     CHECKPOINT_DIR,
-    GRAPH_ENGINES,
-    LAST_CHECKPOINT,
     PROGRESS_FILE,
-    InterruptCheckpoint,
     RunOptions,
     TrialSpec,
     _History,
-    _logger,
-    interrupt_as_keyboard_interrupt,
-    newton_summary,
+    _test,
+    build_datamodule,
+    build_module,
+    fit_resuming,
+    fit_trainer,
+    fitting,
     resolve_device,
-    resume_checkpoint,
+    result_row,
     steps_per_chunk,
-    trainer_step_of,
 )
 from mixers.stacking import trial_state_dict
-from tasks import ExtrapolationConfig, SyntheticDataModule, get_task
 
 FINAL_CHECKPOINT = "final.ckpt"
 
@@ -148,26 +144,6 @@ class StackedTrials(Callback):
                 self.write_checkpoint(pl_module, s, FINAL_CHECKPOINT, trainer.global_step)
 
 
-def _datamodule(spec: TrialSpec, seeds: list[int] | None, device: str, chunk: int = 1) -> SyntheticDataModule:
-    t = spec.train
-    extrap = ExtrapolationConfig(**spec.extrapolation) if spec.extrapolation else None
-    return SyntheticDataModule(
-        get_task(spec.task, **spec.task_options), train_size=t.train_size, val_size=t.val_size, test_size=t.test_size,
-        batch_size=t.batch_size, eval_batch_size=t.eval_batch_size, seed=t.data_seed, shuffle_seed=spec.seed,
-        stack_shuffle_seeds=seeds, train_chunk=chunk, extrapolation=extrap, device=device,
-    )
-
-
-def _test(module: LitSequenceModel, dm: SyntheticDataModule, accelerator: str, devices) -> dict[str, float]:
-    trainer = L.Trainer(accelerator=accelerator, devices=devices, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
-    metrics: dict[str, float] = {}
-    for part in trainer.test(module, datamodule=dm, verbose=False):
-        for key, value in part.items():
-            metrics[key.split("/dataloader_idx")[0]] = float(value)
-    return metrics
-
-
 def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: str | Path,
               options: RunOptions = RunOptions(), callbacks: list[Callback] | None = None,
               progress_bar: bool = False, report: Callable[[int, float, int], None] | None = None) -> list[dict[str, Any]]:
@@ -175,8 +151,7 @@ def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: s
     in order, with ``run_trial``'s keys plus ``stack_size`` (module docstring). Each trial's files go
     to its ``trial_dirs`` entry, the stack's resume checkpoint and step log to ``stack_dir``.
     ``report(trial index, val/acc, step)``: each validation of a trial while it trains (Optuna's
-    learning curves).
-    Raises ``NonFiniteLossError`` when the loss of the stack becomes NaN/Inf."""
+    learning curves). Raises ``NonFiniteLossError`` when the loss of the stack becomes NaN/Inf."""
     check_stackable(specs)
     if len(trial_dirs) != len(specs):
         raise ValueError(f"{len(specs)} trials but {len(trial_dirs)} trial folders")
@@ -194,72 +169,30 @@ def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: s
     t = spec.train
     chunk = steps_per_chunk(engine, t)
     device = f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu"
-    dm = _datamodule(spec, seeds, device, chunk)
+    dm = build_datamodule(spec, device, chunk, stack_seeds=seeds)
     dm.setup()
-    config = ModelConfig(vocab_size=dm.vocab_size, num_classes=dm.num_classes, mixer=spec.mixer,
-                         mixer_options=dict(spec.mixer_options), block=spec.block, positional=spec.positional)
-    module = LitSequenceModel(dataclasses.asdict(config), lr=spec.lr, weight_decay=t.weight_decay, max_steps=t.max_steps,
-                              warmup_ratio=t.warmup_ratio, test_set_names=tuple(dm.test_set_names), stack_seeds=seeds)
+    module = build_module(spec, dm, stack_seeds=seeds)
     module.compiled_steps = engine == "compiled"
     history, trials = _History(), StackedTrials(specs, dirs, report)
-    resume_point = ModelCheckpoint(dirpath=out / CHECKPOINT_DIR, filename=Path(LAST_CHECKPOINT).stem, save_top_k=1,
-                                   monitor=None, enable_version_counter=False)
-    trainer = L.Trainer(
-        accelerator=accelerator, devices=devices, max_steps=t.max_steps,
-        plugins=[CUDAGraphPrecision()] if engine in GRAPH_ENGINES else None, default_root_dir=str(out),
-        val_check_interval=min(t.eval_every, t.max_steps) // chunk, check_val_every_n_epoch=None, num_sanity_val_steps=0,
-        callbacks=[history, trials, resume_point,
-                   InterruptCheckpoint(dirpath=out / CHECKPOINT_DIR, filename="interrupted"), *(callbacks or [])],
-        logger=_logger(options.logger, out), enable_checkpointing=True, enable_model_summary=False,
-        enable_progress_bar=progress_bar, log_every_n_steps=max(1, t.eval_every // 5 // chunk),
-    )
-    resume = resume_checkpoint(out)
-    resumed_from = trainer_step_of(resume) if resume else 0
+    trainer = fit_trainer(t, out, accelerator, devices, engine, chunk, options.logger, progress_bar,
+                          [history, trials, *(callbacks or [])])
+    tester = L.Trainer(accelerator=accelerator, devices=devices, logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False)
     start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        warnings.filterwarnings("ignore", ".*is smaller than the logging interval.*")
-        warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
-        warnings.filterwarnings("ignore", ".*is set, but there is no last checkpoint available.*")
-        try:
-            with interrupt_as_keyboard_interrupt(trainer):
-                trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else "last")
-        finally:
-            for d in dirs:
-                history.write_progress(d / PROGRESS_FILE)
+    results = []
+    with fitting(trainer, history, [d / PROGRESS_FILE for d in dirs]):
+        resumed_from = fit_resuming(trainer, module, dm, out)
         train_time = time.perf_counter() - start
-        test_dm = _datamodule(spec, None, device)
-        test_dm.setup()
-        results = []
-        for s, (trial, d) in enumerate(zip(specs, dirs)):
-            best_path, final_path = d / CHECKPOINT_DIR / BEST_CHECKPOINT, d / CHECKPOINT_DIR / FINAL_CHECKPOINT
-            best = _test(LitSequenceModel.load_from_checkpoint(best_path, map_location=device), test_dm, accelerator, devices)
-            final_module = LitSequenceModel.load_from_checkpoint(final_path, map_location=device)
-            final = _test(final_module, test_dm, accelerator, devices)
-            extrap = [best[f"{name}/acc"] for name in dm.test_set_names[1:] if f"{name}/acc" in best]
-            stopped = trials.stopped_at[s]
-            result: dict[str, Any] = {
-                "n_params": count_parameters(final_module.model),
-                "steps": stopped,
-                "best_step": trials.best_step[s],
-                "resumed_from_step": resumed_from,
-                "setup_time_s": round(start - entered, 3),
-                "train_time_s": round(train_time, 3),
-                "wall_time_s": round(time.perf_counter() - start, 3),
-                "steps_per_s": round((trainer.global_step - resumed_from) / max(train_time, 1e-9), 3),
-                "steady_steps_per_s": round(history.steady_rate(), 3),
-                "best_val_acc": trials.best[s] if trials.best[s] is not None else float("nan"),
-                "final_val_acc": trials.val_acc[s][-1] if trials.val_acc[s] else float("nan"),
-                "stopped_early": stopped < t.max_steps,
-                "device": torch.cuda.get_device_name(devices[0]) if accelerator == "gpu" else "cpu",
-                "stack_size": len(specs),
-                **best,
-                **{f"final/{k}": v for k, v in final.items()},
-                **newton_summary(module.model),
-            }
-            if module.eager_from_step is not None:
-                result["newton/eager_from_step"] = module.eager_from_step
-            if extrap:
-                result["extrap/mean_acc"] = sum(extrap) / len(extrap)
-            results.append(result)
+        for s, d in enumerate(dirs):  # the test sets are every trial's: the stack's data module serves them
+            final_module = LitSequenceModel.load_from_checkpoint(d / CHECKPOINT_DIR / FINAL_CHECKPOINT, map_location=device)
+            best_module = LitSequenceModel.load_from_checkpoint(d / CHECKPOINT_DIR / BEST_CHECKPOINT, map_location=device)
+            results.append({**result_row(
+                n_params=count_parameters(final_module.model), steps=trials.stopped_at[s], best_step=trials.best_step[s],
+                resumed_from=resumed_from, module=module, trainer=trainer, entered=entered, start=start,
+                train_time=train_time, history=history,
+                best_val_acc=trials.best[s] if trials.best[s] is not None else float("nan"),
+                final_val_acc=trials.val_acc[s][-1] if trials.val_acc[s] else float("nan"),
+                best=_test(tester, best_module, dm), final=_test(tester, final_module, dm),
+                test_set_names=dm.test_set_names,
+            ), "stack_size": len(specs)})
     return results

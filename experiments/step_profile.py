@@ -51,18 +51,13 @@ def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1):
     steps on a side stream), and the step as a plain function (for an eager profile). ``stack`` > 1:
     the step of that many trials (seeds ``spec.seed + k``) stacked into one model (``experiments.stack``)."""
     from experiments.cuda_graph import compiled_forward
-    from experiments.lit import LitSequenceModel
     from experiments.train import build_datamodule, build_module
 
+    seeds = [spec.seed + k for k in range(stack)] if stack > 1 else None
     torch.manual_seed(spec.seed)
-    dm = build_datamodule(spec, "cuda")
-    if stack > 1:
-        dm.stack_shuffle_seeds = [spec.seed + k for k in range(stack)]
+    dm = build_datamodule(spec, "cuda", stack_seeds=seeds)
     dm.setup("fit")
-    lit = build_module(spec, dm)
-    if stack > 1:
-        lit = LitSequenceModel(**{**lit.hparams, "stack_seeds": dm.stack_shuffle_seeds})
-    lit = lit.cuda()
+    lit = build_module(spec, dm, stack_seeds=seeds).cuda()
     forward = compiled_forward(lit.model) if compile else lit.model
     opt = lit.configure_optimizers()  # the training's fused, capturable AdamW
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))

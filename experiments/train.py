@@ -181,20 +181,23 @@ def resolve_device(device: str) -> tuple[str, list[int] | str]:
     raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
-def build_datamodule(spec: TrialSpec, device: str | torch.device = "cpu", chunk: int = 1) -> SyntheticDataModule:
-    """The trial's data sets, kept on ``device`` (the training device); training batches in chunks of ``chunk``."""
+def build_datamodule(spec: TrialSpec, device: str | torch.device = "cpu", chunk: int = 1,
+                     stack_seeds: list[int] | None = None) -> SyntheticDataModule:
+    """The trial's data sets, kept on ``device`` (the training device); training batches in chunks of
+    ``chunk``; with ``stack_seeds``, the training batches of those seeds' trials stacked (``(S, B, L)``)."""
     t = spec.train
     extrap = ExtrapolationConfig(**spec.extrapolation) if spec.extrapolation else None
     return SyntheticDataModule(
         get_task(spec.task, **spec.task_options),
         train_size=t.train_size, val_size=t.val_size, test_size=t.test_size,
         batch_size=t.batch_size, eval_batch_size=t.eval_batch_size, seed=t.data_seed, shuffle_seed=spec.seed,
-        train_chunk=chunk, extrapolation=extrap,
+        stack_shuffle_seeds=stack_seeds, train_chunk=chunk, extrapolation=extrap,
         device=device,
     )
 
 
-def build_module(spec: TrialSpec, dm: SyntheticDataModule) -> LitSequenceModel:
+def build_module(spec: TrialSpec, dm: SyntheticDataModule, stack_seeds: list[int] | None = None) -> LitSequenceModel:
+    """The trial's ``LitSequenceModel`` (with ``stack_seeds``: those seeds' trials as one stacked model)."""
     config = ModelConfig(
         vocab_size=dm.vocab_size, num_classes=dm.num_classes, mixer=spec.mixer,
         mixer_options=dict(spec.mixer_options), block=spec.block, positional=spec.positional,
@@ -202,7 +205,7 @@ def build_module(spec: TrialSpec, dm: SyntheticDataModule) -> LitSequenceModel:
     t = spec.train
     return LitSequenceModel(
         dataclasses.asdict(config), lr=spec.lr, weight_decay=t.weight_decay, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio,
-        test_set_names=tuple(dm.test_set_names),
+        test_set_names=tuple(dm.test_set_names), stack_seeds=stack_seeds,
     )
 
 
@@ -393,31 +396,61 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         dirpath=out / CHECKPOINT_DIR, filename=Path(BEST_CHECKPOINT).stem, monitor="val/acc", mode="max",
         save_top_k=1, save_weights_only=True, auto_insert_metric_name=False, enable_version_counter=False,
     )
+    trainer = fit_trainer(
+        t, out, accelerator, devices, engine, chunk, logger, progress_bar,
+        [history, checkpoints,
+         EarlyStopping(monitor="val/acc", mode="max", stopping_threshold=t.early_stop_acc,
+                       patience=t.plateau_steps // t.eval_every if t.plateau_steps else 10**9,
+                       min_delta=t.plateau_delta if t.plateau_steps else 0.0, check_on_train_epoch_end=False),
+         *(callbacks or [])],
+    )
+    start = time.perf_counter()
+    with fitting(trainer, history, [out / PROGRESS_FILE] if keep else []):
+        resumed_from = fit_resuming(trainer, module, dm, out)
+        train_time = time.perf_counter() - start
+        final = _test(trainer, module, dm)
+        best_path = checkpoints.best_model_path
+        best = _test(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
+    return result_row(
+        n_params=count_parameters(module.model), steps=trainer.global_step,
+        best_step=_best_step(best_path, trainer.global_step), resumed_from=resumed_from, module=module,
+        trainer=trainer, entered=entered, start=start, train_time=train_time, history=history,
+        # the checkpoint callback's best score survives a resume; the history holds this run's validations
+        best_val_acc=float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else float("nan"),
+        final_val_acc=history.val_acc[-1] if history.val_acc else float("nan"),
+        best=best, final=final, test_set_names=dm.test_set_names,
+    )
+
+
+def fit_trainer(t: TrainConfig, out: Path, accelerator: str, devices, engine: str, chunk: int, logger: str,
+                progress_bar: bool, callbacks: list[Callback]) -> L.Trainer:
+    """The Lightning ``Trainer`` of a trial (or a stack of trials) whose files go to ``out``: validations
+    every ``eval_every`` optimizer steps (``chunk`` per Lightning step), the step engine's precision
+    plugin, ``callbacks`` plus the resume point (``last.ckpt`` at every validation) and the checkpoint
+    written on Ctrl-C / SIGTERM."""
     resume_point = ModelCheckpoint(  # last.ckpt at every validation, with optimizer and loop state
         dirpath=out / CHECKPOINT_DIR, filename=Path(LAST_CHECKPOINT).stem, save_top_k=1, monitor=None,
         enable_version_counter=False,
     )
     on_interrupt = InterruptCheckpoint(dirpath=out / CHECKPOINT_DIR, filename=Path(INTERRUPT_CHECKPOINT).stem)
-    trainer = L.Trainer(
+    return L.Trainer(
         accelerator=accelerator, devices=devices, max_steps=t.max_steps,
         plugins=[CUDAGraphPrecision()] if engine in GRAPH_ENGINES else None,
         # never the working directory: a worker must survive its cwd being deleted under it
         default_root_dir=str(out),
         # in Lightning steps (chunks of optimizer steps); at least one validation, so every trial has a best checkpoint
         val_check_interval=min(t.eval_every, t.max_steps) // chunk, check_val_every_n_epoch=None, num_sanity_val_steps=0,
-        callbacks=[
-            history, checkpoints, resume_point, on_interrupt,
-            EarlyStopping(monitor="val/acc", mode="max", stopping_threshold=t.early_stop_acc,
-                          patience=t.plateau_steps // t.eval_every if t.plateau_steps else 10**9,
-                          min_delta=t.plateau_delta if t.plateau_steps else 0.0, check_on_train_epoch_end=False),
-            *(callbacks or []),
-        ],
+        callbacks=[*callbacks, resume_point, on_interrupt],
         logger=_logger(logger, out), enable_checkpointing=True, enable_model_summary=False,
         enable_progress_bar=progress_bar, log_every_n_steps=max(1, t.eval_every // 5 // chunk),
     )
-    resume = resume_checkpoint(out)
-    resumed_from = trainer_step_of(resume) if resume else 0
-    start = time.perf_counter()
+
+
+@contextlib.contextmanager
+def fitting(trainer: L.Trainer, history: _History, progress_files: list[Path]):
+    """Around ``fit`` and the test passes: Lightning's warnings about these small in-memory runs muted,
+    Ctrl-C raised as ``KeyboardInterrupt``, and the progress samples appended to ``progress_files``
+    at the end (an interrupted invocation keeps its samples too; the resumed one appends)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*is smaller than the logging interval.*")
@@ -425,33 +458,44 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         warnings.filterwarnings("ignore", ".*is set, but there is no last checkpoint available.*")  # a fresh trial
         try:
             with interrupt_as_keyboard_interrupt(trainer):
-                trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else "last")
-                train_time = time.perf_counter() - start
-                final = _test(trainer, module, dm)
-                best_path = checkpoints.best_model_path
-                best = _test(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
-        finally:  # an interrupted invocation keeps its samples too; the resumed one appends
-            if keep:
-                history.write_progress(out / PROGRESS_FILE)
-    extrap_accs = [best[f"{name}/acc"] for name in dm.test_set_names[1:] if f"{name}/acc" in best]
-    device_name = torch.cuda.get_device_name(devices[0]) if accelerator == "gpu" else "cpu"
-    steps_here = trainer.global_step - resumed_from
+                yield
+        finally:
+            for path in progress_files:
+                history.write_progress(path)
+
+
+def fit_resuming(trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticDataModule, out: Path) -> int:
+    """``trainer.fit`` from ``resume_checkpoint(out)`` when there is one; returns the step it resumed from (0)."""
+    resume = resume_checkpoint(out)
+    resumed_from = trainer_step_of(resume) if resume else 0
+    trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else "last")
+    return resumed_from
+
+
+def result_row(*, n_params: int, steps: int, best_step: int, resumed_from: int, module: LitSequenceModel,
+               trainer: L.Trainer, entered: float, start: float, train_time: float, history: _History,
+               best_val_acc: float, final_val_acc: float, best: dict[str, float], final: dict[str, float],
+               test_set_names: list[str]) -> dict[str, Any]:
+    """A trial's results row (``run_trial``'s keys): the trial's own numbers, the run's times and rates
+    (``perf_counter`` s at ``entered`` the run, ``start`` its fit), the test metrics of the best
+    (``test/acc``, ...) and final (``final/test/acc``, ...) weights and the Newton statistics of ``module``."""
+    extrap_accs = [best[f"{name}/acc"] for name in test_set_names[1:] if f"{name}/acc" in best]
+    root = trainer.strategy.root_device
     result: dict[str, Any] = {
-        "n_params": count_parameters(module.model),
-        "steps": trainer.global_step,
-        "best_step": _best_step(best_path, trainer.global_step),
+        "n_params": n_params,
+        "steps": steps,
+        "best_step": best_step,
         "resumed_from_step": resumed_from,
-        # seconds: data sets, model and trainer built; fit (validations included); fit and both test passes
+        # seconds: data sets, model and trainer built; fit (validations included); fit and the test passes
         "setup_time_s": round(start - entered, 3),
         "train_time_s": round(train_time, 3),
         "wall_time_s": round(time.perf_counter() - start, 3),
-        "steps_per_s": round(steps_here / max(train_time, 1e-9), 3),
+        "steps_per_s": round((trainer.global_step - resumed_from) / max(train_time, 1e-9), 3),
         "steady_steps_per_s": round(history.steady_rate(), 3),
-        # the checkpoint callback's best score survives a resume; the history holds this run's validations
-        "best_val_acc": float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else float("nan"),
-        "final_val_acc": history.val_acc[-1] if history.val_acc else float("nan"),
-        "stopped_early": trainer.global_step < t.max_steps,
-        "device": device_name,
+        "best_val_acc": best_val_acc,
+        "final_val_acc": final_val_acc,
+        "stopped_early": steps < trainer.max_steps,
+        "device": torch.cuda.get_device_name(root) if root.type == "cuda" else "cpu",
         **best,
         **{f"final/{k}": v for k, v in final.items()},
         **newton_summary(module.model),

@@ -1,7 +1,8 @@
 """Running the cells of a study: the per-trial step, the worker loop and the pool of worker processes.
 
-``run_cell`` runs one claimed trial (``experiments.train.run_trial``) in the cell's folder and records
-its outcome in the study. ``worker_loop`` claims and runs trials until every cell is done, re-queueing
+``run_cells`` runs claimed trials (one through ``experiments.train.run_trial`` in the cell's folder,
+or one cell's seeds as a stack through ``experiments.stack.run_stack``) and records their outcomes in
+the study. ``worker_loop`` claims and runs trials until every cell is done, re-queueing
 the cells of dead workers. ``run_workers`` starts N long-lived worker processes on this machine
 (``multiprocessing`` spawn), each running ``worker_loop``: worker ``i`` trains on ``cuda:{i % K}``
 with K visible GPUs (several workers per GPU: the models are tiny), else on the CPU with one thread.
@@ -115,105 +116,70 @@ class ReportValidation(Callback):
             self.trial.report(float(trainer.callback_metrics["val/acc"]), step=trainer.global_step)
 
 
-def run_cell(grid, trial, out: Path, device: str | None = None, options=None) -> str:
-    """Run a claimed trial and record its outcome; returns ``"ok"``, ``"nan"``, ``"error"`` or ``"lost"``.
+def run_cells(grid, trials: list, out: Path, device: str | None = None, options=None) -> list[str]:
+    """Run claimed trials and record each one's outcome: ``"ok"``, ``"nan"``, ``"error"`` or ``"lost"``.
 
-    ``device`` (a worker's GPU) replaces the spec's ``"auto"``/``"cuda"``; the cell stays the same.
-    Writes ``run.json`` (worker, device, library versions) beside ``run_trial``'s files in the cell's
-    folder. ``"lost"``: the trial was finished elsewhere meanwhile (declared stale while this worker
-    hung); its cell was re-queued. Ctrl-C records the trial as interrupted and re-raises.
-    ``options``: ``experiments.train.RunOptions`` (step log, step engine).
+    One trial runs through ``run_trial`` in its cell's folder; several (one cell's seeds, ``claim_stack``)
+    as one stacked model through ``experiments.stack.run_stack``, each trial's files in its own cell's
+    folder and the stack's resume checkpoint in ``stack_dir``; a failure of the stack (NaN loss, an
+    error) is the failure of each of its trials. ``device`` (a worker's GPU) replaces the spec's
+    ``"auto"``/``"cuda"``; the cell stays the same. Writes ``run.json`` (worker, device, library
+    versions) in each cell's folder. ``"lost"``: the trial was finished elsewhere meanwhile (declared
+    stale while this worker hung); its cell was re-queued. Ctrl-C records the trials as interrupted and
+    re-raises. ``options``: ``experiments.train.RunOptions`` (step log, step engine).
     """
-    from experiments.lit import NonFiniteLossError
-    from experiments.results import atomic_write_text, versions
-    from experiments.study import worker_identity
-    from experiments.train import CHECKPOINT_DIR, LAST_CHECKPOINT, RunOptions, TrialSpec, run_trial
-
-    spec = TrialSpec.from_dict(trial.user_attrs["spec"])
-    tdir = cell_dir(out, trial.params.get("entry", spec.task), spec)  # of the cell's spec, before the device is set
-    if device and spec.device in ("auto", "cuda"):
-        spec.device = device
-    tdir.mkdir(parents=True, exist_ok=True)
-    run_info = {"trial": trial.number, "cell": trial.user_attrs["cell"], "device": spec.device,
-                "worker": worker_identity(), "versions": versions()}
-    atomic_write_text(tdir / "run.json", json.dumps(run_info, indent=1))
-    claimed = time.perf_counter()
-    try:
-        result = run_trial(spec, tdir, callbacks=[ReportValidation(trial)], options=options or RunOptions())
-    except NonFiniteLossError as err:
-        (tdir / CHECKPOINT_DIR / LAST_CHECKPOINT).unlink(missing_ok=True)  # a final failure: --retry-failed starts afresh
-        return "nan" if grid.finish(trial, None, failure="nan", error=str(err)) else "lost"
-    except KeyboardInterrupt:
-        with signals_deferred():  # a second Ctrl-C / SIGTERM must not cut the recording short
-            grid.finish(trial, None, failure="interrupted", error="stopped by Ctrl-C / SIGTERM; re-run to resume")
-        raise
-    except Exception as err:  # a kernel error etc.: the trial fails, the sweep goes on
-        (tdir / "error.txt").write_text(traceback.format_exc())
-        (tdir / CHECKPOINT_DIR / LAST_CHECKPOINT).unlink(missing_ok=True)
-        ok = grid.finish(trial, None, failure="error", error=f"{type(err).__name__}: {err}")
-        return "error" if ok else "lost"
-    # the versions this trial ran with (the table shows them) and where its checkpoints are
-    result = {**result, **run_info["versions"], "trial_dir": str(tdir.relative_to(out))}
-    ran = time.perf_counter()
-    outcome = "ok" if grid.finish(trial, result) else "lost"
-    log.info("trial %d: %.1f s in all: setup %.1f, train %.1f, test %.1f, run_trial's own %.1f, recording %.1f",
-             trial.number, time.perf_counter() - claimed, result["setup_time_s"], result["train_time_s"],
-             result["wall_time_s"] - result["train_time_s"],
-             ran - claimed - result["setup_time_s"] - result["wall_time_s"], time.perf_counter() - ran)
-    return outcome
-
-
-def run_stacked_cells(grid, trials: list, out: Path, device: str | None = None, options=None) -> list[str]:
-    """Run claimed trials of one cell's seeds as one stack (``experiments.stack.run_stack``) and record
-    each one's outcome, as ``run_cell`` does for one; returns the outcomes in order. A failure of the
-    stack (NaN loss, an error) is the failure of each of its trials; Ctrl-C records all as interrupted."""
     from experiments.lit import NonFiniteLossError
     from experiments.results import atomic_write_text, versions
     from experiments.stack import run_stack
     from experiments.study import worker_identity
-    from experiments.train import RunOptions, TrialSpec
+    from experiments.train import CHECKPOINT_DIR, LAST_CHECKPOINT, RunOptions, TrialSpec, run_trial
 
+    options = options or RunOptions()
     specs = [TrialSpec.from_dict(t.user_attrs["spec"]) for t in trials]
     entry = trials[0].params.get("entry", specs[0].task)
-    dirs = [cell_dir(out, entry, spec) for spec in specs]
-    sdir = stack_dir(out, entry, specs)
-    for spec in specs:
+    dirs = [cell_dir(out, entry, spec) for spec in specs]  # of the cells' specs, before the device is set
+    run_dir = dirs[0] if len(trials) == 1 else stack_dir(out, entry, specs)  # where training resumes from
+    infos = []
+    for trial, spec, tdir in zip(trials, specs, dirs):
         if device and spec.device in ("auto", "cuda"):
             spec.device = device
-    run_infos = []
-    for trial, spec, tdir in zip(trials, specs, dirs):
         tdir.mkdir(parents=True, exist_ok=True)
-        run_infos.append({"trial": trial.number, "cell": trial.user_attrs["cell"], "device": spec.device,
-                          "worker": worker_identity(), "versions": versions(), "stack": str(sdir.relative_to(out))})
-        atomic_write_text(tdir / "run.json", json.dumps(run_infos[-1], indent=1))
+        infos.append({"trial": trial.number, "cell": trial.user_attrs["cell"], "device": spec.device,
+                      "worker": worker_identity(), "versions": versions(),
+                      **({"stack": str(run_dir.relative_to(out))} if len(trials) > 1 else {})})
+        atomic_write_text(tdir / "run.json", json.dumps(infos[-1], indent=1))
 
     def fail_all(failure: str, error: str) -> list[str]:
         return [failure if grid.finish(t, None, failure=failure, error=error) else "lost" for t in trials]
 
     claimed = time.perf_counter()
-    def report(s: int, acc: float, step: int) -> None:
-        trials[s].report(acc, step=step)
-
     try:
-        results = run_stack(specs, dirs, sdir, options=options or RunOptions(), report=report)
+        if len(trials) == 1:
+            results = [run_trial(specs[0], dirs[0], callbacks=[ReportValidation(trials[0])], options=options)]
+        else:
+            results = run_stack(specs, dirs, run_dir, options=options,
+                                report=lambda s, acc, step: trials[s].report(acc, step=step))
     except NonFiniteLossError as err:
-        (sdir / "checkpoints" / "last.ckpt").unlink(missing_ok=True)
+        (run_dir / CHECKPOINT_DIR / LAST_CHECKPOINT).unlink(missing_ok=True)  # a final failure: --retry-failed starts afresh
         return fail_all("nan", str(err))
     except KeyboardInterrupt:
-        with signals_deferred():
+        with signals_deferred():  # a second Ctrl-C / SIGTERM must not cut the recording short
             fail_all("interrupted", "stopped by Ctrl-C / SIGTERM; re-run to resume")
         raise
-    except Exception as err:
-        (sdir / "error.txt").parent.mkdir(parents=True, exist_ok=True)
-        (sdir / "error.txt").write_text(traceback.format_exc())
-        (sdir / "checkpoints" / "last.ckpt").unlink(missing_ok=True)
+    except Exception as err:  # a kernel error etc.: the trials fail, the sweep goes on
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+        (run_dir / CHECKPOINT_DIR / LAST_CHECKPOINT).unlink(missing_ok=True)
         return fail_all("error", f"{type(err).__name__}: {err}")
-    outcomes = []
-    for trial, result, info, tdir in zip(trials, results, run_infos, dirs):
-        result = {**result, **info["versions"], "trial_dir": str(tdir.relative_to(out))}
-        outcomes.append("ok" if grid.finish(trial, result) else "lost")
-    log.info("stack of trials %s: %.1f s in all: setup %.1f, train %.1f", [t.number for t in trials],
-             time.perf_counter() - claimed, results[0]["setup_time_s"], results[0]["train_time_s"])
+    ran = time.perf_counter()
+    # the versions each trial ran with (the table shows them) and where its checkpoints are
+    outcomes = ["ok" if grid.finish(trial, {**result, **info["versions"], "trial_dir": str(tdir.relative_to(out))})
+                else "lost" for trial, result, info, tdir in zip(trials, results, infos, dirs)]
+    first = results[0]
+    log.info("trial(s) %s: %.1f s in all: setup %.1f, train %.1f, test %.1f, own %.1f, recording %.1f",
+             ",".join(str(t.number) for t in trials), time.perf_counter() - claimed, first["setup_time_s"],
+             first["train_time_s"], first["wall_time_s"] - first["train_time_s"],
+             ran - claimed - first["setup_time_s"] - first["wall_time_s"], time.perf_counter() - ran)
     return outcomes
 
 
@@ -270,7 +236,7 @@ def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, p
     """Claim and run trials of ``cells`` (``(entry, spec)`` pairs) until every cell is done; returns outcome counts.
 
     With ``options.stack`` > 1 it claims up to that many trials of one cell's seeds at a time and trains
-    them as one stacked model (``run_stacked_cells``). While other workers still run trials, waits
+    them as one stacked model (``run_cells``). While other workers still run trials, waits
     (``poll_s``) and re-queues the cells of dead workers. ``on_claim(spec_dict)``/``on_trial(spec_dict, outcome)`` are called around each trial.
     """
     from experiments._heartbeat import Heartbeat
@@ -287,10 +253,7 @@ def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, p
                 specs = [t.user_attrs["spec"] for t in stack]
                 for spec in specs if on_claim else ():
                     on_claim(spec)
-                if len(stack) > 1:
-                    outcomes = run_stacked_cells(grid, stack, out, device=device, options=options)
-                else:
-                    outcomes = [run_cell(grid, trial, out, device=device, options=options)]
+                outcomes = run_cells(grid, stack, out, device=device, options=options)
                 hb.set_trial(None)
                 for spec, outcome in zip(specs, outcomes):
                     counts[outcome] = counts.get(outcome, 0) + 1

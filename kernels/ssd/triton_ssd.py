@@ -27,9 +27,9 @@ Tiles: ``SsdTiles`` (defaults ``attn_config`` / ``state_config``), passed as ``s
 tiles=)``. Each kernel launch is a custom op (``expressivity::ssd_chunk_state``, ``ssd_chunk_attn``,
 and the per-chunk ``C . B`` products ``ssd_chunk_dots``); the padding, decays and sums around them
 are plain torch code in one ``autograd.Function``, so ``torch.compile`` traces and fuses them with
-the rest of the model. Eager calls run the launches directly. Under ``torch.func.vmap`` each launch
-folds the vmapped models into its heads (one launch for every model of the vmap), also when
-``torch.compile`` traces the vmap.
+the rest of the model. Eager calls run the launches directly. Under ``torch.func.vmap`` (eagerly:
+Dynamo cannot vmap the ``autograd.Function``) each launch folds the vmapped models into its heads
+(one launch for every model of the vmap).
 """
 
 from __future__ import annotations
@@ -398,8 +398,8 @@ def _output_grads(x, prev, dy, dprev):
 
 class _Ssd(torch.autograd.Function):
     """The SSD's autograd: ``_forward`` and ``_backward`` (traced by ``torch.compile``, their launches
-    through the custom ops). Under ``torch.func.vmap`` (several models' SSDs at once, e.g. stacked
-    trials) the glue runs batched and each launch's vmap rule makes the models more heads."""
+    through the custom ops). Under ``torch.func.vmap`` (several models' SSDs at once) the glue runs
+    batched and each launch's vmap rule makes the models more heads."""
 
     generate_vmap_rule = True
 

@@ -200,10 +200,10 @@ class CellMixer(nn.Module):
         from mixers.stacking import stack_trials
 
         first = mixers[0]
-        config = ("cells", "d_model", "num_heads", "d_state", "mode", "iters", "tol", "damping", "check",
-                  "divergence_tol", "on_divergence", "retry_iters", "jacobian_check_every", "structure", "closed_form")
+        config = ("d_model", "num_heads", "d_state", "mode", "iters", "tol", "damping", "check", "divergence_tol",
+                  "on_divergence", "retry_iters", "jacobian_check_every", "structure", "closed_form")
         for m in mixers[1:]:
-            if any(getattr(m, k) != getattr(first, k) for k in config[1:]) or type(m.cells[0]) is not type(first.cells[0]):
+            if any(getattr(m, k) != getattr(first, k) for k in config) or type(m.cells[0]) is not type(first.cells[0]):
                 raise ValueError("stacking: the trials' cell mixers have different configurations")
         S = len(mixers)
         stacked = copy.copy(first)
