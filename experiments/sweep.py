@@ -77,6 +77,9 @@ def parser() -> Parser:
     p.add_argument("--max-steps", type=positive_int, help="training step budget per trial")
     p.add_argument("--task-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="override a task option (repeatable), e.g. --task-option seq_len=64")
+    p.add_argument("--train-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="override a training option (repeatable; a field of experiments.train.TrainConfig), "
+                        "e.g. --train-option train_size=100000")
     p.add_argument("--out", type=Path, help="output folder (default: runs/<task>-<preset>)")
     add_run_arguments(p)
     return p
@@ -88,8 +91,10 @@ def run(args) -> None:
 
     if args.task not in TASKS and args.task not in preset_entries(args.preset):
         raise ValueError(f"unknown task {args.task!r}; known tasks: {', '.join(sorted(TASKS))}")
-    train_over = {"max_steps": args.max_steps} if args.max_steps else None
-    overrides = {"mixers": args.mixers, "seeds": args.seeds, "lrs": args.lrs, "train": train_over,
+    train_over = dict(args.train_option)
+    if args.max_steps:
+        train_over["max_steps"] = args.max_steps
+    overrides = {"mixers": args.mixers, "seeds": args.seeds, "lrs": args.lrs, "train": train_over or None,
                  "task_options": dict(args.task_option) or None}
     plan = resolve_sweep(args.task, args.preset, overrides)
     out = args.out or Path("runs") / f"{args.task}-{args.preset}"

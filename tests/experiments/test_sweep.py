@@ -1,5 +1,6 @@
 """The sweep: results files, resume without re-running, interrupted trials, NaN trials, what Optuna sees, CLI errors."""
 
+import json
 import os
 import signal
 import socket
@@ -191,6 +192,9 @@ def test_ctrl_c_three_times_then_the_sweep_finishes(tmp_path, workers):
     (["parity", "--preset", "smoke", "--mixers", "gru,nosuch"], "unknown mixer 'nosuch'"),
     (["parity", "--preset", "smoke", "--mixers", "torch:Tensor"], "mixer 'torch:Tensor'"),
     (["parity", "--preset", "smoke", "--task-option", "seq_len=0"], "seq_len must be >= 1"),
+    (["parity", "--preset", "smoke", "--train-option", "nosuch=1"], "unknown train option(s) nosuch"),
+    (["parity", "--preset", "smoke", "--train-option", "train_size=0"], "train_size must be a positive integer"),
+    (["parity", "--preset", "smoke", "--train-option", "train_size"], "expected KEY=VALUE"),
     (["parity", "--preset", "smoke", "--max-steps", "-5"], "--max-steps: must be a positive integer, got '-5'"),
     (["parity", "--preset", "smoke", "--max-steps", "0"], "--max-steps: must be a positive integer, got '0'"),
     (["parity", "--preset", "smoke", "--lrs", "-1e-3"], "--lrs: must be numbers > 0, got '-1e-3'"),
@@ -254,6 +258,18 @@ def test_cli_help_explains_everything(capsys):
     for word in ("--mixers", "--seeds", "--lrs", "--preset", "--out", "--storage", "--logger", "resumes",
                  "module.path:CellClass", "--preset smoke"):
         assert word in text
+
+
+def test_cli_train_options_reach_every_trial(tmp_path):
+    """--train-option overrides the preset's training configuration; --max-steps wins over a max_steps option."""
+    main(["parity", "--preset", "smoke", "--mixers", "gru", "--seeds", "0,1", "--task-option", "seq_len=8",
+          "--train-option", "train_size=48", "--train-option", "batch_size=8", "--train-option", "max_steps=7",
+          "--max-steps", "12", "--out", str(tmp_path), "--no-progress"])
+    specs = [json.loads((f / "spec.json").read_text()) for f in sorted((tmp_path / "trials").iterdir())]
+    assert len(specs) == 2
+    assert all(s["train"]["train_size"] == 48 and s["train"]["batch_size"] == 8 for s in specs)
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert df["steps"].tolist() == [12, 12] and df["max_steps"].tolist() == [12, 12]
 
 
 def test_progress_without_a_terminal_is_a_line_per_finished_cell(tmp_path, caplog):
