@@ -13,7 +13,10 @@ A preset file::
       parity: {...}           # extrapolation; a task absent here is not part of the preset
 
 A ``tasks:`` entry may name its task with ``task:`` (``khop2: {task: khop, task_options: {k: 2}}``),
-so one preset can sweep a task in several configurations. Top-level ``paper:`` and ``budget:``
+so one preset can sweep a task in several configurations. ``priority: high`` marks a sweep whose trials
+are expected to run longest: with ``--workers N --mps`` a quarter of the workers run at the MPS
+server's normal client priority and take these trials first, the rest at below-normal priority
+(``experiments.workers.priority_classes``). It changes when trials run, never what they compute. Top-level ``paper:`` and ``budget:``
 hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``).
 
 ``extends: OTHER`` starts from preset ``OTHER`` and merges this file over it (dictionaries key by key,
@@ -47,7 +50,8 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 SWEEP_KEYS = {"mixers", "seeds", "lrs", "train", "mixer_options", "task_options", "block", "positional",
-              "extrapolation", "description", "task"}
+              "extrapolation", "description", "task", "priority"}
+PRIORITIES = ("normal", "high")
 #: top-level keys of a preset file (``paper``: the paper's numbers, read by ``experiments.reproduce``)
 PRESET_KEYS = {"description", "defaults", "tasks", "paper", "budget", "extends", "only"}
 
@@ -71,6 +75,8 @@ class SweepPlan:
     #: the preset's name for this sweep (a key of ``tasks:``; differs from ``task`` when a preset
     #: sweeps one task twice, e.g. ``khop2: {task: khop, task_options: {k: 2}}``)
     entry: str = ""
+    #: ``high``: its trials go first to the workers with the higher MPS client priority (scheduling only)
+    priority: str = "normal"
 
 
 def available_presets() -> list[str]:
@@ -128,6 +134,9 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
     unknown = set(merged.get("train", {})) - train_fields
     if unknown:
         raise ValueError(f"preset {preset!r}: unknown train option(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(train_fields))}")
+    priority = str(merged.get("priority", "normal"))
+    if priority not in PRIORITIES:
+        raise ValueError(f"preset {preset!r}: task {task!r}: priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
     for key in ("mixers", "seeds", "lrs"):
         if not merged.get(key):
             raise ValueError(f"preset {preset!r}: task {task!r} needs a non-empty '{key}' list")
@@ -143,6 +152,7 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         positional=merged.get("positional", "none"),
         extrapolation=merged.get("extrapolation"),
         description=data.get("description", ""),
+        priority=priority,
     )
 
 

@@ -88,12 +88,14 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
 
 
 def _run(grid, cells: list, keys: list[str], out: Path, workers: int, device: str, storage_url: str | None,
-         options, on_progress, bar: Progress) -> None:
-    """Run the cells: in ``workers`` processes, or in this one."""
+         options, on_progress, bar: Progress, priority: set[str] = frozenset()) -> None:
+    """Run the cells: in ``workers`` processes, or in this one. ``priority``: the cells of ``priority: high``
+    sweeps (worker processes only)."""
     from experiments.workers import run_workers, worker_loop
 
     if workers:
-        run_workers(grid, cells, out, storage_url, workers, device, on_progress=on_progress, options=options)
+        run_workers(grid, cells, out, storage_url, workers, device, on_progress=on_progress, options=options,
+                    priority=priority)
         return
     on_progress(grid.progress(keys))
 
@@ -131,6 +133,7 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
     out.mkdir(parents=True, exist_ok=True)
     grid = GridStudy.open(storage_url, out, study_name, stale_timeout)
     keys = list(dict.fromkeys(cell_id(s) for _, s in cells))
+    priority = {cell_id(s) for p in plans if p.priority == "high" for _, s in cells_by_entry[p.entry or p.task]}
     meta = versions()
 
     target = results_dir or out
@@ -159,7 +162,7 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
                     write_all()
 
             try:
-                _run(grid, cells, keys, out, workers, device, storage_url, options, on_progress, bar)
+                _run(grid, cells, keys, out, workers, device, storage_url, options, on_progress, bar, priority)
             except KeyboardInterrupt:
                 write_all()  # the interrupted cells show as missing
                 raise

@@ -6,7 +6,8 @@ the study. ``worker_loop`` claims and runs trials until every cell is done, re-q
 the cells of dead workers. ``run_workers`` starts N long-lived worker processes on this machine
 (``multiprocessing`` spawn), each running ``worker_loop``: worker ``i`` trains on ``cuda:{i % K}``
 with K visible GPUs (several workers per GPU: the models are tiny), else on the CPU with one thread.
-The parent reports progress by polling the storage, replaces a worker that died (e.g. a CUDA error
+Under ``--mps``, the cells of ``priority: high`` sweeps go first to a quarter of the workers, which run at
+the MPS server's normal client priority while the others run below it (``priority_classes``). The parent reports progress by polling the storage, replaces a worker that died (e.g. a CUDA error
 that poisoned its context) while cells remain, and on Ctrl-C stops the workers, whose trials are
 recorded as interrupted and re-run by the next invocation. Worker logs: ``<out>/workers/worker-<i>.log``.
 
@@ -39,6 +40,10 @@ EXIT_RESTART = 75
 EXIT_INTERRUPTED = 130
 
 Cell = tuple  # (entry: str, spec: TrialSpec)
+
+#: read by the CUDA driver when a process creates its context under MPS: 0 normal, 1 below normal
+MPS_PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"
+MPS_NORMAL, MPS_BELOW_NORMAL = 0, 1
 
 
 def worker_devices(n: int, device: str = "auto") -> list[str]:
@@ -83,6 +88,26 @@ def worker_threads(n_workers: int, cores: int | None = None) -> int:
     27.5 s of setup per trial against 0.3 s with one thread each.
     """
     return max(1, (host_cores() if cores is None else cores) // max(1, n_workers))
+
+
+def priority_classes(n_workers: int, n_priority_cells: int, mps: bool) -> list[int | None]:
+    """The MPS client priority of each of ``n_workers`` workers (``None``: leave it as it is).
+
+    With MPS and some high-priority cells, a quarter of the workers (at least one, at most one per such
+    cell) run at ``MPS_NORMAL`` and take those cells first; the others run at ``MPS_BELOW_NORMAL``, so the
+    server schedules the first group's kernels ahead of theirs. Measured on an H200 with 16 compiled
+    workers under MPS: 3 k-hop Transformer trials at normal priority among 13 below it trained at
+    1,320 steps/s each, against 1,050 when all 16 share one priority (total unchanged).
+    """
+    if not mps or n_priority_cells == 0:
+        return [None] * n_workers
+    high = min(n_priority_cells, max(1, n_workers // 4))
+    return [MPS_NORMAL] * high + [MPS_BELOW_NORMAL] * (n_workers - high)
+
+
+def mps_running() -> bool:
+    """Whether processes started from here connect to a private MPS daemon (``experiments.mps.cuda_mps``)."""
+    return bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
 
 def cell_dir(out: Path, entry: str, spec) -> Path:
@@ -232,8 +257,10 @@ def _cuda_broken(device: str) -> bool:
 
 def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, poll_s: float = 2.0,
                 on_trial: Callable[[dict, str], None] | None = None, on_claim: Callable[[dict], None] | None = None,
-                options=None) -> dict[str, int]:
+                options=None, prefer: set[str] | None = None) -> dict[str, int]:
     """Claim and run trials of ``cells`` (``(entry, spec)`` pairs) until every cell is done; returns outcome counts.
+
+    ``prefer``: cell ids to claim first while any of them waits (then any cell).
 
     With ``options.stack`` > 1 it claims up to that many trials of one cell's seeds at a time and trains
     them as one stacked model (``run_cells``). While other workers still run trials, waits
@@ -246,7 +273,7 @@ def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, p
     counts = {"ok": 0, "nan": 0, "error": 0, "lost": 0}
     with Heartbeat(grid, worker_id(), interval=min(HEARTBEAT_INTERVAL, grid.stale_timeout / 4)) as hb:
         while True:
-            trial = grid.claim(keys)
+            trial = (grid.claim(prefer & keys) if prefer else None) or grid.claim(keys)
             if trial is not None:
                 stack = claim_stack(grid, trial, cells, options.stack) if options is not None and options.stack > 1 else [trial]
                 hb.set_trial([t.number for t in stack])
@@ -273,9 +300,13 @@ def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, p
 
 
 def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str, storage_url: str | None, out: str,
-                 device: str, stale_timeout: float, options: dict, threads: int = 1) -> None:
+                 device: str, stale_timeout: float, options: dict, threads: int = 1, mps_priority: int | None = None,
+                 prefer: list[str] | None = None) -> None:
     """Entry point of a worker process (spawned): logs to ``<out>/workers/worker-<index>.log``; uses
-    ``threads`` torch CPU threads (a CPU trial then uses its spec's ``cpu_threads``)."""
+    ``threads`` torch CPU threads (a CPU trial then uses its spec's ``cpu_threads``); sets its MPS client
+    priority (before its CUDA context exists) and claims the ``prefer`` cells first."""
+    if mps_priority is not None:
+        os.environ[MPS_PRIORITY_ENV] = str(mps_priority)
     import torch
 
     torch.set_num_threads(threads)
@@ -298,9 +329,11 @@ def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str
     quiet_lightning()
     cells = [(entry, TrialSpec.from_dict(d)) for entry, d in cell_dicts]
     grid = GridStudy.open(storage_url, out_dir, study_name, stale_timeout)
-    log.info("worker %d on %s: %d cells, %d CPU threads", index, device, len(cells), torch.get_num_threads())
+    log.info("worker %d on %s: %d cells, %d CPU threads%s", index, device, len(cells), torch.get_num_threads(),
+             "" if mps_priority is None else f", MPS client priority {mps_priority}, {len(prefer or ())} cells first")
     try:
         counts = worker_loop(grid, cells, out_dir, device=device, options=RunOptions(**options),
+                             prefer=set(prefer) if prefer else None,
                              on_trial=lambda s, o: log.info("%s seed=%s lr=%g: %s", s["mixer"], s["seed"], s["lr"], o))
     except KeyboardInterrupt:
         log.info("interrupted")
@@ -310,7 +343,8 @@ def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str
 
 
 def start_worker(index: int, cells: list[Cell], study_name: str, storage_url: str | None, out: Path, device: str,
-                 stale_timeout: float, options=None, threads: int = 1) -> mp.Process:
+                 stale_timeout: float, options=None, threads: int = 1, mps_priority: int | None = None,
+                 prefer: set[str] | None = None) -> mp.Process:
     """Spawn one worker process (``multiprocessing`` spawn context) with ``threads`` CPU threads and return it."""
     import dataclasses
 
@@ -319,15 +353,18 @@ def start_worker(index: int, cells: list[Cell], study_name: str, storage_url: st
     ctx = mp.get_context("spawn")
     proc = ctx.Process(target=_worker_main, name=f"sweep-worker-{index}",
                        args=(index, [(e, s.to_dict()) for e, s in cells], study_name, storage_url, str(out), device,
-                             stale_timeout, dataclasses.asdict(options or RunOptions()), threads))
+                             stale_timeout, dataclasses.asdict(options or RunOptions()), threads, mps_priority,
+                             sorted(prefer) if prefer else None))
     proc.start()
     return proc
 
 
 def run_workers(grid, cells: list[Cell], out: Path, storage_url: str | None, n_workers: int, device: str = "auto",
                 on_progress: Callable[[dict[str, int]], None] | None = None, max_restarts: int | None = None,
-                options=None) -> dict[str, int]:
+                options=None, priority: set[str] = frozenset()) -> dict[str, int]:
     """Run ``cells`` (already enqueued in ``grid``) on ``n_workers`` processes; wait for them.
+
+    ``priority``: ids of cells to run on the higher-priority workers under MPS (``priority_classes``).
 
     ``on_progress(counts)`` is called every second with the cells' ``grid.progress`` counts. Returns
     the final counts. On Ctrl-C the workers are stopped (their trials are recorded as interrupted)
@@ -342,14 +379,22 @@ def run_workers(grid, cells: list[Cell], out: Path, storage_url: str | None, n_w
     restarts_left = n_workers if max_restarts is None else max_restarts
 
     threads = worker_threads(n_workers)
+    priority = set(priority) & set(keys)
+    on_gpu = all(d.startswith("cuda") for d in devices)
+    classes = priority_classes(n_workers, len(priority), mps_running() and on_gpu)
+    others = set(keys) - priority
 
     def start(i: int) -> mp.Process:
-        return start_worker(i, cells, grid.name, storage_url, out, devices[i], grid.stale_timeout, options, threads)
+        prefer = None if classes[i] is None else (priority if classes[i] == MPS_NORMAL else others)
+        return start_worker(i, cells, grid.name, storage_url, out, devices[i], grid.stale_timeout, options, threads,
+                            classes[i], prefer)
 
     procs = {i: start(i) for i in range(n_workers)}
-    log.info("%d workers on %s, %d CPU threads each (host: %d logical CPUs, %s physical cores; logs: %s)",
+    log.info("%d workers on %s, %d CPU threads each (host: %d logical CPUs, %s physical cores; logs: %s)%s",
              n_workers, ", ".join(sorted(set(devices))), threads, host_cores(),
-             physical_cores() or "?", out / "workers")
+             physical_cores() or "?", out / "workers",
+             f"; {classes.count(MPS_NORMAL)} at MPS normal priority take the {len(priority)} high-priority cells first"
+             if MPS_NORMAL in classes else "")
     try:
         while True:
             counts = grid.progress(keys)

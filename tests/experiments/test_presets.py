@@ -40,3 +40,18 @@ def test_extends_errors_are_one_line(preset_dir):
     (preset_dir / "bad.yaml").write_text("extends: base\nonly: [parity, khop]\n")
     with pytest.raises(ValueError, match="'only' names sweep\\(s\\) it does not have: khop"):
         load_preset("bad")
+
+
+def test_priority_is_scheduling_only(preset_dir):
+    """``priority: high`` reaches the plan, is checked, and leaves the cells (their ids) unchanged."""
+    (preset_dir / "urgent.yaml").write_text("extends: base\ntasks: {mqar: {priority: high}}\n")
+    assert resolve_sweep("mqar", "urgent").priority == "high"
+    assert resolve_sweep("parity", "urgent").priority == "normal"
+    assert build_specs(resolve_sweep("mqar", "urgent")) == build_specs(resolve_sweep("mqar", "base"))
+    (preset_dir / "typo.yaml").write_text("extends: base\ntasks: {mqar: {priority: urgent}}\n")
+    with pytest.raises(ValueError, match="priority must be one of normal, high, got 'urgent'"):
+        resolve_sweep("mqar", "typo")
+
+
+def test_table6_full_gives_khop_priority():
+    assert [resolve_sweep(e, "pararnn-table6-full").priority for e in ("khop", "khop2", "mqar")] == ["high", "normal", "normal"]

@@ -17,7 +17,8 @@ from experiments.lit import LitSequenceModel
 from experiments.presets import build_specs, resolve_sweep
 from experiments.study import HEARTBEAT_DIR, GridStudy, cell_id, grid_distributions, cell_params, is_stale
 from experiments.sweep import run_sweep
-from experiments.workers import host_cores, physical_cores, start_worker, worker_devices, worker_loop, worker_threads
+from experiments.workers import (MPS_BELOW_NORMAL, MPS_NORMAL, host_cores, physical_cores, priority_classes, start_worker,
+                                 worker_devices, worker_loop, worker_threads)
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"max_steps": 20, "batch_size": 16, "train_size": 64, "val_size": 32, "test_size": 32, "eval_every": 10}
@@ -206,6 +207,39 @@ def test_stale_by_heartbeat_across_hosts(tmp_path):
     assert not (beats / "elsewhere-1-ab").exists()  # the dead worker's heartbeat file is cleaned up
 
 
+def test_priority_classes_give_a_quarter_of_the_workers_normal_priority():
+    assert priority_classes(16, 12, mps=True) == [MPS_NORMAL] * 4 + [MPS_BELOW_NORMAL] * 12
+    assert priority_classes(16, 2, mps=True) == [MPS_NORMAL] * 2 + [MPS_BELOW_NORMAL] * 14  # one per priority cell
+    assert priority_classes(3, 5, mps=True) == [MPS_NORMAL] + [MPS_BELOW_NORMAL] * 2
+    assert priority_classes(4, 0, mps=True) == [None] * 4  # no priority cells: nothing changes
+    assert priority_classes(4, 3, mps=False) == [None] * 4  # without MPS the priority means nothing
+
+
+def test_worker_claims_its_preferred_cells_first_then_the_rest(tmp_path):
+    specs = build_specs(tiny_plan(["gru", "elman"], seeds=(0, 1)))  # queue order: gru 0, gru 1, elman 0, elman 1
+    grid = open_grid(tmp_path)
+    grid.sync(cells_of(specs))
+    order = []
+    worker_loop(grid, cells_of(specs), tmp_path, device="cpu", poll_s=0.1,
+                prefer={cell_id(s) for s in specs if s.mixer == "elman"},
+                on_claim=lambda s: order.append((s["mixer"], s["seed"])))
+    assert order == [("elman", 0), ("elman", 1), ("gru", 0), ("gru", 1)]
+    completed_once(grid, specs)
+
+
+def test_worker_process_takes_its_mps_priority_and_preferred_cells(tmp_path):
+    specs = build_specs(tiny_plan(["gru", "elman"]))
+    grid = open_grid(tmp_path)
+    grid.sync(cells_of(specs))
+    proc = start_worker(0, cells_of(specs), "parity-smoke", None, tmp_path, "cpu", stale_timeout=60,
+                        mps_priority=MPS_BELOW_NORMAL, prefer={cell_id(specs[1])})
+    proc.join(120)
+    assert proc.exitcode == 0
+    log_text = (tmp_path / "workers" / "worker-0.log").read_text()
+    assert "MPS client priority 1, 1 cells first" in log_text
+    assert log_text.index("elman seed=0") < log_text.index("gru seed=0")
+
+
 def test_worker_devices(monkeypatch):
     assert worker_devices(3, "cpu") == ["cpu"] * 3
     assert worker_devices(2, "cuda:1") == ["cuda:1"] * 2
@@ -263,3 +297,18 @@ def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path):
     assert len(df) == 3 and set(df["status"]) == {"ok"} and set(df["steps"]) == {60}
     assert sorted(df["resumed_from_step"]) == [0, 0, 10]
     assert len([t for t in open_grid(here).trials(states=(TrialState.COMPLETE,))]) == 3
+
+
+def test_run_plans_hands_the_cells_of_priority_sweeps_to_the_workers(tmp_path, monkeypatch):
+    import dataclasses
+
+    import experiments.workers as workers
+    from experiments.runner import run_plans
+
+    seen = {}
+    monkeypatch.setattr(workers, "run_workers", lambda grid, cells, *args, priority=frozenset(), **kwargs:
+                        seen.update(cells=cells, priority=priority))
+    urgent = dataclasses.replace(tiny_plan(["gru"], seeds=(0, 1)), priority="high")
+    other = dataclasses.replace(tiny_plan(["elman"]), entry="other")
+    run_plans([urgent, other], tmp_path, "prio", workers=2, progress=False)
+    assert seen["priority"] == {cell_id(s) for s in build_specs(urgent)} and len(seen["cells"]) == 3
