@@ -26,6 +26,8 @@ log = logging.getLogger("experiments.results")
 
 #: metrics shown in table.md, in this order, when present
 TABLE_METRICS = ("test/acc", "test/last_acc", "test/exact", "extrap/mean_acc")
+#: accuracy on a subset of the training sequences (``tasks.datamodule.TRAIN_SUBSET``), shown last
+TRAIN_SUBSET_METRIC = "trainset/acc"
 #: a mixer that falls back to the sequential loop in more forwards than this gets a console warning
 FALLBACK_WARNING = 0.05
 
@@ -173,6 +175,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     metric_cols = [c for c in TABLE_METRICS if c in best.columns]
     metric_cols += sorted((c for c in best.columns if c.startswith("len") and c.endswith("/acc")),
                           key=lambda c: int(c[3:].split("/")[0]))
+    metric_cols += [c for c in (TRAIN_SUBSET_METRIC,) if c in best.columns]
     rows = []
     for (entry, mixer), group in df.groupby([group_key, "mixer"], sort=False):
         sel = best[(best[group_key] == entry) & (best["mixer"] == mixer)] if len(best) else best
@@ -238,7 +241,9 @@ def table_markdown(df: pd.DataFrame) -> str:
         return "_no trials yet_\n"
     text = table.to_markdown(index=False, disable_numparse=True)
     notes = ["Accuracy in % on the test set at the checkpoint with the best validation accuracy "
-             "(`last_acc`: at each sequence's last scored position; `len<L>`: extrapolation lengths). "
+             "(`last_acc`: at each sequence's last scored position; `len<L>`: extrapolation lengths; "
+             "`trainset acc`: on the first training sequences, as many as the validation set has; a gap to `test acc` "
+             "shows memorization). "
              "Per (mixer, seed) the learning rate with the best validation accuracy; then the best over seeds "
              "(mean ± std in brackets). `failed`: trials that failed (NaN loss, errors)."]
     if "missing" in table:

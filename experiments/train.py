@@ -479,7 +479,7 @@ def result_row(*, n_params: int, steps: int, best_step: int, resumed_from: int, 
     """A trial's results row (``run_trial``'s keys): the trial's own numbers, the run's times and rates
     (``perf_counter`` s at ``entered`` the run, ``start`` its fit), the test metrics of the best
     (``test/acc``, ...) and final (``final/test/acc``, ...) weights and the Newton statistics of ``module``."""
-    extrap_accs = [best[f"{name}/acc"] for name in test_set_names[1:] if f"{name}/acc" in best]
+    extrap_accs = [best[f"{name}/acc"] for name in test_set_names if name.startswith("len") and f"{name}/acc" in best]
     root = trainer.strategy.root_device
     result: dict[str, Any] = {
         "n_params": n_params,

@@ -19,6 +19,8 @@ from tasks.base import Task, TaskData, get_task, make_generator
 from tasks.extrapolation import ExtrapolationConfig, generate_variable_length
 
 SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
+#: the test-pass name of the scored subset of the training sequences
+TRAIN_SUBSET = "trainset"
 #: the seed stream of the training order (apart from the split streams)
 SHUFFLE_STREAM = 99
 
@@ -137,6 +139,10 @@ class SyntheticDataModule(L.LightningDataModule):
         train_chunk: batches per item of the training stream (``TrainingStream``).
         extrapolation: if given, train/val/test use lengths in ``[min_len, max_len]`` (padded) and
             one extra test set per ``eval_lengths`` entry is built (named ``len<L>``).
+
+    The test pass also scores ``trainset``: the first ``min(val_size, train_size)`` training sequences,
+    so a results row holds the accuracy on data the model was fit to next to the test accuracy (the
+    gap shows memorization).
         device: where the sets live (the training device, e.g. ``"cuda:0"``); batches are views.
     """
 
@@ -188,9 +194,9 @@ class SyntheticDataModule(L.LightningDataModule):
 
     @property
     def test_set_names(self) -> list[str]:
-        """Names of the test dataloaders, in order: ``test`` then ``len<L>`` per eval length."""
+        """Names of the test dataloaders, in order: ``test``, ``trainset``, then ``len<L>`` per eval length."""
         extra = [f"len{n}" for n in self.extrapolation.eval_lengths] if self.extrapolation else []
-        return ["test", *extra]
+        return ["test", TRAIN_SUBSET, *extra]
 
     # --- building -------------------------------------------------------------------------
     def _split(self, split: str) -> TaskData:
@@ -206,6 +212,9 @@ class SyntheticDataModule(L.LightningDataModule):
             return
         for split in SPLIT_IDS:
             self.data[split] = self._split(split)
+        train, n = self.data["train"], min(self.sizes["val"], self.sizes["train"])
+        self.data[TRAIN_SUBSET] = TaskData(train.inputs[:n], train.targets[:n],
+                                           None if train.lengths is None else train.lengths[:n])
         if self.extrapolation is not None:
             for i, length in enumerate(self.extrapolation.eval_lengths):
                 task = self.task.with_options(seq_len=length)

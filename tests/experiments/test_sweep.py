@@ -42,7 +42,8 @@ def test_sweep_writes_results_and_resumes_without_rerunning(tmp_path):
     df = run_sweep(plan, tmp_path, progress=False)
     assert len(df) == 4 and set(df["status"]) == {"ok"}
     assert {"test/acc", "test/last_acc", "final/test/acc", "len12/acc", "extrap/mean_acc", "n_params", "torch", "commit",
-            "best_step"} <= set(df.columns)
+            "best_step", "trainset/acc", "final/trainset/acc"} <= set(df.columns)
+    assert "trainset acc" in (tmp_path / "table.md").read_text()
     on_disk = pd.read_csv(tmp_path / "results.csv")
     assert len(on_disk) == 4 and (tmp_path / "table.md").read_text().count("| parity ") == 2
     assert len(trial_states(tmp_path)) == 4

@@ -65,6 +65,12 @@ def test_gru_learns_short_parity_extrapolates_and_its_checkpoint_reloads(tmp_pat
     tested = {k.split("/dataloader_idx")[0]: v for part in trainer.test(module, datamodule=dm, verbose=False)
               for k, v in part.items()}
     assert tested["test/acc"] == pytest.approx(result["test/acc"]) and tested["len32/acc"] == pytest.approx(result["len32/acc"])
+    # the training subset's accuracy, recomputed by hand: the first val_size training sequences
+    fit = dm.data["train"]
+    inputs, targets = fit.inputs[: spec.train.val_size], fit.targets[: spec.train.val_size]
+    with torch.no_grad():
+        right = module.eval()(inputs).argmax(-1) == targets
+    assert result["trainset/acc"] == pytest.approx(right[targets != -100].float().mean().item(), abs=1e-6)
     assert (tmp_path / "checkpoints" / "best.ckpt").stat().st_size < 200_000  # weights only: kB
 
 

@@ -68,3 +68,27 @@ def test_shuffle_seed_defaults_to_the_data_seed_and_is_validated():
     assert dm.shuffle_seed == 3
     with pytest.raises(ValueError, match="seed"):
         SyntheticDataModule("parity", train_size=8, val_size=8, test_size=8, shuffle_seed=-1)
+
+
+@pytest.mark.parametrize("train_size,val_size", [(37, 11), (5, 9)])
+def test_test_pass_scores_the_first_training_sequences_too(train_size, val_size):
+    """``trainset``: the first min(val_size, train_size) training sequences, served in order after ``test``."""
+    dm = SyntheticDataModule("mqar", {"seq_len": 16, "vocab_size": 16}, train_size=train_size, val_size=val_size,
+                             test_size=13, eval_batch_size=4, seed=3)
+    dm.setup()
+    assert dm.test_set_names == ["test", "trainset"]
+    n = min(train_size, val_size)
+    loaders = dm.test_dataloader()
+    served = [torch.cat([b[i] for b in loaders[1]]) for i in (0, 1)]
+    assert torch.equal(served[0], dm.data["train"].inputs[:n]) and torch.equal(served[1], dm.data["train"].targets[:n])
+    assert sum(len(b[0]) for b in loaders[0]) == 13
+
+
+def test_extrapolation_test_sets_follow_the_training_subset():
+    from tasks.extrapolation import ExtrapolationConfig
+
+    dm = SyntheticDataModule("parity", train_size=20, val_size=6, test_size=8, seed=0,
+                             extrapolation=ExtrapolationConfig(min_len=3, max_len=6, eval_lengths=[10, 12]))
+    dm.setup()
+    assert dm.test_set_names == ["test", "trainset", "len10", "len12"]
+    assert torch.equal(dm.data["trainset"].lengths, dm.data["train"].lengths[:6])
