@@ -6,8 +6,9 @@ the study. ``worker_loop`` claims and runs trials until every cell is done, re-q
 the cells of dead workers. ``run_workers`` starts N long-lived worker processes on this machine
 (``multiprocessing`` spawn), each running ``worker_loop``: worker ``i`` trains on ``cuda:{i % K}``
 with K visible GPUs (several workers per GPU: the models are tiny), else on the CPU with one thread.
-Under ``--mps``, the cells of ``priority: high`` sweeps go first to a quarter of the workers, which run at
-the MPS server's normal client priority while the others run below it (``priority_classes``). The parent reports progress by polling the storage, replaces a worker that died (e.g. a CUDA error
+Under ``--mps``, the cells of ``priority: high`` sweeps go first to a quarter of the workers, which run
+at the MPS server's normal client priority while the others run below it (``priority_classes``).
+The parent reports progress by polling the storage, replaces a worker that died (e.g. a CUDA error
 that poisoned its context) while cells remain, and on Ctrl-C stops the workers, whose trials are
 recorded as interrupted and re-run by the next invocation. Worker logs: ``<out>/workers/worker-<i>.log``.
 
