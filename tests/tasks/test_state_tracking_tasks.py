@@ -173,7 +173,7 @@ def test_datamodule_extrapolation_sets():
     dm = SyntheticDataModule("word_problem", {"group": "A5"}, train_size=100, val_size=20, test_size=30, seed=2,
                              extrapolation=ExtrapolationConfig(min_len=3, max_len=8, eval_lengths=(16, 48)))
     dm.setup()
-    assert dm.vocab_size == 61 and dm.num_classes == 60 and dm.test_set_names == ["test", "len16", "len48"]
+    assert dm.vocab_size == 61 and dm.num_classes == 60 and dm.test_set_names == ["test", "trainset", "len16", "len48"]
     assert dm.data["len48"].inputs.shape == (30, 48) and (dm.data["len48"].targets >= 0).all()
     assert (dm.data["train"].inputs[:, :3] < 60).all()
 

@@ -81,7 +81,7 @@ def test_datamodule_splits_and_extrapolation():
     dm = SyntheticDataModule("parity", train_size=200, val_size=50, test_size=60, seed=4,
                              extrapolation=ExtrapolationConfig(min_len=3, max_len=10, eval_lengths=(16, 32)))
     dm.setup()
-    assert dm.vocab_size == 3 and dm.num_classes == 2 and dm.test_set_names == ["test", "len16", "len32"]
+    assert dm.vocab_size == 3 and dm.num_classes == 2 and dm.test_set_names == ["test", "trainset", "len16", "len32"]
     assert dm.data["len32"].inputs.shape == (60, 32)
     a = SyntheticDataModule("parity", train_size=500, val_size=100, test_size=500, seed=1)
     b = SyntheticDataModule("parity", train_size=500, val_size=100, test_size=500, seed=1)
@@ -90,7 +90,7 @@ def test_datamodule_splits_and_extrapolation():
     rows = lambda name: {tuple(r) for r in a.data[name].inputs.tolist()}
     # 100 random bits: any shared sequence between splits would mean shared seed streams
     assert not rows("train") & rows("test") and not rows("train") & rows("val") and not rows("val") & rows("test")
-    assert len(dm.test_dataloader()) == 3
+    assert len(dm.test_dataloader()) == 4
 
 
 def test_datamodule_serves_batches_from_its_device():
