@@ -25,6 +25,9 @@ log = logging.getLogger("experiments.mps")
 
 CONTROL = "nvidia-cuda-mps-control"
 ENV_KEYS = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+#: read by the CUDA driver when a process creates its context under MPS: 0 normal, 1 below normal
+PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"
+NORMAL, BELOW_NORMAL = 0, 1
 
 
 class MPSError(ValueError):
@@ -36,6 +39,11 @@ def add_mps_argument(parser) -> None:
     parser.add_argument("--mps", action="store_true",
                         help="with --workers on a GPU: run the workers under a private CUDA MPS daemon so their "
                              "kernels share the GPU concurrently (experiments.mps)")
+
+
+def mps_running() -> bool:
+    """Whether processes started from here connect to the private daemon of ``cuda_mps``."""
+    return bool(os.environ.get(ENV_KEYS[0]))
 
 
 def workers_mps(enabled: bool, workers: int):

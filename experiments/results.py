@@ -175,7 +175,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     metric_cols = [c for c in TABLE_METRICS if c in best.columns]
     metric_cols += sorted((c for c in best.columns if c.startswith("len") and c.endswith("/acc")),
                           key=lambda c: int(c[3:].split("/")[0]))
-    metric_cols += [c for c in (TRAIN_SUBSET_METRIC,) if c in best.columns]
+    if TRAIN_SUBSET_METRIC in best.columns:
+        metric_cols.append(TRAIN_SUBSET_METRIC)
     rows = []
     for (entry, mixer), group in df.groupby([group_key, "mixer"], sort=False):
         sel = best[(best[group_key] == entry) & (best["mixer"] == mixer)] if len(best) else best

@@ -33,6 +33,8 @@ from typing import Callable
 
 from lightning.pytorch.callbacks import Callback
 
+from experiments.mps import BELOW_NORMAL as MPS_BELOW_NORMAL, NORMAL as MPS_NORMAL, PRIORITY_ENV, mps_running
+
 log = logging.getLogger("experiments.workers")
 
 #: a worker exits with this code to be replaced by a fresh process (its CUDA context is broken)
@@ -42,9 +44,6 @@ EXIT_INTERRUPTED = 130
 
 Cell = tuple  # (entry: str, spec: TrialSpec)
 
-#: read by the CUDA driver when a process creates its context under MPS: 0 normal, 1 below normal
-MPS_PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"
-MPS_NORMAL, MPS_BELOW_NORMAL = 0, 1
 
 
 def worker_devices(n: int, device: str = "auto") -> list[str]:
@@ -104,11 +103,6 @@ def priority_classes(n_workers: int, n_priority_cells: int, mps: bool) -> list[i
         return [None] * n_workers
     high = min(n_priority_cells, max(1, n_workers // 4))
     return [MPS_NORMAL] * high + [MPS_BELOW_NORMAL] * (n_workers - high)
-
-
-def mps_running() -> bool:
-    """Whether processes started from here connect to a private MPS daemon (``experiments.mps.cuda_mps``)."""
-    return bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
 
 
 def cell_dir(out: Path, entry: str, spec) -> Path:
@@ -307,7 +301,7 @@ def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str
     ``threads`` torch CPU threads (a CPU trial then uses its spec's ``cpu_threads``); sets its MPS client
     priority (before its CUDA context exists) and claims the ``prefer`` cells first."""
     if mps_priority is not None:
-        os.environ[MPS_PRIORITY_ENV] = str(mps_priority)
+        os.environ[PRIORITY_ENV] = str(mps_priority)
     import torch
 
     torch.set_num_threads(threads)
