@@ -206,7 +206,7 @@ class LitSequenceModel(L.LightningModule):
         costs about a millisecond of host time: too much for every step of a small model).
         """
         opt = self.optimizers()
-        for tokens, targets in chunk.batches(self.global_step):
+        for tokens, targets in chunk.batches(self.global_step, batch_idx):
             static = self._static is not None and self._static[0].shape == tokens.shape
             if self._static is None and self.graphed:
                 self._static = (torch.empty_like(tokens), torch.empty_like(targets))

@@ -315,12 +315,22 @@ def _logger(kind: str, out: Path):
 
 
 class InterruptCheckpoint(OnExceptionCheckpoint):
-    """Writes ``last.ckpt`` when training is interrupted (Ctrl-C, SIGTERM), so a re-run resumes from there.
+    """Writes ``interrupted.ckpt`` when training is interrupted (Ctrl-C, SIGTERM): a re-run resumes from it.
 
-    Other exceptions (a NaN loss, a kernel error) write nothing: such a trial is not resumed."""
+    Other exceptions (a NaN loss, a kernel error) write nothing: such a trial is not resumed.
+
+    Ctrl-C usually lands inside a training step. Lightning's batch counters then hold the interrupted
+    batch as started but not completed, and a resumed run would count it twice in the total that
+    schedules validations (``total.ready``) and validate one chunk early from then on. The counters are
+    written as if the batch had not started: the resumed run takes it again, from the step where the
+    interruption left it (``Chunk.batches``), and validates at the uninterrupted run's steps.
+    """
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, KeyboardInterrupt):
+            progress = trainer.fit_loop.epoch_loop.batch_progress
+            for count in (progress.total, progress.current):
+                count.ready = count.started = count.processed = count.completed
             super().on_exception(trainer, pl_module, exception)
 
 

@@ -53,9 +53,9 @@ class TrainingStream:
     smaller); epochs follow each other without a break.
 
     Lightning's loop receives ``Chunk`` items of ``chunk`` batches; the training step asks a chunk for
-    the batches starting at its own step count (``Chunk.batches(start)``), so the batch of optimizer
-    step ``t`` is batch ``t`` of the stream whatever the chunk size, and a run resumed at step ``t``
-    continues with batch ``t`` (nothing of the stream needs saving). It has no length: train with
+    the batches from its own step count to the chunk's end (``Chunk.batches(start, index)``), so the
+    batch of optimizer step ``t`` is batch ``t`` of the stream whatever the chunk size, and a run
+    resumed at step ``t`` continues with batch ``t`` (nothing of the stream needs saving). It has no length: train with
     ``max_steps``.
     """
 
@@ -121,9 +121,20 @@ class Chunk:
     def __len__(self) -> int:
         return self.size
 
-    def batches(self, start: int):
-        """Batches ``start, start + 1, ...`` of the stream, ``size`` of them."""
-        return (self.stream.batch(start + k) for k in range(self.size))
+    def batches(self, start: int, index: int | None = None):
+        """The batches of optimizer steps ``start, start + 1, ...`` up to the end of chunk ``index``
+        (Lightning's batch index: chunk ``index`` ends before step ``(index + 1) * size``; default: the
+        chunk holding ``start``).
+
+        An uninterrupted run asks for whole chunks (``start == index * size``). A run resumed from a
+        checkpoint written in the middle of a chunk (Ctrl-C lands inside a training step) takes the
+        interrupted chunk again from the step where it stopped (``experiments.train.InterruptCheckpoint``
+        rewinds Lightning's batch counters to the chunk), so every validation and the last step stay on
+        the uninterrupted run's steps; a chunk whose steps all ran before the interruption is empty.
+        """
+        if index is None:
+            index = start // self.size
+        return (self.stream.batch(k) for k in range(start, (index + 1) * self.size))
 
 
 class SyntheticDataModule(L.LightningDataModule):

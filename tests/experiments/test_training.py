@@ -137,7 +137,45 @@ def test_interrupted_trial_resumes_exactly_where_it_stopped(tmp_path):
     assert not (tmp_path / "cut" / "checkpoints" / "interrupted.ckpt").exists()  # consumed by the finished run
     progress = pd.read_csv(tmp_path / "cut" / "progress.csv")  # both invocations' samples, in order
     assert progress["step"].is_monotonic_increasing and progress["unix_time_s"].is_monotonic_increasing
-    assert progress["step"].iloc[0] <= 45 < progress["step"].iloc[-2] and progress["step"].iloc[-1] == 60
+    assert progress["step"].iloc[0] <= 45 <= progress["step"].iloc[-2] and progress["step"].iloc[-1] == 60
+
+
+@pytest.mark.parametrize("chunk, at", [(1, 45), (5, 45), (5, 47)])
+def test_ctrl_c_inside_a_training_step_resumes_on_the_uninterrupted_schedule(tmp_path, monkeypatch, chunk, at):
+    """Ctrl-C lands inside a training step (here: while step ``at`` fetches its batch), at a chunk's
+    first step or in its middle (chunks of 5 optimizer steps per Lightning step, as the graph engines
+    run them; eager here). The re-run validates at the same steps, stops at ``max_steps`` and ends
+    with the uninterrupted run's weights."""
+    import experiments.train as train_module
+    from tasks.datamodule import TrainingStream
+
+    quiet_lightning()
+    monkeypatch.setattr(train_module, "steps_per_chunk", lambda engine, t: chunk)
+    spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
+                     train=TrainConfig(max_steps=60, batch_size=8, train_size=100, val_size=32, test_size=32, eval_every=20))
+    whole = run_trial(spec, tmp_path / "whole")
+    batch = TrainingStream.batch
+
+    def ctrl_c_at_step(self, index):
+        if index == at:
+            raise KeyboardInterrupt
+        return batch(self, index)
+
+    monkeypatch.setattr(TrainingStream, "batch", ctrl_c_at_step)
+    with pytest.raises(KeyboardInterrupt):
+        run_trial(spec, tmp_path / "cut")
+    monkeypatch.setattr(TrainingStream, "batch", batch)
+    resumed = run_trial(spec, tmp_path / "cut")
+    assert resumed["resumed_from_step"] == at and resumed["steps"] == whole["steps"] == 60
+
+    def validations(run):  # the validation losses of both invocations, in order
+        logs = pd.concat(pd.read_csv(f) for f in sorted((tmp_path / run / "logs").rglob("metrics.csv")))
+        return logs.dropna(subset=["val/loss"])["val/loss"].round(6).tolist()
+
+    assert validations("cut") == validations("whole") and len(validations("whole")) == 3
+    a = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    b = torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_different_seeds_train_on_different_batch_orders(tmp_path):
