@@ -30,12 +30,14 @@ def set_graph_policy(model: torch.nn.Module, on: bool) -> None:
             m.graph_policy = on
 
 
-def compiled_forward(model: torch.nn.Module) -> Callable[..., Any]:
-    """``model.forward`` ``torch.compile``d for captured steps (a function: nothing enters the checkpoint).
-    The Newton mixers run their in-graph policy from the warm-up on (``set_graph_policy``), so the capture
-    compiles nothing new."""
+def compiled_loss(model: torch.nn.Module, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                  ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``(tokens, targets) -> loss(model(tokens), targets)`` ``torch.compile``d as one graph, so Inductor
+    fuses the loss with the model's last ops (a function: nothing enters the checkpoint). The Newton
+    mixers run their in-graph policy from the warm-up on (``set_graph_policy``), so the capture compiles
+    nothing new."""
     set_graph_policy(model, True)
-    return torch.compile(model.forward)
+    return torch.compile(lambda tokens, targets: loss(model(tokens), targets))
 
 
 class CUDAGraphPrecision(Precision):

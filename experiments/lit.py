@@ -32,6 +32,9 @@ from tasks import IGNORE_INDEX
 #: graph engine: the largest share of the captured steps between two validations that may skip their
 #: update (a Newton solve failed its check) before the trial continues with eager steps
 MAX_SKIPPED_SHARE = 0.05
+#: on a GPU, schedules up to this many steps are a device table of learning rates (float32: 64 MiB at
+#: most), looked up in one kernel per step; longer ones compute each step's lr from the step counter
+LR_TABLE_MAX_STEPS = 2 ** 24
 
 
 def _keep_input_sample(module: nn.Module, args: tuple) -> None:
@@ -163,16 +166,23 @@ class LitSequenceModel(L.LightningModule):
         # training-step state on the device: written inside the (possibly captured) step, read on the host
         # only when logging or validating
         self.register_buffer("_last_loss", torch.zeros(()), persistent=False)
-        self.register_buffer("_nonfinite", torch.zeros((), dtype=torch.bool), persistent=False)
-        self.register_buffer("_step_counter", torch.zeros((), dtype=torch.long), persistent=False)
+        #: the largest training loss of this fit: NaN or inf once any step's loss was (``torch.maximum``
+        #: propagates NaN), so one kernel per step watches for a non-finite loss
+        self.register_buffer("_max_loss", torch.zeros(()), persistent=False)
+        self.register_buffer("_step_counter", torch.zeros(1, dtype=torch.long), persistent=False)
+        #: the fused AdamW's ``found_inf``: 1.0 when a Newton solve of this step failed its check
+        self.register_buffer("_skip_update", torch.zeros(()), persistent=False)
+        #: on a GPU the optimizer's lr is a view of this buffer, written inside the (captured) step
+        self.register_buffer("_lr_now", torch.zeros(1), persistent=False)
+        self._lr_table: torch.Tensor | None = None
         self._static: tuple[torch.Tensor, torch.Tensor] | None = None
         #: graph engine: the Newton mixers' device counters at the last validation, and the step from which
         #: the trial ran eagerly because captured steps skipped their updates (``None``: never)
         self._graph_counts_seen: dict[int, list[int]] = {}
         self.eager_from_step: int | None = None
-        #: the ``compiled`` engine: captured steps run the ``torch.compile``d model (set before ``fit``)
+        #: the ``compiled`` engine: captured steps run the ``torch.compile``d model and loss (set before ``fit``)
         self.compiled_steps = False
-        self._train_forward: Any = None
+        self._compiled_loss: Any = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -217,36 +227,71 @@ class LitSequenceModel(L.LightningModule):
                 tokens, targets = self._static
             closure = lambda t=tokens, y=targets: self._optimizer_closure(opt, t, y)  # noqa: E731
             opt.step(closure=closure, **({"graph": static} if self.graphed else {}))
-        if not self._nonfinite.is_cuda:  # free on the CPU; on a GPU checked at validations (no sync per step)
+        if not self._max_loss.is_cuda:  # free on the CPU; on a GPU checked at validations (no sync per step)
             self._raise_if_nonfinite()
         if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:
-            self.log("train/loss", self._last_loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
+            loss = self._last_loss / len(self.stack_seeds) if self.stack_seeds else self._last_loss
+            self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
 
     def _optimizer_closure(self, opt, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Forward, loss, backward and this step's learning rate; reads nothing on the host (capturable).
+        """Forward, loss, backward and the step's bookkeeping (``record_step``); reads nothing on the host
+        (capturable)."""
+        opt.zero_grad(set_to_none=True)
+        loss = self.train_loss(tokens, targets)
+        self.manual_backward(loss)
+        self.record_step(loss, opt.optimizer)
+        return loss
+
+    def train_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The training loss of one batch: the ``compiled`` engine's compiled model and loss (one
+        Inductor graph), else the model and ``_loss``."""
+        if self._compiled_loss is not None:
+            return self._compiled_loss(tokens, targets)
+        return self._loss(self.model(tokens), targets)
+
+    @torch.no_grad()
+    def record_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        """What a training step keeps besides its update, on the device only (capturable): the loss (the
+        last, and the largest, which is NaN or inf once any was), the update's skip flag and the next
+        step's learning rate. About 5 kernels on a GPU, a share of a small model's step worth keeping low.
 
         A Newton mixer whose result did not pass its residual check inside a CUDA graph (``step_ok``)
         makes the fused AdamW skip this step's update (``found_inf``), as a gradient scaler does.
         """
-        opt.zero_grad(set_to_none=True)
-        loss = self._loss((self._train_forward or self.model)(tokens), targets)
-        self.manual_backward(loss)
-        with torch.no_grad():
-            self._nonfinite |= ~torch.isfinite(loss)
-            self._last_loss.copy_(loss.detach() / (len(self.stack_seeds) if self.stack_seeds else 1))
-            flags = [m.step_ok for m in self._newton_mixers if m.step_ok is not None]
-            opt.optimizer.found_inf = (~torch.stack(flags).all()).float() if flags else None
-            self._set_learning_rate(opt.optimizer)
-        return loss
+        loss = loss.detach()
+        torch.maximum(self._max_loss, loss, out=self._max_loss)
+        self._last_loss.copy_(loss)
+        flags = [m.step_ok for m in self._newton_mixers if m.step_ok is not None]
+        if flags:
+            torch.eq(flags[0] if len(flags) == 1 else torch.stack(flags).all(), False, out=self._skip_update)
+        optimizer.found_inf = self._skip_update if flags else None
+        self._set_learning_rate(optimizer)
 
     def _set_learning_rate(self, optimizer: torch.optim.Optimizer) -> None:
-        """The lr of this step, ``lr * cosine_with_warmup(step)``: a device tensor (capturable) or a float (CPU)."""
-        if isinstance(optimizer.param_groups[0]["lr"], torch.Tensor):
-            step = self._step_counter
-            optimizer.param_groups[0]["lr"].copy_(self.lr * cosine_with_warmup_tensor(step, self._warmup_steps, self.max_steps))
-            step += 1
+        """The lr of this step, ``lr * cosine_with_warmup(step)``: on a GPU written into the device tensor
+        the optimizer reads (a lookup in ``_lr_table``, or computed from the step counter), else a float."""
+        group = optimizer.param_groups[0]
+        if not isinstance(group["lr"], torch.Tensor):
+            group["lr"] = self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps)
+            return
+        step = self._step_counter
+        if self._lr_table is not None:
+            torch.index_select(self._lr_table, 0, step, out=self._lr_now)
         else:
-            optimizer.param_groups[0]["lr"] = self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps)
+            self._lr_now.copy_(self.lr * cosine_with_warmup_tensor(step, self._warmup_steps, self.max_steps))
+        torch.clamp(step + 1, max=self.max_steps, out=step)  # the schedule ends at max_steps (lr 0)
+
+    def bind_learning_rate(self, optimizer: torch.optim.Optimizer) -> None:
+        """On a GPU: make the optimizer's lr a view of ``_lr_now`` (also after a restore, which brings a
+        tensor of its own) and build the schedule's table when it is short enough."""
+        if not isinstance(optimizer.param_groups[0]["lr"], torch.Tensor):
+            return
+        steps = torch.arange(self.max_steps + 1, device=self.device)
+        self._lr_table = self.lr * cosine_with_warmup_tensor(steps, self._warmup_steps, self.max_steps) \
+            if self.max_steps <= LR_TABLE_MAX_STEPS else None
+        self._lr_now.fill_(self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps))
+        for group in optimizer.param_groups:
+            group["lr"] = self._lr_now[0]
 
     @property
     def _warmup_steps(self) -> int:
@@ -258,20 +303,18 @@ class LitSequenceModel(L.LightningModule):
 
     def on_train_start(self) -> None:
         self._step_counter.fill_(self.global_step)  # where the schedule stands (after a resume)
-        for group in self.optimizers().optimizer.param_groups:  # a restored lr tensor comes back on the CPU
-            if isinstance(group["lr"], torch.Tensor) and group["lr"].device != self.device:
-                group["lr"] = group["lr"].to(self.device)
-        if self.graphed and self.compiled_steps and self._train_forward is None:
-            from experiments.cuda_graph import compiled_forward
+        self.bind_learning_rate(self.optimizers().optimizer)
+        if self.graphed and self.compiled_steps and self._compiled_loss is None:
+            from experiments.cuda_graph import compiled_loss
 
-            self._train_forward = compiled_forward(self.model)
+            self._compiled_loss = compiled_loss(self.model, self._loss)
         if self.graphed:  # captured forwards skip the mixers' run-time Jacobian check: run it after validations
             for m in self._newton_mixers:
                 if getattr(m, "jacobian_check_every", 0):
                     m.register_forward_pre_hook(_keep_input_sample)
 
     def _raise_if_nonfinite(self) -> None:
-        if bool(self._nonfinite):
+        if not bool(torch.isfinite(self._max_loss)):
             raise NonFiniteLossError(f"training loss became non-finite (NaN or Inf) at or before step {self.global_step} "
                                      f"(last loss {float(self._last_loss)})")
 
@@ -309,10 +352,10 @@ class LitSequenceModel(L.LightningModule):
             if forwards and skipped > MAX_SKIPPED_SHARE * forwards:
                 self.trainer.precision_plugin.stop_graphs()
                 self.eager_from_step = self.global_step
-                if self._train_forward is not None:  # eager steps: the plain model, with the sequential fallback
+                if self._compiled_loss is not None:  # eager steps: the plain model, with the sequential fallback
                     from experiments.cuda_graph import set_graph_policy
 
-                    self._train_forward = None
+                    self._compiled_loss = None
                     set_graph_policy(self.model, False)
                 rank_zero_info(f"step {self.global_step}: {skipped} of {forwards} captured steps since the last validation "
                                "skipped their update (Newton solve failed its check): continuing with eager steps")

@@ -1,8 +1,8 @@
 """What one captured training step costs on the GPU: its kernels, their time, and the replay's time.
 
 ``profile_step(spec)`` builds the trial's model and data as ``run_trial`` does, captures one training
-step (forward, loss, backward, fused capturable AdamW: what the graph engine's CUDA graph holds, less
-the learning-rate schedule's few scalar kernels) in a CUDA graph, and measures
+step (forward, loss, backward, the step's bookkeeping of ``LitSequenceModel.record_step``, fused
+capturable AdamW: what the graph engine's CUDA graph holds) in a CUDA graph, and measures
 
 - ``kernels_per_step``: kernels one replay launches, by family (``elementwise``, ``reduction``,
   ``gemm``, ``other``: the suite's Triton kernels, copies and the rest), from ``torch.profiler``;
@@ -10,9 +10,9 @@ the learning-rate schedule's few scalar kernels) in a CUDA graph, and measures
 - ``replay_us_per_step``: wall time per replay, replays back to back (the step rate of one trial
   alone on the GPU is its inverse).
 
-With ``compile=True`` the model's forward is ``torch.compile``d first (Inductor fuses the
+With ``compile=True`` the model and loss are ``torch.compile``d first (Inductor fuses the
 elementwise and reduction chains, forward and backward) as the ``compiled`` engine does
-(``experiments.cuda_graph.compiled_forward``). A trial that cannot be captured reports why in ``error``.
+(``experiments.cuda_graph.compiled_loss``). A trial that cannot be captured reports why in ``error``.
 
 Used by ``python -m experiments.throughput kernels``. Needs a CUDA GPU.
 """
@@ -50,7 +50,7 @@ def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1):
     """``(graph, step)``: the trial's training step captured in a CUDA graph (after ``warmup`` eager
     steps on a side stream), and the step as a plain function (for an eager profile). ``stack`` > 1:
     the step of that many trials (seeds ``spec.seed + k``) stacked into one model (``experiments.stack``)."""
-    from experiments.cuda_graph import compiled_forward
+    from experiments.cuda_graph import compiled_loss
     from experiments.train import build_datamodule, build_module
 
     seeds = [spec.seed + k for k in range(stack)] if stack > 1 else None
@@ -58,13 +58,17 @@ def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1):
     dm = build_datamodule(spec, "cuda", stack_seeds=seeds)
     dm.setup("fit")
     lit = build_module(spec, dm, stack_seeds=seeds).cuda()
-    forward = compiled_forward(lit.model) if compile else lit.model
+    if compile:
+        lit._compiled_loss = compiled_loss(lit.model, lit._loss)
     opt = lit.configure_optimizers()  # the training's fused, capturable AdamW
+    lit.bind_learning_rate(opt)
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))
 
-    def step() -> None:
+    def step() -> None:  # LitSequenceModel._optimizer_closure, then the optimizer step
         opt.zero_grad(set_to_none=True)
-        lit._loss(forward(tokens), targets).backward()
+        loss = lit.train_loss(tokens, targets)
+        loss.backward()
+        lit.record_step(loss, opt)
         opt.step()
 
     side = torch.cuda.Stream()

@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.lit import LitSequenceModel, LastPositionAccuracy, cosine_with_warmup, last_scored
-from experiments.train import TrainConfig, TrialSpec, build_datamodule, quiet_lightning, run_trial
+from experiments.lit import (LastPositionAccuracy, LitSequenceModel, NonFiniteLossError, cosine_with_warmup,
+                             cosine_with_warmup_tensor, last_scored)
+from experiments.train import RunOptions, TrainConfig, TrialSpec, build_datamodule, quiet_lightning, run_trial
 
 
 def test_cosine_with_warmup():
@@ -17,6 +18,54 @@ def test_cosine_with_warmup():
     assert cosine_with_warmup(55, 10, 100) == pytest.approx(0.5)
     assert cosine_with_warmup(100, 10, 100) == pytest.approx(0.0, abs=1e-12)
     assert not math.isnan(cosine_with_warmup(5, 10, 10))
+
+
+def _small_module(max_steps: int, warmup_ratio: float):
+    from experiments.train import build_module
+
+    spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
+                     train=TrainConfig(max_steps=max_steps, warmup_ratio=warmup_ratio, batch_size=8, train_size=64,
+                                       val_size=16, test_size=16))
+    dm = build_datamodule(spec)
+    dm.setup("fit")
+    return build_module(spec, dm)
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_the_device_learning_rate_follows_the_schedule(monkeypatch, table):
+    """The lr tensor a captured step writes (a table lookup, or computed from the step counter for
+    schedules too long for a table) is the float schedule's, step by step, and stays at its end value
+    past ``max_steps``; both device paths give the same float32 values."""
+    import experiments.lit as lit_module
+
+    monkeypatch.setattr(lit_module, "LR_TABLE_MAX_STEPS", 2 ** 24 if table else 0)
+    lit = _small_module(max_steps=37, warmup_ratio=0.2)
+    opt = torch.optim.AdamW(lit.parameters(), lr=torch.tensor(0.0), foreach=False)
+    lit.bind_learning_rate(opt)
+    assert (lit._lr_table is not None) == table
+    seen = []
+    for step in range(40):
+        lit._set_learning_rate(opt)
+        seen.append(float(opt.param_groups[0]["lr"]))
+        want = 3e-3 * cosine_with_warmup(min(step, 37), 7, 37)
+        assert seen[-1] == pytest.approx(want, abs=3e-3 * 1e-6), step  # float32
+    assert seen == [float(3e-3 * cosine_with_warmup_tensor(torch.tensor(min(s, 37)), 7, 37)) for s in range(40)]
+
+
+def test_a_non_finite_training_loss_is_caught_after_finite_ones():
+    lit = _small_module(max_steps=10, warmup_ratio=0.1)
+    opt = torch.optim.AdamW(lit.parameters(), lr=1e-3)
+    for loss in (0.7, 0.5):
+        lit.record_step(torch.tensor(loss), opt)
+    lit._raise_if_nonfinite()
+    for loss in (float("nan"), 0.4):  # later finite losses do not hide it
+        lit.record_step(torch.tensor(loss), opt)
+    with pytest.raises(NonFiniteLossError, match="non-finite"):
+        lit._raise_if_nonfinite()
+    lit = _small_module(max_steps=10, warmup_ratio=0.1)
+    lit.record_step(torch.tensor(float("inf")), opt)
+    with pytest.raises(NonFiniteLossError):
+        lit._raise_if_nonfinite()
 
 
 def test_last_position_accuracy_on_a_hand_made_batch():
@@ -120,15 +169,17 @@ class Interrupt(L.Callback):
 
 
 def test_interrupted_trial_resumes_exactly_where_it_stopped(tmp_path):
-    """Ctrl-C mid-epoch, then a re-run: the same weights as an uninterrupted run (same batches, same state)."""
+    """Ctrl-C mid-epoch, after a step, then a re-run: the same weights as an uninterrupted run (same
+    batches, same state). Eager steps (one optimizer step per Lightning step) also on a GPU."""
     quiet_lightning()
     spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
                      train=TrainConfig(max_steps=60, batch_size=8, train_size=100, val_size=32, test_size=32, eval_every=20))
-    whole = run_trial(spec, tmp_path / "whole")
+    eager = RunOptions(engine="eager")
+    whole = run_trial(spec, tmp_path / "whole", options=eager)
     with pytest.raises(KeyboardInterrupt):  # Lightning's sys.exit(1) is turned back into KeyboardInterrupt
-        run_trial(spec, tmp_path / "cut", callbacks=[Interrupt(at=45)])  # 13 batches per epoch: mid-epoch
+        run_trial(spec, tmp_path / "cut", callbacks=[Interrupt(at=45)], options=eager)  # 13 batches per epoch: mid-epoch
     assert (tmp_path / "cut" / "checkpoints" / "interrupted.ckpt").is_file()
-    resumed = run_trial(spec, tmp_path / "cut")
+    resumed = run_trial(spec, tmp_path / "cut", options=eager)
     assert resumed["resumed_from_step"] == 45 and resumed["steps"] == whole["steps"] == 60
     a = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     b = torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
