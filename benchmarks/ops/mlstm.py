@@ -350,7 +350,8 @@ def main(argv: list[str] | None = None) -> None:
                         "medium = single-pass TF32 like the peers (ours named ours-triton-...-tf32)")
     p.add_argument("--tiles", default="",
                    help="main section: ';'-separated MlstmTiles fields to time ours with, e.g. "
-                        "'warps=8;stages=1;bv=256,warps=8' (rows named ours-triton-...[setting]); the defaults run first")
+                        "'warps=8;stages=1;bv=256,warps=8;lp_states=0,gate_kernels=0' (rows named "
+                        "ours-triton-...[setting]; 0/1 for the boolean options); the defaults run first")
     p.add_argument("--profile", action="store_true", help="log our kernels' CUDA times (torch.profiler)")
     cli_common(p)
     args = p.parse_args(argv)

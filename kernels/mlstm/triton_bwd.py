@@ -14,11 +14,16 @@ path shows up as percent-level gate-gradient errors.
 
 * ``inter_chunk_dstates``: reverse recurrence over chunks for the gradients of the states entering
   every chunk (``NC + 1``: entry ``c`` is the gradient w.r.t. the state entering chunk ``c``; the
-  last is the incoming gradient of the final state). State on chip across chunks.
+  last is the incoming gradient of the final state). State on chip across chunks, in float32 (the
+  dtype of ``b_ptr``); ``dcst`` may be 16-bit (``MlstmTiles.lp_states``: its readers cast it to the
+  input dtype before their dots), so entry 0, the initial state's gradient, also goes to ``dc0_ptr``
+  in float32.
 * ``intra_chunk_dq`` / ``intra_chunk_dk`` / ``intra_chunk_dv``: parallel over (block of the chunk,
   block of the output's feature dim, batch*head); loop over the other sequence block and the inner
   feature dim. ``dq``/``dk`` also write the row sums ``q . dq`` and ``k . dk`` (per feature block)
   from which the gate gradients follow.
+* ``gate_grads``: ``di, df`` from those row sums (a reverse cumulative sum over the sequence), one
+  program per batch*head (``triton_chunkwise._gate_grads_torch`` is the PyTorch reference).
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ import triton.language as tl
 
 @triton.jit
 def inter_chunk_dstates(
-    q_ptr, dh_ptr, b_ptr, g_ptr, mtok_ptr, inv_ptr, dd_ptr, mst_ptr, dcl_ptr, dnl_ptr, dcst_ptr, dnst_ptr,
+    q_ptr, dh_ptr, b_ptr, g_ptr, mtok_ptr, inv_ptr, dd_ptr, mst_ptr, dcl_ptr, dnl_ptr, dcst_ptr, dnst_ptr, dc0_ptr,
     S, NC, scale,
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BL: tl.constexpr, EXP: tl.constexpr, HAS_DLAST: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_k, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
-    acc_t = dcst_ptr.dtype.element_ty
+    acc_t = b_ptr.dtype.element_ty
+    st_t = dcst_ptr.dtype.element_ty
     offs_k = pid_k * BK + tl.arange(0, BK)
     offs_v = pid_v * BV + tl.arange(0, BV)
     mask_kv = (offs_k[:, None] < DQK) & (offs_v[None, :] < DV)
@@ -59,7 +65,7 @@ def inter_chunk_dstates(
         dn = tl.zeros((BK,), dtype=acc_t)
     for cc in range(0, NC):
         c = NC - 1 - cc
-        tl.store(dcst_ptr + (c + 1) * DQK * DV + c_off, dC, mask=mask_kv)
+        tl.store(dcst_ptr + (c + 1) * DQK * DV + c_off, dC.to(st_t), mask=mask_kv)
         if first:
             tl.store(dnst_ptr + (c + 1) * DQK + offs_k, dn, mask=offs_k < DQK)
         M_c = tl.load(mst_ptr + c)
@@ -83,7 +89,8 @@ def inter_chunk_dstates(
                 w = tl.exp(tl.load(b_ptr + pos)) * scale
                 qw = qT.to(acc_t) * w[None, :]
             dC += tl.dot(qw.to(dh.dtype), dh, input_precision=PREC).to(acc_t)
-    tl.store(dcst_ptr + c_off, dC, mask=mask_kv)
+    tl.store(dcst_ptr + c_off, dC.to(st_t), mask=mask_kv)
+    tl.store(dc0_ptr + bh * DQK * DV + c_off, dC, mask=mask_kv)
     if first:
         tl.store(dnst_ptr + offs_k, dn, mask=offs_k < DQK)
 
@@ -108,7 +115,7 @@ def intra_chunk_dq(
     NQB: tl.constexpr = L // BLQ
     c = pid_q // NQB
     iq = pid_q % NQB
-    acc_t = cst_ptr.dtype.element_ty
+    acc_t = b_ptr.dtype.element_ty
     q_ptr += bh * S * DQK
     k_ptr += bh * S * DQK
     v_ptr += bh * S * DV
@@ -187,7 +194,7 @@ def intra_chunk_dk(
     NKB: tl.constexpr = L // BLKV
     c = pid_kv // NKB
     ik = pid_kv % NKB
-    acc_t = dcst_ptr.dtype.element_ty
+    acc_t = b_ptr.dtype.element_ty
     q_ptr += bh * S * DQK
     k_ptr += bh * S * DQK
     v_ptr += bh * S * DV
@@ -257,7 +264,7 @@ def intra_chunk_dv(
     NKB: tl.constexpr = L // BLKV
     c = pid_kv // NKB
     ik = pid_kv % NKB
-    acc_t = dcst_ptr.dtype.element_ty
+    acc_t = b_ptr.dtype.element_ty
     q_ptr += bh * S * DQK
     k_ptr += bh * S * DQK
     dh_ptr += bh * S * DV
@@ -308,3 +315,38 @@ def intra_chunk_dv(
         acc += tl.exp(a_kv)[:, None] * t1
     tl.store(dv_ptr + bh * S * DV + pos_kv[:, None] * DV + offs_v[None, :], acc.to(dv_ptr.dtype.element_ty),
              mask=mask_kv[:, None] & (offs_v[None, :] < DV))
+
+
+@triton.jit
+def gate_grads(qdq_ptr, kdk_ptr, i_ptr, f_ptr, dlast_ptr, di_ptr, df_ptr, S, NCL, NKB: tl.constexpr,
+               BS: tl.constexpr, EXP: tl.constexpr, HAS_DLAST: tl.constexpr):
+    """``di, df`` of head ``program_id(0)`` (``(B*NH, S)``, the pre-activations' dtype) from the row
+    sums ``qdq, kdk`` (``(NKB, B*NH, NCL)``, float32, summed over the ``NKB`` feature blocks):
+    ``d log f_t = sum_{s >= t} (q.dq - k.dk)_s + dlast``, ``df = d log f * sigmoid(-f)``,
+    ``di = k.dk`` (mLSTMexp) or ``k.dk * sigmoid(-i)`` (mLSTMsig). ``dlast`` (``B*NH``): the
+    final-state term ``<C_last, dC_last> + <n_last, dn_last>``. Blocks of ``BS`` steps, last first."""
+    bh = tl.program_id(0).to(tl.int64)
+    acc_t = qdq_ptr.dtype.element_ty
+    if HAS_DLAST:
+        carry = tl.load(dlast_ptr + bh).to(acc_t)
+    else:
+        carry = tl.sum(tl.zeros((BS,), dtype=acc_t), axis=0)
+    nblk = tl.cdiv(S, BS)
+    for blk in range(0, nblk):
+        pos = (nblk - 1 - blk) * BS + tl.arange(0, BS)
+        ok = pos < S
+        qdq = tl.zeros((BS,), dtype=acc_t)
+        kdk = tl.zeros((BS,), dtype=acc_t)
+        for kb in range(NKB):
+            qdq += tl.load(qdq_ptr + (kb * tl.num_programs(0) + bh) * NCL + pos, mask=ok, other=0.0)
+            kdk += tl.load(kdk_ptr + (kb * tl.num_programs(0) + bh) * NCL + pos, mask=ok, other=0.0)
+        d = qdq - kdk
+        dlogf = tl.flip(tl.cumsum(tl.flip(d, 0), axis=0), 0) + carry
+        carry += tl.sum(d, axis=0)
+        f = tl.load(f_ptr + bh * S + pos, mask=ok, other=0.0).to(acc_t)
+        tl.store(df_ptr + bh * S + pos, (dlogf * tl.sigmoid(-f)).to(df_ptr.dtype.element_ty), mask=ok)
+        if EXP:
+            di = kdk
+        else:
+            di = kdk * tl.sigmoid(-tl.load(i_ptr + bh * S + pos, mask=ok, other=0.0).to(acc_t))
+        tl.store(di_ptr + bh * S + pos, di.to(di_ptr.dtype.element_ty), mask=ok)

@@ -28,8 +28,8 @@ from torch.autograd.function import once_differentiable
 
 from kernels._triton import cdiv, empty, next_pow2, triton_available
 from kernels.mlstm.reference import check_args
-from kernels.mlstm.triton_bwd import inter_chunk_dstates, intra_chunk_dk, intra_chunk_dq, intra_chunk_dv
-from kernels.mlstm.triton_fwd import inter_chunk_states, intra_chunk_h
+from kernels.mlstm.triton_bwd import gate_grads, inter_chunk_dstates, intra_chunk_dk, intra_chunk_dq, intra_chunk_dv
+from kernels.mlstm.triton_fwd import chunk_gates, inter_chunk_states, intra_chunk_h
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -71,13 +71,22 @@ def _precision(dtype: torch.dtype) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class MlstmTiles:
-    """Tiles, warps and pipeline stages of the TFLA kernels (clipped to the problem at launch).
+    """Tiles, warps, pipeline stages and data-movement options of the TFLA kernels (tiles are
+    clipped to the problem at launch).
 
     Intra-chunk kernels: ``blq`` query rows and ``blkv`` key/value rows of a chunk per block, ``bk``
     the DQK tile (the inner loop of ``intra_chunk_h`` / ``intra_chunk_dv``, the grid's feature blocks of
     dq / dk), ``bv`` the DV tile, ``bv_dqdk`` the DV tile of the dq / dk kernels (the inner loop of
     ``dh V^T`` / ``v dh^T`` / ``dh C^T`` / ``v dC^T``), ``warps`` and ``stages``. Inter-chunk state
     kernels: ``bki x bvi`` state tiles, ``bl`` steps per inner block, ``inter_warps``.
+
+    ``lp_states`` (16-bit inputs only): store the materialized chunk states ``C`` (forward) and ``dC``
+    (backward), ``(B, NH, NC + 1, DQK, DV)`` each, in the input dtype instead of float32. Their
+    readers cast them to the input dtype before every dot anyway, so ``h`` and all gradients are
+    bit-identical; the final state and the initial state's gradient stay float32 (written
+    separately). These tensors are most of the HBM traffic at chunk 64 (DQK x DV per 64 steps), so
+    this halves it. ``gate_kernels``: gate vectors (forward, backward) and gate gradients by one
+    Triton launch each (``chunk_gates``, ``gate_grads``) instead of ~12 small PyTorch ops each.
     """
 
     blq: int = 64
@@ -91,6 +100,9 @@ class MlstmTiles:
     warps: int = 4
     stages: int = 2
     inter_warps: int = 4
+    lp_states: bool = True
+    gate_kernels: bool = True
+
 
 
 @functools.lru_cache(maxsize=16)
@@ -104,6 +116,14 @@ def default_tiles(dtype: torch.dtype, prec: str) -> MlstmTiles:
     if prec == "tf32x3":
         return MlstmTiles(bk=64, bv_dqdk=64, bki=32, bvi=big)
     return MlstmTiles(bki=big, bvi=big)
+
+
+def _state_dtype(dtype: torch.dtype, tiles: MlstmTiles, fused_inter: bool = True) -> torch.dtype:
+    """Storage dtype of the materialized chunk states (``MlstmTiles.lp_states``); float32 for the
+    per-chunk loop (``fused_inter=False``), which reads each state back as the next one's start."""
+    if tiles.lp_states and fused_inter and dtype in (torch.bfloat16, torch.float16):
+        return dtype
+    return _acc_dtype(dtype)
 
 
 def _config(L: int, DQK: int, DV: int, t: MlstmTiles) -> dict:
@@ -142,8 +162,17 @@ def _launch(kernel, grid, args, meta, shrink: tuple = ()):
         return
 
 
-def _gates(i_pre, f_pre, exp_gate: bool, L: int, NC: int):
-    """Per-chunk gate vectors (padded to NC*L): b (cumulative log f), li, a = g - b + li; g; max(a)."""
+def _gates(i_pre, f_pre, exp_gate: bool, L: int, NC: int, kernel: bool = False):
+    """Per-chunk gate vectors (padded to NC*L): b (cumulative log f), li, a = g - b + li; g; max(a).
+    ``(B, NH, NC*L)`` x 3 and ``(B, NH, NC)`` x 2, float32 (float64 for float64 inputs). PyTorch (the
+    reference), or ``kernel=True``: one ``chunk_gates`` launch."""
+    if kernel:
+        B, NH, S = i_pre.shape
+        dt = _acc_dtype(i_pre.dtype)
+        b, li, a = (_empty(B, NH, NC * L, like=i_pre, dtype=dt) for _ in range(3))
+        g, amax = (_empty(B, NH, NC, like=i_pre, dtype=dt) for _ in range(2))
+        _launch(chunk_gates, (NC, B * NH), (i_pre, f_pre, b, li, a, g, amax, S, NC), dict(L=L, EXP=exp_gate))
+        return b, li, a, g, amax
     dt = _acc_dtype(i_pre.dtype)
     S = i_pre.shape[-1]
     pad = NC * L - S
@@ -159,20 +188,27 @@ def _gates(i_pre, f_pre, exp_gate: bool, L: int, NC: int):
 
 
 def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: int, fused: bool = True,
-                           prec: str | None = None, tiles: MlstmTiles | None = None):
-    """States entering each chunk: ``C (B, NH, NC+1, DQK, DV)``, ``n (B, NH, NC+1, DQK)``,
-    ``M (B, NH, NC+1)`` (entry ``NC`` is the final state). ``fused`` keeps the state on chip
-    (paper 004); otherwise one kernel launch per chunk passes the state through memory. ``prec``:
-    the dots' input precision (default ``_precision(k.dtype)``); ``tiles``: default ``default_tiles``."""
+                           prec: str | None = None, tiles: MlstmTiles | None = None,
+                           state_dtype: torch.dtype | None = None):
+    """States entering each chunk: ``C (B, NH, NC+1, DQK, DV)`` in ``state_dtype`` (default float32;
+    see ``_state_dtype``), ``n (B, NH, NC+1, DQK)``, ``M (B, NH, NC+1)`` (entry ``NC`` is the final
+    state), and the final ``C`` again in float32, ``(B, NH, DQK, DV)``. ``fused`` keeps the state on
+    chip (paper 004); otherwise one kernel launch per chunk passes the state through memory (needs a
+    float32 ``state_dtype``). ``prec``: the dots' input precision (default ``_precision(k.dtype)``);
+    ``tiles``: default ``default_tiles``. mLSTMsig: ``n`` stays ``n0``."""
     B, NH, S, DQK = k.shape
     DV = v.shape[-1]
     NC = g.shape[-1]
     acc = _acc_dtype(k.dtype)
     prec = prec or _precision(k.dtype)
     cfg = _config(L, DQK, DV, tiles or default_tiles(k.dtype, prec))
-    cst = _empty(B, NH, NC + 1, DQK, DV, like=k, dtype=acc)
+    state_dtype = state_dtype or acc
+    if not fused and state_dtype != acc:
+        raise ValueError("the per-chunk inter-chunk loop stores float32 states")
+    cst = _empty(B, NH, NC + 1, DQK, DV, like=k, dtype=state_dtype)
     nst = _empty(B, NH, NC + 1, DQK, like=k, dtype=acc)
     mst = _empty(B, NH, NC + 1, like=k, dtype=acc)
+    c_last = _empty(B, NH, DQK, DV, like=k, dtype=acc)
     has_init = c0 is not None
     if m0 is None:
         m0 = torch.zeros(B, NH, device=k.device, dtype=acc)
@@ -182,7 +218,7 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
     c0_ = c0 if has_init else cst
     n0_ = n0 if has_init else nst
     if fused:
-        _launch(inter_chunk_states, grid, (k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, 0),
+        _launch(inter_chunk_states, grid, (k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, c_last, S, NC, 0),
                 dict(args, FUSED=True, num_warps=cfg["WI"]))
     else:
         if has_init:
@@ -193,9 +229,9 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
             nst[:, :, 0] = 0
         mst[:, :, 0] = m0
         for c in range(NC):
-            _launch(inter_chunk_states, grid, (k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, S, NC, c),
+            _launch(inter_chunk_states, grid, (k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, c_last, S, NC, c),
                     dict(args, FUSED=False, num_warps=cfg["WI"]))
-    return cst, nst, mst
+    return cst, nst, mst, c_last
 
 
 def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
@@ -219,28 +255,27 @@ def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
 
 def _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool,
              prec: str, tiles: MlstmTiles | None = None):
-    """Returns ``h``, the entering states ``C, n, M`` (``NC + 1`` each), per-step ``m`` and
-    normalizer dot ``d`` (padded to ``NC * L``; zeros for mLSTMsig), and the final ``M`` copy.
-    ``prec``: ``input_precision`` of every dot (``_precision``; the backward reuses it)."""
+    """Returns ``h``, the entering states ``C, n, M`` (``NC + 1`` each; ``C`` in ``_state_dtype``),
+    per-step ``m`` and normalizer dot ``d`` (padded to ``NC * L``; one unused element each for
+    mLSTMsig), the final ``C`` in float32 and the final ``M`` copy. ``prec``: ``input_precision`` of
+    every dot (``_precision``; the backward reuses it)."""
     B, NH, S, DQK = q.shape
     DV = v.shape[-1]
     L = chunk_size
     NC = cdiv(S, L)
-    b, li, a, g, amax = _gates(i_pre, f_pre, exp_gate, L, NC)
     tiles = tiles or default_tiles(q.dtype, prec)
-    cst, nst, mst = run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, exp_gate=exp_gate, L=L, fused=fused_inter,
-                                           prec=prec, tiles=tiles)
+    b, li, a, g, amax = _gates(i_pre, f_pre, exp_gate, L, NC, tiles.gate_kernels)
+    cst, nst, mst, c_last = run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, exp_gate=exp_gate, L=L,
+                                                   fused=fused_inter, prec=prec, tiles=tiles,
+                                                   state_dtype=_state_dtype(q.dtype, tiles, fused_inter))
     cfg = _config(L, DQK, DV, tiles)
     h = _empty(*v.shape, like=v)
-    if exp_gate:
-        mtok, dtok = (_empty(B, NH, NC * L, like=q, dtype=cst.dtype) for _ in range(2))
-    else:  # unused by mLSTMsig
-        mtok, dtok = (torch.zeros(B, NH, NC * L, device=q.device, dtype=cst.dtype) for _ in range(2))
+    mtok, dtok = (_empty(B, NH, NC * L if exp_gate else 1, like=q, dtype=mst.dtype) for _ in range(2))
     grid = (NC * (L // cfg["BLQ"]), cdiv(DV, cfg["BV"]), B * NH)
     _launch(intra_chunk_h, grid, (q, k, v, b, li, cst, nst, mst, h, mtok, dtok, S, NC, 1.0 / math.sqrt(DQK), eps),
             dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
                  EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"]))
-    return h, cst, nst, mst, mtok, dtok, mst[:, :, -1].clone()
+    return h, cst, nst, mst, mtok, dtok, c_last, mst[:, :, -1].clone()
 
 
 @torch.library.custom_op("expressivity::mlstm_chunkwise_fwd", mutates_args=())
@@ -248,7 +283,8 @@ def mlstm_chunkwise_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
     c0: Optional[torch.Tensor], n0: Optional[torch.Tensor], m0: Optional[torch.Tensor],
     exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool, prec: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor]:
     """The forward (``_forward``) with the default tiles."""
     return _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec)
 
@@ -260,23 +296,56 @@ def _(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter,
     NC = -(-S // chunk_size)
     acc = _acc_dtype(q.dtype)
     e = lambda *s: q.new_empty(*s, dtype=acc)  # noqa: E731
-    return (torch.empty_like(v), e(B, NH, NC + 1, DQK, DV), e(B, NH, NC + 1, DQK), e(B, NH, NC + 1),
-            e(B, NH, NC * chunk_size), e(B, NH, NC * chunk_size), e(B, NH))
+    ntok = NC * chunk_size if exp_gate else 1
+    cst = q.new_empty(B, NH, NC + 1, DQK, DV, dtype=_state_dtype(q.dtype, default_tiles(q.dtype, prec), fused_inter))
+    return (torch.empty_like(v), cst, e(B, NH, NC + 1, DQK), e(B, NH, NC + 1), e(B, NH, ntok), e(B, NH, ntok),
+            e(B, NH, DQK, DV), e(B, NH))
 
 
-def _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate: bool,
+def _gate_grads_torch(qdq, kdk, i_pre, f_pre, dlast, exp_gate: bool):
+    """``di, df`` (``(B, NH, S)``, the pre-activations' dtype) from the row sums ``qdq, kdk``
+    (``(NKB, B, NH, NC*L)`` float32 partial sums over feature blocks): ``d log f_t = sum_{s >= t}
+    (q.dq - k.dk)_s + dlast`` (``dlast (B, NH)``: the final-state term, or None), ``df = d log f *
+    sigmoid(-f)``, ``di = k.dk`` (mLSTMexp) or ``k.dk * sigmoid(-i)``. The PyTorch reference of
+    ``triton_bwd.gate_grads``."""
+    S = i_pre.shape[-1]
+    qdq, kdk = qdq.sum(0)[..., :S], kdk.sum(0)[..., :S]
+    d_logf = (qdq - kdk).flip(-1).cumsum(-1).flip(-1)
+    if dlast is not None:
+        d_logf = d_logf + dlast[..., None]
+    i32, f32 = i_pre.to(qdq.dtype), f_pre.to(qdq.dtype)
+    di = kdk if exp_gate else kdk * torch.sigmoid(-i32)
+    df = d_logf * torch.sigmoid(-f32)
+    # contiguous, as the fake kernel (and torch.compile's plan) has them: kdk is a slice when S % L != 0
+    return di.to(i_pre.dtype).contiguous(), df.to(f_pre.dtype).contiguous()
+
+
+def _gate_grads(qdq, kdk, i_pre, f_pre, dlast, exp_gate: bool):
+    """``_gate_grads_torch`` in one ``gate_grads`` launch (one program per batch*head)."""
+    B, NH, S = i_pre.shape
+    di, df = torch.empty_like(i_pre), torch.empty_like(f_pre)
+    has_dlast = dlast is not None
+    _launch(gate_grads, (B * NH,), (qdq, kdk, i_pre, f_pre, dlast if has_dlast else qdq, di, df, S, qdq.shape[-1]),
+            dict(NKB=qdq.shape[0], BS=min(1024, _np2(S)), EXP=exp_gate, HAS_DLAST=has_dlast))
+    return di, df
+
+
+def _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, c_last, exp_gate: bool,
               chunk_size: int, eps: float, prec: str, tiles: MlstmTiles | None = None):
-    """Gradients ``dq, dk, dv, di, df`` and of the initial state ``dC0, dn0`` (the initial ``m0``'s
-    gradient, ``<C0, dC0> + <n0, dn0>``, is formed by the caller)."""
+    """Gradients ``dq, dk, dv, di, df`` and of the initial state ``dC0, dn0`` (float32; the initial
+    ``m0``'s gradient, ``<C0, dC0> + <n0, dn0>``, is formed by the caller). ``dc_last, dn_last``:
+    gradients of the final state (both or neither); ``c_last``: the final ``C`` in float32; the
+    state gradients ``dC`` are stored in ``cst``'s dtype (``MlstmTiles.lp_states``)."""
     B, NH, S, DQK = q.shape
     DV = v.shape[-1]
     L = chunk_size
     NC = cdiv(S, L)
-    cfg = _config(L, DQK, DV, tiles or default_tiles(q.dtype, prec))
-    acc = cst.dtype
+    tiles = tiles or default_tiles(q.dtype, prec)
+    cfg = _config(L, DQK, DV, tiles)
+    acc = mst.dtype
     scale = 1.0 / math.sqrt(DQK)
     dh = dh.contiguous()
-    b, li, a, g, _ = _gates(i_pre, f_pre, exp_gate, L, NC)
+    b, li, a, g, _ = _gates(i_pre, f_pre, exp_gate, L, NC, tiles.gate_kernels)
     if exp_gate:
         pad = NC * L - S
         lower = torch.exp(-mtok)
@@ -287,11 +356,12 @@ def _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mto
         inv = dd = mtok  # unused
     dcst = _empty(*cst.shape, like=cst)
     dnst = _empty(*nst.shape, like=nst)
+    dc0 = _empty(*c_last.shape, like=c_last)
     has_dlast = dc_last is not None
     grid = (cdiv(DQK, cfg["BKI"]), cdiv(DV, cfg["BVI"]), B * NH)
     _launch(inter_chunk_dstates, grid,
-            (q, dh, b, g, mtok, inv, dd, mst, dc_last if has_dlast else dcst, dn_last if has_dlast else dnst,
-             dcst, dnst, S, NC, scale),
+            (q, dh, b, g, mtok, inv, dd, mst, dc_last if has_dlast else dc0, dn_last if has_dlast else dnst,
+             dcst, dnst, dc0, S, NC, scale),
             dict(DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate,
                  HAS_DLAST=has_dlast, PREC=prec, num_warps=cfg["WI"]))
     common = dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
@@ -300,26 +370,18 @@ def _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mto
     shrink_qk = ({"BV": max(16, common_qk["BV"] // 2)},) if common_qk["BV"] > 16 else ()
     nkb = cdiv(DQK, cfg["BK"])
     dq, dk, dv = (_empty(*t.shape, like=t) for t in (q, k, v))
-    qdq, kdk = (_empty(nkb, B * NH, NC * L, like=q, dtype=acc) for _ in range(2))
+    qdq, kdk = (_empty(nkb, B, NH, NC * L, like=q, dtype=acc) for _ in range(2))
     _launch(intra_chunk_dq, (NC * (L // cfg["BLQ"]), nkb, B * NH),
             (q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale), common_qk, shrink_qk)
     _launch(intra_chunk_dk, (NC * (L // cfg["BLKV"]), nkb, B * NH),
             (q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale), common_qk, shrink_qk)
     _launch(intra_chunk_dv, (NC * (L // cfg["BLKV"]), cdiv(DV, cfg["BV"]), B * NH),
             (q, k, dh, b, li, a, mtok, inv, dcst, mst, dv, S, NC, scale), common)
-    # gate gradients
-    qdq = qdq.sum(0).reshape(B, NH, NC * L)[..., :S]
-    kdk = kdk.sum(0).reshape(B, NH, NC * L)[..., :S]
-    d_cum = qdq - kdk
-    d_logf = d_cum.flip(-1).cumsum(-1).flip(-1)
-    if has_dlast:
-        d_logf = d_logf + ((cst[:, :, -1] * dc_last).sum((-1, -2)) + (nst[:, :, -1] * dn_last).sum(-1))[..., None]
-    i32, f32 = i_pre.to(acc), f_pre.to(acc)
-    di = kdk if exp_gate else kdk * torch.sigmoid(-i32)
-    df = d_logf * torch.sigmoid(-f32)
-    # contiguous, as the fake kernel (and torch.compile's plan) has them: kdk is a slice when S % L != 0
-    return (dq, dk, dv, di.to(i_pre.dtype).contiguous(), df.to(f_pre.dtype).contiguous(), dcst[:, :, 0].clone(),
-            dnst[:, :, 0].clone())
+    dlast = None
+    if has_dlast:  # the final state's term of d log f (constant over the sequence)
+        dlast = (c_last * dc_last).sum((-1, -2)) + (nst[:, :, -1] * dn_last).sum(-1)
+    di, df = (_gate_grads if tiles.gate_kernels else _gate_grads_torch)(qdq, kdk, i_pre, f_pre, dlast, exp_gate)
+    return dq, dk, dv, di, df, dc0, dnst[:, :, 0].clone()
 
 
 @torch.library.custom_op("expressivity::mlstm_chunkwise_bwd", mutates_args=())
@@ -327,28 +389,29 @@ def mlstm_chunkwise_bwd(
     dh: torch.Tensor, dc_last: Optional[torch.Tensor], dn_last: Optional[torch.Tensor],
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
     h: torch.Tensor, cst: torch.Tensor, nst: torch.Tensor, mst: torch.Tensor, mtok: torch.Tensor,
-    dtok: torch.Tensor, exp_gate: bool, chunk_size: int, eps: float, prec: str,
+    dtok: torch.Tensor, c_last: torch.Tensor, exp_gate: bool, chunk_size: int, eps: float, prec: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward (``_backward``) with the default tiles."""
-    return _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size,
-                     eps, prec)
+    return _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, c_last, exp_gate,
+                     chunk_size, eps, prec)
 
 
 @mlstm_chunkwise_bwd.register_fake
-def _(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, exp_gate, chunk_size, eps, prec):
+def _(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, c_last, exp_gate, chunk_size, eps,
+      prec):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(i_pre),
-            torch.empty_like(f_pre), torch.empty_like(cst[:, :, 0]), torch.empty_like(nst[:, :, 0]))
+            torch.empty_like(f_pre), torch.empty_like(c_last), torch.empty_like(nst[:, :, 0]))
 
 
-def _last_state_grads(dh, dcst, dnst, h, cst, nst):
+def _last_state_grads(dh, dclast, dnst, h, c_last, nst):
     """The gradients reaching the final state (the only user-visible state output), zeros where
     autograd passes none."""
-    dc_last = None if dcst is None else dcst[:, :, -1].contiguous()
+    dc_last = None if dclast is None else dclast.contiguous()
     dn_last = None if dnst is None else dnst[:, :, -1].contiguous()
     if dc_last is not None and dn_last is None:
         dn_last = torch.zeros_like(nst[:, :, -1])
     if dn_last is not None and dc_last is None:
-        dc_last = torch.zeros_like(cst[:, :, -1])
+        dc_last = torch.zeros_like(c_last)
     return (torch.zeros_like(h) if dh is None else dh), dc_last, dn_last
 
 
@@ -362,16 +425,17 @@ def _initial_state_grads(c0, n0, dc0, dn0):
 
 def _setup_context(ctx, inputs, output):
     q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, _, prec = inputs
-    h, cst, nst, mst, mtok, dtok, _ = output
-    ctx.save_for_backward(q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok)
+    h, cst, nst, mst, mtok, dtok, c_last, _ = output
+    ctx.save_for_backward(q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok, c_last)
     ctx.opts = (exp_gate, chunk_size, eps, prec)
+    ctx.set_materialize_grads(False)  # see _Eager
 
 
-def _grad(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dm_last):
-    q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok = ctx.saved_tensors
-    dh, dc_last, dn_last = _last_state_grads(dh, dcst, dnst, h, cst, nst)
+def _grad(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dclast, dm_last):
+    q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok, c_last = ctx.saved_tensors
+    dh, dc_last, dn_last = _last_state_grads(dh, dclast, dnst, h, c_last, nst)
     dq, dk, dv, di, df, dc0, dn0 = mlstm_chunkwise_bwd(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst,
-                                                       mtok, dtok, *ctx.opts)
+                                                       mtok, dtok, c_last, *ctx.opts)
     return (dq, dk, dv, di, df, *_initial_state_grads(c0, n0, dc0, dn0), None, None, None, None, None)
 
 
@@ -385,19 +449,22 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tiles, q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec):
         out = _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec, tiles)
-        h, cst, nst, mst, mtok, dtok, _ = out
-        ctx.save_for_backward(q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok)
+        h, cst, nst, mst, mtok, dtok, c_last, _ = out
+        ctx.save_for_backward(q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok, c_last)
         ctx.opts, ctx.tiles = (exp_gate, chunk_size, eps, prec), tiles
-        ctx.mark_non_differentiable(mst, mtok, dtok, out[-1])
+        ctx.mark_non_differentiable(cst, mst, mtok, dtok, out[-1])
+        # unused outputs get None, not zeros: autograd would otherwise zero-fill a gradient for each,
+        # (B, NH, NC+1, DQK, DV) for cst (545 MB at the benchmark shape) on every backward
+        ctx.set_materialize_grads(False)
         return out
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dm_last):
-        q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok = ctx.saved_tensors
-        dh, dc_last, dn_last = _last_state_grads(dh, dcst, dnst, h, cst, nst)
+    def backward(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dclast, dm_last):
+        q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok, c_last = ctx.saved_tensors
+        dh, dc_last, dn_last = _last_state_grads(dh, dclast, dnst, h, c_last, nst)
         dq, dk, dv, di, df, dc0, dn0 = _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok,
-                                                 dtok, *ctx.opts, ctx.tiles)
+                                                 dtok, c_last, *ctx.opts, ctx.tiles)
         return (None, dq, dk, dv, di, df, *_initial_state_grads(c0, n0, dc0, dn0), None, None, None, None, None)
 
 
@@ -427,9 +494,9 @@ def mlstm_triton(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, init
         out = _Eager.apply(tiles, *args)
     else:
         out = _forward(*args, tiles)
-    h, cst, nst, mst, _, _, m_last = out
+    h, cst, nst, mst, _, _, c_last, m_last = out
     if not return_last_state:
         return h
     if exp_gate:
-        return h, (cst[:, :, -1], nst[:, :, -1], m_last)
-    return h, (cst[:, :, -1],)
+        return h, (c_last, nst[:, :, -1], m_last)
+    return h, (c_last,)

@@ -5,11 +5,19 @@ padded steps have log forget gate 0 and log input gate -inf, i.e. they change no
 (float32, or float64 for float64 inputs) are precomputed per chunk: ``b`` (in-chunk cumulative log
 forget gate), ``li`` (log input gate), ``a = g - b + li`` and ``g`` (chunk total), ``amax = max(a)``.
 
+* ``chunk_gates``: the gate vectors above from the pre-activations, one program per (chunk,
+  batch*head) (one launch instead of a dozen small PyTorch ops; ``triton_chunkwise._gates`` is the
+  PyTorch reference).
 * ``inter_chunk_states``: the recurrent kernel (first level of sequence parallelism). One program per
   (DQK block, DV block, batch*head) runs over the chunks and writes the state entering every chunk
   (``NC + 1`` states: the last one is the final state). ``FUSED=True`` keeps the state on chip
   across chunks (paper 004); ``FUSED=False`` is the per-chunk loop: one launch per chunk that reads
-  the previous state back from memory. Both run the same update and give bit-identical states.
+  the previous state back from memory. Both run the same update and give bit-identical states. The
+  state is carried in float32 (``clast_ptr``'s dtype, float64 under float64); the materialized
+  states ``cst`` may be stored in the 16-bit input dtype (``MlstmTiles.lp_states``): every reader
+  casts them to that dtype before its dot anyway, so h and the gradients do not change, and the
+  dominant HBM traffic (``NC + 1`` states of ``DQK x DV``) halves. The final state is also written
+  in float32 to ``clast_ptr``. mLSTMsig has no normalizer: ``n`` is not accumulated (stays ``n0``).
 * ``intra_chunk_h``: the parallel kernel (second level). One program per (query block of a chunk,
   DV block, batch*head) loops over key/value blocks of the chunk (online max-state rescaling for
   mLSTMexp, Alg. 1), then adds the inter-chunk part from the chunk's entering state (eq. 99-100).
@@ -19,6 +27,42 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _logsigmoid(x):
+    """``log sigmoid(x) = min(x, 0) - log1p(exp(-|x|))`` with an accurate log1p."""
+    z = tl.exp(-tl.abs(x))
+    u = 1.0 + z
+    log1p = tl.where(u == 1.0, z, tl.log(u) * (z / (u - 1.0)))
+    return tl.minimum(x, 0.0) - log1p
+
+
+@triton.jit
+def chunk_gates(i_ptr, f_ptr, b_ptr, li_ptr, a_ptr, g_ptr, amax_ptr, S, NC, L: tl.constexpr, EXP: tl.constexpr):
+    """Gate vectors of chunk ``program_id(0)`` of head ``program_id(1)``: ``b, li, a`` (``NC * L`` per
+    head; padded steps: log f = 0, log i = -inf), ``g`` and ``amax`` (``NC`` per head), in the dtype of
+    ``b_ptr``. Pre-activations ``i, f`` are ``(B*NH, S)`` in the input dtype."""
+    c, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    acc_t = b_ptr.dtype.element_ty
+    pos = c * L + tl.arange(0, L)
+    ok = pos < S
+    ip = tl.load(i_ptr + bh * S + pos, mask=ok, other=0.0).to(acc_t)
+    fp = tl.load(f_ptr + bh * S + pos, mask=ok, other=0.0).to(acc_t)
+    lf = tl.where(ok, _logsigmoid(fp), 0.0)
+    if EXP:
+        li = tl.where(ok, ip, float("-inf"))
+    else:
+        li = tl.where(ok, _logsigmoid(ip), float("-inf"))
+    b = tl.cumsum(lf, axis=0)
+    g = tl.sum(lf, axis=0)
+    a = g - b + li
+    tok = bh * NC * L + pos
+    tl.store(b_ptr + tok, b)
+    tl.store(li_ptr + tok, li)
+    tl.store(a_ptr + tok, a)
+    tl.store(g_ptr + bh * NC + c, g)
+    tl.store(amax_ptr + bh * NC + c, tl.max(a, axis=0))
 
 
 @triton.jit
@@ -43,18 +87,21 @@ def _state_update(C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c, offs_k, offs
         w = tl.exp(tl.load(a_ptr + pos) - M_new)
         kw = kT.to(C.dtype) * w[None, :]
         C += tl.dot(kw.to(vv.dtype), vv, input_precision=PREC).to(C.dtype)
-        n += tl.sum(kw, axis=1)
+        if EXP:
+            n += tl.sum(kw, axis=1)
     return C, n, M_new
 
 
 @triton.jit
 def inter_chunk_states(
-    k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c0_ptr, n0_ptr, m0_ptr, cst_ptr, nst_ptr, mst_ptr,
+    k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c0_ptr, n0_ptr, m0_ptr, cst_ptr, nst_ptr, mst_ptr, clast_ptr,
     S, NC, chunk,
     DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BL: tl.constexpr, EXP: tl.constexpr, HAS_INIT: tl.constexpr, FUSED: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_k, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
+    acc_t = clast_ptr.dtype.element_ty
+    st_t = cst_ptr.dtype.element_ty
     offs_k = pid_k * BK + tl.arange(0, BK)
     offs_v = pid_v * BV + tl.arange(0, BV)
     mask_kv = (offs_k[:, None] < DQK) & (offs_v[None, :] < DV)
@@ -70,14 +117,14 @@ def inter_chunk_states(
     first = pid_v == 0
     if FUSED:
         if HAS_INIT:
-            C = tl.load(c0_ptr + bh * DQK * DV + c_off, mask=mask_kv, other=0.0).to(cst_ptr.dtype.element_ty)
-            n = tl.load(n0_ptr + bh * DQK + offs_k, mask=offs_k < DQK, other=0.0).to(cst_ptr.dtype.element_ty)
+            C = tl.load(c0_ptr + bh * DQK * DV + c_off, mask=mask_kv, other=0.0).to(acc_t)
+            n = tl.load(n0_ptr + bh * DQK + offs_k, mask=offs_k < DQK, other=0.0).to(acc_t)
         else:
-            C = tl.zeros((BK, BV), dtype=cst_ptr.dtype.element_ty)
-            n = tl.zeros((BK,), dtype=cst_ptr.dtype.element_ty)
-        M = tl.load(m0_ptr + bh).to(cst_ptr.dtype.element_ty)  # always given (zeros without a state)
+            C = tl.zeros((BK, BV), dtype=acc_t)
+            n = tl.zeros((BK,), dtype=acc_t)
+        M = tl.load(m0_ptr + bh).to(acc_t)  # always given (zeros without a state)
         for c in range(0, NC):
-            tl.store(cst_ptr + c * DQK * DV + c_off, C, mask=mask_kv)
+            tl.store(cst_ptr + c * DQK * DV + c_off, C.to(st_t), mask=mask_kv)
             if first:
                 tl.store(nst_ptr + c * DQK + offs_k, n, mask=offs_k < DQK)
                 if pid_k == 0:
@@ -85,14 +132,16 @@ def inter_chunk_states(
             C, n, M = _state_update(C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c, offs_k, offs_v, S,
                                     DQK, DV, L, BL, EXP, PREC)
         c_out = NC
-    else:  # one chunk per launch: the state goes through memory
-        C = tl.load(cst_ptr + chunk * DQK * DV + c_off, mask=mask_kv, other=0.0)
+    else:  # one chunk per launch: the state goes through memory (float32 storage, see the caller)
+        C = tl.load(cst_ptr + chunk * DQK * DV + c_off, mask=mask_kv, other=0.0).to(acc_t)
         n = tl.load(nst_ptr + chunk * DQK + offs_k, mask=offs_k < DQK, other=0.0)
         M = tl.load(mst_ptr + chunk)
         C, n, M = _state_update(C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, chunk, offs_k, offs_v, S,
                                 DQK, DV, L, BL, EXP, PREC)
         c_out = chunk + 1
-    tl.store(cst_ptr + c_out * DQK * DV + c_off, C, mask=mask_kv)
+    tl.store(cst_ptr + c_out * DQK * DV + c_off, C.to(st_t), mask=mask_kv)
+    if c_out == NC:
+        tl.store(clast_ptr + bh * DQK * DV + c_off, C, mask=mask_kv)
     if first:
         tl.store(nst_ptr + c_out * DQK + offs_k, n, mask=offs_k < DQK)
         if pid_k == 0:
@@ -110,7 +159,7 @@ def intra_chunk_h(
     NQB: tl.constexpr = L // BLQ
     c = pid_q // NQB
     iq = pid_q % NQB
-    acc_t = cst_ptr.dtype.element_ty
+    acc_t = b_ptr.dtype.element_ty  # float32 (float64 for float64 inputs); cst may be 16-bit
     q_ptr += bh * S * DQK
     k_ptr += bh * S * DQK
     v_ptr += bh * S * DV

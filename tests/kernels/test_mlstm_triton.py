@@ -117,9 +117,9 @@ def test_backward_op_outputs_match_its_fake(S):
     from kernels.mlstm.triton_chunkwise import mlstm_chunkwise_bwd, mlstm_chunkwise_fwd
 
     x, st = _to(*make_inputs(1, 2, S, 16, 16, "exp", init=True, seed=15), torch.float32)
-    h, cst, nst, mst, mtok, dtok, _ = mlstm_chunkwise_fwd(*x, *st, True, 16, 1e-6, True, "ieee")
-    dc, dn = torch.randn_like(cst[:, :, -1]), torch.randn_like(nst[:, :, -1])
-    args = (torch.randn_like(h), dc, dn, *x, h, cst, nst, mst, mtok, dtok, True, 16, 1e-6, "ieee")
+    h, cst, nst, mst, mtok, dtok, c_last, _ = mlstm_chunkwise_fwd(*x, *st, True, 16, 1e-6, True, "ieee")
+    dc, dn = torch.randn_like(c_last), torch.randn_like(nst[:, :, -1])
+    args = (torch.randn_like(h), dc, dn, *x, h, cst, nst, mst, mtok, dtok, c_last, True, 16, 1e-6, "ieee")
     torch.library.opcheck(mlstm_chunkwise_bwd, args, test_utils=("test_schema", "test_faketensor"))
 
 
@@ -155,8 +155,13 @@ def _spy_launches(monkeypatch):
     return metas
 
 
-KERNELS = {"inter_chunk_states", "intra_chunk_h", "inter_chunk_dstates", "intra_chunk_dq", "intra_chunk_dk",
-           "intra_chunk_dv"}
+DOT_KERNELS = {"inter_chunk_states", "intra_chunk_h", "inter_chunk_dstates", "intra_chunk_dq", "intra_chunk_dk",
+               "intra_chunk_dv"}
+KERNELS = DOT_KERNELS | {"chunk_gates", "gate_grads"}  # the gate kernels have no dots
+
+
+def _precs(metas):
+    return {m["PREC"] for name, m in metas if name in DOT_KERNELS}
 
 
 def test_float32_exp_gradients_with_active_normalizer(monkeypatch):
@@ -189,7 +194,7 @@ def test_float32_exp_gradients_with_active_normalizer(monkeypatch):
     errs = [_rel(a.cpu(), b) for a, b in zip(got, want)]
     assert all(e < 1e-3 for e in errs), errs  # h, dq, dk, dv, di, df
     assert {name for name, _ in metas} == KERNELS
-    assert {m["PREC"] for _, m in metas} == {"tf32x3"}
+    assert _precs(metas) == {"tf32x3"}
 
 
 def test_every_dot_takes_the_launch_precision():
@@ -214,7 +219,7 @@ def test_every_dot_takes_the_launch_precision():
                 assert isinstance(kw.get("input_precision"), ast.Name) and kw["input_precision"].id == "PREC", (
                     f"{mod.__name__}.{fn.name} line {c.lineno}: tl.dot without input_precision=PREC")
             with_dots |= {fn.name} if calls else set()
-    assert with_dots == KERNELS - {"inter_chunk_states"} | {"_state_update"}  # the walk found the dots
+    assert with_dots == DOT_KERNELS - {"inter_chunk_states"} | {"_state_update"}  # the walk found the dots
 
 
 def test_float32_precision_follows_torch_setting():
@@ -248,7 +253,7 @@ def test_backward_reuses_the_forward_precision(monkeypatch):
             torch.set_float32_matmul_precision(bwd)
             h.sum().backward()
             assert {name for name, _ in metas} == KERNELS
-            assert {m["PREC"] for _, m in metas} == {"tf32" if fwd == "medium" else "tf32x3"}
+            assert _precs(metas) == {"tf32" if fwd == "medium" else "tf32x3"}
     finally:
         torch.set_float32_matmul_precision(old)
 
@@ -307,3 +312,68 @@ def test_launch_falls_back_when_out_of_shared_memory(monkeypatch):
     other.fits = lambda meta: (_ for _ in ()).throw(ValueError("not a resource error"))
     with pytest.raises(ValueError, match="not a resource error"):
         tc._launch(other, (1,), (), {"num_stages": 2})
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+@pytest.mark.parametrize("S", [37, 2100])
+def test_gate_kernels_match_torch(gate, S):
+    """``chunk_gates`` / ``gate_grads`` (``MlstmTiles.gate_kernels``) against their PyTorch references
+    in float64: S not a multiple of the chunk (padding: log f = 0, log i = -inf), and S = 2100 over
+    three 1024-step blocks of the reverse cumulative sum, with and without the final-state term."""
+    from kernels.mlstm.triton_chunkwise import _gate_grads, _gate_grads_torch, _gates
+
+    B, NH, L, NKB = 2, 3, 16, 2
+    NC = -(-S // L)
+    g = torch.Generator().manual_seed(S)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(DEV)  # noqa: E731
+    i_pre, f_pre = 3.0 * r(B, NH, S), 2.0 + 3.0 * r(B, NH, S)
+    for got, want in zip(_gates(i_pre, f_pre, gate == "exp", L, NC, kernel=True),
+                         _gates(i_pre, f_pre, gate == "exp", L, NC)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)  # -inf padding compares equal
+    qdq, kdk = r(NKB, B, NH, NC * L), r(NKB, B, NH, NC * L)
+    for dlast in (None, r(B, NH)):
+        for got, want in zip(_gate_grads(qdq, kdk, i_pre, f_pre, dlast, gate == "exp"),
+                             _gate_grads_torch(qdq, kdk, i_pre, f_pre, dlast, gate == "exp")):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def _opts_run(x, st, gate, dtype, chunk, **opts):
+    from kernels.mlstm.triton_chunkwise import MlstmTiles
+
+    tiles = MlstmTiles(bki=16, bvi=16, **opts)
+    return run(lambda *a, **k: _triton(*a, tiles=tiles, **k), *_to(x, st, dtype), gate, chunk_size=chunk)
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+@pytest.mark.parametrize("gate_kernels", [False, True])
+@pytest.mark.parametrize("init", [False, True])
+def test_options_match_parallel_float64(gate, gate_kernels, init):
+    """Both gate-vector paths (PyTorch ops, ``chunk_gates`` + ``gate_grads``) with and without an
+    initial state at S = 37 (two full chunks of 16 and a partial one), forward and every gradient,
+    against the float64 parallel form (``lp_states`` is a no-op for float64: see the bf16 test)."""
+    if DEV != "cpu":
+        pytest.skip("float64 Triton runs under the interpreter only")
+    x, st = make_inputs(1, 2, 37, 16, 24, gate, init=init, seed=31)
+    out_p, grad_p = run(mlstm_parallel, x, st, gate)
+    out, grad = _opts_run(x, st, gate, torch.float64, 16, gate_kernels=gate_kernels)
+    assert_all_close(out, out_p, rtol=1e-9, atol=1e-10)
+    assert_all_close(grad, grad_p, rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_lp_states_bf16_bit_identical(gate):
+    """bfloat16: chunk states stored in bfloat16 (``lp_states``) give the same bits as float32
+    storage for h, the final state and every gradient (the readers cast to bfloat16 before their
+    dots either way); S = 45 (partial last chunk), chunk 16, initial state; and (on CUDA) h, the
+    final state and the gradients are within bfloat16 error of the float64 parallel form (Triton's
+    CPU interpreter computes bfloat16 kernels wrongly, every variant alike)."""
+    x, st = make_inputs(1, 2, 45, 16, 32, gate, init=True, seed=32)
+    ref_out, ref_grad = _opts_run(x, st, gate, torch.bfloat16, 16, lp_states=False)
+    out, grad = _opts_run(x, st, gate, torch.bfloat16, 16, lp_states=True)
+    for a, b in zip(out + grad, ref_out + ref_grad):
+        assert (a is None and b is None) or torch.equal(a, b)
+    if DEV == "cpu":
+        return
+    out_p, grad_p = run(mlstm_parallel, *_to(x, st), gate)
+    errs = [_rel(a.cpu(), b.cpu()) for a, b in zip(out[:2] + grad, out_p[:2] + grad_p) if b is not None]
+    assert max(errs) < 1e-1, errs  # bfloat16 inputs at S = 45: up to 5.1e-2 on an H200 (a wrong kernel: O(1))
