@@ -18,7 +18,8 @@ B, C)`` (no ``D``, no initial state), forward alone and forward + backward w.r.t
 Limits: bytes = every input read once and every output written once over the measured copy
 bandwidth; FLOPs = the chunked form's matrix products (causal half of each chunk) over the measured
 matmul rate of the dtype (TF32 for float32; the 3-pass default runs 3x the products). The larger
-is the floor. ``--tiles``: time ours with ``SsdTiles`` fields (section ``tiles``).
+is the floor. ``--tiles``: time ours with ``SsdTiles`` fields or ``TILE_SETS`` names (section ``tiles``);
+without it ours runs the device's default set (``kernels.ssd.triton_ssd.DEVICE_TILES``).
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--chunks", default="128", help="chunk sizes of ours-triton")
     ap.add_argument("--impls", default="", help="comma-separated name prefixes to run (default: all)")
-    ap.add_argument("--tiles", default="", help="';'-separated SsdTiles fields to time ours with, e.g. "
-                    "'attn_rows=64,attn_warps=8;state_stages=2' (section 'tiles')")
+    ap.add_argument("--tiles", default="", help="';'-separated tile sets to time ours with: SsdTiles fields or "
+                    "TILE_SETS names, e.g. 'h100;h200;fwd_cols=64,attn_stages=2' (section 'tiles')")
     cli_common(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     for spec in filter(None, args.tiles.split(";")):
         from kernels.ssd.triton_ssd import SsdTiles
 
-        tiles = SsdTiles(**{k: int(v) for k, v in (item.split("=") for item in spec.split(","))})
+        tiles = SsdTiles.parse(spec)
         tuned = {f"{k}[{spec}]": v for k, v in implementations(chunks, tiles).items() if k.startswith("ours-triton")}
         problems += [problem(args.batch, args.seqlen, H, args.headdim, N, dn, {"ours-torch": impls["ours-torch"], **tuned},
                              bw, rates, section="tiles") for H, N in shapes for dn in dnames]

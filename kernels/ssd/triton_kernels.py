@@ -32,6 +32,9 @@ intra-chunk part of the gradient of ``a_r = dt_r A``, ``sum_{t >= r > s} M_ts`` 
 difference of large row and column sums): a running row prefix sum over ``s`` (``tl.cumsum``),
 then a column sum over rows ``t > s``, written at ``r = s + 1`` into ``dda (batch, H, Q / BT, Lp)``
 (one slice per row tile, zero-initialised, summed by the caller).
+A program owns ``BT`` rows of one chunk and walks the columns it needs (causal: up to its last
+row; anticausal: from its first) in blocks of ``BC`` (``BT % BC == 0``; ``BC < BT`` gives the
+pipeline more, smaller blocks, ``(BT, BC)`` score tiles, and masks less of the diagonal).
 ``S_c`` is ``(DK, DV)``. With ``HPP > 1`` a program sums its output over ``HPP`` consecutive heads
 (gradients of ``B``, ``C`` shared by the heads of a group). Accumulation is float32; ``PREC`` is
 the ``input_precision`` of every ``tl.dot`` (float32 inputs: ``"tf32"`` or ``"tf32x3"``).
@@ -119,7 +122,7 @@ def chunk_attn_kernel(
     sw_b, sw_l, sw_h, sw_d,
     scb_b, scb_c, scb_h, scb_r, scb_k,
     so_b, so_l, so_h, so_d,
-    Q: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HPP: tl.constexpr,
+    Q: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HPP: tl.constexpr,
     REVERSE: tl.constexpr, HAS_DOT: tl.constexpr, FULL_DOT: tl.constexpr, HAS_CB: tl.constexpr,
     DDA: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -149,8 +152,8 @@ def chunk_attn_kernel(
         else:
             lo = c * Q
             hi = t0 + BT
-        for j in range(lo, hi, BT):
-            cols = j + tl.arange(0, BT)
+        for j in range(lo, hi, BC):  # BC-column blocks (BT % BC == 0), pipelined over num_stages
+            cols = j + tl.arange(0, BC)
             col_ok = cols < L
             v = tl.load(v_ptr + b * sv_b + cols[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
                         mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)

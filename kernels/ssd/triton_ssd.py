@@ -23,8 +23,9 @@ The step sizes, decays and states are float32; ``x, B, C`` are read in their dty
 follow ``torch.get_float32_matmul_precision()`` at the forward call (``_precision``): ``"highest"``
 (torch's default) and ``"high"`` use 3-pass TF32 (``tf32x3``, float32-accurate on tensor cores),
 ``"medium"`` single-pass TF32 (``tf32``, as ``mamba-ssm``'s kernels run: ~1e-3 relative errors).
-Tiles: ``SsdTiles`` (defaults ``attn_config`` / ``state_config``), passed as ``ssd_triton(...,
-tiles=)``. Each kernel launch is a custom op (``expressivity::ssd_chunk_state``, ``ssd_chunk_attn``,
+Tiles: ``SsdTiles`` per kernel and ``chunk_attn`` role (defaults ``attn_config`` / ``state_config``),
+passed as ``ssd_triton(..., tiles=)``; without it the named set of ``TILE_SETS`` that ``DEVICE_TILES``
+picks for the GPU (``default_tiles``). Each kernel launch is a custom op (``expressivity::ssd_chunk_state``, ``ssd_chunk_attn``,
 and the per-chunk ``C . B`` products ``ssd_chunk_dots``); the padding, decays and sums around them
 are plain torch code in one ``autograd.Function``, so ``torch.compile`` traces and fuses them with
 the rest of the model. Eager calls run the launches directly. Under ``torch.func.vmap`` (eagerly:
@@ -54,25 +55,92 @@ def _pow2(n: int) -> int:
     return max(16, next_pow2(n))
 
 
+ATTN_ROLES = ("fwd", "dx", "db", "dc")  # the four chunk_attn launches of a forward + backward
+
+
 @dataclasses.dataclass(frozen=True)
 class SsdTiles:
-    """Tiles of the SSD kernels; a field left ``None`` takes the default for the problem.
+    """Tiles of the SSD kernels; a field left ``None`` takes the default for the problem
+    (``attn_config`` / ``state_config``: the tiles chosen on an H100).
 
-    ``chunk_attn``: ``attn_rows`` rows per program, ``attn_warps``, ``attn_stages``. ``chunk_state``:
-    ``state_rows x state_cols`` state tile, ``state_steps`` steps per block, ``state_warps``,
-    ``state_stages``."""
+    ``chunk_attn`` runs in four roles (``ATTN_ROLES``): ``fwd`` (``y``), ``dx``, ``db`` (``dB``) and
+    ``dc`` (``dC`` and the decay gradient's intra-chunk part). Per role: ``{role}_rows`` rows per
+    program ``BT``, ``{role}_cols`` columns per block ``BC`` (a divisor of ``BT``), ``{role}_warps``,
+    ``{role}_stages``, and for ``db`` / ``dc`` ``{role}_heads``: the most heads one program sums into
+    its per-group output (default 16; fewer: more programs, more partial outputs summed in torch);
+    ``attn_rows`` etc. set every role whose own field is ``None``. ``chunk_state``
+    (forward and reverse): ``state_rows x state_cols`` state tile, ``state_steps`` steps per block,
+    ``state_warps``, ``state_stages``."""
 
     attn_rows: Optional[int] = None
+    attn_cols: Optional[int] = None
     attn_warps: Optional[int] = None
     attn_stages: Optional[int] = None
+    attn_heads: Optional[int] = None
+    fwd_rows: Optional[int] = None
+    fwd_cols: Optional[int] = None
+    fwd_warps: Optional[int] = None
+    fwd_stages: Optional[int] = None
+    dx_rows: Optional[int] = None
+    dx_cols: Optional[int] = None
+    dx_warps: Optional[int] = None
+    dx_stages: Optional[int] = None
+    db_rows: Optional[int] = None
+    db_cols: Optional[int] = None
+    db_warps: Optional[int] = None
+    db_stages: Optional[int] = None
+    db_heads: Optional[int] = None
+    dc_rows: Optional[int] = None
+    dc_cols: Optional[int] = None
+    dc_warps: Optional[int] = None
+    dc_stages: Optional[int] = None
+    dc_heads: Optional[int] = None
     state_rows: Optional[int] = None
     state_cols: Optional[int] = None
     state_steps: Optional[int] = None
     state_warps: Optional[int] = None
     state_stages: Optional[int] = None
 
+    @classmethod
+    def parse(cls, spec: str) -> "SsdTiles":
+        """``"fwd_cols=64,attn_stages=2"`` -> ``SsdTiles(fwd_cols=64, attn_stages=2)``; a name of
+        ``TILE_SETS`` -> that set."""
+        if spec in TILE_SETS:
+            return TILE_SETS[spec]
+        return cls(**{k.strip(): int(v) for k, v in (item.split("=") for item in spec.split(",") if item)})
 
-_DEFAULT_TILES = SsdTiles()
+
+# Named tile sets. "h100": the fixed tiles measured on an H100. "h200": the fastest tile of each launch
+# on an H200, which splits each chunk's columns into blocks narrower than the rows (as mamba-ssm's
+# BLOCK_SIZE_K): the column loop has several iterations to pipeline, the score tiles are (BT, BC)
+# instead of (BT, BT) (fewer registers), and less of the diagonal block is masked.
+# ``python -m benchmarks.ops ssd --tiles "h100;h200"`` times both.
+TILE_SETS: dict[str, SsdTiles] = {
+    "h100": SsdTiles(),
+    "h200": SsdTiles(state_rows=64, state_cols=64, state_steps=64, state_warps=4, state_stages=2,
+                     fwd_rows=64, fwd_cols=32, fwd_warps=4, fwd_stages=2,
+                     dx_rows=64, dx_cols=32, dx_warps=4, dx_stages=2,
+                     db_rows=128, db_cols=32, db_warps=4, db_stages=3,
+                     dc_rows=64, dc_cols=32, dc_warps=4, dc_stages=2, dc_heads=8),
+}
+
+#: the tile set per device: the first key contained in ``torch.cuda.get_device_name()`` picks its set,
+#: any other device "h100"
+DEVICE_TILES: dict[str, str] = {"H200": "h200"}
+
+_FIELDS = {f.name: i for i, f in enumerate(dataclasses.fields(SsdTiles))}
+
+
+@torch.compiler.assume_constant_result  # torch.compile reads it once, when it traces
+def _device_tile_set(index: int) -> str:
+    """The ``TILE_SETS`` name ``DEVICE_TILES`` picks for CUDA device ``index`` (-1: not CUDA)."""
+    name = torch.cuda.get_device_name(index) if index >= 0 else ""
+    return next((v for k, v in DEVICE_TILES.items() if k in name), "h100")
+
+
+def default_tiles(device: torch.device) -> SsdTiles:
+    """The tiles ``ssd_triton`` uses on ``device`` when none are given (``DEVICE_TILES``)."""
+    return TILE_SETS[_device_tile_set(device.index if device.type == "cuda" else -1)]
 
 
 @torch.compiler.assume_constant_result  # torch.compile reads it once, when it traces
@@ -85,27 +153,45 @@ def _precision(dtype: torch.dtype) -> str:
     return _float32_precision() if dtype == torch.float32 else "tf32"
 
 
-def attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tiles: SsdTiles = _DEFAULT_TILES) -> dict:
-    """Rows per program ``BT``, warps and stages of ``chunk_attn``. 128-row tiles (8 warps) only
-    where they fit in shared memory (16-bit inputs, head dim and state <= 64) and not with ``DDA``
-    (its extra ``BT x BT`` float32 tiles, the prefix sum's among them, would spill registers);
-    float32 with a 128-wide operand (state 128): 32 rows; else 64 rows; 4 warps below 128 rows.
-    One pipeline stage: the column loop runs only ``Q / BT`` times, so more stages buy no overlap
-    and cost shared memory. Measured: ``kernels/ssd/README.md``."""
+def attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tiles: list[int] = ()) -> dict:
+    """Rows per program ``BT``, columns per block ``BC``, warps and stages of one ``chunk_attn``
+    launch; ``tiles``: ``[rows, cols, warps, stages, heads]`` of its role (``_attn_tiles``, 0:
+    default). Defaults (H100): 128-row tiles (8 warps) only where they fit in shared memory (16-bit
+    inputs, head dim and state <= 64) and not with ``DDA`` (its extra ``BT x BT`` float32 tiles, the
+    prefix sum's among them, would spill registers); float32 with a 128-wide operand (state 128): 32
+    rows; else 64 rows; 4 warps below 128 rows; ``BC = BT``; one pipeline stage where ``BC = BT`` (the
+    column loop runs only ``Q / BT`` times; more stages cost shared memory for nothing), else two.
+    Measured: ``kernels/ssd/README.md``."""
+    rows, cols, warps, stages = (list(tiles) + [0] * 4)[:4]
     wide = itemsize == 2 and max(DK, DV) <= 64 and not dda
     narrow = itemsize == 4 and max(DK, DV) > 64
-    BT = min(Q, tiles.attn_rows or (128 if wide else 32 if narrow else 64))
-    warps = tiles.attn_warps or (8 if BT >= 128 else 4)
-    return {"BT": BT, "num_warps": warps, "num_stages": tiles.attn_stages or 1}
+    BT = min(Q, rows or (128 if wide else 32 if narrow else 64))
+    BC = min(BT, cols or BT)
+    if BT % BC or BC < 16:
+        raise ValueError(f"ssd triton: {BC} columns per block must divide the {BT} rows and be >= 16")
+    return {"BT": BT, "BC": BC, "num_warps": warps or (8 if BT >= 128 else 4),
+            "num_stages": stages or (1 if BC == BT else 2)}
 
 
-def state_config(DU: int, DV: int, Q: int, itemsize: int, tiles: SsdTiles = _DEFAULT_TILES) -> dict:
-    """State tile ``BU x BV``, steps per block ``BS``, warps and stages of ``chunk_state``: 64 x 64
-    tiles, 64-step blocks, 4 warps; 16-bit inputs 2 stages, float32 32 x 64 tiles (twice the programs)
-    and 3 stages. Measured: ``kernels/ssd/README.md``."""
-    return {"BU": min(tiles.state_rows or (64 if itemsize == 2 else 32), _pow2(DU)),
-            "BV": min(tiles.state_cols or 64, _pow2(DV)), "BS": min(Q, tiles.state_steps or 64),
-            "num_warps": tiles.state_warps or 4, "num_stages": tiles.state_stages or (2 if itemsize == 2 else 3)}
+def state_config(DU: int, DV: int, Q: int, itemsize: int, tiles: list[int] = ()) -> dict:
+    """State tile ``BU x BV``, steps per block ``BS``, warps and stages of ``chunk_state``; ``tiles``:
+    ``[rows, cols, steps, warps, stages]`` (``_state_tiles``, 0: default). Defaults: 64 x 64 tiles,
+    64-step blocks, 4 warps; 16-bit inputs 2 stages, float32 32 x 64 tiles (twice the programs) and
+    3 stages. Measured: ``kernels/ssd/README.md``."""
+    rows, cols, steps, warps, stages = (list(tiles) + [0] * 5)[:5]
+    return {"BU": min(rows or (64 if itemsize == 2 else 32), _pow2(DU)), "BV": min(cols or 64, _pow2(DV)),
+            "BS": min(Q, steps or 64), "num_warps": warps or 4, "num_stages": stages or (2 if itemsize == 2 else 3)}
+
+
+def _attn_tiles(tiles: list[int], role: str) -> list[int]:
+    """``[rows, cols, warps, stages, heads]`` of ``role`` from ``_tile_list``'s list (0: default)."""
+    own = lambda k: tiles[_FIELDS[f"{role}_{k}"]] if f"{role}_{k}" in _FIELDS else 0  # noqa: E731
+    return [own(k) or tiles[_FIELDS[f"attn_{k}"]] for k in ("rows", "cols", "warps", "stages", "heads")]
+
+
+def _state_tiles(tiles: list[int]) -> list[int]:
+    """``[rows, cols, steps, warps, stages]`` of ``chunk_state`` from ``_tile_list``'s list."""
+    return [tiles[_FIELDS[f"state_{k}"]] for k in ("rows", "cols", "steps", "warps", "stages")]
 
 
 def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,16 +209,13 @@ def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, to
 # (``_launch``: no dispatcher round trips); while compiling through their custom ops.
 
 def _tile_list(tiles: SsdTiles) -> list[int]:
-    """``SsdTiles`` as the custom ops take it: one int per field, 0 for the default."""
+    """``SsdTiles`` as one int per field, 0 for the default (what ``_Ssd`` carries)."""
     return [v or 0 for v in dataclasses.astuple(tiles)]
 
 
-def _tiles_of(tiles: list[int]) -> SsdTiles:
-    return SsdTiles(*(v or None for v in tiles))
-
-
-def _state_tiles(u: torch.Tensor, DV: int, Q: int, tiles: list[int]) -> tuple[dict, int]:
-    cfg = state_config(u.shape[-1], DV, Q, u.element_size(), _tiles_of(tiles))
+def _state_launch_config(u: torch.Tensor, DV: int, Q: int, tiles: list[int]) -> tuple[dict, int]:
+    """``state_config`` of a ``chunk_state`` launch and its number of state tiles."""
+    cfg = state_config(u.shape[-1], DV, Q, u.element_size(), tiles)
     return cfg, cdiv(u.shape[-1], cfg["BU"]) * cdiv(DV, cfg["BV"])
 
 
@@ -146,7 +229,7 @@ def _chunk_state_launch(u, v, init, acum, dtT, prev, chunk_size: int, precision:
     Lp = acum.shape[-1]
     nc = Lp // chunk_size
     out = _empty(batch, nc + 1, H, DU, DV, device=u.device, dtype=u.dtype)
-    cfg, ntiles = _state_tiles(u, DV, chunk_size, tiles)
+    cfg, ntiles = _state_launch_config(u, DV, chunk_size, tiles)
     dots = _empty(batch, nc, H, ntiles, device=u.device, dtype=torch.float32) if reverse else out.new_empty(0)
     init_strides = init.stride() if init is not None else (0, 0, 0, 0)
     p = prev if prev is not None else out
@@ -172,21 +255,22 @@ def ssd_chunk_state(
 def _(u, v, init, acum, dtT, prev, chunk_size, precision, reverse, tiles):
     batch, _, H, DU = u.shape
     nc = acum.shape[-1] // chunk_size
-    _, ntiles = _state_tiles(u, v.shape[-1], chunk_size, tiles)
+    _, ntiles = _state_launch_config(u, v.shape[-1], chunk_size, tiles)
     dots = u.new_empty(batch, nc, H, ntiles, dtype=torch.float32) if reverse else u.new_empty(0)
     return u.new_empty(batch, nc + 1, H, DU, v.shape[-1]), dots
 
 
-def _heads_per_program(ratio: int) -> int:
-    """Heads summed by one program when the output is per group: a divisor of ``ratio``, <= 16."""
-    return max(d for d in range(1, min(ratio, 16) + 1) if ratio % d == 0)
+def _heads_per_program(ratio: int, most: int = 0) -> int:
+    """Heads summed by one program when the output is per group: the largest divisor of ``ratio``
+    that is <= ``most`` (0: 16)."""
+    return max(d for d in range(1, min(ratio, most or 16) + 1) if ratio % d == 0)
 
 
 def _attn_outputs(q, v, acum, chunk_size, out_heads, dda, tiles) -> tuple[int, dict, int]:
     """Heads per program, ``attn_config`` and row tiles per chunk of a ``chunk_attn`` launch."""
     H = acum.shape[1]
-    hpp = 1 if out_heads == H else _heads_per_program(H // out_heads)
-    cfg = attn_config(chunk_size, q.shape[-1], v.shape[-1], q.element_size(), dda, _tiles_of(tiles))
+    hpp = 1 if out_heads == H else _heads_per_program(H // out_heads, tiles[4] if len(tiles) > 4 else 0)
+    cfg = attn_config(chunk_size, q.shape[-1], v.shape[-1], q.element_size(), dda, tiles)
     return hpp, cfg, chunk_size // cfg["BT"]
 
 
@@ -349,9 +433,10 @@ def _forward(x, dt, A, B, C, initial_state, chunk_size: int, precision: str, til
     H = x.shape[2]
     dtT, acum = _decays(dt, A, Q)
     init = None if initial_state is None else initial_state.float()
-    prev, _ = _chunk_state(x, B, init, acum, dtT, Q, precision, reverse=False, tiles=tiles)
+    prev, _ = _chunk_state(x, B, init, acum, dtT, Q, precision, reverse=False, tiles=_state_tiles(tiles))
     y, _, _ = _chunk_attn(C, B, x, prev[:, :-1].transpose(-1, -2), acum, dtT, Q, precision, reverse=False,
-                          out_heads=H, out_dtype=x.dtype, cb=_chunk_dots(C, B, Q, precision), tiles=tiles)
+                          out_heads=H, out_dtype=x.dtype, cb=_chunk_dots(C, B, Q, precision),
+                          tiles=_attn_tiles(tiles, "fwd"))
     return y, prev
 
 
@@ -368,16 +453,19 @@ def _backward(dy, dfinal, x, dt, A, B, C, prev, chunk_size: int, precision: str,
     G, N = B.shape[2], B.shape[3]
     dtT, acum = _decays(dt, A, Q)
     # G_0..G_nc, and the carried-state decay terms
-    grads, carried = _chunk_state(dy, C, dfinal, acum, dtT, Q, precision, reverse=True, prev=prev, tiles=tiles)
+    grads, carried = _chunk_state(dy, C, dfinal, acum, dtT, Q, precision, reverse=True, prev=prev,
+                                   tiles=_state_tiles(tiles))
     dS = grads[:, 1:]
     cb = _chunk_dots(C, B, Q, precision)
     dx, (x_state, ddt_direct), _ = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, precision,
                                                reverse=True, out_heads=H, out_dtype=x.dtype, w=x,
-                                               full_dot=True, cb=cb.transpose(-1, -2), tiles=tiles)
+                                               full_dot=True, cb=cb.transpose(-1, -2),
+                                               tiles=_attn_tiles(tiles, "dx"))
     dB, _, _ = _chunk_attn(x, dy, C, dS, acum, dtT, Q, precision, reverse=True, out_heads=G,
-                           out_dtype=torch.float32, tiles=tiles)
+                           out_dtype=torch.float32, tiles=_attn_tiles(tiles, "db"))
     dC, (dy_state, _), intra = _chunk_attn(dy, x, B, prev[:, :-1], acum, dtT, Q, precision, reverse=False,
-                                           out_heads=G, out_dtype=torch.float32, w=C, cb=cb, dda=True, tiles=tiles)
+                                           out_heads=G, out_dtype=torch.float32, w=C, cb=cb, dda=True,
+                                           tiles=_attn_tiles(tiles, "dc"))
     dB = dB.view(batch, L, G, -1, N).sum(3)
     dC = dC.view(batch, L, G, -1, N).sum(3)
     # d(dt * A): four sums of terms that do not cancel (module docstring)
@@ -439,8 +527,8 @@ def ssd_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
                initial_state: torch.Tensor | None = None, chunk_size: int = 64, *,
                tiles: Optional[SsdTiles] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton SSD: ``(y (batch, L, H, P), final_state (batch, H, P, N))``; shapes as ``ssd_reference``;
-    ``tiles``: ``SsdTiles`` (default: ``attn_config`` / ``state_config``)."""
+    ``tiles``: ``SsdTiles`` (default: ``default_tiles(x.device)``, the set ``DEVICE_TILES`` names)."""
     _check(x, dt, A, B, C, initial_state, chunk_size)
     y, prev = _Ssd.apply(x, dt, A, B, C, initial_state, chunk_size, _precision(x.dtype),
-                         _tile_list(tiles or _DEFAULT_TILES))
+                         _tile_list(tiles or default_tiles(x.device)))
     return y, prev[:, -1].to(x.dtype)

@@ -153,6 +153,59 @@ def test_triton_explicit_tiles(poison):
         assert _rel(a.cpu(), b) < 1e-4, k
 
 
+def _check_tiles(tiles, L, H, G, chunk, seed):
+    """``ssd_triton`` with ``tiles`` against the reference: output, final state and every gradient."""
+    from kernels.ssd.triton_ssd import ssd_triton
+
+    inp = _inputs(1, L, H, 16, G, 24, torch.float64, seed)
+    leaves = {k: v.float().to(DEV).requires_grad_() for k, v in inp.items() if k != "D"}
+    y, f = ssd_triton(**leaves, chunk_size=chunk, tiles=tiles)
+    g = torch.autograd.grad((y * y).sum() + f.sum(), list(leaves.values()))
+    ref = {k: v.requires_grad_() for k, v in inp.items() if k != "D"}
+    y_ref, f_ref = SSD_BACKENDS["reference"](**ref)
+    g_ref = torch.autograd.grad((y_ref * y_ref).sum() + f_ref.sum(), list(ref.values()))
+    assert _rel(y.cpu(), y_ref) < 1e-5 and _rel(f.cpu(), f_ref) < 1e-5
+    for a, b, k in zip(g, g_ref, ref):
+        assert _rel(a.cpu(), b) < 1e-4, k
+
+
+@needs_triton
+@pytest.mark.parametrize("spec", [
+    # column blocks narrower than the rows in every role, pipelined; 2 of the 4 heads per dB/dC program
+    "attn_rows=64,attn_cols=16,attn_stages=2,attn_heads=2",
+    # every role its own tile (one row tile per chunk, two, four), one head per dB/dC program
+    ("fwd_rows=32,fwd_cols=16,dx_rows=64,dx_cols=32,dx_warps=2,db_rows=16,dc_rows=64,dc_cols=16,dc_stages=3,"
+     "db_heads=1,dc_heads=2,state_steps=16"),
+])
+def test_triton_role_tiles(poison, spec):
+    """Per-role ``chunk_attn`` tiles with ``BC < BT`` and fewer heads per program than per group, at a
+    length that is not a multiple of the chunk (3 chunks, the last partial), against the reference."""
+    from kernels.ssd.triton_ssd import SsdTiles
+
+    _check_tiles(SsdTiles.parse(spec), 150, 4, 1, 64, 41)
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["h100", "h200"])
+def test_triton_tile_sets(poison, name):
+    """Each named tile set (``TILE_SETS``) at chunk 128 on 150 steps (two chunks, the last partial)."""
+    from kernels.ssd.triton_ssd import SsdTiles
+
+    _check_tiles(SsdTiles.parse(name), 150, 4, 2, 128, 43)
+
+
+@needs_triton
+def test_tile_choices():
+    """Every device's default names a tile set (a CPU: the H100 tiles); column blocks must divide the rows."""
+    from kernels.ssd.triton_ssd import DEVICE_TILES, TILE_SETS, SsdTiles, attn_config, default_tiles
+
+    assert all(v in TILE_SETS for v in DEVICE_TILES.values())
+    assert default_tiles(torch.device("cpu")) == TILE_SETS["h100"] == SsdTiles()
+    assert attn_config(128, 64, 64, 2, tiles=[128, 32])["BC"] == 32
+    with pytest.raises(ValueError, match="divide"):
+        attn_config(128, 64, 64, 2, tiles=[64, 8])
+
+
 @needs_triton
 def test_triton_16bit_decay_gradient():
     """float16 x, B, C: the decay gradient must stay at float16 accuracy. Formed as row sums minus
@@ -180,12 +233,12 @@ def test_launch_ops_match_their_fakes(reverse):
     """Each launch op's outputs have the shapes, dtypes and strides its fake kernel promises (what
     ``torch.compile`` plans with), at a length that is not a multiple of the chunk, with a transposed
     state operand and per-group outputs (``out_heads < H``) as the backward passes them."""
-    from kernels.ssd.triton_ssd import SsdTiles, _decays, _tile_list, ssd_chunk_attn, ssd_chunk_dots, ssd_chunk_state
+    from kernels.ssd.triton_ssd import _decays, ssd_chunk_attn, ssd_chunk_dots, ssd_chunk_state
 
     inp = {k: v.to(DEV) for k, v in _inputs(2, 20, 4, 16, 2, 16, torch.float32, 5).items()}
     x, B, C = inp["x"], inp["B"], inp["C"]
     dtT, acum = _decays(inp["dt"], inp["A"], 16)
-    tiles = _tile_list(SsdTiles())
+    tiles = [0] * 5  # defaults: [rows, cols, warps, stages, heads] / [rows, cols, steps, warps, stages]
     checks = ("test_schema", "test_faketensor")
     prev, _ = ssd_chunk_state(x, B, inp["initial_state"], acum, dtT, None, 16, "ieee", False, tiles)
     state_args = (x, B, inp["initial_state"], acum, dtT, prev if reverse else None, 16, "ieee", reverse, tiles)
