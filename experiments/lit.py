@@ -286,9 +286,10 @@ class LitSequenceModel(L.LightningModule):
         tensor of its own) and build the schedule's table when it is short enough."""
         if not isinstance(optimizer.param_groups[0]["lr"], torch.Tensor):
             return
-        steps = torch.arange(self.max_steps + 1, device=self.device)
-        self._lr_table = self.lr * cosine_with_warmup_tensor(steps, self._warmup_steps, self.max_steps) \
-            if self.max_steps <= LR_TABLE_MAX_STEPS else None
+        self._lr_table = None
+        if self.max_steps <= LR_TABLE_MAX_STEPS:
+            steps = torch.arange(self.max_steps + 1, device=self.device)
+            self._lr_table = self.lr * cosine_with_warmup_tensor(steps, self._warmup_steps, self.max_steps)
         self._lr_now.fill_(self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps))
         for group in optimizer.param_groups:
             group["lr"] = self._lr_now[0]

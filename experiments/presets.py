@@ -16,8 +16,8 @@ A ``tasks:`` entry may name its task with ``task:`` (``khop2: {task: khop, task_
 so one preset can sweep a task in several configurations. ``priority: high`` marks a sweep whose trials
 are expected to run longest: with ``--workers N --mps`` a quarter of the workers run at the MPS
 server's normal client priority and take these trials first, the rest at below-normal priority
-(``experiments.workers.priority_classes``). It changes when trials run, never what they compute. Top-level ``paper:`` and ``budget:``
-hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``).
+(``experiments.workers.priority_classes``). It changes when trials run, never what they compute.
+Top-level ``paper:`` and ``budget:`` hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``).
 
 ``extends: OTHER`` starts from preset ``OTHER`` and merges this file over it (dictionaries key by key,
 so ``tasks: {parity: {train: {max_steps: 1000}}}`` changes one number of one sweep); ``only: [...]``

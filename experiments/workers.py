@@ -45,7 +45,6 @@ EXIT_INTERRUPTED = 130
 Cell = tuple  # (entry: str, spec: TrialSpec)
 
 
-
 def worker_devices(n: int, device: str = "auto") -> list[str]:
     """Device of each of ``n`` workers: ``cuda:{i % K}`` over the K visible GPUs, else ``cpu``."""
     import torch

@@ -55,8 +55,8 @@ class TrainingStream:
     Lightning's loop receives ``Chunk`` items of ``chunk`` batches; the training step asks a chunk for
     the batches from its own step count to the chunk's end (``Chunk.batches(start, index)``), so the
     batch of optimizer step ``t`` is batch ``t`` of the stream whatever the chunk size, and a run
-    resumed at step ``t`` continues with batch ``t`` (nothing of the stream needs saving). It has no length: train with
-    ``max_steps``.
+    resumed at step ``t`` continues with batch ``t`` (nothing of the stream needs saving). It has no
+    length: train with ``max_steps``.
     """
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, shuffle_seed: int,
@@ -150,11 +150,11 @@ class SyntheticDataModule(L.LightningDataModule):
         train_chunk: batches per item of the training stream (``TrainingStream``).
         extrapolation: if given, train/val/test use lengths in ``[min_len, max_len]`` (padded) and
             one extra test set per ``eval_lengths`` entry is built (named ``len<L>``).
+        device: where the sets live (the training device, e.g. ``"cuda:0"``); batches are views.
 
     The test pass also scores ``trainset``: the first ``min(val_size, train_size)`` training sequences,
     so a results row holds the accuracy on data the model was fit to next to the test accuracy (the
     gap shows memorization).
-        device: where the sets live (the training device, e.g. ``"cuda:0"``); batches are views.
     """
 
     def __init__(

@@ -137,27 +137,18 @@ def test_triton_matches_reference(poison, batch, L, H, P, G, N, chunk):
 def test_triton_explicit_tiles(poison):
     """``SsdTiles``: 16-row ``chunk_attn`` tiles on 2 warps with 2 stages, 16 x 16 ``chunk_state`` tiles of
     16-step blocks on 2 warps: several row, state and step tiles per 64-step chunk, against the reference."""
-    from kernels.ssd.triton_ssd import SsdTiles, ssd_triton
+    from kernels.ssd.triton_ssd import SsdTiles
 
     tiles = SsdTiles(attn_rows=16, attn_warps=2, attn_stages=2, state_rows=16, state_cols=16, state_steps=16,
                      state_warps=2, state_stages=2)
-    inp = _inputs(1, 70, 2, 24, 1, 20, torch.float64, 31)
-    leaves = {k: v.float().to(DEV).requires_grad_() for k, v in inp.items() if k != "D"}
-    y, f = ssd_triton(**leaves, chunk_size=64, tiles=tiles)
-    g = torch.autograd.grad((y * y).sum() + f.sum(), list(leaves.values()))
-    ref = {k: v.requires_grad_() for k, v in inp.items() if k != "D"}
-    y_ref, f_ref = SSD_BACKENDS["reference"](**ref)
-    g_ref = torch.autograd.grad((y_ref * y_ref).sum() + f_ref.sum(), list(ref.values()))
-    assert _rel(y.cpu(), y_ref) < 1e-5 and _rel(f.cpu(), f_ref) < 1e-5
-    for a, b, k in zip(g, g_ref, ref):
-        assert _rel(a.cpu(), b) < 1e-4, k
+    _check_tiles(tiles, 70, 2, 1, 64, 31, P=24, N=20)
 
 
-def _check_tiles(tiles, L, H, G, chunk, seed):
+def _check_tiles(tiles, L, H, G, chunk, seed, P=16, N=24):
     """``ssd_triton`` with ``tiles`` against the reference: output, final state and every gradient."""
     from kernels.ssd.triton_ssd import ssd_triton
 
-    inp = _inputs(1, L, H, 16, G, 24, torch.float64, seed)
+    inp = _inputs(1, L, H, P, G, N, torch.float64, seed)
     leaves = {k: v.float().to(DEV).requires_grad_() for k, v in inp.items() if k != "D"}
     y, f = ssd_triton(**leaves, chunk_size=chunk, tiles=tiles)
     g = torch.autograd.grad((y * y).sum() + f.sum(), list(leaves.values()))
