@@ -8,6 +8,7 @@
 #     kernels               python -m experiments.throughput kernels --compile (kernels and GPU time of a captured step)
 #     steps                 python -m experiments.throughput steps (single trials, eager and graph)
 #     workers               python -m experiments.throughput workers (N = WORKER_COUNTS under MPS, eager and graph)
+#     saturation            python -m benchmarks.saturation kernels and steps (what bounds 16 processes on one GPU)
 #     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/reproduce (one study
 #                           for every reproduction, as experiments.reproduce's default), so it runs on
 #                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
@@ -48,6 +49,11 @@ for step in "$@"; do
       timeout 560 python3 -m experiments.throughput workers --device cuda --mps --counts "${WORKER_COUNTS:-1,4,8,16}" \
         --out "$run_root/bench-workers" ${WORKERS_ARGS:-} --json "$out/workers.json" > "$out/workers.log" 2>&1
       echo "=== workers rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/workers.log" ;;
+    saturation)
+      { timeout 200 python3 -m benchmarks.saturation kernels --procs 1,16 --seconds 4
+        timeout 200 python3 -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds 15; } \
+        > "$out/saturation.log" 2>&1
+      echo "=== saturation rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/saturation.log" ;;
     start:*|wait:*|stop:*)
       name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/reproduce}
       mkdir -p "$dir"

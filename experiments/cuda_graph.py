@@ -35,9 +35,10 @@ def compiled_loss(model: torch.nn.Module, loss: Callable[[torch.Tensor, torch.Te
     """``(tokens, targets) -> loss(model(tokens), targets)`` ``torch.compile``d as one graph, so Inductor
     fuses the loss with the model's last ops (a function: nothing enters the checkpoint). The Newton
     mixers run their in-graph policy from the warm-up on (``set_graph_policy``), so the capture compiles
-    nothing new."""
+    nothing new. Inductor's combo kernels launch independent kernels of the step as one
+    (``combo_kernels``: 9-16 fewer kernels per compiled k-hop step, H200)."""
     set_graph_policy(model, True)
-    return torch.compile(lambda tokens, targets: loss(model(tokens), targets))
+    return torch.compile(lambda tokens, targets: loss(model(tokens), targets), options={"combo_kernels": True})
 
 
 class CUDAGraphPrecision(Precision):

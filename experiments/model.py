@@ -26,6 +26,7 @@ from torch import nn
 
 from mixers import build_mixer
 from mixers.attention import sinusoidal_positions
+from mixers.conv import causal_depthwise_conv
 
 BLOCKS = ("mixer", "full")
 POSITIONAL = ("none", "sinusoidal")
@@ -70,10 +71,9 @@ class FullBlock(nn.Module):
         self.skip_scale = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        length = x.shape[1]
         u, z = self.in_proj(x).unflatten(-1, (self.trials, 2, -1)).unbind(-2)  # each trial's (u, z)
         u, z = u.flatten(-2), z.flatten(-2)
-        u = F.silu(self.conv(u.transpose(1, 2))[..., :length].transpose(1, 2))  # causal: drop the tail
+        u = F.silu(causal_depthwise_conv(self.conv, u))
         y = self.norm(self.mixer(u)) * F.silu(z)
         return self.out_proj(y) + self.skip_scale * x
 

@@ -2,7 +2,8 @@
 
     y = x + Attn(x + P);   out = y + MLP(RMSNorm(y))      MLP: Linear(d, r d) -> GELU -> Linear(r d, d)
 
-Attention uses PyTorch's SDPA. Positions (``positions=``): ``"rope"`` rotates q and k (relative
+Attention uses PyTorch's SDPA eagerly and its written-out form under ``torch.compile``
+(``causal_attention``). Positions (``positions=``): ``"rope"`` rotates q and k (relative
 positions; P = 0); ``"sinusoidal"`` adds the fixed encoding P of Vaswani et al. (absolute);
 ``"learned"`` adds a trained table P of ``max_len`` rows (absolute; ``max_len * d`` parameters,
 initialized N(0, 0.02); ``max_len`` is ignored by the other two). ``bias=True`` gives the q/k/v,
@@ -24,6 +25,24 @@ from torch import nn
 from mixers.registry import register_mixer
 
 POSITIONS = ("rope", "sinusoidal", "learned")
+#: longest sequence whose attention ``causal_attention`` writes out under ``torch.compile``
+WRITTEN_OUT_MAX_LEN = 256
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(Dh) + causal mask) v`` for ``q, k, v (B, H, L, Dh)`` -> ``(B, H, L, Dh)``.
+
+    Eagerly PyTorch's SDPA. Under ``torch.compile``, up to ``WRITTEN_OUT_MAX_LEN`` positions, the same
+    product written out (two batched matmuls around a softmax that Inductor fuses with the scale and
+    the mask): at the Table 6 sizes (L = 100, float32) SDPA's memory-efficient kernels cost more GPU
+    time than that (``docs/performance.md``). Longer sequences keep SDPA, which never holds the
+    ``(B, H, L, L)`` scores."""
+    length = q.shape[-2]
+    if not torch.compiler.is_compiling() or length > WRITTEN_OUT_MAX_LEN:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
+    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(future, float("-inf")).softmax(-1) @ v
 
 
 def sinusoidal_positions(length: int, dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -95,7 +114,7 @@ class TransformerBlock(nn.Module):
         q, k, v = qkv.permute(3, 0, 2, 4, 1, 5).flatten(2, 3)  # (B, S * H, L, Dh) each
         if self.positions == "rope":
             q, k = apply_rope(q), apply_rope(k)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = causal_attention(q, k, v)
         return self.out(y.transpose(1, 2).reshape(bsz, length, d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

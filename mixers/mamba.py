@@ -34,6 +34,7 @@ from torch import nn
 
 from kernels.scan import SCAN_BACKENDS, linear_scan
 from kernels.ssd import SSD_BACKENDS, resolve_backend, ssd
+from mixers.conv import causal_depthwise_conv
 from mixers.registry import register_mixer
 
 
@@ -102,7 +103,7 @@ class Mamba2(nn.Module):
         proj = self.in_proj(u).unflatten(-1, (S, -1))  # each trial's (x, B, C, dt)
         xbc, dt = torch.split(proj, [sum(self.split[:3]), self.split[3]], dim=-1)
         if self.conv is not None:  # causal depthwise conv + SiLU, as Mamba2's on (x, B, C)
-            xbc = F.silu(self.conv(xbc.flatten(-2).transpose(1, 2))[..., :L].transpose(1, 2)).unflatten(-1, (S, -1))
+            xbc = F.silu(causal_depthwise_conv(self.conv, xbc.flatten(-2))).unflatten(-1, (S, -1))
         x, B, C = torch.split(xbc, self.split[:3], dim=-1)
         x = x if self.x_proj else u
         y = ssd(

@@ -57,3 +57,14 @@ def test_long_benchmark_trials_train_every_step():
 
     for _, spec in benchmark_specs("pararnn-table6", None, None, 100_000, "cuda"):
         assert spec.train.max_steps == spec.train.eval_every == 100_000 and spec.train.plateau_steps is None
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message of a machine without a GPU")
+def test_saturation_benchmark_refuses_a_machine_without_a_gpu(capsys):
+    """``python -m benchmarks.saturation`` on a CPU-only machine: one line saying why, exit code 2."""
+    from benchmarks.saturation import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["kernels", "--procs", "2"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("needs a CUDA GPU (none is visible)")
