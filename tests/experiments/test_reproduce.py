@@ -70,9 +70,10 @@ def test_table6_full_trains_at_the_papers_lr_from_the_first_step():
 
 
 def test_table6_full_queues_its_longest_sweeps_first():
-    """Workers claim cells in plan order: the 1.8M-step k-hop Transformer trials must not start last."""
+    """Workers claim cells in plan order: the 1.8M-step k-hop Transformer trials must not start last,
+    nor the Parity† Transformer trials (up to 0.73M steps) after MQAR's (up to 0.43M)."""
     entries = [p.entry for p in plans_for("pararnn-table6-full")]
-    assert entries[:3] == ["khop", "khop2", "mqar"] and sorted(entries) == sorted(p.entry for p in plans_for("pararnn-table6"))
+    assert entries[:4] == ["khop", "khop2", "parity", "mqar"] and sorted(entries) == sorted(p.entry for p in plans_for("pararnn-table6"))
     first = build_specs(plans_for("pararnn-table6-full")[0])[0]
     assert (first.task, first.task_options["k"], first.mixer) == ("khop", 1, "transformer")
 
