@@ -7,8 +7,9 @@ The parameters live in a depthwise ``nn.Conv1d(C, C, K, groups=C, padding=K - 1)
 that module; under ``torch.compile`` the same sum is written as ``K`` shifted multiply-adds, which
 Inductor fuses with the neighbouring elementwise ops (the SiLU after it, the split before it) and, in
 the backward, into one reduction for the weight, instead of PyTorch's three ``conv_depthwise2d``
-kernels (forward, input and weight gradients) that dominate the GPU time of the compiled Table 6
-step's recurrent mixers. Both forms agree to float rounding (``tests/mixers/test_conv.py``).
+kernels (forward, input and weight gradients), which held 17-45% of the warp-time of the compiled
+Table 6 step in the recurrent mixers (``docs/performance.md``). Both forms agree to float rounding
+(``tests/mixers/test_compiled_forms.py``).
 """
 
 from __future__ import annotations
