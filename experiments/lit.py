@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -225,7 +226,8 @@ class LitSequenceModel(L.LightningModule):
                 self._static[0].copy_(tokens)
                 self._static[1].copy_(targets)
                 tokens, targets = self._static
-            closure = lambda t=tokens, y=targets: self._optimizer_closure(opt, t, y)  # noqa: E731
+            closure = lambda t=tokens, y=targets: self.training_closure(  # noqa: E731
+                opt.optimizer, t, y, self.manual_backward)
             opt.step(closure=closure, **({"graph": static} if self.graphed else {}))
         if not self._max_loss.is_cuda:  # free on the CPU; on a GPU checked at validations (no sync per step)
             self._raise_if_nonfinite()
@@ -233,13 +235,16 @@ class LitSequenceModel(L.LightningModule):
             loss = self._last_loss / len(self.stack_seeds) if self.stack_seeds else self._last_loss
             self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
 
-    def _optimizer_closure(self, opt, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Forward, loss, backward and the step's bookkeeping (``record_step``); reads nothing on the host
-        (capturable)."""
-        opt.zero_grad(set_to_none=True)
+    def training_closure(self, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, targets: torch.Tensor,
+                         backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward) -> torch.Tensor:
+        """The optimizer step's closure: forward, loss, backward and the step's bookkeeping
+        (``record_step``) of one batch; reads nothing on the host (capturable). ``backward``: Lightning's
+        ``manual_backward`` in training; a plain ``loss.backward()`` without a trainer
+        (``experiments.step_profile`` captures this same closure)."""
+        optimizer.zero_grad(set_to_none=True)
         loss = self.train_loss(tokens, targets)
-        self.manual_backward(loss)
-        self.record_step(loss, opt.optimizer)
+        backward(loss)
+        self.record_step(loss, optimizer)
         return loss
 
     def train_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -339,7 +344,7 @@ class LitSequenceModel(L.LightningModule):
                 self.trainer.precision_plugin.reset()
 
     def _stop_graphs_if_skipping(self) -> None:
-        """A captured step whose Newton solve fails its check skips its update (``_optimizer_closure``). When
+        """A captured step whose Newton solve fails its check skips its update (``training_closure``). When
         more than ``MAX_SKIPPED_SHARE`` of the steps since the last validation did, the trial goes on with
         eager steps, where a failed solve is re-solved or falls back to the sequential loop, so every step
         updates (``eager_from_step`` records where; one read of the device counters per validation)."""

@@ -64,11 +64,8 @@ def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1):
     lit.bind_learning_rate(opt)
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))
 
-    def step() -> None:  # LitSequenceModel._optimizer_closure, then the optimizer step
-        opt.zero_grad(set_to_none=True)
-        loss = lit.train_loss(tokens, targets)
-        loss.backward()
-        lit.record_step(loss, opt)
+    def step() -> None:  # the training's closure, then the optimizer step
+        lit.training_closure(opt, tokens, targets)
         opt.step()
 
     side = torch.cuda.Stream()

@@ -104,7 +104,6 @@ class MlstmTiles:
     gate_kernels: bool = True
 
 
-
 @functools.lru_cache(maxsize=16)
 def default_tiles(dtype: torch.dtype, prec: str) -> MlstmTiles:
     """The tiles for dots at ``prec`` (``_precision``). 3-pass TF32 (``tf32x3``) splits every float32
