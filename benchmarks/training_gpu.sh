@@ -31,27 +31,27 @@ for step in "$@"; do
   t0=$SECONDS
   case $step in
     graph-tests)
-      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/experiments/test_cuda_graph.py \
+      timeout -k 10 400 python3 -m pytest -q -p no:cacheprovider tests/experiments/test_cuda_graph.py \
         tests/experiments/test_step_profile.py > "$out/graph-tests.log" 2>&1
       echo "=== graph-tests rc=$? in $((SECONDS - t0)) s"; tail -n 15 "$out/graph-tests.log" ;;
     kernels)
       # shellcheck disable=SC2086
-      timeout 400 python3 -m experiments.throughput kernels --compile ${KERNELS_ARGS:-} --json "$out/kernels.json" \
+      timeout -k 10 400 python3 -m experiments.throughput kernels --compile ${KERNELS_ARGS:-} --json "$out/kernels.json" \
         > "$out/kernels.log" 2>&1
       echo "=== kernels rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/kernels.log" ;;
     steps)
       # shellcheck disable=SC2086
-      timeout 500 python3 -m experiments.throughput steps --device cuda ${STEPS_ARGS:-} --json "$out/steps.json" \
+      timeout -k 10 500 python3 -m experiments.throughput steps --device cuda ${STEPS_ARGS:-} --json "$out/steps.json" \
         > "$out/steps.log" 2>&1
       echo "=== steps rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/steps.log" ;;
     workers)
       # shellcheck disable=SC2086
-      timeout 560 python3 -m experiments.throughput workers --device cuda --mps --counts "${WORKER_COUNTS:-1,4,8,16}" \
+      timeout -k 10 560 python3 -m experiments.throughput workers --device cuda --mps --counts "${WORKER_COUNTS:-1,4,8,16}" \
         --out "$run_root/bench-workers" ${WORKERS_ARGS:-} --json "$out/workers.json" > "$out/workers.log" 2>&1
       echo "=== workers rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/workers.log" ;;
     saturation)
-      { timeout 200 python3 -m benchmarks.saturation kernels --procs 1,16 --seconds 4
-        timeout 200 python3 -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds 15; } \
+      { timeout -k 10 200 python3 -m benchmarks.saturation kernels --procs 1,16 --seconds 4
+        timeout -k 10 200 python3 -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds 15; } \
         > "$out/saturation.log" 2>&1
       echo "=== saturation rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/saturation.log" ;;
     start:*|wait:*|stop:*)
