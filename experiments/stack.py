@@ -46,6 +46,7 @@ from experiments.train import (
     fit_resuming,
     fit_trainer,
     fitting,
+    interrupt_as_keyboard_interrupt,
     resolve_device,
     result_row,
     steps_per_chunk,
@@ -93,10 +94,10 @@ class StackedTrials(Callback):
         self.plateau_best: list[float | None] = [None] * S
         self.plateau_step = [0] * S
         self.stopped_at: list[int | None] = [None] * S
-        self.val_acc: list[list[float]] = [[] for _ in range(S)]  # this invocation's validations
+        self.last_val_acc: list[float | None] = [None] * S
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("best", "best_step", "plateau_best", "plateau_step", "stopped_at")}
+        return {k: getattr(self, k) for k in ("best", "best_step", "plateau_best", "plateau_step", "stopped_at", "last_val_acc")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
@@ -122,7 +123,7 @@ class StackedTrials(Callback):
                 continue
             t = spec.train
             acc = float(trainer.callback_metrics[key])
-            self.val_acc[s].append(acc)
+            self.last_val_acc[s] = acc
             if self.report is not None:
                 self.report(s, acc, step)
             if self.best[s] is None or acc > self.best[s]:
@@ -135,6 +136,10 @@ class StackedTrials(Callback):
                 self.stopped_at[s] = step
                 self.write_checkpoint(pl_module, s, FINAL_CHECKPOINT, step)
         if all(x is not None for x in self.stopped_at):
+            trainer.should_stop = True
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if all(x is not None for x in self.stopped_at):  # resumed after every trial had stopped: test only
             trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -180,7 +185,7 @@ def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: s
                        enable_progress_bar=False, enable_model_summary=False)
     start = time.perf_counter()
     results = []
-    with fitting(trainer, history, [d / PROGRESS_FILE for d in dirs]):
+    with fitting(trainer, history, [d / PROGRESS_FILE for d in dirs]), interrupt_as_keyboard_interrupt(tester):
         resumed_from = fit_resuming(trainer, module, dm, out)
         train_time = time.perf_counter() - start
         for s, d in enumerate(dirs):  # the test sets are every trial's: the stack's data module serves them
@@ -191,7 +196,7 @@ def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: s
                 resumed_from=resumed_from, module=module, trainer=trainer, entered=entered, start=start,
                 train_time=train_time, history=history,
                 best_val_acc=trials.best[s] if trials.best[s] is not None else float("nan"),
-                final_val_acc=trials.val_acc[s][-1] if trials.val_acc[s] else float("nan"),
+                final_val_acc=trials.last_val_acc[s] if trials.last_val_acc[s] is not None else float("nan"),
                 best=_test(tester, best_module, dm), final=_test(tester, final_module, dm),
                 test_set_names=dm.test_set_names,
             ), "stack_size": len(specs)})

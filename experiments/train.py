@@ -26,6 +26,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.loggers import CSVLogger
 
 from experiments.cuda_graph import CUDAGraphPrecision
@@ -120,7 +122,7 @@ PROGRESS_FILE = "progress.csv"
 
 
 class _History(Callback):
-    """Records validation accuracy after each validation and, from the end of the first Lightning step
+    """Records validation accuracy after each validation (the last one survives a resume) and, from the end of the first Lightning step
     after 10 steps (what comes after compilation and CUDA-graph capture) on, ``progress``:
     ``(perf_counter s, optimizer step)`` samples at least ``PROGRESS_EVERY_S`` apart (after a device
     synchronization, so a step counts once the GPU has run it), the last at the end of training.
@@ -139,6 +141,12 @@ class _History(Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
             self.val_acc.append(float(trainer.callback_metrics["val/acc"]))
+
+    def state_dict(self) -> dict[str, Any]:  # the last validation survives a resume (a re-run that only tests)
+        return {"val_acc": self.val_acc[-1:]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.val_acc = list(state_dict.get("val_acc", []))
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
         if (not self.progress and trainer.global_step >= 10) or \
@@ -327,11 +335,48 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
     """
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        if isinstance(exception, KeyboardInterrupt):
+        # Only while fitting. A Ctrl-C in the test passes, after fit, resumes from last.ckpt (written at the
+        # final validation) instead: the best-weights test pass has loaded best.ckpt into the module, so a
+        # checkpoint written then could hold the best weights as the final ones.
+        if isinstance(exception, KeyboardInterrupt) and trainer.state.fn == TrainerFn.FITTING:
             progress = trainer.fit_loop.epoch_loop.batch_progress
             for count in (progress.total, progress.current):
                 count.ready = count.started = count.processed = count.completed
             super().on_exception(trainer, pl_module, exception)
+
+
+class TrialEarlyStopping(EarlyStopping):
+    """Lightning's ``EarlyStopping`` whose decision survives a resume: a trial resumed from a checkpoint
+    written at or after its stopping validation (a Ctrl-C in its test passes) trains no further, where
+    the stock callback would train on to the next validation and stop there."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+            trainer.should_stop = True
+
+    def _generate_state_key(self, **kwargs: Any) -> str:  # the stock key: checkpoints of either one resume
+        return f"{EarlyStopping.__qualname__}{kwargs!r}"
+
+
+class TrialCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose state survives the trial folder moving (a packed run unpacked under
+    another path, a run folder renamed): the saved paths are re-rooted in this ``dirpath``. The stock
+    callback keeps only the stale ``best_model_path`` then and forgets the best score, so the first
+    validation after the resume would overwrite ``best.ckpt`` whatever its accuracy."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = state_dict.get("dirpath", self.dirpath)
+        if self.dirpath is not None and saved != self.dirpath:
+            def moved(path):
+                return str(Path(self.dirpath) / Path(path).name) if path else path
+
+            state_dict = {**state_dict, "dirpath": self.dirpath,
+                          **{k: moved(state_dict.get(k)) for k in ("best_model_path", "kth_best_model_path", "last_model_path")},
+                          "best_k_models": {moved(k): v for k, v in state_dict.get("best_k_models", {}).items()}}
+        super().load_state_dict(state_dict)
+
+    def _generate_state_key(self, **kwargs: Any) -> str:  # the stock key: checkpoints of either one resume
+        return f"{ModelCheckpoint.__qualname__}{kwargs!r}"
 
 
 @contextlib.contextmanager
@@ -402,16 +447,16 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
     module = build_module(spec, dm)
     module.compiled_steps = engine == "compiled"
     history = _History()
-    checkpoints = ModelCheckpoint(  # the best weights only: kB
+    checkpoints = TrialCheckpoint(  # the best weights only: kB
         dirpath=out / CHECKPOINT_DIR, filename=Path(BEST_CHECKPOINT).stem, monitor="val/acc", mode="max",
         save_top_k=1, save_weights_only=True, auto_insert_metric_name=False, enable_version_counter=False,
     )
     trainer = fit_trainer(
         t, out, accelerator, devices, engine, chunk, logger, progress_bar,
         [history, checkpoints,
-         EarlyStopping(monitor="val/acc", mode="max", stopping_threshold=t.early_stop_acc,
-                       patience=t.plateau_steps // t.eval_every if t.plateau_steps else 10**9,
-                       min_delta=t.plateau_delta if t.plateau_steps else 0.0, check_on_train_epoch_end=False),
+         TrialEarlyStopping(monitor="val/acc", mode="max", stopping_threshold=t.early_stop_acc,
+                            patience=t.plateau_steps // t.eval_every if t.plateau_steps else 10**9,
+                            min_delta=t.plateau_delta if t.plateau_steps else 0.0, check_on_train_epoch_end=False),
          *(callbacks or [])],
     )
     start = time.perf_counter()
@@ -438,7 +483,7 @@ def fit_trainer(t: TrainConfig, out: Path, accelerator: str, devices, engine: st
     every ``eval_every`` optimizer steps (``chunk`` per Lightning step), the step engine's precision
     plugin, ``callbacks`` plus the resume point (``last.ckpt`` at every validation) and the checkpoint
     written on Ctrl-C / SIGTERM."""
-    resume_point = ModelCheckpoint(  # last.ckpt at every validation, with optimizer and loop state
+    resume_point = TrialCheckpoint(  # last.ckpt at every validation, with optimizer and loop state
         dirpath=out / CHECKPOINT_DIR, filename=Path(LAST_CHECKPOINT).stem, save_top_k=1, monitor=None,
         enable_version_counter=False,
     )

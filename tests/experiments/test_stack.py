@@ -67,6 +67,32 @@ def test_interrupted_stack_resumes_exactly_where_it_stopped(tmp_path):
         assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
 
 
+def test_ctrl_c_in_a_stacks_test_passes_resumes_straight_to_the_tests(tmp_path, monkeypatch):
+    """Every trial of the stack has stopped; Ctrl-C in the test passes (Lightning's handler, as from
+    the keyboard) is raised as KeyboardInterrupt, and the re-run trains no further (its resume point
+    stays at the stopping step) and gives the uninterrupted stack's rows."""
+    quiet_lightning()
+    specs = _specs("mamba2", (0, 1), max_steps=300, eval_every=50, early_stop_acc=0.0)  # both stop at step 50
+    whole = run_stack(specs, [tmp_path / f"w{s.seed}" for s in specs], tmp_path / "whole", RunOptions(logger="none"))
+    assert [r["steps"] for r in whole] == [50, 50]
+    dirs = [tmp_path / f"t{s.seed}" for s in specs]
+    calls = []
+
+    def ctrl_c_once(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(LitSequenceModel, "on_test_start", ctrl_c_once, raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_stack(specs, dirs, tmp_path / "cut", RunOptions(logger="none"))
+    monkeypatch.undo()
+    resumed = run_stack(specs, dirs, tmp_path / "cut", RunOptions(logger="none"))
+    for a, b in zip(resumed, whole):
+        _same(a, b)
+    assert torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 50
+
+
 def test_what_cannot_be_stacked_as_trials():
     specs = _specs("flashgru", (0, 1))
     with pytest.raises(ValueError, match="at least two"):

@@ -229,6 +229,72 @@ def test_ctrl_c_inside_a_training_step_resumes_on_the_uninterrupted_schedule(tmp
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+class InterruptTestPass(L.Callback):
+    """Raises Ctrl-C's KeyboardInterrupt as the ``nth`` test pass starts (1: the final weights', 2: the best's)."""
+
+    def __init__(self, nth: int) -> None:
+        self.nth, self.seen = nth, 0
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self.seen += 1
+        if self.seen == self.nth:
+            raise KeyboardInterrupt
+
+
+def _plateau_spec() -> TrialSpec:
+    """Stops on its plateau rule at step 30 with its best validation at step 10 (checked by the tests)."""
+    return TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
+                     train=TrainConfig(max_steps=200, batch_size=8, train_size=100, val_size=32, test_size=32,
+                                       eval_every=10, plateau_steps=20))
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_ctrl_c_in_the_test_passes_resumes_straight_to_the_tests(tmp_path, nth):
+    """A trial that has stopped early and is interrupted in its test passes: the re-run trains no
+    further (Lightning's EarlyStopping alone would train on to the next validation) and tests the
+    final and the best weights of the uninterrupted run (the best-weights pass loads best.ckpt into
+    the module: a checkpoint written then must not become the final weights)."""
+    quiet_lightning()
+    spec, eager = _plateau_spec(), RunOptions(engine="eager")
+    whole = run_trial(spec, tmp_path / "whole", options=eager)
+    assert (whole["steps"], whole["best_step"]) == (30, 10) and whole["stopped_early"]
+    assert whole["test/acc"] != whole["final/test/acc"]  # the two passes test different weights
+    with pytest.raises(KeyboardInterrupt):
+        run_trial(spec, tmp_path / "cut", callbacks=[InterruptTestPass(nth)], options=eager)
+    resumed = run_trial(spec, tmp_path / "cut", options=eager)
+    assert resumed["resumed_from_step"] == 30 and resumed["steps"] == 30 and resumed["best_step"] == 10
+    for key in ("test/acc", "final/test/acc", "best_val_acc", "final_val_acc"):
+        assert resumed[key] == whole[key], key
+
+
+def test_a_moved_trial_folder_resumes_with_its_best_checkpoint(tmp_path):
+    """Interrupted mid-way, its folder moved (a packed run unpacked under another path), re-run: the
+    best checkpoint and score carry over, so later, worse validations do not replace best.ckpt."""
+    quiet_lightning()
+    spec, eager = _plateau_spec(), RunOptions(engine="eager")
+    whole = run_trial(spec, tmp_path / "whole", options=eager)
+    assert (whole["steps"], whole["best_step"]) == (30, 10)
+    with pytest.raises(KeyboardInterrupt):
+        run_trial(spec, tmp_path / "cut", callbacks=[Interrupt(at=15)], options=eager)
+    (tmp_path / "cut").rename(tmp_path / "moved")
+    resumed = run_trial(spec, tmp_path / "moved", options=eager)
+    assert resumed["resumed_from_step"] == 15 and resumed["steps"] == 30
+    for key in ("best_step", "best_val_acc", "test/acc", "final/test/acc"):
+        assert resumed[key] == whole[key], key
+
+
+def test_trial_callbacks_keep_lightnings_checkpoint_keys(tmp_path):
+    """The trial's EarlyStopping and ModelCheckpoint subclasses save and restore their state under the
+    stock callbacks' keys, so checkpoints written before them (or by plain Lightning) resume."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from experiments.train import TrialCheckpoint, TrialEarlyStopping
+
+    assert TrialEarlyStopping(monitor="val/acc", mode="max").state_key == EarlyStopping(monitor="val/acc", mode="max").state_key
+    for kwargs in ({"monitor": "val/acc", "mode": "max", "save_top_k": 1}, {"monitor": None, "save_top_k": 1}):
+        assert TrialCheckpoint(dirpath=tmp_path, **kwargs).state_key == ModelCheckpoint(dirpath=tmp_path, **kwargs).state_key
+
+
 def test_different_seeds_train_on_different_batch_orders(tmp_path):
     quiet_lightning()
 
