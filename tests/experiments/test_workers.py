@@ -259,10 +259,11 @@ def test_cli_device_without_cuda_is_one_line_with_workers_too(tmp_path):
             "error: device 'cuda' requested but CUDA is not available on this machine; use --device cpu")
 
 
-def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path):
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path, moved):
     """``benchmarks.pack_run``: a run cut mid-trial, packed, its folder wiped and unpacked again (a fresh
-    machine, the same run path) finishes: the completed cell is not re-run, the cut one resumes from its
-    checkpoint, and the archive carries checkpoints for the unfinished trials only."""
+    machine; the same run path, or another one) finishes: the completed cell is not re-run, the cut one
+    resumes from its checkpoint, and the archive carries checkpoints for the unfinished trials only."""
     import shutil
     import tarfile
 
@@ -291,12 +292,15 @@ def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path):
         ckpts = {Path(n).parts[1] for n in tar.getnames() if n.endswith(".ckpt")}
         assert ckpts == {cut[0].parents[1].name}
         shutil.rmtree(here)
+        here = tmp_path / "moved" if moved else here
         here.mkdir()
         tar.extractall(here, filter="data")
     df = run_sweep(plan, here, progress=False, stale_timeout=1)
     assert len(df) == 3 and set(df["status"]) == {"ok"} and set(df["steps"]) == {60}
     assert sorted(df["resumed_from_step"]) == [0, 0, 10]
     assert len([t for t in open_grid(here).trials(states=(TrialState.COMPLETE,))]) == 3
+    ran_here = [d for d in df["trial_dir"] if Path(d).name != Path(done[0].user_attrs["result"]["trial_dir"]).name]
+    assert len(ran_here) == 2 and all((here / d / "checkpoints" / "best.ckpt").is_file() for d in ran_here)
 
 
 def test_run_plans_hands_the_cells_of_priority_sweeps_to_the_workers(tmp_path, monkeypatch):
