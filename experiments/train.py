@@ -122,8 +122,9 @@ PROGRESS_FILE = "progress.csv"
 
 
 class _History(Callback):
-    """Records validation accuracy after each validation (the last one survives a resume) and, from the end of the first Lightning step
-    after 10 steps (what comes after compilation and CUDA-graph capture) on, ``progress``:
+    """Records validation accuracy after each validation (the last one survives a resume) and, from the
+    end of the first Lightning step after 10 steps (what comes after compilation and CUDA-graph
+    capture) on, ``progress``:
     ``(perf_counter s, optimizer step)`` samples at least ``PROGRESS_EVERY_S`` apart (after a device
     synchronization, so a step counts once the GPU has run it), the last at the end of training.
     Several trials' samples give the steps they ran in one shared time window
