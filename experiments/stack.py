@@ -135,12 +135,16 @@ class StackedTrials(Callback):
             if acc > t.early_stop_acc or plateau:
                 self.stopped_at[s] = step
                 self.write_checkpoint(pl_module, s, FINAL_CHECKPOINT, step)
-        if all(x is not None for x in self.stopped_at):
+        if self.all_stopped:
             trainer.should_stop = True
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if all(x is not None for x in self.stopped_at):  # resumed after every trial had stopped: test only
+        if self.all_stopped:  # resumed after every trial had stopped: test only
             trainer.should_stop = True
+
+    @property
+    def all_stopped(self) -> bool:
+        return all(x is not None for x in self.stopped_at)
 
     def on_train_end(self, trainer, pl_module) -> None:
         for s in range(len(self.specs)):
