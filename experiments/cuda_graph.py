@@ -36,7 +36,14 @@ def compiled_loss(model: torch.nn.Module, loss: Callable[[torch.Tensor, torch.Te
     fuses the loss with the model's last ops (a function: nothing enters the checkpoint). The Newton
     mixers run their in-graph policy from the warm-up on (``set_graph_policy``), so the capture compiles
     nothing new. Inductor's combo kernels launch independent kernels of the step as one
-    (``combo_kernels``: 9-16 fewer kernels per compiled k-hop step, H200)."""
+    (``combo_kernels``: 9-16 fewer kernels per compiled k-hop step, H200).
+
+    Drops Dynamo's compiled code of earlier calls first (``torch._dynamo.reset``): Dynamo keys its cache
+    on this function's code, shared by every model, and after ``recompile_limit`` (8) structurally
+    different models in one process (a worker training trial after trial) it would run the next ones
+    eagerly without a word. A loss compiled by an earlier call still works; it compiles again when next
+    called."""
+    torch._dynamo.reset()
     set_graph_policy(model, True)
     return torch.compile(lambda tokens, targets: loss(model(tokens), targets), options={"combo_kernels": True})
 
