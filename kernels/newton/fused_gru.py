@@ -151,5 +151,6 @@ def flashgru_fused(
     tiles: Optional[NewtonTiles] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashGRU states by fused Newton; see the module docstring. Differentiable in ``u, a``.
-    ``tiles``: chunk and channel tile (default ``128`` steps, 8 channels, 4 warps)."""
+    ``tiles``: chunk and channel tile (default ``128`` steps, 4 warps, 8 channels or 4 for small launches:
+    ``FusedNewton.default_tiles``)."""
     return _CELL(u, a, iters=iters, tol=tol, stats=stats, tiles=tiles)

@@ -210,5 +210,6 @@ def flashlstm_fused(
     tiles: Optional[NewtonTiles] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashLSTM states ``[c, h]`` by fused Newton; see the module docstring. Differentiable in ``u, a, p``.
-    ``tiles``: chunk and channel tile (default ``64`` steps, 8 channels, 4 warps)."""
+    ``tiles``: chunk and channel tile (default ``64`` steps, 4 warps, 8 channels or 4 for small launches:
+    ``FusedNewton.default_tiles``)."""
     return _CELL(u, a, p, iters=iters, tol=tol, stats=stats, tiles=tiles)

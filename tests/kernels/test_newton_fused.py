@@ -95,11 +95,27 @@ def test_lstm_matches_sequential(L):
 
 
 def test_heads_and_lane_tiles():
-    """Two heads with their own parameters, 20 channels = one full and one partial lane tile; then
-    explicit 16-step chunks of 4 channels on 2 warps (5 chunks, 5 lane tiles)."""
-    run_and_compare(False, 2, 2, 70, 20, seed=3)
-    run_and_compare(True, 2, 1, 20, 20, seed=4)
+    """Two heads with their own parameters, 20 channels = two full lane tiles of 8 and a partial one;
+    the default tiles (4 channels: few programs); explicit 16-step chunks of 4 channels on 2 warps
+    (5 chunks, 5 lane tiles)."""
+    run_and_compare(False, 2, 2, 70, 20, seed=3, tiles=NewtonTiles(128, 8, 4))
+    run_and_compare(True, 2, 1, 20, 20, seed=4, tiles=NewtonTiles(64, 8, 4))
+    run_and_compare(True, 2, 1, 20, 20, seed=6)
     run_and_compare(False, 1, 2, 70, 20, seed=5, tiles=NewtonTiles(16, 4, 2))
+
+
+def test_default_tiles_keep_the_launch_wide():
+    """8 channels per program from ``WIDE_FROM_PROGRAMS`` programs on, 4 below (the chunk unchanged)."""
+    from kernels.newton.fused_common import WIDE_FROM_PROGRAMS
+
+    cell = fused_lstm._CELL
+    assert cell.default_tiles(4, 16, 16) == NewtonTiles(64, 4, 4)  # Table 6: 128 programs of 8
+    assert cell.default_tiles(12, 16, 16) == NewtonTiles(64, 8, 4)  # 3 stacked trials: 384
+    assert cell.default_tiles(1, 8, 256) == NewtonTiles(64, 8, 4)  # the benchmark's layer
+    assert cell.default_tiles(1, WIDE_FROM_PROGRAMS, 8).bd == 8
+    assert cell.default_tiles(1, WIDE_FROM_PROGRAMS - 1, 8).bd == 4
+    assert cell.default_tiles(1, 1, 3).bd == 4  # fewer than 8 channels: the next power of two
+    assert fused_gru._CELL.default_tiles(4, 16, 16) == NewtonTiles(128, 4, 4)
 
 
 @pytest.mark.parametrize("name", ["flashgru", "flashlstm"])
