@@ -120,8 +120,15 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the C
      # of state 128 on a GPU), several state tiles, a partial last chunk
      (1, 150, 2, 16, 1, 72, 128)],
 )
-def test_triton_matches_reference(poison, batch, L, H, P, G, N, chunk):
+@pytest.mark.parametrize("small_launch_rows", [True, False], ids=["narrowed", "wide"])
+def test_triton_matches_reference(poison, monkeypatch, batch, L, H, P, G, N, chunk, small_launch_rows):
+    """Default tiles; ``narrowed``: as these small launches run (32-row programs, ``attn_config``),
+    ``wide``: with the rows of a large launch."""
+    from kernels.ssd import triton_ssd
     from kernels.ssd.triton_ssd import attn_config
+
+    if not small_launch_rows:
+        monkeypatch.setattr(triton_ssd, "ATTN_MIN_PROGRAMS", 1)
 
     inp = _inputs(batch, L, H, P, G, N, torch.float64, 100 + L)
     y, f, g = _run("triton", {k: v.float().to(DEV) for k, v in inp.items()}, chunk)
@@ -145,7 +152,17 @@ def test_triton_explicit_tiles(poison):
 
 
 def _check_tiles(tiles, L, H, G, chunk, seed, P=16, N=24):
-    """``ssd_triton`` with ``tiles`` against the reference: output, final state and every gradient."""
+    """``ssd_triton`` with ``tiles`` against the reference: output, final state and every gradient
+    (``ATTN_MIN_PROGRAMS`` off: these small launches run the rows they are given)."""
+    from unittest import mock
+
+    from kernels.ssd import triton_ssd
+
+    with mock.patch.object(triton_ssd, "ATTN_MIN_PROGRAMS", 1):
+        _check_given_tiles(tiles, L, H, G, chunk, seed, P, N)
+
+
+def _check_given_tiles(tiles, L, H, G, chunk, seed, P, N):
     from kernels.ssd.triton_ssd import ssd_triton
 
     inp = _inputs(1, L, H, P, G, N, torch.float64, seed)
@@ -193,6 +210,13 @@ def test_tile_choices():
     assert all(v in TILE_SETS for v in DEVICE_TILES.values())
     assert default_tiles(torch.device("cpu")) == TILE_SETS["h100"] == SsdTiles()
     assert attn_config(128, 64, 64, 2, tiles=[128, 32])["BC"] == 32
+    # small launches halve their rows down to 32 (given rows too); large ones keep them
+    table6 = attn_config(64, 64, 16, 4, Lp=128, lanes=16 * 4)  # Mamba2 of Table 6, forward
+    assert table6["BT"] == table6["BC"] == 32 and attn_config(64, 64, 16, 4)["BT"] == 64
+    assert attn_config(128, 64, 64, 2, tiles=[128, 32], Lp=128, lanes=16)["BT"] == 32
+    assert attn_config(128, 64, 64, 2, Lp=4096, lanes=16 * 4)["BT"] == 128  # the benchmark shape
+    assert attn_config(64, 64, 64, 4, Lp=64, lanes=128)["BT"] == 32  # 1 x 128 programs < 256
+    assert attn_config(64, 64, 64, 4, Lp=128, lanes=128)["BT"] == 64  # 2 x 128 programs
     with pytest.raises(ValueError, match="divide"):
         attn_config(128, 64, 64, 2, tiles=[64, 8])
 
