@@ -5,7 +5,8 @@
 #   steps:
 #     graph-tests           tests/experiments/test_cuda_graph.py (graph vs eager, the Newton policy, resume) and
 #                           test_step_profile.py
-#     kernels               python -m experiments.throughput kernels --compile (kernels and GPU time of a captured step)
+#     kernels               python -m experiments.throughput kernels --compile --top 8 (kernels and GPU time of a
+#                           captured step, and its 8 heaviest kernels)
 #     steps                 python -m experiments.throughput steps (single trials, eager and graph)
 #     workers               python -m experiments.throughput workers (N = WORKER_COUNTS under MPS, eager and graph)
 #     saturation            python -m benchmarks.saturation kernels and steps (what bounds 16 processes on one GPU)
@@ -36,7 +37,7 @@ for step in "$@"; do
       echo "=== graph-tests rc=$? in $((SECONDS - t0)) s"; tail -n 15 "$out/graph-tests.log" ;;
     kernels)
       # shellcheck disable=SC2086
-      timeout -k 10 400 python3 -m experiments.throughput kernels --compile ${KERNELS_ARGS:-} --json "$out/kernels.json" \
+      timeout -k 10 400 python3 -m experiments.throughput kernels --compile --top 8 ${KERNELS_ARGS:-} --json "$out/kernels.json" \
         > "$out/kernels.log" 2>&1
       echo "=== kernels rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/kernels.log" ;;
     steps)

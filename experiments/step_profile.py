@@ -46,6 +46,21 @@ def _kernel_events(prof) -> list:
             and not any(m in e.name.lower() for m in ("memcpy", "memset"))]
 
 
+def heaviest_kernels(kernels: list, steps: int, n: int) -> list[dict[str, Any]]:
+    """The ``n`` kernels (by name) with the most GPU time in ``kernels`` (profiler events with ``name``
+    and ``device_time`` in µs, from ``steps`` replays), heaviest first: ``kernel`` (the name, cut at 100
+    characters), ``family``, ``launches`` and ``us`` per step, and ``share`` of the step's kernel time."""
+    launches: dict[str, int] = {}
+    us: dict[str, float] = {}
+    for e in kernels:
+        launches[e.name] = launches.get(e.name, 0) + 1
+        us[e.name] = us.get(e.name, 0.0) + e.device_time
+    total = sum(us.values()) or 1.0
+    return [{"kernel": name[:100], "family": kernel_family(name), "launches": round(launches[name] / steps, 1),
+             "us": round(us[name] / steps, 1), "share": round(us[name] / total, 3)}
+            for name in sorted(us, key=us.get, reverse=True)[:n]]
+
+
 def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1):
     """``(graph, step)``: the trial's training step captured in a CUDA graph (after ``warmup`` eager
     steps on a side stream), and the step as a plain function (for an eager profile). ``stack`` > 1:
@@ -80,8 +95,10 @@ def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1):
     return graph, step
 
 
-def profile_step(spec, compile: bool = False, replays: int = 300, profiled: int = 5, stack: int = 1) -> dict[str, Any]:
-    """The step's kernels and times (module docstring) as one row; ``stack``: trials stacked in the step."""
+def profile_step(spec, compile: bool = False, replays: int = 300, profiled: int = 5, stack: int = 1,
+                 top: int = 0) -> dict[str, Any]:
+    """The step's kernels and times (module docstring) as one row; ``stack``: trials stacked in the step;
+    ``top`` > 0: also ``heaviest``, the ``top`` kernels with the most GPU time (``heaviest_kernels``)."""
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
@@ -117,5 +134,7 @@ def profile_step(spec, compile: bool = False, replays: int = 300, profiled: int 
         "replay_us_per_step": round(replay_us, 1),
         "steps_per_s_alone": round(1e6 / replay_us),
     })
+    if top:
+        row["heaviest"] = heaviest_kernels(kernels, profiled, top)
     del graph
     return row

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.cli import Parser, positive_int, positive_int_list, run_cli, str_list
+from experiments.cli import Parser, nonnegative_int, positive_int, positive_int_list, run_cli, str_list
 
 log = logging.getLogger("experiments.throughput")
 
@@ -111,10 +111,10 @@ def time_steps(preset: str, tasks: list[str] | None, mixers: list[str] | None, e
 
 
 def profile_kernels(preset: str, tasks: list[str] | None, mixers: list[str] | None, compile: bool,
-                    batch_sizes: list[int] | None = None, stacks: list[int] = (1,)) -> pd.DataFrame:
+                    batch_sizes: list[int] | None = None, stacks: list[int] = (1,), top: int = 0) -> pd.DataFrame:
     """``experiments.step_profile.profile_step`` rows per entry × mixer × batch size (``batch_sizes``;
     default: the preset's) × stack size (``stacks``: trials stacked into one model, ``experiments.stack``)
-    (and compiled, with ``compile``)."""
+    (and compiled, with ``compile``); ``top`` > 0: each row's ``heaviest`` kernels (``heaviest_table``)."""
     from experiments.step_profile import profile_step
 
     rows = []
@@ -122,13 +122,21 @@ def profile_kernels(preset: str, tasks: list[str] | None, mixers: list[str] | No
         for batch, stack in ((b, s) for b in batch_sizes or [spec.train.batch_size] for s in stacks):
             sized = dataclasses.replace(spec, train=dataclasses.replace(spec.train, batch_size=batch))
             for compiled in (False, True) if compile else (False,):
-                rows.append({"task": entry, "batch": batch, **profile_step(sized, compiled, stack=stack)})
+                rows.append({"task": entry, "batch": batch, **profile_step(sized, compiled, stack=stack, top=top)})
                 log.info("%s", rows[-1])
     table = pd.DataFrame(rows)
     import torch
 
     table["device"] = torch.cuda.get_device_name()
     return table
+
+
+def heaviest_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The ``heaviest`` kernels of ``profile_kernels`` rows as one table: a line per (profiled step, kernel)."""
+    keys = [c for c in ("task", "mixer", "batch", "stack", "compiled") if c in table]
+    lines = [{**{k: row[k] for k in keys}, **kernel} for _, row in table.iterrows()
+             if isinstance(row.get("heaviest"), list) for kernel in row["heaviest"]]
+    return pd.DataFrame(lines)
 
 
 def concurrent_rate(progress: list[pd.DataFrame]) -> tuple[float, float]:
@@ -243,6 +251,8 @@ def parser() -> Parser:
     kernels.add_argument("--batch-sizes", type=positive_int_list, help="training batch sizes to profile (default: the preset's)")
     kernels.add_argument("--stacks", type=positive_int_list, default=[1],
                          help="trials stacked into one model per profiled step (default: 1; e.g. 1,3)")
+    kernels.add_argument("--top", type=nonnegative_int, default=0,
+                         help="also list each step's N kernels with the most GPU time (default: 0, none)")
     for name, help_ in (("steps", "steps/s of single trials per engine"), ("workers", "steps/s of N parallel workers")):
         q = sub.add_parser(name, help=help_)
         q.add_argument("--preset", default="pararnn-table6", help="preset giving the shapes (default: %(default)s)")
@@ -275,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "generation":
             table = time_generation(args.samples, args.repeats)
         elif args.what == "kernels":
-            table = profile_kernels(args.preset, args.tasks, args.mixers, args.compile, args.batch_sizes, args.stacks)
+            table = profile_kernels(args.preset, args.tasks, args.mixers, args.compile, args.batch_sizes, args.stacks,
+                                    args.top)
         else:
             bad = [e for e in args.engines if e not in ENGINES]
             if bad:
@@ -289,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                     table = time_workers(args.counts, args.engines, args.preset, args.tasks, args.mixers, args.steps,
                                          args.device, args.out, args.stacks)
                 table["mps"] = args.mps
-        print(table.to_markdown(index=False))
+        heaviest = heaviest_table(table) if "heaviest" in table else None
+        print(table.drop(columns=["heaviest"], errors="ignore").to_markdown(index=False))
+        if heaviest is not None and len(heaviest):
+            print("\nkernels with the most GPU time per step:\n" + heaviest.to_markdown(index=False))
         if args.json:
             import torch
 

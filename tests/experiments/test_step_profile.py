@@ -1,6 +1,7 @@
 """``experiments.step_profile`` / ``python -m experiments.throughput kernels``: kernel families, the
 CPU refusal, and (GPU) a replay launches exactly the kernels of one eager step."""
 
+import pandas as pd
 import pytest
 import torch
 
@@ -21,6 +22,36 @@ from experiments.throughput import benchmark_specs, main
 ])
 def test_kernel_family(name, family):
     assert kernel_family(name) == family
+
+
+def test_heaviest_kernels_rank_by_time_per_step():
+    """Per-name sums over the profiled replays, divided by their count, heaviest first, with shares of
+    the whole; ``heaviest_table`` gives one line per (step, kernel)."""
+    from types import SimpleNamespace
+
+    from experiments.step_profile import heaviest_kernels
+    from experiments.throughput import heaviest_table
+
+    ev = lambda name, us: SimpleNamespace(name=name, device_time=us)  # noqa: E731
+    events = [ev("chunk_attn_kernel", 10.0), ev("triton_poi_fused_add_0", 1.0), ev("chunk_attn_kernel", 14.0),
+              ev("sm80_xmma_gemm_f32f32", 6.0), ev("triton_poi_fused_add_0", 1.0)] * 2  # two replays
+    top = heaviest_kernels(events, steps=2, n=2)
+    assert [k["kernel"] for k in top] == ["chunk_attn_kernel", "sm80_xmma_gemm_f32f32"]
+    assert top[0] == {"kernel": "chunk_attn_kernel", "family": "other", "launches": 2.0, "us": 24.0,
+                      "share": round(24 / 32, 3)}
+    assert top[1]["family"] == "gemm" and top[1]["launches"] == 1.0 and top[1]["us"] == 6.0
+    assert len(heaviest_kernels(events, 2, 10)) == 3 and heaviest_kernels([], 1, 3) == []
+    rows = pd.DataFrame([{"task": "khop2", "mixer": "mamba2", "compiled": True, "heaviest": top},
+                         {"task": "mqar", "mixer": "transformer", "compiled": False, "error": "x"}])
+    lines = heaviest_table(rows)
+    assert len(lines) == 2 and list(lines["kernel"]) == ["chunk_attn_kernel", "sm80_xmma_gemm_f32f32"]
+    assert set(lines["mixer"]) == {"mamba2"} and "heaviest" not in lines
+
+
+def test_top_must_not_be_negative(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["kernels", "--top", "-1"])
+    assert exit_.value.code == 2 and "--top" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
@@ -53,10 +84,13 @@ def test_profile_rows_add_up(mixer):
     """Families add up to the total; a replay takes at least its kernels' summed time."""
     from experiments.step_profile import profile_step
 
-    row = profile_step(_spec(mixer), replays=50)
+    row = profile_step(_spec(mixer), replays=50, top=5)
     assert "error" not in row, row
     assert row["kernels_per_step"] == pytest.approx(sum(row[f] for f in ("elementwise", "reduction", "gemm", "other")))
     assert row["replay_us_per_step"] > 0.9 * row["gpu_us_per_step"] > 0
+    heaviest = row["heaviest"]
+    assert len(heaviest) == 5 and sum(k["us"] for k in heaviest) <= row["gpu_us_per_step"] + 0.5
+    assert [k["us"] for k in heaviest] == sorted((k["us"] for k in heaviest), reverse=True)
 
 
 @pytest.mark.gpu
