@@ -3,6 +3,8 @@
 - ``triton_available(tensor)``: on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1``.
 - ``cdiv`` / ``next_pow2``: plain-Python integer helpers for launch code (``triton.cdiv`` is a
   ``ConstexprFunction`` on recent Triton, several microseconds per host call).
+- ``FEW_PROGRAMS``: below this many programs a launch leaves much of the GPU idle; small launches
+  take narrower tiles (the SSD's ``chunk_attn`` rows, the fused Newton's channels per program).
 - ``empty(shape, device, dtype)`` / ``empty_like(tensor)``: every kernel output is allocated here;
   inside ``poisoned()`` (tests and benchmark checks) it is NaN-filled instead, so an element a kernel
   never writes shows.
@@ -17,6 +19,10 @@ import os
 from collections.abc import Iterator
 
 import torch
+
+
+#: programs per launch below which a launch is small: about two per SM of an H100 / H200 (132 SMs)
+FEW_PROGRAMS = 256
 
 
 @functools.lru_cache(maxsize=None)

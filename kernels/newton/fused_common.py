@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from kernels._triton import cdiv, empty, next_pow2, triton_available
+from kernels._triton import FEW_PROGRAMS, cdiv, empty, next_pow2, triton_available
 
 
 @triton.jit
@@ -164,10 +164,9 @@ def check_fused_inputs(name: str, u: torch.Tensor, params: dict, want: dict, ite
     return H, B, L, Ds
 
 
-
-#: Programs from which a fused Newton launch keeps 8 state channels per program (about two per SM of an
-#: H100 / H200); below, 4 (``FusedNewton.default_tiles``).
-WIDE_FROM_PROGRAMS = 256
+#: Programs from which a fused Newton launch keeps 8 state channels per program; below, 4
+#: (``FusedNewton.default_tiles``; ``kernels._triton.FEW_PROGRAMS``).
+WIDE_FROM_PROGRAMS = FEW_PROGRAMS
 
 
 class FusedNewton:

@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import cdiv, empty, float32_matmul_precision, next_pow2, triton_available
+from kernels._triton import FEW_PROGRAMS, cdiv, empty, float32_matmul_precision, next_pow2, triton_available
 from kernels.ssd.triton_kernels import chunk_attn_kernel, chunk_state_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -153,9 +153,9 @@ def _precision(dtype: torch.dtype) -> str:
     return _float32_precision() if dtype == torch.float32 else "tf32"
 
 
-#: ``chunk_attn`` launches with fewer programs than this (about two per SM of an H100 / H200) halve their
-#: rows per program, down to 32 (``attn_config``).
-ATTN_MIN_PROGRAMS = 256
+#: ``chunk_attn`` launches with fewer programs than this halve their rows per program, down to 32
+#: (``attn_config``; ``kernels._triton.FEW_PROGRAMS``).
+ATTN_MIN_PROGRAMS = FEW_PROGRAMS
 
 
 def attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tiles: list[int] = (),
