@@ -66,6 +66,11 @@ def _precision(dtype: torch.dtype) -> str:
         return "ieee"
     if dtype != torch.float32:
         return "tf32"
+    return _float32_precision()
+
+
+@torch.compiler.assume_constant_result  # torch.compile reads it once, when it traces
+def _float32_precision() -> str:
     return {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}[torch.get_float32_matmul_precision()]
 
 
@@ -253,11 +258,11 @@ def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
 
 
 def _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool,
-             prec: str, tiles: MlstmTiles | None = None):
-    """Returns ``h``, the entering states ``C, n, M`` (``NC + 1`` each; ``C`` in ``_state_dtype``),
-    per-step ``m`` and normalizer dot ``d`` (padded to ``NC * L``; one unused element each for
-    mLSTMsig), the final ``C`` in float32 and the final ``M`` copy. ``prec``: ``input_precision`` of
-    every dot (``_precision``; the backward reuses it)."""
+             prec: str, tiles: MlstmTiles | None = None, state_dtype: torch.dtype | None = None):
+    """Returns ``h``, the entering states ``C, n, M`` (``NC + 1`` each; ``C`` in ``state_dtype``,
+    default ``_state_dtype`` of the tiles), per-step ``m`` and normalizer dot ``d`` (padded to
+    ``NC * L``; one unused element each for mLSTMsig), the final ``C`` in float32 and the final ``M``
+    copy. ``prec``: ``input_precision`` of every dot (``_precision``; the backward reuses it)."""
     B, NH, S, DQK = q.shape
     DV = v.shape[-1]
     L = chunk_size
@@ -266,7 +271,7 @@ def _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate: bool, chunk_size: int,
     b, li, a, g, amax = _gates(i_pre, f_pre, exp_gate, L, NC, tiles.gate_kernels)
     cst, nst, mst, c_last = run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, exp_gate=exp_gate, L=L,
                                                    fused=fused_inter, prec=prec, tiles=tiles,
-                                                   state_dtype=_state_dtype(q.dtype, tiles, fused_inter))
+                                                   state_dtype=state_dtype or _state_dtype(q.dtype, tiles, fused_inter))
     cfg = _config(L, DQK, DV, tiles)
     h = _empty(*v.shape, like=v)
     mtok, dtok = (_empty(B, NH, NC * L if exp_gate else 1, like=q, dtype=mst.dtype) for _ in range(2))
@@ -281,22 +286,25 @@ def _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate: bool, chunk_size: int,
 def mlstm_chunkwise_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
     c0: Optional[torch.Tensor], n0: Optional[torch.Tensor], m0: Optional[torch.Tensor],
-    exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool, prec: str,
+    exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool, prec: str, state_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
            torch.Tensor]:
-    """The forward (``_forward``) with the default tiles."""
-    return _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec)
+    """The forward (``_forward``) with the default tiles, storing the chunk states in ``state_dtype``
+    (resolved by the caller, ``_state_dtype``, so that a traced graph names it: a cached graph then
+    never disagrees with a changed tile default)."""
+    return _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec,
+                    state_dtype=state_dtype)
 
 
 @mlstm_chunkwise_fwd.register_fake
-def _(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec):
+def _(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec, state_dtype):
     B, NH, S, DQK = q.shape
     DV = v.shape[-1]
     NC = -(-S // chunk_size)
     acc = _acc_dtype(q.dtype)
     e = lambda *s: q.new_empty(*s, dtype=acc)  # noqa: E731
     ntok = NC * chunk_size if exp_gate else 1
-    cst = q.new_empty(B, NH, NC + 1, DQK, DV, dtype=_state_dtype(q.dtype, default_tiles(q.dtype, prec), fused_inter))
+    cst = q.new_empty(B, NH, NC + 1, DQK, DV, dtype=state_dtype)
     return (torch.empty_like(v), cst, e(B, NH, NC + 1, DQK), e(B, NH, NC + 1), e(B, NH, ntok), e(B, NH, ntok),
             e(B, NH, DQK, DV), e(B, NH))
 
@@ -423,7 +431,7 @@ def _initial_state_grads(c0, n0, dc0, dn0):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, _, prec = inputs
+    q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, _, prec, _ = inputs
     h, cst, nst, mst, mtok, dtok, c_last, _ = output
     ctx.save_for_backward(q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok, c_last)
     ctx.opts = (exp_gate, chunk_size, eps, prec)
@@ -435,7 +443,7 @@ def _grad(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dclast, dm_last):
     dh, dc_last, dn_last = _last_state_grads(dh, dclast, dnst, h, c_last, nst)
     dq, dk, dv, di, df, dc0, dn0 = mlstm_chunkwise_bwd(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst,
                                                        mtok, dtok, c_last, *ctx.opts)
-    return (dq, dk, dv, di, df, *_initial_state_grads(c0, n0, dc0, dn0), None, None, None, None, None)
+    return (dq, dk, dv, di, df, *_initial_state_grads(c0, n0, dc0, dn0), None, None, None, None, None, None)
 
 
 mlstm_chunkwise_fwd.register_autograd(_grad, setup_context=_setup_context)
@@ -488,7 +496,8 @@ def mlstm_triton(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, init
             m0 = torch.zeros(c0.shape[:-2], device=c0.device, dtype=acc)
     args = (q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, float(eps), bool(fused_inter), _precision(q.dtype))
     if torch.compiler.is_compiling():
-        out = mlstm_chunkwise_fwd(*args)
+        prec = args[-1]
+        out = mlstm_chunkwise_fwd(*args, _state_dtype(q.dtype, default_tiles(q.dtype, prec), bool(fused_inter)))
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:8]):
         out = _Eager.apply(tiles, *args)
     else:

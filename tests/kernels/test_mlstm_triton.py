@@ -106,8 +106,49 @@ def test_entry_point_and_opcheck():
     torch.testing.assert_close(mlstm(*x, backend="triton", chunk_size=16), _triton(*x, chunk_size=16))
     x = [t.requires_grad_(True) for t in x]
     st = [t.requires_grad_(True) for t in st]
-    torch.library.opcheck(mlstm_chunkwise_fwd, (*x, *st, True, 16, 1e-6, True, "ieee"),
+    torch.library.opcheck(mlstm_chunkwise_fwd, (*x, *st, True, 16, 1e-6, True, "ieee", torch.float32),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_forward_op_stores_states_in_the_dtype_it_names(state_dtype):
+    """The forward op stores the chunk states in the dtype its caller names, and its fake promises that
+    dtype whatever the tile defaults say (a traced graph names it, so a cached graph cannot disagree
+    with a changed default); ``mlstm_triton`` names ``_state_dtype`` of the default tiles."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kernels.mlstm import triton_chunkwise as tc
+
+    x, st = _to(*make_inputs(1, 1, 20, 16, 16, "exp", init=True, seed=16), torch.bfloat16)
+    args = (*x, *(t.float() for t in st), True, 16, 1e-6, True, tc._precision(torch.bfloat16), state_dtype)
+    real = tc.mlstm_chunkwise_fwd(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = tc.mlstm_chunkwise_fwd(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+    assert real[1].dtype == fake[1].dtype == state_dtype
+    assert [t.shape for t in real] == [t.shape for t in fake]
+    assert tc._state_dtype(torch.bfloat16, tc.default_tiles(torch.bfloat16, "tf32")) == torch.bfloat16
+    assert tc._state_dtype(torch.bfloat16, tc.default_tiles(torch.bfloat16, "tf32"), False) == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_matches_eager(dtype):
+    """Under ``torch.compile`` (the custom ops, their fakes and autograd registration; Inductor on a GPU,
+    ``aot_eager`` under the CPU interpreter) the output, final state and gradients equal the eager path's."""
+    x, st = _to(*make_inputs(2, 2, 37, 16, 16, "exp", init=True, seed=17), dtype)
+
+    def loss(*t):
+        h, (c, n, m) = _triton(*t[:5], chunk_size=16, initial_state=t[5:], return_last_state=True)
+        return h.float().square().sum() + c.float().sum() + n.float().sum() + m.float().sum(), h
+
+    compiled = torch.compile(loss, fullgraph=True, backend="inductor" if DEV == "cuda" else "aot_eager")
+    outs = []
+    for fn in (loss, compiled):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (*x, *st)]
+        value, h = fn(*leaves)
+        value.backward()
+        outs.append([value.detach(), h.detach(), *(t.grad for t in leaves)])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("S", [17, 32])
@@ -117,7 +158,7 @@ def test_backward_op_outputs_match_its_fake(S):
     from kernels.mlstm.triton_chunkwise import mlstm_chunkwise_bwd, mlstm_chunkwise_fwd
 
     x, st = _to(*make_inputs(1, 2, S, 16, 16, "exp", init=True, seed=15), torch.float32)
-    h, cst, nst, mst, mtok, dtok, c_last, _ = mlstm_chunkwise_fwd(*x, *st, True, 16, 1e-6, True, "ieee")
+    h, cst, nst, mst, mtok, dtok, c_last, _ = mlstm_chunkwise_fwd(*x, *st, True, 16, 1e-6, True, "ieee", torch.float32)
     dc, dn = torch.randn_like(c_last), torch.randn_like(nst[:, :, -1])
     args = (torch.randn_like(h), dc, dn, *x, h, cst, nst, mst, mtok, dtok, c_last, True, 16, 1e-6, "ieee")
     torch.library.opcheck(mlstm_chunkwise_bwd, args, test_utils=("test_schema", "test_faketensor"))
