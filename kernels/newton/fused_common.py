@@ -164,6 +164,14 @@ def check_fused_inputs(name: str, u: torch.Tensor, params: dict, want: dict, ite
     return H, B, L, Ds
 
 
+def check_skip(name: str, skip: Optional[torch.Tensor], u: torch.Tensor) -> None:
+    """One-line ``ValueError`` unless ``skip`` is ``None`` or a one-element bool tensor on ``u``'s device."""
+    if skip is not None and (not isinstance(skip, torch.Tensor) or skip.dtype != torch.bool or skip.numel() != 1
+                             or skip.device != u.device):
+        got = f"{skip.dtype} of shape {tuple(skip.shape)} on {skip.device}" if isinstance(skip, torch.Tensor) else type(skip).__name__
+        raise ValueError(f"{name}: skip must be None or a one-element bool tensor on {u.device}, got {got}")
+
+
 #: Programs from which a fused Newton launch keeps 8 state channels per program; below, 4
 #: (``FusedNewton.default_tiles``; ``kernels._triton.FEW_PROGRAMS``).
 WIDE_FROM_PROGRAMS = FEW_PROGRAMS
@@ -175,8 +183,9 @@ class FusedNewton:
 
     ``params``: name -> gate count ``k`` of each diagonal weight ``(H, k, Ds)`` the kernels take after
     ``u``; ``states``: state channels per ``Ds`` (1: ``h``; 2: ``[c, h]``); ``ch``: default chunk.
-    Kernel arguments: forward ``(u, *params, s, res, B, L, Ds, n_st, iters, tol, HAS_TOL, STATS, CH,
-    BD)``, backward ``(u, *params, s, gs, du, *dparams, B, L, Ds, n_st, CH, BD)`` with ``dparams`` per
+    Kernel arguments: forward ``(u, *params, s, res, skip, B, L, Ds, n_st, iters, tol, HAS_TOL, STATS,
+    HAS_SKIP, CH, BD)`` (``skip``: a bool scalar on the device, read only with ``HAS_SKIP``: where true
+    the kernel runs no Newton iteration), backward ``(u, *params, s, gs, du, *dparams, B, L, Ds, n_st, CH, BD)`` with ``dparams`` per
     (head, batch row) ``(H, B, k, Ds)``, summed over batch rows here.
     """
 
@@ -186,7 +195,7 @@ class FusedNewton:
         names = ", ".join(f"Tensor {p}" for p in params)
         self.fwd_op = torch.library.custom_op(
             f"expressivity::{name}", self._fwd_impl, mutates_args=(),
-            schema=f"(Tensor u, {names}, int iters, float? tol, bool stats) -> (Tensor, Tensor)")
+            schema=f"(Tensor u, {names}, int iters, float? tol, bool stats, Tensor? skip) -> (Tensor, Tensor)")
         self.bwd_op = torch.library.custom_op(
             f"expressivity::{name}_bwd", self._bwd_impl, mutates_args=(),
             schema=f"(Tensor u, {names}, Tensor s, Tensor gs) -> ({', '.join(['Tensor'] * (1 + len(params)))})")
@@ -204,7 +213,7 @@ class FusedNewton:
 
         def grad(ctx, gs, _gres):
             u, s, *ps = ctx.saved_tensors
-            return (*self.bwd_op(u, *ps, s, gs.contiguous()), None, None, None)
+            return (*self.bwd_op(u, *ps, s, gs.contiguous()), None, None, None, None)
 
         self.fwd_op.register_autograd(grad, setup_context=setup)
 
@@ -218,7 +227,8 @@ class FusedNewton:
             bd = 4
         return NewtonTiles(self.ch, bd, 4)
 
-    def forward(self, u, params, iters: int, tol: Optional[float], stats: bool, tiles: Optional[NewtonTiles]):
+    def forward(self, u, params, iters: int, tol: Optional[float], stats: bool, tiles: Optional[NewtonTiles],
+                skip: Optional[torch.Tensor] = None):
         H, B, L, _, Ds = u.shape
         s = empty((H, B, L, self.states * Ds), u.device, torch.float32)
         res = torch.full((iters + 1,), -1.0, dtype=torch.float32, device=u.device)
@@ -226,8 +236,8 @@ class FusedNewton:
             t = tiles or self.default_tiles(H, B, Ds)
             n_st = cdiv(Ds, t.bd)
             self.fwd_kernel[(H * B * n_st,)](
-                u, *params, s, res, B, L, Ds, n_st, iters, float(tol or 0.0),
-                HAS_TOL=tol is not None, STATS=stats, CH=t.ch, BD=t.bd, num_warps=t.warps,
+                u, *params, s, res, res if skip is None else skip, B, L, Ds, n_st, iters, float(tol or 0.0),
+                HAS_TOL=tol is not None, STATS=stats, HAS_SKIP=skip is not None, CH=t.ch, BD=t.bd, num_warps=t.warps,
             )
         return s, res
 
@@ -244,29 +254,31 @@ class FusedNewton:
         return (du.zero_(), *(torch.zeros_like(p) for p in params))
 
     def _fwd_impl(self, u, *rest):
-        params, (iters, tol, stats) = rest[:len(self.params)], rest[len(self.params):]
+        params, (iters, tol, stats, skip) = rest[:len(self.params)], rest[len(self.params):]
         check_fused_inputs(f"{self.name}", u, dict(zip(self.params, params)), self.params, iters, tol)
-        return self.forward(u, params, iters, tol, stats, None)
+        check_skip(self.name, skip, u)
+        return self.forward(u, params, iters, tol, stats, None, skip)
 
     def _bwd_impl(self, u, *rest):
         n = len(self.params)
         return self.backward(u, rest[:n], rest[n], rest[n + 1], None)
 
     def __call__(self, u, *params, iters: int = 3, tol: Optional[float] = None, stats: bool = False,
-                 tiles: Optional[NewtonTiles] = None):
+                 tiles: Optional[NewtonTiles] = None, skip: Optional[torch.Tensor] = None):
         tol = None if tol is None else float(tol)
         if torch.compiler.is_compiling():
-            return self.fwd_op(u, *params, iters, tol, bool(stats))
+            return self.fwd_op(u, *params, iters, tol, bool(stats), skip)
         check_fused_inputs(self.name, u, dict(zip(self.params, params)), self.params, iters, tol)
+        check_skip(self.name, skip, u)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (u, *params)):
-            return _FusedFunction.apply(self, tiles, u, iters, tol, bool(stats), *params)
-        return self.forward(u, params, iters, tol, bool(stats), tiles)
+            return _FusedFunction.apply(self, tiles, skip, u, iters, tol, bool(stats), *params)
+        return self.forward(u, params, iters, tol, bool(stats), tiles, skip)
 
 
 class _FusedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, cell: FusedNewton, tiles, u, iters, tol, stats, *params):
-        s, res = cell.forward(u, params, iters, tol, stats, tiles)
+    def forward(ctx, cell: FusedNewton, tiles, skip, u, iters, tol, stats, *params):
+        s, res = cell.forward(u, params, iters, tol, stats, tiles, skip)
         ctx.save_for_backward(u, s, *params)
         ctx.cell, ctx.tiles = cell, tiles
         ctx.mark_non_differentiable(res)
@@ -277,4 +289,4 @@ class _FusedFunction(torch.autograd.Function):
     def backward(ctx, gs, _gres):
         u, s, *params = ctx.saved_tensors
         grads = ctx.cell.backward(u, params, s, gs.contiguous(), ctx.tiles)
-        return (None, None, grads[0], None, None, None, *grads[1:])
+        return (None, None, None, grads[0], None, None, None, *grads[1:])

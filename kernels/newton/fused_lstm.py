@@ -73,10 +73,12 @@ def _cell(cp, hp, uf, uz, uo, af, az, ao, pf, po):
 
 @triton.jit
 def _lstm_fwd_kernel(
-    u_ptr, a_ptr, p_ptr, s_ptr, res_ptr,
+    u_ptr, a_ptr, p_ptr, s_ptr, res_ptr, skip_ptr,
     B, L, Ds, n_st, iters, tol,
-    HAS_TOL: tl.constexpr, STATS: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
+    HAS_TOL: tl.constexpr, STATS: tl.constexpr, HAS_SKIP: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
 ):
+    if HAS_SKIP:  # a re-solve predicated on the device: no iteration where the first solve passed
+        iters = tl.where(tl.load(skip_ptr) != 0, 0, iters)
     n, head, lanes, lmask = lane_tile(tl.program_id(0), n_st, B, Ds, BD)
     af, az, ao = param_rows3(a_ptr + head * 3 * Ds + lanes, Ds, lmask)
     pf, po = _peepholes(p_ptr + head * 2 * Ds + lanes, Ds, lmask)
@@ -207,9 +209,11 @@ _CELL = FusedNewton("flashlstm_fused", _lstm_fwd_kernel, _lstm_bwd_kernel, {"a":
 
 def flashlstm_fused(
     u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: Optional[float] = None, stats: bool = False, *,
-    tiles: Optional[NewtonTiles] = None,
+    tiles: Optional[NewtonTiles] = None, skip: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashLSTM states ``[c, h]`` by fused Newton; see the module docstring. Differentiable in ``u, a, p``.
     ``tiles``: chunk and channel tile (default ``64`` steps, 4 warps, 8 channels or 4 for small launches:
-    ``FusedNewton.default_tiles``)."""
-    return _CELL(u, a, p, iters=iters, tol=tol, stats=stats, tiles=tiles)
+    ``FusedNewton.default_tiles``). ``skip``: a one-element bool tensor; where it holds true (read on the
+    device) no Newton iteration runs and the result is the initial guess ``f(0, u_t)`` per position
+    (a re-solve inside a CUDA graph that only matters when the first solve failed its check)."""
+    return _CELL(u, a, p, iters=iters, tol=tol, stats=stats, tiles=tiles, skip=skip)

@@ -161,7 +161,7 @@ class RNNCell(nn.Module):
     """Base class of recurrent cells; see the module docstring."""
 
     jacobian: ClassVar[str] = "dense"
-    fused_apply: ClassVar = None  # classmethod fused_apply(params, u, *, iters, tol) -> h; see mixer.py
+    fused_apply: ClassVar = None  # classmethod fused_apply(params, u, *, iters, tol[, skip]) -> h; see mixer.py
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

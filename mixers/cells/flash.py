@@ -109,11 +109,12 @@ class FlashGRUCell(_FlashCell):
         return flashgru_jacobian(h, u, self.a)
 
     @classmethod
-    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None) -> torch.Tensor:
+    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None,
+                    skip: torch.Tensor | None = None) -> torch.Tensor:
         """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_gru``)."""
         from kernels.newton.fused_gru import flashgru_fused
 
-        return flashgru_fused(u.contiguous(), params["a"].contiguous(), iters, tol)[0]
+        return flashgru_fused(u.contiguous(), params["a"].contiguous(), iters, tol, skip=skip)[0]
 
 
 class FlashLSTMCell(_FlashCell):
@@ -137,11 +138,13 @@ class FlashLSTMCell(_FlashCell):
         return state[..., self.d_state :]
 
     @classmethod
-    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None) -> torch.Tensor:
+    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None,
+                    skip: torch.Tensor | None = None) -> torch.Tensor:
         """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_lstm``)."""
         from kernels.newton.fused_lstm import flashlstm_fused
 
-        return flashlstm_fused(u.contiguous(), params["a"].contiguous(), params["p"].contiguous(), iters, tol)[0]
+        return flashlstm_fused(u.contiguous(), params["a"].contiguous(), params["p"].contiguous(), iters, tol,
+                               skip=skip)[0]
 
 
 def _with_total_state(d_model: int, config: dict) -> dict:

@@ -14,11 +14,14 @@ Modes (``mode=`` or, as for every mixer, ``backend=``):
 - ``fused``: the cell class's ``fused_apply`` (all Newton iterations in one kernel)::
 
       @classmethod
-      def fused_apply(cls, params: dict[str, Tensor], u: Tensor, *, iters: int, tol: float | None) -> Tensor
+      def fused_apply(cls, params: dict[str, Tensor], u: Tensor, *, iters: int, tol: float | None,
+                      skip: Tensor | None = None) -> Tensor
 
   ``params``: the heads' stacked parameters ``{name: (H, ...)}`` (after ``project_parameters_``);
   ``u (H, B, L, *feat)``: the per-head ``input_projection`` of the input; returns the states
-  ``h (H, B, L, state_size)``, differentiable w.r.t. ``u`` and ``params``.
+  ``h (H, B, L, state_size)``, differentiable w.r.t. ``u`` and ``params``. ``skip`` (optional in the
+  signature): a one-element bool tensor on the device; where true, run no iteration (the result is
+  then unused: the in-graph re-solve, ``_solve_in_graph``, costs little when the first solve passed).
 - ``auto``: on CUDA ``fused`` if the cell has ``fused_apply``, else ``parallel-triton`` when the
   Triton scan is available and the Jacobian
   is not dense, else ``parallel``; on the CPU ``parallel``.
@@ -174,6 +177,8 @@ class CellMixer(nn.Module):
         self.retry_count = 0
         self.jacobian_check_every, self.jacobian_checks = jacobian_check_every, 0
         self.structure, self.closed_form = cell.jacobian, cell.jacobian_fn is not None
+        self._fused_takes_skip = (cell_class.fused_apply is not None
+                                  and "skip" in inspect.signature(cell_class.fused_apply).parameters)
         self.jacobian_fallback: Optional[str] = None
         self._graph_forwards = 0
         #: whether the last forward's result is checked (a bool tensor on the device), set only while a
@@ -347,8 +352,10 @@ class CellMixer(nn.Module):
     def _solve_in_graph(self, mode: str, u: torch.Tensor, params: dict, x: torch.Tensor) -> torch.Tensor:
         """The Newton solve inside a CUDA graph being captured: no host reads, a fixed policy.
 
-        ``fused``: the solve with ``iters`` and the re-solve with ``retry_iters`` both run; the result
-        is the first where its residual passes the check, else the re-solve. Other modes: the solve
+        ``fused``: the solve with ``iters``, then the re-solve with ``retry_iters``, predicated on the
+        device (``fused_apply``'s ``skip``: it runs no iteration when the first solve passed its check;
+        a ``fused_apply`` without ``skip`` runs it in full); the result is the first where its residual
+        passes the check, else the re-solve. Other modes: the solve
         with ``iters``. ``step_ok`` (a bool tensor) says whether the result passed the check; the
         training step skips its parameter update when it did not (``experiments.lit``), so an
         unchecked trajectory is never trained on. ``graph_counts`` counts (forwards, re-solves,
@@ -361,7 +368,9 @@ class CellMixer(nn.Module):
             ok = self._converged_on_device(h, step, u, values)
             retried = torch.zeros_like(ok)
             if self.check and self.retry_iters > self.iters:
-                h_retry = fused_apply(params, u, iters=self.retry_iters, tol=self.tol)
+                # predicated on the device: with a skip-aware fused_apply no iteration runs when ``ok``
+                skip = {"skip": ok} if self._fused_takes_skip else {}
+                h_retry = fused_apply(params, u, iters=self.retry_iters, tol=self.tol, **skip)
                 h, retried = torch.where(ok, h, h_retry), ~ok
                 ok = ok | self._converged_on_device(h_retry, step, u, values)
         else:

@@ -170,11 +170,12 @@ def test_iteration_count_and_tolerance_are_honored(lstm):
 
 def test_opcheck():
     u, a, p = make(1, 2, 9, 3, 11, True)
-    torch.library.opcheck(torch.ops.expressivity.flashgru_fused, (u.requires_grad_(), a.requires_grad_(), 3, None, False))
+    torch.library.opcheck(torch.ops.expressivity.flashgru_fused, (u.requires_grad_(), a.requires_grad_(), 3, None, False, None))
     h, _ = fused_gru.flashgru_fused(u.detach(), a.detach())
     torch.library.opcheck(torch.ops.expressivity.flashgru_fused_bwd, (u.detach(), a.detach(), h, torch.randn_like(h)))
     p = p.requires_grad_()
-    torch.library.opcheck(torch.ops.expressivity.flashlstm_fused, (u, a, p, 2, 1e-3, True))
+    torch.library.opcheck(torch.ops.expressivity.flashlstm_fused, (u, a, p, 2, 1e-3, True, None))
+    torch.library.opcheck(torch.ops.expressivity.flashgru_fused, (u, a, 3, None, False, torch.tensor(True, device=u.device)))
     s, _ = fused_lstm.flashlstm_fused(u.detach(), a.detach(), p.detach())
     torch.library.opcheck(
         torch.ops.expressivity.flashlstm_fused_bwd, (u.detach(), a.detach(), p.detach(), s, torch.randn_like(s))
@@ -197,9 +198,32 @@ def test_bad_inputs_give_clear_errors(monkeypatch):
         fused_gru.flashgru_fused(u, a, iters=-1)
     with pytest.raises(ValueError, match="tol"):
         fused_lstm.flashlstm_fused(u, a, p, tol=-1.0)
+    for bad in (torch.tensor(1), torch.tensor([True, False]), True):
+        with pytest.raises(ValueError, match="skip must be"):
+            fused_gru.flashgru_fused(u, a, skip=bad)
     monkeypatch.setattr(fused_common, "triton_available", lambda t: False)
     with pytest.raises(ValueError, match="CUDA"):
         fused_gru.flashgru_fused(u, a)
+
+
+@pytest.mark.parametrize("lstm", [False, True])
+def test_skip_runs_no_iteration_where_it_holds(lstm):
+    """``skip`` read on the device: false changes nothing; true gives the initial guess (``iters=0``),
+    with statistics of that guess, and a backward that is exactly zero for a zero output gradient
+    (a skipped re-solve's result is unused: ``torch.where`` sends it zeros)."""
+    u, a, p = make(2, 3, 37, 5, 31, lstm)
+    params = (u, a, p) if lstm else (u, a)
+    fn = fused_lstm.flashlstm_fused if lstm else fused_gru.flashgru_fused
+    full, res = fn(*params, iters=12, stats=True)
+    kept, res_kept = fn(*params, iters=12, stats=True, skip=torch.tensor(False, device=DEV))
+    assert torch.equal(full, kept) and torch.equal(res, res_kept)
+    guess, res0 = fn(*params, iters=0, stats=True)
+    leaves = [t.clone().requires_grad_() for t in params]
+    skipped, res_skipped = fn(*leaves, iters=12, stats=True, skip=torch.tensor([True], device=DEV))
+    assert torch.equal(skipped, guess) and not torch.equal(skipped, full)
+    assert float(res_skipped[0]) == float(res0[0]) >= 0 and (res_skipped[1:] == -1).all()
+    grads = torch.autograd.grad(skipped, leaves, torch.zeros_like(skipped))
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
 
 
 @pytest.mark.parametrize("name", ["flashgru", "flashlstm"])

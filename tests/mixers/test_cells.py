@@ -284,6 +284,53 @@ class TorchFusedGRU(FlashGRUCell):
     exact_from_iters = 10**9  # ... unless it runs this many iterations
 
 
+@pytest.mark.skipif(not triton_available(torch.zeros(1)), reason="needs Triton (the CPU interpreter)")
+@pytest.mark.parametrize("cell", [FlashGRUCell, FlashLSTMCell])
+@pytest.mark.parametrize("first_passes", [True, False])
+def test_in_graph_resolve_is_predicated_on_the_first_check(monkeypatch, cell, first_passes):
+    """``_solve_in_graph`` (the policy a captured step runs) passes the first solve's check to the fused
+    re-solve as ``skip``: when it passed, the re-solve runs no iteration (its result is the initial guess,
+    unused); either way the states, their gradients, ``step_ok`` and the device counts equal those of the
+    re-solve run in full (a ``fused_apply`` without ``skip``). Called directly: outside a capture, and on
+    the CPU under the Triton interpreter."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 23, 8)
+    g = None
+    runs = {}
+    for takes_skip in (True, False):
+        torch.manual_seed(2)
+        m = cell_mixer(cell, 8, num_heads=2, mode="fused", iters=3 if first_passes else 1,
+                       divergence_tol=1e-2 if first_passes else 1e-30, retry_iters=12)
+        assert m._fused_takes_skip
+        m._fused_takes_skip = takes_skip
+        seen = []
+        fused = type(m.cells[0]).fused_apply
+        monkeypatch.setattr(type(m.cells[0]), "fused_apply",
+                            classmethod(lambda c, *a, **k: seen.append(fused(*a, **k)) or seen[-1]))
+        params = m.stacked_parameters()
+        B, L, _ = x.shape
+        u = m._heads("input_projection", params, x.reshape(B, L, 2, -1).permute(2, 0, 1, 3))
+        h = m._solve_in_graph("fused", u, params, x)
+        g = torch.randn_like(h) if g is None else g
+        grads = torch.autograd.grad(h, list(params.values()), g, allow_unused=True)
+        runs[takes_skip] = (h, grads, m.step_ok.clone(), m.graph_counts.clone(), seen)
+        monkeypatch.undo()
+    (h, grads, ok, counts, seen), (h_full, grads_full, ok_full, counts_full, seen_full) = runs[True], runs[False]
+    assert bool(ok) == bool(ok_full) == first_passes  # (failing: 1e-30 fails the re-solve too)
+    torch.testing.assert_close(h, h_full, rtol=0, atol=0)
+    for a, b in zip(grads, grads_full):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert torch.equal(ok, ok_full) and torch.equal(counts, counts_full)
+    assert len(seen) == len(seen_full) == 2
+    torch.testing.assert_close(seen[0], seen_full[0], rtol=0, atol=0)  # the first solves agree
+    if first_passes:  # the predicated re-solve returned the initial guess, the full one 12 iterations' result
+        guess = type(m.cells[0]).fused_apply(m.stacked_parameters(), u.detach(), iters=0, tol=None)
+        torch.testing.assert_close(seen[1], guess, rtol=0, atol=0)
+        assert not torch.equal(seen[1], seen_full[1])
+    else:
+        torch.testing.assert_close(seen[1], seen_full[1], rtol=0, atol=0)
+
+
 def test_fused_hook_contract_and_check():
     torch.manual_seed(0)
     x = torch.randn(2, 9, 8, requires_grad=True)
