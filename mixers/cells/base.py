@@ -162,6 +162,9 @@ class RNNCell(nn.Module):
 
     jacobian: ClassVar[str] = "dense"
     fused_apply: ClassVar = None  # classmethod fused_apply(params, u, *, iters, tol[, skip]) -> h; see mixer.py
+    #: optional classmethod heads_input_projection(params, x) -> u: every head's input_projection at once
+    #: (``x (B, L, H * d_in)`` -> ``u (H, B, L, *feat)``); see mixer.py
+    heads_input_projection: ClassVar = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -95,6 +95,19 @@ class _FlashCell(RNNCell):
         """``x (..., d_in)`` -> ``u = x @ B + b`` ``(..., 3, Ds)``."""
         return torch.einsum("...i,gis->...gs", x, self.B) + self.b
 
+    @classmethod
+    def heads_input_projection(cls, params: dict, x: torch.Tensor) -> torch.Tensor:
+        """Every head's ``input_projection`` at once: ``x (B, L, H * d_in)`` -> ``u (H, B, L, 3, Ds)``,
+        one GEMM with the block-diagonal matrix of the heads' ``B`` (``H`` blocks ``(d_in, 3 Ds)``).
+        Per head (a GEMM batched over heads) the weight gradient is ``H`` products of ``d_in x 3 Ds``
+        over all ``B * L`` rows, which cuBLAS runs on a few CTAs; one ``(H d_in, H 3 Ds)`` product
+        spreads over the GPU (its zero blocks cost little at these widths)."""
+        Bw, b = params["B"], params["b"]  # (H, 3, d_in, Ds), (H, 3, Ds)
+        H, G, d_in, Ds = Bw.shape
+        W = torch.block_diag(*Bw.permute(0, 2, 1, 3).reshape(H, d_in, G * Ds).unbind(0))
+        u = (x.reshape(-1, H * d_in) @ W).view(*x.shape[:-1], H, G, Ds)
+        return u.permute(2, 0, 1, 3, 4) + b[:, None, None]
+
 
 class FlashGRUCell(_FlashCell):
     """FlashGRU for one head; see the module docstring (equations: ``kernels.newton.cells``)."""

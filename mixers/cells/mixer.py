@@ -4,7 +4,9 @@
 ``k`` runs its own cell (own parameters, own input matrices: paper 000 App. C.1) with
 ``d_state / H`` state channels. The heads' outputs are concatenated; if that width is not
 ``d_model``, a linear ``out_proj`` maps it back. Heads run together through ``torch.func.vmap``
-over the heads' stacked parameters (``CellMixer.stacked_parameters()``: ``{name: (H, ...)}``).
+over the heads' stacked parameters (``CellMixer.stacked_parameters()``: ``{name: (H, ...)}``). A
+cell class may also give ``heads_input_projection(params, x) -> u (H, B, L, *feat)``, every head's
+``input_projection`` in one call (the Flash cells: one GEMM with a block-diagonal weight).
 
 Modes (``mode=`` or, as for every mixer, ``backend=``):
 
@@ -238,6 +240,15 @@ class CellMixer(nn.Module):
         per_head = [dict(c.named_parameters()) | dict(c.named_buffers()) for c in self.cells]
         return {name: torch.stack([p[name] for p in per_head]) for name in per_head[0]}
 
+    def _input_projection(self, params: dict, x: torch.Tensor) -> torch.Tensor:
+        """``u (H, B, L, *feat)`` of ``x (B, L, H * d_in)``: the cell class's ``heads_input_projection``
+        when it has one (all heads in one call), else its ``input_projection`` per head."""
+        project = type(self.cells[0]).heads_input_projection
+        if project is not None:
+            return project(params, x)
+        B, L, _ = x.shape
+        return self._heads("input_projection", params, x.reshape(B, L, self.num_heads, self.d_in).permute(2, 0, 1, 3))
+
     def _heads(self, method: str, params: dict, *args: torch.Tensor) -> torch.Tensor:
         """Run ``cell.method(*args)`` for every head at once; ``args`` have the head dim first."""
         return vmap(lambda p, *a: functional_call(self.cells[0], p, (method, *a)))(params, *args)
@@ -290,8 +301,7 @@ class CellMixer(nn.Module):
             raise TypeError(f"x has dtype {x.dtype} but the cell parameters are {dtype}; convert one of them")
         B, L, _ = x.shape
         H = self.num_heads
-        xh = x.reshape(B, L, H, self.d_in).permute(2, 0, 1, 3)  # (H, B, L, d_in)
-        u = self._heads("input_projection", params, xh)  # (H, B, L, *feat)
+        u = self._input_projection(params, x)  # (H, B, L, *feat)
         h = self._run(self.resolve_mode(x), u, params, x)  # (H, B, L, S)
         y = self._heads("output", params, h)  # (H, B, L, d_out)
         y = y.permute(1, 2, 0, 3).reshape(B, L, H * self.d_out)
@@ -484,9 +494,7 @@ class CellMixer(nn.Module):
             for c in self.cells:
                 c.project_parameters_()
             params = self.stacked_parameters()
-            B, L, _ = x.shape
-            xh = x.reshape(B, L, self.num_heads, self.d_in).permute(2, 0, 1, 3)
-            u = self._heads("input_projection", params, xh)
+            u = self._input_projection(params, x)
             h = self._run("sequential", u, params, x)
         if adapt:
             return self.jacobian_fallback if self._jacobian_check(h, u, params) else None

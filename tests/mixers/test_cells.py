@@ -331,6 +331,26 @@ def test_in_graph_resolve_is_predicated_on_the_first_check(monkeypatch, cell, fi
         torch.testing.assert_close(seen[1], seen_full[1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("cell", [FlashGRUCell, FlashLSTMCell])
+def test_heads_input_projection_equals_the_per_head_projection(cell):
+    """The Flash cells' one-GEMM projection of all heads (block-diagonal weight) gives each head's
+    ``input_projection`` and the same gradients (float64, 3 heads of 5 channels, an odd length)."""
+    torch.manual_seed(3)
+    m = cell_mixer(cell, 15, num_heads=3, mode="parallel").double()
+    for c in m.cells:  # non-zero biases, so their broadcast is checked too
+        torch.nn.init.normal_(c.b)
+    x = torch.randn(2, 7, 15, dtype=torch.float64, requires_grad=True)
+    params = m.stacked_parameters()
+    fast = cell.heads_input_projection(params, x)
+    per_head = m._heads("input_projection", params, x.reshape(2, 7, 3, 5).permute(2, 0, 1, 3))
+    assert fast.shape == per_head.shape == (3, 2, 7, 3, 5)
+    torch.testing.assert_close(fast, per_head, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(fast)
+    leaves = [x, params["B"], params["b"]]
+    for a, b in zip(torch.autograd.grad(fast, leaves, g), torch.autograd.grad(per_head, leaves, g)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_fused_hook_contract_and_check():
     torch.manual_seed(0)
     x = torch.randn(2, 9, 8, requires_grad=True)
