@@ -2,6 +2,7 @@
 
     python -m benchmarks.saturation kernels --procs 1,16 --ctas 1,16,64,256 --kernels 80 --seconds 4
     python -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds 15
+    python -m benchmarks.saturation slots --tasks khop2 --top 5
 
 ``kernels``: each process replays a graph of ``--kernels`` elementwise kernels of ``G`` CTAs each
 (``x.add_(1)`` on ``512 G`` floats: 128 threads x 4 per CTA) back to back; the rows give the kernels and
@@ -14,8 +15,14 @@ mixers round robin over the processes); the row gives the steps per second in to
 without Lightning or data loading around the replays (``python -m experiments.throughput workers``
 measures the whole training loop).
 
+``slots``: one process, no MPS: profiles one replay of each mixer's compiled step and weights each
+kernel's duration by the share of the GPU's resident-CTA slots it fills (``gpu_slot_share``: its CTAs
+over the SMs times the CTAs per SM that its threads, registers and shared memory allow). The row gives
+a step's kernel µs and slot-µs, and the kernels with the most slot-µs: a GPU bound by CTA slots would
+run ``1e6 / slot-µs`` such steps per second.
+
 The processes build their graphs, then start replaying together and run for ``--seconds``. Needs a
-CUDA GPU and ``nvidia-cuda-mps-control`` (``experiments.mps``).
+CUDA GPU and ``nvidia-cuda-mps-control`` (``experiments.mps``; not for ``slots``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,82 @@ import tempfile
 import time
 
 import torch
+
+
+#: resident CTAs per SM the hardware allows at most (sm_80 and sm_90)
+MAX_CTAS_PER_SM = 32
+
+
+def resident_ctas_per_sm(threads: int, regs: int, smem: int, *, max_threads: int = 2048, regs_per_sm: int = 65536,
+                         smem_per_sm: int = 233472) -> int:
+    """CTAs of ``threads`` threads, ``regs`` registers per thread and ``smem`` bytes of shared memory
+    that fit on one SM at once (at least 1): the least of the thread, register (allocated per warp in
+    units of 256), shared-memory and ``MAX_CTAS_PER_SM`` limits. Defaults: an H100 / H200 SM."""
+    warps = -(-threads // 32)
+    per_warp = -(-regs * 32 // 256) * 256
+    limits = [MAX_CTAS_PER_SM, max_threads // (warps * 32)]
+    if per_warp:
+        limits.append(regs_per_sm // (per_warp * warps))
+    if smem:
+        limits.append(smem_per_sm // smem)
+    return max(1, min(limits))
+
+
+def gpu_slot_share(ctas: int, threads: int, regs: int, smem: int, sms: int, **sm_limits) -> float:
+    """The share (0 to 1) of the GPU's resident-CTA slots that a kernel of ``ctas`` CTAs fills while it runs."""
+    return min(1.0, ctas / (sms * resident_ctas_per_sm(threads, regs, smem, **sm_limits)))
+
+
+def slot_rows(trace_events: list[dict], replays: int, sms: int, **sm_limits) -> list[dict]:
+    """Per kernel name in a Kineto trace (``cat == "kernel"`` events with ``grid``, ``block``,
+    ``registers per thread``, ``shared memory`` args) over ``replays`` replays: ``launches``, ``us``
+    and ``slot_us`` per replay, heaviest ``slot_us`` first."""
+    rows: dict[str, dict] = {}
+    for e in trace_events:
+        if e.get("cat") != "kernel":
+            continue
+        a = e.get("args", {})
+        g, b = a.get("grid", [1, 1, 1]), a.get("block", [1, 1, 1])
+        share = gpu_slot_share(g[0] * g[1] * g[2], b[0] * b[1] * b[2], a.get("registers per thread", 0),
+                               a.get("shared memory", 0), sms, **sm_limits)
+        r = rows.setdefault(e["name"], {"kernel": e["name"][:80], "launches": 0, "us": 0.0, "slot_us": 0.0})
+        r["launches"] += 1 / replays
+        r["us"] += e["dur"] / replays
+        r["slot_us"] += e["dur"] * share / replays
+    return sorted(rows.values(), key=lambda r: -r["slot_us"])
+
+
+def profile_slots(task: str, top: int) -> list[dict]:
+    """One row per mixer of ``task`` (pararnn-table6): its compiled step's kernel µs and slot-µs alone,
+    and its ``top`` kernels by slot-µs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from experiments.step_profile import captured_step
+    from experiments.throughput import benchmark_specs
+
+    props = torch.cuda.get_device_properties(0)
+    limits = dict(max_threads=props.max_threads_per_multi_processor,
+                  regs_per_sm=getattr(props, "regs_per_multiprocessor", 65536),
+                  smem_per_sm=props.shared_memory_per_multiprocessor)
+    out = []
+    for _, spec in benchmark_specs("pararnn-table6", [task], None, 100, "cuda"):
+        graph, _ = captured_step(spec, compile=True)
+        for _ in range(20):
+            graph.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                graph.replay()
+            torch.cuda.synchronize()
+        with tempfile.TemporaryDirectory() as tmp:
+            prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+            with open(os.path.join(tmp, "trace.json")) as f:
+                rows = slot_rows(json.load(f)["traceEvents"], 5, props.multi_processor_count, **limits)
+        out.append({"task": task, "mixer": spec.mixer, "kernels": round(sum(r["launches"] for r in rows)),
+                    "us": round(sum(r["us"] for r in rows), 1), "slot_us": round(sum(r["slot_us"] for r in rows), 1),
+                    "top": [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()} for r in rows[:top]]})
+        del graph
+    return out
 
 
 def _noop_graph(ctas: int, kernels: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -118,9 +201,17 @@ def main(argv: list[str] | None = None) -> None:
     for q in (k, s):
         q.add_argument("--procs", default="16", help="process counts, comma-separated")
         q.add_argument("--seconds", type=float, default=10.0, help="replay time per run")
+    sl = sub.add_parser("slots", help="each mixer's compiled step alone: kernel µs weighted by the GPU's CTA slots")
+    sl.add_argument("--tasks", default="khop2", help="task entries of pararnn-table6, comma-separated")
+    sl.add_argument("--top", type=int, default=5, help="kernels listed per step (default 5)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (none is visible)")
+    if args.mode == "slots":
+        for task in args.tasks.split(","):
+            for row in profile_slots(task, args.top):
+                print(json.dumps(row), flush=True)
+        return
     for n in (int(v) for v in args.procs.split(",")):
         if args.mode == "kernels":
             for g in (int(v) for v in args.ctas.split(",")):

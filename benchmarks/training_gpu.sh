@@ -9,7 +9,7 @@
 #                           captured step, and its 8 heaviest kernels)
 #     steps                 python -m experiments.throughput steps (single trials, eager and graph)
 #     workers               python -m experiments.throughput workers (N = WORKER_COUNTS under MPS, eager and graph)
-#     saturation            python -m benchmarks.saturation kernels and steps (what bounds 16 processes on one GPU)
+#     saturation            python -m benchmarks.saturation kernels, steps and slots (what bounds 16 processes on one GPU)
 #     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/reproduce (one study
 #                           for every reproduction, as experiments.reproduce's default), so it runs on
 #                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
@@ -52,7 +52,8 @@ for step in "$@"; do
       echo "=== workers rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/workers.log" ;;
     saturation)
       { timeout -k 10 200 python3 -m benchmarks.saturation kernels --procs 1,16 --seconds 4
-        timeout -k 10 200 python3 -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds 15; } \
+        timeout -k 10 200 python3 -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds 15
+        timeout -k 10 200 python3 -m benchmarks.saturation slots --tasks khop2 --top 5; } \
         > "$out/saturation.log" 2>&1
       echo "=== saturation rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/saturation.log" ;;
     start:*|wait:*|stop:*)

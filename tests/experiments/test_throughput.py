@@ -68,3 +68,32 @@ def test_saturation_benchmark_refuses_a_machine_without_a_gpu(capsys):
         main(["kernels", "--procs", "2"])
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("needs a CUDA GPU (none is visible)")
+
+
+def test_resident_ctas_per_sm_takes_the_tightest_limit():
+    from benchmarks.saturation import MAX_CTAS_PER_SM, resident_ctas_per_sm
+
+    assert resident_ctas_per_sm(256, 64, 0) == 4  # registers: 8 warps x 2,048 per warp = 16,384 per CTA
+    assert resident_ctas_per_sm(1024, 16, 0) == 2  # threads: 2,048 per SM
+    assert resident_ctas_per_sm(128, 255, 0) == 2  # 255 registers round up to 8,192 per warp
+    assert resident_ctas_per_sm(64, 32, 100_000) == 2  # shared memory: 233,472 bytes per SM
+    assert resident_ctas_per_sm(32, 16, 0) == MAX_CTAS_PER_SM
+    assert resident_ctas_per_sm(1024, 255, 0) == 1  # does not fit by registers: still one at a time
+
+
+def test_slot_rows_weight_each_kernel_by_the_slots_it_fills():
+    """Two replays of a step of two kernels: one filling half of a 132-SM GPU's slots for 10 µs, one
+    that overfills it (share capped at 1) for 3 µs; a non-kernel event is ignored."""
+    from benchmarks.saturation import slot_rows
+
+    def kernel(name, dur, grid, block, regs, smem=0):
+        return {"cat": "kernel", "name": name, "dur": dur,
+                "args": {"grid": grid, "block": block, "registers per thread": regs, "shared memory": smem}}
+
+    half = kernel("gemm", 10.0, [66, 4, 1], [256, 1, 1], 64)  # 264 CTAs of 4 per SM: 264 / 528
+    full = kernel("conv", 3.0, [4096, 1, 1], [1024, 1, 1], 32)  # 4,096 CTAs of 2 per SM: capped
+    events = [half, full, {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "dur": 5.0}, half, full]
+    rows = slot_rows(events, replays=2, sms=132)
+    assert [r["kernel"] for r in rows] == ["gemm", "conv"]
+    assert rows[0] == {"kernel": "gemm", "launches": 1.0, "us": 10.0, "slot_us": pytest.approx(5.0)}
+    assert rows[1]["us"] == 3.0 and rows[1]["slot_us"] == pytest.approx(3.0)
