@@ -494,9 +494,9 @@ def mlstm_triton(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, init
             c0 = initial_state[0].to(acc).contiguous()
             n0 = torch.zeros(c0.shape[:-1], device=c0.device, dtype=acc)
             m0 = torch.zeros(c0.shape[:-2], device=c0.device, dtype=acc)
-    args = (q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, float(eps), bool(fused_inter), _precision(q.dtype))
+    prec = _precision(q.dtype)
+    args = (q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, float(eps), bool(fused_inter), prec)
     if torch.compiler.is_compiling():
-        prec = args[-1]
         out = mlstm_chunkwise_fwd(*args, _state_dtype(q.dtype, default_tiles(q.dtype, prec), bool(fused_inter)))
     elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:8]):
         out = _Eager.apply(tiles, *args)

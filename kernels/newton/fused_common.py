@@ -172,11 +172,6 @@ def check_skip(name: str, skip: Optional[torch.Tensor], u: torch.Tensor) -> None
         raise ValueError(f"{name}: skip must be None or a one-element bool tensor on {u.device}, got {got}")
 
 
-#: Programs from which a fused Newton launch keeps 8 state channels per program; below, 4
-#: (``FusedNewton.default_tiles``; ``kernels._triton.FEW_PROGRAMS``).
-WIDE_FROM_PROGRAMS = FEW_PROGRAMS
-
-
 class FusedNewton:
     """The forward and backward Triton kernels of one cell's fused Newton, as custom ops and as an
     eager ``autograd.Function`` (the same launches without the dispatcher round trips).
@@ -219,11 +214,11 @@ class FusedNewton:
 
     def default_tiles(self, H: int, B: int, Ds: int) -> NewtonTiles:
         """``ch`` steps per chunk, 4 warps, 8 state channels per program (fewer when ``Ds < 8``), or 4 when
-        8 would give fewer than ``WIDE_FROM_PROGRAMS`` programs (``H * B * Ds / 8``: Table 6's 4 heads of
+        8 would give fewer than ``FEW_PROGRAMS`` programs (``H * B * Ds / 8``: Table 6's 4 heads of
         16 channels at batch 16 run 256 programs of 4 channels, 12% faster forward + backward on an H100
         than 128 of 8; the chunks, and so the results, are the same)."""
         bd = 8 if Ds >= 8 else next_pow2(Ds)
-        if bd == 8 and H * B * cdiv(Ds, 8) < WIDE_FROM_PROGRAMS:
+        if bd == 8 and H * B * cdiv(Ds, 8) < FEW_PROGRAMS:
             bd = 4
         return NewtonTiles(self.ch, bd, 4)
 

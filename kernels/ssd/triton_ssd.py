@@ -153,11 +153,6 @@ def _precision(dtype: torch.dtype) -> str:
     return _float32_precision() if dtype == torch.float32 else "tf32"
 
 
-#: ``chunk_attn`` launches with fewer programs than this halve their rows per program, down to 32
-#: (``attn_config``; ``kernels._triton.FEW_PROGRAMS``).
-ATTN_MIN_PROGRAMS = FEW_PROGRAMS
-
-
 def attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tiles: list[int] = (),
                 Lp: int = 0, lanes: int = 0) -> dict:
     """Rows per program ``BT``, columns per block ``BC``, warps and stages of one ``chunk_attn``
@@ -167,7 +162,7 @@ def attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tile
     prefix sum's among them, would spill registers); float32 with a 128-wide operand (state 128): 32
     rows; else 64 rows; 4 warps below 128 rows; ``BC = BT``; one pipeline stage where ``BC = BT`` (the
     column loop runs only ``Q / BT`` times; more stages cost shared memory for nothing), else two.
-    A small launch (``Lp / BT * lanes`` programs below ``ATTN_MIN_PROGRAMS``; ``Lp``: the padded length,
+    A small launch (``Lp / BT * lanes`` programs below ``FEW_PROGRAMS``; ``Lp``: the padded length,
     ``lanes``: programs per row tile, 0: no limit) halves its rows, given or default, down to 32:
     Table 6's Mamba2 (batch 16, 100 steps, 4 heads of 16, state 64, float32) runs 32-row programs,
     its compiled training step 13% less GPU time than with 64 (H100). Measured: ``kernels/ssd/README.md``."""
@@ -175,7 +170,7 @@ def attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tile
     wide = itemsize == 2 and max(DK, DV) <= 64 and not dda
     narrow = itemsize == 4 and max(DK, DV) > 64
     BT = min(Q, rows or (128 if wide else 32 if narrow else 64))
-    while lanes and BT > 32 and Lp // BT * lanes < ATTN_MIN_PROGRAMS:
+    while lanes and BT > 32 and Lp // BT * lanes < FEW_PROGRAMS:
         BT //= 2
     BC = min(BT, cols or BT)
     if BT % BC or BC < 16:

@@ -105,15 +105,15 @@ def test_heads_and_lane_tiles():
 
 
 def test_default_tiles_keep_the_launch_wide():
-    """8 channels per program from ``WIDE_FROM_PROGRAMS`` programs on, 4 below (the chunk unchanged)."""
-    from kernels.newton.fused_common import WIDE_FROM_PROGRAMS
+    """8 channels per program from ``FEW_PROGRAMS`` programs on, 4 below (the chunk unchanged)."""
+    from kernels._triton import FEW_PROGRAMS
 
     cell = fused_lstm._CELL
     assert cell.default_tiles(4, 16, 16) == NewtonTiles(64, 4, 4)  # Table 6: 128 programs of 8
     assert cell.default_tiles(12, 16, 16) == NewtonTiles(64, 8, 4)  # 3 stacked trials: 384
     assert cell.default_tiles(1, 8, 256) == NewtonTiles(64, 8, 4)  # the benchmark's layer
-    assert cell.default_tiles(1, WIDE_FROM_PROGRAMS, 8).bd == 8
-    assert cell.default_tiles(1, WIDE_FROM_PROGRAMS - 1, 8).bd == 4
+    assert cell.default_tiles(1, FEW_PROGRAMS, 8).bd == 8
+    assert cell.default_tiles(1, FEW_PROGRAMS - 1, 8).bd == 4
     assert cell.default_tiles(1, 1, 3).bd == 4  # fewer than 8 channels: the next power of two
     assert fused_gru._CELL.default_tiles(4, 16, 16) == NewtonTiles(128, 4, 4)
 

@@ -128,7 +128,7 @@ def test_triton_matches_reference(poison, monkeypatch, batch, L, H, P, G, N, chu
     from kernels.ssd.triton_ssd import attn_config
 
     if not small_launch_rows:
-        monkeypatch.setattr(triton_ssd, "ATTN_MIN_PROGRAMS", 1)
+        monkeypatch.setattr(triton_ssd, "FEW_PROGRAMS", 1)
 
     inp = _inputs(batch, L, H, P, G, N, torch.float64, 100 + L)
     y, f, g = _run("triton", {k: v.float().to(DEV) for k, v in inp.items()}, chunk)
@@ -153,12 +153,12 @@ def test_triton_explicit_tiles(poison):
 
 def _check_tiles(tiles, L, H, G, chunk, seed, P=16, N=24):
     """``ssd_triton`` with ``tiles`` against the reference: output, final state and every gradient
-    (``ATTN_MIN_PROGRAMS`` off: these small launches run the rows they are given)."""
+    (``FEW_PROGRAMS`` off: these small launches run the rows they are given)."""
     from unittest import mock
 
     from kernels.ssd import triton_ssd
 
-    with mock.patch.object(triton_ssd, "ATTN_MIN_PROGRAMS", 1):
+    with mock.patch.object(triton_ssd, "FEW_PROGRAMS", 1):
         _check_given_tiles(tiles, L, H, G, chunk, seed, P, N)
 
 
