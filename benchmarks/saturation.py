@@ -3,6 +3,7 @@
     python -m benchmarks.saturation kernels --procs 1,16 --ctas 1,16,64,256 --kernels 80 --seconds 4
     python -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds 15
     python -m benchmarks.saturation slots --tasks khop2 --top 5
+    python -m benchmarks.saturation streams --streams 1,4,8,16 --tasks khop2 --seconds 10
 
 ``kernels``: each process replays a graph of ``--kernels`` elementwise kernels of ``G`` CTAs each
 (``x.add_(1)`` on ``512 G`` floats: 128 threads x 4 per CTA) back to back; the rows give the kernels and
@@ -21,13 +22,20 @@ over the SMs times the CTAs per SM that its threads, registers and shared memory
 a step's kernel µs and slot-µs, and the kernels with the most slot-µs: a GPU bound by CTA slots would
 run ``1e6 / slot-µs`` such steps per second.
 
+``streams``: the ``steps`` replays in one process without MPS: ``max(--streams)`` trials' compiled steps,
+each captured and replayed on its own CUDA stream (``CUDA_DEVICE_MAX_CONNECTIONS`` 32 unless set, so
+that the streams do not share hardware queues); per count ``n``, the first ``n`` replay side by side,
+each stream at its own pace (at most ``--depth`` replays queued on it). Against ``steps`` at the same
+count it tells whether the processes and MPS, rather than the GPU, bound the replays.
+
 The processes build their graphs, then start replaying together and run for ``--seconds``. Needs a
-CUDA GPU and ``nvidia-cuda-mps-control`` (``experiments.mps``; not for ``slots``).
+CUDA GPU and ``nvidia-cuda-mps-control`` (``experiments.mps``; not for ``slots`` and ``streams``).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import glob
 import json
 import os
@@ -85,9 +93,7 @@ def slot_rows(trace_events: list[dict], replays: int, sms: int, **sm_limits) -> 
 def profile_slots(task: str, top: int) -> list[dict]:
     """One row per mixer of ``task`` (pararnn-table6): its compiled step's kernel µs and slot-µs alone,
     and its ``top`` kernels by slot-µs."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from experiments.step_profile import captured_step
+    from experiments.step_profile import captured_step, profile_replays
     from experiments.throughput import benchmark_specs
 
     props = torch.cuda.get_device_properties(0)
@@ -100,10 +106,7 @@ def profile_slots(task: str, top: int) -> list[dict]:
         for _ in range(20):
             graph.replay()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                graph.replay()
-            torch.cuda.synchronize()
+        prof = profile_replays(graph, 5)
         with tempfile.TemporaryDirectory() as tmp:
             prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
             with open(os.path.join(tmp, "trace.json")) as f:
@@ -127,14 +130,73 @@ def _noop_graph(ctas: int, kernels: int) -> tuple[torch.cuda.CUDAGraph, torch.Te
     return graph, x
 
 
-def _step_graph(task: str, index: int) -> tuple[torch.cuda.CUDAGraph, str]:
+def _step_graph(task: str, index: int, stream: torch.cuda.Stream | None = None):
+    """``(graph, mixer, step)``: the compiled step of trial ``index`` of ``task``'s mix (mixers round
+    robin), captured on ``stream``; ``step`` keeps the compiled model the graph's kernels belong to."""
     from experiments.step_profile import captured_step
     from experiments.throughput import benchmark_specs
 
     specs = benchmark_specs("pararnn-table6", [task], None, 100, "cuda")
     spec = specs[index % len(specs)][1]
-    graph, _ = captured_step(spec, compile=True)
-    return graph, spec.mixer
+    graph, step = captured_step(spec, compile=True, stream=stream)
+    return graph, spec.mixer, step
+
+
+def replay_streams(task: str, counts: list[int], seconds: float, depth: int = 4) -> list[dict]:
+    """One row per count ``n`` in ``counts``: the first ``n`` of ``max(counts)`` captured steps of
+    ``task`` replayed side by side on their own streams for ``seconds``, each stream kept at most
+    ``depth`` replays ahead of the GPU (a stream whose oldest queued replay has not finished is passed
+    over that round, so a slow step does not hold the others back): replays per second in total and per
+    mixer (mean over its streams), and ``full_stream_share``, the share of the loop's visits that found a
+    stream full (near 0: the host loop, not the GPU, sets the pace)."""
+    t0 = time.time()
+    built = []
+    for i in range(max(counts)):
+        stream = torch.cuda.Stream()
+        graph, mixer, step = _step_graph(task, i, stream)
+        built.append((graph, mixer, step, stream))
+    for graph, _, _, stream in built:
+        with torch.cuda.stream(stream):
+            for _ in range(20):
+                graph.replay()
+    torch.cuda.synchronize()
+    setup_s = time.time() - t0
+    rows = []
+    home = torch.cuda.current_stream()
+    for n in counts:
+        used = built[:n]
+        queued = [collections.deque() for _ in used]
+        done = [0] * n
+        waits = 0  # passes over a full stream: near 0 means the host, not the GPU, sets the pace
+        t0 = time.perf_counter()
+        try:
+            while time.perf_counter() - t0 < seconds:
+                for i, (graph, _, _, stream) in enumerate(used):
+                    q = queued[i]
+                    if len(q) >= depth:
+                        if not q[0].query():
+                            waits += 1
+                            continue
+                        q.popleft()
+                    torch.cuda.set_stream(stream)
+                    graph.replay()
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                    q.append(event)
+                    done[i] += 1
+        finally:
+            torch.cuda.set_stream(home)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        per: dict[str, list[float]] = {}
+        for (_, mixer, _, _), count in zip(used, done):
+            per.setdefault(mixer, []).append(count / elapsed)
+        rows.append({"task": task, "streams": n, "setup_s": round(setup_s, 1),
+                     "max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+                     "replays_per_s": round(sum(done) / elapsed),
+                     "full_stream_share": round(waits / max(1, waits + sum(done)), 3),
+                     "per_stream": {k: round(sum(v) / len(v)) for k, v in per.items()}})
+    return rows
 
 
 def _worker(args: list[str]) -> None:
@@ -144,7 +206,7 @@ def _worker(args: list[str]) -> None:
     if kind == "kernels":
         (graph, _buffer), label = _noop_graph(int(args[4]), int(args[5])), f"ctas={args[4]}"
     else:
-        graph, label = _step_graph(args[4], index)
+        graph, label, _step = _step_graph(args[4], index)
     for _ in range(20):
         graph.replay()
     torch.cuda.synchronize()
@@ -204,9 +266,22 @@ def main(argv: list[str] | None = None) -> None:
     sl = sub.add_parser("slots", help="each mixer's compiled step alone: kernel µs weighted by the GPU's CTA slots")
     sl.add_argument("--tasks", default="khop2", help="task entries of pararnn-table6, comma-separated")
     sl.add_argument("--top", type=int, default=5, help="kernels listed per step (default 5)")
+    st = sub.add_parser("streams", help="the compiled steps on several streams of one process, no MPS")
+    st.add_argument("--tasks", default="khop2", help="task entries of pararnn-table6, comma-separated")
+    st.add_argument("--streams", default="1,4,8,16", help="stream counts, comma-separated")
+    st.add_argument("--seconds", type=float, default=10.0, help="replay time per count")
+    st.add_argument("--depth", type=int, default=4, help="replays queued per stream at most (default 4)")
     args = p.parse_args(argv)
+    if args.mode == "streams":  # read when the CUDA context is created: before anything touches CUDA
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (none is visible)")
+    if args.mode == "streams":
+        counts = sorted(int(v) for v in args.streams.split(","))
+        for task in args.tasks.split(","):
+            for row in replay_streams(task, counts, args.seconds, args.depth):
+                print(json.dumps(row), flush=True)
+        return
     if args.mode == "slots":
         for task in args.tasks.split(","):
             for row in profile_slots(task, args.top):

@@ -10,6 +10,8 @@
 #     steps                 python -m experiments.throughput steps (single trials, eager and graph)
 #     workers               python -m experiments.throughput workers (N = WORKER_COUNTS under MPS, eager and graph)
 #     saturation            python -m benchmarks.saturation kernels, steps and slots (what bounds 16 processes on one GPU)
+#     streams               python -m benchmarks.saturation steps (16 processes, MPS) then streams (1, 4, 8, 16 streams of
+#                           one process): the same compiled steps with and without processes and MPS (STREAMS_S s each)
 #     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/reproduce (one study
 #                           for every reproduction, as experiments.reproduce's default), so it runs on
 #                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
@@ -56,6 +58,11 @@ for step in "$@"; do
         timeout -k 10 200 python3 -m benchmarks.saturation slots --tasks khop2 --top 5; } \
         > "$out/saturation.log" 2>&1
       echo "=== saturation rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/saturation.log" ;;
+    streams)
+      { timeout -k 10 240 python3 -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds "${STREAMS_S:-10}"
+        timeout -k 10 360 python3 -m benchmarks.saturation streams --streams 1,4,8,16 --tasks khop2 --seconds "${STREAMS_S:-10}"; } \
+        > "$out/streams.log" 2>&1
+      echo "=== streams rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/streams.log" ;;
     start:*|wait:*|stop:*)
       name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/reproduce}
       mkdir -p "$dir"

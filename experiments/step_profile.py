@@ -40,6 +40,17 @@ def kernel_family(name: str) -> str:
     return "other"
 
 
+def profile_replays(graph, replays: int):
+    """``torch.profiler`` of ``replays`` back-to-back replays of a captured ``graph`` (CUDA activity only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    return prof
+
+
 def _kernel_events(prof) -> list:
     """The CUDA kernels of a profile (memcpy / memset excluded)."""
     return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
@@ -61,10 +72,14 @@ def heaviest_kernels(kernels: list, steps: int, n: int) -> list[dict[str, Any]]:
             for name in sorted(us, key=us.get, reverse=True)[:n]]
 
 
-def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1):
+def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1,
+                  stream: torch.cuda.Stream | None = None):
     """``(graph, step)``: the trial's training step captured in a CUDA graph (after ``warmup`` eager
     steps on a side stream), and the step as a plain function (for an eager profile). ``stack`` > 1:
-    the step of that many trials (seeds ``spec.seed + k``) stacked into one model (``experiments.stack``)."""
+    the step of that many trials (seeds ``spec.seed + k``) stacked into one model (``experiments.stack``).
+    ``stream``: the stream to warm up and capture on (default: a new side stream and PyTorch's shared
+    capture stream); graphs that one process replays at once on several streams each need their own,
+    since per-stream state such as the scan's look-back workspace is keyed on the capturing stream."""
     from experiments.cuda_graph import compiled_loss
     from experiments.train import build_datamodule, build_module
 
@@ -83,14 +98,14 @@ def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1):
         lit.training_closure(opt, tokens, targets)
         opt.step()
 
-    side = torch.cuda.Stream()
+    side = stream or torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         step()
     return graph, step
 
@@ -99,8 +114,6 @@ def profile_step(spec, compile: bool = False, replays: int = 300, profiled: int 
                  top: int = 0) -> dict[str, Any]:
     """The step's kernels and times (module docstring) as one row; ``stack``: trials stacked in the step;
     ``top`` > 0: also ``heaviest``, the ``top`` kernels with the most GPU time (``heaviest_kernels``)."""
-    from torch.profiler import ProfilerActivity, profile
-
     if not torch.cuda.is_available():
         raise ValueError("profiling a captured training step needs a CUDA GPU (none is visible)")
     row: dict[str, Any] = {"mixer": spec.mixer, "compiled": compile, "stack": stack}
@@ -119,11 +132,7 @@ def profile_step(spec, compile: bool = False, replays: int = 300, profiled: int 
         graph.replay()
     torch.cuda.synchronize()
     replay_us = (time.perf_counter() - t0) / replays * 1e6
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(profiled):
-            graph.replay()
-        torch.cuda.synchronize()
-    kernels = _kernel_events(prof)
+    kernels = _kernel_events(profile_replays(graph, profiled))
     families = {f: 0 for f in (*FAMILIES, "other")}
     for e in kernels:
         families[kernel_family(e.name)] += 1

@@ -70,6 +70,24 @@ def test_saturation_benchmark_refuses_a_machine_without_a_gpu(capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("needs a CUDA GPU (none is visible)")
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message of a machine without a GPU")
+def test_saturation_streams_sets_the_connections_before_refusing(capsys, monkeypatch):
+    """``streams`` gives each stream its own hardware queue (``CUDA_DEVICE_MAX_CONNECTIONS`` 32, set before
+    CUDA starts, a value of the caller's kept), and refuses a machine without a GPU like the other modes."""
+    from benchmarks.saturation import main
+
+    for given, want in ((None, "32"), ("8", "8")):
+        if given is None:
+            monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", given)
+        with pytest.raises(SystemExit) as stop:
+            main(["streams", "--streams", "1,2"])
+        assert stop.value.code == 2
+        assert __import__("os").environ["CUDA_DEVICE_MAX_CONNECTIONS"] == want
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith("needs a CUDA GPU (none is visible)")
+
+
 def test_resident_ctas_per_sm_takes_the_tightest_limit():
     from benchmarks.saturation import MAX_CTAS_PER_SM, resident_ctas_per_sm
 
