@@ -118,6 +118,14 @@ def profile_slots(task: str, top: int) -> list[dict]:
     return out
 
 
+def mean_by_label(rates) -> dict[str, int]:
+    """``{label: mean rate, rounded}`` of ``(label, rate)`` pairs (one per process or stream)."""
+    per: dict[str, list[float]] = {}
+    for label, rate in rates:
+        per.setdefault(label, []).append(rate)
+    return {k: round(sum(v) / len(v)) for k, v in per.items()}
+
+
 def _noop_graph(ctas: int, kernels: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     x = torch.zeros(ctas * 512, device="cuda")
     for _ in range(3):
@@ -188,14 +196,11 @@ def replay_streams(task: str, counts: list[int], seconds: float, depth: int = 4)
             torch.cuda.set_stream(home)
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
-        per: dict[str, list[float]] = {}
-        for (_, mixer, _, _), count in zip(used, done):
-            per.setdefault(mixer, []).append(count / elapsed)
         rows.append({"task": task, "streams": n, "setup_s": round(setup_s, 1),
                      "max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
                      "replays_per_s": round(sum(done) / elapsed),
                      "full_stream_share": round(waits / max(1, waits + sum(done)), 3),
-                     "per_stream": {k: round(sum(v) / len(v)) for k, v in per.items()}})
+                     "per_stream": mean_by_label((b[1], count / elapsed) for b, count in zip(used, done))})
     return rows
 
 
@@ -241,11 +246,8 @@ def run_together(kind: str, procs: int, seconds: float, extra: list[str]) -> dic
         rows = [json.loads(w.communicate()[0].strip().splitlines()[-1]) for w in workers]
     for path in glob.glob(go + "*"):
         os.remove(path)
-    per: dict[str, list[float]] = {}
-    for r in rows:
-        per.setdefault(r["label"], []).append(r["replays_per_s"])
     return {"procs": procs, "setup_s": round(setup_s, 1), "replays_per_s": round(sum(r["replays_per_s"] for r in rows)),
-            "per_process": {k: round(sum(v) / len(v)) for k, v in per.items()}}
+            "per_process": mean_by_label((r["label"], r["replays_per_s"]) for r in rows)}
 
 
 def main(argv: list[str] | None = None) -> None:
