@@ -12,6 +12,8 @@
 #     saturation            python -m benchmarks.saturation kernels, steps and slots (what bounds 16 processes on one GPU)
 #     streams               python -m benchmarks.saturation steps (16 processes, MPS) then streams (1, 4, 8, 16 streams of
 #                           one process): the same compiled steps with and without processes and MPS (STREAMS_S s each)
+#     shares                python -m benchmarks.saturation shares (each mixer's step alone on 16 streams, then the mix)
+#     counters              python -m benchmarks.saturation counters (each mixer's step under ncu; raw CSVs in OUT/counters)
 #     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/reproduce (one study
 #                           for every reproduction, as experiments.reproduce's default), so it runs on
 #                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
@@ -63,6 +65,14 @@ for step in "$@"; do
         timeout -k 10 360 python3 -m benchmarks.saturation streams --streams 1,4,8,16 --tasks khop2 --seconds "${STREAMS_S:-10}"; } \
         > "$out/streams.log" 2>&1
       echo "=== streams rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/streams.log" ;;
+    shares)
+      timeout -k 10 560 python3 -m benchmarks.saturation shares --streams 16 --tasks khop2 --seconds 6 \
+        > "$out/shares.log" 2>&1
+      echo "=== shares rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/shares.log" ;;
+    counters)
+      timeout -k 10 500 python3 -m benchmarks.saturation counters --tasks khop2 --top 6 --csv-dir "$out/counters" \
+        > "$out/counters.log" 2>&1
+      echo "=== counters rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/counters.log" ;;
     start:*|wait:*|stop:*)
       name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/reproduce}
       mkdir -p "$dir"

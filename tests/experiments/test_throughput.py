@@ -115,3 +115,100 @@ def test_slot_rows_weight_each_kernel_by_the_slots_it_fills():
     assert [r["kernel"] for r in rows] == ["gemm", "conv"]
     assert rows[0] == {"kernel": "gemm", "launches": 1.0, "us": 10.0, "slot_us": pytest.approx(5.0)}
     assert rows[1]["us"] == 3.0 and rows[1]["slot_us"] == pytest.approx(3.0)
+
+
+def _ncu_kernel(**over):
+    """One kernel's ``NCU_METRICS`` in ncu's base units: 132 SMs at 2 GHz."""
+    k = {"gpu__time_duration.sum": 8000.0, "smsp__inst_executed.sum": 2.112e6, "sm__warps_active.sum": 8.448e6,
+         "sm__cycles_active.sum": 1.056e6, "sm__cycles_elapsed.avg.per_second": 2e9, "dram__bytes.sum": 3.35e6,
+         "launch__grid_size": 264.0, "launch__block_size": 128.0, "launch__registers_per_thread": 40.0,
+         "launch__shared_mem_per_block_static": 0.0, "launch__shared_mem_per_block_dynamic": 8192.0}
+    return {**k, **over}
+
+
+def test_resource_floors_divide_each_count_by_the_whole_gpu():
+    """Hand-computed on a 132-SM GPU at 2 GHz: 1.056M SM-cycles are 4 µs of all SMs; 2.112M warp
+    instructions over 528 schedulers are 2 µs; 8.448M warp-cycles over 8,448 warp slots 0.5 µs, and
+    with 40 registers (1,280 per warp, allocated as 1,280) 8.448M x 1,280 / (132 x 65,536) cycles."""
+    from benchmarks.saturation import resource_floors
+
+    f = resource_floors(_ncu_kernel(), sms=132)
+    assert f["us"] == pytest.approx(8.0)
+    assert f["sm_active"] == pytest.approx(4.0)
+    assert f["issue"] == pytest.approx(2.0)
+    assert f["warps"] == pytest.approx(0.5)
+    assert f["regs"] == pytest.approx(8.448e6 * 1280 / (132 * 65536) / 2e9 * 1e6)
+    assert f["smem"] == pytest.approx(8.448e6 * 2048 / (132 * 233472) / 2e9 * 1e6)  # 8 KiB over 4 warps
+    assert f["dram"] == pytest.approx(1.0)
+    # 33 registers round up to 1,280 per warp as well (units of 256); 48 to 1,536
+    for regs, scale in ((33.0, 1.0), (48.0, 1.2)):
+        k = _ncu_kernel(launch__registers_per_thread=regs)
+        assert resource_floors(k, 132)["regs"] == pytest.approx(f["regs"] * scale)
+
+
+def test_read_ncu_csv_skips_the_units_row_and_reads_grouped_numbers():
+    from benchmarks.saturation import NCU_METRICS, read_ncu_csv
+
+    header = ["ID", "Kernel Name", *NCU_METRICS]
+    units = ["", "", "ns", "inst", "warp", "cycle", "hz", "byte", "", "", "register/thread", "byte/block", "byte/block"]
+    values = [["0", "gemm", "8,000", "2,112,000", "8448000", "1,056,000", "1,956,097,765.63", "3,350,000", "264",
+               "128", "40", "0", "8,192"],
+              ["1", "add", "2,000", "100", "200", "300", "2e9", "0", "1", "32", "16", "", "0"]]
+    text = "\n".join(",".join(f'"{v}"' for v in row) for row in [header, units, *values]) + "\n"
+    kernels = read_ncu_csv(text)
+    assert [k["name"] for k in kernels] == ["gemm", "add"]
+    assert kernels[0]["gpu__time_duration.sum"] == 8000.0
+    assert kernels[0]["sm__cycles_elapsed.avg.per_second"] == pytest.approx(1956097765.63)
+    assert kernels[1]["launch__shared_mem_per_block_static"] == 0.0  # an empty cell reads as 0
+
+
+def test_step_floors_sum_the_kernels_and_list_the_most_warp_cycles_first():
+    from benchmarks.saturation import FLOORS, resource_floors, step_floors
+
+    small = {**_ncu_kernel(**{"sm__cycles_active.sum": 2.64e5, "sm__warps_active.sum": 2.112e6}),
+             "name": "small"}
+    big = {**_ncu_kernel(), "name": "big"}
+    row = step_floors([small, big, small], sms=132, top=2)
+    assert row["kernels"] == 3
+    for f in FLOORS:
+        want = 2 * resource_floors(small, 132)[f] + resource_floors(big, 132)[f]
+        assert row[f] == pytest.approx(want, abs=0.06)
+    assert [k["kernel"] for k in row["top"]] == ["big", "small"]
+    assert row["sm_active"] == pytest.approx(4.0 + 2 * 1.0, abs=0.06)
+    assert row["warps"] == pytest.approx(0.5 + 2 * 0.125, abs=0.06)
+
+
+def test_gpu_share_weights_each_stream_by_its_mixers_shared_time():
+    """Three streams of two mixers round robin (a, b, a): a's two streams at 100 steps/s of 2,000 µs
+    each, b's one at 200 of 1,000 µs: 0.4 + 0.2 of the GPU."""
+    from benchmarks.saturation import gpu_share
+
+    assert gpu_share({"a": 100.0, "b": 200.0}, ["a", "b"], 3, {"a": 2000.0, "b": 1000.0}) == pytest.approx(0.6)
+
+
+def test_mix_shares_runs_each_mixer_alone_then_the_mix(monkeypatch):
+    """``shares`` with the replays stubbed: a mixer alone at R steps/s takes 1e6 / R µs; the mix row's
+    ``gpu_share`` adds its streams' shares."""
+    import benchmarks.saturation as sat
+
+    class Spec:
+        def __init__(self, mixer):
+            self.mixer = mixer
+
+    monkeypatch.setattr("experiments.throughput.benchmark_specs",
+                        lambda *a, **k: [("khop2", Spec("x")), ("khop2", Spec("y"))])
+    alone = {"x": 4000, "y": 2000}
+    calls = []
+
+    def replay(task, counts, seconds, depth=4, stack=1, mixers=None):
+        calls.append(mixers)
+        if mixers:
+            return [{"replays_per_s": alone[mixers[0]]}]
+        return [{"replays_per_s": 3000, "per_stream": {"x": 750.0, "y": 750.0}}]
+
+    monkeypatch.setattr(sat, "replay_streams", replay)
+    rows = sat.mix_shares("khop2", 4, 1.0)
+    assert calls == [["x"], ["y"], None]
+    assert [r["mixer"] for r in rows] == ["x", "y", "mix"]
+    assert rows[0]["shared_us"] == 250.0 and rows[1]["shared_us"] == 500.0
+    assert rows[2]["gpu_share"] == pytest.approx((2 * 750 * 250 + 2 * 750 * 500) / 1e6)
