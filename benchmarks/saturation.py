@@ -198,13 +198,12 @@ def step_floors(kernels: list[dict], sms: int, top: int) -> dict:
             "top": [{f: round(v, 1) if isinstance(v, float) else v for f, v in r.items()} for r in heaviest]}
 
 
-def profile_counters(task: str, top: int, csv_dir: str | None = None, cache_control: str = "all") -> list[dict]:
+def profile_counters(task: str, top: int, csv_dir: str | None = None) -> list[dict]:
     """One row per mixer of ``task`` (pararnn-table6): the summed ``resource_floors`` of its compiled
     step's kernels (one replay under ``ncu``) and its ``top`` kernels by warp-cycles (``step_floors``).
-    ``csv_dir``: also write each step's raw counters there (``TASK-MIXER.csv``). ``cache_control``:
-    ncu's ``--cache-control``, ``all`` (its default: caches flushed before each kernel, so memory-bound
-    kernels count DRAM latency) or ``none`` (the caches as the step left them, closer to a GPU that
-    keeps every trial's data in L2)."""
+    ``csv_dir``: also write each step's raw counters there (``TASK-MIXER.csv``). ncu flushes the caches
+    before each kernel (its default), so memory-bound kernels count DRAM latency that a GPU keeping
+    every trial's data in L2 does not pay."""
     from experiments.throughput import benchmark_specs
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -213,7 +212,7 @@ def profile_counters(task: str, top: int, csv_dir: str | None = None, cache_cont
         with tempfile.TemporaryDirectory() as tmp:
             report = os.path.join(tmp, "step")
             subprocess.run(["ncu", "--profile-from-start", "off", "--graph-profiling", "node",
-                            "--clock-control", "none", "--cache-control", cache_control,
+                            "--clock-control", "none",
                             "--metrics", ",".join(NCU_METRICS), "-o", report,
                             sys.executable, "-m", "benchmarks.saturation", "_counters", task, str(index)],
                            check=True, stdout=subprocess.DEVNULL)
@@ -434,8 +433,6 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--tasks", default="khop2", help="task entries of pararnn-table6, comma-separated")
     c.add_argument("--top", type=int, default=6, help="kernels listed per step, by warp-cycles (default 6)")
     c.add_argument("--csv-dir", help="also write each step's raw counters (CSV) to this folder")
-    c.add_argument("--cache-control", choices=("all", "none"), default="all",
-                   help="ncu's cache control: all (flush before each kernel, its default) or none")
     st = sub.add_parser("streams", help="the compiled steps on several streams of one process, no MPS")
     st.add_argument("--tasks", default="khop2", help="task entries of pararnn-table6, comma-separated")
     st.add_argument("--streams", default="1,4,8,16", help="stream counts, comma-separated")
@@ -462,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.mode == "counters":
         for task in args.tasks.split(","):
-            for row in profile_counters(task, args.top, args.csv_dir, args.cache_control):
+            for row in profile_counters(task, args.top, args.csv_dir):
                 print(json.dumps(row), flush=True)
         return
     if args.mode == "slots":
