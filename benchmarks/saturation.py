@@ -44,7 +44,7 @@ that runs ``R`` such steps per second keeps a resource busy ``R x floor``; one n
 on the PATH.
 
 The processes build their graphs, then start replaying together and run for ``--seconds``. Needs a
-CUDA GPU and ``nvidia-cuda-mps-control`` (``experiments.mps``; not for ``slots`` and ``streams``).
+CUDA GPU and ``nvidia-cuda-mps-control`` (``experiments.mps``; only ``kernels`` and ``steps`` use it).
 """
 
 from __future__ import annotations
@@ -262,8 +262,8 @@ def _noop_graph(ctas: int, kernels: int) -> tuple[torch.cuda.CUDAGraph, torch.Te
 def _step_graph(task: str, index: int, stream: torch.cuda.Stream | None = None, stack: int = 1,
                 mixers: list[str] | None = None):
     """``(graph, mixer, step)``: the compiled step of trial ``index`` of ``task``'s mix (its mixers, or
-    ``mixers``, round robin), captured on ``stream``, as a stack of ``stack`` trials (``experiments.stack``); ``step``
-    keeps the compiled model the graph's kernels belong to."""
+    ``mixers``, round robin), captured on ``stream``, as a stack of ``stack`` trials
+    (``experiments.stack``); ``step`` keeps the compiled model the graph's kernels belong to."""
     from experiments.step_profile import captured_step
     from experiments.throughput import benchmark_specs
 
