@@ -441,6 +441,14 @@ def main(argv: list[str] | None = None) -> None:
     st.add_argument("--stack", type=int, default=1, help="trials stacked into each stream's step (default 1)")
     st.add_argument("--mixers", help="only these mixers of the mix, comma-separated (default: all, round robin)")
     args = p.parse_args(argv)
+    if getattr(args, "mixers", None):
+        from mixers import resolve_mixer
+
+        for name in args.mixers.split(","):
+            try:
+                resolve_mixer(name)
+            except ValueError as e:
+                p.error(str(e))
     if args.mode in ("streams", "shares"):  # read when the CUDA context is created: before anything touches CUDA
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     if not torch.cuda.is_available():

@@ -88,6 +88,18 @@ def test_saturation_streams_sets_the_connections_before_refusing(capsys, monkeyp
         assert capsys.readouterr().err.strip().splitlines()[-1].endswith("needs a CUDA GPU (none is visible)")
 
 
+def test_saturation_streams_names_an_unknown_mixer(capsys):
+    """``streams --mixers`` with a name no mixer has: one line listing the known ones, exit code 2,
+    before anything needs a GPU."""
+    from benchmarks.saturation import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["streams", "--mixers", "flashgru,nosuch"])
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unknown mixer 'nosuch'" in last and "flashgru" in last
+
+
 def test_resident_ctas_per_sm_takes_the_tightest_limit():
     from benchmarks.saturation import MAX_CTAS_PER_SM, resident_ctas_per_sm
 
