@@ -105,18 +105,39 @@ def slot_rows(trace_events: list[dict], replays: int, sms: int, **sm_limits) -> 
     return sorted(rows.values(), key=lambda r: -r["slot_us"])
 
 
+def mix_specs(task: str, mixers: list[str] | None = None) -> list:
+    """The ``TrialSpec`` of each mixer of task entry ``task`` of pararnn-table6 (or of ``mixers``), in
+    the mix's order, at 100 steps on CUDA (``experiments.throughput.benchmark_specs``)."""
+    from experiments.throughput import benchmark_specs
+
+    return [spec for _, spec in benchmark_specs("pararnn-table6", [task], mixers, 100, "cuda")]
+
+
+def mixer_list(text: str) -> list[str]:
+    """``--mixers``: comma-separated registered mixer names (an unknown one is an argparse error)."""
+    from experiments.cli import str_list
+    from mixers import resolve_mixer
+
+    names = str_list(text)
+    for name in names:
+        try:
+            resolve_mixer(name)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return names
+
+
 def profile_slots(task: str, top: int) -> list[dict]:
     """One row per mixer of ``task`` (pararnn-table6): its compiled step's kernel µs and slot-µs alone,
     and its ``top`` kernels by slot-µs."""
     from experiments.step_profile import captured_step, profile_replays
-    from experiments.throughput import benchmark_specs
 
     props = torch.cuda.get_device_properties(0)
     limits = dict(max_threads=props.max_threads_per_multi_processor,
                   regs_per_sm=getattr(props, "regs_per_multiprocessor", 65536),
                   smem_per_sm=props.shared_memory_per_multiprocessor)
     out = []
-    for _, spec in benchmark_specs("pararnn-table6", [task], None, 100, "cuda"):
+    for spec in mix_specs(task):
         graph, _ = captured_step(spec, compile=True)
         for _ in range(20):
             graph.replay()
@@ -204,11 +225,9 @@ def profile_counters(task: str, top: int, csv_dir: str | None = None) -> list[di
     ``csv_dir``: also write each step's raw counters there (``TASK-MIXER.csv``). ncu flushes the caches
     before each kernel (its default), so memory-bound kernels count DRAM latency that a GPU keeping
     every trial's data in L2 does not pay."""
-    from experiments.throughput import benchmark_specs
-
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = []
-    for index, (_, spec) in enumerate(benchmark_specs("pararnn-table6", [task], None, 100, "cuda")):
+    for index, spec in enumerate(mix_specs(task)):
         with tempfile.TemporaryDirectory() as tmp:
             report = os.path.join(tmp, "step")
             subprocess.run(["ncu", "--profile-from-start", "off", "--graph-profiling", "node",
@@ -265,10 +284,9 @@ def _step_graph(task: str, index: int, stream: torch.cuda.Stream | None = None, 
     ``mixers``, round robin), captured on ``stream``, as a stack of ``stack`` trials
     (``experiments.stack``); ``step`` keeps the compiled model the graph's kernels belong to."""
     from experiments.step_profile import captured_step
-    from experiments.throughput import benchmark_specs
 
-    specs = benchmark_specs("pararnn-table6", [task], mixers, 100, "cuda")
-    spec = specs[index % len(specs)][1]
+    specs = mix_specs(task, mixers)
+    spec = specs[index % len(specs)]
     graph, step = captured_step(spec, compile=True, stream=stream, stack=stack)
     return graph, spec.mixer, step
 
@@ -342,9 +360,7 @@ def gpu_share(per_stream: dict[str, float], mixers: list[str], streams: int, sha
 def mix_shares(task: str, streams: int, seconds: float) -> list[dict]:
     """``shares`` (module docstring): one row per mixer of ``task``'s mix replayed alone on ``streams``
     streams, with its ``shared_us`` per step, then the mix's row with ``gpu_share``."""
-    from experiments.throughput import benchmark_specs
-
-    mixers = [spec.mixer for _, spec in benchmark_specs("pararnn-table6", [task], None, 100, "cuda")]
+    mixers = [spec.mixer for spec in mix_specs(task)]
     shared_us, rows = {}, []
     for mixer in mixers:
         rate = replay_streams(task, [streams], seconds, mixers=[mixer])[0]["replays_per_s"]
@@ -439,16 +455,9 @@ def main(argv: list[str] | None = None) -> None:
     st.add_argument("--seconds", type=float, default=10.0, help="replay time per count")
     st.add_argument("--depth", type=int, default=4, help="replays queued per stream at most (default 4)")
     st.add_argument("--stack", type=int, default=1, help="trials stacked into each stream's step (default 1)")
-    st.add_argument("--mixers", help="only these mixers of the mix, comma-separated (default: all, round robin)")
+    st.add_argument("--mixers", type=mixer_list,
+                    help="only these mixers of the mix, comma-separated (default: all, round robin)")
     args = p.parse_args(argv)
-    if getattr(args, "mixers", None):
-        from mixers import resolve_mixer
-
-        for name in args.mixers.split(","):
-            try:
-                resolve_mixer(name)
-            except ValueError as e:
-                p.error(str(e))
     if args.mode in ("streams", "shares"):  # read when the CUDA context is created: before anything touches CUDA
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     if not torch.cuda.is_available():
@@ -456,8 +465,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.mode == "streams":
         counts = sorted(int(v) for v in args.streams.split(","))
         for task in args.tasks.split(","):
-            for row in replay_streams(task, counts, args.seconds, args.depth, args.stack,
-                                      args.mixers.split(",") if args.mixers else None):
+            for row in replay_streams(task, counts, args.seconds, args.depth, args.stack, args.mixers):
                 print(json.dumps(row), flush=True)
         return
     if args.mode == "shares":
