@@ -11,8 +11,10 @@
 #     workers               python -m experiments.throughput workers (N = WORKER_COUNTS under MPS, eager and graph)
 #     saturation            python -m benchmarks.saturation kernels, steps and slots (what bounds 16 processes on one GPU)
 #     streams               python -m benchmarks.saturation steps (16 processes, MPS) then streams (1, 4, 8, 16 streams of
-#                           one process): the same compiled steps with and without processes and MPS (STREAMS_S s each)
+#                           one process): the same compiled steps with and without processes and MPS (STREAMS_S s each); GPU 0's
+#                           power and clocks in OUT/streams-dmon.txt (nvidia-smi dmon)
 #     shares                python -m benchmarks.saturation shares (each mixer's step alone on 16 streams, then the mix)
+#                           (GPU 0's power and clocks in OUT/shares-dmon.txt)
 #     counters              python -m benchmarks.saturation counters (each mixer's step under ncu; raw CSVs in OUT/counters)
 #     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/reproduce (one study
 #                           for every reproduction, as experiments.reproduce's default), so it runs on
@@ -32,6 +34,16 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 run_root=${RUN_ROOT:-/tmp/runs}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+# GPU 0's power and clocks, sampled every second by `nvidia-smi dmon` while a step runs (OUT/STEP-dmon.txt)
+dmon_start() { nvidia-smi dmon -i 0 -s pc -d 1 > "$out/$1-dmon.txt" 2>&1 & dmon_pid=$!; }
+dmon_stop() {
+  kill "$dmon_pid" 2> /dev/null; wait "$dmon_pid" 2> /dev/null
+  # columns: gpu pwr(W) gtemp mtemp mclk pclk(MHz); the samples within 10% of the highest power: the loaded ones
+  awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ {n++; w[n] = $2; c[n] = $6; if ($2 > top) top = $2}
+       END {lo = ""; hi = ""; k = 0
+            for (i = 1; i <= n; i++) if (w[i] >= 0.9 * top) {k++; if (lo == "" || c[i] < lo) lo = c[i]; if (c[i] > hi) hi = c[i]}
+            printf "=== GPU 0 under load (%d samples within 10%% of %s W): SM clock %s-%s MHz\n", k, top, lo, hi}' "$out/$1-dmon.txt"
+}
 for step in "$@"; do
   t0=$SECONDS
   case $step in
@@ -61,14 +73,16 @@ for step in "$@"; do
         > "$out/saturation.log" 2>&1
       echo "=== saturation rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/saturation.log" ;;
     streams)
+      dmon_start streams
       { timeout -k 10 240 python3 -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds "${STREAMS_S:-10}"
         timeout -k 10 360 python3 -m benchmarks.saturation streams --streams 1,4,8,16 --tasks khop2 --seconds "${STREAMS_S:-10}"; } \
         > "$out/streams.log" 2>&1
-      echo "=== streams rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/streams.log" ;;
+      echo "=== streams rc=$? in $((SECONDS - t0)) s"; dmon_stop streams; grep "^{" "$out/streams.log" ;;
     shares)
+      dmon_start shares
       timeout -k 10 560 python3 -m benchmarks.saturation shares --streams 16 --tasks khop2 --seconds 6 \
         > "$out/shares.log" 2>&1
-      echo "=== shares rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/shares.log" ;;
+      echo "=== shares rc=$? in $((SECONDS - t0)) s"; dmon_stop shares; grep "^{" "$out/shares.log" ;;
     counters)
       timeout -k 10 500 python3 -m benchmarks.saturation counters --tasks khop2 --top 6 --csv-dir "$out/counters" \
         > "$out/counters.log" 2>&1

@@ -224,3 +224,28 @@ def test_mix_shares_runs_each_mixer_alone_then_the_mix(monkeypatch):
     assert [r["mixer"] for r in rows] == ["x", "y", "mix"]
     assert rows[0]["shared_us"] == 250.0 and rows[1]["shared_us"] == 500.0
     assert rows[2]["gpu_share"] == pytest.approx((2 * 750 * 250 + 2 * 750 * 500) / 1e6)
+
+
+def test_training_gpu_dmon_summary_reads_only_the_loaded_samples(tmp_path):
+    """``training_gpu.sh``'s ``dmon_stop`` summarizes ``nvidia-smi dmon -s pc`` output: the SM clocks of
+    the samples within 10% of the highest power, skipping header lines and idle samples."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("bash") is None or shutil.which("awk") is None:
+        pytest.skip("needs bash and awk")
+    script = Path(__file__).parents[2] / "benchmarks" / "training_gpu.sh"
+    (tmp_path / "streams-dmon.txt").write_text(
+        "# gpu    pwr  gtemp  mtemp   mclk   pclk \n# Idx      W      C      C    MHz    MHz \n"
+        "    0     74     38     41   2619    345 \n    0    520     50     48   2619   1980 \n"
+        "# gpu    pwr  gtemp  mtemp   mclk   pclk \n    0    480     51     48   2619   1755 \n"
+        "    0    300     45     44   2619   1980 \n    0      -      -      -      -      - \n"
+    )
+    functions = subprocess.run(["sed", "-n", "/^dmon_start()/,/^}/p", str(script)], capture_output=True,
+                               text=True, check=True).stdout
+    assert "dmon_stop()" in functions
+    result = subprocess.run(["bash", "-c", functions + "\ndmon_pid=; dmon_stop streams"], capture_output=True,
+                            text=True, env={"out": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "=== GPU 0 under load (2 samples within 10% of 520 W): SM clock 1755-1980 MHz"
