@@ -252,7 +252,9 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
              f"- Device: {meta.get('device', '?')}; date: {meta.get('date', '?')}; "
              + (f"workers: {meta.get('workers', '?')}; wall time of this invocation: {meta.get('wall_min', float('nan')):.1f} min; "
                 if meta.get("ran", True) else "table written from stored results; ")
-             + f"trials' own training+test time, summed: {meta.get('trial_min', float('nan')):.1f} min.",
+             + f"trials' own training+test time, summed: {meta.get('trial_min', float('nan')):.1f} min"
+             + (f" ({meta['resumed']} trials resumed from a checkpoint: their last invocation only)."
+                if meta.get("resumed") else "."),
              f"- Budget: {meta.get('budget', '')}",
              f"- Cells: {meta.get('done', '?')} of {meta.get('cells', '?')} finished; versions: {meta.get('versions', '')}.",
              "", f"Metric: {', '.join(f'`{m}`' for m in metrics)} "

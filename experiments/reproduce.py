@@ -120,6 +120,7 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
         "workers": workers or 1, "ran": run,
         "wall_min": info["wall_s"] / 60,
         "trial_min": float(every["wall_time_s"].sum()) / 60 if "wall_time_s" in every else float("nan"),
+        "resumed": int((every["resumed_from_step"] > 0).sum()) if "resumed_from_step" in every else 0,
         "budget": (f"max_steps per trial {', '.join(f'{p.entry} {p.train.max_steps}' for p in plans)} "
                    f"(lr {', '.join(f'{p.entry} {_lrs(p.lrs)}' for p in plans)}), batch {train.batch_size}, {train.train_size} train / "
                    f"{train.test_size} test sequences, early stop at val acc > {train.early_stop_acc}"

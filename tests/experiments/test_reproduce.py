@@ -111,6 +111,9 @@ def test_compare_best_and_mean_at_best_lr():
     assert frame.loc["gru"].iloc[0] == "95.0% ± 0.0 (1.0k) / 100% ✗"
     text = comparison_markdown("flashrnn-parity", t.reset_index(), {"device": "cpu", "date": "today"})
     assert "gru 95.0% vs 100%" in text and "| gru " in text
+    assert "resumed" not in text and "summed: nan min." in text
+    text = comparison_markdown("flashrnn-parity", t.reset_index(), {"trial_min": 114.6, "resumed": 16})
+    assert "summed: 114.6 min (16 trials resumed from a checkpoint: their last invocation only)." in text
 
 
 def test_cells_whose_trials_skipped_updates_are_marked():
