@@ -2,6 +2,9 @@
 trial trained, from the trials' own progress samples."""
 
 import math
+import shutil
+import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -229,10 +232,6 @@ def test_mix_shares_runs_each_mixer_alone_then_the_mix(monkeypatch):
 def test_training_gpu_dmon_summary_reads_only_the_loaded_samples(tmp_path):
     """``training_gpu.sh``'s ``dmon_stop`` summarizes ``nvidia-smi dmon -s pc`` output: the SM clocks of
     the samples within 10% of the highest power, skipping header lines and idle samples."""
-    import shutil
-    import subprocess
-    from pathlib import Path
-
     if shutil.which("bash") is None or shutil.which("awk") is None:
         pytest.skip("needs bash and awk")
     script = Path(__file__).parents[2] / "benchmarks" / "training_gpu.sh"
@@ -242,9 +241,8 @@ def test_training_gpu_dmon_summary_reads_only_the_loaded_samples(tmp_path):
         "# gpu    pwr  gtemp  mtemp   mclk   pclk \n    0    480     51     48   2619   1755 \n"
         "    0    300     45     44   2619   1980 \n    0      -      -      -      -      - \n"
     )
-    functions = subprocess.run(["sed", "-n", "/^dmon_start()/,/^}/p", str(script)], capture_output=True,
-                               text=True, check=True).stdout
-    assert "dmon_stop()" in functions
+    text = script.read_text()
+    functions = text[text.index("dmon_start()"):text.index("\n}\n", text.index("dmon_stop()")) + 3]
     result = subprocess.run(["bash", "-c", functions + "\ndmon_pid=; dmon_stop streams"], capture_output=True,
                             text=True, env={"out": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
