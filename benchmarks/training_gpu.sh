@@ -40,7 +40,7 @@ dmon_stop() {
   kill "$dmon_pid" 2> /dev/null; wait "$dmon_pid" 2> /dev/null
   # columns: gpu pwr(W) gtemp mtemp mclk pclk(MHz); the samples within 10% of the highest power: the loaded ones
   awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ {n++; w[n] = $2; c[n] = $6; if ($2 > top) top = $2}
-       END {lo = ""; hi = ""; k = 0
+       END {lo = ""; hi = 0; k = 0
             for (i = 1; i <= n; i++) if (w[i] >= 0.9 * top) {k++; if (lo == "" || c[i] < lo) lo = c[i]; if (c[i] > hi) hi = c[i]}
             printf "=== GPU 0 under load (%d samples within 10%% of %s W): SM clock %s-%s MHz\n", k, top, lo, hi}' "$out/$1-dmon.txt"
 }
