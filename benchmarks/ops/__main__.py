@@ -7,7 +7,7 @@ import os
 import sys
 
 FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd")
-TOOLS = {"compile": "compile_report", "warm": "warm", "summary": "summary", "host": "host"}
+TOOLS = {"compile": "compile_report", "warm": "warm", "summary": "summary", "host": "host", "scan-probe": "scan_probe"}
 
 
 def _slice_autotuning(spec: str) -> None:
@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"usage: python -m benchmarks.ops {{{names}}} [options]  (python -m benchmarks.ops <name> -h)")
         print("A family: check every implementation and peer against the reference, time them, write")
         print("benchmarks/ops/results/<family>.json. compile: the compile report; warm: parallel compilation;")
-        print("summary: one table of ours vs the fastest peer per family.")
+        print("summary: one table of ours vs the fastest peer per family; host: host time per call;")
+        print("scan-probe: where the scan's time goes (tiles, host).")
         raise SystemExit(0 if argv else 2)
     name, rest = argv[0], argv[1:]
     if name not in FAMILIES and name not in TOOLS:
