@@ -85,6 +85,21 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100, devic
     return float(statistics.median(samples))
 
 
+def issue_times(fn: Callable[[], object], n: int, *, warmup: int = 3) -> tuple[float, float]:
+    """``(host µs per call, µs per call until the GPU is done)`` over ``n`` calls of ``fn`` issued back
+    to back on CUDA, synchronized only before and after (the first is the host's issue cost while the
+    GPU keeps up; both are the host's when the GPU work is tiny)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
+
+
 def copy_bandwidth_gbs(device: str = "cuda", nbytes: int = 1 << 30) -> float:
     """Measured device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
     n = nbytes // 4

@@ -11,23 +11,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 
 import torch
 
-from benchmarks.ops.common import BenchRow, cli_common, environment, table, time_ms, write_json
+from benchmarks.ops.common import BenchRow, cli_common, environment, issue_times, table, time_ms, write_json
 
 
 def per_call_ms(fn, n: int = 300) -> float:
     """Mean wall time of ``n`` calls, synchronized once at the end (host-bound when the work is tiny)."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e3
+    return issue_times(fn, n, warmup=20)[1] / 1e3
 
 
 def _fb(fn, xs):

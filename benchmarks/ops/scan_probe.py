@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import time
 
 import torch
 
-from benchmarks.ops.common import rel_error, time_ms
+from benchmarks.ops.common import issue_times, rel_error, time_ms
 from benchmarks.ops.scan import _inputs, reference
 from kernels._triton import poisoned
 from kernels.scan import triton_scan as ts
@@ -35,20 +34,6 @@ from kernels.scan import triton_scan as ts
 FEW = (1, 65536, 256)
 MANY = (8, 4096, 1024)
 TINY = (1, 256, 64)
-
-
-def issue_times(fn, n: int = 50) -> tuple[float, float]:
-    """``(host µs per call, µs per call until the GPU is done)`` over ``n`` calls issued back to back
-    (no synchronization between them; the host time is the issue cost while the GPU keeps up)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
 
 
 def min_median_issue(fn, n: int, rounds: int = 5) -> str:
