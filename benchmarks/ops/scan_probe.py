@@ -26,7 +26,7 @@ import gc
 
 import torch
 
-from benchmarks.ops.common import issue_times, rel_error, time_ms
+from benchmarks.ops.common import fwd_bwd, issue_times, no_grad, rel_error, time_ms
 from benchmarks.ops.scan import _inputs, reference
 from kernels._triton import poisoned
 from kernels.scan import triton_scan as ts
@@ -55,10 +55,8 @@ def _tile_grid(shape, cfgs) -> None:
     t_add = time_ms(lambda: torch.add(c, x, out=out))
     peer = _peer()
     ct, xt, dyt = (t.transpose(1, 2).contiguous() for t in (c, x, dy))
-    with torch.no_grad():
-        t_pf = time_ms(lambda: peer.scan(ct, xt))
-    leaves = [t.detach().clone().requires_grad_(True) for t in (ct, xt)]
-    t_pfb = time_ms(lambda: torch.autograd.grad(peer.scan(*leaves), leaves, dyt))
+    t_pf = time_ms(no_grad(peer.scan, ct, xt))
+    t_pfb = time_ms(fwd_bwd(peer.scan, [ct, xt], dyt))
     bwd_limit = t_add * 20 / 12  # the backward moves 20 B per element, torch.add 12
     print(f"{shape}: torch.add {t_add:.4f} ms; accelerated-scan fwd {t_pf:.4f} ({t_add / t_pf:.0%} of add), "
           f"fwd+bwd {t_pfb:.4f}; backward limit {bwd_limit:.4f}", flush=True)
@@ -106,10 +104,7 @@ def _fwd_bwd_calls(shape) -> dict:
     peer = _peer()
     c, x, dy = _inputs(*shape, False, "cuda", 0)
     ct, xt, dyt = (t.transpose(1, 2).contiguous() for t in (c, x, dy))
-    ours_in = [t.detach().clone().requires_grad_(True) for t in (c, x)]
-    peer_in = [t.detach().clone().requires_grad_(True) for t in (ct, xt)]
-    return {"ours": lambda: torch.autograd.grad(ts.linear_scan_triton(*ours_in), ours_in, dy),
-            "accelerated-scan": lambda: torch.autograd.grad(peer.scan(*peer_in), peer_in, dyt)}
+    return {"ours": fwd_bwd(ts.linear_scan_triton, [c, x], dy), "accelerated-scan": fwd_bwd(peer.scan, [ct, xt], dyt)}
 
 
 def _graph_of(fn) -> torch.cuda.CUDAGraph:
@@ -166,12 +161,12 @@ def _layers(shape) -> dict:
         "ours: scan_backward": lambda: ts.scan_backward(c, y, dy, False, False),
         "ours: linear_scan_triton, no grad": lambda: ts.linear_scan_triton(c, x),
         "ours: linear_scan_triton, grad": lambda: ts.linear_scan_triton(*ours_in),
-        "ours: forward + autograd.grad": lambda: torch.autograd.grad(ts.linear_scan_triton(*ours_in), ours_in, dy),
+        "ours: forward + autograd.grad": fwd_bwd(ts.linear_scan_triton, [c, x], dy),
         "peer: forward kernel launch": lambda: peer.forward_scan[(b, d)](ct, xt, st, seqlen=l, enable_fp_fusion=False),
         "peer: backward kernel launch": lambda: peer.backward_scan[(b, d)](ct, yt, dyt, st, out, seqlen=l,
                                                                            enable_fp_fusion=False),
         "peer: Scan.apply, grad": lambda: peer.Scan.apply(*peer_in),
-        "peer: forward + autograd.grad": lambda: torch.autograd.grad(peer.Scan.apply(*peer_in), peer_in, dyt),
+        "peer: forward + autograd.grad": fwd_bwd(peer.Scan.apply, [ct, xt], dyt),
     }
 
 
