@@ -34,12 +34,12 @@ _TY = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 def compile_kernel(kernel, args: dict, arch: int):
     """``kernel`` compiled for ``sm_<arch>``. ``args``: argument name -> type string (``*fp32``, ``i32``,
-    ``fp32``) or, for constexprs and the launch options ``num_warps`` / ``num_stages`` / ``maxnreg``,
-    the value."""
+    ``fp32``), ``None`` (an argument passed as ``None``: a constexpr) or, for constexprs and the launch
+    options ``num_warps`` / ``num_stages`` / ``maxnreg``, the value."""
     args = dict(args)
     opts = {k: args.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in args and args[k] is not None}
     args.pop("maxnreg", None)
-    const_names = {kernel.arg_names[i] for i in kernel.constexprs}
+    const_names = {kernel.arg_names[i] for i in kernel.constexprs} | {n for n, v in args.items() if v is None}
     sig = {n: ("constexpr" if n in const_names else args[n]) for n in kernel.arg_names}
     const = {n: args[n] for n in kernel.arg_names if n in const_names}
     return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=const),
@@ -65,7 +65,7 @@ def scan_kernels(shapes, tiles):
     """``(name, kernel, args)`` of the scan launches: default tiles per shape, or the given tiles."""
     from kernels.scan import triton_scan as ts
 
-    ptrs = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr", "yfwd_ptr", "dc_ptr")}
+    ptrs = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr")}
     cases = []
     for B, L, D in shapes:
         for block2 in (False, True):
@@ -74,8 +74,9 @@ def scan_kernels(shapes, tiles):
     out = []
     for D, block2, grad, t in cases:
         kernel, _, _, meta, words = ts._plan(1, 64, D, grad, grad, block2, t)
-        runtime = (dict(ws_ptr="*i64", counter_ptr="*i64", L="i32", D="i32", n_dt="i32", n_lt="i32", n_chunks="i32")
-                   if words else dict(L="i32", D="i32", n_dt="i32", n_chunks="i32"))
+        # the forward passes None for yfwd and dc (constexpr)
+        runtime = dict(yfwd_ptr="*fp32", dc_ptr="*fp32") if grad else dict(yfwd_ptr=None, dc_ptr=None)
+        runtime.update(dict(ws_ptr="*i64", L="i32", D="i32", n_dt="i32") if words else dict(L="i32", D="i32", n_dt="i32"))
         name = f"scan {'2x2' if block2 else 'diag'} {'bwd' if grad else 'fwd'} D={D} {t.kind} {t.ch}x{t.bd}/{t.warps}"
         out.append((name, kernel, {**ptrs, **runtime, **meta}))
     return out

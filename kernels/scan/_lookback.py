@@ -65,12 +65,23 @@ def missing_anywhere(bits, CH: tl.constexpr, BD: tl.constexpr):
     return tl.reduce(per_lane, 0, _bit_or)
 
 
+#: int64 words before the records in the workspace (the ticket counter is word 0)
+RECORDS_OFFSET = tl.constexpr(16)
+
+
+@triton.jit
+def records(ws_ptr):
+    """The first record word of the workspace ``ws_ptr``."""
+    return ws_ptr + RECORDS_OFFSET
+
+
 @triton.jit
 def take_ticket(counter_ptr, n_lane_tiles, n_programs):
     """``(chunk index in scan order, lane tile, tag)`` for this program, chunk-major.
 
-    ``counter_ptr``: the int64 counter word (``epoch << 32 | tickets taken``, see the module doc).
-    A scalar atomic runs in one thread and is broadcast, so the whole program shares the ticket."""
+    ``counter_ptr``: the int64 counter word, word 0 of the workspace (``epoch << 32 | tickets
+    taken``, see the module doc). A scalar atomic runs in one thread and is broadcast, so the whole
+    program shares the ticket."""
     old = tl.atomic_add(counter_ptr, 1)
     ticket = (old & 0xFFFFFFFF).to(tl.int32)
     epoch = old >> 32

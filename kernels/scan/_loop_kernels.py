@@ -35,15 +35,16 @@ from kernels.scan._scan_kernels import (
 
 @triton.jit
 def _diag_loop_kernel(
-    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr,
-    L, D, n_dt, n_chunks,
+    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, L, D, n_dt,
     REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
     DC: tl.constexpr,
 ):
-    """``c, x, out, yfwd, dc (B, L, D)``; grid ``(B * n_dt,)``, ``n_dt = cdiv(D, BD)``,
-    ``n_chunks = cdiv(L, CH)``; ``DC``: ``D`` as a compile-time constant, or 0 (runtime ``D``)."""
+    """``c, x, out, yfwd, dc (B, L, D)`` (``yfwd``, ``dc``: ``None`` unless ``GRAD``); grid
+    ``(B * n_dt,)``, ``n_dt = cdiv(D, BD)`` (a runtime argument, as in ``_scan_kernels.py``); ``DC``:
+    ``D`` as a compile-time constant, or 0 (runtime ``D``)."""
     if DC > 0:
         D = DC
+    n_chunks = tl.cdiv(L, CH)
     lt = tl.program_id(0)
     b = lt // n_dt
     dt = lt % n_dt
@@ -67,8 +68,7 @@ def _diag_loop_kernel(
 
 @triton.jit
 def _block2_loop_kernel(
-    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr,
-    L, D, n_dt, n_chunks,
+    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, L, D, n_dt,
     REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
     DC: tl.constexpr,
 ):
@@ -76,6 +76,7 @@ def _block2_loop_kernel(
     ``_diag_loop_kernel``."""
     if DC > 0:
         D = DC
+    n_chunks = tl.cdiv(L, CH)
     lt = tl.program_id(0)
     b = lt // n_dt
     dt = lt % n_dt

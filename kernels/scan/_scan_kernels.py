@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.scan._lookback import lookback_block2, lookback_diag, take_ticket
+from kernels.scan._lookback import lookback_block2, lookback_diag, records, take_ticket
 
 
 @triton.jit
@@ -132,14 +132,20 @@ def _store_block2_tile(out_ptr, yfwd_ptr, dc_ptr, y0, y1, xs, cs, xo, co, rows, 
 
 @triton.jit
 def _diag_scan_kernel(
-    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, counter_ptr,
-    L, D, n_dt, n_lt, n_chunks,
+    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, L, D, n_dt,
     REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, WIN: tl.constexpr,
     DC: tl.constexpr,
 ):
+    """``c, x, out, yfwd, dc (B, L, D)`` (``yfwd``, ``dc``: ``None`` unless ``GRAD``); ``ws_ptr``: the
+    int64 look-back workspace (``_lookback.py``); ``n_dt = cdiv(D, BD)``; grid
+    ``(B * n_dt * cdiv(L, CH),)``; ``DC``: ``D`` as a compile-time constant, or 0 (runtime ``D``).
+    ``n_dt`` stays a runtime argument: derived from a constant ``D`` it costs registers (spills under
+    the forward's 168-register cap, ``benchmarks/ops/compile_report.py``)."""
     if DC > 0:  # the channel count as a compile-time constant: row addresses fold into immediates
         D = DC
-    k, lt, tag = take_ticket(counter_ptr, n_lt, n_lt * n_chunks)
+    n_chunks = tl.cdiv(L, CH)
+    n_lt = tl.num_programs(0) // n_chunks
+    k, lt, tag = take_ticket(ws_ptr, n_lt, tl.num_programs(0))
     b = lt // n_dt
     dt = lt % n_dt
     m = n_chunks - 1 - k if REVERSE else k
@@ -160,7 +166,7 @@ def _diag_scan_kernel(
     agg_y = _row_of(Y, sel)
 
     # ---- decoupled look-back (_lookback.py): records of 3 x BD words per (lane tile, chunk) ----
-    rec = ws_ptr + (lt * n_chunks) * 3 * BD + tl.arange(0, BD)
+    rec = records(ws_ptr) + (lt * n_chunks) * 3 * BD + tl.arange(0, BD)
     carry = lookback_diag(rec, k, agg_a, agg_y, tag, CH, BD, WIN)
 
     y = Y + A * carry[None, :]
@@ -169,14 +175,16 @@ def _diag_scan_kernel(
 
 @triton.jit
 def _block2_scan_kernel(
-    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, counter_ptr,
-    L, D, n_dt, n_lt, n_chunks,
+    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, L, D, n_dt,
     REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, DC: tl.constexpr,
 ):
-    """``C (B, L, 2, 2, D)``, ``x / out / yfwd (B, L, 2, D)``, ``dc`` like ``C``."""
+    """``C (B, L, 2, 2, D)``, ``x / out / yfwd (B, L, 2, D)``, ``dc`` like ``C``; the rest as
+    ``_diag_scan_kernel``."""
     if DC > 0:  # the channel count as a compile-time constant: row addresses fold into immediates
         D = DC
-    k, lt, tag = take_ticket(counter_ptr, n_lt, n_lt * n_chunks)
+    n_chunks = tl.cdiv(L, CH)
+    n_lt = tl.num_programs(0) // n_chunks
+    k, lt, tag = take_ticket(ws_ptr, n_lt, tl.num_programs(0))
     b = lt // n_dt
     dt = lt % n_dt
     m = n_chunks - 1 - k if REVERSE else k
@@ -207,7 +215,7 @@ def _block2_scan_kernel(
     gy1 = _row_of(Y1, sel)
 
     # ---- decoupled look-back (_lookback.py): records of 8 x BD words per (lane tile, chunk) ----
-    rec = ws_ptr + (lt * n_chunks) * 8 * BD + tl.arange(0, BD)
+    rec = records(ws_ptr) + (lt * n_chunks) * 8 * BD + tl.arange(0, BD)
     r0, r1 = lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, tag, CH, BD)
 
     y0 = Y0 + A00 * r0[None, :] + A01 * r1[None, :]

@@ -37,11 +37,11 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from kernels._triton import cdiv, empty_like, next_pow2, triton_available
+from kernels.scan._lookback import RECORDS_OFFSET
 from kernels.scan._loop_kernels import _block2_loop_kernel, _diag_loop_kernel
 from kernels.scan._scan_kernels import _block2_scan_kernel, _diag_scan_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_WS_OFFSET = 16  # int64 words before the look-back records (the ticket counter lives in word 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,13 +135,13 @@ def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> N
 #: Launches of one cached workspace before it is zeroed: its records carry a 31-bit launch tag
 #: (``_lookback.py``), which must not repeat while an old record could still be read as published.
 WS_LAUNCH_LIMIT = 2**31 - 1
-#: (CUDA device index or -1: CPU, raw stream handle or 0) -> [workspace, launches since zeroed, records]
+#: (CUDA device index or -1: CPU, raw stream handle or 0) -> [workspace, launches since zeroed]
 _workspaces: dict[tuple[int, int], list] = {}
 
 
-def _workspace(x: torch.Tensor, words: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(workspace, its records)``: the int64 look-back workspace of the current stream on ``x``'s
-    device (at least ``words`` words) and the view of it past the ticket counter's words.
+def _workspace(x: torch.Tensor, words: int) -> torch.Tensor:
+    """The int64 look-back workspace of the current stream on ``x``'s device, at least ``words`` words
+    (the ticket counter in word 0, the records from word ``RECORDS_OFFSET``: ``_lookback.py``).
 
     Cached per (device, stream), the stream by its raw handle (the one Triton launches on), and reused
     by every launch: the kernels need no zeroing between launches (the ticket counter in word 0 resets
@@ -160,18 +160,20 @@ def _workspace(x: torch.Tensor, words: int) -> tuple[torch.Tensor, torch.Tensor]
     entry = _workspaces.get(key)
     if entry is None or entry[0].numel() < words:
         ws = torch.zeros(words, dtype=torch.int64, device=x.device)
-        entry = _workspaces[key] = [ws, 0, ws[_WS_OFFSET:]]
+        entry = _workspaces[key] = [ws, 0]
     elif entry[1] >= WS_LAUNCH_LIMIT:
         entry[0].zero_()
         entry[1] = 0
     entry[1] += 1
-    return entry[0], entry[2]
+    return entry[0]
 
 
 @functools.lru_cache(maxsize=4096)
 def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles: Optional[ScanTiles]):
-    """``(kernel, grid, runtime ints, constexpr kwargs, workspace words or 0)`` of one launch, ``None``
-    when there is nothing to compute (``B * L * D == 0``)."""
+    """``(kernel, grid, n_dt, constexpr kwargs, workspace words or 0)`` of one launch, ``None`` when
+    there is nothing to compute (``B * L * D == 0``). The kernels take ``L``, ``D`` and the channel tiles
+    per row ``n_dt`` at run time and derive the rest from them and the grid (fewer arguments: less host
+    time per launch)."""
     if B * L * D == 0:
         return None
     t = tiles or default_tiles(B, L, D, block2, grad)
@@ -182,34 +184,36 @@ def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles
                 DC=D if t.specialize_d and D % 16 == 0 else 0)
     if t.kind == "loop":
         kernel = _block2_loop_kernel if block2 else _diag_loop_kernel
-        return kernel, (B * n_dt,), (L, D, n_dt, n_chunks), dict(meta, STAGES=t.stages), 0
+        return kernel, (B * n_dt,), n_dt, dict(meta, STAGES=t.stages), 0
     n_lt = B * n_dt
     if not block2:
         meta["WIN"] = t.window
     if t.maxnreg is not None:
         meta["maxnreg"] = t.maxnreg
-    words = _WS_OFFSET + n_lt * n_chunks * (8 if block2 else 3) * t.bd  # record words per lane: _lookback.py
+    # record words per lane: _lookback.py
+    words = RECORDS_OFFSET.value + n_lt * n_chunks * (8 if block2 else 3) * t.bd
     kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
-    return kernel, (n_lt * n_chunks,), (L, D, n_dt, n_lt, n_chunks), meta, words
+    return kernel, (n_lt * n_chunks,), n_dt, meta, words
 
 
 def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool, tiles: Optional[ScanTiles]) -> None:
+    """One kernel launch; ``yfwd`` and ``dc`` are ``None`` for the forward (``grad=False``)."""
     shape = x.shape
-    plan = _plan(shape[0], shape[1], shape[-1], reverse, grad, block2, tiles)
+    L, D = shape[1], shape[-1]
+    plan = _plan(shape[0], L, D, reverse, grad, block2, tiles)
     if plan is None:
         return
-    kernel, grid, ints, meta, words = plan
+    kernel, grid, n_dt, meta, words = plan
     if words:
-        ws, records = _workspace(x, words)
-        kernel[grid](c, x, out, yfwd, dc, records, ws, *ints, **meta)
+        kernel[grid](c, x, out, yfwd, dc, _workspace(x, words), L, D, n_dt, **meta)
     else:
-        kernel[grid](c, x, out, yfwd, dc, *ints, **meta)
+        kernel[grid](c, x, out, yfwd, dc, L, D, n_dt, **meta)
 
 
 def scan_forward(c, x, reverse: bool, block2: bool, tiles: Optional[ScanTiles] = None) -> torch.Tensor:
     """``y`` of contiguous, checked inputs (no autograd)."""
     out = empty_like(x)
-    _launch(c, x, out, out, out, reverse, False, block2, tiles)
+    _launch(c, x, out, None, None, reverse, False, block2, tiles)
     return out
 
 

@@ -221,7 +221,7 @@ def test_workspace_reused_across_launches(monkeypatch):
         else:
             rev = bool(launch % 2)
             assert rel(small("lookback")(c, x, rev), want[rev]) < 1e-5, launch
-        (ws, count, _), = ts._workspaces.values()
+        (ws, count), = ts._workspaces.values()
         epoch, tickets = _counter(ws.cpu())
         assert tickets == 0
         epochs.append(epoch)
