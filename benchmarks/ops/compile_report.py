@@ -73,7 +73,7 @@ def scan_kernels(shapes, tiles):
                 cases.append((D, block2, grad, tiles or ts.default_tiles(B, L, D, block2, grad)))
     out = []
     for D, block2, grad, t in cases:
-        kernel, _, _, meta, words = ts._plan(1, 64, D, grad, grad, block2, t)
+        kernel, _, _, meta, words, _ = ts._plan(1, 64, D, grad, grad, block2, t)
         # the forward passes None for yfwd and dc (constexpr)
         runtime = dict(yfwd_ptr="*fp32", dc_ptr="*fp32") if grad else dict(yfwd_ptr=None, dc_ptr=None)
         runtime.update(dict(ws_ptr="*i64", L="i32", D="i32", n_dt="i32") if words else dict(L="i32", D="i32", n_dt="i32"))

@@ -36,7 +36,7 @@ from typing import Literal, Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from kernels._triton import cdiv, empty_like, next_pow2, triton_available
+from kernels._triton import LaunchCache, cdiv, empty_like, next_pow2, triton_available
 from kernels.scan._lookback import RECORDS_OFFSET
 from kernels.scan._loop_kernels import _block2_loop_kernel, _diag_loop_kernel
 from kernels.scan._scan_kernels import _block2_scan_kernel, _diag_scan_kernel
@@ -170,10 +170,10 @@ def _workspace(x: torch.Tensor, words: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles: Optional[ScanTiles]):
-    """``(kernel, grid, n_dt, constexpr kwargs, workspace words or 0)`` of one launch, ``None`` when
-    there is nothing to compute (``B * L * D == 0``). The kernels take ``L``, ``D`` and the channel tiles
-    per row ``n_dt`` at run time and derive the rest from them and the grid (fewer arguments: less host
-    time per launch)."""
+    """``(kernel, grid, n_dt, constexpr kwargs, workspace words or 0, its LaunchCache)`` of one launch,
+    ``None`` when there is nothing to compute (``B * L * D == 0``). The kernels take ``L``, ``D`` and the
+    channel tiles per row ``n_dt`` at run time and derive the rest from them and the grid (fewer
+    arguments: less host time per launch)."""
     if B * L * D == 0:
         return None
     t = tiles or default_tiles(B, L, D, block2, grad)
@@ -184,7 +184,7 @@ def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles
                 DC=D if t.specialize_d and D % 16 == 0 else 0)
     if t.kind == "loop":
         kernel = _block2_loop_kernel if block2 else _diag_loop_kernel
-        return kernel, (B * n_dt,), n_dt, dict(meta, STAGES=t.stages), 0
+        return kernel, (B * n_dt,), n_dt, dict(meta, STAGES=t.stages), 0, LaunchCache()
     n_lt = B * n_dt
     if not block2:
         meta["WIN"] = t.window
@@ -193,7 +193,7 @@ def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles
     # record words per lane: _lookback.py
     words = RECORDS_OFFSET.value + n_lt * n_chunks * (8 if block2 else 3) * t.bd
     kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
-    return kernel, (n_lt * n_chunks,), n_dt, meta, words
+    return kernel, (n_lt * n_chunks,), n_dt, meta, words, LaunchCache()
 
 
 def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool, tiles: Optional[ScanTiles]) -> None:
@@ -203,11 +203,12 @@ def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool, tiles:
     plan = _plan(shape[0], L, D, reverse, grad, block2, tiles)
     if plan is None:
         return
-    kernel, grid, n_dt, meta, words = plan
+    kernel, grid, n_dt, meta, words, launches = plan
+    # the plan fixes the ints and which pointers are None; c, x, out, yfwd and dc share x's dtype
     if words:
-        kernel[grid](c, x, out, yfwd, dc, _workspace(x, words), L, D, n_dt, **meta)
+        launches.launch(kernel, grid, (c, x, out, yfwd, dc, _workspace(x, words), L, D, n_dt), meta, x.dtype)
     else:
-        kernel[grid](c, x, out, yfwd, dc, L, D, n_dt, **meta)
+        launches.launch(kernel, grid, (c, x, out, yfwd, dc, L, D, n_dt), meta, x.dtype)
 
 
 def scan_forward(c, x, reverse: bool, block2: bool, tiles: Optional[ScanTiles] = None) -> torch.Tensor:

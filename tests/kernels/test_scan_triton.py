@@ -67,9 +67,21 @@ def inputs(shape_c, shape_x, gen, dtype=torch.float32):
     return c.to(DEV, dtype), x.to(DEV, dtype)
 
 
-def check(fn, ref, c, x, reverse, tol=1e-5):
-    c = c.clone().requires_grad_()
-    x = x.clone().requires_grad_()
+def _at_offset(t: torch.Tensor, elements: int) -> torch.Tensor:
+    """A contiguous copy of ``t`` that starts ``elements`` elements into a fresh buffer."""
+    buf = torch.empty(t.numel() + elements, device=t.device, dtype=t.dtype)
+    out = buf[elements:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def check(fn, ref, c, x, reverse, tol=1e-5, offset=0):
+    """``fn`` forward and gradients against ``ref`` in float64; ``offset``: the inputs start that many
+    elements into their buffers (``_at_offset``)."""
+    c = (_at_offset(c, offset) if offset else c.clone()).requires_grad_()
+    x = (_at_offset(x, offset) if offset else x.clone()).requires_grad_()
+    if offset:
+        assert c.data_ptr() % 16 and x.data_ptr() % 16
     y = fn(c, x, reverse)
     g = torch.randn_like(y)
     (y * g).sum().backward()
@@ -408,3 +420,59 @@ def test_gpu_concurrent_streams():
         torch.cuda.synchronize()
         for y in outs:
             assert rel(y, want) < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_launch_cache():
+    """Repeated eager launches go through the plan's ``LaunchCache`` (the compiled kernel's launcher,
+    not the JIT): forward and gradients against float64 for both kernel kinds, float32 and bfloat16 at
+    one shape (two specializations of one plan), and inputs 4 bytes off 16-byte alignment between
+    aligned calls (the JIT's misaligned specialization, never the cached one)."""
+    gen = torch.Generator().manual_seed(23)
+    shape = (2, 777, 96)
+    for kind in KINDS:
+        fn = forced(kind)
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+            for rnd in range(4):
+                c, x = inputs(shape, shape, gen, dtype)
+                # the third round misaligned, after the cache holds the aligned kernel
+                check(fn, linear_scan_reference, c.clamp(-1, 1), x, bool(rnd % 2), tol, offset=1 if rnd == 2 else 0)
+        fwd = ts.default_tiles(*shape, False, False, kind=kind)
+        launches = ts._plan(*shape, False, False, False, fwd)[-1]
+        assert {key[1] for key in launches._compiled} == {torch.float32, torch.bfloat16}, "cache not used"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_launch_cache_honours_launch_hooks(monkeypatch):
+    """With a Triton launch hook set (a profiler), every launch goes through the JIT, which calls it."""
+    from triton import knobs
+
+    gen = torch.Generator().manual_seed(29)
+    c, x = inputs((1, 300, 64), (1, 300, 64), gen)
+    want = linear_scan_reference(c.double(), x.double())
+    for _ in range(2):
+        ts.linear_scan_triton(c, x)  # fills the cache
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: seen.append(metadata))
+    assert rel(ts.linear_scan_triton(c, x), want) < 1e-5
+    assert len(seen) == 1
+
+
+def test_launch_hooks_detected(monkeypatch):
+    """``LaunchCache`` takes the JIT whenever a Triton launch hook is set: ``None`` and an empty hook
+    chain are unset; a function, or a chain with a hook registered, is set."""
+    from triton import knobs
+
+    from kernels._triton import _launch_hooks_set
+
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", None)
+    assert not _launch_hooks_set()
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", lambda metadata: None)
+    assert _launch_hooks_set()
+    if hasattr(knobs, "HookChain"):
+        chain = knobs.HookChain()
+        monkeypatch.setattr(knobs.runtime, "launch_exit_hook", chain)
+        assert not _launch_hooks_set()
+        chain.add(print)
+        assert _launch_hooks_set()
