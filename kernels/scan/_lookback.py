@@ -17,8 +17,8 @@ launch**: bits 32-62 hold the launch's *tag* ``epoch + 1`` (never 0, so a zeroed
 published word), the low 32 bits the float32 value, so a value and its flag become visible together;
 a word from an earlier launch carries an older tag and reads as unpublished. The records start at
 word ``RECORDS_OFFSET`` (``records``), one per (lane tile, chunk): ``NA`` aggregate-coefficient words,
-``NV`` aggregate-value words, ``NV`` inclusive-value words, each a row of ``BD`` lanes. (Tags repeat after ``2**31 - 1`` launches; ``triton_scan`` zeroes the
-workspace before that.)
+``NV`` aggregate-value words, ``NV`` inclusive-value words, each a row of ``BD`` lanes. (Tags repeat
+after ``2**31 - 1`` launches; ``triton_scan`` zeroes the workspace before that.)
 
 Replicated lanes. When a program has more threads than its ``[BD]`` rows have elements, Triton gives
 each lane to several threads ("replicas"), which load the records independently and may see a word
