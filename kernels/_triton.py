@@ -108,9 +108,10 @@ def _launch_hooks_set() -> bool:
     global _knobs
     if _knobs is None:
         from triton import knobs as _knobs
-    runtime = _knobs.runtime
-    return any(h is not None and getattr(h, "calls", True) for h in (runtime.launch_enter_hook,
-                                                                      runtime.launch_exit_hook))
+    enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
+    # on every launch: two attribute tests, no generator
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True)))
 
 
 class LaunchCache:

@@ -76,7 +76,8 @@ def scan_kernels(shapes, tiles):
         kernel, _, _, meta, words, _ = ts._plan(1, 64, D, grad, grad, block2, t)
         # the forward passes None for yfwd and dc (constexpr)
         runtime = dict(yfwd_ptr="*fp32", dc_ptr="*fp32") if grad else dict(yfwd_ptr=None, dc_ptr=None)
-        runtime.update(dict(ws_ptr="*i64") if words else {})
+        if words:
+            runtime["ws_ptr"] = "*i64"
         runtime.update(L="i32", D="i32", n_dt="i32")
         name = f"scan {'2x2' if block2 else 'diag'} {'bwd' if grad else 'fwd'} D={D} {t.kind} {t.ch}x{t.bd}/{t.warps}"
         out.append((name, kernel, {**ptrs, **runtime, **meta}))
