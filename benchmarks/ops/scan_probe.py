@@ -7,7 +7,8 @@ breaks the rows that miss their targets down (``kernels/scan/README.md`` quotes 
   look-back tiles (32-512 steps per chunk, 32-256 channels, 1-16 warps, look-back windows of 4 and 8
   records), against ``torch.add`` on the same bytes and accelerated-scan's forward;
 - ``many``: the same for the chunk-loop tiles at (8, 4096, 1024) (32 or 64 steps, 16-64 channels,
-  1-2 warps, 3-6 pipeline stages), with the bandwidth limit of the backward (20 B per element);
+  1-2 warps, 3-6 pipeline stages) and, for comparison, a few look-back tiles (which split the
+  sequence), with the bandwidth limit of the backward (20 B per element);
 - ``host``: forward + backward through ``torch.autograd.grad`` at (1, 65536, 256), ours and the
   peer's: ``do_bench`` (as the benchmark times it), the host's issue time per call in a loop of
   calls and the completion time, the same work replayed from a CUDA graph (the GPU's time alone), the
@@ -95,6 +96,8 @@ def many() -> None:
     cfgs = [ts.default_tiles(*MANY, False, False)]
     cfgs += [ts.ScanTiles("loop", ch, bd, w, st) for ch in (64, 32) for bd in (32, 16, 64) for w in (1, 2)
              for st in (3, 4, 6) if (ch, bd, w) != (64, 64, 1)]
+    cfgs += [ts.default_tiles(*MANY, False, False, kind="lookback")]
+    cfgs += [ts.ScanTiles("lookback", ch, bd, w, window=1) for ch, bd, w in ((64, 64, 2), (64, 32, 1), (128, 32, 4))]
     _tile_grid(MANY, cfgs)
 
 
