@@ -76,8 +76,9 @@ def records(ws_ptr):
 
 
 @triton.jit
-def take_ticket(counter_ptr, n_lane_tiles, n_programs):
-    """``(chunk index in scan order, lane tile, tag)`` for this program, chunk-major.
+def take_ticket(counter_ptr, n_lane_tiles):
+    """``(chunk index in scan order, lane tile, tag)`` for this program, chunk-major; one ticket per
+    program of the launch.
 
     ``counter_ptr``: the int64 counter word, word 0 of the workspace (``epoch << 32 | tickets
     taken``, see the module doc). A scalar atomic runs in one thread and is broadcast, so the whole
@@ -85,7 +86,7 @@ def take_ticket(counter_ptr, n_lane_tiles, n_programs):
     old = tl.atomic_add(counter_ptr, 1)
     ticket = (old & 0xFFFFFFFF).to(tl.int32)
     epoch = old >> 32
-    if ticket == n_programs - 1:  # every ticket of this launch is taken: reset for the next launch
+    if ticket == tl.num_programs(0) - 1:  # every ticket of this launch is taken: reset for the next launch
         tl.atomic_xchg(counter_ptr, (epoch + 1) << 32)
     return ticket // n_lane_tiles, ticket % n_lane_tiles, epoch + 1
 

@@ -145,7 +145,7 @@ def _diag_scan_kernel(
         D = DC
     n_chunks = tl.cdiv(L, CH)
     n_lt = tl.num_programs(0) // n_chunks
-    k, lt, tag = take_ticket(ws_ptr, n_lt, tl.num_programs(0))
+    k, lt, tag = take_ticket(ws_ptr, n_lt)
     b = lt // n_dt
     dt = lt % n_dt
     m = n_chunks - 1 - k if REVERSE else k
@@ -184,7 +184,7 @@ def _block2_scan_kernel(
         D = DC
     n_chunks = tl.cdiv(L, CH)
     n_lt = tl.num_programs(0) // n_chunks
-    k, lt, tag = take_ticket(ws_ptr, n_lt, tl.num_programs(0))
+    k, lt, tag = take_ticket(ws_ptr, n_lt)
     b = lt // n_dt
     dt = lt % n_dt
     m = n_chunks - 1 - k if REVERSE else k
