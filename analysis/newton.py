@@ -79,23 +79,23 @@ def fresh_cell(name: str, d_model: int = 64, num_heads: int = 4, options: dict[s
 
 
 def fresh_model(name: str, task: str, task_options: dict[str, Any], options: dict[str, Any] | None = None, seed: int = 0):
-    """A freshly initialized ``SingleLayerModel`` around cell ``name`` for ``task`` (the paper's block
+    """A freshly initialized ``SequenceModel`` around cell ``name`` for ``task`` (the paper's block
     and positional encoding for that task), to embed task inputs for a fresh cell."""
-    from experiments.model import ModelConfig, SingleLayerModel
+    from experiments.model import ModelConfig, SequenceModel
     from experiments.presets import TASK_DEFAULTS
     from tasks import get_task
 
     t = get_task(task, **task_options)
     structure = TASK_DEFAULTS.get(task, {"block": "mixer", "positional": "none"})
     torch.manual_seed(seed)
-    model = SingleLayerModel(ModelConfig(vocab_size=t.vocab_size, num_classes=t.num_classes, mixer=name,
+    model = SequenceModel(ModelConfig(vocab_size=t.vocab_size, num_classes=t.num_classes, mixer=name,
                                          mixer_options=dict(options or {}), **structure))
     _as_cell_mixer(model.mixer, name)
     return model.eval()
 
 
 def load_trial(trial_dir: Path):
-    """``(spec, SingleLayerModel)`` of a cell folder of a sweep: ``spec.json`` and ``checkpoints/best.ckpt``."""
+    """``(spec, SequenceModel)`` of a cell folder of a sweep: ``spec.json`` and ``checkpoints/best.ckpt``."""
     from experiments.lit import LitSequenceModel
     from experiments.train import BEST_CHECKPOINT, CHECKPOINT_DIR, TrialSpec
 

@@ -49,18 +49,26 @@ def compiled_loss(model: torch.nn.Module, loss: Callable[[torch.Tensor, torch.Te
 
 
 class CUDAGraphPrecision(Precision):
-    """Float32 training whose optimizer steps replay a captured CUDA graph (see the module docstring)."""
+    """Training whose optimizer steps replay a captured CUDA graph (see the module docstring): float32,
+    or with ``autocast`` Lightning's ``bf16-mixed`` (the forward under ``torch.autocast(bfloat16)``;
+    weights, optimizer and loss in float32)."""
 
-    def __init__(self, warmup: int = 3) -> None:
+    def __init__(self, warmup: int = 3, autocast: bool = False) -> None:
         super().__init__()
         if warmup < 1:
             raise ValueError(f"warmup must be >= 1 (the optimizer state must exist before capture), got {warmup}")
-        self.warmup = warmup
+        self.warmup, self.autocast = warmup, autocast
         self.graph: torch.cuda.CUDAGraph | None = None
         self.eager_steps = 0  #: steps run eagerly (warm-up, other batch shapes, after a reset)
         self.replays = 0
         self.stopped = False  #: ``stop_graphs()`` was called: every step runs eagerly
         self._warm = 0
+
+    def forward_context(self):
+        """Lightning runs training, validation and test steps in this context: bfloat16 autocast with ``autocast``."""
+        if self.autocast:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return super().forward_context()
 
     def reset(self) -> None:
         """Drop the captured graph; the next steps warm up and capture again."""

@@ -26,7 +26,7 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassExactMatch
 
-from experiments.model import ModelConfig, SingleLayerModel
+from experiments.model import ModelConfig, SequenceModel
 from mixers.stacking import stack_trials
 from tasks import IGNORE_INDEX
 
@@ -108,7 +108,7 @@ def cosine_with_warmup_tensor(step: torch.Tensor, warmup_steps: int, total_steps
 
 
 class LitSequenceModel(L.LightningModule):
-    """Trains a ``SingleLayerModel``.
+    """Trains a ``SequenceModel``.
 
     Args:
         model: the model's ``ModelConfig`` as a plain dict (``dataclasses.asdict``; a ``ModelConfig`` is
@@ -147,14 +147,14 @@ class LitSequenceModel(L.LightningModule):
         })
         self.stack_seeds = [int(x) for x in stack_seeds] if stack_seeds is not None else None
         if self.stack_seeds is None:
-            self.model = SingleLayerModel(model_config)
+            self.model = SequenceModel(model_config)
         else:
             if len(self.stack_seeds) < 2 or len(set(self.stack_seeds)) != len(self.stack_seeds):
                 raise ValueError(f"stack_seeds must be at least two distinct seeds, got {stack_seeds!r}")
             models = []
             for seed in self.stack_seeds:
                 torch.manual_seed(seed)
-                models.append(SingleLayerModel(model_config))
+                models.append(SequenceModel(model_config))
             self.model = stack_trials(models)
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
         self.max_steps, self.warmup_ratio = max_steps, warmup_ratio

@@ -1,6 +1,7 @@
-"""The single-layer model of paper 000 (App. C.2), readable top to bottom.
+"""The model of paper 000 (App. C.2), readable top to bottom, with ``layers`` sequence blocks.
 
     tokens (B, L) -> embedding(V, d) [+ sinusoidal positions] -> RMSNorm -> sequence block
+                  [-> RMSNorm -> sequence block] x (layers - 1)
                   -> RMSNorm -> linear head(d, classes) -> logits (B, L, classes)
 
 Sequence blocks:
@@ -9,6 +10,11 @@ Sequence blocks:
   conv1d on ``u`` (kernel 4) + SiLU; the mixer on ``u``; gated RMSNorm ``norm(y) * silu(z)``;
   ``out_proj(d -> d)``; residual with a learnable per-channel scale on the input.
 Mixers that are whole blocks themselves (``is_block = True``: the Transformer) are used as they are.
+
+Depth (``layers``, default 1): each block is pre-norm (an RMSNorm before it). At ``layers = 1`` the
+model is exactly paper 000's single-layer model (parameter names and counts unchanged). Deeper, each
+block is residual: the full block and the Transformer carry their own residual connection; a bare
+mixer gets one (``x + mixer(norm(x))``), since a stack of bare mixers without it would not train.
 
 The head has no bias by default (``head_bias=False``): paper 000's Table 6 counts (e.g. FlashGRU
 32.7k on MQAR = embedding 8,192 + block 16,192 + two RMSNorm weights 128 + head weight 8,192) have
@@ -45,14 +51,17 @@ class ModelConfig:
     positional: str = "none"
     conv_kernel: int = 4
     head_bias: bool = False
+    #: sequence blocks, each pre-norm and residual (1: paper 000's single-layer model)
+    layers: int = 1
 
     def __post_init__(self) -> None:
         if self.block not in BLOCKS:
             raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {self.block!r}")
         if self.positional not in POSITIONAL:
             raise ValueError(f"positional must be one of {', '.join(POSITIONAL)}, got {self.positional!r}")
-        for name in ("vocab_size", "num_classes", "d_model", "conv_kernel"):
-            if getattr(self, name) < 1:
+        for name in ("vocab_size", "num_classes", "d_model", "conv_kernel", "layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
@@ -78,9 +87,40 @@ class FullBlock(nn.Module):
         return self.out_proj(y) + self.skip_scale * x
 
 
-class SingleLayerModel(nn.Module):
-    """Embedding -> RMSNorm -> sequence block -> RMSNorm -> head. ``forward(tokens (B, L)) -> (B, L, C)``.
+def sequence_block(config: ModelConfig) -> nn.Module:
+    """One sequence block of ``config``: the mixer alone, or the mixer in a ``FullBlock``."""
+    mixer = build_mixer(config.mixer, config.d_model, **config.mixer_options)
+    if getattr(mixer, "is_block", False) or config.block == "mixer":
+        return mixer
+    return FullBlock(mixer, config.d_model, config.conv_kernel)
 
+
+def has_own_residual(block: nn.Module) -> bool:
+    """Does ``block`` add its input to its output itself (the full block, a whole-block mixer)?"""
+    return isinstance(block, FullBlock) or getattr(block, "is_block", False)
+
+
+class ResidualLayer(nn.Module):
+    """A deeper model's layer ``2..N``: ``x -> block(norm(x))``, plus ``x`` where the block has no residual."""
+
+    stackable, trials = True, 1
+
+    def __init__(self, block: nn.Module, d_model: int) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(d_model)
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.block(self.norm(x))
+        return y if has_own_residual(self.block) else x + y
+
+
+class SequenceModel(nn.Module):
+    """Embedding -> (RMSNorm -> sequence block) x layers -> RMSNorm -> head.
+    ``forward(tokens (B, L)) -> logits (B, L, C)``.
+
+    Parameters: ``embedding``, ``norm_in``, ``block`` (the first layer), ``deeper`` (layers 2..N, a
+    ``ModuleList`` of ``ResidualLayer``; absent at ``layers = 1``), ``norm_out``, ``head``.
     ``mixers.stacking.stack_trials([model, ...])`` of ``S`` models: ``forward(tokens (S, B, L)) -> (S, B, L, C)``.
     """
 
@@ -90,19 +130,19 @@ class SingleLayerModel(nn.Module):
         super().__init__()
         self.config = config
         d = config.d_model
-        mixer = build_mixer(config.mixer, d, **config.mixer_options)
         self.embedding = nn.Embedding(config.vocab_size, d)
         self.norm_in = nn.RMSNorm(d)
-        if getattr(mixer, "is_block", False) or config.block == "mixer":
-            self.block = mixer
-        else:
-            self.block = FullBlock(mixer, d, config.conv_kernel)
+        self.block = sequence_block(config)
+        self.residual_first = config.layers > 1 and not has_own_residual(self.block)
+        if config.layers > 1:
+            self.deeper = nn.ModuleList(ResidualLayer(sequence_block(config), d) for _ in range(config.layers - 1))
         self.norm_out = nn.RMSNorm(d)
         self.head = nn.Linear(d, config.num_classes, bias=config.head_bias)
-        self.add_positions = config.positional == "sinusoidal" and not getattr(mixer, "has_positions", False)
+        self.add_positions = config.positional == "sinusoidal" and not getattr(self.mixer, "has_positions", False)
 
     @property
     def mixer(self) -> nn.Module:
+        """The first layer's mixer."""
         return self.block.mixer if isinstance(self.block, FullBlock) else self.block
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -110,7 +150,11 @@ class SingleLayerModel(nn.Module):
         length, S = tokens.shape[-1], self.trials
         if self.add_positions:
             x = x + sinusoidal_positions(length, x.shape[-1] // S, x.device, x.dtype).repeat(1, S)
-        logits = self.head(self.norm_out(self.block(self.norm_in(x))))
+        y = self.block(self.norm_in(x))
+        x = x + y if self.residual_first else y
+        for layer in getattr(self, "deeper", ()):
+            x = layer(x)
+        logits = self.head(self.norm_out(x))
         return logits if S == 1 else logits.unflatten(-1, (S, -1)).permute(2, 0, 1, 3)
 
 

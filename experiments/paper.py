@@ -11,6 +11,11 @@ A reproduction preset (``experiments/presets/<name>.yaml``) holds the sweeps and
       aggregate: best               # best seed, or mean_at_best_lr
       columns: {khop2: "k-hop k=2 V=5", ...}
       results: {flashgru: {khop2: [1.00, 17000], ...}, ...}   # [accuracy, parameters (optional)]
+      layers: 1                     # the depth of the paper's models (or per sweep: {parity: 2, ...})
+
+A sweep at another depth (the preset's ``layers``) shows as a departure row ``<mixer>, <N> layers``
+beside the paper's rows; two sweeps may share a column title (``columns: {mqar: MQAR, mqar_deep: MQAR}``),
+so a departure of one mixer fills that mixer's row of the paper's column.
 
 ``paper_entries(name)`` reads it as one ``PaperEntry`` per column; ``compare`` puts our number (the
 paper's statistic over our seeds) beside the paper's for every (column, mixer); ``comparison_markdown``
@@ -46,6 +51,18 @@ class PaperEntry:
     aggregate: str  #: ``best`` (best seed) or ``mean_at_best_lr``
     source: str
     values: dict[str, tuple[float, float]]  #: mixer -> (accuracy in [0, 1], parameters or nan)
+    layers: int = 1  #: the depth of the paper's models in this column
+
+
+def model_label(mixer: str, layers: int, paper_layers: int = 1) -> str:
+    """A table row's name: the mixer at the paper's depth, else ``<mixer>, <N> layer(s)`` (a departure)."""
+    return mixer if layers == paper_layers else f"{mixer}, {layers} layer{'s' if layers > 1 else ''}"
+
+
+def paper_layers(paper: dict[str, Any], entry: str) -> int:
+    """The depth of the paper's models for sweep ``entry`` (``layers:`` is a number or ``{entry: number}``)."""
+    layers = paper.get("layers", 1)
+    return int(layers.get(entry, 1) if isinstance(layers, dict) else layers)
 
 
 def reproduction_presets() -> list[str]:
@@ -101,7 +118,7 @@ def paper_entries(name: str) -> list[PaperEntry]:
             entry=entry, task=plan.task, options=options,
             title=str((paper.get("columns") or {}).get(entry, entry)),
             metric=entry_metric(paper, entry), aggregate=aggregate,
-            source=str(paper.get("source", name)), values=values,
+            source=str(paper.get("source", name)), values=values, layers=paper_layers(paper, entry),
         ))
     order = list(paper.get("columns") or {})
     return sorted(entries, key=lambda e: order.index(e.entry) if e.entry in order else len(order))
@@ -145,17 +162,19 @@ def match_entry(task: str, config: dict[str, Any], entries: list[PaperEntry]) ->
     return None
 
 
-def aggregate(df: pd.DataFrame, metric: str, how: str) -> pd.DataFrame:
-    """Per mixer of ``df`` (one sweep's rows): ``value`` (best over seeds, per seed at the lr with the best
+def aggregate(df: pd.DataFrame, metric: str, how: str, layers: int = 1) -> pd.DataFrame:
+    """Per model of ``df`` (one sweep's rows; ``mixer``: ``model_label`` of its mixer and depth, the
+    paper's depth ``layers``): ``value`` (best over seeds, per seed at the lr with the best
     validation accuracy; or the mean over seeds at the lr with the best mean validation accuracy),
     ``std``, ``params``, ``seeds``, ``lr``, ``steps`` (median), ``failed``, ``missing``, ``skipped`` (the
     share of the chosen trials' optimizer steps that skipped their update: a Newton solve failed its
     check inside a CUDA graph; 0 without Newton statistics)."""
-    from experiments.results import best_over_lrs
+    from experiments.results import best_over_lrs, with_layers
 
     rows = []
-    for mixer in dict.fromkeys(df["mixer"]) if len(df) else []:
-        mine = df[df["mixer"] == mixer]
+    df = with_layers(df) if len(df) else df
+    for name, depth in dict.fromkeys(zip(df["mixer"], df["layers"])) if len(df) else []:
+        mine, mixer = df[(df["mixer"] == name) & (df["layers"] == depth)], model_label(name, int(depth), layers)
         counts = {"failed": int((mine["status"] == "failed").sum()),
                   "missing": int((~mine["status"].isin(["ok", "failed"])).sum())}
         sel = mine[mine["status"] == "ok"]
@@ -186,7 +205,7 @@ def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
         entry = entries.get(entry_name)
         if entry is None:
             continue
-        ours = aggregate(df, entry.metric, entry.aggregate).set_index("mixer") if len(df) else pd.DataFrame()
+        ours = aggregate(df, entry.metric, entry.aggregate, entry.layers).set_index("mixer") if len(df) else pd.DataFrame()
         for mixer in dict.fromkeys([*entry.values, *(ours.index if len(ours) else [])]):
             paper_value, paper_params = entry.values.get(mixer, (float("nan"), float("nan")))
             r = ours.loc[mixer] if len(ours) and mixer in ours.index else None
@@ -219,24 +238,26 @@ def _k(n: float) -> str:
 
 
 def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
-    """The side-by-side table (strings): a row per mixer, a column per paper column, in the paper's order."""
+    """The side-by-side table (strings): a row per model (the paper's mixers, then departures at other
+    depths), a column per paper column title, in the paper's order."""
     entries = [e for e in paper_entries(name) if e.entry in set(table["entry"])]
     mean = entries and entries[0].aggregate == "mean_at_best_lr"
+    titles = {e.title: [x.entry for x in entries if x.title == e.title] for e in entries}
     out: dict[str, list[str]] = {"model": []}
-    for e in entries:
-        out[e.title] = []
+    for title in titles:
+        out[title] = []
     for mixer in dict.fromkeys(table["mixer"]):
         out["model"].append(mixer)
-        for e in entries:
-            r = table[(table["entry"] == e.entry) & (table["mixer"] == mixer)]
+        for title, names in titles.items():
+            r = table[table["entry"].isin(names) & (table["mixer"] == mixer)]
             if r.empty:
-                out[e.title].append("")
+                out[title].append("")
                 continue
             r = r.iloc[0]
             ours = _pct(r["ours"]) + (f" ± {100 * r['ours_std']:.1f}" if mean and r["ours_std"] == r["ours_std"] else "")
             gaps = "".join(f", {int(r[k])} {k}" for k in ("failed", "missing") if r[k])
             warn = " ⚠" if r["skipped"] > SKIPPED_WARNING else ""
-            out[e.title].append(f"{ours}{_k(r['ours_params'])} / {_pct(r['paper'])}{_k(r['paper_params'])} "
+            out[title].append(f"{ours}{_k(r['ours_params'])} / {_pct(r['paper'])}{_k(r['paper_params'])} "
                                 f"{verdict(r['ours'], r['paper'])}{warn}{' (' + gaps[2:] + ')' if gaps else ''}".strip())
     return pd.DataFrame(out)
 
@@ -283,7 +304,7 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
 def parameter_counts(preset: str) -> pd.DataFrame:
     """Our parameter count for every (sweep entry, mixer) of ``preset``, built as its trials build the
     model, next to the paper's (the second number of the preset's ``paper: results`` cell, or None)."""
-    from experiments.model import ModelConfig, SingleLayerModel, count_parameters
+    from experiments.model import ModelConfig, SequenceModel, count_parameters
     from experiments.presets import load_preset, resolve_sweep
     from tasks import get_task
 
@@ -294,12 +315,15 @@ def parameter_counts(preset: str) -> pd.DataFrame:
         plan = resolve_sweep(entry, preset)
         task = get_task(plan.task, **plan.task_options)
         vocab = task.vocab_size + (1 if plan.extrapolation else 0)  # the pad token
+        depth = paper_layers(data.get("paper") or {}, entry)
         for mixer in plan.mixers:
-            config = ModelConfig(vocab, task.num_classes, mixer=mixer, mixer_options=dict(plan.mixer_options.get(mixer, {})),
-                                 block=plan.block, positional=plan.positional)
-            cell = paper.get(mixer, {}).get(entry, [])
-            rows.append({"entry": entry, "mixer": mixer, "ours": count_parameters(SingleLayerModel(config)),
-                         "paper": int(cell[1]) if len(cell) > 1 else None})
+            for layers in plan.layers:
+                config = ModelConfig(vocab, task.num_classes, mixer=mixer, mixer_options=dict(plan.mixer_options.get(mixer, {})),
+                                     block=plan.block, positional=plan.positional, layers=layers)
+                cell = paper.get(mixer, {}).get(entry, []) if layers == depth else []
+                rows.append({"entry": entry, "mixer": model_label(mixer, layers, depth),
+                             "ours": count_parameters(SequenceModel(config)),
+                             "paper": int(cell[1]) if len(cell) > 1 else None})
     return pd.DataFrame(rows)
 
 

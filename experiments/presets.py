@@ -9,6 +9,8 @@ A preset file::
       lrs: [5.0e-4]
       train: {max_steps: 10000, ...}          # experiments.train.TrainConfig fields
       mixer_options: {flashgru: {clip_norm: 0.9}}
+      layers: [1, 2]          # model depth, a grid axis (default 1)
+      precision: 32-true      # or bf16-mixed (Lightning's names)
     tasks:                    # per task: the same keys, plus task_options, block, positional,
       parity: {...}           # extrapolation; a task absent here is not part of the preset
 
@@ -37,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from experiments.train import TrainConfig, TrialSpec
+from experiments.train import PRECISIONS, TrainConfig, TrialSpec
 
 PRESET_DIR = Path(__file__).with_name("presets")
 
@@ -50,7 +52,7 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 SWEEP_KEYS = {"mixers", "seeds", "lrs", "train", "mixer_options", "task_options", "block", "positional",
-              "extrapolation", "description", "task", "priority"}
+              "extrapolation", "description", "task", "priority", "layers", "precision"}
 PRIORITIES = ("normal", "high")
 #: top-level keys of a preset file (``paper``: the paper's numbers, read by ``experiments.reproduce``)
 PRESET_KEYS = {"description", "defaults", "tasks", "paper", "budget", "extends", "only"}
@@ -77,6 +79,10 @@ class SweepPlan:
     entry: str = ""
     #: ``high``: its trials go first to the workers with the higher MPS client priority (scheduling only)
     priority: str = "normal"
+    #: model depths swept (a grid axis, outside seeds and lrs)
+    layers: list[int] = dataclasses.field(default_factory=lambda: [1])
+    #: Lightning precision of every trial (``experiments.train.PRECISIONS``)
+    precision: str = PRECISIONS[0]
 
 
 def available_presets() -> list[str]:
@@ -140,6 +146,15 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
     for key in ("mixers", "seeds", "lrs"):
         if not merged.get(key):
             raise ValueError(f"preset {preset!r}: task {task!r} needs a non-empty '{key}' list")
+    layers = merged.get("layers", [1])
+    layers = layers if isinstance(layers, list) else [layers]
+    if not layers or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers):
+        raise ValueError(f"preset {preset!r}: task {task!r}: layers must be an integer >= 1 or a list of them, "
+                         f"got {merged.get('layers')!r}")
+    precision = str(merged.get("precision", PRECISIONS[0]))
+    if precision not in PRECISIONS:
+        raise ValueError(f"preset {preset!r}: task {task!r}: precision must be one of {', '.join(PRECISIONS)}, "
+                         f"got {precision!r}")
     return SweepPlan(
         task=str(merged.get("task", task)), preset=preset, entry=task,
         mixers=[str(m) for m in merged["mixers"]],
@@ -152,17 +167,18 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         positional=merged.get("positional", "none"),
         extrapolation=merged.get("extrapolation"),
         description=data.get("description", ""),
-        priority=priority,
+        priority=priority, layers=list(dict.fromkeys(layers)), precision=precision,
     )
 
 
 def build_specs(plan: SweepPlan, device: str = "auto") -> list[TrialSpec]:
-    """The grid of ``plan``: one ``TrialSpec`` per (mixer, seed, lr), in that nesting order."""
+    """The grid of ``plan``: one ``TrialSpec`` per (mixer, layers, seed, lr), in that nesting order."""
     return [
         TrialSpec(
             task=plan.task, mixer=mixer, lr=lr, seed=seed, task_options=plan.task_options,
             mixer_options=plan.mixer_options.get(mixer, {}), block=plan.block, positional=plan.positional,
-            extrapolation=plan.extrapolation, train=plan.train, device=device,
+            extrapolation=plan.extrapolation, train=plan.train, device=device, layers=layers,
+            precision=plan.precision,
         )
-        for mixer in plan.mixers for seed in plan.seeds for lr in plan.lrs
+        for mixer in plan.mixers for layers in plan.layers for seed in plan.seeds for lr in plan.lrs
     ]

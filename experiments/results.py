@@ -70,6 +70,8 @@ def _spec_columns(entry: str, spec: dict[str, Any]) -> dict[str, Any]:
         "mixer_config": json.dumps(spec["mixer_options"], sort_keys=True),
         "backend": spec["mixer_options"].get("backend", spec["mixer_options"].get("mode", "auto")),
         "block": spec["block"],
+        "layers": spec.get("layers", 1),
+        "precision": spec.get("precision", "32-true"),
         "positional": spec["positional"],
         "extrapolation": json.dumps(spec["extrapolation"]) if spec["extrapolation"] else "",
         "seed": spec["seed"],
@@ -144,12 +146,19 @@ def finished(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"].isin(["ok", "failed"])] if len(df) else df
 
 
+def with_layers(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with an integer ``layers`` column (results written before depth existed: 1)."""
+    df = df.copy()
+    df["layers"] = df["layers"].fillna(1).astype(int) if "layers" in df else 1
+    return df
+
+
 def best_over_lrs(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (entry, mixer, seed): the row of the learning rate with the best validation accuracy."""
-    ok = df[df["status"] == "ok"].copy()
+    """Per (entry, mixer, layers, seed): the row of the learning rate with the best validation accuracy."""
+    ok = with_layers(df[df["status"] == "ok"])
     if ok.empty:
         return ok
-    keys = ["entry" if "entry" in ok else "task", "mixer", "seed"]
+    keys = ["entry" if "entry" in ok else "task", "mixer", "layers", "seed"]
     ok["_rank"] = ok["best_val_acc"].fillna(-1.0)
     idx = ok.groupby(keys)["_rank"].idxmax()
     return ok.loc[idx].drop(columns="_rank")
@@ -166,10 +175,11 @@ def _newton_rates(rows: pd.DataFrame) -> tuple[float, float, float]:
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (entry, mixer): params, counts (seeds with a result, failed, missing), best / mean / std over
-    seeds of every metric, and Newton fallback / retry shares."""
+    """Per (entry, mixer, layers): params, counts (seeds with a result, failed, missing), best / mean / std
+    over seeds of every metric, and Newton fallback / retry shares."""
     if df.empty:
         return pd.DataFrame()
+    df = with_layers(df)
     group_key = "entry" if "entry" in df else "task"
     best = best_over_lrs(df)
     metric_cols = [c for c in TABLE_METRICS if c in best.columns]
@@ -178,11 +188,11 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     if TRAIN_SUBSET_METRIC in best.columns:
         metric_cols.append(TRAIN_SUBSET_METRIC)
     rows = []
-    for (entry, mixer), group in df.groupby([group_key, "mixer"], sort=False):
-        sel = best[(best[group_key] == entry) & (best["mixer"] == mixer)] if len(best) else best
+    for (entry, mixer, layers), group in df.groupby([group_key, "mixer", "layers"], sort=False):
+        sel = best[(best[group_key] == entry) & (best["mixer"] == mixer) & (best["layers"] == layers)] if len(best) else best
         fallback, retry, skipped = _newton_rates(group[group["status"] == "ok"])
         row: dict[str, Any] = {
-            "entry": entry, "task": group["task"].iloc[0], "mixer": mixer,
+            "entry": entry, "task": group["task"].iloc[0], "mixer": mixer, "layers": int(layers),
             "params": int(sel["n_params"].iloc[0]) if len(sel) and "n_params" in sel else float("nan"),
             "seeds": len(sel), "failed": int((group["status"] == "failed").sum()),
             "missing": int((~group["status"].isin(["ok", "failed"])).sum()),
@@ -219,7 +229,7 @@ def table_frame(df: pd.DataFrame) -> pd.DataFrame:
         if twin in metrics and (summary[f"{twin} best"].fillna(-1) == summary["test/acc best"].fillna(-1)).all():
             metrics.remove(twin)
     table = pd.DataFrame({
-        "task": summary["entry"], "mixer": summary["mixer"],
+        "task": summary["entry"], "mixer": summary["mixer"], "layers": summary["layers"],
         "params": [f"{p / 1000:.1f}k" if p == p else "–" for p in summary["params"]],
         "seeds": summary["seeds"], "failed": summary["failed"],
     })

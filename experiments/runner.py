@@ -10,6 +10,7 @@ Optuna study, so a worker pool spans all of them: it checks every model builds, 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -59,28 +60,44 @@ class Progress:
                      f" ({detail})" if detail else "", elapsed)
 
 
+#: words in an error of a model run on the CPU that say its kernels need a GPU
+_GPU_ONLY = re.compile(r"cuda|triton|gpu", re.IGNORECASE)
+
+
 def validate_specs(cells: list[tuple[str, Any]]) -> None:
-    """Build each distinct model once and run it on a tiny input, so configuration errors (an unknown
-    mixer option, something that is not a mixer) surface before any training."""
+    """Build each distinct model once and run it on a tiny input on the trials' device (with their
+    precision), so configuration errors (an unknown mixer option, something that is not a mixer, a
+    GPU-only mixer on a machine without one) surface before any training."""
     import torch
 
-    from experiments.train import build_datamodule, build_module
+    from experiments.train import build_datamodule, build_module, resolve_device
 
     seen = set()
     for _, spec in cells:
         key = (spec.task, repr(sorted(spec.task_options.items())), spec.mixer, repr(sorted(spec.mixer_options.items())),
-               spec.block, spec.positional)
+               spec.block, spec.positional, spec.layers, spec.precision, spec.device)
         if key in seen:
             continue
         seen.add(key)
+        accelerator, devices = resolve_device(spec.device)
+        device = torch.device(f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu")
         dm = build_datamodule(spec)
         try:
             model = build_module(spec, dm).model
-            tokens = torch.zeros(1, 4, dtype=torch.long)
-            with torch.no_grad():
-                logits = model(tokens)
-        except (ValueError, TypeError, AttributeError, RuntimeError) as err:
+            gpu_only = [m for m in model.modules() if getattr(m, "requires_cuda", False)]
+            if gpu_only and device.type != "cuda":
+                raise ValueError(f"mixer {spec.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "
+                                 "for a GPU only; run it with --device cuda on a machine with one")
+            tokens = torch.zeros(1, 4, dtype=torch.long, device=device)
+            with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16,
+                                                 enabled=spec.precision == "bf16-mixed"):
+                logits = model.to(device)(tokens)
+        except (ValueError, TypeError, AttributeError, RuntimeError, AssertionError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            if isinstance(err, ValueError) and first.startswith(f"mixer {spec.mixer!r}"):
+                raise ValueError(first) from None
+            if device.type == "cpu" and not isinstance(err, ValueError) and _GPU_ONLY.search(first):
+                raise ValueError(f"mixer {spec.mixer!r} needs a CUDA GPU: {first}") from None
             raise ValueError(f"mixer {spec.mixer!r} with options {spec.mixer_options}: {first}") from None
         if tuple(logits.shape) != (1, 4, dm.num_classes):
             raise ValueError(f"mixer {spec.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "

@@ -184,7 +184,7 @@ def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: s
     module.compiled_steps = engine == "compiled"
     history, trials = _History(), StackedTrials(specs, dirs, report)
     trainer = fit_trainer(t, out, accelerator, devices, engine, chunk, options.logger, progress_bar,
-                          [history, trials, *(callbacks or [])])
+                          [history, trials, *(callbacks or [])], precision=spec.precision)
     tester = L.Trainer(accelerator=accelerator, devices=devices, logger=False, enable_checkpointing=False,
                        enable_progress_bar=False, enable_model_summary=False)
     start = time.perf_counter()
@@ -202,6 +202,6 @@ def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: s
                 best_val_acc=trials.best[s] if trials.best[s] is not None else float("nan"),
                 final_val_acc=trials.last_val_acc[s] if trials.last_val_acc[s] is not None else float("nan"),
                 best=_test(tester, best_module, dm), final=_test(tester, final_module, dm),
-                test_set_names=dm.test_set_names,
+                test_set_names=dm.test_set_names, engine=engine,
             ), "stack_size": len(specs)})
     return results

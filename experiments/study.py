@@ -111,7 +111,7 @@ def cell_id(spec: TrialSpec) -> str:
 
 
 def spec_hash(spec: TrialSpec) -> str:
-    return hashlib.sha1(json.dumps(spec.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return hashlib.sha1(json.dumps(spec.identity(), sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
 def cell_params(spec: TrialSpec, entry: str) -> dict[str, Any]:

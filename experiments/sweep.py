@@ -23,11 +23,13 @@ from experiments.cli import (
     key_value,
     positive_float_list,
     positive_int,
+    positive_int_list,
     run_options,
     str_list,
     training_main,
 )
 from experiments.presets import SweepPlan, available_presets, load_preset, resolve_sweep
+from experiments.train import PRECISIONS
 from tasks import TASKS
 
 log = logging.getLogger("experiments.sweep")
@@ -75,6 +77,15 @@ def parser() -> Parser:
     p.add_argument("--seeds", type=int_list, help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--lrs", type=positive_float_list, help="comma-separated learning rates, e.g. 1e-3,3e-4")
     p.add_argument("--max-steps", type=positive_int, help="training step budget per trial")
+    p.add_argument("--layers", type=positive_int_list, metavar="N[,N...]",
+                   help="model depth: sequence blocks, each pre-norm and residual (a list sweeps depth; default: "
+                        "the preset's, else 1)")
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="32-true (float32; the default) or bf16-mixed (float32 weights, optimizer and loss, the "
+                        "forward under bfloat16 autocast)")
+    p.add_argument("--mixer-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="pass KEY=VALUE to every mixer's constructor (repeatable), e.g. --mixer-option num_heads=2; "
+                        "for fla:<Layer> mixers any argument of the fla layer")
     p.add_argument("--task-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="override a task option (repeatable), e.g. --task-option seq_len=64")
     p.add_argument("--train-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
@@ -95,8 +106,10 @@ def run(args) -> None:
     if args.max_steps:
         train_over["max_steps"] = args.max_steps
     overrides = {"mixers": args.mixers, "seeds": args.seeds, "lrs": args.lrs, "train": train_over or None,
-                 "task_options": dict(args.task_option) or None}
+                 "task_options": dict(args.task_option) or None, "layers": args.layers, "precision": args.precision}
     plan = resolve_sweep(args.task, args.preset, overrides)
+    if args.mixer_option:
+        plan.mixer_options = {m: {**plan.mixer_options.get(m, {}), **dict(args.mixer_option)} for m in plan.mixers}
     out = args.out or Path("runs") / f"{args.task}-{args.preset}"
     check_run_arguments(args, out)
     with workers_mps(args.mps, args.workers):

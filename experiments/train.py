@@ -80,6 +80,10 @@ class TrainConfig:
             raise ValueError(f"train option cpu_threads must be an integer >= 0, got {self.cpu_threads!r}")
 
 
+#: Lightning precision settings a trial can train with (the first is the default)
+PRECISIONS = ("32-true", "bf16-mixed")
+
+
 @dataclasses.dataclass
 class TrialSpec:
     """Everything one trial needs; ``cell_key()`` identifies the grid cell."""
@@ -95,12 +99,21 @@ class TrialSpec:
     extrapolation: dict[str, Any] | None = None
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     device: str = "auto"
+    #: sequence blocks of the model (``experiments.model.ModelConfig.layers``)
+    layers: int = 1
+    #: Lightning's precision: ``32-true`` (float32) or ``bf16-mixed`` (float32 weights, optimizer and
+    #: loss; the forward under ``torch.autocast(bfloat16)``)
+    precision: str = "32-true"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1:
+            raise ValueError(f"layers must be an integer >= 1, got {self.layers!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -112,8 +125,20 @@ class TrialSpec:
         return cls(**d)
 
     def cell_key(self) -> str:
-        """A stable id of (task, mixer, seed, lr) — what the sweep resumes on."""
-        return f"{self.task}|{self.mixer}|seed={self.seed}|lr={self.lr:g}"
+        """A stable id of (task, mixer, [layers, precision,] seed, lr) — what the sweep resumes on (layers
+        and precision appear when they are not the defaults, so earlier studies keep their keys)."""
+        extra = (f"|layers={self.layers}" if self.layers != 1 else "") + \
+            (f"|{self.precision}" if self.precision != PRECISIONS[0] else "")
+        return f"{self.task}|{self.mixer}{extra}|seed={self.seed}|lr={self.lr:g}"
+
+    def identity(self) -> dict[str, Any]:
+        """``to_dict()`` without the fields at their defaults that earlier versions did not have (what the
+        cell's hash covers, so a study written before them resumes)."""
+        d = self.to_dict()
+        for name, default in (("layers", 1), ("precision", PRECISIONS[0])):
+            if d[name] == default:
+                del d[name]
+        return d
 
 
 #: seconds between two samples of a trial's training progress (``progress.csv``)
@@ -209,7 +234,7 @@ def build_module(spec: TrialSpec, dm: SyntheticDataModule, stack_seeds: list[int
     """The trial's ``LitSequenceModel`` (with ``stack_seeds``: those seeds' trials as one stacked model)."""
     config = ModelConfig(
         vocab_size=dm.vocab_size, num_classes=dm.num_classes, mixer=spec.mixer,
-        mixer_options=dict(spec.mixer_options), block=spec.block, positional=spec.positional,
+        mixer_options=dict(spec.mixer_options), block=spec.block, positional=spec.positional, layers=spec.layers,
     )
     t = spec.train
     return LitSequenceModel(
@@ -446,6 +471,9 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
     dm.setup()
     L.seed_everything(spec.seed, workers=True, verbose=False)
     module = build_module(spec, dm)
+    engine, engine_note = capturable_engine(engine, module.model)
+    if engine_note:
+        dm.train_chunk = chunk = 1
     module.compiled_steps = engine == "compiled"
     history = _History()
     checkpoints = TrialCheckpoint(  # the best weights only: kB
@@ -453,7 +481,7 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         save_top_k=1, save_weights_only=True, auto_insert_metric_name=False, enable_version_counter=False,
     )
     trainer = fit_trainer(
-        t, out, accelerator, devices, engine, chunk, logger, progress_bar,
+        t, out, accelerator, devices, engine, chunk, logger, progress_bar, precision=spec.precision, callbacks=
         [history, checkpoints,
          TrialEarlyStopping(monitor="val/acc", mode="max", stopping_threshold=t.early_stop_acc,
                             patience=t.plateau_steps // t.eval_every if t.plateau_steps else 10**9,
@@ -474,16 +502,29 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         # the checkpoint callback's best score survives a resume; the history holds this run's validations
         best_val_acc=float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else float("nan"),
         final_val_acc=history.val_acc[-1] if history.val_acc else float("nan"),
-        best=best, final=final, test_set_names=dm.test_set_names,
+        best=best, final=final, test_set_names=dm.test_set_names, engine=engine, engine_note=engine_note,
     )
 
 
+def capturable_engine(engine: str, model: torch.nn.Module) -> tuple[str, str]:
+    """``(engine, note)``: ``engine``, or ``eager`` when it is a graph engine and a module of ``model``
+    declares ``graph_capturable = False`` (a mixer whose kernels cannot be captured in a CUDA graph);
+    ``note`` says why (``""`` when nothing changed)."""
+    if engine not in GRAPH_ENGINES:
+        return engine, ""
+    for module in model.modules():
+        if getattr(module, "graph_capturable", True) is False:
+            why = getattr(module, "graph_note", "") or f"{type(module).__name__} cannot be captured in a CUDA graph"
+            return "eager", f"engine {engine} -> eager: {why}"
+    return engine, ""
+
+
 def fit_trainer(t: TrainConfig, out: Path, accelerator: str, devices, engine: str, chunk: int, logger: str,
-                progress_bar: bool, callbacks: list[Callback]) -> L.Trainer:
+                progress_bar: bool, callbacks: list[Callback], precision: str = PRECISIONS[0]) -> L.Trainer:
     """The Lightning ``Trainer`` of a trial (or a stack of trials) whose files go to ``out``: validations
-    every ``eval_every`` optimizer steps (``chunk`` per Lightning step), the step engine's precision
-    plugin, ``callbacks`` plus the resume point (``last.ckpt`` at every validation) and the checkpoint
-    written on Ctrl-C / SIGTERM."""
+    every ``eval_every`` optimizer steps (``chunk`` per Lightning step), ``precision`` (Lightning's name;
+    with a graph engine its precision plugin autocasts the same way), ``callbacks`` plus the resume
+    point (``last.ckpt`` at every validation) and the checkpoint written on Ctrl-C / SIGTERM."""
     resume_point = TrialCheckpoint(  # last.ckpt at every validation, with optimizer and loop state
         dirpath=out / CHECKPOINT_DIR, filename=Path(LAST_CHECKPOINT).stem, save_top_k=1, monitor=None,
         enable_version_counter=False,
@@ -491,7 +532,8 @@ def fit_trainer(t: TrainConfig, out: Path, accelerator: str, devices, engine: st
     on_interrupt = InterruptCheckpoint(dirpath=out / CHECKPOINT_DIR, filename=Path(INTERRUPT_CHECKPOINT).stem)
     return L.Trainer(
         accelerator=accelerator, devices=devices, max_steps=t.max_steps,
-        plugins=[CUDAGraphPrecision()] if engine in GRAPH_ENGINES else None,
+        plugins=[CUDAGraphPrecision(autocast=precision == "bf16-mixed")] if engine in GRAPH_ENGINES else None,
+        precision=None if engine in GRAPH_ENGINES else precision,
         # never the working directory: a worker must survive its cwd being deleted under it
         default_root_dir=str(out),
         # in Lightning steps (chunks of optimizer steps); at least one validation, so every trial has a best checkpoint
@@ -531,7 +573,7 @@ def fit_resuming(trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticData
 def result_row(*, n_params: int, steps: int, best_step: int, resumed_from: int, module: LitSequenceModel,
                trainer: L.Trainer, entered: float, start: float, train_time: float, history: _History,
                best_val_acc: float, final_val_acc: float, best: dict[str, float], final: dict[str, float],
-               test_set_names: list[str]) -> dict[str, Any]:
+               test_set_names: list[str], engine: str = "", engine_note: str = "") -> dict[str, Any]:
     """A trial's results row (``run_trial``'s keys): the trial's own numbers, the run's times and rates
     (``perf_counter`` s at ``entered`` the run, ``start`` its fit), the test metrics of the best
     (``test/acc``, ...) and final (``final/test/acc``, ...) weights and the Newton statistics of ``module``."""
@@ -552,6 +594,8 @@ def result_row(*, n_params: int, steps: int, best_step: int, resumed_from: int, 
         "final_val_acc": final_val_acc,
         "stopped_early": steps < trainer.max_steps,
         "device": torch.cuda.get_device_name(root) if root.type == "cuda" else "cpu",
+        "engine": engine,
+        **({"engine_note": engine_note} if engine_note else {}),
         **best,
         **{f"final/{k}": v for k, v in final.items()},
         **newton_summary(module.model),

@@ -1,13 +1,16 @@
 """``build_mixer(name, d_model, **config)``: a mixer from a registered name or a ``module.path:Attr``.
 
 ``module.path:Attr`` may name an ``RNNCell`` subclass (turned into a mixer by
-``mixers.cells.cell_mixer``) or any factory callable. The result must be an ``nn.Module``.
+``mixers.cells.cell_mixer``) or any factory callable; ``fla:<Layer>`` a layer of flash-linear-attention
+(``mixers.fla_layers``). The result must be an ``nn.Module``.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from mixers.fla_layers import PREFIX as FLA_PREFIX
+from mixers.fla_layers import fla_factory
 from mixers.registry import MIXERS, MixerFactory, import_attr
 
 
@@ -18,6 +21,8 @@ def resolve_mixer(name: str) -> MixerFactory:
     """
     if name in MIXERS:
         return MIXERS[name]
+    if name.startswith(FLA_PREFIX):
+        return fla_factory(name)
     if ":" in name:
         obj = import_attr(name)
         if isinstance(obj, type) and hasattr(obj, "recurrence_step"):
@@ -31,7 +36,7 @@ def resolve_mixer(name: str) -> MixerFactory:
             return obj
         raise ValueError(f"mixer {name!r} is neither an RNNCell subclass nor a callable")
     known = ", ".join(sorted(MIXERS))
-    raise ValueError(f"unknown mixer {name!r}; known mixers: {known} (or 'module.path:CellClass')")
+    raise ValueError(f"unknown mixer {name!r}; known mixers: {known} (or 'module.path:CellClass', 'fla:<Layer>')")
 
 
 def build_mixer(name: str, d_model: int, **config) -> nn.Module:

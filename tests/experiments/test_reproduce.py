@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.paper import compare, comparison_frame, comparison_markdown, entry_metric, reproduction_presets, verdict
+from experiments.paper import (compare, comparison_frame, comparison_markdown, entry_metric, paper_layers,
+                              reproduction_presets, verdict)
 from experiments.presets import build_specs, load_preset, resolve_sweep
 from experiments.reproduce import devices_used, plans_for, run_reproduction
 from experiments.study import cell_id
@@ -32,7 +33,10 @@ def test_reproduction_presets_carry_the_papers_numbers():
     for name in ("pararnn-table6", "pararnn-table1", "flashrnn-parity"):
         data = load_preset(name)
         assert "Departure" in data["description"] and data["budget"]
-        for plan in plans_for(name):  # every sweep resolves and every mixer has the paper's number
+        for plan in plans_for(name):  # every sweep resolves and every mixer has the paper's number ...
+            if plan.layers != [paper_layers(data["paper"], plan.entry)]:  # ... but departures at another depth
+                assert not any(plan.entry in v for v in data["paper"]["results"].values())
+                continue
             assert set(plan.mixers) == set(data["paper"]["results"])
             assert all(plan.entry in data["paper"]["results"][m] for m in plan.mixers)
 
@@ -73,7 +77,8 @@ def test_table6_full_queues_its_longest_sweeps_first():
     """Workers claim cells in plan order: the 1.8M-step k-hop Transformer trials must not start last,
     nor the Parity† Transformer trials (up to 0.73M steps) after MQAR's (up to 0.43M)."""
     entries = [p.entry for p in plans_for("pararnn-table6-full")]
-    assert entries[:4] == ["khop", "khop2", "parity", "mqar"] and sorted(entries) == sorted(p.entry for p in plans_for("pararnn-table6"))
+    paper_depth = [p.entry for p in plans_for("pararnn-table6") if p.layers == [1]]  # not the departure rows
+    assert entries[:4] == ["khop", "khop2", "parity", "mqar"] and sorted(entries) == sorted(paper_depth)
     first = build_specs(plans_for("pararnn-table6-full")[0])[0]
     assert (first.task, first.task_options["k"], first.mixer) == ("khop", 1, "transformer")
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from experiments.model import ModelConfig, SingleLayerModel
+from experiments.model import ModelConfig, SequenceModel
 from mixers.stacking import stack_trials, trial_state_dict, trials_of
 
 CUDA = torch.cuda.is_available()
@@ -31,11 +31,11 @@ GPU_CONFIGS = {
 VOCAB, CLASSES, S = 13, 7, 3
 
 
-def _models(config: dict, seeds=(0, 1, 2), device=DEVICE, dtype=torch.float64) -> list[SingleLayerModel]:
+def _models(config: dict, seeds=(0, 1, 2), device=DEVICE, dtype=torch.float64) -> list[SequenceModel]:
     models = []
     for seed in seeds:
         torch.manual_seed(seed)
-        models.append(SingleLayerModel(ModelConfig(VOCAB, CLASSES, d_model=32, **config)).to(device, dtype))
+        models.append(SequenceModel(ModelConfig(VOCAB, CLASSES, d_model=32, **config)).to(device, dtype))
     return models
 
 
@@ -92,7 +92,7 @@ def test_trial_state_dict_round_trip(name):
         assert state.keys() == model.state_dict().keys()
         for k, v in model.state_dict().items():
             assert torch.equal(state[k], v), k
-        fresh = SingleLayerModel(model.config).double()
+        fresh = SequenceModel(model.config).double()
         fresh.load_state_dict(state)
     assert trials_of(models[0]) == 1
 

@@ -1,0 +1,216 @@
+"""Depth (``layers``), precision (``bf16-mixed``), GPU-only mixers and ``fla:<Layer>`` mixers."""
+
+import sys
+import types
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from experiments import sweep
+from experiments.model import FullBlock, ModelConfig, ResidualLayer, SequenceModel, count_parameters
+from experiments.presets import build_specs, resolve_sweep
+from experiments.runner import validate_specs
+from experiments.study import cell_id
+from experiments.train import TrainConfig, TrialSpec, capturable_engine, run_trial
+from mixers import build_mixer
+
+
+@pytest.mark.parametrize("mixer,block", [("gru", "mixer"), ("mamba2", "full"), ("transformer", "full")])
+def test_one_layer_is_the_single_layer_model_and_deeper_adds_whole_layers(mixer, block):
+    """At ``layers=1`` the parameter names are the paper model's (no ``deeper``); each further layer adds
+    one block and one RMSNorm, with the block's own parameter count."""
+    config = dict(vocab_size=16, num_classes=5, mixer=mixer, block=block, d_model=32, mixer_options={"num_heads": 2})
+    one, three = SequenceModel(ModelConfig(**config)), SequenceModel(ModelConfig(**config, layers=3))
+    names = {n.split(".")[0] for n, _ in one.named_parameters()}
+    assert names == {"embedding", "norm_in", "block", "norm_out", "head"}
+    assert [n for n, _ in one.named_parameters()] == [n for n, _ in three.named_parameters() if not n.startswith("deeper.")]
+    block_params = count_parameters(one.block)
+    assert count_parameters(three) == count_parameters(one) + 2 * (block_params + 32)
+    assert all(isinstance(layer, ResidualLayer) for layer in three.deeper)
+
+
+def test_a_deep_model_composes_pre_norm_residual_layers():
+    """The 2-layer bare-mixer model against its definition written out: ``x + mixer(norm(x))`` per layer;
+    with a full block (its own residual) ``block(norm(x))``; causal."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 16, (3, 11))
+    for block in ("mixer", "full"):
+        m = SequenceModel(ModelConfig(16, 5, mixer="gru", block=block, d_model=16, layers=2, mixer_options={"num_heads": 2}))
+        x = m.embedding(tokens)
+        if block == "mixer":
+            x = x + m.block(m.norm_in(x))
+            x = x + m.deeper[0].block(m.deeper[0].norm(x))
+        else:
+            assert isinstance(m.block, FullBlock)
+            x = m.deeper[0].block(m.deeper[0].norm(m.block(m.norm_in(x))))
+        torch.testing.assert_close(m(tokens), m.head(m.norm_out(x)))
+        changed = tokens.clone()
+        changed[:, 6] = (changed[:, 6] + 1) % 16
+        out, out2 = m(tokens), m(changed)
+        torch.testing.assert_close(out[:, :6], out2[:, :6])
+        assert not torch.allclose(out[:, 6:], out2[:, 6:])
+
+
+def test_layers_and_precision_are_part_of_the_cell_and_old_cells_keep_their_ids():
+    base = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0)
+    deep = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, layers=2)
+    bf16 = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, precision="bf16-mixed")
+    assert len({cell_id(base), cell_id(deep), cell_id(bf16)}) == 3
+    assert "layers" not in base.identity() and "precision" not in base.identity()  # hash as before depth existed
+    assert deep.cell_key() == "parity|gru|layers=2|seed=0|lr=0.001"
+    with pytest.raises(ValueError, match="layers must be an integer >= 1"):
+        TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, layers=0)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, precision="16-mixed")
+
+
+def test_a_preset_sweeps_layers_as_a_grid_axis():
+    plan = resolve_sweep("parity", "smoke", {"mixers": ["gru", "lstm"], "layers": [1, 2], "precision": "bf16-mixed"})
+    specs = build_specs(plan)
+    assert [(s.mixer, s.layers) for s in specs] == [("gru", 1), ("gru", 2), ("lstm", 1), ("lstm", 2)]
+    assert {s.precision for s in specs} == {"bf16-mixed"}
+    with pytest.raises(ValueError, match="layers must be an integer >= 1"):
+        resolve_sweep("parity", "smoke", {"layers": [0]})
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_sweep("parity", "smoke", {"precision": "fp8"})
+
+
+@pytest.mark.slow
+def test_sweep_over_layers_reports_each_depth(tmp_path, capsys):
+    """``--layers 1,2``: two cells per mixer, both trained (GRU learns parity at either depth), a ``layers``
+    column in results.csv and table.md, and ``--precision`` recorded in every row."""
+    out = tmp_path / "run"
+    code = sweep.main(["parity", "--preset", "smoke", "--mixers", "gru", "--layers", "1,2",
+                       "--precision", "bf16-mixed", "--out", str(out), "--no-progress"])
+    assert code == 0
+    df = pd.read_csv(out / "results.csv")
+    assert sorted(df["layers"]) == [1, 2] and set(df["status"]) == {"ok"} and set(df["precision"]) == {"bf16-mixed"}
+    assert (df["test/acc"] > 0.95).all(), df[["layers", "test/acc"]]
+    assert df.loc[df["layers"] == 2, "n_params"].iloc[0] > df.loc[df["layers"] == 1, "n_params"].iloc[0]
+    header = [c.strip() for c in (out / "table.md").read_text().splitlines()[0].split("|")]
+    assert header[1:4] == ["task", "mixer", "layers"]
+
+
+def test_bf16_mixed_keeps_float32_weights(tmp_path):
+    """A ``bf16-mixed`` trial trains under bfloat16 autocast (its matmuls run in bf16) and keeps float32
+    weights: the best checkpoint's tensors are float32 and the results row records the precision."""
+    spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8}, precision="bf16-mixed",
+                     train=TrainConfig(max_steps=20, batch_size=8, train_size=64, val_size=16, test_size=16, eval_every=10))
+    seen = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, i, o: seen.append(o.dtype) if isinstance(m, nn.Linear) and m.training else None)
+    try:
+        result = run_trial(spec, tmp_path / "trial")
+    finally:
+        handle.remove()
+    assert torch.bfloat16 in seen
+    state = torch.load(tmp_path / "trial" / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    assert {v.dtype for k, v in state.items() if v.is_floating_point()} == {torch.float32}
+    assert result["engine"] == "eager"
+
+
+def test_graph_engines_fall_back_to_eager_for_a_mixer_that_cannot_be_captured():
+    model = SequenceModel(ModelConfig(4, 2, mixer="gru"))
+    assert capturable_engine("graph", model) == ("graph", "")
+    model.block.graph_capturable, model.block.graph_note = False, "its kernels sync the host"
+    assert capturable_engine("compiled", model) == ("eager", "engine compiled -> eager: its kernels sync the host")
+    assert capturable_engine("eager", model) == ("eager", "")
+
+
+class _FakeLayer(nn.Module):
+    """A stand-in for an fla layer: takes ``hidden_size`` and ``num_heads``, returns a tuple, checks options
+    with an assert (as fla's layers do), and fails on the CPU the way a Triton kernel does."""
+
+    def __init__(self, hidden_size: int, num_heads: int = 1, mode: str = "chunk", gpu_only: bool = False):
+        super().__init__()
+        assert mode in ("chunk", "fused_recurrent"), f"Not supported mode `{mode}`."
+        self.proj, self.num_heads, self.gpu_only = nn.Linear(hidden_size, hidden_size), num_heads, gpu_only
+
+    def forward(self, x, attention_mask=None, **kwargs):
+        if self.gpu_only:
+            raise ValueError("Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)")
+        return self.proj(x), None, None
+
+
+class _NoHeads(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+@pytest.fixture
+def fake_fla(monkeypatch):
+    fla, layers = types.ModuleType("fla"), types.ModuleType("fla.layers")
+    layers.FakeLayer, layers.NoHeads, layers.__all__ = _FakeLayer, _NoHeads, ["FakeLayer", "NoHeads"]
+    fla.layers = layers
+    monkeypatch.setitem(sys.modules, "fla", fla)
+    monkeypatch.setitem(sys.modules, "fla.layers", layers)
+
+
+def test_fla_layers_are_wrapped(fake_fla):
+    """``fla:<Layer>``: ``hidden_size`` = d_model, ``num_heads`` (default 4) only where the layer takes it, other
+    options to its constructor; the output tuple unwrapped; a bad option or layer name is one line."""
+    m = build_mixer("fla:FakeLayer", 8, mode="fused_recurrent")
+    assert m.layer.num_heads == 4 and m.requires_cuda and m.graph_capturable is False
+    x = torch.randn(2, 5, 8)
+    torch.testing.assert_close(m(x), m.layer.proj(x))
+    assert build_mixer("fla:NoHeads", 8)(x).shape == (2, 5, 8)
+    with pytest.raises(ValueError, match="mixer 'fla:FakeLayer' with options {'mode': 'x'}: Not supported mode"):
+        build_mixer("fla:FakeLayer", 8, mode="x")
+    with pytest.raises(ValueError, match="fla.layers has no layer 'Nope'; its layers: FakeLayer, NoHeads"):
+        build_mixer("fla:Nope", 8)
+
+
+def test_fla_missing_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fla", None)  # import fla raises ImportError
+    with pytest.raises(ValueError, match=r"mixer 'fla:DeltaNet' needs flash-linear-attention: pip install"):
+        build_mixer("fla:DeltaNet", 8)
+
+
+def test_a_gpu_only_mixer_is_refused_on_the_cpu_before_anything_is_stored(fake_fla, tmp_path):
+    """The up-front check runs on the trials' device: on a CPU an fla layer (``requires_cuda``) or a mixer
+    whose forward fails in a Triton kernel gets ``needs a CUDA GPU``; the sweep stores nothing."""
+    spec = TrialSpec(task="parity", mixer="fla:FakeLayer", lr=1e-3, seed=0, device="cpu")
+    with pytest.raises(ValueError, match=r"^mixer 'fla:FakeLayer' needs a CUDA GPU: FLALayer runs Triton kernels"):
+        validate_specs([("parity", spec)])
+    sys.modules["gpu_only_mod"] = types.SimpleNamespace(factory=lambda d_model, **kw: _FakeLayer(d_model, gpu_only=True))
+    try:
+        spec = TrialSpec(task="parity", mixer="gpu_only_mod:factory", lr=1e-3, seed=0, device="cpu")
+        with pytest.raises(ValueError, match=r"^mixer 'gpu_only_mod:factory' needs a CUDA GPU: Pointer argument"):
+            validate_specs([("parity", spec)])
+    finally:
+        del sys.modules["gpu_only_mod"]
+    out = tmp_path / "run"
+    assert sweep.main(["parity", "--preset", "smoke", "--mixers", "fla:FakeLayer", "--device", "cpu", "--out", str(out)]) == 2
+    assert not (out / "journal.log").exists()
+
+
+def test_mixer_option_reaches_every_mixer(tmp_path, capsys):
+    """``--mixer-option KEY=VALUE`` goes to each mixer's constructor: an option a mixer rejects is one line."""
+    code = sweep.main(["parity", "--preset", "smoke", "--mixers", "gru", "--mixer-option", "no_such=1",
+                       "--out", str(tmp_path / "r")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no_such" in err[0], err
+
+
+@pytest.mark.parametrize("block", ["mixer", "full"])
+def test_deep_models_stack_trial_by_trial(block):
+    """``--stack``: two 2-layer models stacked compute what each computes alone."""
+    from mixers.stacking import stack_trials
+
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(SequenceModel(ModelConfig(16, 5, mixer="flashgru", block=block, d_model=16, layers=2,
+                                                mixer_options={"num_heads": 2})))
+    stacked = stack_trials(models)
+    tokens = torch.randint(0, 16, (2, 3, 7))
+    out = stacked(tokens)
+    for s, model in enumerate(models):
+        torch.testing.assert_close(out[s], model(tokens[s]), rtol=1e-5, atol=1e-5)
