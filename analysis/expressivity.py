@@ -62,6 +62,15 @@ def _chance(task: str, config: dict) -> float:
         return math.nan
 
 
+def with_model_labels(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with ``mixer`` naming the depth of deeper models (``gru, 2 layers``: a row of its own)."""
+    from experiments.paper import model_label
+    from experiments.results import with_layers
+
+    df = with_layers(df)
+    return df.assign(mixer=[model_label(m, int(n)) for m, n in zip(df["mixer"], df["layers"])])
+
+
 def pick_metric(df: pd.DataFrame, metric: str = "auto") -> str:
     """The metric to map: ``metric``, or for ``"auto"`` ``last_acc`` when any ``len<L>/last_acc`` value exists, else ``acc``."""
     if metric not in METRICS:
@@ -91,7 +100,7 @@ def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best"
     columns = {int(m.group(1)): c for c in df.columns if (m := re.fullmatch(rf"len(\d+)/{metric}", c))}
     if not columns:
         raise ValueError(f"the results have no len<L>/{metric} columns (metric {metric!r})")
-    df = label_tasks(df)
+    df = label_tasks(with_model_labels(df))
     best = best_over_lrs(df.assign(task=df["task_label"]))
     if best.empty:
         raise ValueError("no finished ('ok') trials in the results")

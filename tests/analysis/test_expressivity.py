@@ -127,3 +127,13 @@ def test_bad_input(results, tmp_path):
     with pytest.raises(ValueError, match="factors must be positive"):
         map_table(length_table(df), factors=[0])
     assert run(main, [str(tmp_path / "missing.csv"), "--out", str(tmp_path)]) == 2
+
+
+def test_deeper_models_are_rows_of_their_own():
+    """A mixer swept at 1 and 2 layers gives two rows of the map: ``gru`` and ``gru, 2 layers``, each with
+    its own best seed (the 2-layer row's lower accuracy is not hidden by the 1-layer one's)."""
+    rows = [dict(_row(*PARITY, "gru", 0, 1e-3, 1.0, {40: (1.0, 1.0), 80: (1.0, 1.0), 240: (1.0, 1.0)}), layers=1),
+            dict(_row(*PARITY, "gru", 0, 1e-3, 0.9, {40: (0.9, 0.8), 80: (0.7, 0.6), 240: (0.6, 0.5)}), layers=2)]
+    table = length_table(pd.DataFrame(rows), metric="last_acc")
+    got = table[table["length"] == 80].set_index("mixer")["value"].to_dict()
+    assert got == {"gru": 1.0, "gru, 2 layers": 0.6}
