@@ -1,8 +1,10 @@
 """``fla:<Layer>``: any layer of flash-linear-attention (``fla.layers``) as a mixer.
 
 ``build_mixer("fla:GatedDeltaNet", 64, num_heads=4, allow_neg_eigval=True)`` builds
-``fla.layers.GatedDeltaNet(hidden_size=64, num_heads=4, allow_neg_eigval=True)`` (``num_heads`` only
-where the layer takes it; every other option goes to the layer's constructor as it is) and wraps it:
+``fla.layers.GatedDeltaNet(hidden_size=64, num_heads=4, head_dim=16, allow_neg_eigval=True)``
+(``num_heads`` where the layer takes it, and ``head_dim = d_model // num_heads`` where it takes that and
+the options do not set it, so "4 heads" means 4 heads of the model's width; every other option goes to
+the layer's constructor as it is) and wraps it:
 
 - the layer's output tuple ``(o, attentions, cache)`` is unwrapped to ``o`` ``(B, L, d)``;
 - with ``bf16=True`` (the default) the layer runs under ``torch.autocast(bfloat16)`` on CUDA, since
@@ -69,7 +71,9 @@ def fla_factory(name: str):
     def factory(d_model: int, num_heads: int = 4, bf16: bool = True, **options) -> FLALayer:
         cls = fla_layer_class(name)
         params = inspect.signature(cls.__init__).parameters
-        kwargs = {"hidden_size": d_model, **({"num_heads": num_heads} if "num_heads" in params else {}), **options}
+        kwargs = {"hidden_size": d_model, **({"num_heads": num_heads} if "num_heads" in params else {}),
+                  **({"head_dim": d_model // num_heads} if "head_dim" in params and "num_heads" in params else {}),
+                  **options}
         try:
             layer = cls(**kwargs)
         except AssertionError as err:  # fla checks its options with asserts

@@ -123,10 +123,12 @@ class _FakeLayer(nn.Module):
     """A stand-in for an fla layer: takes ``hidden_size`` and ``num_heads``, returns a tuple, checks options
     with an assert (as fla's layers do), and fails on the CPU the way a Triton kernel does."""
 
-    def __init__(self, hidden_size: int, num_heads: int = 1, mode: str = "chunk", gpu_only: bool = False):
+    def __init__(self, hidden_size: int, num_heads: int = 1, head_dim: int = 256, mode: str = "chunk",
+                 gpu_only: bool = False):
         super().__init__()
         assert mode in ("chunk", "fused_recurrent"), f"Not supported mode `{mode}`."
-        self.proj, self.num_heads, self.gpu_only = nn.Linear(hidden_size, hidden_size), num_heads, gpu_only
+        self.proj, self.num_heads, self.head_dim = nn.Linear(hidden_size, hidden_size), num_heads, head_dim
+        self.gpu_only = gpu_only
 
     def forward(self, x, attention_mask=None, **kwargs):
         if self.gpu_only:
@@ -153,10 +155,11 @@ def fake_fla(monkeypatch):
 
 
 def test_fla_layers_are_wrapped(fake_fla):
-    """``fla:<Layer>``: ``hidden_size`` = d_model, ``num_heads`` (default 4) only where the layer takes it, other
-    options to its constructor; the output tuple unwrapped; a bad option or layer name is one line."""
+    """``fla:<Layer>``: ``hidden_size`` = d_model, ``num_heads`` (default 4) and ``head_dim`` = d_model / heads
+    only where the layer takes them, other options to its constructor; the output tuple unwrapped; a bad option or layer name is one line."""
     m = build_mixer("fla:FakeLayer", 8, mode="fused_recurrent")
-    assert m.layer.num_heads == 4 and m.requires_cuda and m.graph_capturable is False
+    assert (m.layer.num_heads, m.layer.head_dim) == (4, 2) and m.requires_cuda and m.graph_capturable is False
+    assert build_mixer("fla:FakeLayer", 8, num_heads=2, head_dim=8).layer.head_dim == 8
     x = torch.randn(2, 5, 8)
     torch.testing.assert_close(m(x), m.layer.proj(x))
     assert build_mixer("fla:NoHeads", 8)(x).shape == (2, 5, 8)

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One device call for the state-tracking mixers and depth: GPU tests, fla smoke sweeps, --layers 2 on the
+# GPU, steps/s of the delta-rule mixers (fast vs reference backend, graph vs eager engine), and the survey
+# of fla's layers. Every piece writes under OUT_DIR; the last lines printed are the summaries.
+#   usage (GPU machine, repository root, fla and optuna importable):  bash benchmarks/mixers_gpu.sh OUT_DIR [steps...]
+#   steps: tests capture fla-smoke layers2 rates survey (default: all)
+set -u
+out=${1:?output folder}; shift
+steps=${*:-tests capture fla-smoke layers2 rates survey}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+DELTA=deltanet,signed_deltanet,deltaproduct,gated_deltanet,rwkv7
+run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print rc and time
+  local name=$1 limit=$2; shift 2
+  local t=$SECONDS
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  echo "=== $name rc=$? in $((SECONDS - t)) s"
+}
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+if has tests; then
+  run tests "${LIMIT_tests:-300}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-8}" -m gpu \
+    tests/kernels/test_delta.py tests/mixers/test_delta_mixers.py tests/experiments/test_depth_gpu.py
+  tail -n 15 "$out/tests.log"
+fi
+if has capture; then  # can the fla backends be captured in a CUDA graph (forward + backward), and replay right?
+  run capture "${LIMIT_capture:-180}" python3 -m benchmarks.graph_capture --mixers "$DELTA,fla:DeltaNet" --backend fla
+  cat "$out/capture.log"
+fi
+if has fla-smoke; then  # every named fla layer through the sweep CLI (smoke preset, eager steps: fla is not captured)
+  run fla-smoke "${LIMIT_fla:-240}" python3 -m experiments.sweep parity --preset smoke --device cuda --workers 4 \
+    --mixers fla:DeltaNet,fla:GatedDeltaNet,fla:GatedDeltaProduct,fla:RWKV7Attention --out "$out/runs/fla-smoke" --no-progress
+  cp "$out/runs/fla-smoke/table.md" "$out/fla-smoke.md" 2>/dev/null; cat "$out/fla-smoke.md" 2>/dev/null | head -8
+fi
+if has layers2; then  # every built-in mixer at two layers on the GPU, through the sweep (graph engine)
+  run layers2 "${LIMIT_layers2:-300}" python3 -m experiments.sweep parity --preset smoke --device cuda --workers 12 \
+    --layers 2 --mixers "gru,lstm,elman,slstm,flashgru,flashlstm,transformer,mamba,mamba2,signed_mamba,mlstm_exp,mlstm_sig,$DELTA" \
+    --out "$out/runs/layers2" --no-progress
+  cp "$out/runs/layers2/table.md" "$out/layers2.md" 2>/dev/null; cat "$out/layers2.md" 2>/dev/null | head -20
+fi
+if has rates; then  # steps/s per backend and engine: parity of the state-tracking preset, 1,500 steps, no early stop
+  for backend in fla reference; do
+    for engine in graph eager; do
+      run "rates-$backend-$engine" "${LIMIT_rates:-200}" python3 -m experiments.sweep parity --preset state-tracking \
+        --device cuda --workers 5 --engine "$engine" --mixers "$DELTA" --mixer-option "backend=$backend" --seeds 0 \
+        --lrs 3e-3 --max-steps 1500 --train-option early_stop_acc=1.0 --out "$out/runs/rates-$backend-$engine" --no-progress
+    done
+  done
+  python3 - "$out" <<'EOF'
+import sys, pandas as pd, pathlib
+out = pathlib.Path(sys.argv[1])
+rows = []
+for f in sorted(out.glob("runs/rates-*/results.csv")):
+    df = pd.read_csv(f)
+    _, backend, engine = f.parent.name.split("-")
+    for _, r in df.iterrows():
+        rows.append({"mixer": r["mixer"], "backend": backend, "engine": r.get("engine", engine), "asked": engine,
+                     "steady_steps_per_s": r.get("steady_steps_per_s"), "status": r["status"],
+                     "note": r.get("engine_note", "") if isinstance(r.get("engine_note", ""), str) else ""})
+t = pd.DataFrame(rows)
+t.to_csv(out / "rates.csv", index=False)
+print(t.to_markdown(index=False))
+EOF
+fi
+if has survey; then
+  run survey "${LIMIT_survey:-300}" python3 -m benchmarks.fla_layers --procs "${SURVEY_PROCS:-12}" --out "$out/fla-layers.md"
+  head -n 8 "$out/fla-layers.md" 2>/dev/null
+fi
