@@ -3,10 +3,10 @@
 # GPU, steps/s of the delta-rule mixers (fast vs reference backend, graph vs eager engine), and the survey
 # of fla's layers. Every piece writes under OUT_DIR; the last lines printed are the summaries.
 #   usage (GPU machine, repository root, fla and optuna importable):  bash benchmarks/mixers_gpu.sh OUT_DIR [steps...]
-#   steps: tests capture fla-smoke layers2 rates survey (default: all)
+#   steps: tests steps fla-smoke layers2 rates survey (default: all)
 set -u
 out=${1:?output folder}; shift
-steps=${*:-tests capture fla-smoke layers2 rates survey}
+steps=${*:-tests steps fla-smoke layers2 rates survey}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
@@ -24,9 +24,10 @@ if has tests; then
     tests/kernels/test_delta.py tests/mixers/test_delta_mixers.py tests/experiments/test_depth_gpu.py
   tail -n 15 "$out/tests.log"
 fi
-if has capture; then  # can the fla backends be captured in a CUDA graph (forward + backward), and replay right?
-  run capture "${LIMIT_capture:-180}" python3 -m benchmarks.graph_capture --mixers "$DELTA,fla:DeltaNet" --backend fla
-  cat "$out/capture.log"
+if has steps; then  # forward+backward per backend, eager and as a CUDA-graph replay (does the capture work?)
+  run steps "${LIMIT_steps:-240}" python3 -m benchmarks.mixer_steps --mixers "$DELTA,fla:DeltaNet,fla:GatedDeltaNet" \
+    --backends fla,reference --json "$out/mixer-steps.json"
+  sed -n '/median ms/,$p' "$out/steps.log"
 fi
 if has fla-smoke; then  # every named fla layer through the sweep CLI (smoke preset, eager steps: fla is not captured)
   run fla-smoke "${LIMIT_fla:-240}" python3 -m experiments.sweep parity --preset smoke --device cuda --workers 4 \

@@ -1,0 +1,108 @@
+"""``python -m benchmarks.mixer_steps --mixers a,b [--backends fast,reference]``: each mixer's forward +
+backward at the state-tracking shape, eager and as a CUDA-graph replay, per backend.
+
+Per mixer and backend (d = 64, 4 heads, input ``(--batch, --length, 64)``, default 256 x 40: the
+state-tracking preset's training batch): three eager forward+backward passes on a side stream
+(compilation, autotuning), the capture of one in a CUDA graph, a replay on fresh inputs compared with an
+eager call on the same inputs (relative norm error of the output and the input gradient), then the
+median time of 50 eager passes and of 50 replays (CUDA events). A capture that fails is reported with
+its error. Prints a Markdown table (pandas); ``--json`` writes the rows. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import pandas as pd
+import torch
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).float().norm() / b.float().norm().clamp_min(1e-30))
+
+
+def _median_ms(fn, repeats: int = 50) -> float:
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure(name: str, backend: str | None, batch: int, length: int) -> dict:
+    from mixers import build_mixer
+
+    row: dict = {"mixer": name, "backend": backend or "-"}
+    options = {"num_heads": 4} | ({"backend": backend} if backend else {})
+    torch.manual_seed(0)
+    mixer = build_mixer(name, 64, **options).cuda()
+    x = torch.randn(batch, length, 64, device="cuda", requires_grad=True)
+
+    def step() -> torch.Tensor:
+        x.grad = None
+        for p in mixer.parameters():
+            p.grad = None
+        y = mixer(x)
+        y.square().mean().backward()
+        return y
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    row["eager_ms"] = round(_median_ms(step), 3)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            y_static = step()
+    except Exception as err:  # noqa: BLE001 - the report is the error
+        row["capture"] = f"fails: {type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}"
+        return row
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    got_y, got_dx = y_static.detach().clone(), x.grad.detach().clone()
+    want_y = step().detach()
+    row["capture"] = f"ok (replay vs eager: output {_rel(got_y, want_y):.1e}, input grad {_rel(got_dx, x.grad):.1e})"
+    row["replay_ms"] = round(_median_ms(graph.replay), 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.mixer_steps", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mixers", required=True)
+    p.add_argument("--backends", default="", help="comma-separated backends to compare (fla:<Layer> mixers: ignored)")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--length", type=int, default=40)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    rows = []
+    for name in args.mixers.split(","):
+        backends = [None] if name.startswith("fla:") or not args.backends else args.backends.split(",")
+        for backend in backends:
+            try:
+                rows.append(measure(name, backend, args.batch, args.length))
+            except Exception as err:  # noqa: BLE001
+                rows.append({"mixer": name, "backend": backend, "capture": f"error: {type(err).__name__}: "
+                             f"{(str(err).strip().splitlines() or [''])[0][:160]}"})
+            print(json.dumps(rows[-1]), flush=True)
+    table = pd.DataFrame(rows)
+    print(f"\n{torch.cuda.get_device_name()}, input ({args.batch}, {args.length}, 64), forward + backward, median ms:\n")
+    print(table.to_markdown(index=False))
+    if args.json:
+        table.to_json(args.json, orient="records", indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
