@@ -5,3 +5,5 @@ import mixers.mamba  # noqa: F401
 import mixers.signed_mamba  # noqa: F401
 import mixers.mlstm  # noqa: F401
 import mixers.cells  # noqa: F401
+import mixers.delta  # noqa: F401
+import mixers.rwkv7  # noqa: F401

@@ -25,6 +25,14 @@ CASES = [
     ("flashgru", {"num_heads": 2}),
     ("flashlstm", {"num_heads": 2}),
     ("transformer", {"num_heads": 2}),
+    ("deltanet", {"num_heads": 2}),
+    ("signed_deltanet", {"num_heads": 2, "short_conv": True}),
+    ("signed_deltanet", {"num_heads": 1, "qk_norm": "sum", "output_gate": True}),
+    ("deltaproduct", {"num_heads": 2}),
+    ("deltaproduct", {"num_heads": 2, "householders": 3, "forget_gate": True, "short_conv": True}),
+    ("gated_deltanet", {"num_heads": 2}),
+    ("gated_deltanet", {"num_heads": 2, "signed": True, "short_conv": True}),
+    ("rwkv7", {"num_heads": 2}),
 ]
 
 

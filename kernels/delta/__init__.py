@@ -1,0 +1,136 @@
+"""The delta-rule family: delta rule, gated delta rule, Householder product (DeltaProduct) and the
+generalized (diagonal plus low rank) delta rule of RWKV-7. Equations and shapes: ``reference.py``
+and ``kernels/delta/README.md``.
+
+Entry points (``backend=`` picks the implementation; all compute the same function):
+
+    delta_rule(q, k, v, beta, *, scale=None, qk_l2norm=False, backend="auto")
+    gated_delta_rule(q, k, v, g, beta, *, scale=None, qk_l2norm=False, backend="auto")
+    delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, backend="auto")
+    dplr_delta_rule(q, k, v, a, b, w, *, scale=1.0, lower_bound=None, backend="auto")
+
+Backends:
+- ``"reference"``: per-token loops (``reference.py``), any device, float64 included;
+- ``"fla"``: flash-linear-attention's chunked Triton kernels (``fla.py``), CUDA only, computed in
+  bfloat16 (inputs cast inside, outputs cast back);
+- ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
+  in the input dtype (float32 included), CUDA only;
+- ``"auto"``: ``"fla"`` for CUDA tensors when ``fla`` is importable, else ``"reference"``.
+
+``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+from kernels.delta import fla as _fla
+from kernels.delta import reference as _ref
+
+AUTO = "auto"
+BACKENDS = ("reference", "fla", "fla_recurrent")
+_AVAILABLE = {
+    "delta_rule": {"reference": _ref.delta_rule, "fla": _fla.delta_rule, "fla_recurrent": _fla.delta_rule_recurrent},
+    "gated_delta_rule": {"reference": _ref.gated_delta_rule, "fla": _fla.gated_delta_rule},
+    "delta_product": {"reference": _ref.delta_product, "fla": _fla.delta_product,
+                      "fla_recurrent": _fla.delta_product_recurrent},
+    "dplr_delta_rule": {"reference": _ref.dplr_delta_rule, "fla": _fla.dplr_delta_rule},
+}
+
+
+@functools.cache
+def fla_available() -> bool:
+    """Whether the ``fla`` package (flash-linear-attention) can be imported."""
+    return importlib.util.find_spec("fla") is not None
+
+
+def resolve_backend(op: str, backend: str, x: torch.Tensor) -> str:
+    """The backend ``backend`` stands for when ``op`` runs on tensors like ``x``; one-line ``ValueError``s."""
+    available = _AVAILABLE[op]
+    if backend == AUTO:
+        return "fla" if x.is_cuda and fla_available() else "reference"
+    if backend not in available:
+        raise ValueError(f"unknown {op} backend {backend!r}; valid: {', '.join([AUTO, *available])}")
+    if backend != "reference":
+        if not x.is_cuda:
+            raise ValueError(f"{op}: backend {backend!r} runs fla's Triton kernels, which need CUDA tensors "
+                             f"(got {x.device}); use 'reference' or 'auto'")
+        if not fla_available():
+            raise ValueError(f"{op}: backend {backend!r} needs flash-linear-attention (pip install "
+                             "flash-linear-attention); use 'reference' or 'auto'")
+    return backend
+
+
+def _check(op: str, named: dict[str, torch.Tensor], shapes: dict[str, tuple]) -> None:
+    """Every tensor floating point, on one device, with the expected shape (``None``: any size)."""
+    device = next(iter(named.values())).device
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{op}: {name} must be floating point, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device}, the others on {device}")
+        want = shapes[name]
+        if t.dim() != len(want) or any(w is not None and w != s for w, s in zip(want, t.shape)):
+            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected {want} (None: any)")
+
+
+def delta_rule(q, k, v, beta, *, scale: float | None = None, qk_l2norm: bool = False, backend: str = AUTO):
+    """``S_t = S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``.
+    ``q, k (B, L, H, K)``, ``v (B, L, H, V)``, ``beta (B, L, H)`` -> ``o (B, L, H, V)``."""
+    B, L, H, K = q.shape
+    _check("delta_rule", {"q": q, "k": k, "v": v, "beta": beta},
+           {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "beta": (B, L, H)})
+    fn = _AVAILABLE["delta_rule"][resolve_backend("delta_rule", backend, q)]
+    return fn(q, k, v, beta, scale=scale, qk_l2norm=qk_l2norm)
+
+
+def gated_delta_rule(q, k, v, g, beta, *, scale: float | None = None, qk_l2norm: bool = False,
+                     backend: str = AUTO):
+    """``S_t = exp(g_t) S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``; ``g (B, L, H)`` log decay (<= 0)."""
+    B, L, H, K = q.shape
+    _check("gated_delta_rule", {"q": q, "k": k, "v": v, "g": g, "beta": beta},
+           {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "g": (B, L, H), "beta": (B, L, H)})
+    fn = _AVAILABLE["gated_delta_rule"][resolve_backend("gated_delta_rule", backend, q)]
+    return fn(q, k, v, g, beta, scale=scale, qk_l2norm=qk_l2norm)
+
+
+def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2norm: bool = False,
+                  backend: str = AUTO):
+    """``n`` delta steps per token (``k (B, L, n, H, K)``, ``v (B, L, n, H, V)``, ``beta (B, L, n, H)``),
+    the decay ``exp(g_t)`` (``g (B, L, H)`` or None) once before them; output read after the last step."""
+    B, L, H, K = q.shape
+    n = k.shape[2] if k.dim() == 5 else None
+    named = {"q": q, "k": k, "v": v, "beta": beta, **({} if g is None else {"g": g})}
+    _check("delta_product", named, {"q": (B, L, H, K), "k": (B, L, n, H, K), "v": (B, L, n, H, None),
+                                    "beta": (B, L, n, H), "g": (B, L, H)})
+    fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q)]
+    return fn(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm)
+
+
+def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float | None = None,
+                    backend: str = AUTO):
+    """``S_t = S_{t-1}(diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``;
+    ``q, k, a, b, w (B, L, H, K)``, ``v (B, L, H, V)``. ``lower_bound``: a promise ``lower_bound <= w < 0``
+    that lets fla use its faster chunking (RWKV-7: ``-exp(-0.5)``); the reference ignores it."""
+    B, L, H, K = q.shape
+    _check("dplr_delta_rule", {"q": q, "k": k, "v": v, "a": a, "b": b, "w": w},
+           {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "a": (B, L, H, K), "b": (B, L, H, K),
+            "w": (B, L, H, K)})
+    name = resolve_backend("dplr_delta_rule", backend, q)
+    if name == "reference":
+        return _ref.dplr_delta_rule(q, k, v, a, b, w, scale=scale)
+    return _fla.dplr_delta_rule(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound)
+
+
+def backends(op: str) -> tuple[str, ...]:
+    """The backend names ``op`` accepts (``"auto"`` first)."""
+    return (AUTO, *_AVAILABLE[op])
+
+
+__all__ = ["AUTO", "BACKENDS", "backends", "delta_product", "delta_rule", "dplr_delta_rule", "fla_available",
+           "gated_delta_rule", "resolve_backend"]

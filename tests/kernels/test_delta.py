@@ -1,0 +1,254 @@
+"""The delta-rule family (``kernels.delta``): the per-token references against independent float64
+formulations with explicit dense transition matrices, the eigenvalue range of the (signed) transitions,
+dispatch errors; on a GPU with flash-linear-attention, fla's kernels against the float64 reference
+(forward and every input gradient) at awkward lengths.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import delta as kd
+
+F64 = torch.float64
+
+
+def _inputs(B, L, H, K, V, n=None, *, signed=True, gated=False, dtype=F64, device="cpu", seed=0):
+    """Random inputs like a mixer's: unit keys, beta in [0, 2] (or [0, 1]), log decay in about (-2, 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    lead = (B, L) if n is None else (B, L, n)
+    q = torch.randn(B, L, H, K, generator=gen)
+    k = F.normalize(torch.randn(*lead, H, K, generator=gen), dim=-1)
+    v = torch.randn(*lead, H, V, generator=gen)
+    beta = torch.sigmoid(torch.randn(*lead, H, generator=gen)) * (2 if signed else 1)
+    g = -F.softplus(torch.randn(B, L, H, generator=gen)) if gated else None
+    cast = lambda t: None if t is None else t.to(device=device, dtype=dtype)
+    return cast(q), cast(k), cast(v), cast(beta), cast(g)
+
+
+def dense_product(q, k, v, beta, g, scale):
+    """Independent form: per (batch, head), token t's n steps as one affine map of the state,
+    S_t = alpha_t S_{t-1} A_t + W_t with A_t = prod_j T_j, T_j = I - beta_j k_j k_j^T and
+    W_t = sum_j beta_j v_j k_j^T prod_{i>j} T_i, built from explicit matrices (float64)."""
+    B, L, n, H, K = k.shape
+    V = v.shape[-1]
+    eye = torch.eye(K, dtype=F64)
+    o = torch.zeros(B, L, H, V, dtype=F64)
+    for b in range(B):
+        for h in range(H):
+            S = torch.zeros(V, K, dtype=F64)
+            for t in range(L):
+                A, W = eye.clone(), torch.zeros(V, K, dtype=F64)
+                for j in range(n):
+                    kj, vj, bj = k[b, t, j, h].double(), v[b, t, j, h].double(), beta[b, t, j, h].double()
+                    T = eye - bj * torch.outer(kj, kj)
+                    A, W = A @ T, W @ T + bj * torch.outer(vj, kj)
+                alpha = 1.0 if g is None else math.exp(float(g[b, t, h]))
+                S = alpha * S @ A + W
+                o[b, t, h] = scale * S @ q[b, t, h].double()
+    return o
+
+
+def dense_dplr(q, k, v, a, b, w, scale):
+    """S_t = S_{t-1} (diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T with explicit matrices (float64)."""
+    B, L, H, K = q.shape
+    o = torch.zeros(B, L, H, v.shape[-1], dtype=F64)
+    for bi in range(B):
+        for h in range(H):
+            S = torch.zeros(v.shape[-1], K, dtype=F64)
+            for t in range(L):
+                M = torch.diag(torch.exp(w[bi, t, h])) + torch.outer(a[bi, t, h], b[bi, t, h])
+                S = S @ M + torch.outer(v[bi, t, h], k[bi, t, h])
+                o[bi, t, h] = scale * S @ q[bi, t, h]
+    return o
+
+
+SIZES = [(1, 1, 1, 4, 4), (2, 13, 3, 5, 3), (1, 67, 1, 8, 8)]  # B, L, H, K, V: length 1, a prime, over 64
+
+
+@pytest.mark.parametrize("B,L,H,K,V", SIZES)
+@pytest.mark.parametrize("signed", [False, True])
+def test_delta_rule_reference_matches_dense_matrices(B, L, H, K, V, signed):
+    q, k, v, beta, _ = _inputs(B, L, H, K, V, signed=signed, seed=L)
+    o = kd.delta_rule(q, k, v, beta, backend="reference")
+    torch.testing.assert_close(o, dense_product(q, k[:, :, None], v[:, :, None], beta[:, :, None], None, K ** -0.5))
+
+
+@pytest.mark.parametrize("B,L,H,K,V", SIZES)
+def test_gated_delta_rule_reference_matches_dense_matrices(B, L, H, K, V):
+    q, k, v, beta, g = _inputs(B, L, H, K, V, gated=True, seed=L + 1)
+    o = kd.gated_delta_rule(q, k, v, g, beta, scale=0.7, backend="reference")
+    torch.testing.assert_close(o, dense_product(q, k[:, :, None], v[:, :, None], beta[:, :, None], g, 0.7))
+
+
+@pytest.mark.parametrize("B,L,H,K,V", SIZES)
+@pytest.mark.parametrize("n,gated", [(2, False), (3, True), (1, True)])
+def test_delta_product_reference_matches_dense_matrices(B, L, H, K, V, n, gated):
+    q, k, v, beta, g = _inputs(B, L, H, K, V, n, gated=gated, seed=L + n)
+    o = kd.delta_product(q, k, v, beta, g, backend="reference")
+    torch.testing.assert_close(o, dense_product(q, k, v, beta, g, K ** -0.5))
+
+
+def test_product_of_one_step_is_the_delta_rule_and_zero_decay_is_ungated():
+    q, k, v, beta, _ = _inputs(2, 11, 3, 6, 5, seed=3)
+    plain = kd.delta_rule(q, k, v, beta, backend="reference")
+    torch.testing.assert_close(kd.delta_product(q, k[:, :, None], v[:, :, None], beta[:, :, None]), plain)
+    g0 = torch.zeros(2, 11, 3, dtype=F64)
+    torch.testing.assert_close(kd.gated_delta_rule(q, k, v, g0, beta, backend="reference"), plain)
+    # a decay < 1 changes the result
+    assert not torch.allclose(kd.gated_delta_rule(q, k, v, g0 - 0.5, beta, backend="reference"), plain)
+
+
+def test_qk_l2norm_is_fla_l2norm_of_q_and_k():
+    q, k, v, beta, _ = _inputs(2, 9, 2, 6, 6, seed=4)
+    k = k * torch.rand(2, 9, 2, 1, dtype=F64) * 3  # not unit
+    want = kd.delta_rule(q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6),
+                         k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6), v, beta)
+    torch.testing.assert_close(kd.delta_rule(q, k, v, beta, qk_l2norm=True), want)
+
+
+@pytest.mark.parametrize("B,L,H,K,V", SIZES)
+def test_dplr_reference_matches_dense_matrices(B, L, H, K, V):
+    gen = torch.Generator().manual_seed(L)
+    q, k = torch.randn(B, L, H, K, generator=gen, dtype=F64), torch.randn(B, L, H, K, generator=gen, dtype=F64)
+    v = torch.randn(B, L, H, V, generator=gen, dtype=F64)
+    kk = F.normalize(torch.randn(B, L, H, K, generator=gen, dtype=F64), dim=-1)
+    lr = torch.rand(B, L, H, K, generator=gen, dtype=F64)
+    w = -math.exp(-0.5) * torch.rand(B, L, H, K, generator=gen, dtype=F64)
+    o = kd.dplr_delta_rule(q, k, v, -kk, kk * lr, w, backend="reference")
+    torch.testing.assert_close(o, dense_dplr(q, k, v, -kk, kk * lr, w, 1.0))
+
+
+def test_signed_transitions_have_eigenvalues_in_minus_one_one():
+    """I - beta k k^T with unit k: eigenvalues 1 (K - 1 times) and 1 - beta; beta = 2 sigmoid(.) gives
+    [-1, 1] and reaches below 0, beta = sigmoid(.) stays in [0, 1]. A product of such factors is a
+    contraction (spectral norm <= 1)."""
+    gen = torch.Generator().manual_seed(5)
+    k = F.normalize(torch.randn(500, 6, generator=gen, dtype=F64), dim=-1)
+    logits = torch.randn(500, generator=gen, dtype=F64) * 4
+    eye = torch.eye(6, dtype=F64)
+    for scale, lo in ((2.0, -1.0), (1.0, 0.0)):
+        beta = scale * torch.sigmoid(logits)
+        T = eye - beta[:, None, None] * k[:, :, None] * k[:, None, :]
+        eig = torch.linalg.eigvalsh(T)
+        assert eig.min() >= lo - 1e-12 and eig.max() <= 1 + 1e-12
+        torch.testing.assert_close(eig[:, 0], torch.minimum(1 - beta, torch.ones_like(beta)))
+        assert (eig.min() < -0.9) == (scale == 2.0)
+    product = T[:250] @ T[250:]
+    assert torch.linalg.matrix_norm(product, ord=2).max() <= 1 + 1e-12
+
+
+def test_reference_dtypes():
+    q, k, v, beta, _ = _inputs(1, 5, 2, 4, 4, dtype=torch.bfloat16)
+    assert kd.delta_rule(q, k, v, beta).dtype == torch.bfloat16
+    q, k, v, beta, _ = _inputs(1, 5, 2, 4, 4, dtype=torch.float32)
+    o32 = kd.delta_rule(q, k, v, beta)
+    o64 = kd.delta_rule(*(t.double() for t in (q, k, v, beta)))
+    assert o32.dtype == torch.float32
+    torch.testing.assert_close(o32.double(), o64, rtol=1e-5, atol=1e-6)
+
+
+def test_dispatch_errors():
+    q, k, v, beta, _ = _inputs(1, 3, 2, 4, 4)
+    with pytest.raises(ValueError, match="unknown delta_rule backend 'triton'; valid: auto, reference, fla"):
+        kd.delta_rule(q, k, v, beta, backend="triton")
+    with pytest.raises(ValueError, match="unknown gated_delta_rule backend 'fla_recurrent'"):
+        kd.gated_delta_rule(q, k, v, beta, beta, backend="fla_recurrent")
+    with pytest.raises(ValueError, match="need CUDA tensors|needs flash-linear-attention"):
+        kd.delta_rule(q, k, v, beta, backend="fla")
+    with pytest.raises(ValueError, match=r"beta has shape \(1, 3\), expected \(1, 3, 2\)"):
+        kd.delta_rule(q, k, v, beta[..., 0])
+    with pytest.raises(TypeError, match="v must be floating point"):
+        kd.delta_rule(q, k, v.long(), beta)
+    assert kd.resolve_backend("delta_rule", "auto", q) == "reference"  # CPU tensors
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+def needs_fla(test):
+    """GPU tests: a CUDA device and flash-linear-attention importable."""
+    test = pytest.mark.skipif(not kd.fla_available(), reason="needs flash-linear-attention (fla)")(test)
+    test = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test)
+    return pytest.mark.gpu(test)
+
+
+def rel(x, y):
+    return float((x.double() - y.double()).norm() / y.double().norm().clamp_min(1e-30))
+
+
+def _compare(fast_fn, ref_fn, tensors, tol, seed=0):
+    """``fast_fn`` on the float32 CUDA tensors against ``ref_fn`` on float64 copies: the output and the
+    gradient of every tensor under a random upstream gradient; returns the relative errors."""
+    fast_in = [t.detach().float().cuda().requires_grad_() for t in tensors]
+    ref_in = [t.detach().double().cuda().requires_grad_() for t in tensors]
+    o_fast, o_ref = fast_fn(*fast_in), ref_fn(*ref_in)
+    do = torch.randn(o_ref.shape, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda",
+                     dtype=F64)
+    g_fast = torch.autograd.grad(o_fast, fast_in, do.float())
+    g_ref = torch.autograd.grad(o_ref, ref_in, do)
+    errors = {"out": rel(o_fast, o_ref), **{f"d{i}": rel(a, b) for i, (a, b) in enumerate(zip(g_fast, g_ref))}}
+    assert o_fast.dtype == torch.float32 and torch.isfinite(o_fast).all()
+    assert max(errors.values()) <= tol, errors
+    return errors
+
+
+GPU_SHAPES = [(2, 1, 1, 32), (2, 67, 3, 16), (1, 130, 3, 32), (1, 130, 1, 64)]  # B, L, H, D
+
+
+@pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)
+@pytest.mark.parametrize("l2", [True, False])
+@pytest.mark.parametrize("backend,tol", [("fla", 2e-2), ("fla_recurrent", 1e-4)])
+@needs_fla
+def test_gpu_delta_rule(B, L, H, D, l2, backend, tol):
+    """fla's chunk kernel (bfloat16, ~1e-2) and fused recurrent kernel (float32: gradients checked at 1e-4)."""
+    q, k, v, beta, _ = _inputs(B, L, H, D, D, seed=L)
+    if l2:
+        k = k * 3
+    fast = lambda *t: kd.delta_rule(*t, qk_l2norm=l2, backend=backend)
+    slow = lambda *t: kd.delta_rule(*t, qk_l2norm=l2, backend="reference")
+    _compare(fast, slow, [q, k, v, beta], tol)
+
+
+@pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)
+@pytest.mark.parametrize("signed", [False, True])
+@needs_fla
+def test_gpu_gated_delta_rule(B, L, H, D, signed):
+    q, k, v, beta, g = _inputs(B, L, H, D, D, gated=True, signed=signed, seed=L + 1)
+    fast = lambda *t: kd.gated_delta_rule(*t, qk_l2norm=True, backend="fla")
+    slow = lambda *t: kd.gated_delta_rule(*t, qk_l2norm=True, backend="reference")
+    _compare(fast, slow, [q, k, v, g, beta], 2e-2)
+
+
+@pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)
+@pytest.mark.parametrize("n,gated,backend,tol", [(2, False, "fla", 2e-2), (3, True, "fla", 2e-2),
+                                                 (2, False, "fla_recurrent", 1e-4)])
+@needs_fla
+def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
+    q, k, v, beta, g = _inputs(B, L, H, D, D, n, gated=gated, seed=L + n)
+    tensors = [q, k, v, beta] + ([g] if gated else [])
+    fast = lambda *t: kd.delta_product(*t, qk_l2norm=True, backend=backend)
+    slow = lambda *t: kd.delta_product(*t, qk_l2norm=True, backend="reference")
+    _compare(fast, slow, tensors, tol)
+
+
+@pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)
+@pytest.mark.parametrize("lower_bound", [None, -math.exp(-0.5)])
+@needs_fla
+def test_gpu_dplr_delta_rule(B, L, H, D, lower_bound):
+    """RWKV-7's use: a = -kk, b = kk * lr (kk unit per head), log decay in (-exp(-1/2), 0)."""
+    gen = torch.Generator().manual_seed(L)
+    r, k = torch.randn(B, L, H, D, generator=gen), torch.randn(B, L, H, D, generator=gen) * 0.3
+    v = torch.randn(B, L, H, D, generator=gen)
+    kk_raw, lr = torch.randn(B, L, H, D, generator=gen), torch.rand(B, L, H, D, generator=gen)
+    w_logit = torch.randn(B, L, H, D, generator=gen)
+
+    def run(backend):
+        def fn(r, k, v, kk_raw, lr, w_logit):
+            kk = F.normalize(kk_raw, dim=-1)
+            w = -math.exp(-0.5) * torch.sigmoid(w_logit)
+            return kd.dplr_delta_rule(r, k, v, -kk, kk * lr, w, lower_bound=lower_bound, backend=backend)
+        return fn
+
+    _compare(run("fla"), run("reference"), [r, k, v, kk_raw, lr, w_logit], 2e-2)
