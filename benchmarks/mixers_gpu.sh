@@ -26,33 +26,38 @@ if has tests; then
 fi
 if has steps; then  # forward+backward per backend, eager and as a CUDA-graph replay (does the capture work?)
   run steps "${LIMIT_steps:-240}" python3 -m benchmarks.mixer_steps --mixers "$DELTA,fla:DeltaNet,fla:GatedDeltaNet" \
-    --backends fla,reference --json "$out/mixer-steps.json"
+    --backends fla,reference
   sed -n '/median ms/,$p' "$out/steps.log"
+fi
+if has survey; then  # in the background, beside the sweeps below (after the timings above)
+  timeout "${LIMIT_survey:-330}" python3 -m benchmarks.fla_layers --procs "${SURVEY_PROCS:-12}" --steps 100 \
+    --timeout 200 --out "$out/fla-layers.md" > "$out/survey.log" 2>&1 &
+  survey_pid=$!
 fi
 if has fla-smoke; then  # every named fla layer through the sweep CLI (smoke preset, eager steps: fla is not captured)
   run fla-smoke "${LIMIT_fla:-240}" python3 -m experiments.sweep parity --preset smoke --device cuda --workers 4 \
-    --mixers fla:DeltaNet,fla:GatedDeltaNet,fla:GatedDeltaProduct,fla:RWKV7Attention --out "$out/runs/fla-smoke" --no-progress
-  cp "$out/runs/fla-smoke/table.md" "$out/fla-smoke.md" 2>/dev/null; cat "$out/fla-smoke.md" 2>/dev/null | head -8
+    --mixers fla:DeltaNet,fla:GatedDeltaNet,fla:GatedDeltaProduct,fla:RWKV7Attention --out "${RUNS:-/tmp/gpu-runs}/fla-smoke" --no-progress
+  cp "${RUNS:-/tmp/gpu-runs}/fla-smoke/table.md" "$out/fla-smoke.md" 2>/dev/null; cat "$out/fla-smoke.md" 2>/dev/null | head -8
 fi
 if has layers2; then  # every built-in mixer at two layers on the GPU, through the sweep (graph engine)
   run layers2 "${LIMIT_layers2:-300}" python3 -m experiments.sweep parity --preset smoke --device cuda --workers 12 \
-    --layers 2 --mixers "gru,lstm,elman,slstm,flashgru,flashlstm,transformer,mamba,mamba2,signed_mamba,mlstm_exp,mlstm_sig,$DELTA" \
-    --out "$out/runs/layers2" --no-progress
-  cp "$out/runs/layers2/table.md" "$out/layers2.md" 2>/dev/null; cat "$out/layers2.md" 2>/dev/null | head -20
+    --layers 2 --max-steps 500 --out "${RUNS:-/tmp/gpu-runs}/layers2" --no-progress \
+    --mixers "gru,lstm,elman,slstm,flashgru,flashlstm,transformer,mamba,mamba2,signed_mamba,mlstm_exp,mlstm_sig,$DELTA"
+  cp "${RUNS:-/tmp/gpu-runs}/layers2/table.md" "$out/layers2.md" 2>/dev/null; cat "$out/layers2.md" 2>/dev/null | head -20
 fi
 if has rates; then  # steps/s per backend and engine: parity of the state-tracking preset, 1,500 steps, no early stop
   for backend in fla reference; do
     for engine in graph eager; do
       run "rates-$backend-$engine" "${LIMIT_rates:-200}" python3 -m experiments.sweep parity --preset state-tracking \
         --device cuda --workers 5 --engine "$engine" --mixers "$DELTA" --mixer-option "backend=$backend" --seeds 0 \
-        --lrs 3e-3 --max-steps 1500 --train-option early_stop_acc=1.0 --out "$out/runs/rates-$backend-$engine" --no-progress
+        --lrs 3e-3 --max-steps 1500 --train-option early_stop_acc=1.0 --out "${RUNS:-/tmp/gpu-runs}/rates-$backend-$engine" --no-progress
     done
   done
   python3 - "$out" <<'EOF'
 import sys, pandas as pd, pathlib
 out = pathlib.Path(sys.argv[1])
 rows = []
-for f in sorted(out.glob("runs/rates-*/results.csv")):
+for f in sorted(pathlib.Path(__import__("os").environ.get("RUNS", "/tmp/gpu-runs")).glob("rates-*/results.csv")):
     df = pd.read_csv(f)
     _, backend, engine = f.parent.name.split("-")
     for _, r in df.iterrows():
@@ -65,6 +70,6 @@ print(t.to_markdown(index=False))
 EOF
 fi
 if has survey; then
-  run survey "${LIMIT_survey:-300}" python3 -m benchmarks.fla_layers --procs "${SURVEY_PROCS:-12}" --out "$out/fla-layers.md"
+  wait "$survey_pid"; echo "=== survey rc=$?"
   head -n 8 "$out/fla-layers.md" 2>/dev/null
 fi

@@ -96,7 +96,7 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             if isinstance(err, ValueError) and first.startswith(f"mixer {spec.mixer!r}"):
                 raise ValueError(first) from None
-            if device.type == "cpu" and not isinstance(err, ValueError) and _GPU_ONLY.search(first):
+            if device.type == "cpu" and _GPU_ONLY.search(first):
                 raise ValueError(f"mixer {spec.mixer!r} needs a CUDA GPU: {first}") from None
             raise ValueError(f"mixer {spec.mixer!r} with options {spec.mixer_options}: {first}") from None
         if tuple(logits.shape) != (1, 4, dm.num_classes):
