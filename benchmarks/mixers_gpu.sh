@@ -37,13 +37,15 @@ fi
 if has fla-smoke; then  # every named fla layer through the sweep CLI (smoke preset, eager steps: fla is not captured)
   run fla-smoke "${LIMIT_fla:-240}" python3 -m experiments.sweep parity --preset smoke --device cuda --workers 4 \
     --mixers fla:DeltaNet,fla:GatedDeltaNet,fla:GatedDeltaProduct,fla:RWKV7Attention --out "${RUNS:-/tmp/gpu-runs}/fla-smoke" --no-progress
-  cp "${RUNS:-/tmp/gpu-runs}/fla-smoke/table.md" "$out/fla-smoke.md" 2>/dev/null; cat "$out/fla-smoke.md" 2>/dev/null | head -8
+  cp "${RUNS:-/tmp/gpu-runs}/fla-smoke/table.md" "$out/fla-smoke.md" 2>/dev/null; tail -n 3 "$out/fla-smoke.log"
+  head -n 8 "$out/fla-smoke.md" 2>/dev/null
 fi
 if has layers2; then  # every built-in mixer at two layers on the GPU, through the sweep (graph engine)
   run layers2 "${LIMIT_layers2:-300}" python3 -m experiments.sweep parity --preset smoke --device cuda --workers 12 \
     --layers 2 --max-steps 500 --out "${RUNS:-/tmp/gpu-runs}/layers2" --no-progress \
     --mixers "gru,lstm,elman,slstm,flashgru,flashlstm,transformer,mamba,mamba2,signed_mamba,mlstm_exp,mlstm_sig,$DELTA"
-  cp "${RUNS:-/tmp/gpu-runs}/layers2/table.md" "$out/layers2.md" 2>/dev/null; cat "$out/layers2.md" 2>/dev/null | head -20
+  cp "${RUNS:-/tmp/gpu-runs}/layers2/table.md" "$out/layers2.md" 2>/dev/null; tail -n 3 "$out/layers2.log"
+  head -n 20 "$out/layers2.md" 2>/dev/null
 fi
 if has rates; then  # steps/s per backend and engine: parity of the state-tracking preset, 1,500 steps, no early stop
   for backend in fla reference; do
