@@ -5,7 +5,9 @@
 (``num_heads`` where the layer takes it, and ``head_dim = d_model // num_heads`` where it takes that and
 the options do not set it, so "4 heads" means 4 heads of the model's width; ``layer_idx=0`` where the
 layer takes it: each fla layer is built as a first layer, so RWKV-7's value residual ``v_first`` stays
-inside the layer; every other option goes to the layer's constructor as it is) and wraps it:
+inside the layer, and ``num_hidden_layers=2`` where it takes that (RWKV-7's initialization divides by
+``num_hidden_layers - 1``: the first of two layers); every other option goes to the layer's constructor
+as it is) and wraps it:
 
 - the layer's output tuple ``(o, attentions, cache)`` is unwrapped to ``o`` ``(B, L, d)``;
 - with ``bf16=True`` (the default) the layer runs under ``torch.autocast(bfloat16)`` on CUDA, since
@@ -74,7 +76,8 @@ def fla_factory(name: str):
         params = inspect.signature(cls.__init__).parameters
         kwargs = {"hidden_size": d_model, **({"num_heads": num_heads} if "num_heads" in params else {}),
                   **({"head_dim": d_model // num_heads} if "head_dim" in params and "num_heads" in params else {}),
-                  **({"layer_idx": 0} if "layer_idx" in params else {}), **options}
+                  **({"layer_idx": 0} if "layer_idx" in params else {}),
+                  **({"num_hidden_layers": 2} if "num_hidden_layers" in params else {}), **options}
         try:
             layer = cls(**kwargs)
         except AssertionError as err:  # fla checks its options with asserts
