@@ -7,6 +7,8 @@ Each module is a CLI writing PNG + PDF figures and the CSV of every plotted numb
 - ``python -m analysis.newton``: Newton residual vs iteration for sequence lengths 2^6 … 2^14,
   for freshly initialized cells and for cells from trained checkpoints (paper 000 Fig. 4).
 - ``python -m analysis.transfer``: mLSTM transfer-gain heatmaps (paper 002 Fig. 3, 6, 7).
+- ``python -m analysis.depth RESULTS...``: the minimum number of layers reaching a threshold vs
+  sequence length, per mixer and task (Merrill et al. 2024, Fig. 3).
 - ``python -m analysis.kernels BENCH_JSON...``: kernel time vs sequence length with the
   physical limit.
 

@@ -16,7 +16,8 @@ Writes into ``--out`` (default ``analysis-out/expressivity``):
   factor of the longest training length (``--factors 2,6``: 2× and 6×; where a task was not evaluated
   at exactly that length, its nearest evaluated length, which the CSV names);
 - ``expressivity-lengths.{png,pdf,csv}``: per task, accuracy vs evaluation length for every mixer,
-  with the longest training length and chance (``1 / classes``) marked.
+  with the longest training length and chance (the task's ``chance_accuracy``, ``1 / classes`` for
+  the state-tracking tasks) marked.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ log = logging.getLogger("analysis.expressivity")
 METRICS = ("auto", "last_acc", "acc", "exact")
 AGGREGATES = ("best", "mean")
 #: task families in the map's column order (then by number of classes)
-TASK_ORDER = ("parity", "modular_count", "word_problem")
+TASK_ORDER = ("parity", "modular_count", "word_problem", "modular_arithmetic", "modular_arithmetic_brackets")
 
 
 def _display_label(label: str, task: str, config: dict) -> str:
@@ -57,7 +58,7 @@ def _chance(task: str, config: dict) -> float:
     from tasks import get_task
 
     try:
-        return 1.0 / get_task(task, **{k: v for k, v in config.items() if k != "extrapolation"}).num_classes
+        return get_task(task, **{k: v for k, v in config.items() if k != "extrapolation"}).chance_accuracy
     except (ValueError, TypeError):
         return math.nan
 

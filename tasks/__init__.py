@@ -1,4 +1,5 @@
-"""Synthetic tasks: Parity, Keep-nth, MQAR, k-hop, group word problems, modular counting,
+"""Synthetic tasks: Parity, Keep-nth, MQAR, k-hop, group word problems, modular counting, modular
+arithmetic (with and without brackets),
 the length-extrapolation protocol and a ``LightningDataModule``.
 
     from tasks import get_task, TASKS
@@ -11,6 +12,7 @@ from tasks.datamodule import SyntheticDataModule
 from tasks.extrapolation import ExtrapolationConfig, generate_variable_length
 from tasks.keep_nth import KeepNth
 from tasks.khop import KHop
+from tasks.modular_arithmetic import ModularArithmetic, ModularArithmeticBrackets
 from tasks.modular_count import ModularCount
 from tasks.mqar import MQAR
 from tasks.parity import Parity
@@ -19,5 +21,5 @@ from tasks.word_problem import WordProblem
 __all__ = [
     "IGNORE_INDEX", "TASKS", "Task", "TaskData", "get_task", "make_generator", "register_task",
     "SyntheticDataModule", "ExtrapolationConfig", "generate_variable_length",
-    "KeepNth", "KHop", "ModularCount", "MQAR", "Parity", "WordProblem",
+    "KeepNth", "KHop", "ModularArithmetic", "ModularArithmeticBrackets", "ModularCount", "MQAR", "Parity", "WordProblem",
 ]

@@ -52,8 +52,8 @@ class Task:
     """A synthetic task: a config dataclass plus a vectorized ``generate``.
 
     Subclasses define ``Config`` (a dataclass with defaults and a ``seq_len`` field), ``_validate`` and
-    ``_generate(num_samples, generator)``, and ``vocab_size`` / ``num_classes`` where the defaults (the
-    config's ``vocab_size``; one class per token) do not fit.
+    ``_generate(num_samples, generator)``, and ``vocab_size`` / ``num_classes`` / ``chance_accuracy``
+    where the defaults (the config's ``vocab_size``; one class per token; ``1 / num_classes``) do not fit.
     """
 
     name: ClassVar[str]
@@ -81,6 +81,24 @@ class Task:
     def num_classes(self) -> int:
         """Targets are class ids in ``[0, num_classes)``; default: one class per token."""
         return self.vocab_size
+
+    @property
+    def chance_accuracy(self) -> float:
+        """The token accuracy of guessing, for the scaled accuracy ``(acc - chance) / (1 - chance)``.
+
+        Default ``1 / num_classes``: a guess uniform over the classes, which is also what any predictor
+        blind to the input scores where the targets are uniform over the classes (parity, word
+        problems, counting and modular arithmetic mod m, Keep-nth). Tasks whose targets cover only
+        some classes override it (MQAR: only the V/2 value tokens are ever targets). Where targets are
+        not uniform (short modular expressions, k-hop's NONE class) the blind optimum is higher; the
+        task's docstring says by how much. Grazzi et al. (2025) scale by random guessing in the same way.
+        """
+        return 1.0 / self.num_classes
+
+    def scaled_accuracy(self, accuracy: float) -> float:
+        """``(accuracy - chance) / (1 - chance)``: 0 at chance, 1 when perfect, negative below chance."""
+        chance = self.chance_accuracy
+        return (accuracy - chance) / (1.0 - chance)
 
     def _validate(self) -> None:
         raise NotImplementedError

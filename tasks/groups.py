@@ -2,7 +2,10 @@
 
 Names: ``Z<m>`` (cyclic, the rotations ``i -> i + k mod m``; element ``k`` is the rotation by ``k``),
 ``S<n>`` (all permutations of ``n`` points), ``A<n>`` (the even ones), and direct products joined by
-``x`` (``A4xZ5``: a pair acts on the disjoint union of the two point sets). Elements are permutation
+``x`` (``A4xZ5``: a pair acts on the disjoint union of the two point sets; Merrill et al.'s
+``A4_x_Z5`` and ``A4×Z5`` name the same group). The papers' groups: Merrill, Petty, Sabharwal 2024
+use ``Z60`` (abelian), ``A4xZ5`` (solvable, not abelian) and ``A5`` (not solvable), all of order
+60, and ``S5``; DeltaProduct (Siems et al. 2025) ``S3``, ``S4``, ``A5``, ``S5``. Elements are permutation
 tuples; element 0 is the identity, the others follow in lexicographic order (products: in
 lexicographic order of the factors' indices).
 
@@ -104,11 +107,17 @@ def _table(elements: tuple[tuple[int, ...], ...]) -> torch.Tensor:
     return order[found]
 
 
+def canonical_name(name: str) -> str:
+    """``A4_x_Z5`` (Merrill et al.'s spelling) and ``A4×Z5`` -> ``A4xZ5``; other names unchanged."""
+    return name.replace("_x_", "x").replace("×", "x")
+
+
 @functools.cache
 def get_group(name: str) -> Group:
     """The group ``name`` (see the module docstring); ``ValueError`` for unknown or too large groups."""
     if not isinstance(name, str):
         raise TypeError(f"group name must be a str, got {name!r}")
+    name = canonical_name(name)
     factors = [_elements(part) for part in name.split("x")]
     order = 1
     for f in factors:

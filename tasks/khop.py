@@ -4,6 +4,9 @@ Tokens are uniform over V with no immediate repeats. For position p, ``prev(p)``
 strictly earlier position with the same token and ``τ(p) = prev(p) + 1``. The target at i is
 ``x[τ^k(i)]``; where some ``prev`` does not exist it is the class ``NONE = V`` (or ``-100`` with
 ``mask_none=True``). Every position is scored.
+
+Chance (``chance_accuracy``): ``1 / num_classes``. It is ill-defined here: the NONE class dominates
+the first positions and fades later, so an input-blind predictor that knows the position beats it.
 """
 
 from __future__ import annotations

@@ -50,6 +50,15 @@ class MQAR(Task):
 
     Config = MQARConfig
 
+    @property
+    def chance_accuracy(self) -> float:
+        """``2 / V``: a guess uniform over the ``V/2`` value tokens, the only targets (values are uniform).
+
+        A model that copies one of the κ context values at random, without associating, scores ``1/κ``;
+        that is the floor of associative recall proper, not chance.
+        """
+        return 1.0 / (self.config.vocab_size - self.config.vocab_size // 2)
+
     def _validate(self) -> None:
         c = self.config
         kappa, half = c.num_kv_pairs, c.vocab_size // 2

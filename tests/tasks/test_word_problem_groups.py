@@ -1,0 +1,76 @@
+"""The groups of the word-problem papers (Merrill, Petty, Sabharwal 2024; DeltaProduct 2025): S4,
+Z60, A4xZ5 (also spelled A4_x_Z5), A5, S5, labels recomputed by composing permutations explicitly."""
+
+import itertools
+
+import pytest
+import torch
+
+from tasks import get_task
+from tasks.groups import canonical_name, get_group
+
+
+def compose(a, b):
+    """``(a * b)[i] = a[b[i]]``: apply ``b`` first."""
+    return tuple(a[i] for i in b)
+
+
+@pytest.mark.parametrize("name,order,abelian,solvable", [
+    ("S3", 6, False, True), ("S4", 24, False, True), ("Z60", 60, True, True), ("A4xZ5", 60, False, True),
+    ("A4_x_Z5", 60, False, True), ("A5", 60, False, False), ("S5", 120, False, False),
+])
+def test_paper_groups_structure(name, order, abelian, solvable):
+    g = get_group(name)
+    assert g.order == order and g.is_abelian() == abelian and g.is_solvable() == solvable
+
+
+def test_product_spellings_name_one_group():
+    assert canonical_name("A4_x_Z5") == canonical_name("A4×Z5") == "A4xZ5" and canonical_name("S5") == "S5"
+    a, b = get_group("A4xZ5"), get_group("A4_x_Z5")
+    assert a.name == b.name == "A4xZ5" and a.elements == b.elements and torch.equal(a.table, b.table)
+    # a general product: Z2xZ3xS3 acts on 2 + 3 + 3 points, order 36
+    assert get_group("Z2_x_Z3_x_S3").order == 36 and len(get_group("Z2xZ3xS3").elements[0]) == 8
+
+
+def test_s4_is_every_permutation_of_four_points():
+    g = get_group("S4")
+    assert set(g.elements) == set(itertools.permutations(range(4))) and g.elements[0] == (0, 1, 2, 3)
+
+
+def test_z60_is_addition_mod_60():
+    g = get_group("Z60")
+    i = torch.arange(60)
+    assert torch.equal(g.table, (i[:, None] + i[None, :]) % 60)
+
+
+def test_a4_x_z5_elements_are_pairs():
+    """Each element acts on points 0..3 as an even permutation and on points 4..8 as a rotation."""
+    even = {p for p in itertools.permutations(range(4))
+            if sum(p[i] > p[j] for i, j in itertools.combinations(range(4), 2)) % 2 == 0}
+    rotations = {tuple(4 + (i + k) % 5 for i in range(5)) for k in range(5)}
+    elems = get_group("A4_x_Z5").elements
+    assert {(e[:4], e[4:]) for e in elems} == set(itertools.product(even, rotations))
+
+
+@pytest.mark.parametrize("name", ["S4", "Z60", "A4xZ5", "A4_x_Z5", "A5"])
+@pytest.mark.parametrize("seq_len", [1, 2, 17, 64])
+@pytest.mark.parametrize("running", [True, False])
+def test_word_problem_labels_by_explicit_composition(name, seq_len, running):
+    task = get_task("word_problem", group=name, seq_len=seq_len, running=running)
+    data = task.generate(16, seed=seq_len + 7)
+    elems = get_group(name).elements
+    index = {p: i for i, p in enumerate(elems)}
+    assert task.vocab_size == task.num_classes == len(elems) and task.chance_accuracy == pytest.approx(1 / len(elems))
+    for x, y in zip(data.inputs.tolist(), data.targets.tolist()):
+        state, expected = tuple(range(len(elems[0]))), []
+        for token in x:
+            state = compose(state, elems[token])
+            expected.append(index[state])
+        assert y == (expected if running else [-100] * (seq_len - 1) + expected[-1:])
+
+
+def test_bad_product_names_raise():
+    with pytest.raises(ValueError, match="unknown group"):
+        get_task("word_problem", group="A4__Z5")
+    with pytest.raises(ValueError, match="exceeds"):
+        get_task("word_problem", group="S6_x_Z2")
