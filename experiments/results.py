@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 log = logging.getLogger("experiments.results")
 
 #: metrics shown in table.md, in this order, when present
-TABLE_METRICS = ("test/acc", "test/last_acc", "test/exact", "extrap/mean_acc")
+TABLE_METRICS = ("test/acc", "test/last_acc", "test/exact", "extrap/mean_acc", "extrap/scaled_acc")
 #: accuracy on a subset of the training sequences (``tasks.datamodule.TRAIN_SUBSET``), shown last
 TRAIN_SUBSET_METRIC = "trainset/acc"
 #: a mixer that falls back to the sequential loop in more forwards than this gets a console warning
@@ -254,7 +254,7 @@ def table_markdown(df: pd.DataFrame) -> str:
     notes = ["Accuracy in % on the test set at the checkpoint with the best validation accuracy "
              "(`last_acc`: at each sequence's last scored position; `len<L>`: extrapolation lengths; "
              "`trainset acc`: on the first training sequences, as many as the validation set has; a gap to `test acc` "
-             "shows memorization). "
+             "shows memorization; `scaled_acc`: (acc - chance) / (1 - chance), 0 at chance). "
              "Per (mixer, seed) the learning rate with the best validation accuracy; then the best over seeds "
              "(mean ± std in brackets). `failed`: trials that failed (NaN loss, errors)."]
     if "missing" in table:

@@ -503,6 +503,7 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         best_val_acc=float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else float("nan"),
         final_val_acc=history.val_acc[-1] if history.val_acc else float("nan"),
         best=best, final=final, test_set_names=dm.test_set_names, engine=engine, engine_note=engine_note,
+        chance=dm.task.chance_accuracy,
     )
 
 
@@ -573,10 +574,13 @@ def fit_resuming(trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticData
 def result_row(*, n_params: int, steps: int, best_step: int, resumed_from: int, module: LitSequenceModel,
                trainer: L.Trainer, entered: float, start: float, train_time: float, history: _History,
                best_val_acc: float, final_val_acc: float, best: dict[str, float], final: dict[str, float],
-               test_set_names: list[str], engine: str = "", engine_note: str = "") -> dict[str, Any]:
+               test_set_names: list[str], engine: str = "", engine_note: str = "",
+               chance: float | None = None) -> dict[str, Any]:
     """A trial's results row (``run_trial``'s keys): the trial's own numbers, the run's times and rates
     (``perf_counter`` s at ``entered`` the run, ``start`` its fit), the test metrics of the best
-    (``test/acc``, ...) and final (``final/test/acc``, ...) weights and the Newton statistics of ``module``."""
+    (``test/acc``, ...) and final (``final/test/acc``, ...) weights and the Newton statistics of ``module``.
+    With the task's ``chance`` accuracy, the scaled accuracies ``(acc - chance) / (1 - chance)`` of the best
+    weights too (``test/scaled_acc``, ``len<L>/scaled_acc``, ``extrap/scaled_acc``: Grazzi et al. 2025)."""
     extrap_accs = [best[f"{name}/acc"] for name in test_set_names if name.startswith("len") and f"{name}/acc" in best]
     root = trainer.strategy.root_device
     result: dict[str, Any] = {
@@ -604,6 +608,12 @@ def result_row(*, n_params: int, steps: int, best_step: int, resumed_from: int, 
         result["newton/eager_from_step"] = module.eager_from_step
     if extrap_accs:
         result["extrap/mean_acc"] = sum(extrap_accs) / len(extrap_accs)
+    if chance is not None and chance < 1:
+        scaled = {key: (value - chance) / (1 - chance) for key, value in result.items()
+                  if key.endswith("/acc") and not key.startswith("final/") and key.split("/")[0] in (*test_set_names, "extrap")}
+        if "extrap/mean_acc" in result:
+            scaled["extrap/mean_acc"] = (result["extrap/mean_acc"] - chance) / (1 - chance)
+        result.update({key.rsplit("/", 1)[0] + "/scaled_acc": value for key, value in scaled.items()})
     return result
 
 

@@ -89,6 +89,7 @@ def test_sweep_over_layers_reports_each_depth(tmp_path, capsys):
     assert sorted(df["layers"]) == [1, 2] and set(df["status"]) == {"ok"} and set(df["precision"]) == {"bf16-mixed"}
     assert (df["test/acc"] > 0.95).all(), df[["layers", "test/acc"]]
     assert df.loc[df["layers"] == 2, "n_params"].iloc[0] > df.loc[df["layers"] == 1, "n_params"].iloc[0]
+    pd.testing.assert_series_equal(df["extrap/scaled_acc"], (df["extrap/mean_acc"] - 0.5) / 0.5, check_names=False)
     header = [c.strip() for c in (out / "table.md").read_text().splitlines()[0].split("|")]
     assert header[1:4] == ["task", "mixer", "layers"]
 
@@ -109,6 +110,7 @@ def test_bf16_mixed_keeps_float32_weights(tmp_path):
     state = torch.load(tmp_path / "trial" / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)["state_dict"]
     assert {v.dtype for k, v in state.items() if v.is_floating_point()} == {torch.float32}
     assert result["engine"] == "eager"
+    assert result["test/scaled_acc"] == pytest.approx((result["test/acc"] - 0.5) / 0.5)  # parity: chance 1/2
 
 
 def test_graph_engines_fall_back_to_eager_for_a_mixer_that_cannot_be_captured():
