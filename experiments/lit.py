@@ -100,11 +100,13 @@ def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, min_ratio
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def cosine_with_warmup_tensor(step: torch.Tensor, warmup_steps: int, total_steps: int) -> torch.Tensor:
+def cosine_with_warmup_tensor(step: torch.Tensor, warmup_steps: int, total_steps: int,
+                              min_ratio: float = 0.0) -> torch.Tensor:
     """``cosine_with_warmup`` of a step held in a tensor (float32, on its device): computable inside a CUDA graph."""
     t = step.float()
     progress = ((t - warmup_steps) / max(1, total_steps - warmup_steps)).clamp(0.0, 1.0)
-    return torch.where(t < warmup_steps, (t + 1) / warmup_steps, 0.5 * (1 + torch.cos(math.pi * progress)))
+    decay = min_ratio + (1 - min_ratio) * 0.5 * (1 + torch.cos(math.pi * progress))
+    return torch.where(t < warmup_steps, (t + 1) / warmup_steps, decay)
 
 
 class LitSequenceModel(L.LightningModule):
@@ -134,6 +136,8 @@ class LitSequenceModel(L.LightningModule):
         warmup_ratio: float = 0.1,
         test_set_names: tuple[str, ...] | list[str] = ("test",),
         stack_seeds: list[int] | None = None,
+        min_lr: float = 0.0,
+        grad_clip: float | None = None,
     ) -> None:
         super().__init__()
         if not lr > 0:
@@ -144,7 +148,10 @@ class LitSequenceModel(L.LightningModule):
             "betas": [float(b) for b in betas], "max_steps": int(max_steps), "warmup_ratio": float(warmup_ratio),
             "test_set_names": list(test_set_names),
             **({"stack_seeds": [int(x) for x in stack_seeds]} if stack_seeds is not None else {}),
+            **({"min_lr": float(min_lr)} if min_lr else {}), **({"grad_clip": float(grad_clip)} if grad_clip else {}),
         })
+        if grad_clip and stack_seeds is not None:
+            raise ValueError("grad_clip clips each trial's own gradient: stacked trials (stack_seeds) cannot use it")
         self.stack_seeds = [int(x) for x in stack_seeds] if stack_seeds is not None else None
         if self.stack_seeds is None:
             self.model = SequenceModel(model_config)
@@ -158,6 +165,8 @@ class LitSequenceModel(L.LightningModule):
             self.model = stack_trials(models)
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
         self.max_steps, self.warmup_ratio = max_steps, warmup_ratio
+        #: the schedule decays to ``min_lr`` (a fraction ``_min_ratio`` of ``lr``); ``grad_clip``: max global norm
+        self._min_ratio, self.grad_clip = min(1.0, min_lr / lr), grad_clip
         self.test_set_names = tuple(test_set_names)
         n = model_config.num_classes
         self.val_metrics = _metrics(n, "val") if self.stack_seeds is None else \
@@ -244,6 +253,8 @@ class LitSequenceModel(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         loss = self.train_loss(tokens, targets)
         backward(loss)
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), self.grad_clip, foreach=True)
         self.record_step(loss, optimizer)
         return loss
 
@@ -277,13 +288,13 @@ class LitSequenceModel(L.LightningModule):
         the optimizer reads (a lookup in ``_lr_table``, or computed from the step counter), else a float."""
         group = optimizer.param_groups[0]
         if not isinstance(group["lr"], torch.Tensor):
-            group["lr"] = self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps)
+            group["lr"] = self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps, self._min_ratio)
             return
         step = self._step_counter
         if self._lr_table is not None:
             torch.index_select(self._lr_table, 0, step, out=self._lr_now)
         else:
-            self._lr_now.copy_(self.lr * cosine_with_warmup_tensor(step, self._warmup_steps, self.max_steps))
+            self._lr_now.copy_(self.lr * cosine_with_warmup_tensor(step, self._warmup_steps, self.max_steps, self._min_ratio))
         torch.clamp(step + 1, max=self.max_steps, out=step)  # the schedule ends at max_steps (lr 0)
 
     def bind_learning_rate(self, optimizer: torch.optim.Optimizer) -> None:
@@ -294,8 +305,8 @@ class LitSequenceModel(L.LightningModule):
         self._lr_table = None
         if self.max_steps <= LR_TABLE_MAX_STEPS:
             steps = torch.arange(self.max_steps + 1, device=self.device)
-            self._lr_table = self.lr * cosine_with_warmup_tensor(steps, self._warmup_steps, self.max_steps)
-        self._lr_now.fill_(self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps))
+            self._lr_table = self.lr * cosine_with_warmup_tensor(steps, self._warmup_steps, self.max_steps, self._min_ratio)
+        self._lr_now.fill_(self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps, self._min_ratio))
         for group in optimizer.param_groups:
             group["lr"] = self._lr_now[0]
 
@@ -400,7 +411,7 @@ class LitSequenceModel(L.LightningModule):
         """AdamW; on CUDA the fused, capturable one with the lr as a device tensor (set each step by
         ``_set_learning_rate``), so a whole step can be captured in a CUDA graph."""
         cuda = self.device.type == "cuda"
-        lr = torch.tensor(self.lr * cosine_with_warmup(0, self._warmup_steps, self.max_steps), device=self.device) \
+        lr = torch.tensor(self.lr * cosine_with_warmup(0, self._warmup_steps, self.max_steps, self._min_ratio), device=self.device) \
             if cuda else self.lr
         return torch.optim.AdamW(self.parameters(), lr=lr, betas=self.betas, weight_decay=self.weight_decay,
                                  fused=cuda, capturable=cuda)

@@ -130,9 +130,10 @@ class SequenceModel(nn.Module):
         super().__init__()
         self.config = config
         d = config.d_model
+        block = sequence_block(config)  # built first: the initialization draws as the single-layer model's did
         self.embedding = nn.Embedding(config.vocab_size, d)
         self.norm_in = nn.RMSNorm(d)
-        self.block = sequence_block(config)
+        self.block = block
         self.residual_first = config.layers > 1 and not has_own_residual(self.block)
         if config.layers > 1:
             self.deeper = nn.ModuleList(ResidualLayer(sequence_block(config), d) for _ in range(config.layers - 1))

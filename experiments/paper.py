@@ -319,7 +319,7 @@ def parameter_counts(preset: str) -> pd.DataFrame:
         for mixer in plan.mixers:
             for layers in plan.layers:
                 config = ModelConfig(vocab, task.num_classes, mixer=mixer, mixer_options=dict(plan.mixer_options.get(mixer, {})),
-                                     block=plan.block, positional=plan.positional, layers=layers)
+                                     block=plan.block, positional=plan.positional, layers=layers, d_model=plan.d_model)
                 cell = paper.get(mixer, {}).get(entry, []) if layers == depth else []
                 rows.append({"entry": entry, "mixer": model_label(mixer, layers, depth),
                              "ours": count_parameters(SequenceModel(config)),

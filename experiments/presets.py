@@ -11,6 +11,7 @@ A preset file::
       mixer_options: {flashgru: {clip_norm: 0.9}}
       layers: [1, 2]          # model depth, a grid axis (default 1)
       precision: 32-true      # or bf16-mixed (Lightning's names)
+      d_model: 64             # the model's width
     tasks:                    # per task: the same keys, plus task_options, block, positional,
       parity: {...}           # extrapolation; a task absent here is not part of the preset
 
@@ -52,7 +53,7 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 SWEEP_KEYS = {"mixers", "seeds", "lrs", "train", "mixer_options", "task_options", "block", "positional",
-              "extrapolation", "description", "task", "priority", "layers", "precision"}
+              "extrapolation", "description", "task", "priority", "layers", "precision", "d_model"}
 PRIORITIES = ("normal", "high")
 #: top-level keys of a preset file (``paper``: the paper's numbers, read by ``experiments.reproduce``)
 PRESET_KEYS = {"description", "defaults", "tasks", "paper", "budget", "extends", "only"}
@@ -83,6 +84,8 @@ class SweepPlan:
     layers: list[int] = dataclasses.field(default_factory=lambda: [1])
     #: Lightning precision of every trial (``experiments.train.PRECISIONS``)
     precision: str = PRECISIONS[0]
+    #: the model's width
+    d_model: int = 64
 
 
 def available_presets() -> list[str]:
@@ -167,7 +170,7 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         positional=merged.get("positional", "none"),
         extrapolation=merged.get("extrapolation"),
         description=data.get("description", ""),
-        priority=priority, layers=list(dict.fromkeys(layers)), precision=precision,
+        priority=priority, layers=list(dict.fromkeys(layers)), precision=precision, d_model=int(merged.get("d_model", 64)),
     )
 
 
@@ -178,7 +181,7 @@ def build_specs(plan: SweepPlan, device: str = "auto") -> list[TrialSpec]:
             task=plan.task, mixer=mixer, lr=lr, seed=seed, task_options=plan.task_options,
             mixer_options=plan.mixer_options.get(mixer, {}), block=plan.block, positional=plan.positional,
             extrapolation=plan.extrapolation, train=plan.train, device=device, layers=layers,
-            precision=plan.precision,
+            precision=plan.precision, d_model=plan.d_model,
         )
         for mixer in plan.mixers for layers in plan.layers for seed in plan.seeds for lr in plan.lrs
     ]

@@ -50,6 +50,10 @@ class TrainConfig:
     eval_every: int = 250
     warmup_ratio: float = 0.1
     weight_decay: float = 1e-6
+    #: the cosine schedule's final learning rate (absolute; Grazzi et al. 2025 decay to 1e-6)
+    min_lr: float = 0.0
+    #: clip the gradient's global norm to this before each update (``None``: never)
+    grad_clip: float | None = None
     #: stop once validation accuracy exceeds this (EarlyStopping's threshold is strict)
     early_stop_acc: float = 0.999
     #: also stop when the best validation accuracy has not grown by ``plateau_delta`` for this many
@@ -71,6 +75,10 @@ class TrainConfig:
             raise ValueError(f"train option warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
         if not self.weight_decay >= 0:
             raise ValueError(f"train option weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not self.min_lr >= 0:
+            raise ValueError(f"train option min_lr must be >= 0, got {self.min_lr!r}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"train option grad_clip must be None or > 0, got {self.grad_clip!r}")
         if isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int) or self.data_seed < 0:
             raise ValueError(f"train option data_seed must be an integer >= 0, got {self.data_seed!r}")
         if self.plateau_steps is not None and (not isinstance(self.plateau_steps, int) or self.plateau_steps < self.eval_every):
@@ -104,6 +112,8 @@ class TrialSpec:
     #: Lightning's precision: ``32-true`` (float32) or ``bf16-mixed`` (float32 weights, optimizer and
     #: loss; the forward under ``torch.autocast(bfloat16)``)
     precision: str = "32-true"
+    #: the model's width (embedding and mixer channels)
+    d_model: int = 64
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
@@ -112,6 +122,8 @@ class TrialSpec:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1:
             raise ValueError(f"layers must be an integer >= 1, got {self.layers!r}")
+        if isinstance(self.d_model, bool) or not isinstance(self.d_model, int) or self.d_model < 1:
+            raise ValueError(f"d_model must be an integer >= 1, got {self.d_model!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
@@ -135,9 +147,12 @@ class TrialSpec:
         """``to_dict()`` without the fields at their defaults that earlier versions did not have (what the
         cell's hash covers, so a study written before them resumes)."""
         d = self.to_dict()
-        for name, default in (("layers", 1), ("precision", PRECISIONS[0])):
+        for name, default in (("layers", 1), ("precision", PRECISIONS[0]), ("d_model", 64)):
             if d[name] == default:
                 del d[name]
+        for name, default in (("min_lr", 0.0), ("grad_clip", None)):
+            if d["train"][name] == default:
+                del d["train"][name]
         return d
 
 
@@ -235,11 +250,12 @@ def build_module(spec: TrialSpec, dm: SyntheticDataModule, stack_seeds: list[int
     config = ModelConfig(
         vocab_size=dm.vocab_size, num_classes=dm.num_classes, mixer=spec.mixer,
         mixer_options=dict(spec.mixer_options), block=spec.block, positional=spec.positional, layers=spec.layers,
+        d_model=spec.d_model,
     )
     t = spec.train
     return LitSequenceModel(
         dataclasses.asdict(config), lr=spec.lr, weight_decay=t.weight_decay, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio,
-        test_set_names=tuple(dm.test_set_names), stack_seeds=stack_seeds,
+        test_set_names=tuple(dm.test_set_names), stack_seeds=stack_seeds, min_lr=t.min_lr, grad_clip=t.grad_clip,
     )
 
 

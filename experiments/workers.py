@@ -210,6 +210,8 @@ def claim_stack(grid, trial, cells: list[Cell], size: int) -> list:
     from experiments.train import TrialSpec
 
     spec = TrialSpec.from_dict(trial.user_attrs["spec"])
+    if spec.train.grad_clip:  # clipping is per trial: a stack would clip the trials' gradients together
+        return [trial]
     entry = trial.params.get("entry", spec.task)
     group = sorted((s.seed, cell_id(s)) for e, s in cells if e == entry and stack_key(s) == stack_key(spec)
                    and s.seed != spec.seed)

@@ -219,3 +219,40 @@ def test_deep_models_stack_trial_by_trial(block):
     out = stacked(tokens)
     for s, model in enumerate(models):
         torch.testing.assert_close(out[s], model(tokens[s]), rtol=1e-5, atol=1e-5)
+
+
+def test_one_layer_initializes_as_the_single_layer_model_did():
+    """Same seed, same weights as the paper model built in its original order (mixer, then embedding,
+    norms and head), so results of earlier studies stay reproducible at ``layers = 1``."""
+    torch.manual_seed(3)
+    model = SequenceModel(ModelConfig(16, 5, mixer="gru", d_model=16, mixer_options={"num_heads": 2}))
+    torch.manual_seed(3)
+    mixer = build_mixer("gru", 16, num_heads=2)
+    embedding, head = nn.Embedding(16, 16), nn.Linear(16, 5, bias=False)
+    torch.testing.assert_close(model.embedding.weight, embedding.weight)
+    torch.testing.assert_close(model.head.weight, head.weight)
+    for (name, p), q in zip(model.block.named_parameters(), mixer.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+
+
+def test_cosine_to_a_floor_and_gradient_clipping():
+    """``min_lr``: the schedule ends at ``min_lr`` (device and float forms agree step by step);
+    ``grad_clip``: the update sees a gradient of global norm at most ``grad_clip``."""
+    from experiments.lit import cosine_with_warmup, cosine_with_warmup_tensor
+    from experiments.train import build_datamodule, build_module
+
+    floor = 1e-6 / 1e-2
+    values = cosine_with_warmup_tensor(torch.arange(101), 10, 100, floor)
+    assert [float(v) for v in values] == pytest.approx([cosine_with_warmup(t, 10, 100, floor) for t in range(101)], rel=1e-4, abs=1e-7)
+    assert float(values[-1]) == pytest.approx(floor)
+    spec = TrialSpec(task="parity", mixer="gru", lr=1e-2, seed=0, task_options={"seq_len": 8},
+                     train=TrainConfig(max_steps=5, batch_size=8, train_size=64, val_size=16, test_size=16,
+                                       grad_clip=1e-3, min_lr=1e-6))
+    dm = build_datamodule(spec)
+    dm.setup("fit")
+    module = build_module(spec, dm)
+    assert module._min_ratio == pytest.approx(1e-4)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
+    module.training_closure(optimizer, dm.data["train"].inputs[:8], dm.data["train"].targets[:8])
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.parameters() if p.grad is not None]))
+    assert 0 < float(norm) <= 1e-3 * (1 + 1e-5)
