@@ -126,7 +126,8 @@ def positive_float_list(text: str) -> list[float]:
 
 
 def str_list(text: str) -> list[str]:
-    values = [x.strip() for x in text.split(",") if x.strip()]
+    """``"a,b[k=1,j=2]"`` -> ``["a", "b[k=1,j=2]"]``: commas inside brackets belong to the item."""
+    values = [x.strip() for x in re.split(r",(?![^\[]*\])", text) if x.strip()]
     if not values:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
     return values

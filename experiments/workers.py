@@ -108,7 +108,7 @@ def cell_dir(out: Path, entry: str, spec) -> Path:
     """The folder of a cell (shared by all its trials, so an interrupted trial resumes there)."""
     from experiments.study import spec_hash
 
-    return out / "trials" / f"{entry}-{spec.mixer.replace(':', '.')}-s{spec.seed}-lr{spec.lr:g}-{spec_hash(spec)}"
+    return out / "trials" / f"{entry}-{path_name(spec.mixer)}-s{spec.seed}-lr{spec.lr:g}-{spec_hash(spec)}"
 
 
 def stack_dir(out: Path, entry: str, specs: list) -> Path:
@@ -121,7 +121,13 @@ def stack_dir(out: Path, entry: str, specs: list) -> Path:
     spec = specs[0]
     digest = hashlib.sha1(stack_key(spec).encode()).hexdigest()[:10]
     seeds = ",".join(str(s.seed) for s in specs)
-    return out / "stacks" / f"{entry}-{spec.mixer.replace(':', '.')}-lr{spec.lr:g}-s{seeds}-{digest}"
+    return out / "stacks" / f"{entry}-{path_name(spec.mixer)}-lr{spec.lr:g}-s{seeds}-{digest}"
+
+
+def path_name(mixer: str) -> str:
+    """A mixer name as part of a folder name: ``module:Cell`` -> ``module.Cell``,
+    ``deltaproduct[householders=4]`` -> ``deltaproduct.householders=4``."""
+    return mixer.replace(":", ".").replace("[", ".").replace("]", "").replace(",", ".")
 
 
 class ReportValidation(Callback):

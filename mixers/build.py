@@ -2,10 +2,14 @@
 
 ``module.path:Attr`` may name an ``RNNCell`` subclass (turned into a mixer by
 ``mixers.cells.cell_mixer``) or any factory callable; ``fla:<Layer>`` a layer of flash-linear-attention
-(``mixers.fla_layers``). The result must be an ``nn.Module``.
+(``mixers.fla_layers``); any of them may carry options, ``name[key=value,...]``. The result must be an
+``nn.Module``.
 """
 
 from __future__ import annotations
+
+import ast
+import functools
 
 from torch import nn
 
@@ -14,11 +18,38 @@ from mixers.fla_layers import fla_factory
 from mixers.registry import MIXERS, MixerFactory, import_attr
 
 
+def split_options(name: str) -> tuple[str, dict[str, object]]:
+    """``"deltaproduct[householders=4,signed=false]"`` -> ``("deltaproduct", {"householders": 4, "signed": False})``:
+    a mixer name may carry options, so one sweep holds several variants of a mixer as cells of their own.
+    Values are Python literals (``true``/``false``/``none`` too); anything else stays a string."""
+    if not name.endswith("]") or "[" not in name:
+        return name, {}
+    base, _, inner = name[:-1].partition("[")
+    options: dict[str, object] = {}
+    for item in filter(None, (x.strip() for x in inner.split(","))):
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"mixer {name!r}: expected name[key=value,...], got {item!r}")
+        text = text.strip()
+        lowered = {"true": True, "false": False, "none": None, "null": None}
+        try:
+            value = lowered[text.lower()] if text.lower() in lowered else ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        options[key.strip()] = value
+    return base, options
+
+
 def resolve_mixer(name: str) -> MixerFactory:
-    """Return the factory for a registered name or a ``module.path:Attr`` spec.
+    """Return the factory for a registered name, a ``module.path:Attr`` spec or ``fla:<Layer>``; a name with
+    options (``name[key=value,...]``, ``split_options``) gives the factory with those options set.
 
     Raises ``ValueError`` listing the registered names when ``name`` is unknown.
     """
+    base, options = split_options(name)
+    if options or base != name:
+        factory = resolve_mixer(base)
+        return functools.partial(factory, **options)
     if name in MIXERS:
         return MIXERS[name]
     if name.startswith(FLA_PREFIX):
