@@ -54,6 +54,13 @@ class PaperEntry:
     layers: int = 1  #: the depth of the paper's models in this column
 
 
+def paper_tolerance(name: str) -> float | None:
+    """The preset's ``paper: tolerance`` (a cell agrees when within it of the paper's number), or ``None``
+    (a cell agrees when on the same side of 98%)."""
+    tolerance = load_reproduction(name)["paper"].get("tolerance")
+    return None if tolerance is None else float(tolerance)
+
+
 def model_label(mixer: str, layers: int, paper_layers: int = 1) -> str:
     """A table row's name: the mixer at the paper's depth, else ``<mixer>, <N> layer(s)`` (a departure)."""
     return mixer if layers == paper_layers else f"{mixer}, {layers} layer{'s' if layers > 1 else ''}"
@@ -220,10 +227,13 @@ def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def verdict(ours: float, paper: float) -> str:
-    """``✓`` same side of the 98% line as the paper, ``✗`` paper solved it and we did not, ``↑`` the reverse."""
+def verdict(ours: float, paper: float, tolerance: float | None = None) -> str:
+    """``✓`` same side of the 98% line as the paper, ``✗`` paper solved it and we did not, ``↑`` the reverse.
+    With ``tolerance`` (a preset's ``paper: tolerance``): ``✓`` within it of the paper, else ``✗`` below, ``↑`` above."""
     if ours != ours or paper != paper:
         return ""
+    if tolerance is not None:
+        return "✓" if abs(ours - paper) <= tolerance else ("✗" if ours < paper else "↑")
     if (ours >= SOLVED) == (paper >= SOLVED):
         return "✓"
     return "✗" if paper >= SOLVED else "↑"
@@ -243,6 +253,7 @@ def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
     entries = [e for e in paper_entries(name) if e.entry in set(table["entry"])]
     mean = entries and entries[0].aggregate == "mean_at_best_lr"
     titles = {e.title: [x.entry for x in entries if x.title == e.title] for e in entries}
+    tolerance = paper_tolerance(name)
     out: dict[str, list[str]] = {"model": []}
     for title in titles:
         out[title] = []
@@ -258,7 +269,7 @@ def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
             gaps = "".join(f", {int(r[k])} {k}" for k in ("failed", "missing") if r[k])
             warn = " ⚠" if r["skipped"] > SKIPPED_WARNING else ""
             out[title].append(f"{ours}{_k(r['ours_params'])} / {_pct(r['paper'])}{_k(r['paper_params'])} "
-                                f"{verdict(r['ours'], r['paper'])}{warn}{' (' + gaps[2:] + ')' if gaps else ''}".strip())
+                                f"{verdict(r['ours'], r['paper'], tolerance)}{warn}{' (' + gaps[2:] + ')' if gaps else ''}".strip())
     return pd.DataFrame(out)
 
 
@@ -269,6 +280,8 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     metrics = sorted({e.metric for e in entries if e.entry in set(table["entry"])})
     statistic = ("best over seeds (per seed the lr with the best validation accuracy)" if entries[0].aggregate == "best"
                  else "mean over seeds at the learning rate with the best mean validation accuracy (± std)")
+    legend = ("Each cell: ours (parameters) / paper (parameters); ✓ same side of 98% as the paper, ✗ the paper "
+              "reaches ≥ 98% and we do not, ↑ we reach ≥ 98% where the paper does not.")
     lines = [f"# Reproduction: {name}", "", f"Paper: {entries[0].source}.", "",
              f"- Device: {meta.get('device', '?')}; date: {meta.get('date', '?')}; "
              + (f"workers: {meta.get('workers', '?')}; wall time of this invocation: {meta.get('wall_min', float('nan')):.1f} min; "
@@ -281,10 +294,15 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
              "", f"Metric: {', '.join(f'`{m}`' for m in metrics)} "
              + ("(per column: " + ", ".join(f"{e.title} `{e.metric}`" for e in entries if e.entry in set(table['entry']))
                 + "); " if len(metrics) > 1 else "; ") + f"{statistic}.",
-             "Each cell: ours (parameters) / paper (parameters); ✓ same side of 98% as the paper, ✗ the paper "
-             "reaches ≥ 98% and we do not, ↑ we reach ≥ 98% where the paper does not.", "",
+             legend, "",
              comparison_frame(name, table).to_markdown(index=False, disable_numparse=True)]
-    differ = table[[verdict(o, p) in ("✗", "↑") for o, p in zip(table["ours"], table["paper"])]]
+    tolerance = paper_tolerance(name)
+    differ = table[[verdict(o, p, tolerance) in ("✗", "↑") for o, p in zip(table["ours"], table["paper"])]]
+    compared = int(sum(o == o and p == p for o, p in zip(table["ours"], table["paper"])))
+    if tolerance is not None:
+        lines[lines.index(legend)] = (f"Each cell: ours (parameters) / paper (parameters); ✓ within {tolerance:g} of the paper, "
+                                      "✗ lower, ↑ higher.")
+        lines += ["", f"{compared - len(differ)} of {compared} cells within {tolerance:g} of the paper."]
     lines += ["", f"Preset: `experiments/presets/{name}.yaml`. {' '.join(str(data.get('description', '')).split())}", ""]
     if len(differ):
         lines.append("Cells that differ from the paper (✗/↑): " + "; ".join(

@@ -9,8 +9,9 @@ Every reproduction shares one study in ``--out`` (default ``runs/reproduce``), s
 identical cells (pararnn-table1 within pararnn-table6) share their trials. Writes
 ``<out>/<NAME>/<entry>/results.csv`` and ``table.md`` per sweep, and ``<out>/<NAME>/reproduction.md``
 (+ ``reproduction.csv``): our numbers next to the paper's, with parameter counts, the budget and the
-device. ``--quick`` shrinks everything (one seed, short sequences, a few hundred steps) to check
-the pipeline on a CPU; its numbers are not a reproduction.
+device. ``--quick`` shrinks everything (one seed, at most two learning rates and depths, width 32 at
+most, short sequences, a few hundred steps) to check the pipeline on a CPU; its numbers are not a
+reproduction.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ log = logging.getLogger("experiments.reproduce")
 QUICK_TRAIN = {"max_steps": 300, "batch_size": 32, "train_size": 2000, "val_size": 300, "test_size": 1000,
                "eval_every": 100}
 QUICK_SEQ_LEN = 32
+QUICK_D_MODEL = 32
 QUICK_EXTRAPOLATION = {"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]}
 
 
@@ -54,7 +56,8 @@ def plans_for(name: str, quick: bool = False, overrides: dict[str, Any] | None =
         over: dict[str, Any] = {}
         if quick:
             base = resolve_sweep(entry, name)
-            over = {"seeds": [0], "train": dict(QUICK_TRAIN), "lrs": base.lrs[:2]}
+            over = {"seeds": [0], "train": dict(QUICK_TRAIN), "lrs": base.lrs[:2], "layers": base.layers[:2],
+                    "d_model": min(base.d_model, QUICK_D_MODEL)}
             if base.extrapolation:
                 over["extrapolation"] = dict(QUICK_EXTRAPOLATION)
             else:

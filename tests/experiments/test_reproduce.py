@@ -184,3 +184,21 @@ def test_failed_cells_are_final_unless_retry_failed(tmp_path, monkeypatch):
     run_reproduction("pararnn-table1", tmp_path, retry_failed=True, **args)
     df = pd.read_csv(results)
     assert set(df["trial"]) == {1} and df["status"].tolist() == ["failed"]  # re-ran (and failed again)
+
+
+def test_state_tracking_reproductions_resolve_with_their_protocols():
+    """The three state-tracking papers: depth, width and options as their protocols state; the paper
+    numbers of Grazzi et al.'s Table 3 as printed; cells agree within the preset's tolerance."""
+    grazzi = {p.entry: p for p in plans_for("grazzi-table3")}
+    assert {e: p.layers for e, p in grazzi.items()} == {"parity": [2], "arith": [3], "arith_brackets": [3]}
+    assert {p.d_model for p in grazzi.values()} == {128} and grazzi["arith"].train.grad_clip == 1.0
+    assert grazzi["parity"].train.grad_clip is None and grazzi["parity"].train.min_lr == 1e-6
+    t3 = load_preset("grazzi-table3")["paper"]["results"]
+    assert [t3[m]["arith"][0] for m in ("deltanet", "signed_deltanet")] == [0.314, 0.971]
+    assert [verdict(0.9, 0.971, 0.15), verdict(0.8, 0.971, 0.15), verdict(0.3, 0.1, 0.15)] == ["✓", "✗", "↑"]
+    groups = plans_for("deltaproduct-groups")
+    assert "deltaproduct[householders=4]" in groups[0].mixers and groups[0].extrapolation["eval_lengths"][-1] == 512
+    illusion = plans_for("illusion-of-state")
+    assert illusion[0].layers == [1, 2, 3, 4] and {p.task_options["group"] for p in illusion} == {"A5", "A4xZ5", "Z60"}
+    quick = plans_for("illusion-of-state", quick=True)
+    assert quick[0].layers == [1, 2] and quick[0].seeds == [0]
