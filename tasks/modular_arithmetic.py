@@ -80,15 +80,8 @@ class ModularArithmeticConfig:
     operators: str = "+-*"
 
 
-@register_task("modular_arithmetic")
-class ModularArithmetic(Task):
-    """Evaluate ``d op d op ... d`` mod ``modulus`` (no brackets); see the module docstring. Chance ``1/modulus``."""
-
-    Config = ModularArithmeticConfig
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.modulus + 4
+class _ModularExpression(Task):
+    """What both expression tasks share: ``modulus`` classes (the value), a ``seq_len`` and a ``modulus`` to check."""
 
     @property
     def num_classes(self) -> int:
@@ -98,6 +91,21 @@ class ModularArithmetic(Task):
         c = self.config
         check(c.seq_len >= 1, self.name, f"seq_len must be >= 1, got {c.seq_len}")
         check(isinstance(c.modulus, int) and c.modulus >= 2, self.name, f"modulus must be an int >= 2, got {c.modulus!r}")
+
+
+@register_task("modular_arithmetic")
+class ModularArithmetic(_ModularExpression):
+    """Evaluate ``d op d op ... d`` mod ``modulus`` (no brackets); see the module docstring. Chance ``1/modulus``."""
+
+    Config = ModularArithmeticConfig
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.modulus + 4
+
+    def _validate(self) -> None:
+        super()._validate()
+        c = self.config
         ops = c.operators
         check(isinstance(ops, str) and len(ops) >= 1 and set(ops) <= set(OPERATOR_CHARS) and len(set(ops)) == len(ops),
               self.name, f"operators must be distinct characters of {OPERATOR_CHARS!r}, got {ops!r}")
@@ -129,7 +137,7 @@ class ModularArithmeticBracketsConfig:
 
 
 @register_task("modular_arithmetic_brackets")
-class ModularArithmeticBrackets(Task):
+class ModularArithmeticBrackets(_ModularExpression):
     """Evaluate a random bracketed expression of exactly ``seq_len`` tokens mod ``modulus``; see the module docstring."""
 
     Config = ModularArithmeticBracketsConfig
@@ -138,14 +146,9 @@ class ModularArithmeticBrackets(Task):
     def vocab_size(self) -> int:
         return self.config.modulus + 5
 
-    @property
-    def num_classes(self) -> int:
-        return self.config.modulus
-
     def _validate(self) -> None:
+        super()._validate()
         c = self.config
-        check(c.seq_len >= 1, self.name, f"seq_len must be >= 1, got {c.seq_len}")
-        check(isinstance(c.modulus, int) and c.modulus >= 2, self.name, f"modulus must be an int >= 2, got {c.modulus!r}")
         check(isinstance(c.mult, bool), self.name, f"mult must be True or False, got {c.mult!r}")
 
     def _generate(self, num_samples: int, generator: torch.Generator) -> TaskData:
