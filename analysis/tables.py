@@ -39,15 +39,19 @@ REQUIRED = ("task", "mixer", "seed", "lr", "status")
 
 
 def load_results(paths: Sequence[str | Path]) -> pd.DataFrame:
-    """Concatenate ``results.csv`` files (a folder means ``<folder>/results.csv``); adds ``source``.
+    """Concatenate ``results.csv`` files (a folder means ``<folder>/results.csv``, or without one every
+    ``<folder>/<sweep>/results.csv``: a reproduction's folder); adds ``source``.
 
     Raises ``ValueError`` for a missing file or a file without the columns a sweep's results.csv has.
     """
     if not paths:
         raise ValueError("give at least one results.csv (or a sweep folder holding one)")
     frames = []
+    files = []
     for p in map(Path, paths):
-        path = p / "results.csv" if p.is_dir() else p
+        nested = sorted(p.glob("*/results.csv")) if p.is_dir() and not (p / "results.csv").is_file() else []
+        files += nested or [p / "results.csv" if p.is_dir() else p]
+    for path in files:
         if not path.is_file():
             raise ValueError(f"no results file at {path} (expected a results.csv written by experiments.sweep)")
         df = pd.read_csv(path)

@@ -122,3 +122,11 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert run(main, [str(bad)]) == 2
     assert "missing column(s)" in capsys.readouterr().err
     assert run(main, [str(bad), "--paper", "nope"]) == 2  # the file is read first
+
+
+def test_a_reproduction_folder_reads_every_sweep_below_it(results):
+    """A folder without its own results.csv (a reproduction's: one sweep per sub-folder) reads them all."""
+    a, b = results
+    both = load_results([a.parent.parent])
+    assert len(both) == len(load_results([a])) + len(load_results([b]))
+    assert set(both["source"]) == {str(a), str(b)}
