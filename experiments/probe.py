@@ -250,7 +250,7 @@ def sweep_plans(cell: str, tasks: list[str], references: list[str], quick: bool,
     for task in tasks:
         over: dict[str, Any] = {"mixers": [cell, *references]}
         if task in STATE_TASKS:
-            over["preset"] = "state-tracking"
+            over.update({"preset": "state-tracking", "layers": [1]})  # the probe asks what one layer of the cell does
             if quick:
                 over.update({"seeds": [0], "train": dict(QUICK_TRAIN), "lrs": [3e-3], "extrapolation": QUICK_EXTRAPOLATION})
         elif quick:

@@ -111,7 +111,7 @@ def test_nan_trial_fails_cleanly_and_sweep_goes_on(tmp_path, monkeypatch):
     assert by_mixer.loc["gru", "status"] == "ok"
     table = (tmp_path / "table.md").read_text()
     row = next(line for line in table.splitlines() if "nan_mixer" in line)
-    assert [c.strip() for c in row.strip("|").split("|")][2:5] == ["–", "0", "1"]  # params, seeds, failed
+    assert [c.strip() for c in row.strip("|").split("|")][3:6] == ["–", "0", "1"]  # params, seeds, failed
     run_sweep(plan, tmp_path, progress=False)  # a NaN result is final: not re-run
     assert trial_states(tmp_path).count(TrialState.FAIL) == 1
 
