@@ -168,16 +168,22 @@ class _History(Callback):
     ``(perf_counter s, optimizer step)`` samples at least ``PROGRESS_EVERY_S`` apart (after a device
     synchronization, so a step counts once the GPU has run it), the last at the end of training.
     Several trials' samples give the steps they ran in one shared time window
-    (``experiments.throughput.concurrent_rate``)."""
+    (``experiments.throughput.concurrent_rate``). Each sample is appended to ``progress_files`` as it is
+    taken (``unix_time_s,step``), so a running trial's progress can be read while it trains."""
 
     def __init__(self) -> None:
         self.val_acc: list[float] = []
         self.progress: list[tuple[float, int]] = []
+        self.progress_files: list[Path] = []
         self._unix_offset = time.time() - time.perf_counter()
 
     def _sample(self, pl_module, step: int) -> None:
         torch.cuda.synchronize() if pl_module.device.type == "cuda" else None
         self.progress.append((time.perf_counter(), step))
+        for path in self.progress_files:
+            new = not path.exists()
+            with path.open("a") as f:
+                f.write(("unix_time_s,step\n" if new else "") + f"{self.progress[-1][0] + self._unix_offset:.3f},{step}\n")
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
@@ -204,14 +210,6 @@ class _History(Callback):
             return float("nan")
         (t0, s0), (t1, s1) = self.progress[0], self.progress[-1]
         return (s1 - s0) / max(t1 - t0, 1e-9)
-
-    def write_progress(self, path: Path) -> None:
-        """Append this invocation's samples to the CSV ``path`` (``unix_time_s,step``)."""
-        new = not path.exists()
-        with path.open("a") as f:
-            if new:
-                f.write("unix_time_s,step\n")
-            f.writelines(f"{t + self._unix_offset:.3f},{s}\n" for t, s in self.progress)
 
 
 def resolve_device(device: str) -> tuple[str, list[int] | str]:
@@ -565,18 +563,15 @@ def fit_trainer(t: TrainConfig, out: Path, accelerator: str, devices, engine: st
 def fitting(trainer: L.Trainer, history: _History, progress_files: list[Path]):
     """Around ``fit`` and the test passes: Lightning's warnings about these small in-memory runs muted,
     Ctrl-C raised as ``KeyboardInterrupt``, and the progress samples appended to ``progress_files``
-    at the end (an interrupted invocation keeps its samples too; the resumed one appends)."""
+    as they are taken (a resumed invocation appends to the interrupted one's)."""
+    history.progress_files = list(progress_files)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*is smaller than the logging interval.*")
         warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
         warnings.filterwarnings("ignore", ".*is set, but there is no last checkpoint available.*")  # a fresh trial
-        try:
-            with interrupt_as_keyboard_interrupt(trainer):
-                yield
-        finally:
-            for path in progress_files:
-                history.write_progress(path)
+        with interrupt_as_keyboard_interrupt(trainer):
+            yield
 
 
 def fit_resuming(trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticDataModule, out: Path) -> int:

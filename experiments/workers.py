@@ -322,8 +322,14 @@ def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker-{index} pid={os.getpid()} %(message)s")
 
     def _terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would cut the interrupt checkpoint short
         raise KeyboardInterrupt
 
+    # Ctrl-C at a terminal reaches the whole process group; the sweep's process answers it by stopping the
+    # workers with SIGTERM. A worker that took the SIGINT too would get two interrupts milliseconds apart,
+    # and the second, inside Lightning's handling of the first, would skip the checkpoint written on
+    # interruption: its trial would restart at step 0. So a worker takes only the SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)
     from experiments.study import GridStudy
     from experiments.train import RunOptions, TrialSpec, quiet_lightning

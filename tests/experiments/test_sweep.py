@@ -151,18 +151,28 @@ def _ctrl_c_as_at_a_terminal():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _trained_step(out) -> int:
+    """The last training step any trial of ``out`` has written to its ``progress.csv`` (0: none yet)."""
+    steps = [int(line.rsplit(",", 1)[1]) for f in out.glob("trials/*/progress.csv")
+             for line in f.read_text().splitlines()[1:] if line.count(",") == 1]
+    return max(steps, default=0)
+
+
 def _interrupt_after_training_started(out, extra=()):
-    """Start the sweep, wait until it trains (a trial RUNNING in the study for a few seconds), then Ctrl-C it."""
+    """Start the sweep, wait until its trial has trained further than before (a new step in its
+    ``progress.csv``: progress it can see, whatever the machine's load), then Ctrl-C it; returns the exit
+    code, standard error and the step seen before the interruption."""
+    before = _trained_step(out)
     proc = subprocess.Popen(_sweep_cmd(out, *extra), cwd=ROOT, env=_env(), stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=_ctrl_c_as_at_a_terminal)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (
-            (out / "journal.log").is_file() and plain_study(out).get_trials(states=(TrialState.RUNNING,))):
+    deadline = time.time() + 300
+    while time.time() < deadline and _trained_step(out) <= before and proc.poll() is None:
         time.sleep(0.2)
-    time.sleep(4.0)
+    seen = _trained_step(out)
+    assert before < seen < 200, f"no training progress to interrupt (steps {before} -> {seen})"
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
     _, err = proc.communicate(timeout=120)
-    return proc.returncode, err
+    return proc.returncode, err, seen
 
 
 @pytest.mark.slow
@@ -171,18 +181,20 @@ def test_ctrl_c_three_times_then_the_sweep_finishes(tmp_path, workers):
     """Each Ctrl-C: exit 130 with a resume hint, the trial recorded as interrupted (not a death), resumed
     from its checkpoint by the next run; after three of them the cell still finishes, once."""
     extra = ("--workers", str(workers)) if workers else ()
-    steps = []
+    steps, seen = [], []
     for _ in range(3):
-        code, err = _interrupt_after_training_started(tmp_path, extra)
+        code, err, step = _interrupt_after_training_started(tmp_path, extra)
         assert code == 130, err
         assert "interrupted: re-run the same command to resume" in err and "Traceback" not in err
         steps.append(pd.read_csv(tmp_path / "results.csv")["status"].tolist())
+        seen.append(step)
     study = plain_study(tmp_path)
     assert [t.user_attrs.get("failure") for t in study.trials] == ["interrupted"] * 3
     done = subprocess.run(_sweep_cmd(tmp_path, *extra), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     df = pd.read_csv(tmp_path / "results.csv")
-    assert df["status"].tolist() == ["ok"] and df["resumed_from_step"].iloc[0] > 0 and df["steps"].iloc[0] == 200
+    # each run went on from where the last one stopped: the final one resumed at or after the last step seen
+    assert df["status"].tolist() == ["ok"] and df["resumed_from_step"].iloc[0] >= seen[-1] and df["steps"].iloc[0] == 200
     assert steps == [["missing"]] * 3  # an interrupted cell is shown as missing, never as a result
     assert [t.state for t in plain_study(tmp_path).trials].count(TrialState.COMPLETE) == 1
 
