@@ -5,7 +5,8 @@ Per mixer and backend (d = 64, 4 heads, input ``(--batch, --length, 64)``, defau
 state-tracking preset's training batch): three eager forward+backward passes on a side stream
 (compilation, autotuning), the capture of one in a CUDA graph, a replay on fresh inputs compared with an
 eager call on the same inputs (relative norm error of the output and the input gradient), then the
-median time of 50 eager passes and of 50 replays (CUDA events). A capture that fails is reported with
+median time of eager passes and of replays (``benchmarks.ops.common.time_ms``: ``do_bench``). A capture
+that fails is reported with
 its error. Prints a Markdown table (pandas); ``--json`` writes the rows. Needs a CUDA GPU.
 """
 
@@ -13,27 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 import pandas as pd
 import torch
 
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).float().norm() / b.float().norm().clamp_min(1e-30))
-
-
-def _median_ms(fn, repeats: int = 50) -> float:
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from benchmarks.ops.common import rel_error, time_ms
 
 
 def measure(name: str, backend: str | None, batch: int, length: int) -> dict:
@@ -59,7 +45,7 @@ def measure(name: str, backend: str | None, batch: int, length: int) -> dict:
         for _ in range(3):
             step()
     torch.cuda.current_stream().wait_stream(side)
-    row["eager_ms"] = round(_median_ms(step), 3)
+    row["eager_ms"] = round(time_ms(step), 3)
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
@@ -73,8 +59,9 @@ def measure(name: str, backend: str | None, batch: int, length: int) -> dict:
     torch.cuda.synchronize()
     got_y, got_dx = y_static.detach().clone(), x.grad.detach().clone()
     want_y = step().detach()
-    row["capture"] = f"ok (replay vs eager: output {_rel(got_y, want_y):.1e}, input grad {_rel(got_dx, x.grad):.1e})"
-    row["replay_ms"] = round(_median_ms(graph.replay), 3)
+    errors = rel_error(got_y, want_y), rel_error(got_dx, x.grad)
+    row["capture"] = f"ok (replay vs eager: output {errors[0]:.1e}, input grad {errors[1]:.1e})"
+    row["replay_ms"] = round(time_ms(graph.replay), 3)
     return row
 
 

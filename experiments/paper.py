@@ -280,8 +280,11 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     metrics = sorted({e.metric for e in entries if e.entry in set(table["entry"])})
     statistic = ("best over seeds (per seed the lr with the best validation accuracy)" if entries[0].aggregate == "best"
                  else "mean over seeds at the learning rate with the best mean validation accuracy (± std)")
-    legend = ("Each cell: ours (parameters) / paper (parameters); ✓ same side of 98% as the paper, ✗ the paper "
-              "reaches ≥ 98% and we do not, ↑ we reach ≥ 98% where the paper does not.")
+    tolerance = paper_tolerance(name)
+    legend = ("Each cell: ours (parameters) / paper (parameters); " + (
+        f"✓ within {tolerance:g} of the paper, ✗ lower, ↑ higher." if tolerance is not None else
+        "✓ same side of 98% as the paper, ✗ the paper reaches ≥ 98% and we do not, ↑ we reach ≥ 98% where the "
+        "paper does not."))
     lines = [f"# Reproduction: {name}", "", f"Paper: {entries[0].source}.", "",
              f"- Device: {meta.get('device', '?')}; date: {meta.get('date', '?')}; "
              + (f"workers: {meta.get('workers', '?')}; wall time of this invocation: {meta.get('wall_min', float('nan')):.1f} min; "
@@ -296,12 +299,9 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
                 + "); " if len(metrics) > 1 else "; ") + f"{statistic}.",
              legend, "",
              comparison_frame(name, table).to_markdown(index=False, disable_numparse=True)]
-    tolerance = paper_tolerance(name)
     differ = table[[verdict(o, p, tolerance) in ("✗", "↑") for o, p in zip(table["ours"], table["paper"])]]
-    compared = int(sum(o == o and p == p for o, p in zip(table["ours"], table["paper"])))
     if tolerance is not None:
-        lines[lines.index(legend)] = (f"Each cell: ours (parameters) / paper (parameters); ✓ within {tolerance:g} of the paper, "
-                                      "✗ lower, ↑ higher.")
+        compared = int(sum(o == o and p == p for o, p in zip(table["ours"], table["paper"])))
         lines += ["", f"{compared - len(differ)} of {compared} cells within {tolerance:g} of the paper."]
     lines += ["", f"Preset: `experiments/presets/{name}.yaml`. {' '.join(str(data.get('description', '')).split())}", ""]
     if len(differ):

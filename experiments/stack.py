@@ -202,6 +202,6 @@ def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: s
                 best_val_acc=trials.best[s] if trials.best[s] is not None else float("nan"),
                 final_val_acc=trials.last_val_acc[s] if trials.last_val_acc[s] is not None else float("nan"),
                 best=_test(tester, best_module, dm), final=_test(tester, final_module, dm),
-                test_set_names=dm.test_set_names, engine=engine, chance=dm.task.chance_accuracy,
+                test_set_names=dm.test_set_names, engine=engine, scaled=dm.task.scaled_accuracy,
             ), "stack_size": len(specs)})
     return results

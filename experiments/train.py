@@ -21,7 +21,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
@@ -517,7 +517,7 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         best_val_acc=float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else float("nan"),
         final_val_acc=history.val_acc[-1] if history.val_acc else float("nan"),
         best=best, final=final, test_set_names=dm.test_set_names, engine=engine, engine_note=engine_note,
-        chance=dm.task.chance_accuracy,
+        scaled=dm.task.scaled_accuracy,
     )
 
 
@@ -586,12 +586,13 @@ def result_row(*, n_params: int, steps: int, best_step: int, resumed_from: int, 
                trainer: L.Trainer, entered: float, start: float, train_time: float, history: _History,
                best_val_acc: float, final_val_acc: float, best: dict[str, float], final: dict[str, float],
                test_set_names: list[str], engine: str = "", engine_note: str = "",
-               chance: float | None = None) -> dict[str, Any]:
+               scaled: Callable[[float], float] | None = None) -> dict[str, Any]:
     """A trial's results row (``run_trial``'s keys): the trial's own numbers, the run's times and rates
     (``perf_counter`` s at ``entered`` the run, ``start`` its fit), the test metrics of the best
     (``test/acc``, ...) and final (``final/test/acc``, ...) weights and the Newton statistics of ``module``.
-    With the task's ``chance`` accuracy, the scaled accuracies ``(acc - chance) / (1 - chance)`` of the best
-    weights too (``test/scaled_acc``, ``len<L>/scaled_acc``, ``extrap/scaled_acc``: Grazzi et al. 2025)."""
+    With the task's ``scaled`` (``Task.scaled_accuracy``: ``(acc - chance) / (1 - chance)``), the scaled
+    accuracies of the best weights too (``test/scaled_acc``, ``len<L>/scaled_acc``, ``extrap/scaled_acc``:
+    Grazzi et al. 2025)."""
     extrap_accs = [best[f"{name}/acc"] for name in test_set_names if name.startswith("len") and f"{name}/acc" in best]
     root = trainer.strategy.root_device
     result: dict[str, Any] = {
@@ -619,12 +620,10 @@ def result_row(*, n_params: int, steps: int, best_step: int, resumed_from: int, 
         result["newton/eager_from_step"] = module.eager_from_step
     if extrap_accs:
         result["extrap/mean_acc"] = sum(extrap_accs) / len(extrap_accs)
-    if chance is not None and chance < 1:
-        scaled = {key: (value - chance) / (1 - chance) for key, value in result.items()
-                  if key.endswith("/acc") and not key.startswith("final/") and key.split("/")[0] in (*test_set_names, "extrap")}
-        if "extrap/mean_acc" in result:
-            scaled["extrap/mean_acc"] = (result["extrap/mean_acc"] - chance) / (1 - chance)
-        result.update({key.rsplit("/", 1)[0] + "/scaled_acc": value for key, value in scaled.items()})
+    if scaled is not None:
+        accuracies = [f"{name}/acc" for name in test_set_names if f"{name}/acc" in best]
+        accuracies += ["extrap/mean_acc"] if "extrap/mean_acc" in result else []
+        result.update({key.split("/")[0] + "/scaled_acc": scaled(result[key]) for key in accuracies})
     return result
 
 
