@@ -65,9 +65,10 @@ _GPU_ONLY = re.compile(r"cuda|triton|gpu", re.IGNORECASE)
 
 
 def validate_specs(cells: list[tuple[str, Any]]) -> None:
-    """Build each distinct model once and run it on a tiny input on the trials' device (with their
-    precision), so configuration errors (an unknown mixer option, something that is not a mixer, a
-    GPU-only mixer on a machine without one) surface before any training."""
+    """Build each distinct model once and run it forward and backward on a tiny input on the trials'
+    device (with their precision), so configuration errors (an unknown mixer option, something that is
+    not a mixer, a GPU-only mixer on a machine without one, a kernel that refuses its backward there)
+    surface before any training."""
     import torch
 
     from experiments.train import build_datamodule, build_module, resolve_device
@@ -89,9 +90,9 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
                 raise ValueError(f"mixer {spec.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "
                                  "for a GPU only; run it with --device cuda on a machine with one")
             tokens = torch.zeros(1, 4, dtype=torch.long, device=device)
-            with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16,
-                                                 enabled=spec.precision == "bf16-mixed"):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.precision == "bf16-mixed"):
                 logits = model.to(device)(tokens)
+            logits.float().sum().backward()
         except (ValueError, TypeError, AttributeError, RuntimeError, AssertionError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             if isinstance(err, ValueError) and first.startswith(f"mixer {spec.mixer!r}"):

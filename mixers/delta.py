@@ -27,10 +27,10 @@ conv, kernel 4, no bias, SiLU, on q, k and v: the suite's "full" block already c
 sizes (above); linear layers keep PyTorch's default initialization (fla's models re-initialize
 them at the model level); no caches, masks or variable lengths.
 
-Backends (``kernels.delta``): ``"reference"`` (per-token loop, any device/dtype), ``"fla"`` (fla's
-chunked kernels, CUDA, computed in bfloat16), ``"fla_recurrent"`` (fla's fused recurrent kernel in
-the input dtype, CUDA; not with the forget gate), ``"auto"`` (``"fla"`` on CUDA when fla is
-importable, else ``"reference"``).
+Backends (``kernels.delta``): ``"reference"`` (per-token loop, any device/dtype), ``"chunk"`` (the
+chunkwise form in PyTorch, any device/dtype), ``"fla"`` (fla's chunked kernels, CUDA, computed in
+bfloat16), ``"fla_recurrent"`` (fla's fused recurrent kernel in the input dtype, CUDA; not with the
+forget gate), ``"auto"`` (``"fla"`` on CUDA when fla is importable and runs there, else ``"chunk"``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.delta import backends as kernel_backends
-from kernels.delta import delta_product, delta_rule, fla_available, gated_delta_rule
+from kernels.delta import delta_product, delta_rule, gated_delta_rule
 from mixers.conv import causal_depthwise_conv
 from mixers.registry import register_mixer
 
@@ -78,11 +78,11 @@ class DeltaRuleMixer(nn.Module):
     instead of [0, 1]), ``forget_gate`` (the per-token, per-head decay of Gated DeltaNet), ``output_gate``
     (``RMSNorm(o) * silu(W_g x)``), ``short_conv`` (kernel-4 causal conv + SiLU on q, k, v), ``qk_norm``
     (``"l2"`` or ``"sum"``; unnormalized keys would make ``I - beta k k^T`` unbounded, so there is no
-    ``"none"``), ``backend``. Attribute ``graph_capturable``: True where the forward is the reference
-    loop (fla's autotuned Triton launches may not survive CUDA-graph capture: unmeasured).
+    ``"none"``), ``backend``. Every backend can be captured in a CUDA graph (fla's kernels once warmed
+    up: autotuning runs on the eager warm-up steps).
     """
 
-    BACKENDS = kernel_backends("delta_rule")  # ("auto", "reference", "fla", "fla_recurrent")
+    BACKENDS = kernel_backends("delta_rule")  # ("auto", "reference", "chunk", "fla", "fla_recurrent")
 
     def __init__(self, d_model: int, num_heads: int = 4, householders: int = 1, signed: bool = False,
                  forget_gate: bool = False, output_gate: bool = False, short_conv: bool = False,
@@ -105,7 +105,6 @@ class DeltaRuleMixer(nn.Module):
         self.num_heads, self.head_dim, self.householders = num_heads, d_model // num_heads, n
         self.signed, self.forget_gate, self.output_gate, self.short_conv = signed, forget_gate, output_gate, short_conv
         self.qk_norm, self.backend, self.name = qk_norm, backend, name
-        self.graph_capturable = backend == "reference" or (backend == "auto" and not fla_available())
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         self.k_proj = nn.Linear(d_model, n * d_model, bias=False)
         self.v_proj = nn.Linear(d_model, n * d_model, bias=False)

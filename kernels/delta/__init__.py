@@ -11,11 +11,15 @@ Entry points (``backend=`` picks the implementation; all compute the same functi
 
 Backends:
 - ``"reference"``: per-token loops (``reference.py``), any device, float64 included;
+- ``"chunk"`` (all but ``dplr_delta_rule``): the chunkwise (WY) form in plain PyTorch (``chunk.py``),
+  any device, autograd gradients, CUDA-graph capturable;
 - ``"fla"``: flash-linear-attention's chunked Triton kernels (``fla.py``), CUDA only, computed in
   bfloat16 (inputs cast inside, outputs cast back);
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
-- ``"auto"``: ``"fla"`` for CUDA tensors when ``fla`` is importable, else ``"reference"``.
+- ``"auto"``: ``"fla"`` for CUDA tensors when ``fla`` is importable and its kernels can run a backward
+  there (not the gated ones on Hopper with Triton < 3.7.1: ``fla.gated_backward_unsupported``), else
+  ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``).
 
 ``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
 """
@@ -27,15 +31,18 @@ import importlib.util
 
 import torch
 
+from kernels.delta import chunk as _chunk
 from kernels.delta import fla as _fla
 from kernels.delta import reference as _ref
 
 AUTO = "auto"
-BACKENDS = ("reference", "fla", "fla_recurrent")
+BACKENDS = ("reference", "chunk", "fla", "fla_recurrent")
 _AVAILABLE = {
-    "delta_rule": {"reference": _ref.delta_rule, "fla": _fla.delta_rule, "fla_recurrent": _fla.delta_rule_recurrent},
-    "gated_delta_rule": {"reference": _ref.gated_delta_rule, "fla": _fla.gated_delta_rule},
-    "delta_product": {"reference": _ref.delta_product, "fla": _fla.delta_product,
+    "delta_rule": {"reference": _ref.delta_rule, "chunk": _chunk.delta_rule, "fla": _fla.delta_rule,
+                   "fla_recurrent": _fla.delta_rule_recurrent},
+    "gated_delta_rule": {"reference": _ref.gated_delta_rule, "chunk": _chunk.gated_delta_rule,
+                         "fla": _fla.gated_delta_rule},
+    "delta_product": {"reference": _ref.delta_product, "chunk": _chunk.delta_product, "fla": _fla.delta_product,
                       "fla_recurrent": _fla.delta_product_recurrent},
     "dplr_delta_rule": {"reference": _ref.dplr_delta_rule, "fla": _fla.dplr_delta_rule},
 }
@@ -47,20 +54,26 @@ def fla_available() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-def resolve_backend(op: str, backend: str, x: torch.Tensor) -> str:
-    """The backend ``backend`` stands for when ``op`` runs on tensors like ``x``; one-line ``ValueError``s."""
+def resolve_backend(op: str, backend: str, x: torch.Tensor, *, gated: bool = False) -> str:
+    """The backend ``backend`` stands for when ``op`` (with a decay if ``gated``) runs on tensors like
+    ``x``; one-line ``ValueError``s."""
     available = _AVAILABLE[op]
+    gated = gated or op == "gated_delta_rule"
     if backend == AUTO:
-        return "fla" if x.is_cuda and fla_available() else "reference"
+        if x.is_cuda and fla_available() and not (gated and _fla.gated_backward_unsupported()):
+            return "fla"
+        return "chunk" if "chunk" in available else "reference"
     if backend not in available:
         raise ValueError(f"unknown {op} backend {backend!r}; valid: {', '.join([AUTO, *available])}")
-    if backend != "reference":
+    if backend.startswith("fla"):
         if not x.is_cuda:
             raise ValueError(f"{op}: backend {backend!r} runs fla's Triton kernels, which need CUDA tensors "
                              f"(got {x.device}); use 'reference' or 'auto'")
         if not fla_available():
             raise ValueError(f"{op}: backend {backend!r} needs flash-linear-attention (pip install "
                              "flash-linear-attention); use 'reference' or 'auto'")
+        if gated and backend == "fla" and (why := _fla.gated_backward_unsupported()):
+            raise ValueError(f"{op}: backend 'fla': {why}; 'auto' takes 'chunk'")
     return backend
 
 
@@ -108,7 +121,7 @@ def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2nor
     named = {"q": q, "k": k, "v": v, "beta": beta, **({} if g is None else {"g": g})}
     _check("delta_product", named, {"q": (B, L, H, K), "k": (B, L, n, H, K), "v": (B, L, n, H, None),
                                     "beta": (B, L, n, H), "g": (B, L, H)})
-    fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q)]
+    fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q, gated=g is not None)]
     return fn(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm)
 
 

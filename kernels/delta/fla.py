@@ -13,6 +13,10 @@ Same signatures as ``reference.py``. Two kinds of fla kernels:
   (float32 included): ``delta_rule_recurrent`` and, as n delta steps per token on interleaved
   tokens, ``delta_product_recurrent`` (ungated only: fla's fused recurrent gated kernels have no
   backward, ``NotImplementedError``).
+
+fla refuses the backward of its gated chunk kernels (``chunk_bwd_dqkwg`` with a decay) on Hopper GPUs
+with Triton >= 3.4.0 and < 3.7.1 unless tilelang is installed (wrong results, its issue #640):
+``gated_backward_unsupported`` says so before a kernel runs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,21 @@ from __future__ import annotations
 import torch
 
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def gated_backward_unsupported() -> str | None:
+    """Why fla's gated chunk kernels cannot run a backward on this machine (fla's own condition), or None."""
+    import importlib.util
+
+    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1 and \
+            importlib.util.find_spec("tilelang") is None:
+        import triton
+
+        return (f"fla's gated chunk backward is wrong on Hopper GPUs with Triton {triton.__version__} "
+                "(>= 3.4.0, < 3.7.1; fla issue #640) and fla refuses it; upgrade Triton or install tilelang")
+    return None
 
 
 def _bf16(*xs: torch.Tensor) -> list[torch.Tensor]:

@@ -195,6 +195,38 @@ def test_a_gpu_only_mixer_is_refused_on_the_cpu_before_anything_is_stored(fake_f
     assert not (out / "journal.log").exists()
 
 
+class _NoBackward(torch.autograd.Function):
+    """The identity forward; a backward that refuses, as fla's gated chunk kernels on some GPUs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("this kernel's backward is wrong with this compiler; upgrade it\nsecond line")
+
+
+class _NoBackwardMixer(torch.nn.Module):
+    def __init__(self, d_model, **_):
+        super().__init__()
+        self.proj = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        return _NoBackward.apply(self.proj(x))
+
+
+def test_a_mixer_whose_backward_fails_is_refused_up_front():
+    sys.modules["no_backward_mod"] = types.SimpleNamespace(NoBackward=_NoBackwardMixer)
+    try:
+        spec = TrialSpec(task="parity", mixer="no_backward_mod:NoBackward", lr=1e-3, seed=0, device="cpu")
+        with pytest.raises(ValueError, match=r"^mixer 'no_backward_mod:NoBackward' with options \{\}: this kernel's "
+                                             r"backward is wrong with this compiler; upgrade it$"):
+            validate_specs([("parity", spec)])
+    finally:
+        del sys.modules["no_backward_mod"]
+
+
 def test_mixer_option_reaches_every_mixer(tmp_path, capsys):
     """``--mixer-option KEY=VALUE`` goes to each mixer's constructor: an option a mixer rejects is one line."""
     code = sweep.main(["parity", "--preset", "smoke", "--mixers", "gru", "--mixer-option", "no_such=1",

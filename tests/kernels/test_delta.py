@@ -91,6 +91,41 @@ def test_delta_product_reference_matches_dense_matrices(B, L, H, K, V, n, gated)
     torch.testing.assert_close(o, dense_product(q, k, v, beta, g, K ** -0.5))
 
 
+CHUNK_SIZES = [(1, 1, 1, 4, 4), (2, 13, 3, 5, 3), (1, 67, 2, 8, 8), (2, 130, 1, 16, 6)]
+
+
+@pytest.mark.parametrize("B,L,H,K,V", CHUNK_SIZES)
+@pytest.mark.parametrize("n,gated", [(1, False), (1, True), (2, False), (3, True)])
+@pytest.mark.parametrize("chunk", [4, 64])
+def test_chunk_backend_matches_the_reference_with_gradients(B, L, H, K, V, n, gated, chunk):
+    """The chunkwise (WY) form against the per-token loop in float64: output and every input gradient,
+    lengths below, at and across chunk boundaries (with padding), keys not unit (qk_l2norm)."""
+    from kernels.delta import chunk as kc
+    from kernels.delta import reference as kr
+
+    q, k, v, beta, g = _inputs(B, L, H, K, V, n, gated=gated, seed=L + n + chunk)
+    k = k * 2
+    tensors = [t.requires_grad_() for t in (q, k, v, beta, g) if t is not None]
+    o_chunk = kc.gated_delta_product(q, k, v, beta, g, qk_l2norm=True, chunk=chunk)
+    o_ref = kr.gated_delta_product(q, k, v, beta, g, qk_l2norm=True)
+    torch.testing.assert_close(o_chunk, o_ref, rtol=1e-10, atol=1e-10)
+    do = torch.randn(o_ref.shape, dtype=F64, generator=torch.Generator().manual_seed(1))
+    for a, b in zip(torch.autograd.grad(o_chunk, tensors, do), torch.autograd.grad(o_ref, tensors, do)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_chunk_backend_through_the_entry_points():
+    q, k, v, beta, g = _inputs(2, 21, 3, 6, 5, gated=True, seed=7)
+    for op, args in (("delta_rule", (q, k, v, beta)), ("gated_delta_rule", (q, k, v, g, beta))):
+        fn = getattr(kd, op)
+        torch.testing.assert_close(fn(*args, backend="chunk"), fn(*args, backend="reference"))
+    q, k, v, beta, g = _inputs(2, 21, 3, 6, 5, 2, gated=True, seed=8)
+    torch.testing.assert_close(kd.delta_product(q, k, v, beta, g, backend="chunk"),
+                               kd.delta_product(q, k, v, beta, g, backend="reference"))
+    assert kd.delta_rule(q.float(), k[:, :, 0].float(), v[:, :, 0].float(), beta[:, :, 0].float(),
+                         backend="chunk").dtype == torch.float32
+
+
 def test_product_of_one_step_is_the_delta_rule_and_zero_decay_is_ungated():
     q, k, v, beta, _ = _inputs(2, 11, 3, 6, 5, seed=3)
     plain = kd.delta_rule(q, k, v, beta, backend="reference")
@@ -152,7 +187,7 @@ def test_reference_dtypes():
 
 def test_dispatch_errors():
     q, k, v, beta, _ = _inputs(1, 3, 2, 4, 4)
-    with pytest.raises(ValueError, match="unknown delta_rule backend 'triton'; valid: auto, reference, fla"):
+    with pytest.raises(ValueError, match="unknown delta_rule backend 'triton'; valid: auto, reference, chunk, fla"):
         kd.delta_rule(q, k, v, beta, backend="triton")
     with pytest.raises(ValueError, match="unknown gated_delta_rule backend 'fla_recurrent'"):
         kd.gated_delta_rule(q, k, v, beta, beta, backend="fla_recurrent")
@@ -162,7 +197,8 @@ def test_dispatch_errors():
         kd.delta_rule(q, k, v, beta[..., 0])
     with pytest.raises(TypeError, match="v must be floating point"):
         kd.delta_rule(q, k, v.long(), beta)
-    assert kd.resolve_backend("delta_rule", "auto", q) == "reference"  # CPU tensors
+    assert kd.resolve_backend("delta_rule", "auto", q) == "chunk"  # CPU tensors
+    assert kd.resolve_backend("dplr_delta_rule", "auto", q) == "reference"
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -213,17 +249,19 @@ def test_gpu_delta_rule(B, L, H, D, l2, backend, tol):
 
 @pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)
 @pytest.mark.parametrize("signed", [False, True])
+@pytest.mark.parametrize("backend,tol", [("auto", 2e-2), ("chunk", 1e-4)])
 @needs_fla
-def test_gpu_gated_delta_rule(B, L, H, D, signed):
+def test_gpu_gated_delta_rule(B, L, H, D, signed, backend, tol):
+    """``auto``: fla's chunk kernel where fla runs its backward on this GPU, else the chunk backend."""
     q, k, v, beta, g = _inputs(B, L, H, D, D, gated=True, signed=signed, seed=L + 1)
-    fast = lambda *t: kd.gated_delta_rule(*t, qk_l2norm=True, backend="fla")
+    fast = lambda *t: kd.gated_delta_rule(*t, qk_l2norm=True, backend=backend)
     slow = lambda *t: kd.gated_delta_rule(*t, qk_l2norm=True, backend="reference")
-    _compare(fast, slow, [q, k, v, g, beta], 2e-2)
+    _compare(fast, slow, [q, k, v, g, beta], tol)
 
 
 @pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)
-@pytest.mark.parametrize("n,gated,backend,tol", [(2, False, "fla", 2e-2), (3, True, "fla", 2e-2),
-                                                 (2, False, "fla_recurrent", 1e-4)])
+@pytest.mark.parametrize("n,gated,backend,tol", [(2, False, "fla", 2e-2), (3, True, "auto", 2e-2),
+                                                 (2, False, "fla_recurrent", 1e-4), (3, True, "chunk", 1e-4)])
 @needs_fla
 def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
     q, k, v, beta, g = _inputs(B, L, H, D, D, n, gated=gated, seed=L + n)
@@ -231,6 +269,21 @@ def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
     fast = lambda *t: kd.delta_product(*t, qk_l2norm=True, backend=backend)
     slow = lambda *t: kd.delta_product(*t, qk_l2norm=True, backend="reference")
     _compare(fast, slow, tensors, tol)
+
+
+@needs_fla
+def test_gpu_fla_gated_backend_is_refused_where_fla_refuses_its_backward():
+    from kernels.delta import fla as kf
+
+    q, k, v, beta, g = _inputs(1, 5, 1, 16, 16, gated=True)
+    args = [t.float().cuda() for t in (q, k, v, g, beta)]
+    if kf.gated_backward_unsupported():
+        with pytest.raises(ValueError, match="#640"):
+            kd.gated_delta_rule(*args, backend="fla")
+        assert kd.resolve_backend("gated_delta_rule", "auto", args[0]) == "chunk"
+    else:
+        assert kd.resolve_backend("gated_delta_rule", "auto", args[0]) == "fla"
+    assert kd.resolve_backend("delta_rule", "auto", args[0]) == "fla"
 
 
 @pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)

@@ -32,7 +32,7 @@ def build(name, d=12, **options):
     ("deltanet", {"short_conv": 1}, "short_conv must be True or False, got 1"),
     ("deltaproduct", {"householders": 0}, "householders must be a positive int, got 0"),
     ("deltaproduct", {"signed": "yes"}, "signed must be True or False"),
-    ("gated_deltanet", {"backend": "triton"}, "unknown backend 'triton'; valid: auto, reference, fla, fla_recurrent"),
+    ("gated_deltanet", {"backend": "triton"}, "unknown backend 'triton'; valid: auto, reference, chunk, fla, fla_recurrent"),
     ("gated_deltanet", {"backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
     ("deltaproduct", {"forget_gate": True, "backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
     ("rwkv7", {"num_heads": 5}, "d_model=12 must be divisible by num_heads=5"),
@@ -52,10 +52,12 @@ def test_unknown_keys_raise_type_error(name, key):
 
 
 def test_defaults_and_attributes():
+    for name in ("deltanet", "signed_deltanet", "deltaproduct", "gated_deltanet"):
+        assert getattr(build(name), "graph_capturable", True) and not getattr(build(name), "stackable", False)
+    assert build("rwkv7").graph_capturable is (not fla_available())
+    assert build("rwkv7", backend="reference").graph_capturable
     for name in ("deltanet", "signed_deltanet", "deltaproduct", "gated_deltanet", "rwkv7"):
         m = build(name)
-        assert m.graph_capturable is (not fla_available()) and not getattr(m, "stackable", False)
-        assert build(name, backend="reference").graph_capturable
         assert m.num_heads == 4
     dn, sdn, dp, gdn = (build(n) for n in ("deltanet", "signed_deltanet", "deltaproduct", "gated_deltanet"))
     assert (dn.signed, sdn.signed, dp.signed, gdn.signed) == (False, True, True, False)
@@ -269,10 +271,11 @@ GPU_CASES = [
     ("signed_deltanet", {"short_conv": True}, "fla", 2e-2),
     ("signed_deltanet", {}, "fla_recurrent", 1e-4),
     ("deltaproduct", {}, "fla", 2e-2),
-    ("deltaproduct", {"householders": 3, "forget_gate": True}, "fla", 2e-2),
+    ("deltaproduct", {"householders": 3, "forget_gate": True}, "auto", 2e-2),
     ("deltaproduct", {"signed": True}, "fla_recurrent", 1e-4),
-    ("gated_deltanet", {}, "fla", 2e-2),
-    ("gated_deltanet", {"signed": True}, "fla", 2e-2),
+    ("deltaproduct", {"householders": 3, "forget_gate": True}, "chunk", 1e-4),
+    ("gated_deltanet", {}, "auto", 2e-2),
+    ("gated_deltanet", {"signed": True}, "chunk", 1e-4),
     ("rwkv7", {}, "fla", 2e-2),
 ]
 
