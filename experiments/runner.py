@@ -147,8 +147,8 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
     if flat and len(cells_by_entry) != 1:
         raise ValueError("flat results need exactly one plan")
     validate_specs(cells)
+    grid = GridStudy.open(storage_url, out, study_name, stale_timeout)  # a storage that cannot open: no folder made
     out.mkdir(parents=True, exist_ok=True)
-    grid = GridStudy.open(storage_url, out, study_name, stale_timeout)
     keys = list(dict.fromkeys(cell_id(s) for _, s in cells))
     priority = {cell_id(s) for p in plans if p.priority == "high" for _, s in cells_by_entry[p.entry or p.task]}
     meta = versions()

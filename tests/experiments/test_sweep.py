@@ -364,6 +364,21 @@ def test_torn_journal_then_two_more_runs_keep_every_cell(tmp_path, capsys):
     assert [p.name for p in tmp_path.glob("journal.log.torn-*")] == ["journal.log.torn-1"]
 
 
+@pytest.mark.parametrize("extra", [["--mixers", "nosuchmixer"], ["--task-option", "foo=1"], ["--task-option", "seq_len=0"],
+                                   ["--mixers", "nomodule_xyz:Cell"], ["--train-option", "nosuch=1"],
+                                   ["--mixers", "gru", "--storage", "postgresql://nobody@127.0.0.1:1/none"]])
+def test_rejected_command_leaves_no_output_folder(tmp_path, capsys, extra):
+    out = tmp_path / "new" / "out"
+    assert main(["parity", "--preset", "smoke", *extra, "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    assert not (tmp_path / "new").exists()  # neither the folder nor its parent, both created for the run
+    # a folder that existed before keeps what it had
+    out.mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    assert main(["parity", "--preset", "smoke", *extra, "--out", str(out), "--no-progress"]) == 2
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
 @pytest.mark.parametrize("tail,torn", [(b'{"op_code":5,"trial', True), (b'{"op_code":5,"trial\n', True), (b"\0\0\0\0", True),
                                        (b"garbage\n", False), (b'{"a":\n{"b":1}\n', False), (b"{}", True)])
 def test_check_journal_sets_aside_only_a_torn_last_record(tmp_path, tail, torn):
