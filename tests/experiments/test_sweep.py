@@ -379,6 +379,16 @@ def test_rejected_command_leaves_no_output_folder(tmp_path, capsys, extra):
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
+def test_cli_help_lists_the_mixers(capsys):
+    from mixers import MIXERS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert MIXERS and all(name in text for name in MIXERS)
+    assert "module.path:Cell" in text and "fla:<Layer>" in text
+
+
 @pytest.mark.parametrize("tail,torn", [(b'{"op_code":5,"trial', True), (b'{"op_code":5,"trial\n', True), (b"\0\0\0\0", True),
                                        (b"garbage\n", False), (b'{"a":\n{"b":1}\n', False), (b"{}", True)])
 def test_check_journal_sets_aside_only_a_torn_last_record(tmp_path, tail, torn):
