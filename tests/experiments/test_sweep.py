@@ -389,6 +389,15 @@ def test_cli_help_lists_the_mixers(capsys):
     assert "module.path:Cell" in text and "fla:<Layer>" in text
 
 
+@pytest.mark.parametrize("mixer", ["my_cells_xyz:NoSuchCell", "tasks:NoSuchCell", "tasks:NoSuchCell[a=1]",
+                                   "my_cells_xyz:NoSuchCell[a=1]", "nosuchmixer", "nosuchmixer[a=1]"])
+def test_mixer_errors_have_one_prefix(tmp_path, capsys, mixer):
+    assert main(["parity", "--preset", "smoke", "--mixers", mixer, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.count("mixer '") == 1 and "with options {}" not in err, err
+    assert mixer.split("[")[0] in err
+
+
 @pytest.mark.parametrize("tail,torn", [(b'{"op_code":5,"trial', True), (b'{"op_code":5,"trial\n', True), (b"\0\0\0\0", True),
                                        (b"garbage\n", False), (b'{"a":\n{"b":1}\n', False), (b"{}", True)])
 def test_check_journal_sets_aside_only_a_torn_last_record(tmp_path, tail, torn):
