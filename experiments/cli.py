@@ -4,7 +4,7 @@
   Ctrl-C a one-line resume hint with exit code 130; never a traceback.
 - ``Parser``: an ``ArgumentParser`` with one-line errors; argument types (``positive_int``,
   ``nonnegative_int``, ``int_list``, ``positive_int_list``, ``positive_float_list``, ``str_list``, ``key_value``).
-- Checks made before any training: ``check_output_folder``, ``check_device``.
+- Checks made before any training, leaving nothing behind: ``check_output_folder``, ``check_device``.
 - ``add_run_arguments``: the options every training CLI shares (``--workers``, ``--device``,
   ``--storage``, ``--stale-timeout``, ``--retry-failed``, ``--logger``, ``--engine``, ``--stack``, ``--mps``, ``--no-progress``).
 """
@@ -142,16 +142,25 @@ def key_value(text: str) -> tuple[str, Any]:
 
 
 def check_output_folder(path: Path) -> Path:
-    """Create ``path`` if needed and check that files can be written there; one-line ``ValueError`` if not."""
+    """Check that ``path`` is, or can be made, a folder files can be written to; one-line ``ValueError`` if
+    not. Leaves no trace: the folders it creates to check are removed again (the run creates them once
+    nothing can reject it any more), so a rejected command stores nothing."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {str(path)!r} is a file, not a folder: choose another path")
+    created = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
             pass
     except OSError as err:
         raise ValueError(f"cannot write to --out {str(path)!r}: {err.strerror or err}") from None
+    finally:
+        for folder in created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not created after all, or no longer empty
+                pass
     return path
 
 

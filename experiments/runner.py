@@ -64,6 +64,18 @@ class Progress:
 _GPU_ONLY = re.compile(r"cuda|triton|gpu", re.IGNORECASE)
 
 
+def _names_the_mixer(message: str, mixer: str) -> bool:
+    """Is ``message`` a mixer error of ``mixers`` that already names ``mixer`` (or its name without its
+    ``[key=value,...]`` options) up front? Then it is shown as it is, without a second prefix."""
+    from mixers.build import split_options
+
+    try:
+        base = split_options(mixer)[0]
+    except ValueError:
+        base = mixer
+    return any(message.startswith(f"{lead}{name!r}") for lead in ("mixer ", "unknown mixer ") for name in (mixer, base))
+
+
 def validate_specs(cells: list[tuple[str, Any]]) -> None:
     """Build each distinct model once and run it forward and backward on a tiny input on the trials'
     device (with their precision), so configuration errors (an unknown mixer option, something that is
@@ -95,11 +107,12 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
             logits.float().sum().backward()
         except (ValueError, TypeError, AttributeError, RuntimeError, AssertionError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            if isinstance(err, ValueError) and first.startswith(f"mixer {spec.mixer!r}"):
+            if isinstance(err, ValueError) and _names_the_mixer(first, spec.mixer):
                 raise ValueError(first) from None
             if device.type == "cpu" and _GPU_ONLY.search(first):
                 raise ValueError(f"mixer {spec.mixer!r} needs a CUDA GPU: {first}") from None
-            raise ValueError(f"mixer {spec.mixer!r} with options {spec.mixer_options}: {first}") from None
+            options = f" with options {spec.mixer_options}" if spec.mixer_options else ""
+            raise ValueError(f"mixer {spec.mixer!r}{options}: {first}") from None
         if tuple(logits.shape) != (1, 4, dm.num_classes):
             raise ValueError(f"mixer {spec.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "
                              f"a mixer must map (B, L, d) to (B, L, d)")
@@ -148,8 +161,8 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
     if flat and len(cells_by_entry) != 1:
         raise ValueError("flat results need exactly one plan")
     validate_specs(cells)
+    grid = GridStudy.open(storage_url, out, study_name, stale_timeout)  # a storage that cannot open: no folder made
     out.mkdir(parents=True, exist_ok=True)
-    grid = GridStudy.open(storage_url, out, study_name, stale_timeout)
     keys = list(dict.fromkeys(cell_id(s) for _, s in cells))
     priority = {cell_id(s) for p in plans if p.priority == "high" for _, s in cells_by_entry[p.entry or p.task]}
     meta = versions()

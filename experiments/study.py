@@ -25,13 +25,20 @@ once, or two live workers re-queueing the same stale trial); after claiming, a w
 cell's other WAITING trials and gives way if the cell already completed or another worker runs it
 with a lower trial number. A cell whose trials died ``MAX_DEATHS`` times (e.g. a segfaulting kernel)
 is not re-queued again (``--retry-failed`` does).
+
+The journal file is checked before Optuna opens it (``check_journal``): a torn last record (a crash
+mid-write) is moved to ``journal.log.torn-<n>`` and the journal cut back to its last complete record;
+any other unreadable line is a one-line error naming the file and line, and nothing is written.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import logging
 import os
+import shlex
 import socket
 import time
 import uuid
@@ -44,12 +51,16 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 
 from experiments.train import TrialSpec
 
+log = logging.getLogger("experiments.study")
+
 JOURNAL_FILE = "journal.log"
+#: a torn last record of the journal is moved to ``<journal>.torn-<n>``
+TORN_SUFFIX = ".torn-"
 HEARTBEAT_DIR = "heartbeats"
 #: failure reasons that are results (re-running would fail the same way); others are re-run
 FINAL_FAILURES = ("nan", "error")
@@ -70,6 +81,7 @@ def open_storage(url: str | None, out_dir: Path, stale_timeout: float = STALE_TI
     """
     if url is None:
         out_dir.mkdir(parents=True, exist_ok=True)
+        check_journal(out_dir / JOURNAL_FILE)
         return JournalStorage(JournalFileBackend(str(out_dir / JOURNAL_FILE)))
     if url.startswith(("postgresql", "mysql", "sqlite")):
         url = _with_driver(url)
@@ -88,6 +100,80 @@ def open_storage(url: str | None, out_dir: Path, stale_timeout: float = STALE_TI
                 msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ValueError(f"cannot open --storage (host {url.split('@')[-1]!r}): {msg}") from None
     raise ValueError(f"unsupported --storage {url!r}: use postgresql://..., mysql://... or omit it for the journal file")
+
+
+def _first_bad_line(data: bytes) -> tuple[int, int, str] | None:
+    """The first line of journal ``data`` that is not a complete JSON record: ``(line number from 1, byte
+    offset of its start, what is wrong)``; ``None`` if every line is one."""
+    offset = 0
+    for number, line in enumerate(io.BytesIO(data), start=1):  # lines end at b"\n" only, as Optuna reads them
+        if not line.endswith(b"\n"):
+            return number, offset, "no line end"
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as err:
+            return number, offset, f"not a JSON record: {err.msg} at column {err.colno}"
+        except ValueError:  # UnicodeDecodeError
+            return number, offset, "not a JSON record: not UTF-8 text"
+        offset += len(line)
+    return None
+
+
+def _looks_torn(line: bytes) -> bool:
+    """Could this last line be a record cut short by a crash mid-write (the start of one, or the zeros a
+    file system may leave), rather than something else written into the journal?"""
+    return line.startswith(b"{") or not line.strip(b"\0 \t\r\n")
+
+
+def check_journal(path: Path) -> str | None:
+    """Check the study journal ``path`` before Optuna reads it; returns a warning if it repaired it.
+
+    A torn last record (the last line without its line end, or not valid JSON, while every line before
+    it is a record: what a crash mid-write leaves) is moved to ``<path>.torn-<n>`` and the journal cut
+    back to its last complete record (under the journal's lock, so no write is in progress); one
+    warning line is logged. Any other unreadable line: a one-line ``ValueError`` naming the file, the
+    line and the way out, and the file is left as it is.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if _first_bad_line(data) is None:  # the usual case: no lock needed
+        return None
+    lock = JournalFileSymlinkLock(str(path))  # the lock Optuna's JournalFileBackend writes under
+    lock.acquire()
+    try:
+        data = path.read_bytes()  # again: the bad line may have been a write in progress
+        bad = _first_bad_line(data)
+        if bad is None:
+            return None
+        number, offset, problem = bad
+        rest = data[offset:]
+        last_line = b"\n" not in rest[:-1]
+        if not (last_line and _looks_torn(rest)):
+            aside = f"mv {shlex.quote(str(path))} {shlex.quote(str(path) + '.bad')}"
+            raise ValueError(f"study journal {str(path)!r} is unreadable at line {number} ({problem}): move it aside "
+                             f"({aside}) and re-run the same command; the cells re-run from their checkpoints "
+                             "(finished ones are only re-tested)")
+        n = 1
+        while True:
+            side = path.with_name(f"{path.name}{TORN_SUFFIX}{n}")
+            try:
+                with open(side, "xb") as f:
+                    f.write(rest)
+                    f.flush()
+                    os.fsync(f.fileno())
+                break
+            except FileExistsError:
+                n += 1
+        os.truncate(path, offset)
+    finally:
+        lock.release()
+    message = (f"warning: study journal {path} ended in a torn record (line {number}, cut short by a crash "
+               f"mid-write): moved it to {side}; the journal goes on from its last complete record")
+    log.warning(message)
+    return message
 
 
 def _with_driver(url: str) -> str:

@@ -30,6 +30,7 @@ from experiments.cli import (
 )
 from experiments.presets import SweepPlan, available_presets, load_preset, resolve_sweep
 from experiments.train import PRECISIONS
+from mixers import MIXERS
 from tasks import TASKS
 
 log = logging.getLogger("experiments.sweep")
@@ -65,15 +66,19 @@ def parser() -> Parser:
         description="Train single-layer models for every (mixer, seed, learning rate) of a preset on one task, "
                     "as Optuna trials; print and write the accuracy table. Re-running the same command resumes.",
         epilog=f"Tasks: {', '.join(sorted(TASKS))}. Presets: {', '.join(available_presets())} "
-               "(files in experiments/presets/). Mixers: any registered name (see mixers.MIXERS) or "
-               "'module.path:CellClass' for your own RNNCell. Example on a CPU: "
+               "(files in experiments/presets/). Mixers: see --mixers (a registered name, "
+               "'module.path:CellClass' for your own RNNCell, or 'fla:<Layer>'). Example on a CPU: "
                "python -m experiments.sweep parity --preset smoke",
     )
     p.add_argument("task", help=f"one of: {', '.join(sorted(TASKS))}, or a sweep entry of --preset (e.g. khop2)")
     p.add_argument("--preset", default="default",
                    help="named configuration (default: %(default)s, the paper's setup: meant for a GPU; "
                         "on a CPU use --preset smoke)")
-    p.add_argument("--mixers", type=str_list, help="comma-separated mixers, overriding the preset's")
+    p.add_argument("--mixers", type=str_list, metavar="MIXER[,MIXER...]",
+                   help=f"comma-separated mixers, overriding the preset's: a registered name ({', '.join(sorted(MIXERS))}), "
+                        "'module.path:Cell' for your own RNNCell subclass (or a factory), or 'fla:<Layer>' for a layer of "
+                        "flash-linear-attention; any of them with options as NAME[key=value,...], e.g. "
+                        "deltaproduct[householders=2]")
     p.add_argument("--seeds", type=int_list, help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--lrs", type=positive_float_list, help="comma-separated learning rates, e.g. 1e-3,3e-4")
     p.add_argument("--max-steps", type=positive_int, help="training step budget per trial")

@@ -293,3 +293,125 @@ def test_progress_without_a_terminal_is_a_line_per_finished_cell(tmp_path, caplo
     lines = [r.getMessage() for r in caplog.records if "cells done" in r.getMessage()]
     assert any(line.startswith("parity sweep: 1/2 cells done") for line in lines)
     assert any(line.startswith("parity sweep: 2/2 cells done") for line in lines) and "elapsed" in lines[-1]
+
+
+# --- the study journal: a torn last record is set aside, anything else unreadable is one line -----------------
+FAST = ["parity", "--preset", "smoke", "--seeds", "0", "--lrs", "1e-3", "--task-option", "seq_len=8",
+        "--train-option", "train_size=32", "--train-option", "val_size=16", "--train-option", "test_size=16",
+        "--train-option", "batch_size=8", "--max-steps", "4", "--no-progress"]
+
+
+def _fast_sweep(out, mixers="gru"):
+    """A sweep of a few seconds on the CPU, in this process; returns its exit code."""
+    return main([*FAST, "--mixers", mixers, "--out", str(out)])
+
+
+def _journal_lines(out):
+    return (out / "journal.log").read_bytes().splitlines(keepends=True)
+
+
+@pytest.mark.parametrize("where", ["first", "middle"])
+def test_unreadable_journal_is_one_line_naming_the_file_and_left_untouched(tmp_path, capsys, where):
+    assert _fast_sweep(tmp_path) == 0
+    lines = _journal_lines(tmp_path)
+    at = 0 if where == "first" else 3
+    (tmp_path / "journal.log").write_bytes(b"".join([*lines[:at], b"garbage\n", *lines[at:]]))
+    before = (tmp_path / "journal.log").read_bytes()
+    capsys.readouterr()
+    assert _fast_sweep(tmp_path, "gru,elman") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert str(tmp_path / "journal.log") in err and f"line {at + 1}" in err and "move it aside" in err, err
+    assert (tmp_path / "journal.log").read_bytes() == before  # never written after a failed read
+    assert not list(tmp_path.glob("journal.log.*"))
+    # the way out the message gives: without the journal the cells come back from their checkpoints
+    (tmp_path / "journal.log").rename(tmp_path / "journal.log.bad")
+    assert _fast_sweep(tmp_path) == 0
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert df["status"].tolist() == ["ok"] and df["resumed_from_step"].tolist() == [4]  # re-tested, not retrained
+
+
+TORN = b'{"op_code":5,"worker_id":"w","trial_id":0,"us'
+
+
+def test_torn_last_journal_record_is_set_aside_with_one_warning(tmp_path):
+    assert _fast_sweep(tmp_path) == 0
+    good = (tmp_path / "journal.log").read_bytes()
+    (tmp_path / "journal.log").write_bytes(good + TORN)  # a crash mid-write
+    proc = subprocess.run([sys.executable, "-m", "experiments.sweep", *FAST, "--mixers", "gru", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    side = tmp_path / "journal.log.torn-1"
+    warning = [line for line in err.splitlines() if "torn" in line]
+    assert len(warning) == 1 and str(tmp_path / "journal.log") in warning[0] and str(side) in warning[0], err
+    assert side.read_bytes() == TORN
+    assert (tmp_path / "journal.log").read_bytes().startswith(good)  # cut back to its last good line, then resumed
+    assert all(json.loads(line) for line in _journal_lines(tmp_path))
+    assert trial_states(tmp_path) == [TrialState.COMPLETE]
+
+
+def test_torn_journal_then_two_more_runs_keep_every_cell(tmp_path, capsys):
+    assert _fast_sweep(tmp_path) == 0
+    with open(tmp_path / "journal.log", "ab") as f:
+        f.write(TORN[:30])
+    assert _fast_sweep(tmp_path, "gru,elman") == 0
+    assert _fast_sweep(tmp_path, "gru,elman,lstm") == 0
+    assert "error" not in capsys.readouterr().err
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert sorted(df["mixer"]) == ["elman", "gru", "lstm"] and set(df["status"]) == {"ok"}
+    assert trial_states(tmp_path) == [TrialState.COMPLETE] * 3
+    assert [p.name for p in tmp_path.glob("journal.log.torn-*")] == ["journal.log.torn-1"]
+
+
+@pytest.mark.parametrize("extra", [["--mixers", "nosuchmixer"], ["--task-option", "foo=1"], ["--task-option", "seq_len=0"],
+                                   ["--mixers", "nomodule_xyz:Cell"], ["--train-option", "nosuch=1"],
+                                   ["--mixers", "gru", "--storage", "postgresql://nobody@127.0.0.1:1/none"]])
+def test_rejected_command_leaves_no_output_folder(tmp_path, capsys, extra):
+    out = tmp_path / "new" / "out"
+    assert main(["parity", "--preset", "smoke", *extra, "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    assert not (tmp_path / "new").exists()  # neither the folder nor its parent, both created for the run
+    # a folder that existed before keeps what it had
+    out.mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    assert main(["parity", "--preset", "smoke", *extra, "--out", str(out), "--no-progress"]) == 2
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_cli_help_lists_the_mixers(capsys):
+    from mixers import MIXERS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert MIXERS and all(name in text for name in MIXERS)
+    assert "module.path:Cell" in text and "fla:<Layer>" in text
+
+
+@pytest.mark.parametrize("mixer", ["my_cells_xyz:NoSuchCell", "tasks:NoSuchCell", "tasks:NoSuchCell[a=1]",
+                                   "my_cells_xyz:NoSuchCell[a=1]", "nosuchmixer", "nosuchmixer[a=1]"])
+def test_mixer_errors_have_one_prefix(tmp_path, capsys, mixer):
+    assert main(["parity", "--preset", "smoke", "--mixers", mixer, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.count("mixer '") == 1 and "with options {}" not in err, err
+    assert mixer.split("[")[0] in err
+
+
+@pytest.mark.parametrize("tail,torn", [(b'{"op_code":5,"trial', True), (b'{"op_code":5,"trial\n', True), (b"\0\0\0\0", True),
+                                       (b"garbage\n", False), (b'{"a":\n{"b":1}\n', False), (b"{}", True)])
+def test_check_journal_sets_aside_only_a_torn_last_record(tmp_path, tail, torn):
+    from experiments.study import check_journal
+
+    journal = tmp_path / "journal.log"
+    good = b'{"op_code":0,"worker_id":"w","study_name":"s","directions":[2]}\n'
+    journal.write_bytes(good + tail)
+    if torn:
+        assert "torn" in check_journal(journal)
+        assert journal.read_bytes() == good and (tmp_path / "journal.log.torn-1").read_bytes() == tail
+    else:
+        with pytest.raises(ValueError, match="line 2 .*move it aside"):
+            check_journal(journal)
+        assert journal.read_bytes() == good + tail and not list(tmp_path.glob("journal.log.*"))
+    if torn:
+        assert check_journal(journal) is None  # repaired: nothing left to set aside
