@@ -89,23 +89,34 @@ def _row(entry: str, trial: FrozenTrial) -> dict[str, Any]:
     return row
 
 
+def _final_trial(trials: list[FrozenTrial]) -> FrozenTrial:
+    """A done cell's trial: its completed one, else its final failed one."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE] or [
+        t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("failure") != "duplicate"]
+    return max(done, key=lambda t: t.number)
+
+
 def collect(grid, cells: Iterable[tuple[str, Any]], meta: dict[str, Any] | None = None) -> pd.DataFrame:
     """One row per cell ``(entry, spec)``: its completed trial, else its final failed one, else a row with
     the cell's state (``running``, ``waiting``, or ``missing``: never started, or interrupted and to be re-run).
+    Then one row per other done cell of the study under the same entries (cells an earlier command of
+    the folder added, e.g. with another ``--mixers``): a command's subset filters what is trained, not
+    what is reported.
 
     ``meta`` (e.g. ``versions()``) fills the version columns of trials that did not record them.
     """
     from experiments.study import cell_id, cell_state
 
     by_cell = grid.trials_by_cell()
+    cells = list(cells)
+    planned = {cell_id(spec) for _, spec in cells}
+    entries = list(dict.fromkeys(entry for entry, _ in cells))
     rows = []
     for entry, spec in cells:
         trials = by_cell.get(cell_id(spec), [])
         state = cell_state(trials)
         if state == "done":
-            done = [t for t in trials if t.state == TrialState.COMPLETE] or [
-                t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("failure") != "duplicate"]
-            rows.append({**(meta or {}), **_row(entry, max(done, key=lambda t: t.number))})
+            rows.append({**(meta or {}), **_row(entry, _final_trial(trials))})
             continue
         status = "missing"
         if state == "pending":
@@ -113,6 +124,13 @@ def collect(grid, cells: Iterable[tuple[str, Any]], meta: dict[str, Any] | None 
         failed = [t for t in trials if t.state == TrialState.FAIL]
         last = max(failed, key=lambda t: t.number).user_attrs.get("failure", "") if failed else ""
         rows.append({**_spec_columns(entry, spec.to_dict()), "status": status, "failure": last})
+    earlier = []
+    for key, trials in by_cell.items():
+        entry = trials[0].params.get("entry")
+        if key not in planned and entry in entries and cell_state(trials) == "done":
+            earlier.append((entries.index(entry), _final_trial(trials)))
+    for _, trial in sorted(earlier, key=lambda pair: (pair[0], pair[1].number)):
+        rows.append({**(meta or {}), **_row(trial.params["entry"], trial)})
     return pd.DataFrame(rows)
 
 

@@ -364,6 +364,19 @@ def test_torn_journal_then_two_more_runs_keep_every_cell(tmp_path, capsys):
     assert [p.name for p in tmp_path.glob("journal.log.torn-*")] == ["journal.log.torn-1"]
 
 
+def test_a_mixers_subset_keeps_the_folders_earlier_cells_in_the_results(tmp_path):
+    """The README's "add your own cell" command writes to the main job's folder: its results files still
+    show every finished cell of the folder's study (a --mixers subset filters what is trained)."""
+    assert _fast_sweep(tmp_path, "gru,elman") == 0
+    assert _fast_sweep(tmp_path, "lstm") == 0
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert df["mixer"].tolist() == ["lstm", "gru", "elman"] and set(df["status"]) == {"ok"}
+    table = (tmp_path / "table.md").read_text()
+    assert all(f"| {m} " in table for m in ("gru", "elman", "lstm")), table
+    assert _fast_sweep(tmp_path, "gru") == 0  # a cell of both: once
+    assert sorted(pd.read_csv(tmp_path / "results.csv")["mixer"]) == ["elman", "gru", "lstm"]
+
+
 @pytest.mark.parametrize("extra", [["--mixers", "nosuchmixer"], ["--task-option", "foo=1"], ["--task-option", "seq_len=0"],
                                    ["--mixers", "nomodule_xyz:Cell"], ["--train-option", "nosuch=1"],
                                    ["--mixers", "gru", "--storage", "postgresql://nobody@127.0.0.1:1/none"]])
