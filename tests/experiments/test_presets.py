@@ -55,3 +55,28 @@ def test_priority_is_scheduling_only(preset_dir):
 
 def test_table6_full_gives_khop_priority():
     assert [resolve_sweep(e, "pararnn-table6-full").priority for e in ("khop", "khop2", "mqar")] == ["high", "normal", "normal"]
+
+
+@pytest.mark.parametrize("preset", ["smoke", "default"])
+def test_every_task_has_a_sweep_in_the_smoke_and_default_presets(preset):
+    """Every advertised task runs with ``--preset smoke`` (a CPU in minutes) and ``--preset default``;
+    its specs build and its task options are ones the task accepts."""
+    from tasks import TASKS, get_task
+
+    for task in TASKS:
+        plan = resolve_sweep(task, preset)
+        specs = build_specs(plan)
+        assert specs and all(s.task == task for s in specs), task
+        get_task(task, **specs[0].task_options)
+
+
+@pytest.mark.slow
+def test_the_word_problem_smoke_sweep_learns(tmp_path):
+    """The S3 smoke sweep's GRU composes permutations well above chance (1/6) on the CPU."""
+    import pandas as pd
+
+    from experiments.sweep import main
+
+    assert main(["word_problem", "--preset", "smoke", "--mixers", "gru", "--out", str(tmp_path), "--no-progress"]) == 0
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert df["test/acc"].iloc[0] >= 0.9, df["test/acc"].iloc[0]
