@@ -6,7 +6,8 @@
   ``nonnegative_int``, ``int_list``, ``positive_int_list``, ``positive_float_list``, ``str_list``, ``key_value``).
 - Checks made before any training, leaving nothing behind: ``check_output_folder``, ``check_device``.
 - ``add_run_arguments``: the options every training CLI shares (``--workers``, ``--device``,
-  ``--storage``, ``--stale-timeout``, ``--retry-failed``, ``--logger``, ``--engine``, ``--stack``, ``--mps``, ``--no-progress``).
+  ``--storage``, ``--stale-timeout``, ``--retry-failed``, ``--logger``, ``--engine``, ``--stack``, ``--mps``,
+  ``--no-progress``, ``--progress-every``, ``--verbose``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def training_main(parser: argparse.ArgumentParser, argv: list[str] | None, body:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("experiments").setLevel(logging.DEBUG if getattr(args, "verbose", False) else logging.INFO)
     quiet_lightning()
     return run_cli(lambda: body(args), RESUME_HINT)
 
@@ -205,6 +207,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_mps_argument(parser)
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (a line per finished cell instead; automatic when not on a terminal)")
+    parser.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+                        help="without a bar, a line with the running trials' steps, validation accuracy and time "
+                             "left every SECONDS (default: %(default)s; on a bar: its status, every 2 s; 0: off)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also log each trial's timings (setup, train, test) for debugging")
 
 
 def check_run_arguments(args: argparse.Namespace, out: Path) -> None:
@@ -215,6 +222,8 @@ def check_run_arguments(args: argparse.Namespace, out: Path) -> None:
     options = run_options(args)
     if options.engine in GRAPH_ENGINES and args.device == "cpu":
         raise ValueError(f"--engine {options.engine} needs a CUDA device")
+    if args.progress_every < 0:
+        raise ValueError(f"--progress-every must be >= 0 seconds, got {args.progress_every}")
     if args.stale_timeout <= 0:
         raise ValueError(f"--stale-timeout must be > 0 seconds, got {args.stale_timeout}")
     if args.mps and not args.workers:

@@ -96,8 +96,9 @@ def _lrs(lrs: list[float]) -> str:
 def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto", storage_url: str | None = None,
                      quick: bool = False, overrides: dict[str, Any] | None = None, entries: list[str] | None = None,
                      run: bool = True, progress: bool = True, stale_timeout: float = 60,
-                     retry_failed: bool = False, options=None) -> pd.DataFrame:
-    """Run (resume) the table's sweeps in one study, write the per-sweep results and the comparison."""
+                     retry_failed: bool = False, options=None, progress_every: float = 30.0) -> pd.DataFrame:
+    """Run (resume) the table's sweeps in one study, write the per-sweep results and the comparison
+    (``progress_every``: ``experiments.runner.run_plans``)."""
     from experiments.results import atomic_write_text
     from experiments.runner import run_plans
 
@@ -111,7 +112,8 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
     report = out / name
     results, info = run_plans(plans, out, "reproduce" + ("-quick" if quick else ""), workers, device,
                               storage_url, run=run, progress=progress, stale_timeout=stale_timeout, label=name,
-                              retry_failed=retry_failed, options=options, results_dir=report)
+                              retry_failed=retry_failed, options=options, results_dir=report,
+                              progress_every=progress_every)
     table = compare(name, results)
     frames = [df for df in results.values() if len(df)]
     every = pd.concat(frames) if frames else pd.DataFrame()
@@ -173,7 +175,8 @@ def run(args) -> None:
     with workers_mps(args.mps and not args.table_only, args.workers):
         run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
                          args.only, run=not args.table_only, progress=not args.no_progress,
-                         stale_timeout=args.stale_timeout, retry_failed=args.retry_failed, options=run_options(args))
+                         stale_timeout=args.stale_timeout, retry_failed=args.retry_failed, options=run_options(args),
+                         progress_every=args.progress_every)
     text = (out / args.name / "reproduction.md").read_text()
     print(text)
     if args.copy_to:

@@ -22,27 +22,57 @@ from experiments.cli import on_terminal
 log = logging.getLogger("experiments.runner")
 
 
-class Progress:
-    """Progress of a run over ``total`` cells: a rich bar on a terminal, else a line whenever a cell finishes."""
+class _ConsoleStream:
+    """A text stream that prints through a rich console, above its live progress bar."""
 
-    def __init__(self, label: str, total: int, enabled: bool = True) -> None:
+    def __init__(self, console) -> None:
+        self.console = console
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            self.console.print(text.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+class Progress:
+    """Progress of a run over ``total`` cells: a rich bar on a terminal, else a line whenever a cell finishes.
+    ``running(text)``: what the running trials are doing, in the bar's status field, else as a line.
+    While the bar is live, log lines of the root logger's console handlers print above it (never glued
+    onto it). ``console``: the rich console of the bar (tests)."""
+
+    def __init__(self, label: str, total: int, enabled: bool = True, console=None) -> None:
         self.label, self.total, self.start = label, total, time.perf_counter()
         self.bar = None
         self._last: int | None = None
-        if enabled and on_terminal():
+        self._swapped: list[tuple[logging.StreamHandler, Any]] = []
+        if enabled and (console is not None or on_terminal()):
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
 
             self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           TextColumn("{task.fields[status]}"), transient=False)
+                           TextColumn("{task.fields[status]}"), transient=False, console=console)
             self.task = self.bar.add_task(label, total=total, status="")
+
+    @property
+    def live(self) -> bool:
+        return self.bar is not None
 
     def __enter__(self) -> "Progress":
         if self.bar is not None:
             self.bar.__enter__()
+            stream = _ConsoleStream(self.bar.console)
+            for handler in logging.getLogger().handlers:
+                if type(handler) is logging.StreamHandler:
+                    self._swapped.append((handler, handler.setStream(stream)))
         return self
 
     def __exit__(self, *exc) -> None:
+        for handler, old in self._swapped:
+            handler.setStream(old)
+        self._swapped.clear()
         if self.bar is not None:
             self.bar.__exit__(*exc)
 
@@ -58,6 +88,45 @@ class Progress:
             elapsed = time.strftime("%H:%M:%S", time.gmtime(time.perf_counter() - self.start))
             log.info("%s: %d/%d cells done, %s%s; %s elapsed", self.label, counts["done"], self.total, status,
                      f" ({detail})" if detail else "", elapsed)
+
+    def running(self, text: str) -> None:
+        """What the running trials are doing (``experiments.running``)."""
+        if self.bar is not None:
+            self.bar.update(self.task, status=text)
+        else:
+            log.info("%s: running: %s", self.label, text)
+
+
+class RunningMonitor:
+    """A thread that reports the running trials of ``cells`` (``(cell folder, label, max_steps)``) to
+    ``bar.running`` every ``every`` seconds (every 2 s at most on a live bar); ``every <= 0``: never."""
+
+    def __init__(self, bar: Progress, cells: list[tuple[Path, str, int]], every: float) -> None:
+        import threading
+
+        self.bar, self.cells, self.since = bar, cells, time.time()
+        self.every = min(every, 2.0) if bar.live else every
+        self.stale_s = max(120.0, 3 * every)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="running-trials", daemon=True)
+
+    def _loop(self) -> None:
+        from experiments.running import running_trials
+
+        while not self._stop.wait(self.every):
+            trials = running_trials(self.cells, self.since, self.stale_s)
+            if trials:
+                self.bar.running("; ".join(t.describe() for t in trials))
+
+    def __enter__(self) -> "RunningMonitor":
+        if self.every > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 #: words in an error of a model run on the CPU that say its kernels need a GPU
@@ -143,12 +212,14 @@ def _run(grid, cells: list, keys: list[str], out: Path, workers: int, device: st
 def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device: str = "auto",
               storage_url: str | None = None, run: bool = True, progress: bool = True, stale_timeout: float = 60,
               label: str | None = None, retry_failed: bool = False, options=None,
-              flat: bool = False, results_dir: Path | None = None) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+              flat: bool = False, results_dir: Path | None = None,
+              progress_every: float = 30.0) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """Run (resume) every plan's cells; returns ``({entry: results DataFrame}, info)``.
 
     ``retry_failed``: also re-run cells whose trial failed for a final reason (NaN loss, an error).
     ``options``: ``experiments.train.RunOptions`` (step log, step engine).
-    ``run=False`` only collects. Results files go to ``results_dir`` (default ``out``, the folder of the
+    ``progress_every``: seconds between reports of the running trials' steps, validation accuracy and
+    time left (``RunningMonitor``; 0: none). ``run=False`` only collects. Results files go to ``results_dir`` (default ``out``, the folder of the
     study and the cells): ``<results_dir>/<entry>/``, or with ``flat`` (one plan) ``results_dir`` itself.
     ``info``: ``cells``, ``done``, ``counts`` (of this call's sync), ``wall_s``, ``versions``.
     """
@@ -183,7 +254,13 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
         log.info("%s: %d cells: %d done, %d queued, %d waiting, %d running%s", label or study_name, len(keys),
                  counts["done"], counts["queued"], counts["waiting"], counts["running"],
                  f", {counts['stale']} of dead workers re-queued" if counts["stale"] else "")
-        with Progress(label or study_name, len(keys), enabled=progress) as bar:
+        from experiments.workers import cell_dir
+
+        watched = [(cell_dir(out, entry, spec), f"{spec.mixer} s{spec.seed} lr {spec.lr:g}", spec.train.max_steps)
+                   for entry, spec in cells]
+        with Progress(label or study_name, len(keys), enabled=progress) as bar, \
+                RunningMonitor(bar, watched, progress_every):
+            bar.update(grid.progress(keys))  # cells an earlier command finished count from the start
             done_seen = [-1]
 
             def on_progress(c: dict[str, int], detail: str = "") -> None:

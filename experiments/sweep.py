@@ -42,13 +42,13 @@ def study_name(plan: SweepPlan) -> str:
 
 def run_sweep(plan: SweepPlan, out: Path, storage_url: str | None = None, device: str = "auto",
               retry_failed: bool = False, progress: bool = True, workers: int = 0,
-              stale_timeout: float = 60, options=None):
+              stale_timeout: float = 60, options=None, progress_every: float = 30.0):
     """Run (or resume) the sweep; returns the results ``DataFrame`` (one row per cell)."""
     from experiments.runner import run_plans
 
     results, _ = run_plans([plan], out, study_name(plan), workers=workers, device=device, storage_url=storage_url,
                            progress=progress, stale_timeout=stale_timeout, label=f"{plan.entry or plan.task} sweep",
-                           retry_failed=retry_failed, options=options, flat=True)
+                           retry_failed=retry_failed, options=options, flat=True, progress_every=progress_every)
     return next(iter(results.values()))
 
 
@@ -119,7 +119,8 @@ def run(args) -> None:
     check_run_arguments(args, out)
     with workers_mps(args.mps, args.workers):
         df = run_sweep(plan, out, args.storage, args.device, args.retry_failed, progress=not args.no_progress,
-                       workers=args.workers, stale_timeout=args.stale_timeout, options=run_options(args))
+                       workers=args.workers, stale_timeout=args.stale_timeout, options=run_options(args),
+                       progress_every=args.progress_every)
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.csv'} ({len(df)} cells); study: optuna-dashboard {out / 'journal.log'}")
 

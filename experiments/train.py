@@ -169,7 +169,8 @@ class _History(Callback):
     synchronization, so a step counts once the GPU has run it), the last at the end of training.
     Several trials' samples give the steps they ran in one shared time window
     (``experiments.throughput.concurrent_rate``). Each sample is appended to ``progress_files`` as it is
-    taken (``unix_time_s,step``), so a running trial's progress can be read while it trains."""
+    taken (``unix_time_s,step,val_acc,phase``: ``experiments.running``), so a running trial's progress
+    can be read while it trains."""
 
     def __init__(self) -> None:
         self.val_acc: list[float] = []
@@ -177,13 +178,15 @@ class _History(Callback):
         self.progress_files: list[Path] = []
         self._unix_offset = time.time() - time.perf_counter()
 
-    def _sample(self, pl_module, step: int) -> None:
+    def _sample(self, pl_module, step: int, phase: str = "train") -> None:
         torch.cuda.synchronize() if pl_module.device.type == "cuda" else None
         self.progress.append((time.perf_counter(), step))
+        val = f"{self.val_acc[-1]:.4f}" if self.val_acc else ""
         for path in self.progress_files:
             new = not path.exists()
             with path.open("a") as f:
-                f.write(("unix_time_s,step\n" if new else "") + f"{self.progress[-1][0] + self._unix_offset:.3f},{step}\n")
+                f.write(("unix_time_s,step,val_acc,phase\n" if new else "")
+                        + f"{self.progress[-1][0] + self._unix_offset:.3f},{step},{val},{phase}\n")
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
@@ -201,7 +204,7 @@ class _History(Callback):
             self._sample(pl_module, trainer.global_step)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._sample(pl_module, trainer.global_step)
+        self._sample(pl_module, trainer.global_step, "end")
 
     def steady_rate(self) -> float:
         """Training steps/s from the first progress sample to the end of training (validations

@@ -201,7 +201,7 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
     outcomes = ["ok" if grid.finish(trial, {**result, **info["versions"], "trial_dir": str(tdir.relative_to(out))})
                 else "lost" for trial, result, info, tdir in zip(trials, results, infos, dirs)]
     first = results[0]
-    log.info("trial(s) %s: %.1f s in all: setup %.1f, train %.1f, test %.1f, own %.1f, recording %.1f",
+    log.debug("trial(s) %s: %.1f s in all: setup %.1f, train %.1f, test %.1f, own %.1f, recording %.1f",
              ",".join(str(t.number) for t in trials), time.perf_counter() - claimed, first["setup_time_s"],
              first["train_time_s"], first["wall_time_s"] - first["train_time_s"],
              ran - claimed - first["setup_time_s"] - first["wall_time_s"], time.perf_counter() - ran)
@@ -320,6 +320,7 @@ def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker-{index} pid={os.getpid()} %(message)s")
+    logging.getLogger("experiments").setLevel(logging.DEBUG)  # a worker's log file keeps its trials' timings
 
     def _terminate(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would cut the interrupt checkpoint short

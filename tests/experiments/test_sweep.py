@@ -153,8 +153,8 @@ def _ctrl_c_as_at_a_terminal():
 
 def _trained_step(out) -> int:
     """The last training step any trial of ``out`` has written to its ``progress.csv`` (0: none yet)."""
-    steps = [int(line.rsplit(",", 1)[1]) for f in out.glob("trials/*/progress.csv")
-             for line in f.read_text().splitlines()[1:] if line.count(",") == 1]
+    steps = [int(line.split(",")[1]) for f in out.glob("trials/*/progress.csv")
+             for line in f.read_text().splitlines()[1:] if line.count(",") == 3]
     return max(steps, default=0)
 
 
@@ -428,3 +428,88 @@ def test_check_journal_sets_aside_only_a_torn_last_record(tmp_path, tail, torn):
         assert journal.read_bytes() == good + tail and not list(tmp_path.glob("journal.log.*"))
     if torn:
         assert check_journal(journal) is None  # repaired: nothing left to set aside
+
+
+# --- progress: the running trials, the bar's count, log lines beside the bar, timings behind -v ---------------
+def test_without_a_terminal_the_running_trials_step_and_accuracy_are_reported(tmp_path, caplog):
+    """A line per ``progress_every`` seconds with the running trial's step, validation accuracy, rate and
+    time left, read from its progress.csv while it trains (no fixed sleeps: the trial's own pace)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="experiments.runner")
+    plan = resolve_sweep("parity", "smoke", {"mixers": ["gru"], "seeds": [0], "lrs": [1e-3],
+                                             "train": {**TINY, "max_steps": 400, "eval_every": 20},
+                                             "extrapolation": {"min_len": 3, "max_len": 8, "eval_lengths": [12]}})
+    run_sweep(plan, tmp_path, progress=True, progress_every=0.05)
+    lines = [r.getMessage() for r in caplog.records if ": running: " in r.getMessage()]
+    assert lines, [r.getMessage() for r in caplog.records]
+    assert all(line.startswith("parity sweep: running: gru s0 lr 0.001: step ") for line in lines), lines
+    assert any("/400, val " in line and "steps/s" in line and " left" in line for line in lines), lines
+
+
+def test_the_running_trials_come_from_fresh_unfinished_progress_files(tmp_path):
+    from experiments.running import running_trials
+
+    now = 1000.0
+    rows = {"a": [(900.0, 10, "", "train"), (910.0, 30, "0.5", "train")],   # started before this run
+            "b": [(995.0, 10, "", "train"), (999.0, 50, "0.75", "train")],  # running: 10 steps/s
+            "c": [(995.0, 10, "", "train"), (999.0, 50, "", "end")],       # finished training
+            "d": [(950.0, 10, "", "train"), (960.0, 50, "", "train")]}     # stale: no sample for 40 s
+    cells = []
+    for name, samples in rows.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "progress.csv").write_text(
+            "unix_time_s,step,val_acc,phase\n" + "".join(f"{t},{s},{v},{p}\n" for t, s, v, p in samples) + "99")
+        cells.append((tmp_path / name, name, 450))
+    (trial,) = running_trials(cells, since=920.0, stale_s=30.0, now=now)
+    assert (trial.label, trial.step, trial.val_acc, trial.rate, trial.eta_s) == ("b", 50, 0.75, 10.0, 40.0)
+    assert trial.describe() == "b: step 50/450, val 75.0%, 10 steps/s, ~40 s left"
+
+
+def test_the_bar_counts_the_cells_an_earlier_command_finished(tmp_path, monkeypatch):
+    import experiments.runner as runner
+
+    assert _fast_sweep(tmp_path, "gru") == 0
+    seen = []
+
+    class Spy(runner.Progress):
+        def update(self, counts, detail=""):
+            seen.append(counts["done"])
+            super().update(counts, detail)
+
+    monkeypatch.setattr(runner, "Progress", Spy)
+    assert main([*FAST, "--mixers", "gru,elman", "--out", str(tmp_path), "--workers", "1"]) == 0
+    assert seen[0] == 1 and seen[-1] == 2, seen
+
+
+def test_log_lines_print_above_the_bar_not_onto_it():
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from experiments.runner import Progress
+
+    buffer, stream = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logging.getLogger().addHandler(handler)
+    try:
+        with Progress("parity sweep", 3, console=Console(file=buffer, force_terminal=True, width=100)) as bar:
+            bar.update({"done": 1, "running": 1, "waiting": 1})
+            logging.getLogger("experiments.test").warning("a log line while the bar is live")
+        assert handler.stream is stream and stream.getvalue() == ""  # restored; the line went to the console
+        printed = [line for line in buffer.getvalue().splitlines() if "a log line while the bar is live" in line]
+        assert len(printed) == 1 and "parity sweep" not in printed[0], buffer.getvalue()
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+def test_trial_timings_only_with_verbose(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG)  # the handler takes everything; the CLI sets the level of "experiments"
+    assert _fast_sweep(tmp_path / "quiet") == 0
+    assert not [r for r in caplog.records if " s in all: setup " in r.getMessage()]
+    caplog.clear()
+    assert main([*FAST, "--mixers", "gru", "--out", str(tmp_path / "verbose"), "-v"]) == 0
+    assert [r for r in caplog.records if " s in all: setup " in r.getMessage()]
