@@ -1,0 +1,23 @@
+"""Every relative link and image in the README, CONTRIBUTING and the docs points to a file that exists."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md"),
+               *(ROOT / "kernels").glob("**/README.md"), *(ROOT / "benchmarks").glob("**/*.md")])
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_relative_links_resolve(doc):
+    broken = []
+    for target in LINK.findall(doc.read_text()):
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            continue  # a URL or an anchor in the same page
+        path = target.split("#", 1)[0]
+        if not (doc.parent / path).exists():
+            broken.append(target)
+    assert not broken, f"{doc.relative_to(ROOT)}: links to missing files: {broken}"
