@@ -177,16 +177,18 @@ def verdict(rules: dict[str, dict[str, Any]], agree: dict[str, Any] | None) -> d
 
     broken: dict[str, str] = {}  # rule -> the first reason found
 
+    jac = rules.get("jacobian")
+    closed_form = jac is not None and jac.get("closed_form_error") is not None  # the cell defines jacobian_fn
+
     def jacobian_rule(message: str, off: float) -> str:
         if "one position at a time" in message:
             return "position-wise rule"
-        return "declared Jacobian structure" if off > JACOBIAN_RTOL else "closed-form Jacobian"
+        return "closed-form Jacobian" if closed_form and not off > JACOBIAN_RTOL else "declared Jacobian structure"
 
     if not rules["shapes"]["ok"]:
         broken["shapes"] = rules["shapes"]["message"]
     if "position_wise" in rules and not rules["position_wise"]["ok"]:
         broken["position-wise rule"] = rules["position_wise"]["message"]
-    jac = rules.get("jacobian")
     if jac is not None and not jac["ok"]:
         broken.setdefault(jacobian_rule(jac["message"], jac["off_structure"]), jac["message"])
     if agree is not None and "error" in agree:

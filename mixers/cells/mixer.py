@@ -478,6 +478,13 @@ class CellMixer(nn.Module):
                        f"(up to {offs[self.structure]:.2g} of the largest) {where}: the Newton gradients would be off "
                        f"by that order; declare jacobian={fits!r}")
             return message, fits
+        if not self.closed_form:  # autograd in the declared structure sums what lies outside it
+            fits = fits if fits != self.structure else "dense"
+            message = (f"{name} declares jacobian={self.structure!r}: d h'/d h has entries outside that structure, "
+                       f"each at most {offs[self.structure]:.2g} of the largest, that add up to {err:.2g} in the "
+                       f"Jacobian taken by autograd in that structure {where}: the Newton gradients would be off by "
+                       f"that order; declare jacobian={fits!r}")
+            return message, fits
         message = (f"{name}.jacobian_fn differs from autograd by {err:.2g} (relative) {where}: the Newton gradients "
                    f"would be off by that order; fix jacobian_fn or delete it (autograd in jacobian={self.structure!r})")
         return message, self.structure

@@ -76,6 +76,14 @@ def test_probe_fails_a_coupling_that_starts_at_zero(tmp_path, monkeypatch):
     assert numbers["rules"]["jacobian"]["param_draws"] == 8
 
 
+def test_probe_never_blames_a_jacobian_fn_the_cell_does_not_define(tmp_path, monkeypatch):
+    """A diagonal declaration whose off-diagonal entries are each within tolerance but add up beyond it:
+    the Jacobian the solve uses (autograd in the declared structure) is off; the cell has no jacobian_fn."""
+    code, report, numbers = _probe_cli("WeaklyCoupledDiag", tmp_path, monkeypatch)
+    assert code == 1 and numbers["verdict"]["rules"][0] == "declared Jacobian structure", numbers["verdict"]
+    assert "jacobian_fn" not in report and "closed-form" not in report, report
+
+
 def test_probe_fails_a_step_that_mixes_positions(tmp_path, monkeypatch):
     code, report, numbers = _probe_cli("RunningMeanOverTime", tmp_path, monkeypatch)
     assert code == 1 and numbers["verdict"]["rules"][0] == "position-wise rule"
