@@ -33,6 +33,12 @@ def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch
         assert heading in report
     df = pd.read_csv(tmp_path / "parity" / "results.csv")
     assert set(df["mixer"]) == {"example_cells:DiagCell", "gru"} and set(df["status"]) == {"ok"}
+    # section 3 at the trained parameters: the fallback share it shows is the training runs' own
+    (trained,) = numbers["trained_convergence"]
+    cell = df[df["mixer"] == "example_cells:DiagCell"].iloc[0]
+    assert trained["task"] == "parity" and len(trained["residuals"]) == 13
+    assert trained["fallback"] == cell["newton/fallback_count"] / cell["newton/newton_forwards"]
+    assert "At the trained parameters" in report and "| parity " in report.split("At the trained parameters")[1]
     assert json.loads((tmp_path / "probe.json").read_text())["cell"] == "example_cells:DiagCell"
 
 
