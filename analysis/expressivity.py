@@ -174,7 +174,16 @@ def plot_map(table: pd.DataFrame, stem: Path) -> list[Path]:
                     cbar=i == len(factors) - 1, cbar_kws={"label": f"accuracy (%, {sel['metric'].iloc[0]})"})
         lengths = sorted(set(sel["length"]))
         at = f"L = {lengths[0]}" if len(lengths) == 1 else f"L = {lengths[0]}…{lengths[-1]}"
-        ax.set_title(f"{factor:g}× the training length\n({at})")
+        shown = sel.drop_duplicates("task_label")
+        missing = shown[shown["length"] != factor * shown["train_max_len"]]
+        if missing.empty:
+            ax.set_title(f"{factor:g}× the training length\n({at})")
+        else:  # the runs have no length at this factor for some task: say what is shown instead
+            ax.set_title(f"nearest to {factor:g}× the training length\n({at})")
+            note = "; ".join(f"{r.task_label}: L = {r.length:g} ({r.length / r.train_max_len:.2g}×)"
+                             for r in missing.itertuples())
+            ax.text(0.5, -0.32, f"no length at {factor:g}× in these runs: {note}", transform=ax.transAxes,
+                    ha="center", va="top", fontsize="x-small", wrap=True)
         ax.set_xlabel("")
         ax.set_ylabel("" if i else "mixer")
         ax.tick_params(axis="x", rotation=30)
@@ -187,7 +196,7 @@ def plot_lengths(lengths: pd.DataFrame, stem: Path) -> list[Path]:
 
     from analysis.plotting import as_categories, save_figure
 
-    data = as_categories(lengths, ["task_label", "mixer"])
+    data = as_categories(_dodge_coinciding(lengths), ["task_label", "mixer"])
     tasks = list(data["task_label"].cat.categories)
     grid = sns.relplot(data=data, x="length", y="value", hue="mixer", style="mixer", markers=True, dashes=False,
                        col="task_label", col_wrap=min(3, len(tasks)), kind="line", height=2.8, aspect=1.25,
@@ -204,8 +213,30 @@ def plot_lengths(lengths: pd.DataFrame, stem: Path) -> list[Path]:
         ax.set_title(str(task))
     grid.set(ylim=(-0.02, 1.02))
     grid.set_axis_labels("evaluation length", f"accuracy ({lengths['metric'].iloc[0]})")
-    grid.figure.suptitle("dotted: longest training length; dashed: chance", y=1.02, fontsize="small")
+    grid.figure.suptitle("dotted: longest training length; dashed: chance; lines that coincide are drawn "
+                         f"{DODGE:g} apart", y=1.02, fontsize="small")
     return save_figure(grid.figure, stem, lengths)
+
+
+#: vertical distance between lines that coincide in the lengths plot (accuracy units; the CSV keeps the values)
+DODGE = 0.012
+
+
+def _dodge_coinciding(lengths: pd.DataFrame) -> pd.DataFrame:
+    """``lengths`` with the plotted ``value`` of mixers whose whole curve in a task equals another's (to
+    1e-3) moved apart by ``DODGE`` each, centred on the true value, so that every line stays visible."""
+    data = lengths.copy()
+    for _, task in data.groupby("task_label", sort=False):
+        curves = {m: tuple(g.sort_values("length")[["length", "value"]].round(3).itertuples(index=False))
+                  for m, g in task.groupby("mixer", sort=False)}
+        groups: dict[tuple, list] = {}
+        for mixer, curve in curves.items():
+            groups.setdefault(curve, []).append(mixer)
+        for mixers in groups.values():
+            for k, mixer in enumerate(mixers if len(mixers) > 1 else []):
+                rows = task.index[task["mixer"] == mixer]
+                data.loc[rows, "value"] = data.loc[rows, "value"] + (k - (len(mixers) - 1) / 2) * DODGE
+    return data
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -193,19 +193,22 @@ def plot(df: pd.DataFrame, title: str, eps: float):
                     marker="o", markersize=4, palette=SEQUENTIAL, height=2.7, aspect=1.35,
                     facet_kws={"sharey": True, "margin_titles": False})
     g.set(yscale="log")
-    for ax in g.axes.flat:
-        right = ax.get_xlim()[1]
+    for (cell, panel), ax in g.axes_dict.items():
         ax.axhline(eps, color="0.4", ls=":", lw=1)
-        ax.text(right, eps * 3, "machine ε ", va="bottom", ha="right", fontsize=7, color="0.3")
         if clipped:
             ax.axhline(CEILING, color="tab:red", ls=":", lw=1)
-            ax.text(right, CEILING / 3, f"≥ {CEILING:.0e} or diverged ", va="top", ha="right", fontsize=7,
-                    color="tab:red")
         ax.set_xticks(sorted(data["iteration"].unique()))
+        sel = df[(df["cell"] == cell) & (df["panel"] == panel)]
+        if not (sel["residual"].astype(float) > 0).any():  # nothing on a log axis: say why, on the panel
+            why = "no runs" if sel.empty else "every residual is exactly 0 or missing"
+            ax.text(0.5, 0.5, f"nothing to draw:\n{why}", transform=ax.transAxes, ha="center", va="center",
+                    fontsize="small", color="0.3")
+            log.warning("%s (%s): nothing to draw (%s)", cell, panel, why)
     g.set_axis_labels("Newton iteration", "max residual")
     g.set_titles("{row_name} — {col_name}")
     g.legend.set_title("L")
-    g.figure.suptitle(title, y=1.0 + 0.12 / len(g.axes))
+    key = "grey dotted: machine ε" + (f"; red dotted: ≥ {CEILING:.0e} or diverged (non-finite)" if clipped else "")
+    g.figure.suptitle(f"{title}\n{key}", y=1.0 + 0.16 / len(g.axes))
     return g.figure
 
 

@@ -156,3 +156,24 @@ def test_replot_from_csv_with_diverged_residuals(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         main(["--from-csv", str(tmp_path / "in.csv"), "--out", str(tmp_path), "--name", "re"])
     assert any("not converged after 5 iterations at L = 128" in r.message for r in caplog.records)
+
+
+def test_the_figure_says_what_a_panel_lacks_and_keeps_labels_off_the_curves(caplog):
+    """A panel whose residuals are all exactly 0 says so on itself and in one warning; the diverged and
+    machine-epsilon lines are explained in the title, not by text over the curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from analysis.newton import plot
+
+    rows = [{"cell": "X", "panel": p, "L": 64, "iteration": k, "residual": r}
+            for p, res in (("freshly initialized", [0.0, 0.0, 0.0]), ("trained", [1.0, math.inf, 1e-3]))
+            for k, r in enumerate(res)]
+    with caplog.at_level("WARNING"):
+        fig = plot(pd.DataFrame(rows), "title", 2.2e-16)
+    panels = {ax.get_title(): [t.get_text() for t in ax.texts] for ax in fig.axes}
+    assert panels["X — freshly initialized"] == ["nothing to draw:\nevery residual is exactly 0 or missing"]
+    assert panels["X — trained"] == []
+    assert "diverged" in fig._suptitle.get_text() and "machine ε" in fig._suptitle.get_text()
+    assert [r.message for r in caplog.records if "nothing to draw" in r.message] == \
+        ["X (freshly initialized): nothing to draw (every residual is exactly 0 or missing)"]

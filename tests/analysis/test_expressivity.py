@@ -137,3 +137,51 @@ def test_deeper_models_are_rows_of_their_own():
     table = length_table(pd.DataFrame(rows), metric="last_acc")
     got = table[table["length"] == 80].set_index("mixer")["value"].to_dict()
     assert got == {"gru": 1.0, "gru, 2 layers": 0.6}
+
+
+def _figure_texts(fig):
+    return [t.get_text() for t in fig.texts] + [t.get_text() for ax in fig.axes for t in ax.texts] + \
+        [ax.get_title() for ax in fig.axes] + [fig._suptitle.get_text() if fig._suptitle else ""]
+
+
+def test_a_panel_without_its_length_says_so_on_the_figure(results, monkeypatch):
+    """Counting mod 3 was trained to 20 and evaluated at 40 and 100: the 6x panel (120) shows 100 and must
+    not claim to be 6x; the figure itself names what is missing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from analysis import expressivity
+
+    import analysis.plotting
+
+    figures = []
+    monkeypatch.setattr(analysis.plotting, "save_figure", lambda fig, stem, table: figures.append(fig) or [])
+    table = map_table(length_table(load_results([results])))
+    expressivity.plot_map(table, None)
+    titles = [ax.get_title() for ax in figures[0].axes if ax.get_title()]
+    assert titles[0].startswith("2× the training length") and titles[1].startswith("nearest to 6× the training length")
+    notes = [t for t in _figure_texts(figures[0]) if "no length at 6×" in t]
+    assert len(notes) == 1 and "count mod 3: L = 100 (5×)" in notes[0], _figure_texts(figures[0])
+
+
+def test_coinciding_lines_stay_visible(results, monkeypatch):
+    """Three mixers at 100% at every length: three lines, apart, each in the legend; the CSV keeps the values."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import analysis.plotting
+    from analysis import expressivity
+
+    rows = [_row(*PARITY, m, 0, 1e-3, 1.0, {40: (1.0, 1.0), 80: (1.0, 1.0), 240: (1.0, 1.0)}) for m in ("gru", "lstm", "elman")]
+    rows.append(_row(*PARITY, "mamba", 0, 1e-3, 0.7, {40: (0.7, 0.55), 80: (0.6, 0.5), 240: (0.55, 0.5)}))
+    lengths = length_table(pd.DataFrame(rows))
+    figures = []
+    monkeypatch.setattr(analysis.plotting, "save_figure", lambda fig, stem, table: figures.append((fig, table)) or [])
+    expressivity.plot_lengths(lengths, None)
+    fig, table = figures[0]
+    assert set(table["value"][table["mixer"] != "mamba"]) == {1.0}  # the data written is untouched
+    (ax,) = fig.axes
+    curves = {tuple(line.get_ydata()) for line in ax.get_lines() if len(line.get_ydata()) == 3}
+    assert len(curves) == 4  # gru, lstm, elman apart, and mamba
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"gru", "lstm", "elman", "mamba"} <= set(legend)
