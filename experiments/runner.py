@@ -41,20 +41,23 @@ class Progress:
     """Progress of a run over ``total`` cells: a rich bar on a terminal, else a line whenever a cell finishes.
     ``running(text)``: what the running trials are doing, in the bar's status field, else as a line.
     While the bar is live, log lines of the root logger's console handlers print above it (never glued
-    onto it). ``console``: the rich console of the bar (tests)."""
+    onto it). The bar draws on standard error and starts at ``done`` finished cells (those an earlier
+    command finished). ``console``: the rich console of the bar (tests)."""
 
-    def __init__(self, label: str, total: int, enabled: bool = True, console=None) -> None:
+    def __init__(self, label: str, total: int, enabled: bool = True, console=None, done: int = 0) -> None:
         self.label, self.total, self.start = label, total, time.perf_counter()
         self.bar = None
         self._last: int | None = None
         self._swapped: list[tuple[logging.StreamHandler, Any]] = []
         if enabled and (console is not None or on_terminal()):
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
 
             self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           TextColumn("{task.fields[status]}"), transient=False, console=console)
-            self.task = self.bar.add_task(label, total=total, status="")
+                           TextColumn("{task.fields[status]}"), transient=False,
+                           console=console or Console(stderr=True, force_terminal=True))  # on_terminal() saw one
+            self.task = self.bar.add_task(label, total=total, status="", completed=done)
 
     @property
     def live(self) -> bool:
@@ -258,9 +261,8 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
 
         watched = [(cell_dir(out, entry, spec), f"{spec.mixer} s{spec.seed} lr {spec.lr:g}", spec.train.max_steps)
                    for entry, spec in cells]
-        with Progress(label or study_name, len(keys), enabled=progress) as bar, \
+        with Progress(label or study_name, len(keys), enabled=progress, done=grid.progress(keys)["done"]) as bar, \
                 RunningMonitor(bar, watched, progress_every):
-            bar.update(grid.progress(keys))  # cells an earlier command finished count from the start
             done_seen = [-1]
 
             def on_progress(c: dict[str, int], detail: str = "") -> None:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -466,20 +467,58 @@ def test_the_running_trials_come_from_fresh_unfinished_progress_files(tmp_path):
     assert trial.describe() == "b: step 50/450, val 75.0%, 10 steps/s, ~40 s left"
 
 
-def test_the_bar_counts_the_cells_an_earlier_command_finished(tmp_path, monkeypatch):
+def _screen(output: str) -> list[str]:
+    """The lines a terminal shows after ``output`` (text, carriage returns, newlines, and the CSI sequences
+    rich writes: cursor up, erase in line; colours and cursor visibility ignored)."""
+    lines, row, col = [""], 0, 0
+    for token in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|\r|\n|[^\x1b\r\n]+", output):
+        if token == "\r":
+            col = 0
+        elif token == "\n":
+            row, col = row + 1, 0
+            lines += [""] * (row + 1 - len(lines))
+        elif token.startswith("\x1b["):
+            n = int(token[2:-1]) if token[2:-1].isdigit() else None
+            if token[-1] == "A":
+                row = max(0, row - (n or 1))
+            elif token[-1] == "K":
+                lines[row] = "" if n == 2 else lines[row][:col]
+        else:
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + token + line[col + len(token):]
+            col += len(token)
+    return [line.rstrip() for line in lines if line.strip()]
+
+
+def test_on_a_terminal_the_bar_starts_at_the_finished_cells_and_log_lines_stay_whole(tmp_path, capsys, monkeypatch):
+    """A re-run into the same folder on a (simulated) terminal: the bar, on standard error, shows the
+    finished cells from its first drawing on, and log lines printed meanwhile are whole lines above it."""
+    import logging
+
     import experiments.runner as runner
 
-    assert _fast_sweep(tmp_path, "gru") == 0
-    seen = []
-
-    class Spy(runner.Progress):
-        def update(self, counts, detail=""):
-            seen.append(counts["done"])
-            super().update(counts, detail)
-
-    monkeypatch.setattr(runner, "Progress", Spy)
-    assert main([*FAST, "--mixers", "gru,elman", "--out", str(tmp_path), "--workers", "1"]) == 0
-    assert seen[0] == 1 and seen[-1] == 2, seen
+    assert _fast_sweep(tmp_path, "gru,elman") == 0  # 2 cells finished
+    monkeypatch.setattr(runner, "on_terminal", lambda: True)
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setenv("COLUMNS", "200")
+    handler = logging.StreamHandler(sys.stderr)  # what logging.basicConfig does in the CLI
+    logging.getLogger().addHandler(handler)
+    level = logging.getLogger("experiments").level
+    try:
+        capsys.readouterr()  # -v: a timing line after the trial, printed while the bar is live
+        assert main([*FAST[:-1], "--mixers", "gru,elman,lstm", "--out", str(tmp_path), "-v"]) == 0
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger("experiments").setLevel(level)
+    err = capsys.readouterr().err
+    counts = re.findall(r" (\d+)/3 \d+:\d\d:\d\d", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err))  # M/N, elapsed
+    assert counts and counts[0] == "2" and set(counts) <= {"2", "3"}, counts
+    lines = _screen(err)
+    bars = [line for line in lines if "━" in line]
+    assert bars and bars[-1].startswith("parity sweep") and " 3/3 " in bars[-1], lines
+    timing = [line for line in lines if " s in all: " in line]
+    assert len(timing) == 1 and re.fullmatch(r"trial\(s\) \d+: [\d.]+ s in all: setup [\d.]+, train [\d.]+, "
+                                             r"test [\d.]+, own -?[\d.]+, recording [\d.]+", timing[0]), lines
 
 
 def test_log_lines_print_above_the_bar_not_onto_it():
