@@ -48,6 +48,8 @@ def csv_list(kind: type = str) -> Callable[[str], list]:
         try:
             return [kind(x.strip()) for x in text.split(",") if x.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {kind.__name__}, got {text!r}"
+            ) from None
 
     return parse

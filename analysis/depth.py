@@ -85,7 +85,9 @@ def best_values(df: pd.DataFrame, metric: str = "len{L}/exact", lr: str = "val")
     long = long.dropna(subset=["value"])
     if long.empty:
         raise ValueError(f"no finished trial has a value in the {metric} columns")
-    out = long.groupby([*keys, "length"], sort=False).agg(value=("value", "max"), seeds=("seed", "nunique")).reset_index()
+    out = (
+        long.groupby([*keys, "length"], sort=False).agg(value=("value", "max"), seeds=("seed", "nunique")).reset_index()
+    )
     return out
 
 
@@ -99,12 +101,20 @@ def min_depth_table(values: pd.DataFrame, threshold: float = 0.9) -> pd.DataFram
         sel = sel.sort_values("layers")
         good = sel[sel["value"] >= threshold]
         tried = sel["layers"].tolist()
-        rows.append({
-            "group": group, "mixer": mixer, "length": int(length), "threshold": threshold,
-            "min_layers": float(good["layers"].iloc[0]) if len(good) else np.nan, "reached": bool(len(good)),
-            "value_at_min": float(good["value"].iloc[0]) if len(good) else np.nan,
-            "best_value": float(sel["value"].max()), "layers_tried": ",".join(map(str, tried)), "max_layers": max(tried),
-        })
+        rows.append(
+            {
+                "group": group,
+                "mixer": mixer,
+                "length": int(length),
+                "threshold": threshold,
+                "min_layers": float(good["layers"].iloc[0]) if len(good) else np.nan,
+                "reached": bool(len(good)),
+                "value_at_min": float(good["value"].iloc[0]) if len(good) else np.nan,
+                "best_value": float(sel["value"].max()),
+                "layers_tried": ",".join(map(str, tried)),
+                "max_layers": max(tried),
+            }
+        )
     out = pd.DataFrame(rows)
     groups, mixers = list(dict.fromkeys(values["group"])), list(dict.fromkeys(values["mixer"]))
     out = out.assign(_g=out["group"].map(groups.index), _m=out["mixer"].map(mixers.index))
@@ -148,8 +158,16 @@ def plot_depth(table: pd.DataFrame, stem: Path, metric: str) -> list[Path]:
             x = part["length"].to_numpy()
             # the line joins solved lengths only; an unsolved length breaks it and shows as a cross in the band
             ax.plot(x, np.where(hit, y, np.nan), color=colours[mixer], linewidth=1.3, alpha=0.85, zorder=2)
-            ax.scatter(x[hit], y[hit], color=colours[mixer], marker=markers[mixer], s=38, zorder=3,
-                       edgecolor="white", linewidth=0.5)
+            ax.scatter(
+                x[hit],
+                y[hit],
+                color=colours[mixer],
+                marker=markers[mixer],
+                s=38,
+                zorder=3,
+                edgecolor="white",
+                linewidth=0.5,
+            )
             ax.scatter(x[~hit], y[~hit], color=colours[mixer], marker="x", s=46, linewidth=1.6, zorder=3)
         if unsolved:
             ax.axhspan(top + 0.5, top + 1.5, color="0.92", zorder=0)
@@ -165,7 +183,7 @@ def plot_depth(table: pd.DataFrame, stem: Path, metric: str) -> list[Path]:
         ax.set_title(str(group))
         ax.set_xlabel("sequence length")
         ax.set_ylabel("minimum layers")
-    for ax in list(axes.flat)[len(groups):]:
+    for ax in list(axes.flat)[len(groups) :]:
         ax.set_visible(False)
     from matplotlib.lines import Line2D
 
@@ -174,9 +192,12 @@ def plot_depth(table: pd.DataFrame, stem: Path, metric: str) -> list[Path]:
     fig.legend(handles=handles, title="mixer", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     shown = metric.replace("{L}", "<L>")
     threshold = table["threshold"].iloc[0]
-    fig.suptitle(f"smallest depth with {shown} ≥ {threshold:g}, best over seeds and learning rates\n"
-                 "crosses in the grey band: no depth tried reaches it; mixers offset vertically to stay apart",
-                 fontsize="small", y=1.0)
+    fig.suptitle(
+        f"smallest depth with {shown} ≥ {threshold:g}, best over seeds and learning rates\n"
+        "crosses in the grey band: no depth tried reaches it; mixers offset vertically to stay apart",
+        fontsize="small",
+        y=1.0,
+    )
     fig.tight_layout()
     return save_figure(fig, stem, pd.concat(plotted, ignore_index=True))
 
@@ -186,17 +207,24 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analysis.depth",
         description="Minimum number of layers reaching a threshold vs sequence length, per mixer and task "
-                    "(Merrill et al. 2024, Fig. 3), from results.csv files of sweeps over depth "
-                    "(PNG, PDF and the CSV of every plotted number).",
+        "(Merrill et al. 2024, Fig. 3), from results.csv files of sweeps over depth "
+        "(PNG, PDF and the CSV of every plotted number).",
         epilog="Example: python -m analysis.depth runs/word_problem-depth --metric 'len{L}/exact' --threshold 0.9",
     )
     p.add_argument("results", nargs="+", help="results.csv files or sweep folders holding one")
-    p.add_argument("--metric", default="len{L}/exact",
-                   help="column template, {L} the evaluation length (default: %(default)s; also len{L}/acc, len{L}/last_acc)")
+    p.add_argument(
+        "--metric",
+        default="len{L}/exact",
+        help="column template, {L} the evaluation length (default: %(default)s; also len{L}/acc, len{L}/last_acc)",
+    )
     p.add_argument("--threshold", type=float, default=0.9, help="value a depth must reach (default: %(default)s)")
-    p.add_argument("--lr", choices=LR_CHOICES, default="val",
-                   help="val: per seed the lr with the best validation accuracy; max: the best value over lrs "
-                        "(default: %(default)s)")
+    p.add_argument(
+        "--lr",
+        choices=LR_CHOICES,
+        default="val",
+        help="val: per seed the lr with the best validation accuracy; max: the best value over lrs "
+        "(default: %(default)s)",
+    )
     p.add_argument("--out", type=Path, default=Path("analysis-out/depth"), help="output folder (default: %(default)s)")
     return p
 
@@ -212,8 +240,14 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     args.out.mkdir(parents=True, exist_ok=True)
     paths = plot_depth(table, args.out / "depth", args.metric)
     unsolved = int((~table["reached"]).sum())
-    log.info("%d groups x %d mixers, %d (group, mixer, length) points, %d not reached by any depth -> %s",
-             table["group"].nunique(), table["mixer"].nunique(), len(table), unsolved, args.out)
+    log.info(
+        "%d groups x %d mixers, %d (group, mixer, length) points, %d not reached by any depth -> %s",
+        table["group"].nunique(),
+        table["mixer"].nunique(),
+        len(table),
+        unsolved,
+        args.out,
+    )
     return paths
 
 

@@ -115,12 +115,23 @@ def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best"
             if values.empty:
                 continue
             top = values.idxmax()
-            rows.append({
-                "task": first["task"], "task_label": _display_label(label, first["task"], config), "mixer": mixer,
-                "length": length, "train_max_len": train_max, "factor": length / train_max, "metric": metric,
-                "best": float(values.max()), "mean": float(values.mean()), "std": float(values.std(ddof=0)),
-                "seeds": len(values), "lr": float(group.loc[top, "lr"]), "chance": _chance(first["task"], config),
-            })
+            rows.append(
+                {
+                    "task": first["task"],
+                    "task_label": _display_label(label, first["task"], config),
+                    "mixer": mixer,
+                    "length": length,
+                    "train_max_len": train_max,
+                    "factor": length / train_max,
+                    "metric": metric,
+                    "best": float(values.max()),
+                    "mean": float(values.mean()),
+                    "std": float(values.std(ddof=0)),
+                    "seeds": len(values),
+                    "lr": float(group.loc[top, "lr"]),
+                    "chance": _chance(first["task"], config),
+                }
+            )
     out = pd.DataFrame(rows)
     out.insert(out.columns.get_loc("best"), "value", out[aggregate])
     return _ordered(out, list(dict.fromkeys(df["mixer"])))
@@ -129,9 +140,12 @@ def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best"
 def _ordered(table: pd.DataFrame, mixers: list[str]) -> pd.DataFrame:
     """Tasks by family (parity, counting, word problems, others) then classes; mixers in ``mixers``' order."""
     family = {t: TASK_ORDER.index(t) if t in TASK_ORDER else len(TASK_ORDER) for t in table["task"]}
-    tasks = (table.drop_duplicates("task_label")
-             .assign(_f=lambda d: d["task"].map(family), _c=lambda d: -d["chance"].fillna(0))
-             .sort_values(["_f", "_c"], kind="stable")["task_label"].tolist())
+    tasks = (
+        table.drop_duplicates("task_label")
+        .assign(_f=lambda d: d["task"].map(family), _c=lambda d: -d["chance"].fillna(0))
+        .sort_values(["_f", "_c"], kind="stable")["task_label"]
+        .tolist()
+    )
     table = table.assign(_t=table["task_label"].map(tasks.index), _m=table["mixer"].map(mixers.index))
     return table.sort_values(["_t", "_m", "length"], kind="stable").drop(columns=["_t", "_m"]).reset_index(drop=True)
 
@@ -165,13 +179,28 @@ def plot_map(table: pd.DataFrame, stem: Path) -> list[Path]:
 
     factors = list(dict.fromkeys(table["target_factor"]))
     tasks, mixers = list(dict.fromkeys(table["task_label"])), list(dict.fromkeys(table["mixer"]))
-    fig, axes = plt.subplots(1, len(factors), figsize=(2.2 + max(1.6, 0.9 * len(tasks)) * len(factors), 0.45 * len(mixers) + 1.6),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1,
+        len(factors),
+        figsize=(2.2 + max(1.6, 0.9 * len(tasks)) * len(factors), 0.45 * len(mixers) + 1.6),
+        squeeze=False,
+        sharey=True,
+    )
     for i, (ax, factor) in enumerate(zip(axes[0], factors)):
         sel = table[table["target_factor"] == factor]
         grid = sel.pivot(index="mixer", columns="task_label", values="value").reindex(index=mixers, columns=tasks)
-        sns.heatmap(100 * grid, ax=ax, vmin=0, vmax=100, cmap=SEQUENTIAL, annot=True, fmt=".0f", linewidths=0.5,
-                    cbar=i == len(factors) - 1, cbar_kws={"label": f"accuracy (%, {sel['metric'].iloc[0]})"})
+        sns.heatmap(
+            100 * grid,
+            ax=ax,
+            vmin=0,
+            vmax=100,
+            cmap=SEQUENTIAL,
+            annot=True,
+            fmt=".0f",
+            linewidths=0.5,
+            cbar=i == len(factors) - 1,
+            cbar_kws={"label": f"accuracy (%, {sel['metric'].iloc[0]})"},
+        )
         lengths = sorted(set(sel["length"]))
         at = f"L = {lengths[0]}" if len(lengths) == 1 else f"L = {lengths[0]}…{lengths[-1]}"
         shown = sel.drop_duplicates("task_label")
@@ -180,10 +209,19 @@ def plot_map(table: pd.DataFrame, stem: Path) -> list[Path]:
             ax.set_title(f"{factor:g}× the training length\n({at})")
         else:  # the runs have no length at this factor for some task: say what is shown instead
             ax.set_title(f"nearest to {factor:g}× the training length\n({at})")
-            note = "; ".join(f"{r.task_label}: L = {r.length:g} ({r.length / r.train_max_len:.2g}×)"
-                             for r in missing.itertuples())
-            ax.text(0.5, -0.32, f"no length at {factor:g}× in these runs: {note}", transform=ax.transAxes,
-                    ha="center", va="top", fontsize="x-small", wrap=True)
+            note = "; ".join(
+                f"{r.task_label}: L = {r.length:g} ({r.length / r.train_max_len:.2g}×)" for r in missing.itertuples()
+            )
+            ax.text(
+                0.5,
+                -0.32,
+                f"no length at {factor:g}× in these runs: {note}",
+                transform=ax.transAxes,
+                ha="center",
+                va="top",
+                fontsize="x-small",
+                wrap=True,
+            )
         ax.set_xlabel("")
         ax.set_ylabel("" if i else "mixer")
         ax.tick_params(axis="x", rotation=30)
@@ -198,9 +236,21 @@ def plot_lengths(lengths: pd.DataFrame, stem: Path) -> list[Path]:
 
     data = as_categories(_dodge_coinciding(lengths), ["task_label", "mixer"])
     tasks = list(data["task_label"].cat.categories)
-    grid = sns.relplot(data=data, x="length", y="value", hue="mixer", style="mixer", markers=True, dashes=False,
-                       col="task_label", col_wrap=min(3, len(tasks)), kind="line", height=2.8, aspect=1.25,
-                       facet_kws={"sharey": True})
+    grid = sns.relplot(
+        data=data,
+        x="length",
+        y="value",
+        hue="mixer",
+        style="mixer",
+        markers=True,
+        dashes=False,
+        col="task_label",
+        col_wrap=min(3, len(tasks)),
+        kind="line",
+        height=2.8,
+        aspect=1.25,
+        facet_kws={"sharey": True},
+    )
     for task, ax in grid.axes_dict.items():
         sel = lengths[lengths["task_label"] == task]
         ax.axvline(sel["train_max_len"].iloc[0], color="0.4", linestyle=":", linewidth=1)
@@ -213,8 +263,11 @@ def plot_lengths(lengths: pd.DataFrame, stem: Path) -> list[Path]:
         ax.set_title(str(task))
     grid.set(ylim=(-0.02, 1.02))
     grid.set_axis_labels("evaluation length", f"accuracy ({lengths['metric'].iloc[0]})")
-    grid.figure.suptitle("dotted: longest training length; dashed: chance; lines that coincide are drawn "
-                         f"{DODGE:g} apart", y=1.02, fontsize="small")
+    grid.figure.suptitle(
+        f"dotted: longest training length; dashed: chance; lines that coincide are drawn {DODGE:g} apart",
+        y=1.02,
+        fontsize="small",
+    )
     return save_figure(grid.figure, stem, lengths)
 
 
@@ -227,8 +280,10 @@ def _dodge_coinciding(lengths: pd.DataFrame) -> pd.DataFrame:
     1e-3) moved apart by ``DODGE`` each, centred on the true value, so that every line stays visible."""
     data = lengths.copy()
     for _, task in data.groupby("task_label", sort=False):
-        curves = {m: tuple(g.sort_values("length")[["length", "value"]].round(3).itertuples(index=False))
-                  for m, g in task.groupby("mixer", sort=False)}
+        curves = {
+            m: tuple(g.sort_values("length")[["length", "value"]].round(3).itertuples(index=False))
+            for m, g in task.groupby("mixer", sort=False)
+        }
         groups: dict[tuple, list] = {}
         for mixer, curve in curves.items():
             groups.setdefault(curve, []).append(mixer)
@@ -244,17 +299,24 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analysis.expressivity",
         description="The expressivity map from results.csv files of length-extrapolation sweeps: a mixers × tasks "
-                    "heatmap of accuracy at 2x and 6x the training length, and accuracy vs length per task "
-                    "(PNG, PDF and the CSV of every plotted number).",
+        "heatmap of accuracy at 2x and 6x the training length, and accuracy vs length per task "
+        "(PNG, PDF and the CSV of every plotted number).",
         epilog="Example: python -m analysis.expressivity runs/reproduce/state-tracking/*/results.csv --out docs/figures",
     )
     p.add_argument("results", nargs="+", help="results.csv files or sweep folders holding one")
-    p.add_argument("--out", type=Path, default=Path("analysis-out/expressivity"), help="output folder (default: %(default)s)")
-    p.add_argument("--metric", choices=METRICS, default="auto",
-                   help="accuracy reading (default: last_acc when present, else acc)")
+    p.add_argument(
+        "--out", type=Path, default=Path("analysis-out/expressivity"), help="output folder (default: %(default)s)"
+    )
+    p.add_argument(
+        "--metric", choices=METRICS, default="auto", help="accuracy reading (default: last_acc when present, else acc)"
+    )
     p.add_argument("--aggregate", choices=AGGREGATES, default="best", help="over seeds (default: %(default)s)")
-    p.add_argument("--factors", type=csv_list(float), default=[2.0, 6.0],
-                   help="panels: multiples of the longest training length (default: 2,6)")
+    p.add_argument(
+        "--factors",
+        type=csv_list(float),
+        default=[2.0, 6.0],
+        help="panels: multiples of the longest training length (default: 2,6)",
+    )
     return p
 
 
@@ -268,8 +330,14 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     setup_style()
     args.out.mkdir(parents=True, exist_ok=True)
     paths = plot_map(table, args.out / "expressivity-map") + plot_lengths(lengths, args.out / "expressivity-lengths")
-    log.info("%d tasks x %d mixers (%s, %s over seeds) -> %s", lengths["task_label"].nunique(), lengths["mixer"].nunique(),
-             lengths["metric"].iloc[0], args.aggregate, args.out)
+    log.info(
+        "%d tasks x %d mixers (%s, %s over seeds) -> %s",
+        lengths["task_label"].nunique(),
+        lengths["mixer"].nunique(),
+        lengths["metric"].iloc[0],
+        args.aggregate,
+        args.out,
+    )
     return paths
 
 

@@ -106,9 +106,22 @@ def plot(df: pd.DataFrame, title: str):
     data = as_categories(df.sort_values(["config", "direction", "dtype", "impl", "L"]), ["impl", "panel"])
     per_config = data.groupby("config")["panel"].nunique().max()
     ncol = per_config if 1 < per_config <= 4 else min(3, data["panel"].nunique())  # one row per config if it fits
-    g = sns.relplot(data=data, x="L", y="ms", hue="impl", style="impl", col="panel", col_wrap=ncol, kind="line",
-                    markers=True, dashes=False, palette=PALETTE, height=3.0, aspect=1.25,
-                    facet_kws={"sharey": False, "sharex": False})
+    g = sns.relplot(
+        data=data,
+        x="L",
+        y="ms",
+        hue="impl",
+        style="impl",
+        col="panel",
+        col_wrap=ncol,
+        kind="line",
+        markers=True,
+        dashes=False,
+        palette=PALETTE,
+        height=3.0,
+        aspect=1.25,
+        facet_kws={"sharey": False, "sharex": False},
+    )
     for panel, ax in g.axes_dict.items():
         lim = data[data["panel"] == panel].groupby("L", observed=True)["limit_ms"].min().dropna()
         if len(lim):  # the marker shows a limit at a single length too
@@ -134,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analysis.kernels",
         description="Kernel timing plots from the results of python -m benchmarks.ops: time vs sequence length "
-                    "(log-log) per implementation, peers included, with the physical limit dashed; one figure per file.",
+        "(log-log) per implementation, peers included, with the physical limit dashed; one figure per file.",
         epilog="Example: python -m analysis.kernels benchmarks/ops/results/mlstm.json --out docs/figures",
     )
     p.add_argument("bench", nargs="+", type=Path, help="results JSON files (benchmarks/ops/results/<family>.json)")
@@ -166,14 +179,18 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
             log.info("%s: %d of %d rows left out (no time, no length or filtered)", path.name, len(left), len(df))
         df = df[keep].copy()
         if df.empty:
-            raise ValueError(f"{path}: no timed rows with a sequence length to plot"
-                             + (" (after the filters)" if args.direction or args.dtype or args.impls else ""))
+            raise ValueError(
+                f"{path}: no timed rows with a sequence length to plot"
+                + (" (after the filters)" if args.direction or args.dtype or args.impls else "")
+            )
         df["L"] = df["L"].astype(int)
         df["config"] = merge_batch_sweeps(df)
         df["panel"] = df["config"] + " · " + df["direction"] + " · " + df["dtype"]
         family = df["family"].iloc[0]
-        title = (f"{family} kernels on {env.get('device') or 'unknown device'} "
-                 f"(commit {env.get('commit') or '?'}, {(env.get('date') or '?')[:10]})")
+        title = (
+            f"{family} kernels on {env.get('device') or 'unknown device'} "
+            f"(commit {env.get('commit') or '?'}, {(env.get('date') or '?')[:10]})"
+        )
         out = (args.out or path.parent) / path.stem
         cols = ["family", "section", "impl", "config", "direction", "dtype", "L", "ms", "limit_ms", "note"]
         written += save_figure(plot(df, title), out, df[cols])

@@ -47,6 +47,7 @@ class _Captured(Exception):
 
 def mixer_input(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """What ``model.mixer`` receives for ``tokens (B, L)``: runs the model up to the mixer only."""
+
     def hook(module, args):
         raise _Captured(args[0].detach())
 
@@ -65,8 +66,10 @@ def _as_cell_mixer(mixer: torch.nn.Module, name: str):
     from mixers.cells.mixer import CellMixer
 
     if not isinstance(mixer, CellMixer):
-        raise ValueError(f"mixer {name!r} is a {type(mixer).__name__}, not a recurrent cell; Newton curves need a "
-                         "cell (flashgru, flashlstm, a registered cell mixer or module.path:MyCell)")
+        raise ValueError(
+            f"mixer {name!r} is a {type(mixer).__name__}, not a recurrent cell; Newton curves need a "
+            "cell (flashgru, flashlstm, a registered cell mixer or module.path:MyCell)"
+        )
     return mixer
 
 
@@ -78,7 +81,9 @@ def fresh_cell(name: str, d_model: int = 64, num_heads: int = 4, options: dict[s
     return _as_cell_mixer(build_mixer(name, d_model, num_heads=num_heads, **(options or {})), name)
 
 
-def fresh_model(name: str, task: str, task_options: dict[str, Any], options: dict[str, Any] | None = None, seed: int = 0):
+def fresh_model(
+    name: str, task: str, task_options: dict[str, Any], options: dict[str, Any] | None = None, seed: int = 0
+):
     """A freshly initialized ``SequenceModel`` around cell ``name`` for ``task`` (the paper's block
     and positional encoding for that task), to embed task inputs for a fresh cell."""
     from experiments.model import ModelConfig, SequenceModel
@@ -88,8 +93,15 @@ def fresh_model(name: str, task: str, task_options: dict[str, Any], options: dic
     t = get_task(task, **task_options)
     structure = TASK_DEFAULTS.get(task, {"block": "mixer", "positional": "none"})
     torch.manual_seed(seed)
-    model = SequenceModel(ModelConfig(vocab_size=t.vocab_size, num_classes=t.num_classes, mixer=name,
-                                         mixer_options=dict(options or {}), **structure))
+    model = SequenceModel(
+        ModelConfig(
+            vocab_size=t.vocab_size,
+            num_classes=t.num_classes,
+            mixer=name,
+            mixer_options=dict(options or {}),
+            **structure,
+        )
+    )
     _as_cell_mixer(model.mixer, name)
     return model.eval()
 
@@ -102,8 +114,10 @@ def load_trial(trial_dir: Path):
     trial_dir = Path(trial_dir)
     for f in ("spec.json", f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"):
         if not (trial_dir / f).is_file():
-            raise ValueError(f"{trial_dir} is not a finished trial folder: it has no {f} (a cell folder of "
-                             f"experiments.sweep holds spec.json and {CHECKPOINT_DIR}/{BEST_CHECKPOINT})")
+            raise ValueError(
+                f"{trial_dir} is not a finished trial folder: it has no {f} (a cell folder of "
+                f"experiments.sweep holds spec.json and {CHECKPOINT_DIR}/{BEST_CHECKPOINT})"
+            )
     spec = TrialSpec.from_dict(json.loads((trial_dir / "spec.json").read_text()))
     module = LitSequenceModel.load_from_checkpoint(trial_dir / CHECKPOINT_DIR / BEST_CHECKPOINT, map_location="cpu")
     return spec, module.model.eval()
@@ -116,11 +130,16 @@ def find_checkpoints(sweep_dir: Path, mixers: Sequence[str] | None = None) -> di
     from experiments.train import BEST_CHECKPOINT, CHECKPOINT_DIR
 
     sweep_dir = Path(sweep_dir)
-    trials = sorted(p.parent.parent for p in sweep_dir.glob(f"trials/*/{CHECKPOINT_DIR}/{BEST_CHECKPOINT}")
-                    if (p.parent.parent / "spec.json").is_file())
+    trials = sorted(
+        p.parent.parent
+        for p in sweep_dir.glob(f"trials/*/{CHECKPOINT_DIR}/{BEST_CHECKPOINT}")
+        if (p.parent.parent / "spec.json").is_file()
+    )
     if not trials:
-        raise ValueError(f"no trained checkpoints under {sweep_dir}/trials/*/ (spec.json + {CHECKPOINT_DIR}/{BEST_CHECKPOINT}); "
-                         "give the output folder of experiments.sweep")
+        raise ValueError(
+            f"no trained checkpoints under {sweep_dir}/trials/*/ (spec.json + {CHECKPOINT_DIR}/{BEST_CHECKPOINT}); "
+            "give the output folder of experiments.sweep"
+        )
     score: dict[str, float] = {}
     if (sweep_dir / "results.csv").is_file():
         res = pd.read_csv(sweep_dir / "results.csv")
@@ -149,9 +168,15 @@ def task_tokens(task: str, task_options: dict[str, Any], L: int, batch: int, see
     return get_task(task, **{**task_options, "seq_len": L}).generate(batch, seed=seed).inputs
 
 
-def residual_curves(mixer, make_input: Callable[[int], torch.Tensor], lengths: Sequence[int], iters: int,
-                    dtype: torch.dtype = torch.float64, label: dict[str, Any] | None = None,
-                    progress=None) -> pd.DataFrame:
+def residual_curves(
+    mixer,
+    make_input: Callable[[int], torch.Tensor],
+    lengths: Sequence[int],
+    iters: int,
+    dtype: torch.dtype = torch.float64,
+    label: dict[str, Any] | None = None,
+    progress=None,
+) -> pd.DataFrame:
     """Rows ``(**label, L, iteration, residual)`` for each length: ``newton_residuals`` of ``mixer``
     (cast to ``dtype``) on ``make_input(L)`` of shape ``(B, L, d_model)``."""
     from mixers.cells.convergence import newton_residuals
@@ -189,9 +214,21 @@ def plot(df: pd.DataFrame, title: str, eps: float):
     clipped = bool((data["residual"] == CEILING).any())
     data["length"] = [f"$2^{{{int(L).bit_length() - 1}}}$" if L & (L - 1) == 0 else str(L) for L in data["L"]]
     data = as_categories(data.sort_values(["L", "iteration"]), ["length", "cell", "panel"])
-    g = sns.relplot(data=data, x="iteration", y="residual", hue="length", row="cell", col="panel", kind="line",
-                    marker="o", markersize=4, palette=SEQUENTIAL, height=2.7, aspect=1.35,
-                    facet_kws={"sharey": True, "margin_titles": False})
+    g = sns.relplot(
+        data=data,
+        x="iteration",
+        y="residual",
+        hue="length",
+        row="cell",
+        col="panel",
+        kind="line",
+        marker="o",
+        markersize=4,
+        palette=SEQUENTIAL,
+        height=2.7,
+        aspect=1.35,
+        facet_kws={"sharey": True, "margin_titles": False},
+    )
     g.set(yscale="log")
     for (cell, panel), ax in g.axes_dict.items():
         ax.axhline(eps, color="0.4", ls=":", lw=1)
@@ -201,8 +238,16 @@ def plot(df: pd.DataFrame, title: str, eps: float):
         sel = df[(df["cell"] == cell) & (df["panel"] == panel)]
         if not (sel["residual"].astype(float) > 0).any():  # nothing on a log axis: say why, on the panel
             why = "no runs" if sel.empty else "every residual is exactly 0 or missing"
-            ax.text(0.5, 0.5, f"nothing to draw:\n{why}", transform=ax.transAxes, ha="center", va="center",
-                    fontsize="small", color="0.3")
+            ax.text(
+                0.5,
+                0.5,
+                f"nothing to draw:\n{why}",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize="small",
+                color="0.3",
+            )
             log.warning("%s (%s): nothing to draw (%s)", cell, panel, why)
     g.set_axis_labels("Newton iteration", "max residual")
     g.set_titles("{row_name} — {col_name}")
@@ -225,20 +270,31 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analysis.newton",
         description="Newton convergence of recurrent cells (paper 000 Fig. 4): max residual over a batch vs "
-                    "Newton iteration for sequence lengths 2^min … 2^max, for freshly initialized cells and "
-                    "for the cells of trained checkpoints.",
+        "Newton iteration for sequence lengths 2^min … 2^max, for freshly initialized cells and "
+        "for the cells of trained checkpoints.",
         epilog="Examples: python -m analysis.newton --out docs/figures;  python -m analysis.newton "
-               "--cells my.module:MyCell --max-log2 10;  python -m analysis.newton --checkpoints "
-               "runs/parity-smoke --inputs task",
+        "--cells my.module:MyCell --max-log2 10;  python -m analysis.newton --checkpoints "
+        "runs/parity-smoke --inputs task",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--cells", type=csv_list(str), default=None,
-                   help="comma-separated registered cell mixers or module.path:CellClass (default: flashgru,flashlstm; "
-                        "with --checkpoints: every cell mixer found there)")
-    p.add_argument("--checkpoints", type=Path, help="a sweep folder (trials/*/spec.json + checkpoints/best.ckpt): add the trained panel")
+    p.add_argument(
+        "--cells",
+        type=csv_list(str),
+        default=None,
+        help="comma-separated registered cell mixers or module.path:CellClass (default: flashgru,flashlstm; "
+        "with --checkpoints: every cell mixer found there)",
+    )
+    p.add_argument(
+        "--checkpoints",
+        type=Path,
+        help="a sweep folder (trials/*/spec.json + checkpoints/best.ckpt): add the trained panel",
+    )
     p.add_argument("--no-fresh", action="store_true", help="only the trained panel")
-    p.add_argument("--inputs", default="random",
-                   help="'random' (N(0,1)), 'task' (each checkpoint's task) or 'task:NAME' (default: %(default)s)")
+    p.add_argument(
+        "--inputs",
+        default="random",
+        help="'random' (N(0,1)), 'task' (each checkpoint's task) or 'task:NAME' (default: %(default)s)",
+    )
     p.add_argument("--min-log2", type=int, default=6, help="shortest length 2^N (default: %(default)s)")
     p.add_argument("--max-log2", type=int, default=14, help="longest length 2^N (default: %(default)s)")
     p.add_argument("--batch", type=int, default=8, help="sequences per length; the residual is their max (default: 8)")
@@ -246,8 +302,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     p.add_argument("--d-model", type=int, default=64, help="width of the fresh cells (default: %(default)s)")
     p.add_argument("--num-heads", type=int, default=4, help="heads of the fresh cells (default: %(default)s)")
-    p.add_argument("--cell-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="option of the fresh cells (repeatable), e.g. --cell-option clip_norm=none")
+    p.add_argument(
+        "--cell-option",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option of the fresh cells (repeatable), e.g. --cell-option clip_norm=none",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the fresh parameters and the inputs")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("analysis-out"), help="output folder (default: %(default)s)")
@@ -289,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         if task_name not in TASKS:
             raise ValueError(f"unknown task {task_name!r}; known tasks: {', '.join(sorted(TASKS))}")
     dtype = getattr(torch, args.dtype)
-    lengths = [2 ** k for k in range(args.min_log2, args.max_log2 + 1)]
+    lengths = [2**k for k in range(args.min_log2, args.max_log2 + 1)]
     options = dict(args.cell_option)
 
     checkpoints = find_checkpoints(args.checkpoints, args.cells) if args.checkpoints is not None else {}
@@ -301,12 +363,13 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         for name in args.cells or list(DEFAULT_CELLS):
             if kind == "task":
                 model = fresh_model(name, fresh_task, {}, options, args.seed).to(dtype)
-                make = (lambda L, m=model: mixer_input(m, task_tokens(fresh_task, {}, L, args.batch, args.seed)))
+                make = lambda L, m=model: mixer_input(m, task_tokens(fresh_task, {}, L, args.batch, args.seed))
                 mixer, source = model.mixer, f"fresh, {fresh_task} inputs"
             else:
                 mixer = fresh_cell(name, args.d_model, args.num_heads, options, args.seed)
-                make = (lambda L, d=args.d_model: torch.randn(args.batch, L, d, dtype=torch.float64,
-                                                               generator=torch.Generator().manual_seed(args.seed + L)))
+                make = lambda L, d=args.d_model: torch.randn(
+                    args.batch, L, d, dtype=torch.float64, generator=torch.Generator().manual_seed(args.seed + L)
+                )
                 source = "fresh, N(0,1) inputs"
             jobs.append(({"cell": _short(name), "panel": "freshly initialized", "source": source}, mixer, make))
     if checkpoints:
@@ -323,27 +386,32 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
             if kind == "task":
                 tname = task_name or spec.task
                 topts = spec.task_options if tname == spec.task else {}
-                make = (lambda L, m=model, t=tname, o=topts: mixer_input(m, task_tokens(t, o, L, args.batch, args.seed)))
+                make = lambda L, m=model, t=tname, o=topts: mixer_input(m, task_tokens(t, o, L, args.batch, args.seed))
                 source = f"trained on {spec.task} ({trial.name}), {tname} inputs"
             else:
                 d = model.config.d_model
-                make = (lambda L, d=d: torch.randn(args.batch, L, d, dtype=torch.float64,
-                                                   generator=torch.Generator().manual_seed(args.seed + L)))
+                make = lambda L, d=d: torch.randn(
+                    args.batch, L, d, dtype=torch.float64, generator=torch.Generator().manual_seed(args.seed + L)
+                )
                 source = f"trained on {spec.task} ({trial.name}), N(0,1) inputs"
-            jobs.append(({"cell": _short(name), "panel": f"trained on {spec.task}", "source": source}, model.mixer, make))
+            jobs.append(
+                ({"cell": _short(name), "panel": f"trained on {spec.task}", "source": source}, model.mixer, make)
+            )
     if not jobs:
         raise ValueError(f"no recurrent cell to analyse in {args.checkpoints}")
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     frames = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True
+    ) as bar:
         task = bar.add_task("Newton residuals", total=len(jobs) * len(lengths))
         for label, mixer, make in jobs:
             bar.update(task, description=f"{label['cell']} ({label['panel']})")
-            frames.append(residual_curves(mixer, make, lengths, args.iters, dtype, label,
-                                          progress=lambda: bar.advance(task)))
+            frames.append(
+                residual_curves(mixer, make, lengths, args.iters, dtype, label, progress=lambda: bar.advance(task))
+            )
     return _finish(pd.concat(frames, ignore_index=True), args, kind, task_name, dtype)
 
 
@@ -356,18 +424,27 @@ def _finish(df: pd.DataFrame, args, kind: str, task_name: str, dtype) -> pd.Data
     if not inputs and "source" in df:  # the checkpoints' task, as recorded in the sources
         found = df["source"].astype(str).str.extract(r", (\S+) inputs$")[0].dropna()
         inputs = found.iloc[0] if len(found) else "task"
-    title = (f"Newton convergence (paper 000 Fig. 4)\nmax residual over {args.batch} sequences, {args.dtype}, "
-             f"{inputs} inputs")
+    title = (
+        f"Newton convergence (paper 000 Fig. 4)\nmax residual over {args.batch} sequences, {args.dtype}, "
+        f"{inputs} inputs"
+    )
     save_figure(plot(df, title, torch.finfo(dtype).eps), args.out / args.name, df)
     longest = int(df["L"].max())
-    last = df[df["L"] == longest].pivot_table(index=["cell", "panel"], columns="iteration", values="residual",
-                                              dropna=False)
+    last = df[df["L"] == longest].pivot_table(
+        index=["cell", "panel"], columns="iteration", values="residual", dropna=False
+    )
     log.info("residuals at L=%d:\n%s", longest, last.to_string(float_format=lambda x: f"{x:.1e}"))
     final = df[df["iteration"] == df["iteration"].max()]
     bad = final[~(final["residual"].abs() <= 1e3 * torch.finfo(dtype).eps)]
     for (cell, panel), group in bad.groupby(["cell", "panel"]):
-        log.warning("%s (%s): not converged after %d iterations at L = %s (final residual up to %.1e)", cell, panel,
-                    int(df["iteration"].max()), ", ".join(map(str, sorted(group["L"]))), group["residual"].max())
+        log.warning(
+            "%s (%s): not converged after %d iterations at L = %s (final residual up to %.1e)",
+            cell,
+            panel,
+            int(df["iteration"].max()),
+            ", ".join(map(str, sorted(group["L"]))),
+            group["residual"].max(),
+        )
     return df
 
 

@@ -26,8 +26,13 @@ def setup_style() -> None:
     matplotlib.use("Agg")
     import seaborn as sns
 
-    sns.set_theme(context="paper", style="whitegrid", palette=PALETTE, font_scale=1.1,
-                  rc={"figure.dpi": 110, "savefig.dpi": 120, "savefig.bbox": "tight", "pdf.fonttype": 42})
+    sns.set_theme(
+        context="paper",
+        style="whitegrid",
+        palette=PALETTE,
+        font_scale=1.1,
+        rc={"figure.dpi": 110, "savefig.dpi": 120, "savefig.bbox": "tight", "pdf.fonttype": 42},
+    )
 
 
 def as_categories(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
@@ -35,8 +40,9 @@ def as_categories(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     out = df.copy()
     for col in columns:
         if col in out:
-            out[col] = pd.Categorical(out[col].astype(str), categories=list(dict.fromkeys(out[col].astype(str))),
-                                      ordered=True)
+            out[col] = pd.Categorical(
+                out[col].astype(str), categories=list(dict.fromkeys(out[col].astype(str))), ordered=True
+            )
     return out
 
 

@@ -66,8 +66,11 @@ def trial_answers(trial: Path, num_sequences: int, seed: int) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analysis.recall_answers", description=__doc__.splitlines()[0].split(": ", 1)[1],
-                                epilog="Example: python -m analysis.recall_answers runs/mqar-pararnn-table6/trials/*transformer*")
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.recall_answers",
+        description=__doc__.splitlines()[0].split(": ", 1)[1],
+        epilog="Example: python -m analysis.recall_answers runs/mqar-pararnn-table6/trials/*transformer*",
+    )
     p.add_argument("trials", nargs="+", type=Path, help="trial folders of MQAR sweeps")
     p.add_argument("--sequences", type=int, default=4000, help="fresh sequences per trial (default: %(default)s)")
     p.add_argument("--seed", type=int, default=12345, help="seed of the fresh sequences (default: %(default)s)")

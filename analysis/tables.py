@@ -57,11 +57,18 @@ def load_results(paths: Sequence[str | Path]) -> pd.DataFrame:
         df = pd.read_csv(path)
         missing = [c for c in REQUIRED if c not in df.columns]
         if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; is it a results.csv of experiments.sweep?")
+            raise ValueError(
+                f"{path}: missing column(s) {', '.join(missing)}; is it a results.csv of experiments.sweep?"
+            )
         df["source"] = str(path)
         frames.append(df)
     df = pd.concat(frames, ignore_index=True, sort=False)
-    for col, default in (("task_config", "{}"), ("extrapolation", ""), ("best_val_acc", math.nan), ("n_params", math.nan)):
+    for col, default in (
+        ("task_config", "{}"),
+        ("extrapolation", ""),
+        ("best_val_acc", math.nan),
+        ("n_params", math.nan),
+    ):
         if col not in df:
             df[col] = default
     df["task_config"] = df["task_config"].astype(object).fillna("{}").astype(str)
@@ -86,8 +93,14 @@ def label_tasks(df: pd.DataFrame) -> pd.DataFrame:
     for task in dict.fromkeys(df["task"].astype(str)):
         mine = {k: c for k, c in configs.items() if k[0] == task}
         distinct = {json.dumps(c, sort_keys=True): c for c in mine.values()}
-        differ = sorted({o for c in distinct.values() for o in c
-                         if len({json.dumps(x.get(o), sort_keys=True) for x in distinct.values()}) > 1})
+        differ = sorted(
+            {
+                o
+                for c in distinct.values()
+                for o in c
+                if len({json.dumps(x.get(o), sort_keys=True) for x in distinct.values()}) > 1
+            }
+        )
         for k, c in mine.items():
             parts = [f"{o}={c.get(o)}" for o in differ if o != "extrapolation"]
             if "extrapolation" in differ:
@@ -125,8 +138,11 @@ def summary_table(df: pd.DataFrame, paper: str | None = None) -> pd.DataFrame:
     summary.insert(0, "task", summary["task_label"].map(first["task"]))
     summary.insert(2, "task_config", summary["task_label"].map(first["task_full_config"]))
     trials = df.groupby(["task_label", "mixer"]).size()
-    summary.insert(summary.columns.get_loc("failed"), "trials",
-                   [int(trials.get((t, m), 0)) for t, m in zip(summary["task_label"], summary["mixer"])])
+    summary.insert(
+        summary.columns.get_loc("failed"),
+        "trials",
+        [int(trials.get((t, m), 0)) for t, m in zip(summary["task_label"], summary["mixer"])],
+    )
     entries: list[PaperEntry] = paper_entries(paper) if paper else []
     main, cols = [], {k: [] for k in ("paper_column", "paper_metric", "paper_aggregate", "paper", "paper_params")}
     for _, r in summary.iterrows():
@@ -161,7 +177,11 @@ def _params(n: float) -> str:
 
 def cell_text(r: pd.Series, metric: str) -> str:
     """``best (mean ± std)`` in %, just ``best`` for one seed, ``–`` when nothing finished."""
-    best, mean, std = r.get(f"{metric} best", math.nan), r.get(f"{metric} mean", math.nan), r.get(f"{metric} std", math.nan)
+    best, mean, std = (
+        r.get(f"{metric} best", math.nan),
+        r.get(f"{metric} mean", math.nan),
+        r.get(f"{metric} std", math.nan),
+    )
     if pd.isna(best):
         return "–"
     return _pct(best) if r["seeds"] <= 1 else f"{_pct(best)} ({_pct(mean)} ± {_pct(std)})"
@@ -205,19 +225,36 @@ def to_markdown(summary: pd.DataFrame, sources: Sequence[str] = (), paper: str |
     if summary.empty:
         return "_no trials in the results files_\n"
     cols = _columns(summary)
-    overview = pd.DataFrame([
-        {"mixer": mixer, **{head: (_summary_cell(sel.iloc[0]) if len(sel) else "")
-                            for label, head in cols
-                            for sel in [summary[(summary["task_label"] == label) & (summary["mixer"] == mixer)]]}}
-        for mixer in dict.fromkeys(summary["mixer"])])
-    lines = ["## Summary", "", overview.to_markdown(index=False, disable_numparse=True), "",
-             ("Accuracy in %: best over seeds (mean ± std over seeds in brackets); per seed the learning rate "
-              "with the best validation accuracy. `[params]`: trainable parameters. `n✗`: failed trials. "
-              "Extrapolation columns report the mean accuracy over the evaluation lengths.")]
+    overview = pd.DataFrame(
+        [
+            {
+                "mixer": mixer,
+                **{
+                    head: (_summary_cell(sel.iloc[0]) if len(sel) else "")
+                    for label, head in cols
+                    for sel in [summary[(summary["task_label"] == label) & (summary["mixer"] == mixer)]]
+                },
+            }
+            for mixer in dict.fromkeys(summary["mixer"])
+        ]
+    )
+    lines = [
+        "## Summary",
+        "",
+        overview.to_markdown(index=False, disable_numparse=True),
+        "",
+        (
+            "Accuracy in %: best over seeds (mean ± std over seeds in brackets); per seed the learning rate "
+            "with the best validation accuracy. `[params]`: trainable parameters. `n✗`: failed trials. "
+            "Extrapolation columns report the mean accuracy over the evaluation lengths."
+        ),
+    ]
     if paper:
         entries = paper_entries(paper)
-        lines.append(f"`paper`: {entries[0].source if entries else paper} (preset `{paper}`); `(best)`: the paper "
-                     "reports the best seed, `(mean)`: the mean over seeds at the best learning rate.")
+        lines.append(
+            f"`paper`: {entries[0].source if entries else paper} (preset `{paper}`); `(best)`: the paper "
+            "reports the best seed, `(mean)`: the mean over seeds at the best learning rate."
+        )
     for label, head in cols:
         group = summary[summary["task_label"] == label]
         metrics = [m for m in metrics_of(group) if group[f"{m} best"].notna().any()]
@@ -225,21 +262,46 @@ def to_markdown(summary: pd.DataFrame, sources: Sequence[str] = (), paper: str |
             metrics.remove("test/exact")  # one scored position per sequence: exact match = accuracy
         metrics = [m for m in metrics if not (m.startswith("len") and m.endswith("/exact"))]
         has_paper = "paper" in group and group["paper"].notna().any()
-        detail = pd.DataFrame([
-            {"mixer": str(r["mixer"]), "params": _params(r["params"]), "seeds": str(r["seeds"]), "trials": str(r["trials"]),
-             "failed": str(r["failed"]), **{m.replace("/", " "): cell_text(r, m) for m in metrics},
-             **({"paper": _paper_text(r) or "–"} if has_paper else {})}
-            for _, r in group.iterrows()])
-        lines += ["", f"## {head}", "", f"Configuration: `{group['task_config'].iloc[0]}`", "",
-                  detail.to_markdown(index=False, disable_numparse=True)]
+        detail = pd.DataFrame(
+            [
+                {
+                    "mixer": str(r["mixer"]),
+                    "params": _params(r["params"]),
+                    "seeds": str(r["seeds"]),
+                    "trials": str(r["trials"]),
+                    "failed": str(r["failed"]),
+                    **{m.replace("/", " "): cell_text(r, m) for m in metrics},
+                    **({"paper": _paper_text(r) or "–"} if has_paper else {}),
+                }
+                for _, r in group.iterrows()
+            ]
+        )
+        lines += [
+            "",
+            f"## {head}",
+            "",
+            f"Configuration: `{group['task_config'].iloc[0]}`",
+            "",
+            detail.to_markdown(index=False, disable_numparse=True),
+        ]
     if sources:
         lines += ["", "Sources: " + ", ".join(f"`{s}`" for s in sources)]
     return "\n".join(lines) + "\n"
 
 
 def _tex_escape(text: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
-                 ("κ", r"$\kappa$"), ("±", r"$\pm$"), ("†", r"$^\dagger$"), ("–", "--"), ("✗", "x")):
+    for a, b in (
+        ("\\", r"\textbackslash{}"),
+        ("&", r"\&"),
+        ("%", r"\%"),
+        ("_", r"\_"),
+        ("#", r"\#"),
+        ("κ", r"$\kappa$"),
+        ("±", r"$\pm$"),
+        ("†", r"$^\dagger$"),
+        ("–", "--"),
+        ("✗", "x"),
+    ):
         text = text.replace(a, b)
     return text
 
@@ -249,16 +311,23 @@ def to_latex(summary: pd.DataFrame) -> str:
     if summary.empty:
         return "% no trials in the results files\n"
     cols = _columns(summary)
-    lines = [r"\begin{tabular}{l" + "c" * len(cols) + "}", r"\toprule",
-             "Mixer & " + " & ".join(_tex_escape(h) for _, h in cols) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{tabular}{l" + "c" * len(cols) + "}",
+        r"\toprule",
+        "Mixer & " + " & ".join(_tex_escape(h) for _, h in cols) + r" \\",
+        r"\midrule",
+    ]
     for mixer in dict.fromkeys(summary["mixer"]):
         cells = []
         for label, _ in cols:
             sel = summary[(summary["task_label"] == label) & (summary["mixer"] == mixer)]
             cells.append(_tex_escape(_summary_cell(sel.iloc[0], tex=True)) if len(sel) else "")
         lines.append(_tex_escape(mixer) + " & " + " & ".join(cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}",
-              "% accuracy in %: best over seeds (mean +- std over seeds); [parameters]; paper value after '/'"]
+    lines += [
+        r"\bottomrule",
+        r"\end{tabular}",
+        "% accuracy in %: best over seeds (mean +- std over seeds); [parameters]; paper value after '/'",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -266,8 +335,11 @@ def to_csv_frame(summary: pd.DataFrame) -> pd.DataFrame:
     """``summary`` with its metric columns in display order (what ``table.csv`` holds)."""
     if summary.empty:
         return summary
-    front = [c for c in ("task", "task_label", "task_config", "mixer", "params", "seeds", "trials", "failed", "main")
-             if c in summary]
+    front = [
+        c
+        for c in ("task", "task_label", "task_config", "mixer", "params", "seeds", "trials", "failed", "main")
+        if c in summary
+    ]
     metric_cols = [f"{m} {s}" for m in metrics_of(summary) for s in ("best", "mean", "std")]
     rest = [c for c in summary.columns if c not in front and c not in metric_cols]
     return summary[front + metric_cols + rest]
@@ -279,11 +351,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analysis.tables",
         description="Accuracy tables from results.csv files of experiments.sweep / experiments.reproduce: per "
-                    "(mixer, seed) the learning rate with the best validation accuracy, then the best and the "
-                    "mean ± std over seeds, per task configuration and extrapolation length; failed trials "
-                    "counted. Writes table.md, table.tex and table.csv.",
+        "(mixer, seed) the learning rate with the best validation accuracy, then the best and the "
+        "mean ± std over seeds, per task configuration and extrapolation length; failed trials "
+        "counted. Writes table.md, table.tex and table.csv.",
         epilog=f"Paper tables (--paper): {papers}. Example: python -m analysis.tables runs/repro/*/results.csv "
-               "--paper pararnn-table6 --out runs/repro",
+        "--paper pararnn-table6 --out runs/repro",
     )
     p.add_argument("results", nargs="+", help="results.csv files or sweep folders holding one")
     p.add_argument("--paper", help=f"put this paper table's numbers beside ours; one of: {papers}")
@@ -307,8 +379,13 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     to_csv_frame(summary).to_csv(paths[2], index=False)
     if not args.quiet:
         sys.stdout.write(md)
-    log.info("%d trials from %d file(s), %d failed -> %s", len(df), len(sources), int((df["status"] != "ok").sum()),
-             ", ".join(map(str, paths)))
+    log.info(
+        "%d trials from %d file(s), %d failed -> %s",
+        len(df),
+        len(sources),
+        int((df["status"] != "ok").sum()),
+        ", ".join(map(str, paths)),
+    )
     return paths
 
 

@@ -79,7 +79,10 @@ def random_inputs(T: int, d_qk: int, d_v: int, seed: int = 0, dtype=torch.float3
     if T < 1 or d_qk < 1 or d_v < 1:
         raise ValueError(f"T, d_qk and d_v must be >= 1, got {T}, {d_qk}, {d_v}")
     g = torch.Generator().manual_seed(seed)
-    q, k = torch.randn(T, d_qk, generator=g, dtype=torch.float64), torch.randn(T, d_qk, generator=g, dtype=torch.float64)
+    q, k = (
+        torch.randn(T, d_qk, generator=g, dtype=torch.float64),
+        torch.randn(T, d_qk, generator=g, dtype=torch.float64),
+    )
     v = torch.randn(T, d_v, generator=g, dtype=torch.float64)
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
@@ -107,9 +110,9 @@ def hidden_states(variant: str, q, k, v, i_values, f_values, *, backend: str = "
         for start in range(0, ii.numel(), cells_per_call):
             n = min(cells_per_call, ii.numel() - start)
             qb, kb, vb = (x[None, None].expand(n, 1, *x.shape) for x in (q, k, v))
-            i_pre = ii[start:start + n, None, None].expand(n, 1, T)
-            f_pre = ff[start:start + n, None, None].expand(n, 1, T)
-            out[start:start + n] = fn(qb, kb, vb, i_pre, f_pre, input_gate=gate, normalizer=normalizer)[:, 0]
+            i_pre = ii[start : start + n, None, None].expand(n, 1, T)
+            f_pre = ff[start : start + n, None, None].expand(n, 1, T)
+            out[start : start + n] = fn(qb, kb, vb, i_pre, f_pre, input_gate=gate, normalizer=normalizer)[:, 0]
     return out.reshape(len(i_values), len(f_values), T, dv)
 
 
@@ -122,9 +125,19 @@ def gains(h: torch.Tensor, v: torch.Tensor, eps: float | None = None) -> torch.T
     return (h.abs().amax(-1) / v.double().abs().amax(-1)).mean(-1)
 
 
-def transfer_gains(variants: Sequence[str] = DEFAULT_VARIANTS, eps_values: Sequence[float] = DEFAULT_EPS,
-                   n_i: int = 21, n_f: int = 18, T: int = 512, d_qk: int = 128, d_v: int = 128, seed: int = 0,
-                   dtype=torch.float32, backend: str = "parallel", progress: bool = False) -> pd.DataFrame:
+def transfer_gains(
+    variants: Sequence[str] = DEFAULT_VARIANTS,
+    eps_values: Sequence[float] = DEFAULT_EPS,
+    n_i: int = 21,
+    n_f: int = 18,
+    T: int = 512,
+    d_qk: int = 128,
+    d_v: int = 128,
+    seed: int = 0,
+    dtype=torch.float32,
+    backend: str = "parallel",
+    progress: bool = False,
+) -> pd.DataFrame:
     """Long table of gains: ``variant, input_gate, normalizer, i_pre, f_pre, stage, eps, gain``.
 
     ``stage`` is ``"before"`` (``eps`` NaN) or ``"after"`` the RMS norm with that ``eps``.
@@ -150,9 +163,20 @@ def transfer_gains(variants: Sequence[str] = DEFAULT_VARIANTS, eps_values: Seque
             gate, normalizer, _ = VARIANTS[name]
             ii, ff = np.meshgrid(i_values.numpy(), f_values.numpy(), indexing="ij")
             for stage, eps, g in stages:
-                frames.append(pd.DataFrame({
-                    "variant": name, "input_gate": gate, "normalizer": normalizer, "i_pre": ii.ravel(),
-                    "f_pre": ff.ravel(), "stage": stage, "eps": eps, "gain": g.numpy().ravel()}))
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            "variant": name,
+                            "input_gate": gate,
+                            "normalizer": normalizer,
+                            "i_pre": ii.ravel(),
+                            "f_pre": ff.ravel(),
+                            "stage": stage,
+                            "eps": eps,
+                            "gain": g.numpy().ravel(),
+                        }
+                    )
+                )
             log.info("%s: %d grid points, T=%d, d=%d in %.1fs", name, n_i * n_f, T, d_v, time.perf_counter() - t0)
             bar.advance(task)
     return pd.concat(frames, ignore_index=True)
@@ -191,8 +215,15 @@ def _panel(ax, sel: pd.DataFrame, norm, cmap: str, contour: bool):
     grid = sel.pivot(index="i_pre", columns="f_pre", values="gain").sort_index().sort_index(axis=1)
     i, f = grid.index.to_numpy(), grid.columns.to_numpy()
     di, df_ = (i[1] - i[0]) / 2, (f[1] - f[0]) / 2
-    im = ax.imshow(grid.to_numpy(), origin="lower", aspect="auto", cmap=cmap, norm=norm,
-                   extent=(f[0] - df_, f[-1] + df_, i[0] - di, i[-1] + di), interpolation="nearest")
+    im = ax.imshow(
+        grid.to_numpy(),
+        origin="lower",
+        aspect="auto",
+        cmap=cmap,
+        norm=norm,
+        extent=(f[0] - df_, f[-1] + df_, i[0] - di, i[-1] + di),
+        interpolation="nearest",
+    )
     if contour and np.nanmax(grid.to_numpy()) >= 0.5 > np.nanmin(grid.to_numpy()):
         ax.contour(f, i, grid.to_numpy(), levels=[0.5], colors="white", linestyles="--", linewidths=1)
     ax.grid(False)
@@ -212,8 +243,15 @@ def heatmaps(df: pd.DataFrame, variants: Sequence[str], columns: Sequence[tuple[
     log_norm = LogNorm(vmin=max(finite.min(), 1e-4), vmax=max(finite.max(), 1e-3)) if len(finite) else LogNorm(1e-4, 1)
     lin_norm = Normalize(vmin=0.0, vmax=1.25)
     nrow, ncol = len(variants), len(columns)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(2.9 * ncol + 0.8, 2.4 * nrow + 0.6), squeeze=False,
-                             sharex=True, sharey=True, constrained_layout=True)
+    fig, axes = plt.subplots(
+        nrow,
+        ncol,
+        figsize=(2.9 * ncol + 0.8, 2.4 * nrow + 0.6),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+        constrained_layout=True,
+    )
     ims = {}
     for r, name in enumerate(variants):
         for c, (stage, eps) in enumerate(columns):
@@ -230,13 +268,21 @@ def heatmaps(df: pd.DataFrame, variants: Sequence[str], columns: Sequence[tuple[
     after_cols = [c for c, (stage, _) in enumerate(columns) if stage == "after"]
     for cols, label in ((before_cols, "gain before the norm (log scale)"), (after_cols, "gain after the norm")):
         if cols:
-            fig.colorbar(ims[cols[0]], ax=axes[:, cols], location="bottom", fraction=0.04 if nrow > 2 else 0.08,
-                         aspect=25 * len(cols), label=label)
+            fig.colorbar(
+                ims[cols[0]],
+                ax=axes[:, cols],
+                location="bottom",
+                fraction=0.04 if nrow > 2 else 0.08,
+                aspect=25 * len(cols),
+                label=label,
+            )
     fig.suptitle(title)
     return fig
 
 
-def plot_all(df: pd.DataFrame, out: Path, variants: Sequence[str], eps_values: Sequence[float], meta: str) -> list[Path]:
+def plot_all(
+    df: pd.DataFrame, out: Path, variants: Sequence[str], eps_values: Sequence[float], meta: str
+) -> list[Path]:
     """``transfer-fig3`` (the defaults at ε = 1e-6, or the middle ε) and ``transfer-variants``."""
     from analysis.plotting import save_figure, setup_style
 
@@ -268,25 +314,37 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analysis.transfer",
         description="Transfer-gain heatmaps of the mLSTM (paper 002 Fig. 3, 6, 7): the gain ||h||_max/||v||_max "
-                    "averaged over time, before and after an RMS norm, over input-gate pre-activations in [-12, 8] "
-                    "and forget-gate pre-activations in [-5, 12] (constant over time), one head, q, k, v ~ N(0, 1).",
-        epilog="Variants: " + "; ".join(f"{k} = {v[2]}" for k, v in VARIANTS.items())
-               + ". Example: python -m analysis.transfer --out docs/figures",
+        "averaged over time, before and after an RMS norm, over input-gate pre-activations in [-12, 8] "
+        "and forget-gate pre-activations in [-5, 12] (constant over time), one head, q, k, v ~ N(0, 1).",
+        epilog="Variants: "
+        + "; ".join(f"{k} = {v[2]}" for k, v in VARIANTS.items())
+        + ". Example: python -m analysis.transfer --out docs/figures",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--variants", type=csv_list(str), default=list(DEFAULT_VARIANTS),
-                   help="comma-separated variants (default: %(default)s)")
-    p.add_argument("--eps", type=csv_list(float), default=list(DEFAULT_EPS),
-                   help="RMS-norm epsilons (default: 1e-2,1e-6,1e-8)")
+    p.add_argument(
+        "--variants",
+        type=csv_list(str),
+        default=list(DEFAULT_VARIANTS),
+        help="comma-separated variants (default: %(default)s)",
+    )
+    p.add_argument(
+        "--eps", type=csv_list(float), default=list(DEFAULT_EPS), help="RMS-norm epsilons (default: 1e-2,1e-6,1e-8)"
+    )
     p.add_argument("--grid", type=_grid, default=(21, 18), help="grid points N_IxN_F (default: 21x18, integer steps)")
     p.add_argument("--T", type=int, default=512, help="sequence length (default: %(default)s)")
     p.add_argument("--d", type=int, default=128, help="head dimension d_qk = d_v (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the N(0, 1) inputs (default: %(default)s)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--backend", choices=("parallel", "recurrent"), default="parallel",
-                   help="mLSTM reference form (same numbers; parallel is faster on the CPU)")
+    p.add_argument(
+        "--backend",
+        choices=("parallel", "recurrent"),
+        default="parallel",
+        help="mLSTM reference form (same numbers; parallel is faster on the CPU)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=Path("analysis-out/transfer"), help="output folder (default: %(default)s)")
+    p.add_argument(
+        "--out", type=Path, default=Path("analysis-out/transfer"), help="output folder (default: %(default)s)"
+    )
     return p
 
 
@@ -295,16 +353,34 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     setup_logging()
     torch.set_num_threads(max(1, args.threads))
     n_i, n_f = args.grid
-    df = transfer_gains(args.variants, args.eps, n_i, n_f, args.T, args.d, args.d, args.seed,
-                        getattr(torch, args.dtype), args.backend, progress=True)
+    df = transfer_gains(
+        args.variants,
+        args.eps,
+        n_i,
+        n_f,
+        args.T,
+        args.d,
+        args.d,
+        args.seed,
+        getattr(torch, args.dtype),
+        args.backend,
+        progress=True,
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     meta = f"T={args.T}, d={args.d}, {n_i}×{n_f} grid"
     plot_all(df, args.out, args.variants, args.eps, meta)
     for name in [v for v in ("exp", "sig") if v in args.variants]:
         for eps in args.eps:
             t = transition(select(df, name, "after", eps))
-            log.info("%s, ε=%g: gain 0.5 reached at input gate %.2f (f=%g) … %.2f (f=%g)", name, eps,
-                     t.iloc[0], t.index[0], t.iloc[-1], t.index[-1])
+            log.info(
+                "%s, ε=%g: gain 0.5 reached at input gate %.2f (f=%g) … %.2f (f=%g)",
+                name,
+                eps,
+                t.iloc[0],
+                t.index[0],
+                t.iloc[-1],
+                t.index[-1],
+            )
     return df
 
 

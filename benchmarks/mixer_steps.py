@@ -80,11 +80,18 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 rows.append(measure(name, backend, args.batch, args.length))
             except Exception as err:  # noqa: BLE001
-                rows.append({"mixer": name, "backend": backend, "capture": f"error: {type(err).__name__}: "
-                             f"{(str(err).strip().splitlines() or [''])[0][:160]}"})
+                rows.append(
+                    {
+                        "mixer": name,
+                        "backend": backend,
+                        "capture": f"error: {type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}",
+                    }
+                )
             print(json.dumps(rows[-1]), flush=True)
     table = pd.DataFrame(rows)
-    print(f"\n{torch.cuda.get_device_name()}, input ({args.batch}, {args.length}, 64), forward + backward, median ms:\n")
+    print(
+        f"\n{torch.cuda.get_device_name()}, input ({args.batch}, {args.length}, 64), forward + backward, median ms:\n"
+    )
     print(table.to_markdown(index=False))
     if args.json:
         table.to_json(args.json, orient="records", indent=1)

@@ -55,7 +55,11 @@ def pack(run_dir: Path, archive: Path, names: list[str]) -> dict[str, int]:
             rel = str(trial.relative_to(run_dir))
             keep = rel not in done
             resumable += keep
-            tar.add(trial, arcname=rel, filter=lambda info, keep=keep: info if keep or "/checkpoints" not in info.name else None)
+            tar.add(
+                trial,
+                arcname=rel,
+                filter=lambda info, keep=keep: info if keep or "/checkpoints" not in info.name else None,
+            )
     return {"trials": len(trials), "resumable": resumable, "bytes": archive.stat().st_size}
 
 
@@ -66,8 +70,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("names", nargs="*", help="reproductions whose tables and logs go along (e.g. pararnn-table6-full)")
     args = p.parse_args(argv)
     counts = pack(args.run_dir, args.archive, args.names)
-    print(f"packed {args.archive}: {counts['trials']} trials, {counts['resumable']} with checkpoints to resume, "
-          f"{counts['bytes'] / 1e6:.1f} MB")
+    print(
+        f"packed {args.archive}: {counts['trials']} trials, {counts['resumable']} with checkpoints to resume, "
+        f"{counts['bytes'] / 1e6:.1f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -61,13 +61,13 @@ import time
 
 import torch
 
-
 #: resident CTAs per SM the hardware allows at most (sm_80 and sm_90)
 MAX_CTAS_PER_SM = 32
 
 
-def resident_ctas_per_sm(threads: int, regs: int, smem: int, *, max_threads: int = 2048, regs_per_sm: int = 65536,
-                         smem_per_sm: int = 233472) -> int:
+def resident_ctas_per_sm(
+    threads: int, regs: int, smem: int, *, max_threads: int = 2048, regs_per_sm: int = 65536, smem_per_sm: int = 233472
+) -> int:
     """CTAs of ``threads`` threads, ``regs`` registers per thread and ``smem`` bytes of shared memory
     that fit on one SM at once (at least 1): the least of the thread, register (allocated per warp in
     units of 256), shared-memory and ``MAX_CTAS_PER_SM`` limits. Defaults: an H100 / H200 SM."""
@@ -96,8 +96,14 @@ def slot_rows(trace_events: list[dict], replays: int, sms: int, **sm_limits) -> 
             continue
         a = e.get("args", {})
         g, b = a.get("grid", [1, 1, 1]), a.get("block", [1, 1, 1])
-        share = gpu_slot_share(g[0] * g[1] * g[2], b[0] * b[1] * b[2], a.get("registers per thread", 0),
-                               a.get("shared memory", 0), sms, **sm_limits)
+        share = gpu_slot_share(
+            g[0] * g[1] * g[2],
+            b[0] * b[1] * b[2],
+            a.get("registers per thread", 0),
+            a.get("shared memory", 0),
+            sms,
+            **sm_limits,
+        )
         r = rows.setdefault(e["name"], {"kernel": e["name"][:80], "launches": 0, "us": 0.0, "slot_us": 0.0})
         r["launches"] += 1 / replays
         r["us"] += e["dur"] / replays
@@ -133,9 +139,11 @@ def profile_slots(task: str, top: int) -> list[dict]:
     from experiments.step_profile import captured_step, profile_replays
 
     props = torch.cuda.get_device_properties(0)
-    limits = dict(max_threads=props.max_threads_per_multi_processor,
-                  regs_per_sm=getattr(props, "regs_per_multiprocessor", 65536),
-                  smem_per_sm=props.shared_memory_per_multiprocessor)
+    limits = dict(
+        max_threads=props.max_threads_per_multi_processor,
+        regs_per_sm=getattr(props, "regs_per_multiprocessor", 65536),
+        smem_per_sm=props.shared_memory_per_multiprocessor,
+    )
     out = []
     for spec in mix_specs(task):
         graph, _ = captured_step(spec, compile=True)
@@ -147,22 +155,46 @@ def profile_slots(task: str, top: int) -> list[dict]:
             prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
             with open(os.path.join(tmp, "trace.json")) as f:
                 rows = slot_rows(json.load(f)["traceEvents"], 5, props.multi_processor_count, **limits)
-        out.append({"task": task, "mixer": spec.mixer, "kernels": round(sum(r["launches"] for r in rows)),
-                    "us": round(sum(r["us"] for r in rows), 1), "slot_us": round(sum(r["slot_us"] for r in rows), 1),
-                    "top": [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()} for r in rows[:top]]})
+        out.append(
+            {
+                "task": task,
+                "mixer": spec.mixer,
+                "kernels": round(sum(r["launches"] for r in rows)),
+                "us": round(sum(r["us"] for r in rows), 1),
+                "slot_us": round(sum(r["slot_us"] for r in rows), 1),
+                "top": [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()} for r in rows[:top]],
+            }
+        )
         del graph
     return out
 
 
 #: the Nsight Compute metrics ``counters`` reads per kernel
-NCU_METRICS = ("gpu__time_duration.sum", "smsp__inst_executed.sum", "sm__warps_active.sum", "sm__cycles_active.sum",
-               "sm__cycles_elapsed.avg.per_second", "dram__bytes.sum", "launch__grid_size", "launch__block_size",
-               "launch__registers_per_thread", "launch__shared_mem_per_block_static",
-               "launch__shared_mem_per_block_dynamic")
+NCU_METRICS = (
+    "gpu__time_duration.sum",
+    "smsp__inst_executed.sum",
+    "sm__warps_active.sum",
+    "sm__cycles_active.sum",
+    "sm__cycles_elapsed.avg.per_second",
+    "dram__bytes.sum",
+    "launch__grid_size",
+    "launch__block_size",
+    "launch__registers_per_thread",
+    "launch__shared_mem_per_block_static",
+    "launch__shared_mem_per_block_dynamic",
+)
 
 
-def resource_floors(k: dict, sms: int, *, schedulers: int = 4, warps_per_sm: int = 64, regs_per_sm: int = 65536,
-                    smem_per_sm: int = 233472, dram_bytes_per_s: float = 3.35e12) -> dict[str, float]:
+def resource_floors(
+    k: dict,
+    sms: int,
+    *,
+    schedulers: int = 4,
+    warps_per_sm: int = 64,
+    regs_per_sm: int = 65536,
+    smem_per_sm: int = 233472,
+    dram_bytes_per_s: float = 3.35e12,
+) -> dict[str, float]:
     """What one kernel's counters ``k`` (``NCU_METRICS`` in ncu's base units: ns, warp instructions,
     cycles, warp-cycles, bytes, Hz) take of the whole GPU, in µs: ``us``, its duration alone;
     ``sm_active``, the time its SMs hold at least one of its warps, summed over the SMs and divided by
@@ -179,15 +211,19 @@ def resource_floors(k: dict, sms: int, *, schedulers: int = 4, warps_per_sm: int
     hz = k["sm__cycles_elapsed.avg.per_second"]
     warps_per_cta = -(-int(k["launch__block_size"]) // 32)
     regs_per_warp = -(-int(k["launch__registers_per_thread"]) * 32 // 256) * 256
-    smem_per_warp = (k["launch__shared_mem_per_block_static"] + k["launch__shared_mem_per_block_dynamic"]) / warps_per_cta
+    smem_per_warp = (
+        k["launch__shared_mem_per_block_static"] + k["launch__shared_mem_per_block_dynamic"]
+    ) / warps_per_cta
     warp_s = k["sm__warps_active.sum"] / hz
-    return {"us": k["gpu__time_duration.sum"] / 1e3,
-            "sm_active": k["sm__cycles_active.sum"] / (sms * hz) * 1e6,
-            "issue": k["smsp__inst_executed.sum"] / (sms * schedulers * hz) * 1e6,
-            "warps": warp_s / (sms * warps_per_sm) * 1e6,
-            "regs": warp_s * regs_per_warp / (sms * regs_per_sm) * 1e6,
-            "smem": warp_s * smem_per_warp / (sms * smem_per_sm) * 1e6,
-            "dram": k["dram__bytes.sum"] / dram_bytes_per_s * 1e6}
+    return {
+        "us": k["gpu__time_duration.sum"] / 1e3,
+        "sm_active": k["sm__cycles_active.sum"] / (sms * hz) * 1e6,
+        "issue": k["smsp__inst_executed.sum"] / (sms * schedulers * hz) * 1e6,
+        "warps": warp_s / (sms * warps_per_sm) * 1e6,
+        "regs": warp_s * regs_per_warp / (sms * regs_per_sm) * 1e6,
+        "smem": warp_s * smem_per_warp / (sms * smem_per_sm) * 1e6,
+        "dram": k["dram__bytes.sum"] / dram_bytes_per_s * 1e6,
+    }
 
 
 def read_ncu_csv(text: str) -> list[dict]:
@@ -215,8 +251,11 @@ def step_floors(kernels: list[dict], sms: int, top: int) -> dict:
     tracks most closely what a Table 6 step takes of a shared GPU (``docs/performance.md``)."""
     rows = [{"kernel": k["name"][:80], **resource_floors(k, sms)} for k in kernels]
     heaviest = sorted(rows, key=lambda r: -r["warps"])[:top]
-    return {"kernels": len(rows), **{f: round(sum(r[f] for r in rows), 1) for f in FLOORS},
-            "top": [{f: round(v, 1) if isinstance(v, float) else v for f, v in r.items()} for r in heaviest]}
+    return {
+        "kernels": len(rows),
+        **{f: round(sum(r[f] for r in rows), 1) for f in FLOORS},
+        "top": [{f: round(v, 1) if isinstance(v, float) else v for f, v in r.items()} for r in heaviest],
+    }
 
 
 def profile_counters(task: str, top: int, csv_dir: str | None = None) -> list[dict]:
@@ -230,13 +269,35 @@ def profile_counters(task: str, top: int, csv_dir: str | None = None) -> list[di
     for index, spec in enumerate(mix_specs(task)):
         with tempfile.TemporaryDirectory() as tmp:
             report = os.path.join(tmp, "step")
-            subprocess.run(["ncu", "--profile-from-start", "off", "--graph-profiling", "node",
-                            "--clock-control", "none",
-                            "--metrics", ",".join(NCU_METRICS), "-o", report,
-                            sys.executable, "-m", "benchmarks.saturation", "_counters", task, str(index)],
-                           check=True, stdout=subprocess.DEVNULL)
-            text = subprocess.run(["ncu", "--import", report + ".ncu-rep", "--csv", "--page", "raw",
-                                   "--print-units", "base"], check=True, capture_output=True, text=True).stdout
+            subprocess.run(
+                [
+                    "ncu",
+                    "--profile-from-start",
+                    "off",
+                    "--graph-profiling",
+                    "node",
+                    "--clock-control",
+                    "none",
+                    "--metrics",
+                    ",".join(NCU_METRICS),
+                    "-o",
+                    report,
+                    sys.executable,
+                    "-m",
+                    "benchmarks.saturation",
+                    "_counters",
+                    task,
+                    str(index),
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            text = subprocess.run(
+                ["ncu", "--import", report + ".ncu-rep", "--csv", "--page", "raw", "--print-units", "base"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
         if csv_dir:
             os.makedirs(csv_dir, exist_ok=True)
             with open(os.path.join(csv_dir, f"{task}-{spec.mixer}.csv"), "w") as f:
@@ -278,8 +339,9 @@ def _noop_graph(ctas: int, kernels: int) -> tuple[torch.cuda.CUDAGraph, torch.Te
     return graph, x
 
 
-def _step_graph(task: str, index: int, stream: torch.cuda.Stream | None = None, stack: int = 1,
-                mixers: list[str] | None = None):
+def _step_graph(
+    task: str, index: int, stream: torch.cuda.Stream | None = None, stack: int = 1, mixers: list[str] | None = None
+):
     """``(graph, mixer, step)``: the compiled step of trial ``index`` of ``task``'s mix (its mixers, or
     ``mixers``, round robin), captured on ``stream``, as a stack of ``stack`` trials
     (``experiments.stack``); ``step`` keeps the compiled model the graph's kernels belong to."""
@@ -291,8 +353,9 @@ def _step_graph(task: str, index: int, stream: torch.cuda.Stream | None = None, 
     return graph, spec.mixer, step
 
 
-def replay_streams(task: str, counts: list[int], seconds: float, depth: int = 4, stack: int = 1,
-                   mixers: list[str] | None = None) -> list[dict]:
+def replay_streams(
+    task: str, counts: list[int], seconds: float, depth: int = 4, stack: int = 1, mixers: list[str] | None = None
+) -> list[dict]:
     """One row per count ``n`` in ``counts``: the first ``n`` of ``max(counts)`` captured steps of
     ``task`` replayed side by side on their own streams for ``seconds``, each stream kept at most
     ``depth`` replays ahead of the GPU (a stream whose oldest queued replay has not finished is passed
@@ -340,12 +403,19 @@ def replay_streams(task: str, counts: list[int], seconds: float, depth: int = 4,
             torch.cuda.set_stream(home)
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
-        rows.append({"task": task, "streams": n, "stack": stack, "setup_s": round(setup_s, 1),
-                     "max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-                     "replays_per_s": round(sum(done) / elapsed),
-                     "trial_steps_per_s": round(stack * sum(done) / elapsed),
-                     "full_stream_share": round(waits / max(1, waits + sum(done)), 3),
-                     "per_stream": mean_by_label((b[1], count / elapsed) for b, count in zip(used, done))})
+        rows.append(
+            {
+                "task": task,
+                "streams": n,
+                "stack": stack,
+                "setup_s": round(setup_s, 1),
+                "max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+                "replays_per_s": round(sum(done) / elapsed),
+                "trial_steps_per_s": round(stack * sum(done) / elapsed),
+                "full_stream_share": round(waits / max(1, waits + sum(done)), 3),
+                "per_stream": mean_by_label((b[1], count / elapsed) for b, count in zip(used, done)),
+            }
+        )
     return rows
 
 
@@ -365,12 +435,26 @@ def mix_shares(task: str, streams: int, seconds: float) -> list[dict]:
     for mixer in mixers:
         rate = replay_streams(task, [streams], seconds, mixers=[mixer])[0]["replays_per_s"]
         shared_us[mixer] = 1e6 / rate
-        rows.append({"task": task, "mixer": mixer, "streams": streams, "steps_per_s": rate,
-                     "shared_us": round(shared_us[mixer], 1)})
+        rows.append(
+            {
+                "task": task,
+                "mixer": mixer,
+                "streams": streams,
+                "steps_per_s": rate,
+                "shared_us": round(shared_us[mixer], 1),
+            }
+        )
     mix = replay_streams(task, [streams], seconds)[0]
-    rows.append({"task": task, "mixer": "mix", "streams": streams, "steps_per_s": mix["replays_per_s"],
-                 "per_stream": mix["per_stream"],
-                 "gpu_share": round(gpu_share(mix["per_stream"], mixers, streams, shared_us), 3)})
+    rows.append(
+        {
+            "task": task,
+            "mixer": "mix",
+            "streams": streams,
+            "steps_per_s": mix["replays_per_s"],
+            "per_stream": mix["per_stream"],
+            "gpu_share": round(gpu_share(mix["per_stream"], mixers, streams, shared_us), 3),
+        }
+    )
     return rows
 
 
@@ -404,20 +488,31 @@ def run_together(kind: str, procs: int, seconds: float, extra: list[str]) -> dic
     go = tempfile.mktemp(prefix="saturation-go-")
     with cuda_mps(True):
         t0 = time.time()
-        workers = [subprocess.Popen([sys.executable, "-m", "benchmarks.saturation", "_worker", kind, str(i), str(seconds),
-                                     go, *extra], stdout=subprocess.PIPE, text=True) for i in range(procs)]
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.saturation", "_worker", kind, str(i), str(seconds), go, *extra],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(procs)
+        ]
         while len(glob.glob(go + ".ready*")) < procs:
             if any(w.poll() is not None for w in workers):
-                raise RuntimeError(f"a {kind} worker exited before it was ready (exit codes "
-                                   f"{[w.poll() for w in workers]})")
+                raise RuntimeError(
+                    f"a {kind} worker exited before it was ready (exit codes {[w.poll() for w in workers]})"
+                )
             time.sleep(0.1)
         setup_s = time.time() - t0
         open(go, "w").close()
         rows = [json.loads(w.communicate()[0].strip().splitlines()[-1]) for w in workers]
     for path in glob.glob(go + "*"):
         os.remove(path)
-    return {"procs": procs, "setup_s": round(setup_s, 1), "replays_per_s": round(sum(r["replays_per_s"] for r in rows)),
-            "per_process": mean_by_label((r["label"], r["replays_per_s"]) for r in rows)}
+    return {
+        "procs": procs,
+        "setup_s": round(setup_s, 1),
+        "replays_per_s": round(sum(r["replays_per_s"] for r in rows)),
+        "per_process": mean_by_label((r["label"], r["replays_per_s"]) for r in rows),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -455,8 +550,9 @@ def main(argv: list[str] | None = None) -> None:
     st.add_argument("--seconds", type=float, default=10.0, help="replay time per count")
     st.add_argument("--depth", type=int, default=4, help="replays queued per stream at most (default 4)")
     st.add_argument("--stack", type=int, default=1, help="trials stacked into each stream's step (default 1)")
-    st.add_argument("--mixers", type=mixer_list,
-                    help="only these mixers of the mix, comma-separated (default: all, round robin)")
+    st.add_argument(
+        "--mixers", type=mixer_list, help="only these mixers of the mix, comma-separated (default: all, round robin)"
+    )
     args = p.parse_args(argv)
     if args.mode in ("streams", "shares"):  # read when the CUDA context is created: before anything touches CUDA
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
@@ -487,8 +583,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.mode == "kernels":
             for g in (int(v) for v in args.ctas.split(",")):
                 row = run_together("kernels", n, args.seconds, [str(g), str(args.kernels)])
-                row.update(ctas=g, kernels_per_s=row["replays_per_s"] * args.kernels,
-                           ctas_per_s=row["replays_per_s"] * args.kernels * g)
+                row.update(
+                    ctas=g,
+                    kernels_per_s=row["replays_per_s"] * args.kernels,
+                    ctas_per_s=row["replays_per_s"] * args.kernels * g,
+                )
                 print(json.dumps(row), flush=True)
         else:
             for task in args.tasks.split(","):

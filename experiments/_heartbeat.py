@@ -43,7 +43,7 @@ class Heartbeat:
             except OSError:  # e.g. disk full: the next beat retries
                 pass
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self.beat()
         self._thread.start()
         return self

@@ -18,19 +18,23 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 _NUMBER = re.compile(r"^-[\d.]")
 
 
-RESUME_HINT = ("re-run the same command to resume (finished cells are kept, interrupted ones continue from their "
-               "last checkpoint)")
+RESUME_HINT = (
+    "re-run the same command to resume (finished cells are kept, interrupted ones continue from their last checkpoint)"
+)
 
 
-def training_main(parser: argparse.ArgumentParser, argv: list[str] | None, body: Callable[[argparse.Namespace], None]) -> int:
+def training_main(
+    parser: argparse.ArgumentParser, argv: list[str] | None, body: Callable[[argparse.Namespace], None]
+) -> int:
     """A training CLI's ``main``: parse ``argv``, log to the console, run ``body(args)`` under ``run_cli``."""
     from experiments.train import quiet_lightning
 
@@ -180,38 +184,76 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     from experiments.study import STALE_TIMEOUT
     from experiments.train import ENGINES, LOGGERS
 
-    parser.add_argument("--workers", type=nonnegative_int, default=0, metavar="N",
-                        help="run trials in N worker processes on this machine (spread over the visible GPUs, several "
-                             "per GPU; each with cores/N CPU threads, a CPU trial with its cpu_threads, default 1); "
-                             "0 (default): in this process")
+    parser.add_argument(
+        "--workers",
+        type=nonnegative_int,
+        default=0,
+        metavar="N",
+        help="run trials in N worker processes on this machine (spread over the visible GPUs, several "
+        "per GPU; each with cores/N CPU threads, a CPU trial with its cpu_threads, default 1); "
+        "0 (default): in this process",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
-    parser.add_argument("--storage", help="Optuna storage URL shared by workers on several machines (postgresql://...); "
-                                          "default: a JournalStorage file in the output folder")
-    parser.add_argument("--stale-timeout", type=float, default=STALE_TIMEOUT, metavar="S",
-                        help="seconds without a heartbeat after which another worker's running trial counts as dead and "
-                             "its cell is re-run (a dead process on this host is detected at once; default: %(default)s)")
-    parser.add_argument("--retry-failed", action="store_true",
-                        help="re-run cells whose trial failed for a final reason (NaN loss, an error)")
-    parser.add_argument("--logger", choices=LOGGERS, default="csv",
-                        help="step log of each trial: csv (default), tensorboard (pip install "
-                             "'expressivity-suite[tensorboard]'; then tensorboard --logdir OUT/trials) or none")
-    parser.add_argument("--engine", choices=ENGINES, default="auto",
-                        help="how optimizer steps run: graph (each step a CUDA-graph replay, fast), compiled (graph "
-                             "replays of the torch.compile'd model: fewer, fused kernels, ~10-20 s to compile per "
-                             "trial), eager, or auto (default: graph on CUDA, eager on the CPU); all compute the same "
-                             "steps (compiled: within float rounding)")
-    parser.add_argument("--stack", type=positive_int, default=1, metavar="S",
-                        help="train up to S trials of a cell's seeds (same task, mixer, lr, options) as one stacked "
-                             "model in one worker: S times the work per kernel, each trial with its own early stopping, "
-                             "checkpoints and results (default: %(default)s, one trial per model)")
+    parser.add_argument(
+        "--storage",
+        help="Optuna storage URL shared by workers on several machines (postgresql://...); "
+        "default: a JournalStorage file in the output folder",
+    )
+    parser.add_argument(
+        "--stale-timeout",
+        type=float,
+        default=STALE_TIMEOUT,
+        metavar="S",
+        help="seconds without a heartbeat after which another worker's running trial counts as dead and "
+        "its cell is re-run (a dead process on this host is detected at once; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="re-run cells whose trial failed for a final reason (NaN loss, an error)",
+    )
+    parser.add_argument(
+        "--logger",
+        choices=LOGGERS,
+        default="csv",
+        help="step log of each trial: csv (default), tensorboard (pip install "
+        "'expressivity-suite[tensorboard]'; then tensorboard --logdir OUT/trials) or none",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="how optimizer steps run: graph (each step a CUDA-graph replay, fast), compiled (graph "
+        "replays of the torch.compile'd model: fewer, fused kernels, ~10-20 s to compile per "
+        "trial), eager, or auto (default: graph on CUDA, eager on the CPU); all compute the same "
+        "steps (compiled: within float rounding)",
+    )
+    parser.add_argument(
+        "--stack",
+        type=positive_int,
+        default=1,
+        metavar="S",
+        help="train up to S trials of a cell's seeds (same task, mixer, lr, options) as one stacked "
+        "model in one worker: S times the work per kernel, each trial with its own early stopping, "
+        "checkpoints and results (default: %(default)s, one trial per model)",
+    )
     add_mps_argument(parser)
-    parser.add_argument("--no-progress", action="store_true",
-                        help="no progress bar (a line per finished cell instead; automatic when not on a terminal)")
-    parser.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
-                        help="without a bar, a line with the running trials' steps, validation accuracy and time "
-                             "left every SECONDS (default: %(default)s; on a bar: its status, every 2 s; 0: off)")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also log each trial's timings (setup, train, test) for debugging")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (a line per finished cell instead; automatic when not on a terminal)",
+    )
+    parser.add_argument(
+        "--progress-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="without a bar, a line with the running trials' steps, validation accuracy and time "
+        "left every SECONDS (default: %(default)s; on a bar: its status, every 2 s; 0: off)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also log each trial's timings (setup, train, test) for debugging"
+    )
 
 
 def check_run_arguments(args: argparse.Namespace, out: Path) -> None:

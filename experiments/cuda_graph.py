@@ -17,7 +17,8 @@ mixer changed how it solves; ``stop_graphs()`` runs every later step eagerly.
 from __future__ import annotations
 
 import gc
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from lightning.pytorch.plugins.precision import Precision
@@ -30,8 +31,9 @@ def set_graph_policy(model: torch.nn.Module, on: bool) -> None:
             m.graph_policy = on
 
 
-def compiled_loss(model: torch.nn.Module, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-                  ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def compiled_loss(
+    model: torch.nn.Module, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``(tokens, targets) -> loss(model(tokens), targets)`` ``torch.compile``d as one graph, so Inductor
     fuses the loss with the model's last ops (a function: nothing enters the checkpoint). The Newton
     mixers run their in-graph policy from the warm-up on (``set_graph_policy``), so the capture compiles

@@ -35,7 +35,7 @@ from tasks import IGNORE_INDEX
 MAX_SKIPPED_SHARE = 0.05
 #: on a GPU, schedules up to this many steps are a device table of learning rates (float32: 64 MiB at
 #: most), looked up in one kernel per step; longer ones compute each step's lr from the step counter
-LR_TABLE_MAX_STEPS = 2 ** 24
+LR_TABLE_MAX_STEPS = 2**24
 
 
 def _keep_input_sample(module: nn.Module, args: tuple) -> None:
@@ -79,7 +79,9 @@ def _metrics(num_classes: int, prefix: str) -> MetricCollection:
     return MetricCollection(
         {
             "acc": MulticlassAccuracy(num_classes=num_classes, average="micro", ignore_index=IGNORE_INDEX),
-            "exact": MulticlassExactMatch(num_classes=num_classes, multidim_average="global", ignore_index=IGNORE_INDEX),
+            "exact": MulticlassExactMatch(
+                num_classes=num_classes, multidim_average="global", ignore_index=IGNORE_INDEX
+            ),
             "last_acc": LastPositionAccuracy(),
         },
         prefix=f"{prefix}/",
@@ -100,8 +102,9 @@ def cosine_with_warmup(step: int, warmup_steps: int, total_steps: int, min_ratio
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def cosine_with_warmup_tensor(step: torch.Tensor, warmup_steps: int, total_steps: int,
-                              min_ratio: float = 0.0) -> torch.Tensor:
+def cosine_with_warmup_tensor(
+    step: torch.Tensor, warmup_steps: int, total_steps: int, min_ratio: float = 0.0
+) -> torch.Tensor:
     """``cosine_with_warmup`` of a step held in a tensor (float32, on its device): computable inside a CUDA graph."""
     t = step.float()
     progress = ((t - warmup_steps) / max(1, total_steps - warmup_steps)).clamp(0.0, 1.0)
@@ -143,13 +146,20 @@ class LitSequenceModel(L.LightningModule):
         if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         model_config = model if isinstance(model, ModelConfig) else ModelConfig(**model)
-        self.save_hyperparameters({
-            "model": dataclasses.asdict(model_config), "lr": float(lr), "weight_decay": float(weight_decay),
-            "betas": [float(b) for b in betas], "max_steps": int(max_steps), "warmup_ratio": float(warmup_ratio),
-            "test_set_names": list(test_set_names),
-            **({"stack_seeds": [int(x) for x in stack_seeds]} if stack_seeds is not None else {}),
-            **({"min_lr": float(min_lr)} if min_lr else {}), **({"grad_clip": float(grad_clip)} if grad_clip else {}),
-        })
+        self.save_hyperparameters(
+            {
+                "model": dataclasses.asdict(model_config),
+                "lr": float(lr),
+                "weight_decay": float(weight_decay),
+                "betas": [float(b) for b in betas],
+                "max_steps": int(max_steps),
+                "warmup_ratio": float(warmup_ratio),
+                "test_set_names": list(test_set_names),
+                **({"stack_seeds": [int(x) for x in stack_seeds]} if stack_seeds is not None else {}),
+                **({"min_lr": float(min_lr)} if min_lr else {}),
+                **({"grad_clip": float(grad_clip)} if grad_clip else {}),
+            }
+        )
         if grad_clip and stack_seeds is not None:
             raise ValueError("grad_clip clips each trial's own gradient: stacked trials (stack_seeds) cannot use it")
         self.stack_seeds = [int(x) for x in stack_seeds] if stack_seeds is not None else None
@@ -169,8 +179,11 @@ class LitSequenceModel(L.LightningModule):
         self._min_ratio, self.grad_clip = min(1.0, min_lr / lr), grad_clip
         self.test_set_names = tuple(test_set_names)
         n = model_config.num_classes
-        self.val_metrics = _metrics(n, "val") if self.stack_seeds is None else \
-            nn.ModuleList([_metrics(n, f"s{seed}/val") for seed in self.stack_seeds])
+        self.val_metrics = (
+            _metrics(n, "val")
+            if self.stack_seeds is None
+            else nn.ModuleList([_metrics(n, f"s{seed}/val") for seed in self.stack_seeds])
+        )
         self.test_metrics = nn.ModuleList([_metrics(n, name) for name in self.test_set_names])
         self.automatic_optimization = False  # training_step runs a chunk of optimizer steps (see there)
         # training-step state on the device: written inside the (possibly captured) step, read on the host
@@ -203,7 +216,9 @@ class LitSequenceModel(L.LightningModule):
         if logits.dim() == 3:
             return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         S = logits.shape[0]
-        losses = F.cross_entropy(logits.flatten(0, 2).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+        losses = F.cross_entropy(
+            logits.flatten(0, 2).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+        )
         scored = (targets != IGNORE_INDEX).reshape(S, -1).sum(1)
         return (losses.view(S, -1).sum(1) / scored).sum()
 
@@ -236,7 +251,8 @@ class LitSequenceModel(L.LightningModule):
                 self._static[1].copy_(targets)
                 tokens, targets = self._static
             closure = lambda t=tokens, y=targets: self.training_closure(  # noqa: E731
-                opt.optimizer, t, y, self.manual_backward)
+                opt.optimizer, t, y, self.manual_backward
+            )
             opt.step(closure=closure, **({"graph": static} if self.graphed else {}))
         if not self._max_loss.is_cuda:  # free on the CPU; on a GPU checked at validations (no sync per step)
             self._raise_if_nonfinite()
@@ -244,8 +260,13 @@ class LitSequenceModel(L.LightningModule):
             loss = self._last_loss / len(self.stack_seeds) if self.stack_seeds else self._last_loss
             self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
 
-    def training_closure(self, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, targets: torch.Tensor,
-                         backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward) -> torch.Tensor:
+    def training_closure(
+        self,
+        optimizer: torch.optim.Optimizer,
+        tokens: torch.Tensor,
+        targets: torch.Tensor,
+        backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward,
+    ) -> torch.Tensor:
         """The optimizer step's closure: forward, loss, backward and the step's bookkeeping
         (``record_step``) of one batch; reads nothing on the host (capturable). ``backward``: Lightning's
         ``manual_backward`` in training; a plain ``loss.backward()`` without a trainer
@@ -288,13 +309,17 @@ class LitSequenceModel(L.LightningModule):
         the optimizer reads (a lookup in ``_lr_table``, or computed from the step counter), else a float."""
         group = optimizer.param_groups[0]
         if not isinstance(group["lr"], torch.Tensor):
-            group["lr"] = self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps, self._min_ratio)
+            group["lr"] = self.lr * cosine_with_warmup(
+                self.global_step, self._warmup_steps, self.max_steps, self._min_ratio
+            )
             return
         step = self._step_counter
         if self._lr_table is not None:
             torch.index_select(self._lr_table, 0, step, out=self._lr_now)
         else:
-            self._lr_now.copy_(self.lr * cosine_with_warmup_tensor(step, self._warmup_steps, self.max_steps, self._min_ratio))
+            self._lr_now.copy_(
+                self.lr * cosine_with_warmup_tensor(step, self._warmup_steps, self.max_steps, self._min_ratio)
+            )
         torch.clamp(step + 1, max=self.max_steps, out=step)  # the schedule ends at max_steps (lr 0)
 
     def bind_learning_rate(self, optimizer: torch.optim.Optimizer) -> None:
@@ -305,8 +330,12 @@ class LitSequenceModel(L.LightningModule):
         self._lr_table = None
         if self.max_steps <= LR_TABLE_MAX_STEPS:
             steps = torch.arange(self.max_steps + 1, device=self.device)
-            self._lr_table = self.lr * cosine_with_warmup_tensor(steps, self._warmup_steps, self.max_steps, self._min_ratio)
-        self._lr_now.fill_(self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps, self._min_ratio))
+            self._lr_table = self.lr * cosine_with_warmup_tensor(
+                steps, self._warmup_steps, self.max_steps, self._min_ratio
+            )
+        self._lr_now.fill_(
+            self.lr * cosine_with_warmup(self.global_step, self._warmup_steps, self.max_steps, self._min_ratio)
+        )
         for group in optimizer.param_groups:
             group["lr"] = self._lr_now[0]
 
@@ -332,8 +361,10 @@ class LitSequenceModel(L.LightningModule):
 
     def _raise_if_nonfinite(self) -> None:
         if not bool(torch.isfinite(self._max_loss)):
-            raise NonFiniteLossError(f"training loss became non-finite (NaN or Inf) at or before step {self.global_step} "
-                                     f"(last loss {float(self._last_loss)})")
+            raise NonFiniteLossError(
+                f"training loss became non-finite (NaN or Inf) at or before step {self.global_step} "
+                f"(last loss {float(self._last_loss)})"
+            )
 
     def on_validation_start(self) -> None:
         if self.trainer.state.fn == "fit":
@@ -374,8 +405,10 @@ class LitSequenceModel(L.LightningModule):
 
                     self._compiled_loss = None
                     set_graph_policy(self.model, False)
-                rank_zero_info(f"step {self.global_step}: {skipped} of {forwards} captured steps since the last validation "
-                               "skipped their update (Newton solve failed its check): continuing with eager steps")
+                rank_zero_info(
+                    f"step {self.global_step}: {skipped} of {forwards} captured steps since the last validation "
+                    "skipped their update (Newton solve failed its check): continuing with eager steps"
+                )
                 return
 
     def validation_step(self, batch, batch_idx: int) -> None:
@@ -386,8 +419,12 @@ class LitSequenceModel(L.LightningModule):
             preds = logits.argmax(-1)
             for s, metrics in enumerate(self.val_metrics):
                 metrics.update(preds[s], targets)
-            self.log("val/loss", self._loss(logits, targets.expand(S, *targets.shape)) / S, on_epoch=True,
-                     batch_size=tokens.shape[0])
+            self.log(
+                "val/loss",
+                self._loss(logits, targets.expand(S, *targets.shape)) / S,
+                on_epoch=True,
+                batch_size=tokens.shape[0],
+            )
             return
         logits = self(tokens)
         self.val_metrics.update(logits.argmax(-1), targets)
@@ -411,7 +448,13 @@ class LitSequenceModel(L.LightningModule):
         """AdamW; on CUDA the fused, capturable one with the lr as a device tensor (set each step by
         ``_set_learning_rate``), so a whole step can be captured in a CUDA graph."""
         cuda = self.device.type == "cuda"
-        lr = torch.tensor(self.lr * cosine_with_warmup(0, self._warmup_steps, self.max_steps, self._min_ratio), device=self.device) \
-            if cuda else self.lr
-        return torch.optim.AdamW(self.parameters(), lr=lr, betas=self.betas, weight_decay=self.weight_decay,
-                                 fused=cuda, capturable=cuda)
+        lr = (
+            torch.tensor(
+                self.lr * cosine_with_warmup(0, self._warmup_steps, self.max_steps, self._min_ratio), device=self.device
+            )
+            if cuda
+            else self.lr
+        )
+        return torch.optim.AdamW(
+            self.parameters(), lr=lr, betas=self.betas, weight_decay=self.weight_decay, fused=cuda, capturable=cuda
+        )

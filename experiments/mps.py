@@ -18,8 +18,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 log = logging.getLogger("experiments.mps")
 
@@ -36,9 +36,12 @@ class MPSError(ValueError):
 
 def add_mps_argument(parser) -> None:
     """The ``--mps`` option of the CLIs that start worker processes."""
-    parser.add_argument("--mps", action="store_true",
-                        help="with --workers on a GPU: run the workers under a private CUDA MPS daemon so their "
-                             "kernels share the GPU concurrently (experiments.mps)")
+    parser.add_argument(
+        "--mps",
+        action="store_true",
+        help="with --workers on a GPU: run the workers under a private CUDA MPS daemon so their "
+        "kernels share the GPU concurrently (experiments.mps)",
+    )
 
 
 def mps_running() -> bool:
@@ -71,7 +74,9 @@ def cuda_mps(enabled: bool = True, control: str = CONTROL) -> Iterator[Path | No
     try:
         started = subprocess.run([exe, "-d"], capture_output=True, text=True, timeout=30)
         if started.returncode != 0:
-            raise MPSError(f"{control} -d failed (exit {started.returncode}): {(started.stderr or started.stdout).strip()}")
+            raise MPSError(
+                f"{control} -d failed (exit {started.returncode}): {(started.stderr or started.stdout).strip()}"
+            )
         deadline = time.monotonic() + 10
         while not any(pipe.iterdir()) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -121,12 +121,19 @@ def paper_entries(name: str) -> list[PaperEntry]:
         options = dict(plan.task_options)
         if plan.extrapolation:
             options["extrapolation"] = plan.extrapolation
-        entries.append(PaperEntry(
-            entry=entry, task=plan.task, options=options,
-            title=str((paper.get("columns") or {}).get(entry, entry)),
-            metric=entry_metric(paper, entry), aggregate=aggregate,
-            source=str(paper.get("source", name)), values=values, layers=paper_layers(paper, entry),
-        ))
+        entries.append(
+            PaperEntry(
+                entry=entry,
+                task=plan.task,
+                options=options,
+                title=str((paper.get("columns") or {}).get(entry, entry)),
+                metric=entry_metric(paper, entry),
+                aggregate=aggregate,
+                source=str(paper.get("source", name)),
+                values=values,
+                layers=paper_layers(paper, entry),
+            )
+        )
     order = list(paper.get("columns") or {})
     return sorted(entries, key=lambda e: order.index(e.entry) if e.entry in order else len(order))
 
@@ -164,7 +171,9 @@ def match_entry(task: str, config: dict[str, Any], entries: list[PaperEntry]) ->
     configs = [full_task_config(e.task, e.options) for e in same]
     keys = sorted({k for c in configs for k in c if len({json.dumps(x.get(k), sort_keys=True) for x in configs}) > 1})
     for entry, entry_config in zip(same, configs):
-        if all(json.dumps(config.get(k), sort_keys=True) == json.dumps(entry_config.get(k), sort_keys=True) for k in keys):
+        if all(
+            json.dumps(config.get(k), sort_keys=True) == json.dumps(entry_config.get(k), sort_keys=True) for k in keys
+        ):
             return entry
     return None
 
@@ -182,12 +191,25 @@ def aggregate(df: pd.DataFrame, metric: str, how: str, layers: int = 1) -> pd.Da
     df = with_layers(df) if len(df) else df
     for name, depth in dict.fromkeys(zip(df["mixer"], df["layers"])) if len(df) else []:
         mine, mixer = df[(df["mixer"] == name) & (df["layers"] == depth)], model_label(name, int(depth), layers)
-        counts = {"failed": int((mine["status"] == "failed").sum()),
-                  "missing": int((~mine["status"].isin(["ok", "failed"])).sum())}
+        counts = {
+            "failed": int((mine["status"] == "failed").sum()),
+            "missing": int((~mine["status"].isin(["ok", "failed"])).sum()),
+        }
         sel = mine[mine["status"] == "ok"]
         if sel.empty or metric not in sel or sel[metric].isna().all():
-            rows.append({"mixer": mixer, "value": float("nan"), "std": float("nan"), "params": float("nan"),
-                         "seeds": 0, "lr": float("nan"), "steps": float("nan"), "skipped": 0.0, **counts})
+            rows.append(
+                {
+                    "mixer": mixer,
+                    "value": float("nan"),
+                    "std": float("nan"),
+                    "params": float("nan"),
+                    "seeds": 0,
+                    "lr": float("nan"),
+                    "steps": float("nan"),
+                    "skipped": 0.0,
+                    **counts,
+                }
+            )
             continue
         if how == "mean_at_best_lr":
             lr = float(sel.groupby("lr")["best_val_acc"].mean().idxmax())
@@ -198,9 +220,19 @@ def aggregate(df: pd.DataFrame, metric: str, how: str, layers: int = 1) -> pd.Da
             value, std = chosen[metric].max(), chosen[metric].std(ddof=0)
             lr = float(chosen.loc[chosen[metric].idxmax(), "lr"])
         skipped = chosen["newton/skipped_steps"].fillna(0).sum() if "newton/skipped_steps" in chosen else 0.0
-        rows.append({"mixer": mixer, "value": float(value), "std": float(std), "params": int(chosen["n_params"].iloc[0]),
-                     "seeds": int(chosen["seed"].nunique()), "lr": lr, "steps": int(chosen["steps"].median()),
-                     "skipped": float(skipped / max(1, chosen["steps"].sum())), **counts})
+        rows.append(
+            {
+                "mixer": mixer,
+                "value": float(value),
+                "std": float(std),
+                "params": int(chosen["n_params"].iloc[0]),
+                "seeds": int(chosen["seed"].nunique()),
+                "lr": lr,
+                "steps": int(chosen["steps"].median()),
+                "skipped": float(skipped / max(1, chosen["steps"].sum())),
+                **counts,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -212,18 +244,31 @@ def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
         entry = entries.get(entry_name)
         if entry is None:
             continue
-        ours = aggregate(df, entry.metric, entry.aggregate, entry.layers).set_index("mixer") if len(df) else pd.DataFrame()
+        ours = (
+            aggregate(df, entry.metric, entry.aggregate, entry.layers).set_index("mixer") if len(df) else pd.DataFrame()
+        )
         for mixer in dict.fromkeys([*entry.values, *(ours.index if len(ours) else [])]):
             paper_value, paper_params = entry.values.get(mixer, (float("nan"), float("nan")))
             r = ours.loc[mixer] if len(ours) and mixer in ours.index else None
-            get = (lambda k, default=float("nan"): r[k] if r is not None else default)  # noqa: E731
-            rows.append({
-                "entry": entry_name, "mixer": mixer, "metric": entry.metric,
-                "ours": float(get("value")), "ours_std": float(get("std")), "ours_params": get("params"),
-                "seeds": int(get("seeds", 0)), "lr": get("lr"), "median_steps": get("steps"), "skipped": float(get("skipped", 0.0)),
-                "failed": int(get("failed", 0)), "missing": int(get("missing", 0)),
-                "paper": paper_value, "paper_params": paper_params,
-            })
+            get = lambda k, default=float("nan"): r[k] if r is not None else default  # noqa: E731
+            rows.append(
+                {
+                    "entry": entry_name,
+                    "mixer": mixer,
+                    "metric": entry.metric,
+                    "ours": float(get("value")),
+                    "ours_std": float(get("std")),
+                    "ours_params": get("params"),
+                    "seeds": int(get("seeds", 0)),
+                    "lr": get("lr"),
+                    "median_steps": get("steps"),
+                    "skipped": float(get("skipped", 0.0)),
+                    "failed": int(get("failed", 0)),
+                    "missing": int(get("missing", 0)),
+                    "paper": paper_value,
+                    "paper_params": paper_params,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -265,11 +310,15 @@ def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
                 out[title].append("")
                 continue
             r = r.iloc[0]
-            ours = _pct(r["ours"]) + (f" ± {100 * r['ours_std']:.1f}" if mean and r["ours_std"] == r["ours_std"] else "")
+            ours = _pct(r["ours"]) + (
+                f" ± {100 * r['ours_std']:.1f}" if mean and r["ours_std"] == r["ours_std"] else ""
+            )
             gaps = "".join(f", {int(r[k])} {k}" for k in ("failed", "missing") if r[k])
             warn = " ⚠" if r["skipped"] > SKIPPED_WARNING else ""
-            out[title].append(f"{ours}{_k(r['ours_params'])} / {_pct(r['paper'])}{_k(r['paper_params'])} "
-                                f"{verdict(r['ours'], r['paper'], tolerance)}{warn}{' (' + gaps[2:] + ')' if gaps else ''}".strip())
+            out[title].append(
+                f"{ours}{_k(r['ours_params'])} / {_pct(r['paper'])}{_k(r['paper_params'])} "
+                f"{verdict(r['ours'], r['paper'], tolerance)}{warn}{' (' + gaps[2:] + ')' if gaps else ''}".strip()
+            )
     return pd.DataFrame(out)
 
 
@@ -278,41 +327,77 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     data = load_reproduction(name)
     entries = paper_entries(name)
     metrics = sorted({e.metric for e in entries if e.entry in set(table["entry"])})
-    statistic = ("best over seeds (per seed the lr with the best validation accuracy)" if entries[0].aggregate == "best"
-                 else "mean over seeds at the learning rate with the best mean validation accuracy (± std)")
+    statistic = (
+        "best over seeds (per seed the lr with the best validation accuracy)"
+        if entries[0].aggregate == "best"
+        else "mean over seeds at the learning rate with the best mean validation accuracy (± std)"
+    )
     tolerance = paper_tolerance(name)
-    legend = ("Each cell: ours (parameters) / paper (parameters); " + (
-        f"✓ within {tolerance:g} of the paper, ✗ lower, ↑ higher." if tolerance is not None else
-        "✓ same side of 98% as the paper, ✗ the paper reaches ≥ 98% and we do not, ↑ we reach ≥ 98% where the "
-        "paper does not."))
-    lines = [f"# Reproduction: {name}", "", f"Paper: {entries[0].source}.", "",
-             f"- Device: {meta.get('device', '?')}; date: {meta.get('date', '?')}; "
-             + (f"workers: {meta.get('workers', '?')}; wall time of this invocation: {meta.get('wall_min', float('nan')):.1f} min; "
-                if meta.get("ran", True) else "table written from stored results; ")
-             + f"trials' own training+test time, summed: {meta.get('trial_min', float('nan')):.1f} min"
-             + (f" ({meta['resumed']} trials resumed from a checkpoint: their last invocation only)."
-                if meta.get("resumed") else "."),
-             f"- Budget: {meta.get('budget', '')}",
-             f"- Cells: {meta.get('done', '?')} of {meta.get('cells', '?')} finished; versions: {meta.get('versions', '')}.",
-             "", f"Metric: {', '.join(f'`{m}`' for m in metrics)} "
-             + ("(per column: " + ", ".join(f"{e.title} `{e.metric}`" for e in entries if e.entry in set(table['entry']))
-                + "); " if len(metrics) > 1 else "; ") + f"{statistic}.",
-             legend, "",
-             comparison_frame(name, table).to_markdown(index=False, disable_numparse=True)]
+    legend = "Each cell: ours (parameters) / paper (parameters); " + (
+        f"✓ within {tolerance:g} of the paper, ✗ lower, ↑ higher."
+        if tolerance is not None
+        else "✓ same side of 98% as the paper, ✗ the paper reaches ≥ 98% and we do not, ↑ we reach ≥ 98% where the "
+        "paper does not."
+    )
+    lines = [
+        f"# Reproduction: {name}",
+        "",
+        f"Paper: {entries[0].source}.",
+        "",
+        f"- Device: {meta.get('device', '?')}; date: {meta.get('date', '?')}; "
+        + (
+            f"workers: {meta.get('workers', '?')}; wall time of this invocation: {meta.get('wall_min', float('nan')):.1f} min; "
+            if meta.get("ran", True)
+            else "table written from stored results; "
+        )
+        + f"trials' own training+test time, summed: {meta.get('trial_min', float('nan')):.1f} min"
+        + (
+            f" ({meta['resumed']} trials resumed from a checkpoint: their last invocation only)."
+            if meta.get("resumed")
+            else "."
+        ),
+        f"- Budget: {meta.get('budget', '')}",
+        f"- Cells: {meta.get('done', '?')} of {meta.get('cells', '?')} finished; versions: {meta.get('versions', '')}.",
+        "",
+        f"Metric: {', '.join(f'`{m}`' for m in metrics)} "
+        + (
+            "(per column: "
+            + ", ".join(f"{e.title} `{e.metric}`" for e in entries if e.entry in set(table["entry"]))
+            + "); "
+            if len(metrics) > 1
+            else "; "
+        )
+        + f"{statistic}.",
+        legend,
+        "",
+        comparison_frame(name, table).to_markdown(index=False, disable_numparse=True),
+    ]
     differ = table[[verdict(o, p, tolerance) in ("✗", "↑") for o, p in zip(table["ours"], table["paper"])]]
     if tolerance is not None:
         compared = int(sum(o == o and p == p for o, p in zip(table["ours"], table["paper"])))
         lines += ["", f"{compared - len(differ)} of {compared} cells within {tolerance:g} of the paper."]
-    lines += ["", f"Preset: `experiments/presets/{name}.yaml`. {' '.join(str(data.get('description', '')).split())}", ""]
+    lines += [
+        "",
+        f"Preset: `experiments/presets/{name}.yaml`. {' '.join(str(data.get('description', '')).split())}",
+        "",
+    ]
     if len(differ):
-        lines.append("Cells that differ from the paper (✗/↑): " + "; ".join(
-            f"{r.entry}/{r.mixer} {_pct(r.ours)} vs {_pct(r.paper)} (median steps {r.median_steps:g})"
-            for r in differ.itertuples()) + ".")
+        lines.append(
+            "Cells that differ from the paper (✗/↑): "
+            + "; ".join(
+                f"{r.entry}/{r.mixer} {_pct(r.ours)} vs {_pct(r.paper)} (median steps {r.median_steps:g})"
+                for r in differ.itertuples()
+            )
+            + "."
+        )
     skipping = table[table["skipped"] > SKIPPED_WARNING]
     if len(skipping):
-        lines.append("⚠ Trials that skipped updates (a Newton solve failed its residual check inside a CUDA graph; "
-                     "their accuracy is that of a model trained on fewer steps than the budget): " + "; ".join(
-                         f"{r.entry}/{r.mixer} {100 * r.skipped:.0f}% of the steps" for r in skipping.itertuples()) + ".")
+        lines.append(
+            "⚠ Trials that skipped updates (a Newton solve failed its residual check inside a CUDA graph; "
+            "their accuracy is that of a model trained on fewer steps than the budget): "
+            + "; ".join(f"{r.entry}/{r.mixer} {100 * r.skipped:.0f}% of the steps" for r in skipping.itertuples())
+            + "."
+        )
     unfinished = table[(table["missing"] > 0) | (table["seeds"] == 0)]
     if len(unfinished):
         lines.append(f"**{len(unfinished)} cell(s) of the table are incomplete** (missing trials): re-run the command.")
@@ -336,12 +421,25 @@ def parameter_counts(preset: str) -> pd.DataFrame:
         depth = paper_layers(data.get("paper") or {}, entry)
         for mixer in plan.mixers:
             for layers in plan.layers:
-                config = ModelConfig(vocab, task.num_classes, mixer=mixer, mixer_options=dict(plan.mixer_options.get(mixer, {})),
-                                     block=plan.block, positional=plan.positional, layers=layers, d_model=plan.d_model)
+                config = ModelConfig(
+                    vocab,
+                    task.num_classes,
+                    mixer=mixer,
+                    mixer_options=dict(plan.mixer_options.get(mixer, {})),
+                    block=plan.block,
+                    positional=plan.positional,
+                    layers=layers,
+                    d_model=plan.d_model,
+                )
                 cell = paper.get(mixer, {}).get(entry, []) if layers == depth else []
-                rows.append({"entry": entry, "mixer": model_label(mixer, layers, depth),
-                             "ours": count_parameters(SequenceModel(config)),
-                             "paper": int(cell[1]) if len(cell) > 1 else None})
+                rows.append(
+                    {
+                        "entry": entry,
+                        "mixer": model_label(mixer, layers, depth),
+                        "ours": count_parameters(SequenceModel(config)),
+                        "paper": int(cell[1]) if len(cell) > 1 else None,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -355,10 +453,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> None:
         rows = parameter_counts(args.preset)
-        rows["cell"] = [f"{o:,}" + ("" if p is None or p != p else f" / {int(p):,} ({(o - p) / p:+.1%})")
-                        for o, p in zip(rows["ours"], rows["paper"])]
+        rows["cell"] = [
+            f"{o:,}" + ("" if p is None or p != p else f" / {int(p):,} ({(o - p) / p:+.1%})")
+            for o, p in zip(rows["ours"], rows["paper"])
+        ]
         table = rows.pivot(index="mixer", columns="entry", values="cell").reindex(
-            index=list(dict.fromkeys(rows["mixer"])), columns=list(dict.fromkeys(rows["entry"])))
+            index=list(dict.fromkeys(rows["mixer"])), columns=list(dict.fromkeys(rows["entry"]))
+        )
         print("Parameters: ours / paper (difference)\n")
         print(table.fillna("–").to_markdown())
 

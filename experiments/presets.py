@@ -52,8 +52,23 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "khop": {"block": "full", "positional": "none"},
 }
 
-SWEEP_KEYS = {"mixers", "seeds", "lrs", "train", "mixer_options", "task_options", "block", "positional",
-              "extrapolation", "description", "task", "priority", "layers", "precision", "d_model"}
+SWEEP_KEYS = {
+    "mixers",
+    "seeds",
+    "lrs",
+    "train",
+    "mixer_options",
+    "task_options",
+    "block",
+    "positional",
+    "extrapolation",
+    "description",
+    "task",
+    "priority",
+    "layers",
+    "precision",
+    "d_model",
+}
 PRIORITIES = ("normal", "high")
 #: top-level keys of a preset file (``paper``: the paper's numbers, read by ``experiments.reproduce``)
 PRESET_KEYS = {"description", "defaults", "tasks", "paper", "budget", "extends", "only"}
@@ -101,7 +116,9 @@ def load_preset(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     data = yaml.safe_load(path.read_text()) or {}
     if "extends" in data:
         if data["extends"] in (*_seen, name):
-            raise ValueError(f"preset {name!r}: 'extends' makes a cycle ({' -> '.join([*_seen, name, data['extends']])})")
+            raise ValueError(
+                f"preset {name!r}: 'extends' makes a cycle ({' -> '.join([*_seen, name, data['extends']])})"
+            )
         base = load_preset(data["extends"], (*_seen, name))
         data = _merge(base, {k: v for k, v in data.items() if k != "extends"})
     if "only" in data:
@@ -112,11 +129,15 @@ def load_preset(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
         data["tasks"] = {t: tasks[t] for t in only}
     unknown = set(data) - PRESET_KEYS
     if unknown:
-        raise ValueError(f"preset {name!r}: unknown top-level key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(PRESET_KEYS))}")
+        raise ValueError(
+            f"preset {name!r}: unknown top-level key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(PRESET_KEYS))}"
+        )
     for section in [data.get("defaults", {}), *data.get("tasks", {}).values()]:
         unknown = set(section) - SWEEP_KEYS
         if unknown:
-            raise ValueError(f"preset {name!r}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(SWEEP_KEYS))}")
+            raise ValueError(
+                f"preset {name!r}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(SWEEP_KEYS))}"
+            )
     return data
 
 
@@ -142,24 +163,33 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = set(merged.get("train", {})) - train_fields
     if unknown:
-        raise ValueError(f"preset {preset!r}: unknown train option(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(train_fields))}")
+        raise ValueError(
+            f"preset {preset!r}: unknown train option(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(train_fields))}"
+        )
     priority = str(merged.get("priority", "normal"))
     if priority not in PRIORITIES:
-        raise ValueError(f"preset {preset!r}: task {task!r}: priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
+        raise ValueError(
+            f"preset {preset!r}: task {task!r}: priority must be one of {', '.join(PRIORITIES)}, got {priority!r}"
+        )
     for key in ("mixers", "seeds", "lrs"):
         if not merged.get(key):
             raise ValueError(f"preset {preset!r}: task {task!r} needs a non-empty '{key}' list")
     layers = merged.get("layers", [1])
     layers = layers if isinstance(layers, list) else [layers]
     if not layers or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers):
-        raise ValueError(f"preset {preset!r}: task {task!r}: layers must be an integer >= 1 or a list of them, "
-                         f"got {merged.get('layers')!r}")
+        raise ValueError(
+            f"preset {preset!r}: task {task!r}: layers must be an integer >= 1 or a list of them, "
+            f"got {merged.get('layers')!r}"
+        )
     precision = str(merged.get("precision", PRECISIONS[0]))
     if precision not in PRECISIONS:
-        raise ValueError(f"preset {preset!r}: task {task!r}: precision must be one of {', '.join(PRECISIONS)}, "
-                         f"got {precision!r}")
+        raise ValueError(
+            f"preset {preset!r}: task {task!r}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+        )
     return SweepPlan(
-        task=str(merged.get("task", task)), preset=preset, entry=task,
+        task=str(merged.get("task", task)),
+        preset=preset,
+        entry=task,
         mixers=[str(m) for m in merged["mixers"]],
         seeds=[int(s) for s in merged["seeds"]],
         lrs=[float(x) for x in merged["lrs"]],
@@ -170,7 +200,10 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         positional=merged.get("positional", "none"),
         extrapolation=merged.get("extrapolation"),
         description=data.get("description", ""),
-        priority=priority, layers=list(dict.fromkeys(layers)), precision=precision, d_model=int(merged.get("d_model", 64)),
+        priority=priority,
+        layers=list(dict.fromkeys(layers)),
+        precision=precision,
+        d_model=int(merged.get("d_model", 64)),
     )
 
 
@@ -178,10 +211,23 @@ def build_specs(plan: SweepPlan, device: str = "auto") -> list[TrialSpec]:
     """The grid of ``plan``: one ``TrialSpec`` per (mixer, layers, seed, lr), in that nesting order."""
     return [
         TrialSpec(
-            task=plan.task, mixer=mixer, lr=lr, seed=seed, task_options=plan.task_options,
-            mixer_options=plan.mixer_options.get(mixer, {}), block=plan.block, positional=plan.positional,
-            extrapolation=plan.extrapolation, train=plan.train, device=device, layers=layers,
-            precision=plan.precision, d_model=plan.d_model,
+            task=plan.task,
+            mixer=mixer,
+            lr=lr,
+            seed=seed,
+            task_options=plan.task_options,
+            mixer_options=plan.mixer_options.get(mixer, {}),
+            block=plan.block,
+            positional=plan.positional,
+            extrapolation=plan.extrapolation,
+            train=plan.train,
+            device=device,
+            layers=layers,
+            precision=plan.precision,
+            d_model=plan.d_model,
         )
-        for mixer in plan.mixers for layers in plan.layers for seed in plan.seeds for lr in plan.lrs
+        for mixer in plan.mixers
+        for layers in plan.layers
+        for seed in plan.seeds
+        for lr in plan.lrs
     ]

@@ -59,9 +59,20 @@ STATE_TASKS = ("z3", "z5", "s3", "a5", "s5")
 TASKS = (*PAPER_TASKS, "z3", "s3")  # the default: a5, s5 and z5 take longer (--tasks)
 REFERENCES = ("gru", "flashgru", "transformer")
 QUICK_REFERENCES = ("gru", "transformer")
-QUICK_TRAIN = {"max_steps": 600, "batch_size": 32, "train_size": 1000, "val_size": 200, "test_size": 500, "eval_every": 50}
-QUICK_TASK_OPTIONS = {"parity": {"seq_len": 16}, "keep_nth": {"seq_len": 16, "vocab_size": 16, "n": 3},
-                      "mqar": {"seq_len": 24, "vocab_size": 32, "num_kv_pairs": 2}, "khop": {"seq_len": 24, "k": 1}}
+QUICK_TRAIN = {
+    "max_steps": 600,
+    "batch_size": 32,
+    "train_size": 1000,
+    "val_size": 200,
+    "test_size": 500,
+    "eval_every": 50,
+}
+QUICK_TASK_OPTIONS = {
+    "parity": {"seq_len": 16},
+    "keep_nth": {"seq_len": 16, "vocab_size": 16, "n": 3},
+    "mqar": {"seq_len": 24, "vocab_size": 32, "num_kv_pairs": 2},
+    "khop": {"seq_len": 24, "k": 1},
+}
 QUICK_EXTRAPOLATION = {"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]}
 #: test accuracy at or above which a task counts as solved
 SOLVED = 0.98
@@ -76,7 +87,9 @@ def load_cell(spec: str) -> type:
         raise ValueError(f"expected 'module.path:CellClass', got {spec!r}")
     obj = import_attr(spec)
     if not (isinstance(obj, type) and issubclass(obj, RNNCell)):
-        raise ValueError(f"{spec!r} is not an RNNCell subclass (got {obj!r}); write `class MyCell(RNNCell)` with recurrence_step")
+        raise ValueError(
+            f"{spec!r} is not an RNNCell subclass (got {obj!r}); write `class MyCell(RNNCell)` with recurrence_step"
+        )
     return obj
 
 
@@ -100,8 +113,15 @@ def check_rules(cell_cls: type, d_in: int = 16, d_state: int = 16) -> dict[str, 
     pw = cell.verify_position_wise(raise_on_error=False, param_draws=RULE_PARAM_DRAWS)
     rules["position_wise"] = {"ok": pw.ok, "error": pw.error, "message": pw.message}
     jac = cell.verify_jacobian(probes=RULE_PROBES, param_draws=RULE_PARAM_DRAWS, raise_on_error=False)
-    rules["jacobian"] = {"ok": jac.ok, "structure": jac.structure, "fits": jac.fits, "off_structure": jac.off_structure,
-                         "closed_form_error": jac.closed_form_error, "param_draws": jac.param_draws, "message": jac.message}
+    rules["jacobian"] = {
+        "ok": jac.ok,
+        "structure": jac.structure,
+        "fits": jac.fits,
+        "off_structure": jac.off_structure,
+        "closed_form_error": jac.closed_form_error,
+        "param_draws": jac.param_draws,
+        "message": jac.message,
+    }
     return rules
 
 
@@ -118,8 +138,15 @@ def _finite(*tensors) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
-def agreement(cell_cls: type, d_model: int = 32, num_heads: int = 4, length: int = 64, batch: int = 4,
-              iters: int = 100, tol: float = 1e-12) -> dict[str, Any]:
+def agreement(
+    cell_cls: type,
+    d_model: int = 32,
+    num_heads: int = 4,
+    length: int = 64,
+    batch: int = 4,
+    iters: int = 100,
+    tol: float = 1e-12,
+) -> dict[str, Any]:
     """Max errors of Newton-parallel vs sequential (forward, input gradient, parameter gradients).
 
     Newton runs until the residual is below ``tol`` (at most ``iters`` iterations), without the
@@ -146,18 +173,24 @@ def agreement(cell_cls: type, d_model: int = 32, num_heads: int = 4, length: int
             xi = x.clone().requires_grad_(True)
             y = mixer(xi)
             (y * w).sum().backward()
-            grads.append((y.detach(), xi.grad, {n: p.grad.clone() for n, p in mixer.named_parameters() if p.grad is not None}))
+            grads.append(
+                (y.detach(), xi.grad, {n: p.grad.clone() for n, p in mixer.named_parameters() if p.grad is not None})
+            )
         (ys, gxs, gps), (yp, gxp, gpp) = grads
         name = str(dtype).replace("torch.", "")
         row = {
-            "forward": _rel_max(yp, ys), "grad_input": _rel_max(gxp, gxs),
+            "forward": _rel_max(yp, ys),
+            "grad_input": _rel_max(gxp, gxs),
             "grad_params": _nan_max(_rel_max(gpp[n], gps[n]) for n in gps if n in gpp),
-            "sequential_finite": _finite(ys, gxs, *gps.values()), "parallel_finite": _finite(yp, gxp, *gpp.values()),
+            "sequential_finite": _finite(ys, gxs, *gps.values()),
+            "parallel_finite": _finite(yp, gxp, *gpp.values()),
             "newton_iters": len(par.last_newton_stats.residuals) - 1 if par.last_newton_stats else None,
             "final_residual": par.last_newton_stats.final_residual if par.last_newton_stats else None,
         }
         errors = [row["forward"], row["grad_input"], row["grad_params"]]
-        row["within"] = row["sequential_finite"] and row["parallel_finite"] and all(e <= TOLERANCES[name] for e in errors)
+        row["within"] = (
+            row["sequential_finite"] and row["parallel_finite"] and all(e <= TOLERANCES[name] for e in errors)
+        )
         out[name] = row
         if dtype == torch.float64:
             out["jacobian_at_states"] = seq.check_jacobian(x)
@@ -165,10 +198,13 @@ def agreement(cell_cls: type, d_model: int = 32, num_heads: int = 4, length: int
 
 
 #: how the verdict line says that a rule is broken
-_BROKEN = {"shapes": "wrong shapes", "position-wise rule": "breaks the position-wise rule",
-           "declared Jacobian structure": "breaks its declared Jacobian structure",
-           "closed-form Jacobian": "its closed-form Jacobian (jacobian_fn) differs from autograd",
-           "non-finite": "non-finite states or gradients"}
+_BROKEN = {
+    "shapes": "wrong shapes",
+    "position-wise rule": "breaks the position-wise rule",
+    "declared Jacobian structure": "breaks its declared Jacobian structure",
+    "closed-form Jacobian": "its closed-form Jacobian (jacobian_fn) differs from autograd",
+    "non-finite": "non-finite states or gradients",
+}
 
 
 def verdict(rules: dict[str, dict[str, Any]], agree: dict[str, Any] | None) -> dict[str, Any]:
@@ -198,35 +234,58 @@ def verdict(rules: dict[str, dict[str, Any]], agree: dict[str, Any] | None) -> d
         if mismatch:
             broken.setdefault(jacobian_rule(mismatch, math.inf if "declares jacobian" in mismatch else 0.0), mismatch)
         if not all(agree[d]["sequential_finite"] for d in TOLERANCES):  # no ground truth to compare with
-            broken.setdefault("non-finite", "the sequential loop itself gives non-finite states or gradients on "
-                                            "standard normal inputs")
+            broken.setdefault(
+                "non-finite",
+                "the sequential loop itself gives non-finite states or gradients on standard normal inputs",
+            )
         else:
-            off = [f"{d} {what.replace('_', ' ')} {agree[d][what]:.1e} > {TOLERANCES[d]:g}"
-                   for d in TOLERANCES for what in ("forward", "grad_input", "grad_params")
-                   if not agree[d][what] <= TOLERANCES[d]]
+            off = [
+                f"{d} {what.replace('_', ' ')} {agree[d][what]:.1e} > {TOLERANCES[d]:g}"
+                for d in TOLERANCES
+                for what in ("forward", "grad_input", "grad_params")
+                if not agree[d][what] <= TOLERANCES[d]
+            ]
             if not all(agree[d]["parallel_finite"] for d in TOLERANCES):
                 off.insert(0, "Newton-parallel results or gradients are non-finite")
             if off and broken:
                 broken["Newton-parallel vs sequential"] = "; ".join(off) + " (a consequence of the rule broken above)"
             elif off:
-                res = ", ".join(f"{d} {agree[d]['final_residual']:.1e} after {agree[d]['newton_iters']} iterations"
-                                for d in TOLERANCES)
-                broken["Newton-parallel vs sequential"] = "; ".join(off) + f" (the rules hold; Newton's final residual: {res})"
+                res = ", ".join(
+                    f"{d} {agree[d]['final_residual']:.1e} after {agree[d]['newton_iters']} iterations"
+                    for d in TOLERANCES
+                )
+                broken["Newton-parallel vs sequential"] = (
+                    "; ".join(off) + f" (the rules hold; Newton's final residual: {res})"
+                )
     if not broken:
-        return {"ok": True, "rules": [], "reasons": [],
-                "line": "PASS: follows the position-wise rule and its declared Jacobian at random states and "
-                        "parameters; Newton-parallel matches sequential (forward and gradients) within "
-                        + " / ".join(f"{t:g} ({d})" for d, t in TOLERANCES.items())}
+        return {
+            "ok": True,
+            "rules": [],
+            "reasons": [],
+            "line": "PASS: follows the position-wise rule and its declared Jacobian at random states and "
+            "parameters; Newton-parallel matches sequential (forward and gradients) within "
+            + " / ".join(f"{t:g} ({d})" for d, t in TOLERANCES.items()),
+        }
     rules_broken = list(broken)
     named = [_BROKEN[r] for r in rules_broken if r in _BROKEN]
     if "Newton-parallel vs sequential" in rules_broken:
-        named.append("Newton-parallel and sequential disagree" + ("" if named else " although the cell follows the rules"))
+        named.append(
+            "Newton-parallel and sequential disagree" + ("" if named else " although the cell follows the rules")
+        )
     line = "FAIL: " + "; ".join(named)
     return {"ok": False, "rules": rules_broken, "reasons": [f"{r}: {m}" for r, m in broken.items()], "line": line}
 
 
-def iterations_vs_length(cell_cls: type, lengths: list[int], d_model: int = 32, num_heads: int = 4, batch: int = 4,
-                         iters: int = 12, tol: float = 1e-6, dtype=torch.float64) -> list[dict[str, Any]]:
+def iterations_vs_length(
+    cell_cls: type,
+    lengths: list[int],
+    d_model: int = 32,
+    num_heads: int = 4,
+    batch: int = 4,
+    iters: int = 12,
+    tol: float = 1e-6,
+    dtype=torch.float64,
+) -> list[dict[str, Any]]:
     """Per length: residual per Newton iteration and the first iteration with residual <= ``tol``."""
     from mixers.cells import cell_mixer
     from mixers.cells.convergence import newton_residuals
@@ -244,8 +303,9 @@ def iterations_vs_length(cell_cls: type, lengths: list[int], d_model: int = 32, 
     return rows
 
 
-def trained_convergence(out: Path, cell: str, results: dict[str, pd.DataFrame], iters: int = 12, tol: float = 1e-6,
-                        batch: int = 8) -> list[dict[str, Any]]:
+def trained_convergence(
+    out: Path, cell: str, results: dict[str, pd.DataFrame], iters: int = 12, tol: float = 1e-6, batch: int = 8
+) -> list[dict[str, Any]]:
     """Per task whose sweep trained the cell in a parallel mode: the Newton fallback share of its training
     forwards and, at its best trial's best checkpoint, the residual per Newton iteration (float64) on
     fresh task inputs at the longest training length (the mixer's own inputs, captured by a hook)."""
@@ -270,7 +330,11 @@ def trained_convergence(out: Path, cell: str, results: dict[str, pd.DataFrame], 
         mixer = next((m for m in model.modules() if isinstance(m, CellMixer)), None)
         if mixer is None:
             continue
-        extrapolation = json.loads(best["extrapolation"]) if isinstance(best["extrapolation"], str) and best["extrapolation"] else {}
+        extrapolation = (
+            json.loads(best["extrapolation"])
+            if isinstance(best["extrapolation"], str) and best["extrapolation"]
+            else {}
+        )
         options = json.loads(best["task_config"])
         if extrapolation:
             options["seq_len"] = extrapolation["max_len"]
@@ -283,13 +347,27 @@ def trained_convergence(out: Path, cell: str, results: dict[str, pd.DataFrame], 
         finally:
             handle.remove()
         res = newton_residuals(mixer, captured[0], iters)
-        rows.append({"task": task, "fallback": fallback, "residuals": res, "length": tokens.shape[1],
-                     "iters_to_tol": next((k for k, r in enumerate(res) if r <= tol), None)})
+        rows.append(
+            {
+                "task": task,
+                "fallback": fallback,
+                "residuals": res,
+                "length": tokens.shape[1],
+                "iters_to_tol": next((k for k, r in enumerate(res) if r <= tol), None),
+            }
+        )
     return rows
 
 
-def sweep_plans(cell: str, tasks: list[str], references: list[str], quick: bool, max_steps: int | None,
-                seeds: list[int] | None, mixer_options: dict[str, Any]) -> list:
+def sweep_plans(
+    cell: str,
+    tasks: list[str],
+    references: list[str],
+    quick: bool,
+    max_steps: int | None,
+    seeds: list[int] | None,
+    mixer_options: dict[str, Any],
+) -> list:
     from experiments.presets import resolve_sweep
 
     plans = []
@@ -298,10 +376,19 @@ def sweep_plans(cell: str, tasks: list[str], references: list[str], quick: bool,
         if task in STATE_TASKS:
             over.update({"preset": "state-tracking", "layers": [1]})  # the probe asks what one layer of the cell does
             if quick:
-                over.update({"seeds": [0], "train": dict(QUICK_TRAIN), "lrs": [3e-3], "extrapolation": QUICK_EXTRAPOLATION})
+                over.update(
+                    {"seeds": [0], "train": dict(QUICK_TRAIN), "lrs": [3e-3], "extrapolation": QUICK_EXTRAPOLATION}
+                )
         elif quick:
-            over.update({"preset": "smoke", "seeds": [0], "train": dict(QUICK_TRAIN),
-                         "task_options": QUICK_TASK_OPTIONS.get(task, {}), "lrs": [3e-3]})
+            over.update(
+                {
+                    "preset": "smoke",
+                    "seeds": [0],
+                    "train": dict(QUICK_TRAIN),
+                    "task_options": QUICK_TASK_OPTIONS.get(task, {}),
+                    "lrs": [3e-3],
+                }
+            )
             if task == "parity":
                 over["extrapolation"] = QUICK_EXTRAPOLATION
         if max_steps:
@@ -315,11 +402,20 @@ def sweep_plans(cell: str, tasks: list[str], references: list[str], quick: bool,
     return plans
 
 
-def report_markdown(cell: str, rules: dict, agree: dict | None, conv: list[dict] | None, sweeps: dict[str, Any] | None,
-                    meta: dict[str, Any], verdict_: dict[str, Any]) -> str:
+def report_markdown(
+    cell: str,
+    rules: dict,
+    agree: dict | None,
+    conv: list[dict] | None,
+    sweeps: dict[str, Any] | None,
+    meta: dict[str, Any],
+    verdict_: dict[str, Any],
+) -> str:
     """The report card."""
-    header = (f"{meta.get('mode', '')}; device {meta.get('device', 'cpu')}; {meta.get('date', '')}; "
-              f"{meta.get('versions', '')}")
+    header = (
+        f"{meta.get('mode', '')}; device {meta.get('device', 'cpu')}; {meta.get('date', '')}; "
+        f"{meta.get('versions', '')}"
+    )
     lines = [f"# Probe report: `{cell}`", "", header, "", f"**Verdict: {verdict_['line']}**"]
     lines += [f"- {reason}" for reason in verdict_["reasons"]]
     lines += ["", "## 1. Rules", ""]
@@ -332,47 +428,104 @@ def report_markdown(cell: str, rules: dict, agree: dict | None, conv: list[dict]
         lines.append(f"- position-wise step: {ok(rules['position_wise'])} — {rules['position_wise']['message']}")
     jac = rules.get("jacobian")
     if jac is not None:
-        lines.append(f"- declared Jacobian `{jac['structure']}`: {'**OK**' if jac['ok'] else '**WRONG**'} — {jac['message']}")
+        lines.append(
+            f"- declared Jacobian `{jac['structure']}`: {'**OK**' if jac['ok'] else '**WRONG**'} — {jac['message']}"
+        )
         if jac.get("off_structure") is not None and jac["off_structure"] == jac["off_structure"]:
-            lines.append(f"- largest entry outside the declared structure: {jac['off_structure']:.2g} of the largest entry "
-                         f"(the structure that fits: `{jac['fits']}`)")
+            lines.append(
+                f"- largest entry outside the declared structure: {jac['off_structure']:.2g} of the largest entry "
+                f"(the structure that fits: `{jac['fits']}`)"
+            )
     if agree and "error" not in agree:
-        lines += ["", "## 2. Newton-parallel vs sequential", "",
-                  f"B={agree['batch']}, L={agree['length']}, d={agree['d_model']}; relative max errors "
-                  "(max |parallel − sequential| / max |sequential|), Newton run to convergence without fallback; "
-                  "tolerance " + ", ".join(f"{t:g} ({d})" for d, t in TOLERANCES.items()) + ".", "",
-                  pd.DataFrame([{"dtype": name, "forward": f"{a['forward']:.1e}", "grad input": f"{a['grad_input']:.1e}",
-                                 "grad params": f"{a['grad_params']:.1e}",
-                                 "within tolerance": "yes" if a["within"] else "**no**",
-                                 "Newton iterations": a["newton_iters"], "final residual": f"{a['final_residual']:.1e}"}
-                                for name, a in ((n, agree[n]) for n in TOLERANCES)]).to_markdown(index=False, disable_numparse=True)]
-        lines += ["", "Run-time Jacobian check at the states of the float64 sequence: "
-                  + (agree["jacobian_at_states"] or "no mismatch (the Jacobian the solve uses matches autograd's where finite)")]
+        lines += [
+            "",
+            "## 2. Newton-parallel vs sequential",
+            "",
+            f"B={agree['batch']}, L={agree['length']}, d={agree['d_model']}; relative max errors "
+            "(max |parallel − sequential| / max |sequential|), Newton run to convergence without fallback; "
+            "tolerance " + ", ".join(f"{t:g} ({d})" for d, t in TOLERANCES.items()) + ".",
+            "",
+            pd.DataFrame(
+                [
+                    {
+                        "dtype": name,
+                        "forward": f"{a['forward']:.1e}",
+                        "grad input": f"{a['grad_input']:.1e}",
+                        "grad params": f"{a['grad_params']:.1e}",
+                        "within tolerance": "yes" if a["within"] else "**no**",
+                        "Newton iterations": a["newton_iters"],
+                        "final residual": f"{a['final_residual']:.1e}",
+                    }
+                    for name, a in ((n, agree[n]) for n in TOLERANCES)
+                ]
+            ).to_markdown(index=False, disable_numparse=True),
+        ]
+        lines += [
+            "",
+            "Run-time Jacobian check at the states of the float64 sequence: "
+            + (
+                agree["jacobian_at_states"]
+                or "no mismatch (the Jacobian the solve uses matches autograd's where finite)"
+            ),
+        ]
     if conv:
         width = max(len(r["residuals"]) for r in conv)
-        lines += ["", "## 3. Newton iterations vs sequence length", "",
-                  f"Max residual per iteration (float64, a fresh initialization, standard normal inputs); `to tol`: first iteration ≤ {meta.get('tol', 1e-6):g} "
-                  "(the default training setting is 3 iterations, then a residual check at 1e-4 that falls back to the sequential loop).", "",
-                  pd.DataFrame([{"L": r["length"], "to tol": r["iters_to_tol"] if r["iters_to_tol"] is not None else f"> {width - 1}",
-                                 **{f"it{k}": f"{x:.0e}" for k, x in enumerate(r["residuals"])}}
-                                for r in conv]).fillna("").to_markdown(index=False, disable_numparse=True)]
+        lines += [
+            "",
+            "## 3. Newton iterations vs sequence length",
+            "",
+            f"Max residual per iteration (float64, a fresh initialization, standard normal inputs); `to tol`: first iteration ≤ {meta.get('tol', 1e-6):g} "
+            "(the default training setting is 3 iterations, then a residual check at 1e-4 that falls back to the sequential loop).",
+            "",
+            pd.DataFrame(
+                [
+                    {
+                        "L": r["length"],
+                        "to tol": r["iters_to_tol"] if r["iters_to_tol"] is not None else f"> {width - 1}",
+                        **{f"it{k}": f"{x:.0e}" for k, x in enumerate(r["residuals"])},
+                    }
+                    for r in conv
+                ]
+            )
+            .fillna("")
+            .to_markdown(index=False, disable_numparse=True),
+        ]
     trained = (sweeps or {}).get("trained") or []
     if conv and trained:
         width = max(len(r["residuals"]) for r in trained)
-        lines += ["", "At the trained parameters (the best checkpoint of each task's sweep in section 4, fresh task "
-                  "inputs at the longest training length) the same solve can need more iterations than at a fresh "
-                  "initialization; `fallback`: share of the training forwards whose Newton solve missed the residual "
-                  "check and fell back to the sequential loop (exact results, sequential speed).", "",
-                  pd.DataFrame([{"task": r["task"], "L": r["length"],
-                                 "to tol": r["iters_to_tol"] if r["iters_to_tol"] is not None else f"> {width - 1}",
-                                 "fallback": "–" if r["fallback"] != r["fallback"] else f"{100 * r['fallback']:.0f}%",
-                                 **{f"it{k}": f"{x:.0e}" for k, x in enumerate(r["residuals"])}}
-                                for r in trained]).fillna("").to_markdown(index=False, disable_numparse=True)]
+        lines += [
+            "",
+            "At the trained parameters (the best checkpoint of each task's sweep in section 4, fresh task "
+            "inputs at the longest training length) the same solve can need more iterations than at a fresh "
+            "initialization; `fallback`: share of the training forwards whose Newton solve missed the residual "
+            "check and fell back to the sequential loop (exact results, sequential speed).",
+            "",
+            pd.DataFrame(
+                [
+                    {
+                        "task": r["task"],
+                        "L": r["length"],
+                        "to tol": r["iters_to_tol"] if r["iters_to_tol"] is not None else f"> {width - 1}",
+                        "fallback": "–" if r["fallback"] != r["fallback"] else f"{100 * r['fallback']:.0f}%",
+                        **{f"it{k}": f"{x:.0e}" for k, x in enumerate(r["residuals"])},
+                    }
+                    for r in trained
+                ]
+            )
+            .fillna("")
+            .to_markdown(index=False, disable_numparse=True),
+        ]
     if sweeps:
         tasks, table, params = sweeps["tasks"], sweeps["acc"], sweeps["params"]
         state = [t for t in tasks if t in STATE_TASKS]
         metric = "Test accuracy" + (f"; {', '.join(state)}: mean accuracy beyond the training lengths" if state else "")
-        lines += ["", "## 4. Tasks", "", f"{metric} (best over seeds; {sweeps['budget']}); **bold**: solved (≥ {SOLVED:.0%}).", ""]
+        lines += [
+            "",
+            "## 4. Tasks",
+            "",
+            f"{metric} (best over seeds; {sweeps['budget']}); **bold**: solved (≥ {SOLVED:.0%}).",
+            "",
+        ]
         card = []
         for mixer, accs in table.items():
             cells = []
@@ -389,9 +542,20 @@ def report_markdown(cell: str, rules: dict, agree: dict | None, conv: list[dict]
     return "\n".join(lines) + "\n"
 
 
-def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = None, references: list[str] | None = None,
-          workers: int = 0, device: str = "auto", max_steps: int | None = None, seeds: list[int] | None = None,
-          lengths: list[int] | None = None, run_sweeps: bool = True, progress: bool = True) -> dict[str, Any]:
+def probe(
+    cell: str,
+    out: Path,
+    quick: bool = False,
+    tasks: list[str] | None = None,
+    references: list[str] | None = None,
+    workers: int = 0,
+    device: str = "auto",
+    max_steps: int | None = None,
+    seeds: list[int] | None = None,
+    lengths: list[int] | None = None,
+    run_sweeps: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Run every check and the sweeps; write the report card; returns the numbers (also ``probe.json``).
 
     ``numbers["verdict"]``: ``ok``, the ``rules`` broken, one reason per rule and the verdict ``line``.
@@ -426,8 +590,15 @@ def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = N
         log.info("4/4 sweeps: %s × %s", ", ".join(tasks), ", ".join([cell, *references]))
         options = {} if verdict_["ok"] else {"mode": "sequential", "verify": False}
         plans = sweep_plans(cell, tasks, references, quick, max_steps, seeds, options)
-        results, info = run_plans(plans, out, "probe" + ("-quick" if quick else ""), workers, device,
-                                  progress=progress, label=f"probe {cell_cls.__name__}")
+        results, info = run_plans(
+            plans,
+            out,
+            "probe" + ("-quick" if quick else ""),
+            workers,
+            device,
+            progress=progress,
+            label=f"probe {cell_cls.__name__}",
+        )
         acc: dict[str, dict[str, float]] = {}
         params: dict[str, dict[str, int]] = {}
         failed = 0
@@ -436,23 +607,37 @@ def probe(cell: str, out: Path, quick: bool = False, tasks: list[str] | None = N
                 continue
             failed += int((df["status"] != "ok").sum())
             best = best_over_lrs(df)
-            metric = "extrap/mean_acc" if task in STATE_TASKS else "test/acc"  # state tracking: beyond the training lengths
+            metric = (
+                "extrap/mean_acc" if task in STATE_TASKS else "test/acc"
+            )  # state tracking: beyond the training lengths
             for mixer in dict.fromkeys(df["mixer"]):
                 sel = best[best["mixer"] == mixer] if len(best) else best
-                acc.setdefault(mixer, {})[task] = float(sel[metric].max()) if len(sel) and metric in sel else float("nan")
+                acc.setdefault(mixer, {})[task] = (
+                    float(sel[metric].max()) if len(sel) and metric in sel else float("nan")
+                )
                 if len(sel):
                     params.setdefault(mixer, {})[task] = int(sel["n_params"].iloc[0])
         train = plans[0].train
-        sweeps = numbers["sweeps"] = {"tasks": tasks, "acc": acc, "params": params, "failed": failed,
-                                      "budget": f"{train.max_steps} steps, {len(plans[0].seeds)} seed(s), lr {plans[0].lrs}",
-                                      "cells_done": info["done"], "cells": info["cells"]}
+        sweeps = numbers["sweeps"] = {
+            "tasks": tasks,
+            "acc": acc,
+            "params": params,
+            "failed": failed,
+            "budget": f"{train.max_steps} steps, {len(plans[0].seeds)} seed(s), lr {plans[0].lrs}",
+            "cells_done": info["done"],
+            "cells": info["cells"],
+        }
         if verdict_["ok"]:
             log.info("Newton iterations at the trained parameters")
             numbers["trained_convergence"] = trained = trained_convergence(out, cell, results)
             sweeps["trained"] = trained
-    meta = {"mode": "quick (CPU smoke sizes)" if quick else "full (default preset)", "date": time.strftime("%Y-%m-%d"),
-            "device": device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"),
-            "versions": ", ".join(f"{k} {v}" for k, v in versions().items()), "tol": 1e-6}
+    meta = {
+        "mode": "quick (CPU smoke sizes)" if quick else "full (default preset)",
+        "date": time.strftime("%Y-%m-%d"),
+        "device": device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"),
+        "versions": ", ".join(f"{k} {v}" for k, v in versions().items()),
+        "tol": 1e-6,
+    }
     text = report_markdown(cell, rules, agree, conv, sweeps, meta, verdict_)
     atomic_write_text(out / "probe-report.md", text)
     atomic_write_text(out / "probe.json", json.dumps(numbers, indent=1, default=lambda x: None if x != x else x))
@@ -465,26 +650,38 @@ def main(argv: list[str] | None = None) -> int:
     p = Parser(
         prog="python -m experiments.probe",
         description="Report card for a new recurrent cell: its rules (position-wise step, declared Jacobian at "
-                    "random states and parameters), Newton-parallel vs sequential agreement (forward and gradients), "
-                    "Newton iterations vs length, and sweeps of the paper tasks and the state-tracking tasks next to "
-                    "reference mixers. The verdict names the rule a failing cell breaks; the exit status is then 1.",
+        "random states and parameters), Newton-parallel vs sequential agreement (forward and gradients), "
+        "Newton iterations vs length, and sweeps of the paper tasks and the state-tracking tasks next to "
+        "reference mixers. The verdict names the rule a failing cell breaks; the exit status is then 1.",
         epilog="CELL is 'module.path:ClassName' of an RNNCell subclass (mixers.cells.RNNCell) importable from the "
-               f"current directory. Tasks: {', '.join(PAPER_TASKS)} (accuracy on the test set) and {', '.join(STATE_TASKS)} "
-               "(the state-tracking preset's entries: mean accuracy beyond the training lengths). "
-               "Example: python -m experiments.probe mycells:MinGRU --quick",
+        f"current directory. Tasks: {', '.join(PAPER_TASKS)} (accuracy on the test set) and {', '.join(STATE_TASKS)} "
+        "(the state-tracking preset's entries: mean accuracy beyond the training lengths). "
+        "Example: python -m experiments.probe mycells:MinGRU --quick",
     )
     p.add_argument("cell", help="module.path:CellClass")
     p.add_argument("--quick", action="store_true", help="a few minutes on a CPU: small tasks, 600 steps, one seed")
     p.add_argument("--out", type=Path, help="output folder (default: runs/probe/<CellClass>[-quick])")
-    p.add_argument("--tasks", type=str_list, default=list(TASKS), help=f"comma-separated tasks (default: {','.join(TASKS)})")
-    p.add_argument("--references", help=f"comma-separated reference mixers (default: {','.join(REFERENCES)}; "
-                                        f"--quick: {','.join(QUICK_REFERENCES)}); '' for none")
-    p.add_argument("--workers", type=nonnegative_int, default=0, metavar="N",
-                   help="worker processes for the sweeps (default: in this process)")
+    p.add_argument(
+        "--tasks", type=str_list, default=list(TASKS), help=f"comma-separated tasks (default: {','.join(TASKS)})"
+    )
+    p.add_argument(
+        "--references",
+        help=f"comma-separated reference mixers (default: {','.join(REFERENCES)}; "
+        f"--quick: {','.join(QUICK_REFERENCES)}); '' for none",
+    )
+    p.add_argument(
+        "--workers",
+        type=nonnegative_int,
+        default=0,
+        metavar="N",
+        help="worker processes for the sweeps (default: in this process)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--max-steps", type=positive_int, help="override the step budget per trial")
     p.add_argument("--seeds", type=int_list, help="override the seeds, e.g. 0,1,2")
-    p.add_argument("--lengths", type=int_list, help="sequence lengths for the Newton convergence check, e.g. 64,256,1024")
+    p.add_argument(
+        "--lengths", type=int_list, help="sequence lengths for the Newton convergence check, e.g. 64,256,1024"
+    )
     p.add_argument("--no-sweeps", action="store_true", help="only the Jacobian and Newton checks")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -502,9 +699,23 @@ def main(argv: list[str] | None = None) -> int:
         references = None if args.references is None else [m for m in args.references.split(",") if m]
         check_device(args.device)
         cell_cls = load_cell(args.cell)
-        out = check_output_folder(args.out or Path("runs") / "probe" / (cell_cls.__name__ + ("-quick" if args.quick else "")))
-        numbers = probe(args.cell, out, args.quick, tasks, references, args.workers, args.device, args.max_steps, args.seeds,
-                        args.lengths, run_sweeps=not args.no_sweeps, progress=not args.no_progress)
+        out = check_output_folder(
+            args.out or Path("runs") / "probe" / (cell_cls.__name__ + ("-quick" if args.quick else ""))
+        )
+        numbers = probe(
+            args.cell,
+            out,
+            args.quick,
+            tasks,
+            references,
+            args.workers,
+            args.device,
+            args.max_steps,
+            args.seeds,
+            args.lengths,
+            run_sweeps=not args.no_sweeps,
+            progress=not args.no_progress,
+        )
         print((out / "probe-report.md").read_text())
         passed.append(numbers["verdict"]["ok"])
 

@@ -39,8 +39,14 @@ from experiments.paper import compare, comparison_markdown, load_reproduction, r
 log = logging.getLogger("experiments.reproduce")
 
 #: the --quick overrides: minutes on a CPU (not a reproduction)
-QUICK_TRAIN = {"max_steps": 300, "batch_size": 32, "train_size": 2000, "val_size": 300, "test_size": 1000,
-               "eval_every": 100}
+QUICK_TRAIN = {
+    "max_steps": 300,
+    "batch_size": 32,
+    "train_size": 2000,
+    "val_size": 300,
+    "test_size": 1000,
+    "eval_every": 100,
+}
 QUICK_SEQ_LEN = 32
 QUICK_D_MODEL = 32
 QUICK_EXTRAPOLATION = {"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]}
@@ -56,8 +62,13 @@ def plans_for(name: str, quick: bool = False, overrides: dict[str, Any] | None =
         over: dict[str, Any] = {}
         if quick:
             base = resolve_sweep(entry, name)
-            over = {"seeds": [0], "train": dict(QUICK_TRAIN), "lrs": base.lrs[:2], "layers": base.layers[:2],
-                    "d_model": min(base.d_model, QUICK_D_MODEL)}
+            over = {
+                "seeds": [0],
+                "train": dict(QUICK_TRAIN),
+                "lrs": base.lrs[:2],
+                "layers": base.layers[:2],
+                "d_model": min(base.d_model, QUICK_D_MODEL),
+            }
             if base.extrapolation:
                 over["extrapolation"] = dict(QUICK_EXTRAPOLATION)
             else:
@@ -93,10 +104,22 @@ def _lrs(lrs: list[float]) -> str:
     return "/".join(f"{lr:g}" for lr in lrs)
 
 
-def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto", storage_url: str | None = None,
-                     quick: bool = False, overrides: dict[str, Any] | None = None, entries: list[str] | None = None,
-                     run: bool = True, progress: bool = True, stale_timeout: float = 60,
-                     retry_failed: bool = False, options=None, progress_every: float = 30.0) -> pd.DataFrame:
+def run_reproduction(
+    name: str,
+    out: Path,
+    workers: int = 0,
+    device: str = "auto",
+    storage_url: str | None = None,
+    quick: bool = False,
+    overrides: dict[str, Any] | None = None,
+    entries: list[str] | None = None,
+    run: bool = True,
+    progress: bool = True,
+    stale_timeout: float = 60,
+    retry_failed: bool = False,
+    options=None,
+    progress_every: float = 30.0,
+) -> pd.DataFrame:
     """Run (resume) the table's sweeps in one study, write the per-sweep results and the comparison
     (``progress_every``: ``experiments.runner.run_plans``)."""
     from experiments.results import atomic_write_text
@@ -106,14 +129,28 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
     if entries:
         unknown = set(entries) - {p.entry for p in plans}
         if unknown:
-            raise ValueError(f"unknown sweep(s) {', '.join(sorted(unknown))} in {name}; valid: {', '.join(p.entry for p in plans)}")
+            raise ValueError(
+                f"unknown sweep(s) {', '.join(sorted(unknown))} in {name}; valid: {', '.join(p.entry for p in plans)}"
+            )
         plans = [p for p in plans if p.entry in entries]
     # one study for every reproduction: presets with identical cells (table1 within table6) share trials
     report = out / name
-    results, info = run_plans(plans, out, "reproduce" + ("-quick" if quick else ""), workers, device,
-                              storage_url, run=run, progress=progress, stale_timeout=stale_timeout, label=name,
-                              retry_failed=retry_failed, options=options, results_dir=report,
-                              progress_every=progress_every)
+    results, info = run_plans(
+        plans,
+        out,
+        "reproduce" + ("-quick" if quick else ""),
+        workers,
+        device,
+        storage_url,
+        run=run,
+        progress=progress,
+        stale_timeout=stale_timeout,
+        label=name,
+        retry_failed=retry_failed,
+        options=options,
+        results_dir=report,
+        progress_every=progress_every,
+    )
     table = compare(name, results)
     frames = [df for df in results.values() if len(df)]
     every = pd.concat(frames) if frames else pd.DataFrame()
@@ -122,16 +159,24 @@ def run_reproduction(name: str, out: Path, workers: int = 0, device: str = "auto
     meta = {
         "device": devices_used(every),
         "date": time.strftime("%Y-%m-%d"),
-        "workers": workers or 1, "ran": run,
+        "workers": workers or 1,
+        "ran": run,
         "wall_min": info["wall_s"] / 60,
         "trial_min": float(every["wall_time_s"].sum()) / 60 if "wall_time_s" in every else float("nan"),
         "resumed": int((every["resumed_from_step"] > 0).sum()) if "resumed_from_step" in every else 0,
-        "budget": (f"max_steps per trial {', '.join(f'{p.entry} {p.train.max_steps}' for p in plans)} "
-                   f"(lr {', '.join(f'{p.entry} {_lrs(p.lrs)}' for p in plans)}), batch {train.batch_size}, {train.train_size} train / "
-                   f"{train.test_size} test sequences, early stop at val acc > {train.early_stop_acc}"
-                   + (" — QUICK (CPU smoke check, not a reproduction)" if quick else "")
-                   + ("; preset budget: " + ", ".join(f"{k} {v}" for k, v in data["budget"].items()) if data.get("budget") else "")),
-        "done": info["done"], "cells": info["cells"],
+        "budget": (
+            f"max_steps per trial {', '.join(f'{p.entry} {p.train.max_steps}' for p in plans)} "
+            f"(lr {', '.join(f'{p.entry} {_lrs(p.lrs)}' for p in plans)}), batch {train.batch_size}, {train.train_size} train / "
+            f"{train.test_size} test sequences, early stop at val acc > {train.early_stop_acc}"
+            + (" — QUICK (CPU smoke check, not a reproduction)" if quick else "")
+            + (
+                "; preset budget: " + ", ".join(f"{k} {v}" for k, v in data["budget"].items())
+                if data.get("budget")
+                else ""
+            )
+        ),
+        "done": info["done"],
+        "cells": info["cells"],
         "versions": trial_versions(every) or ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
     }
     atomic_write_text(report / "reproduction.md", comparison_markdown(name, table, meta))
@@ -144,17 +189,25 @@ def parser() -> Parser:
         prog="python -m experiments.reproduce",
         description="Run the sweeps of a paper table (resuming) and write it with the paper's numbers side by side.",
         epilog=f"Tables: {', '.join(reproduction_presets())} (experiments/presets/<NAME>.yaml; each says how it departs "
-               "from the paper). Example: python -m experiments.reproduce pararnn-table6 --workers 16 --mps; "
-               "on a CPU: python -m experiments.reproduce pararnn-table6 --quick --workers 2",
+        "from the paper). Example: python -m experiments.reproduce pararnn-table6 --workers 16 --mps; "
+        "on a CPU: python -m experiments.reproduce pararnn-table6 --quick --workers 2",
     )
     p.add_argument("name", help=f"one of: {', '.join(reproduction_presets())}")
-    p.add_argument("--out", type=Path, help="output folder shared by the reproductions (default: runs/reproduce, "
-                                            "runs/reproduce-quick with --quick); NAME's report in OUT/NAME/")
-    p.add_argument("--quick", action="store_true", help="a CPU-sized smoke version (1 seed, short sequences, 300 steps)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="output folder shared by the reproductions (default: runs/reproduce, "
+        "runs/reproduce-quick with --quick); NAME's report in OUT/NAME/",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a CPU-sized smoke version (1 seed, short sequences, 300 steps)"
+    )
     p.add_argument("--only", type=str_list, help="comma-separated sweeps of the table to run (e.g. parity,mqar)")
     p.add_argument("--max-steps", type=positive_int, help="override the step budget per trial")
     p.add_argument("--seeds", type=int_list, help="override the seeds, e.g. 0")
-    p.add_argument("--table-only", action="store_true", help="do not train: write the comparison from what has finished")
+    p.add_argument(
+        "--table-only", action="store_true", help="do not train: write the comparison from what has finished"
+    )
     p.add_argument("--copy-to", type=Path, help="also copy reproduction.md here")
     add_run_arguments(p)
     return p
@@ -173,10 +226,22 @@ def run(args) -> None:
     out = args.out or Path("runs") / ("reproduce-quick" if args.quick else "reproduce")
     check_run_arguments(args, out)
     with workers_mps(args.mps and not args.table_only, args.workers):
-        run_reproduction(args.name, out, args.workers, args.device, args.storage, args.quick, overrides,
-                         args.only, run=not args.table_only, progress=not args.no_progress,
-                         stale_timeout=args.stale_timeout, retry_failed=args.retry_failed, options=run_options(args),
-                         progress_every=args.progress_every)
+        run_reproduction(
+            args.name,
+            out,
+            args.workers,
+            args.device,
+            args.storage,
+            args.quick,
+            overrides,
+            args.only,
+            run=not args.table_only,
+            progress=not args.no_progress,
+            stale_timeout=args.stale_timeout,
+            retry_failed=args.retry_failed,
+            options=run_options(args),
+            progress_every=args.progress_every,
+        )
     text = (out / args.name / "reproduction.md").read_text()
     print(text)
     if args.copy_to:

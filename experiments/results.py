@@ -16,8 +16,9 @@ import logging
 import os
 import platform
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
@@ -38,8 +39,13 @@ def git_describe() -> str:
     if os.environ.get("EXPRESSIVITY_COMMIT"):
         return os.environ["EXPRESSIVITY_COMMIT"]
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=12"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -82,8 +88,13 @@ def _spec_columns(entry: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 def _row(entry: str, trial: FrozenTrial) -> dict[str, Any]:
     status = {TrialState.COMPLETE: "ok", TrialState.FAIL: "failed"}.get(trial.state, trial.state.name.lower())
-    row = {**_spec_columns(entry, trial.user_attrs["spec"]), "status": status,
-           "failure": trial.user_attrs.get("failure", ""), "error": trial.user_attrs.get("error", ""), "trial": trial.number}
+    row = {
+        **_spec_columns(entry, trial.user_attrs["spec"]),
+        "status": status,
+        "failure": trial.user_attrs.get("failure", ""),
+        "error": trial.user_attrs.get("error", ""),
+        "trial": trial.number,
+    }
     for key, value in trial.user_attrs.get("result", {}).items():
         row[key] = json.dumps(value) if isinstance(value, list) else value
     return row
@@ -92,7 +103,8 @@ def _row(entry: str, trial: FrozenTrial) -> dict[str, Any]:
 def _final_trial(trials: list[FrozenTrial]) -> FrozenTrial:
     """A done cell's trial: its completed one, else its final failed one."""
     done = [t for t in trials if t.state == TrialState.COMPLETE] or [
-        t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("failure") != "duplicate"]
+        t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("failure") != "duplicate"
+    ]
     return max(done, key=lambda t: t.number)
 
 
@@ -188,8 +200,11 @@ def _newton_rates(rows: pd.DataFrame) -> tuple[float, float, float]:
         return float("nan"), float("nan"), float("nan")
     forwards = rows["newton/newton_forwards"].fillna(0).sum()
     total = lambda key: rows.get(key, pd.Series(dtype=float)).fillna(0).sum()  # noqa: E731
-    return (float(total("newton/fallback_count") / forwards), float(total("newton/retry_count") / forwards),
-            float(total("newton/skipped_steps") / forwards))
+    return (
+        float(total("newton/fallback_count") / forwards),
+        float(total("newton/retry_count") / forwards),
+        float(total("newton/skipped_steps") / forwards),
+    )
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
@@ -201,20 +216,31 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     group_key = "entry" if "entry" in df else "task"
     best = best_over_lrs(df)
     metric_cols = [c for c in TABLE_METRICS if c in best.columns]
-    metric_cols += sorted((c for c in best.columns if c.startswith("len") and c.endswith("/acc")),
-                          key=lambda c: int(c[3:].split("/")[0]))
+    metric_cols += sorted(
+        (c for c in best.columns if c.startswith("len") and c.endswith("/acc")), key=lambda c: int(c[3:].split("/")[0])
+    )
     if TRAIN_SUBSET_METRIC in best.columns:
         metric_cols.append(TRAIN_SUBSET_METRIC)
     rows = []
     for (entry, mixer, layers), group in df.groupby([group_key, "mixer", "layers"], sort=False):
-        sel = best[(best[group_key] == entry) & (best["mixer"] == mixer) & (best["layers"] == layers)] if len(best) else best
+        sel = (
+            best[(best[group_key] == entry) & (best["mixer"] == mixer) & (best["layers"] == layers)]
+            if len(best)
+            else best
+        )
         fallback, retry, skipped = _newton_rates(group[group["status"] == "ok"])
         row: dict[str, Any] = {
-            "entry": entry, "task": group["task"].iloc[0], "mixer": mixer, "layers": int(layers),
+            "entry": entry,
+            "task": group["task"].iloc[0],
+            "mixer": mixer,
+            "layers": int(layers),
             "params": int(sel["n_params"].iloc[0]) if len(sel) and "n_params" in sel else float("nan"),
-            "seeds": len(sel), "failed": int((group["status"] == "failed").sum()),
+            "seeds": len(sel),
+            "failed": int((group["status"] == "failed").sum()),
             "missing": int((~group["status"].isin(["ok", "failed"])).sum()),
-            "newton_fallback": fallback, "newton_retry": retry, "newton_skipped": skipped,
+            "newton_fallback": fallback,
+            "newton_retry": retry,
+            "newton_skipped": skipped,
         }
         for col in metric_cols:
             vals = sel[col].dropna() if col in sel else pd.Series(dtype=float)
@@ -246,20 +272,27 @@ def table_frame(df: pd.DataFrame) -> pd.DataFrame:
     for twin in ("test/exact", "test/last_acc"):
         if twin in metrics and (summary[f"{twin} best"].fillna(-1) == summary["test/acc best"].fillna(-1)).all():
             metrics.remove(twin)
-    table = pd.DataFrame({
-        "task": summary["entry"], "mixer": summary["mixer"], "layers": summary["layers"],
-        "params": [f"{p / 1000:.1f}k" if p == p else "–" for p in summary["params"]],
-        "seeds": summary["seeds"], "failed": summary["failed"],
-    })
+    table = pd.DataFrame(
+        {
+            "task": summary["entry"],
+            "mixer": summary["mixer"],
+            "layers": summary["layers"],
+            "params": [f"{p / 1000:.1f}k" if p == p else "–" for p in summary["params"]],
+            "seeds": summary["seeds"],
+            "failed": summary["failed"],
+        }
+    )
     if summary["missing"].any():
         table["missing"] = summary["missing"]
     for m in metrics:
-        table[m.replace("/", " ")] = [_fmt(r[f"{m} best"], r[f"{m} mean"], r[f"{m} std"], r["seeds"])
-                                      for _, r in summary.iterrows()]
+        table[m.replace("/", " ")] = [
+            _fmt(r[f"{m} best"], r[f"{m} mean"], r[f"{m} std"], r["seeds"]) for _, r in summary.iterrows()
+        ]
     if summary["newton_fallback"].notna().any():
         table["Newton fallback / retry / skipped"] = [
             "" if f != f else f"{_pct(f)} / {_pct(r)} / {_pct(k)}"
-            for f, r, k in zip(summary["newton_fallback"], summary["newton_retry"], summary["newton_skipped"])]
+            for f, r, k in zip(summary["newton_fallback"], summary["newton_retry"], summary["newton_skipped"])
+        ]
     return table
 
 
@@ -269,20 +302,26 @@ def table_markdown(df: pd.DataFrame) -> str:
     if table.empty:
         return "_no trials yet_\n"
     text = table.to_markdown(index=False, disable_numparse=True)
-    notes = ["Accuracy in % on the test set at the checkpoint with the best validation accuracy "
-             "(`last_acc`: at each sequence's last scored position; `len<L>`: extrapolation lengths; "
-             "`trainset acc`: on the first training sequences, as many as the validation set has; a gap to `test acc` "
-             "shows memorization; `scaled_acc`: (acc - chance) / (1 - chance), 0 at chance). "
-             "Per (mixer, seed) the learning rate with the best validation accuracy; then the best over seeds "
-             "(mean ± std in brackets). `failed`: trials that failed (NaN loss, errors)."]
+    notes = [
+        "Accuracy in % on the test set at the checkpoint with the best validation accuracy "
+        "(`last_acc`: at each sequence's last scored position; `len<L>`: extrapolation lengths; "
+        "`trainset acc`: on the first training sequences, as many as the validation set has; a gap to `test acc` "
+        "shows memorization; `scaled_acc`: (acc - chance) / (1 - chance), 0 at chance). "
+        "Per (mixer, seed) the learning rate with the best validation accuracy; then the best over seeds "
+        "(mean ± std in brackets). `failed`: trials that failed (NaN loss, errors)."
+    ]
     if "missing" in table:
         n = int(table["missing"].sum())
-        notes.append(f"**{n} cell(s) have no result yet** (`missing`: running, waiting or never started): "
-                     "re-run the same command to finish them.")
+        notes.append(
+            f"**{n} cell(s) have no result yet** (`missing`: running, waiting or never started): "
+            "re-run the same command to finish them."
+        )
     if "Newton fallback / retry / skipped" in table:
-        notes.append("`Newton fallback / retry / skipped`: share of the Newton forwards that fell back to the sequential "
-                     "loop / were re-solved with more iterations / failed the check inside a CUDA graph, whose training "
-                     "step then skipped its update.")
+        notes.append(
+            "`Newton fallback / retry / skipped`: share of the Newton forwards that fell back to the sequential "
+            "loop / were re-solved with more iterations / failed the check inside a CUDA graph, whose training "
+            "step then skipped its update."
+        )
     return text + "\n\n" + "\n\n".join(notes) + "\n"
 
 
@@ -292,8 +331,10 @@ def warn_newton_fallbacks(df: pd.DataFrame, threshold: float = FALLBACK_WARNING)
     warnings = []
     for _, r in summary.iterrows() if len(summary) else []:
         if r["newton_fallback"] == r["newton_fallback"] and r["newton_fallback"] > threshold:
-            warnings.append(f"{r['entry']}/{r['mixer']}: {100 * r['newton_fallback']:.0f}% of its Newton forwards fell back to "
-                            "the sequential loop (slow; the Newton solve does not converge for this cell: try more "
-                            "iters, damping, or mode='sequential')")
+            warnings.append(
+                f"{r['entry']}/{r['mixer']}: {100 * r['newton_fallback']:.0f}% of its Newton forwards fell back to "
+                "the sequential loop (slow; the Newton solve does not converge for this cell: try more "
+                "iters, damping, or mode='sequential')"
+            )
             log.warning("%s", warnings[-1])
     return warnings

@@ -54,16 +54,22 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
 
-            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           TextColumn("{task.fields[status]}"), transient=False,
-                           console=console or Console(stderr=True, force_terminal=True))  # on_terminal() saw one
+            self.bar = Bar(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+                transient=False,
+                console=console or Console(stderr=True, force_terminal=True),
+            )  # on_terminal() saw one
             self.task = self.bar.add_task(label, total=total, status="", completed=done)
 
     @property
     def live(self) -> bool:
         return self.bar is not None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.bar is not None:
             self.bar.__enter__()
             stream = _ConsoleStream(self.bar.console)
@@ -83,14 +89,25 @@ class Progress:
         """``counts``: ``done``, ``running``, ``waiting``, ``todo`` (``GridStudy.progress``)."""
         status = f"{counts.get('running', 0)} running, {counts.get('waiting', 0)} waiting"
         if self.bar is not None:
-            self.bar.update(self.task, completed=counts["done"], status=status,
-                            description=f"{self.label}{': ' + detail if detail else ''}")
+            self.bar.update(
+                self.task,
+                completed=counts["done"],
+                status=status,
+                description=f"{self.label}{': ' + detail if detail else ''}",
+            )
             return
         if counts["done"] != self._last:
             self._last = counts["done"]
             elapsed = time.strftime("%H:%M:%S", time.gmtime(time.perf_counter() - self.start))
-            log.info("%s: %d/%d cells done, %s%s; %s elapsed", self.label, counts["done"], self.total, status,
-                     f" ({detail})" if detail else "", elapsed)
+            log.info(
+                "%s: %d/%d cells done, %s%s; %s elapsed",
+                self.label,
+                counts["done"],
+                self.total,
+                status,
+                f" ({detail})" if detail else "",
+                elapsed,
+            )
 
     def running(self, text: str) -> None:
         """What the running trials are doing (``experiments.running``)."""
@@ -121,7 +138,7 @@ class RunningMonitor:
             if trials:
                 self.bar.running("; ".join(t.describe() for t in trials))
 
-    def __enter__(self) -> "RunningMonitor":
+    def __enter__(self) -> RunningMonitor:
         if self.every > 0:
             self._thread.start()
         return self
@@ -159,8 +176,17 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
 
     seen = set()
     for _, spec in cells:
-        key = (spec.task, repr(sorted(spec.task_options.items())), spec.mixer, repr(sorted(spec.mixer_options.items())),
-               spec.block, spec.positional, spec.layers, spec.precision, spec.device)
+        key = (
+            spec.task,
+            repr(sorted(spec.task_options.items())),
+            spec.mixer,
+            repr(sorted(spec.mixer_options.items())),
+            spec.block,
+            spec.positional,
+            spec.layers,
+            spec.precision,
+            spec.device,
+        )
         if key in seen:
             continue
         seen.add(key)
@@ -171,8 +197,10 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
             model = build_module(spec, dm).model
             gpu_only = [m for m in model.modules() if getattr(m, "requires_cuda", False)]
             if gpu_only and device.type != "cuda":
-                raise ValueError(f"mixer {spec.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "
-                                 "for a GPU only; run it with --device cuda on a machine with one")
+                raise ValueError(
+                    f"mixer {spec.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "
+                    "for a GPU only; run it with --device cuda on a machine with one"
+                )
             tokens = torch.zeros(1, 4, dtype=torch.long, device=device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.precision == "bf16-mixed"):
                 logits = model.to(device)(tokens)
@@ -186,19 +214,33 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
             options = f" with options {spec.mixer_options}" if spec.mixer_options else ""
             raise ValueError(f"mixer {spec.mixer!r}{options}: {first}") from None
         if tuple(logits.shape) != (1, 4, dm.num_classes):
-            raise ValueError(f"mixer {spec.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "
-                             f"a mixer must map (B, L, d) to (B, L, d)")
+            raise ValueError(
+                f"mixer {spec.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "
+                f"a mixer must map (B, L, d) to (B, L, d)"
+            )
 
 
-def _run(grid, cells: list, keys: list[str], out: Path, workers: int, device: str, storage_url: str | None,
-         options, on_progress, bar: Progress, priority: set[str] = frozenset()) -> None:
+def _run(
+    grid,
+    cells: list,
+    keys: list[str],
+    out: Path,
+    workers: int,
+    device: str,
+    storage_url: str | None,
+    options,
+    on_progress,
+    bar: Progress,
+    priority: set[str] = frozenset(),
+) -> None:
     """Run the cells: in ``workers`` processes, or in this one. ``priority``: the cells of ``priority: high``
     sweeps (worker processes only)."""
     from experiments.workers import run_workers, worker_loop
 
     if workers:
-        run_workers(grid, cells, out, storage_url, workers, device, on_progress=on_progress, options=options,
-                    priority=priority)
+        run_workers(
+            grid, cells, out, storage_url, workers, device, on_progress=on_progress, options=options, priority=priority
+        )
         return
     on_progress(grid.progress(keys))
 
@@ -207,16 +249,34 @@ def _run(grid, cells: list, keys: list[str], out: Path, workers: int, device: st
             log.warning("trial (%s seed=%s lr=%g) failed: %s", spec["mixer"], spec["seed"], spec["lr"], outcome)
         on_progress(grid.progress(keys), f"{spec['mixer']} seed={spec['seed']} lr={spec['lr']:g} {outcome}")
 
-    worker_loop(grid, cells, out, device=None if device == "auto" else device, options=options,
-                on_claim=lambda s: bar.update(grid.progress(keys), f"{s['mixer']} seed={s['seed']} lr={s['lr']:g}"),
-                on_trial=finished)
+    worker_loop(
+        grid,
+        cells,
+        out,
+        device=None if device == "auto" else device,
+        options=options,
+        on_claim=lambda s: bar.update(grid.progress(keys), f"{s['mixer']} seed={s['seed']} lr={s['lr']:g}"),
+        on_trial=finished,
+    )
 
 
-def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device: str = "auto",
-              storage_url: str | None = None, run: bool = True, progress: bool = True, stale_timeout: float = 60,
-              label: str | None = None, retry_failed: bool = False, options=None,
-              flat: bool = False, results_dir: Path | None = None,
-              progress_every: float = 30.0) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+def run_plans(
+    plans: list,
+    out: Path,
+    study_name: str,
+    workers: int = 0,
+    device: str = "auto",
+    storage_url: str | None = None,
+    run: bool = True,
+    progress: bool = True,
+    stale_timeout: float = 60,
+    label: str | None = None,
+    retry_failed: bool = False,
+    options=None,
+    flat: bool = False,
+    results_dir: Path | None = None,
+    progress_every: float = 30.0,
+) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """Run (resume) every plan's cells; returns ``({entry: results DataFrame}, info)``.
 
     ``retry_failed``: also re-run cells whose trial failed for a final reason (NaN loss, an error).
@@ -254,15 +314,26 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
     counts: dict[str, int] = {}
     if run:
         counts = grid.sync(cells, retry_failed=retry_failed)
-        log.info("%s: %d cells: %d done, %d queued, %d waiting, %d running%s", label or study_name, len(keys),
-                 counts["done"], counts["queued"], counts["waiting"], counts["running"],
-                 f", {counts['stale']} of dead workers re-queued" if counts["stale"] else "")
+        log.info(
+            "%s: %d cells: %d done, %d queued, %d waiting, %d running%s",
+            label or study_name,
+            len(keys),
+            counts["done"],
+            counts["queued"],
+            counts["waiting"],
+            counts["running"],
+            f", {counts['stale']} of dead workers re-queued" if counts["stale"] else "",
+        )
         from experiments.workers import cell_dir
 
-        watched = [(cell_dir(out, entry, spec), f"{spec.mixer} s{spec.seed} lr {spec.lr:g}", spec.train.max_steps)
-                   for entry, spec in cells]
-        with Progress(label or study_name, len(keys), enabled=progress, done=grid.progress(keys)["done"]) as bar, \
-                RunningMonitor(bar, watched, progress_every):
+        watched = [
+            (cell_dir(out, entry, spec), f"{spec.mixer} s{spec.seed} lr {spec.lr:g}", spec.train.max_steps)
+            for entry, spec in cells
+        ]
+        with (
+            Progress(label or study_name, len(keys), enabled=progress, done=grid.progress(keys)["done"]) as bar,
+            RunningMonitor(bar, watched, progress_every),
+        ):
             done_seen = [-1]
 
             def on_progress(c: dict[str, int], detail: str = "") -> None:
@@ -279,6 +350,11 @@ def run_plans(plans: list, out: Path, study_name: str, workers: int = 0, device:
     results = write_all()
     for df in results.values():
         warn_newton_fallbacks(df)
-    info = {"cells": len(keys), "done": grid.progress(keys)["done"], "counts": counts,
-            "wall_s": time.perf_counter() - t0, "versions": meta}
+    info = {
+        "cells": len(keys),
+        "done": grid.progress(keys)["done"],
+        "counts": counts,
+        "wall_s": time.perf_counter() - t0,
+        "versions": meta,
+    }
     return results, info

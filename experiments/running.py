@@ -19,6 +19,7 @@ from pathlib import Path
 class TrialProgress:
     """One running trial: ``step`` of ``max_steps``; ``rate`` in steps/s over this invocation's samples
     (NaN until two); ``val_acc`` in [0, 1] or None; ``eta_s``: seconds to ``max_steps`` at ``rate``."""
+
     label: str
     step: int
     max_steps: int
@@ -64,8 +65,9 @@ def read_samples(path: Path, since: float = 0.0) -> list[tuple[float, int, float
     return rows
 
 
-def running_trials(cells: list[tuple[Path, str, int]], since: float, stale_s: float = 120.0,
-                   now: float | None = None) -> list[TrialProgress]:
+def running_trials(
+    cells: list[tuple[Path, str, int]], since: float, stale_s: float = 120.0, now: float | None = None
+) -> list[TrialProgress]:
     """The trials of ``cells`` (``(cell folder, label, max_steps)``) that are training now: their progress
     file has samples since ``since`` (unix s), none of them the end of training, and the last is at most
     ``stale_s`` old."""

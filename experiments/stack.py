@@ -24,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -66,7 +67,9 @@ def check_stackable(specs: list[TrialSpec]) -> None:
     base = dataclasses.replace(specs[0], seed=0)
     for spec in specs[1:]:
         if dataclasses.replace(spec, seed=0) != base:
-            raise ValueError(f"stacked trials must differ in their seed only: {specs[0].cell_key()} vs {spec.cell_key()}")
+            raise ValueError(
+                f"stacked trials must differ in their seed only: {specs[0].cell_key()} vs {spec.cell_key()}"
+            )
 
 
 def stack_key(spec: TrialSpec) -> str:
@@ -85,8 +88,9 @@ class StackedTrials(Callback):
     with each validation of a trial still training (its stopping one included). Training ends when all stopped (or at
     ``max_steps``, where the rest write theirs). The state survives a resume (``state_dict``)."""
 
-    def __init__(self, specs: list[TrialSpec], dirs: list[Path],
-                 report: Callable[[int, float, int], None] | None = None) -> None:
+    def __init__(
+        self, specs: list[TrialSpec], dirs: list[Path], report: Callable[[int, float, int], None] | None = None
+    ) -> None:
         self.specs, self.dirs, self.report = specs, dirs, report
         S = len(specs)
         self.best: list[float | None] = [None] * S
@@ -97,7 +101,10 @@ class StackedTrials(Callback):
         self.last_val_acc: list[float | None] = [None] * S
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("best", "best_step", "plateau_best", "plateau_step", "stopped_at", "last_val_acc")}
+        return {
+            k: getattr(self, k)
+            for k in ("best", "best_step", "plateau_best", "plateau_step", "stopped_at", "last_val_acc")
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
@@ -109,8 +116,15 @@ class StackedTrials(Callback):
         state = {f"model.{k}": v.cpu() for k, v in trial_state_dict(pl_module.model, s).items()}
         path = self.dirs[s] / CHECKPOINT_DIR / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"state_dict": state, "hyper_parameters": hparams, "global_step": step,
-                    "pytorch-lightning_version": L.__version__}, path.with_suffix(".tmp"))
+        torch.save(
+            {
+                "state_dict": state,
+                "hyper_parameters": hparams,
+                "global_step": step,
+                "pytorch-lightning_version": L.__version__,
+            },
+            path.with_suffix(".tmp"),
+        )
         path.with_suffix(".tmp").replace(path)
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -153,14 +167,21 @@ class StackedTrials(Callback):
                 self.write_checkpoint(pl_module, s, FINAL_CHECKPOINT, trainer.global_step)
 
 
-def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: str | Path,
-              options: RunOptions = RunOptions(), callbacks: list[Callback] | None = None,
-              progress_bar: bool = False, report: Callable[[int, float, int], None] | None = None) -> list[dict[str, Any]]:
+def run_stack(
+    specs: list[TrialSpec],
+    trial_dirs: list[str | Path],
+    stack_dir: str | Path,
+    options: RunOptions | None = None,
+    callbacks: list[Callback] | None = None,
+    progress_bar: bool = False,
+    report: Callable[[int, float, int], None] | None = None,
+) -> list[dict[str, Any]]:
     """Train ``specs`` (differing in their seed only) as one stacked model; one results dict per trial,
     in order, with ``run_trial``'s keys plus ``stack_size`` (module docstring). Each trial's files go
     to its ``trial_dirs`` entry, the stack's resume checkpoint and step log to ``stack_dir``.
     ``report(trial index, val/acc, step)``: each validation of a trial while it trains (Optuna's
     learning curves). Raises ``NonFiniteLossError`` when the loss of the stack becomes NaN/Inf."""
+    options = options or RunOptions()
     check_stackable(specs)
     if len(trial_dirs) != len(specs):
         raise ValueError(f"{len(specs)} trials but {len(trial_dirs)} trial folders")
@@ -183,25 +204,60 @@ def run_stack(specs: list[TrialSpec], trial_dirs: list[str | Path], stack_dir: s
     module = build_module(spec, dm, stack_seeds=seeds)
     module.compiled_steps = engine == "compiled"
     history, trials = _History(), StackedTrials(specs, dirs, report)
-    trainer = fit_trainer(t, out, accelerator, devices, engine, chunk, options.logger, progress_bar,
-                          [history, trials, *(callbacks or [])], precision=spec.precision)
-    tester = L.Trainer(accelerator=accelerator, devices=devices, logger=False, enable_checkpointing=False,
-                       enable_progress_bar=False, enable_model_summary=False)
+    trainer = fit_trainer(
+        t,
+        out,
+        accelerator,
+        devices,
+        engine,
+        chunk,
+        options.logger,
+        progress_bar,
+        [history, trials, *(callbacks or [])],
+        precision=spec.precision,
+    )
+    tester = L.Trainer(
+        accelerator=accelerator,
+        devices=devices,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     start = time.perf_counter()
     results = []
     with fitting(trainer, history, [d / PROGRESS_FILE for d in dirs]), interrupt_as_keyboard_interrupt(tester):
         resumed_from = fit_resuming(trainer, module, dm, out)
         train_time = time.perf_counter() - start
         for s, d in enumerate(dirs):  # the test sets are every trial's: the stack's data module serves them
-            final_module = LitSequenceModel.load_from_checkpoint(d / CHECKPOINT_DIR / FINAL_CHECKPOINT, map_location=device)
-            best_module = LitSequenceModel.load_from_checkpoint(d / CHECKPOINT_DIR / BEST_CHECKPOINT, map_location=device)
-            results.append({**result_row(
-                n_params=count_parameters(final_module.model), steps=trials.stopped_at[s], best_step=trials.best_step[s],
-                resumed_from=resumed_from, module=module, trainer=trainer, entered=entered, start=start,
-                train_time=train_time, history=history,
-                best_val_acc=trials.best[s] if trials.best[s] is not None else float("nan"),
-                final_val_acc=trials.last_val_acc[s] if trials.last_val_acc[s] is not None else float("nan"),
-                best=_test(tester, best_module, dm), final=_test(tester, final_module, dm),
-                test_set_names=dm.test_set_names, engine=engine, scaled=dm.task.scaled_accuracy,
-            ), "stack_size": len(specs)})
+            final_module = LitSequenceModel.load_from_checkpoint(
+                d / CHECKPOINT_DIR / FINAL_CHECKPOINT, map_location=device
+            )
+            best_module = LitSequenceModel.load_from_checkpoint(
+                d / CHECKPOINT_DIR / BEST_CHECKPOINT, map_location=device
+            )
+            results.append(
+                {
+                    **result_row(
+                        n_params=count_parameters(final_module.model),
+                        steps=trials.stopped_at[s],
+                        best_step=trials.best_step[s],
+                        resumed_from=resumed_from,
+                        module=module,
+                        trainer=trainer,
+                        entered=entered,
+                        start=start,
+                        train_time=train_time,
+                        history=history,
+                        best_val_acc=trials.best[s] if trials.best[s] is not None else float("nan"),
+                        final_val_acc=trials.last_val_acc[s] if trials.last_val_acc[s] is not None else float("nan"),
+                        best=_test(tester, best_module, dm),
+                        final=_test(tester, final_module, dm),
+                        test_set_names=dm.test_set_names,
+                        engine=engine,
+                        scaled=dm.task.scaled_accuracy,
+                    ),
+                    "stack_size": len(specs),
+                }
+            )
     return results

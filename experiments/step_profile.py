@@ -53,8 +53,12 @@ def profile_replays(graph, replays: int):
 
 def _kernel_events(prof) -> list:
     """The CUDA kernels of a profile (memcpy / memset excluded)."""
-    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-            and not any(m in e.name.lower() for m in ("memcpy", "memset"))]
+    return [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not any(m in e.name.lower() for m in ("memcpy", "memset"))
+    ]
 
 
 def heaviest_kernels(kernels: list, steps: int, n: int) -> list[dict[str, Any]]:
@@ -67,13 +71,21 @@ def heaviest_kernels(kernels: list, steps: int, n: int) -> list[dict[str, Any]]:
         launches[e.name] = launches.get(e.name, 0) + 1
         us[e.name] = us.get(e.name, 0.0) + e.device_time
     total = sum(us.values()) or 1.0
-    return [{"kernel": name[:100], "family": kernel_family(name), "launches": round(launches[name] / steps, 1),
-             "us": round(us[name] / steps, 1), "share": round(us[name] / total, 3)}
-            for name in sorted(us, key=us.get, reverse=True)[:n]]
+    return [
+        {
+            "kernel": name[:100],
+            "family": kernel_family(name),
+            "launches": round(launches[name] / steps, 1),
+            "us": round(us[name] / steps, 1),
+            "share": round(us[name] / total, 3),
+        }
+        for name in sorted(us, key=us.get, reverse=True)[:n]
+    ]
 
 
-def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1,
-                  stream: torch.cuda.Stream | None = None):
+def captured_step(
+    spec, compile: bool = False, warmup: int = 3, stack: int = 1, stream: torch.cuda.Stream | None = None
+):
     """``(graph, step)``: the trial's training step captured in a CUDA graph (after ``warmup`` eager
     steps on a side stream), and the step as a plain function (for an eager profile). ``stack`` > 1:
     the step of that many trials (seeds ``spec.seed + k``) stacked into one model (``experiments.stack``).
@@ -110,8 +122,9 @@ def captured_step(spec, compile: bool = False, warmup: int = 3, stack: int = 1,
     return graph, step
 
 
-def profile_step(spec, compile: bool = False, replays: int = 300, profiled: int = 5, stack: int = 1,
-                 top: int = 0) -> dict[str, Any]:
+def profile_step(
+    spec, compile: bool = False, replays: int = 300, profiled: int = 5, stack: int = 1, top: int = 0
+) -> dict[str, Any]:
     """The step's kernels and times (module docstring) as one row; ``stack``: trials stacked in the step;
     ``top`` > 0: also ``heaviest``, the ``top`` kernels with the most GPU time (``heaviest_kernels``)."""
     if not torch.cuda.is_available():
@@ -136,13 +149,15 @@ def profile_step(spec, compile: bool = False, replays: int = 300, profiled: int 
     families = {f: 0 for f in (*FAMILIES, "other")}
     for e in kernels:
         families[kernel_family(e.name)] += 1
-    row.update({
-        "kernels_per_step": round(len(kernels) / profiled, 1),
-        **{f: round(n / profiled, 1) for f, n in families.items()},
-        "gpu_us_per_step": round(sum(e.device_time for e in kernels) / profiled, 1),
-        "replay_us_per_step": round(replay_us, 1),
-        "steps_per_s_alone": round(1e6 / replay_us),
-    })
+    row.update(
+        {
+            "kernels_per_step": round(len(kernels) / profiled, 1),
+            **{f: round(n / profiled, 1) for f, n in families.items()},
+            "gpu_us_per_step": round(sum(e.device_time for e in kernels) / profiled, 1),
+            "replay_us_per_step": round(replay_us, 1),
+            "steps_per_s_alone": round(1e6 / replay_us),
+        }
+    )
     if top:
         row["heaviest"] = heaviest_kernels(kernels, profiled, top)
     del graph

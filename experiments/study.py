@@ -43,9 +43,10 @@ import socket
 import time
 import uuid
 import warnings
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
@@ -89,17 +90,23 @@ def open_storage(url: str | None, out_dir: Path, stale_timeout: float = STALE_TI
             warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats and the retry callback
             try:
                 return RDBStorage(
-                    url, heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=max(int(stale_timeout), HEARTBEAT_INTERVAL + 1),
+                    url,
+                    heartbeat_interval=HEARTBEAT_INTERVAL,
+                    grace_period=max(int(stale_timeout), HEARTBEAT_INTERVAL + 1),
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_DEATHS - 1),
                     engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
                 )
             except ImportError as err:
-                raise ValueError(f"--storage {url.split('@')[-1]!r} needs a database driver: {err} "
-                                 "(pip install 'expressivity-suite[postgres]')") from None
+                raise ValueError(
+                    f"--storage {url.split('@')[-1]!r} needs a database driver: {err} "
+                    "(pip install 'expressivity-suite[postgres]')"
+                ) from None
             except Exception as err:  # sqlalchemy OperationalError etc.: one line
                 msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ValueError(f"cannot open --storage (host {url.split('@')[-1]!r}): {msg}") from None
-    raise ValueError(f"unsupported --storage {url!r}: use postgresql://..., mysql://... or omit it for the journal file")
+    raise ValueError(
+        f"unsupported --storage {url!r}: use postgresql://..., mysql://... or omit it for the journal file"
+    )
 
 
 def _first_bad_line(data: bytes) -> tuple[int, int, str] | None:
@@ -153,9 +160,11 @@ def check_journal(path: Path) -> str | None:
         last_line = b"\n" not in rest[:-1]
         if not (last_line and _looks_torn(rest)):
             aside = f"mv {shlex.quote(str(path))} {shlex.quote(str(path) + '.bad')}"
-            raise ValueError(f"study journal {str(path)!r} is unreadable at line {number} ({problem}): move it aside "
-                             f"({aside}) and re-run the same command; the cells re-run from their checkpoints "
-                             "(finished ones are only re-tested)")
+            raise ValueError(
+                f"study journal {str(path)!r} is unreadable at line {number} ({problem}): move it aside "
+                f"({aside}) and re-run the same command; the cells re-run from their checkpoints "
+                "(finished ones are only re-tested)"
+            )
         n = 1
         while True:
             side = path.with_name(f"{path.name}{TORN_SUFFIX}{n}")
@@ -170,8 +179,10 @@ def check_journal(path: Path) -> str | None:
         os.truncate(path, offset)
     finally:
         lock.release()
-    message = (f"warning: study journal {path} ended in a torn record (line {number}, cut short by a crash "
-               f"mid-write): moved it to {side}; the journal goes on from its last complete record")
+    message = (
+        f"warning: study journal {path} ended in a torn record (line {number}, cut short by a crash "
+        f"mid-write): moved it to {side}; the journal goes on from its last complete record"
+    )
     log.warning(message)
     return message
 
@@ -182,7 +193,7 @@ def _with_driver(url: str) -> str:
         import importlib.util
 
         if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
-            return "postgresql+psycopg2://" + url[len("postgresql://"):]
+            return "postgresql+psycopg2://" + url[len("postgresql://") :]
     return url
 
 
@@ -279,7 +290,7 @@ def remove_dead_heartbeats(heartbeat_dir: Path, timeout: float) -> int:
     host = socket.gethostname()
     for beat in heartbeat_dir.glob("*") if heartbeat_dir.is_dir() else []:
         name = beat.name
-        pid = name[len(host) + 1:].split("-")[0] if name.startswith(f"{host}-") else ""
+        pid = name[len(host) + 1 :].split("-")[0] if name.startswith(f"{host}-") else ""
         try:
             silent = time.time() - beat.stat().st_mtime > timeout
         except FileNotFoundError:
@@ -306,8 +317,10 @@ def cell_state(trials: Iterable[FrozenTrial], retry_failed: bool = False) -> str
         return "done"
     if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials):
         return "pending"
-    if not retry_failed and (any(t.state == TrialState.FAIL and t.user_attrs.get("failure") in FINAL_FAILURES
-                                 for t in trials) or _deaths(trials) >= MAX_DEATHS):
+    if not retry_failed and (
+        any(t.state == TrialState.FAIL and t.user_attrs.get("failure") in FINAL_FAILURES for t in trials)
+        or _deaths(trials) >= MAX_DEATHS
+    ):
         return "done"
     return "todo"
 
@@ -327,7 +340,7 @@ class GridStudy:
         self.heartbeat_dir = None if heartbeats_enabled(storage) else self.out / HEARTBEAT_DIR
 
     @classmethod
-    def open(cls, url: str | None, out: Path, name: str, stale_timeout: float = STALE_TIMEOUT) -> "GridStudy":
+    def open(cls, url: str | None, out: Path, name: str, stale_timeout: float = STALE_TIMEOUT) -> GridStudy:
         return cls(open_storage(url, out, stale_timeout), name, out, stale_timeout)
 
     @property
@@ -349,12 +362,18 @@ class GridStudy:
         return out
 
     # --- the grid -------------------------------------------------------------------------------------
-    def enqueue(self, spec: TrialSpec, entry: str, distributions: dict[str, BaseDistribution], key: str | None = None) -> None:
+    def enqueue(
+        self, spec: TrialSpec, entry: str, distributions: dict[str, BaseDistribution], key: str | None = None
+    ) -> None:
         """Add the cell as a WAITING trial carrying its parameters (the grid's ``distributions``) and spec."""
-        self.study.add_trial(create_trial(
-            state=TrialState.WAITING, params=cell_params(spec, entry), distributions=distributions,
-            user_attrs={"cell": key or cell_id(spec), "spec": spec.to_dict()},
-        ))
+        self.study.add_trial(
+            create_trial(
+                state=TrialState.WAITING,
+                params=cell_params(spec, entry),
+                distributions=distributions,
+                user_attrs={"cell": key or cell_id(spec), "spec": spec.to_dict()},
+            )
+        )
 
     def sync(self, cells: list[tuple[str, TrialSpec]], retry_failed: bool = False) -> dict[str, int]:
         """Fail stale trials, then enqueue every cell ``(entry, spec)`` that is neither done, waiting nor running.
@@ -409,9 +428,13 @@ class GridStudy:
                 optuna.storages.fail_stale_trials(self.study)
             n += len({t.number for t in self.trials(states=(TrialState.FAIL,))} - before)
         for t in self.trials(states=(TrialState.RUNNING,)):
-            if (cells is None or t.user_attrs.get("cell") in cells) and is_stale(t, self.heartbeat_dir, self.stale_timeout):
+            if (cells is None or t.user_attrs.get("cell") in cells) and is_stale(
+                t, self.heartbeat_dir, self.stale_timeout
+            ):
                 worker = t.system_attrs.get("worker") or {}
-                if self._fail(t.number, "died", f"worker {worker.get('id', worker.get('pid', '?'))} died mid-trial (re-queued)"):
+                if self._fail(
+                    t.number, "died", f"worker {worker.get('id', worker.get('pid', '?'))} died mid-trial (re-queued)"
+                ):
                     n += 1
         if self.heartbeat_dir is not None:
             remove_dead_heartbeats(self.heartbeat_dir, self.stale_timeout)
@@ -471,8 +494,9 @@ class GridStudy:
             return Trial(self.study, trial_id)
         return None
 
-    def finish(self, trial: Trial, result: dict[str, Any] | None, failure: str | None = None,
-               error: str | None = None) -> bool:
+    def finish(
+        self, trial: Trial, result: dict[str, Any] | None, failure: str | None = None, error: str | None = None
+    ) -> bool:
         """Record ``result`` and tell COMPLETE (value: best validation accuracy), or FAIL with ``failure``/``error``.
 
         Returns ``False`` (recording nothing more) if the trial was already finished elsewhere, e.g.

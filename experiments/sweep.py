@@ -40,15 +40,36 @@ def study_name(plan: SweepPlan) -> str:
     return f"{plan.entry or plan.task}-{plan.preset}"
 
 
-def run_sweep(plan: SweepPlan, out: Path, storage_url: str | None = None, device: str = "auto",
-              retry_failed: bool = False, progress: bool = True, workers: int = 0,
-              stale_timeout: float = 60, options=None, progress_every: float = 30.0):
+def run_sweep(
+    plan: SweepPlan,
+    out: Path,
+    storage_url: str | None = None,
+    device: str = "auto",
+    retry_failed: bool = False,
+    progress: bool = True,
+    workers: int = 0,
+    stale_timeout: float = 60,
+    options=None,
+    progress_every: float = 30.0,
+):
     """Run (or resume) the sweep; returns the results ``DataFrame`` (one row per cell)."""
     from experiments.runner import run_plans
 
-    results, _ = run_plans([plan], out, study_name(plan), workers=workers, device=device, storage_url=storage_url,
-                           progress=progress, stale_timeout=stale_timeout, label=f"{plan.entry or plan.task} sweep",
-                           retry_failed=retry_failed, options=options, flat=True, progress_every=progress_every)
+    results, _ = run_plans(
+        [plan],
+        out,
+        study_name(plan),
+        workers=workers,
+        device=device,
+        storage_url=storage_url,
+        progress=progress,
+        stale_timeout=stale_timeout,
+        label=f"{plan.entry or plan.task} sweep",
+        retry_failed=retry_failed,
+        options=options,
+        flat=True,
+        progress_every=progress_every,
+    )
     return next(iter(results.values()))
 
 
@@ -64,38 +85,70 @@ def parser() -> Parser:
     p = Parser(
         prog="python -m experiments.sweep",
         description="Train single-layer models for every (mixer, seed, learning rate) of a preset on one task, "
-                    "as Optuna trials; print and write the accuracy table. Re-running the same command resumes.",
+        "as Optuna trials; print and write the accuracy table. Re-running the same command resumes.",
         epilog=f"Tasks: {', '.join(sorted(TASKS))}. Presets: {', '.join(available_presets())} "
-               "(files in experiments/presets/). Mixers: see --mixers (a registered name, "
-               "'module.path:CellClass' for your own RNNCell, or 'fla:<Layer>'). Example on a CPU: "
-               "python -m experiments.sweep parity --preset smoke",
+        "(files in experiments/presets/). Mixers: see --mixers (a registered name, "
+        "'module.path:CellClass' for your own RNNCell, or 'fla:<Layer>'). Example on a CPU: "
+        "python -m experiments.sweep parity --preset smoke",
     )
     p.add_argument("task", help=f"one of: {', '.join(sorted(TASKS))}, or a sweep entry of --preset (e.g. khop2)")
-    p.add_argument("--preset", default="default",
-                   help="named configuration (default: %(default)s, the paper's setup: meant for a GPU; "
-                        "on a CPU use --preset smoke)")
-    p.add_argument("--mixers", type=str_list, metavar="MIXER[,MIXER...]",
-                   help=f"comma-separated mixers, overriding the preset's: a registered name ({', '.join(sorted(MIXERS))}), "
-                        "'module.path:Cell' for your own RNNCell subclass (or a factory), or 'fla:<Layer>' for a layer of "
-                        "flash-linear-attention; any of them with options as NAME[key=value,...], e.g. "
-                        "deltaproduct[householders=2]")
+    p.add_argument(
+        "--preset",
+        default="default",
+        help="named configuration (default: %(default)s, the paper's setup: meant for a GPU; "
+        "on a CPU use --preset smoke)",
+    )
+    p.add_argument(
+        "--mixers",
+        type=str_list,
+        metavar="MIXER[,MIXER...]",
+        help=f"comma-separated mixers, overriding the preset's: a registered name ({', '.join(sorted(MIXERS))}), "
+        "'module.path:Cell' for your own RNNCell subclass (or a factory), or 'fla:<Layer>' for a layer of "
+        "flash-linear-attention; any of them with options as NAME[key=value,...], e.g. "
+        "deltaproduct[householders=2]",
+    )
     p.add_argument("--seeds", type=int_list, help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--lrs", type=positive_float_list, help="comma-separated learning rates, e.g. 1e-3,3e-4")
     p.add_argument("--max-steps", type=positive_int, help="training step budget per trial")
-    p.add_argument("--layers", type=positive_int_list, metavar="N[,N...]",
-                   help="model depth: sequence blocks, each pre-norm and residual (a list sweeps depth; default: "
-                        "the preset's, else 1)")
-    p.add_argument("--precision", choices=PRECISIONS,
-                   help="32-true (float32; the default) or bf16-mixed (float32 weights, optimizer and loss, the "
-                        "forward under bfloat16 autocast)")
-    p.add_argument("--mixer-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="pass KEY=VALUE to every mixer's constructor (repeatable), e.g. --mixer-option num_heads=2; "
-                        "for fla:<Layer> mixers any argument of the fla layer")
-    p.add_argument("--task-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="override a task option (repeatable), e.g. --task-option seq_len=64")
-    p.add_argument("--train-option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="override a training option (repeatable; a field of experiments.train.TrainConfig), "
-                        "e.g. --train-option train_size=100000")
+    p.add_argument(
+        "--layers",
+        type=positive_int_list,
+        metavar="N[,N...]",
+        help="model depth: sequence blocks, each pre-norm and residual (a list sweeps depth; default: "
+        "the preset's, else 1)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="32-true (float32; the default) or bf16-mixed (float32 weights, optimizer and loss, the "
+        "forward under bfloat16 autocast)",
+    )
+    p.add_argument(
+        "--mixer-option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="pass KEY=VALUE to every mixer's constructor (repeatable), e.g. --mixer-option num_heads=2; "
+        "for fla:<Layer> mixers any argument of the fla layer",
+    )
+    p.add_argument(
+        "--task-option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a task option (repeatable), e.g. --task-option seq_len=64",
+    )
+    p.add_argument(
+        "--train-option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a training option (repeatable; a field of experiments.train.TrainConfig), "
+        "e.g. --train-option train_size=100000",
+    )
     p.add_argument("--out", type=Path, help="output folder (default: runs/<task>-<preset>)")
     add_run_arguments(p)
     return p
@@ -110,17 +163,33 @@ def run(args) -> None:
     train_over = dict(args.train_option)
     if args.max_steps:
         train_over["max_steps"] = args.max_steps
-    overrides = {"mixers": args.mixers, "seeds": args.seeds, "lrs": args.lrs, "train": train_over or None,
-                 "task_options": dict(args.task_option) or None, "layers": args.layers, "precision": args.precision}
+    overrides = {
+        "mixers": args.mixers,
+        "seeds": args.seeds,
+        "lrs": args.lrs,
+        "train": train_over or None,
+        "task_options": dict(args.task_option) or None,
+        "layers": args.layers,
+        "precision": args.precision,
+    }
     plan = resolve_sweep(args.task, args.preset, overrides)
     if args.mixer_option:
         plan.mixer_options = {m: {**plan.mixer_options.get(m, {}), **dict(args.mixer_option)} for m in plan.mixers}
     out = args.out or Path("runs") / f"{args.task}-{args.preset}"
     check_run_arguments(args, out)
     with workers_mps(args.mps, args.workers):
-        df = run_sweep(plan, out, args.storage, args.device, args.retry_failed, progress=not args.no_progress,
-                       workers=args.workers, stale_timeout=args.stale_timeout, options=run_options(args),
-                       progress_every=args.progress_every)
+        df = run_sweep(
+            plan,
+            out,
+            args.storage,
+            args.device,
+            args.retry_failed,
+            progress=not args.no_progress,
+            workers=args.workers,
+            stale_timeout=args.stale_timeout,
+            options=run_options(args),
+            progress_every=args.progress_every,
+        )
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.csv'} ({len(df)} cells); study: optuna-dashboard {out / 'journal.log'}")
 

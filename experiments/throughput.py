@@ -51,8 +51,16 @@ from experiments.cli import Parser, nonnegative_int, positive_int, positive_int_
 
 log = logging.getLogger("experiments.throughput")
 
-GENERATION = [("parity", {}), ("parity", {"running": True}), ("keep_nth", {}), ("keep_nth", {"per_position": True}),
-              ("mqar", {}), ("mqar", {"placement": "power"}), ("khop", {"k": 1}), ("khop", {"k": 2})]
+GENERATION = [
+    ("parity", {}),
+    ("parity", {"running": True}),
+    ("keep_nth", {}),
+    ("keep_nth", {"per_position": True}),
+    ("mqar", {}),
+    ("mqar", {"placement": "power"}),
+    ("khop", {"k": 1}),
+    ("khop", {"k": 2}),
+]
 
 
 def time_generation(num_samples: int, repeats: int) -> pd.DataFrame:
@@ -74,8 +82,9 @@ def time_generation(num_samples: int, repeats: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def benchmark_specs(preset: str, tasks: list[str] | None, mixers: list[str] | None, steps: int, device: str,
-                    count: int | None = None) -> list[tuple[str, Any]]:
+def benchmark_specs(
+    preset: str, tasks: list[str] | None, mixers: list[str] | None, steps: int, device: str, count: int | None = None
+) -> list[tuple[str, Any]]:
     """``(entry, TrialSpec)`` pairs of the preset's task entries × mixers (round robin over ``count`` trials),
     ``steps`` steps each with a single validation at the end and small evaluation sets (timing, not results)."""
     from experiments.presets import build_specs, load_preset, resolve_sweep
@@ -84,18 +93,28 @@ def benchmark_specs(preset: str, tasks: list[str] | None, mixers: list[str] | No
     mix = []
     for entry in entries:
         plan = resolve_sweep(entry, preset, {"mixers": mixers} if mixers else None)
-        train = {**dataclasses.asdict(plan.train), "max_steps": steps, "eval_every": steps, "early_stop_acc": 2.0,
-                 "plateau_steps": None, "val_size": 256, "test_size": 256}
+        train = {
+            **dataclasses.asdict(plan.train),
+            "max_steps": steps,
+            "eval_every": steps,
+            "early_stop_acc": 2.0,
+            "plateau_steps": None,
+            "val_size": 256,
+            "test_size": 256,
+        }
         plan = resolve_sweep(entry, preset, {"mixers": plan.mixers, "seeds": [0], "lrs": plan.lrs[:1], "train": train})
         mix += [(entry, s) for s in build_specs(plan, device)]
     if count is None:
         return mix
-    return [(entry, dataclasses.replace(spec, seed=i // len(mix))) for i, (entry, spec) in
-            ((i, mix[i % len(mix)]) for i in range(count))]
+    return [
+        (entry, dataclasses.replace(spec, seed=i // len(mix)))
+        for i, (entry, spec) in ((i, mix[i % len(mix)]) for i in range(count))
+    ]
 
 
-def time_steps(preset: str, tasks: list[str] | None, mixers: list[str] | None, engines: list[str], steps: int,
-               device: str) -> pd.DataFrame:
+def time_steps(
+    preset: str, tasks: list[str] | None, mixers: list[str] | None, engines: list[str], steps: int, device: str
+) -> pd.DataFrame:
     """Steps/s of single trials through ``run_trial``, per entry × mixer × engine (same process, one after another)."""
     from experiments.train import RunOptions, run_trial
 
@@ -103,15 +122,30 @@ def time_steps(preset: str, tasks: list[str] | None, mixers: list[str] | None, e
     for entry, spec in benchmark_specs(preset, tasks, mixers, steps, device):
         for engine in engines:
             result = run_trial(spec, options=RunOptions(logger="none", engine=engine))
-            rows.append({"task": entry, "mixer": spec.mixer, "engine": engine, "steps": result["steps"],
-                         "steps_per_s": result["steps_per_s"], "steady_steps_per_s": result["steady_steps_per_s"],
-                         "device": result["device"]})
+            rows.append(
+                {
+                    "task": entry,
+                    "mixer": spec.mixer,
+                    "engine": engine,
+                    "steps": result["steps"],
+                    "steps_per_s": result["steps_per_s"],
+                    "steady_steps_per_s": result["steady_steps_per_s"],
+                    "device": result["device"],
+                }
+            )
             log.info("%s", rows[-1])
     return pd.DataFrame(rows)
 
 
-def profile_kernels(preset: str, tasks: list[str] | None, mixers: list[str] | None, compile: bool,
-                    batch_sizes: list[int] | None = None, stacks: list[int] = (1,), top: int = 0) -> pd.DataFrame:
+def profile_kernels(
+    preset: str,
+    tasks: list[str] | None,
+    mixers: list[str] | None,
+    compile: bool,
+    batch_sizes: list[int] | None = None,
+    stacks: list[int] = (1,),
+    top: int = 0,
+) -> pd.DataFrame:
     """``experiments.step_profile.profile_step`` rows per entry × mixer × batch size (``batch_sizes``;
     default: the preset's) × stack size (``stacks``: trials stacked into one model, ``experiments.stack``)
     (and compiled, with ``compile``); ``top`` > 0: each row's ``heaviest`` kernels (``heaviest_table``)."""
@@ -134,8 +168,12 @@ def profile_kernels(preset: str, tasks: list[str] | None, mixers: list[str] | No
 def heaviest_table(table: pd.DataFrame) -> pd.DataFrame:
     """The ``heaviest`` kernels of ``profile_kernels`` rows as one table: a line per (profiled step, kernel)."""
     keys = [c for c in ("task", "mixer", "batch", "stack", "compiled") if c in table]
-    lines = [{**{k: row[k] for k in keys}, **kernel} for _, row in table.iterrows()
-             if isinstance(row.get("heaviest"), list) for kernel in row["heaviest"]]
+    lines = [
+        {**{k: row[k] for k in keys}, **kernel}
+        for _, row in table.iterrows()
+        if isinstance(row.get("heaviest"), list)
+        for kernel in row["heaviest"]
+    ]
     return pd.DataFrame(lines)
 
 
@@ -150,8 +188,10 @@ def concurrent_rate(progress: list[pd.DataFrame]) -> tuple[float, float]:
     end = min(float(p["unix_time_s"].iloc[-1]) for p in progress)
     if end <= start:
         return float("nan"), 0.0
-    steps = sum(float(np.interp(end, p["unix_time_s"], p["step"]) - np.interp(start, p["unix_time_s"], p["step"]))
-                for p in progress)
+    steps = sum(
+        float(np.interp(end, p["unix_time_s"], p["step"]) - np.interp(start, p["unix_time_s"], p["step"]))
+        for p in progress
+    )
     return steps / (end - start), end - start
 
 
@@ -172,7 +212,7 @@ class GPUBusy:
             except Exception:  # no NVML: no samples
                 return
 
-    def __enter__(self) -> "GPUBusy":
+    def __enter__(self) -> GPUBusy:
         self._thread.start()
         return self
 
@@ -187,11 +227,22 @@ class GPUBusy:
 
 def stacked_specs(cells: list[tuple[str, Any]], stack: int) -> list[tuple[str, Any]]:
     """Each of ``cells`` as ``stack`` trials of seeds ``seed * stack + k`` (one full stack per cell)."""
-    return [(entry, dataclasses.replace(spec, seed=spec.seed * stack + k)) for entry, spec in cells for k in range(stack)]
+    return [
+        (entry, dataclasses.replace(spec, seed=spec.seed * stack + k)) for entry, spec in cells for k in range(stack)
+    ]
 
 
-def time_workers(counts: list[int], engines: list[str], preset: str, tasks: list[str] | None,
-                 mixers: list[str] | None, steps: int, device: str, out: Path, stacks: list[int] = (1,)) -> pd.DataFrame:
+def time_workers(
+    counts: list[int],
+    engines: list[str],
+    preset: str,
+    tasks: list[str] | None,
+    mixers: list[str] | None,
+    steps: int,
+    device: str,
+    out: Path,
+    stacks: list[int] = (1,),
+) -> pd.DataFrame:
     """For each engine, stack size S in ``stacks`` and N in ``counts``: N stacks of S trials of the mix (N
     trials when S is 1) on N worker processes; throughput rows (steps are trial steps: a stack's step
     counts S)."""
@@ -213,26 +264,38 @@ def time_workers(counts: list[int], engines: list[str], preset: str, tasks: list
         grid.sync(cells)
         t0 = time.perf_counter()
         with GPUBusy() as busy:
-            run_workers(grid, cells, run_dir, None, n, device,
-                        options=RunOptions(logger="none", engine=engine, stack=stack))
+            run_workers(
+                grid, cells, run_dir, None, n, device, options=RunOptions(logger="none", engine=engine, stack=stack)
+            )
         wall = time.perf_counter() - t0
         df = collect(grid, cells)
         ok = df[df["status"] == "ok"]
         files = [cell_dir(run_dir, entry, spec) / PROGRESS_FILE for entry, spec in cells]
         progress = [pd.read_csv(f) for f in files if f.is_file()]
         together, window = concurrent_rate(progress) if len(progress) == len(cells) else (float("nan"), 0.0)
-        rows.append({
-            "engine": engine, "stack": stack, "workers": n, "ok_trials": len(ok),
-            "steps_per_s_per_worker": round(stack * float(ok["steady_steps_per_s"].median()), 1) if len(ok) else float("nan"),
-            "total_steps_per_s": round(together, 1),
-            "together_window_s": round(window, 1),
-            "sum_of_steady_steps_per_s": round(float(ok["steady_steps_per_s"].sum()), 1) if len(ok) else float("nan"),
-            "end_to_end_steps_per_s": round(float(ok["steps"].sum()) / wall, 1) if len(ok) else float("nan"),
-            "gpu_busy": round(busy.mean(), 3) if torch.cuda.is_available() else float("nan"),
-            "wall_s": round(wall, 1),
-            "per_mixer_steps_per_s": json.dumps((stack * ok.groupby("mixer")["steady_steps_per_s"].median()).round(1).to_dict()),
-            "device": str(ok["device"].iloc[0]) if len(ok) else device,
-        })
+        rows.append(
+            {
+                "engine": engine,
+                "stack": stack,
+                "workers": n,
+                "ok_trials": len(ok),
+                "steps_per_s_per_worker": round(stack * float(ok["steady_steps_per_s"].median()), 1)
+                if len(ok)
+                else float("nan"),
+                "total_steps_per_s": round(together, 1),
+                "together_window_s": round(window, 1),
+                "sum_of_steady_steps_per_s": round(float(ok["steady_steps_per_s"].sum()), 1)
+                if len(ok)
+                else float("nan"),
+                "end_to_end_steps_per_s": round(float(ok["steps"].sum()) / wall, 1) if len(ok) else float("nan"),
+                "gpu_busy": round(busy.mean(), 3) if torch.cuda.is_available() else float("nan"),
+                "wall_s": round(wall, 1),
+                "per_mixer_steps_per_s": json.dumps(
+                    (stack * ok.groupby("mixer")["steady_steps_per_s"].median()).round(1).to_dict()
+                ),
+                "device": str(ok["device"].iloc[0]) if len(ok) else device,
+            }
+        )
         log.info("%s", rows[-1])
     return pd.DataFrame(rows)
 
@@ -248,24 +311,46 @@ def parser() -> Parser:
     kernels.add_argument("--tasks", type=str_list, help="task entries of --preset (default: all)")
     kernels.add_argument("--mixers", type=str_list, help="mixers (default: each entry's preset mixers)")
     kernels.add_argument("--compile", action="store_true", help="also profile the step with the model torch.compile'd")
-    kernels.add_argument("--batch-sizes", type=positive_int_list, help="training batch sizes to profile (default: the preset's)")
-    kernels.add_argument("--stacks", type=positive_int_list, default=[1],
-                         help="trials stacked into one model per profiled step (default: 1; e.g. 1,3)")
-    kernels.add_argument("--top", type=nonnegative_int, default=0,
-                         help="also list each step's N kernels with the most GPU time (default: 0, none)")
+    kernels.add_argument(
+        "--batch-sizes", type=positive_int_list, help="training batch sizes to profile (default: the preset's)"
+    )
+    kernels.add_argument(
+        "--stacks",
+        type=positive_int_list,
+        default=[1],
+        help="trials stacked into one model per profiled step (default: 1; e.g. 1,3)",
+    )
+    kernels.add_argument(
+        "--top",
+        type=nonnegative_int,
+        default=0,
+        help="also list each step's N kernels with the most GPU time (default: 0, none)",
+    )
     for name, help_ in (("steps", "steps/s of single trials per engine"), ("workers", "steps/s of N parallel workers")):
         q = sub.add_parser(name, help=help_)
         q.add_argument("--preset", default="pararnn-table6", help="preset giving the shapes (default: %(default)s)")
         q.add_argument("--tasks", type=str_list, help="task entries of --preset (default: all)")
         q.add_argument("--mixers", type=str_list, help="mixers (default: each entry's preset mixers)")
-        q.add_argument("--engines", type=str_list, default=["eager", "graph"], help="step engines (default: eager,graph)")
-        q.add_argument("--steps", type=positive_int, default=2000, help="training steps per trial (default: %(default)s)")
+        q.add_argument(
+            "--engines", type=str_list, default=["eager", "graph"], help="step engines (default: eager,graph)"
+        )
+        q.add_argument(
+            "--steps", type=positive_int, default=2000, help="training steps per trial (default: %(default)s)"
+        )
         q.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
         if name == "workers":
-            q.add_argument("--counts", type=positive_int_list, default=[1, 4, 8, 16], help="worker counts (default: 1,4,8,16)")
-            q.add_argument("--stacks", type=positive_int_list, default=[1],
-                           help="trials per stacked model in each worker (default: 1; e.g. 1,3 compares)")
-            q.add_argument("--out", type=Path, default=Path("runs/bench-workers"), help="scratch folder (default: %(default)s)")
+            q.add_argument(
+                "--counts", type=positive_int_list, default=[1, 4, 8, 16], help="worker counts (default: 1,4,8,16)"
+            )
+            q.add_argument(
+                "--stacks",
+                type=positive_int_list,
+                default=[1],
+                help="trials per stacked model in each worker (default: 1; e.g. 1,3 compares)",
+            )
+            q.add_argument(
+                "--out", type=Path, default=Path("runs/bench-workers"), help="scratch folder (default: %(default)s)"
+            )
             from experiments.mps import add_mps_argument
 
             add_mps_argument(q)
@@ -285,8 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "generation":
             table = time_generation(args.samples, args.repeats)
         elif args.what == "kernels":
-            table = profile_kernels(args.preset, args.tasks, args.mixers, args.compile, args.batch_sizes, args.stacks,
-                                    args.top)
+            table = profile_kernels(
+                args.preset, args.tasks, args.mixers, args.compile, args.batch_sizes, args.stacks, args.top
+            )
         else:
             bad = [e for e in args.engines if e not in ENGINES]
             if bad:
@@ -297,8 +383,17 @@ def main(argv: list[str] | None = None) -> int:
                 from experiments.mps import workers_mps
 
                 with workers_mps(args.mps, max(args.counts)):
-                    table = time_workers(args.counts, args.engines, args.preset, args.tasks, args.mixers, args.steps,
-                                         args.device, args.out, args.stacks)
+                    table = time_workers(
+                        args.counts,
+                        args.engines,
+                        args.preset,
+                        args.tasks,
+                        args.mixers,
+                        args.steps,
+                        args.device,
+                        args.out,
+                        args.stacks,
+                    )
                 table["mps"] = args.mps
         heaviest = heaviest_table(table) if "heaviest" in table else None
         print(table.drop(columns=["heaviest"], errors="ignore").to_markdown(index=False))
@@ -310,8 +405,14 @@ def main(argv: list[str] | None = None) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             from experiments.workers import host_cores, physical_cores
 
-            meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "python": platform.python_version(),
-                    "command": " ".join(sys.argv), "cpus": host_cores(), "physical_cores": physical_cores()}
+            meta = {
+                "date": time.strftime("%Y-%m-%d"),
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "command": " ".join(sys.argv),
+                "cpus": host_cores(),
+                "physical_cores": physical_cores(),
+            }
             args.json.write_text(json.dumps({"meta": meta, "rows": table.to_dict(orient="records")}, indent=1))
 
     return run_cli(run, "nothing to resume: re-run the measurement")

@@ -20,15 +20,16 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.cuda_graph import CUDAGraphPrecision
 from experiments.lit import LitSequenceModel
@@ -81,9 +82,13 @@ class TrainConfig:
             raise ValueError(f"train option grad_clip must be None or > 0, got {self.grad_clip!r}")
         if isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int) or self.data_seed < 0:
             raise ValueError(f"train option data_seed must be an integer >= 0, got {self.data_seed!r}")
-        if self.plateau_steps is not None and (not isinstance(self.plateau_steps, int) or self.plateau_steps < self.eval_every):
-            raise ValueError(f"train option plateau_steps must be None or an integer >= eval_every ({self.eval_every}), "
-                             f"got {self.plateau_steps!r}")
+        if self.plateau_steps is not None and (
+            not isinstance(self.plateau_steps, int) or self.plateau_steps < self.eval_every
+        ):
+            raise ValueError(
+                f"train option plateau_steps must be None or an integer >= eval_every ({self.eval_every}), "
+                f"got {self.plateau_steps!r}"
+            )
         if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 0:
             raise ValueError(f"train option cpu_threads must be an integer >= 0, got {self.cpu_threads!r}")
 
@@ -139,8 +144,9 @@ class TrialSpec:
     def cell_key(self) -> str:
         """A stable id of (task, mixer, [layers, precision,] seed, lr) — what the sweep resumes on (layers
         and precision appear when they are not the defaults, so earlier studies keep their keys)."""
-        extra = (f"|layers={self.layers}" if self.layers != 1 else "") + \
-            (f"|{self.precision}" if self.precision != PRECISIONS[0] else "")
+        extra = (f"|layers={self.layers}" if self.layers != 1 else "") + (
+            f"|{self.precision}" if self.precision != PRECISIONS[0] else ""
+        )
         return f"{self.task}|{self.mixer}{extra}|seed={self.seed}|lr={self.lr:g}"
 
     def identity(self) -> dict[str, Any]:
@@ -185,8 +191,10 @@ class _History(Callback):
         for path in self.progress_files:
             new = not path.exists()
             with path.open("a") as f:
-                f.write(("unix_time_s,step,val_acc,phase\n" if new else "")
-                        + f"{self.progress[-1][0] + self._unix_offset:.3f},{step},{val},{phase}\n")
+                f.write(
+                    ("unix_time_s,step,val_acc,phase\n" if new else "")
+                    + f"{self.progress[-1][0] + self._unix_offset:.3f},{step},{val},{phase}\n"
+                )
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
@@ -199,8 +207,9 @@ class _History(Callback):
         self.val_acc = list(state_dict.get("val_acc", []))
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-        if (not self.progress and trainer.global_step >= 10) or \
-                (self.progress and time.perf_counter() - self.progress[-1][0] >= PROGRESS_EVERY_S):
+        if (not self.progress and trainer.global_step >= 10) or (
+            self.progress and time.perf_counter() - self.progress[-1][0] >= PROGRESS_EVERY_S
+        ):
             self._sample(pl_module, trainer.global_step)
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -231,17 +240,25 @@ def resolve_device(device: str) -> tuple[str, list[int] | str]:
     raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
-def build_datamodule(spec: TrialSpec, device: str | torch.device = "cpu", chunk: int = 1,
-                     stack_seeds: list[int] | None = None) -> SyntheticDataModule:
+def build_datamodule(
+    spec: TrialSpec, device: str | torch.device = "cpu", chunk: int = 1, stack_seeds: list[int] | None = None
+) -> SyntheticDataModule:
     """The trial's data sets, kept on ``device`` (the training device); training batches in chunks of
     ``chunk``; with ``stack_seeds``, the training batches of those seeds' trials stacked (``(S, B, L)``)."""
     t = spec.train
     extrap = ExtrapolationConfig(**spec.extrapolation) if spec.extrapolation else None
     return SyntheticDataModule(
         get_task(spec.task, **spec.task_options),
-        train_size=t.train_size, val_size=t.val_size, test_size=t.test_size,
-        batch_size=t.batch_size, eval_batch_size=t.eval_batch_size, seed=t.data_seed, shuffle_seed=spec.seed,
-        stack_shuffle_seeds=stack_seeds, train_chunk=chunk, extrapolation=extrap,
+        train_size=t.train_size,
+        val_size=t.val_size,
+        test_size=t.test_size,
+        batch_size=t.batch_size,
+        eval_batch_size=t.eval_batch_size,
+        seed=t.data_seed,
+        shuffle_seed=spec.seed,
+        stack_shuffle_seeds=stack_seeds,
+        train_chunk=chunk,
+        extrapolation=extrap,
         device=device,
     )
 
@@ -249,14 +266,26 @@ def build_datamodule(spec: TrialSpec, device: str | torch.device = "cpu", chunk:
 def build_module(spec: TrialSpec, dm: SyntheticDataModule, stack_seeds: list[int] | None = None) -> LitSequenceModel:
     """The trial's ``LitSequenceModel`` (with ``stack_seeds``: those seeds' trials as one stacked model)."""
     config = ModelConfig(
-        vocab_size=dm.vocab_size, num_classes=dm.num_classes, mixer=spec.mixer,
-        mixer_options=dict(spec.mixer_options), block=spec.block, positional=spec.positional, layers=spec.layers,
+        vocab_size=dm.vocab_size,
+        num_classes=dm.num_classes,
+        mixer=spec.mixer,
+        mixer_options=dict(spec.mixer_options),
+        block=spec.block,
+        positional=spec.positional,
+        layers=spec.layers,
         d_model=spec.d_model,
     )
     t = spec.train
     return LitSequenceModel(
-        dataclasses.asdict(config), lr=spec.lr, weight_decay=t.weight_decay, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio,
-        test_set_names=tuple(dm.test_set_names), stack_seeds=stack_seeds, min_lr=t.min_lr, grad_clip=t.grad_clip,
+        dataclasses.asdict(config),
+        lr=spec.lr,
+        weight_decay=t.weight_decay,
+        max_steps=t.max_steps,
+        warmup_ratio=t.warmup_ratio,
+        test_set_names=tuple(dm.test_set_names),
+        stack_seeds=stack_seeds,
+        min_lr=t.min_lr,
+        grad_clip=t.grad_clip,
     )
 
 
@@ -268,7 +297,7 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
     check); ``jacobian_fallback``: the run-time Jacobian check's message when it found the declared
     structure wrong), else ``{}``."""
     out: dict[str, Any] = {}
-    for name, module in model.named_modules():
+    for module in model.modules():
         stats = getattr(module, "last_newton_stats", None)
         if stats is None:
             continue
@@ -284,7 +313,11 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
         graph = getattr(module, "graph_counts", None)
         if isinstance(graph, torch.Tensor) and graph.numel() == 3 and int(graph[0]):  # forwards in CUDA-graph replays
             forwards, resolved, unchecked = (int(v) for v in graph.tolist())
-            out["newton/graph_forwards"], out["newton/graph_resolved"], out["newton/skipped_steps"] = forwards, resolved, unchecked
+            out["newton/graph_forwards"], out["newton/graph_resolved"], out["newton/skipped_steps"] = (
+                forwards,
+                resolved,
+                unchecked,
+            )
             out["newton/newton_forwards"] = out.get("newton/newton_forwards", 0) + forwards
             out["newton/retry_count"] = out.get("newton/retry_count", 0) + resolved
         if getattr(module, "jacobian_fallback", None):
@@ -335,6 +368,8 @@ def steps_per_chunk(engine: str, train: TrainConfig) -> int:
         return 1
     g = math.gcd(min(train.eval_every, train.max_steps), train.max_steps)
     return next(d for d in range(min(MAX_CHUNK, g), 0, -1) if g % d == 0)
+
+
 LOG_DIR = "logs"
 CHECKPOINT_DIR = "checkpoints"
 BEST_CHECKPOINT = "best.ckpt"
@@ -410,12 +445,16 @@ class TrialCheckpoint(ModelCheckpoint):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         saved = state_dict.get("dirpath", self.dirpath)
         if self.dirpath is not None and saved != self.dirpath:
+
             def moved(path):
                 return str(Path(self.dirpath) / Path(path).name) if path else path
 
-            state_dict = {**state_dict, "dirpath": self.dirpath,
-                          **{k: moved(state_dict.get(k)) for k in ("best_model_path", "kth_best_model_path", "last_model_path")},
-                          "best_k_models": {moved(k): v for k, v in state_dict.get("best_k_models", {}).items()}}
+            state_dict = {
+                **state_dict,
+                "dirpath": self.dirpath,
+                **{k: moved(state_dict.get(k)) for k in ("best_model_path", "kth_best_model_path", "last_model_path")},
+                "best_k_models": {moved(k): v for k, v in state_dict.get("best_k_models", {}).items()},
+            }
         super().load_state_dict(state_dict)
 
     def _generate_state_key(self, **kwargs: Any) -> str:  # the stock key: checkpoints of either one resume
@@ -439,7 +478,9 @@ def interrupt_as_keyboard_interrupt(trainer: L.Trainer):
             signal.signal(signal.SIGINT, handler)
 
 
-def _test(trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticDataModule, ckpt_path: str | None = None) -> dict[str, float]:
+def _test(
+    trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticDataModule, ckpt_path: str | None = None
+) -> dict[str, float]:
     """Test-set metrics ``{"test/acc": ..., "len64/acc": ...}`` of the module (or of ``ckpt_path``'s weights)."""
     metrics: dict[str, float] = {}
     kwargs = {"ckpt_path": ckpt_path} if ckpt_path else {}
@@ -449,8 +490,13 @@ def _test(trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticDataModule,
     return metrics
 
 
-def run_trial(spec: TrialSpec, out_dir: str | Path | None = None, progress_bar: bool = False,
-              callbacks: list[Callback] | None = None, options: RunOptions = RunOptions()) -> dict[str, Any]:
+def run_trial(
+    spec: TrialSpec,
+    out_dir: str | Path | None = None,
+    progress_bar: bool = False,
+    callbacks: list[Callback] | None = None,
+    options: RunOptions = RunOptions(),
+) -> dict[str, Any]:
     """Train and evaluate one trial; returns a flat dict of results.
 
     Checkpoints go to ``<out_dir>/checkpoints/``: ``best.ckpt`` (the weights of the highest ``val/acc``),
@@ -472,12 +518,25 @@ def run_trial(spec: TrialSpec, out_dir: str | Path | None = None, progress_bar: 
     engine = options.resolved_engine(accelerator)
     if out_dir is None:
         with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
-            return _run_trial(spec, Path(tmp), accelerator, devices, progress_bar, callbacks, "none", engine, keep=False)
-    return _run_trial(spec, Path(out_dir), accelerator, devices, progress_bar, callbacks, options.logger, engine, keep=True)
+            return _run_trial(
+                spec, Path(tmp), accelerator, devices, progress_bar, callbacks, "none", engine, keep=False
+            )
+    return _run_trial(
+        spec, Path(out_dir), accelerator, devices, progress_bar, callbacks, options.logger, engine, keep=True
+    )
 
 
-def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_bar: bool,
-               callbacks: list[Callback] | None, logger: str, engine: str, keep: bool) -> dict[str, Any]:
+def _run_trial(
+    spec: TrialSpec,
+    out: Path,
+    accelerator: str,
+    devices,
+    progress_bar: bool,
+    callbacks: list[Callback] | None,
+    logger: str,
+    engine: str,
+    keep: bool,
+) -> dict[str, Any]:
     entered = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     if keep:
@@ -494,16 +553,38 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
     module.compiled_steps = engine == "compiled"
     history = _History()
     checkpoints = TrialCheckpoint(  # the best weights only: kB
-        dirpath=out / CHECKPOINT_DIR, filename=Path(BEST_CHECKPOINT).stem, monitor="val/acc", mode="max",
-        save_top_k=1, save_weights_only=True, auto_insert_metric_name=False, enable_version_counter=False,
+        dirpath=out / CHECKPOINT_DIR,
+        filename=Path(BEST_CHECKPOINT).stem,
+        monitor="val/acc",
+        mode="max",
+        save_top_k=1,
+        save_weights_only=True,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
     )
     trainer = fit_trainer(
-        t, out, accelerator, devices, engine, chunk, logger, progress_bar, precision=spec.precision, callbacks=
-        [history, checkpoints,
-         TrialEarlyStopping(monitor="val/acc", mode="max", stopping_threshold=t.early_stop_acc,
-                            patience=t.plateau_steps // t.eval_every if t.plateau_steps else 10**9,
-                            min_delta=t.plateau_delta if t.plateau_steps else 0.0, check_on_train_epoch_end=False),
-         *(callbacks or [])],
+        t,
+        out,
+        accelerator,
+        devices,
+        engine,
+        chunk,
+        logger,
+        progress_bar,
+        precision=spec.precision,
+        callbacks=[
+            history,
+            checkpoints,
+            TrialEarlyStopping(
+                monitor="val/acc",
+                mode="max",
+                stopping_threshold=t.early_stop_acc,
+                patience=t.plateau_steps // t.eval_every if t.plateau_steps else 10**9,
+                min_delta=t.plateau_delta if t.plateau_steps else 0.0,
+                check_on_train_epoch_end=False,
+            ),
+            *(callbacks or []),
+        ],
     )
     start = time.perf_counter()
     with fitting(trainer, history, [out / PROGRESS_FILE] if keep else []):
@@ -513,13 +594,24 @@ def _run_trial(spec: TrialSpec, out: Path, accelerator: str, devices, progress_b
         best_path = checkpoints.best_model_path
         best = _test(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
     return result_row(
-        n_params=count_parameters(module.model), steps=trainer.global_step,
-        best_step=_best_step(best_path, trainer.global_step), resumed_from=resumed_from, module=module,
-        trainer=trainer, entered=entered, start=start, train_time=train_time, history=history,
+        n_params=count_parameters(module.model),
+        steps=trainer.global_step,
+        best_step=_best_step(best_path, trainer.global_step),
+        resumed_from=resumed_from,
+        module=module,
+        trainer=trainer,
+        entered=entered,
+        start=start,
+        train_time=train_time,
+        history=history,
         # the checkpoint callback's best score survives a resume; the history holds this run's validations
         best_val_acc=float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else float("nan"),
         final_val_acc=history.val_acc[-1] if history.val_acc else float("nan"),
-        best=best, final=final, test_set_names=dm.test_set_names, engine=engine, engine_note=engine_note,
+        best=best,
+        final=final,
+        test_set_names=dm.test_set_names,
+        engine=engine,
+        engine_note=engine_note,
         scaled=dm.task.scaled_accuracy,
     )
 
@@ -537,28 +629,48 @@ def capturable_engine(engine: str, model: torch.nn.Module) -> tuple[str, str]:
     return engine, ""
 
 
-def fit_trainer(t: TrainConfig, out: Path, accelerator: str, devices, engine: str, chunk: int, logger: str,
-                progress_bar: bool, callbacks: list[Callback], precision: str = PRECISIONS[0]) -> L.Trainer:
+def fit_trainer(
+    t: TrainConfig,
+    out: Path,
+    accelerator: str,
+    devices,
+    engine: str,
+    chunk: int,
+    logger: str,
+    progress_bar: bool,
+    callbacks: list[Callback],
+    precision: str = PRECISIONS[0],
+) -> L.Trainer:
     """The Lightning ``Trainer`` of a trial (or a stack of trials) whose files go to ``out``: validations
     every ``eval_every`` optimizer steps (``chunk`` per Lightning step), ``precision`` (Lightning's name;
     with a graph engine its precision plugin autocasts the same way), ``callbacks`` plus the resume
     point (``last.ckpt`` at every validation) and the checkpoint written on Ctrl-C / SIGTERM."""
     resume_point = TrialCheckpoint(  # last.ckpt at every validation, with optimizer and loop state
-        dirpath=out / CHECKPOINT_DIR, filename=Path(LAST_CHECKPOINT).stem, save_top_k=1, monitor=None,
+        dirpath=out / CHECKPOINT_DIR,
+        filename=Path(LAST_CHECKPOINT).stem,
+        save_top_k=1,
+        monitor=None,
         enable_version_counter=False,
     )
     on_interrupt = InterruptCheckpoint(dirpath=out / CHECKPOINT_DIR, filename=Path(INTERRUPT_CHECKPOINT).stem)
     return L.Trainer(
-        accelerator=accelerator, devices=devices, max_steps=t.max_steps,
+        accelerator=accelerator,
+        devices=devices,
+        max_steps=t.max_steps,
         plugins=[CUDAGraphPrecision(autocast=precision == "bf16-mixed")] if engine in GRAPH_ENGINES else None,
         precision=None if engine in GRAPH_ENGINES else precision,
         # never the working directory: a worker must survive its cwd being deleted under it
         default_root_dir=str(out),
         # in Lightning steps (chunks of optimizer steps); at least one validation, so every trial has a best checkpoint
-        val_check_interval=min(t.eval_every, t.max_steps) // chunk, check_val_every_n_epoch=None, num_sanity_val_steps=0,
+        val_check_interval=min(t.eval_every, t.max_steps) // chunk,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
         callbacks=[*callbacks, resume_point, on_interrupt],
-        logger=_logger(logger, out), enable_checkpointing=True, enable_model_summary=False,
-        enable_progress_bar=progress_bar, log_every_n_steps=max(1, t.eval_every // 5 // chunk),
+        logger=_logger(logger, out),
+        enable_checkpointing=True,
+        enable_model_summary=False,
+        enable_progress_bar=progress_bar,
+        log_every_n_steps=max(1, t.eval_every // 5 // chunk),
     )
 
 
@@ -585,11 +697,27 @@ def fit_resuming(trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticData
     return resumed_from
 
 
-def result_row(*, n_params: int, steps: int, best_step: int, resumed_from: int, module: LitSequenceModel,
-               trainer: L.Trainer, entered: float, start: float, train_time: float, history: _History,
-               best_val_acc: float, final_val_acc: float, best: dict[str, float], final: dict[str, float],
-               test_set_names: list[str], engine: str = "", engine_note: str = "",
-               scaled: Callable[[float], float] | None = None) -> dict[str, Any]:
+def result_row(
+    *,
+    n_params: int,
+    steps: int,
+    best_step: int,
+    resumed_from: int,
+    module: LitSequenceModel,
+    trainer: L.Trainer,
+    entered: float,
+    start: float,
+    train_time: float,
+    history: _History,
+    best_val_acc: float,
+    final_val_acc: float,
+    best: dict[str, float],
+    final: dict[str, float],
+    test_set_names: list[str],
+    engine: str = "",
+    engine_note: str = "",
+    scaled: Callable[[float], float] | None = None,
+) -> dict[str, Any]:
     """A trial's results row (``run_trial``'s keys): the trial's own numbers, the run's times and rates
     (``perf_counter`` s at ``entered`` the run, ``start`` its fit), the test metrics of the best
     (``test/acc``, ...) and final (``final/test/acc``, ...) weights and the Newton statistics of ``module``.
@@ -633,7 +761,9 @@ def result_row(*, n_params: int, steps: int, best_step: int, resumed_from: int, 
 def resume_checkpoint(out: Path) -> Path | None:
     """The checkpoint a trial in ``out`` resumes from: the newer of ``interrupted.ckpt`` (written on
     Ctrl-C / SIGTERM) and ``last.ckpt`` (written at every validation), or ``None``."""
-    found = [p for p in (out / CHECKPOINT_DIR / INTERRUPT_CHECKPOINT, out / CHECKPOINT_DIR / LAST_CHECKPOINT) if p.is_file()]
+    found = [
+        p for p in (out / CHECKPOINT_DIR / INTERRUPT_CHECKPOINT, out / CHECKPOINT_DIR / LAST_CHECKPOINT) if p.is_file()
+    ]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 

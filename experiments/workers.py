@@ -28,12 +28,14 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from lightning.pytorch.callbacks import Callback
 
-from experiments.mps import BELOW_NORMAL as MPS_BELOW_NORMAL, NORMAL as MPS_NORMAL, PRIORITY_ENV, mps_running
+from experiments.mps import BELOW_NORMAL as MPS_BELOW_NORMAL
+from experiments.mps import NORMAL as MPS_NORMAL
+from experiments.mps import PRIORITY_ENV, mps_running
 
 log = logging.getLogger("experiments.workers")
 
@@ -169,9 +171,16 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
         if device and spec.device in ("auto", "cuda"):
             spec.device = device
         tdir.mkdir(parents=True, exist_ok=True)
-        infos.append({"trial": trial.number, "cell": trial.user_attrs["cell"], "device": spec.device,
-                      "worker": worker_identity(), "versions": versions(),
-                      **({"stack": str(run_dir.relative_to(out))} if len(trials) > 1 else {})})
+        infos.append(
+            {
+                "trial": trial.number,
+                "cell": trial.user_attrs["cell"],
+                "device": spec.device,
+                "worker": worker_identity(),
+                "versions": versions(),
+                **({"stack": str(run_dir.relative_to(out))} if len(trials) > 1 else {}),
+            }
+        )
         atomic_write_text(tdir / "run.json", json.dumps(infos[-1], indent=1))
 
     def fail_all(failure: str, error: str) -> list[str]:
@@ -182,10 +191,13 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
         if len(trials) == 1:
             results = [run_trial(specs[0], dirs[0], callbacks=[ReportValidation(trials[0])], options=options)]
         else:
-            results = run_stack(specs, dirs, run_dir, options=options,
-                                report=lambda s, acc, step: trials[s].report(acc, step=step))
+            results = run_stack(
+                specs, dirs, run_dir, options=options, report=lambda s, acc, step: trials[s].report(acc, step=step)
+            )
     except NonFiniteLossError as err:
-        (run_dir / CHECKPOINT_DIR / LAST_CHECKPOINT).unlink(missing_ok=True)  # a final failure: --retry-failed starts afresh
+        (run_dir / CHECKPOINT_DIR / LAST_CHECKPOINT).unlink(
+            missing_ok=True
+        )  # a final failure: --retry-failed starts afresh
         return fail_all("nan", str(err))
     except KeyboardInterrupt:
         with signals_deferred():  # a second Ctrl-C / SIGTERM must not cut the recording short
@@ -198,13 +210,21 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
         return fail_all("error", f"{type(err).__name__}: {err}")
     ran = time.perf_counter()
     # the versions each trial ran with (the table shows them) and where its checkpoints are
-    outcomes = ["ok" if grid.finish(trial, {**result, **info["versions"], "trial_dir": str(tdir.relative_to(out))})
-                else "lost" for trial, result, info, tdir in zip(trials, results, infos, dirs)]
+    outcomes = [
+        "ok" if grid.finish(trial, {**result, **info["versions"], "trial_dir": str(tdir.relative_to(out))}) else "lost"
+        for trial, result, info, tdir in zip(trials, results, infos, dirs)
+    ]
     first = results[0]
-    log.debug("trial(s) %s: %.1f s in all: setup %.1f, train %.1f, test %.1f, own %.1f, recording %.1f",
-             ",".join(str(t.number) for t in trials), time.perf_counter() - claimed, first["setup_time_s"],
-             first["train_time_s"], first["wall_time_s"] - first["train_time_s"],
-             ran - claimed - first["setup_time_s"] - first["wall_time_s"], time.perf_counter() - ran)
+    log.debug(
+        "trial(s) %s: %.1f s in all: setup %.1f, train %.1f, test %.1f, own %.1f, recording %.1f",
+        ",".join(str(t.number) for t in trials),
+        time.perf_counter() - claimed,
+        first["setup_time_s"],
+        first["train_time_s"],
+        first["wall_time_s"] - first["train_time_s"],
+        ran - claimed - first["setup_time_s"] - first["wall_time_s"],
+        time.perf_counter() - ran,
+    )
     return outcomes
 
 
@@ -219,8 +239,9 @@ def claim_stack(grid, trial, cells: list[Cell], size: int) -> list:
     if spec.train.grad_clip:  # clipping is per trial: a stack would clip the trials' gradients together
         return [trial]
     entry = trial.params.get("entry", spec.task)
-    group = sorted((s.seed, cell_id(s)) for e, s in cells if e == entry and stack_key(s) == stack_key(spec)
-                   and s.seed != spec.seed)
+    group = sorted(
+        (s.seed, cell_id(s)) for e, s in cells if e == entry and stack_key(s) == stack_key(spec) and s.seed != spec.seed
+    )
     stack = [trial]
     for _, key in group:
         if len(stack) >= size:
@@ -257,9 +278,17 @@ def _cuda_broken(device: str) -> bool:
         return True
 
 
-def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, poll_s: float = 2.0,
-                on_trial: Callable[[dict, str], None] | None = None, on_claim: Callable[[dict], None] | None = None,
-                options=None, prefer: set[str] | None = None) -> dict[str, int]:
+def worker_loop(
+    grid,
+    cells: list[Cell],
+    out: Path,
+    device: str | None = None,
+    poll_s: float = 2.0,
+    on_trial: Callable[[dict, str], None] | None = None,
+    on_claim: Callable[[dict], None] | None = None,
+    options=None,
+    prefer: set[str] | None = None,
+) -> dict[str, int]:
     """Claim and run trials of ``cells`` (``(entry, spec)`` pairs) until every cell is done; returns outcome counts.
 
     ``prefer``: cell ids to claim first while any of them waits (then any cell).
@@ -277,7 +306,11 @@ def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, p
         while True:
             trial = (grid.claim(prefer & keys) if prefer else None) or grid.claim(keys)
             if trial is not None:
-                stack = claim_stack(grid, trial, cells, options.stack) if options is not None and options.stack > 1 else [trial]
+                stack = (
+                    claim_stack(grid, trial, cells, options.stack)
+                    if options is not None and options.stack > 1
+                    else [trial]
+                )
                 hb.set_trial([t.number for t in stack])
                 specs = [t.user_attrs["spec"] for t in stack]
                 for spec in specs if on_claim else ():
@@ -301,9 +334,19 @@ def worker_loop(grid, cells: list[Cell], out: Path, device: str | None = None, p
             time.sleep(poll_s)
 
 
-def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str, storage_url: str | None, out: str,
-                 device: str, stale_timeout: float, options: dict, threads: int = 1, mps_priority: int | None = None,
-                 prefer: list[str] | None = None) -> None:
+def _worker_main(
+    index: int,
+    cell_dicts: list[tuple[str, dict]],
+    study_name: str,
+    storage_url: str | None,
+    out: str,
+    device: str,
+    stale_timeout: float,
+    options: dict,
+    threads: int = 1,
+    mps_priority: int | None = None,
+    prefer: list[str] | None = None,
+) -> None:
     """Entry point of a worker process (spawned): logs to ``<out>/workers/worker-<index>.log``; uses
     ``threads`` torch CPU threads (a CPU trial then uses its spec's ``cpu_threads``); sets its MPS client
     priority (before its CUDA context exists) and claims the ``prefer`` cells first."""
@@ -338,12 +381,24 @@ def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str
     quiet_lightning()
     cells = [(entry, TrialSpec.from_dict(d)) for entry, d in cell_dicts]
     grid = GridStudy.open(storage_url, out_dir, study_name, stale_timeout)
-    log.info("worker %d on %s: %d cells, %d CPU threads%s", index, device, len(cells), torch.get_num_threads(),
-             "" if mps_priority is None else f", MPS client priority {mps_priority}, {len(prefer or ())} cells first")
+    log.info(
+        "worker %d on %s: %d cells, %d CPU threads%s",
+        index,
+        device,
+        len(cells),
+        torch.get_num_threads(),
+        "" if mps_priority is None else f", MPS client priority {mps_priority}, {len(prefer or ())} cells first",
+    )
     try:
-        counts = worker_loop(grid, cells, out_dir, device=device, options=RunOptions(**options),
-                             prefer=set(prefer) if prefer else None,
-                             on_trial=lambda s, o: log.info("%s seed=%s lr=%g: %s", s["mixer"], s["seed"], s["lr"], o))
+        counts = worker_loop(
+            grid,
+            cells,
+            out_dir,
+            device=device,
+            options=RunOptions(**options),
+            prefer=set(prefer) if prefer else None,
+            on_trial=lambda s, o: log.info("%s seed=%s lr=%g: %s", s["mixer"], s["seed"], s["lr"], o),
+        )
     except KeyboardInterrupt:
         log.info("interrupted")
         sys.exit(EXIT_INTERRUPTED)
@@ -351,26 +406,58 @@ def _worker_main(index: int, cell_dicts: list[tuple[str, dict]], study_name: str
     sys.exit(EXIT_RESTART if counts.get("restart") else 0)
 
 
-def start_worker(index: int, cells: list[Cell], study_name: str, storage_url: str | None, out: Path, device: str,
-                 stale_timeout: float, options=None, threads: int = 1, mps_priority: int | None = None,
-                 prefer: set[str] | None = None) -> mp.Process:
+def start_worker(
+    index: int,
+    cells: list[Cell],
+    study_name: str,
+    storage_url: str | None,
+    out: Path,
+    device: str,
+    stale_timeout: float,
+    options=None,
+    threads: int = 1,
+    mps_priority: int | None = None,
+    prefer: set[str] | None = None,
+) -> mp.Process:
     """Spawn one worker process (``multiprocessing`` spawn context) with ``threads`` CPU threads and return it."""
     import dataclasses
 
     from experiments.train import RunOptions
 
     ctx = mp.get_context("spawn")
-    proc = ctx.Process(target=_worker_main, name=f"sweep-worker-{index}",
-                       args=(index, [(e, s.to_dict()) for e, s in cells], study_name, storage_url, str(out), device,
-                             stale_timeout, dataclasses.asdict(options or RunOptions()), threads, mps_priority,
-                             sorted(prefer) if prefer else None))
+    proc = ctx.Process(
+        target=_worker_main,
+        name=f"sweep-worker-{index}",
+        args=(
+            index,
+            [(e, s.to_dict()) for e, s in cells],
+            study_name,
+            storage_url,
+            str(out),
+            device,
+            stale_timeout,
+            dataclasses.asdict(options or RunOptions()),
+            threads,
+            mps_priority,
+            sorted(prefer) if prefer else None,
+        ),
+    )
     proc.start()
     return proc
 
 
-def run_workers(grid, cells: list[Cell], out: Path, storage_url: str | None, n_workers: int, device: str = "auto",
-                on_progress: Callable[[dict[str, int]], None] | None = None, max_restarts: int | None = None,
-                options=None, priority: set[str] = frozenset()) -> dict[str, int]:
+def run_workers(
+    grid,
+    cells: list[Cell],
+    out: Path,
+    storage_url: str | None,
+    n_workers: int,
+    device: str = "auto",
+    on_progress: Callable[[dict[str, int]], None] | None = None,
+    max_restarts: int | None = None,
+    options=None,
+    priority: set[str] = frozenset(),
+) -> dict[str, int]:
     """Run ``cells`` (already enqueued in ``grid``) on ``n_workers`` processes; wait for them.
 
     ``priority``: ids of cells to run on the higher-priority workers under MPS (``priority_classes``).
@@ -395,15 +482,23 @@ def run_workers(grid, cells: list[Cell], out: Path, storage_url: str | None, n_w
 
     def start(i: int) -> mp.Process:
         prefer = None if classes[i] is None else (priority if classes[i] == MPS_NORMAL else others)
-        return start_worker(i, cells, grid.name, storage_url, out, devices[i], grid.stale_timeout, options, threads,
-                            classes[i], prefer)
+        return start_worker(
+            i, cells, grid.name, storage_url, out, devices[i], grid.stale_timeout, options, threads, classes[i], prefer
+        )
 
     procs = {i: start(i) for i in range(n_workers)}
-    log.info("%d workers on %s, %d CPU threads each (host: %d logical CPUs, %s physical cores; logs: %s)%s",
-             n_workers, ", ".join(sorted(set(devices))), threads, host_cores(),
-             physical_cores() or "?", out / "workers",
-             f"; {classes.count(MPS_NORMAL)} at MPS normal priority take the {len(priority)} high-priority cells first"
-             if MPS_NORMAL in classes else "")
+    log.info(
+        "%d workers on %s, %d CPU threads each (host: %d logical CPUs, %s physical cores; logs: %s)%s",
+        n_workers,
+        ", ".join(sorted(set(devices))),
+        threads,
+        host_cores(),
+        physical_cores() or "?",
+        out / "workers",
+        f"; {classes.count(MPS_NORMAL)} at MPS normal priority take the {len(priority)} high-priority cells first"
+        if MPS_NORMAL in classes
+        else "",
+    )
     try:
         while True:
             counts = grid.progress(keys)
@@ -416,8 +511,12 @@ def run_workers(grid, cells: list[Cell], out: Path, storage_url: str | None, n_w
                 left = counts["running"] + counts["waiting"] + counts["todo"]
                 if left and restarts_left > 0 and p.exitcode != EXIT_INTERRUPTED:
                     restarts_left -= 1
-                    log.warning("worker %d exited with code %s; starting a fresh one (%d restarts left)",
-                                i, p.exitcode, restarts_left)
+                    log.warning(
+                        "worker %d exited with code %s; starting a fresh one (%d restarts left)",
+                        i,
+                        p.exitcode,
+                        restarts_left,
+                    )
                     alive[i] = start(i)
                 elif p.exitcode == EXIT_INTERRUPTED:
                     raise KeyboardInterrupt  # a worker was stopped by a signal meant for the whole run

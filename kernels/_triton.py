@@ -22,12 +22,11 @@ from collections.abc import Iterator
 
 import torch
 
-
 #: programs per launch below which a launch is small: about two per SM of an H100 / H200 (132 SMs)
 FEW_PROGRAMS = 256
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_importable() -> bool:
     try:
         import triton  # noqa: F401
@@ -110,8 +109,9 @@ def _launch_hooks_set() -> bool:
         from triton import knobs as _knobs
     enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
     # on every launch: two attribute tests, no generator
-    return bool((enter is not None and getattr(enter, "calls", True))
-                or (leave is not None and getattr(leave, "calls", True)))
+    return bool(
+        (enter is not None and getattr(enter, "calls", True)) or (leave is not None and getattr(leave, "calls", True))
+    )
 
 
 class LaunchCache:
@@ -154,8 +154,19 @@ class LaunchCache:
                 low_bits |= address
             if not low_bits & 15:
                 try:
-                    compiled.run(grid[0], 1, 1, torch._C._cuda_getCurrentRawStream(device), function, metadata,
-                                 None, None, None, *addresses, *constexprs)
+                    compiled.run(
+                        grid[0],
+                        1,
+                        1,
+                        torch._C._cuda_getCurrentRawStream(device),
+                        function,
+                        metadata,
+                        None,
+                        None,
+                        None,
+                        *addresses,
+                        *constexprs,
+                    )
                     return
                 except TypeError:  # a Triton whose launcher takes other arguments (it checks before launching)
                     self._broken = True
@@ -166,8 +177,7 @@ class LaunchCache:
         if any(args[i].data_ptr() % 16 for i in tensors):
             return  # compiled for a misaligned tensor: not the specialization the fast path assumes
         try:
-            constexprs = tuple(meta[name] for name in kernel.arg_names[len(args):])
-            self._compiled[(device, key)] = (compiled, compiled.function, compiled.packed_metadata, constexprs,
-                                             tensors)
+            constexprs = tuple(meta[name] for name in kernel.arg_names[len(args) :])
+            self._compiled[(device, key)] = (compiled, compiled.function, compiled.packed_metadata, constexprs, tensors)
         except (AttributeError, KeyError):  # another Triton's compiled kernel, or constexprs not in meta
             self._broken = True

@@ -4,11 +4,10 @@ Importing this package registers every built-in mixer in ``MIXERS``. Conventions
 ``mixers/CONVENTIONS.md``.
 """
 
-from mixers.build import build_mixer, resolve_mixer
-from mixers.registry import MIXERS, register_mixer
-
 # Built-in mixers register themselves on import (one line per module).
 import mixers.builtin  # noqa: F401,E402
+from mixers.build import build_mixer, resolve_mixer
 from mixers.cells import cell_mixer  # noqa: E402
+from mixers.registry import MIXERS, register_mixer
 
 __all__ = ["MIXERS", "build_mixer", "cell_mixer", "register_mixer", "resolve_mixer"]

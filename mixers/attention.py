@@ -77,8 +77,16 @@ class TransformerBlock(nn.Module):
     stackable, trials = True, 1
     BACKENDS = ("torch", "auto")
 
-    def __init__(self, d_model: int, num_heads: int = 4, mlp_ratio: float = 2.0, positions: str = "rope",
-                 max_len: int | None = None, bias: bool = False, backend: str = "auto") -> None:
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int = 4,
+        mlp_ratio: float = 2.0,
+        positions: str = "rope",
+        max_len: int | None = None,
+        bias: bool = False,
+        backend: str = "auto",
+    ) -> None:
         super().__init__()
         if num_heads < 1 or d_model % num_heads or (d_model // num_heads) % 2:
             raise ValueError(f"transformer: d_model={d_model} must split into num_heads={num_heads} even-sized heads")
@@ -97,7 +105,9 @@ class TransformerBlock(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
         self.norm = nn.RMSNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, hidden, bias=bias), nn.GELU(), nn.Linear(hidden, d_model, bias=bias))
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, hidden, bias=bias), nn.GELU(), nn.Linear(hidden, d_model, bias=bias)
+        )
         if positions == "learned":
             self.position_table = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
 
@@ -108,7 +118,9 @@ class TransformerBlock(nn.Module):
             x = x + sinusoidal_positions(length, d // S, x.device, x.dtype).repeat(1, S)
         elif self.positions == "learned":
             if length > self.max_len:
-                raise ValueError(f"transformer: sequence length {length} exceeds the learned positions' max_len={self.max_len}")
+                raise ValueError(
+                    f"transformer: sequence length {length} exceeds the learned positions' max_len={self.max_len}"
+                )
             x = x + self.position_table[:length]
         qkv = self.qkv(x).view(bsz, length, S, 3, self.num_heads, -1)  # each trial's (q, k, v)
         q, k, v = qkv.permute(3, 0, 2, 4, 1, 5).flatten(2, 3)  # (B, S * H, L, Dh) each
@@ -123,8 +135,22 @@ class TransformerBlock(nn.Module):
 
 
 @register_mixer("transformer")
-def build_transformer(d_model: int, num_heads: int = 4, mlp_ratio: float = 2.0, positions: str = "rope",
-                      max_len: int | None = None, bias: bool = False, backend: str = "auto") -> TransformerBlock:
+def build_transformer(
+    d_model: int,
+    num_heads: int = 4,
+    mlp_ratio: float = 2.0,
+    positions: str = "rope",
+    max_len: int | None = None,
+    bias: bool = False,
+    backend: str = "auto",
+) -> TransformerBlock:
     """Causal multi-head attention + MLP (see ``TransformerBlock``)."""
-    return TransformerBlock(d_model, num_heads=num_heads, mlp_ratio=mlp_ratio, positions=positions,
-                            max_len=max_len, bias=bias, backend=backend)
+    return TransformerBlock(
+        d_model,
+        num_heads=num_heads,
+        mlp_ratio=mlp_ratio,
+        positions=positions,
+        max_len=max_len,
+        bias=bias,
+        backend=backend,
+    )

@@ -76,5 +76,7 @@ def build_mixer(name: str, d_model: int, **config) -> nn.Module:
         raise ValueError(f"d_model must be a positive int, got {d_model!r}")
     module = resolve_mixer(name)(d_model, **config)
     if not isinstance(module, nn.Module):
-        raise ValueError(f"mixer {name!r} built a {type(module).__name__}, not an nn.Module mapping (B, L, d) to (B, L, d)")
+        raise ValueError(
+            f"mixer {name!r} built a {type(module).__name__}, not an nn.Module mapping (B, L, d) to (B, L, d)"
+        )
     return module

@@ -31,5 +31,5 @@ def causal_depthwise_conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
     weight = conv.weight[:, 0, :]  # (C, K)
     y = padded[:, :length] * weight[:, 0]
     for k in range(1, kernel):
-        y = y + padded[:, k:k + length] * weight[:, k]
+        y = y + padded[:, k : k + length] * weight[:, k]
     return y if conv.bias is None else y + conv.bias

@@ -84,24 +84,40 @@ class DeltaRuleMixer(nn.Module):
 
     BACKENDS = kernel_backends("delta_rule")  # ("auto", "reference", "chunk", "fla", "fla_recurrent")
 
-    def __init__(self, d_model: int, num_heads: int = 4, householders: int = 1, signed: bool = False,
-                 forget_gate: bool = False, output_gate: bool = False, short_conv: bool = False,
-                 qk_norm: str = "l2", backend: str = "auto", name: str = "deltanet"):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int = 4,
+        householders: int = 1,
+        signed: bool = False,
+        forget_gate: bool = False,
+        output_gate: bool = False,
+        short_conv: bool = False,
+        qk_norm: str = "l2",
+        backend: str = "auto",
+        name: str = "deltanet",
+    ):
         super().__init__()
         d_model, num_heads = _positive_int("d_model", d_model), _positive_int("num_heads", num_heads)
         n = _positive_int("householders", householders)
         if d_model % num_heads:
             raise ValueError(f"{name}: d_model={d_model} must be divisible by num_heads={num_heads}")
-        for option, value in (("signed", signed), ("forget_gate", forget_gate), ("output_gate", output_gate),
-                              ("short_conv", short_conv)):
+        for option, value in (
+            ("signed", signed),
+            ("forget_gate", forget_gate),
+            ("output_gate", output_gate),
+            ("short_conv", short_conv),
+        ):
             _bool(f"{name}: {option}", value)
         if qk_norm not in QK_NORMS:
             raise ValueError(f"{name}: qk_norm must be one of {', '.join(QK_NORMS)}, got {qk_norm!r}")
         if backend not in self.BACKENDS:
             raise ValueError(f"{name}: unknown backend {backend!r}; valid: {', '.join(self.BACKENDS)}")
         if backend == "fla_recurrent" and forget_gate:
-            raise ValueError(f"{name}: backend 'fla_recurrent' has no forget gate (fla's fused recurrent gated "
-                             "kernels have no backward); valid with forget_gate: auto, reference, fla")
+            raise ValueError(
+                f"{name}: backend 'fla_recurrent' has no forget gate (fla's fused recurrent gated "
+                "kernels have no backward); valid with forget_gate: auto, reference, fla"
+            )
         self.num_heads, self.head_dim, self.householders = num_heads, d_model // num_heads, n
         self.signed, self.forget_gate, self.output_gate, self.short_conv = signed, forget_gate, output_gate, short_conv
         self.qk_norm, self.backend, self.name = qk_norm, backend, name
@@ -121,9 +137,11 @@ class DeltaRuleMixer(nn.Module):
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
 
     def extra_repr(self) -> str:
-        return (f"heads={self.num_heads}, householders={self.householders}, signed={self.signed}, "
-                f"forget_gate={self.forget_gate}, output_gate={self.output_gate}, short_conv={self.short_conv}, "
-                f"qk_norm={self.qk_norm!r}, backend={self.backend!r}")
+        return (
+            f"heads={self.num_heads}, householders={self.householders}, signed={self.signed}, "
+            f"forget_gate={self.forget_gate}, output_gate={self.output_gate}, short_conv={self.short_conv}, "
+            f"qk_norm={self.qk_norm!r}, backend={self.backend!r}"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, d = x.shape
@@ -152,34 +170,64 @@ class DeltaRuleMixer(nn.Module):
 
 
 @register_mixer("deltanet")
-def deltanet(d_model: int, num_heads: int = 4, short_conv: bool = False, qk_norm: str = "l2",
-             output_gate: bool = False, backend: str = "auto") -> DeltaRuleMixer:
+def deltanet(
+    d_model: int,
+    num_heads: int = 4,
+    short_conv: bool = False,
+    qk_norm: str = "l2",
+    output_gate: bool = False,
+    backend: str = "auto",
+) -> DeltaRuleMixer:
     """DeltaNet (Schlag et al. 2021, Yang et al. 2024): beta in [0, 1], transitions with eigenvalues in [0, 1]."""
     return DeltaRuleMixer(d_model, num_heads, 1, False, False, output_gate, short_conv, qk_norm, backend, "deltanet")
 
 
 @register_mixer("signed_deltanet")
-def signed_deltanet(d_model: int, num_heads: int = 4, short_conv: bool = False, qk_norm: str = "l2",
-                    output_gate: bool = False, backend: str = "auto") -> DeltaRuleMixer:
+def signed_deltanet(
+    d_model: int,
+    num_heads: int = 4,
+    short_conv: bool = False,
+    qk_norm: str = "l2",
+    output_gate: bool = False,
+    backend: str = "auto",
+) -> DeltaRuleMixer:
     """DeltaNet with beta in [0, 2]: eigenvalues in [-1, 1] (Grazzi et al. 2025, fla's allow_neg_eigval)."""
-    return DeltaRuleMixer(d_model, num_heads, 1, True, False, output_gate, short_conv, qk_norm, backend,
-                          "signed_deltanet")
+    return DeltaRuleMixer(
+        d_model, num_heads, 1, True, False, output_gate, short_conv, qk_norm, backend, "signed_deltanet"
+    )
 
 
 @register_mixer("deltaproduct")
-def deltaproduct(d_model: int, num_heads: int = 4, householders: int = 2, signed: bool = True,
-                 forget_gate: bool = False, short_conv: bool = False, qk_norm: str = "l2",
-                 output_gate: bool = True, backend: str = "auto") -> DeltaRuleMixer:
+def deltaproduct(
+    d_model: int,
+    num_heads: int = 4,
+    householders: int = 2,
+    signed: bool = True,
+    forget_gate: bool = False,
+    short_conv: bool = False,
+    qk_norm: str = "l2",
+    output_gate: bool = True,
+    backend: str = "auto",
+) -> DeltaRuleMixer:
     """DeltaProduct (Siems et al. 2025): ``householders`` delta steps per token (fla's GatedDeltaProduct;
     its defaults there: signed, output gate on; ``forget_gate=True`` is Gated DeltaProduct)."""
-    return DeltaRuleMixer(d_model, num_heads, householders, signed, forget_gate, output_gate, short_conv, qk_norm,
-                          backend, "deltaproduct")
+    return DeltaRuleMixer(
+        d_model, num_heads, householders, signed, forget_gate, output_gate, short_conv, qk_norm, backend, "deltaproduct"
+    )
 
 
 @register_mixer("gated_deltanet")
-def gated_deltanet(d_model: int, num_heads: int = 4, signed: bool = False, short_conv: bool = False,
-                   qk_norm: str = "l2", output_gate: bool = True, backend: str = "auto") -> DeltaRuleMixer:
+def gated_deltanet(
+    d_model: int,
+    num_heads: int = 4,
+    signed: bool = False,
+    short_conv: bool = False,
+    qk_norm: str = "l2",
+    output_gate: bool = True,
+    backend: str = "auto",
+) -> DeltaRuleMixer:
     """Gated DeltaNet (Yang et al. 2025): a decay ``exp(g_t)`` per token and head before the delta step
     (fla's GatedDeltaNet; output gate on as there)."""
-    return DeltaRuleMixer(d_model, num_heads, 1, signed, True, output_gate, short_conv, qk_norm, backend,
-                          "gated_deltanet")
+    return DeltaRuleMixer(
+        d_model, num_heads, 1, signed, True, output_gate, short_conv, qk_norm, backend, "gated_deltanet"
+    )

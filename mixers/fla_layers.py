@@ -54,7 +54,7 @@ class FLALayer(nn.Module):
 def fla_layer_class(name: str) -> type:
     """The class ``fla.layers.<name>`` of ``fla:<name>``; one-line ``ValueError`` when fla is missing or
     has no such layer."""
-    layer = name[len(PREFIX):]
+    layer = name[len(PREFIX) :]
     try:
         import fla.layers
     except ImportError as err:
@@ -74,10 +74,14 @@ def fla_factory(name: str):
     def factory(d_model: int, num_heads: int = 4, bf16: bool = True, **options) -> FLALayer:
         cls = fla_layer_class(name)
         params = inspect.signature(cls.__init__).parameters
-        kwargs = {"hidden_size": d_model, **({"num_heads": num_heads} if "num_heads" in params else {}),
-                  **({"head_dim": d_model // num_heads} if "head_dim" in params and "num_heads" in params else {}),
-                  **({"layer_idx": 0} if "layer_idx" in params else {}),
-                  **({"num_hidden_layers": 2} if "num_hidden_layers" in params else {}), **options}
+        kwargs = {
+            "hidden_size": d_model,
+            **({"num_heads": num_heads} if "num_heads" in params else {}),
+            **({"head_dim": d_model // num_heads} if "head_dim" in params and "num_heads" in params else {}),
+            **({"layer_idx": 0} if "layer_idx" in params else {}),
+            **({"num_hidden_layers": 2} if "num_hidden_layers" in params else {}),
+            **options,
+        }
         try:
             layer = cls(**kwargs)
         except AssertionError as err:  # fla checks its options with asserts

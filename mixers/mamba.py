@@ -93,8 +93,11 @@ class Mamba2(nn.Module):
         self.dt_bias = nn.Parameter(_dt_bias(num_heads, dt_min, dt_max))
         self.D = nn.Parameter(torch.ones(num_heads))
         conv_width = sum(self.split[:3])  # x (if projected here), B, C
-        self.conv = (nn.Conv1d(conv_width, conv_width, conv_kernel, groups=conv_width, padding=conv_kernel - 1)
-                     if conv_kernel else None)
+        self.conv = (
+            nn.Conv1d(conv_width, conv_width, conv_kernel, groups=conv_width, padding=conv_kernel - 1)
+            if conv_kernel
+            else None
+        )
         self.norm = nn.RMSNorm(d_model) if norm else None
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
@@ -154,7 +157,9 @@ class Mamba(nn.Module):
     def _scan_backend(self, u: torch.Tensor) -> str:
         if self.backend != "auto":
             if self.backend not in ("reference",) and self.backend not in SCAN_BACKENDS:
-                raise ValueError(f"mamba: the scan has no {self.backend!r} backend yet (has: {', '.join(SCAN_BACKENDS)})")
+                raise ValueError(
+                    f"mamba: the scan has no {self.backend!r} backend yet (has: {', '.join(SCAN_BACKENDS)})"
+                )
             return self.backend
         return "auto"  # kernels.scan decides (kernels.scan.resolve_backend)
 

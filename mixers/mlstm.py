@@ -103,8 +103,17 @@ class MLSTMMixer(nn.Module):
         if self.gate_softcap is not None:
             gates = self.gate_softcap * torch.tanh(gates / self.gate_softcap)
         i_pre, f_pre = (g.transpose(1, 2).contiguous() for g in gates.split(NH, dim=-1))
-        h = mlstm(heads(q, DQK), heads(k, DQK), heads(v, DV), i_pre, f_pre, input_gate=self.input_gate,
-                  backend=self.backend, chunk_size=self.chunk_size, eps=self.eps)  # (B, NH, L, DV)
+        h = mlstm(
+            heads(q, DQK),
+            heads(k, DQK),
+            heads(v, DV),
+            i_pre,
+            f_pre,
+            input_gate=self.input_gate,
+            backend=self.backend,
+            chunk_size=self.chunk_size,
+            eps=self.eps,
+        )  # (B, NH, L, DV)
         h = self.norm(h.transpose(1, 2)).reshape(B, L, NH * DV)
         return self.out_proj(torch.sigmoid(self.ogate(x)) * h)
 

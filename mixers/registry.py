@@ -8,7 +8,7 @@ A factory is any callable ``factory(d_model: int, **config) -> nn.Module`` whose
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 

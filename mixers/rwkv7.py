@@ -55,8 +55,8 @@ def _positive_int(name: str, value) -> int:
 def _low_rank_dims(d_model: int, head_dim: int) -> tuple[int, int, int]:
     """fla's default ranks of the decay, learning-rate and gate maps."""
     factor = head_dim / 64
-    decay = max(32, int(round(2.5 * d_model ** 0.5 * factor / 32) * 32))
-    gate = max(32, int(round(5 * d_model ** 0.5 / 32) * 32))
+    decay = max(32, int(round(2.5 * d_model**0.5 * factor / 32) * 32))
+    gate = max(32, int(round(5 * d_model**0.5 / 32) * 32))
     return decay, decay, gate
 
 
@@ -101,8 +101,12 @@ class RWKV7(nn.Module):
         centred = ((n % D) - (D - 1) / 2) / max((D - 1) / 2, 1.0)
         zigzag = centred * centred.abs()
         # token-shift mixes (layer 0: exponents 0.2 / 0.9 / 0.7 as fla and RWKV-LM)
-        self.mu = nn.ParameterDict({c: nn.Parameter(1.0 - position ** p)
-                                    for c, p in (("r", 0.2), ("w", 0.9), ("k", 0.7), ("v", 0.7), ("a", 0.9), ("g", 0.2))})
+        self.mu = nn.ParameterDict(
+            {
+                c: nn.Parameter(1.0 - position**p)
+                for c, p in (("r", 0.2), ("w", 0.9), ("k", 0.7), ("v", 0.7), ("a", 0.9), ("g", 0.2))
+            }
+        )
         self.k_k = nn.Parameter(0.71 - linear * 0.1)
         self.k_a = nn.Parameter(torch.full((d,), 1.02))
         self.r_k = nn.Parameter(torch.full((H, D), -0.04))

@@ -34,8 +34,15 @@ class SignedMamba(nn.Module):
 
     BACKENDS = ("auto", "reference", *(b for b in SCAN_BACKENDS if b != "reference"))
 
-    def __init__(self, d_model: int, d_state: int = 16, eig_min: float = -1.0, backend: str = "auto",
-                 dt_min: float = 1e-3, dt_max: float = 1e-1):
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 16,
+        eig_min: float = -1.0,
+        backend: str = "auto",
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+    ):
         super().__init__()
         d_model, d_state = _positive_int("d_model", d_model), _positive_int("d_state", d_state)
         if not -1.0 <= eig_min <= 0.0:

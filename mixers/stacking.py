@@ -51,7 +51,9 @@ class StackedLinear(nn.Module):
         first = linears[0]
         self.in_features, self.out_features = first.in_features, first.out_features
         self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in linears]).clone())
-        self.bias = nn.Parameter(torch.stack([m.bias.detach() for m in linears]).clone()) if first.bias is not None else None
+        self.bias = (
+            nn.Parameter(torch.stack([m.bias.detach() for m in linears]).clone()) if first.bias is not None else None
+        )
 
     @property
     def trials(self) -> int:
@@ -75,9 +77,13 @@ class StackedRMSNorm(nn.Module):
         super().__init__()
         first = norms[0]
         if len(first.normalized_shape) != 1:
-            raise ValueError(f"stacking: an RMSNorm over {tuple(first.normalized_shape)} cannot be stacked (only over the last dim)")
+            raise ValueError(
+                f"stacking: an RMSNorm over {tuple(first.normalized_shape)} cannot be stacked (only over the last dim)"
+            )
         self.dim, self.eps = first.normalized_shape[0], first.eps
-        self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in norms]).clone()) if first.weight is not None else None
+        self.weight = (
+            nn.Parameter(torch.stack([m.weight.detach() for m in norms]).clone()) if first.weight is not None else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xs = x.unflatten(-1, (-1, self.dim))
@@ -117,8 +123,16 @@ def _stacked_conv(convs: list[nn.Conv1d]) -> nn.Conv1d:
     if not (first.groups == C == first.out_channels):
         raise ValueError(f"stacking: only depthwise Conv1d can be stacked (groups == channels), got {first}")
     S = len(convs)
-    conv = nn.Conv1d(S * C, S * C, first.kernel_size[0], groups=S * C, padding=first.padding, bias=first.bias is not None,
-                     device=first.weight.device, dtype=first.weight.dtype)
+    conv = nn.Conv1d(
+        S * C,
+        S * C,
+        first.kernel_size[0],
+        groups=S * C,
+        padding=first.padding,
+        bias=first.bias is not None,
+        device=first.weight.device,
+        dtype=first.weight.dtype,
+    )
     with torch.no_grad():
         conv.weight.copy_(torch.cat([m.weight for m in convs]))
         if conv.bias is not None:
@@ -159,17 +173,20 @@ def stack_trials(modules: list[nn.Module]) -> nn.Module:
     if isinstance(first, _ELEMENTWISE):
         return copy.deepcopy(first)
     if not (getattr(first, "stackable", False) or type(first) in (nn.Sequential, nn.ModuleList)):
-        raise ValueError(f"{type(first).__name__} cannot be stacked (it does not declare stackable = True): "
-                         "train it one trial per model")
+        raise ValueError(
+            f"{type(first).__name__} cannot be stacked (it does not declare stackable = True): "
+            "train it one trial per model"
+        )
     if any(True for _ in first.buffers(recurse=False)):
         raise ValueError(f"stacking: {type(first).__name__} has buffers; give it a stack_trials classmethod")
     stacked = copy.copy(first)
     stacked.__dict__ = dict(first.__dict__)
     stacked._parameters, stacked._buffers, stacked._modules = {}, {}, {}
     for name, p in first.named_parameters(recurse=False):
-        stacked._parameters[name] = nn.Parameter(torch.cat([getattr(m, name).detach() for m in modules], dim=-1).clone(),
-                                                 requires_grad=p.requires_grad)
-    for name, child in first.named_children():
+        stacked._parameters[name] = nn.Parameter(
+            torch.cat([getattr(m, name).detach() for m in modules], dim=-1).clone(), requires_grad=p.requires_grad
+        )
+    for name, _ in first.named_children():
         stacked._modules[name] = stack_trials([getattr(m, name) for m in modules])
     if getattr(first, "stackable", False):
         stacked.trials = len(modules)

@@ -19,7 +19,22 @@ from tasks.parity import Parity
 from tasks.word_problem import WordProblem
 
 __all__ = [
-    "IGNORE_INDEX", "TASKS", "Task", "TaskData", "get_task", "make_generator", "register_task",
-    "SyntheticDataModule", "ExtrapolationConfig", "generate_variable_length",
-    "KeepNth", "KHop", "ModularArithmetic", "ModularArithmeticBrackets", "ModularCount", "MQAR", "Parity", "WordProblem",
+    "IGNORE_INDEX",
+    "TASKS",
+    "Task",
+    "TaskData",
+    "get_task",
+    "make_generator",
+    "register_task",
+    "SyntheticDataModule",
+    "ExtrapolationConfig",
+    "generate_variable_length",
+    "KeepNth",
+    "KHop",
+    "ModularArithmetic",
+    "ModularArithmeticBrackets",
+    "ModularCount",
+    "MQAR",
+    "Parity",
+    "WordProblem",
 ]

@@ -8,7 +8,8 @@ and deterministic in ``seed``: it never touches torch's global RNG.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -111,7 +112,7 @@ class Task:
     def seq_len(self) -> int:
         return self.config.seq_len
 
-    def with_options(self, **overrides: Any) -> "Task":
+    def with_options(self, **overrides: Any) -> Task:
         """A copy of this task with some config fields replaced (validated)."""
         return type(self)(**{**dataclasses.asdict(self.config), **overrides})
 

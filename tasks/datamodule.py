@@ -59,8 +59,9 @@ class TrainingStream:
     length: train with ``max_steps``.
     """
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, shuffle_seed: int,
-                 chunk: int = 1) -> None:
+    def __init__(
+        self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, shuffle_seed: int, chunk: int = 1
+    ) -> None:
         if inputs.shape[0] != targets.shape[0]:
             raise ValueError(f"inputs and targets differ in length: {inputs.shape[0]} vs {targets.shape[0]}")
         if chunk < 1:
@@ -95,8 +96,9 @@ class StackedTrainingStream(TrainingStream):
     together for stacked trials (``mixers.stacking``): batch ``b`` is ``(inputs (S, b, L), targets (S, b, L))``,
     row ``s`` being batch ``b`` of the ``TrainingStream`` with ``shuffle_seeds[s]``."""
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, shuffle_seeds: list[int],
-                 chunk: int = 1) -> None:
+    def __init__(
+        self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, shuffle_seeds: list[int], chunk: int = 1
+    ) -> None:
         if len(shuffle_seeds) < 1:
             raise ValueError("a stacked training stream needs at least one shuffle seed")
         super().__init__(inputs, targets, batch_size, shuffle_seeds[0], chunk)
@@ -176,8 +178,13 @@ class SyntheticDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.task = get_task(task, **(task_options or {})) if isinstance(task, str) else task
-        for name, value in (("train_size", train_size), ("val_size", val_size), ("test_size", test_size),
-                            ("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+        for name, value in (
+            ("train_size", train_size),
+            ("val_size", val_size),
+            ("test_size", test_size),
+            ("batch_size", batch_size),
+            ("eval_batch_size", eval_batch_size),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
@@ -224,8 +231,9 @@ class SyntheticDataModule(L.LightningDataModule):
         for split in SPLIT_IDS:
             self.data[split] = self._split(split)
         train, n = self.data["train"], min(self.sizes["val"], self.sizes["train"])
-        self.data[TRAIN_SUBSET] = TaskData(train.inputs[:n], train.targets[:n],
-                                           None if train.lengths is None else train.lengths[:n])
+        self.data[TRAIN_SUBSET] = TaskData(
+            train.inputs[:n], train.targets[:n], None if train.lengths is None else train.lengths[:n]
+        )
         if self.extrapolation is not None:
             for i, length in enumerate(self.extrapolation.eval_lengths):
                 task = self.task.with_options(seq_len=length)
@@ -243,7 +251,9 @@ class SyntheticDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> TrainingStream:
         if self.stack_shuffle_seeds is not None:
-            return StackedTrainingStream(*self._tensors("train"), self.batch_size, self.stack_shuffle_seeds, self.train_chunk)
+            return StackedTrainingStream(
+                *self._tensors("train"), self.batch_size, self.stack_shuffle_seeds, self.train_chunk
+            )
         return TrainingStream(*self._tensors("train"), self.batch_size, self.shuffle_seed, self.train_chunk)
 
     def val_dataloader(self) -> TensorBatches:

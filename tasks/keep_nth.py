@@ -35,7 +35,9 @@ class KeepNth(Task):
         c = self.config
         check(c.vocab_size >= 2, self.name, f"vocab_size must be >= 2, got {c.vocab_size}")
         check(1 <= c.n <= c.seq_len, self.name, f"needs 1 <= n <= seq_len, got n={c.n}, seq_len={c.seq_len}")
-        check(isinstance(c.per_position, bool), self.name, f"per_position must be True or False, got {c.per_position!r}")
+        check(
+            isinstance(c.per_position, bool), self.name, f"per_position must be True or False, got {c.per_position!r}"
+        )
 
     def _generate(self, num_samples: int, generator: torch.Generator) -> TaskData:
         c = self.config

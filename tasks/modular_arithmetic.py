@@ -90,7 +90,9 @@ class _ModularExpression(Task):
     def _validate(self) -> None:
         c = self.config
         check(c.seq_len >= 1, self.name, f"seq_len must be >= 1, got {c.seq_len}")
-        check(isinstance(c.modulus, int) and c.modulus >= 2, self.name, f"modulus must be an int >= 2, got {c.modulus!r}")
+        check(
+            isinstance(c.modulus, int) and c.modulus >= 2, self.name, f"modulus must be an int >= 2, got {c.modulus!r}"
+        )
 
 
 @register_task("modular_arithmetic")
@@ -107,8 +109,11 @@ class ModularArithmetic(_ModularExpression):
         super()._validate()
         c = self.config
         ops = c.operators
-        check(isinstance(ops, str) and len(ops) >= 1 and set(ops) <= set(OPERATOR_CHARS) and len(set(ops)) == len(ops),
-              self.name, f"operators must be distinct characters of {OPERATOR_CHARS!r}, got {ops!r}")
+        check(
+            isinstance(ops, str) and len(ops) >= 1 and set(ops) <= set(OPERATOR_CHARS) and len(set(ops)) == len(ops),
+            self.name,
+            f"operators must be distinct characters of {OPERATOR_CHARS!r}, got {ops!r}",
+        )
 
     def _generate(self, num_samples: int, generator: torch.Generator) -> TaskData:
         c, n = self.config, num_samples
@@ -174,7 +179,9 @@ class ModularArithmeticBrackets(_ModularExpression):
             values = torch.where(negated, -digit, digit) % m
             # inner nodes: ( A op B ) with |A| uniform in [1, size - 4]
             ib, isz = base[~leaf], size[~leaf]
-            left = 1 + torch.minimum((torch.rand(len(ib), generator=g, dtype=torch.float64) * (isz - 4)).long(), isz - 5)
+            left = 1 + torch.minimum(
+                (torch.rand(len(ib), generator=g, dtype=torch.float64) * (isz - 4)).long(), isz - 5
+            )
             op = torch.randint(0, 3 if c.mult else 2, (len(ib),), generator=g)
             flat[ib] = m + OPEN
             flat[ib + 1 + left] = m + op

@@ -43,8 +43,11 @@ class ModularCount(Task):
         check(c.seq_len >= 1, self.name, f"seq_len must be >= 1, got {c.seq_len}")
         check(c.m >= 2, self.name, f"m must be >= 2, got {c.m}")
         check(c.vocab_size >= 2, self.name, f"vocab_size must be >= 2, got {c.vocab_size}")
-        check(0 <= c.count_token < c.vocab_size, self.name,
-              f"count_token must be in [0, vocab_size={c.vocab_size}), got {c.count_token}")
+        check(
+            0 <= c.count_token < c.vocab_size,
+            self.name,
+            f"count_token must be in [0, vocab_size={c.vocab_size}), got {c.count_token}",
+        )
 
     def _generate(self, num_samples: int, generator: torch.Generator) -> TaskData:
         c = self.config

@@ -62,16 +62,28 @@ class MQAR(Task):
     def _validate(self) -> None:
         c = self.config
         kappa, half = c.num_kv_pairs, c.vocab_size // 2
-        check(c.vocab_size >= 4 and c.vocab_size % 2 == 0, self.name,
-              f"vocab_size must be even and >= 4, got {c.vocab_size}")
+        check(
+            c.vocab_size >= 4 and c.vocab_size % 2 == 0,
+            self.name,
+            f"vocab_size must be even and >= 4, got {c.vocab_size}",
+        )
         check(kappa >= 1, self.name, f"num_kv_pairs must be >= 1, got {kappa}")
-        check(kappa < half, self.name,
-              f"needs num_kv_pairs < vocab_size/2 (keys come from [1, V/2)), got {kappa} >= {half}")
-        check(3 * kappa <= c.seq_len, self.name,
-              f"needs 3*num_kv_pairs <= seq_len (context + one query per key), got 3*{kappa} > {c.seq_len}")
+        check(
+            kappa < half,
+            self.name,
+            f"needs num_kv_pairs < vocab_size/2 (keys come from [1, V/2)), got {kappa} >= {half}",
+        )
+        check(
+            3 * kappa <= c.seq_len,
+            self.name,
+            f"needs 3*num_kv_pairs <= seq_len (context + one query per key), got 3*{kappa} > {c.seq_len}",
+        )
         check(0.0 <= c.query_rate <= 1.0, self.name, f"query_rate must be in [0, 1], got {c.query_rate}")
-        check(c.placement in PLACEMENTS, self.name,
-              f"placement must be one of {', '.join(PLACEMENTS)}, got {c.placement!r}")
+        check(
+            c.placement in PLACEMENTS,
+            self.name,
+            f"placement must be one of {', '.join(PLACEMENTS)}, got {c.placement!r}",
+        )
         check(c.power_a > 0, self.name, f"power_a must be > 0, got {c.power_a}")
 
     def _query_positions(self, g: torch.Generator, n: int, rest: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,7 +42,9 @@ class Block2Cell(RNNCell):
         half = h.shape[-1] // 2
         p, q, v = h[..., :half], h[..., half:], x @ self.W
         c, s = torch.cos(self.theta), torch.sin(self.theta)
-        return torch.cat([torch.tanh(0.8 * (c * p - s * q) + v[..., :half]), torch.tanh(0.8 * (s * p + c * q) + v[..., half:])], -1)
+        return torch.cat(
+            [torch.tanh(0.8 * (c * p - s * q) + v[..., :half]), torch.tanh(0.8 * (s * p + c * q) + v[..., half:])], -1
+        )
 
 
 class DenseCell(RNNCell):

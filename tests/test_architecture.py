@@ -37,7 +37,9 @@ def _imports() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
                 targets |= {f"{base}.{a.name}" for a in node.names} | {base}
         resolved = set()
         for t in targets:
@@ -50,8 +52,12 @@ def _imports() -> dict[str, set[str]]:
 
 
 def test_packages_import_only_downwards():
-    bad = [(m, t) for m, targets in _imports().items() for t in targets
-           if t.split(".")[0] != m.split(".")[0] and t.split(".")[0] not in ALLOWED[m.split(".")[0]]]
+    bad = [
+        (m, t)
+        for m, targets in _imports().items()
+        for t in targets
+        if t.split(".")[0] != m.split(".")[0] and t.split(".")[0] not in ALLOWED[m.split(".")[0]]
+    ]
     assert not bad, bad
 
 
@@ -63,7 +69,7 @@ def test_no_import_cycles():
 
     def visit(node: str, on_path: set[str]) -> None:
         if node in on_path:
-            cycles.append(stack[stack.index(node):] + [node])
+            cycles.append(stack[stack.index(node) :] + [node])
             return
         if node in seen:
             return

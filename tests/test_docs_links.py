@@ -6,8 +6,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md"),
-               *(ROOT / "kernels").glob("**/README.md"), *(ROOT / "benchmarks").glob("**/*.md")])
+DOCS = sorted(
+    [
+        ROOT / "README.md",
+        ROOT / "CONTRIBUTING.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "kernels").glob("**/README.md"),
+        *(ROOT / "benchmarks").glob("**/*.md"),
+    ]
+)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 

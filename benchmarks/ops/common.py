@@ -56,8 +56,22 @@ class BenchRow:
         return {**{k: out.pop(k) for k in ("family", "section", "impl", "direction", "dtype")}, **self.dims, **out}
 
 
-DIM_ORDER = ("cell", "kind", "gate", "batch", "length", "heads", "head_dim", "dim", "qk_dim", "v_dim", "state", "groups",
-             "chunk", "chunks")
+DIM_ORDER = (
+    "cell",
+    "kind",
+    "gate",
+    "batch",
+    "length",
+    "heads",
+    "head_dim",
+    "dim",
+    "qk_dim",
+    "v_dim",
+    "state",
+    "groups",
+    "chunk",
+    "chunks",
+)
 
 
 def dims_label(dims: dict) -> str:
@@ -157,10 +171,16 @@ def git_commit() -> str:
     """Short git commit of the suite's checkout, ``-dirty`` appended when its files differ from that commit
     (a copy whose ``.git`` is older than its files says so); ``"unknown"`` outside a checkout."""
     try:
-        return subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=Path(__file__).parent, capture_output=True,
-            text=True, timeout=5,
-        ).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                cwd=Path(__file__).parent,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            or "unknown"
+        )
     except Exception:
         return "unknown"
 
@@ -218,8 +238,13 @@ class Problem:
     section: str = "main"
 
 
-def run(problems: Iterable[Problem], *, warm_only: bool = False, log: Callable[[str], None] = print,
-        checkpoint: Callable[[list[BenchRow]], object] | None = None) -> list[BenchRow]:
+def run(
+    problems: Iterable[Problem],
+    *,
+    warm_only: bool = False,
+    log: Callable[[str], None] = print,
+    checkpoint: Callable[[list[BenchRow]], object] | None = None,
+) -> list[BenchRow]:
     """Check, then time, every implementation of every problem; a failing implementation gives a row
     with ``ms = nan`` and the error in ``note``. ``warm_only``: run each thunk once (compiles and
     autotunes), neither check nor time. ``checkpoint(rows)`` after every implementation (a run cut
@@ -229,8 +254,18 @@ def run(problems: Iterable[Problem], *, warm_only: bool = False, log: Callable[[
         try:
             impls = pb.impls()
         except Exception as err:  # noqa: BLE001 - e.g. out of memory building inputs
-            rows.append(BenchRow(pb.family, "-", "fwd", pb.dtype, pb.dims, math.nan, section=pb.section,
-                                 note=f"failed: {type(err).__name__}: {err}"[:200]))
+            rows.append(
+                BenchRow(
+                    pb.family,
+                    "-",
+                    "fwd",
+                    pb.dtype,
+                    pb.dims,
+                    math.nan,
+                    section=pb.section,
+                    note=f"failed: {type(err).__name__}: {err}"[:200],
+                )
+            )
             continue
         for impl in impls:
             rows += _run_impl(pb, impl, warm_only, log)
@@ -257,8 +292,20 @@ def _run_impl(pb: Problem, impl: Impl, warm_only: bool, log) -> list[BenchRow]:
             if thunk is None:
                 continue
             ms = time_ms(thunk, **impl.time_kw)
-            out.append(BenchRow(pb.family, impl.name, direction, pb.dtype, pb.dims, ms, pb.limits.get(direction, math.nan),
-                                err, pb.section, impl.note))
+            out.append(
+                BenchRow(
+                    pb.family,
+                    impl.name,
+                    direction,
+                    pb.dtype,
+                    pb.dims,
+                    ms,
+                    pb.limits.get(direction, math.nan),
+                    err,
+                    pb.section,
+                    impl.note,
+                )
+            )
             log(f"{pb.family} {dims_label(pb.dims)} {pb.dtype} {impl.name} {direction}: {ms:.4g} ms (err {err:.2g})")
     except Exception as e:  # noqa: BLE001 - a failing implementation is reported, the others still run
         msg = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
@@ -285,10 +332,20 @@ def table(rows: Iterable[BenchRow], *, baseline: str | None = None) -> str:
         b = base.get(key(r), math.nan)
         ratio = r.ms / b if b == b and r.ms == r.ms else math.nan
         eff = r.limit_ms / r.ms if r.limit_ms == r.limit_ms and r.ms == r.ms else math.nan
-        out.append({"problem": dims_label(r.dims), "dtype": r.dtype, "dir": r.direction, "impl": r.impl,
-                    "ms": _num(r.ms, ".4g"), f"vs {baseline or '-'}": _num(ratio, ".3g") + "x",
-                    "limit ms": _num(r.limit_ms, ".4g"), "limit/ms": _num(eff, ".0%"),
-                    "rel err": _num(r.max_rel_err, ".2g"), "note": r.note})
+        out.append(
+            {
+                "problem": dims_label(r.dims),
+                "dtype": r.dtype,
+                "dir": r.direction,
+                "impl": r.impl,
+                "ms": _num(r.ms, ".4g"),
+                f"vs {baseline or '-'}": _num(ratio, ".3g") + "x",
+                "limit ms": _num(r.limit_ms, ".4g"),
+                "limit/ms": _num(eff, ".0%"),
+                "rel err": _num(r.max_rel_err, ".2g"),
+                "note": r.note,
+            }
+        )
     return pd.DataFrame(out).to_markdown(index=False, disable_numparse=True)
 
 
@@ -307,8 +364,11 @@ def write_json(family: str, rows: Iterable[BenchRow], env: dict, out_dir: str | 
 def cli_common(parser) -> None:
     """The options every family's benchmark takes."""
     parser.add_argument("--out", default=str(RESULTS), help=f"folder for <family>.json (default {RESULTS})")
-    parser.add_argument("--warm-only", action="store_true",
-                        help="run every timed implementation once (compile, autotune); no check, no timing, no JSON")
+    parser.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="run every timed implementation once (compile, autotune); no check, no timing, no JSON",
+    )
 
 
 def finish(family: str, rows: list[BenchRow], env: dict, args, *, baseline: str | None = None) -> None:

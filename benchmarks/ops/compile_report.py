@@ -42,14 +42,19 @@ def compile_kernel(kernel, args: dict, arch: int):
     const_names = {kernel.arg_names[i] for i in kernel.constexprs} | {n for n, v in args.items() if v is None}
     sig = {n: ("constexpr" if n in const_names else args[n]) for n in kernel.arg_names}
     const = {n: args[n] for n in kernel.arg_names if n in const_names}
-    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=const),
-                          target=GPUTarget("cuda", arch, 32), options=opts)
+    return triton.compile(
+        ASTSource(fn=kernel, signature=sig, constexprs=const), target=GPUTarget("cuda", arch, 32), options=opts
+    )
 
 
 def describe(compiled) -> dict:
     """``regs`` (per thread), ``spill`` (bytes of local memory per thread), ``smem`` (bytes), ``async``."""
-    out = {"regs": getattr(compiled, "n_regs", None), "spill": getattr(compiled, "n_spills", None),
-           "smem": compiled.metadata.shared, "async": compiled.asm["ttgir"].count("async_copy_global_to_local")}
+    out = {
+        "regs": getattr(compiled, "n_regs", None),
+        "spill": getattr(compiled, "n_spills", None),
+        "smem": compiled.metadata.shared,
+        "async": compiled.asm["ttgir"].count("async_copy_global_to_local"),
+    }
     if out["regs"] is None:  # not loaded on a device: ask cuobjdump
         tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -95,34 +100,164 @@ def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool)
     t, acc, st = "*" + _TY[dtype], "*fp32", "*" + _TY[tc._state_dtype(dtype, tiles)]
     shape = dict(DQK=DQK, DV=DV, L=L)
     inter = dict(shape, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate, PREC=prec, num_warps=cfg["WI"])
-    intra = dict(shape, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"], EXP=exp_gate,
-                 PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"])
+    intra = dict(
+        shape,
+        BLQ=cfg["BLQ"],
+        BLKV=cfg["BLKV"],
+        BK=cfg["BK"],
+        BV=cfg["BV"],
+        EXP=exp_gate,
+        PREC=prec,
+        num_warps=cfg["W"],
+        num_stages=cfg["ST"],
+    )
     qk = dict(intra, BV=cfg["BVDP"])
     gate = "exp" if exp_gate else "sig"
-    return [(f"mlstm {gate} L={L} {name}", kernel, args) for name, kernel, args in [
-        ("fwd inter_chunk_states", triton_fwd.inter_chunk_states,
-         dict(inter, k_ptr=t, v_ptr=t, a_ptr=acc, g_ptr=acc, amax_ptr=acc, c0_ptr=acc, n0_ptr=acc, m0_ptr=acc,
-              cst_ptr=st, nst_ptr=acc, mst_ptr=acc, clast_ptr=acc, S="i32", NC="i32", chunk="i32", HAS_INIT=True,
-              FUSED=True)),
-        ("fwd intra_chunk_h", triton_fwd.intra_chunk_h,
-         dict(intra, q_ptr=t, k_ptr=t, v_ptr=t, b_ptr=acc, li_ptr=acc, cst_ptr=st, nst_ptr=acc, mst_ptr=acc,
-              h_ptr=t, mtok_ptr=acc, dtok_ptr=acc, S="i32", NC="i32", scale="fp32", eps="fp32")),
-        ("bwd inter_chunk_dstates", triton_bwd.inter_chunk_dstates,
-         dict(inter, q_ptr=t, dh_ptr=t, b_ptr=acc, g_ptr=acc, mtok_ptr=acc, inv_ptr=acc, dd_ptr=acc, mst_ptr=acc,
-              dcl_ptr=acc, dnl_ptr=acc, dcst_ptr=st, dnst_ptr=acc, dc0_ptr=acc, S="i32", NC="i32", scale="fp32",
-              HAS_DLAST=True)),
-        ("bwd intra_chunk_dq", triton_bwd.intra_chunk_dq,
-         dict(qk, q_ptr=t, k_ptr=t, v_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, mtok_ptr=acc, inv_ptr=acc,
-              dd_ptr=acc, cst_ptr=st, nst_ptr=acc, mst_ptr=acc, dq_ptr=t, qdq_ptr=acc, S="i32", NC="i32",
-              scale="fp32")),
-        ("bwd intra_chunk_dk", triton_bwd.intra_chunk_dk,
-         dict(qk, q_ptr=t, k_ptr=t, v_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, a_ptr=acc, mtok_ptr=acc,
-              inv_ptr=acc, dd_ptr=acc, dcst_ptr=st, dnst_ptr=acc, mst_ptr=acc, dk_ptr=t, kdk_ptr=acc,
-              S="i32", NC="i32", scale="fp32")),
-        ("bwd intra_chunk_dv", triton_bwd.intra_chunk_dv,
-         dict(intra, q_ptr=t, k_ptr=t, dh_ptr=t, b_ptr=acc, li_ptr=acc, a_ptr=acc, mtok_ptr=acc, inv_ptr=acc,
-              dcst_ptr=st, mst_ptr=acc, dv_ptr=t, S="i32", NC="i32", scale="fp32")),
-    ]]
+    return [
+        (f"mlstm {gate} L={L} {name}", kernel, args)
+        for name, kernel, args in [
+            (
+                "fwd inter_chunk_states",
+                triton_fwd.inter_chunk_states,
+                dict(
+                    inter,
+                    k_ptr=t,
+                    v_ptr=t,
+                    a_ptr=acc,
+                    g_ptr=acc,
+                    amax_ptr=acc,
+                    c0_ptr=acc,
+                    n0_ptr=acc,
+                    m0_ptr=acc,
+                    cst_ptr=st,
+                    nst_ptr=acc,
+                    mst_ptr=acc,
+                    clast_ptr=acc,
+                    S="i32",
+                    NC="i32",
+                    chunk="i32",
+                    HAS_INIT=True,
+                    FUSED=True,
+                ),
+            ),
+            (
+                "fwd intra_chunk_h",
+                triton_fwd.intra_chunk_h,
+                dict(
+                    intra,
+                    q_ptr=t,
+                    k_ptr=t,
+                    v_ptr=t,
+                    b_ptr=acc,
+                    li_ptr=acc,
+                    cst_ptr=st,
+                    nst_ptr=acc,
+                    mst_ptr=acc,
+                    h_ptr=t,
+                    mtok_ptr=acc,
+                    dtok_ptr=acc,
+                    S="i32",
+                    NC="i32",
+                    scale="fp32",
+                    eps="fp32",
+                ),
+            ),
+            (
+                "bwd inter_chunk_dstates",
+                triton_bwd.inter_chunk_dstates,
+                dict(
+                    inter,
+                    q_ptr=t,
+                    dh_ptr=t,
+                    b_ptr=acc,
+                    g_ptr=acc,
+                    mtok_ptr=acc,
+                    inv_ptr=acc,
+                    dd_ptr=acc,
+                    mst_ptr=acc,
+                    dcl_ptr=acc,
+                    dnl_ptr=acc,
+                    dcst_ptr=st,
+                    dnst_ptr=acc,
+                    dc0_ptr=acc,
+                    S="i32",
+                    NC="i32",
+                    scale="fp32",
+                    HAS_DLAST=True,
+                ),
+            ),
+            (
+                "bwd intra_chunk_dq",
+                triton_bwd.intra_chunk_dq,
+                dict(
+                    qk,
+                    q_ptr=t,
+                    k_ptr=t,
+                    v_ptr=t,
+                    dh_ptr=t,
+                    b_ptr=acc,
+                    li_ptr=acc,
+                    mtok_ptr=acc,
+                    inv_ptr=acc,
+                    dd_ptr=acc,
+                    cst_ptr=st,
+                    nst_ptr=acc,
+                    mst_ptr=acc,
+                    dq_ptr=t,
+                    qdq_ptr=acc,
+                    S="i32",
+                    NC="i32",
+                    scale="fp32",
+                ),
+            ),
+            (
+                "bwd intra_chunk_dk",
+                triton_bwd.intra_chunk_dk,
+                dict(
+                    qk,
+                    q_ptr=t,
+                    k_ptr=t,
+                    v_ptr=t,
+                    dh_ptr=t,
+                    b_ptr=acc,
+                    li_ptr=acc,
+                    a_ptr=acc,
+                    mtok_ptr=acc,
+                    inv_ptr=acc,
+                    dd_ptr=acc,
+                    dcst_ptr=st,
+                    dnst_ptr=acc,
+                    mst_ptr=acc,
+                    dk_ptr=t,
+                    kdk_ptr=acc,
+                    S="i32",
+                    NC="i32",
+                    scale="fp32",
+                ),
+            ),
+            (
+                "bwd intra_chunk_dv",
+                triton_bwd.intra_chunk_dv,
+                dict(
+                    intra,
+                    q_ptr=t,
+                    k_ptr=t,
+                    dh_ptr=t,
+                    b_ptr=acc,
+                    li_ptr=acc,
+                    a_ptr=acc,
+                    mtok_ptr=acc,
+                    inv_ptr=acc,
+                    dcst_ptr=st,
+                    mst_ptr=acc,
+                    dv_ptr=t,
+                    S="i32",
+                    NC="i32",
+                    scale="fp32",
+                ),
+            ),
+        ]
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,8 +31,17 @@ import traceback
 
 import torch
 
-from benchmarks.ops.common import (BenchRow, cli_common, copy_bandwidth_gbs, environment, matmul_tflops,
-                                   rel_error, table, time_ms, write_json)
+from benchmarks.ops.common import (
+    BenchRow,
+    cli_common,
+    copy_bandwidth_gbs,
+    environment,
+    matmul_tflops,
+    rel_error,
+    table,
+    time_ms,
+    write_json,
+)
 from kernels.fused_rnn.reference import cell_spec
 
 DEVICE = "cuda"  # the CPU tests set "cpu" (with TRITON_INTERPRET=1) to exercise this module
@@ -100,8 +109,13 @@ class Case:
 
     @property
     def dims(self) -> dict:
-        return {"cell": self.cell, "batch": self.batch, "length": self.length, "heads": self.num_heads,
-                "head_dim": self.head_dim}
+        return {
+            "cell": self.cell,
+            "batch": self.batch,
+            "length": self.length,
+            "heads": self.num_heads,
+            "head_dim": self.head_dim,
+        }
 
     @property
     def shape(self) -> str:
@@ -357,9 +371,7 @@ def run_checks(checks: list[tuple[Case, dict]], workers: int, budget_s: float = 
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.ops fused_rnn", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ops fused_rnn", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="T=256, only B=16 and the 12x64 head shape")
     parser.add_argument(
         "--heads",
@@ -372,16 +384,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--no-check", action="store_true", help="skip the correctness checks")
     parser.add_argument("--tune", action="store_true", help="also check and time launch variants")
     parser.add_argument("--workers", type=int, default=8, help="processes for the checks (default 8)")
-    parser.add_argument(
-        "--cuda-peer", action="store_true", help="also try flashrnn's cuda_fused (builds with nvcc)"
-    )
+    parser.add_argument("--cuda-peer", action="store_true", help="also try flashrnn's cuda_fused (builds with nvcc)")
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) reference loop rows")
     parser.add_argument(
         "--budget-s", type=float, default=math.inf, help="stop timing this many seconds after the start"
     )
-    parser.add_argument(
-        "--check-budget-s", type=float, default=math.inf, help="skip checks not started by then"
-    )
+    parser.add_argument("--check-budget-s", type=float, default=math.inf, help="skip checks not started by then")
     cli_common(parser)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or DEVICE != "cuda":
@@ -394,7 +402,11 @@ def main(argv: list[str]) -> None:
     check_list, time_list = _cases(length, args.tune, heads, batches)
 
     t0 = time.perf_counter()
-    results = [] if args.no_check else run_checks(check_list, args.workers, args.check_budget_s if math.isfinite(args.check_budget_s) else None)
+    results = (
+        []
+        if args.no_check
+        else run_checks(check_list, args.workers, args.check_budget_s if math.isfinite(args.check_budget_s) else None)
+    )
     print(
         f"checks: {sum(r['ok'] for r in results)}/{len(results)} passed in {time.perf_counter() - t0:.0f} s",
         flush=True,
@@ -423,7 +435,9 @@ def main(argv: list[str]) -> None:
         lim_f, lim_fb = limits(case, bw, tflops)
         for direction, ms, lim in (("fwd", fwd_ms, lim_f), ("fwd+bwd", fb_ms, lim_fb)):
             ex = {"us_per_step": ms * 1e3 / case.length, **(extra or {})}
-            rows.append(BenchRow("fused_rnn", impl, direction, case.dtype, case.dims, ms, lim, err, note=note, extra=ex))
+            rows.append(
+                BenchRow("fused_rnn", impl, direction, case.dtype, case.dims, ms, lim, err, note=note, extra=ex)
+            )
         write_json("fused_rnn", rows, env, args.out)  # after every row: a run cut short keeps what it timed
         print(f"time {impl:34s} {case.shape:28s} {case.dtype:8s} fwd {fwd_ms:8.3f} ms  fwd+bwd {fb_ms:8.3f} ms {note}",
               flush=True)  # fmt: skip
@@ -452,9 +466,7 @@ def main(argv: list[str]) -> None:
         if case.cell in ("lstm", "gru") and (case.num_heads, case.head_dim) == (12, 64):
             half = torch.float16 if case.dtype == "bfloat16" else torch.float32
             name = f"cudnn-nn.{case.cell.upper()}(768)-{'fp16' if half == torch.float16 else 'fp32'}"
-            attempt(
-                name, base, lambda case=case, half=half: time_cudnn(case.cell, case.batch, case.length, half)
-            )
+            attempt(name, base, lambda case=case, half=half: time_cudnn(case.cell, case.batch, case.length, half))
         if (
             not args.no_reference
             and case.cell == "lstm"
@@ -472,17 +484,33 @@ def main(argv: list[str]) -> None:
 def _summary(rows: list[BenchRow]) -> None:
     """The table, then the family's targets (last in the output)."""
     print(table(rows, baseline="flashrnn-triton_fused"))
-    t = {(r.impl, r.dims.get("cell"), r.dims.get("batch"), r.dims.get("heads"), r.direction, r.dtype): r.ms
-         for r in rows if r.dims.get("length") == 1024}
+    t = {
+        (r.impl, r.dims.get("cell"), r.dims.get("batch"), r.dims.get("heads"), r.direction, r.dtype): r.ms
+        for r in rows
+        if r.dims.get("length") == 1024
+    }
     at = lambda impl, cell, dtype: t.get((impl, cell, 16, 12, "fwd+bwd", dtype))  # noqa: E731
     checks = [
-        ("LSTM fp32 fwd+bwd vs flashrnn triton_fused (<= 0.8)", at("ours-triton", "lstm", "float32"),
-         at("flashrnn-triton_fused", "lstm", "float32")),
-        ("LSTM bf16 fwd+bwd vs cuDNN nn.LSTM(768) fp16 (< 1)", at("ours-triton", "lstm", "bfloat16"),
-         at("cudnn-nn.LSTM(768)-fp16", "lstm", "bfloat16")),
-        ("sLSTM / LSTM fp32 fwd+bwd (<= 1.3)", at("ours-triton", "slstm", "float32"), at("ours-triton", "lstm", "float32")),
-        ("sLSTM / LSTM bf16 fwd+bwd (<= 1.3)", at("ours-triton", "slstm", "bfloat16"),
-         at("ours-triton", "lstm", "bfloat16")),
+        (
+            "LSTM fp32 fwd+bwd vs flashrnn triton_fused (<= 0.8)",
+            at("ours-triton", "lstm", "float32"),
+            at("flashrnn-triton_fused", "lstm", "float32"),
+        ),
+        (
+            "LSTM bf16 fwd+bwd vs cuDNN nn.LSTM(768) fp16 (< 1)",
+            at("ours-triton", "lstm", "bfloat16"),
+            at("cudnn-nn.LSTM(768)-fp16", "lstm", "bfloat16"),
+        ),
+        (
+            "sLSTM / LSTM fp32 fwd+bwd (<= 1.3)",
+            at("ours-triton", "slstm", "float32"),
+            at("ours-triton", "lstm", "float32"),
+        ),
+        (
+            "sLSTM / LSTM bf16 fwd+bwd (<= 1.3)",
+            at("ours-triton", "slstm", "bfloat16"),
+            at("ours-triton", "lstm", "bfloat16"),
+        ),
     ]
     for name, a, b in checks:
         ratio = a / b if a and b and not (math.isnan(a) or math.isnan(b)) else math.nan

@@ -61,8 +61,11 @@ def cases(dev="cuda"):
         from pararnn import NewtonConfig, ParaRNN
         from pararnn.cells.para_gru import ParaGRU
 
-        net = ParaRNN(ParaGRU(64, 64).to(dev), config=NewtonConfig(max_iters=3, scan_backend="fused", residual_atol=None,
-                                                                    residual_fail=None), solver="newton")
+        net = ParaRNN(
+            ParaGRU(64, 64).to(dev),
+            config=NewtonConfig(max_iters=3, scan_backend="fused", residual_atol=None, residual_fail=None),
+            solver="newton",
+        )
         impls.append(("pararnn", net, [r(1, 256, 64)]))
     except Exception:  # noqa: BLE001
         pass
@@ -73,9 +76,13 @@ def cases(dev="cuda"):
     try:
         from flashrnn import flashrnn
 
-        impls.append(("flashrnn-triton_fused", lambda w_, R_, b_: flashrnn(w_, R_, b_, function="lstm", backend="triton_fused",
-                                                                           dtype="float32")[0],
-                      [r(2, 16, spec.input_gates, 2, 32), r(spec.recurrent_gates, 2, 32, 32) * 0.1, r(4, 2, 32)]))
+        impls.append(
+            (
+                "flashrnn-triton_fused",
+                lambda w_, R_, b_: flashrnn(w_, R_, b_, function="lstm", backend="triton_fused", dtype="float32")[0],
+                [r(2, 16, spec.input_gates, 2, 32), r(spec.recurrent_gates, 2, 32, 32) * 0.1, r(4, 2, 32)],
+            )
+        )
     except Exception:  # noqa: BLE001
         pass
     out["fused_rnn"] = ({"cell": "lstm", "batch": 2, "length": 16, "heads": 2, "head_dim": 32}, impls)
@@ -89,8 +96,13 @@ def cases(dev="cuda"):
     except Exception:  # noqa: BLE001
         pass
     out["mlstm"] = ({"gate": "exp", "batch": 1, "heads": 2, "length": 128, "qk_dim": 64, "v_dim": 64}, impls)
-    xs = [r(1, 256, 4, 32), torch.rand(1, 256, 4, device=dev) * 0.1, -torch.rand(4, device=dev), r(1, 256, 1, 32),
-          r(1, 256, 1, 32)]
+    xs = [
+        r(1, 256, 4, 32),
+        torch.rand(1, 256, 4, device=dev) * 0.1,
+        -torch.rand(4, device=dev),
+        r(1, 256, 1, 32),
+        r(1, 256, 1, 32),
+    ]
     impls = [("ours-triton", lambda *t: ssd(*t, chunk_size=64, backend="triton"), xs)]
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
@@ -115,11 +127,32 @@ def main(argv: list[str] | None = None) -> None:
                 fb = _fb(fn, xs)
                 for direction, thunk in (("fwd", fwd), ("fwd+bwd", fb)):
                     wall, gpu = per_call_ms(thunk), time_ms(thunk)
-                    rows.append(BenchRow(family, name, direction, "float32", dims, wall, section="host",
-                                         note=f"GPU time {gpu * 1e3:.1f} us", extra={"gpu_ms": gpu}))
+                    rows.append(
+                        BenchRow(
+                            family,
+                            name,
+                            direction,
+                            "float32",
+                            dims,
+                            wall,
+                            section="host",
+                            note=f"GPU time {gpu * 1e3:.1f} us",
+                            extra={"gpu_ms": gpu},
+                        )
+                    )
             except Exception as e:  # noqa: BLE001
-                rows.append(BenchRow(family, name, "fwd+bwd", "float32", dims, math.nan, section="host",
-                                     note=f"failed: {type(e).__name__}: {e}"[:160]))
+                rows.append(
+                    BenchRow(
+                        family,
+                        name,
+                        "fwd+bwd",
+                        "float32",
+                        dims,
+                        math.nan,
+                        section="host",
+                        note=f"failed: {type(e).__name__}: {e}"[:160],
+                    )
+                )
             if not args.warm_only:
                 write_json("host", rows, env, args.out)
     print(table(rows))

@@ -44,8 +44,17 @@ import time
 
 import torch
 
-from benchmarks.ops.common import (BenchRow, cli_common, copy_bandwidth_gbs, environment, matmul_tflops,
-                                   rel_error, table, time_ms, write_json)
+from benchmarks.ops.common import (
+    BenchRow,
+    cli_common,
+    copy_bandwidth_gbs,
+    environment,
+    matmul_tflops,
+    rel_error,
+    table,
+    time_ms,
+    write_json,
+)
 from kernels._triton import float32_matmul_precision, poisoned
 
 log = logging.getLogger("benchmarks.ops.mlstm")
@@ -82,8 +91,9 @@ def _inputs(B, NH, S, DQK, DV, dtype, seed):
 def _ours(gate, chunk, fused=True, tiles=None):
     from kernels.mlstm.triton_chunkwise import mlstm_triton
 
-    return lambda q, k, v, i, f: mlstm_triton(q, k, v, i, f, input_gate=gate, chunk_size=chunk, fused_inter=fused,
-                                              tiles=tiles)
+    return lambda q, k, v, i, f: mlstm_triton(
+        q, k, v, i, f, input_gate=gate, chunk_size=chunk, fused_inter=fused, tiles=tiles
+    )
 
 
 def parse_tiles(spec: str, dtype: torch.dtype, prec: str):
@@ -192,11 +202,23 @@ def _float32_floor(gate, x, dh, ref, sh) -> BenchRow:
     with float32_matmul_precision("highest"):
         got = _grads(lambda *a: mlstm_chunkwise(*a, input_gate=gate, chunk_size=64), x, dh)
     errs = [rel_error(a, b) for a, b in zip(got, ref)]
-    log.info("%s fp32 float32 floor (torch chunkwise, IEEE matmuls), %s: errs %s", sh, gate,
-             ", ".join(f"{e:.2g}" for e in errs))
-    return BenchRow("mlstm", "ours-torch-fp32-ieee", "fwd+bwd", "fp32", dict(sh, gate=gate), math.nan,
-                    max_rel_err=errs[0], note=f"float32 floor, not timed; grad err {max(errs[1:]):.2g}",
-                    extra={"errors_h_dq_dk_dv_di_df": errs})
+    log.info(
+        "%s fp32 float32 floor (torch chunkwise, IEEE matmuls), %s: errs %s",
+        sh,
+        gate,
+        ", ".join(f"{e:.2g}" for e in errs),
+    )
+    return BenchRow(
+        "mlstm",
+        "ours-torch-fp32-ieee",
+        "fwd+bwd",
+        "fp32",
+        dict(sh, gate=gate),
+        math.nan,
+        max_rel_err=errs[0],
+        note=f"float32 floor, not timed; grad err {max(errs[1:]):.2g}",
+        extra={"errors_h_dq_dk_dv_di_df": errs},
+    )
 
 
 def _profile(fn, x, dh, label, steps=5):
@@ -215,8 +237,26 @@ def _profile(fn, x, dh, label, steps=5):
     log.info("%s: CUDA kernels over %d fwd+bwd steps\n%s", label, steps, table)
 
 
-def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, peers=True, fla=True, seed=0, skip=(),
-                 only="", suffix="", profile=False, tiles=None, section="main", warm_only=False):
+def _bench_shape(
+    rows,
+    limits,
+    shape,
+    dtype_name,
+    gates,
+    chunks,
+    *,
+    check=True,
+    peers=True,
+    fla=True,
+    seed=0,
+    skip=(),
+    only="",
+    suffix="",
+    profile=False,
+    tiles=None,
+    section="main",
+    warm_only=False,
+):
     B, NH, S, DQK, DV = shape
     dtype = DTYPES[dtype_name]
     sh = {"batch": B, "heads": NH, "length": S, "qk_dim": DQK, "v_dim": DV}
@@ -234,8 +274,18 @@ def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, 
             if only and only not in name:
                 continue
             if any(name.endswith(sub) and dt == dtype_name for sub, dt in skip):
-                rows.append(BenchRow("mlstm", name, "fwd+bwd", dtype_name, dict(sh, gate=gate), math.nan,
-                                     section=section, note="skipped (--skip)"))
+                rows.append(
+                    BenchRow(
+                        "mlstm",
+                        name,
+                        "fwd+bwd",
+                        dtype_name,
+                        dict(sh, gate=gate),
+                        math.nan,
+                        section=section,
+                        note="skipped (--skip)",
+                    )
+                )
                 continue
             if warm_only:
                 try:
@@ -254,11 +304,30 @@ def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, 
                     note += f"grad err {gerr:.2g}" if check else ""
                     for direction in ("fwd", "fwd+bwd"):
                         ms = time_ms(_timed(fn, x, dh, direction))
-                        rows.append(BenchRow("mlstm", name, direction, dtype_name, dict(sh, gate=gate), ms,
-                                             limits.ms(B, NH, S, DQK, DV, L, dtype, direction), errs[0], section,
-                                             note, extra={"errors_h_dq_dk_dv_di_df": errs}))
-                        log.info("%s %s %s %s: %.3f ms (errs %s)", sh, dtype_name, name, direction, ms,
-                                 ", ".join(f"{e:.2g}" for e in errs))
+                        rows.append(
+                            BenchRow(
+                                "mlstm",
+                                name,
+                                direction,
+                                dtype_name,
+                                dict(sh, gate=gate),
+                                ms,
+                                limits.ms(B, NH, S, DQK, DV, L, dtype, direction),
+                                errs[0],
+                                section,
+                                note,
+                                extra={"errors_h_dq_dk_dv_di_df": errs},
+                            )
+                        )
+                        log.info(
+                            "%s %s %s %s: %.3f ms (errs %s)",
+                            sh,
+                            dtype_name,
+                            name,
+                            direction,
+                            ms,
+                            ", ".join(f"{e:.2g}" for e in errs),
+                        )
                     if profile and name.startswith("ours"):
                         try:
                             _profile(fn, x, dh, f"{sh} {dtype_name} {name}")
@@ -273,8 +342,19 @@ def _bench_shape(rows, limits, shape, dtype_name, gates, chunks, *, check=True, 
                         continue
                     log.warning("%s %s %s failed: %s", sh, dtype_name, name, msg)
                     log.debug("traceback", exc_info=True)
-                    rows.append(BenchRow("mlstm", name, "fwd+bwd", dtype_name, dict(sh, gate=gate), math.nan,
-                                         max_rel_err=errs[0], section=section, note=note + "failed: " + msg))
+                    rows.append(
+                        BenchRow(
+                            "mlstm",
+                            name,
+                            "fwd+bwd",
+                            dtype_name,
+                            dict(sh, gate=gate),
+                            math.nan,
+                            max_rel_err=errs[0],
+                            section=section,
+                            note=note + "failed: " + msg,
+                        )
+                    )
                     break
             torch.cuda.empty_cache()
 
@@ -296,12 +376,33 @@ def _bench_chunk_tradeoff(rows, limits, chunks):
             torch.cuda.synchronize()
             peak = (torch.cuda.max_memory_allocated() - base) / 2**30
             ms = time_ms(step)
-            rows.append(BenchRow("mlstm", "ours-triton", "fwd+bwd", "bf16", dict(dims, chunk=L), ms,
-                                 limits.ms(B, NH, S, D, D, L, torch.bfloat16, "fwd+bwd"), section="chunk",
-                                 note=f"peak {peak:.2f} GiB", extra={"peak_gib": peak}))
+            rows.append(
+                BenchRow(
+                    "mlstm",
+                    "ours-triton",
+                    "fwd+bwd",
+                    "bf16",
+                    dict(dims, chunk=L),
+                    ms,
+                    limits.ms(B, NH, S, D, D, L, torch.bfloat16, "fwd+bwd"),
+                    section="chunk",
+                    note=f"peak {peak:.2f} GiB",
+                    extra={"peak_gib": peak},
+                )
+            )
         except Exception as e:  # noqa: BLE001
-            rows.append(BenchRow("mlstm", "ours-triton", "fwd+bwd", "bf16", dict(dims, chunk=L), math.nan,
-                                 section="chunk", note=f"failed: {type(e).__name__}"))
+            rows.append(
+                BenchRow(
+                    "mlstm",
+                    "ours-triton",
+                    "fwd+bwd",
+                    "bf16",
+                    dict(dims, chunk=L),
+                    math.nan,
+                    section="chunk",
+                    note=f"failed: {type(e).__name__}",
+                )
+            )
         torch.cuda.empty_cache()
 
 
@@ -315,8 +416,19 @@ def _bench_inter(rows, limits, B=4, NH=16, D=64, L=64, Gs=(32, 64, 128), dtypes=
             S = G * L
             q, k, v, i_pre, f_pre = _inputs(B, NH, S, D, D, dtype, G)
             b, li, a, g, amax = _gates(i_pre, f_pre, True, L, G)
-            run = lambda fused: run_inter_chunk_states(k, v, a, g, amax, None, None, None,  # noqa: E731
-                                                       exp_gate=True, L=L, fused=fused)
+            run = lambda fused: run_inter_chunk_states(
+                k,
+                v,
+                a,
+                g,
+                amax,
+                None,
+                None,
+                None,  # noqa: E731
+                exp_gate=True,
+                L=L,
+                fused=fused,
+            )
             same = all(torch.equal(x, y) for x, y in zip(run(True), run(False)))
             # bytes: read k, v once, write NC+1 fp32 states (the minimum for a materializing kernel)
             nbytes = B * NH * (S * 2 * D * torch.finfo(dtype).bits // 8 + (G + 1) * D * D * 4)
@@ -324,13 +436,31 @@ def _bench_inter(rows, limits, B=4, NH=16, D=64, L=64, Gs=(32, 64, 128), dtypes=
             t = {}
             for fused in (True, False):
                 t[fused] = time_ms(lambda: run(fused))
-                dims = {"gate": "exp", "batch": B, "heads": NH, "length": S, "qk_dim": D, "v_dim": D, "chunk": L,
-                        "chunks": G}
-                rows.append(BenchRow("mlstm", "inter-fused" if fused else "inter-loop", "fwd", dtype_name, dims,
-                                     t[fused], lim, section="inter",
-                                     note=("bit-identical" if same else "DIFFERENT") + (
-                                         f", speedup {t[False] / t[True]:.2f}x" if not fused else ""),
-                                     extra={"bit_identical": same}))
+                dims = {
+                    "gate": "exp",
+                    "batch": B,
+                    "heads": NH,
+                    "length": S,
+                    "qk_dim": D,
+                    "v_dim": D,
+                    "chunk": L,
+                    "chunks": G,
+                }
+                rows.append(
+                    BenchRow(
+                        "mlstm",
+                        "inter-fused" if fused else "inter-loop",
+                        "fwd",
+                        dtype_name,
+                        dims,
+                        t[fused],
+                        lim,
+                        section="inter",
+                        note=("bit-identical" if same else "DIFFERENT")
+                        + (f", speedup {t[False] / t[True]:.2f}x" if not fused else ""),
+                        extra={"bit_identical": same},
+                    )
+                )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -345,13 +475,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", default="", help="time only implementations whose name contains this")
     p.add_argument("--quick", action="store_true", help="smaller shapes (S/4), no grid / chunk sections")
     p.add_argument("--no-check", action="store_true")
-    p.add_argument("--matmul-precision", default="high", choices=["high", "medium"],
-                   help="torch float32 matmul precision: high = our float32 dots in 3-pass TF32 (accurate), "
-                        "medium = single-pass TF32 like the peers (ours named ours-triton-...-tf32)")
-    p.add_argument("--tiles", default="",
-                   help="main section: ';'-separated MlstmTiles fields to time ours with, e.g. "
-                        "'warps=8;stages=1;bv=256,warps=8;lp_states=0,gate_kernels=0' (rows named "
-                        "ours-triton-...[setting]; 0/1 for the boolean options); the defaults run first")
+    p.add_argument(
+        "--matmul-precision",
+        default="high",
+        choices=["high", "medium"],
+        help="torch float32 matmul precision: high = our float32 dots in 3-pass TF32 (accurate), "
+        "medium = single-pass TF32 like the peers (ours named ours-triton-...-tf32)",
+    )
+    p.add_argument(
+        "--tiles",
+        default="",
+        help="main section: ';'-separated MlstmTiles fields to time ours with, e.g. "
+        "'warps=8;stages=1;bv=256,warps=8;lp_states=0,gate_kernels=0' (rows named "
+        "ours-triton-...[setting]; 0/1 for the boolean options); the defaults run first",
+    )
     p.add_argument("--profile", action="store_true", help="log our kernels' CUDA times (torch.profiler)")
     cli_common(p)
     args = p.parse_args(argv)
@@ -367,8 +504,9 @@ def main(argv: list[str] | None = None) -> None:
     chunks = {"exp": [int(c) for c in args.exp_chunks.split(",")], "sig": [int(c) for c in args.sig_chunks.split(",")]}
     skip = tuple(tuple(s.split("+", 1)) for s in args.skip.split(",") if "+" in s)
     env = environment("cuda")
-    limits = Limits(copy_bandwidth_gbs(), {"bf16": matmul_tflops(dtype=torch.bfloat16),
-                                           "fp32": matmul_tflops(dtype=torch.float32)})
+    limits = Limits(
+        copy_bandwidth_gbs(), {"bf16": matmul_tflops(dtype=torch.bfloat16), "fp32": matmul_tflops(dtype=torch.float32)}
+    )
     env.update(copy_gbs=limits.bw_gbs, matmul_tflops=limits.tflops, float32_matmul_precision=args.matmul_precision)
     log.info("copy %.0f GB/s, matmul %s TFLOP/s", limits.bw_gbs, limits.tflops)
     rows: list[BenchRow] = []
@@ -385,24 +523,59 @@ def main(argv: list[str] | None = None) -> None:
     if "main" in sections:
         for dn in args.dtypes.split(","):
             sfx = suffix if dn == "fp32" else ""
-            _bench_shape(rows, limits, (4, 16, S_main, 128, 256), dn, ("exp", "sig"), chunks,
-                         check=not args.no_check, fla=not args.no_fla, skip=skip, only=args.only, suffix=sfx,
-                         profile=args.profile, warm_only=args.warm_only)
+            _bench_shape(
+                rows,
+                limits,
+                (4, 16, S_main, 128, 256),
+                dn,
+                ("exp", "sig"),
+                chunks,
+                check=not args.no_check,
+                fla=not args.no_fla,
+                skip=skip,
+                only=args.only,
+                suffix=sfx,
+                profile=args.profile,
+                warm_only=args.warm_only,
+            )
             flush()
             for spec in filter(None, args.tiles.split(";")):
                 from kernels.mlstm.triton_chunkwise import _precision
 
                 tiles = parse_tiles(spec, DTYPES[dn], _precision(DTYPES[dn]))
-                _bench_shape(rows, limits, (4, 16, S_main, 128, 256), dn, ("exp", "sig"), chunks,
-                             check=not args.no_check, peers=False, only=args.only, suffix=f"{sfx}[{spec}]",
-                             tiles=tiles, section="tiles", warm_only=args.warm_only)
+                _bench_shape(
+                    rows,
+                    limits,
+                    (4, 16, S_main, 128, 256),
+                    dn,
+                    ("exp", "sig"),
+                    chunks,
+                    check=not args.no_check,
+                    peers=False,
+                    only=args.only,
+                    suffix=f"{sfx}[{spec}]",
+                    tiles=tiles,
+                    section="tiles",
+                    warm_only=args.warm_only,
+                )
                 flush()
     if "grid" in sections:
         for B, S in ((32, 2048), (8, 8192), (1, 65536)):
             first = {g: c[:1] for g, c in chunks.items()}
-            _bench_shape(rows, limits, (B, 16, S, 128, 256), "bf16", ("exp", "sig"), first,
-                         check=not args.no_check, fla=not args.no_fla, skip=skip, only=args.only, section="grid",
-                         warm_only=args.warm_only)
+            _bench_shape(
+                rows,
+                limits,
+                (B, 16, S, 128, 256),
+                "bf16",
+                ("exp", "sig"),
+                first,
+                check=not args.no_check,
+                fla=not args.no_fla,
+                skip=skip,
+                only=args.only,
+                section="grid",
+                warm_only=args.warm_only,
+            )
             flush()
     if args.warm_only:
         print("mlstm: warm-up done")
@@ -414,8 +587,13 @@ def main(argv: list[str] | None = None) -> None:
     log.info("wrote %s after %.0f s", path, time.time() - t0)
     from kernels.mlstm.triton_chunkwise import _LEVEL
 
-    log.info("launch fallbacks (kernel: ladder level; 1 = one pipeline stage, 2 = smaller tile): %s",
-             {f"{name}/L{dict(meta).get('L')}/{dict(meta).get('PREC')}": lv for (name, meta), lv in _LEVEL.items() if lv} or "none")
-    print(f"device: {env['device']}  date: {env['date']}  copy {limits.bw_gbs:.0f} GB/s  "
-          f"matmul bf16 {limits.tflops['bf16']:.0f} / tf32 {limits.tflops['fp32']:.0f} TFLOP/s")
+    log.info(
+        "launch fallbacks (kernel: ladder level; 1 = one pipeline stage, 2 = smaller tile): %s",
+        {f"{name}/L{dict(meta).get('L')}/{dict(meta).get('PREC')}": lv for (name, meta), lv in _LEVEL.items() if lv}
+        or "none",
+    )
+    print(
+        f"device: {env['device']}  date: {env['date']}  copy {limits.bw_gbs:.0f} GB/s  "
+        f"matmul bf16 {limits.tflops['bf16']:.0f} / tf32 {limits.tflops['fp32']:.0f} TFLOP/s"
+    )
     print(table(rows, baseline="mlstm_kernels:triton_limit_chunk"))

@@ -27,15 +27,37 @@ import math
 import torch
 import torch.nn.functional as F
 
-from benchmarks.ops.common import (BenchRow, Impl, Problem, cli_common, copy_bandwidth_gbs, environment,
-                                   finish, max_rel_error, no_grad, rel_error, run, time_ms, write_json)
+from benchmarks.ops.common import (
+    BenchRow,
+    Impl,
+    Problem,
+    cli_common,
+    copy_bandwidth_gbs,
+    environment,
+    finish,
+    max_rel_error,
+    no_grad,
+    rel_error,
+    run,
+    time_ms,
+    write_json,
+)
 from kernels._triton import poisoned
-from kernels.newton import (flashgru, flashgru_jacobian, flashgru_step, flashlstm, flashlstm_jacobian,
-                            flashlstm_step, newton_apply)
+from kernels.newton import (
+    flashgru,
+    flashgru_jacobian,
+    flashgru_step,
+    flashlstm,
+    flashlstm_jacobian,
+    flashlstm_step,
+    newton_apply,
+)
 from kernels.newton.fused_common import NewtonTiles
 
-SWEEP = {"gru": [(128, 8, 4), (256, 8, 8), (128, 4, 4), (64, 8, 2), (64, 16, 4)],
-         "lstm": [(64, 8, 4), (128, 8, 8), (64, 4, 4), (32, 8, 2), (32, 16, 4)]}
+SWEEP = {
+    "gru": [(128, 8, 4), (256, 8, 8), (128, 4, 4), (64, 8, 2), (64, 16, 4)],
+    "lstm": [(64, 8, 4), (128, 8, 8), (64, 4, 4), (32, 8, 2), (32, 16, 4)],
+}
 
 
 class Layer:
@@ -63,17 +85,22 @@ class Layer:
 
         def run(x, W, b, *w):
             s = fn(self.u(x, W, b), *(t.unsqueeze(0) for t in w), 3, backend=backend)
-            return s[0, ..., -self.D:]
+            return s[0, ..., -self.D :]
 
         return run
 
     def newton_triton_scan(self, x, W, b, *w):
-        step, jac, structure = ((flashgru_step, flashgru_jacobian, "diag") if self.cell == "gru"
-                                else (flashlstm_step, flashlstm_jacobian, "block2"))
+        step, jac, structure = (
+            (flashgru_step, flashgru_jacobian, "diag")
+            if self.cell == "gru"
+            else (flashlstm_step, flashlstm_jacobian, "block2")
+        )
         u = F.linear(x, W, b).view(x.shape[0], x.shape[1], 3, self.D)
         S = self.D * (1 if self.cell == "gru" else 2)
-        s, _ = newton_apply(step, u, w, state_size=S, structure=structure, jac=jac, iters=3, backend="triton", check=False)
-        return s[..., -self.D:]
+        s, _ = newton_apply(
+            step, u, w, state_size=S, structure=structure, jac=jac, iters=3, backend="triton", check=False
+        )
+        return s[..., -self.D :]
 
 
 def _pararnn(layer: Layer):
@@ -84,8 +111,11 @@ def _pararnn(layer: Layer):
 
     cell = (ParaGRU if layer.cell == "gru" else ParaLSTM)(layer.D, layer.D).to(layer.x.device)
     names = ["a_z", "a_r", "a_n"] if layer.cell == "gru" else ["a_f", "a_z", "a_o", "c_f", "c_o"]
-    net = ParaRNN(cell, config=NewtonConfig(max_iters=3, scan_backend="fused", residual_atol=None, residual_fail=None),
-                  solver="newton")
+    net = ParaRNN(
+        cell,
+        config=NewtonConfig(max_iters=3, scan_backend="fused", residual_atol=None, residual_fail=None),
+        solver="newton",
+    )
     vals = list(layer.a.unbind(0)) + (list(layer.p.unbind(0)) if layer.cell == "lstm" else [])
     with torch.no_grad():
         cell.W_x.weight.copy_(layer.W)
@@ -102,8 +132,9 @@ def problem(cell: str, B: int, L: int, D: int, bw: float, quick: bool, dev: str)
     s_words = 1 if cell == "gru" else 2
     lim_f = (3 + s_words) * 4 * n / (bw * 1e9) * 1e3  # u read, states written
     lim_fb = lim_f + (3 + 2 * s_words + 3) * 4 * n / (bw * 1e9) * 1e3  # u, s, ds read; du written
-    pb = Problem("newton", {"cell": cell, "batch": B, "length": L, "dim": D}, "float32", None,
-                 {"fwd": lim_f, "fwd+bwd": lim_fb})
+    pb = Problem(
+        "newton", {"cell": cell, "batch": B, "length": L, "dim": D}, "float32", None, {"fwd": lim_f, "fwd+bwd": lim_fb}
+    )
 
     def impls():
         layer = Layer(cell, B, L, D, dev)
@@ -124,9 +155,11 @@ def problem(cell: str, B: int, L: int, D: int, bw: float, quick: bool, dev: str)
             return no_grad(fn, *layer.args), lambda: torch.autograd.grad(fn(*leaves), leaves, layer.dy), check
 
         out = []
-        for name, fn, poison in (("ours-triton", layer.family("triton"), True),
-                                 ("ours-torch", layer.family("torch"), False),
-                                 ("ours-torch (triton scan)", layer.newton_triton_scan, True)):
+        for name, fn, poison in (
+            ("ours-triton", layer.family("triton"), True),
+            ("ours-torch", layer.family("torch"), False),
+            ("ours-torch (triton scan)", layer.newton_triton_scan, True),
+        ):
             out.append(Impl(name, *ours(fn, poison)))
         if L <= 2048 and not quick:
             f, fb, check = ours(layer.family("reference"))
@@ -136,8 +169,7 @@ def problem(cell: str, B: int, L: int, D: int, bw: float, quick: bool, dev: str)
         kern = lambda u_, *w_: (flashgru if cell == "gru" else flashlstm)(u_, *w_, 3, backend="triton")  # noqa: E731
         ul = [t.detach().requires_grad_() for t in (u, *w)]
         gs = torch.randn(*u.shape[:3], s_words * D, device=dev)
-        out.append(Impl("ours-triton (kernel)", no_grad(kern, u, *w),
-                        lambda: torch.autograd.grad(kern(*ul), ul, gs)))
+        out.append(Impl("ours-triton (kernel)", no_grad(kern, u, *w), lambda: torch.autograd.grad(kern(*ul), ul, gs)))
         try:
             net, pleaves, group = _pararnn(layer)
         except Exception as e:  # noqa: BLE001
@@ -150,9 +182,15 @@ def problem(cell: str, B: int, L: int, D: int, bw: float, quick: bool, dev: str)
                 g = torch.autograd.grad(h, [x, *pleaves], layer.dy)
                 return max_rel_error([h, g[0], *group(g[3:])], want)
 
-            out.append(Impl("pararnn", no_grad(net, layer.x),
-                            lambda: torch.autograd.grad(net(x), [x, *pleaves], layer.dy), check_peer,
-                            note="NewtonConfig(scan_backend='fused', max_iters=3)"))
+            out.append(
+                Impl(
+                    "pararnn",
+                    no_grad(net, layer.x),
+                    lambda: torch.autograd.grad(net(x), [x, *pleaves], layer.dy),
+                    check_peer,
+                    note="NewtonConfig(scan_backend='fused', max_iters=3)",
+                )
+            )
         return out
 
     pb.impls = impls
@@ -182,8 +220,11 @@ def sweep(cells, lengths, B, D, dev="cuda") -> list[BenchRow]:
                 with torch.no_grad():
                     t_f = time_ms(lambda: fn(u, *w, 3, tiles=tiles))
                 t_fb = time_ms(lambda: torch.autograd.grad(fn(u, *w, 3, tiles=tiles)[0], [u, *w], gs))
-                rows.append(BenchRow("newton", name, "fwd", "float32", dims, t_f, max_rel_err=rel_error(s, ref),
-                                     section="sweep"))
+                rows.append(
+                    BenchRow(
+                        "newton", name, "fwd", "float32", dims, t_f, max_rel_err=rel_error(s, ref), section="sweep"
+                    )
+                )
                 rows.append(BenchRow("newton", name, "fwd+bwd", "float32", dims, t_fb, section="sweep"))
     return rows
 

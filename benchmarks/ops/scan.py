@@ -18,8 +18,20 @@ import math
 
 import torch
 
-from benchmarks.ops.common import (BenchRow, Impl, Problem, cli_common, environment, finish, fwd_bwd,
-                                   no_grad, rel_error, run, time_ms, write_json)
+from benchmarks.ops.common import (
+    BenchRow,
+    Impl,
+    Problem,
+    cli_common,
+    environment,
+    finish,
+    fwd_bwd,
+    no_grad,
+    rel_error,
+    run,
+    time_ms,
+    write_json,
+)
 from kernels._triton import poisoned
 from kernels.scan import linear_scan_block2_torch, linear_scan_torch
 from kernels.scan import triton_scan as ts
@@ -30,12 +42,26 @@ QUICK_SHAPES = [(2, 4096, 256), (1, 16384, 64)]
 QUICK_BLOCK2 = [(2, 2048, 128)]
 
 #: Tile sweep: per shape class, the default tile and its nearest neighbours (kind, CH, BD, warps, extra fields).
-SWEEP_MANY_LANES = [("loop", 64, 32, 1, {}), ("loop", 64, 32, 1, {"stages": 4}), ("loop", 32, 32, 1, {"stages": 4}),
-                    ("loop", 64, 16, 1, {}), ("lookback", 64, 64, 2, {})]
-SWEEP_FEW_LANES = [("lookback", 64, 64, 2, {"window": 4}), ("lookback", 64, 64, 2, {"window": 1}),
-                   ("lookback", 32, 64, 2, {"window": 4}), ("lookback", 64, 32, 1, {"window": 4}),
-                   ("lookback", 64, 64, 2, {"window": 4, "maxnreg": 168})]
-SWEEP_BLOCK2 = [("lookback", 16, 64, 2, {}), ("lookback", 16, 32, 1, {}), ("loop", 16, 32, 1, {}), ("loop", 32, 16, 1, {})]
+SWEEP_MANY_LANES = [
+    ("loop", 64, 32, 1, {}),
+    ("loop", 64, 32, 1, {"stages": 4}),
+    ("loop", 32, 32, 1, {"stages": 4}),
+    ("loop", 64, 16, 1, {}),
+    ("lookback", 64, 64, 2, {}),
+]
+SWEEP_FEW_LANES = [
+    ("lookback", 64, 64, 2, {"window": 4}),
+    ("lookback", 64, 64, 2, {"window": 1}),
+    ("lookback", 32, 64, 2, {"window": 4}),
+    ("lookback", 64, 32, 1, {"window": 4}),
+    ("lookback", 64, 64, 2, {"window": 4, "maxnreg": 168}),
+]
+SWEEP_BLOCK2 = [
+    ("lookback", 16, 64, 2, {}),
+    ("lookback", 16, 32, 1, {}),
+    ("loop", 16, 32, 1, {}),
+    ("loop", 32, 16, 1, {}),
+]
 
 
 def _shift_next(c: torch.Tensor) -> torch.Tensor:
@@ -111,8 +137,15 @@ def problem(shape, block2: bool, add_bw: list[float], quick: bool, dev: str) -> 
         bw = add_bw[-1] if not block2 else max(add_bw, default=math.nan)
         pb.limits.update({"fwd": fwd_bytes / bw / 1e6, "fwd+bwd": fb_bytes / bw / 1e6})
         ours = ts.linear_scan_block2_triton if block2 else ts.linear_scan_triton
-        out.append(Impl("ours-triton", no_grad(ours, c, x), fwd_bwd(ours, [c, x], dy),
-                        lambda: _check(ours, c, x, dy, ref), note=kernel_note(B, L, D, block2)))
+        out.append(
+            Impl(
+                "ours-triton",
+                no_grad(ours, c, x),
+                fwd_bwd(ours, [c, x], dy),
+                lambda: _check(ours, c, x, dy, ref),
+                note=kernel_note(B, L, D, block2),
+            )
+        )
         if not block2:
             try:
                 from accelerated_scan.scalar import scan as acc_scan
@@ -120,14 +153,32 @@ def problem(shape, block2: bool, add_bw: list[float], quick: bool, dev: str) -> 
                 out.append(Impl("accelerated-scan", None, note=f"skipped: {e}"))
             else:
                 ct, xt, dyt = (t.transpose(1, 2).contiguous() for t in (c, x, dy))
-                layout = lambda fn: lambda c_, x_: fn(c_.transpose(1, 2).contiguous(),  # noqa: E731
-                                                      x_.transpose(1, 2).contiguous()).transpose(1, 2)
-                out.append(Impl("accelerated-scan", no_grad(acc_scan, ct, xt), fwd_bwd(acc_scan, [ct, xt], dyt),
-                                lambda: _check(layout(acc_scan), c, x, dy, ref), note="(B, D, L) layout"))
+                layout = lambda fn: (
+                    lambda c_, x_: fn(
+                        c_.transpose(1, 2).contiguous(),  # noqa: E731
+                        x_.transpose(1, 2).contiguous(),
+                    ).transpose(1, 2)
+                )
+                out.append(
+                    Impl(
+                        "accelerated-scan",
+                        no_grad(acc_scan, ct, xt),
+                        fwd_bwd(acc_scan, [ct, xt], dyt),
+                        lambda: _check(layout(acc_scan), c, x, dy, ref),
+                        note="(B, D, L) layout",
+                    )
+                )
         if not quick:
             torch_fn = linear_scan_block2_torch if block2 else linear_scan_torch
-            out.append(Impl("ours-torch", no_grad(torch_fn, c, x), None,
-                            lambda: rel_error(torch_fn(c, x), ref[0]), time_kw={"rep": 50}))
+            out.append(
+                Impl(
+                    "ours-torch",
+                    no_grad(torch_fn, c, x),
+                    None,
+                    lambda: rel_error(torch_fn(c, x), ref[0]),
+                    time_kw={"rep": 50},
+                )
+            )
         return out
 
     pb.impls = impls
@@ -138,7 +189,9 @@ def sweep(dev: str, quick: bool) -> list[BenchRow]:
     """Forward kernel and backward kernel alone (``dx, dc`` from ``c, y, dy``) per tile, each checked
     (poisoned outputs) against float64 first."""
     rows = []
-    shapes = [(s, False) for s in (QUICK_SHAPES if quick else SHAPES)] + [(s, True) for s in (QUICK_BLOCK2 if quick else BLOCK2_SHAPES)]
+    shapes = [(s, False) for s in (QUICK_SHAPES if quick else SHAPES)] + [
+        (s, True) for s in (QUICK_BLOCK2 if quick else BLOCK2_SHAPES)
+    ]
     for (B, L, D), block2 in shapes:
         c, x, dy = _inputs(B, L, D, block2, dev, 2)
         if block2:
@@ -157,13 +210,36 @@ def sweep(dev: str, quick: bool) -> list[BenchRow]:
                     dc, dx = ts.scan_backward(c, y, dy, False, block2, tiles)
                     err_b = max(rel_error(dx, dx_ref), rel_error(dc, dc_ref))
                 del dc, dx
-                for direction, thunk, err in (("fwd", lambda: ts.scan_forward(c, x, False, block2, tiles), err_f),
-                                              ("bwd", lambda: ts.scan_backward(c, y, dy, False, block2, tiles), err_b)):
-                    rows.append(BenchRow("scan", name, direction, "float32", dims, time_ms(thunk), max_rel_err=err,
-                                         section="sweep", extra=dataclasses.asdict(tiles)))
+                for direction, thunk, err in (
+                    ("fwd", lambda: ts.scan_forward(c, x, False, block2, tiles), err_f),
+                    ("bwd", lambda: ts.scan_backward(c, y, dy, False, block2, tiles), err_b),
+                ):
+                    rows.append(
+                        BenchRow(
+                            "scan",
+                            name,
+                            direction,
+                            "float32",
+                            dims,
+                            time_ms(thunk),
+                            max_rel_err=err,
+                            section="sweep",
+                            extra=dataclasses.asdict(tiles),
+                        )
+                    )
             except Exception as e:  # noqa: BLE001 - e.g. a tile that does not compile
-                rows.append(BenchRow("scan", name, "fwd", "float32", dims, math.nan, section="sweep",
-                                     note=f"failed: {type(e).__name__}: {e}"[:200]))
+                rows.append(
+                    BenchRow(
+                        "scan",
+                        name,
+                        "fwd",
+                        "float32",
+                        dims,
+                        math.nan,
+                        section="sweep",
+                        note=f"failed: {type(e).__name__}: {e}"[:200],
+                    )
+                )
         del y_ref, dx_ref, dc_ref
         torch.cuda.empty_cache()
     return rows

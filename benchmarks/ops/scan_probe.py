@@ -59,8 +59,11 @@ def _tile_grid(shape, cfgs) -> None:
     t_pf = time_ms(no_grad(peer.scan, ct, xt))
     t_pfb = time_ms(fwd_bwd(peer.scan, [ct, xt], dyt))
     bwd_limit = t_add * 20 / 12  # the backward moves 20 B per element, torch.add 12
-    print(f"{shape}: torch.add {t_add:.4f} ms; accelerated-scan fwd {t_pf:.4f} ({t_add / t_pf:.0%} of add), "
-          f"fwd+bwd {t_pfb:.4f}; backward limit {bwd_limit:.4f}", flush=True)
+    print(
+        f"{shape}: torch.add {t_add:.4f} ms; accelerated-scan fwd {t_pf:.4f} ({t_add / t_pf:.0%} of add), "
+        f"fwd+bwd {t_pfb:.4f}; backward limit {bwd_limit:.4f}",
+        flush=True,
+    )
     rows = []
     for t in cfgs:
         try:
@@ -77,25 +80,44 @@ def _tile_grid(shape, cfgs) -> None:
         name = f"{t.kind} {t.ch}x{t.bd}/{t.warps}" + (f"/{t.stages}" if t.kind == "loop" else f" window {t.window}")
         name += f" maxnreg {t.maxnreg}" if t.maxnreg else ""
         rows.append((f + b, name))
-        print(f"{name}: fwd {f:.4f} ({t_add / f:.0%} of add, {f / t_pf:.2f}x peer), bwd {b:.4f} "
-              f"({bwd_limit / b:.0%} of its limit), sum {f + b:.4f} ({(f + b) / t_pfb:.2f}x peer fwd+bwd); "
-              f"err {err:.1e}", flush=True)
+        print(
+            f"{name}: fwd {f:.4f} ({t_add / f:.0%} of add, {f / t_pf:.2f}x peer), bwd {b:.4f} "
+            f"({bwd_limit / b:.0%} of its limit), sum {f + b:.4f} ({(f + b) / t_pfb:.2f}x peer fwd+bwd); "
+            f"err {err:.1e}",
+            flush=True,
+        )
     rows.sort()
     print("fastest sums:", "; ".join(f"{n} {s:.4f}" for s, n in rows[:5]), flush=True)
 
 
 def few() -> None:
     cfgs = [ts.default_tiles(*FEW, False, False), ts.default_tiles(*FEW, False, True)]
-    grid = [(64, 32, (1, 2, 4)), (64, 64, (2, 4, 8)), (64, 128, (4, 8)), (64, 256, (8, 16)), (128, 32, (2, 4, 8)),
-            (128, 64, (4, 8)), (128, 128, (8, 16)), (256, 32, (4, 8)), (256, 64, (8, 16)), (512, 32, (8, 16))]
+    grid = [
+        (64, 32, (1, 2, 4)),
+        (64, 64, (2, 4, 8)),
+        (64, 128, (4, 8)),
+        (64, 256, (8, 16)),
+        (128, 32, (2, 4, 8)),
+        (128, 64, (4, 8)),
+        (128, 128, (8, 16)),
+        (256, 32, (4, 8)),
+        (256, 64, (8, 16)),
+        (512, 32, (8, 16)),
+    ]
     cfgs += [ts.ScanTiles("lookback", ch, bd, w, window=win) for ch, bd, ws in grid for w in ws for win in (4, 8)]
     _tile_grid(FEW, cfgs)
 
 
 def many() -> None:
     cfgs = [ts.default_tiles(*MANY, False, False)]
-    cfgs += [ts.ScanTiles("loop", ch, bd, w, st) for ch in (64, 32) for bd in (32, 16, 64) for w in (1, 2)
-             for st in (3, 4, 6) if (ch, bd, w) != (64, 64, 1)]
+    cfgs += [
+        ts.ScanTiles("loop", ch, bd, w, st)
+        for ch in (64, 32)
+        for bd in (32, 16, 64)
+        for w in (1, 2)
+        for st in (3, 4, 6)
+        if (ch, bd, w) != (64, 64, 1)
+    ]
     cfgs += [ts.default_tiles(*MANY, False, False, kind="lookback")]
     cfgs += [ts.ScanTiles("lookback", ch, bd, w, window=1) for ch, bd, w in ((64, 64, 2), (64, 32, 1), (128, 32, 4))]
     _tile_grid(MANY, cfgs)
@@ -147,7 +169,7 @@ def host() -> None:
 def _layers(shape) -> dict:
     """One thunk per layer of the eager paths at ``shape``, ours and the peer's."""
     peer = _peer()
-    b, l, d = shape
+    b, length, d = shape
     c, x, dy = _inputs(*shape, False, "cuda", 5)
     y = ts.scan_forward(c, x, False, False)
     out, dx, dc = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
@@ -165,9 +187,12 @@ def _layers(shape) -> dict:
         "ours: linear_scan_triton, no grad": lambda: ts.linear_scan_triton(c, x),
         "ours: linear_scan_triton, grad": lambda: ts.linear_scan_triton(*ours_in),
         "ours: forward + autograd.grad": fwd_bwd(ts.linear_scan_triton, [c, x], dy),
-        "peer: forward kernel launch": lambda: peer.forward_scan[(b, d)](ct, xt, st, seqlen=l, enable_fp_fusion=False),
-        "peer: backward kernel launch": lambda: peer.backward_scan[(b, d)](ct, yt, dyt, st, out, seqlen=l,
-                                                                           enable_fp_fusion=False),
+        "peer: forward kernel launch": lambda: peer.forward_scan[(b, d)](
+            ct, xt, st, seqlen=length, enable_fp_fusion=False
+        ),
+        "peer: backward kernel launch": lambda: peer.backward_scan[(b, d)](
+            ct, yt, dyt, st, out, seqlen=length, enable_fp_fusion=False
+        ),
         "peer: Scan.apply, grad": lambda: peer.Scan.apply(*peer_in),
         "peer: forward + autograd.grad": fwd_bwd(peer.Scan.apply, [ct, xt], dyt),
     }

@@ -31,8 +31,21 @@ import math
 
 import torch
 
-from benchmarks.ops.common import (Impl, Problem, cli_common, copy_bandwidth_gbs, environment, finish,
-                                   fwd_bwd, grads, matmul_tflops, max_rel_error, no_grad, run, write_json)
+from benchmarks.ops.common import (
+    Impl,
+    Problem,
+    cli_common,
+    copy_bandwidth_gbs,
+    environment,
+    finish,
+    fwd_bwd,
+    grads,
+    matmul_tflops,
+    max_rel_error,
+    no_grad,
+    run,
+    write_json,
+)
 from kernels._triton import float32_matmul_precision, poisoned
 from kernels.ssd import SSD_BACKENDS, ssd
 
@@ -114,8 +127,14 @@ def limits(batch, L, H, P, G, N, Q, dtype, bw_gbs, tflops) -> dict:
 
 def problem(batch, L, H, P, N, dname, impls: dict, bw, rates, section="main", device="cuda") -> Problem:
     dtype = DTYPES[dname]
-    pb = Problem("ssd", {"batch": batch, "length": L, "heads": H, "head_dim": P, "state": N}, dname, None,
-                 limits(batch, L, H, P, 1, N, 128, dtype, bw, rates[dname]), section)
+    pb = Problem(
+        "ssd",
+        {"batch": batch, "length": L, "heads": H, "head_dim": P, "state": N},
+        dname,
+        None,
+        limits(batch, L, H, P, 1, N, 128, dtype, bw, rates[dname]),
+        section,
+    )
 
     def build():
         full = inputs(batch, L, H, P, 1, N, device)
@@ -155,8 +174,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--chunks", default="128", help="chunk sizes of ours-triton")
     ap.add_argument("--impls", default="", help="comma-separated name prefixes to run (default: all)")
-    ap.add_argument("--tiles", default="", help="';'-separated tile sets to time ours with: SsdTiles fields or "
-                    "TILE_SETS names, e.g. 'h100;h200;fwd_cols=64,attn_stages=2' (section 'tiles')")
+    ap.add_argument(
+        "--tiles",
+        default="",
+        help="';'-separated tile sets to time ours with: SsdTiles fields or "
+        "TILE_SETS names, e.g. 'h100;h200;fwd_cols=64,attn_stages=2' (section 'tiles')",
+    )
     cli_common(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -174,17 +197,33 @@ def main(argv: list[str] | None = None) -> None:
     env.update(copy_gbs=bw, matmul_tflops=rates)
     dnames = [d for d in args.dtypes.split(",") if d]
     shapes = [(H, N) for H in map(int, args.heads.split(",")) for N in map(int, args.states.split(","))]
-    problems = [problem(args.batch, args.seqlen, H, args.headdim, N, dn, impls, bw, rates) for H, N in shapes
-                for dn in dnames]
+    problems = [
+        problem(args.batch, args.seqlen, H, args.headdim, N, dn, impls, bw, rates) for H, N in shapes for dn in dnames
+    ]
     for spec in filter(None, args.tiles.split(";")):
         from kernels.ssd.triton_ssd import SsdTiles
 
         tiles = SsdTiles.parse(spec)
         tuned = {f"{k}[{spec}]": v for k, v in implementations(chunks, tiles).items() if k.startswith("ours-triton")}
-        problems += [problem(args.batch, args.seqlen, H, args.headdim, N, dn, {"ours-torch": impls["ours-torch"], **tuned},
-                             bw, rates, section="tiles") for H, N in shapes for dn in dnames]
-    rows = run(problems, warm_only=args.warm_only, log=log.info,
-               checkpoint=lambda rows: write_json("ssd", rows, env, args.out))
+        problems += [
+            problem(
+                args.batch,
+                args.seqlen,
+                H,
+                args.headdim,
+                N,
+                dn,
+                {"ours-torch": impls["ours-torch"], **tuned},
+                bw,
+                rates,
+                section="tiles",
+            )
+            for H, N in shapes
+            for dn in dnames
+        ]
+    rows = run(
+        problems, warm_only=args.warm_only, log=log.info, checkpoint=lambda rows: write_json("ssd", rows, env, args.out)
+    )
     finish("ssd", rows, env, args, baseline="mamba-ssm" if "mamba-ssm" in impls else "fla:chunk_simple_gla")
 
 

@@ -32,12 +32,20 @@ def headline(rows: list[dict]) -> list[tuple]:
     for r in rows:
         if r.get("section", "main") != "main" or not math.isfinite(_ms(r)):
             continue
-        dims = {k: v for k, v in r.items() if k not in ("family", "section", "impl", "direction", "dtype", "ms",
-                                                        "limit_ms", "max_rel_err", "note", "extra")}
+        dims = {
+            k: v
+            for k, v in r.items()
+            if k
+            not in ("family", "section", "impl", "direction", "dtype", "ms", "limit_ms", "max_rel_err", "note", "extra")
+        }
         groups.setdefault((dims_label(dims), r["dtype"], r["direction"]), []).append(r)
     out = []
     for (label, dtype, direction), rs in groups.items():
-        ours = [r for r in rs if r["impl"].startswith("ours-triton") and "(kernel)" not in r["impl"] and "[" not in r["impl"]]
+        ours = [
+            r
+            for r in rs
+            if r["impl"].startswith("ours-triton") and "(kernel)" not in r["impl"] and "[" not in r["impl"]
+        ]
         peers = [r for r in rs if not r["impl"].startswith(NOT_PEERS)]
         if not ours:
             continue
@@ -47,7 +55,9 @@ def headline(rows: list[dict]) -> list[tuple]:
         add = [r for r in rs if r["impl"].startswith("torch.add")]
         if add and direction == "fwd":
             note = f"{_ms(add[0]) / _ms(o):.0%} of torch.add bandwidth"
-        out.append((label, dtype, direction, o["impl"], _ms(o), p["impl"] if p else "-", _ms(p) if p else math.nan, note))
+        out.append(
+            (label, dtype, direction, o["impl"], _ms(o), p["impl"] if p else "-", _ms(p) if p else math.nan, note)
+        )
     return out
 
 
@@ -64,9 +74,20 @@ def main(argv: list[str] | None = None) -> None:
         data = json.loads(path.read_text())
         devices.add(f"{data['env'].get('device')} {data['env'].get('date', '')[:16]}")
         for label, dtype, direction, oi, oms, pi, pms, note in headline(data["rows"]):
-            rows.append({"family": family, "problem": label, "dtype": dtype, "dir": direction, "ours": oi, "ms": oms,
-                         "peer": pi, "peer ms": pms, "ours/peer": f"{oms / pms:.2f}x" if math.isfinite(pms) else "-",
-                         "note": note})
+            rows.append(
+                {
+                    "family": family,
+                    "problem": label,
+                    "dtype": dtype,
+                    "dir": direction,
+                    "ours": oi,
+                    "ms": oms,
+                    "peer": pi,
+                    "peer ms": pms,
+                    "ours/peer": f"{oms / pms:.2f}x" if math.isfinite(pms) else "-",
+                    "note": note,
+                }
+            )
     print(pd.DataFrame(rows).fillna("").to_markdown(index=False, floatfmt=".4g"))
     print("devices, dates:", "; ".join(sorted(devices)))
 

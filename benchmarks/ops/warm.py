@@ -45,8 +45,10 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, args.procs)) as pool:
         for name, secs, rc, tail in pool.map(lambda j: _job(*j), jobs):
-            print(f"warm {name}: {secs:.0f} s" + ("" if rc == 0 else f" (rc {rc}: {tail.strip().splitlines()[-1:]})"),
-                  flush=True)
+            print(
+                f"warm {name}: {secs:.0f} s" + ("" if rc == 0 else f" (rc {rc}: {tail.strip().splitlines()[-1:]})"),
+                flush=True,
+            )
     print(f"warm: {len(jobs)} processes in {time.perf_counter() - t0:.0f} s", flush=True)
 
 

@@ -38,12 +38,23 @@ from kernels.delta import reference as _ref
 AUTO = "auto"
 BACKENDS = ("reference", "chunk", "fla", "fla_recurrent")
 _AVAILABLE = {
-    "delta_rule": {"reference": _ref.delta_rule, "chunk": _chunk.delta_rule, "fla": _fla.delta_rule,
-                   "fla_recurrent": _fla.delta_rule_recurrent},
-    "gated_delta_rule": {"reference": _ref.gated_delta_rule, "chunk": _chunk.gated_delta_rule,
-                         "fla": _fla.gated_delta_rule},
-    "delta_product": {"reference": _ref.delta_product, "chunk": _chunk.delta_product, "fla": _fla.delta_product,
-                      "fla_recurrent": _fla.delta_product_recurrent},
+    "delta_rule": {
+        "reference": _ref.delta_rule,
+        "chunk": _chunk.delta_rule,
+        "fla": _fla.delta_rule,
+        "fla_recurrent": _fla.delta_rule_recurrent,
+    },
+    "gated_delta_rule": {
+        "reference": _ref.gated_delta_rule,
+        "chunk": _chunk.gated_delta_rule,
+        "fla": _fla.gated_delta_rule,
+    },
+    "delta_product": {
+        "reference": _ref.delta_product,
+        "chunk": _chunk.delta_product,
+        "fla": _fla.delta_product,
+        "fla_recurrent": _fla.delta_product_recurrent,
+    },
     "dplr_delta_rule": {"reference": _ref.dplr_delta_rule, "fla": _fla.dplr_delta_rule},
 }
 
@@ -67,11 +78,15 @@ def resolve_backend(op: str, backend: str, x: torch.Tensor, *, gated: bool = Fal
         raise ValueError(f"unknown {op} backend {backend!r}; valid: {', '.join([AUTO, *available])}")
     if backend.startswith("fla"):
         if not x.is_cuda:
-            raise ValueError(f"{op}: backend {backend!r} runs fla's Triton kernels, which need CUDA tensors "
-                             f"(got {x.device}); use 'reference' or 'auto'")
+            raise ValueError(
+                f"{op}: backend {backend!r} runs fla's Triton kernels, which need CUDA tensors "
+                f"(got {x.device}); use 'reference' or 'auto'"
+            )
         if not fla_available():
-            raise ValueError(f"{op}: backend {backend!r} needs flash-linear-attention (pip install "
-                             "flash-linear-attention); use 'reference' or 'auto'")
+            raise ValueError(
+                f"{op}: backend {backend!r} needs flash-linear-attention (pip install "
+                "flash-linear-attention); use 'reference' or 'auto'"
+            )
         if gated and backend == "fla" and (why := _fla.gated_backward_unsupported()):
             raise ValueError(f"{op}: backend 'fla': {why}; 'auto' takes 'chunk'")
     return backend
@@ -96,44 +111,59 @@ def delta_rule(q, k, v, beta, *, scale: float | None = None, qk_l2norm: bool = F
     """``S_t = S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``.
     ``q, k (B, L, H, K)``, ``v (B, L, H, V)``, ``beta (B, L, H)`` -> ``o (B, L, H, V)``."""
     B, L, H, K = q.shape
-    _check("delta_rule", {"q": q, "k": k, "v": v, "beta": beta},
-           {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "beta": (B, L, H)})
+    _check(
+        "delta_rule",
+        {"q": q, "k": k, "v": v, "beta": beta},
+        {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "beta": (B, L, H)},
+    )
     fn = _AVAILABLE["delta_rule"][resolve_backend("delta_rule", backend, q)]
     return fn(q, k, v, beta, scale=scale, qk_l2norm=qk_l2norm)
 
 
-def gated_delta_rule(q, k, v, g, beta, *, scale: float | None = None, qk_l2norm: bool = False,
-                     backend: str = AUTO):
+def gated_delta_rule(q, k, v, g, beta, *, scale: float | None = None, qk_l2norm: bool = False, backend: str = AUTO):
     """``S_t = exp(g_t) S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``; ``g (B, L, H)`` log decay (<= 0)."""
     B, L, H, K = q.shape
-    _check("gated_delta_rule", {"q": q, "k": k, "v": v, "g": g, "beta": beta},
-           {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "g": (B, L, H), "beta": (B, L, H)})
+    _check(
+        "gated_delta_rule",
+        {"q": q, "k": k, "v": v, "g": g, "beta": beta},
+        {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "g": (B, L, H), "beta": (B, L, H)},
+    )
     fn = _AVAILABLE["gated_delta_rule"][resolve_backend("gated_delta_rule", backend, q)]
     return fn(q, k, v, g, beta, scale=scale, qk_l2norm=qk_l2norm)
 
 
-def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2norm: bool = False,
-                  backend: str = AUTO):
+def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2norm: bool = False, backend: str = AUTO):
     """``n`` delta steps per token (``k (B, L, n, H, K)``, ``v (B, L, n, H, V)``, ``beta (B, L, n, H)``),
     the decay ``exp(g_t)`` (``g (B, L, H)`` or None) once before them; output read after the last step."""
     B, L, H, K = q.shape
     n = k.shape[2] if k.dim() == 5 else None
     named = {"q": q, "k": k, "v": v, "beta": beta, **({} if g is None else {"g": g})}
-    _check("delta_product", named, {"q": (B, L, H, K), "k": (B, L, n, H, K), "v": (B, L, n, H, None),
-                                    "beta": (B, L, n, H), "g": (B, L, H)})
+    _check(
+        "delta_product",
+        named,
+        {"q": (B, L, H, K), "k": (B, L, n, H, K), "v": (B, L, n, H, None), "beta": (B, L, n, H), "g": (B, L, H)},
+    )
     fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q, gated=g is not None)]
     return fn(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm)
 
 
-def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float | None = None,
-                    backend: str = AUTO):
+def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float | None = None, backend: str = AUTO):
     """``S_t = S_{t-1}(diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``;
     ``q, k, a, b, w (B, L, H, K)``, ``v (B, L, H, V)``. ``lower_bound``: a promise ``lower_bound <= w < 0``
     that lets fla use its faster chunking (RWKV-7: ``-exp(-0.5)``); the reference ignores it."""
     B, L, H, K = q.shape
-    _check("dplr_delta_rule", {"q": q, "k": k, "v": v, "a": a, "b": b, "w": w},
-           {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "a": (B, L, H, K), "b": (B, L, H, K),
-            "w": (B, L, H, K)})
+    _check(
+        "dplr_delta_rule",
+        {"q": q, "k": k, "v": v, "a": a, "b": b, "w": w},
+        {
+            "q": (B, L, H, K),
+            "k": (B, L, H, K),
+            "v": (B, L, H, None),
+            "a": (B, L, H, K),
+            "b": (B, L, H, K),
+            "w": (B, L, H, K),
+        },
+    )
     name = resolve_backend("dplr_delta_rule", backend, q)
     if name == "reference":
         return _ref.dplr_delta_rule(q, k, v, a, b, w, scale=scale)
@@ -145,5 +175,14 @@ def backends(op: str) -> tuple[str, ...]:
     return (AUTO, *_AVAILABLE[op])
 
 
-__all__ = ["AUTO", "BACKENDS", "backends", "delta_product", "delta_rule", "dplr_delta_rule", "fla_available",
-           "gated_delta_rule", "resolve_backend"]
+__all__ = [
+    "AUTO",
+    "BACKENDS",
+    "backends",
+    "delta_product",
+    "delta_rule",
+    "dplr_delta_rule",
+    "fla_available",
+    "gated_delta_rule",
+    "resolve_backend",
+]

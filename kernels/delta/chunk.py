@@ -28,9 +28,17 @@ from kernels.delta.reference import l2norm
 CHUNK = 64
 
 
-def gated_delta_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                        g: torch.Tensor | None = None, *, scale: float | None = None, qk_l2norm: bool = False,
-                        chunk: int = CHUNK) -> torch.Tensor:
+def gated_delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+    chunk: int = CHUNK,
+) -> torch.Tensor:
     """``n = k.shape[2]`` delta steps per token, the decay ``exp(g_t)`` (or none) before them, chunkwise.
     ``q (B, L, H, K)``, ``k (B, L, n, H, K)``, ``v (B, L, n, H, V)``, ``beta (B, L, n, H)``, ``g (B, L, H)``
     -> ``o (B, L, H, V)`` in the dtype of ``q``."""
@@ -40,13 +48,16 @@ def gated_delta_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta:
     q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
     if qk_l2norm:
         q, k = l2norm(q), l2norm(k)
-    scale = K ** -0.5 if scale is None else scale
+    scale = K**-0.5 if scale is None else scale
     # flatten the n steps of each token: (B, N, H, .) with N = L n; q and g on a token's last / first step
     N = L * n
     k, v, beta = k.reshape(B, N, H, K), v.reshape(B, N, H, V), beta.reshape(B, N, H)
     zeros = q.new_zeros(B, L, n - 1, H)
-    gs = torch.zeros(B, N, H, dtype=dtype, device=q.device) if g is None else \
-        torch.cat([g.to(dtype)[:, :, None], zeros], 2).reshape(B, N, H)
+    gs = (
+        torch.zeros(B, N, H, dtype=dtype, device=q.device)
+        if g is None
+        else torch.cat([g.to(dtype)[:, :, None], zeros], 2).reshape(B, N, H)
+    )
     qs = torch.cat([zeros[..., None].expand(B, L, n - 1, H, K), q[:, :, None]], 2).reshape(B, N, H, K)
     # chunks: (B, H, NC, C, .), padded with identity steps (k = v = beta = g = 0)
     C = min(chunk, N)
@@ -81,14 +92,14 @@ def gated_delta_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta:
 
 def delta_rule(q, k, v, beta, *, scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:
     """The delta rule chunkwise; shapes as ``reference.delta_rule``."""
-    return gated_delta_product(q, k[:, :, None], v[:, :, None], beta[:, :, None], None, scale=scale,
-                               qk_l2norm=qk_l2norm)
+    return gated_delta_product(
+        q, k[:, :, None], v[:, :, None], beta[:, :, None], None, scale=scale, qk_l2norm=qk_l2norm
+    )
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:
     """The gated delta rule chunkwise; shapes as ``reference.gated_delta_rule``."""
-    return gated_delta_product(q, k[:, :, None], v[:, :, None], beta[:, :, None], g, scale=scale,
-                               qk_l2norm=qk_l2norm)
+    return gated_delta_product(q, k[:, :, None], v[:, :, None], beta[:, :, None], g, scale=scale, qk_l2norm=qk_l2norm)
 
 
 def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:

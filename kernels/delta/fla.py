@@ -32,12 +32,18 @@ def gated_backward_unsupported() -> str | None:
 
     from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
 
-    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1 and \
-            importlib.util.find_spec("tilelang") is None:
+    if (
+        IS_NVIDIA_HOPPER
+        and TRITON_ABOVE_3_4_0
+        and not TRITON_ABOVE_3_7_1
+        and importlib.util.find_spec("tilelang") is None
+    ):
         import triton
 
-        return (f"fla's gated chunk backward is wrong on Hopper GPUs with Triton {triton.__version__} "
-                "(>= 3.4.0, < 3.7.1; fla issue #640) and fla refuses it; upgrade Triton or install tilelang")
+        return (
+            f"fla's gated chunk backward is wrong on Hopper GPUs with Triton {triton.__version__} "
+            "(>= 3.4.0, < 3.7.1; fla issue #640) and fla refuses it; upgrade Triton or install tilelang"
+        )
     return None
 
 
@@ -45,8 +51,15 @@ def _bf16(*xs: torch.Tensor) -> list[torch.Tensor]:
     return [x.to(torch.bfloat16).contiguous() for x in xs]
 
 
-def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
-               scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:
+def delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
     """``fla.ops.delta_rule.chunk_delta_rule`` in bfloat16."""
     from fla.ops.delta_rule import chunk_delta_rule
 
@@ -54,34 +67,67 @@ def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Te
     return o.to(q.dtype)
 
 
-def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
-                     scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
     """``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` in bfloat16 (``g``, the log decay, in float32;
     beta and g computed outside: no in-kernel gate or sigmoid)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     qb, kb, vb, bb = _bf16(q, k, v, beta)
-    o, _ = chunk_gated_delta_rule(qb, kb, vb, g.float().contiguous(), bb, scale=scale,
-                                  use_qk_l2norm_in_kernel=qk_l2norm)
+    o, _ = chunk_gated_delta_rule(
+        qb, kb, vb, g.float().contiguous(), bb, scale=scale, use_qk_l2norm_in_kernel=qk_l2norm
+    )
     return o.to(q.dtype)
 
 
-def delta_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                  g: torch.Tensor | None = None, *, scale: float | None = None,
-                  qk_l2norm: bool = False) -> torch.Tensor:
+def delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
     """``fla.ops.gated_delta_product.chunk_gated_delta_product`` in bfloat16 (``g`` float32 or None),
     the n steps of token t at interleaved positions ``t * n + j``."""
     from fla.ops.gated_delta_product import chunk_gated_delta_product
 
     B, L, n, H, K = k.shape
     qb, kb, vb, bb = _bf16(q, k.reshape(B, L * n, H, K), v.reshape(B, L * n, H, -1), beta.reshape(B, L * n, H))
-    o, _ = chunk_gated_delta_product(qb, kb, vb, None if g is None else g.float().contiguous(), bb,
-                                     num_householder=n, scale=scale, use_qk_l2norm_in_kernel=qk_l2norm)
+    o, _ = chunk_gated_delta_product(
+        qb,
+        kb,
+        vb,
+        None if g is None else g.float().contiguous(),
+        bb,
+        num_householder=n,
+        scale=scale,
+        use_qk_l2norm_in_kernel=qk_l2norm,
+    )
     return o.to(q.dtype)
 
 
-def dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    w: torch.Tensor, *, scale: float = 1.0, lower_bound: float | None = None) -> torch.Tensor:
+def dplr_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    scale: float = 1.0,
+    lower_bound: float | None = None,
+) -> torch.Tensor:
     """``fla.ops.generalized_delta_rule.chunk_dplr_delta_rule`` in bfloat16 (what ``chunk_rwkv7`` calls).
     ``lower_bound``: a promise that ``lower_bound <= w < 0`` (RWKV-7: -exp(-1/2)); with it the call is
     fla's RWKV-7 layer's (``safe_gate=True``, chunks of 64), without it fla's default (chunks of 16)."""
@@ -94,12 +140,21 @@ def dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
 
 def _check_fast_dtype(name: str, x: torch.Tensor) -> None:
     if x.dtype not in _FAST_DTYPES:
-        raise ValueError(f"{name}: fla's fused_recurrent kernel takes float32/bfloat16/float16, got {x.dtype}; "
-                         "use backend='reference' for float64")
+        raise ValueError(
+            f"{name}: fla's fused_recurrent kernel takes float32/bfloat16/float16, got {x.dtype}; "
+            "use backend='reference' for float64"
+        )
 
 
-def delta_rule_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
-                         scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:
+def delta_rule_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
     """``fla.ops.delta_rule.fused_recurrent_delta_rule`` in the input dtype (float32 included)."""
     from fla.ops.delta_rule import fused_recurrent_delta_rule
 
@@ -109,23 +164,37 @@ def delta_rule_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta
     return o
 
 
-def delta_product_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                            g: torch.Tensor | None = None, *, scale: float | None = None,
-                            qk_l2norm: bool = False) -> torch.Tensor:
+def delta_product_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
     """The ungated Householder product as ``fused_recurrent_delta_rule`` over the ``L * n`` interleaved
     steps, reading the output at each token's last step (fla's GatedDeltaProduct ``fused_recurrent`` mode)."""
     if g is not None:
-        raise ValueError("delta_product: backend 'fla_recurrent' has no decay (fla's fused recurrent gated kernels "
-                         "have no backward); use 'fla' or 'reference' with g")
+        raise ValueError(
+            "delta_product: backend 'fla_recurrent' has no decay (fla's fused recurrent gated kernels "
+            "have no backward); use 'fla' or 'reference' with g"
+        )
     B, L, n, H, K = k.shape
     if scale is None:
-        scale = K ** -0.5
+        scale = K**-0.5
     if qk_l2norm:  # normalize here: the zero queries of the interleaved steps must stay zero
         from kernels.delta.reference import l2norm
 
         q, k = l2norm(q), l2norm(k)
     q_steps = q.new_zeros(B, L, n, H, K)
     q_steps[:, :, -1] = q
-    o = delta_rule_recurrent(q_steps.reshape(B, L * n, H, K), k.reshape(B, L * n, H, K),
-                             v.reshape(B, L * n, H, -1), beta.reshape(B, L * n, H), scale=scale)
+    o = delta_rule_recurrent(
+        q_steps.reshape(B, L * n, H, K),
+        k.reshape(B, L * n, H, K),
+        v.reshape(B, L * n, H, -1),
+        beta.reshape(B, L * n, H),
+        scale=scale,
+    )
     return o.reshape(B, L, n, H, -1)[:, :, -1]

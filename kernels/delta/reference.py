@@ -39,9 +39,16 @@ def _delta_step(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.T
     return S + beta[..., None, None] * error[..., :, None] * k[..., None, :]
 
 
-def gated_delta_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                        g: torch.Tensor | None = None, *, scale: float | None = None,
-                        qk_l2norm: bool = False) -> torch.Tensor:
+def gated_delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
     """``n = k.shape[2]`` delta steps per token, the decay ``exp(g_t)`` (or none) once before them;
     the output is read after the last step. Shapes: module docstring."""
     B, L, n, H, K = k.shape
@@ -49,7 +56,7 @@ def gated_delta_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta:
     q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
     if qk_l2norm:
         q, k = l2norm(q), l2norm(k)
-    scale = K ** -0.5 if scale is None else scale
+    scale = K**-0.5 if scale is None else scale
     S = q.new_zeros(B, H, V, K)
     outputs = []
     for t in range(L):
@@ -61,27 +68,59 @@ def gated_delta_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta:
     return torch.stack(outputs, dim=1).to(out_dtype)
 
 
-def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
-               scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:
+def delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
     """The delta rule ``S_t = S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``."""
-    return gated_delta_product(q, k[:, :, None], v[:, :, None], beta[:, :, None], None, scale=scale, qk_l2norm=qk_l2norm)
+    return gated_delta_product(
+        q, k[:, :, None], v[:, :, None], beta[:, :, None], None, scale=scale, qk_l2norm=qk_l2norm
+    )
 
 
-def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
-                     scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
     """``S_t = exp(g_t) S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T`` (``g <= 0``: log decay per head)."""
     return gated_delta_product(q, k[:, :, None], v[:, :, None], beta[:, :, None], g, scale=scale, qk_l2norm=qk_l2norm)
 
 
-def delta_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                  g: torch.Tensor | None = None, *, scale: float | None = None,
-                  qk_l2norm: bool = False) -> torch.Tensor:
+def delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+) -> torch.Tensor:
     """DeltaProduct (Siems et al. 2025): ``n`` delta steps per token, optional decay; see ``gated_delta_product``."""
     return gated_delta_product(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm)
 
 
-def dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    w: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+def dplr_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    scale: float = 1.0,
+) -> torch.Tensor:
     """The generalized delta rule of RWKV-7 (fla's ``dplr``): per head, with ``w`` the log decay per key channel,
 
         S_t = S_{t-1} (diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T,       o_t = scale * S_t q_t
@@ -95,7 +134,10 @@ def dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
     outputs = []
     for t in range(L):
         Sa = torch.einsum("bhvk,bhk->bhv", S, a[:, t])
-        S = S * torch.exp(w[:, t])[..., None, :] + Sa[..., :, None] * b[:, t, :, None, :] \
+        S = (
+            S * torch.exp(w[:, t])[..., None, :]
+            + Sa[..., :, None] * b[:, t, :, None, :]
             + v[:, t, :, :, None] * k[:, t, :, None, :]
+        )
         outputs.append(scale * torch.einsum("bhvk,bhk->bhv", S, q[:, t]))
     return torch.stack(outputs, dim=1).to(out_dtype)

@@ -25,8 +25,9 @@ from kernels.fused_rnn.fused import fits_on_chip, fused_rnn_fused
 from kernels.fused_rnn.reference import CELLS, CellSpec, cell_spec, fused_rnn_reference
 
 
-def fused_rnn_triton(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor,
-                     states0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_rnn_triton(
+    cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused kernel where the head's R fits on chip, else the alternating one."""
     cell_spec(cell)  # unknown cells fail here with the list of known ones
     if wx.dim() == 5 and fits_on_chip(cell, wx.shape[-1], wx.dtype):
@@ -42,12 +43,28 @@ BACKENDS = {
 }
 
 
-def fused_rnn(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor | None = None,
-              *, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def fused_rnn(
+    cell: str,
+    wx: torch.Tensor,
+    R: torch.Tensor,
+    b: torch.Tensor,
+    states0: torch.Tensor | None = None,
+    *,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply ``cell`` over time with the chosen backend; see the module docstring."""
     name = resolve("fused_rnn", backend, BACKENDS, wx, wx.dtype in CUDA_DTYPES)
     return BACKENDS[name](cell, wx, R, b, states0)
 
 
-__all__ = ["BACKENDS", "CELLS", "CellSpec", "cell_spec", "fused_rnn", "fused_rnn_alternating",
-           "fused_rnn_fused", "fused_rnn_reference", "fused_rnn_triton"]
+__all__ = [
+    "BACKENDS",
+    "CELLS",
+    "CellSpec",
+    "cell_spec",
+    "fused_rnn",
+    "fused_rnn_alternating",
+    "fused_rnn_fused",
+    "fused_rnn_reference",
+    "fused_rnn_triton",
+]

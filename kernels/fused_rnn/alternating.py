@@ -21,9 +21,22 @@ import triton
 import triton.language as tl
 
 from kernels._triton import cdiv, empty
-from kernels.fused_rnn.cells_triton import (CELL_IDS, ELMAN, GRU, LSTM, NUM_SAVED, SLSTM, elman_bwd,
-                                            elman_fwd, gru_bwd, gru_fwd, lstm_bwd, lstm_fwd, slstm_bwd,
-                                            slstm_fwd)
+from kernels.fused_rnn.cells_triton import (
+    CELL_IDS,
+    ELMAN,
+    GRU,
+    LSTM,
+    NUM_SAVED,
+    SLSTM,
+    elman_bwd,
+    elman_fwd,
+    gru_bwd,
+    gru_fwd,
+    lstm_bwd,
+    lstm_fwd,
+    slstm_bwd,
+    slstm_fwd,
+)
 from kernels.fused_rnn.checks import TritonBackend, acc_dtype, check_saved, full_precision_h, run_checked
 from kernels.fused_rnn.reference import cell_spec
 
@@ -99,9 +112,7 @@ def _alt_fwd_step(
         rp += tl.load(bias + DH, mask=mask, other=0.0).to(ACC)
         zp = tl.load(x + DH, mask=mask, other=0.0).to(ACC) + tl.load(ry + 2 * DH, mask=mask, other=0.0)
         zp += tl.load(bias + 2 * DH, mask=mask, other=0.0).to(ACC)
-        npre = tl.load(x + 2 * DH, mask=mask, other=0.0).to(ACC) + tl.load(
-            bias + 3 * DH, mask=mask, other=0.0
-        )
+        npre = tl.load(x + 2 * DH, mask=mask, other=0.0).to(ACC) + tl.load(bias + 3 * DH, mask=mask, other=0.0)
         h, r, z, a = gru_fwd(g, rp, zp, npre, h_prev)
         if SAVE:
             tl.store(sv, h, mask=mask)
@@ -281,7 +292,8 @@ _BACKEND = TritonBackend("fused_rnn_alt", _forward, _backward)
 fused_rnn_alt_fwd, fused_rnn_alt_bwd = _BACKEND.fwd_op, _BACKEND.bwd_op
 
 
-def fused_rnn_alternating(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor,
-                          states0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_rnn_alternating(
+    cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The alternating backend; same signature and result as ``fused_rnn_reference``."""
     return run_checked(_BACKEND, "alternating", cell, wx, R, b, states0)

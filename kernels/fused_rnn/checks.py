@@ -3,7 +3,7 @@ custom ops + eager autograd of a backend (``TritonBackend``)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -88,12 +88,14 @@ class TritonBackend:
     def __init__(self, name: str, forward: Callable, backward: Callable):
         self.name, self.forward, self.backward = name, forward, backward
 
-        def fwd(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor,
-                save: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def fwd(
+            cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor, save: bool
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             return forward(cell, wx, R, b, states0, save, None)
 
-        def bwd(cell: str, dh_out: torch.Tensor, dlast: torch.Tensor, R: torch.Tensor,
-                saved: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        def bwd(
+            cell: str, dh_out: torch.Tensor, dlast: torch.Tensor, R: torch.Tensor, saved: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
             return backward(cell, dh_out, dlast, R, saved, None)
 
         self.fwd_op = torch.library.custom_op(f"expressivity::{name}_fwd", fwd, mutates_args=())
@@ -154,18 +156,25 @@ class _Eager(torch.autograd.Function):
 def _fake_fwd(cell, wx, R, b, states0, save):
     bsz, length, nh, _, dh = wx.shape
     saved_shape = (bsz, length + 1, nh, NUM_SAVED[cell], dh) if save else (0,)
-    return (wx.new_empty(bsz, length, nh, dh), wx.new_empty(cell_spec(cell).num_states, bsz, nh, dh),
-            wx.new_empty(saved_shape, dtype=acc_dtype(wx.dtype)))
+    return (
+        wx.new_empty(bsz, length, nh, dh),
+        wx.new_empty(cell_spec(cell).num_states, bsz, nh, dh),
+        wx.new_empty(saved_shape, dtype=acc_dtype(wx.dtype)),
+    )
 
 
 def _fake_bwd(cell, dh_out, dlast, R, saved):
     spec = cell_spec(cell)
     bsz, length, nh, dh = dh_out.shape
-    return (R.new_empty(bsz, length, nh, spec.input_gates, dh), torch.empty_like(R),
-            R.new_empty(nh, spec.bias_gates, dh), R.new_empty(spec.num_states, bsz, nh, dh))
+    return (
+        R.new_empty(bsz, length, nh, spec.input_gates, dh),
+        torch.empty_like(R),
+        R.new_empty(nh, spec.bias_gates, dh),
+        R.new_empty(spec.num_states, bsz, nh, dh),
+    )
 
 
-def run_checked(backend: TritonBackend, name: str, cell, wx, R, b, states0, config: Optional[object] = None):
+def run_checked(backend: TritonBackend, name: str, cell, wx, R, b, states0, config: object | None = None):
     """``backend`` on checked inputs; an empty sequence gives the reference's result."""
     check_fast_inputs(name, cell, wx, R, b, states0)
     if wx.shape[1] == 0:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
 
 import torch
 import triton.language as tl
@@ -127,7 +126,7 @@ def _tl_acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _forward(cell: str, wx, R, b, states0, save: bool, cfg: Optional[LaunchConfig]):
+def _forward(cell: str, wx, R, b, states0, save: bool, cfg: LaunchConfig | None):
     """Forward of the fused kernel: ``(h (B, T, NH, DH), last_states (N_s, B, NH, DH), saved)``."""
     spec = cell_spec(cell)
     bsz, length, nh, _, dh = wx.shape
@@ -153,7 +152,7 @@ def _forward(cell: str, wx, R, b, states0, save: bool, cfg: Optional[LaunchConfi
     return h, last, saved
 
 
-def _backward(cell: str, dh_out, dlast, R, saved, cfg: Optional[LaunchConfig]):
+def _backward(cell: str, dh_out, dlast, R, saved, cfg: LaunchConfig | None):
     """Backward of the fused kernel: ``(dwx, dR, db, dstates0)`` from the output gradients."""
     spec = cell_spec(cell)
     bsz, length, nh, dh = dh_out.shape
@@ -196,7 +195,14 @@ _BACKEND = TritonBackend("fused_rnn", _forward, _backward)
 fused_rnn_fwd, fused_rnn_bwd = _BACKEND.fwd_op, _BACKEND.bwd_op
 
 
-def fused_rnn_fused(cell: str, wx: torch.Tensor, R: torch.Tensor, b: torch.Tensor, states0: torch.Tensor | None = None,
-                    *, config: Optional[LaunchConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_rnn_fused(
+    cell: str,
+    wx: torch.Tensor,
+    R: torch.Tensor,
+    b: torch.Tensor,
+    states0: torch.Tensor | None = None,
+    *,
+    config: LaunchConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused persistent kernel; same signature and result as ``fused_rnn_reference``."""
     return run_checked(_BACKEND, "fused", cell, wx, R, b, states0, config)

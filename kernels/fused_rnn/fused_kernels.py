@@ -19,8 +19,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.fused_rnn.cells_triton import (ELMAN, GRU, LSTM, SLSTM, elman_bwd, elman_fwd, gru_bwd, gru_fwd,
-                                            lstm_bwd, lstm_fwd, slstm_bwd, slstm_fwd)
+from kernels.fused_rnn.cells_triton import (
+    ELMAN,
+    GRU,
+    LSTM,
+    SLSTM,
+    elman_bwd,
+    elman_fwd,
+    gru_bwd,
+    gru_fwd,
+    lstm_bwd,
+    lstm_fwd,
+    slstm_bwd,
+    slstm_fwd,
+)
 
 
 @triton.jit
@@ -324,16 +336,12 @@ def fused_bwd_kernel(
     g_t = NH * GB * DH
 
     # step T-1's saved tiles; each step prefetches the step before it (they do not depend on dh)
-    q = _bwd_loads(
-        DY, SAVED, y_row + (T - 1) * y_t, sv_row + T * sv_t, sv_row + (T - 1) * sv_t, rd, m2, DH, CELL, ACC
-    )
+    q = _bwd_loads(DY, SAVED, y_row + (T - 1) * y_t, sv_row + T * sv_t, sv_row + (T - 1) * sv_t, rd, m2, DH, CELL, ACC)
     for tt in range(T):
         t = T - 1 - tt
         dy, h_prev, q1, q2, q3, q4, q5, q6, q7, q8, q9, q10 = q
         tp = tl.maximum(t - 1, 0)
-        q = _bwd_loads(
-            DY, SAVED, y_row + tp * y_t, sv_row + (tp + 1) * sv_t, sv_row + tp * sv_t, rd, m2, DH, CELL, ACC
-        )
+        q = _bwd_loads(DY, SAVED, y_row + tp * y_t, sv_row + (tp + 1) * sv_t, sv_row + tp * sv_t, rd, m2, DH, CELL, ACC)
         dh = dy + dh_rec
         gp = g_row + t * g_t
         if CELL == ELMAN:

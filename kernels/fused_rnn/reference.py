@@ -53,9 +53,7 @@ def cell_spec(cell: str) -> CellSpec:
     return CELLS[cell]
 
 
-def pointwise(
-    cell: str, wx: torch.Tensor, ry: torch.Tensor, b: torch.Tensor, states: torch.Tensor
-) -> torch.Tensor:
+def pointwise(cell: str, wx: torch.Tensor, ry: torch.Tensor, b: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
     """One step of the cell: ``wx (B, NH, G_x, DH)``, ``ry (B, NH, G_r, DH)``, ``b (NH, G_b, DH)``,
     ``states (N_s, B, NH, DH)`` -> new states ``(N_s, B, NH, DH)``."""
     if cell == "elman":

@@ -50,13 +50,42 @@ def resolve_backend(backend: str, q) -> str:
     return resolve("mlstm", backend, BACKEND_FNS, q, q.dtype in _TRITON_DTYPES)
 
 
-def mlstm(q, k, v, i_pre, f_pre, *, input_gate="exp", backend="auto", chunk_size=64, initial_state=None,
-          return_last_state=False, eps=1e-6):
+def mlstm(
+    q,
+    k,
+    v,
+    i_pre,
+    f_pre,
+    *,
+    input_gate="exp",
+    backend="auto",
+    chunk_size=64,
+    initial_state=None,
+    return_last_state=False,
+    eps=1e-6,
+):
     """Run the mLSTM cell over a sequence; see the module docstring for shapes, states and backends."""
     return BACKEND_FNS[resolve_backend(backend, q)](
-        q, k, v, i_pre, f_pre, input_gate=input_gate, chunk_size=chunk_size, initial_state=initial_state,
-        return_last_state=return_last_state, eps=eps)
+        q,
+        k,
+        v,
+        i_pre,
+        f_pre,
+        input_gate=input_gate,
+        chunk_size=chunk_size,
+        initial_state=initial_state,
+        return_last_state=return_last_state,
+        eps=eps,
+    )
 
 
-__all__ = ["BACKENDS", "BACKEND_FNS", "NORMALIZERS", "mlstm", "mlstm_chunkwise", "mlstm_parallel",
-           "mlstm_recurrent", "resolve_backend"]
+__all__ = [
+    "BACKENDS",
+    "BACKEND_FNS",
+    "NORMALIZERS",
+    "mlstm",
+    "mlstm_chunkwise",
+    "mlstm_parallel",
+    "mlstm_recurrent",
+    "resolve_backend",
+]

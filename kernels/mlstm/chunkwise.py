@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from kernels.mlstm.reference import _finish, _initial, check_args, compute_dtype, log_gates
 
 
-def mlstm_chunkwise(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, initial_state=None,
-                    return_last_state=False, eps=1e-6):
+def mlstm_chunkwise(
+    q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, initial_state=None, return_last_state=False, eps=1e-6
+):
     """Chunkwise mLSTM; shapes and states as in ``kernels.mlstm.mlstm``."""
     B, NH, S, DQK, DV = check_args(q, k, v, i_pre, f_pre, input_gate, initial_state)
     if not isinstance(chunk_size, int) or chunk_size < 1:

@@ -137,14 +137,27 @@ def _prepare(q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer):
     return shape, normalizer, q.dtype, dt, (q.to(dt), k.to(dt), v.to(dt), log_i, log_f)
 
 
-def mlstm_recurrent(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, initial_state=None,
-                    return_last_state=False, eps=1e-6, normalizer=None):
+def mlstm_recurrent(
+    q,
+    k,
+    v,
+    i_pre,
+    f_pre,
+    *,
+    input_gate="exp",
+    chunk_size=64,
+    initial_state=None,
+    return_last_state=False,
+    eps=1e-6,
+    normalizer=None,
+):
     """Step-by-step mLSTM (paper 002 eq. 1-8, or 22-24 for ``input_gate="sig"``).
 
     ``chunk_size`` is accepted for a uniform signature and ignored.
     """
     (B, NH, S, DQK, DV), normalizer, out_dtype, dt, (q, k, v, log_i, log_f) = _prepare(
-        q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer)
+        q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer
+    )
     C, n, m = _initial(initial_state, input_gate, B, NH, DQK, DV, dt, q.device)
     scale = 1.0 / math.sqrt(DQK)
     hs = []
@@ -165,15 +178,28 @@ def mlstm_recurrent(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, i
     return _finish(torch.stack(hs, dim=2), (C, n, m), out_dtype, return_last_state, input_gate)
 
 
-def mlstm_parallel(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, initial_state=None,
-                   return_last_state=False, eps=1e-6, normalizer=None):
+def mlstm_parallel(
+    q,
+    k,
+    v,
+    i_pre,
+    f_pre,
+    *,
+    input_gate="exp",
+    chunk_size=64,
+    initial_state=None,
+    return_last_state=False,
+    eps=1e-6,
+    normalizer=None,
+):
     """All steps at once with the (S, S) gate matrix (paper 002 App. B.1, eq. 27-35).
 
     The initial state enters as an extra "time step 0" whose log weight at step ``t`` is
     ``sum_{s<=t} log f_s + m0``. ``chunk_size`` is accepted for a uniform signature and ignored.
     """
     (B, NH, S, DQK, DV), normalizer, out_dtype, dt, (q, k, v, log_i, log_f) = _prepare(
-        q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer)
+        q, k, v, i_pre, f_pre, input_gate, initial_state, normalizer
+    )
     C0, n0, m0 = _initial(initial_state, input_gate, B, NH, DQK, DV, dt, q.device)
     cum_f = torch.cumsum(log_f, dim=-1)  # (B, NH, S): sum_{s<=t} log f_s
     causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()

@@ -34,10 +34,31 @@ import triton.language as tl
 
 @triton.jit
 def inter_chunk_dstates(
-    q_ptr, dh_ptr, b_ptr, g_ptr, mtok_ptr, inv_ptr, dd_ptr, mst_ptr, dcl_ptr, dnl_ptr, dcst_ptr, dnst_ptr, dc0_ptr,
-    S, NC, scale,
-    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BL: tl.constexpr, EXP: tl.constexpr, HAS_DLAST: tl.constexpr, PREC: tl.constexpr,
+    q_ptr,
+    dh_ptr,
+    b_ptr,
+    g_ptr,
+    mtok_ptr,
+    inv_ptr,
+    dd_ptr,
+    mst_ptr,
+    dcl_ptr,
+    dnl_ptr,
+    dcst_ptr,
+    dnst_ptr,
+    dc0_ptr,
+    S,
+    NC,
+    scale,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    L: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BL: tl.constexpr,
+    EXP: tl.constexpr,
+    HAS_DLAST: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     pid_k, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     acc_t = b_ptr.dtype.element_ty
@@ -77,10 +98,16 @@ def inter_chunk_dstates(
         dn = dn * decay
         for l0 in range(0, L, BL):
             pos = c * L + l0 + tl.arange(0, BL)
-            qT = tl.load(q_ptr + pos[None, :] * DQK + offs_k[:, None],
-                         mask=(pos[None, :] < S) & (offs_k[:, None] < DQK), other=0.0)
-            dh = tl.load(dh_ptr + pos[:, None] * DV + offs_v[None, :],
-                         mask=(pos[:, None] < S) & (offs_v[None, :] < DV), other=0.0)
+            qT = tl.load(
+                q_ptr + pos[None, :] * DQK + offs_k[:, None],
+                mask=(pos[None, :] < S) & (offs_k[:, None] < DQK),
+                other=0.0,
+            )
+            dh = tl.load(
+                dh_ptr + pos[:, None] * DV + offs_v[None, :],
+                mask=(pos[:, None] < S) & (offs_v[None, :] < DV),
+                other=0.0,
+            )
             if EXP:
                 w = tl.exp(tl.load(b_ptr + pos) + M_c - tl.load(mtok_ptr + pos)) * scale
                 qw = qT.to(acc_t) * (w * tl.load(inv_ptr + pos))[None, :]
@@ -106,10 +133,32 @@ def _gate_matrix(b_q, m_q, b_kv, li_kv, row, col, EXP: tl.constexpr):
 
 @triton.jit
 def intra_chunk_dq(
-    q_ptr, k_ptr, v_ptr, dh_ptr, b_ptr, li_ptr, mtok_ptr, inv_ptr, dd_ptr, cst_ptr, nst_ptr, mst_ptr,
-    dq_ptr, qdq_ptr, S, NC, scale,
-    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BLQ: tl.constexpr, BLKV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    dh_ptr,
+    b_ptr,
+    li_ptr,
+    mtok_ptr,
+    inv_ptr,
+    dd_ptr,
+    cst_ptr,
+    nst_ptr,
+    mst_ptr,
+    dq_ptr,
+    qdq_ptr,
+    S,
+    NC,
+    scale,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    L: tl.constexpr,
+    BLQ: tl.constexpr,
+    BLKV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    EXP: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     pid_q, pid_k, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     NQB: tl.constexpr = L // BLQ
@@ -139,16 +188,23 @@ def intra_chunk_dq(
         dp = tl.zeros((BLQ, BLKV), dtype=acc_t)
         for v0 in range(0, DV, BV):
             offs_v = v0 + tl.arange(0, BV)
-            dh = tl.load(dh_ptr + pos_q[:, None] * DV + offs_v[None, :],
-                         mask=mask_q[:, None] & (offs_v[None, :] < DV), other=0.0)
-            vT = tl.load(v_ptr + pos_kv[None, :] * DV + offs_v[:, None],
-                         mask=(pos_kv[None, :] < S) & (offs_v[:, None] < DV), other=0.0)
+            dh = tl.load(
+                dh_ptr + pos_q[:, None] * DV + offs_v[None, :], mask=mask_q[:, None] & (offs_v[None, :] < DV), other=0.0
+            )
+            vT = tl.load(
+                v_ptr + pos_kv[None, :] * DV + offs_v[:, None],
+                mask=(pos_kv[None, :] < S) & (offs_v[:, None] < DV),
+                other=0.0,
+            )
             dp += tl.dot(dh, vT, input_precision=PREC).to(acc_t)
         if EXP:
             dp = dp * inv[:, None] + dd[:, None]
         p = _gate_matrix(b_q, m_q, tl.load(b_ptr + tok + pos_kv), tl.load(li_ptr + tok + pos_kv), row, col, EXP)
-        kk = tl.load(k_ptr + pos_kv[:, None] * DQK + offs_k[None, :],
-                     mask=(pos_kv[:, None] < S) & (offs_k[None, :] < DQK), other=0.0)
+        kk = tl.load(
+            k_ptr + pos_kv[:, None] * DQK + offs_k[None, :],
+            mask=(pos_kv[:, None] < S) & (offs_k[None, :] < DQK),
+            other=0.0,
+        )
         acc += tl.dot((dp * p * scale).to(kk.dtype), kk, input_precision=PREC).to(acc_t)
     # inter-chunk part: dq_t += scale * w_t * (C_{c} dnum_t + n_c dd_t)
     M_c = tl.load(mst_ptr + bh * (NC + 1) + c)
@@ -156,10 +212,14 @@ def intra_chunk_dq(
     t1 = tl.zeros((BLQ, BK), dtype=acc_t)
     for v0 in range(0, DV, BV):
         offs_v = v0 + tl.arange(0, BV)
-        dh = tl.load(dh_ptr + pos_q[:, None] * DV + offs_v[None, :],
-                     mask=mask_q[:, None] & (offs_v[None, :] < DV), other=0.0)
-        cT = tl.load(cst_ptr + offs_k[None, :] * DV + offs_v[:, None],
-                     mask=(offs_k[None, :] < DQK) & (offs_v[:, None] < DV), other=0.0)
+        dh = tl.load(
+            dh_ptr + pos_q[:, None] * DV + offs_v[None, :], mask=mask_q[:, None] & (offs_v[None, :] < DV), other=0.0
+        )
+        cT = tl.load(
+            cst_ptr + offs_k[None, :] * DV + offs_v[:, None],
+            mask=(offs_k[None, :] < DQK) & (offs_v[:, None] < DV),
+            other=0.0,
+        )
         t1 += tl.dot(dh, cT.to(dh.dtype), input_precision=PREC).to(acc_t)
     if EXP:
         w = tl.exp(b_q + M_c - m_q) * scale
@@ -167,10 +227,14 @@ def intra_chunk_dq(
         acc += t1 * (w * inv)[:, None] + (w * dd)[:, None] * nn[None, :]
     else:
         acc += t1 * (tl.exp(b_q) * scale)[:, None]
-    qq = tl.load(q_ptr + pos_q[:, None] * DQK + offs_k[None, :],
-                 mask=mask_q[:, None] & (offs_k[None, :] < DQK), other=0.0)
-    tl.store(dq_ptr + bh * S * DQK + pos_q[:, None] * DQK + offs_k[None, :], acc.to(dq_ptr.dtype.element_ty),
-             mask=mask_q[:, None] & (offs_k[None, :] < DQK))
+    qq = tl.load(
+        q_ptr + pos_q[:, None] * DQK + offs_k[None, :], mask=mask_q[:, None] & (offs_k[None, :] < DQK), other=0.0
+    )
+    tl.store(
+        dq_ptr + bh * S * DQK + pos_q[:, None] * DQK + offs_k[None, :],
+        acc.to(dq_ptr.dtype.element_ty),
+        mask=mask_q[:, None] & (offs_k[None, :] < DQK),
+    )
     tl.store(qdq_ptr + (pid_k * tl.num_programs(2) + bh) * NC * L + pos_q, tl.sum(qq.to(acc_t) * acc, axis=1))
 
 
@@ -185,10 +249,33 @@ def _gate_matrix_t(b_q, m_q, b_kv, li_kv, row, col, EXP: tl.constexpr):
 
 @triton.jit
 def intra_chunk_dk(
-    q_ptr, k_ptr, v_ptr, dh_ptr, b_ptr, li_ptr, a_ptr, mtok_ptr, inv_ptr, dd_ptr, dcst_ptr, dnst_ptr, mst_ptr,
-    dk_ptr, kdk_ptr, S, NC, scale,
-    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BLQ: tl.constexpr, BLKV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    dh_ptr,
+    b_ptr,
+    li_ptr,
+    a_ptr,
+    mtok_ptr,
+    inv_ptr,
+    dd_ptr,
+    dcst_ptr,
+    dnst_ptr,
+    mst_ptr,
+    dk_ptr,
+    kdk_ptr,
+    S,
+    NC,
+    scale,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    L: tl.constexpr,
+    BLQ: tl.constexpr,
+    BLKV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    EXP: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     pid_kv, pid_k, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     NKB: tl.constexpr = L // BLKV
@@ -213,10 +300,16 @@ def intra_chunk_dk(
         dpT = tl.zeros((BLKV, BLQ), dtype=acc_t)
         for v0 in range(0, DV, BV):
             offs_v = v0 + tl.arange(0, BV)
-            vv = tl.load(v_ptr + pos_kv[:, None] * DV + offs_v[None, :],
-                         mask=mask_kv[:, None] & (offs_v[None, :] < DV), other=0.0)
-            dhT = tl.load(dh_ptr + pos_q[None, :] * DV + offs_v[:, None],
-                          mask=(pos_q[None, :] < S) & (offs_v[:, None] < DV), other=0.0)
+            vv = tl.load(
+                v_ptr + pos_kv[:, None] * DV + offs_v[None, :],
+                mask=mask_kv[:, None] & (offs_v[None, :] < DV),
+                other=0.0,
+            )
+            dhT = tl.load(
+                dh_ptr + pos_q[None, :] * DV + offs_v[:, None],
+                mask=(pos_q[None, :] < S) & (offs_v[:, None] < DV),
+                other=0.0,
+            )
             dpT += tl.dot(vv, dhT, input_precision=PREC).to(acc_t)
         b_q = tl.load(b_ptr + tok + pos_q)
         if EXP:
@@ -225,8 +318,11 @@ def intra_chunk_dk(
         else:
             m_q = b_q
         pT = _gate_matrix_t(b_q, m_q, b_kv, li_kv, row, col, EXP)
-        qq = tl.load(q_ptr + pos_q[:, None] * DQK + offs_k[None, :],
-                     mask=(pos_q[:, None] < S) & (offs_k[None, :] < DQK), other=0.0)
+        qq = tl.load(
+            q_ptr + pos_q[:, None] * DQK + offs_k[None, :],
+            mask=(pos_q[:, None] < S) & (offs_k[None, :] < DQK),
+            other=0.0,
+        )
         acc += tl.dot((dpT * pT * scale).to(qq.dtype), qq, input_precision=PREC).to(acc_t)
     # inter-chunk part through the state leaving chunk c: dk_j += w_j (dC v_j + dn)
     M_next = tl.load(mst_ptr + bh * (NC + 1) + c + 1)
@@ -234,10 +330,14 @@ def intra_chunk_dk(
     t1 = tl.zeros((BLKV, BK), dtype=acc_t)
     for v0 in range(0, DV, BV):
         offs_v = v0 + tl.arange(0, BV)
-        vv = tl.load(v_ptr + pos_kv[:, None] * DV + offs_v[None, :],
-                     mask=mask_kv[:, None] & (offs_v[None, :] < DV), other=0.0)
-        dcT = tl.load(dcst_ptr + offs_k[None, :] * DV + offs_v[:, None],
-                      mask=(offs_k[None, :] < DQK) & (offs_v[:, None] < DV), other=0.0)
+        vv = tl.load(
+            v_ptr + pos_kv[:, None] * DV + offs_v[None, :], mask=mask_kv[:, None] & (offs_v[None, :] < DV), other=0.0
+        )
+        dcT = tl.load(
+            dcst_ptr + offs_k[None, :] * DV + offs_v[:, None],
+            mask=(offs_k[None, :] < DQK) & (offs_v[:, None] < DV),
+            other=0.0,
+        )
         t1 += tl.dot(vv, dcT.to(vv.dtype), input_precision=PREC).to(acc_t)
     a_kv = tl.load(a_ptr + tok + pos_kv)
     if EXP:
@@ -246,19 +346,42 @@ def intra_chunk_dk(
         acc += w[:, None] * (t1 + dn[None, :])
     else:
         acc += tl.exp(a_kv)[:, None] * t1
-    kk = tl.load(k_ptr + pos_kv[:, None] * DQK + offs_k[None, :],
-                 mask=mask_kv[:, None] & (offs_k[None, :] < DQK), other=0.0)
-    tl.store(dk_ptr + bh * S * DQK + pos_kv[:, None] * DQK + offs_k[None, :], acc.to(dk_ptr.dtype.element_ty),
-             mask=mask_kv[:, None] & (offs_k[None, :] < DQK))
+    kk = tl.load(
+        k_ptr + pos_kv[:, None] * DQK + offs_k[None, :], mask=mask_kv[:, None] & (offs_k[None, :] < DQK), other=0.0
+    )
+    tl.store(
+        dk_ptr + bh * S * DQK + pos_kv[:, None] * DQK + offs_k[None, :],
+        acc.to(dk_ptr.dtype.element_ty),
+        mask=mask_kv[:, None] & (offs_k[None, :] < DQK),
+    )
     tl.store(kdk_ptr + (pid_k * tl.num_programs(2) + bh) * NC * L + pos_kv, tl.sum(kk.to(acc_t) * acc, axis=1))
 
 
 @triton.jit
 def intra_chunk_dv(
-    q_ptr, k_ptr, dh_ptr, b_ptr, li_ptr, a_ptr, mtok_ptr, inv_ptr, dcst_ptr, mst_ptr, dv_ptr,
-    S, NC, scale,
-    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BLQ: tl.constexpr, BLKV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    dh_ptr,
+    b_ptr,
+    li_ptr,
+    a_ptr,
+    mtok_ptr,
+    inv_ptr,
+    dcst_ptr,
+    mst_ptr,
+    dv_ptr,
+    S,
+    NC,
+    scale,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    L: tl.constexpr,
+    BLQ: tl.constexpr,
+    BLKV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    EXP: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     pid_kv, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     NKB: tl.constexpr = L // BLKV
@@ -282,14 +405,23 @@ def intra_chunk_dv(
         sT = tl.zeros((BLKV, BLQ), dtype=acc_t)
         for d0 in range(0, DQK, BK):
             offs_d = d0 + tl.arange(0, BK)
-            kk = tl.load(k_ptr + pos_kv[:, None] * DQK + offs_d[None, :],
-                         mask=mask_kv[:, None] & (offs_d[None, :] < DQK), other=0.0)
-            qT = tl.load(q_ptr + pos_q[None, :] * DQK + offs_d[:, None],
-                         mask=(pos_q[None, :] < S) & (offs_d[:, None] < DQK), other=0.0)
+            kk = tl.load(
+                k_ptr + pos_kv[:, None] * DQK + offs_d[None, :],
+                mask=mask_kv[:, None] & (offs_d[None, :] < DQK),
+                other=0.0,
+            )
+            qT = tl.load(
+                q_ptr + pos_q[None, :] * DQK + offs_d[:, None],
+                mask=(pos_q[None, :] < S) & (offs_d[:, None] < DQK),
+                other=0.0,
+            )
             sT += tl.dot(kk, qT, input_precision=PREC).to(acc_t)
         b_q = tl.load(b_ptr + tok + pos_q)
-        dh = tl.load(dh_ptr + pos_q[:, None] * DV + offs_v[None, :],
-                     mask=(pos_q[:, None] < S) & (offs_v[None, :] < DV), other=0.0)
+        dh = tl.load(
+            dh_ptr + pos_q[:, None] * DV + offs_v[None, :],
+            mask=(pos_q[:, None] < S) & (offs_v[None, :] < DV),
+            other=0.0,
+        )
         if EXP:
             m_q = tl.load(mtok_ptr + tok + pos_q)
             dh = (dh.to(acc_t) * tl.load(inv_ptr + tok + pos_q)[:, None]).to(dh.dtype)
@@ -303,23 +435,43 @@ def intra_chunk_dv(
     t1 = tl.zeros((BLKV, BV), dtype=acc_t)
     for d0 in range(0, DQK, BK):
         offs_d = d0 + tl.arange(0, BK)
-        kk = tl.load(k_ptr + pos_kv[:, None] * DQK + offs_d[None, :],
-                     mask=mask_kv[:, None] & (offs_d[None, :] < DQK), other=0.0)
-        dc = tl.load(dcst_ptr + offs_d[:, None] * DV + offs_v[None, :],
-                     mask=(offs_d[:, None] < DQK) & (offs_v[None, :] < DV), other=0.0)
+        kk = tl.load(
+            k_ptr + pos_kv[:, None] * DQK + offs_d[None, :], mask=mask_kv[:, None] & (offs_d[None, :] < DQK), other=0.0
+        )
+        dc = tl.load(
+            dcst_ptr + offs_d[:, None] * DV + offs_v[None, :],
+            mask=(offs_d[:, None] < DQK) & (offs_v[None, :] < DV),
+            other=0.0,
+        )
         t1 += tl.dot(kk, dc.to(kk.dtype), input_precision=PREC).to(acc_t)
     a_kv = tl.load(a_ptr + tok + pos_kv)
     if EXP:
         acc += tl.exp(a_kv - M_next)[:, None] * t1
     else:
         acc += tl.exp(a_kv)[:, None] * t1
-    tl.store(dv_ptr + bh * S * DV + pos_kv[:, None] * DV + offs_v[None, :], acc.to(dv_ptr.dtype.element_ty),
-             mask=mask_kv[:, None] & (offs_v[None, :] < DV))
+    tl.store(
+        dv_ptr + bh * S * DV + pos_kv[:, None] * DV + offs_v[None, :],
+        acc.to(dv_ptr.dtype.element_ty),
+        mask=mask_kv[:, None] & (offs_v[None, :] < DV),
+    )
 
 
 @triton.jit
-def gate_grads(qdq_ptr, kdk_ptr, i_ptr, f_ptr, dlast_ptr, di_ptr, df_ptr, S, NCL, NKB: tl.constexpr,
-               BS: tl.constexpr, EXP: tl.constexpr, HAS_DLAST: tl.constexpr):
+def gate_grads(
+    qdq_ptr,
+    kdk_ptr,
+    i_ptr,
+    f_ptr,
+    dlast_ptr,
+    di_ptr,
+    df_ptr,
+    S,
+    NCL,
+    NKB: tl.constexpr,
+    BS: tl.constexpr,
+    EXP: tl.constexpr,
+    HAS_DLAST: tl.constexpr,
+):
     """``di, df`` of head ``program_id(0)`` (``(B*NH, S)``, the pre-activations' dtype) from the row
     sums ``qdq, kdk`` (``(NKB, B*NH, NCL)``, float32, summed over the ``NKB`` feature blocks):
     ``d log f_t = sum_{s >= t} (q.dq - k.dk)_s + dlast``, ``df = d log f * sigmoid(-f)``,

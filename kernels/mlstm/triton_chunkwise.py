@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +31,7 @@ from kernels.mlstm.triton_bwd import gate_grads, inter_chunk_dstates, intra_chun
 from kernels.mlstm.triton_fwd import chunk_gates, inter_chunk_states, intra_chunk_h
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
 
 def _empty(*shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     return empty(shape, like.device, dtype or like.dtype)
@@ -132,9 +132,19 @@ def _state_dtype(dtype: torch.dtype, tiles: MlstmTiles, fused_inter: bool = True
 
 def _config(L: int, DQK: int, DV: int, t: MlstmTiles) -> dict:
     """The launch dict of tiles ``t`` clipped to a chunk of ``L`` steps and head dims ``DQK, DV``."""
-    return dict(BLQ=min(t.blq, L), BLKV=min(t.blkv, L), BK=min(t.bk, _np2(DQK)), BV=min(t.bv, _np2(DV)),
-                BVDP=min(t.bv_dqdk, t.bv, _np2(DV)), BKI=min(t.bki, _np2(DQK)), BVI=min(t.bvi, _np2(DV)),
-                BL=min(t.bl, L), W=t.warps, ST=t.stages, WI=t.inter_warps)
+    return dict(
+        BLQ=min(t.blq, L),
+        BLKV=min(t.blkv, L),
+        BK=min(t.bk, _np2(DQK)),
+        BV=min(t.bv, _np2(DV)),
+        BVDP=min(t.bv_dqdk, t.bv, _np2(DV)),
+        BKI=min(t.bki, _np2(DQK)),
+        BVI=min(t.bvi, _np2(DV)),
+        BL=min(t.bl, L),
+        W=t.warps,
+        ST=t.stages,
+        WI=t.inter_warps,
+    )
 
 
 # A kernel that does not fit the chip's shared memory (Triton's OutOfResources) is retried with one
@@ -160,7 +170,8 @@ def _launch(kernel, grid, args, meta, shrink: tuple = ()):
                     f"mLSTM triton kernel {name} does not fit the GPU's shared memory with any of "
                     f"{[dict(meta, **lv) for lv in levels]} ({err}); precision is not lowered to make it fit. "
                     "Use smaller tiles (MlstmTiles, e.g. bv_dqdk=32, bv=64), a smaller chunk, "
-                    "or bfloat16 inputs.") from err
+                    "or bfloat16 inputs."
+                ) from err
             continue
         _LEVEL[key] = level
         return
@@ -191,9 +202,23 @@ def _gates(i_pre, f_pre, exp_gate: bool, L: int, NC: int, kernel: bool = False):
     return flat(b), flat(li), flat(a), g.contiguous(), a.amax(-1).contiguous()
 
 
-def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: int, fused: bool = True,
-                           prec: str | None = None, tiles: MlstmTiles | None = None,
-                           state_dtype: torch.dtype | None = None):
+def run_inter_chunk_states(
+    k,
+    v,
+    a,
+    g,
+    amax,
+    c0,
+    n0,
+    m0,
+    *,
+    exp_gate: bool,
+    L: int,
+    fused: bool = True,
+    prec: str | None = None,
+    tiles: MlstmTiles | None = None,
+    state_dtype: torch.dtype | None = None,
+):
     """States entering each chunk: ``C (B, NH, NC+1, DQK, DV)`` in ``state_dtype`` (default float32;
     see ``_state_dtype``), ``n (B, NH, NC+1, DQK)``, ``M (B, NH, NC+1)`` (entry ``NC`` is the final
     state), and the final ``C`` again in float32, ``(B, NH, DQK, DV)``. ``fused`` keeps the state on
@@ -217,13 +242,18 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
     if m0 is None:
         m0 = torch.zeros(B, NH, device=k.device, dtype=acc)
     grid = (cdiv(DQK, cfg["BKI"]), cdiv(DV, cfg["BVI"]), B * NH)
-    args = dict(DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate,
-                HAS_INIT=has_init, PREC=prec)
+    args = dict(
+        DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate, HAS_INIT=has_init, PREC=prec
+    )
     c0_ = c0 if has_init else cst
     n0_ = n0 if has_init else nst
     if fused:
-        _launch(inter_chunk_states, grid, (k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, c_last, S, NC, 0),
-                dict(args, FUSED=True, num_warps=cfg["WI"]))
+        _launch(
+            inter_chunk_states,
+            grid,
+            (k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, c_last, S, NC, 0),
+            dict(args, FUSED=True, num_warps=cfg["WI"]),
+        )
     else:
         if has_init:
             cst[:, :, 0] = c0
@@ -233,8 +263,12 @@ def run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, *, exp_gate: bool, L: i
             nst[:, :, 0] = 0
         mst[:, :, 0] = m0
         for c in range(NC):
-            _launch(inter_chunk_states, grid, (k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, c_last, S, NC, c),
-                    dict(args, FUSED=False, num_warps=cfg["WI"]))
+            _launch(
+                inter_chunk_states,
+                grid,
+                (k, v, a, g, amax, c0_, n0_, m0, cst, nst, mst, c_last, S, NC, c),
+                dict(args, FUSED=False, num_warps=cfg["WI"]),
+            )
     return cst, nst, mst, c_last
 
 
@@ -245,8 +279,9 @@ def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
     if q.dtype not in DTYPES:
         raise TypeError(f"the triton mLSTM supports {[str(d) for d in DTYPES]}, got {q.dtype}")
     if q.dtype == torch.float64 and q.is_cuda:
-        raise TypeError("the triton mLSTM runs float64 only under TRITON_INTERPRET=1; on CUDA use float32 "
-                        "or backend='chunkwise'")
+        raise TypeError(
+            "the triton mLSTM runs float64 only under TRITON_INTERPRET=1; on CUDA use float32 or backend='chunkwise'"
+        )
     for name, t in (("k", k), ("v", v), ("i_pre", i_pre), ("f_pre", f_pre)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype}, q has {q.dtype}; pass one dtype")
@@ -257,8 +292,23 @@ def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
         raise ValueError(f"triton chunk_size must be a power of two in [16, 4096], got {chunk_size!r}")
 
 
-def _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool,
-             prec: str, tiles: MlstmTiles | None = None, state_dtype: torch.dtype | None = None):
+def _forward(
+    q,
+    k,
+    v,
+    i_pre,
+    f_pre,
+    c0,
+    n0,
+    m0,
+    exp_gate: bool,
+    chunk_size: int,
+    eps: float,
+    fused_inter: bool,
+    prec: str,
+    tiles: MlstmTiles | None = None,
+    state_dtype: torch.dtype | None = None,
+):
     """Returns ``h``, the entering states ``C, n, M`` (``NC + 1`` each; ``C`` in ``state_dtype``,
     default ``_state_dtype`` of the tiles), per-step ``m`` and normalizer dot ``d`` (padded to
     ``NC * L``; one unused element each for mLSTMsig), the final ``C`` in float32 and the final ``M``
@@ -269,31 +319,72 @@ def _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate: bool, chunk_size: int,
     NC = cdiv(S, L)
     tiles = tiles or default_tiles(q.dtype, prec)
     b, li, a, g, amax = _gates(i_pre, f_pre, exp_gate, L, NC, tiles.gate_kernels)
-    cst, nst, mst, c_last = run_inter_chunk_states(k, v, a, g, amax, c0, n0, m0, exp_gate=exp_gate, L=L,
-                                                   fused=fused_inter, prec=prec, tiles=tiles,
-                                                   state_dtype=state_dtype or _state_dtype(q.dtype, tiles, fused_inter))
+    cst, nst, mst, c_last = run_inter_chunk_states(
+        k,
+        v,
+        a,
+        g,
+        amax,
+        c0,
+        n0,
+        m0,
+        exp_gate=exp_gate,
+        L=L,
+        fused=fused_inter,
+        prec=prec,
+        tiles=tiles,
+        state_dtype=state_dtype or _state_dtype(q.dtype, tiles, fused_inter),
+    )
     cfg = _config(L, DQK, DV, tiles)
     h = _empty(*v.shape, like=v)
     mtok, dtok = (_empty(B, NH, NC * L if exp_gate else 1, like=q, dtype=mst.dtype) for _ in range(2))
     grid = (NC * (L // cfg["BLQ"]), cdiv(DV, cfg["BV"]), B * NH)
-    _launch(intra_chunk_h, grid, (q, k, v, b, li, cst, nst, mst, h, mtok, dtok, S, NC, 1.0 / math.sqrt(DQK), eps),
-            dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
-                 EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"]))
+    _launch(
+        intra_chunk_h,
+        grid,
+        (q, k, v, b, li, cst, nst, mst, h, mtok, dtok, S, NC, 1.0 / math.sqrt(DQK), eps),
+        dict(
+            DQK=DQK,
+            DV=DV,
+            L=L,
+            BLQ=cfg["BLQ"],
+            BLKV=cfg["BLKV"],
+            BK=cfg["BK"],
+            BV=cfg["BV"],
+            EXP=exp_gate,
+            PREC=prec,
+            num_warps=cfg["W"],
+            num_stages=cfg["ST"],
+        ),
+    )
     return h, cst, nst, mst, mtok, dtok, c_last, mst[:, :, -1].clone()
 
 
 @torch.library.custom_op("expressivity::mlstm_chunkwise_fwd", mutates_args=())
 def mlstm_chunkwise_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
-    c0: Optional[torch.Tensor], n0: Optional[torch.Tensor], m0: Optional[torch.Tensor],
-    exp_gate: bool, chunk_size: int, eps: float, fused_inter: bool, prec: str, state_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-           torch.Tensor]:
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    i_pre: torch.Tensor,
+    f_pre: torch.Tensor,
+    c0: torch.Tensor | None,
+    n0: torch.Tensor | None,
+    m0: torch.Tensor | None,
+    exp_gate: bool,
+    chunk_size: int,
+    eps: float,
+    fused_inter: bool,
+    prec: str,
+    state_dtype: torch.dtype,
+) -> tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+]:
     """The forward (``_forward``) with the default tiles, storing the chunk states in ``state_dtype``
     (resolved by the caller, ``_state_dtype``, so that a traced graph names it: a cached graph then
     never disagrees with a changed tile default)."""
-    return _forward(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec,
-                    state_dtype=state_dtype)
+    return _forward(
+        q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter, prec, state_dtype=state_dtype
+    )
 
 
 @mlstm_chunkwise_fwd.register_fake
@@ -305,8 +396,16 @@ def _(q, k, v, i_pre, f_pre, c0, n0, m0, exp_gate, chunk_size, eps, fused_inter,
     e = lambda *s: q.new_empty(*s, dtype=acc)  # noqa: E731
     ntok = NC * chunk_size if exp_gate else 1
     cst = q.new_empty(B, NH, NC + 1, DQK, DV, dtype=state_dtype)
-    return (torch.empty_like(v), cst, e(B, NH, NC + 1, DQK), e(B, NH, NC + 1), e(B, NH, ntok), e(B, NH, ntok),
-            e(B, NH, DQK, DV), e(B, NH))
+    return (
+        torch.empty_like(v),
+        cst,
+        e(B, NH, NC + 1, DQK),
+        e(B, NH, NC + 1),
+        e(B, NH, ntok),
+        e(B, NH, ntok),
+        e(B, NH, DQK, DV),
+        e(B, NH),
+    )
 
 
 def _gate_grads_torch(qdq, kdk, i_pre, f_pre, dlast, exp_gate: bool):
@@ -332,13 +431,37 @@ def _gate_grads(qdq, kdk, i_pre, f_pre, dlast, exp_gate: bool):
     B, NH, S = i_pre.shape
     di, df = torch.empty_like(i_pre), torch.empty_like(f_pre)
     has_dlast = dlast is not None
-    _launch(gate_grads, (B * NH,), (qdq, kdk, i_pre, f_pre, dlast if has_dlast else qdq, di, df, S, qdq.shape[-1]),
-            dict(NKB=qdq.shape[0], BS=min(1024, _np2(S)), EXP=exp_gate, HAS_DLAST=has_dlast))
+    _launch(
+        gate_grads,
+        (B * NH,),
+        (qdq, kdk, i_pre, f_pre, dlast if has_dlast else qdq, di, df, S, qdq.shape[-1]),
+        dict(NKB=qdq.shape[0], BS=min(1024, _np2(S)), EXP=exp_gate, HAS_DLAST=has_dlast),
+    )
     return di, df
 
 
-def _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, c_last, exp_gate: bool,
-              chunk_size: int, eps: float, prec: str, tiles: MlstmTiles | None = None):
+def _backward(
+    dh,
+    dc_last,
+    dn_last,
+    q,
+    k,
+    v,
+    i_pre,
+    f_pre,
+    h,
+    cst,
+    nst,
+    mst,
+    mtok,
+    dtok,
+    c_last,
+    exp_gate: bool,
+    chunk_size: int,
+    eps: float,
+    prec: str,
+    tiles: MlstmTiles | None = None,
+):
     """Gradients ``dq, dk, dv, di, df`` and of the initial state ``dC0, dn0`` (float32; the initial
     ``m0``'s gradient, ``<C0, dC0> + <n0, dn0>``, is formed by the caller). ``dc_last, dn_last``:
     gradients of the final state (both or neither); ``c_last``: the final ``C`` in float32; the
@@ -366,24 +489,78 @@ def _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mto
     dc0 = _empty(*c_last.shape, like=c_last)
     has_dlast = dc_last is not None
     grid = (cdiv(DQK, cfg["BKI"]), cdiv(DV, cfg["BVI"]), B * NH)
-    _launch(inter_chunk_dstates, grid,
-            (q, dh, b, g, mtok, inv, dd, mst, dc_last if has_dlast else dc0, dn_last if has_dlast else dnst,
-             dcst, dnst, dc0, S, NC, scale),
-            dict(DQK=DQK, DV=DV, L=L, BK=cfg["BKI"], BV=cfg["BVI"], BL=cfg["BL"], EXP=exp_gate,
-                 HAS_DLAST=has_dlast, PREC=prec, num_warps=cfg["WI"]))
-    common = dict(DQK=DQK, DV=DV, L=L, BLQ=cfg["BLQ"], BLKV=cfg["BLKV"], BK=cfg["BK"], BV=cfg["BV"],
-                  EXP=exp_gate, PREC=prec, num_warps=cfg["W"], num_stages=cfg["ST"])
+    _launch(
+        inter_chunk_dstates,
+        grid,
+        (
+            q,
+            dh,
+            b,
+            g,
+            mtok,
+            inv,
+            dd,
+            mst,
+            dc_last if has_dlast else dc0,
+            dn_last if has_dlast else dnst,
+            dcst,
+            dnst,
+            dc0,
+            S,
+            NC,
+            scale,
+        ),
+        dict(
+            DQK=DQK,
+            DV=DV,
+            L=L,
+            BK=cfg["BKI"],
+            BV=cfg["BVI"],
+            BL=cfg["BL"],
+            EXP=exp_gate,
+            HAS_DLAST=has_dlast,
+            PREC=prec,
+            num_warps=cfg["WI"],
+        ),
+    )
+    common = dict(
+        DQK=DQK,
+        DV=DV,
+        L=L,
+        BLQ=cfg["BLQ"],
+        BLKV=cfg["BLKV"],
+        BK=cfg["BK"],
+        BV=cfg["BV"],
+        EXP=exp_gate,
+        PREC=prec,
+        num_warps=cfg["W"],
+        num_stages=cfg["ST"],
+    )
     common_qk = dict(common, BV=cfg["BVDP"])
     shrink_qk = ({"BV": max(16, common_qk["BV"] // 2)},) if common_qk["BV"] > 16 else ()
     nkb = cdiv(DQK, cfg["BK"])
     dq, dk, dv = (_empty(*t.shape, like=t) for t in (q, k, v))
     qdq, kdk = (_empty(nkb, B, NH, NC * L, like=q, dtype=acc) for _ in range(2))
-    _launch(intra_chunk_dq, (NC * (L // cfg["BLQ"]), nkb, B * NH),
-            (q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale), common_qk, shrink_qk)
-    _launch(intra_chunk_dk, (NC * (L // cfg["BLKV"]), nkb, B * NH),
-            (q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale), common_qk, shrink_qk)
-    _launch(intra_chunk_dv, (NC * (L // cfg["BLKV"]), cdiv(DV, cfg["BV"]), B * NH),
-            (q, k, dh, b, li, a, mtok, inv, dcst, mst, dv, S, NC, scale), common)
+    _launch(
+        intra_chunk_dq,
+        (NC * (L // cfg["BLQ"]), nkb, B * NH),
+        (q, k, v, dh, b, li, mtok, inv, dd, cst, nst, mst, dq, qdq, S, NC, scale),
+        common_qk,
+        shrink_qk,
+    )
+    _launch(
+        intra_chunk_dk,
+        (NC * (L // cfg["BLKV"]), nkb, B * NH),
+        (q, k, v, dh, b, li, a, mtok, inv, dd, dcst, dnst, mst, dk, kdk, S, NC, scale),
+        common_qk,
+        shrink_qk,
+    )
+    _launch(
+        intra_chunk_dv,
+        (NC * (L // cfg["BLKV"]), cdiv(DV, cfg["BV"]), B * NH),
+        (q, k, dh, b, li, a, mtok, inv, dcst, mst, dv, S, NC, scale),
+        common,
+    )
     dlast = None
     if has_dlast:  # the final state's term of d log f (constant over the sequence)
         dlast = (c_last * dc_last).sum((-1, -2)) + (nst[:, :, -1] * dn_last).sum(-1)
@@ -393,21 +570,63 @@ def _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mto
 
 @torch.library.custom_op("expressivity::mlstm_chunkwise_bwd", mutates_args=())
 def mlstm_chunkwise_bwd(
-    dh: torch.Tensor, dc_last: Optional[torch.Tensor], dn_last: Optional[torch.Tensor],
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i_pre: torch.Tensor, f_pre: torch.Tensor,
-    h: torch.Tensor, cst: torch.Tensor, nst: torch.Tensor, mst: torch.Tensor, mtok: torch.Tensor,
-    dtok: torch.Tensor, c_last: torch.Tensor, exp_gate: bool, chunk_size: int, eps: float, prec: str,
+    dh: torch.Tensor,
+    dc_last: torch.Tensor | None,
+    dn_last: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    i_pre: torch.Tensor,
+    f_pre: torch.Tensor,
+    h: torch.Tensor,
+    cst: torch.Tensor,
+    nst: torch.Tensor,
+    mst: torch.Tensor,
+    mtok: torch.Tensor,
+    dtok: torch.Tensor,
+    c_last: torch.Tensor,
+    exp_gate: bool,
+    chunk_size: int,
+    eps: float,
+    prec: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward (``_backward``) with the default tiles."""
-    return _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, c_last, exp_gate,
-                     chunk_size, eps, prec)
+    return _backward(
+        dh,
+        dc_last,
+        dn_last,
+        q,
+        k,
+        v,
+        i_pre,
+        f_pre,
+        h,
+        cst,
+        nst,
+        mst,
+        mtok,
+        dtok,
+        c_last,
+        exp_gate,
+        chunk_size,
+        eps,
+        prec,
+    )
 
 
 @mlstm_chunkwise_bwd.register_fake
-def _(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, c_last, exp_gate, chunk_size, eps,
-      prec):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(i_pre),
-            torch.empty_like(f_pre), torch.empty_like(c_last), torch.empty_like(nst[:, :, 0]))
+def _(
+    dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, c_last, exp_gate, chunk_size, eps, prec
+):
+    return (
+        torch.empty_like(q),
+        torch.empty_like(k),
+        torch.empty_like(v),
+        torch.empty_like(i_pre),
+        torch.empty_like(f_pre),
+        torch.empty_like(c_last),
+        torch.empty_like(nst[:, :, 0]),
+    )
 
 
 def _last_state_grads(dh, dclast, dnst, h, c_last, nst):
@@ -441,8 +660,9 @@ def _setup_context(ctx, inputs, output):
 def _grad(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dclast, dm_last):
     q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok, c_last = ctx.saved_tensors
     dh, dc_last, dn_last = _last_state_grads(dh, dclast, dnst, h, c_last, nst)
-    dq, dk, dv, di, df, dc0, dn0 = mlstm_chunkwise_bwd(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst,
-                                                       mtok, dtok, c_last, *ctx.opts)
+    dq, dk, dv, di, df, dc0, dn0 = mlstm_chunkwise_bwd(
+        dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, c_last, *ctx.opts
+    )
     return (dq, dk, dv, di, df, *_initial_state_grads(c0, n0, dc0, dn0), None, None, None, None, None, None)
 
 
@@ -470,13 +690,27 @@ class _Eager(torch.autograd.Function):
     def backward(ctx, dh, dcst, dnst, dmst, dmtok, ddtok, dclast, dm_last):
         q, k, v, i_pre, f_pre, c0, n0, h, cst, nst, mst, mtok, dtok, c_last = ctx.saved_tensors
         dh, dc_last, dn_last = _last_state_grads(dh, dclast, dnst, h, c_last, nst)
-        dq, dk, dv, di, df, dc0, dn0 = _backward(dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok,
-                                                 dtok, c_last, *ctx.opts, ctx.tiles)
+        dq, dk, dv, di, df, dc0, dn0 = _backward(
+            dh, dc_last, dn_last, q, k, v, i_pre, f_pre, h, cst, nst, mst, mtok, dtok, c_last, *ctx.opts, ctx.tiles
+        )
         return (None, dq, dk, dv, di, df, *_initial_state_grads(c0, n0, dc0, dn0), None, None, None, None, None)
 
 
-def mlstm_triton(q, k, v, i_pre, f_pre, *, input_gate="exp", chunk_size=64, initial_state=None,
-                 return_last_state=False, eps=1e-6, fused_inter=True, tiles: MlstmTiles | None = None):
+def mlstm_triton(
+    q,
+    k,
+    v,
+    i_pre,
+    f_pre,
+    *,
+    input_gate="exp",
+    chunk_size=64,
+    initial_state=None,
+    return_last_state=False,
+    eps=1e-6,
+    fused_inter=True,
+    tiles: MlstmTiles | None = None,
+):
     """TFLA chunkwise mLSTM (see the module docstring); same contract as ``kernels.mlstm.mlstm``.
 
     ``fused_inter=False`` runs the inter-chunk state recurrence as one kernel launch per chunk

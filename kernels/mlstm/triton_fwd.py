@@ -66,9 +66,26 @@ def chunk_gates(i_ptr, f_ptr, b_ptr, li_ptr, a_ptr, g_ptr, amax_ptr, S, NC, L: t
 
 
 @triton.jit
-def _state_update(C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c, offs_k, offs_v, S,
-                  DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BL: tl.constexpr,
-                  EXP: tl.constexpr, PREC: tl.constexpr):
+def _state_update(
+    C,
+    n,
+    M,
+    k_ptr,
+    v_ptr,
+    a_ptr,
+    g_ptr,
+    amax_ptr,
+    c,
+    offs_k,
+    offs_v,
+    S,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    L: tl.constexpr,
+    BL: tl.constexpr,
+    EXP: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """State entering chunk ``c`` -> state entering chunk ``c + 1`` (eq. 12-13 with max state)."""
     g = tl.load(g_ptr + c)
     if EXP:
@@ -80,10 +97,12 @@ def _state_update(C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c, offs_k, offs
     n = n * decay
     for l0 in range(0, L, BL):
         pos = c * L + l0 + tl.arange(0, BL)
-        kT = tl.load(k_ptr + pos[None, :] * DQK + offs_k[:, None],
-                     mask=(pos[None, :] < S) & (offs_k[:, None] < DQK), other=0.0)
-        vv = tl.load(v_ptr + pos[:, None] * DV + offs_v[None, :],
-                     mask=(pos[:, None] < S) & (offs_v[None, :] < DV), other=0.0)
+        kT = tl.load(
+            k_ptr + pos[None, :] * DQK + offs_k[:, None], mask=(pos[None, :] < S) & (offs_k[:, None] < DQK), other=0.0
+        )
+        vv = tl.load(
+            v_ptr + pos[:, None] * DV + offs_v[None, :], mask=(pos[:, None] < S) & (offs_v[None, :] < DV), other=0.0
+        )
         w = tl.exp(tl.load(a_ptr + pos) - M_new)
         kw = kT.to(C.dtype) * w[None, :]
         C += tl.dot(kw.to(vv.dtype), vv, input_precision=PREC).to(C.dtype)
@@ -94,10 +113,31 @@ def _state_update(C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c, offs_k, offs
 
 @triton.jit
 def inter_chunk_states(
-    k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c0_ptr, n0_ptr, m0_ptr, cst_ptr, nst_ptr, mst_ptr, clast_ptr,
-    S, NC, chunk,
-    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BL: tl.constexpr, EXP: tl.constexpr, HAS_INIT: tl.constexpr, FUSED: tl.constexpr, PREC: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    a_ptr,
+    g_ptr,
+    amax_ptr,
+    c0_ptr,
+    n0_ptr,
+    m0_ptr,
+    cst_ptr,
+    nst_ptr,
+    mst_ptr,
+    clast_ptr,
+    S,
+    NC,
+    chunk,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    L: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BL: tl.constexpr,
+    EXP: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    FUSED: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     pid_k, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     acc_t = clast_ptr.dtype.element_ty
@@ -129,15 +169,17 @@ def inter_chunk_states(
                 tl.store(nst_ptr + c * DQK + offs_k, n, mask=offs_k < DQK)
                 if pid_k == 0:
                     tl.store(mst_ptr + c, M)
-            C, n, M = _state_update(C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c, offs_k, offs_v, S,
-                                    DQK, DV, L, BL, EXP, PREC)
+            C, n, M = _state_update(
+                C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, c, offs_k, offs_v, S, DQK, DV, L, BL, EXP, PREC
+            )
         c_out = NC
     else:  # one chunk per launch: the state goes through memory (float32 storage, see the caller)
         C = tl.load(cst_ptr + chunk * DQK * DV + c_off, mask=mask_kv, other=0.0).to(acc_t)
         n = tl.load(nst_ptr + chunk * DQK + offs_k, mask=offs_k < DQK, other=0.0)
         M = tl.load(mst_ptr + chunk)
-        C, n, M = _state_update(C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, chunk, offs_k, offs_v, S,
-                                DQK, DV, L, BL, EXP, PREC)
+        C, n, M = _state_update(
+            C, n, M, k_ptr, v_ptr, a_ptr, g_ptr, amax_ptr, chunk, offs_k, offs_v, S, DQK, DV, L, BL, EXP, PREC
+        )
         c_out = chunk + 1
     tl.store(cst_ptr + c_out * DQK * DV + c_off, C.to(st_t), mask=mask_kv)
     if c_out == NC:
@@ -150,10 +192,30 @@ def inter_chunk_states(
 
 @triton.jit
 def intra_chunk_h(
-    q_ptr, k_ptr, v_ptr, b_ptr, li_ptr, cst_ptr, nst_ptr, mst_ptr, h_ptr, mtok_ptr, dtok_ptr,
-    S, NC, scale, eps,
-    DQK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, BLQ: tl.constexpr, BLKV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, EXP: tl.constexpr, PREC: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    b_ptr,
+    li_ptr,
+    cst_ptr,
+    nst_ptr,
+    mst_ptr,
+    h_ptr,
+    mtok_ptr,
+    dtok_ptr,
+    S,
+    NC,
+    scale,
+    eps,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    L: tl.constexpr,
+    BLQ: tl.constexpr,
+    BLKV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    EXP: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     pid_q, pid_v, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets > 2**31
     NQB: tl.constexpr = L // BLQ
@@ -179,10 +241,16 @@ def intra_chunk_h(
         s = tl.zeros((BLQ, BLKV), dtype=acc_t)
         for d0 in range(0, DQK, BK):
             offs_d = d0 + tl.arange(0, BK)
-            qq = tl.load(q_ptr + pos_q[:, None] * DQK + offs_d[None, :],
-                         mask=(pos_q[:, None] < S) & (offs_d[None, :] < DQK), other=0.0)
-            kT = tl.load(k_ptr + pos_kv[None, :] * DQK + offs_d[:, None],
-                         mask=(pos_kv[None, :] < S) & (offs_d[:, None] < DQK), other=0.0)
+            qq = tl.load(
+                q_ptr + pos_q[:, None] * DQK + offs_d[None, :],
+                mask=(pos_q[:, None] < S) & (offs_d[None, :] < DQK),
+                other=0.0,
+            )
+            kT = tl.load(
+                k_ptr + pos_kv[None, :] * DQK + offs_d[:, None],
+                mask=(pos_kv[None, :] < S) & (offs_d[:, None] < DQK),
+                other=0.0,
+            )
             s += tl.dot(qq, kT, input_precision=PREC).to(acc_t)
         logd = b_q[:, None] - tl.load(b_ptr + pos_kv)[None, :] + tl.load(li_ptr + pos_kv)[None, :]
         logd = tl.where(row[:, None] >= col[None, :], logd, float("-inf"))
@@ -196,8 +264,11 @@ def intra_chunk_h(
             den += tl.sum(p, axis=1)
         else:
             p = s * scale * tl.exp(logd)
-        vv = tl.load(v_ptr + pos_kv[:, None] * DV + offs_v[None, :],
-                     mask=(pos_kv[:, None] < S) & (offs_v[None, :] < DV), other=0.0)
+        vv = tl.load(
+            v_ptr + pos_kv[:, None] * DV + offs_v[None, :],
+            mask=(pos_kv[:, None] < S) & (offs_v[None, :] < DV),
+            other=0.0,
+        )
         acc += tl.dot(p.to(vv.dtype), vv, input_precision=PREC).to(acc_t)
     # inter-chunk part from the state entering chunk c (eq. 17, 99-100)
     M_prev = tl.load(mst_ptr + bh * (NC + 1) + c)
@@ -213,10 +284,16 @@ def intra_chunk_h(
     nin = tl.zeros((BLQ,), dtype=acc_t)
     for d0 in range(0, DQK, BK):
         offs_d = d0 + tl.arange(0, BK)
-        qq = tl.load(q_ptr + pos_q[:, None] * DQK + offs_d[None, :],
-                     mask=(pos_q[:, None] < S) & (offs_d[None, :] < DQK), other=0.0)
-        cc = tl.load(cst_ptr + offs_d[:, None] * DV + offs_v[None, :],
-                     mask=(offs_d[:, None] < DQK) & (offs_v[None, :] < DV), other=0.0)
+        qq = tl.load(
+            q_ptr + pos_q[:, None] * DQK + offs_d[None, :],
+            mask=(pos_q[:, None] < S) & (offs_d[None, :] < DQK),
+            other=0.0,
+        )
+        cc = tl.load(
+            cst_ptr + offs_d[:, None] * DV + offs_v[None, :],
+            mask=(offs_d[:, None] < DQK) & (offs_v[None, :] < DV),
+            other=0.0,
+        )
         hin += tl.dot(qq, cc.to(qq.dtype), input_precision=PREC).to(acc_t)
         if EXP:
             nn = tl.load(nst_ptr + offs_d, mask=offs_d < DQK, other=0.0)
@@ -231,5 +308,8 @@ def intra_chunk_h(
     else:
         h = acc + hin * w_inter[:, None]
     h_ptr += bh * S * DV
-    tl.store(h_ptr + pos_q[:, None] * DV + offs_v[None, :], h.to(h_ptr.dtype.element_ty),
-             mask=(pos_q[:, None] < S) & (offs_v[None, :] < DV))
+    tl.store(
+        h_ptr + pos_q[:, None] * DV + offs_v[None, :],
+        h.to(h_ptr.dtype.element_ty),
+        mask=(pos_q[:, None] < S) & (offs_v[None, :] < DV),
+    )

@@ -28,7 +28,7 @@ Step functions are pure: ``step(h_prev, u, *params) -> h``, position-wise over l
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -48,18 +48,40 @@ from kernels.newton.reduction import STRUCTURES, jacobian_shape, solve_bidiagona
 from kernels.newton.reference import flashgru_reference, flashlstm_reference, sequential_apply
 
 
-def flashgru_torch(u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: Optional[float] = None) -> torch.Tensor:
+def flashgru_torch(u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: float | None = None) -> torch.Tensor:
     """FlashGRU states by ``newton_apply`` (closed-form Jacobian, torch reduction, no residual check)."""
-    return newton_apply(flashgru_step, u, (a[:, None, None],), state_size=u.shape[-1], structure="diag",
-                        jac=flashgru_jacobian, time_dim=2, iters=iters, tol=tol, backend="torch", check=False)[0]
+    return newton_apply(
+        flashgru_step,
+        u,
+        (a[:, None, None],),
+        state_size=u.shape[-1],
+        structure="diag",
+        jac=flashgru_jacobian,
+        time_dim=2,
+        iters=iters,
+        tol=tol,
+        backend="torch",
+        check=False,
+    )[0]
 
 
-def flashlstm_torch(u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3,
-                    tol: Optional[float] = None) -> torch.Tensor:
+def flashlstm_torch(
+    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: float | None = None
+) -> torch.Tensor:
     """FlashLSTM states ``[c, h]`` by ``newton_apply`` (2x2-block Jacobian, torch reduction, no check)."""
-    return newton_apply(flashlstm_step, u, (a[:, None, None], p[:, None, None]), state_size=2 * u.shape[-1],
-                        structure="block2", jac=flashlstm_jacobian, time_dim=2, iters=iters, tol=tol,
-                        backend="torch", check=False)[0]
+    return newton_apply(
+        flashlstm_step,
+        u,
+        (a[:, None, None], p[:, None, None]),
+        state_size=2 * u.shape[-1],
+        structure="block2",
+        jac=flashlstm_jacobian,
+        time_dim=2,
+        iters=iters,
+        tol=tol,
+        backend="torch",
+        check=False,
+    )[0]
 
 
 FLASHGRU_BACKENDS: dict[str, Callable] = {"reference": flashgru_reference, "torch": flashgru_torch}
@@ -69,12 +91,13 @@ try:  # Triton is optional (e.g. macOS)
     from kernels.newton.fused_gru import flashgru_fused
     from kernels.newton.fused_lstm import flashlstm_fused
 
-    def flashgru_triton(u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: Optional[float] = None) -> torch.Tensor:
+    def flashgru_triton(u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: float | None = None) -> torch.Tensor:
         """FlashGRU states by the fused Triton Newton kernel (any strides)."""
         return flashgru_fused(u.contiguous(), a.contiguous(), iters, tol)[0]
 
-    def flashlstm_triton(u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3,
-                         tol: Optional[float] = None) -> torch.Tensor:
+    def flashlstm_triton(
+        u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: float | None = None
+    ) -> torch.Tensor:
         """FlashLSTM states ``[c, h]`` by the fused Triton Newton kernel (any strides)."""
         return flashlstm_fused(u.contiguous(), a.contiguous(), p.contiguous(), iters, tol)[0]
 
@@ -84,23 +107,52 @@ except ImportError:  # pragma: no cover
     pass
 
 
-def flashgru(u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: Optional[float] = None, *,
-             backend: str = "auto") -> torch.Tensor:
+def flashgru(
+    u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: float | None = None, *, backend: str = "auto"
+) -> torch.Tensor:
     """FlashGRU states ``(H, B, L, Ds)``; see the module docstring."""
     name = resolve("flashgru", backend, FLASHGRU_BACKENDS, u, u.dtype == torch.float32)
     return FLASHGRU_BACKENDS[name](u, a, iters, tol)
 
 
-def flashlstm(u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: Optional[float] = None, *,
-              backend: str = "auto") -> torch.Tensor:
+def flashlstm(
+    u: torch.Tensor,
+    a: torch.Tensor,
+    p: torch.Tensor,
+    iters: int = 3,
+    tol: float | None = None,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
     """FlashLSTM states ``[c, h] (H, B, L, 2 Ds)``; see the module docstring."""
     name = resolve("flashlstm", backend, FLASHLSTM_BACKENDS, u, u.dtype == torch.float32)
     return FLASHLSTM_BACKENDS[name](u, a, p, iters, tol)
 
 
-__all__ = ["FLASHGRU_BACKENDS", "FLASHLSTM_BACKENDS", "STRUCTURES", "NewtonDivergenceError",
-           "NewtonFunction", "NewtonStats", "autograd_jacobian", "check_residual", "flashgru",
-           "flashgru_jacobian", "flashgru_reference", "flashgru_step", "flashgru_torch", "flashlstm",
-           "flashlstm_jacobian", "flashlstm_reference", "flashlstm_step", "flashlstm_torch",
-           "jacobian_shape", "newton_apply", "residual", "sequential_apply", "shift_states",
-           "solve_bidiagonal", "transpose_jacobian"]
+__all__ = [
+    "FLASHGRU_BACKENDS",
+    "FLASHLSTM_BACKENDS",
+    "STRUCTURES",
+    "NewtonDivergenceError",
+    "NewtonFunction",
+    "NewtonStats",
+    "autograd_jacobian",
+    "check_residual",
+    "flashgru",
+    "flashgru_jacobian",
+    "flashgru_reference",
+    "flashgru_step",
+    "flashgru_torch",
+    "flashlstm",
+    "flashlstm_jacobian",
+    "flashlstm_reference",
+    "flashlstm_step",
+    "flashlstm_torch",
+    "jacobian_shape",
+    "newton_apply",
+    "residual",
+    "sequential_apply",
+    "shift_states",
+    "solve_bidiagonal",
+    "transpose_jacobian",
+]

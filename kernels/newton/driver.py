@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -53,8 +53,13 @@ class NewtonStats:
     ``residuals`` then holds the final residual of each attempt).
     """
 
-    def __init__(self, residuals: Sequence[float] | torch.Tensor = (), mode: str = "parallel",
-                 fell_back: bool = False, retried: bool = False):
+    def __init__(
+        self,
+        residuals: Sequence[float] | torch.Tensor = (),
+        mode: str = "parallel",
+        fell_back: bool = False,
+        retried: bool = False,
+    ):
         self._residuals = residuals if isinstance(residuals, torch.Tensor) else list(residuals)
         self.mode, self.fell_back, self.retried = mode, fell_back, retried
 
@@ -77,8 +82,10 @@ class NewtonStats:
         return self.residuals[-1] if self.residuals else math.nan
 
     def __repr__(self) -> str:
-        return (f"NewtonStats(residuals={self.residuals}, mode={self.mode!r}, fell_back={self.fell_back}, "
-                f"retried={self.retried})")
+        return (
+            f"NewtonStats(residuals={self.residuals}, mode={self.mode!r}, fell_back={self.fell_back}, "
+            f"retried={self.retried})"
+        )
 
 
 def shift_states(h: torch.Tensor, time_dim: int) -> torch.Tensor:
@@ -99,7 +106,9 @@ def _state_shape(u: torch.Tensor, time_dim: int, state_size: int) -> tuple[int, 
     return (*u.shape[: time_dim + 1], state_size)
 
 
-def residual(step: StepFn, h: torch.Tensor, u: torch.Tensor, params: Sequence[torch.Tensor], time_dim: int) -> torch.Tensor:
+def residual(
+    step: StepFn, h: torch.Tensor, u: torch.Tensor, params: Sequence[torch.Tensor], time_dim: int
+) -> torch.Tensor:
     """``f(h_{t-1}, u_t) - h_t`` at every position (the all-at-once residual of eq. 2)."""
     return step(shift_states(h, time_dim), u, *params) - h
 
@@ -109,13 +118,13 @@ class _Solver:
     """The configuration of one solve (shared by the forward and the backward of ``NewtonFunction``)."""
 
     step: StepFn
-    jac: Optional[JacFn]
+    jac: JacFn | None
     structure: str
     state_size: int
     time_dim: int = 1
     iters: int = 3
-    tol: Optional[float] = None
-    damping: Optional[float] = None
+    tol: float | None = None
+    damping: float | None = None
     backend: str = "auto"
     residuals: list = dataclasses.field(default_factory=list)  # filled by the forward (tensors)
 
@@ -141,7 +150,9 @@ class _Solver:
             h = h + solve_bidiagonal(J, r, self.structure, backend=self.backend)
         return h
 
-    def adjoint(self, h: torch.Tensor, u: torch.Tensor, params: Sequence[torch.Tensor], grad_h: torch.Tensor) -> torch.Tensor:
+    def adjoint(
+        self, h: torch.Tensor, u: torch.Tensor, params: Sequence[torch.Tensor], grad_h: torch.Tensor
+    ) -> torch.Tensor:
         """``lambda_t = grad_h_t + J_{t+1}^T lambda_{t+1}`` (eq. 6) by one reverse scan."""
         J = self.jacobian(shift_states(h, self.time_dim), u, params)
         J_next_T = transpose_jacobian(_next_step(J, self.time_dim), self.structure)
@@ -178,9 +189,7 @@ class NewtonFunction(torch.autograd.Function):
         return (None, *result)
 
 
-def check_residual(
-    final: float, h_max: float, divergence_tol: float
-) -> bool:
+def check_residual(final: float, h_max: float, divergence_tol: float) -> bool:
     """Is a final max residual acceptable? Finite and ``<= divergence_tol * max(1, max |h|)``."""
     return math.isfinite(final) and math.isfinite(h_max) and final <= divergence_tol * max(1.0, h_max)
 
@@ -192,11 +201,11 @@ def newton_apply(
     *,
     state_size: int,
     structure: str,
-    jac: Optional[JacFn] = None,
+    jac: JacFn | None = None,
     time_dim: int = 1,
     iters: int = 3,
-    tol: Optional[float] = None,
-    damping: Optional[float] = None,
+    tol: float | None = None,
+    damping: float | None = None,
     backend: str = "auto",
     check: bool = True,
     divergence_tol: float = 1e-4,

@@ -17,7 +17,6 @@ value ``A c + Y`` and ``(A', Y')`` to the one before it, ``A' c + Y'``. With a z
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import torch
 import triton
@@ -67,8 +66,11 @@ def chunk_masks(rows, L, lmask):
 @triton.jit
 def load3(ptr, Ds, mask):
     """The three gate planes at ``ptr``, ``ptr + Ds``, ``ptr + 2 Ds`` (0 where ``mask`` is off)."""
-    return (tl.load(ptr, mask=mask, other=0.0), tl.load(ptr + Ds, mask=mask, other=0.0),
-            tl.load(ptr + 2 * Ds, mask=mask, other=0.0))
+    return (
+        tl.load(ptr, mask=mask, other=0.0),
+        tl.load(ptr + Ds, mask=mask, other=0.0),
+        tl.load(ptr + 2 * Ds, mask=mask, other=0.0),
+    )
 
 
 @triton.jit
@@ -113,15 +115,47 @@ def compose2(a00, a01, a10, a11, y0, y1, b00, b01, b10, b11, z0, z1):
 
 @triton.jit
 def compose2_excl(
-    a00, a01, a10, a11, y0, y1, p00, p01, p10, p11, q0, q1,
-    b00, b01, b10, b11, z0, z1, s00, s01, s10, s11, w0, w1,
+    a00,
+    a01,
+    a10,
+    a11,
+    y0,
+    y1,
+    p00,
+    p01,
+    p10,
+    p11,
+    q0,
+    q1,
+    b00,
+    b01,
+    b10,
+    b11,
+    z0,
+    z1,
+    s00,
+    s01,
+    s10,
+    s11,
+    w0,
+    w1,
 ):
     """``compose_excl`` for 2x2 blocks: ``(A, Y, A', Y')`` with ``A`` 2x2 and ``Y`` 2-vectors."""
     m00, m01, m10, m11 = _mm(b00, b01, b10, b11, a00, a01, a10, a11)
     n00, n01, n10, n11 = _mm(s00, s01, s10, s11, a00, a01, a10, a11)
     return (
-        m00, m01, m10, m11, b00 * y0 + b01 * y1 + z0, b10 * y0 + b11 * y1 + z1,
-        n00, n01, n10, n11, s00 * y0 + s01 * y1 + w0, s10 * y0 + s11 * y1 + w1,
+        m00,
+        m01,
+        m10,
+        m11,
+        b00 * y0 + b01 * y1 + z0,
+        b10 * y0 + b11 * y1 + z1,
+        n00,
+        n01,
+        n10,
+        n11,
+        s00 * y0 + s01 * y1 + w0,
+        s10 * y0 + s11 * y1 + w1,
     )
 
 
@@ -156,7 +190,9 @@ def check_fused_inputs(name: str, u: torch.Tensor, params: dict, want: dict, ite
             got = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
             raise ValueError(f"{name}: {key} must be (H, {k}, Ds) = {(H, k, Ds)}, got {got}")
         if p.dtype != torch.float32 or p.device != u.device or not p.is_contiguous():
-            raise ValueError(f"{name}: {key} must be a contiguous float32 tensor on {u.device}, got {p.dtype} on {p.device}")
+            raise ValueError(
+                f"{name}: {key} must be a contiguous float32 tensor on {u.device}, got {p.dtype} on {p.device}"
+            )
     if not isinstance(iters, int) or isinstance(iters, bool) or iters < 0:
         raise ValueError(f"{name}: iters must be an int >= 0, got {iters!r}")
     if tol is not None and not tol >= 0:
@@ -164,11 +200,16 @@ def check_fused_inputs(name: str, u: torch.Tensor, params: dict, want: dict, ite
     return H, B, L, Ds
 
 
-def check_skip(name: str, skip: Optional[torch.Tensor], u: torch.Tensor) -> None:
+def check_skip(name: str, skip: torch.Tensor | None, u: torch.Tensor) -> None:
     """One-line ``ValueError`` unless ``skip`` is ``None`` or a one-element bool tensor on ``u``'s device."""
-    if skip is not None and (not isinstance(skip, torch.Tensor) or skip.dtype != torch.bool or skip.numel() != 1
-                             or skip.device != u.device):
-        got = f"{skip.dtype} of shape {tuple(skip.shape)} on {skip.device}" if isinstance(skip, torch.Tensor) else type(skip).__name__
+    if skip is not None and (
+        not isinstance(skip, torch.Tensor) or skip.dtype != torch.bool or skip.numel() != 1 or skip.device != u.device
+    ):
+        got = (
+            f"{skip.dtype} of shape {tuple(skip.shape)} on {skip.device}"
+            if isinstance(skip, torch.Tensor)
+            else type(skip).__name__
+        )
         raise ValueError(f"{name}: skip must be None or a one-element bool tensor on {u.device}, got {got}")
 
 
@@ -189,11 +230,17 @@ class FusedNewton:
         self.params, self.states, self.ch = params, states, ch
         names = ", ".join(f"Tensor {p}" for p in params)
         self.fwd_op = torch.library.custom_op(
-            f"expressivity::{name}", self._fwd_impl, mutates_args=(),
-            schema=f"(Tensor u, {names}, int iters, float? tol, bool stats, Tensor? skip) -> (Tensor, Tensor)")
+            f"expressivity::{name}",
+            self._fwd_impl,
+            mutates_args=(),
+            schema=f"(Tensor u, {names}, int iters, float? tol, bool stats, Tensor? skip) -> (Tensor, Tensor)",
+        )
         self.bwd_op = torch.library.custom_op(
-            f"expressivity::{name}_bwd", self._bwd_impl, mutates_args=(),
-            schema=f"(Tensor u, {names}, Tensor s, Tensor gs) -> ({', '.join(['Tensor'] * (1 + len(params)))})")
+            f"expressivity::{name}_bwd",
+            self._bwd_impl,
+            mutates_args=(),
+            schema=f"(Tensor u, {names}, Tensor s, Tensor gs) -> ({', '.join(['Tensor'] * (1 + len(params)))})",
+        )
         n = len(params)
 
         def fake_fwd(u, *rest):
@@ -204,7 +251,7 @@ class FusedNewton:
         self.bwd_op.register_fake(lambda u, *rest: (torch.empty_like(u), *(torch.empty_like(p) for p in rest[:n])))
 
         def setup(ctx, inputs, output):
-            ctx.save_for_backward(inputs[0], output[0], *inputs[1:1 + n])
+            ctx.save_for_backward(inputs[0], output[0], *inputs[1 : 1 + n])
 
         def grad(ctx, gs, _gres):
             u, s, *ps = ctx.saved_tensors
@@ -222,8 +269,16 @@ class FusedNewton:
             bd = 4
         return NewtonTiles(self.ch, bd, 4)
 
-    def forward(self, u, params, iters: int, tol: Optional[float], stats: bool, tiles: Optional[NewtonTiles],
-                skip: Optional[torch.Tensor] = None):
+    def forward(
+        self,
+        u,
+        params,
+        iters: int,
+        tol: float | None,
+        stats: bool,
+        tiles: NewtonTiles | None,
+        skip: torch.Tensor | None = None,
+    ):
         H, B, L, _, Ds = u.shape
         s = empty((H, B, L, self.states * Ds), u.device, torch.float32)
         res = torch.full((iters + 1,), -1.0, dtype=torch.float32, device=u.device)
@@ -231,25 +286,41 @@ class FusedNewton:
             t = tiles or self.default_tiles(H, B, Ds)
             n_st = cdiv(Ds, t.bd)
             self.fwd_kernel[(H * B * n_st,)](
-                u, *params, s, res, res if skip is None else skip, B, L, Ds, n_st, iters, float(tol or 0.0),
-                HAS_TOL=tol is not None, STATS=stats, HAS_SKIP=skip is not None, CH=t.ch, BD=t.bd, num_warps=t.warps,
+                u,
+                *params,
+                s,
+                res,
+                res if skip is None else skip,
+                B,
+                L,
+                Ds,
+                n_st,
+                iters,
+                float(tol or 0.0),
+                HAS_TOL=tol is not None,
+                STATS=stats,
+                HAS_SKIP=skip is not None,
+                CH=t.ch,
+                BD=t.bd,
+                num_warps=t.warps,
             )
         return s, res
 
-    def backward(self, u, params, s, gs, tiles: Optional[NewtonTiles]):
+    def backward(self, u, params, s, gs, tiles: NewtonTiles | None):
         H, B, L, _, Ds = u.shape
         du = empty(u.shape, u.device, torch.float32)
         parts = [empty((H, B, k, Ds), u.device, torch.float32) for k in self.params.values()]
         if s.numel():
             t = tiles or self.default_tiles(H, B, Ds)
             n_st = cdiv(Ds, t.bd)
-            self.bwd_kernel[(H * B * n_st,)](u, *params, s, gs, du, *parts, B, L, Ds, n_st, CH=t.ch, BD=t.bd,
-                                             num_warps=t.warps)
+            self.bwd_kernel[(H * B * n_st,)](
+                u, *params, s, gs, du, *parts, B, L, Ds, n_st, CH=t.ch, BD=t.bd, num_warps=t.warps
+            )
             return (du, *(p.sum(dim=1) for p in parts))
         return (du.zero_(), *(torch.zeros_like(p) for p in params))
 
     def _fwd_impl(self, u, *rest):
-        params, (iters, tol, stats, skip) = rest[:len(self.params)], rest[len(self.params):]
+        params, (iters, tol, stats, skip) = rest[: len(self.params)], rest[len(self.params) :]
         check_fused_inputs(f"{self.name}", u, dict(zip(self.params, params)), self.params, iters, tol)
         check_skip(self.name, skip, u)
         return self.forward(u, params, iters, tol, stats, None, skip)
@@ -258,8 +329,16 @@ class FusedNewton:
         n = len(self.params)
         return self.backward(u, rest[:n], rest[n], rest[n + 1], None)
 
-    def __call__(self, u, *params, iters: int = 3, tol: Optional[float] = None, stats: bool = False,
-                 tiles: Optional[NewtonTiles] = None, skip: Optional[torch.Tensor] = None):
+    def __call__(
+        self,
+        u,
+        *params,
+        iters: int = 3,
+        tol: float | None = None,
+        stats: bool = False,
+        tiles: NewtonTiles | None = None,
+        skip: torch.Tensor | None = None,
+    ):
         tol = None if tol is None else float(tol)
         if torch.compiler.is_compiling():
             return self.fwd_op(u, *params, iters, tol, bool(stats), skip)

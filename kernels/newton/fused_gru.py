@@ -21,14 +21,23 @@ Custom ops: ``expressivity::flashgru_fused``, ``expressivity::flashgru_fused_bwd
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.newton.fused_common import (
-    FusedNewton, NewtonTiles, compose, compose_excl, chunk_masks, lane_tile, load3, param_rows3, row_of, sigmoid, store3, tanh,
+    FusedNewton,
+    NewtonTiles,
+    chunk_masks,
+    compose,
+    compose_excl,
+    lane_tile,
+    load3,
+    param_rows3,
+    row_of,
+    sigmoid,
+    store3,
+    tanh,
 )
 
 
@@ -51,9 +60,22 @@ def _cell(hp, uz, ur, uc, az, ar, ac):
 
 @triton.jit
 def _gru_fwd_kernel(
-    u_ptr, a_ptr, h_ptr, res_ptr, skip_ptr,
-    B, L, Ds, n_st, iters, tol,
-    HAS_TOL: tl.constexpr, STATS: tl.constexpr, HAS_SKIP: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
+    u_ptr,
+    a_ptr,
+    h_ptr,
+    res_ptr,
+    skip_ptr,
+    B,
+    L,
+    Ds,
+    n_st,
+    iters,
+    tol,
+    HAS_TOL: tl.constexpr,
+    STATS: tl.constexpr,
+    HAS_SKIP: tl.constexpr,
+    CH: tl.constexpr,
+    BD: tl.constexpr,
 ):
     if HAS_SKIP:  # a re-solve predicated on the device: no iteration where the first solve passed
         iters = tl.where(tl.load(skip_ptr) != 0, 0, iters)
@@ -102,9 +124,18 @@ def _gru_fwd_kernel(
 
 @triton.jit
 def _gru_bwd_kernel(
-    u_ptr, a_ptr, h_ptr, gh_ptr, du_ptr, da_ptr,
-    B, L, Ds, n_st,
-    CH: tl.constexpr, BD: tl.constexpr,
+    u_ptr,
+    a_ptr,
+    h_ptr,
+    gh_ptr,
+    du_ptr,
+    da_ptr,
+    B,
+    L,
+    Ds,
+    n_st,
+    CH: tl.constexpr,
+    BD: tl.constexpr,
 ):
     n, head, lanes, lmask = lane_tile(tl.program_id(0), n_st, B, Ds, BD)
     az, ar, ac = param_rows3(a_ptr + head * 3 * Ds + lanes, Ds, lmask)
@@ -149,8 +180,14 @@ _CELL = FusedNewton("flashgru_fused", _gru_fwd_kernel, _gru_bwd_kernel, {"a": 3}
 
 
 def flashgru_fused(
-    u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: Optional[float] = None, stats: bool = False, *,
-    tiles: Optional[NewtonTiles] = None, skip: Optional[torch.Tensor] = None,
+    u: torch.Tensor,
+    a: torch.Tensor,
+    iters: int = 3,
+    tol: float | None = None,
+    stats: bool = False,
+    *,
+    tiles: NewtonTiles | None = None,
+    skip: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashGRU states by fused Newton; see the module docstring. Differentiable in ``u, a``.
     ``tiles``: chunk and channel tile (default ``128`` steps, 4 warps, 8 channels or 4 for small launches:

@@ -18,8 +18,6 @@ Custom ops: ``expressivity::flashlstm_fused``, ``expressivity::flashlstm_fused_b
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
@@ -27,9 +25,9 @@ import triton.language as tl
 from kernels.newton.fused_common import (
     FusedNewton,
     NewtonTiles,
+    chunk_masks,
     compose2,
     compose2_excl,
-    chunk_masks,
     lane_tile,
     load3,
     param_rows3,
@@ -73,9 +71,23 @@ def _cell(cp, hp, uf, uz, uo, af, az, ao, pf, po):
 
 @triton.jit
 def _lstm_fwd_kernel(
-    u_ptr, a_ptr, p_ptr, s_ptr, res_ptr, skip_ptr,
-    B, L, Ds, n_st, iters, tol,
-    HAS_TOL: tl.constexpr, STATS: tl.constexpr, HAS_SKIP: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
+    u_ptr,
+    a_ptr,
+    p_ptr,
+    s_ptr,
+    res_ptr,
+    skip_ptr,
+    B,
+    L,
+    Ds,
+    n_st,
+    iters,
+    tol,
+    HAS_TOL: tl.constexpr,
+    STATS: tl.constexpr,
+    HAS_SKIP: tl.constexpr,
+    CH: tl.constexpr,
+    BD: tl.constexpr,
 ):
     if HAS_SKIP:  # a re-solve predicated on the device: no iteration where the first solve passed
         iters = tl.where(tl.load(skip_ptr) != 0, 0, iters)
@@ -139,9 +151,20 @@ def _lstm_fwd_kernel(
 
 @triton.jit
 def _lstm_bwd_kernel(
-    u_ptr, a_ptr, p_ptr, s_ptr, gs_ptr, du_ptr, da_ptr, dp_ptr,
-    B, L, Ds, n_st,
-    CH: tl.constexpr, BD: tl.constexpr,
+    u_ptr,
+    a_ptr,
+    p_ptr,
+    s_ptr,
+    gs_ptr,
+    du_ptr,
+    da_ptr,
+    dp_ptr,
+    B,
+    L,
+    Ds,
+    n_st,
+    CH: tl.constexpr,
+    BD: tl.constexpr,
 ):
     n, head, lanes, lmask = lane_tile(tl.program_id(0), n_st, B, Ds, BD)
     af, az, ao = param_rows3(a_ptr + head * 3 * Ds + lanes, Ds, lmask)
@@ -198,7 +221,9 @@ def _lstm_bwd_kernel(
         acc_ao += g_op * hp
         acc_pf += g_fp * cp
         acc_po += g_op * cc
-    store3(da_ptr + n * 3 * Ds + lanes, Ds, tl.sum(acc_af, axis=0), tl.sum(acc_az, axis=0), tl.sum(acc_ao, axis=0), lmask)
+    store3(
+        da_ptr + n * 3 * Ds + lanes, Ds, tl.sum(acc_af, axis=0), tl.sum(acc_az, axis=0), tl.sum(acc_ao, axis=0), lmask
+    )
     dpp = dp_ptr + n * 2 * Ds + lanes
     tl.store(dpp, tl.sum(acc_pf, axis=0), mask=lmask)
     tl.store(dpp + Ds, tl.sum(acc_po, axis=0), mask=lmask)
@@ -208,8 +233,15 @@ _CELL = FusedNewton("flashlstm_fused", _lstm_fwd_kernel, _lstm_bwd_kernel, {"a":
 
 
 def flashlstm_fused(
-    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: Optional[float] = None, stats: bool = False, *,
-    tiles: Optional[NewtonTiles] = None, skip: Optional[torch.Tensor] = None,
+    u: torch.Tensor,
+    a: torch.Tensor,
+    p: torch.Tensor,
+    iters: int = 3,
+    tol: float | None = None,
+    stats: bool = False,
+    *,
+    tiles: NewtonTiles | None = None,
+    skip: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashLSTM states ``[c, h]`` by fused Newton; see the module docstring. Differentiable in ``u, a, p``.
     ``tiles``: chunk and channel tile (default ``64`` steps, 4 warps, 8 channels or 4 for small launches:

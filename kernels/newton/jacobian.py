@@ -10,7 +10,7 @@ product with the same tangent ``v`` at every position returns ``J v`` at every p
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.func import jvp, vmap
@@ -37,8 +37,9 @@ def autograd_jacobian(
         if S % 2:
             raise ValueError(f"block2 Jacobians need an even state size, got {S}")
         half = S // 2
-        ones, zeros = torch.ones(half, dtype=h_prev.dtype, device=h_prev.device), torch.zeros(
-            half, dtype=h_prev.dtype, device=h_prev.device
+        ones, zeros = (
+            torch.ones(half, dtype=h_prev.dtype, device=h_prev.device),
+            torch.zeros(half, dtype=h_prev.dtype, device=h_prev.device),
         )
         col0 = column(torch.cat([ones, zeros]))  # (*lead, S): [J00, J10]
         col1 = column(torch.cat([zeros, ones]))  # [J01, J11]

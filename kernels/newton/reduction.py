@@ -66,7 +66,9 @@ def solve_bidiagonal(
     N = math.prod(lead)
     want = jacobian_shape(structure, (*lead, L), S)
     if tuple(jac.shape) != want:
-        raise ValueError(f"{structure} Jacobian has shape {tuple(jac.shape)}, expected {want} for rhs {tuple(rhs.shape)}")
+        raise ValueError(
+            f"{structure} Jacobian has shape {tuple(jac.shape)}, expected {want} for rhs {tuple(rhs.shape)}"
+        )
     if structure == "diag":
         y = linear_scan(jac.reshape(N, L, S), rhs.reshape(N, L, S), reverse=reverse, backend=backend)
     elif structure == "block2":

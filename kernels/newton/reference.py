@@ -12,7 +12,7 @@ diagonal state weights, ``p (H, 2, Ds)`` peepholes; states ``(H, B, L, Ds)`` / `
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -36,13 +36,13 @@ def sequential_apply(
     return torch.stack(out, dim=time_dim)
 
 
-def flashgru_reference(u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: Optional[float] = None) -> torch.Tensor:
+def flashgru_reference(u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: float | None = None) -> torch.Tensor:
     """FlashGRU states ``h (H, B, L, Ds)`` by the loop."""
     return sequential_apply(flashgru_step, u, (a[:, None],), state_size=u.shape[-1], time_dim=2)
 
 
 def flashlstm_reference(
-    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: Optional[float] = None
+    u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: float | None = None
 ) -> torch.Tensor:
     """FlashLSTM states ``[c, h] (H, B, L, 2 Ds)`` by the loop."""
     return sequential_apply(flashlstm_step, u, (a[:, None], p[:, None]), state_size=2 * u.shape[-1], time_dim=2)

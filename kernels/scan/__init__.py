@@ -14,7 +14,7 @@ doubling, ``torch_scan.py``), ``"triton"`` (single-pass chunked scans with a fus
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -44,6 +44,7 @@ DENSE_SCAN_BACKENDS: dict[str, Callable] = {
     "reference": linear_scan_dense_reference,
     "torch": linear_scan_dense_torch,
 }
+
 
 def resolve_backend(backend: str, c: torch.Tensor, x: torch.Tensor) -> str:
     """The backend ``backend`` (``"auto"`` included) stands for on these inputs."""

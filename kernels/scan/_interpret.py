@@ -19,7 +19,9 @@ def _vectorized_generic_scan(self, input):
     outs = [np.empty_like(d) for d in datas]
     acc = None
     for i in range(n):
-        cur = tuple(self.to_tensor(np.ascontiguousarray(np.take(d, i, axis=axis)), arg.dtype) for d, arg in zip(datas, input))
+        cur = tuple(
+            self.to_tensor(np.ascontiguousarray(np.take(d, i, axis=axis)), arg.dtype) for d, arg in zip(datas, input)
+        )
         if acc is None:
             acc = cur
         else:

@@ -35,8 +35,19 @@ from kernels.scan._scan_kernels import (
 
 @triton.jit
 def _diag_loop_kernel(
-    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, L, D, n_dt,
-    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
+    c_ptr,
+    x_ptr,
+    out_ptr,
+    yfwd_ptr,
+    dc_ptr,
+    L,
+    D,
+    n_dt,
+    REVERSE: tl.constexpr,
+    GRAD: tl.constexpr,
+    CH: tl.constexpr,
+    BD: tl.constexpr,
+    STAGES: tl.constexpr,
     DC: tl.constexpr,
 ):
     """``c, x, out, yfwd, dc (B, L, D)`` (``yfwd``, ``dc``: ``None`` unless ``GRAD``); grid
@@ -68,8 +79,19 @@ def _diag_loop_kernel(
 
 @triton.jit
 def _block2_loop_kernel(
-    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, L, D, n_dt,
-    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
+    c_ptr,
+    x_ptr,
+    out_ptr,
+    yfwd_ptr,
+    dc_ptr,
+    L,
+    D,
+    n_dt,
+    REVERSE: tl.constexpr,
+    GRAD: tl.constexpr,
+    CH: tl.constexpr,
+    BD: tl.constexpr,
+    STAGES: tl.constexpr,
     DC: tl.constexpr,
 ):
     """``C (B, L, 2, 2, D)``, ``x / out / yfwd (B, L, 2, D)``, ``dc`` like ``C``; grid and ``DC`` as
@@ -95,12 +117,12 @@ def _block2_loop_kernel(
         bm = b.to(tl.int64) * L + m * CH
         xs = bm * 2 * D + dt * BD
         cs = bm * 4 * D + dt * BD
-        a00, a01, a10, a11, x0, x1 = _load_block2_tile(c_ptr, x_ptr, xs, cs, xo, co, rows, mask, lmask, L, D,
-                                                       REVERSE, GRAD)
+        a00, a01, a10, a11, x0, x1 = _load_block2_tile(
+            c_ptr, x_ptr, xs, cs, xo, co, rows, mask, lmask, L, D, REVERSE, GRAD
+        )
         A00, A01, A10, A11, Y0, Y1 = tl.associative_scan((a00, a01, a10, a11, x0, x1), 0, _compose2)
         y0 = Y0 + A00 * r0[None, :] + A01 * r1[None, :]
         y1 = Y1 + A10 * r0[None, :] + A11 * r1[None, :]
-        _store_block2_tile(out_ptr, yfwd_ptr, dc_ptr, y0, y1, xs, cs, xo, co, rows, mask, lmask, L, D, REVERSE,
-                           GRAD)
+        _store_block2_tile(out_ptr, yfwd_ptr, dc_ptr, y0, y1, xs, cs, xo, co, rows, mask, lmask, L, D, REVERSE, GRAD)
         r0 = _row_of(y0, sel)
         r1 = _row_of(y1, sel)

@@ -51,8 +51,7 @@ def _row_of(v, sel):
 
 
 @triton.jit
-def _load_diag_tile(c_ptr, x_ptr, start, offs, rows, mask, lmask, L, D,
-                    REVERSE: tl.constexpr, GRAD: tl.constexpr):
+def _load_diag_tile(c_ptr, x_ptr, start, offs, rows, mask, lmask, L, D, REVERSE: tl.constexpr, GRAD: tl.constexpr):
     """One ``[CH, BD]`` tile of a diagonal scan in float32: ``(a, x)`` at element offsets
     ``start + offs`` (``rows``: the tile's time steps; ``mask``: in bounds). ``GRAD``: ``a`` is the
     coefficient of the previous step in the scan's order. Rows past the end are the identity map."""
@@ -67,8 +66,9 @@ def _load_diag_tile(c_ptr, x_ptr, start, offs, rows, mask, lmask, L, D,
 
 
 @triton.jit
-def _store_diag_tile(out_ptr, yfwd_ptr, dc_ptr, y, start, offs, rows, mask, lmask, L, D,
-                     REVERSE: tl.constexpr, GRAD: tl.constexpr):
+def _store_diag_tile(
+    out_ptr, yfwd_ptr, dc_ptr, y, start, offs, rows, mask, lmask, L, D, REVERSE: tl.constexpr, GRAD: tl.constexpr
+):
     """Write the scanned tile ``y`` and, for ``GRAD``, ``dc_t = y_t * yfwd_{q(t)}`` (``q(t)``: the
     next step in the scan's order)."""
     tl.store(out_ptr + start + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -80,8 +80,7 @@ def _store_diag_tile(out_ptr, yfwd_ptr, dc_ptr, y, start, offs, rows, mask, lmas
 
 
 @triton.jit
-def _load_block2_tile(c_ptr, x_ptr, xs, cs, xo, co, rows, mask, lmask, L, D,
-                      REVERSE: tl.constexpr, GRAD: tl.constexpr):
+def _load_block2_tile(c_ptr, x_ptr, xs, cs, xo, co, rows, mask, lmask, L, D, REVERSE: tl.constexpr, GRAD: tl.constexpr):
     """One tile of a 2x2-block scan in float32: ``(a00, a01, a10, a11, x0, x1)``, each ``[CH, BD]``;
     ``xs + xo`` / ``cs + co``: element offsets of ``x[b, t, 0, d]`` / ``C[b, t, 0, 0, d]``. ``GRAD``:
     the previous step's block, transposed. Rows past the end are the identity map."""
@@ -110,8 +109,24 @@ def _load_block2_tile(c_ptr, x_ptr, xs, cs, xo, co, rows, mask, lmask, L, D,
 
 
 @triton.jit
-def _store_block2_tile(out_ptr, yfwd_ptr, dc_ptr, y0, y1, xs, cs, xo, co, rows, mask, lmask, L, D,
-                       REVERSE: tl.constexpr, GRAD: tl.constexpr):
+def _store_block2_tile(
+    out_ptr,
+    yfwd_ptr,
+    dc_ptr,
+    y0,
+    y1,
+    xs,
+    cs,
+    xo,
+    co,
+    rows,
+    mask,
+    lmask,
+    L,
+    D,
+    REVERSE: tl.constexpr,
+    GRAD: tl.constexpr,
+):
     """Write the scanned tile ``(y0, y1)`` and, for ``GRAD``, ``dc_t = y_t yfwd_{q(t)}^T``."""
     ety = out_ptr.dtype.element_ty
     tl.store(out_ptr + xs + xo, y0.to(ety), mask=mask)
@@ -132,8 +147,20 @@ def _store_block2_tile(out_ptr, yfwd_ptr, dc_ptr, y0, y1, xs, cs, xo, co, rows, 
 
 @triton.jit
 def _diag_scan_kernel(
-    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, L, D, n_dt,
-    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, WIN: tl.constexpr,
+    c_ptr,
+    x_ptr,
+    out_ptr,
+    yfwd_ptr,
+    dc_ptr,
+    ws_ptr,
+    L,
+    D,
+    n_dt,
+    REVERSE: tl.constexpr,
+    GRAD: tl.constexpr,
+    CH: tl.constexpr,
+    BD: tl.constexpr,
+    WIN: tl.constexpr,
     DC: tl.constexpr,
 ):
     """``c, x, out, yfwd, dc (B, L, D)`` (``yfwd``, ``dc``: ``None`` unless ``GRAD``); ``ws_ptr``: the
@@ -175,8 +202,20 @@ def _diag_scan_kernel(
 
 @triton.jit
 def _block2_scan_kernel(
-    c_ptr, x_ptr, out_ptr, yfwd_ptr, dc_ptr, ws_ptr, L, D, n_dt,
-    REVERSE: tl.constexpr, GRAD: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, DC: tl.constexpr,
+    c_ptr,
+    x_ptr,
+    out_ptr,
+    yfwd_ptr,
+    dc_ptr,
+    ws_ptr,
+    L,
+    D,
+    n_dt,
+    REVERSE: tl.constexpr,
+    GRAD: tl.constexpr,
+    CH: tl.constexpr,
+    BD: tl.constexpr,
+    DC: tl.constexpr,
 ):
     """``C (B, L, 2, 2, D)``, ``x / out / yfwd (B, L, 2, D)``, ``dc`` like ``C``; the rest as
     ``_diag_scan_kernel``."""
@@ -200,12 +239,9 @@ def _block2_scan_kernel(
     cs = bm * 4 * D + dt * BD
     xo = i[:, None] * (2 * D) + tl.arange(0, BD)[None, :]  # x[b, t, 0, d]
     co = i[:, None] * (4 * D) + tl.arange(0, BD)[None, :]  # C[b, t, 0, 0, d]
-    a00, a01, a10, a11, x0, x1 = _load_block2_tile(c_ptr, x_ptr, xs, cs, xo, co, rows, mask, lmask, L, D,
-                                                   REVERSE, GRAD)
+    a00, a01, a10, a11, x0, x1 = _load_block2_tile(c_ptr, x_ptr, xs, cs, xo, co, rows, mask, lmask, L, D, REVERSE, GRAD)
 
-    A00, A01, A10, A11, Y0, Y1 = tl.associative_scan(
-        (a00, a01, a10, a11, x0, x1), 0, _compose2
-    )
+    A00, A01, A10, A11, Y0, Y1 = tl.associative_scan((a00, a01, a10, a11, x0, x1), 0, _compose2)
     sel = (tl.arange(0, CH) == CH - 1)[:, None]  # the chunk's last step in scan order
     g00 = _row_of(A00, sel)
     g01 = _row_of(A01, sel)

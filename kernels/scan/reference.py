@@ -35,7 +35,7 @@ def _loop(step, x: torch.Tensor, reverse: bool) -> torch.Tensor:
         return x.clone()
     y = torch.zeros_like(x[:, 0])
     out = [None] * L
-    for t in (reversed(range(L)) if reverse else range(L)):
+    for t in reversed(range(L)) if reverse else range(L):
         y = out[t] = step(t, y)
     return torch.stack(out, dim=1)
 
@@ -66,4 +66,6 @@ def check_dense(C: torch.Tensor, x: torch.Tensor, name: str) -> None:
     if not isinstance(C, torch.Tensor) or not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: C and x must be tensors")
     if x.dim() != 3 or tuple(C.shape) != (*x.shape, x.shape[-1]):
-        raise ValueError(f"{name}: expected C (B, L, D, D) and x (B, L, D), got C {tuple(C.shape)} and x {tuple(x.shape)}")
+        raise ValueError(
+            f"{name}: expected C (B, L, D, D) and x (B, L, D), got C {tuple(C.shape)} and x {tuple(x.shape)}"
+        )

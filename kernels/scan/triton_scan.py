@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -62,7 +62,7 @@ class ScanTiles:
     warps: int
     stages: int = 3
     window: int = 1
-    maxnreg: Optional[int] = None
+    maxnreg: int | None = None
     specialize_d: bool = True
 
     def __post_init__(self):
@@ -83,8 +83,9 @@ ONE_RECORD_FROM_LANE_TILES = 64
 
 
 @functools.lru_cache(maxsize=4096)
-def default_tiles(B: int, L: int, D: int, block2: bool, grad: bool = False,
-                  kind: Optional[Literal["loop", "lookback"]] = None) -> ScanTiles:
+def default_tiles(
+    B: int, L: int, D: int, block2: bool, grad: bool = False, kind: Literal["loop", "lookback"] | None = None
+) -> ScanTiles:
     """The kernel and tile a scan of this shape runs, forward or (``grad``) backward; ``kind``: that
     kernel kind's tile whatever the shape.
 
@@ -169,7 +170,7 @@ def _workspace(x: torch.Tensor, words: int) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles: Optional[ScanTiles]):
+def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles: ScanTiles | None):
     """``(kernel, grid, n_dt, constexpr kwargs, workspace words or 0, its LaunchCache)`` of one launch,
     ``None`` when there is nothing to compute (``B * L * D == 0``). The kernels take ``L``, ``D`` and the
     channel tiles per row ``n_dt`` at run time and derive the rest from them and the grid (fewer
@@ -180,8 +181,9 @@ def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles
     if (t.ch + 1) * (4 if block2 else 1) * D + t.bd >= 2**31:
         raise ValueError(f"linear_scan_triton: D = {D} is too large for the kernels' int32 in-tile offsets")
     n_dt, n_chunks = cdiv(D, t.bd), cdiv(L, t.ch)
-    meta = dict(REVERSE=reverse, GRAD=grad, CH=t.ch, BD=t.bd, num_warps=t.warps,
-                DC=D if t.specialize_d and D % 16 == 0 else 0)
+    meta = dict(
+        REVERSE=reverse, GRAD=grad, CH=t.ch, BD=t.bd, num_warps=t.warps, DC=D if t.specialize_d and D % 16 == 0 else 0
+    )
     if t.kind == "loop":
         kernel = _block2_loop_kernel if block2 else _diag_loop_kernel
         return kernel, (B * n_dt,), n_dt, dict(meta, STAGES=t.stages), 0, LaunchCache()
@@ -196,7 +198,7 @@ def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles
     return kernel, (n_lt * n_chunks,), n_dt, meta, words, LaunchCache()
 
 
-def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool, tiles: Optional[ScanTiles]) -> None:
+def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool, tiles: ScanTiles | None) -> None:
     """One kernel launch; ``yfwd`` and ``dc`` are ``None`` for the forward (``grad=False``)."""
     shape = x.shape
     L, D = shape[1], shape[-1]
@@ -211,14 +213,14 @@ def _launch(c, x, out, yfwd, dc, reverse: bool, grad: bool, block2: bool, tiles:
         launches.launch(kernel, grid, (c, x, out, yfwd, dc, L, D, n_dt), meta, x.dtype)
 
 
-def scan_forward(c, x, reverse: bool, block2: bool, tiles: Optional[ScanTiles] = None) -> torch.Tensor:
+def scan_forward(c, x, reverse: bool, block2: bool, tiles: ScanTiles | None = None) -> torch.Tensor:
     """``y`` of contiguous, checked inputs (no autograd)."""
     out = empty_like(x)
     _launch(c, x, out, None, None, reverse, False, block2, tiles)
     return out
 
 
-def scan_backward(c, y, dy, reverse: bool, block2: bool, tiles: Optional[ScanTiles] = None):
+def scan_backward(c, y, dy, reverse: bool, block2: bool, tiles: ScanTiles | None = None):
     """``(dc, dx)`` of the scan that gave ``y`` (contiguous), for the output gradient ``dy`` (contiguous)."""
     dx = empty_like(y)
     dc = empty_like(c)
@@ -311,16 +313,28 @@ def _scan(name, c, x, reverse, block2, tiles, grad_tiles):
 # ---------------------------------------------------------------- public functions
 
 
-def linear_scan_triton(c: torch.Tensor, x: torch.Tensor, reverse: bool = False, *,
-                       tiles: Optional[ScanTiles] = None, grad_tiles: Optional[ScanTiles] = None) -> torch.Tensor:
+def linear_scan_triton(
+    c: torch.Tensor,
+    x: torch.Tensor,
+    reverse: bool = False,
+    *,
+    tiles: ScanTiles | None = None,
+    grad_tiles: ScanTiles | None = None,
+) -> torch.Tensor:
     """Diagonal ``y_t = c_t * y_{t-1} + x_t`` in Triton. ``c, x (B, L, D)`` -> ``y (B, L, D)``.
 
     ``tiles`` / ``grad_tiles``: the forward / backward kernel and tile (default: ``default_tiles``)."""
     return _scan("linear_scan_triton", c, x, reverse, False, tiles, grad_tiles)
 
 
-def linear_scan_block2_triton(C: torch.Tensor, x: torch.Tensor, reverse: bool = False, *,
-                              tiles: Optional[ScanTiles] = None, grad_tiles: Optional[ScanTiles] = None) -> torch.Tensor:
+def linear_scan_block2_triton(
+    C: torch.Tensor,
+    x: torch.Tensor,
+    reverse: bool = False,
+    *,
+    tiles: ScanTiles | None = None,
+    grad_tiles: ScanTiles | None = None,
+) -> torch.Tensor:
     """2x2-block scan in Triton. ``C (B, L, 2, 2, D)``, ``x (B, L, 2, D)`` -> ``y (B, L, 2, D)``;
     ``tiles`` / ``grad_tiles`` as ``linear_scan_triton``."""
     return _scan("linear_scan_block2_triton", C, x, reverse, True, tiles, grad_tiles)

@@ -23,7 +23,7 @@ Backends (same function, tested against each other; vocabulary: ``kernels/README
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -80,9 +80,19 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
     return resolve("ssd", backend, SSD_BACKENDS, x, x.dtype in _TRITON_DTYPES)
 
 
-def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, *,
-        D: torch.Tensor | None = None, chunk_size: int = 64, initial_state: torch.Tensor | None = None,
-        return_final_state: bool = False, backend: str = "auto"):
+def ssd(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    D: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+    return_final_state: bool = False,
+    backend: str = "auto",
+):
     """The SSD layer; see the module docstring for shapes and backends."""
     _check(x, dt, A, B, C, D, initial_state, chunk_size)
     y, final = SSD_BACKENDS[resolve_backend(backend, x)](x, dt, A, B, C, initial_state, chunk_size)

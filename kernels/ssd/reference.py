@@ -16,9 +16,15 @@ from __future__ import annotations
 import torch
 
 
-def ssd_reference(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                  initial_state: torch.Tensor | None = None,
-                  chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssd_reference(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``chunk_size``: accepted for the chunked forms' signature; a step loop has no chunks."""
     batch, L, H, P = x.shape
     G, N = B.shape[2], B.shape[3]

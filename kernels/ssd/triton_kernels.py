@@ -48,15 +48,50 @@ import triton.language as tl
 
 @triton.jit
 def chunk_state_kernel(
-    u_ptr, v_ptr, init_ptr, out_ptr, p_ptr, dot_ptr, acum_ptr, dt_ptr,
-    L, H, Lp, nc, DU, DV, rv,
-    su_b, su_l, su_h, su_d,
-    sv_b, sv_l, sv_h, sv_d,
-    si_b, si_h, si_r, si_k,
-    so_b, so_c, so_h, so_r, so_k,
-    sp_b, sp_c, sp_h, sp_r, sp_k,
-    Q: tl.constexpr, BS: tl.constexpr, BU: tl.constexpr, BV: tl.constexpr,
-    REVERSE: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr,
+    u_ptr,
+    v_ptr,
+    init_ptr,
+    out_ptr,
+    p_ptr,
+    dot_ptr,
+    acum_ptr,
+    dt_ptr,
+    L,
+    H,
+    Lp,
+    nc,
+    DU,
+    DV,
+    rv,
+    su_b,
+    su_l,
+    su_h,
+    su_d,
+    sv_b,
+    sv_l,
+    sv_h,
+    sv_d,
+    si_b,
+    si_h,
+    si_r,
+    si_k,
+    so_b,
+    so_c,
+    so_h,
+    so_r,
+    so_k,
+    sp_b,
+    sp_c,
+    sp_h,
+    sp_r,
+    sp_k,
+    Q: tl.constexpr,
+    BS: tl.constexpr,
+    BU: tl.constexpr,
+    BV: tl.constexpr,
+    REVERSE: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     b = tl.program_id(0) // H
     h = tl.program_id(0) % H
@@ -68,7 +103,9 @@ def chunk_state_kernel(
     base = b * H * Lp + h * Lp
     state = tl.zeros((BU, BV), dtype=tl.float32)
     if HAS_INIT:
-        state += tl.load(init_ptr + b * si_b + h * si_h + du[:, None] * si_r + dv[None, :] * si_k, mask=tile_ok, other=0.0)
+        state += tl.load(
+            init_ptr + b * si_b + h * si_h + du[:, None] * si_r + dv[None, :] * si_k, mask=tile_ok, other=0.0
+        )
     out = out_ptr + b * so_b + h * so_h
     dtype = out_ptr.dtype.element_ty
     tl.store(out + (nc if REVERSE else 0) * so_c + tile, state.to(dtype), mask=tile_ok)
@@ -83,18 +120,29 @@ def chunk_state_kernel(
         c = k // NB
         j = k % NB
         s = k * BS + tl.arange(0, BS)
-        u = tl.load(u_ptr + b * su_b + s[:, None] * su_l + h * su_h + du[None, :] * su_d,
-                    mask=(s[:, None] < L) & (du[None, :] < DU), other=0.0)
-        v = tl.load(v_ptr + b * sv_b + s[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
-                    mask=(s[:, None] < L) & (dv[None, :] < DV), other=0.0)
+        u = tl.load(
+            u_ptr + b * su_b + s[:, None] * su_l + h * su_h + du[None, :] * su_d,
+            mask=(s[:, None] < L) & (du[None, :] < DU),
+            other=0.0,
+        )
+        v = tl.load(
+            v_ptr + b * sv_b + s[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
+            mask=(s[:, None] < L) & (dv[None, :] < DV),
+            other=0.0,
+        )
         a = tl.load(acum_ptr + base + s)
         if REVERSE:  # G_c = exp(acum_last_c) G_{c+1} + sum_{s in c} exp(acum_s) U_s (x) V_s
             a_last = tl.load(acum_ptr + base + c * Q + Q - 1)
             if j == NB - 1:  # the chunk's last block comes first: state = G_{c+1}
-                prev = tl.load(p_ptr + b * sp_b + c * sp_c + h * sp_h + du[:, None] * sp_r + dv[None, :] * sp_k,
-                               mask=tile_ok, other=0.0).to(tl.float32)
-                tl.store(dot_ptr + ((b * nc + c) * H + h) * tl.num_programs(1) + tl.program_id(1),
-                         tl.sum(tl.sum(state * prev, 1), 0) * tl.exp(a_last))
+                prev = tl.load(
+                    p_ptr + b * sp_b + c * sp_c + h * sp_h + du[:, None] * sp_r + dv[None, :] * sp_k,
+                    mask=tile_ok,
+                    other=0.0,
+                ).to(tl.float32)
+                tl.store(
+                    dot_ptr + ((b * nc + c) * H + h) * tl.num_programs(1) + tl.program_id(1),
+                    tl.sum(tl.sum(state * prev, 1), 0) * tl.exp(a_last),
+                )
             scale = tl.where(j == NB - 1, tl.exp(a_last), 1.0)
             w = tl.exp(a)
         else:  # the state at the block's end: exp(a_end - a_start) state + sum dt_s exp(a_end - a_s) U_s (x) V_s
@@ -113,18 +161,71 @@ def chunk_state_kernel(
 
 @triton.jit
 def chunk_attn_kernel(
-    q_ptr, k_ptr, v_ptr, s_ptr, w_ptr, cb_ptr, out_ptr, dot_ptr, full_ptr, dda_ptr, acum_ptr, dt_ptr,
-    L, H, Lp, DK, DV, n_out, rq, rk, rv, rw, rcb,
-    sq_b, sq_l, sq_h, sq_d,
-    sk_b, sk_l, sk_h, sk_d,
-    sv_b, sv_l, sv_h, sv_d,
-    ss_b, ss_c, ss_h, ss_r, ss_k,
-    sw_b, sw_l, sw_h, sw_d,
-    scb_b, scb_c, scb_h, scb_r, scb_k,
-    so_b, so_l, so_h, so_d,
-    Q: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HPP: tl.constexpr,
-    REVERSE: tl.constexpr, HAS_DOT: tl.constexpr, FULL_DOT: tl.constexpr, HAS_CB: tl.constexpr,
-    DDA: tl.constexpr, PREC: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    s_ptr,
+    w_ptr,
+    cb_ptr,
+    out_ptr,
+    dot_ptr,
+    full_ptr,
+    dda_ptr,
+    acum_ptr,
+    dt_ptr,
+    L,
+    H,
+    Lp,
+    DK,
+    DV,
+    n_out,
+    rq,
+    rk,
+    rv,
+    rw,
+    rcb,
+    sq_b,
+    sq_l,
+    sq_h,
+    sq_d,
+    sk_b,
+    sk_l,
+    sk_h,
+    sk_d,
+    sv_b,
+    sv_l,
+    sv_h,
+    sv_d,
+    ss_b,
+    ss_c,
+    ss_h,
+    ss_r,
+    ss_k,
+    sw_b,
+    sw_l,
+    sw_h,
+    sw_d,
+    scb_b,
+    scb_c,
+    scb_h,
+    scb_r,
+    scb_k,
+    so_b,
+    so_l,
+    so_h,
+    so_d,
+    Q: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HPP: tl.constexpr,
+    REVERSE: tl.constexpr,
+    HAS_DOT: tl.constexpr,
+    FULL_DOT: tl.constexpr,
+    HAS_CB: tl.constexpr,
+    DDA: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     c = tl.program_id(0) // (Q // BT)
     tile = tl.program_id(0) % (Q // BT)
@@ -140,10 +241,16 @@ def chunk_attn_kernel(
         h = o * HPP + i
         base = b * H * Lp + h * Lp
         a_rows = tl.load(acum_ptr + base + rows)
-        q = tl.load(q_ptr + b * sq_b + rows[:, None] * sq_l + (h // rq) * sq_h + dk[None, :] * sq_d,
-                    mask=row_ok[:, None] & (dk[None, :] < DK), other=0.0)
-        s_tile = tl.load(s_ptr + b * ss_b + c * ss_c + h * ss_h + dk[:, None] * ss_r + dv[None, :] * ss_k,
-                         mask=(dk[:, None] < DK) & (dv[None, :] < DV), other=0.0)
+        q = tl.load(
+            q_ptr + b * sq_b + rows[:, None] * sq_l + (h // rq) * sq_h + dk[None, :] * sq_d,
+            mask=row_ok[:, None] & (dk[None, :] < DK),
+            other=0.0,
+        )
+        s_tile = tl.load(
+            s_ptr + b * ss_b + c * ss_c + h * ss_h + dk[:, None] * ss_r + dv[None, :] * ss_k,
+            mask=(dk[:, None] < DK) & (dv[None, :] < DV),
+            other=0.0,
+        )
         acc = tl.zeros((BT, BV), dtype=tl.float32)
         carry = tl.zeros((BT,), dtype=tl.float32)  # DDA: sum of the row's M over the column tiles done
         if REVERSE:
@@ -155,15 +262,27 @@ def chunk_attn_kernel(
         for j in range(lo, hi, BC):  # BC-column blocks (BT % BC == 0), pipelined over num_stages
             cols = j + tl.arange(0, BC)
             col_ok = cols < L
-            v = tl.load(v_ptr + b * sv_b + cols[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
-                        mask=col_ok[:, None] & (dv[None, :] < DV), other=0.0)
+            v = tl.load(
+                v_ptr + b * sv_b + cols[:, None] * sv_l + (h // rv) * sv_h + dv[None, :] * sv_d,
+                mask=col_ok[:, None] & (dv[None, :] < DV),
+                other=0.0,
+            )
             a_cols = tl.load(acum_ptr + base + cols)
             if HAS_CB:  # Q.K precomputed per chunk and group, shared by the group's heads
-                scores = tl.load(cb_ptr + b * scb_b + c * scb_c + (h // rcb) * scb_h
-                                 + (rows - c * Q)[:, None] * scb_r + (cols - c * Q)[None, :] * scb_k)
+                scores = tl.load(
+                    cb_ptr
+                    + b * scb_b
+                    + c * scb_c
+                    + (h // rcb) * scb_h
+                    + (rows - c * Q)[:, None] * scb_r
+                    + (cols - c * Q)[None, :] * scb_k
+                )
             else:
-                k = tl.load(k_ptr + b * sk_b + cols[:, None] * sk_l + (h // rk) * sk_h + dk[None, :] * sk_d,
-                            mask=col_ok[:, None] & (dk[None, :] < DK), other=0.0)
+                k = tl.load(
+                    k_ptr + b * sk_b + cols[:, None] * sk_l + (h // rk) * sk_h + dk[None, :] * sk_d,
+                    mask=col_ok[:, None] & (dk[None, :] < DK),
+                    other=0.0,
+                )
                 scores = tl.dot(q, tl.trans(k), input_precision=PREC)
             if REVERSE:
                 keep = cols[None, :] >= rows[:, None]
@@ -175,8 +294,14 @@ def chunk_attn_kernel(
             weights = scores * decay
             acc += tl.dot(weights.to(v.dtype), v, input_precision=PREC)
             if DDA:  # causal only: d(dt*A)_r += sum_{t >= r > s} M_ts, M_ts = weights_ts * CB_ts for s < t
-                cbv = tl.load(cb_ptr + b * scb_b + c * scb_c + (h // rcb) * scb_h
-                              + (rows - c * Q)[:, None] * scb_r + (cols - c * Q)[None, :] * scb_k)
+                cbv = tl.load(
+                    cb_ptr
+                    + b * scb_b
+                    + c * scb_c
+                    + (h // rcb) * scb_h
+                    + (rows - c * Q)[:, None] * scb_r
+                    + (cols - c * Q)[None, :] * scb_k
+                )
                 m = tl.where(cols[None, :] < rows[:, None], weights * cbv, 0.0)
                 run = carry[:, None] + tl.cumsum(m, axis=1)  # run_ts = sum_{s' <= s} M_ts'
                 carry += tl.sum(m, axis=1)
@@ -189,8 +314,11 @@ def chunk_attn_kernel(
         else:
             state = tl.exp(a_rows)[:, None] * state
         if HAS_DOT:
-            w = tl.load(w_ptr + b * sw_b + rows[:, None] * sw_l + (h // rw) * sw_h + dv[None, :] * sw_d,
-                        mask=row_ok[:, None] & (dv[None, :] < DV), other=0.0).to(tl.float32)
+            w = tl.load(
+                w_ptr + b * sw_b + rows[:, None] * sw_l + (h // rw) * sw_h + dv[None, :] * sw_d,
+                mask=row_ok[:, None] & (dv[None, :] < DV),
+                other=0.0,
+            ).to(tl.float32)
             tl.store(dot_ptr + base + rows, tl.sum(state * w, axis=1))
         acc += state
         if FULL_DOT:
@@ -199,5 +327,8 @@ def chunk_attn_kernel(
             total += acc * tl.load(dt_ptr + base + rows)[:, None]
         else:
             total += acc
-    tl.store(out_ptr + b * so_b + rows[:, None] * so_l + o * so_h + dv[None, :] * so_d,
-             total.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))
+    tl.store(
+        out_ptr + b * so_b + rows[:, None] * so_l + o * so_h + dv[None, :] * so_d,
+        total.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & (dv[None, :] < DV),
+    )

@@ -36,7 +36,6 @@ Dynamo cannot vmap the ``autograd.Function``) each launch folds the vmapped mode
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -72,37 +71,37 @@ class SsdTiles:
     (forward and reverse): ``state_rows x state_cols`` state tile, ``state_steps`` steps per block,
     ``state_warps``, ``state_stages``."""
 
-    attn_rows: Optional[int] = None
-    attn_cols: Optional[int] = None
-    attn_warps: Optional[int] = None
-    attn_stages: Optional[int] = None
-    attn_heads: Optional[int] = None
-    fwd_rows: Optional[int] = None
-    fwd_cols: Optional[int] = None
-    fwd_warps: Optional[int] = None
-    fwd_stages: Optional[int] = None
-    dx_rows: Optional[int] = None
-    dx_cols: Optional[int] = None
-    dx_warps: Optional[int] = None
-    dx_stages: Optional[int] = None
-    db_rows: Optional[int] = None
-    db_cols: Optional[int] = None
-    db_warps: Optional[int] = None
-    db_stages: Optional[int] = None
-    db_heads: Optional[int] = None
-    dc_rows: Optional[int] = None
-    dc_cols: Optional[int] = None
-    dc_warps: Optional[int] = None
-    dc_stages: Optional[int] = None
-    dc_heads: Optional[int] = None
-    state_rows: Optional[int] = None
-    state_cols: Optional[int] = None
-    state_steps: Optional[int] = None
-    state_warps: Optional[int] = None
-    state_stages: Optional[int] = None
+    attn_rows: int | None = None
+    attn_cols: int | None = None
+    attn_warps: int | None = None
+    attn_stages: int | None = None
+    attn_heads: int | None = None
+    fwd_rows: int | None = None
+    fwd_cols: int | None = None
+    fwd_warps: int | None = None
+    fwd_stages: int | None = None
+    dx_rows: int | None = None
+    dx_cols: int | None = None
+    dx_warps: int | None = None
+    dx_stages: int | None = None
+    db_rows: int | None = None
+    db_cols: int | None = None
+    db_warps: int | None = None
+    db_stages: int | None = None
+    db_heads: int | None = None
+    dc_rows: int | None = None
+    dc_cols: int | None = None
+    dc_warps: int | None = None
+    dc_stages: int | None = None
+    dc_heads: int | None = None
+    state_rows: int | None = None
+    state_cols: int | None = None
+    state_steps: int | None = None
+    state_warps: int | None = None
+    state_stages: int | None = None
 
     @classmethod
-    def parse(cls, spec: str) -> "SsdTiles":
+    def parse(cls, spec: str) -> SsdTiles:
         """``"fwd_cols=64,attn_stages=2"`` -> ``SsdTiles(fwd_cols=64, attn_stages=2)``; a name of
         ``TILE_SETS`` -> that set."""
         if spec in TILE_SETS:
@@ -117,11 +116,30 @@ class SsdTiles:
 # ``python -m benchmarks.ops ssd --tiles "h100;h200"`` times both.
 TILE_SETS: dict[str, SsdTiles] = {
     "h100": SsdTiles(),
-    "h200": SsdTiles(state_rows=64, state_cols=64, state_steps=64, state_warps=4, state_stages=2,
-                     fwd_rows=64, fwd_cols=32, fwd_warps=4, fwd_stages=2,
-                     dx_rows=64, dx_cols=32, dx_warps=4, dx_stages=2,
-                     db_rows=128, db_cols=32, db_warps=4, db_stages=3,
-                     dc_rows=64, dc_cols=32, dc_warps=4, dc_stages=2, dc_heads=8),
+    "h200": SsdTiles(
+        state_rows=64,
+        state_cols=64,
+        state_steps=64,
+        state_warps=4,
+        state_stages=2,
+        fwd_rows=64,
+        fwd_cols=32,
+        fwd_warps=4,
+        fwd_stages=2,
+        dx_rows=64,
+        dx_cols=32,
+        dx_warps=4,
+        dx_stages=2,
+        db_rows=128,
+        db_cols=32,
+        db_warps=4,
+        db_stages=3,
+        dc_rows=64,
+        dc_cols=32,
+        dc_warps=4,
+        dc_stages=2,
+        dc_heads=8,
+    ),
 }
 
 #: the tile set per device: the first key contained in ``torch.cuda.get_device_name()`` picks its set,
@@ -153,8 +171,9 @@ def _precision(dtype: torch.dtype) -> str:
     return _float32_precision() if dtype == torch.float32 else "tf32"
 
 
-def attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tiles: list[int] = (),
-                Lp: int = 0, lanes: int = 0) -> dict:
+def attn_config(
+    Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tiles: list[int] = (), Lp: int = 0, lanes: int = 0
+) -> dict:
     """Rows per program ``BT``, columns per block ``BC``, warps and stages of one ``chunk_attn``
     launch; ``tiles``: ``[rows, cols, warps, stages, heads]`` of its role (``_attn_tiles``, 0:
     default). Defaults (H100): 128-row tiles (8 warps) only where they fit in shared memory (16-bit
@@ -175,8 +194,12 @@ def attn_config(Q: int, DK: int, DV: int, itemsize: int, dda: bool = False, tile
     BC = min(BT, cols or BT)
     if BT % BC or BC < 16:
         raise ValueError(f"ssd triton: {BC} columns per block must divide the {BT} rows and be >= 16")
-    return {"BT": BT, "BC": BC, "num_warps": warps or (8 if BT >= 128 else 4),
-            "num_stages": stages or (1 if BC == BT else 2)}
+    return {
+        "BT": BT,
+        "BC": BC,
+        "num_warps": warps or (8 if BT >= 128 else 4),
+        "num_stages": stages or (1 if BC == BT else 2),
+    }
 
 
 def state_config(DU: int, DV: int, Q: int, itemsize: int, tiles: list[int] = ()) -> dict:
@@ -185,8 +208,13 @@ def state_config(DU: int, DV: int, Q: int, itemsize: int, tiles: list[int] = ())
     64-step blocks, 4 warps; 16-bit inputs 2 stages, float32 32 x 64 tiles (twice the programs) and
     3 stages. Measured: ``kernels/ssd/README.md``."""
     rows, cols, steps, warps, stages = (list(tiles) + [0] * 5)[:5]
-    return {"BU": min(rows or (64 if itemsize == 2 else 32), _pow2(DU)), "BV": min(cols or 64, _pow2(DV)),
-            "BS": min(Q, steps or 64), "num_warps": warps or 4, "num_stages": stages or (2 if itemsize == 2 else 3)}
+    return {
+        "BU": min(rows or (64 if itemsize == 2 else 32), _pow2(DU)),
+        "BV": min(cols or 64, _pow2(DV)),
+        "BS": min(Q, steps or 64),
+        "num_warps": warps or 4,
+        "num_stages": stages or (2 if itemsize == 2 else 3),
+    }
 
 
 def _attn_tiles(tiles: list[int], role: str) -> list[int]:
@@ -214,6 +242,7 @@ def _decays(dt: torch.Tensor, A: torch.Tensor, Q: int) -> tuple[torch.Tensor, to
 # Inductor fuses it with the model's own elementwise work. Eagerly the launch functions run directly
 # (``_launch``: no dispatcher round trips); while compiling through their custom ops.
 
+
 def _tile_list(tiles: SsdTiles) -> list[int]:
     """``SsdTiles`` as one int per field, 0 for the default (what ``_Ssd`` carries)."""
     return [v or 0 for v in dataclasses.astuple(tiles)]
@@ -225,8 +254,9 @@ def _state_launch_config(u: torch.Tensor, DV: int, Q: int, tiles: list[int]) -> 
     return cfg, cdiv(u.shape[-1], cfg["BU"]) * cdiv(DV, cfg["BV"])
 
 
-def _chunk_state_launch(u, v, init, acum, dtT, prev, chunk_size: int, precision: str, reverse: bool,
-                        tiles: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_state_launch(
+    u, v, init, acum, dtT, prev, chunk_size: int, precision: str, reverse: bool, tiles: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``chunk_state`` (see ``triton_kernels``): ``(batch, nc + 1, H, DU, DV)`` in ``u``'s dtype, and in
     reverse the per-``(batch, chunk, head, state tile)`` partial sums of ``<out[c+1], exp(acum_last_c)
     prev[c]>`` ``(batch, nc, H, state tiles)`` float32 (forward: an empty tensor)."""
@@ -240,18 +270,47 @@ def _chunk_state_launch(u, v, init, acum, dtT, prev, chunk_size: int, precision:
     init_strides = init.stride() if init is not None else (0, 0, 0, 0)
     p = prev if prev is not None else out
     chunk_state_kernel[(batch * H, ntiles)](
-        u, v, init if init is not None else out, out, p, dots if reverse else out, acum, dtT,
-        L, H, Lp, nc, DU, DV, H // v.shape[2],
-        *u.stride(), *v.stride(), *init_strides, *out.stride(), *p.stride(),
-        Q=chunk_size, REVERSE=reverse, HAS_INIT=init is not None, PREC=precision, **cfg,
+        u,
+        v,
+        init if init is not None else out,
+        out,
+        p,
+        dots if reverse else out,
+        acum,
+        dtT,
+        L,
+        H,
+        Lp,
+        nc,
+        DU,
+        DV,
+        H // v.shape[2],
+        *u.stride(),
+        *v.stride(),
+        *init_strides,
+        *out.stride(),
+        *p.stride(),
+        Q=chunk_size,
+        REVERSE=reverse,
+        HAS_INIT=init is not None,
+        PREC=precision,
+        **cfg,
     )
     return out, dots
 
 
 @torch.library.custom_op("expressivity::ssd_chunk_state", mutates_args=())
 def ssd_chunk_state(
-    u: torch.Tensor, v: torch.Tensor, init: torch.Tensor | None, acum: torch.Tensor, dtT: torch.Tensor,
-    prev: torch.Tensor | None, chunk_size: int, precision: str, reverse: bool, tiles: list[int],
+    u: torch.Tensor,
+    v: torch.Tensor,
+    init: torch.Tensor | None,
+    acum: torch.Tensor,
+    dtT: torch.Tensor,
+    prev: torch.Tensor | None,
+    chunk_size: int,
+    precision: str,
+    reverse: bool,
+    tiles: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``_chunk_state_launch`` as a custom op."""
     return _chunk_state_launch(u, v, init, acum, dtT, prev, chunk_size, precision, reverse, tiles)
@@ -280,9 +339,24 @@ def _attn_outputs(q, v, acum, chunk_size, out_heads, dda, tiles) -> tuple[int, d
     return hpp, cfg, chunk_size // cfg["BT"]
 
 
-def _chunk_attn_launch(q, k, v, S, acum, dtT, w, cb, chunk_size: int, precision: str, reverse: bool,
-                       out_heads: int, out_dtype: torch.dtype, full_dot: bool, dda: bool,
-                       tiles: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _chunk_attn_launch(
+    q,
+    k,
+    v,
+    S,
+    acum,
+    dtT,
+    w,
+    cb,
+    chunk_size: int,
+    precision: str,
+    reverse: bool,
+    out_heads: int,
+    out_dtype: torch.dtype,
+    full_dot: bool,
+    dda: bool,
+    tiles: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run ``chunk_attn``. ``S (batch, nc, H, DK, DV)`` (any strides); ``cb (batch, nc, G, Q, Q)``
     ``q . k`` precomputed per chunk (any strides), or with ``dda`` the ``C . B`` factor of the
     intra-chunk decay gradient. Returns the output ``(batch, L, H / hpp, DV)`` summed over the ``hpp``
@@ -302,26 +376,74 @@ def _chunk_attn_launch(q, k, v, S, acum, dtT, w, cb, chunk_size: int, precision:
     w_ = w if w is not None else v
     cb_ = cb if cb is not None else S
     chunk_attn_kernel[(Lp // cfg["BT"], batch * (H // hpp))](
-        q, k, v, S, w_, cb_, out, dot if w is not None else acum, full if full_dot else acum,
-        dda_parts if dda else acum, acum, dtT,
-        L, H, Lp, DK, DV, H // hpp, H // q.shape[2], H // k.shape[2], H // v.shape[2], H // w_.shape[2],
+        q,
+        k,
+        v,
+        S,
+        w_,
+        cb_,
+        out,
+        dot if w is not None else acum,
+        full if full_dot else acum,
+        dda_parts if dda else acum,
+        acum,
+        dtT,
+        L,
+        H,
+        Lp,
+        DK,
+        DV,
+        H // hpp,
+        H // q.shape[2],
+        H // k.shape[2],
+        H // v.shape[2],
+        H // w_.shape[2],
         H // cb_.shape[2],
-        *q.stride(), *k.stride(), *v.stride(), *S.stride(), *w_.stride(), *cb_.stride(), *out.stride(),
-        Q=chunk_size, BK=_pow2(DK), BV=_pow2(DV), HPP=hpp, REVERSE=reverse, HAS_DOT=w is not None,
-        FULL_DOT=full_dot, HAS_CB=cb is not None and not dda, DDA=dda, PREC=precision, **cfg,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *S.stride(),
+        *w_.stride(),
+        *cb_.stride(),
+        *out.stride(),
+        Q=chunk_size,
+        BK=_pow2(DK),
+        BV=_pow2(DV),
+        HPP=hpp,
+        REVERSE=reverse,
+        HAS_DOT=w is not None,
+        FULL_DOT=full_dot,
+        HAS_CB=cb is not None and not dda,
+        DDA=dda,
+        PREC=precision,
+        **cfg,
     )
     return out, dot, full, dda_parts
 
 
 @torch.library.custom_op("expressivity::ssd_chunk_attn", mutates_args=())
 def ssd_chunk_attn(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, S: torch.Tensor, acum: torch.Tensor, dtT: torch.Tensor,
-    w: torch.Tensor | None, cb: torch.Tensor | None, chunk_size: int, precision: str, reverse: bool,
-    out_heads: int, out_dtype: torch.dtype, full_dot: bool, dda: bool, tiles: list[int],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    S: torch.Tensor,
+    acum: torch.Tensor,
+    dtT: torch.Tensor,
+    w: torch.Tensor | None,
+    cb: torch.Tensor | None,
+    chunk_size: int,
+    precision: str,
+    reverse: bool,
+    out_heads: int,
+    out_dtype: torch.dtype,
+    full_dot: bool,
+    dda: bool,
+    tiles: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_chunk_attn_launch`` as a custom op."""
-    return _chunk_attn_launch(q, k, v, S, acum, dtT, w, cb, chunk_size, precision, reverse, out_heads,
-                              out_dtype, full_dot, dda, tiles)
+    return _chunk_attn_launch(
+        q, k, v, S, acum, dtT, w, cb, chunk_size, precision, reverse, out_heads, out_dtype, full_dot, dda, tiles
+    )
 
 
 @ssd_chunk_attn.register_fake
@@ -330,8 +452,12 @@ def _(q, k, v, S, acum, dtT, w, cb, chunk_size, precision, reverse, out_heads, o
     H, Lp = acum.shape[1], acum.shape[2]
     hpp, _, ntile = _attn_outputs(q, v, acum, chunk_size, out_heads, dda, tiles)
     rows = lambda on: acum.new_empty(batch, H, Lp) if on else acum.new_empty(0)  # noqa: E731
-    return (q.new_empty(batch, L, H // hpp, v.shape[-1], dtype=out_dtype), rows(w is not None), rows(full_dot),
-            acum.new_empty(batch, H, ntile, Lp) if dda else acum.new_empty(0))
+    return (
+        q.new_empty(batch, L, H // hpp, v.shape[-1], dtype=out_dtype),
+        rows(w is not None),
+        rows(full_dot),
+        acum.new_empty(batch, H, ntile, Lp) if dda else acum.new_empty(0),
+    )
 
 
 def _chunk_dots_launch(q: torch.Tensor, k: torch.Tensor, precision: str) -> torch.Tensor:
@@ -389,22 +515,49 @@ def _(info, in_dims, u, v, init, acum, dtT, prev, chunk_size, precision, reverse
 
 
 @ssd_chunk_attn.register_vmap
-def _(info, in_dims, q, k, v, S, acum, dtT, w, cb, chunk_size, precision, reverse, out_heads, out_dtype, full_dot,
-      dda, tiles):
+def _(
+    info,
+    in_dims,
+    q,
+    k,
+    v,
+    S,
+    acum,
+    dtT,
+    w,
+    cb,
+    chunk_size,
+    precision,
+    reverse,
+    out_heads,
+    out_dtype,
+    full_dot,
+    dda,
+    tiles,
+):
     n = info.batch_size
-    args = [_fold_heads(t, d, n, h) for t, d, h in zip((q, k, v, S, acum, dtT, w, cb), in_dims[:8], (2, 2, 2, 2, 1, 1, 2, 2))]
-    out, dot, full, dda_parts = ssd_chunk_attn(*args, chunk_size, precision, reverse, n * out_heads, out_dtype,
-                                               full_dot, dda, tiles)
+    args = [
+        _fold_heads(t, d, n, h)
+        for t, d, h in zip((q, k, v, S, acum, dtT, w, cb), in_dims[:8], (2, 2, 2, 2, 1, 1, 2, 2))
+    ]
+    out, dot, full, dda_parts = ssd_chunk_attn(
+        *args, chunk_size, precision, reverse, n * out_heads, out_dtype, full_dot, dda, tiles
+    )
     rows = lambda t, on: (_unfold_heads(t, n, 1), 0) if on else (t, None)  # noqa: E731
-    (dot, d_dim), (full, f_dim), (dda_parts, p_dim) = rows(dot, w is not None), rows(full, full_dot), rows(dda_parts, dda)
+    (dot, d_dim), (full, f_dim), (dda_parts, p_dim) = (
+        rows(dot, w is not None),
+        rows(full, full_dot),
+        rows(dda_parts, dda),
+    )
     return (_unfold_heads(out, n, 2), dot, full, dda_parts), (0, d_dim, f_dim, p_dim)
 
 
 @ssd_chunk_dots.register_vmap
 def _(info, in_dims, q, k, precision):
     n = info.batch_size
-    return _unfold_heads(ssd_chunk_dots(_fold_heads(q, in_dims[0], n, 2), _fold_heads(k, in_dims[1], n, 2), precision),
-                         n, 2), 0
+    return _unfold_heads(
+        ssd_chunk_dots(_fold_heads(q, in_dims[0], n, 2), _fold_heads(k, in_dims[1], n, 2), precision), n, 2
+    ), 0
 
 
 def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None, tiles: list[int]):
@@ -414,8 +567,25 @@ def _chunk_state(u, v, init, acum, dtT, Q, prec, *, reverse, prev=None, tiles: l
     return out, (dots.sum(-1) if reverse else None)
 
 
-def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype, tiles: list[int], w=None,
-                full_dot=False, cb=None, dda=False):
+def _chunk_attn(
+    q,
+    k,
+    v,
+    S,
+    acum,
+    dtT,
+    Q,
+    prec,
+    *,
+    reverse,
+    out_heads,
+    out_dtype,
+    tiles: list[int],
+    w=None,
+    full_dot=False,
+    cb=None,
+    dda=False,
+):
     """``chunk_attn`` (``_chunk_attn_launch``): the output, the row dots ``(dot or None, full or None)``
     and the intra-chunk decay gradient ``(batch, H, Lp)`` (``dda``, else ``None``).
 
@@ -424,8 +594,26 @@ def _chunk_attn(q, k, v, S, acum, dtT, Q, prec, *, reverse, out_heads, out_dtype
     then never pairs a graph with output shapes from another version of the tile rules."""
     hpp, cfg, _ = _attn_outputs(q, v, acum, Q, out_heads, dda, tiles)
     tiles = [cfg["BT"], cfg["BC"], cfg["num_warps"], cfg["num_stages"], hpp]
-    out, dot, full, dda_parts = _launch(ssd_chunk_attn, _chunk_attn_launch, q, k, v, S, acum, dtT, w, cb, Q, prec,
-                                        reverse, out_heads, out_dtype, full_dot, dda, tiles)
+    out, dot, full, dda_parts = _launch(
+        ssd_chunk_attn,
+        _chunk_attn_launch,
+        q,
+        k,
+        v,
+        S,
+        acum,
+        dtT,
+        w,
+        cb,
+        Q,
+        prec,
+        reverse,
+        out_heads,
+        out_dtype,
+        full_dot,
+        dda,
+        tiles,
+    )
     return out, (dot if w is not None else None, full if full_dot else None), (dda_parts.sum(2) if dda else None)
 
 
@@ -446,9 +634,21 @@ def _forward(x, dt, A, B, C, initial_state, chunk_size: int, precision: str, til
     dtT, acum = _decays(dt, A, Q)
     init = None if initial_state is None else initial_state.float()
     prev, _ = _chunk_state(x, B, init, acum, dtT, Q, precision, reverse=False, tiles=_state_tiles(tiles))
-    y, _, _ = _chunk_attn(C, B, x, prev[:, :-1].transpose(-1, -2), acum, dtT, Q, precision, reverse=False,
-                          out_heads=H, out_dtype=x.dtype, cb=_chunk_dots(C, B, Q, precision),
-                          tiles=_attn_tiles(tiles, "fwd"))
+    y, _, _ = _chunk_attn(
+        C,
+        B,
+        x,
+        prev[:, :-1].transpose(-1, -2),
+        acum,
+        dtT,
+        Q,
+        precision,
+        reverse=False,
+        out_heads=H,
+        out_dtype=x.dtype,
+        cb=_chunk_dots(C, B, Q, precision),
+        tiles=_attn_tiles(tiles, "fwd"),
+    )
     return y, prev
 
 
@@ -465,19 +665,59 @@ def _backward(dy, dfinal, x, dt, A, B, C, prev, chunk_size: int, precision: str,
     G, N = B.shape[2], B.shape[3]
     dtT, acum = _decays(dt, A, Q)
     # G_0..G_nc, and the carried-state decay terms
-    grads, carried = _chunk_state(dy, C, dfinal, acum, dtT, Q, precision, reverse=True, prev=prev,
-                                   tiles=_state_tiles(tiles))
+    grads, carried = _chunk_state(
+        dy, C, dfinal, acum, dtT, Q, precision, reverse=True, prev=prev, tiles=_state_tiles(tiles)
+    )
     dS = grads[:, 1:]
     cb = _chunk_dots(C, B, Q, precision)
-    dx, (x_state, ddt_direct), _ = _chunk_attn(B, C, dy, dS.transpose(-1, -2), acum, dtT, Q, precision,
-                                               reverse=True, out_heads=H, out_dtype=x.dtype, w=x,
-                                               full_dot=True, cb=cb.transpose(-1, -2),
-                                               tiles=_attn_tiles(tiles, "dx"))
-    dB, _, _ = _chunk_attn(x, dy, C, dS, acum, dtT, Q, precision, reverse=True, out_heads=G,
-                           out_dtype=torch.float32, tiles=_attn_tiles(tiles, "db"))
-    dC, (dy_state, _), intra = _chunk_attn(dy, x, B, prev[:, :-1], acum, dtT, Q, precision, reverse=False,
-                                           out_heads=G, out_dtype=torch.float32, w=C, cb=cb, dda=True,
-                                           tiles=_attn_tiles(tiles, "dc"))
+    dx, (x_state, ddt_direct), _ = _chunk_attn(
+        B,
+        C,
+        dy,
+        dS.transpose(-1, -2),
+        acum,
+        dtT,
+        Q,
+        precision,
+        reverse=True,
+        out_heads=H,
+        out_dtype=x.dtype,
+        w=x,
+        full_dot=True,
+        cb=cb.transpose(-1, -2),
+        tiles=_attn_tiles(tiles, "dx"),
+    )
+    dB, _, _ = _chunk_attn(
+        x,
+        dy,
+        C,
+        dS,
+        acum,
+        dtT,
+        Q,
+        precision,
+        reverse=True,
+        out_heads=G,
+        out_dtype=torch.float32,
+        tiles=_attn_tiles(tiles, "db"),
+    )
+    dC, (dy_state, _), intra = _chunk_attn(
+        dy,
+        x,
+        B,
+        prev[:, :-1],
+        acum,
+        dtT,
+        Q,
+        precision,
+        reverse=False,
+        out_heads=G,
+        out_dtype=torch.float32,
+        w=C,
+        cb=cb,
+        dda=True,
+        tiles=_attn_tiles(tiles, "dc"),
+    )
     dB = dB.view(batch, L, G, -1, N).sum(3)
     dC = dC.view(batch, L, G, -1, N).sum(3)
     # d(dt * A): four sums of terms that do not cancel (module docstring)
@@ -486,8 +726,7 @@ def _backward(dy, dfinal, x, dt, A, B, C, prev, chunk_size: int, precision: str,
     dda = (entering + to_state + _in_chunks(intra, Q) + carried.transpose(1, 2)[..., None]).view(batch, H, -1)
     ddt = ddt_direct + dda * A.float()[:, None]
     dA = (dda * dtT).sum((0, 2))
-    return (dx, ddt[:, :, :L].transpose(1, 2).to(dt.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype),
-            grads[:, 0])
+    return (dx, ddt[:, :, :L].transpose(1, 2).to(dt.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype), grads[:, 0])
 
 
 def _output_grads(x, prev, dy, dprev):
@@ -535,12 +774,21 @@ def _check(x, dt, A, B, C, initial_state, chunk_size) -> None:
         raise ValueError("ssd triton: the sequence length must be >= 1")
 
 
-def ssd_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-               initial_state: torch.Tensor | None = None, chunk_size: int = 64, *,
-               tiles: Optional[SsdTiles] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssd_triton(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    *,
+    tiles: SsdTiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton SSD: ``(y (batch, L, H, P), final_state (batch, H, P, N))``; shapes as ``ssd_reference``;
     ``tiles``: ``SsdTiles`` (default: ``default_tiles(x.device)``, the set ``DEVICE_TILES`` names)."""
     _check(x, dt, A, B, C, initial_state, chunk_size)
-    y, prev = _Ssd.apply(x, dt, A, B, C, initial_state, chunk_size, _precision(x.dtype),
-                         _tile_list(tiles or default_tiles(x.device)))
+    y, prev = _Ssd.apply(
+        x, dt, A, B, C, initial_state, chunk_size, _precision(x.dtype), _tile_list(tiles or default_tiles(x.device))
+    )
     return y, prev[:, -1].to(x.dtype)

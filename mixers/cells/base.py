@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -63,7 +63,7 @@ class JacobianCheck:
     ok: bool
     structure: str
     off_structure: float  # max |J_ij| outside the declared structure / max |J|
-    closed_form_error: Optional[float]  # max |jacobian_fn - autograd| / max |J|, None without jacobian_fn
+    closed_form_error: float | None  # max |jacobian_fn - autograd| / max |J|, None without jacobian_fn
     message: str
     fits: str = "dense"  # the first of STRUCTURES that holds every probed Jacobian
     param_draws: int = 0  # perturbed parameter draws with finite Jacobians (besides the built parameters)
@@ -96,7 +96,10 @@ def _to_structure(J: torch.Tensor, structure: str) -> torch.Tensor:
         return torch.diagonal(J, dim1=-2, dim2=-1)
     if structure == "block2":
         h = S // 2
-        blocks = [[torch.diagonal(J[..., i * h:(i + 1) * h, j * h:(j + 1) * h], dim1=-2, dim2=-1) for j in range(2)] for i in range(2)]
+        blocks = [
+            [torch.diagonal(J[..., i * h : (i + 1) * h, j * h : (j + 1) * h], dim1=-2, dim2=-1) for j in range(2)]
+            for i in range(2)
+        ]
         return torch.stack([torch.stack(row, dim=-2) for row in blocks], dim=-3)
     return J
 
@@ -111,7 +114,7 @@ def structure_to_dense(J: torch.Tensor, structure: str) -> torch.Tensor:
     return J
 
 
-def off_structure(dense: torch.Tensor, structure: str, dim: Optional[tuple[int, ...]] = None) -> torch.Tensor:
+def off_structure(dense: torch.Tensor, structure: str, dim: tuple[int, ...] | None = None) -> torch.Tensor:
     """``max |J_ij|`` outside ``structure`` / ``max |J|`` over dense ``J (..., S, S)``, reduced over ``dim`` (default: all)."""
     S = dense.shape[-1]
     dim = tuple(range(dense.dim())) if dim is None else dim
@@ -136,8 +139,10 @@ def _parameter_draws(cell: nn.Module, draws: int, gen: torch.Generator) -> dict[
     Run the cell's methods on the draws with ``_on_draws``; ``cell`` itself is not changed.
     """
     trainable = {n for n, p in cell.named_parameters() if p.requires_grad}
-    built = {n: t.detach().double() if t.is_floating_point() else t.detach()
-             for n, t in (dict(cell.named_parameters()) | dict(cell.named_buffers())).items()}
+    built = {
+        n: t.detach().double() if t.is_floating_point() else t.detach()
+        for n, t in (dict(cell.named_parameters()) | dict(cell.named_buffers())).items()
+    }
     stacked = {n: [t] for n, t in built.items()}
     with torch.no_grad():
         for _ in range(draws):
@@ -202,7 +207,9 @@ class RNNCell(nn.Module):
     def state_update(self, h: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """The recurrent part: ``state_update(h, input_projection(x)) == recurrence_step(h, x)``."""
         if type(self).recurrence_step is RNNCell.recurrence_step:
-            raise TypeError(f"{type(self).__name__} must define recurrence_step(self, h, x) (or state_update(self, h, u))")
+            raise TypeError(
+                f"{type(self).__name__} must define recurrence_step(self, h, x) (or state_update(self, h, u))"
+            )
         return self.recurrence_step(h, u)
 
     jacobian_fn = None  # optional: def jacobian_fn(self, h_prev, u) -> structured d state_update / d h
@@ -228,8 +235,14 @@ class RNNCell(nn.Module):
             return self.jacobian_fn(h_prev, u)
         return autograd_jacobian(lambda h: self.state_update(h, u), h_prev, self.jacobian)
 
-    def verify_jacobian(self, probes: int = 8, rtol: float = JACOBIAN_RTOL, raise_on_error: bool = True, seed: int = 0,
-                        param_draws: int = 2) -> JacobianCheck:
+    def verify_jacobian(
+        self,
+        probes: int = 8,
+        rtol: float = JACOBIAN_RTOL,
+        raise_on_error: bool = True,
+        seed: int = 0,
+        param_draws: int = 2,
+    ) -> JacobianCheck:
         """Check the declared ``jacobian`` structure (and ``jacobian_fn``, if any) at random states and parameters.
 
         Computes the dense ``d state_update / d h`` by reverse-mode autograd in float64, one position
@@ -260,9 +273,11 @@ class RNNCell(nn.Module):
                 u = _on_draws(self, params, "input_projection", x)
             dense = vmap(jac_one_draw)(params, h, u).detach()  # (D, P, S, S)
         except Exception as err:  # the user's step: say what we asked of it
-            message = (f"{name}: d state_update / d h cannot be taken one position at a time (torch.func vmap + "
-                       f"jacrev on h ({S},), x ({d_in},)): {type(err).__name__}: {err}; the step must act "
-                       "position-wise for any leading dims, including none")
+            message = (
+                f"{name}: d state_update / d h cannot be taken one position at a time (torch.func vmap + "
+                f"jacrev on h ({S},), x ({d_in},)): {type(err).__name__}: {err}; the step must act "
+                "position-wise for any leading dims, including none"
+            )
             if raise_on_error:
                 raise ValueError(message) from err
             return JacobianCheck(False, self.jacobian, math.nan, None, message, "dense", 0)
@@ -279,16 +294,24 @@ class RNNCell(nn.Module):
         where = f"{probes} random states x (built + {finite_draws} randomly moved) parameters"
         problems, closed = [], None
         if off > rtol:
-            at = ("at randomly moved parameters, not at the built ones (a coupling that starts at zero mixes the "
-                  "channels once training moves it)" if off_built <= rtol else "at random states")
-            problems.append(f"{name} declares jacobian={self.jacobian!r} but d h'/d h has entries outside that "
-                            f"structure (up to {off:.2g} of the largest) {at}; declare jacobian={fits!r}")
+            at = (
+                "at randomly moved parameters, not at the built ones (a coupling that starts at zero mixes the "
+                "channels once training moves it)"
+                if off_built <= rtol
+                else "at random states"
+            )
+            problems.append(
+                f"{name} declares jacobian={self.jacobian!r} but d h'/d h has entries outside that "
+                f"structure (up to {off:.2g} of the largest) {at}; declare jacobian={fits!r}"
+            )
         if self.jacobian_fn is not None:
             with torch.no_grad():
                 got = _on_draws(self, params, "jacobian_fn", h, u)
             want = _to_structure(dense, self.jacobian)
             if tuple(got.shape) != tuple(want.shape):
-                problems.append(f"{name}.jacobian_fn returned shape {tuple(got.shape[1:])}, expected {tuple(want.shape[1:])}")
+                problems.append(
+                    f"{name}.jacobian_fn returned shape {tuple(got.shape[1:])}, expected {tuple(want.shape[1:])}"
+                )
             else:
                 scale = dense.abs().amax(dim=(1, 2, 3)).clamp_min(1e-300)
                 mask = finite.view(*finite.shape, *[1] * (got.dim() - 2))
@@ -304,8 +327,9 @@ class RNNCell(nn.Module):
             raise ValueError(message)
         return JacobianCheck(not problems, self.jacobian, off, closed, message, fits, finite_draws)
 
-    def verify_position_wise(self, rtol: float = 1e-9, raise_on_error: bool = True, seed: int = 0,
-                             param_draws: int = 2) -> PositionWiseCheck:
+    def verify_position_wise(
+        self, rtol: float = 1e-9, raise_on_error: bool = True, seed: int = 0, param_draws: int = 2
+    ) -> PositionWiseCheck:
         """Check that the step (``recurrence_step``, i.e. ``state_update(h, input_projection(x))``) acts on each position on its own.
 
         The mixer calls the step on one step's states ``(B, S)`` (sequential) and on all ``(B, L, S)``
@@ -333,12 +357,16 @@ class RNNCell(nn.Module):
                 ref = step(h, x)
                 layouts = {
                     "(L, B) = (5, 3)": (step(h.transpose(1, 2), x.transpose(1, 2)).transpose(1, 2), ref),
-                    "(B*L,) = (15,) shuffled": (step(h.flatten(1, 2)[:, perm], x.flatten(1, 2)[:, perm]),
-                                                ref.flatten(1, 2)[:, perm]),
+                    "(B*L,) = (15,) shuffled": (
+                        step(h.flatten(1, 2)[:, perm], x.flatten(1, 2)[:, perm]),
+                        ref.flatten(1, 2)[:, perm],
+                    ),
                 }
         except Exception as err:
-            message = (f"{name}: the step failed on positions laid out differently (leading dims (5, 3), (15,)): "
-                       f"{type(err).__name__}: {err}; the step must act position-wise for any leading dims")
+            message = (
+                f"{name}: the step failed on positions laid out differently (leading dims (5, 3), (15,)): "
+                f"{type(err).__name__}: {err}; the step must act position-wise for any leading dims"
+            )
             if raise_on_error:
                 raise ValueError(message) from err
             return PositionWiseCheck(False, math.inf, message)
@@ -350,10 +378,12 @@ class RNNCell(nn.Module):
             if err > worst:
                 worst, bad = err, layout
         if worst > rtol:
-            message = (f"{name} breaks the position-wise rule: state_update gives results that differ by up to "
-                       f"{worst:.2g} (relative) when the same positions are laid out as {bad} instead of (B, L) = "
-                       "(3, 5) (it mixes positions: a cumulative op, a mean or a branch over the leading dims); the "
-                       "step must act on each position on its own, for any leading dims")
+            message = (
+                f"{name} breaks the position-wise rule: state_update gives results that differ by up to "
+                f"{worst:.2g} (relative) when the same positions are laid out as {bad} instead of (B, L) = "
+                "(3, 5) (it mixes positions: a cumulative op, a mean or a branch over the leading dims); the "
+                "step must act on each position on its own, for any leading dims"
+            )
             if raise_on_error:
                 raise ValueError(message)
             return PositionWiseCheck(False, worst, message)
@@ -372,7 +402,9 @@ class RNNCell(nn.Module):
             try:
                 out = self.recurrence_step(h, x)
             except Exception as err:  # surface the user's error with the shapes we passed
-                raise ValueError(f"{name}.recurrence_step(h {tuple(h.shape)}, x {tuple(x.shape)}) failed: {err}") from err
+                raise ValueError(
+                    f"{name}.recurrence_step(h {tuple(h.shape)}, x {tuple(x.shape)}) failed: {err}"
+                ) from err
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, 3, S):
                 got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
                 raise ValueError(
@@ -383,7 +415,11 @@ class RNNCell(nn.Module):
                 J = self.jacobian_fn(h, self.input_projection(x))
                 want = jacobian_shape(self.jacobian, (2, 3), S)
                 if tuple(J.shape) != want:
-                    raise ValueError(f"{name}.jacobian_fn returned shape {tuple(J.shape)}, expected {want} for jacobian={self.jacobian!r}")
+                    raise ValueError(
+                        f"{name}.jacobian_fn returned shape {tuple(J.shape)}, expected {want} for jacobian={self.jacobian!r}"
+                    )
             y = self.output(h)
             if y.dim() != 3 or tuple(y.shape[:2]) != (2, 3):
-                raise ValueError(f"{name}.output returned shape {tuple(y.shape)} for h {tuple(h.shape)}; expected (2, 3, d_out)")
+                raise ValueError(
+                    f"{name}.output returned shape {tuple(y.shape)} for h {tuple(h.shape)}; expected (2, 3, d_out)"
+                )

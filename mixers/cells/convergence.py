@@ -15,7 +15,7 @@ import csv
 import logging
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -46,8 +46,14 @@ def newton_residuals(mixer_or_cell: CellMixer | RNNCell, x: torch.Tensor, iters:
             _, S = cell.sizes()
             u = cell.input_projection(x)
             _, stats = newton_apply(
-                lambda h, uu: cell.state_update(h, uu), u, state_size=S, structure=cell.jacobian,
-                jac=cell.jacobian_fn, time_dim=1, iters=iters, check=False,
+                lambda h, uu: cell.state_update(h, uu),
+                u,
+                state_size=S,
+                structure=cell.jacobian,
+                jac=cell.jacobian_fn,
+                time_dim=1,
+                iters=iters,
+                check=False,
             )
             return list(stats.residuals)
     raise TypeError(f"expected a CellMixer or an RNNCell, got {type(mixer_or_cell).__name__}")
@@ -69,9 +75,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--dtypes", default="float64,float32")
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--clip-norm", default=None,
-                   help="FlashGRU/FlashLSTM norm clipping: a number, or 'none' (the parity setting); "
-                        "omitted: the cell's default (0.9); other cells take no such option")
+    p.add_argument(
+        "--clip-norm",
+        default=None,
+        help="FlashGRU/FlashLSTM norm clipping: a number, or 'none' (the parity setting); "
+        "omitted: the cell's default (0.9); other cells take no such option",
+    )
     p.add_argument("--csv", default=None, help="also write the table as CSV here")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -122,8 +122,9 @@ class FlashGRUCell(_FlashCell):
         return flashgru_jacobian(h, u, self.a)
 
     @classmethod
-    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None,
-                    skip: torch.Tensor | None = None) -> torch.Tensor:
+    def fused_apply(
+        cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None, skip: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_gru``)."""
         from kernels.newton.fused_gru import flashgru_fused
 
@@ -151,13 +152,15 @@ class FlashLSTMCell(_FlashCell):
         return state[..., self.d_state :]
 
     @classmethod
-    def fused_apply(cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None,
-                    skip: torch.Tensor | None = None) -> torch.Tensor:
+    def fused_apply(
+        cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None, skip: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_lstm``)."""
         from kernels.newton.fused_lstm import flashlstm_fused
 
-        return flashlstm_fused(u.contiguous(), params["a"].contiguous(), params["p"].contiguous(), iters, tol,
-                               skip=skip)[0]
+        return flashlstm_fused(
+            u.contiguous(), params["a"].contiguous(), params["p"].contiguous(), iters, tol, skip=skip
+        )[0]
 
 
 def _with_total_state(d_model: int, config: dict) -> dict:

@@ -62,7 +62,6 @@ from __future__ import annotations
 import copy
 import inspect
 import warnings
-from typing import Optional
 
 import torch
 from torch import nn
@@ -117,18 +116,18 @@ class CellMixer(nn.Module):
         cell_class: type,
         d_model: int,
         num_heads: int = 4,
-        d_state: Optional[int] = None,
+        d_state: int | None = None,
         mode: str = "auto",
         iters: int = 3,
-        tol: Optional[float] = None,
-        damping: Optional[float] = None,
+        tol: float | None = None,
+        damping: float | None = None,
         check: bool = True,
         divergence_tol: float = 1e-4,
         on_divergence: str = "fallback",
         verify: bool = True,
-        retry_iters: Optional[int] = None,
+        retry_iters: int | None = None,
         jacobian_check_every: int = 100,
-        cell_kwargs: Optional[dict] = None,
+        cell_kwargs: dict | None = None,
     ):
         super().__init__()
         if not (isinstance(cell_class, type) and issubclass(cell_class, RNNCell)):
@@ -149,12 +148,22 @@ class CellMixer(nn.Module):
             raise ValueError(f"on_divergence must be 'fallback' or 'raise', got {on_divergence!r}")
         if not divergence_tol > 0:
             raise ValueError(f"divergence_tol must be > 0, got {divergence_tol!r}")
-        if not isinstance(jacobian_check_every, int) or isinstance(jacobian_check_every, bool) or jacobian_check_every < 0:
-            raise ValueError(f"jacobian_check_every must be an int >= 0 (0: no run-time check), got {jacobian_check_every!r}")
+        if (
+            not isinstance(jacobian_check_every, int)
+            or isinstance(jacobian_check_every, bool)
+            or jacobian_check_every < 0
+        ):
+            raise ValueError(
+                f"jacobian_check_every must be an int >= 0 (0: no run-time check), got {jacobian_check_every!r}"
+            )
         if mode == "fused" and cell_class.fused_apply is None:
-            raise ValueError(f"mode='fused' needs {cell_class.__name__}.fused_apply; use mode='parallel' or 'parallel-triton'")
+            raise ValueError(
+                f"mode='fused' needs {cell_class.__name__}.fused_apply; use mode='parallel' or 'parallel-triton'"
+            )
         if mode == "parallel-triton" and cell_class.jacobian == "dense":
-            raise ValueError(f"mode='parallel-triton' supports diag and block2 Jacobians; {cell_class.__name__} is dense: use mode='parallel'")
+            raise ValueError(
+                f"mode='parallel-triton' supports diag and block2 Jacobians; {cell_class.__name__} is dense: use mode='parallel'"
+            )
         cell_kwargs = dict(cell_kwargs or {})
         self.cells = nn.ModuleList([cell_class(d_model // H, d_state // H, **cell_kwargs) for _ in range(H)])
         cell = self.cells[0]
@@ -166,26 +175,29 @@ class CellMixer(nn.Module):
         self.d_in, self.state_size = cell.sizes()
         self.iters, self.tol, self.damping, self.check = iters, tol, damping, check
         self.divergence_tol, self.on_divergence = divergence_tol, on_divergence
-        if retry_iters is not None and (not isinstance(retry_iters, int) or isinstance(retry_iters, bool) or retry_iters < 0):
+        if retry_iters is not None and (
+            not isinstance(retry_iters, int) or isinstance(retry_iters, bool) or retry_iters < 0
+        ):
             raise ValueError(f"retry_iters must be None or an int >= 0, got {retry_iters!r}")
         self.retry_iters = max(4 * iters, 8) if retry_iters is None else retry_iters
         with torch.no_grad():
             self.d_out = cell.output(torch.zeros(1, self.state_size)).shape[-1]
         width = H * self.d_out
         self.out_proj = nn.Linear(width, d_model, bias=False) if width != d_model else None
-        self.last_newton_stats: Optional[NewtonStats] = None
+        self.last_newton_stats: NewtonStats | None = None
         self.fallback_count = 0
         self.newton_forwards = 0
         self.retry_count = 0
         self.jacobian_check_every, self.jacobian_checks = jacobian_check_every, 0
         self.structure, self.closed_form = cell.jacobian, cell.jacobian_fn is not None
-        self._fused_takes_skip = (cell_class.fused_apply is not None
-                                  and "skip" in inspect.signature(cell_class.fused_apply).parameters)
-        self.jacobian_fallback: Optional[str] = None
+        self._fused_takes_skip = (
+            cell_class.fused_apply is not None and "skip" in inspect.signature(cell_class.fused_apply).parameters
+        )
+        self.jacobian_fallback: str | None = None
         self._graph_forwards = 0
         #: whether the last forward's result is checked (a bool tensor on the device), set only while a
         #: CUDA graph is captured (``_solve_in_graph``); ``None`` otherwise
-        self.step_ok: Optional[torch.Tensor] = None
+        self.step_ok: torch.Tensor | None = None
         #: (forwards, re-solved, unchecked) counted on the device by captured forwards
         self.register_buffer("graph_counts", torch.zeros(3, dtype=torch.long), persistent=False)
         #: run the in-graph policy (``_solve_in_graph``) on CUDA while training also outside a capture, so
@@ -197,7 +209,7 @@ class CellMixer(nn.Module):
     trials = 1
 
     @classmethod
-    def stack_trials(cls, mixers: list["CellMixer"]) -> "CellMixer":
+    def stack_trials(cls, mixers: list[CellMixer]) -> CellMixer:
         """The trials' heads side by side: ``S * H`` heads on wide inputs ``(B, L, S * d_model)``.
 
         Each trial's heads keep their own cells, so the stack computes what each mixer computes, with
@@ -207,8 +219,22 @@ class CellMixer(nn.Module):
         from mixers.stacking import stack_trials
 
         first = mixers[0]
-        config = ("d_model", "num_heads", "d_state", "mode", "iters", "tol", "damping", "check", "divergence_tol",
-                  "on_divergence", "retry_iters", "jacobian_check_every", "structure", "closed_form")
+        config = (
+            "d_model",
+            "num_heads",
+            "d_state",
+            "mode",
+            "iters",
+            "tol",
+            "damping",
+            "check",
+            "divergence_tol",
+            "on_divergence",
+            "retry_iters",
+            "jacobian_check_every",
+            "structure",
+            "closed_form",
+        )
         for m in mixers[1:]:
             if any(getattr(m, k) != getattr(first, k) for k in config) or type(m.cells[0]) is not type(first.cells[0]):
                 raise ValueError("stacking: the trials' cell mixers have different configurations")
@@ -308,8 +334,11 @@ class CellMixer(nn.Module):
         return self.out_proj(y) if self.out_proj is not None else y
 
     def _run(self, mode: str, u: torch.Tensor, params: dict, x: torch.Tensor) -> torch.Tensor:
-        if mode != "sequential" and u.is_cuda and ((self.graph_policy and self.training)
-                                                   or torch.cuda.is_current_stream_capturing()):
+        if (
+            mode != "sequential"
+            and u.is_cuda
+            and ((self.graph_policy and self.training) or torch.cuda.is_current_stream_capturing())
+        ):
             return self._solve_in_graph(mode, u, params, x)
         self.step_ok = None
         if mode == "sequential":
@@ -345,14 +374,29 @@ class CellMixer(nn.Module):
         backend = "torch"
         if mode == "parallel-triton":
             if "triton" not in SCAN_BACKENDS:
-                raise ValueError("mode='parallel-triton' needs the 'triton' scan backend, which kernels.scan does not have yet; use mode='parallel'")
+                raise ValueError(
+                    "mode='parallel-triton' needs the 'triton' scan backend, which kernels.scan does not have yet; use mode='parallel'"
+                )
             if not triton_available(x):
-                raise ValueError(f"mode='parallel-triton' cannot run Triton on {x.device} (needs CUDA, or TRITON_INTERPRET=1 on the CPU)")
+                raise ValueError(
+                    f"mode='parallel-triton' cannot run Triton on {x.device} (needs CUDA, or TRITON_INTERPRET=1 on the CPU)"
+                )
             backend = "triton"
         h, stats = newton_apply(
-            step, u, values, state_size=S, structure=self.structure, jac=jac, time_dim=2,
-            iters=self.iters, tol=self.tol, damping=self.damping, backend=backend,
-            check=self.check, divergence_tol=self.divergence_tol, on_divergence=self.on_divergence,
+            step,
+            u,
+            values,
+            state_size=S,
+            structure=self.structure,
+            jac=jac,
+            time_dim=2,
+            iters=self.iters,
+            tol=self.tol,
+            damping=self.damping,
+            backend=backend,
+            check=self.check,
+            divergence_tol=self.divergence_tol,
+            on_divergence=self.on_divergence,
         )
         stats.mode = mode
         self.fallback_count += int(stats.fell_back)
@@ -385,14 +429,27 @@ class CellMixer(nn.Module):
                 ok = ok | self._converged_on_device(h_retry, step, u, values)
         else:
             backend = "triton" if mode == "parallel-triton" else "torch"
-            h, _ = newton_apply(step, u, values, state_size=self.state_size, structure=self.structure, jac=jac, time_dim=2,
-                                iters=self.iters, tol=None, damping=self.damping, backend=backend, check=False)
+            h, _ = newton_apply(
+                step,
+                u,
+                values,
+                state_size=self.state_size,
+                structure=self.structure,
+                jac=jac,
+                time_dim=2,
+                iters=self.iters,
+                tol=None,
+                damping=self.damping,
+                backend=backend,
+                check=False,
+            )
             ok, retried = self._converged_on_device(h, step, u, values), None
         if not self.check:
             ok = torch.ones_like(ok)
         with torch.no_grad():
-            self.graph_counts += torch.stack([torch.ones_like(ok), retried if retried is not None else torch.zeros_like(ok),
-                                              ~ok]).long()
+            self.graph_counts += torch.stack(
+                [torch.ones_like(ok), retried if retried is not None else torch.zeros_like(ok), ~ok]
+            ).long()
         self.step_ok = ok
         self.last_newton_stats = NewtonStats(residuals=[], mode=f"{mode} (CUDA graph)")
         return h
@@ -424,8 +481,9 @@ class CellMixer(nn.Module):
         return sequential_apply(step, u, values, state_size=self.state_size, time_dim=2)
 
     # --- the run-time Jacobian check ---------------------------------------------------------------
-    def jacobian_mismatch(self, h: torch.Tensor, u: torch.Tensor, params: dict, positions: int = JACOBIAN_CHECK_POSITIONS,
-                          seed: int = 0) -> Optional[tuple[str, Optional[str]]]:
+    def jacobian_mismatch(
+        self, h: torch.Tensor, u: torch.Tensor, params: dict, positions: int = JACOBIAN_CHECK_POSITIONS, seed: int = 0
+    ) -> tuple[str, str | None] | None:
         """Compare the structured Jacobian the solve uses with autograd's dense one at sampled positions.
 
         ``h (H, B, L, S)``: states, ``u (H, B, L, *feat)``: the heads' input projections, ``params``:
@@ -461,9 +519,11 @@ class CellMixer(nn.Module):
             dense = vmap(dense_one_head)(p64, hp, uk).detach()  # (H, k, S, S)
             used = structure_to_dense(vmap(structured_one_head)(p64, hp, uk).detach(), self.structure)
         except Exception as err:  # noqa: BLE001 -- the user's step, one position at a time
-            message = (f"{name}: d state_update / d h cannot be taken one position at a time ({type(err).__name__}: "
-                       f"{err}): the step breaks the position-wise rule, so no Jacobian structure makes the Newton "
-                       "solve right")
+            message = (
+                f"{name}: d state_update / d h cannot be taken one position at a time ({type(err).__name__}: "
+                f"{err}): the step breaks the position-wise rule, so no Jacobian structure makes the Newton "
+                "solve right"
+            )
             return message, None
         scale = dense.abs().amax().clamp_min(1e-300)
         numbers = torch.stack([(used - dense).abs().amax() / scale, *[off_structure(dense, st) for st in STRUCTURES]])
@@ -474,22 +534,28 @@ class CellMixer(nn.Module):
         fits = fitting_structure(offs)
         where = f"at {len(flat)} positions of the batch, current parameters"
         if offs[self.structure] > JACOBIAN_RTOL:
-            message = (f"{name} declares jacobian={self.structure!r} but d h'/d h has entries outside that structure "
-                       f"(up to {offs[self.structure]:.2g} of the largest) {where}: the Newton gradients would be off "
-                       f"by that order; declare jacobian={fits!r}")
+            message = (
+                f"{name} declares jacobian={self.structure!r} but d h'/d h has entries outside that structure "
+                f"(up to {offs[self.structure]:.2g} of the largest) {where}: the Newton gradients would be off "
+                f"by that order; declare jacobian={fits!r}"
+            )
             return message, fits
         if not self.closed_form:  # autograd in the declared structure sums what lies outside it
             fits = fits if fits != self.structure else "dense"
-            message = (f"{name} declares jacobian={self.structure!r}: d h'/d h has entries outside that structure, "
-                       f"each at most {offs[self.structure]:.2g} of the largest, that add up to {err:.2g} in the "
-                       f"Jacobian taken by autograd in that structure {where}: the Newton gradients would be off by "
-                       f"that order; declare jacobian={fits!r}")
+            message = (
+                f"{name} declares jacobian={self.structure!r}: d h'/d h has entries outside that structure, "
+                f"each at most {offs[self.structure]:.2g} of the largest, that add up to {err:.2g} in the "
+                f"Jacobian taken by autograd in that structure {where}: the Newton gradients would be off by "
+                f"that order; declare jacobian={fits!r}"
+            )
             return message, fits
-        message = (f"{name}.jacobian_fn differs from autograd by {err:.2g} (relative) {where}: the Newton gradients "
-                   f"would be off by that order; fix jacobian_fn or delete it (autograd in jacobian={self.structure!r})")
+        message = (
+            f"{name}.jacobian_fn differs from autograd by {err:.2g} (relative) {where}: the Newton gradients "
+            f"would be off by that order; fix jacobian_fn or delete it (autograd in jacobian={self.structure!r})"
+        )
         return message, self.structure
 
-    def check_jacobian(self, x: torch.Tensor, adapt: bool = False) -> Optional[str]:
+    def check_jacobian(self, x: torch.Tensor, adapt: bool = False) -> str | None:
         """The run-time Jacobian check on input ``x (B, L, d_model)``, states from the sequential loop.
 
         Returns ``None`` if the structured Jacobian the solve uses matches autograd's, else the
@@ -517,8 +583,11 @@ class CellMixer(nn.Module):
         message, fits = found
         if self.on_divergence == "raise":
             raise JacobianMismatchError(message)
-        message += (f"; this mixer now solves with jacobian={fits!r} by autograd" if fits is not None
-                    else "; this mixer now runs sequentially")
+        message += (
+            f"; this mixer now solves with jacobian={fits!r} by autograd"
+            if fits is not None
+            else "; this mixer now runs sequentially"
+        )
         warnings.warn(message, RuntimeWarning, stacklevel=6)
         self.structure, self.closed_form, self.jacobian_fallback = fits, False, message
         return True
@@ -532,11 +601,24 @@ class CellMixer(nn.Module):
         )
 
 
-_MIXER_KEYS = ("d_state", "mode", "iters", "tol", "damping", "check", "divergence_tol", "on_divergence", "verify",
-               "retry_iters", "jacobian_check_every")
+_MIXER_KEYS = (
+    "d_state",
+    "mode",
+    "iters",
+    "tol",
+    "damping",
+    "check",
+    "divergence_tol",
+    "on_divergence",
+    "verify",
+    "retry_iters",
+    "jacobian_check_every",
+)
 
 
-def cell_mixer(cell_class: type, d_model: int, num_heads: int = 4, *, backend: Optional[str] = None, **config) -> CellMixer:
+def cell_mixer(
+    cell_class: type, d_model: int, num_heads: int = 4, *, backend: str | None = None, **config
+) -> CellMixer:
     """Build a ``CellMixer`` from ``cell_class``; keys not of the mixer go to the cell's ``__init__``.
 
     Mixer keys: ``d_state, mode (or backend), iters, tol, damping, check, divergence_tol,

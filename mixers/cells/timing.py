@@ -13,7 +13,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -61,10 +61,15 @@ def time_modes(
             def fwd_bwd():
                 mixer(x).sum().backward()
 
-            rows.append({
-                "mixer": name, "mode": mode, "L": L,
-                "fwd_ms": _median_ms(fwd, samples, device), "fwd_bwd_ms": _median_ms(fwd_bwd, samples, device),
-            })
+            rows.append(
+                {
+                    "mixer": name,
+                    "mode": mode,
+                    "L": L,
+                    "fwd_ms": _median_ms(fwd, samples, device),
+                    "fwd_bwd_ms": _median_ms(fwd_bwd, samples, device),
+                }
+            )
     return rows
 
 
@@ -80,13 +85,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     table = []
     for name in args.mixers.split(","):
-        rows = time_modes(name, [int(v) for v in args.lengths.split(",")], args.modes.split(","), args.batch, args.d_model, args.device, samples=args.samples)
+        rows = time_modes(
+            name,
+            [int(v) for v in args.lengths.split(",")],
+            args.modes.split(","),
+            args.batch,
+            args.d_model,
+            args.device,
+            samples=args.samples,
+        )
         seq = {r["L"]: r for r in rows if r["mode"] == "sequential"}
         for r in rows:
             s = seq.get(r["L"])
-            table.append({"mixer": name, "L": r["L"], "mode": r["mode"], "fwd ms": r["fwd_ms"], "fwd+bwd ms": r["fwd_bwd_ms"],
-                          "fwd speed-up vs sequential": s["fwd_ms"] / r["fwd_ms"] if s else float("nan"),
-                          "fwd+bwd speed-up": s["fwd_bwd_ms"] / r["fwd_bwd_ms"] if s else float("nan")})
+            table.append(
+                {
+                    "mixer": name,
+                    "L": r["L"],
+                    "mode": r["mode"],
+                    "fwd ms": r["fwd_ms"],
+                    "fwd+bwd ms": r["fwd_bwd_ms"],
+                    "fwd speed-up vs sequential": s["fwd_ms"] / r["fwd_ms"] if s else float("nan"),
+                    "fwd+bwd speed-up": s["fwd_bwd_ms"] / r["fwd_bwd_ms"] if s else float("nan"),
+                }
+            )
     sys.stdout.write(pd.DataFrame(table).to_markdown(index=False, floatfmt=".1f") + "\n")
 
 

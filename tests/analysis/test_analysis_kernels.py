@@ -19,10 +19,28 @@ def bench_json(tmp_path):
         dims = {"batch": 8, "heads": 8, "length": S, "qk_dim": 128, "v_dim": 128}
         for impl, per_token in (("ours", 1e-3), ("peer", 2e-3)):
             for direction, factor in (("fwd", 1.0), ("fwd+bwd", 3.0)):
-                rows.append(BenchRow("mlstm", impl, direction, "bfloat16", dims, per_token * factor * S,
-                                     limit_ms=0.25e-3 * factor * S))
-    rows.append(BenchRow("mlstm", "slow-peer", "fwd", "bfloat16", {"batch": 8, "heads": 8, "length": 4096,
-                                                                    "qk_dim": 128, "v_dim": 128}, math.nan, note="skipped"))
+                rows.append(
+                    BenchRow(
+                        "mlstm",
+                        impl,
+                        direction,
+                        "bfloat16",
+                        dims,
+                        per_token * factor * S,
+                        limit_ms=0.25e-3 * factor * S,
+                    )
+                )
+    rows.append(
+        BenchRow(
+            "mlstm",
+            "slow-peer",
+            "fwd",
+            "bfloat16",
+            {"batch": 8, "heads": 8, "length": 4096, "qk_dim": 128, "v_dim": 128},
+            math.nan,
+            note="skipped",
+        )
+    )
     rows.append(BenchRow("mlstm", "ours", "fwd", "bfloat16", {"batch": 8}, 1.0, note="no length"))
     env = {"device": "Test GPU", "date": "2025-01-01T00:00:00+00:00", "commit": "abc123"}
     return write_json("mlstm", rows, env, out_dir=tmp_path / "results")
@@ -56,13 +74,19 @@ def test_cli_plots_every_timed_row(bench_json, tmp_path):
 
 
 def test_constant_token_grid_is_one_line(tmp_path):
-    rows = [BenchRow("mlstm", "ours", "fwd", "bfloat16", {"batch": B, "heads": 8, "length": S}, 1.0 + S / 1e4)
-            for B, S in ((32, 2048), (8, 8192), (1, 65536))]
+    rows = [
+        BenchRow("mlstm", "ours", "fwd", "bfloat16", {"batch": B, "heads": 8, "length": S}, 1.0 + S / 1e4)
+        for B, S in ((32, 2048), (8, 8192), (1, 65536))
+    ]
     rows.append(BenchRow("mlstm", "ours", "fwd", "bfloat16", {"batch": 4, "heads": 4, "length": 512}, 0.5))
-    rows.append(BenchRow("mlstm", "ours", "fwd", "bfloat16", {"batch": 2, "heads": 2, "length": 64}, 0.1, section="chunk"))
+    rows.append(
+        BenchRow("mlstm", "ours", "fwd", "bfloat16", {"batch": 2, "heads": 2, "length": 64}, 0.1, section="chunk")
+    )
     df, _ = load_bench(write_json("mlstm", rows, {"device": "x", "date": "2025"}, out_dir=tmp_path))
-    assert merge_batch_sweeps(df).tolist() == ["heads=8 (batch varies)"] * 3 + ["batch=4 heads=4",
-                                                                                "batch=2 heads=2 [chunk]"]
+    assert merge_batch_sweeps(df).tolist() == ["heads=8 (batch varies)"] * 3 + [
+        "batch=4 heads=4",
+        "batch=2 heads=2 [chunk]",
+    ]
 
 
 def test_bad_json_one_line(tmp_path, capsys):

@@ -21,7 +21,7 @@ class TanhCell(RNNCell):
     def __init__(self, d_in, d_state):
         super().__init__()
         self.a = nn.Parameter(torch.full((d_state,), 0.5))
-        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in ** 0.5)
+        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in**0.5)
 
     def recurrence_step(self, h, x):
         return torch.tanh(self.a * h + x @ self.W)
@@ -35,7 +35,7 @@ class LinearCell(RNNCell):
     def __init__(self, d_in, d_state):
         super().__init__()
         self.a = nn.Parameter(torch.full((d_state,), 0.9))
-        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in ** 0.5)
+        self.W = nn.Parameter(torch.randn(d_in, d_state) / d_in**0.5)
 
     def recurrence_step(self, h, x):
         return self.a * h + x @ self.W
@@ -50,7 +50,7 @@ def test_residual_zero_is_the_initial_guess_error_by_hand():
     df = residual_curves(mixer, lambda L: x[:, :L], [5], iters=2)
     want = 0.0
     for head, cell in enumerate(mixer.cells):
-        xh = x[..., 4 * head:4 * head + 4]
+        xh = x[..., 4 * head : 4 * head + 4]
         want = max(want, float((cell.a * (xh[:, :-1] @ cell.W)).abs().max().detach()))
     assert df["residual"].iloc[0] == pytest.approx(want, rel=1e-12)
     assert df["residual"].iloc[1] < 1e-14 and df["residual"].iloc[2] < 1e-14
@@ -68,8 +68,24 @@ def test_cli_on_a_cell_defined_in_this_file(tmp_path):
 
 
 def test_task_inputs_are_what_the_mixer_sees(tmp_path):
-    df = main(["--cells", f"{__name__}:TanhCell", "--inputs", "task:parity", "--min-log2", "4", "--max-log2", "4",
-               "--iters", "3", "--out", str(tmp_path), "--name", "n"])
+    df = main(
+        [
+            "--cells",
+            f"{__name__}:TanhCell",
+            "--inputs",
+            "task:parity",
+            "--min-log2",
+            "4",
+            "--max-log2",
+            "4",
+            "--iters",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "n",
+        ]
+    )
     assert df["source"].iloc[0] == "fresh, parity inputs" and len(df) == 4
 
 
@@ -103,20 +119,49 @@ def sweep_dir(tmp_path_factory):
 
 def test_checkpoints_best_trial_per_mixer(sweep_dir):
     found = find_checkpoints(sweep_dir)
-    assert found[f"{__name__}:TanhCell"].name.endswith("-s1-lr0.001-0000000001") and found["gru"].name.endswith("-s2-lr0.001-0000000002")
+    assert found[f"{__name__}:TanhCell"].name.endswith("-s1-lr0.001-0000000001") and found["gru"].name.endswith(
+        "-s2-lr0.001-0000000002"
+    )
     with pytest.raises(ValueError, match="no checkpoint of flashlstm"):
         find_checkpoints(sweep_dir, ["flashlstm"])
 
 
 def test_cli_trained_panel_from_checkpoints(sweep_dir, tmp_path):
-    df = main(["--checkpoints", str(sweep_dir), "--cells", f"{__name__}:TanhCell", "--inputs", "task", "--max-log2", "6",
-               "--iters", "4", "--out", str(tmp_path)])
+    df = main(
+        [
+            "--checkpoints",
+            str(sweep_dir),
+            "--cells",
+            f"{__name__}:TanhCell",
+            "--inputs",
+            "task",
+            "--max-log2",
+            "6",
+            "--iters",
+            "4",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert set(df["cell"]) == {"TanhCell"}
     assert set(df["panel"]) == {"freshly initialized", "trained on parity"}
     trained = df[df["panel"] == "trained on parity"]
     assert "-s1-" in trained["source"].iloc[0] and df["source"].iloc[0] == "fresh, parity inputs"
-    only = main(["--checkpoints", str(sweep_dir), "--no-fresh", "--max-log2", "6", "--iters", "2",
-                 "--out", str(tmp_path), "--name", "only"])
+    only = main(
+        [
+            "--checkpoints",
+            str(sweep_dir),
+            "--no-fresh",
+            "--max-log2",
+            "6",
+            "--iters",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "only",
+        ]
+    )
     assert set(only["cell"]) == {"TanhCell"} and set(only["panel"]) == {"trained on parity"}  # the GRU: skipped
 
 
@@ -144,8 +189,11 @@ def test_bad_input_one_line(tmp_path, capsys):
 
 def test_replot_from_csv_with_diverged_residuals(tmp_path, caplog):
     """Diverged (huge or non-finite) residuals are drawn on the ceiling and reported, not a crash."""
-    rows = [{"cell": "X", "panel": "trained", "source": "s, parity inputs", "L": L, "iteration": k, "residual": r}
-            for L in (64, 128) for k, r in enumerate([1.0, 1e200, math.inf, math.nan, 0.0, 1e-16])]
+    rows = [
+        {"cell": "X", "panel": "trained", "source": "s, parity inputs", "L": L, "iteration": k, "residual": r}
+        for L in (64, 128)
+        for k, r in enumerate([1.0, 1e200, math.inf, math.nan, 0.0, 1e-16])
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "in.csv", index=False)
     with caplog.at_level("WARNING"):
         df = main(["--from-csv", str(tmp_path / "in.csv"), "--out", str(tmp_path), "--name", "re"])
@@ -166,14 +214,17 @@ def test_the_figure_says_what_a_panel_lacks_and_keeps_labels_off_the_curves(capl
     matplotlib.use("Agg")
     from analysis.newton import plot
 
-    rows = [{"cell": "X", "panel": p, "L": 64, "iteration": k, "residual": r}
-            for p, res in (("freshly initialized", [0.0, 0.0, 0.0]), ("trained", [1.0, math.inf, 1e-3]))
-            for k, r in enumerate(res)]
+    rows = [
+        {"cell": "X", "panel": p, "L": 64, "iteration": k, "residual": r}
+        for p, res in (("freshly initialized", [0.0, 0.0, 0.0]), ("trained", [1.0, math.inf, 1e-3]))
+        for k, r in enumerate(res)
+    ]
     with caplog.at_level("WARNING"):
         fig = plot(pd.DataFrame(rows), "title", 2.2e-16)
     panels = {ax.get_title(): [t.get_text() for t in ax.texts] for ax in fig.axes}
     assert panels["X — freshly initialized"] == ["nothing to draw:\nevery residual is exactly 0 or missing"]
     assert panels["X — trained"] == []
     assert "diverged" in fig._suptitle.get_text() and "machine ε" in fig._suptitle.get_text()
-    assert [r.message for r in caplog.records if "nothing to draw" in r.message] == \
-        ["X (freshly initialized): nothing to draw (every residual is exactly 0 or missing)"]
+    assert [r.message for r in caplog.records if "nothing to draw" in r.message] == [
+        "X (freshly initialized): nothing to draw (every residual is exactly 0 or missing)"
+    ]

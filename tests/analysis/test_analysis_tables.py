@@ -12,8 +12,19 @@ NAN = math.nan
 
 
 def _row(task, mixer, seed, lr, val, test, status="ok", task_config="{}", extra=None, params=1000):
-    row = {"task": task, "task_config": task_config, "mixer": mixer, "seed": seed, "lr": lr, "status": status,
-           "best_val_acc": val, "test/acc": test, "test/exact": test, "n_params": params, "extrapolation": ""}
+    row = {
+        "task": task,
+        "task_config": task_config,
+        "mixer": mixer,
+        "seed": seed,
+        "lr": lr,
+        "status": status,
+        "best_val_acc": val,
+        "test/acc": test,
+        "test/exact": test,
+        "n_params": params,
+        "extrapolation": "",
+    }
     if status != "ok":
         row.update(best_val_acc=NAN, **{"test/acc": NAN, "test/exact": NAN})
     row.update(extra or {})
@@ -24,12 +35,17 @@ def _row(task, mixer, seed, lr, val, test, status="ok", task_config="{}", extra=
 def results(tmp_path):
     parity = [
         # gru: per seed the lr with the best *validation* accuracy -> test 0.93, 0.97, 0.61
-        _row("parity", "gru", 0, 1e-3, 0.90, 0.88), _row("parity", "gru", 0, 1e-2, 0.95, 0.93),
-        _row("parity", "gru", 1, 1e-3, 0.99, 0.97), _row("parity", "gru", 1, 1e-2, NAN, NAN, status="failed"),
-        _row("parity", "gru", 2, 1e-3, 0.50, 0.52), _row("parity", "gru", 2, 1e-2, 0.60, 0.61),
+        _row("parity", "gru", 0, 1e-3, 0.90, 0.88),
+        _row("parity", "gru", 0, 1e-2, 0.95, 0.93),
+        _row("parity", "gru", 1, 1e-3, 0.99, 0.97),
+        _row("parity", "gru", 1, 1e-2, NAN, NAN, status="failed"),
+        _row("parity", "gru", 2, 1e-3, 0.50, 0.52),
+        _row("parity", "gru", 2, 1e-2, 0.60, 0.61),
         # lstm: seed 0 failed twice; seed 1 picks lr 1e-3 (val 0.7) although lr 1e-2 has the higher test acc
-        _row("parity", "lstm", 0, 1e-3, NAN, NAN, status="failed"), _row("parity", "lstm", 0, 1e-2, NAN, NAN, status="failed"),
-        _row("parity", "lstm", 1, 1e-3, 0.70, 0.65, params=2000), _row("parity", "lstm", 1, 1e-2, 0.60, 0.90, params=2000),
+        _row("parity", "lstm", 0, 1e-3, NAN, NAN, status="failed"),
+        _row("parity", "lstm", 0, 1e-2, NAN, NAN, status="failed"),
+        _row("parity", "lstm", 1, 1e-3, 0.70, 0.65, params=2000),
+        _row("parity", "lstm", 1, 1e-2, 0.60, 0.90, params=2000),
     ]
     khop = [
         _row("khop", "transformer", 0, 1e-3, 0.8, 0.75, task_config='{"k": 2, "vocab_size": 5}'),
@@ -37,9 +53,22 @@ def results(tmp_path):
         _row("khop", "flashgru", 0, 1e-3, 1.0, 1.00, task_config='{"k": 2, "vocab_size": 5}'),
         _row("khop", "transformer", 0, 1e-3, 0.9, 0.85, task_config='{"k": 1}'),
     ]
-    extrap = [_row("parity", "elman", 0, 1e-3, 1.0, 1.0, extra={
-        "extrapolation": '{"min_len": 3, "max_len": 20, "eval_lengths": [64, 128]}',
-        "len64/acc": 0.9, "len128/acc": 0.7, "extrap/mean_acc": 0.8})]
+    extrap = [
+        _row(
+            "parity",
+            "elman",
+            0,
+            1e-3,
+            1.0,
+            1.0,
+            extra={
+                "extrapolation": '{"min_len": 3, "max_len": 20, "eval_lengths": [64, 128]}',
+                "len64/acc": 0.9,
+                "len128/acc": 0.7,
+                "extrap/mean_acc": 0.8,
+            },
+        )
+    ]
     a, b = tmp_path / "a" / "results.csv", tmp_path / "b" / "results.csv"
     a.parent.mkdir(), b.parent.mkdir()
     pd.DataFrame(parity).to_csv(a, index=False)
@@ -90,7 +119,11 @@ def test_paper_numbers_side_by_side(results):
     assert math.isnan(_get(summary, "parity train 3-20", "elman")["paper"])
     extrap = summary_table(load_results(results), paper="flashrnn-parity")
     elman = _get(extrap, "parity train 3-20", "elman")
-    assert (elman["paper"], elman["paper_metric"], elman["paper_aggregate"]) == (1.0, "extrap/mean_acc", "mean_at_best_lr")
+    assert (elman["paper"], elman["paper_metric"], elman["paper_aggregate"]) == (
+        1.0,
+        "extrap/mean_acc",
+        "mean_at_best_lr",
+    )
     assert math.isnan(_get(extrap, "parity no extrapolation", "gru")["paper"])
     md = to_markdown(summary, paper="pararnn-table6")
     assert "78.0 [32.2k] (best)" in md

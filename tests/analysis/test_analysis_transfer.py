@@ -37,8 +37,13 @@ def test_gains_by_hand():
 def test_transition_interpolates():
     import pandas as pd
 
-    df = pd.DataFrame({"i_pre": [-2.0, -1.0, 0.0, -2.0, -1.0, 0.0], "f_pre": [0, 0, 0, 1, 1, 1],
-                       "gain": [0.2, 0.4, 0.8, 0.1, 0.2, 0.3]})
+    df = pd.DataFrame(
+        {
+            "i_pre": [-2.0, -1.0, 0.0, -2.0, -1.0, 0.0],
+            "f_pre": [0, 0, 0, 1, 1, 1],
+            "gain": [0.2, 0.4, 0.8, 0.1, 0.2, 0.3],
+        }
+    )
     t = transition(df)
     assert t[0] == pytest.approx(-1.0 + 0.1 / 0.4) and math.isnan(t[1])
 

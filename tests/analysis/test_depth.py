@@ -14,8 +14,17 @@ NAN = math.nan
 
 def _row(entry, mixer, layers, seed, lr, val, exact, status="ok"):
     """``exact``: {length: value}."""
-    row = {"entry": entry, "task": "word_problem", "mixer": mixer, "layers": layers, "seed": seed, "lr": lr,
-           "status": status, "best_val_acc": val if status == "ok" else NAN, "n_params": 1000}
+    row = {
+        "entry": entry,
+        "task": "word_problem",
+        "mixer": mixer,
+        "layers": layers,
+        "seed": seed,
+        "lr": lr,
+        "status": status,
+        "best_val_acc": val if status == "ok" else NAN,
+        "n_params": 1000,
+    }
     for length, value in exact.items():
         row[f"len{length}/exact"] = value
         row[f"len{length}/acc"] = 1.0  # another metric: never read with the default template
@@ -56,10 +65,17 @@ def _depths(table):
 def test_minimum_depth_matches_hand_computation(results):
     table = min_depth_table(best_values(load_results([results])), threshold=0.9)
     assert _depths(table) == {
-        ("A5", "transformer", 4): 1, ("A5", "transformer", 8): 2, ("A5", "transformer", 16): None,
-        ("A5", "gru", 4): 1, ("A5", "gru", 8): 1, ("A5", "gru", 16): 1,
-        ("Z60", "transformer", 4): 1, ("Z60", "transformer", 8): 1, ("Z60", "transformer", 16): 1,
-        ("Z60", "gru", 4): 1, ("Z60", "gru", 8): 4,  # no length-16 point: gru was not evaluated there
+        ("A5", "transformer", 4): 1,
+        ("A5", "transformer", 8): 2,
+        ("A5", "transformer", 16): None,
+        ("A5", "gru", 4): 1,
+        ("A5", "gru", 8): 1,
+        ("A5", "gru", 16): 1,
+        ("Z60", "transformer", 4): 1,
+        ("Z60", "transformer", 8): 1,
+        ("Z60", "transformer", 16): 1,
+        ("Z60", "gru", 4): 1,
+        ("Z60", "gru", 8): 4,  # no length-16 point: gru was not evaluated there
     }
     a5_16 = table[(table["group"] == "A5") & (table["mixer"] == "transformer") & (table["length"] == 16)].iloc[0]
     assert a5_16["best_value"] == pytest.approx(0.85) and a5_16["layers_tried"] == "1,2,3" and a5_16["max_layers"] == 3

@@ -17,15 +17,27 @@ EXTRAP_20 = json.dumps({"min_len": 3, "max_len": 20, "eval_lengths": [40, 100]})
 
 def _row(task, config, extrap, mixer, seed, lr, val, accs, status="ok"):
     """``accs``: {length: (acc, last_acc)}."""
-    row = {"task": task, "task_config": json.dumps(config), "mixer": mixer, "seed": seed, "lr": lr, "status": status,
-           "best_val_acc": val if status == "ok" else NAN, "n_params": 1000, "extrapolation": extrap}
+    row = {
+        "task": task,
+        "task_config": json.dumps(config),
+        "mixer": mixer,
+        "seed": seed,
+        "lr": lr,
+        "status": status,
+        "best_val_acc": val if status == "ok" else NAN,
+        "n_params": 1000,
+        "extrapolation": extrap,
+    }
     for length, (acc, last) in accs.items():
         row[f"len{length}/acc"], row[f"len{length}/last_acc"] = acc, last
     return row
 
 
-S3, PARITY, MOD3 = ("word_problem", {"group": "S3"}, EXTRAP_40), ("parity", {"running": True}, EXTRAP_40), \
-    ("modular_count", {"m": 3}, EXTRAP_20)
+S3, PARITY, MOD3 = (
+    ("word_problem", {"group": "S3"}, EXTRAP_40),
+    ("parity", {"running": True}, EXTRAP_40),
+    ("modular_count", {"m": 3}, EXTRAP_20),
+)
 ROWS = [
     # mamba on S3: one seed (listed first: the map keeps the mixers' order of appearance, mamba before gru)
     _row(*S3, "mamba", 0, 1e-3, 0.60, {40: (0.5, 0.3), 80: (0.4, 0.2), 240: (0.3, 0.17)}),
@@ -41,8 +53,17 @@ ROWS = [
     # counting mod 3, trained up to 20 and evaluated at 40 and 100 only: 6x (120) falls back to 100
     _row(*MOD3, "gru", 0, 1e-3, 1.00, {40: (0.98, 0.97), 100: (0.9, 0.6)}),
     # a sweep without extrapolation is ignored
-    {"task": "parity", "task_config": "{}", "mixer": "gru", "seed": 0, "lr": 1e-3, "status": "ok", "best_val_acc": 1.0,
-     "extrapolation": "", "test/acc": 1.0},
+    {
+        "task": "parity",
+        "task_config": "{}",
+        "mixer": "gru",
+        "seed": 0,
+        "lr": 1e-3,
+        "status": "ok",
+        "best_val_acc": 1.0,
+        "extrapolation": "",
+        "test/acc": 1.0,
+    },
 ]
 
 
@@ -67,8 +88,11 @@ def _reference(rows, task, config, mixer, length, metric):
     per_seed = {}
     for r in rows:
         mine = (r["task"], r["task_config"], r["mixer"], r["status"]) == (task, json.dumps(config), mixer, "ok")
-        if mine and r["extrapolation"] and (r["seed"] not in per_seed
-                                            or r["best_val_acc"] > per_seed[r["seed"]]["best_val_acc"]):
+        if (
+            mine
+            and r["extrapolation"]
+            and (r["seed"] not in per_seed or r["best_val_acc"] > per_seed[r["seed"]]["best_val_acc"])
+        ):
             per_seed[r["seed"]] = r
     values = [r[f"len{length}/{metric}"] for r in per_seed.values()]
     return max(values), sum(values) / len(values)
@@ -77,7 +101,9 @@ def _reference(rows, task, config, mixer, length, metric):
 def test_map_csv_holds_the_hand_computed_numbers(results, tmp_path):
     out = tmp_path / "map"
     paths = main([str(results), "--out", str(out)])
-    assert {p.name for p in paths} == {f"expressivity-{k}.{e}" for k in ("map", "lengths") for e in ("png", "pdf", "csv")}
+    assert {p.name for p in paths} == {
+        f"expressivity-{k}.{e}" for k in ("map", "lengths") for e in ("png", "pdf", "csv")
+    }
     table = pd.read_csv(out / "expressivity-map.csv")
     # default: last_acc (present), best seed, factors 2 and 6
     assert set(table["metric"]) == {"last_acc"} and set(table["target_factor"]) == {2, 6}
@@ -132,16 +158,22 @@ def test_bad_input(results, tmp_path):
 def test_deeper_models_are_rows_of_their_own():
     """A mixer swept at 1 and 2 layers gives two rows of the map: ``gru`` and ``gru, 2 layers``, each with
     its own best seed (the 2-layer row's lower accuracy is not hidden by the 1-layer one's)."""
-    rows = [dict(_row(*PARITY, "gru", 0, 1e-3, 1.0, {40: (1.0, 1.0), 80: (1.0, 1.0), 240: (1.0, 1.0)}), layers=1),
-            dict(_row(*PARITY, "gru", 0, 1e-3, 0.9, {40: (0.9, 0.8), 80: (0.7, 0.6), 240: (0.6, 0.5)}), layers=2)]
+    rows = [
+        dict(_row(*PARITY, "gru", 0, 1e-3, 1.0, {40: (1.0, 1.0), 80: (1.0, 1.0), 240: (1.0, 1.0)}), layers=1),
+        dict(_row(*PARITY, "gru", 0, 1e-3, 0.9, {40: (0.9, 0.8), 80: (0.7, 0.6), 240: (0.6, 0.5)}), layers=2),
+    ]
     table = length_table(pd.DataFrame(rows), metric="last_acc")
     got = table[table["length"] == 80].set_index("mixer")["value"].to_dict()
     assert got == {"gru": 1.0, "gru, 2 layers": 0.6}
 
 
 def _figure_texts(fig):
-    return [t.get_text() for t in fig.texts] + [t.get_text() for ax in fig.axes for t in ax.texts] + \
-        [ax.get_title() for ax in fig.axes] + [fig._suptitle.get_text() if fig._suptitle else ""]
+    return (
+        [t.get_text() for t in fig.texts]
+        + [t.get_text() for ax in fig.axes for t in ax.texts]
+        + [ax.get_title() for ax in fig.axes]
+        + [fig._suptitle.get_text() if fig._suptitle else ""]
+    )
 
 
 def test_a_panel_without_its_length_says_so_on_the_figure(results, monkeypatch):
@@ -150,9 +182,8 @@ def test_a_panel_without_its_length_says_so_on_the_figure(results, monkeypatch):
     import matplotlib
 
     matplotlib.use("Agg")
-    from analysis import expressivity
-
     import analysis.plotting
+    from analysis import expressivity
 
     figures = []
     monkeypatch.setattr(analysis.plotting, "save_figure", lambda fig, stem, table: figures.append(fig) or [])
@@ -172,7 +203,10 @@ def test_coinciding_lines_stay_visible(results, monkeypatch):
     import analysis.plotting
     from analysis import expressivity
 
-    rows = [_row(*PARITY, m, 0, 1e-3, 1.0, {40: (1.0, 1.0), 80: (1.0, 1.0), 240: (1.0, 1.0)}) for m in ("gru", "lstm", "elman")]
+    rows = [
+        _row(*PARITY, m, 0, 1e-3, 1.0, {40: (1.0, 1.0), 80: (1.0, 1.0), 240: (1.0, 1.0)})
+        for m in ("gru", "lstm", "elman")
+    ]
     rows.append(_row(*PARITY, "mamba", 0, 1e-3, 0.7, {40: (0.7, 0.55), 80: (0.6, 0.5), 240: (0.55, 0.5)}))
     lengths = length_table(pd.DataFrame(rows))
     figures = []

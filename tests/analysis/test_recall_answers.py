@@ -37,8 +37,14 @@ def test_answer_split_counts_like_a_loop_on_random_predictions():
 
 def test_cli_reads_a_trained_trial_and_refuses_other_folders(tmp_path, capsys):
     quiet_lightning()
-    spec = TrialSpec(task="mqar", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 16, "vocab_size": 16},
-                     train=TrainConfig(max_steps=20, eval_every=10, batch_size=8, train_size=64, val_size=16, test_size=16))
+    spec = TrialSpec(
+        task="mqar",
+        mixer="gru",
+        lr=3e-3,
+        seed=0,
+        task_options={"seq_len": 16, "vocab_size": 16},
+        train=TrainConfig(max_steps=20, eval_every=10, batch_size=8, train_size=64, val_size=16, test_size=16),
+    )
     run_trial(spec, tmp_path / "trial", options=RunOptions(logger="none"))
     df = main([str(tmp_path / "trial"), "--sequences", "40"])
     row = df.iloc[0]

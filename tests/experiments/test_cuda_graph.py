@@ -22,10 +22,26 @@ CASES = [
 
 def _spec(case, steps=50, eval_every=None, **mixer_options):
     task, options, block, positional, mixer = case
-    return TrialSpec(task=task, mixer=mixer, lr=2e-3, seed=0, task_options=options, mixer_options=mixer_options,
-                     block=block, positional=positional, device="cuda",
-                     train=TrainConfig(max_steps=steps, eval_every=eval_every or steps, batch_size=16, train_size=512,
-                                       val_size=64, test_size=64, early_stop_acc=2.0))
+    return TrialSpec(
+        task=task,
+        mixer=mixer,
+        lr=2e-3,
+        seed=0,
+        task_options=options,
+        mixer_options=mixer_options,
+        block=block,
+        positional=positional,
+        device="cuda",
+        train=TrainConfig(
+            max_steps=steps,
+            eval_every=eval_every or steps,
+            batch_size=16,
+            train_size=512,
+            val_size=64,
+            test_size=64,
+            early_stop_acc=2.0,
+        ),
+    )
 
 
 def _weights(folder):
@@ -105,8 +121,11 @@ def test_graph_replays_are_counted_in_the_newton_statistics(tmp_path):
     quiet_lightning()
     checked = run_trial(_spec(CASES[0], steps=12), tmp_path / "a", options=RunOptions(logger="none", engine="graph"))
     assert checked["newton/graph_forwards"] == 12 - 3 and checked["newton/skipped_steps"] == 0  # 3 eager warm-up steps
-    unchecked = run_trial(_spec(CASES[0], steps=12, divergence_tol=1e-30, retry_iters=0), tmp_path / "b",
-                          options=RunOptions(logger="none", engine="graph"))
+    unchecked = run_trial(
+        _spec(CASES[0], steps=12, divergence_tol=1e-30, retry_iters=0),
+        tmp_path / "b",
+        options=RunOptions(logger="none", engine="graph"),
+    )
     assert unchecked["newton/skipped_steps"] == 12 - 3 and unchecked["newton/fallback_count"] >= 3  # eager: fallback
 
 

@@ -25,7 +25,9 @@ def test_one_layer_is_the_single_layer_model_and_deeper_adds_whole_layers(mixer,
     one, three = SequenceModel(ModelConfig(**config)), SequenceModel(ModelConfig(**config, layers=3))
     names = {n.split(".")[0] for n, _ in one.named_parameters()}
     assert names == {"embedding", "norm_in", "block", "norm_out", "head"}
-    assert [n for n, _ in one.named_parameters()] == [n for n, _ in three.named_parameters() if not n.startswith("deeper.")]
+    assert [n for n, _ in one.named_parameters()] == [
+        n for n, _ in three.named_parameters() if not n.startswith("deeper.")
+    ]
     block_params = count_parameters(one.block)
     assert count_parameters(three) == count_parameters(one) + 2 * (block_params + 32)
     assert all(isinstance(layer, ResidualLayer) for layer in three.deeper)
@@ -37,7 +39,9 @@ def test_a_deep_model_composes_pre_norm_residual_layers():
     torch.manual_seed(0)
     tokens = torch.randint(0, 16, (3, 11))
     for block in ("mixer", "full"):
-        m = SequenceModel(ModelConfig(16, 5, mixer="gru", block=block, d_model=16, layers=2, mixer_options={"num_heads": 2}))
+        m = SequenceModel(
+            ModelConfig(16, 5, mixer="gru", block=block, d_model=16, layers=2, mixer_options={"num_heads": 2})
+        )
         x = m.embedding(tokens)
         if block == "mixer":
             x = x + m.block(m.norm_in(x))
@@ -82,8 +86,22 @@ def test_sweep_over_layers_reports_each_depth(tmp_path, capsys):
     """``--layers 1,2``: two cells per mixer, both trained (GRU learns parity at either depth), a ``layers``
     column in results.csv and table.md, and ``--precision`` recorded in every row."""
     out = tmp_path / "run"
-    code = sweep.main(["parity", "--preset", "smoke", "--mixers", "gru", "--layers", "1,2",
-                       "--precision", "bf16-mixed", "--out", str(out), "--no-progress"])
+    code = sweep.main(
+        [
+            "parity",
+            "--preset",
+            "smoke",
+            "--mixers",
+            "gru",
+            "--layers",
+            "1,2",
+            "--precision",
+            "bf16-mixed",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     df = pd.read_csv(out / "results.csv")
     assert sorted(df["layers"]) == [1, 2] and set(df["status"]) == {"ok"} and set(df["precision"]) == {"bf16-mixed"}
@@ -97,17 +115,27 @@ def test_sweep_over_layers_reports_each_depth(tmp_path, capsys):
 def test_bf16_mixed_keeps_float32_weights(tmp_path):
     """A ``bf16-mixed`` trial trains under bfloat16 autocast (its matmuls run in bf16) and keeps float32
     weights: the best checkpoint's tensors are float32 and the results row records the precision."""
-    spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8}, precision="bf16-mixed",
-                     train=TrainConfig(max_steps=20, batch_size=8, train_size=64, val_size=16, test_size=16, eval_every=10))
+    spec = TrialSpec(
+        task="parity",
+        mixer="gru",
+        lr=3e-3,
+        seed=0,
+        task_options={"seq_len": 8},
+        precision="bf16-mixed",
+        train=TrainConfig(max_steps=20, batch_size=8, train_size=64, val_size=16, test_size=16, eval_every=10),
+    )
     seen = []
     handle = torch.nn.modules.module.register_module_forward_hook(
-        lambda m, i, o: seen.append(o.dtype) if isinstance(m, nn.Linear) and m.training else None)
+        lambda m, i, o: seen.append(o.dtype) if isinstance(m, nn.Linear) and m.training else None
+    )
     try:
         result = run_trial(spec, tmp_path / "trial")
     finally:
         handle.remove()
     assert torch.bfloat16 in seen
-    state = torch.load(tmp_path / "trial" / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(tmp_path / "trial" / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)[
+        "state_dict"
+    ]
     assert {v.dtype for k, v in state.items() if v.is_floating_point()} == {torch.float32}
     assert result["engine"] == "eager"
     assert result["test/scaled_acc"] == pytest.approx((result["test/acc"] - 0.5) / 0.5)  # parity: chance 1/2
@@ -125,8 +153,9 @@ class _FakeLayer(nn.Module):
     """A stand-in for an fla layer: takes ``hidden_size`` and ``num_heads``, returns a tuple, checks options
     with an assert (as fla's layers do), and fails on the CPU the way a Triton kernel does."""
 
-    def __init__(self, hidden_size: int, num_heads: int = 1, head_dim: int = 256, mode: str = "chunk",
-                 gpu_only: bool = False):
+    def __init__(
+        self, hidden_size: int, num_heads: int = 1, head_dim: int = 256, mode: str = "chunk", gpu_only: bool = False
+    ):
         super().__init__()
         assert mode in ("chunk", "fused_recurrent"), f"Not supported mode `{mode}`."
         self.proj, self.num_heads, self.head_dim = nn.Linear(hidden_size, hidden_size), num_heads, head_dim
@@ -183,7 +212,9 @@ def test_a_gpu_only_mixer_is_refused_on_the_cpu_before_anything_is_stored(fake_f
     spec = TrialSpec(task="parity", mixer="fla:FakeLayer", lr=1e-3, seed=0, device="cpu")
     with pytest.raises(ValueError, match=r"^mixer 'fla:FakeLayer' needs a CUDA GPU: FLALayer runs Triton kernels"):
         validate_specs([("parity", spec)])
-    sys.modules["gpu_only_mod"] = types.SimpleNamespace(factory=lambda d_model, **kw: _FakeLayer(d_model, gpu_only=True))
+    sys.modules["gpu_only_mod"] = types.SimpleNamespace(
+        factory=lambda d_model, **kw: _FakeLayer(d_model, gpu_only=True)
+    )
     try:
         spec = TrialSpec(task="parity", mixer="gpu_only_mod:factory", lr=1e-3, seed=0, device="cpu")
         with pytest.raises(ValueError, match=r"^mixer 'gpu_only_mod:factory' needs a CUDA GPU: Pointer argument"):
@@ -191,7 +222,10 @@ def test_a_gpu_only_mixer_is_refused_on_the_cpu_before_anything_is_stored(fake_f
     finally:
         del sys.modules["gpu_only_mod"]
     out = tmp_path / "run"
-    assert sweep.main(["parity", "--preset", "smoke", "--mixers", "fla:FakeLayer", "--device", "cpu", "--out", str(out)]) == 2
+    assert (
+        sweep.main(["parity", "--preset", "smoke", "--mixers", "fla:FakeLayer", "--device", "cpu", "--out", str(out)])
+        == 2
+    )
     assert not (out / "journal.log").exists()
 
 
@@ -220,8 +254,11 @@ def test_a_mixer_whose_backward_fails_is_refused_up_front():
     sys.modules["no_backward_mod"] = types.SimpleNamespace(NoBackward=_NoBackwardMixer)
     try:
         spec = TrialSpec(task="parity", mixer="no_backward_mod:NoBackward", lr=1e-3, seed=0, device="cpu")
-        with pytest.raises(ValueError, match=r"^mixer 'no_backward_mod:NoBackward': this kernel's "
-                                             r"backward is wrong with this compiler; upgrade it$"):
+        with pytest.raises(
+            ValueError,
+            match=r"^mixer 'no_backward_mod:NoBackward': this kernel's "
+            r"backward is wrong with this compiler; upgrade it$",
+        ):
             validate_specs([("parity", spec)])
     finally:
         del sys.modules["no_backward_mod"]
@@ -229,8 +266,9 @@ def test_a_mixer_whose_backward_fails_is_refused_up_front():
 
 def test_mixer_option_reaches_every_mixer(tmp_path, capsys):
     """``--mixer-option KEY=VALUE`` goes to each mixer's constructor: an option a mixer rejects is one line."""
-    code = sweep.main(["parity", "--preset", "smoke", "--mixers", "gru", "--mixer-option", "no_such=1",
-                       "--out", str(tmp_path / "r")])
+    code = sweep.main(
+        ["parity", "--preset", "smoke", "--mixers", "gru", "--mixer-option", "no_such=1", "--out", str(tmp_path / "r")]
+    )
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no_such" in err[0], err
@@ -244,8 +282,11 @@ def test_deep_models_stack_trial_by_trial(block):
     models = []
     for seed in (0, 1):
         torch.manual_seed(seed)
-        models.append(SequenceModel(ModelConfig(16, 5, mixer="flashgru", block=block, d_model=16, layers=2,
-                                                mixer_options={"num_heads": 2})))
+        models.append(
+            SequenceModel(
+                ModelConfig(16, 5, mixer="flashgru", block=block, d_model=16, layers=2, mixer_options={"num_heads": 2})
+            )
+        )
     stacked = stack_trials(models)
     tokens = torch.randint(0, 16, (2, 3, 7))
     out = stacked(tokens)
@@ -275,11 +316,20 @@ def test_cosine_to_a_floor_and_gradient_clipping():
 
     floor = 1e-6 / 1e-2
     values = cosine_with_warmup_tensor(torch.arange(101), 10, 100, floor)
-    assert [float(v) for v in values] == pytest.approx([cosine_with_warmup(t, 10, 100, floor) for t in range(101)], rel=1e-4, abs=1e-7)
+    assert [float(v) for v in values] == pytest.approx(
+        [cosine_with_warmup(t, 10, 100, floor) for t in range(101)], rel=1e-4, abs=1e-7
+    )
     assert float(values[-1]) == pytest.approx(floor)
-    spec = TrialSpec(task="parity", mixer="gru", lr=1e-2, seed=0, task_options={"seq_len": 8},
-                     train=TrainConfig(max_steps=5, batch_size=8, train_size=64, val_size=16, test_size=16,
-                                       grad_clip=1e-3, min_lr=1e-6))
+    spec = TrialSpec(
+        task="parity",
+        mixer="gru",
+        lr=1e-2,
+        seed=0,
+        task_options={"seq_len": 8},
+        train=TrainConfig(
+            max_steps=5, batch_size=8, train_size=64, val_size=16, test_size=16, grad_clip=1e-3, min_lr=1e-6
+        ),
+    )
     dm = build_datamodule(spec)
     dm.setup("fit")
     module = build_module(spec, dm)

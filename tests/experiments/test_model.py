@@ -26,7 +26,9 @@ def test_paper_parameter_counts_piece_by_piece():
     block = 2 * d * d + d * 4 + d + cell + d + d * d + d  # in_proj, conv (+bias), cell, norm, out_proj, skip
     assert count_parameters(model) == v * d + d + block + d + d * v == 32_704
     assert model.head.bias is None
-    assert count_parameters(SequenceModel(ModelConfig(v, v, mixer="flashgru", block="full", head_bias=True))) == 32_704 + v
+    assert (
+        count_parameters(SequenceModel(ModelConfig(v, v, mixer="flashgru", block="full", head_bias=True))) == 32_704 + v
+    )
 
 
 def test_transformer_positions():
@@ -39,7 +41,10 @@ def test_transformer_positions():
     rope = mixers.build_mixer("transformer", 16, positions="rope", **base)
     sinusoidal = mixers.build_mixer("transformer", 16, positions="sinusoidal", **base)
     assert count_parameters(learned) - count_parameters(rope) == 12 * 16
-    assert count_parameters(mixers.build_mixer("transformer", 16, bias=True, **base)) - count_parameters(rope) == 3 * 16 + 16 + 16 + 16
+    assert (
+        count_parameters(mixers.build_mixer("transformer", 16, bias=True, **base)) - count_parameters(rope)
+        == 3 * 16 + 16 + 16 + 16
+    )
     x = torch.randn(1, 1, 16).expand(1, 10, 16)
     with torch.no_grad():
         y = rope(x)
@@ -57,8 +62,7 @@ def test_transformer_positions():
 @pytest.mark.parametrize("name", sorted(mixers.MIXERS))
 def test_every_mixer_is_causal_in_both_blocks(name, block):
     torch.manual_seed(0)
-    model = SequenceModel(ModelConfig(16, 5, mixer=name, block=block, d_model=32,
-                                         mixer_options={"num_heads": 2}))
+    model = SequenceModel(ModelConfig(16, 5, mixer=name, block=block, d_model=32, mixer_options={"num_heads": 2}))
     tokens = torch.randint(0, 16, (2, 9))
     out = model(tokens)
     assert out.shape == (2, 9, 5) and torch.isfinite(out).all()

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
+from test_workers import cells_of, completed_once, tiny_plan, wait_running  # noqa: E402  (tests/experiments on sys.path)
 
 from experiments.presets import build_specs
 from experiments.study import GridStudy, cell_id
 from experiments.workers import start_worker
-
-from test_workers import cells_of, completed_once, tiny_plan, wait_running  # noqa: E402  (tests/experiments on sys.path)
 
 pytest.importorskip("psycopg2", reason="psycopg2 is not installed (pip install 'expressivity-suite[postgres]')")
 
@@ -82,11 +81,15 @@ def test_two_workers_on_postgres_one_killed_every_cell_once(postgres_url, tmp_pa
     stale_timeout = 6  # Optuna's grace period: a silent trial is failed and retried after 6 s
     grid = GridStudy.open(postgres_url, tmp_path, "pg-sweep", stale_timeout)
     assert grid.sync(cells_of(specs))["queued"] == 4
-    workers = [start_worker(i, cells_of(specs), "pg-sweep", postgres_url, tmp_path / f"machine{i}", "cpu", stale_timeout)
-               for i in range(2)]
+    workers = [
+        start_worker(i, cells_of(specs), "pg-sweep", postgres_url, tmp_path / f"machine{i}", "cpu", stale_timeout)
+        for i in range(2)
+    ]
     victim = wait_running(grid)
     # pretend the victim runs on another machine: only its (Optuna) heartbeat can show that it died
-    grid.storage.set_trial_system_attr(grid.trial_id(victim), "worker", {"host": "another-machine", "pid": 1, "id": "x"})
+    grid.storage.set_trial_system_attr(
+        grid.trial_id(victim), "worker", {"host": "another-machine", "pid": 1, "id": "x"}
+    )
     pid = next(p for p in workers if p.pid == victim.system_attrs["worker"]["pid"])
     os.kill(pid.pid, signal.SIGKILL)
     survivor = next(p for p in workers if p is not pid)
@@ -96,8 +99,13 @@ def test_two_workers_on_postgres_one_killed_every_cell_once(postgres_url, tmp_pa
     dead = grid.storage.get_trial(grid.trial_id(victim))
     assert dead.state == TrialState.FAIL
     retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
-    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE  # RetryHeartbeatStaleTrialCallback's copy, with the cell's parameters
-    assert retries[0].user_attrs["cell"] == victim.user_attrs["cell"] == cell_id(
-        next(s for s in specs if cell_id(s) == victim.user_attrs["cell"]))
+    assert (
+        len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    )  # RetryHeartbeatStaleTrialCallback's copy, with the cell's parameters
+    assert (
+        retries[0].user_attrs["cell"]
+        == victim.user_attrs["cell"]
+        == cell_id(next(s for s in specs if cell_id(s) == victim.user_attrs["cell"]))
+    )
     assert retries[0].params == victim.params
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 4

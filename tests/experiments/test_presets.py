@@ -12,20 +12,24 @@ def preset_dir(tmp_path, monkeypatch):
     (tmp_path / "base.yaml").write_text(
         "defaults: {mixers: [gru, lstm], seeds: [0, 1], lrs: [1.0e-3], train: {max_steps: 100, eval_every: 50}}\n"
         "tasks:\n  parity: {task_options: {seq_len: 8}}\n  mqar: {train: {max_steps: 300}}\n"
-        "paper: {source: base, results: {gru: {parity: [1.0, 100], mqar: [0.5, 200]}}}\n")
+        "paper: {source: base, results: {gru: {parity: [1.0, 100], mqar: [0.5, 200]}}}\n"
+    )
     return tmp_path
 
 
 def test_extends_merges_key_by_key_and_only_keeps_sweeps(preset_dir):
     (preset_dir / "child.yaml").write_text(
         "extends: base\nonly: [mqar, parity]\ntasks: {parity: {train: {max_steps: 7}}}\n"
-        "paper: {results: {gru: {parity: [0.9]}}}\n")
+        "paper: {results: {gru: {parity: [0.9]}}}\n"
+    )
     data = load_preset("child")
     assert list(data["tasks"]) == ["mqar", "parity"]  # the order of `only`
     parity = resolve_sweep("parity", "child")
     assert parity.train.max_steps == 7 and parity.task_options == {"seq_len": 8} and parity.mixers == ["gru", "lstm"]
     assert resolve_sweep("mqar", "child").train.max_steps == 300
-    assert data["paper"]["results"]["gru"] == {"parity": [0.9], "mqar": [0.5, 200]} and data["paper"]["source"] == "base"
+    assert (
+        data["paper"]["results"]["gru"] == {"parity": [0.9], "mqar": [0.5, 200]} and data["paper"]["source"] == "base"
+    )
     # a sweep the child does not change has the same cells as the base's
     assert build_specs(resolve_sweep("mqar", "child")) == build_specs(resolve_sweep("mqar", "base"))
 
@@ -54,7 +58,11 @@ def test_priority_is_scheduling_only(preset_dir):
 
 
 def test_table6_full_gives_khop_priority():
-    assert [resolve_sweep(e, "pararnn-table6-full").priority for e in ("khop", "khop2", "mqar")] == ["high", "normal", "normal"]
+    assert [resolve_sweep(e, "pararnn-table6-full").priority for e in ("khop", "khop2", "mqar")] == [
+        "high",
+        "normal",
+        "normal",
+    ]
 
 
 @pytest.mark.parametrize("preset", ["smoke", "default"])

@@ -17,8 +17,16 @@ TESTS = ROOT / "tests"  # example_cells.py
 
 def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
-    numbers = probe("example_cells:DiagCell", tmp_path, quick=True, tasks=["parity"], references=["gru"],
-                    max_steps=30, lengths=[16, 64], progress=False)
+    numbers = probe(
+        "example_cells:DiagCell",
+        tmp_path,
+        quick=True,
+        tasks=["parity"],
+        references=["gru"],
+        max_steps=30,
+        lengths=[16, 64],
+        progress=False,
+    )
     assert numbers["rules"]["jacobian"]["ok"] and numbers["rules"]["position_wise"]["ok"] and numbers["verdict"]["ok"]
     for dtype, bound in (("float64", 1e-9), ("float32", 1e-4)):
         a = numbers["agreement"][dtype]
@@ -28,8 +36,15 @@ def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch
     acc = numbers["sweeps"]["acc"]
     assert set(acc) == {"example_cells:DiagCell", "gru"} and all(0 <= a["parity"] <= 1 for a in acc.values())
     report = (tmp_path / "probe-report.md").read_text()
-    for heading in ("**Verdict: PASS", "## 1. Rules", "## 2. Newton-parallel vs sequential", "## 3. Newton iterations",
-                    "## 4. Tasks", "| example_cells:DiagCell ", "| gru "):
+    for heading in (
+        "**Verdict: PASS",
+        "## 1. Rules",
+        "## 2. Newton-parallel vs sequential",
+        "## 3. Newton iterations",
+        "## 4. Tasks",
+        "| example_cells:DiagCell ",
+        "| gru ",
+    ):
         assert heading in report
     df = pd.read_csv(tmp_path / "parity" / "results.csv")
     assert set(df["mixer"]) == {"example_cells:DiagCell", "gru"} and set(df["status"]) == {"ok"}
@@ -45,8 +60,16 @@ def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch
 def test_probe_sweeps_the_state_tracking_tasks_beyond_the_training_lengths(tmp_path, monkeypatch):
     """The report card's z3 column is the mean accuracy at the evaluation lengths beyond training (quick: 16, 32)."""
     monkeypatch.syspath_prepend(str(TESTS))
-    numbers = probe("example_cells:DiagCell", tmp_path, quick=True, tasks=["z3"], references=["gru"],
-                    max_steps=30, lengths=[16], progress=False)
+    numbers = probe(
+        "example_cells:DiagCell",
+        tmp_path,
+        quick=True,
+        tasks=["z3"],
+        references=["gru"],
+        max_steps=30,
+        lengths=[16],
+        progress=False,
+    )
     df = pd.read_csv(tmp_path / "z3" / "results.csv")
     assert set(df["task"]) == {"modular_count"} and set(df["status"]) == {"ok"}
     assert {"len16/acc", "len32/acc", "extrap/mean_acc"} <= set(df.columns)
@@ -60,7 +83,9 @@ def test_probe_sweeps_the_state_tracking_tasks_beyond_the_training_lengths(tmp_p
 
 def _probe_cli(cell, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
-    code = main([f"example_cells:{cell}", "--no-sweeps", "--quick", "--lengths", "16", "--out", str(tmp_path), "--no-progress"])
+    code = main(
+        [f"example_cells:{cell}", "--no-sweeps", "--quick", "--lengths", "16", "--out", str(tmp_path), "--no-progress"]
+    )
     return code, (tmp_path / "probe-report.md").read_text(), json.loads((tmp_path / "probe.json").read_text())
 
 
@@ -105,8 +130,9 @@ def test_probe_fails_a_non_finite_cell(tmp_path, monkeypatch):
     assert "**Verdict: FAIL: non-finite states or gradients**" in report
 
 
-@pytest.mark.parametrize("cell", ["mixers.cells.flash:FlashGRUCell", "mixers.cells.flash:FlashLSTMCell",
-                                  "example_cells:DenseCell"])
+@pytest.mark.parametrize(
+    "cell", ["mixers.cells.flash:FlashGRUCell", "mixers.cells.flash:FlashLSTMCell", "example_cells:DenseCell"]
+)
 def test_probe_passes_honest_cells(cell, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     numbers = probe(cell, tmp_path, quick=True, lengths=[16], run_sweeps=False, progress=False)
@@ -118,11 +144,17 @@ def test_probe_passes_honest_cells(cell, tmp_path, monkeypatch):
 
 
 def test_probe_cli_errors_are_one_line(tmp_path):
-    for argv, message in ((["nosuchmodule:Cell"], "cannot import module 'nosuchmodule'"),
-                          (["test_probe:ROOT"], "is not an RNNCell subclass"),
-                          (["example_cells:DiagCell", "--tasks", "parity,nope"], "--tasks: unknown nope")):
-        proc = subprocess.run([sys.executable, "-m", "experiments.probe", *argv, "--out", str(tmp_path)],
-                              capture_output=True, text=True, cwd=Path(__file__).parent,
-                              env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{Path(__file__).parent}"})
+    for argv, message in (
+        (["nosuchmodule:Cell"], "cannot import module 'nosuchmodule'"),
+        (["test_probe:ROOT"], "is not an RNNCell subclass"),
+        (["example_cells:DiagCell", "--tasks", "parity,nope"], "--tasks: unknown nope"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "experiments.probe", *argv, "--out", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{Path(__file__).parent}"},
+        )
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1

@@ -8,16 +8,25 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.paper import (compare, comparison_frame, comparison_markdown, entry_metric, paper_layers,
-                              reproduction_presets, verdict)
+from experiments.paper import (
+    compare,
+    comparison_frame,
+    comparison_markdown,
+    entry_metric,
+    paper_layers,
+    reproduction_presets,
+    verdict,
+)
 from experiments.presets import build_specs, load_preset, resolve_sweep
 from experiments.reproduce import devices_used, plans_for, run_reproduction
 from experiments.study import cell_id
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_TABLE6 = {  # paper 000 Table 6
-    "transformer": [1.00, 0.53, 1.00, 0.82, 0.78], "mamba2": [0.01, 0.52, 1.00, 1.00, 0.98],
-    "flashgru": [1.00, 1.00, 1.00, 1.00, 1.00], "flashlstm": [1.00, 1.00, 1.00, 1.00, 1.00],
+    "transformer": [1.00, 0.53, 1.00, 0.82, 0.78],
+    "mamba2": [0.01, 0.52, 1.00, 1.00, 0.98],
+    "flashgru": [1.00, 1.00, 1.00, 1.00, 1.00],
+    "flashlstm": [1.00, 1.00, 1.00, 1.00, 1.00],
 }
 
 
@@ -28,8 +37,15 @@ def test_reproduction_presets_carry_the_papers_numbers():
         assert [t6[mixer][e][0] for e in ("keep_nth", "parity", "mqar", "khop", "khop2")] == accs
     assert t6["flashgru"]["parity"][1] == 3800 and t6["transformer"]["parity"][1] == 31800
     fr = load_preset("flashrnn-parity")["paper"]["results"]
-    assert {m: v["parity"][0] for m, v in fr.items()} == {"transformer": 0.52, "mamba": 0.56, "mlstm_exp": 0.54,
-                                                           "elman": 1.0, "gru": 1.0, "lstm": 1.0, "slstm": 1.0}
+    assert {m: v["parity"][0] for m, v in fr.items()} == {
+        "transformer": 0.52,
+        "mamba": 0.56,
+        "mlstm_exp": 0.54,
+        "elman": 1.0,
+        "gru": 1.0,
+        "lstm": 1.0,
+        "slstm": 1.0,
+    }
     for name in ("pararnn-table6", "pararnn-table1", "flashrnn-parity"):
         data = load_preset(name)
         assert "Departure" in data["description"] and data["budget"]
@@ -97,16 +113,32 @@ def test_devices_used_skips_trials_without_a_device():
 
 def _rows(entry, mixer, values, lrs=None):
     lrs = lrs or [1e-3] * len(values)
-    return [{"entry": entry, "task": entry, "mixer": mixer, "seed": i, "lr": lr, "status": "ok", "test/acc": v,
-             "test/last_acc": v, "extrap/mean_acc": v, "best_val_acc": v, "n_params": 1000, "steps": 100}
-            for i, (v, lr) in enumerate(zip(values, lrs))]
+    return [
+        {
+            "entry": entry,
+            "task": entry,
+            "mixer": mixer,
+            "seed": i,
+            "lr": lr,
+            "status": "ok",
+            "test/acc": v,
+            "test/last_acc": v,
+            "extrap/mean_acc": v,
+            "best_val_acc": v,
+            "n_params": 1000,
+            "steps": 100,
+        }
+        for i, (v, lr) in enumerate(zip(values, lrs))
+    ]
 
 
 def test_compare_best_and_mean_at_best_lr():
     df = pd.DataFrame(_rows("parity", "flashgru", [0.5, 0.99, 0.7]) + _rows("parity", "mamba2", [0.5, 0.51, 0.52]))
     t = compare("pararnn-table1", {"parity": df}).set_index("mixer")
     assert t.loc["flashgru", "ours"] == 0.99 and t.loc["flashgru", "paper"] == 1.0
-    assert t.loc["mamba2", "ours"] == 0.52 and t.loc["transformer", "ours"] != t.loc["transformer", "ours"]  # not run: NaN
+    assert (
+        t.loc["mamba2", "ours"] == 0.52 and t.loc["transformer", "ours"] != t.loc["transformer", "ours"]
+    )  # not run: NaN
     # mean over seeds at the lr whose mean validation accuracy is best
     rows = _rows("parity", "gru", [1.0, 0.9, 0.8], [1e-2] * 3) + _rows("parity", "gru", [0.95, 0.95, 0.95], [1e-3] * 3)
     t = compare("flashrnn-parity", {"parity": pd.DataFrame(rows)}).set_index("mixer")
@@ -145,7 +177,10 @@ def test_a_paper_metric_per_column():
 
 
 def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
-    over = {"train": {"max_steps": 10, "train_size": 64, "val_size": 32, "test_size": 64}, "mixers": ["gru", "flashgru"]}
+    over = {
+        "train": {"max_steps": 10, "train_size": 64, "val_size": 32, "test_size": 64},
+        "mixers": ["gru", "flashgru"],
+    }
     table = run_reproduction("pararnn-table1", tmp_path, quick=True, overrides=over, entries=["parity"], progress=False)
     assert set(table["entry"]) == {"parity"} and table.set_index("mixer").loc["flashgru", "ours_params"] > 0
     text = (tmp_path / "pararnn-table1" / "reproduction.md").read_text()
@@ -165,8 +200,13 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
 
 
 def test_cli_unknown_reproduction_is_one_line():
-    proc = subprocess.run([sys.executable, "-m", "experiments.reproduce", "nosuch"], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.reproduce", "nosuch"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 2 and "unknown reproduction 'nosuch'; known: " in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -174,7 +214,10 @@ def test_cli_unknown_reproduction_is_one_line():
 def test_failed_cells_are_final_unless_retry_failed(tmp_path, monkeypatch):
     """A cell whose trial failed (here: NaN) is not re-run on resume, only with retry_failed."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    over = {"train": {"max_steps": 5, "train_size": 32, "val_size": 16, "test_size": 16}, "mixers": ["nan_mixer:NaNMixer"]}
+    over = {
+        "train": {"max_steps": 5, "train_size": 32, "val_size": 16, "test_size": 16},
+        "mixers": ["nan_mixer:NaNMixer"],
+    }
     args = dict(quick=True, overrides=over, entries=["parity"], progress=False)
     results = tmp_path / "pararnn-table1" / "parity" / "results.csv"
     run_reproduction("pararnn-table1", tmp_path, **args)

@@ -10,15 +10,34 @@ from experiments.stack import check_stackable, run_stack
 from experiments.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
 from tests.experiments.test_training import Interrupt
 
-KEYS = ("steps", "best_step", "stopped_early", "best_val_acc", "final_val_acc", "test/acc", "test/last_acc",
-        "final/test/acc", "n_params")
+KEYS = (
+    "steps",
+    "best_step",
+    "stopped_early",
+    "best_val_acc",
+    "final_val_acc",
+    "test/acc",
+    "test/last_acc",
+    "final/test/acc",
+    "n_params",
+)
 
 
 def _specs(mixer: str, seeds, **train) -> list[TrialSpec]:
     config = dict(max_steps=300, eval_every=50, train_size=500, val_size=200, test_size=300, eval_batch_size=256)
-    return [TrialSpec(task="parity", mixer=mixer, lr=3e-3, seed=s, task_options={"seq_len": 12, "running": True},
-                      mixer_options={"divergence_tol": 1e-2} if mixer.startswith("flash") else {},
-                      train=TrainConfig(**{**config, **train}), device="cpu") for s in seeds]
+    return [
+        TrialSpec(
+            task="parity",
+            mixer=mixer,
+            lr=3e-3,
+            seed=s,
+            task_options={"seq_len": 12, "running": True},
+            mixer_options={"divergence_tol": 1e-2} if mixer.startswith("flash") else {},
+            train=TrainConfig(**{**config, **train}),
+            device="cpu",
+        )
+        for s in seeds
+    ]
 
 
 def _same(stacked: dict, alone: dict) -> None:
@@ -34,8 +53,13 @@ def test_stacked_trials_train_as_their_separate_trials(tmp_path, mixer, stop_at)
     quiet_lightning()
     specs = _specs(mixer, (0, 1, 2), early_stop_acc=stop_at)
     curves = {0: [], 1: [], 2: []}
-    stacked = run_stack(specs, [tmp_path / f"t{s.seed}" for s in specs], tmp_path / "stack", RunOptions(logger="none"),
-                        report=lambda s, acc, step: curves[s].append((step, acc)))
+    stacked = run_stack(
+        specs,
+        [tmp_path / f"t{s.seed}" for s in specs],
+        tmp_path / "stack",
+        RunOptions(logger="none"),
+        report=lambda s, acc, step: curves[s].append((step, acc)),
+    )
     alone = [run_trial(s, tmp_path / f"alone{s.seed}", options=RunOptions(logger="none")) for s in specs]
     for s, (a, b) in enumerate(zip(stacked, alone)):
         _same(a, b)
@@ -121,4 +145,6 @@ def test_sweep_with_stacks_gives_each_cell_its_own_row(tmp_path):
     stacks = sorted(p.name for p in (tmp_path / "stacked" / "stacks").iterdir())
     assert len(stacks) == 2 and all("-s0,1-" in name for name in stacks)
     for t in plain_study(tmp_path / "stacked").trials:
-        assert sorted(t.intermediate_values) == [10, 20] and max(t.intermediate_values.values()) == pytest.approx(t.value)
+        assert sorted(t.intermediate_values) == [10, 20] and max(t.intermediate_values.values()) == pytest.approx(
+            t.value
+        )

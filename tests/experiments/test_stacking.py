@@ -11,20 +11,33 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 # the Table 6 mix as the presets build it, plus the variants stacking treats differently
 CONFIGS = {
-    "transformer-learned": dict(mixer="transformer", block="mixer",
-                                mixer_options={"positions": "learned", "max_len": 40, "mlp_ratio": 1, "bias": True}),
+    "transformer-learned": dict(
+        mixer="transformer",
+        block="mixer",
+        mixer_options={"positions": "learned", "max_len": 40, "mlp_ratio": 1, "bias": True},
+    ),
     "transformer-rope": dict(mixer="transformer", block="full", mixer_options={"positions": "rope"}),
     "transformer-sinusoidal": dict(mixer="transformer", mixer_options={"positions": "sinusoidal"}),
-    "mamba2-parity": dict(mixer="mamba2", block="mixer", mixer_options={"conv_kernel": 4, "norm": True, "backend": "torch"}),
-    "mamba2-mqar": dict(mixer="mamba2", block="full", mixer_options={"x_proj": False, "conv_kernel": 4, "backend": "torch"}),
+    "mamba2-parity": dict(
+        mixer="mamba2", block="mixer", mixer_options={"conv_kernel": 4, "norm": True, "backend": "torch"}
+    ),
+    "mamba2-mqar": dict(
+        mixer="mamba2", block="full", mixer_options={"x_proj": False, "conv_kernel": 4, "backend": "torch"}
+    ),
     "mamba2-groups": dict(mixer="mamba2", block="full", mixer_options={"ngroups": 2, "d_state": 8, "backend": "torch"}),
     "flashgru": dict(mixer="flashgru", block="full", mixer_options={"divergence_tol": 1e-2}),
-    "flashlstm-sinusoidal": dict(mixer="flashlstm", block="mixer", positional="sinusoidal",
-                                 mixer_options={"clip_norm": None, "divergence_tol": 1e-2}),
+    "flashlstm-sinusoidal": dict(
+        mixer="flashlstm",
+        block="mixer",
+        positional="sinusoidal",
+        mixer_options={"clip_norm": None, "divergence_tol": 1e-2},
+    ),
     "flashgru-out-proj": dict(mixer="flashgru", block="mixer", mixer_options={"d_state": 16, "divergence_tol": 1e-2}),
 }
 GPU_CONFIGS = {
-    "mamba2-triton": dict(mixer="mamba2", block="full", mixer_options={"x_proj": False, "conv_kernel": 4, "backend": "triton"}),
+    "mamba2-triton": dict(
+        mixer="mamba2", block="full", mixer_options={"x_proj": False, "conv_kernel": 4, "backend": "triton"}
+    ),
     "flashgru-fused": dict(mixer="flashgru", block="full", mixer_options={"mode": "fused", "divergence_tol": 1e-2}),
     "flashlstm-fused": dict(mixer="flashlstm", block="full", mixer_options={"mode": "fused", "divergence_tol": 1e-2}),
 }

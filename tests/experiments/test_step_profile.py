@@ -9,17 +9,23 @@ from experiments.step_profile import kernel_family
 from experiments.throughput import benchmark_specs, main
 
 
-@pytest.mark.parametrize("name,family", [
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float> >", "elementwise"),
-    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<float, unsigned int, 4>", "elementwise"),
-    ("triton_poi_fused_add_mul_0", "elementwise"),
-    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t> >", "reduction"),
-    ("triton_per_fused__fused_rms_norm_backward_view_2", "reduction"),
-    ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize32x32x8_stage3", "gemm"),
-    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float>", "gemm"),
-    ("_gru_fwd_kernel", "other"),
-    ("chunk_attn_kernel", "other"),
-])
+@pytest.mark.parametrize(
+    "name,family",
+    [
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float> >", "elementwise"),
+        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<float, unsigned int, 4>", "elementwise"),
+        ("triton_poi_fused_add_mul_0", "elementwise"),
+        (
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t> >",
+            "reduction",
+        ),
+        ("triton_per_fused__fused_rms_norm_backward_view_2", "reduction"),
+        ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize32x32x8_stage3", "gemm"),
+        ("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float>", "gemm"),
+        ("_gru_fwd_kernel", "other"),
+        ("chunk_attn_kernel", "other"),
+    ],
+)
 def test_kernel_family(name, family):
     assert kernel_family(name) == family
 
@@ -33,16 +39,30 @@ def test_heaviest_kernels_rank_by_time_per_step():
     from experiments.throughput import heaviest_table
 
     ev = lambda name, us: SimpleNamespace(name=name, device_time=us)  # noqa: E731
-    events = [ev("chunk_attn_kernel", 10.0), ev("triton_poi_fused_add_0", 1.0), ev("chunk_attn_kernel", 14.0),
-              ev("sm80_xmma_gemm_f32f32", 6.0), ev("triton_poi_fused_add_0", 1.0)] * 2  # two replays
+    events = [
+        ev("chunk_attn_kernel", 10.0),
+        ev("triton_poi_fused_add_0", 1.0),
+        ev("chunk_attn_kernel", 14.0),
+        ev("sm80_xmma_gemm_f32f32", 6.0),
+        ev("triton_poi_fused_add_0", 1.0),
+    ] * 2  # two replays
     top = heaviest_kernels(events, steps=2, n=2)
     assert [k["kernel"] for k in top] == ["chunk_attn_kernel", "sm80_xmma_gemm_f32f32"]
-    assert top[0] == {"kernel": "chunk_attn_kernel", "family": "other", "launches": 2.0, "us": 24.0,
-                      "share": round(24 / 32, 3)}
+    assert top[0] == {
+        "kernel": "chunk_attn_kernel",
+        "family": "other",
+        "launches": 2.0,
+        "us": 24.0,
+        "share": round(24 / 32, 3),
+    }
     assert top[1]["family"] == "gemm" and top[1]["launches"] == 1.0 and top[1]["us"] == 6.0
     assert len(heaviest_kernels(events, 2, 10)) == 3 and heaviest_kernels([], 1, 3) == []
-    rows = pd.DataFrame([{"task": "khop2", "mixer": "mamba2", "compiled": True, "heaviest": top},
-                         {"task": "mqar", "mixer": "transformer", "compiled": False, "error": "x"}])
+    rows = pd.DataFrame(
+        [
+            {"task": "khop2", "mixer": "mamba2", "compiled": True, "heaviest": top},
+            {"task": "mqar", "mixer": "transformer", "compiled": False, "error": "x"},
+        ]
+    )
     lines = heaviest_table(rows)
     assert len(lines) == 2 and list(lines["kernel"]) == ["chunk_attn_kernel", "sm80_xmma_gemm_f32f32"]
     assert set(lines["mixer"]) == {"mamba2"} and "heaviest" not in lines
@@ -70,7 +90,7 @@ def test_a_bad_size_list_is_a_one_line_error(capsys, argv):
 
 
 def _spec(mixer):
-    (_, spec), = benchmark_specs("pararnn-table6", ["mqar"], [mixer], 100, "cuda")
+    ((_, spec),) = benchmark_specs("pararnn-table6", ["mqar"], [mixer], 100, "cuda")
     return spec
 
 

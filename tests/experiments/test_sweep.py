@@ -24,14 +24,25 @@ TINY = {"max_steps": 20, "batch_size": 16, "train_size": 64, "val_size": 32, "te
 
 
 def tiny_plan(mixers, seeds=(0,), lrs=(1e-3,)):
-    return resolve_sweep("parity", "smoke", {"mixers": list(mixers), "seeds": list(seeds), "lrs": list(lrs), "train": TINY,
-                                             "extrapolation": {"min_len": 3, "max_len": 8, "eval_lengths": [12]}})
+    return resolve_sweep(
+        "parity",
+        "smoke",
+        {
+            "mixers": list(mixers),
+            "seeds": list(seeds),
+            "lrs": list(lrs),
+            "train": TINY,
+            "extrapolation": {"min_len": 3, "max_len": 8, "eval_lengths": [12]},
+        },
+    )
 
 
 def plain_study(out, name="parity-smoke"):
     """The sweep's study opened with plain Optuna, as optuna-dashboard or a user would."""
-    return optuna.load_study(study_name=name, storage=optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(out / "journal.log"))))
+    return optuna.load_study(
+        study_name=name,
+        storage=optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(out / "journal.log"))),
+    )
 
 
 def trial_states(out, name="parity-smoke"):
@@ -42,8 +53,19 @@ def test_sweep_writes_results_and_resumes_without_rerunning(tmp_path):
     plan = tiny_plan(["gru", "elman"], seeds=[0, 1])
     df = run_sweep(plan, tmp_path, progress=False)
     assert len(df) == 4 and set(df["status"]) == {"ok"}
-    assert {"test/acc", "test/last_acc", "final/test/acc", "len12/acc", "extrap/mean_acc", "n_params", "torch", "commit",
-            "best_step", "trainset/acc", "final/trainset/acc"} <= set(df.columns)
+    assert {
+        "test/acc",
+        "test/last_acc",
+        "final/test/acc",
+        "len12/acc",
+        "extrap/mean_acc",
+        "n_params",
+        "torch",
+        "commit",
+        "best_step",
+        "trainset/acc",
+        "final/trainset/acc",
+    } <= set(df.columns)
     assert "trainset acc" in (tmp_path / "table.md").read_text()
     on_disk = pd.read_csv(tmp_path / "results.csv")
     assert len(on_disk) == 4 and (tmp_path / "table.md").read_text().count("| parity ") == 2
@@ -67,7 +89,8 @@ def test_plain_optuna_sees_the_cells_values_and_learning_curves(tmp_path):
     frame = study.trials_dataframe()
     assert {"params_mixer", "params_seed", "params_lr", "params_task", "params_entry", "value"} <= set(frame.columns)
     assert sorted(zip(frame["params_mixer"], frame["params_seed"], frame["params_lr"])) == sorted(
-        (m, s, lr) for m in ("gru", "elman") for s in (0, 1) for lr in (1e-3, 3e-3))
+        (m, s, lr) for m in ("gru", "elman") for s in (0, 1) for lr in (1e-3, 3e-3)
+    )
     by_cell = df.set_index(["mixer", "seed", "lr"])
     for t in study.trials:
         row = by_cell.loc[(t.params["mixer"], t.params["seed"], t.params["lr"])]
@@ -97,8 +120,9 @@ def test_interrupted_trial_is_rerun_once(tmp_path):
     states = trial_states(tmp_path)
     assert states.count(TrialState.COMPLETE) == 2 and states.count(TrialState.FAIL) == 1
     assert len(df) == 2 and set(df["status"]) == {"ok"}
-    assert {cell_id(s) for s in specs} == {t.user_attrs["cell"] for t in plain_study(tmp_path).trials
-                                           if t.state == TrialState.COMPLETE}
+    assert {cell_id(s) for s in specs} == {
+        t.user_attrs["cell"] for t in plain_study(tmp_path).trials if t.state == TrialState.COMPLETE
+    }
 
 
 def test_nan_trial_fails_cleanly_and_sweep_goes_on(tmp_path, monkeypatch):
@@ -138,8 +162,24 @@ SLOW_MIXER = "test_workers:SlowMixer"
 
 
 def _sweep_cmd(out, *extra):
-    return [sys.executable, "-m", "experiments.sweep", "parity", "--preset", "smoke", "--mixers", SLOW_MIXER,
-            "--max-steps", "200", "--task-option", "seq_len=8", "--out", str(out), "--no-progress", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "experiments.sweep",
+        "parity",
+        "--preset",
+        "smoke",
+        "--mixers",
+        SLOW_MIXER,
+        "--max-steps",
+        "200",
+        "--task-option",
+        "seq_len=8",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def _env():
@@ -154,8 +194,12 @@ def _ctrl_c_as_at_a_terminal():
 
 def _trained_step(out) -> int:
     """The last training step any trial of ``out`` has written to its ``progress.csv`` (0: none yet)."""
-    steps = [int(line.split(",")[1]) for f in out.glob("trials/*/progress.csv")
-             for line in f.read_text().splitlines()[1:] if line.count(",") == 3]
+    steps = [
+        int(line.split(",")[1])
+        for f in out.glob("trials/*/progress.csv")
+        for line in f.read_text().splitlines()[1:]
+        if line.count(",") == 3
+    ]
     return max(steps, default=0)
 
 
@@ -164,8 +208,15 @@ def _interrupt_after_training_started(out, extra=()):
     ``progress.csv``: progress it can see, whatever the machine's load), then Ctrl-C it; returns the exit
     code, standard error and the step seen before the interruption."""
     before = _trained_step(out)
-    proc = subprocess.Popen(_sweep_cmd(out, *extra), cwd=ROOT, env=_env(), stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_ctrl_c_as_at_a_terminal)
+    proc = subprocess.Popen(
+        _sweep_cmd(out, *extra),
+        cwd=ROOT,
+        env=_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_ctrl_c_as_at_a_terminal,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and _trained_step(out) <= before and proc.poll() is None:
         time.sleep(0.2)
@@ -191,39 +242,58 @@ def test_ctrl_c_three_times_then_the_sweep_finishes(tmp_path, workers):
         seen.append(step)
     study = plain_study(tmp_path)
     assert [t.user_attrs.get("failure") for t in study.trials] == ["interrupted"] * 3
-    done = subprocess.run(_sweep_cmd(tmp_path, *extra), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        _sweep_cmd(tmp_path, *extra), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     df = pd.read_csv(tmp_path / "results.csv")
     # each run went on from where the last one stopped: the final one resumed at or after the last step seen
-    assert df["status"].tolist() == ["ok"] and df["resumed_from_step"].iloc[0] >= seen[-1] and df["steps"].iloc[0] == 200
+    assert (
+        df["status"].tolist() == ["ok"] and df["resumed_from_step"].iloc[0] >= seen[-1] and df["steps"].iloc[0] == 200
+    )
     assert steps == [["missing"]] * 3  # an interrupted cell is shown as missing, never as a result
     assert [t.state for t in plain_study(tmp_path).trials].count(TrialState.COMPLETE) == 1
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["nosuchtask"], "unknown task 'nosuchtask'; known tasks:"),
-    (["parity", "--preset", "nosuch"], "unknown preset 'nosuch'; known presets:"),
-    (["parity", "--preset", "smoke", "--mixers", "gru,nosuch"], "unknown mixer 'nosuch'"),
-    (["parity", "--preset", "smoke", "--mixers", "torch:Tensor"], "mixer 'torch:Tensor'"),
-    (["parity", "--preset", "smoke", "--task-option", "seq_len=0"], "seq_len must be >= 1"),
-    (["parity", "--preset", "smoke", "--train-option", "nosuch=1"], "unknown train option(s) nosuch"),
-    (["parity", "--preset", "smoke", "--train-option", "train_size=0"], "train_size must be a positive integer"),
-    (["parity", "--preset", "smoke", "--train-option", "train_size"], "expected KEY=VALUE"),
-    (["parity", "--preset", "smoke", "--max-steps", "-5"], "--max-steps: must be a positive integer, got '-5'"),
-    (["parity", "--preset", "smoke", "--max-steps", "0"], "--max-steps: must be a positive integer, got '0'"),
-    (["parity", "--preset", "smoke", "--lrs", "-1e-3"], "--lrs: must be numbers > 0, got '-1e-3'"),
-    (["parity", "--preset", "smoke", "--seeds", "a"], "--seeds: expected an integer, got 'a'"),
-    (["parity", "--preset", "smoke", "--device", "tpu"], "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
-    (["parity", "--preset", "smoke", "--workers", "-1"], "--workers: must be an integer >= 0, got '-1'"),
-    (["parity", "--preset", "smoke", "--mps"], "--mps applies to worker processes"),
-    pytest.param(["parity", "--preset", "smoke", "--logger", "tensorboard"], "logger 'tensorboard' needs tensorboard",
-                 marks=pytest.mark.skipif(__import__("importlib").util.find_spec("tensorboard") is not None,
-                                          reason="tensorboard is installed")),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["nosuchtask"], "unknown task 'nosuchtask'; known tasks:"),
+        (["parity", "--preset", "nosuch"], "unknown preset 'nosuch'; known presets:"),
+        (["parity", "--preset", "smoke", "--mixers", "gru,nosuch"], "unknown mixer 'nosuch'"),
+        (["parity", "--preset", "smoke", "--mixers", "torch:Tensor"], "mixer 'torch:Tensor'"),
+        (["parity", "--preset", "smoke", "--task-option", "seq_len=0"], "seq_len must be >= 1"),
+        (["parity", "--preset", "smoke", "--train-option", "nosuch=1"], "unknown train option(s) nosuch"),
+        (["parity", "--preset", "smoke", "--train-option", "train_size=0"], "train_size must be a positive integer"),
+        (["parity", "--preset", "smoke", "--train-option", "train_size"], "expected KEY=VALUE"),
+        (["parity", "--preset", "smoke", "--max-steps", "-5"], "--max-steps: must be a positive integer, got '-5'"),
+        (["parity", "--preset", "smoke", "--max-steps", "0"], "--max-steps: must be a positive integer, got '0'"),
+        (["parity", "--preset", "smoke", "--lrs", "-1e-3"], "--lrs: must be numbers > 0, got '-1e-3'"),
+        (["parity", "--preset", "smoke", "--seeds", "a"], "--seeds: expected an integer, got 'a'"),
+        (
+            ["parity", "--preset", "smoke", "--device", "tpu"],
+            "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'",
+        ),
+        (["parity", "--preset", "smoke", "--workers", "-1"], "--workers: must be an integer >= 0, got '-1'"),
+        (["parity", "--preset", "smoke", "--mps"], "--mps applies to worker processes"),
+        pytest.param(
+            ["parity", "--preset", "smoke", "--logger", "tensorboard"],
+            "logger 'tensorboard' needs tensorboard",
+            marks=pytest.mark.skipif(
+                __import__("importlib").util.find_spec("tensorboard") is not None, reason="tensorboard is installed"
+            ),
+        ),
+    ],
+)
 def test_cli_user_errors_are_one_line_and_store_nothing(tmp_path, argv, message):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "experiments.sweep", *argv, "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.sweep", *argv, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -238,8 +308,13 @@ def test_cli_unwritable_output_folder_is_one_line(tmp_path):
         ro.mkdir()
         ro.chmod(0o555)
         target = str(ro / "x")
-    proc = subprocess.run([sys.executable, "-m", "experiments.sweep", "parity", "--preset", "smoke", "--out", target],
-                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.sweep", "parity", "--preset", "smoke", "--out", target],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: cannot write to --out {target!r}"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -249,17 +324,31 @@ def test_cli_output_folder_that_is_a_file_is_one_line(tmp_path):
     file.write_text("")
     for module in ("experiments.sweep", "experiments.reproduce"):
         first = "parity" if module.endswith("sweep") else "pararnn-table1"
-        proc = subprocess.run([sys.executable, "-m", module, first, "--out", str(file)], capture_output=True, text=True,
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert proc.returncode == 2 and proc.stderr.strip() == f"error: --out {str(file)!r} is a file, not a folder: choose another path"
+        proc = subprocess.run(
+            [sys.executable, "-m", module, first, "--out", str(file)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert (
+            proc.returncode == 2
+            and proc.stderr.strip() == f"error: --out {str(file)!r} is a file, not a folder: choose another path"
+        )
 
 
 def test_tensorboard_logger_writes_event_files(tmp_path):
     pytest.importorskip("tensorboard")
     from experiments.train import RunOptions, TrainConfig, TrialSpec, run_trial
 
-    spec = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, task_options={"seq_len": 8},
-                     train=TrainConfig(max_steps=10, batch_size=8, train_size=32, val_size=16, test_size=16, eval_every=5))
+    spec = TrialSpec(
+        task="parity",
+        mixer="gru",
+        lr=1e-3,
+        seed=0,
+        task_options={"seq_len": 8},
+        train=TrainConfig(max_steps=10, batch_size=8, train_size=32, val_size=16, test_size=16, eval_every=5),
+    )
     run_trial(spec, tmp_path, options=RunOptions(logger="tensorboard"))
     assert list((tmp_path / "logs" / "version_0").glob("events.out.tfevents.*"))
 
@@ -269,16 +358,47 @@ def test_cli_help_explains_everything(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for word in ("--mixers", "--seeds", "--lrs", "--preset", "--out", "--storage", "--logger", "resumes",
-                 "module.path:CellClass", "--preset smoke"):
+    for word in (
+        "--mixers",
+        "--seeds",
+        "--lrs",
+        "--preset",
+        "--out",
+        "--storage",
+        "--logger",
+        "resumes",
+        "module.path:CellClass",
+        "--preset smoke",
+    ):
         assert word in text
 
 
 def test_cli_train_options_reach_every_trial(tmp_path):
     """--train-option overrides the preset's training configuration; --max-steps wins over a max_steps option."""
-    main(["parity", "--preset", "smoke", "--mixers", "gru", "--seeds", "0,1", "--task-option", "seq_len=8",
-          "--train-option", "train_size=48", "--train-option", "batch_size=8", "--train-option", "max_steps=7",
-          "--max-steps", "12", "--out", str(tmp_path), "--no-progress"])
+    main(
+        [
+            "parity",
+            "--preset",
+            "smoke",
+            "--mixers",
+            "gru",
+            "--seeds",
+            "0,1",
+            "--task-option",
+            "seq_len=8",
+            "--train-option",
+            "train_size=48",
+            "--train-option",
+            "batch_size=8",
+            "--train-option",
+            "max_steps=7",
+            "--max-steps",
+            "12",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     specs = [json.loads((f / "spec.json").read_text()) for f in sorted((tmp_path / "trials").iterdir())]
     assert len(specs) == 2
     assert all(s["train"]["train_size"] == 48 and s["train"]["batch_size"] == 8 for s in specs)
@@ -297,9 +417,28 @@ def test_progress_without_a_terminal_is_a_line_per_finished_cell(tmp_path, caplo
 
 
 # --- the study journal: a torn last record is set aside, anything else unreadable is one line -----------------
-FAST = ["parity", "--preset", "smoke", "--seeds", "0", "--lrs", "1e-3", "--task-option", "seq_len=8",
-        "--train-option", "train_size=32", "--train-option", "val_size=16", "--train-option", "test_size=16",
-        "--train-option", "batch_size=8", "--max-steps", "4", "--no-progress"]
+FAST = [
+    "parity",
+    "--preset",
+    "smoke",
+    "--seeds",
+    "0",
+    "--lrs",
+    "1e-3",
+    "--task-option",
+    "seq_len=8",
+    "--train-option",
+    "train_size=32",
+    "--train-option",
+    "val_size=16",
+    "--train-option",
+    "test_size=16",
+    "--train-option",
+    "batch_size=8",
+    "--max-steps",
+    "4",
+    "--no-progress",
+]
 
 
 def _fast_sweep(out, mixers="gru"):
@@ -339,8 +478,13 @@ def test_torn_last_journal_record_is_set_aside_with_one_warning(tmp_path):
     assert _fast_sweep(tmp_path) == 0
     good = (tmp_path / "journal.log").read_bytes()
     (tmp_path / "journal.log").write_bytes(good + TORN)  # a crash mid-write
-    proc = subprocess.run([sys.executable, "-m", "experiments.sweep", *FAST, "--mixers", "gru", "--out", str(tmp_path)],
-                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.sweep", *FAST, "--mixers", "gru", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     err = proc.stderr
     side = tmp_path / "journal.log.torn-1"
@@ -378,9 +522,17 @@ def test_a_mixers_subset_keeps_the_folders_earlier_cells_in_the_results(tmp_path
     assert sorted(pd.read_csv(tmp_path / "results.csv")["mixer"]) == ["elman", "gru", "lstm"]
 
 
-@pytest.mark.parametrize("extra", [["--mixers", "nosuchmixer"], ["--task-option", "foo=1"], ["--task-option", "seq_len=0"],
-                                   ["--mixers", "nomodule_xyz:Cell"], ["--train-option", "nosuch=1"],
-                                   ["--mixers", "gru", "--storage", "postgresql://nobody@127.0.0.1:1/none"]])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--mixers", "nosuchmixer"],
+        ["--task-option", "foo=1"],
+        ["--task-option", "seq_len=0"],
+        ["--mixers", "nomodule_xyz:Cell"],
+        ["--train-option", "nosuch=1"],
+        ["--mixers", "gru", "--storage", "postgresql://nobody@127.0.0.1:1/none"],
+    ],
+)
 def test_rejected_command_leaves_no_output_folder(tmp_path, capsys, extra):
     out = tmp_path / "new" / "out"
     assert main(["parity", "--preset", "smoke", *extra, "--out", str(out), "--no-progress"]) == 2
@@ -403,8 +555,17 @@ def test_cli_help_lists_the_mixers(capsys):
     assert "module.path:Cell" in text and "fla:<Layer>" in text
 
 
-@pytest.mark.parametrize("mixer", ["my_cells_xyz:NoSuchCell", "tasks:NoSuchCell", "tasks:NoSuchCell[a=1]",
-                                   "my_cells_xyz:NoSuchCell[a=1]", "nosuchmixer", "nosuchmixer[a=1]"])
+@pytest.mark.parametrize(
+    "mixer",
+    [
+        "my_cells_xyz:NoSuchCell",
+        "tasks:NoSuchCell",
+        "tasks:NoSuchCell[a=1]",
+        "my_cells_xyz:NoSuchCell[a=1]",
+        "nosuchmixer",
+        "nosuchmixer[a=1]",
+    ],
+)
 def test_mixer_errors_have_one_prefix(tmp_path, capsys, mixer):
     assert main(["parity", "--preset", "smoke", "--mixers", mixer, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
@@ -412,8 +573,17 @@ def test_mixer_errors_have_one_prefix(tmp_path, capsys, mixer):
     assert mixer.split("[")[0] in err
 
 
-@pytest.mark.parametrize("tail,torn", [(b'{"op_code":5,"trial', True), (b'{"op_code":5,"trial\n', True), (b"\0\0\0\0", True),
-                                       (b"garbage\n", False), (b'{"a":\n{"b":1}\n', False), (b"{}", True)])
+@pytest.mark.parametrize(
+    "tail,torn",
+    [
+        (b'{"op_code":5,"trial', True),
+        (b'{"op_code":5,"trial\n', True),
+        (b"\0\0\0\0", True),
+        (b"garbage\n", False),
+        (b'{"a":\n{"b":1}\n', False),
+        (b"{}", True),
+    ],
+)
 def test_check_journal_sets_aside_only_a_torn_last_record(tmp_path, tail, torn):
     from experiments.study import check_journal
 
@@ -438,9 +608,17 @@ def test_without_a_terminal_the_running_trials_step_and_accuracy_are_reported(tm
     import logging
 
     caplog.set_level(logging.INFO, logger="experiments.runner")
-    plan = resolve_sweep("parity", "smoke", {"mixers": ["gru"], "seeds": [0], "lrs": [1e-3],
-                                             "train": {**TINY, "max_steps": 400, "eval_every": 20},
-                                             "extrapolation": {"min_len": 3, "max_len": 8, "eval_lengths": [12]}})
+    plan = resolve_sweep(
+        "parity",
+        "smoke",
+        {
+            "mixers": ["gru"],
+            "seeds": [0],
+            "lrs": [1e-3],
+            "train": {**TINY, "max_steps": 400, "eval_every": 20},
+            "extrapolation": {"min_len": 3, "max_len": 8, "eval_lengths": [12]},
+        },
+    )
     run_sweep(plan, tmp_path, progress=True, progress_every=0.05)
     lines = [r.getMessage() for r in caplog.records if ": running: " in r.getMessage()]
     assert lines, [r.getMessage() for r in caplog.records]
@@ -452,15 +630,18 @@ def test_the_running_trials_come_from_fresh_unfinished_progress_files(tmp_path):
     from experiments.running import running_trials
 
     now = 1000.0
-    rows = {"a": [(900.0, 10, "", "train"), (910.0, 30, "0.5", "train")],   # started before this run
-            "b": [(995.0, 10, "", "train"), (999.0, 50, "0.75", "train")],  # running: 10 steps/s
-            "c": [(995.0, 10, "", "train"), (999.0, 50, "", "end")],       # finished training
-            "d": [(950.0, 10, "", "train"), (960.0, 50, "", "train")]}     # stale: no sample for 40 s
+    rows = {
+        "a": [(900.0, 10, "", "train"), (910.0, 30, "0.5", "train")],  # started before this run
+        "b": [(995.0, 10, "", "train"), (999.0, 50, "0.75", "train")],  # running: 10 steps/s
+        "c": [(995.0, 10, "", "train"), (999.0, 50, "", "end")],  # finished training
+        "d": [(950.0, 10, "", "train"), (960.0, 50, "", "train")],
+    }  # stale: no sample for 40 s
     cells = []
     for name, samples in rows.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "progress.csv").write_text(
-            "unix_time_s,step,val_acc,phase\n" + "".join(f"{t},{s},{v},{p}\n" for t, s, v, p in samples) + "99")
+            "unix_time_s,step,val_acc,phase\n" + "".join(f"{t},{s},{v},{p}\n" for t, s, v, p in samples) + "99"
+        )
         cells.append((tmp_path / name, name, 450))
     (trial,) = running_trials(cells, since=920.0, stale_s=30.0, now=now)
     assert (trial.label, trial.step, trial.val_acc, trial.rate, trial.eta_s) == ("b", 50, 0.75, 10.0, 40.0)
@@ -485,7 +666,7 @@ def _screen(output: str) -> list[str]:
                 lines[row] = "" if n == 2 else lines[row][:col]
         else:
             line = lines[row].ljust(col)
-            lines[row] = line[:col] + token + line[col + len(token):]
+            lines[row] = line[:col] + token + line[col + len(token) :]
             col += len(token)
     return [line.rstrip() for line in lines if line.strip()]
 
@@ -517,8 +698,11 @@ def test_on_a_terminal_the_bar_starts_at_the_finished_cells_and_log_lines_stay_w
     bars = [line for line in lines if "━" in line]
     assert bars and bars[-1].startswith("parity sweep") and " 3/3 " in bars[-1], lines
     timing = [line for line in lines if " s in all: " in line]
-    assert len(timing) == 1 and re.fullmatch(r"trial\(s\) \d+: [\d.]+ s in all: setup [\d.]+, train [\d.]+, "
-                                             r"test [\d.]+, own -?[\d.]+, recording [\d.]+", timing[0]), lines
+    assert len(timing) == 1 and re.fullmatch(
+        r"trial\(s\) \d+: [\d.]+ s in all: setup [\d.]+, train [\d.]+, "
+        r"test [\d.]+, own -?[\d.]+, recording [\d.]+",
+        timing[0],
+    ), lines
 
 
 def test_log_lines_print_above_the_bar_not_onto_it():

@@ -120,8 +120,12 @@ def test_slot_rows_weight_each_kernel_by_the_slots_it_fills():
     from benchmarks.saturation import slot_rows
 
     def kernel(name, dur, grid, block, regs, smem=0):
-        return {"cat": "kernel", "name": name, "dur": dur,
-                "args": {"grid": grid, "block": block, "registers per thread": regs, "shared memory": smem}}
+        return {
+            "cat": "kernel",
+            "name": name,
+            "dur": dur,
+            "args": {"grid": grid, "block": block, "registers per thread": regs, "shared memory": smem},
+        }
 
     half = kernel("gemm", 10.0, [66, 4, 1], [256, 1, 1], 64)  # 264 CTAs of 4 per SM: 264 / 528
     full = kernel("conv", 3.0, [4096, 1, 1], [1024, 1, 1], 32)  # 4,096 CTAs of 2 per SM: capped
@@ -134,10 +138,19 @@ def test_slot_rows_weight_each_kernel_by_the_slots_it_fills():
 
 def _ncu_kernel(**over):
     """One kernel's ``NCU_METRICS`` in ncu's base units: 132 SMs at 2 GHz."""
-    k = {"gpu__time_duration.sum": 8000.0, "smsp__inst_executed.sum": 2.112e6, "sm__warps_active.sum": 8.448e6,
-         "sm__cycles_active.sum": 1.056e6, "sm__cycles_elapsed.avg.per_second": 2e9, "dram__bytes.sum": 3.35e6,
-         "launch__grid_size": 264.0, "launch__block_size": 128.0, "launch__registers_per_thread": 40.0,
-         "launch__shared_mem_per_block_static": 0.0, "launch__shared_mem_per_block_dynamic": 8192.0}
+    k = {
+        "gpu__time_duration.sum": 8000.0,
+        "smsp__inst_executed.sum": 2.112e6,
+        "sm__warps_active.sum": 8.448e6,
+        "sm__cycles_active.sum": 1.056e6,
+        "sm__cycles_elapsed.avg.per_second": 2e9,
+        "dram__bytes.sum": 3.35e6,
+        "launch__grid_size": 264.0,
+        "launch__block_size": 128.0,
+        "launch__registers_per_thread": 40.0,
+        "launch__shared_mem_per_block_static": 0.0,
+        "launch__shared_mem_per_block_dynamic": 8192.0,
+    }
     return {**k, **over}
 
 
@@ -166,9 +179,24 @@ def test_read_ncu_csv_skips_the_units_row_and_reads_grouped_numbers():
 
     header = ["ID", "Kernel Name", *NCU_METRICS]
     units = ["", "", "ns", "inst", "warp", "cycle", "hz", "byte", "", "", "register/thread", "byte/block", "byte/block"]
-    values = [["0", "gemm", "8,000", "2,112,000", "8448000", "1,056,000", "1,956,097,765.63", "3,350,000", "264",
-               "128", "40", "0", "8,192"],
-              ["1", "add", "2,000", "100", "200", "300", "2e9", "0", "1", "32", "16", "", "0"]]
+    values = [
+        [
+            "0",
+            "gemm",
+            "8,000",
+            "2,112,000",
+            "8448000",
+            "1,056,000",
+            "1,956,097,765.63",
+            "3,350,000",
+            "264",
+            "128",
+            "40",
+            "0",
+            "8,192",
+        ],
+        ["1", "add", "2,000", "100", "200", "300", "2e9", "0", "1", "32", "16", "", "0"],
+    ]
     text = "\n".join(",".join(f'"{v}"' for v in row) for row in [header, units, *values]) + "\n"
     kernels = read_ncu_csv(text)
     assert [k["name"] for k in kernels] == ["gemm", "add"]
@@ -180,8 +208,7 @@ def test_read_ncu_csv_skips_the_units_row_and_reads_grouped_numbers():
 def test_step_floors_sum_the_kernels_and_list_the_most_warp_cycles_first():
     from benchmarks.saturation import FLOORS, resource_floors, step_floors
 
-    small = {**_ncu_kernel(**{"sm__cycles_active.sum": 2.64e5, "sm__warps_active.sum": 2.112e6}),
-             "name": "small"}
+    small = {**_ncu_kernel(**{"sm__cycles_active.sum": 2.64e5, "sm__warps_active.sum": 2.112e6}), "name": "small"}
     big = {**_ncu_kernel(), "name": "big"}
     row = step_floors([small, big, small], sms=132, top=2)
     assert row["kernels"] == 3
@@ -210,8 +237,9 @@ def test_mix_shares_runs_each_mixer_alone_then_the_mix(monkeypatch):
         def __init__(self, mixer):
             self.mixer = mixer
 
-    monkeypatch.setattr("experiments.throughput.benchmark_specs",
-                        lambda *a, **k: [("khop2", Spec("x")), ("khop2", Spec("y"))])
+    monkeypatch.setattr(
+        "experiments.throughput.benchmark_specs", lambda *a, **k: [("khop2", Spec("x")), ("khop2", Spec("y"))]
+    )
     alone = {"x": 4000, "y": 2000}
     calls = []
 
@@ -242,8 +270,12 @@ def test_training_gpu_dmon_summary_reads_only_the_loaded_samples(tmp_path):
         "    0    300     45     44   2619   1980 \n    0      -      -      -      -      - \n"
     )
     text = script.read_text()
-    functions = text[text.index("dmon_start()"):text.index("\n}\n", text.index("dmon_stop()")) + 3]
-    result = subprocess.run(["bash", "-c", functions + "\ndmon_pid=; dmon_stop streams"], capture_output=True,
-                            text=True, env={"out": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    functions = text[text.index("dmon_start()") : text.index("\n}\n", text.index("dmon_stop()")) + 3]
+    result = subprocess.run(
+        ["bash", "-c", functions + "\ndmon_pid=; dmon_stop streams"],
+        capture_output=True,
+        text=True,
+        env={"out": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "=== GPU 0 under load (2 samples within 10% of 520 W): SM clock 1755-1980 MHz"

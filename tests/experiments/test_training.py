@@ -7,8 +7,14 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.lit import (LastPositionAccuracy, LitSequenceModel, NonFiniteLossError, cosine_with_warmup,
-                             cosine_with_warmup_tensor, last_scored)
+from experiments.lit import (
+    LastPositionAccuracy,
+    LitSequenceModel,
+    NonFiniteLossError,
+    cosine_with_warmup,
+    cosine_with_warmup_tensor,
+    last_scored,
+)
 from experiments.train import RunOptions, TrainConfig, TrialSpec, build_datamodule, quiet_lightning, run_trial
 
 
@@ -23,9 +29,16 @@ def test_cosine_with_warmup():
 def _small_module(max_steps: int, warmup_ratio: float):
     from experiments.train import build_module
 
-    spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
-                     train=TrainConfig(max_steps=max_steps, warmup_ratio=warmup_ratio, batch_size=8, train_size=64,
-                                       val_size=16, test_size=16))
+    spec = TrialSpec(
+        task="parity",
+        mixer="gru",
+        lr=3e-3,
+        seed=0,
+        task_options={"seq_len": 8},
+        train=TrainConfig(
+            max_steps=max_steps, warmup_ratio=warmup_ratio, batch_size=8, train_size=64, val_size=16, test_size=16
+        ),
+    )
     dm = build_datamodule(spec)
     dm.setup("fit")
     return build_module(spec, dm)
@@ -38,7 +51,7 @@ def test_the_device_learning_rate_follows_the_schedule(monkeypatch, table):
     past ``max_steps``; both device paths give the same float32 values."""
     import experiments.lit as lit_module
 
-    monkeypatch.setattr(lit_module, "LR_TABLE_MAX_STEPS", 2 ** 24 if table else 0)
+    monkeypatch.setattr(lit_module, "LR_TABLE_MAX_STEPS", 2**24 if table else 0)
     lit = _small_module(max_steps=37, warmup_ratio=0.2)
     opt = torch.optim.AdamW(lit.parameters(), lr=torch.tensor(0.0), foreach=False)
     lit.bind_learning_rate(opt)
@@ -70,14 +83,22 @@ def test_a_non_finite_training_loss_is_caught_after_finite_ones():
 
 def test_last_position_accuracy_on_a_hand_made_batch():
     """The last *scored* position of each sequence counts, whatever the positions before it hold."""
-    targets = torch.tensor([[-100, -100, 1, 0],     # last scored: index 3 (target 0)
-                            [1, 0, -100, -100],     # index 1 (target 0): right-padded
-                            [-100, -100, -100, -100],  # nothing scored: not counted
-                            [2, 2, 2, 1]])          # index 3 (target 1)
-    preds = torch.tensor([[9, 9, 9, 0],             # right
-                          [1, 1, 0, 0],             # wrong at index 1
-                          [0, 0, 0, 0],
-                          [2, 2, 2, 1]])            # right
+    targets = torch.tensor(
+        [
+            [-100, -100, 1, 0],  # last scored: index 3 (target 0)
+            [1, 0, -100, -100],  # index 1 (target 0): right-padded
+            [-100, -100, -100, -100],  # nothing scored: not counted
+            [2, 2, 2, 1],
+        ]
+    )  # index 3 (target 1)
+    preds = torch.tensor(
+        [
+            [9, 9, 9, 0],  # right
+            [1, 1, 0, 0],  # wrong at index 1
+            [0, 0, 0, 0],
+            [2, 2, 2, 1],
+        ]
+    )  # right
     p, t = last_scored(preds, targets)
     assert t.tolist() == [0, 0, 1] and p.tolist() == [0, 1, 1]
     metric = LastPositionAccuracy()
@@ -88,10 +109,23 @@ def test_last_position_accuracy_on_a_hand_made_batch():
 
 def _parity_spec(**train):
     return TrialSpec(
-        task="parity", mixer="gru", lr=3e-3, seed=0, mixer_options={"num_heads": 4},
+        task="parity",
+        mixer="gru",
+        lr=3e-3,
+        seed=0,
+        mixer_options={"num_heads": 4},
         extrapolation={"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]},
-        train=TrainConfig(**{"max_steps": 1200, "batch_size": 32, "train_size": 3000, "val_size": 300, "test_size": 1000,
-                             "eval_every": 100, **train}),
+        train=TrainConfig(
+            **{
+                "max_steps": 1200,
+                "batch_size": 32,
+                "train_size": 3000,
+                "val_size": 300,
+                "test_size": 1000,
+                "eval_every": 100,
+                **train,
+            }
+        ),
     )
 
 
@@ -104,16 +138,23 @@ def test_gru_learns_short_parity_extrapolates_and_its_checkpoint_reloads(tmp_pat
     assert result["len32/acc"] >= 0.95, result  # twice the longest training length
     assert result["stopped_early"], "early stopping at val acc > 0.999 should end the run before max_steps"
     assert result["best_step"] == result["steps"]  # it stopped at its best validation
-    assert (tmp_path / "checkpoints" / "best.ckpt").is_file() and list((tmp_path / "logs").glob("version_0/metrics.csv"))
+    assert (tmp_path / "checkpoints" / "best.ckpt").is_file() and list(
+        (tmp_path / "logs").glob("version_0/metrics.csv")
+    )
     # the checkpoint rebuilds the model from its saved hyperparameters alone, and scores what the trial reported
     module = LitSequenceModel.load_from_checkpoint(tmp_path / "checkpoints" / "best.ckpt", map_location="cpu")
     assert module.hparams["model"]["mixer"] == "gru" and isinstance(module.hparams["model"], dict)
     dm = build_datamodule(spec)
     dm.setup()
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
-    tested = {k.split("/dataloader_idx")[0]: v for part in trainer.test(module, datamodule=dm, verbose=False)
-              for k, v in part.items()}
-    assert tested["test/acc"] == pytest.approx(result["test/acc"]) and tested["len32/acc"] == pytest.approx(result["len32/acc"])
+    tested = {
+        k.split("/dataloader_idx")[0]: v
+        for part in trainer.test(module, datamodule=dm, verbose=False)
+        for k, v in part.items()
+    }
+    assert tested["test/acc"] == pytest.approx(result["test/acc"]) and tested["len32/acc"] == pytest.approx(
+        result["len32/acc"]
+    )
     # the training subset's accuracy, recomputed by hand: the first val_size training sequences
     fit = dm.data["train"]
     inputs, targets = fit.inputs[: spec.train.val_size], fit.targets[: spec.train.val_size]
@@ -150,7 +191,10 @@ def test_transformer_cannot_learn_parity_quickly():
     """The counterpart: attention stays near chance on the same budget (a sanity check of the task)."""
     quiet_lightning()
     spec = TrialSpec(
-        task="parity", mixer="transformer", lr=3e-3, seed=0,
+        task="parity",
+        mixer="transformer",
+        lr=3e-3,
+        seed=0,
         extrapolation={"min_len": 3, "max_len": 16, "eval_lengths": [32]},
         train=TrainConfig(max_steps=150, batch_size=32, train_size=1000, val_size=200, test_size=500, eval_every=50),
     )
@@ -172,12 +216,20 @@ def test_interrupted_trial_resumes_exactly_where_it_stopped(tmp_path):
     """Ctrl-C mid-epoch, after a step, then a re-run: the same weights as an uninterrupted run (same
     batches, same state). Eager steps (one optimizer step per Lightning step) also on a GPU."""
     quiet_lightning()
-    spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
-                     train=TrainConfig(max_steps=60, batch_size=8, train_size=100, val_size=32, test_size=32, eval_every=20))
+    spec = TrialSpec(
+        task="parity",
+        mixer="gru",
+        lr=3e-3,
+        seed=0,
+        task_options={"seq_len": 8},
+        train=TrainConfig(max_steps=60, batch_size=8, train_size=100, val_size=32, test_size=32, eval_every=20),
+    )
     eager = RunOptions(engine="eager")
     whole = run_trial(spec, tmp_path / "whole", options=eager)
     with pytest.raises(KeyboardInterrupt):  # Lightning's sys.exit(1) is turned back into KeyboardInterrupt
-        run_trial(spec, tmp_path / "cut", callbacks=[Interrupt(at=45)], options=eager)  # 13 batches per epoch: mid-epoch
+        run_trial(
+            spec, tmp_path / "cut", callbacks=[Interrupt(at=45)], options=eager
+        )  # 13 batches per epoch: mid-epoch
     assert (tmp_path / "cut" / "checkpoints" / "interrupted.ckpt").is_file()
     resumed = run_trial(spec, tmp_path / "cut", options=eager)
     assert resumed["resumed_from_step"] == 45 and resumed["steps"] == whole["steps"] == 60
@@ -202,8 +254,14 @@ def test_ctrl_c_inside_a_training_step_resumes_on_the_uninterrupted_schedule(tmp
 
     quiet_lightning()
     monkeypatch.setattr(train_module, "steps_per_chunk", lambda engine, t: chunk)
-    spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
-                     train=TrainConfig(max_steps=60, batch_size=8, train_size=100, val_size=32, test_size=32, eval_every=20))
+    spec = TrialSpec(
+        task="parity",
+        mixer="gru",
+        lr=3e-3,
+        seed=0,
+        task_options={"seq_len": 8},
+        train=TrainConfig(max_steps=60, batch_size=8, train_size=100, val_size=32, test_size=32, eval_every=20),
+    )
     whole = run_trial(spec, tmp_path / "whole")
     batch = TrainingStream.batch
 
@@ -243,9 +301,16 @@ class InterruptTestPass(L.Callback):
 
 def _plateau_spec() -> TrialSpec:
     """Stops on its plateau rule at step 30 with its best validation at step 10 (checked by the tests)."""
-    return TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
-                     train=TrainConfig(max_steps=200, batch_size=8, train_size=100, val_size=32, test_size=32,
-                                       eval_every=10, plateau_steps=20))
+    return TrialSpec(
+        task="parity",
+        mixer="gru",
+        lr=3e-3,
+        seed=0,
+        task_options={"seq_len": 8},
+        train=TrainConfig(
+            max_steps=200, batch_size=8, train_size=100, val_size=32, test_size=32, eval_every=10, plateau_steps=20
+        ),
+    )
 
 
 @pytest.mark.parametrize("nth", [1, 2])
@@ -290,17 +355,29 @@ def test_trial_callbacks_keep_lightnings_checkpoint_keys(tmp_path):
 
     from experiments.train import TrialCheckpoint, TrialEarlyStopping
 
-    assert TrialEarlyStopping(monitor="val/acc", mode="max").state_key == EarlyStopping(monitor="val/acc", mode="max").state_key
+    assert (
+        TrialEarlyStopping(monitor="val/acc", mode="max").state_key
+        == EarlyStopping(monitor="val/acc", mode="max").state_key
+    )
     for kwargs in ({"monitor": "val/acc", "mode": "max", "save_top_k": 1}, {"monitor": None, "save_top_k": 1}):
-        assert TrialCheckpoint(dirpath=tmp_path, **kwargs).state_key == ModelCheckpoint(dirpath=tmp_path, **kwargs).state_key
+        assert (
+            TrialCheckpoint(dirpath=tmp_path, **kwargs).state_key
+            == ModelCheckpoint(dirpath=tmp_path, **kwargs).state_key
+        )
 
 
 def test_different_seeds_train_on_different_batch_orders(tmp_path):
     quiet_lightning()
 
     def first_batches(seed):
-        spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=seed, task_options={"seq_len": 8},
-                         train=TrainConfig(max_steps=5, batch_size=8, train_size=64, val_size=16, test_size=16))
+        spec = TrialSpec(
+            task="parity",
+            mixer="gru",
+            lr=3e-3,
+            seed=seed,
+            task_options={"seq_len": 8},
+            train=TrainConfig(max_steps=5, batch_size=8, train_size=64, val_size=16, test_size=16),
+        )
         dm = build_datamodule(spec)
         dm.setup()
         stream = dm.train_dataloader()
@@ -318,8 +395,14 @@ def test_trial_survives_its_working_directory_being_deleted(tmp_path, monkeypatc
     gone.mkdir()
     monkeypatch.chdir(gone)
     gone.rmdir()
-    spec = TrialSpec(task="parity", mixer="gru", lr=3e-3, seed=0, task_options={"seq_len": 8},
-                     train=TrainConfig(max_steps=20, batch_size=8, train_size=64, val_size=32, test_size=32, eval_every=10))
+    spec = TrialSpec(
+        task="parity",
+        mixer="gru",
+        lr=3e-3,
+        seed=0,
+        task_options={"seq_len": 8},
+        train=TrainConfig(max_steps=20, batch_size=8, train_size=64, val_size=32, test_size=32, eval_every=10),
+    )
     result = run_trial(spec, tmp_path / "trial" if with_out_dir else None)
     assert result["steps"] == 20
     assert not with_out_dir or (tmp_path / "trial" / "checkpoints" / "best.ckpt").is_file()
@@ -328,9 +411,23 @@ def test_trial_survives_its_working_directory_being_deleted(tmp_path, monkeypatc
 def test_a_trial_stuck_on_a_plateau_stops_early():
     """plateau_steps: no gain of plateau_delta in validation accuracy for that many steps ends the trial."""
     quiet_lightning()
-    spec = TrialSpec(task="parity", mixer="transformer", lr=1e-3, seed=0, task_options={"seq_len": 24},
-                     train=TrainConfig(max_steps=2000, batch_size=16, train_size=256, val_size=64, test_size=64,
-                                       eval_every=50, plateau_steps=150, plateau_delta=0.2))
+    spec = TrialSpec(
+        task="parity",
+        mixer="transformer",
+        lr=1e-3,
+        seed=0,
+        task_options={"seq_len": 24},
+        train=TrainConfig(
+            max_steps=2000,
+            batch_size=16,
+            train_size=256,
+            val_size=64,
+            test_size=64,
+            eval_every=50,
+            plateau_steps=150,
+            plateau_delta=0.2,
+        ),
+    )
     result = run_trial(spec)
     assert result["stopped_early"] and result["steps"] <= 400, result["steps"]
     with pytest.raises(ValueError, match="plateau_steps"):
@@ -357,12 +454,15 @@ def test_graph_engine_needs_cuda():
     assert RunOptions().resolved_engine("cpu") == "eager" and RunOptions().resolved_engine("gpu") == "graph"
 
 
-@pytest.mark.parametrize("train,message", [
-    ({"max_steps": -5}, "max_steps must be a positive integer"),
-    ({"max_steps": 0}, "max_steps must be a positive integer"),
-    ({"batch_size": 0}, "batch_size must be a positive integer"),
-    ({"warmup_ratio": 1.5}, "warmup_ratio must be in"),
-])
+@pytest.mark.parametrize(
+    "train,message",
+    [
+        ({"max_steps": -5}, "max_steps must be a positive integer"),
+        ({"max_steps": 0}, "max_steps must be a positive integer"),
+        ({"batch_size": 0}, "batch_size must be a positive integer"),
+        ({"warmup_ratio": 1.5}, "warmup_ratio must be in"),
+    ],
+)
 def test_bad_train_options_are_rejected(train, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**train)

@@ -15,10 +15,19 @@ from torch import nn
 
 from experiments.lit import LitSequenceModel
 from experiments.presets import build_specs, resolve_sweep
-from experiments.study import HEARTBEAT_DIR, GridStudy, cell_id, grid_distributions, cell_params, is_stale
+from experiments.study import HEARTBEAT_DIR, GridStudy, cell_id, cell_params, grid_distributions, is_stale
 from experiments.sweep import run_sweep
-from experiments.workers import (MPS_BELOW_NORMAL, MPS_NORMAL, host_cores, physical_cores, priority_classes, start_worker,
-                                 worker_devices, worker_loop, worker_threads)
+from experiments.workers import (
+    MPS_BELOW_NORMAL,
+    MPS_NORMAL,
+    host_cores,
+    physical_cores,
+    priority_classes,
+    start_worker,
+    worker_devices,
+    worker_loop,
+    worker_threads,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"max_steps": 20, "batch_size": 16, "train_size": 64, "val_size": 32, "test_size": 32, "eval_every": 10}
@@ -38,9 +47,17 @@ class SlowMixer(nn.Module):
 
 
 def tiny_plan(mixers, seeds=(0,), max_steps=20):
-    return resolve_sweep("parity", "smoke", {"mixers": list(mixers), "seeds": list(seeds), "lrs": [1e-3],
-                                             "train": {**TINY, "max_steps": max_steps},
-                                             "extrapolation": {"min_len": 3, "max_len": 8, "eval_lengths": [12]}})
+    return resolve_sweep(
+        "parity",
+        "smoke",
+        {
+            "mixers": list(mixers),
+            "seeds": list(seeds),
+            "lrs": [1e-3],
+            "train": {**TINY, "max_steps": max_steps},
+            "extrapolation": {"min_len": 3, "max_len": 8, "eval_lengths": [12]},
+        },
+    )
 
 
 def cells_of(specs):
@@ -180,7 +197,9 @@ def test_claim_gives_way_to_a_lower_numbered_running_duplicate(tmp_path):
     enqueue(grid, specs[0])
     first = grid.trials()[0]
     grid.storage.set_trial_state_values(grid.trial_id(first), TrialState.RUNNING)  # another worker runs it
-    grid.storage.set_trial_system_attr(grid.trial_id(first), "worker", {"host": socket.gethostname(), "pid": os.getpid()})
+    grid.storage.set_trial_system_attr(
+        grid.trial_id(first), "worker", {"host": socket.gethostname(), "pid": os.getpid()}
+    )
     assert grid.claim({cell_id(specs[0])}) is None
     assert grid.trials()[1].user_attrs["failure"] == "duplicate"
 
@@ -191,7 +210,9 @@ def test_stale_by_heartbeat_across_hosts(tmp_path):
     enqueue(grid, specs[0])
     t = grid.trials()[0]
     grid.storage.set_trial_state_values(grid.trial_id(t), TrialState.RUNNING)
-    grid.storage.set_trial_system_attr(grid.trial_id(t), "worker", {"host": "elsewhere", "pid": 1, "id": "elsewhere-1-ab"})
+    grid.storage.set_trial_system_attr(
+        grid.trial_id(t), "worker", {"host": "elsewhere", "pid": 1, "id": "elsewhere-1-ab"}
+    )
     t = grid.storage.get_trial(grid.trial_id(t))
     beats = tmp_path / HEARTBEAT_DIR
     beats.mkdir()
@@ -220,9 +241,15 @@ def test_worker_claims_its_preferred_cells_first_then_the_rest(tmp_path):
     grid = open_grid(tmp_path)
     grid.sync(cells_of(specs))
     order = []
-    worker_loop(grid, cells_of(specs), tmp_path, device="cpu", poll_s=0.1,
-                prefer={cell_id(s) for s in specs if s.mixer == "elman"},
-                on_claim=lambda s: order.append((s["mixer"], s["seed"])))
+    worker_loop(
+        grid,
+        cells_of(specs),
+        tmp_path,
+        device="cpu",
+        poll_s=0.1,
+        prefer={cell_id(s) for s in specs if s.mixer == "elman"},
+        on_claim=lambda s: order.append((s["mixer"], s["seed"])),
+    )
     assert order == [("elman", 0), ("elman", 1), ("gru", 0), ("gru", 1)]
     completed_once(grid, specs)
 
@@ -231,8 +258,17 @@ def test_worker_process_takes_its_mps_priority_and_preferred_cells(tmp_path):
     specs = build_specs(tiny_plan(["gru", "elman"]))
     grid = open_grid(tmp_path)
     grid.sync(cells_of(specs))
-    proc = start_worker(0, cells_of(specs), "parity-smoke", None, tmp_path, "cpu", stale_timeout=60,
-                        mps_priority=MPS_BELOW_NORMAL, prefer={cell_id(specs[1])})
+    proc = start_worker(
+        0,
+        cells_of(specs),
+        "parity-smoke",
+        None,
+        tmp_path,
+        "cpu",
+        stale_timeout=60,
+        mps_priority=MPS_BELOW_NORMAL,
+        prefer={cell_id(specs[1])},
+    )
     proc.join(120)
     assert proc.exitcode == 0
     log_text = (tmp_path / "workers" / "worker-0.log").read_text()
@@ -252,11 +288,28 @@ def test_cli_device_without_cuda_is_one_line_with_workers_too(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     for extra in ([], ["--workers", "2"]):
-        proc = subprocess.run([sys.executable, "-m", "experiments.sweep", "parity", "--preset", "smoke", "--device", "cuda",
-                               "--out", str(tmp_path), *extra], capture_output=True, text=True, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "experiments.sweep",
+                "parity",
+                "--preset",
+                "smoke",
+                "--device",
+                "cuda",
+                "--out",
+                str(tmp_path),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert proc.returncode == 2 and proc.stderr.strip() == (
-            "error: device 'cuda' requested but CUDA is not available on this machine; use --device cpu")
+            "error: device 'cuda' requested but CUDA is not available on this machine; use --device cpu"
+        )
 
 
 @pytest.mark.parametrize("moved", [False, True])
@@ -278,8 +331,11 @@ def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path, moved):
     deadline = time.time() + 120  # one cell done, the next one past its first checkpoint
     while time.time() < deadline:
         done = grid.trials(states=(TrialState.COMPLETE,))
-        cut = [p for p in (here / "trials").glob("*/checkpoints/last.ckpt")
-               if done and p.parents[1].name != Path(done[0].user_attrs["result"]["trial_dir"]).name]
+        cut = [
+            p
+            for p in (here / "trials").glob("*/checkpoints/last.ckpt")
+            if done and p.parents[1].name != Path(done[0].user_attrs["result"]["trial_dir"]).name
+        ]
         if done and cut:
             break
         time.sleep(0.1)
@@ -310,8 +366,11 @@ def test_run_plans_hands_the_cells_of_priority_sweeps_to_the_workers(tmp_path, m
     from experiments.runner import run_plans
 
     seen = {}
-    monkeypatch.setattr(workers, "run_workers", lambda grid, cells, *args, priority=frozenset(), **kwargs:
-                        seen.update(cells=cells, priority=priority))
+    monkeypatch.setattr(
+        workers,
+        "run_workers",
+        lambda grid, cells, *args, priority=frozenset(), **kwargs: seen.update(cells=cells, priority=priority),
+    )
     urgent = dataclasses.replace(tiny_plan(["gru"], seeds=(0, 1)), priority="high")
     other = dataclasses.replace(tiny_plan(["elman"]), entry="other")
     run_plans([urgent, other], tmp_path, "prio", workers=2, progress=False)

@@ -73,7 +73,7 @@ SIZES = [(1, 1, 1, 4, 4), (2, 13, 3, 5, 3), (1, 67, 1, 8, 8)]  # B, L, H, K, V: 
 def test_delta_rule_reference_matches_dense_matrices(B, L, H, K, V, signed):
     q, k, v, beta, _ = _inputs(B, L, H, K, V, signed=signed, seed=L)
     o = kd.delta_rule(q, k, v, beta, backend="reference")
-    torch.testing.assert_close(o, dense_product(q, k[:, :, None], v[:, :, None], beta[:, :, None], None, K ** -0.5))
+    torch.testing.assert_close(o, dense_product(q, k[:, :, None], v[:, :, None], beta[:, :, None], None, K**-0.5))
 
 
 @pytest.mark.parametrize("B,L,H,K,V", SIZES)
@@ -88,7 +88,7 @@ def test_gated_delta_rule_reference_matches_dense_matrices(B, L, H, K, V):
 def test_delta_product_reference_matches_dense_matrices(B, L, H, K, V, n, gated):
     q, k, v, beta, g = _inputs(B, L, H, K, V, n, gated=gated, seed=L + n)
     o = kd.delta_product(q, k, v, beta, g, backend="reference")
-    torch.testing.assert_close(o, dense_product(q, k, v, beta, g, K ** -0.5))
+    torch.testing.assert_close(o, dense_product(q, k, v, beta, g, K**-0.5))
 
 
 CHUNK_SIZES = [(1, 1, 1, 4, 4), (2, 13, 3, 5, 3), (1, 67, 2, 8, 8), (2, 130, 1, 16, 6)]
@@ -120,10 +120,13 @@ def test_chunk_backend_through_the_entry_points():
         fn = getattr(kd, op)
         torch.testing.assert_close(fn(*args, backend="chunk"), fn(*args, backend="reference"))
     q, k, v, beta, g = _inputs(2, 21, 3, 6, 5, 2, gated=True, seed=8)
-    torch.testing.assert_close(kd.delta_product(q, k, v, beta, g, backend="chunk"),
-                               kd.delta_product(q, k, v, beta, g, backend="reference"))
-    assert kd.delta_rule(q.float(), k[:, :, 0].float(), v[:, :, 0].float(), beta[:, :, 0].float(),
-                         backend="chunk").dtype == torch.float32
+    torch.testing.assert_close(
+        kd.delta_product(q, k, v, beta, g, backend="chunk"), kd.delta_product(q, k, v, beta, g, backend="reference")
+    )
+    assert (
+        kd.delta_rule(q.float(), k[:, :, 0].float(), v[:, :, 0].float(), beta[:, :, 0].float(), backend="chunk").dtype
+        == torch.float32
+    )
 
 
 def test_product_of_one_step_is_the_delta_rule_and_zero_decay_is_ungated():
@@ -139,8 +142,12 @@ def test_product_of_one_step_is_the_delta_rule_and_zero_decay_is_ungated():
 def test_qk_l2norm_is_fla_l2norm_of_q_and_k():
     q, k, v, beta, _ = _inputs(2, 9, 2, 6, 6, seed=4)
     k = k * torch.rand(2, 9, 2, 1, dtype=F64) * 3  # not unit
-    want = kd.delta_rule(q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6),
-                         k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6), v, beta)
+    want = kd.delta_rule(
+        q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6),
+        k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6),
+        v,
+        beta,
+    )
     torch.testing.assert_close(kd.delta_rule(q, k, v, beta, qk_l2norm=True), want)
 
 
@@ -203,6 +210,7 @@ def test_dispatch_errors():
 
 # ---------------------------------------------------------------------------------------------- GPU
 
+
 def needs_fla(test):
     """GPU tests: a CUDA device and flash-linear-attention importable."""
     test = pytest.mark.skipif(not kd.fla_available(), reason="needs flash-linear-attention (fla)")(test)
@@ -222,8 +230,7 @@ def _compare(fast_fn, ref_fn, tensors, tol, seed=0):
     fast_in = [t.detach().float().cuda().requires_grad_() for t in tensors]
     ref_in = [t.detach().double().cuda().requires_grad_() for t in tensors]
     o_fast, o_ref = fast_fn(*fast_in), ref_fn(*ref_in)
-    do = torch.randn(o_ref.shape, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda",
-                     dtype=F64)
+    do = torch.randn(o_ref.shape, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda", dtype=F64)
     g_fast = torch.autograd.grad(o_fast, fast_in, do.float())
     g_ref = torch.autograd.grad(o_ref, ref_in, do)
     floor = 1e-2 * max(float(b.norm()) for b in g_ref)  # a hundredth of the largest gradient's norm
@@ -263,8 +270,10 @@ def test_gpu_gated_delta_rule(B, L, H, D, signed, backend, tol):
 
 
 @pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)
-@pytest.mark.parametrize("n,gated,backend,tol", [(2, False, "fla", 2e-2), (3, True, "auto", 2e-2),
-                                                 (2, False, "fla_recurrent", 1e-4), (3, True, "chunk", 1e-4)])
+@pytest.mark.parametrize(
+    "n,gated,backend,tol",
+    [(2, False, "fla", 2e-2), (3, True, "auto", 2e-2), (2, False, "fla_recurrent", 1e-4), (3, True, "chunk", 1e-4)],
+)
 @needs_fla
 def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
     q, k, v, beta, g = _inputs(B, L, H, D, D, n, gated=gated, seed=L + n)
@@ -305,6 +314,7 @@ def test_gpu_dplr_delta_rule(B, L, H, D, lower_bound):
             kk = F.normalize(kk_raw, dim=-1)
             w = -math.exp(-0.5) * torch.sigmoid(w_logit)
             return kd.dplr_delta_rule(r, k, v, -kk, kk * lr, w, lower_bound=lower_bound, backend=backend)
+
         return fn
 
     _compare(run("fla"), run("reference"), [r, k, v, kk_raw, lr, w_logit], 2e-2)

@@ -90,7 +90,9 @@ def compare(backend, cell, B, T, NH, DH, dtype, seed=0, states=True):
     for name, a, r in zip(names, got, ref):
         assert a.shape == r.shape and a.dtype == dtype, name
         err = rel(a, r)
-        assert err <= TOL[dtype], f"{getattr(backend, '__name__', backend)} {cell} T={T} {dtype}: {name} rel err {err:.2e}"
+        assert err <= TOL[dtype], (
+            f"{getattr(backend, '__name__', backend)} {cell} T={T} {dtype}: {name} rel err {err:.2e}"
+        )
 
 
 @pytest.mark.parametrize("backend", FAST)
@@ -132,14 +134,24 @@ def test_backward_db_and_dR_placement(cell, dtype, acc_db):
     """db summed in registers (the float32 default) or from dg after the kernel (the bfloat16 and
     float64 default), with dR in registers (block 16) and after the kernel (block 4, two blocks)."""
     for block_b, acc_dr in ((16, True), (4, False)):
-        compare(fused_with(block_b=block_b, acc_dr=acc_dr, acc_db=acc_db), cell, B=5, T=4, NH=2, DH=24, dtype=dtype, seed=5)
+        compare(
+            fused_with(block_b=block_b, acc_dr=acc_dr, acc_db=acc_db), cell, B=5, T=4, NH=2, DH=24, dtype=dtype, seed=5
+        )
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_bfloat16_on_fma_units(cell):
     """``fma``: bfloat16 storage with float32 dots (h unrounded in the forward), batch block 4."""
-    compare(fused_with(fma=True, block_b=4, acc_dr=False, acc_db=True), cell, B=5, T=5, NH=2, DH=16,
-            dtype=torch.bfloat16, seed=6)
+    compare(
+        fused_with(fma=True, block_b=4, acc_dr=False, acc_db=True),
+        cell,
+        B=5,
+        T=5,
+        NH=2,
+        DH=16,
+        dtype=torch.bfloat16,
+        seed=6,
+    )
 
 
 def test_triton_falls_back_to_alternating(monkeypatch):
@@ -187,8 +199,9 @@ def test_bad_inputs_fail_with_one_line_errors(backend, monkeypatch):
     wx, R, b, s0 = inputs("lstm", 2, 3, 1, 16, torch.float32)
     cases = [
         ((wx.half(), R.half(), b.half(), s0.half()), TypeError, "not supported"),
-        ((wx.double(), R.double(), b.double(), s0.double()), TypeError, "not supported") if DEV == "cuda" else
-        ((wx, R, b, s0.double()), TypeError, "dtype"),
+        ((wx.double(), R.double(), b.double(), s0.double()), TypeError, "not supported")
+        if DEV == "cuda"
+        else ((wx, R, b, s0.double()), TypeError, "dtype"),
         ((wx, R.double(), b, s0), TypeError, "dtype"),
         ((wx, R[..., :8], b, s0), ValueError, "R must have shape"),
         ((wx.transpose(0, 1).contiguous().transpose(0, 1), R, b, s0), ValueError, "contiguous"),

@@ -74,7 +74,9 @@ def test_zero_initial_state_is_none(gate):
     DV = x[2].shape[-1]
     zeros = (torch.zeros(B, NH, DQK, DV, dtype=F64), torch.zeros(B, NH, DQK, dtype=F64), torch.zeros(B, NH, dtype=F64))
     zeros = zeros if gate == "exp" else zeros[:1]
-    torch.testing.assert_close(mlstm_parallel(*x, input_gate=gate, initial_state=zeros), mlstm_parallel(*x, input_gate=gate))
+    torch.testing.assert_close(
+        mlstm_parallel(*x, input_gate=gate, initial_state=zeros), mlstm_parallel(*x, input_gate=gate)
+    )
 
 
 def test_exp_matches_unstabilized_formula():

@@ -106,8 +106,11 @@ def test_entry_point_and_opcheck():
     torch.testing.assert_close(mlstm(*x, backend="triton", chunk_size=16), _triton(*x, chunk_size=16))
     x = [t.requires_grad_(True) for t in x]
     st = [t.requires_grad_(True) for t in st]
-    torch.library.opcheck(mlstm_chunkwise_fwd, (*x, *st, True, 16, 1e-6, True, "ieee", torch.float32),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    torch.library.opcheck(
+        mlstm_chunkwise_fwd,
+        (*x, *st, True, 16, 1e-6, True, "ieee", torch.float32),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
@@ -196,8 +199,14 @@ def _spy_launches(monkeypatch):
     return metas
 
 
-DOT_KERNELS = {"inter_chunk_states", "intra_chunk_h", "inter_chunk_dstates", "intra_chunk_dq", "intra_chunk_dk",
-               "intra_chunk_dv"}
+DOT_KERNELS = {
+    "inter_chunk_states",
+    "intra_chunk_h",
+    "inter_chunk_dstates",
+    "intra_chunk_dq",
+    "intra_chunk_dk",
+    "intra_chunk_dv",
+}
 KERNELS = DOT_KERNELS | {"chunk_gates", "gate_grads"}  # the gate kernels have no dots
 
 
@@ -251,14 +260,18 @@ def test_every_dot_takes_the_launch_precision():
     for mod in (triton_fwd, triton_bwd):
         tree = ast.parse(inspect.getsource(mod))
         for fn in [n for n in tree.body if isinstance(n, ast.FunctionDef)]:
-            calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
-                     and c.func.attr == "dot"]
+            calls = [
+                c
+                for c in ast.walk(fn)
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "dot"
+            ]
             if calls:
                 assert "PREC" in [a.arg for a in fn.args.args], fn.name
             for c in calls:
                 kw = {k.arg: k.value for k in c.keywords}
                 assert isinstance(kw.get("input_precision"), ast.Name) and kw["input_precision"].id == "PREC", (
-                    f"{mod.__name__}.{fn.name} line {c.lineno}: tl.dot without input_precision=PREC")
+                    f"{mod.__name__}.{fn.name} line {c.lineno}: tl.dot without input_precision=PREC"
+                )
             with_dots |= {fn.name} if calls else set()
     assert with_dots == DOT_KERNELS - {"inter_chunk_states"} | {"_state_update"}  # the walk found the dots
 
@@ -341,8 +354,11 @@ def test_launch_falls_back_when_out_of_shared_memory(monkeypatch):
     k = _Fake(lambda meta: meta["BV"] <= 32)
     meta = {"PREC": "tf32x3", "num_stages": 2, "BV": 64}
     tc._launch(k, (1,), (), meta, ({"BV": 32},))
-    assert [(c["num_stages"], c["BV"], c["PREC"]) for c in k.calls] == [(2, 64, "tf32x3"), (1, 64, "tf32x3"),
-                                                                          (1, 32, "tf32x3")]
+    assert [(c["num_stages"], c["BV"], c["PREC"]) for c in k.calls] == [
+        (2, 64, "tf32x3"),
+        (1, 64, "tf32x3"),
+        (1, 32, "tf32x3"),
+    ]
     tc._launch(k, (1,), (), meta, ({"BV": 32},))  # remembered: one call
     assert len(k.calls) == 4
     never = _Fake(lambda meta: False, "never")
@@ -368,13 +384,16 @@ def test_gate_kernels_match_torch(gate, S):
     g = torch.Generator().manual_seed(S)
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(DEV)  # noqa: E731
     i_pre, f_pre = 3.0 * r(B, NH, S), 2.0 + 3.0 * r(B, NH, S)
-    for got, want in zip(_gates(i_pre, f_pre, gate == "exp", L, NC, kernel=True),
-                         _gates(i_pre, f_pre, gate == "exp", L, NC)):
+    for got, want in zip(
+        _gates(i_pre, f_pre, gate == "exp", L, NC, kernel=True), _gates(i_pre, f_pre, gate == "exp", L, NC)
+    ):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)  # -inf padding compares equal
     qdq, kdk = r(NKB, B, NH, NC * L), r(NKB, B, NH, NC * L)
     for dlast in (None, r(B, NH)):
-        for got, want in zip(_gate_grads(qdq, kdk, i_pre, f_pre, dlast, gate == "exp"),
-                             _gate_grads_torch(qdq, kdk, i_pre, f_pre, dlast, gate == "exp")):
+        for got, want in zip(
+            _gate_grads(qdq, kdk, i_pre, f_pre, dlast, gate == "exp"),
+            _gate_grads_torch(qdq, kdk, i_pre, f_pre, dlast, gate == "exp"),
+        ):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 

@@ -49,7 +49,7 @@ def test_reduction_solves_the_bidiagonal_system(structure, L):
     Jd = _dense_from(jac, structure, S)  # (2, L, S, S)
     M = torch.eye(L * S, dtype=F64).repeat(2, 1, 1)
     for t in range(1, L):
-        M[:, t * S:(t + 1) * S, (t - 1) * S:t * S] = -Jd[:, t]
+        M[:, t * S : (t + 1) * S, (t - 1) * S : t * S] = -Jd[:, t]
     want = torch.linalg.solve(M, r.reshape(2, L * S)).reshape(2, L, S)
     torch.testing.assert_close(solve_bidiagonal(jac, r, structure), want, rtol=1e-10, atol=1e-10)
     want_T = torch.linalg.solve(M.transpose(-1, -2), r.reshape(2, L * S)).reshape(2, L, S)
@@ -59,6 +59,7 @@ def test_reduction_solves_the_bidiagonal_system(structure, L):
 
 def _cells():
     """Steps (h_prev, u, W, a) for each structure: u (..., S)."""
+
     def diag(h, u, W, a):
         return torch.tanh(a * h + u @ W)
 
@@ -66,7 +67,9 @@ def _cells():
         half = h.shape[-1] // 2
         h0, h1 = h[..., :half], h[..., half:]
         v = u @ W
-        return torch.cat([torch.tanh(a[:half] * h1 + v[..., :half]) * 0.9, torch.sigmoid(a[half:] * h0 * h1 + v[..., half:])], -1)
+        return torch.cat(
+            [torch.tanh(a[:half] * h1 + v[..., :half]) * 0.9, torch.sigmoid(a[half:] * h0 * h1 + v[..., half:])], -1
+        )
 
     def dense(h, u, W, a):
         return torch.tanh(h @ (W * 0.3) + a * u)

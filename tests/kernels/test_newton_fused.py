@@ -170,12 +170,16 @@ def test_iteration_count_and_tolerance_are_honored(lstm):
 
 def test_opcheck():
     u, a, p = make(1, 2, 9, 3, 11, True)
-    torch.library.opcheck(torch.ops.expressivity.flashgru_fused, (u.requires_grad_(), a.requires_grad_(), 3, None, False, None))
+    torch.library.opcheck(
+        torch.ops.expressivity.flashgru_fused, (u.requires_grad_(), a.requires_grad_(), 3, None, False, None)
+    )
     h, _ = fused_gru.flashgru_fused(u.detach(), a.detach())
     torch.library.opcheck(torch.ops.expressivity.flashgru_fused_bwd, (u.detach(), a.detach(), h, torch.randn_like(h)))
     p = p.requires_grad_()
     torch.library.opcheck(torch.ops.expressivity.flashlstm_fused, (u, a, p, 2, 1e-3, True, None))
-    torch.library.opcheck(torch.ops.expressivity.flashgru_fused, (u, a, 3, None, False, torch.tensor(True, device=u.device)))
+    torch.library.opcheck(
+        torch.ops.expressivity.flashgru_fused, (u, a, 3, None, False, torch.tensor(True, device=u.device))
+    )
     s, _ = fused_lstm.flashlstm_fused(u.detach(), a.detach(), p.detach())
     torch.library.opcheck(
         torch.ops.expressivity.flashlstm_fused_bwd, (u.detach(), a.detach(), p.detach(), s, torch.randn_like(s))

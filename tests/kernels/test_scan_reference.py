@@ -37,9 +37,18 @@ def _explicit(C: torch.Tensor, x: torch.Tensor, reverse: bool) -> torch.Tensor:
 def test_reference_matches_explicit_sum(reverse):
     g = torch.Generator().manual_seed(0)
     B, L, D = 2, 9, 3
-    c, x = torch.rand(B, L, D, generator=g, dtype=torch.float64) * 1.5, torch.randn(B, L, D, generator=g, dtype=torch.float64)
-    C2, x2 = torch.randn(B, L, 2, 2, D, generator=g, dtype=torch.float64), torch.randn(B, L, 2, D, generator=g, dtype=torch.float64)
-    Cd, xd = torch.randn(B, L, D, D, generator=g, dtype=torch.float64), torch.randn(B, L, D, generator=g, dtype=torch.float64)
+    c, x = (
+        torch.rand(B, L, D, generator=g, dtype=torch.float64) * 1.5,
+        torch.randn(B, L, D, generator=g, dtype=torch.float64),
+    )
+    C2, x2 = (
+        torch.randn(B, L, 2, 2, D, generator=g, dtype=torch.float64),
+        torch.randn(B, L, 2, D, generator=g, dtype=torch.float64),
+    )
+    Cd, xd = (
+        torch.randn(B, L, D, D, generator=g, dtype=torch.float64),
+        torch.randn(B, L, D, generator=g, dtype=torch.float64),
+    )
     y, y2, yd = (
         linear_scan_reference(c, x, reverse),
         linear_scan_block2_reference(C2, x2, reverse),
@@ -58,8 +67,12 @@ def _inputs(kind, B, L, D, dtype, g):
     if kind == "diag":
         return torch.rand(B, L, D, generator=g, dtype=dtype) * 1.8 - 0.9, torch.randn(B, L, D, generator=g, dtype=dtype)
     if kind == "block2":
-        return torch.randn(B, L, 2, 2, D, generator=g, dtype=dtype) * 0.5, torch.randn(B, L, 2, D, generator=g, dtype=dtype)
-    return torch.randn(B, L, D, D, generator=g, dtype=dtype) * (0.5 / D**0.5), torch.randn(B, L, D, generator=g, dtype=dtype)
+        return torch.randn(B, L, 2, 2, D, generator=g, dtype=dtype) * 0.5, torch.randn(
+            B, L, 2, D, generator=g, dtype=dtype
+        )
+    return torch.randn(B, L, D, D, generator=g, dtype=dtype) * (0.5 / D**0.5), torch.randn(
+        B, L, D, generator=g, dtype=dtype
+    )
 
 
 FUNCS = {"diag": linear_scan, "block2": linear_scan_block2, "dense": linear_scan_dense}

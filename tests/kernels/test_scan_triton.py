@@ -62,7 +62,7 @@ def rel(a, b):
 
 def inputs(shape_c, shape_x, gen, dtype=torch.float32):
     # coefficients in (-1.1, 1.1): products may grow a little, as Newton Jacobians do
-    c = (torch.rand(shape_c, generator=gen, dtype=torch.float64) * 2.2 - 1.1)
+    c = torch.rand(shape_c, generator=gen, dtype=torch.float64) * 2.2 - 1.1
     x = torch.randn(shape_x, generator=gen, dtype=torch.float64)
     return c.to(DEV, dtype), x.to(DEV, dtype)
 
@@ -149,18 +149,30 @@ def _word(v, tag=TAG):
 
 
 @triton.jit
-def _lookback_probe(ws_ptr, agg_ptr, out_ptr, k, tag, NW: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr,
-                    WIN: tl.constexpr):
+def _lookback_probe(
+    ws_ptr, agg_ptr, out_ptr, k, tag, NW: tl.constexpr, CH: tl.constexpr, BD: tl.constexpr, WIN: tl.constexpr
+):
     lanes = tl.arange(0, BD)
     tag = tag.to(tl.int64)
     if NW == 3:
-        carry = lookback_diag(ws_ptr + lanes, k, tl.load(agg_ptr + lanes), tl.load(agg_ptr + BD + lanes), tag, CH, BD, WIN)
+        carry = lookback_diag(
+            ws_ptr + lanes, k, tl.load(agg_ptr + lanes), tl.load(agg_ptr + BD + lanes), tag, CH, BD, WIN
+        )
         tl.store(out_ptr + lanes, carry)
     else:
         g = agg_ptr + lanes
         r0, r1 = lookback_block2(
-            ws_ptr + lanes, k, tl.load(g), tl.load(g + BD), tl.load(g + 2 * BD), tl.load(g + 3 * BD),
-            tl.load(g + 4 * BD), tl.load(g + 5 * BD), tag, CH, BD,
+            ws_ptr + lanes,
+            k,
+            tl.load(g),
+            tl.load(g + BD),
+            tl.load(g + 2 * BD),
+            tl.load(g + 3 * BD),
+            tl.load(g + 4 * BD),
+            tl.load(g + 5 * BD),
+            tag,
+            CH,
+            BD,
         )
         tl.store(out_ptr + lanes, r0)
         tl.store(out_ptr + BD + lanes, r1)
@@ -182,12 +194,12 @@ def test_lookback_mixed_record_states(block2, win):
     want = np.zeros((n, BD))
     for lane in range(BD):
         d = depth[lane]
-        ws[d, na + n:, lane] = _word(Yinc[d, :, lane])
+        ws[d, na + n :, lane] = _word(Yinc[d, :, lane])
         state = Yinc[d, :, lane].astype(np.float32).astype(np.float64)
         for j in range(1, k):  # chunk 0 has no aggregate records
             if j >= d or rng.random() < 0.5:  # below the inclusive chunk, aggregates may or may not be there
                 ws[j, :na, lane] = _word(A[j, :, :, lane].reshape(-1))
-                ws[j, na:na + n, lane] = _word(Yagg[j, :, lane])
+                ws[j, na : na + n, lane] = _word(Yagg[j, :, lane])
             if j > d:
                 a32 = A[j, :, :, lane].astype(np.float32).astype(np.float64)
                 state = a32 @ state + Yagg[j, :, lane].astype(np.float32).astype(np.float64)
@@ -205,7 +217,9 @@ def test_lookback_mixed_record_states(block2, win):
     vals = (rec & 0xFFFFFFFF).astype(np.uint32).view(np.float32).astype(np.float64)
     np.testing.assert_array_equal(vals[: na + n], agg.astype(np.float64))
     gA = agg[:na].astype(np.float64).reshape(n, n, BD)
-    np.testing.assert_allclose(vals[na + n:], agg[na:].astype(np.float64) + np.einsum("ijl,jl->il", gA, got), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        vals[na + n :], agg[na:].astype(np.float64) + np.einsum("ijl,jl->il", gA, got), rtol=1e-5, atol=1e-5
+    )
 
 
 def _counter(ws):
@@ -233,7 +247,7 @@ def test_workspace_reused_across_launches(monkeypatch):
         else:
             rev = bool(launch % 2)
             assert rel(small("lookback")(c, x, rev), want[rev]) < 1e-5, launch
-        (ws, count), = ts._workspaces.values()
+        ((ws, count),) = ts._workspaces.values()
         epoch, tickets = _counter(ws.cpu())
         assert tickets == 0
         epochs.append(epoch)
@@ -332,9 +346,14 @@ def test_gpu_repeated_launches(L):
     with a 3-record window and 64x64 on 4 warps with one record per step (both replicate lanes over
     threads). Chunk-loop kernels (no communication between programs), 8 launches each: default tiles,
     16x16 on 2 warps with 3 stages (replicated lanes), 64x64 on 2 warps with 2 stages."""
-    cfgs = [("lookback", {}), ("lookback", dict(ch=16, bd=16, warps=4, window=3)),
-            ("lookback", dict(ch=64, bd=64, warps=4, window=1)),
-            ("loop", {}), ("loop", dict(ch=16, bd=16, warps=2, stages=3)), ("loop", dict(ch=64, bd=64, warps=2, stages=2))]
+    cfgs = [
+        ("lookback", {}),
+        ("lookback", dict(ch=16, bd=16, warps=4, window=3)),
+        ("lookback", dict(ch=64, bd=64, warps=4, window=1)),
+        ("loop", {}),
+        ("loop", dict(ch=16, bd=16, warps=2, stages=3)),
+        ("loop", dict(ch=64, bd=64, warps=2, stages=2)),
+    ]
     gen = torch.Generator().manual_seed(L)
     c, x = inputs((2, L, 70), (2, L, 70), gen)
     C, x2 = inputs((1, L, 2, 2, 9), (1, L, 2, 9), gen)
@@ -357,8 +376,10 @@ def test_gpu_repeated_launches(L):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("shape, kind", [((8, 4096, 1024), None), ((8, 4096, 1024), "lookback"),
-                                         ((1, 65536, 256), None), ((8, 4096, 2, 512), None)])
+@pytest.mark.parametrize(
+    "shape, kind",
+    [((8, 4096, 1024), None), ((8, 4096, 1024), "lookback"), ((1, 65536, 256), None), ((8, 4096, 2, 512), None)],
+)
 def test_gpu_benchmark_shapes_repeated(shape, kind):
     """The benchmark shapes (``(B, L, 2, D)``: the 2x2 scan) with the default tiles and kernel choice
     (``kind``: forced instead): 20 poisoned forward launches each direction, against the float64

@@ -114,11 +114,16 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the C
 @needs_triton
 @pytest.mark.parametrize(
     "batch,L,H,P,G,N,chunk",
-    [(1, 1, 2, 16, 1, 16, 16), (2, 37, 4, 16, 2, 16, 16), (1, 17, 2, 8, 1, 5, 16), (1, 67, 4, 32, 1, 32, 32),
-     (1, 19, 2, 16, 1, 80, 16),
-     # chunk 128 > the 32-row tiles of float32 with a state > 64 (four row tiles per chunk, the path
-     # of state 128 on a GPU), several state tiles, a partial last chunk
-     (1, 150, 2, 16, 1, 72, 128)],
+    [
+        (1, 1, 2, 16, 1, 16, 16),
+        (2, 37, 4, 16, 2, 16, 16),
+        (1, 17, 2, 8, 1, 5, 16),
+        (1, 67, 4, 32, 1, 32, 32),
+        (1, 19, 2, 16, 1, 80, 16),
+        # chunk 128 > the 32-row tiles of float32 with a state > 64 (four row tiles per chunk, the path
+        # of state 128 on a GPU), several state tiles, a partial last chunk
+        (1, 150, 2, 16, 1, 72, 128),
+    ],
 )
 @pytest.mark.parametrize("small_launch_rows", [True, False], ids=["narrowed", "wide"])
 def test_triton_matches_reference(poison, monkeypatch, batch, L, H, P, G, N, chunk, small_launch_rows):
@@ -146,8 +151,16 @@ def test_triton_explicit_tiles(poison):
     16-step blocks on 2 warps: several row, state and step tiles per 64-step chunk, against the reference."""
     from kernels.ssd.triton_ssd import SsdTiles
 
-    tiles = SsdTiles(attn_rows=16, attn_warps=2, attn_stages=2, state_rows=16, state_cols=16, state_steps=16,
-                     state_warps=2, state_stages=2)
+    tiles = SsdTiles(
+        attn_rows=16,
+        attn_warps=2,
+        attn_stages=2,
+        state_rows=16,
+        state_cols=16,
+        state_steps=16,
+        state_warps=2,
+        state_stages=2,
+    )
     _check_tiles(tiles, 70, 2, 1, 64, 31, P=24, N=20)
 
 
@@ -178,13 +191,18 @@ def _check_given_tiles(tiles, L, H, G, chunk, seed, P, N):
 
 
 @needs_triton
-@pytest.mark.parametrize("spec", [
-    # column blocks narrower than the rows in every role, pipelined; 2 of the 4 heads per dB/dC program
-    "attn_rows=64,attn_cols=16,attn_stages=2,attn_heads=2",
-    # every role its own tile (one row tile per chunk, two, four), one head per dB/dC program
-    ("fwd_rows=32,fwd_cols=16,dx_rows=64,dx_cols=32,dx_warps=2,db_rows=16,dc_rows=64,dc_cols=16,dc_stages=3,"
-     "db_heads=1,dc_heads=2,state_steps=16"),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # column blocks narrower than the rows in every role, pipelined; 2 of the 4 heads per dB/dC program
+        "attn_rows=64,attn_cols=16,attn_stages=2,attn_heads=2",
+        # every role its own tile (one row tile per chunk, two, four), one head per dB/dC program
+        (
+            "fwd_rows=32,fwd_cols=16,dx_rows=64,dx_cols=32,dx_warps=2,db_rows=16,dc_rows=64,dc_cols=16,dc_stages=3,"
+            "db_heads=1,dc_heads=2,state_steps=16"
+        ),
+    ],
+)
 def test_triton_role_tiles(poison, spec):
     """Per-role ``chunk_attn`` tiles with ``BC < BT`` and fewer heads per program than per group, at a
     length that is not a multiple of the chunk (3 chunks, the last partial), against the reference."""
@@ -261,8 +279,24 @@ def test_launch_ops_match_their_fakes(reverse):
     pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, 0, 0, 12)).view(2, 2, 16, 2, 16).transpose(2, 3)  # noqa: E731
     cb = ssd_chunk_dots(pad(C), pad(B), "ieee")
     torch.library.opcheck(ssd_chunk_dots, (pad(C), pad(B), "ieee"), test_utils=checks)
-    attn_args = (x, x, C, prev[:, :-1], acum, dtT, C if reverse else None, None if reverse else cb, 16, "ieee",
-                 reverse, 2 if reverse else 4, torch.float32, reverse, not reverse, tiles)
+    attn_args = (
+        x,
+        x,
+        C,
+        prev[:, :-1],
+        acum,
+        dtT,
+        C if reverse else None,
+        None if reverse else cb,
+        16,
+        "ieee",
+        reverse,
+        2 if reverse else 4,
+        torch.float32,
+        reverse,
+        not reverse,
+        tiles,
+    )
     torch.library.opcheck(ssd_chunk_attn, attn_args, test_utils=checks)
 
 

@@ -36,7 +36,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,options", CASES, ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for n, o in CASES])
+@pytest.mark.parametrize(
+    "name,options", CASES, ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for n, o in CASES]
+)
 def test_causal(name, options):
     torch.manual_seed(2)
     mixer = build_mixer(name, 8, **options)

@@ -53,7 +53,9 @@ def _close(got, want, tol):
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
 def test_parallel_matches_sequential(cell, L, dtype, tol):
     torch.manual_seed(L)
-    mixer = cell_mixer(cell, 24, num_heads=3, mode="parallel", iters=40, tol=1e-13 if dtype == torch.float64 else 1e-6).to(dtype)
+    mixer = cell_mixer(
+        cell, 24, num_heads=3, mode="parallel", iters=40, tol=1e-13 if dtype == torch.float64 else 1e-6
+    ).to(dtype)
     x = torch.randn(BATCH[L], L, 24, dtype=dtype, requires_grad=True)
     params = [x, *mixer.parameters()]
     y = mixer(x)
@@ -96,7 +98,19 @@ def test_structured_jacobian_by_autograd():
         if cell.jacobian == "diag":
             want = torch.diagonal(full, dim1=-2, dim2=-1)
         elif cell.jacobian == "block2":
-            want = torch.stack([torch.stack([torch.diagonal(full[:, 2 * i:2 * i + 2, 2 * j:2 * j + 2], dim1=-2, dim2=-1) for j in range(2)], 1) for i in range(2)], 1)
+            want = torch.stack(
+                [
+                    torch.stack(
+                        [
+                            torch.diagonal(full[:, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2], dim1=-2, dim2=-1)
+                            for j in range(2)
+                        ],
+                        1,
+                    )
+                    for i in range(2)
+                ],
+                1,
+            )
         else:
             want = full
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
@@ -126,7 +140,9 @@ def test_verify_jacobian_at_random_parameters_catches_zero_initialized_couplings
     for cell, fits in [(ZeroCouplingDiag, "dense"), (ZeroPairingDiag, "block2")]:
         built = cell(4, 6).verify_jacobian(param_draws=0)  # what a check at the built parameters sees
         assert built.ok and built.off_structure == 0.0
-        with pytest.raises(ValueError, match=f"declares jacobian='diag'.*at randomly moved parameters.*declare jacobian='{fits}'"):
+        with pytest.raises(
+            ValueError, match=f"declares jacobian='diag'.*at randomly moved parameters.*declare jacobian='{fits}'"
+        ):
             cell(4, 6).verify_jacobian()
         report = cell(4, 6).verify_jacobian(raise_on_error=False)
         assert not report.ok and report.fits == fits and report.off_structure > 1e-3 and report.param_draws == 2
@@ -159,8 +175,17 @@ def test_verify_position_wise():
 
 def _moved_coupling_mixer(check_every, on_divergence="fallback"):
     torch.manual_seed(0)
-    mixer = cell_mixer(ZeroCouplingDiag, 12, num_heads=2, mode="parallel", iters=30, tol=1e-13, verify=False,
-                       jacobian_check_every=check_every, on_divergence=on_divergence).double()
+    mixer = cell_mixer(
+        ZeroCouplingDiag,
+        12,
+        num_heads=2,
+        mode="parallel",
+        iters=30,
+        tol=1e-13,
+        verify=False,
+        jacobian_check_every=check_every,
+        on_divergence=on_divergence,
+    ).double()
     x = torch.randn(3, 40, 12, dtype=torch.float64, requires_grad=True)
     for _ in range(2):  # R = 0: the declaration holds
         mixer(x).sum().backward()
@@ -218,8 +243,17 @@ def test_run_time_jacobian_check_catches_a_coupling_moved_by_training():
 def test_run_time_jacobian_check_of_closed_forms_and_position_wise_steps():
     torch.manual_seed(0)
     x = torch.randn(2, 30, 8, dtype=torch.float64, requires_grad=True)
-    mixer = cell_mixer(ClosedFormIgnoresC, 8, num_heads=2, mode="parallel", iters=30, tol=1e-13, verify=False,
-                       jacobian_check_every=1, on_divergence="raise").double()
+    mixer = cell_mixer(
+        ClosedFormIgnoresC,
+        8,
+        num_heads=2,
+        mode="parallel",
+        iters=30,
+        tol=1e-13,
+        verify=False,
+        jacobian_check_every=1,
+        on_divergence="raise",
+    ).double()
     mixer(x)  # c = 0: the closed form is right
     with torch.no_grad():
         for c in mixer.cells:
@@ -299,14 +333,22 @@ def test_in_graph_resolve_is_predicated_on_the_first_check(monkeypatch, cell, fi
     runs = {}
     for takes_skip in (True, False):
         torch.manual_seed(2)
-        m = cell_mixer(cell, 8, num_heads=2, mode="fused", iters=3 if first_passes else 1,
-                       divergence_tol=1e-2 if first_passes else 1e-30, retry_iters=12)
+        m = cell_mixer(
+            cell,
+            8,
+            num_heads=2,
+            mode="fused",
+            iters=3 if first_passes else 1,
+            divergence_tol=1e-2 if first_passes else 1e-30,
+            retry_iters=12,
+        )
         assert m._fused_takes_skip
         m._fused_takes_skip = takes_skip
         seen = []
         fused = type(m.cells[0]).fused_apply
-        monkeypatch.setattr(type(m.cells[0]), "fused_apply",
-                            classmethod(lambda c, *a, **k: seen.append(fused(*a, **k)) or seen[-1]))
+        monkeypatch.setattr(
+            type(m.cells[0]), "fused_apply", classmethod(lambda c, *a, **k: seen.append(fused(*a, **k)) or seen[-1])
+        )
         params = m.stacked_parameters()
         B, L, _ = x.shape
         u = m._heads("input_projection", params, x.reshape(B, L, 2, -1).permute(2, 0, 1, 3))
@@ -374,7 +416,11 @@ def test_fused_hook_contract_and_check():
         no_retry = cell_mixer(TorchFusedGRU, 8, num_heads=2, mode="fused", retry_iters=0)
         TorchFusedGRU.exact_from_iters = 4
         no_retry(x)
-        assert no_retry.last_newton_stats.fell_back and not no_retry.last_newton_stats.retried and no_retry.retry_count == 0
+        assert (
+            no_retry.last_newton_stats.fell_back
+            and not no_retry.last_newton_stats.retried
+            and no_retry.retry_count == 0
+        )
         with pytest.raises(ValueError, match="retry_iters"):
             cell_mixer(TorchFusedGRU, 8, num_heads=2, mode="fused", retry_iters=-1)
     finally:
@@ -486,7 +532,9 @@ def test_learns_short_parity():
     for name in ("flashgru", "flashlstm"):
         torch.manual_seed(0)
         gen = torch.Generator().manual_seed(1)
-        model = nn.Sequential(nn.Embedding(2, 32), build_mixer(name, d_model=32, num_heads=2, clip_norm=None), nn.Linear(32, 2))
+        model = nn.Sequential(
+            nn.Embedding(2, 32), build_mixer(name, d_model=32, num_heads=2, clip_norm=None), nn.Linear(32, 2)
+        )
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         acc = 0.0
         for step in range(600):

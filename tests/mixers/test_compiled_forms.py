@@ -32,12 +32,14 @@ def attention_loop(q, k, v):
     out = torch.zeros(q.shape, dtype=torch.float64)
     scale = q.shape[-1] ** -0.5
     for t in range(q.shape[-2]):
-        w = (q[..., t:t + 1, :].double() @ k[..., :t + 1, :].double().transpose(-1, -2) * scale).softmax(-1)
-        out[..., t, :] = (w @ v[..., :t + 1, :].double())[..., 0, :]
+        w = (q[..., t : t + 1, :].double() @ k[..., : t + 1, :].double().transpose(-1, -2) * scale).softmax(-1)
+        out[..., t, :] = (w @ v[..., : t + 1, :].double())[..., 0, :]
     return out
 
 
-@pytest.mark.parametrize("length,channels,kernel,bias", [(1, 3, 4, True), (13, 7, 4, True), (37, 5, 3, False), (2, 6, 5, True)])
+@pytest.mark.parametrize(
+    "length,channels,kernel,bias", [(1, 3, 4, True), (13, 7, 4, True), (37, 5, 3, False), (2, 6, 5, True)]
+)
 def test_causal_conv_compiled_and_eager_match_the_definition(length, channels, kernel, bias):
     torch.manual_seed(length * 31 + kernel)
     conv = nn.Conv1d(channels, channels, kernel, groups=channels, padding=kernel - 1, bias=bias).to(DEV)

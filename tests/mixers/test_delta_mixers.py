@@ -25,27 +25,42 @@ def build(name, d=12, **options):
 
 # ------------------------------------------------------------------------------------------ options
 
-@pytest.mark.parametrize("name,options,match", [
-    ("deltanet", {"num_heads": 5}, "d_model=12 must be divisible by num_heads=5"),
-    ("deltanet", {"num_heads": 0}, "num_heads must be a positive int, got 0"),
-    ("signed_deltanet", {"qk_norm": "none"}, "qk_norm must be one of l2, sum, got 'none'"),
-    ("deltanet", {"short_conv": 1}, "short_conv must be True or False, got 1"),
-    ("deltaproduct", {"householders": 0}, "householders must be a positive int, got 0"),
-    ("deltaproduct", {"signed": "yes"}, "signed must be True or False"),
-    ("gated_deltanet", {"backend": "triton"}, "unknown backend 'triton'; valid: auto, reference, chunk, fla, fla_recurrent"),
-    ("gated_deltanet", {"backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
-    ("deltaproduct", {"forget_gate": True, "backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
-    ("rwkv7", {"num_heads": 5}, "d_model=12 must be divisible by num_heads=5"),
-    ("rwkv7", {"backend": "fla_recurrent"}, "unknown backend 'fla_recurrent'; valid: auto, reference, fla"),
-])
+
+@pytest.mark.parametrize(
+    "name,options,match",
+    [
+        ("deltanet", {"num_heads": 5}, "d_model=12 must be divisible by num_heads=5"),
+        ("deltanet", {"num_heads": 0}, "num_heads must be a positive int, got 0"),
+        ("signed_deltanet", {"qk_norm": "none"}, "qk_norm must be one of l2, sum, got 'none'"),
+        ("deltanet", {"short_conv": 1}, "short_conv must be True or False, got 1"),
+        ("deltaproduct", {"householders": 0}, "householders must be a positive int, got 0"),
+        ("deltaproduct", {"signed": "yes"}, "signed must be True or False"),
+        (
+            "gated_deltanet",
+            {"backend": "triton"},
+            "unknown backend 'triton'; valid: auto, reference, chunk, fla, fla_recurrent",
+        ),
+        ("gated_deltanet", {"backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
+        ("deltaproduct", {"forget_gate": True, "backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
+        ("rwkv7", {"num_heads": 5}, "d_model=12 must be divisible by num_heads=5"),
+        ("rwkv7", {"backend": "fla_recurrent"}, "unknown backend 'fla_recurrent'; valid: auto, reference, fla"),
+    ],
+)
 def test_bad_options_raise_value_error(name, options, match):
     with pytest.raises(ValueError, match=match):
         build(name, **options)
 
 
-@pytest.mark.parametrize("name,key", [("deltanet", "householders"), ("signed_deltanet", "signed"),
-                                      ("gated_deltanet", "forget_gate"), ("rwkv7", "short_conv"),
-                                      ("deltaproduct", "d_state")])
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("deltanet", "householders"),
+        ("signed_deltanet", "signed"),
+        ("gated_deltanet", "forget_gate"),
+        ("rwkv7", "short_conv"),
+        ("deltaproduct", "d_state"),
+    ],
+)
 def test_unknown_keys_raise_type_error(name, key):
     with pytest.raises(TypeError, match=key):
         build(name, **{key: 2})
@@ -68,11 +83,12 @@ def test_defaults_and_attributes():
 
 # ---------------------------------------------------------------- independent float64 implementation
 
+
 def _conv(x, conv):
     """Causal depthwise conv written out: y_t = sum_j w_j x_{t - K + 1 + j}."""
     K, L = conv.weight.shape[-1], x.shape[1]
     padded = F.pad(x, (0, 0, K - 1, 0))
-    return sum(padded[:, j:j + L] * conv.weight[:, 0, j] for j in range(K))
+    return sum(padded[:, j : j + L] * conv.weight[:, 0, j] for j in range(K))
 
 
 def manual_delta(m: DeltaRuleMixer, x):
@@ -101,7 +117,9 @@ def manual_delta(m: DeltaRuleMixer, x):
                 S = alpha[b, t, h] * S
                 for j in range(n):
                     kj = k[b, t, j, h]
-                    S = S @ (eye - beta[b, t, j, h] * torch.outer(kj, kj)) + beta[b, t, j, h] * torch.outer(v[b, t, j, h], kj)
+                    S = S @ (eye - beta[b, t, j, h] * torch.outer(kj, kj)) + beta[b, t, j, h] * torch.outer(
+                        v[b, t, j, h], kj
+                    )
                 o[b, t, h] = S @ q[b, t, h] / math.sqrt(D)
     o = o / torch.sqrt((o * o).mean(-1, keepdim=True) + 1e-5) * m.o_norm.weight
     if m.output_gate:
@@ -140,8 +158,9 @@ def test_deltaproduct_with_one_householder_is_deltanet(signed, name, output_gate
     x = torch.randn(2, 17, 12, dtype=F64, requires_grad=True)
     y_dp, y_dn = dp(x), dn(x)
     torch.testing.assert_close(y_dp, y_dn)
-    torch.testing.assert_close(torch.autograd.grad(y_dp.square().sum(), x)[0],
-                               torch.autograd.grad(y_dn.square().sum(), x)[0])
+    torch.testing.assert_close(
+        torch.autograd.grad(y_dp.square().sum(), x)[0], torch.autograd.grad(y_dn.square().sum(), x)[0]
+    )
 
 
 @pytest.mark.parametrize("signed", [False, True])
@@ -182,6 +201,7 @@ def test_gated_decay_is_in_zero_one():
 
 # ------------------------------------------------------------------------------------------- RWKV-7
 
+
 def manual_rwkv7(m: RWKV7, x):
     """RWKV-7's time mixing from the paper's equations: per head a (D x D) state with the explicit
     transition diag(w_t) - kk_t^T (a_t * kk_t), S_t = S_{t-1} T_t + v_t^T k_t, o_t = S_t r_t."""
@@ -189,7 +209,9 @@ def manual_rwkv7(m: RWKV7, x):
     H, D = m.num_heads, m.head_dim
     prev = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
     mix = {c: x + (prev - x) * m.mu[c] for c in "rwkvag"}
-    lora = lambda low, z, act: act(z @ low.down.weight.T) @ low.up.weight.T + (0 if low.up.bias is None else low.up.bias)
+    lora = lambda low, z, act: (
+        act(z @ low.down.weight.T) @ low.up.weight.T + (0 if low.up.bias is None else low.up.bias)
+    )
     r, k, v = mix["r"] @ m.r_proj.weight.T, mix["k"] @ m.k_proj.weight.T, mix["v"] @ m.v_proj.weight.T
     w = torch.exp(-math.exp(-0.5) / (1 + torch.exp(-lora(m.w_lora, mix["w"], torch.tanh))))
     a = 1 / (1 + torch.exp(-lora(m.a_lora, mix["a"], lambda z: z)))
@@ -236,6 +258,7 @@ def test_rwkv7_decay_is_in_its_range():
 
 # -------------------------------------------------------------------------------------------- training
 
+
 @pytest.mark.slow
 def test_signed_deltanet_learns_parity_and_deltanet_does_not():
     """Grazzi et al. 2025 in one layer: beta in [0, 2] tracks running parity at the training lengths,
@@ -245,16 +268,24 @@ def test_signed_deltanet_learns_parity_and_deltanet_does_not():
     quiet_lightning()
     results = {}
     for name in ("signed_deltanet", "deltanet"):
-        spec = TrialSpec(task="parity", mixer=name, lr=5e-3, seed=0, mixer_options={"backend": "reference"},
-                         extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [12]},
-                         train=TrainConfig(max_steps=400, batch_size=32, train_size=2000, val_size=200,
-                                           test_size=500, eval_every=100))
+        spec = TrialSpec(
+            task="parity",
+            mixer=name,
+            lr=5e-3,
+            seed=0,
+            mixer_options={"backend": "reference"},
+            extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [12]},
+            train=TrainConfig(
+                max_steps=400, batch_size=32, train_size=2000, val_size=200, test_size=500, eval_every=100
+            ),
+        )
         results[name] = run_trial(spec)
     assert results["signed_deltanet"]["test/acc"] >= 0.99, results["signed_deltanet"]
     assert results["deltanet"]["test/acc"] <= 0.75, results["deltanet"]
 
 
 # ------------------------------------------------------------------------------------------------ GPU
+
 
 def needs_fla(test):
     test = pytest.mark.skipif(not fla_available(), reason="needs flash-linear-attention (fla)")(test)

@@ -22,9 +22,14 @@ def _run(mixer, backend, u):
 MAMBA2_SMALL = {"num_heads": 2, "chunk_size": 4}
 
 
-@pytest.mark.parametrize("name,backends,opts", [("mamba2", ["torch"], MAMBA2_SMALL),
-                                                ("mamba2", ["torch"], {**MAMBA2_SMALL, "conv_kernel": 3, "norm": True}),
-                                                ("mamba", ["torch"], {})])
+@pytest.mark.parametrize(
+    "name,backends,opts",
+    [
+        ("mamba2", ["torch"], MAMBA2_SMALL),
+        ("mamba2", ["torch"], {**MAMBA2_SMALL, "conv_kernel": 3, "norm": True}),
+        ("mamba", ["torch"], {}),
+    ],
+)
 def test_backends_agree_float64(name, backends, opts):
     torch.manual_seed(1)
     mixer = build_mixer(name, 16, d_state=8, **opts).double()
@@ -52,6 +57,7 @@ def test_mamba2_triton_matches_reference():
 def test_parameter_counts():
     """The Mamba2 layer's pieces at d = 64, 4 heads, N = 64: in_proj x/B/C/dt (no bias), A_log, dt_bias,
     D per head; the conv (weight + bias per channel) over x, B, C, or B, C alone without x_proj; the norm."""
+
     def count(**opts):
         return sum(p.numel() for p in build_mixer("mamba2", 64, **opts).parameters())
 
@@ -76,7 +82,7 @@ def test_conv_is_mamba2s_depthwise_causal_conv_on_x_b_c():
         conv.conv.bias.zero_()
         conv.conv.weight[:, 0, -1] = 1.0  # the current position only
         proj = plain.in_proj(u)
-        pre, proj_dt = proj[..., : sum(plain.split[:3])], proj[..., sum(plain.split[:3]):]
+        pre, proj_dt = proj[..., : sum(plain.split[:3])], proj[..., sum(plain.split[:3]) :]
         silu = torch.nn.functional.silu
         torch.testing.assert_close(conv(u), _ssd_of(plain, silu(pre), proj_dt))
         conv.conv.weight[:, 0, -1], conv.conv.weight[:, 0, -2] = 0.0, 1.0  # the previous position
@@ -90,9 +96,16 @@ def _ssd_of(mixer, xbc, proj_dt):
 
     batch, length, _ = xbc.shape
     x, B, C = torch.split(xbc, mixer.split[:3], dim=-1)
-    y = ssd(x.reshape(batch, length, mixer.num_heads, -1), torch.nn.functional.softplus(proj_dt + mixer.dt_bias),
-            -torch.exp(mixer.A_log), B.reshape(batch, length, mixer.ngroups, -1), C.reshape(batch, length, mixer.ngroups, -1),
-            D=mixer.D, chunk_size=mixer.chunk_size, backend="reference")
+    y = ssd(
+        x.reshape(batch, length, mixer.num_heads, -1),
+        torch.nn.functional.softplus(proj_dt + mixer.dt_bias),
+        -torch.exp(mixer.A_log),
+        B.reshape(batch, length, mixer.ngroups, -1),
+        C.reshape(batch, length, mixer.ngroups, -1),
+        D=mixer.D,
+        chunk_size=mixer.chunk_size,
+        backend="reference",
+    )
     return y.reshape(batch, length, -1)
 
 

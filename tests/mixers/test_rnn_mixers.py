@@ -113,4 +113,3 @@ def test_flash_diagonals_are_truncated_not_clamped():
     pdf, mass = math.exp(-t * t / 2) / math.sqrt(2 * math.pi), math.erf(t / math.sqrt(2))
     assert float(a.abs().max()) < t
     assert float(a.std()) == pytest.approx(math.sqrt(1 - 2 * t * pdf / mass), rel=0.03)
-

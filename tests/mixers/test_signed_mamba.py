@@ -12,7 +12,8 @@ from mixers.signed_mamba import SignedMamba
 
 NEEDS_TRITON = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-    reason="needs CUDA or TRITON_INTERPRET=1")
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
 
 
 def _run(mixer, backend, u, weights):
@@ -35,12 +36,15 @@ def _assert_backend_matches_reference(mixer, backend, u, rtol, atol, reference_d
     y_ref, g_ref = _run(ref, "reference", u.to(reference_dtype), weights)
     fast = mixer.to(u.dtype)
     y, grads = _run(fast, backend, u, weights.to(u.dtype))
+
     def scaled(ref):
         return atol * max(1.0, ref.abs().max().item())
 
     torch.testing.assert_close(y.to(reference_dtype), y_ref, rtol=rtol, atol=scaled(y_ref))
     for (name, _), a, b in zip([("input", None), *fast.named_parameters()], grads, g_ref):
-        torch.testing.assert_close(a.to(reference_dtype), b, rtol=rtol, atol=scaled(b), msg=lambda m, name=name: f"grad {name}: {m}")
+        torch.testing.assert_close(
+            a.to(reference_dtype), b, rtol=rtol, atol=scaled(b), msg=lambda m, name=name: f"grad {name}: {m}"
+        )
 
 
 def _mixer(name, d_model, d_state, seed):
@@ -139,10 +143,18 @@ def test_negative_eigenvalues_solve_parity_where_positive_do_not():
     quiet_lightning()
 
     def accuracy_at_24(mixer: str, steps: int) -> float:
-        spec = TrialSpec(task="parity", mixer=mixer, lr=3e-3, seed=0, task_options={"running": True},
-                         mixer_options={"d_state": 4}, extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [24]},
-                         train=TrainConfig(max_steps=steps, batch_size=32, train_size=2000, val_size=200,
-                                           test_size=300, eval_every=50))
+        spec = TrialSpec(
+            task="parity",
+            mixer=mixer,
+            lr=3e-3,
+            seed=0,
+            task_options={"running": True},
+            mixer_options={"d_state": 4},
+            extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [24]},
+            train=TrainConfig(
+                max_steps=steps, batch_size=32, train_size=2000, val_size=200, test_size=300, eval_every=50
+            ),
+        )
         return run_trial(spec)["len24/acc"]
 
     assert accuracy_at_24("signed_mamba", 400) >= 0.98

@@ -5,16 +5,26 @@ import pytest
 from tasks import TASKS, get_task
 
 
-@pytest.mark.parametrize("name,opts,chance", [
-    ("parity", {}, 1 / 2), ("parity", {"running": True}, 1 / 2),
-    ("keep_nth", {}, 1 / 128), ("keep_nth", {"vocab_size": 16, "per_position": True}, 1 / 16),
-    ("mqar", {}, 1 / 64), ("mqar", {"vocab_size": 32}, 1 / 16),
-    ("khop", {"k": 1}, 1 / 11), ("khop", {"k": 2, "mask_none": True}, 1 / 5),
-    ("word_problem", {"group": "S5"}, 1 / 120), ("word_problem", {"group": "Z2"}, 1 / 2),
-    ("modular_count", {"m": 3}, 1 / 3),
-    ("modular_arithmetic", {}, 1 / 5), ("modular_arithmetic", {"modulus": 7}, 1 / 7),
-    ("modular_arithmetic_brackets", {}, 1 / 5), ("modular_arithmetic_brackets", {"mult": False}, 1 / 5),
-])
+@pytest.mark.parametrize(
+    "name,opts,chance",
+    [
+        ("parity", {}, 1 / 2),
+        ("parity", {"running": True}, 1 / 2),
+        ("keep_nth", {}, 1 / 128),
+        ("keep_nth", {"vocab_size": 16, "per_position": True}, 1 / 16),
+        ("mqar", {}, 1 / 64),
+        ("mqar", {"vocab_size": 32}, 1 / 16),
+        ("khop", {"k": 1}, 1 / 11),
+        ("khop", {"k": 2, "mask_none": True}, 1 / 5),
+        ("word_problem", {"group": "S5"}, 1 / 120),
+        ("word_problem", {"group": "Z2"}, 1 / 2),
+        ("modular_count", {"m": 3}, 1 / 3),
+        ("modular_arithmetic", {}, 1 / 5),
+        ("modular_arithmetic", {"modulus": 7}, 1 / 7),
+        ("modular_arithmetic_brackets", {}, 1 / 5),
+        ("modular_arithmetic_brackets", {"mult": False}, 1 / 5),
+    ],
+)
 def test_chance_levels(name, opts, chance):
     assert get_task(name, **opts).chance_accuracy == pytest.approx(chance)
 

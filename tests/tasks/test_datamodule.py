@@ -16,7 +16,7 @@ def test_training_stream_shuffles_each_epoch_like_randperm():
     expected = []
     for epoch in range(3):
         order = torch.randperm(n, generator=make_generator(5, SHUFFLE_STREAM, epoch))
-        expected += [(x[order][s:s + bs], y[order][s:s + bs]) for s in range(0, n, bs)]
+        expected += [(x[order][s : s + bs], y[order][s : s + bs]) for s in range(0, n, bs)]
     assert [b[0].shape[0] for b in expected[:7]] == [16] * 6 + [7]  # the epoch's last batch is smaller
     stream = TrainingStream(x, y, bs, shuffle_seed=5, chunk=3)
     for index in [0, 6, 7, 13, 20, 5, 14]:  # any order: the batch depends on its index alone
@@ -36,8 +36,16 @@ def test_tensor_batches_serve_an_evaluation_set_in_order():
 
 
 def _first_batches(data_seed: int, shuffle_seed: int, n: int = 3) -> list[torch.Tensor]:
-    dm = SyntheticDataModule("keep_nth", {"seq_len": 12}, train_size=200, val_size=10, test_size=10, batch_size=8,
-                             seed=data_seed, shuffle_seed=shuffle_seed)
+    dm = SyntheticDataModule(
+        "keep_nth",
+        {"seq_len": 12},
+        train_size=200,
+        val_size=10,
+        test_size=10,
+        batch_size=8,
+        seed=data_seed,
+        shuffle_seed=shuffle_seed,
+    )
     dm.setup()
     stream = dm.train_dataloader()
     return [stream.batch(i)[0] for i in range(n)]
@@ -49,16 +57,18 @@ def test_trial_seed_sets_the_order_and_data_seed_the_data():
     assert all(torch.equal(p, q) for p, q in zip(a, again))
     assert not any(torch.equal(p, q) for p, q in zip(a, other))
     # same training set, served in another order: the rows are the same multiset
-    dm = SyntheticDataModule("keep_nth", {"seq_len": 12}, train_size=200, val_size=10, test_size=10, batch_size=8,
-                             seed=0, shuffle_seed=1)
+    dm = SyntheticDataModule(
+        "keep_nth", {"seq_len": 12}, train_size=200, val_size=10, test_size=10, batch_size=8, seed=0, shuffle_seed=1
+    )
     dm.setup()
     rows = lambda t: sorted(map(tuple, t.tolist()))  # noqa: E731
     stream = dm.train_dataloader()
     served = torch.cat([stream.batch(i)[0] for i in range(25)])  # 200 rows / batches of 8: one epoch
     assert rows(served) == rows(dm.data["train"].inputs)
     # another data seed: another training set
-    dm2 = SyntheticDataModule("keep_nth", {"seq_len": 12}, train_size=200, val_size=10, test_size=10, batch_size=8,
-                              seed=1, shuffle_seed=1)
+    dm2 = SyntheticDataModule(
+        "keep_nth", {"seq_len": 12}, train_size=200, val_size=10, test_size=10, batch_size=8, seed=1, shuffle_seed=1
+    )
     dm2.setup()
     assert rows(dm2.data["train"].inputs) != rows(dm.data["train"].inputs)
 
@@ -73,8 +83,15 @@ def test_shuffle_seed_defaults_to_the_data_seed_and_is_validated():
 @pytest.mark.parametrize("train_size,val_size", [(37, 11), (5, 9)])
 def test_test_pass_scores_the_first_training_sequences_too(train_size, val_size):
     """``trainset``: the first min(val_size, train_size) training sequences, served in order after ``test``."""
-    dm = SyntheticDataModule("mqar", {"seq_len": 16, "vocab_size": 16}, train_size=train_size, val_size=val_size,
-                             test_size=13, eval_batch_size=4, seed=3)
+    dm = SyntheticDataModule(
+        "mqar",
+        {"seq_len": 16, "vocab_size": 16},
+        train_size=train_size,
+        val_size=val_size,
+        test_size=13,
+        eval_batch_size=4,
+        seed=3,
+    )
     dm.setup()
     assert dm.test_set_names == ["test", "trainset"]
     n = min(train_size, val_size)
@@ -87,8 +104,14 @@ def test_test_pass_scores_the_first_training_sequences_too(train_size, val_size)
 def test_extrapolation_test_sets_follow_the_training_subset():
     from tasks.extrapolation import ExtrapolationConfig
 
-    dm = SyntheticDataModule("parity", train_size=20, val_size=6, test_size=8, seed=0,
-                             extrapolation=ExtrapolationConfig(min_len=3, max_len=6, eval_lengths=[10, 12]))
+    dm = SyntheticDataModule(
+        "parity",
+        train_size=20,
+        val_size=6,
+        test_size=8,
+        seed=0,
+        extrapolation=ExtrapolationConfig(min_len=3, max_len=6, eval_lengths=[10, 12]),
+    )
     dm.setup()
     assert dm.test_set_names == ["test", "trainset", "len10", "len12"]
     assert torch.equal(dm.data["trainset"].lengths, dm.data["train"].lengths[:6])

@@ -142,8 +142,10 @@ def test_bracket_shapes_follow_deletangs_recursion():
     assert sorted(digits) == list("01234") and all(abs(c / 16000 - 1 / 5) < 0.015 for c in digits.values())
 
 
-@pytest.mark.parametrize("name,opts", [("modular_arithmetic", {}), ("modular_arithmetic_brackets", {}),
-                                       ("modular_arithmetic_brackets", {"mult": False})])
+@pytest.mark.parametrize(
+    "name,opts",
+    [("modular_arithmetic", {}), ("modular_arithmetic_brackets", {}), ("modular_arithmetic_brackets", {"mult": False})],
+)
 def test_length_extrapolation_protocol(name, opts):
     """Right-padded variable lengths 3..40: the real prefix is the task's own sample, its label at the last real token."""
     task = get_task(name, **opts)
@@ -167,17 +169,20 @@ def test_deterministic_and_global_rng_free(name):
     assert not torch.equal(a.inputs, c.inputs)
 
 
-@pytest.mark.parametrize("name,opts,message", [
-    ("modular_arithmetic", {"seq_len": 0}, "seq_len must be >= 1"),
-    ("modular_arithmetic", {"modulus": 1}, "modulus must be an int >= 2"),
-    ("modular_arithmetic", {"operators": "+/"}, "operators must be distinct characters"),
-    ("modular_arithmetic", {"operators": ""}, "operators must be distinct characters"),
-    ("modular_arithmetic", {"operators": "++"}, "operators must be distinct characters"),
-    ("modular_arithmetic_brackets", {"seq_len": 0}, "seq_len must be >= 1"),
-    ("modular_arithmetic_brackets", {"modulus": 1.5}, "modulus must be an int >= 2"),
-    ("modular_arithmetic_brackets", {"mult": "yes"}, "mult must be True or False"),
-    ("modular_arithmetic_brackets", {"brackets": True}, "unknown option"),
-])
+@pytest.mark.parametrize(
+    "name,opts,message",
+    [
+        ("modular_arithmetic", {"seq_len": 0}, "seq_len must be >= 1"),
+        ("modular_arithmetic", {"modulus": 1}, "modulus must be an int >= 2"),
+        ("modular_arithmetic", {"operators": "+/"}, "operators must be distinct characters"),
+        ("modular_arithmetic", {"operators": ""}, "operators must be distinct characters"),
+        ("modular_arithmetic", {"operators": "++"}, "operators must be distinct characters"),
+        ("modular_arithmetic_brackets", {"seq_len": 0}, "seq_len must be >= 1"),
+        ("modular_arithmetic_brackets", {"modulus": 1.5}, "modulus must be an int >= 2"),
+        ("modular_arithmetic_brackets", {"mult": "yes"}, "mult must be True or False"),
+        ("modular_arithmetic_brackets", {"brackets": True}, "unknown option"),
+    ],
+)
 def test_bad_configurations_raise(name, opts, message):
     with pytest.raises(ValueError, match=message):
         get_task(name, **opts)

@@ -66,13 +66,30 @@ def test_cyclic_group_is_addition_mod_m(m):
 def test_structure_flags():
     assert [get_group(g).is_abelian() for g in ("Z5", "S3", "A5")] == [True, False, False]
     solvable = {g: get_group(g).is_solvable() for g in ("Z2", "Z5", "S3", "A4", "S4", "A4xZ5", "A5", "S5")}
-    assert solvable == {"Z2": True, "Z5": True, "S3": True, "A4": True, "S4": True, "A4xZ5": True,
-                        "A5": False, "S5": False}
+    assert solvable == {
+        "Z2": True,
+        "Z5": True,
+        "S3": True,
+        "A4": True,
+        "S4": True,
+        "A4xZ5": True,
+        "A5": False,
+        "S5": False,
+    }
     assert get_group("A4xZ5").order == 60 and not get_group("A4xZ5").is_abelian()
 
 
-@pytest.mark.parametrize("name,message", [("Q8", "unknown group"), ("Z1", "n >= 2"), ("A2", "n >= 3"),
-                                          ("S7", "n <= 6"), ("S6xS6", "exceeds"), ("s3", "unknown group")])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("Q8", "unknown group"),
+        ("Z1", "n >= 2"),
+        ("A2", "n >= 3"),
+        ("S7", "n <= 6"),
+        ("S6xS6", "exceeds"),
+        ("s3", "unknown group"),
+    ],
+)
 def test_bad_groups(name, message):
     with pytest.raises(ValueError, match=message):
         get_group(name)
@@ -138,10 +155,15 @@ def test_deterministic_and_global_rng_free(name, opts):
     assert not torch.equal(a.inputs, c.inputs)
 
 
-@pytest.mark.parametrize("opts,message", [
-    ({"m": 1}, "m must be >= 2"), ({"vocab_size": 1}, "vocab_size must be >= 2"),
-    ({"count_token": 2}, r"count_token must be in \[0, vocab_size=2\)"), ({"seq_len": 0}, "seq_len"),
-])
+@pytest.mark.parametrize(
+    "opts,message",
+    [
+        ({"m": 1}, "m must be >= 2"),
+        ({"vocab_size": 1}, "vocab_size must be >= 2"),
+        ({"count_token": 2}, r"count_token must be in \[0, vocab_size=2\)"),
+        ({"seq_len": 0}, "seq_len"),
+    ],
+)
 def test_modular_count_bad_configs(opts, message):
     with pytest.raises(ValueError, match=message):
         get_task("modular_count", **opts)
@@ -170,8 +192,15 @@ def test_extrapolation_pads_dense_targets(name, opts):
 
 
 def test_datamodule_extrapolation_sets():
-    dm = SyntheticDataModule("word_problem", {"group": "A5"}, train_size=100, val_size=20, test_size=30, seed=2,
-                             extrapolation=ExtrapolationConfig(min_len=3, max_len=8, eval_lengths=(16, 48)))
+    dm = SyntheticDataModule(
+        "word_problem",
+        {"group": "A5"},
+        train_size=100,
+        val_size=20,
+        test_size=30,
+        seed=2,
+        extrapolation=ExtrapolationConfig(min_len=3, max_len=8, eval_lengths=(16, 48)),
+    )
     dm.setup()
     assert dm.vocab_size == 61 and dm.num_classes == 60 and dm.test_set_names == ["test", "trainset", "len16", "len48"]
     assert dm.data["len48"].inputs.shape == (30, 48) and (dm.data["len48"].targets >= 0).all()
@@ -185,10 +214,23 @@ def test_gru_solves_counting_mod_3_beyond_the_training_length():
     from experiments.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
 
     quiet_lightning()
-    spec = TrialSpec(task="modular_count", mixer="gru", lr=3e-3, seed=0, task_options={"m": 3},
-                     extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [24]},
-                     train=TrainConfig(max_steps=400, batch_size=32, train_size=2000, val_size=200, test_size=300,
-                                       eval_every=50, early_stop_acc=1.0))
+    spec = TrialSpec(
+        task="modular_count",
+        mixer="gru",
+        lr=3e-3,
+        seed=0,
+        task_options={"m": 3},
+        extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [24]},
+        train=TrainConfig(
+            max_steps=400,
+            batch_size=32,
+            train_size=2000,
+            val_size=200,
+            test_size=300,
+            eval_every=50,
+            early_stop_acc=1.0,
+        ),
+    )
     result = run_trial(spec)
     assert result["test/acc"] >= 0.99, result
     assert result["len24/acc"] >= 0.98, result
@@ -204,12 +246,22 @@ def test_flashgru_counts_mod_3_only_with_dense_state_matrices():
 
     quiet_lightning()
     last_acc = {}
-    for mixer, options in [("example_cells:DenseFlashGRU", {"mode": "sequential"}),
-                           ("flashgru", {"mode": "sequential", "clip_norm": None})]:
-        spec = TrialSpec(task="modular_count", mixer=mixer, mixer_options=options, lr=1e-2, seed=0,
-                         task_options={"m": 3}, extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [24]},
-                         train=TrainConfig(max_steps=500, batch_size=32, train_size=4000, val_size=300,
-                                           test_size=500, eval_every=50))
+    for mixer, options in [
+        ("example_cells:DenseFlashGRU", {"mode": "sequential"}),
+        ("flashgru", {"mode": "sequential", "clip_norm": None}),
+    ]:
+        spec = TrialSpec(
+            task="modular_count",
+            mixer=mixer,
+            mixer_options=options,
+            lr=1e-2,
+            seed=0,
+            task_options={"m": 3},
+            extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [24]},
+            train=TrainConfig(
+                max_steps=500, batch_size=32, train_size=4000, val_size=300, test_size=500, eval_every=50
+            ),
+        )
         last_acc[mixer] = run_trial(spec)["len24/last_acc"]
     assert last_acc["example_cells:DenseFlashGRU"] >= 0.9, last_acc
     assert last_acc["flashgru"] <= 0.5, last_acc

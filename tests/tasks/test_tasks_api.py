@@ -12,7 +12,14 @@ from tasks import (
     make_generator,
 )
 
-ALL = [("parity", {}), ("keep_nth", {}), ("keep_nth", {"per_position": True}), ("mqar", {}), ("khop", {"k": 1}), ("khop", {"k": 2})]
+ALL = [
+    ("parity", {}),
+    ("keep_nth", {}),
+    ("keep_nth", {"per_position": True}),
+    ("mqar", {}),
+    ("khop", {"k": 1}),
+    ("khop", {"k": 2}),
+]
 
 
 @pytest.mark.parametrize("name,opts", ALL)
@@ -38,19 +45,22 @@ def test_seed_streams_are_disjoint():
     assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
 
 
-@pytest.mark.parametrize("name,opts,message", [
-    ("keep_nth", {"n": 101}, "n <= seq_len"),
-    ("keep_nth", {"n": 0}, "1 <= n"),
-    ("keep_nth", {"per_position": "yes"}, "per_position must be True or False"),
-    ("mqar", {"num_kv_pairs": 40, "seq_len": 100}, "3*num_kv_pairs <= seq_len"),
-    ("mqar", {"num_kv_pairs": 64}, "num_kv_pairs < vocab_size/2"),
-    ("mqar", {"vocab_size": 127}, "even"),
-    ("mqar", {"placement": "zipf"}, "placement"),
-    ("khop", {"k": 0}, "k must be >= 1"),
-    ("khop", {"vocab_size": 1}, "vocab_size"),
-    ("parity", {"seq_len": 0}, "seq_len"),
-    ("parity", {"lenght": 3}, "unknown option"),
-])
+@pytest.mark.parametrize(
+    "name,opts,message",
+    [
+        ("keep_nth", {"n": 101}, "n <= seq_len"),
+        ("keep_nth", {"n": 0}, "1 <= n"),
+        ("keep_nth", {"per_position": "yes"}, "per_position must be True or False"),
+        ("mqar", {"num_kv_pairs": 40, "seq_len": 100}, "3*num_kv_pairs <= seq_len"),
+        ("mqar", {"num_kv_pairs": 64}, "num_kv_pairs < vocab_size/2"),
+        ("mqar", {"vocab_size": 127}, "even"),
+        ("mqar", {"placement": "zipf"}, "placement"),
+        ("khop", {"k": 0}, "k must be >= 1"),
+        ("khop", {"vocab_size": 1}, "vocab_size"),
+        ("parity", {"seq_len": 0}, "seq_len"),
+        ("parity", {"lenght": 3}, "unknown option"),
+    ],
+)
 def test_bad_configurations_raise(name, opts, message):
     with pytest.raises(ValueError, match=message.replace("*", r"\*").replace("(", r"\(")):
         get_task(name, **opts)
@@ -78,8 +88,14 @@ def test_variable_length_respects_task_constraints():
 
 
 def test_datamodule_splits_and_extrapolation():
-    dm = SyntheticDataModule("parity", train_size=200, val_size=50, test_size=60, seed=4,
-                             extrapolation=ExtrapolationConfig(min_len=3, max_len=10, eval_lengths=(16, 32)))
+    dm = SyntheticDataModule(
+        "parity",
+        train_size=200,
+        val_size=50,
+        test_size=60,
+        seed=4,
+        extrapolation=ExtrapolationConfig(min_len=3, max_len=10, eval_lengths=(16, 32)),
+    )
     dm.setup()
     assert dm.vocab_size == 3 and dm.num_classes == 2 and dm.test_set_names == ["test", "trainset", "len16", "len32"]
     assert dm.data["len32"].inputs.shape == (60, 32)

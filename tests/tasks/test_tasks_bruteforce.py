@@ -70,7 +70,9 @@ def test_parity(running, seq_len):
 @pytest.mark.parametrize("per_position", [False, True])
 @pytest.mark.parametrize("seq_len,n,v", [(100, 5, 128), (9, 9, 3), (1, 1, 2), (13, 1, 7), (37, 23, 5)])
 def test_keep_nth(seq_len, n, v, per_position):
-    d = get_task("keep_nth", seq_len=seq_len, n=n, vocab_size=v, per_position=per_position).generate(N, seed=seq_len + n)
+    d = get_task("keep_nth", seq_len=seq_len, n=n, vocab_size=v, per_position=per_position).generate(
+        N, seed=seq_len + n
+    )
     assert d.inputs.max() < v
     for x, y in zip(d.inputs.tolist(), d.targets.tolist()):
         assert y == brute_keep_nth(x, n, per_position)
@@ -84,10 +86,17 @@ def test_keep_nth_readings_share_inputs_and_last_target():
     assert ((dense.targets != IGNORE_INDEX).sum(1) == 11 - 4 + 1).all()
 
 
-@pytest.mark.parametrize("opts", [
-    {}, {"num_kv_pairs": 8, "seq_len": 64}, {"num_kv_pairs": 1, "seq_len": 3, "vocab_size": 4},
-    {"placement": "power"}, {"query_rate": 0.0, "seq_len": 17}, {"query_rate": 1.0},
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"num_kv_pairs": 8, "seq_len": 64},
+        {"num_kv_pairs": 1, "seq_len": 3, "vocab_size": 4},
+        {"placement": "power"},
+        {"query_rate": 0.0, "seq_len": 17},
+        {"query_rate": 1.0},
+    ],
+)
 def test_mqar(opts):
     task = get_task("mqar", **opts)
     d = task.generate(N, seed=5)
@@ -110,8 +119,17 @@ def test_mqar_power_placement_concentrates_queries_early():
     assert pos.median() < 20  # power law (a=0.01) puts most queries right after the context
 
 
-@pytest.mark.parametrize("opts", [{"k": 1}, {"k": 2}, {"k": 3, "vocab_size": 4}, {"k": 1, "mask_none": True},
-                                  {"k": 2, "mask_none": True, "seq_len": 31}, {"k": 2, "seq_len": 2}])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"k": 1},
+        {"k": 2},
+        {"k": 3, "vocab_size": 4},
+        {"k": 1, "mask_none": True},
+        {"k": 2, "mask_none": True, "seq_len": 31},
+        {"k": 2, "seq_len": 2},
+    ],
+)
 def test_khop(opts):
     task = get_task("khop", **opts)
     d = task.generate(N, seed=7)

@@ -15,10 +15,18 @@ def compose(a, b):
     return tuple(a[i] for i in b)
 
 
-@pytest.mark.parametrize("name,order,abelian,solvable", [
-    ("S3", 6, False, True), ("S4", 24, False, True), ("Z60", 60, True, True), ("A4xZ5", 60, False, True),
-    ("A4_x_Z5", 60, False, True), ("A5", 60, False, False), ("S5", 120, False, False),
-])
+@pytest.mark.parametrize(
+    "name,order,abelian,solvable",
+    [
+        ("S3", 6, False, True),
+        ("S4", 24, False, True),
+        ("Z60", 60, True, True),
+        ("A4xZ5", 60, False, True),
+        ("A4_x_Z5", 60, False, True),
+        ("A5", 60, False, False),
+        ("S5", 120, False, False),
+    ],
+)
 def test_paper_groups_structure(name, order, abelian, solvable):
     g = get_group(name)
     assert g.order == order and g.is_abelian() == abelian and g.is_solvable() == solvable
@@ -45,8 +53,11 @@ def test_z60_is_addition_mod_60():
 
 def test_a4_x_z5_elements_are_pairs():
     """Each element acts on points 0..3 as an even permutation and on points 4..8 as a rotation."""
-    even = {p for p in itertools.permutations(range(4))
-            if sum(p[i] > p[j] for i, j in itertools.combinations(range(4), 2)) % 2 == 0}
+    even = {
+        p
+        for p in itertools.permutations(range(4))
+        if sum(p[i] > p[j] for i, j in itertools.combinations(range(4), 2)) % 2 == 0
+    }
     rotations = {tuple(4 + (i + k) % 5 for i in range(5)) for k in range(5)}
     elems = get_group("A4_x_Z5").elements
     assert {(e[:4], e[4:]) for e in elems} == set(itertools.product(even, rotations))
