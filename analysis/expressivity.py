@@ -249,7 +249,7 @@ def plot_lengths(lengths: pd.DataFrame, stem: Path) -> list[Path]:
         kind="line",
         height=2.8,
         aspect=1.25,
-        facet_kws={"sharey": True},
+        facet_kws={"sharey": True, "sharex": False},  # each task its own evaluation lengths as ticks
     )
     for task, ax in grid.axes_dict.items():
         sel = lengths[lengths["task_label"] == task]

@@ -62,6 +62,17 @@ def mixer_input(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     raise RuntimeError("the model's forward never called its mixer")
 
 
+def _is_cell(name: str) -> bool:
+    """Whether mixer ``name`` builds a recurrent cell mixer (a ``CellMixer``)."""
+    from mixers import build_mixer
+    from mixers.cells.mixer import CellMixer
+
+    try:
+        return isinstance(build_mixer(name, 8, num_heads=2), CellMixer)
+    except (TypeError, ValueError):
+        return False
+
+
 def _as_cell_mixer(mixer: torch.nn.Module, name: str):
     from mixers.cells.mixer import CellMixer
 
@@ -360,7 +371,10 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
         fresh_task = json.loads((next(iter(checkpoints.values())) / "spec.json").read_text())["task"]
     jobs = []  # (label, mixer, make_input)
     if not args.no_fresh:
-        for name in args.cells or list(DEFAULT_CELLS):
+        # as --help says: with --checkpoints, the fresh panels are of the cells found there (the trained
+        # panels' own), so no row lacks one of its two panels
+        fresh_cells = args.cells or [n for n in checkpoints if _is_cell(n)] or list(DEFAULT_CELLS)
+        for name in fresh_cells:
             if kind == "task":
                 model = fresh_model(name, fresh_task, {}, options, args.seed).to(dtype)
                 make = lambda L, m=model: mixer_input(m, task_tokens(fresh_task, {}, L, args.batch, args.seed))

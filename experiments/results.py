@@ -108,12 +108,15 @@ def _final_trial(trials: list[FrozenTrial]) -> FrozenTrial:
     return max(done, key=lambda t: t.number)
 
 
-def collect(grid, cells: Iterable[tuple[str, Any]], meta: dict[str, Any] | None = None) -> pd.DataFrame:
+def collect(
+    grid, cells: Iterable[tuple[str, Any]], meta: dict[str, Any] | None = None, every_finished: bool = False
+) -> pd.DataFrame:
     """One row per cell ``(entry, spec)``: its completed trial, else its final failed one, else a row with
     the cell's state (``running``, ``waiting``, or ``missing``: never started, or interrupted and to be re-run).
-    Then one row per other done cell of the study under the same entries (cells an earlier command of
-    the folder added, e.g. with another ``--mixers``): a command's subset filters what is trained, not
-    what is reported.
+    With ``every_finished`` (a sweep's folder, whose study is its own), then one row per other done cell
+    of the study under the same entries (cells an earlier command of the folder added, e.g. with another
+    ``--mixers``): a command's subset filters what is trained, not what is reported. A reproduction's
+    study is shared by every table, so its reports keep to their own cells.
 
     ``meta`` (e.g. ``versions()``) fills the version columns of trials that did not record them.
     """
@@ -137,7 +140,7 @@ def collect(grid, cells: Iterable[tuple[str, Any]], meta: dict[str, Any] | None 
         last = max(failed, key=lambda t: t.number).user_attrs.get("failure", "") if failed else ""
         rows.append({**_spec_columns(entry, spec.to_dict()), "status": status, "failure": last})
     earlier = []
-    for key, trials in by_cell.items():
+    for key, trials in by_cell.items() if every_finished else ():
         entry = trials[0].params.get("entry")
         if key not in planned and entry in entries and cell_state(trials) == "done":
             earlier.append((entries.index(entry), _final_trial(trials)))

@@ -306,7 +306,7 @@ def run_plans(
     def write_all() -> dict[str, pd.DataFrame]:
         results = {}
         for entry, entry_cells in cells_by_entry.items():
-            results[entry] = collect(grid, entry_cells, meta)
+            results[entry] = collect(grid, entry_cells, meta, every_finished=flat)
             write_results(results[entry], target if flat else target / entry)
         return results
 

@@ -163,6 +163,25 @@ def test_cli_trained_panel_from_checkpoints(sweep_dir, tmp_path):
         ]
     )
     assert set(only["cell"]) == {"TanhCell"} and set(only["panel"]) == {"trained on parity"}  # the GRU: skipped
+    # without --cells the fresh panels are of the checkpoints' cells, not flashgru/flashlstm: no half-empty rows
+    both = main(
+        [
+            "--checkpoints",
+            str(sweep_dir),
+            "--inputs",
+            "task",
+            "--max-log2",
+            "6",
+            "--iters",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "both",
+        ]
+    )
+    assert set(both["cell"]) == {"TanhCell"}
+    assert set(both["panel"]) == {"freshly initialized", "trained on parity"}
 
 
 def test_mixer_input_matches_the_model(sweep_dir):

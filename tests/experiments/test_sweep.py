@@ -522,6 +522,16 @@ def test_a_mixers_subset_keeps_the_folders_earlier_cells_in_the_results(tmp_path
     assert sorted(pd.read_csv(tmp_path / "results.csv")["mixer"]) == ["elman", "gru", "lstm"]
 
 
+def test_a_shared_study_reports_only_the_commands_own_cells(tmp_path):
+    """Reproductions share one study across tables: a report keeps to its own cells (entries such as
+    'parity' recur across presets with other settings)."""
+    from experiments.runner import run_plans
+
+    run_plans([tiny_plan(["gru", "elman"])], tmp_path, "shared", progress=False)
+    results, _ = run_plans([tiny_plan(["lstm"])], tmp_path, "shared", progress=False)
+    assert results["parity"]["mixer"].tolist() == ["lstm"]
+
+
 @pytest.mark.parametrize(
     "extra",
     [
