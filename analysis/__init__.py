@@ -1,4 +1,4 @@
-"""Analysis: tables and figures from what ``experiments`` and the benchmarks write.
+"""Analysis: tables and figures from what ``experiments`` writes (kernel timings: ``benchmarks.ops.plot``).
 
 Each module is a CLI writing PNG + PDF figures and the CSV of every plotted number beside them:
 
@@ -9,8 +9,6 @@ Each module is a CLI writing PNG + PDF figures and the CSV of every plotted numb
 - ``python -m analysis.transfer``: mLSTM transfer-gain heatmaps (paper 002 Fig. 3, 6, 7).
 - ``python -m analysis.depth RESULTS...``: the minimum number of layers reaching a threshold vs
   sequence length, per mixer and task (Merrill et al. 2024, Fig. 3).
-- ``python -m analysis.kernels BENCH_JSON...``: kernel time vs sequence length with the
-  physical limit.
 
 Dependencies: ``mixers``, ``kernels``, ``tasks`` and files on disk; ``experiments`` only to reuse
 the results aggregation (``experiments.results``) and to rebuild trained models from checkpoints.

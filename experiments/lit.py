@@ -270,7 +270,7 @@ class LitSequenceModel(L.LightningModule):
         """The optimizer step's closure: forward, loss, backward and the step's bookkeeping
         (``record_step``) of one batch; reads nothing on the host (capturable). ``backward``: Lightning's
         ``manual_backward`` in training; a plain ``loss.backward()`` without a trainer
-        (``experiments.step_profile`` captures this same closure)."""
+        (``benchmarks.training.step_profile`` captures this same closure)."""
         optimizer.zero_grad(set_to_none=True)
         loss = self.train_loss(tokens, targets)
         backward(loss)

@@ -174,7 +174,7 @@ class _History(Callback):
     ``(perf_counter s, optimizer step)`` samples at least ``PROGRESS_EVERY_S`` apart (after a device
     synchronization, so a step counts once the GPU has run it), the last at the end of training.
     Several trials' samples give the steps they ran in one shared time window
-    (``experiments.throughput.concurrent_rate``). Each sample is appended to ``progress_files`` as it is
+    (``benchmarks.training.throughput.concurrent_rate``). Each sample is appended to ``progress_files`` as it is
     taken (``unix_time_s,step,val_acc,phase``: ``experiments.running``), so a running trial's progress
     can be read while it trains."""
 

@@ -314,13 +314,13 @@ def test_cli_device_without_cuda_is_one_line_with_workers_too(tmp_path):
 
 @pytest.mark.parametrize("moved", [False, True])
 def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path, moved):
-    """``benchmarks.pack_run``: a run cut mid-trial, packed, its folder wiped and unpacked again (a fresh
+    """``benchmarks.training.pack_run``: a run cut mid-trial, packed, its folder wiped and unpacked again (a fresh
     machine; the same run path, or another one) finishes: the completed cell is not re-run, the cut one
     resumes from its checkpoint, and the archive carries checkpoints for the unfinished trials only."""
     import shutil
     import tarfile
 
-    from benchmarks.pack_run import pack
+    from benchmarks.training.pack_run import pack
 
     plan = tiny_plan(["test_workers:SlowMixer"], seeds=[0, 1, 2], max_steps=60)
     specs = build_specs(plan)

@@ -1,4 +1,4 @@
-"""analysis.kernels on synthetic results written by benchmarks.ops.common.write_json."""
+"""benchmarks.ops.plot on synthetic results written by benchmarks.ops.common.write_json."""
 
 import json
 import math
@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from analysis.cli import run
-from analysis.kernels import load_bench, main, merge_batch_sweeps
 from benchmarks.ops.common import BenchRow, write_json
+from benchmarks.ops.plot import load_bench, main, merge_batch_sweeps
 
 
 @pytest.fixture

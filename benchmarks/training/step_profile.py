@@ -14,7 +14,7 @@ With ``compile=True`` the model and loss are ``torch.compile``d first (Inductor 
 elementwise and reduction chains, forward and backward) as the ``compiled`` engine does
 (``experiments.cuda_graph.compiled_loss``). A trial that cannot be captured reports why in ``error``.
 
-Used by ``python -m experiments.throughput kernels``. Needs a CUDA GPU.
+Used by ``python -m benchmarks.training.throughput kernels``. Needs a CUDA GPU.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""``experiments.step_profile`` / ``python -m experiments.throughput kernels``: kernel families, the
+"""``benchmarks.training.step_profile`` / ``python -m benchmarks.training.throughput kernels``: kernel families, the
 CPU refusal, and (GPU) a replay launches exactly the kernels of one eager step."""
 
 import pandas as pd
 import pytest
 import torch
 
-from experiments.step_profile import kernel_family
-from experiments.throughput import benchmark_specs, main
+from benchmarks.training.step_profile import kernel_family
+from benchmarks.training.throughput import benchmark_specs, main
 
 
 @pytest.mark.parametrize(
@@ -35,8 +35,8 @@ def test_heaviest_kernels_rank_by_time_per_step():
     the whole; ``heaviest_table`` gives one line per (step, kernel)."""
     from types import SimpleNamespace
 
-    from experiments.step_profile import heaviest_kernels
-    from experiments.throughput import heaviest_table
+    from benchmarks.training.step_profile import heaviest_kernels
+    from benchmarks.training.throughput import heaviest_table
 
     ev = lambda name, us: SimpleNamespace(name=name, device_time=us)  # noqa: E731
     events = [
@@ -102,7 +102,7 @@ NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.parametrize("mixer", ["transformer", "mamba2", "flashgru"])
 def test_profile_rows_add_up(mixer):
     """Families add up to the total; a replay takes at least its kernels' summed time."""
-    from experiments.step_profile import profile_step
+    from benchmarks.training.step_profile import profile_step
 
     row = profile_step(_spec(mixer), replays=50, top=5)
     assert "error" not in row, row
@@ -118,7 +118,7 @@ def test_profile_rows_add_up(mixer):
 def test_profile_at_other_batch_sizes():
     """``--batch-sizes``: one row per batch size, each step built at that batch (4x the sequences:
     more GPU time per step; eagerly also other kernels, 61 at batch 16 and 79 at 64 on an H100)."""
-    from experiments.throughput import profile_kernels
+    from benchmarks.training.throughput import profile_kernels
 
     table = profile_kernels("pararnn-table6", ["mqar"], ["transformer"], False, [16, 64])
     assert list(table["batch"]) == [16, 64] and "error" not in table
@@ -133,7 +133,7 @@ def test_a_replay_launches_the_kernels_of_one_eager_step():
     number; the Transformer: the Newton mixers run another policy outside a capture)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from experiments.step_profile import _kernel_events, captured_step, profile_step
+    from benchmarks.training.step_profile import _kernel_events, captured_step, profile_step
 
     spec = _spec("transformer")
     row = profile_step(spec, replays=50)
@@ -149,7 +149,7 @@ def test_a_replay_launches_the_kernels_of_one_eager_step():
 def test_a_compiled_newton_step_captures_with_fewer_kernels():
     """With ``graph_policy`` the compiled FlashGRU step captures (nothing compiles inside the capture)
     and launches fewer kernels than the uncompiled one."""
-    from experiments.step_profile import profile_step
+    from benchmarks.training.step_profile import profile_step
 
     spec = _spec("flashgru")
     plain, compiled = profile_step(spec, replays=20), profile_step(spec, compile=True, replays=20)

@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
 # One device call for the training side: the CUDA-graph engine's GPU tests, the step engines' throughput,
 # and paper-table reproductions that may outlive one call.
-#   usage (GPU machine, repository root, optuna importable):  bash benchmarks/training_gpu.sh OUT_DIR STEP...
+#   usage (GPU machine, repository root, optuna importable):  bash benchmarks/training/gpu.sh OUT_DIR STEP...
 #   steps:
 #     graph-tests           tests/experiments/test_cuda_graph.py (graph vs eager, the Newton policy, resume) and
 #                           test_step_profile.py
-#     kernels               python -m experiments.throughput kernels --compile --top 8 (kernels and GPU time of a
+#     kernels               python -m benchmarks.training.throughput kernels --compile --top 8 (kernels and GPU time of a
 #                           captured step, and its 8 heaviest kernels)
-#     steps                 python -m experiments.throughput steps (single trials, eager and graph)
-#     workers               python -m experiments.throughput workers (N = WORKER_COUNTS under MPS, eager and graph)
-#     saturation            python -m benchmarks.saturation kernels, steps and slots (what bounds 16 processes on one GPU)
-#     streams               python -m benchmarks.saturation steps (16 processes, MPS) then streams (1, 4, 8, 16 streams of
+#     steps                 python -m benchmarks.training.throughput steps (single trials, eager and graph)
+#     workers               python -m benchmarks.training.throughput workers (N = WORKER_COUNTS under MPS, eager and graph)
+#     saturation            python -m benchmarks.training.saturation kernels, steps and slots (what bounds 16 processes on one GPU)
+#     streams               python -m benchmarks.training.saturation steps (16 processes, MPS) then streams (1, 4, 8, 16 streams of
 #                           one process): the same compiled steps with and without processes and MPS (STREAMS_S s each); GPU 0's
 #                           power and clocks in OUT/streams-dmon.txt (nvidia-smi dmon)
-#     shares                python -m benchmarks.saturation shares (each mixer's step alone on 16 streams, then the mix)
+#     shares                python -m benchmarks.training.saturation shares (each mixer's step alone on 16 streams, then the mix)
 #                           (GPU 0's power and clocks in OUT/shares-dmon.txt)
-#     counters              python -m benchmarks.saturation counters (each mixer's step under ncu; raw CSVs in OUT/counters)
+#     counters              python -m benchmarks.training.saturation counters (each mixer's step under ncu; raw CSVs in OUT/counters)
 #     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/reproduce (one study
 #                           for every reproduction, as experiments.reproduce's default), so it runs on
 #                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
-#                           from what finished and packs the run into OUT_DIR/NAME-run.tgz (benchmarks.pack_run:
+#                           from what finished and packs the run into OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run:
 #                           the journal, and the checkpoints of unfinished trials). A later `start` resumes the
 #                           study; on a fresh machine, with RESTORE_RUN=that archive (carried) it unpacks it first.
 #     stop:NAME             as `wait`, but interrupts the reproduction (Ctrl-C to its process group: running trials
@@ -53,38 +53,38 @@ for step in "$@"; do
       echo "=== graph-tests rc=$? in $((SECONDS - t0)) s"; tail -n 15 "$out/graph-tests.log" ;;
     kernels)
       # shellcheck disable=SC2086
-      timeout -k 10 400 python3 -m experiments.throughput kernels --compile --top 8 ${KERNELS_ARGS:-} --json "$out/kernels.json" \
+      timeout -k 10 400 python3 -m benchmarks.training.throughput kernels --compile --top 8 ${KERNELS_ARGS:-} --json "$out/kernels.json" \
         > "$out/kernels.log" 2>&1
       echo "=== kernels rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/kernels.log" ;;
     steps)
       # shellcheck disable=SC2086
-      timeout -k 10 500 python3 -m experiments.throughput steps --device cuda ${STEPS_ARGS:-} --json "$out/steps.json" \
+      timeout -k 10 500 python3 -m benchmarks.training.throughput steps --device cuda ${STEPS_ARGS:-} --json "$out/steps.json" \
         > "$out/steps.log" 2>&1
       echo "=== steps rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/steps.log" ;;
     workers)
       # shellcheck disable=SC2086
-      timeout -k 10 560 python3 -m experiments.throughput workers --device cuda --mps --counts "${WORKER_COUNTS:-1,4,8,16}" \
+      timeout -k 10 560 python3 -m benchmarks.training.throughput workers --device cuda --mps --counts "${WORKER_COUNTS:-1,4,8,16}" \
         --out "$run_root/bench-workers" ${WORKERS_ARGS:-} --json "$out/workers.json" > "$out/workers.log" 2>&1
       echo "=== workers rc=$? in $((SECONDS - t0)) s"; grep "^|" "$out/workers.log" ;;
     saturation)
-      { timeout -k 10 200 python3 -m benchmarks.saturation kernels --procs 1,16 --seconds 4
-        timeout -k 10 200 python3 -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds 15
-        timeout -k 10 200 python3 -m benchmarks.saturation slots --tasks khop2 --top 5; } \
+      { timeout -k 10 200 python3 -m benchmarks.training.saturation kernels --procs 1,16 --seconds 4
+        timeout -k 10 200 python3 -m benchmarks.training.saturation steps --procs 16 --tasks khop2 --seconds 15
+        timeout -k 10 200 python3 -m benchmarks.training.saturation slots --tasks khop2 --top 5; } \
         > "$out/saturation.log" 2>&1
       echo "=== saturation rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/saturation.log" ;;
     streams)
       dmon_start streams
-      { timeout -k 10 240 python3 -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds "${STREAMS_S:-10}"
-        timeout -k 10 360 python3 -m benchmarks.saturation streams --streams 1,4,8,16 --tasks khop2 --seconds "${STREAMS_S:-10}"; } \
+      { timeout -k 10 240 python3 -m benchmarks.training.saturation steps --procs 16 --tasks khop2 --seconds "${STREAMS_S:-10}"
+        timeout -k 10 360 python3 -m benchmarks.training.saturation streams --streams 1,4,8,16 --tasks khop2 --seconds "${STREAMS_S:-10}"; } \
         > "$out/streams.log" 2>&1
       echo "=== streams rc=$? in $((SECONDS - t0)) s"; dmon_stop streams; grep "^{" "$out/streams.log" ;;
     shares)
       dmon_start shares
-      timeout -k 10 560 python3 -m benchmarks.saturation shares --streams 16 --tasks khop2 --seconds 6 \
+      timeout -k 10 560 python3 -m benchmarks.training.saturation shares --streams 16 --tasks khop2 --seconds 6 \
         > "$out/shares.log" 2>&1
       echo "=== shares rc=$? in $((SECONDS - t0)) s"; dmon_stop shares; grep "^{" "$out/shares.log" ;;
     counters)
-      timeout -k 10 500 python3 -m benchmarks.saturation counters --tasks khop2 --top 6 --csv-dir "$out/counters" \
+      timeout -k 10 500 python3 -m benchmarks.training.saturation counters --tasks khop2 --top 6 --csv-dir "$out/counters" \
         > "$out/counters.log" 2>&1
       echo "=== counters rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/counters.log" ;;
     start:*|wait:*|stop:*)
@@ -119,7 +119,7 @@ for step in "$@"; do
       echo "=== $name: $state at $(date -u +%FT%TZ)"; tail -n 5 "$dir/$name.log"
       python3 -m experiments.reproduce "$name" --out "$dir" --table-only --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
         || tail -n 5 "$out/$name-table.log"
-      python3 -m benchmarks.pack_run "$dir" "$out/$name-run.tgz" "$name"
+      python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name"
       cat "$out/$name.md" 2> /dev/null | sed -n '/^| model/,/^$/p' ;;
     *) echo "unknown step $step" ;;
   esac

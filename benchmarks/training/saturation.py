@@ -1,11 +1,11 @@
 """What bounds N processes that share one GPU under MPS, each replaying a CUDA graph of tiny kernels.
 
-    python -m benchmarks.saturation kernels --procs 1,16 --ctas 1,16,64,256 --kernels 80 --seconds 4
-    python -m benchmarks.saturation steps --procs 16 --tasks khop2 --seconds 15
-    python -m benchmarks.saturation slots --tasks khop2 --top 5
-    python -m benchmarks.saturation streams --streams 1,4,8,16 --tasks khop2 --seconds 10
-    python -m benchmarks.saturation shares --streams 16 --tasks khop2 --seconds 6
-    python -m benchmarks.saturation counters --tasks khop2 --top 6
+    python -m benchmarks.training.saturation kernels --procs 1,16 --ctas 1,16,64,256 --kernels 80 --seconds 4
+    python -m benchmarks.training.saturation steps --procs 16 --tasks khop2 --seconds 15
+    python -m benchmarks.training.saturation slots --tasks khop2 --top 5
+    python -m benchmarks.training.saturation streams --streams 1,4,8,16 --tasks khop2 --seconds 10
+    python -m benchmarks.training.saturation shares --streams 16 --tasks khop2 --seconds 6
+    python -m benchmarks.training.saturation counters --tasks khop2 --top 6
 
 ``kernels``: each process replays a graph of ``--kernels`` elementwise kernels of ``G`` CTAs each
 (``x.add_(1)`` on ``512 G`` floats: 128 threads x 4 per CTA) back to back; the rows give the kernels and
@@ -13,9 +13,9 @@ CTAs per second that all processes complete together. It calibrates the GPU's fr
 launches and CTAs it can start when the kernels themselves do almost nothing.
 
 ``steps``: each process replays the compiled training step of one trial of the Table 6 mix
-(``experiments.step_profile.captured_step``: forward, loss, backward, bookkeeping, fused AdamW; the
+(``benchmarks.training.step_profile.captured_step``: forward, loss, backward, bookkeeping, fused AdamW; the
 mixers round robin over the processes); the row gives the steps per second in total and per mixer,
-without Lightning or data loading around the replays (``python -m experiments.throughput workers``
+without Lightning or data loading around the replays (``python -m benchmarks.training.throughput workers``
 measures the whole training loop).
 
 ``slots``: one process, no MPS: profiles one replay of each mixer's compiled step and weights each
@@ -113,8 +113,8 @@ def slot_rows(trace_events: list[dict], replays: int, sms: int, **sm_limits) -> 
 
 def mix_specs(task: str, mixers: list[str] | None = None) -> list:
     """The ``TrialSpec`` of each mixer of task entry ``task`` of pararnn-table6 (or of ``mixers``), in
-    the mix's order, at 100 steps on CUDA (``experiments.throughput.benchmark_specs``)."""
-    from experiments.throughput import benchmark_specs
+    the mix's order, at 100 steps on CUDA (``benchmarks.training.throughput.benchmark_specs``)."""
+    from benchmarks.training.throughput import benchmark_specs
 
     return [spec for _, spec in benchmark_specs("pararnn-table6", [task], mixers, 100, "cuda")]
 
@@ -136,7 +136,7 @@ def mixer_list(text: str) -> list[str]:
 def profile_slots(task: str, top: int) -> list[dict]:
     """One row per mixer of ``task`` (pararnn-table6): its compiled step's kernel µs and slot-µs alone,
     and its ``top`` kernels by slot-µs."""
-    from experiments.step_profile import captured_step, profile_replays
+    from benchmarks.training.step_profile import captured_step, profile_replays
 
     props = torch.cuda.get_device_properties(0)
     limits = dict(
@@ -284,7 +284,7 @@ def profile_counters(task: str, top: int, csv_dir: str | None = None) -> list[di
                     report,
                     sys.executable,
                     "-m",
-                    "benchmarks.saturation",
+                    "benchmarks.training.saturation",
                     "_counters",
                     task,
                     str(index),
@@ -345,7 +345,7 @@ def _step_graph(
     """``(graph, mixer, step)``: the compiled step of trial ``index`` of ``task``'s mix (its mixers, or
     ``mixers``, round robin), captured on ``stream``, as a stack of ``stack`` trials
     (``experiments.stack``); ``step`` keeps the compiled model the graph's kernels belong to."""
-    from experiments.step_profile import captured_step
+    from benchmarks.training.step_profile import captured_step
 
     specs = mix_specs(task, mixers)
     spec = specs[index % len(specs)]
@@ -490,7 +490,17 @@ def run_together(kind: str, procs: int, seconds: float, extra: list[str]) -> dic
         t0 = time.time()
         workers = [
             subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.saturation", "_worker", kind, str(i), str(seconds), go, *extra],
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.training.saturation",
+                    "_worker",
+                    kind,
+                    str(i),
+                    str(seconds),
+                    go,
+                    *extra,
+                ],
                 stdout=subprocess.PIPE,
                 text=True,
             )
@@ -523,7 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["_counters"]:
         _counters_worker(argv[1], int(argv[2]))
         return
-    p = argparse.ArgumentParser(prog="python -m benchmarks.saturation", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.training.saturation", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)
     k = sub.add_parser("kernels", help="graphs of no-op kernels of G CTAs (the GPU front end's capacity)")
     k.add_argument("--ctas", default="1,16,64,256", help="CTAs per kernel, comma-separated")

@@ -1,4 +1,4 @@
-"""``python -m experiments.throughput workers``: the aggregate rate counts only steps run while every
+"""``python -m benchmarks.training.throughput workers``: the aggregate rate counts only steps run while every
 trial trained, from the trials' own progress samples."""
 
 import math
@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.throughput import concurrent_rate, time_workers
+from benchmarks.training.throughput import concurrent_rate, time_workers
 
 
 def _progress(times, steps):
@@ -56,7 +56,7 @@ def test_two_cpu_workers_report_a_rate_they_ran_together(tmp_path):
 
 def test_long_benchmark_trials_train_every_step():
     """--steps above a preset's plateau window: no plateau stop (and no validation error) cuts them."""
-    from experiments.throughput import benchmark_specs
+    from benchmarks.training.throughput import benchmark_specs
 
     for _, spec in benchmark_specs("pararnn-table6", None, None, 100_000, "cuda"):
         assert spec.train.max_steps == spec.train.eval_every == 100_000 and spec.train.plateau_steps is None
@@ -64,8 +64,8 @@ def test_long_benchmark_trials_train_every_step():
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message of a machine without a GPU")
 def test_saturation_benchmark_refuses_a_machine_without_a_gpu(capsys):
-    """``python -m benchmarks.saturation`` on a CPU-only machine: one line saying why, exit code 2."""
-    from benchmarks.saturation import main
+    """``python -m benchmarks.training.saturation`` on a CPU-only machine: one line saying why, exit code 2."""
+    from benchmarks.training.saturation import main
 
     with pytest.raises(SystemExit) as stop:
         main(["kernels", "--procs", "2"])
@@ -77,7 +77,7 @@ def test_saturation_benchmark_refuses_a_machine_without_a_gpu(capsys):
 def test_saturation_streams_sets_the_connections_before_refusing(capsys, monkeypatch):
     """``streams`` gives each stream its own hardware queue (``CUDA_DEVICE_MAX_CONNECTIONS`` 32, set before
     CUDA starts, a value of the caller's kept), and refuses a machine without a GPU like the other modes."""
-    from benchmarks.saturation import main
+    from benchmarks.training.saturation import main
 
     for given, want in ((None, "32"), ("8", "8")):
         if given is None:
@@ -94,7 +94,7 @@ def test_saturation_streams_sets_the_connections_before_refusing(capsys, monkeyp
 def test_saturation_streams_names_an_unknown_mixer(capsys):
     """``streams --mixers`` with a name no mixer has: one line listing the known ones, exit code 2,
     before anything needs a GPU."""
-    from benchmarks.saturation import main
+    from benchmarks.training.saturation import main
 
     with pytest.raises(SystemExit) as stop:
         main(["streams", "--mixers", "flashgru,nosuch"])
@@ -104,7 +104,7 @@ def test_saturation_streams_names_an_unknown_mixer(capsys):
 
 
 def test_resident_ctas_per_sm_takes_the_tightest_limit():
-    from benchmarks.saturation import MAX_CTAS_PER_SM, resident_ctas_per_sm
+    from benchmarks.training.saturation import MAX_CTAS_PER_SM, resident_ctas_per_sm
 
     assert resident_ctas_per_sm(256, 64, 0) == 4  # registers: 8 warps x 2,048 per warp = 16,384 per CTA
     assert resident_ctas_per_sm(1024, 16, 0) == 2  # threads: 2,048 per SM
@@ -117,7 +117,7 @@ def test_resident_ctas_per_sm_takes_the_tightest_limit():
 def test_slot_rows_weight_each_kernel_by_the_slots_it_fills():
     """Two replays of a step of two kernels: one filling half of a 132-SM GPU's slots for 10 µs, one
     that overfills it (share capped at 1) for 3 µs; a non-kernel event is ignored."""
-    from benchmarks.saturation import slot_rows
+    from benchmarks.training.saturation import slot_rows
 
     def kernel(name, dur, grid, block, regs, smem=0):
         return {
@@ -158,7 +158,7 @@ def test_resource_floors_divide_each_count_by_the_whole_gpu():
     """Hand-computed on a 132-SM GPU at 2 GHz: 1.056M SM-cycles are 4 µs of all SMs; 2.112M warp
     instructions over 528 schedulers are 2 µs; 8.448M warp-cycles over 8,448 warp slots 0.5 µs, and
     with 40 registers (1,280 per warp, allocated as 1,280) 8.448M x 1,280 / (132 x 65,536) cycles."""
-    from benchmarks.saturation import resource_floors
+    from benchmarks.training.saturation import resource_floors
 
     f = resource_floors(_ncu_kernel(), sms=132)
     assert f["us"] == pytest.approx(8.0)
@@ -175,7 +175,7 @@ def test_resource_floors_divide_each_count_by_the_whole_gpu():
 
 
 def test_read_ncu_csv_skips_the_units_row_and_reads_grouped_numbers():
-    from benchmarks.saturation import NCU_METRICS, read_ncu_csv
+    from benchmarks.training.saturation import NCU_METRICS, read_ncu_csv
 
     header = ["ID", "Kernel Name", *NCU_METRICS]
     units = ["", "", "ns", "inst", "warp", "cycle", "hz", "byte", "", "", "register/thread", "byte/block", "byte/block"]
@@ -206,7 +206,7 @@ def test_read_ncu_csv_skips_the_units_row_and_reads_grouped_numbers():
 
 
 def test_step_floors_sum_the_kernels_and_list_the_most_warp_cycles_first():
-    from benchmarks.saturation import FLOORS, resource_floors, step_floors
+    from benchmarks.training.saturation import FLOORS, resource_floors, step_floors
 
     small = {**_ncu_kernel(**{"sm__cycles_active.sum": 2.64e5, "sm__warps_active.sum": 2.112e6}), "name": "small"}
     big = {**_ncu_kernel(), "name": "big"}
@@ -223,7 +223,7 @@ def test_step_floors_sum_the_kernels_and_list_the_most_warp_cycles_first():
 def test_gpu_share_weights_each_stream_by_its_mixers_shared_time():
     """Three streams of two mixers round robin (a, b, a): a's two streams at 100 steps/s of 2,000 µs
     each, b's one at 200 of 1,000 µs: 0.4 + 0.2 of the GPU."""
-    from benchmarks.saturation import gpu_share
+    from benchmarks.training.saturation import gpu_share
 
     assert gpu_share({"a": 100.0, "b": 200.0}, ["a", "b"], 3, {"a": 2000.0, "b": 1000.0}) == pytest.approx(0.6)
 
@@ -231,14 +231,14 @@ def test_gpu_share_weights_each_stream_by_its_mixers_shared_time():
 def test_mix_shares_runs_each_mixer_alone_then_the_mix(monkeypatch):
     """``shares`` with the replays stubbed: a mixer alone at R steps/s takes 1e6 / R µs; the mix row's
     ``gpu_share`` adds its streams' shares."""
-    import benchmarks.saturation as sat
+    import benchmarks.training.saturation as sat
 
     class Spec:
         def __init__(self, mixer):
             self.mixer = mixer
 
     monkeypatch.setattr(
-        "experiments.throughput.benchmark_specs", lambda *a, **k: [("khop2", Spec("x")), ("khop2", Spec("y"))]
+        "benchmarks.training.throughput.benchmark_specs", lambda *a, **k: [("khop2", Spec("x")), ("khop2", Spec("y"))]
     )
     alone = {"x": 4000, "y": 2000}
     calls = []
@@ -258,11 +258,11 @@ def test_mix_shares_runs_each_mixer_alone_then_the_mix(monkeypatch):
 
 
 def test_training_gpu_dmon_summary_reads_only_the_loaded_samples(tmp_path):
-    """``training_gpu.sh``'s ``dmon_stop`` summarizes ``nvidia-smi dmon -s pc`` output: the SM clocks of
+    """``training/gpu.sh``'s ``dmon_stop`` summarizes ``nvidia-smi dmon -s pc`` output: the SM clocks of
     the samples within 10% of the highest power, skipping header lines and idle samples."""
     if shutil.which("bash") is None or shutil.which("awk") is None:
         pytest.skip("needs bash and awk")
-    script = Path(__file__).parents[2] / "benchmarks" / "training_gpu.sh"
+    script = Path(__file__).parents[2] / "benchmarks" / "training/gpu.sh"
     (tmp_path / "streams-dmon.txt").write_text(
         "# gpu    pwr  gtemp  mtemp   mclk   pclk \n# Idx      W      C      C    MHz    MHz \n"
         "    0     74     38     41   2619    345 \n    0    520     50     48   2619   1980 \n"

@@ -1,4 +1,4 @@
-"""``python -m experiments.throughput``: how fast trials train, per step engine.
+"""``python -m benchmarks.training.throughput``: how fast trials train, per step engine.
 
 Three measurements, each a sub-command:
 
@@ -7,7 +7,7 @@ Three measurements, each a sub-command:
   for each task entry × mixer × ``--engines`` (``eager``: steps launched op by op, the way every step
   ran before; ``graph``: each step a CUDA-graph replay), fixed ``--steps`` per trial (no early stop).
 - ``kernels``: what one captured training step costs on the GPU, per task entry × mixer: kernels per
-  step by family, their summed time and the replay's wall time (``experiments.step_profile``); with
+  step by family, their summed time and the replay's wall time (``benchmarks.training.step_profile``); with
   ``--compile`` also with the model ``torch.compile``d; ``--batch-sizes`` profiles the step at other
   batch sizes too, ``--stacks`` with several trials stacked into one model. Needs a CUDA GPU.
 - ``workers``: N trials at once in N worker processes (``--counts``, e.g. 1,4,8,16; ``--mps`` to share
@@ -26,9 +26,9 @@ Each prints a Markdown table (pandas) and, with ``--json``, writes its rows ther
 
 Examples::
 
-    python -m experiments.throughput steps --preset pararnn-table6 --tasks mqar --mixers flashgru --steps 3000
-    python -m experiments.throughput workers --counts 1,4,8,16 --mps --engines eager,graph --steps 4000
-    python -m experiments.throughput kernels --tasks mqar --compile
+    python -m benchmarks.training.throughput steps --preset pararnn-table6 --tasks mqar --mixers flashgru --steps 3000
+    python -m benchmarks.training.throughput workers --counts 1,4,8,16 --mps --engines eager,graph --steps 4000
+    python -m benchmarks.training.throughput kernels --tasks mqar --compile
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import pandas as pd
 
 from experiments.cli import Parser, nonnegative_int, positive_int, positive_int_list, run_cli, str_list
 
-log = logging.getLogger("experiments.throughput")
+log = logging.getLogger("benchmarks.training.throughput")
 
 GENERATION = [
     ("parity", {}),
@@ -146,10 +146,10 @@ def profile_kernels(
     stacks: list[int] = (1,),
     top: int = 0,
 ) -> pd.DataFrame:
-    """``experiments.step_profile.profile_step`` rows per entry × mixer × batch size (``batch_sizes``;
+    """``benchmarks.training.step_profile.profile_step`` rows per entry × mixer × batch size (``batch_sizes``;
     default: the preset's) × stack size (``stacks``: trials stacked into one model, ``experiments.stack``)
     (and compiled, with ``compile``); ``top`` > 0: each row's ``heaviest`` kernels (``heaviest_table``)."""
-    from experiments.step_profile import profile_step
+    from benchmarks.training.step_profile import profile_step
 
     rows = []
     for entry, spec in benchmark_specs(preset, tasks, mixers, 100, "cuda"):
@@ -301,7 +301,7 @@ def time_workers(
 
 
 def parser() -> Parser:
-    p = Parser(prog="python -m experiments.throughput", description=__doc__)
+    p = Parser(prog="python -m benchmarks.training.throughput", description=__doc__)
     sub = p.add_subparsers(dest="what", required=True)
     gen = sub.add_parser("generation", help="data generation time per task")
     gen.add_argument("--samples", type=positive_int, default=100_000)

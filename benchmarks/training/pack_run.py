@@ -1,4 +1,4 @@
-"""``python -m benchmarks.pack_run RUN_DIR ARCHIVE [NAME ...]``: a reproduction's run folder, packed so that
+"""``python -m benchmarks.training.pack_run RUN_DIR ARCHIVE [NAME ...]``: a reproduction's run folder, packed so that
 another machine resumes it.
 
 ``RUN_DIR`` is an ``experiments.reproduce --out`` folder (one Optuna study for every reproduction). The
@@ -8,7 +8,7 @@ folder without its checkpoints, except the trials that have not completed: those
 at its end). A finished trial's results live in the journal, so its checkpoints stay behind: the archive
 of a 72-trial table in progress is a few MB. Unpack it on the other machine at the same path (Lightning's
 checkpoint callback keeps the absolute path of the best checkpoint): ``tar -xzf ARCHIVE -C RUN_DIR``, then
-re-run the same ``experiments.reproduce`` command (``benchmarks/training_gpu.sh``: ``RESTORE_RUN``).
+re-run the same ``experiments.reproduce`` command (``benchmarks/training/gpu.sh``: ``RESTORE_RUN``).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def pack(run_dir: Path, archive: Path, names: list[str]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.pack_run", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.training.pack_run", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("archive", type=Path)
     p.add_argument("names", nargs="*", help="reproductions whose tables and logs go along (e.g. pararnn-table6-full)")

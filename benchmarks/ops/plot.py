@@ -1,4 +1,4 @@
-"""``python -m analysis.kernels RESULTS_JSON...``: kernel time vs sequence length.
+"""``python -m benchmarks.ops.plot RESULTS_JSON...``: kernel time vs sequence length.
 
 Reads the results of ``python -m benchmarks.ops <family>`` (``{family, env, rows}``; each row a flat
 record: ``family, section, impl, direction, dtype``, one column per problem dimension (``batch``,
@@ -27,7 +27,7 @@ import pandas as pd
 
 from analysis.cli import run, setup_logging
 
-log = logging.getLogger("analysis.kernels")
+log = logging.getLogger("benchmarks.ops.plot")
 
 #: the columns of a row that are not problem dimensions
 FIELDS = ("family", "section", "impl", "direction", "dtype", "ms", "limit_ms", "max_rel_err", "note", "extra")
@@ -145,10 +145,10 @@ def plot(df: pd.DataFrame, title: str):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m analysis.kernels",
+        prog="python -m benchmarks.ops.plot",
         description="Kernel timing plots from the results of python -m benchmarks.ops: time vs sequence length "
         "(log-log) per implementation, peers included, with the physical limit dashed; one figure per file.",
-        epilog="Example: python -m analysis.kernels benchmarks/ops/results/mlstm.json --out docs/figures",
+        epilog="Example: python -m benchmarks.ops.plot benchmarks/ops/results/mlstm.json --out docs/figures",
     )
     p.add_argument("bench", nargs="+", type=Path, help="results JSON files (benchmarks/ops/results/<family>.json)")
     p.add_argument("--direction", choices=("fwd", "bwd", "fwd+bwd"), help="only this direction (default: all)")

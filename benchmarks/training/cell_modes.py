@@ -3,7 +3,7 @@
 ``time_modes(name, lengths, modes=...)`` returns rows ``{mixer, mode, L, fwd_ms, fwd_bwd_ms}``
 (median of ``samples`` runs after one warm-up; on CUDA the median of ``triton.testing.do_bench``). CLI (prints a Markdown table)::
 
-    python -m mixers.cells.timing [--mixers flashgru,flashlstm] [--lengths 256,1024,4096]
+    python -m benchmarks.training.cell_modes [--mixers flashgru,flashlstm] [--lengths 256,1024,4096]
         [--modes sequential,parallel] [--batch 8] [--d-model 64] [--device cpu]
 """
 
@@ -74,7 +74,7 @@ def time_modes(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m mixers.cells.timing", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.training.cell_modes", description=__doc__.split("\n")[0])
     p.add_argument("--mixers", default="flashgru,flashlstm")
     p.add_argument("--lengths", default="256,1024,4096")
     p.add_argument("--modes", default="sequential,parallel")
