@@ -56,6 +56,7 @@ def test_residual_zero_is_the_initial_guess_error_by_hand():
     assert df["residual"].iloc[1] < 1e-14 and df["residual"].iloc[2] < 1e-14
 
 
+@pytest.mark.slow
 def test_cli_on_a_cell_defined_in_this_file(tmp_path):
     df = main(["--cells", f"{__name__}:TanhCell,flashgru", "--max-log2", "7", "--iters", "5", "--out", str(tmp_path)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["newton.csv", "newton.pdf", "newton.png"]
@@ -126,6 +127,7 @@ def test_checkpoints_best_trial_per_mixer(sweep_dir):
         find_checkpoints(sweep_dir, ["flashlstm"])
 
 
+@pytest.mark.slow
 def test_cli_trained_panel_from_checkpoints(sweep_dir, tmp_path):
     df = main(
         [
@@ -206,6 +208,7 @@ def test_bad_input_one_line(tmp_path, capsys):
     assert "no trained checkpoints" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_replot_from_csv_with_diverged_residuals(tmp_path, caplog):
     """Diverged (huge or non-finite) residuals are drawn on the ceiling and reported, not a crash."""
     rows = [

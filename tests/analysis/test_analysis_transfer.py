@@ -102,6 +102,7 @@ def test_normalizer_variants(table):
         assert _grid(table, variant, 1e-6).to_numpy().min() > 0.9
 
 
+@pytest.mark.slow
 def test_cli_small(tmp_path):
     main(["--grid", "5x4", "--T", "16", "--d", "8", "--variants", "exp,sig", "--eps", "1e-6", "--out", str(tmp_path)])
     names = sorted(p.name for p in tmp_path.iterdir())

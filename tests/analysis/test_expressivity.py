@@ -98,6 +98,7 @@ def _reference(rows, task, config, mixer, length, metric):
     return max(values), sum(values) / len(values)
 
 
+@pytest.mark.slow
 def test_map_csv_holds_the_hand_computed_numbers(results, tmp_path):
     out = tmp_path / "map"
     paths = main([str(results), "--out", str(out)])

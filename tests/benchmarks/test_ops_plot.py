@@ -61,6 +61,7 @@ def test_load_bench(bench_json):
     assert sorted(set(timed["L"])) == [1024, 2048, 4096]
 
 
+@pytest.mark.slow
 def test_cli_plots_every_timed_row(bench_json, tmp_path):
     paths = main([str(bench_json), "--out", str(tmp_path / "fig")])
     assert [p.suffix for p in paths] == [".png", ".pdf", ".csv"] and paths[0].stat().st_size > 10_000
@@ -101,6 +102,7 @@ def test_bad_json_one_line(tmp_path, capsys):
     assert run(main, [str(tmp_path / "missing.json")]) == 2
 
 
+@pytest.mark.slow
 def test_benchmark_commit_says_when_the_files_differ(tmp_path):
     """``git_commit`` names the checkout's commit, with ``-dirty`` once a tracked file differs from it
     (a device copy whose ``.git`` is older than its files must not pass for that commit)."""

@@ -74,6 +74,7 @@ def postgres_url(tmp_path_factory):
         run(pg_ctl, "-D", data, "-m", "immediate", "stop")
 
 
+@pytest.mark.slow
 def test_two_workers_on_postgres_one_killed_every_cell_once(postgres_url, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     plan = tiny_plan(["test_workers:SlowMixer"], seeds=[0, 1, 2, 3], max_steps=40)

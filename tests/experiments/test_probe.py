@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"  # example_cells.py
 
 
+@pytest.mark.slow
 def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     numbers = probe(
@@ -57,6 +58,7 @@ def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch
     assert json.loads((tmp_path / "probe.json").read_text())["cell"] == "example_cells:DiagCell"
 
 
+@pytest.mark.slow
 def test_probe_sweeps_the_state_tracking_tasks_beyond_the_training_lengths(tmp_path, monkeypatch):
     """The report card's z3 column is the mean accuracy at the evaluation lengths beyond training (quick: 16, 32)."""
     monkeypatch.syspath_prepend(str(TESTS))
@@ -143,6 +145,7 @@ def test_probe_passes_honest_cells(cell, tmp_path, monkeypatch):
     assert numbers["agreement"]["jacobian_at_states"] is None
 
 
+@pytest.mark.slow
 def test_probe_cli_errors_are_one_line(tmp_path):
     for argv, message in (
         (["nosuchmodule:Cell"], "cannot import module 'nosuchmodule'"),

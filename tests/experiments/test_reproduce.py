@@ -132,6 +132,7 @@ def _rows(entry, mixer, values, lrs=None):
     ]
 
 
+@pytest.mark.slow
 def test_compare_best_and_mean_at_best_lr():
     df = pd.DataFrame(_rows("parity", "flashgru", [0.5, 0.99, 0.7]) + _rows("parity", "mamba2", [0.5, 0.51, 0.52]))
     t = compare("pararnn-table1", {"parity": df}).set_index("mixer")
@@ -176,6 +177,7 @@ def test_a_paper_metric_per_column():
     assert entry_metric({}, "parity") == "test/acc"
 
 
+@pytest.mark.slow
 def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     over = {
         "train": {"max_steps": 10, "train_size": 64, "val_size": 32, "test_size": 64},
@@ -199,6 +201,7 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     assert (tmp_path / "pararnn-table6" / "reproduction.md").is_file()
 
 
+@pytest.mark.slow
 def test_cli_unknown_reproduction_is_one_line():
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.reproduce", "nosuch"],
@@ -211,6 +214,7 @@ def test_cli_unknown_reproduction_is_one_line():
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_failed_cells_are_final_unless_retry_failed(tmp_path, monkeypatch):
     """A cell whose trial failed (here: NaN) is not re-run on resume, only with retry_failed."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))

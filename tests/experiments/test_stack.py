@@ -46,6 +46,7 @@ def _same(stacked: dict, alone: dict) -> None:
 
 
 @pytest.mark.parametrize("mixer, stop_at", [("flashgru", 0.7), ("mamba2", 0.61)])
+@pytest.mark.slow
 def test_stacked_trials_train_as_their_separate_trials(tmp_path, mixer, stop_at):
     """Three seeds stacked: every trial's steps, best step, early stop, validation and test accuracies
     (best and final weights) equal its separate trial's. The stop threshold is set so that some
@@ -73,6 +74,7 @@ def test_stacked_trials_train_as_their_separate_trials(tmp_path, mixer, stop_at)
         assert model.trials == 1
 
 
+@pytest.mark.slow
 def test_interrupted_stack_resumes_exactly_where_it_stopped(tmp_path):
     """Ctrl-C mid-way, then a re-run of the same stack: one results row per trial, equal to an
     uninterrupted stack's, and each trial's final weights equal."""
@@ -91,6 +93,7 @@ def test_interrupted_stack_resumes_exactly_where_it_stopped(tmp_path):
         assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_stacks_test_passes_resumes_straight_to_the_tests(tmp_path, monkeypatch):
     """Every trial of the stack has stopped; Ctrl-C in the test passes (Lightning's handler, as from
     the keyboard) is raised as KeyboardInterrupt, and the re-run trains no further (its resume point
@@ -127,6 +130,7 @@ def test_what_cannot_be_stacked_as_trials():
         check_stackable([specs[0], dataclasses.replace(specs[1], lr=1e-3)])
 
 
+@pytest.mark.slow
 def test_sweep_with_stacks_gives_each_cell_its_own_row(tmp_path):
     """``--stack 2`` over 3 seeds x 2 lrs: cells stack by lr (2 + 1 trials per lr), each cell gets the
     results row, checkpoints and Optuna learning curve of its unstacked run (same numbers)."""

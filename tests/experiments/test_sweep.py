@@ -49,6 +49,7 @@ def trial_states(out, name="parity-smoke"):
     return [t.state for t in plain_study(out, name).get_trials(deepcopy=False)]
 
 
+@pytest.mark.slow
 def test_sweep_writes_results_and_resumes_without_rerunning(tmp_path):
     plan = tiny_plan(["gru", "elman"], seeds=[0, 1])
     df = run_sweep(plan, tmp_path, progress=False)
@@ -80,6 +81,7 @@ def test_sweep_writes_results_and_resumes_without_rerunning(tmp_path):
     assert len(folders) == 6 and all((f / "checkpoints" / "best.ckpt").is_file() for f in folders)
 
 
+@pytest.mark.slow
 def test_plain_optuna_sees_the_cells_values_and_learning_curves(tmp_path):
     """What optuna-dashboard reads: parameters with the grid's distributions, the validation metric as the value,
     the validation accuracy after every evaluation as intermediate values, test metrics as attributes."""
@@ -285,6 +287,7 @@ def test_ctrl_c_three_times_then_the_sweep_finishes(tmp_path, workers):
         ),
     ],
 )
+@pytest.mark.slow
 def test_cli_user_errors_are_one_line_and_store_nothing(tmp_path, argv, message):
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -300,6 +303,7 @@ def test_cli_user_errors_are_one_line_and_store_nothing(tmp_path, argv, message)
     assert not (out / "journal.log").exists()  # nothing was stored as a "result"
 
 
+@pytest.mark.slow
 def test_cli_unwritable_output_folder_is_one_line(tmp_path):
     if os.geteuid() == 0:  # root writes into read-only folders: use a file system nobody may write to
         target = "/sys/kernel/expressivity-suite-test"
@@ -319,6 +323,7 @@ def test_cli_unwritable_output_folder_is_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cli_output_folder_that_is_a_file_is_one_line(tmp_path):
     file = tmp_path / "f"
     file.write_text("")
@@ -373,6 +378,7 @@ def test_cli_help_explains_everything(capsys):
         assert word in text
 
 
+@pytest.mark.slow
 def test_cli_train_options_reach_every_trial(tmp_path):
     """--train-option overrides the preset's training configuration; --max-steps wins over a max_steps option."""
     main(
@@ -474,6 +480,7 @@ def test_unreadable_journal_is_one_line_naming_the_file_and_left_untouched(tmp_p
 TORN = b'{"op_code":5,"worker_id":"w","trial_id":0,"us'
 
 
+@pytest.mark.slow
 def test_torn_last_journal_record_is_set_aside_with_one_warning(tmp_path):
     assert _fast_sweep(tmp_path) == 0
     good = (tmp_path / "journal.log").read_bytes()
@@ -496,6 +503,7 @@ def test_torn_last_journal_record_is_set_aside_with_one_warning(tmp_path):
     assert trial_states(tmp_path) == [TrialState.COMPLETE]
 
 
+@pytest.mark.slow
 def test_torn_journal_then_two_more_runs_keep_every_cell(tmp_path, capsys):
     assert _fast_sweep(tmp_path) == 0
     with open(tmp_path / "journal.log", "ab") as f:
@@ -509,6 +517,7 @@ def test_torn_journal_then_two_more_runs_keep_every_cell(tmp_path, capsys):
     assert [p.name for p in tmp_path.glob("journal.log.torn-*")] == ["journal.log.torn-1"]
 
 
+@pytest.mark.slow
 def test_a_mixers_subset_keeps_the_folders_earlier_cells_in_the_results(tmp_path):
     """The README's "add your own cell" command writes to the main job's folder: its results files still
     show every finished cell of the folder's study (a --mixers subset filters what is trained)."""
@@ -522,6 +531,7 @@ def test_a_mixers_subset_keeps_the_folders_earlier_cells_in_the_results(tmp_path
     assert sorted(pd.read_csv(tmp_path / "results.csv")["mixer"]) == ["elman", "gru", "lstm"]
 
 
+@pytest.mark.slow
 def test_a_shared_study_reports_only_the_commands_own_cells(tmp_path):
     """Reproductions share one study across tables: a report keeps to its own cells (entries such as
     'parity' recur across presets with other settings)."""
@@ -612,6 +622,7 @@ def test_check_journal_sets_aside_only_a_torn_last_record(tmp_path, tail, torn):
 
 
 # --- progress: the running trials, the bar's count, log lines beside the bar, timings behind -v ---------------
+@pytest.mark.slow
 def test_without_a_terminal_the_running_trials_step_and_accuracy_are_reported(tmp_path, caplog):
     """A line per ``progress_every`` seconds with the running trial's step, validation accuracy, rate and
     time left, read from its progress.csv while it trains (no fixed sleeps: the trial's own pace)."""
@@ -681,6 +692,7 @@ def _screen(output: str) -> list[str]:
     return [line.rstrip() for line in lines if line.strip()]
 
 
+@pytest.mark.slow
 def test_on_a_terminal_the_bar_starts_at_the_finished_cells_and_log_lines_stay_whole(tmp_path, capsys, monkeypatch):
     """A re-run into the same folder on a (simulated) terminal: the bar, on standard error, shows the
     finished cells from its first drawing on, and log lines printed meanwhile are whole lines above it."""
@@ -737,6 +749,7 @@ def test_log_lines_print_above_the_bar_not_onto_it():
         logging.getLogger().removeHandler(handler)
 
 
+@pytest.mark.slow
 def test_trial_timings_only_with_verbose(tmp_path, caplog):
     import logging
 

@@ -187,6 +187,7 @@ def test_test_set_is_scored_on_the_best_checkpoint_and_the_final_weights(tmp_pat
     assert result["best_step"] <= 800 < result["steps"]
 
 
+@pytest.mark.slow
 def test_transformer_cannot_learn_parity_quickly():
     """The counterpart: attention stays near chance on the same budget (a sanity check of the task)."""
     quiet_lightning()
@@ -212,6 +213,7 @@ class Interrupt(L.Callback):
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_interrupted_trial_resumes_exactly_where_it_stopped(tmp_path):
     """Ctrl-C mid-epoch, after a step, then a re-run: the same weights as an uninterrupted run (same
     batches, same state). Eager steps (one optimizer step per Lightning step) also on a GPU."""
@@ -244,6 +246,7 @@ def test_interrupted_trial_resumes_exactly_where_it_stopped(tmp_path):
 
 
 @pytest.mark.parametrize("chunk, at", [(1, 45), (5, 45), (5, 47)])
+@pytest.mark.slow
 def test_ctrl_c_inside_a_training_step_resumes_on_the_uninterrupted_schedule(tmp_path, monkeypatch, chunk, at):
     """Ctrl-C lands inside a training step (here: while step ``at`` fetches its batch), at a chunk's
     first step or in its middle (chunks of 5 optimizer steps per Lightning step, as the graph engines
@@ -408,6 +411,7 @@ def test_trial_survives_its_working_directory_being_deleted(tmp_path, monkeypatc
     assert not with_out_dir or (tmp_path / "trial" / "checkpoints" / "best.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_a_trial_stuck_on_a_plateau_stops_early():
     """plateau_steps: no gain of plateau_delta in validation accuracy for that many steps ends the trial."""
     quiet_lightning()

@@ -97,6 +97,7 @@ def slow_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))  # spawned workers inherit sys.path
 
 
+@pytest.mark.slow
 def test_two_workers_complete_grid_exactly_once_and_save_checkpoints(tmp_path):
     plan = tiny_plan(["gru", "elman"], seeds=[0, 1, 2])
     df = run_sweep(plan, tmp_path, progress=False, workers=2)
@@ -138,6 +139,7 @@ def test_physical_cores_count_hyperthreads_once(tmp_path, monkeypatch):
     assert here is None or 1 <= here <= host_cores()
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_trial_then_rerun_resumes_and_completes_exactly_once(tmp_path, slow_on_path):
     plan = tiny_plan(["test_workers:SlowMixer"], seeds=[0, 1], max_steps=60)
     specs = build_specs(plan)
@@ -162,6 +164,7 @@ def test_worker_killed_mid_trial_then_rerun_resumes_and_completes_exactly_once(t
     assert len(list((tmp_path / "trials").iterdir())) == 2  # the re-run reused the cell's folder
 
 
+@pytest.mark.slow
 def test_live_worker_reruns_the_trial_of_a_killed_worker(tmp_path, slow_on_path):
     plan = tiny_plan(["test_workers:SlowMixer"], seeds=[0, 1, 2], max_steps=40)
     specs = build_specs(plan)
@@ -254,6 +257,7 @@ def test_worker_claims_its_preferred_cells_first_then_the_rest(tmp_path):
     completed_once(grid, specs)
 
 
+@pytest.mark.slow
 def test_worker_process_takes_its_mps_priority_and_preferred_cells(tmp_path):
     specs = build_specs(tiny_plan(["gru", "elman"]))
     grid = open_grid(tmp_path)
@@ -284,6 +288,7 @@ def test_worker_devices(monkeypatch):
     assert worker_devices(5) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]
 
 
+@pytest.mark.slow
 def test_cli_device_without_cuda_is_one_line_with_workers_too(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -313,6 +318,7 @@ def test_cli_device_without_cuda_is_one_line_with_workers_too(tmp_path):
 
 
 @pytest.mark.parametrize("moved", [False, True])
+@pytest.mark.slow
 def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path, moved):
     """``benchmarks.training.pack_run``: a run cut mid-trial, packed, its folder wiped and unpacked again (a fresh
     machine; the same run path, or another one) finishes: the completed cell is not re-run, the cut one

@@ -98,6 +98,7 @@ def compare(backend, cell, B, T, NH, DH, dtype, seed=0, states=True):
 @pytest.mark.parametrize("backend", FAST)
 @pytest.mark.parametrize("cell", list(CELLS))
 @pytest.mark.parametrize("T", [1, 5, 33])
+@pytest.mark.slow
 def test_float64_matches_reference(backend, cell, T):
     compare(backend, cell, B=3, T=T, NH=2, DH=16, dtype=torch.float64, seed=T)
 
@@ -188,6 +189,7 @@ def test_auto_is_reference_on_cpu(monkeypatch):
 
 @pytest.mark.parametrize("op", [fused_rnn_fwd, fused_rnn_alt_fwd])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.slow
 def test_opcheck(op, cell):
     wx, R, b, s0 = inputs(cell, 2, 3, 1, 16, torch.float32)
     args = [x.requires_grad_() for x in (wx, R, b, s0)]
@@ -234,6 +236,7 @@ def _slstm_stabilizer_inputs(DH, seed):
     ("backend", "DH", "seed"),
     [("fused", 128, 4), ("alternating", 128, 44), ("fma", 64, 4), ("fma", 64, 7)],
 )
+@pytest.mark.slow
 def test_slstm_bfloat16_stabilizer_branch(backend, DH, seed):
     """bfloat16 sLSTM against float64 where the stabilizer branch is sensitive.
 

@@ -58,6 +58,7 @@ def test_matches_parallel_float32(gate):
     assert_all_close([g.double() for g in grad], grad_p, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_explicit_tiles():
     """Non-default tiles (16-row blocks of a 32-step chunk, 16-wide feature and state tiles, 2 warps, one
     stage): two query/key blocks per chunk, two feature blocks of DQK = DV = 24, 3 chunks; forward and
@@ -134,6 +135,7 @@ def test_forward_op_stores_states_in_the_dtype_it_names(state_dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.slow
 def test_compiled_matches_eager(dtype):
     """Under ``torch.compile`` (the custom ops, their fakes and autograd registration; Inductor on a GPU,
     ``aot_eager`` under the CPU interpreter) the output, final state and gradients equal the eager path's."""
@@ -373,6 +375,7 @@ def test_launch_falls_back_when_out_of_shared_memory(monkeypatch):
 
 @pytest.mark.parametrize("gate", ["exp", "sig"])
 @pytest.mark.parametrize("S", [37, 2100])
+@pytest.mark.slow
 def test_gate_kernels_match_torch(gate, S):
     """``chunk_gates`` / ``gate_grads`` (``MlstmTiles.gate_kernels``) against their PyTorch references
     in float64: S not a multiple of the chunk (padding: log f = 0, log i = -inf), and S = 2100 over
@@ -421,6 +424,7 @@ def test_options_match_parallel_float64(gate, gate_kernels, init):
 
 
 @pytest.mark.parametrize("gate", ["exp", "sig"])
+@pytest.mark.slow
 def test_lp_states_bf16_bit_identical(gate):
     """bfloat16: chunk states stored in bfloat16 (``lp_states``) give the same bits as float32
     storage for h, the final state and every gradient (the readers cast to bfloat16 before their

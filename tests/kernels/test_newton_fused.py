@@ -83,17 +83,20 @@ def run_and_compare(lstm, H, B, L, Ds, seed, iters=8, tol=None, tiles=None):
 
 
 @pytest.mark.parametrize("L", [1, 17, 129, 1000])
+@pytest.mark.slow
 def test_gru_matches_sequential(L):
     res = run_and_compare(False, 1, 2 if L < 1000 else 1, L, 5, seed=L)
     assert res[0] >= 0 and res[-1] < 1e-5  # recorded, and converged
 
 
 @pytest.mark.parametrize("L", [1, 17, 129, 1000])
+@pytest.mark.slow
 def test_lstm_matches_sequential(L):
     res = run_and_compare(True, 1, 2 if L < 1000 else 1, L, 5, seed=50 + L, iters=5)
     assert res[0] >= 0 and res[-1] < 1e-5
 
 
+@pytest.mark.slow
 def test_heads_and_lane_tiles():
     """Two heads with their own parameters, 20 channels = two full lane tiles of 8 and a partial one;
     the default tiles (4 channels: few programs); explicit 16-step chunks of 4 channels on 2 warps
@@ -119,6 +122,7 @@ def test_default_tiles_keep_the_launch_wide():
 
 
 @pytest.mark.parametrize("name", ["flashgru", "flashlstm"])
+@pytest.mark.slow
 def test_family_backends_agree(name):
     """``kernels.newton.flashgru`` / ``flashlstm``: reference (float64 loop), torch (Newton, float64)
     and triton (fused, float32) compute the same states and gradients at an awkward size."""
@@ -141,6 +145,7 @@ def test_family_backends_agree(name):
 
 
 @pytest.mark.parametrize("lstm", [False, True])
+@pytest.mark.slow
 def test_iteration_count_and_tolerance_are_honored(lstm):
     u, a, p = make(1, 2, 40, 5, 7, lstm)
     params = (a, p) if lstm else (a,)
@@ -168,6 +173,7 @@ def test_iteration_count_and_tolerance_are_honored(lstm):
     assert rel(out_s, out3) < 1e-7
 
 
+@pytest.mark.slow
 def test_opcheck():
     u, a, p = make(1, 2, 9, 3, 11, True)
     torch.library.opcheck(
@@ -211,6 +217,7 @@ def test_bad_inputs_give_clear_errors(monkeypatch):
 
 
 @pytest.mark.parametrize("lstm", [False, True])
+@pytest.mark.slow
 def test_skip_runs_no_iteration_where_it_holds(lstm):
     """``skip`` read on the device: false changes nothing; true gives the initial guess (``iters=0``),
     with statistics of that guess, and a backward that is exactly zero for a zero output gradient
@@ -231,6 +238,7 @@ def test_skip_runs_no_iteration_where_it_holds(lstm):
 
 
 @pytest.mark.parametrize("name", ["flashgru", "flashlstm"])
+@pytest.mark.slow
 def test_mixer_fused_mode_matches_sequential(name):
     from mixers import build_mixer
 

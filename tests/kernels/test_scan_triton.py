@@ -96,6 +96,7 @@ def check(fn, ref, c, x, reverse, tol=1e-5, offset=0):
 
 @pytest.mark.parametrize("L", [1, 17, 129, 1000])
 @pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.slow
 def test_diag_matches_reference(kind, L, reverse):
     gen = torch.Generator().manual_seed(L + 7 * reverse)
     c, x = inputs((2, L, 70), (2, L, 70), gen)  # 70 channels: one full and one partial lane tile
@@ -104,6 +105,7 @@ def test_diag_matches_reference(kind, L, reverse):
 
 @pytest.mark.parametrize("L", [1, 17, 129, 1000])
 @pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.slow
 def test_block2_matches_reference(kind, L, reverse):
     gen = torch.Generator().manual_seed(100 + L + 7 * reverse)
     c, x = inputs((1, L, 2, 2, 5), (1, L, 2, 5), gen)
@@ -112,6 +114,7 @@ def test_block2_matches_reference(kind, L, reverse):
 
 
 @pytest.mark.parametrize("reverse, spec", [(False, False), (True, True)])
+@pytest.mark.slow
 def test_many_chunks_and_lane_tiles(kind, reverse, spec):
     """Small tiles: long look-back chains across 13 chunks, 3 batch rows, partial lane tiles; channel
     counts 32 and 16 (multiples of 16: compiled for them when ``spec``) and 37, 19 (runtime)."""
@@ -124,6 +127,7 @@ def test_many_chunks_and_lane_tiles(kind, reverse, spec):
 
 
 @pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.slow
 def test_one_row_tail(kind, reverse):
     """L = 129 with 16-step chunks: the last chunk in memory holds one valid row (the first chunk of a
     reverse scan and of the backward of a forward scan), forward and gradients, diagonal and 2x2."""
@@ -228,6 +232,7 @@ def _counter(ws):
     return word >> 32, word & 0xFFFFFFFF
 
 
+@pytest.mark.slow
 def test_workspace_reused_across_launches(monkeypatch):
     """One cached workspace per stream, never re-zeroed by the host: every launch leaves the counter at
     (next epoch, 0 tickets); records of earlier launches (other layouts too) are ignored. With the launch
@@ -291,6 +296,7 @@ def test_auto_picks_triton_only_on_cuda():
 
 
 @pytest.mark.parametrize("block2", [False, True])
+@pytest.mark.slow
 def test_opcheck(block2):
     gen = torch.Generator().manual_seed(8)
     if block2:

@@ -126,6 +126,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the C
     ],
 )
 @pytest.mark.parametrize("small_launch_rows", [True, False], ids=["narrowed", "wide"])
+@pytest.mark.slow
 def test_triton_matches_reference(poison, monkeypatch, batch, L, H, P, G, N, chunk, small_launch_rows):
     """Default tiles; ``narrowed``: as these small launches run (32-row programs, ``attn_config``),
     ``wide``: with the rows of a large launch."""
@@ -146,6 +147,7 @@ def test_triton_matches_reference(poison, monkeypatch, batch, L, H, P, G, N, chu
 
 
 @needs_triton
+@pytest.mark.slow
 def test_triton_explicit_tiles(poison):
     """``SsdTiles``: 16-row ``chunk_attn`` tiles on 2 warps with 2 stages, 16 x 16 ``chunk_state`` tiles of
     16-step blocks on 2 warps: several row, state and step tiles per 64-step chunk, against the reference."""
@@ -203,6 +205,7 @@ def _check_given_tiles(tiles, L, H, G, chunk, seed, P, N):
         ),
     ],
 )
+@pytest.mark.slow
 def test_triton_role_tiles(poison, spec):
     """Per-role ``chunk_attn`` tiles with ``BC < BT`` and fewer heads per program than per group, at a
     length that is not a multiple of the chunk (3 chunks, the last partial), against the reference."""
@@ -213,6 +216,7 @@ def test_triton_role_tiles(poison, spec):
 
 @needs_triton
 @pytest.mark.parametrize("name", ["h100", "h200"])
+@pytest.mark.slow
 def test_triton_tile_sets(poison, name):
     """Each named tile set (``TILE_SETS``) at chunk 128 on 150 steps (two chunks, the last partial)."""
     from kernels.ssd.triton_ssd import SsdTiles
@@ -301,6 +305,7 @@ def test_launch_ops_match_their_fakes(reverse):
 
 
 @needs_triton
+@pytest.mark.slow
 def test_compiled_graph_matches_eager():
     """``torch.compile`` traces the SSD's autograd (its glue visible, its launches through the custom
     ops) in one graph: same output and gradients as the eager path. ``aot_eager`` on the CPU (no C++
@@ -335,6 +340,7 @@ def no_vmap_fallback():
 
 @needs_triton
 @pytest.mark.parametrize("shared", ["", "A", "initial_state"])
+@pytest.mark.slow
 def test_vmap_folds_models_into_heads(poison, no_vmap_fallback, shared):
     """``torch.func.vmap`` over 3 models' SSDs (4 heads in 2 groups each, a partial last chunk): each
     launch's vmap rule runs one launch over 12 heads (no per-model fallback loop), with the same

@@ -321,6 +321,7 @@ class TorchFusedGRU(FlashGRUCell):
 @pytest.mark.skipif(not triton_available(torch.zeros(1)), reason="needs Triton (the CPU interpreter)")
 @pytest.mark.parametrize("cell", [FlashGRUCell, FlashLSTMCell])
 @pytest.mark.parametrize("first_passes", [True, False])
+@pytest.mark.slow
 def test_in_graph_resolve_is_predicated_on_the_first_check(monkeypatch, cell, first_passes):
     """``_solve_in_graph`` (the policy a captured step runs) passes the first solve's check to the fused
     re-solve as ``skip``: when it passed, the re-solve runs no iteration (its result is the initial guess,
@@ -526,6 +527,7 @@ def test_newton_residuals_converge_at_init():
     assert len(res) == 5 and res[3] < 1e-5
 
 
+@pytest.mark.slow
 def test_learns_short_parity():
     """FlashGRU and FlashLSTM (mixer only, no clipping) between an embedding and a linear head learn
     parity of 10 bits (trained on the running parity, scored on the final one) in a few hundred steps."""

@@ -51,6 +51,7 @@ def _parity_batch(n, length, gen):
 
 
 @pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.slow
 def test_parity_with_length_extrapolation(cell):
     """Train on running parity of lengths 2..12 (400 Adam steps, one head of 16), then score the
     parity of the whole sequence at length 36: every cell reaches >= 0.95 (1.0 on 4 seeds tried)."""
