@@ -4,12 +4,21 @@
 # of fla's layers. Every piece writes under OUT_DIR; the last lines printed are the summaries.
 #   usage (GPU machine, repository root, fla and optuna importable):  bash benchmarks/mixers_gpu.sh OUT_DIR [steps...]
 #   steps: tests steps fla-smoke layers2 rates survey (default: all)
+# fla autotunes every kernel in every fresh process (minutes per call): Triton caches the results as
+# *.autotune.json files in ~/.triton/cache. The script packs them into OUT_DIR/triton-autotune.tgz at the
+# end; AUTOTUNE_IN=that.tgz (carried to the next call) restores them first.
 set -u
 out=${1:?output folder}; shift
 steps=${*:-tests steps fla-smoke layers2 rates survey}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+if [[ -n "${AUTOTUNE_IN:-}" && -f "$AUTOTUNE_IN" ]]; then
+  mkdir -p "$cache" && tar xzf "$AUTOTUNE_IN" -C "$cache" && echo "restored $(tar tzf "$AUTOTUNE_IN" | wc -l) autotune files"
+fi
+pack_autotune() { (cd "$cache" 2>/dev/null && find . -name '*.autotune.json' | tar czf "$out/triton-autotune.tgz" -T -); }
+trap pack_autotune EXIT
 DELTA=deltanet,signed_deltanet,deltaproduct,gated_deltanet,rwkv7
 run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print rc and time
   local name=$1 limit=$2; shift 2
@@ -20,13 +29,13 @@ run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print rc and time
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 if has tests; then
-  run tests "${LIMIT_tests:-300}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-8}" -m gpu \
+  run tests "${LIMIT_tests:-300}" python3 -m pytest -v -rf --tb=short -p no:cacheprovider -n "${TEST_WORKERS:-8}" -m gpu \
     tests/kernels/test_delta.py tests/mixers/test_delta_mixers.py tests/experiments/test_depth_gpu.py
   tail -n 15 "$out/tests.log"
 fi
 if has steps; then  # forward+backward per backend, eager and as a CUDA-graph replay (does the capture work?)
   run steps "${LIMIT_steps:-240}" python3 -m benchmarks.mixer_steps --mixers "$DELTA,fla:DeltaNet,fla:GatedDeltaNet" \
-    --backends fla,reference
+    --backends chunk,fla,reference
   sed -n '/median ms/,$p' "$out/steps.log"
 fi
 if has survey; then  # in the background, beside the sweeps below (after the timings above)
