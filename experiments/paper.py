@@ -184,7 +184,8 @@ def aggregate(df: pd.DataFrame, metric: str, how: str, layers: int = 1) -> pd.Da
     validation accuracy; or the mean over seeds at the lr with the best mean validation accuracy),
     ``std``, ``params``, ``seeds``, ``lr``, ``steps`` (median), ``failed``, ``missing``, ``skipped`` (the
     share of the chosen trials' optimizer steps that skipped their update: a Newton solve failed its
-    check inside a CUDA graph; 0 without Newton statistics)."""
+    check inside a CUDA graph; 0 without Newton statistics), ``climbing`` (how many chosen trials were
+    still climbing when their budget ran out: ``still_climbing``)."""
     from experiments.results import best_over_lrs, with_layers
 
     rows = []
@@ -207,6 +208,7 @@ def aggregate(df: pd.DataFrame, metric: str, how: str, layers: int = 1) -> pd.Da
                     "lr": float("nan"),
                     "steps": float("nan"),
                     "skipped": 0.0,
+                    "climbing": 0,
                     **counts,
                 }
             )
@@ -230,10 +232,29 @@ def aggregate(df: pd.DataFrame, metric: str, how: str, layers: int = 1) -> pd.Da
                 "lr": lr,
                 "steps": int(chosen["steps"].median()),
                 "skipped": float(skipped / max(1, chosen["steps"].sum())),
+                "climbing": int(still_climbing(chosen).sum()),
                 **counts,
             }
         )
     return pd.DataFrame(rows)
+
+
+#: a trial whose best validation came in this last share of its step budget, which it ran to the end
+#: below the early-stop accuracy, was still climbing: a longer budget may have changed its cell
+CLIMBING_TAIL = 0.1
+
+
+def still_climbing(trials: pd.DataFrame, early_stop: float = 0.999) -> pd.Series:
+    """Per trial (results rows with ``steps``, ``max_steps``, ``best_step``, ``best_val_acc``): ran its whole
+    budget, its best validation accuracy is below ``early_stop`` and came in the last ``CLIMBING_TAIL``
+    of the budget. False where a column is missing."""
+    if not {"steps", "max_steps", "best_step", "best_val_acc"} <= set(trials.columns):
+        return pd.Series(False, index=trials.index)
+    return (
+        (trials["steps"] >= trials["max_steps"])
+        & (trials["best_val_acc"] < early_stop)
+        & (trials["best_step"] >= (1 - CLIMBING_TAIL) * trials["max_steps"])
+    )
 
 
 def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -263,6 +284,7 @@ def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
                     "lr": get("lr"),
                     "median_steps": get("steps"),
                     "skipped": float(get("skipped", 0.0)),
+                    "climbing": int(get("climbing", 0)),
                     "failed": int(get("failed", 0)),
                     "missing": int(get("missing", 0)),
                     "paper": paper_value,
@@ -390,6 +412,13 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
             )
             + "."
         )
+    climbing = table[table["climbing"] > 0] if "climbing" in table else table.iloc[:0]
+    lines.append(
+        "Cells still climbing when their budget ran out (a chosen trial's best validation in the last "
+        f"{CLIMBING_TAIL:.0%} of its steps, below the early stop): "
+        + ("; ".join(f"{r.entry}/{r.mixer} ({r.climbing} of {r.seeds} seeds)" for r in climbing.itertuples()) or "none")
+        + "."
+    )
     skipping = table[table["skipped"] > SKIPPED_WARNING]
     if len(skipping):
         lines.append(

@@ -169,6 +169,26 @@ def test_cells_whose_trials_skipped_updates_are_marked():
     assert "parity/flashgru 15% of the steps" in text and "parity/mamba2" not in text.split("⚠ Trials")[1]
 
 
+def test_cells_still_climbing_at_the_end_of_their_budget_are_listed():
+    """A chosen trial that ran its whole budget with its best validation in the last 10% of it, below the
+    early stop, was still climbing: the report lists its cell. Early-stopped or solved trials are not."""
+    rows = (
+        _rows("parity", "flashgru", [0.6, 0.7]) + _rows("parity", "mamba2", [0.5, 0.52]) + _rows("parity", "gru", [1.0])
+    )
+    for r in rows:
+        r["max_steps"] = 100
+        r["best_step"] = {("flashgru", 0): 95, ("flashgru", 1): 90, ("mamba2", 0): 100, ("mamba2", 1): 40}.get(
+            (r["mixer"], r["seed"]), 100
+        )
+    rows[3]["steps"] = 60  # mamba2 seed 1 early-stopped at 60 of 100
+    t = compare("pararnn-table1", {"parity": pd.DataFrame(rows)}).set_index("mixer")
+    assert (t.loc["flashgru", "climbing"], t.loc["mamba2", "climbing"], t.loc["gru", "climbing"]) == (2, 1, 0)
+    text = comparison_markdown("pararnn-table1", t.reset_index(), {"device": "cpu", "date": "today"})
+    listed = text.split("Cells still climbing")[1].split("\n")[0]
+    assert "parity/flashgru (2 of 2 seeds)" in listed and "parity/mamba2 (1 of 2 seeds)" in listed
+    assert "parity/gru (" not in listed
+
+
 def test_a_paper_metric_per_column():
     """``metric: {default: ..., entry: ...}`` picks the column the paper reports for each sweep."""
     paper = {"metric": {"default": "test/acc", "keep_nth": "test/last_acc"}}
