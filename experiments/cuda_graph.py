@@ -37,8 +37,7 @@ def compiled_loss(
     """``(tokens, targets) -> loss(model(tokens), targets)`` ``torch.compile``d as one graph, so Inductor
     fuses the loss with the model's last ops (a function: nothing enters the checkpoint). The Newton
     mixers run their in-graph policy from the warm-up on (``set_graph_policy``), so the capture compiles
-    nothing new. Inductor's combo kernels launch independent kernels of the step as one
-    (``combo_kernels``: 9-16 fewer kernels per compiled k-hop step, H200).
+    nothing new. Inductor's combo kernels (``combo_kernels``) launch independent kernels of the step as one.
 
     Drops Dynamo's compiled code of earlier calls first (``torch._dynamo.reset``): Dynamo keys its cache
     on this function's code, shared by every model, and after ``recompile_limit`` (8) structurally

@@ -84,9 +84,8 @@ def physical_cores(sysfs: Path = Path("/sys/devices/system/cpu")) -> int | None:
 def worker_threads(n_workers: int, cores: int | None = None) -> int:
     """Torch CPU threads of each of ``n_workers`` worker processes: an equal share of the host's cores, at least 1.
 
-    Without it every worker would start one thread per core: 16 GPU workers on 16 cores then spend most
-    of their time contending for the CPU (data generation, kernel launches), measured on one H200 as
-    27.5 s of setup per trial against 0.3 s with one thread each.
+    Without it every worker would start one thread per core, and 16 GPU workers on 16 cores would spend
+    most of their time contending for the CPU (data generation, kernel launches): docs/performance.md.
     """
     return max(1, (host_cores() if cores is None else cores) // max(1, n_workers))
 
@@ -96,9 +95,8 @@ def priority_classes(n_workers: int, n_priority_cells: int, mps: bool) -> list[i
 
     With MPS and some high-priority cells, a quarter of the workers (at least one, at most one per such
     cell) run at ``MPS_NORMAL`` and take those cells first; the others run at ``MPS_BELOW_NORMAL``, so the
-    server schedules the first group's kernels ahead of theirs. Measured on an H200 with 16 compiled
-    workers under MPS: 3 k-hop Transformer trials at normal priority among 13 below it trained at
-    1,320 steps/s each, against 1,050 when all 16 share one priority (total unchanged).
+    server schedules the first group's kernels ahead of theirs: the longest trials finish sooner, the
+    total rate stays (docs/performance.md, "Priority for the longest trials").
     """
     if not mps or n_priority_cells == 0:
         return [None] * n_workers

@@ -261,9 +261,9 @@ class FusedNewton:
 
     def default_tiles(self, H: int, B: int, Ds: int) -> NewtonTiles:
         """``ch`` steps per chunk, 4 warps, 8 state channels per program (fewer when ``Ds < 8``), or 4 when
-        8 would give fewer than ``FEW_PROGRAMS`` programs (``H * B * Ds / 8``: Table 6's 4 heads of
-        16 channels at batch 16 run 256 programs of 4 channels, 12% faster forward + backward on an H100
-        than 128 of 8; the chunks, and so the results, are the same)."""
+        8 would give fewer than ``FEW_PROGRAMS`` programs (``H * B * Ds / 8``; Table 6's 4 heads of 16
+        channels at batch 16 then run 256 programs of 4 channels instead of 128 of 8, faster: the timing is
+        in kernels/newton/README.md; the chunks, and so the results, are the same)."""
         bd = 8 if Ds >= 8 else next_pow2(Ds)
         if bd == 8 and H * B * cdiv(Ds, 8) < FEW_PROGRAMS:
             bd = 4
