@@ -34,32 +34,11 @@ import torch
 import yaml
 
 from analysis.cli import csv_list, run, setup_logging
+from experiments.model import mixer_input
 
 log = logging.getLogger("analysis.newton")
 
 DEFAULT_CELLS = ("flashgru", "flashlstm")
-
-
-class _Captured(Exception):
-    def __init__(self, x: torch.Tensor):
-        self.x = x
-
-
-def mixer_input(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """What ``model.mixer`` receives for ``tokens (B, L)``: runs the model up to the mixer only."""
-
-    def hook(module, args):
-        raise _Captured(args[0].detach())
-
-    handle = model.mixer.register_forward_pre_hook(hook)
-    try:
-        with torch.no_grad():
-            model(tokens)
-    except _Captured as got:
-        return got.x
-    finally:
-        handle.remove()
-    raise RuntimeError("the model's forward never called its mixer")
 
 
 def _is_cell(name: str) -> bool:

@@ -159,6 +159,29 @@ class SequenceModel(nn.Module):
         return logits if S == 1 else logits.unflatten(-1, (S, -1)).permute(2, 0, 1, 3)
 
 
+class _Captured(Exception):
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+
+
+def mixer_input(model: SequenceModel, tokens: torch.Tensor) -> torch.Tensor:
+    """What ``model.mixer`` (the first layer's mixer) receives for ``tokens (B, L)``: runs the model up to
+    that mixer only, without autograd."""
+
+    def hook(module, args):
+        raise _Captured(args[0].detach())
+
+    handle = model.mixer.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            model(tokens)
+    except _Captured as got:
+        return got.x
+    finally:
+        handle.remove()
+    raise RuntimeError("the model's forward never called its mixer")
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -310,7 +310,9 @@ def trained_convergence(
     forwards and, at its best trial's best checkpoint, the residual per Newton iteration (float64) on
     fresh task inputs at the longest training length (the mixer's own inputs, captured by a hook)."""
     from experiments.lit import LitSequenceModel
+    from experiments.model import mixer_input
     from experiments.results import best_over_lrs
+    from experiments.train import BEST_CHECKPOINT, CHECKPOINT_DIR
     from mixers.cells.convergence import newton_residuals
     from mixers.cells.mixer import CellMixer
     from tasks import get_task
@@ -323,12 +325,11 @@ def trained_convergence(
         forwards = float(mine["newton/newton_forwards"].fillna(0).sum())
         fallback = float(mine["newton/fallback_count"].fillna(0).sum()) / forwards if forwards else math.nan
         best = best_over_lrs(mine).sort_values("best_val_acc", ascending=False).iloc[0]
-        ckpt = out / best["trial_dir"] / "checkpoints" / "best.ckpt"
+        ckpt = out / best["trial_dir"] / CHECKPOINT_DIR / BEST_CHECKPOINT
         if not ckpt.is_file():
             continue
         model = LitSequenceModel.load_from_checkpoint(ckpt, map_location="cpu").model.double().eval()
-        mixer = next((m for m in model.modules() if isinstance(m, CellMixer)), None)
-        if mixer is None:
+        if not isinstance(model.mixer, CellMixer):
             continue
         extrapolation = (
             json.loads(best["extrapolation"])
@@ -339,14 +340,7 @@ def trained_convergence(
         if extrapolation:
             options["seq_len"] = extrapolation["max_len"]
         tokens = get_task(best["task"], **options).generate(batch, seed=12345).inputs
-        captured = []
-        handle = mixer.register_forward_pre_hook(lambda _m, args: captured.append(args[0].detach()))
-        try:
-            with torch.no_grad():
-                model(tokens)
-        finally:
-            handle.remove()
-        res = newton_residuals(mixer, captured[0], iters)
+        res = newton_residuals(model.mixer, mixer_input(model, tokens), iters)
         rows.append(
             {
                 "task": task,

@@ -1,9 +1,9 @@
-"""What the running trials are doing, read from their cells' ``progress.csv`` (written while they train):
-the step, the latest validation accuracy, the rate and an estimate of the time left.
+"""A trial's ``progress.csv``, written while it trains (``append_sample``), and what the running trials
+are doing, read from it: the step, the latest validation accuracy, the rate and the time left.
 
-``progress.csv`` (``experiments.train.PROGRESS_FILE``) has the columns ``unix_time_s, step, val_acc,
-phase``: a sample at least every second of training (``phase`` ``train``) and one when training ends
-(``end``); ``val_acc`` is the latest validation accuracy (empty before the first validation).
+``progress.csv`` has the columns ``unix_time_s, step, val_acc, phase``: a sample at least every second
+of training (``phase`` ``train``; ``experiments.train._History``) and one when training ends (``end``);
+``val_acc`` is the latest validation accuracy (empty before the first validation).
 """
 
 from __future__ import annotations
@@ -13,6 +13,17 @@ import dataclasses
 import math
 import time
 from pathlib import Path
+
+PROGRESS_FILE = "progress.csv"
+COLUMNS = ("unix_time_s", "step", "val_acc", "phase")
+
+
+def append_sample(path: Path, unix_time_s: float, step: int, val_acc: float | None, phase: str = "train") -> None:
+    """Append one sample to the progress file ``path`` (with the header if the file is new)."""
+    val = "" if val_acc is None else f"{val_acc:.4f}"
+    new = not path.exists()
+    with path.open("a") as f:
+        f.write((",".join(COLUMNS) + "\n" if new else "") + f"{unix_time_s:.3f},{step},{val},{phase}\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +85,14 @@ def running_trials(
     now = time.time() if now is None else now
     out = []
     for folder, label, max_steps in cells:
-        samples = read_samples(folder / "progress.csv", since)
+        path = folder / PROGRESS_FILE
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue
+        if mtime < since or now - mtime > stale_s:  # not written in this run, or not lately: no need to read it
+            continue
+        samples = read_samples(path, since)
         if not samples or samples[-1][3] == "end" or now - samples[-1][0] > stale_s:
             continue
         (t0, s0, _, _), (t1, s1, val, _) = samples[0], samples[-1]

@@ -34,6 +34,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from experiments.cuda_graph import CUDAGraphPrecision
 from experiments.lit import LitSequenceModel
 from experiments.model import ModelConfig, count_parameters
+from experiments.running import PROGRESS_FILE, append_sample
 from tasks import ExtrapolationConfig, SyntheticDataModule, get_task
 
 
@@ -164,7 +165,6 @@ class TrialSpec:
 
 #: seconds between two samples of a trial's training progress (``progress.csv``)
 PROGRESS_EVERY_S = 1.0
-PROGRESS_FILE = "progress.csv"
 
 
 class _History(Callback):
@@ -187,14 +187,9 @@ class _History(Callback):
     def _sample(self, pl_module, step: int, phase: str = "train") -> None:
         torch.cuda.synchronize() if pl_module.device.type == "cuda" else None
         self.progress.append((time.perf_counter(), step))
-        val = f"{self.val_acc[-1]:.4f}" if self.val_acc else ""
+        val = self.val_acc[-1] if self.val_acc else None
         for path in self.progress_files:
-            new = not path.exists()
-            with path.open("a") as f:
-                f.write(
-                    ("unix_time_s,step,val_acc,phase\n" if new else "")
-                    + f"{self.progress[-1][0] + self._unix_offset:.3f},{step},{val},{phase}\n"
-                )
+            append_sample(path, self.progress[-1][0] + self._unix_offset, step, val, phase)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:

@@ -21,13 +21,17 @@ with Triton >= 3.4.0 and < 3.7.1 unless tilelang is installed (wrong results, it
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+@functools.cache
 def gated_backward_unsupported() -> str | None:
-    """Why fla's gated chunk kernels cannot run a backward on this machine (fla's own condition), or None."""
+    """Why fla's gated chunk kernels cannot run a backward on this machine (fla's own condition), or None;
+    decided once per process (every dispatch of a gated op asks)."""
     import importlib.util
 
     from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1

@@ -623,11 +623,15 @@ def test_check_journal_sets_aside_only_a_torn_last_record(tmp_path, tail, torn):
 
 # --- progress: the running trials, the bar's count, log lines beside the bar, timings behind -v ---------------
 @pytest.mark.slow
-def test_without_a_terminal_the_running_trials_step_and_accuracy_are_reported(tmp_path, caplog):
+def test_without_a_terminal_the_running_trials_step_and_accuracy_are_reported(tmp_path, caplog, monkeypatch):
     """A line per ``progress_every`` seconds with the running trial's step, validation accuracy, rate and
-    time left, read from its progress.csv while it trains (no fixed sleeps: the trial's own pace)."""
+    time left, read from its progress.csv while it trains (no fixed sleeps: the trial's own pace; a
+    sample at every step, so a fast machine still writes one after the first validation)."""
     import logging
 
+    import experiments.train
+
+    monkeypatch.setattr(experiments.train, "PROGRESS_EVERY_S", 0.0)
     caplog.set_level(logging.INFO, logger="experiments.runner")
     plan = resolve_sweep(
         "parity",
