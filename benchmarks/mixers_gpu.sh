@@ -3,15 +3,18 @@
 # GPU, steps/s of the delta-rule mixers (fast vs reference backend, graph vs eager engine), and the survey
 # of fla's layers. Every piece writes under OUT_DIR; the last lines printed are the summaries.
 #   usage (GPU machine, repository root, fla and optuna importable):  bash benchmarks/mixers_gpu.sh OUT_DIR [steps...]
-#   steps: tests steps fla-smoke layers2 rates survey (default: all)
+#   steps: tests bench steps fla-smoke layers2 rates survey (default: all)
+# FIRST_CONFIG=1: every Triton autotuner runs its first configuration (benchmarks/first_config): for the
+# correctness steps (tests, fla-smoke, layers2), never with the timing steps.
 # fla autotunes every kernel in every fresh process (minutes per call): Triton caches the results as
 # *.autotune.json files in ~/.triton/cache. The script packs them into OUT_DIR/triton-autotune.tgz at the
 # end; AUTOTUNE_IN=that.tgz (carried to the next call) restores them first.
 set -u
 out=${1:?output folder}; shift
-steps=${*:-tests steps fla-smoke layers2 rates survey}
+steps=${*:-tests bench steps fla-smoke layers2 rates survey}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+if [[ "${FIRST_CONFIG:-0}" == 1 ]]; then export PYTHONPATH="$PWD/benchmarks/first_config:${PYTHONPATH:-}"; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 if [[ -n "${AUTOTUNE_IN:-}" && -f "$AUTOTUNE_IN" ]]; then
@@ -33,9 +36,13 @@ if has tests; then
     tests/kernels/test_delta.py tests/mixers/test_delta_mixers.py tests/experiments/test_depth_gpu.py
   tail -n 15 "$out/tests.log"
 fi
+if has bench; then  # the gated delta rule: ours (chunk) vs fla (with our backward where fla refuses its own)
+  run bench "${LIMIT_bench:-240}" python3 -m benchmarks.ops delta --out "$out"
+  sed -n '/^# delta/,$p' "$out/bench.log"
+fi
 if has steps; then  # forward+backward per backend, eager and as a CUDA-graph replay (does the capture work?)
-  run steps "${LIMIT_steps:-240}" python3 -m benchmarks.mixer_steps --mixers "$DELTA,fla:DeltaNet,fla:GatedDeltaNet" \
-    --backends chunk,fla,reference
+  run steps "${LIMIT_steps:-240}" python3 -m benchmarks.mixer_steps --mixers "${STEPS_MIXERS:-$DELTA,fla:DeltaNet,fla:GatedDeltaNet}" \
+    --backends "${STEPS_BACKENDS:-chunk,fla,reference}"
   sed -n '/median ms/,$p' "$out/steps.log"
 fi
 if has survey; then  # in the background, beside the sweeps below (after the timings above)

@@ -16,7 +16,10 @@ as it is) and wraps it:
 - fla's kernels are Triton kernels for a GPU: the module declares ``requires_cuda`` (the sweep's
   up-front check refuses it on a machine without one) and ``graph_capturable = False`` (the layer's
   kernels autotune and allocate on the host at run time: a trial with it runs eager steps and its
-  results row says so).
+  results row says so);
+- fla's gated layers (``GatedDeltaNet``, ``GatedDeltaProduct``, ...) train on Hopper GPUs with a Triton
+  whose gated chunk backward fla refuses: the factory registers ``kernels.delta.fla_gated_bwd``'s PyTorch
+  ``chunk_bwd_dqkwg`` with fla's backend registry first.
 
 fla is an optional extra: ``pip install 'expressivity-suite[fla]'`` (a CUDA machine).
 """
@@ -27,6 +30,8 @@ import inspect
 
 import torch
 from torch import nn
+
+from kernels.delta import fla_gated_bwd
 
 PREFIX = "fla:"
 INSTALL_HINT = "pip install 'expressivity-suite[fla]' (flash-linear-attention, for a CUDA GPU)"
@@ -59,6 +64,7 @@ def fla_layer_class(name: str) -> type:
         import fla.layers
     except ImportError as err:
         raise ValueError(f"mixer {name!r} needs flash-linear-attention: {INSTALL_HINT} ({err})") from None
+    fla_gated_bwd.register()
     cls = getattr(fla.layers, layer, None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         known = ", ".join(sorted(getattr(fla.layers, "__all__", [])))

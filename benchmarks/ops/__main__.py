@@ -6,7 +6,7 @@ import importlib
 import os
 import sys
 
-FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd")
+FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd", "delta")
 TOOLS = {"compile": "compile_report", "warm": "warm", "summary": "summary", "host": "host", "scan-probe": "scan_probe"}
 
 

@@ -17,9 +17,8 @@ Backends:
   bfloat16 (inputs cast inside, outputs cast back);
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
-- ``"auto"``: ``"fla"`` for CUDA tensors when ``fla`` is importable and its kernels can run a backward
-  there (not the gated ones on Hopper with Triton < 3.7.1: ``fla.gated_backward_unsupported``), else
-  ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``).
+- ``"auto"``: ``"fla"`` for CUDA tensors when ``fla`` is importable, else ``"chunk"`` (``"reference"``
+  for ``dplr_delta_rule``).
 
 ``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
 """
@@ -65,13 +64,11 @@ def fla_available() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-def resolve_backend(op: str, backend: str, x: torch.Tensor, *, gated: bool = False) -> str:
-    """The backend ``backend`` stands for when ``op`` (with a decay if ``gated``) runs on tensors like
-    ``x``; one-line ``ValueError``s."""
+def resolve_backend(op: str, backend: str, x: torch.Tensor) -> str:
+    """The backend ``backend`` stands for when ``op`` runs on tensors like ``x``; one-line ``ValueError``s."""
     available = _AVAILABLE[op]
-    gated = gated or op == "gated_delta_rule"
     if backend == AUTO:
-        if x.is_cuda and fla_available() and not (gated and _fla.gated_backward_unsupported()):
+        if x.is_cuda and fla_available():
             return "fla"
         return "chunk" if "chunk" in available else "reference"
     if backend not in available:
@@ -87,8 +84,6 @@ def resolve_backend(op: str, backend: str, x: torch.Tensor, *, gated: bool = Fal
                 f"{op}: backend {backend!r} needs flash-linear-attention (pip install "
                 "flash-linear-attention); use 'reference' or 'auto'"
             )
-        if gated and backend == "fla" and (why := _fla.gated_backward_unsupported()):
-            raise ValueError(f"{op}: backend 'fla': {why}; 'auto' takes 'chunk'")
     return backend
 
 
@@ -143,7 +138,7 @@ def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2nor
         named,
         {"q": (B, L, H, K), "k": (B, L, n, H, K), "v": (B, L, n, H, None), "beta": (B, L, n, H), "g": (B, L, H)},
     )
-    fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q, gated=g is not None)]
+    fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q)]
     return fn(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm)
 
 

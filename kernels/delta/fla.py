@@ -15,40 +15,18 @@ Same signatures as ``reference.py``. Two kinds of fla kernels:
   backward, ``NotImplementedError``).
 
 fla refuses the backward of its gated chunk kernels (``chunk_bwd_dqkwg`` with a decay) on Hopper GPUs
-with Triton >= 3.4.0 and < 3.7.1 unless tilelang is installed (wrong results, its issue #640):
-``gated_backward_unsupported`` says so before a kernel runs.
+with Triton >= 3.4.0 and < 3.7.1 (wrong results, its issue #640); the gated functions below first
+register ``fla_gated_bwd``'s PyTorch ``chunk_bwd_dqkwg`` with fla's backend registry, which fla then
+calls exactly where it would refuse.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from kernels.delta import fla_gated_bwd
+
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-@functools.cache
-def gated_backward_unsupported() -> str | None:
-    """Why fla's gated chunk kernels cannot run a backward on this machine (fla's own condition), or None;
-    decided once per process (every dispatch of a gated op asks)."""
-    import importlib.util
-
-    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
-
-    if (
-        IS_NVIDIA_HOPPER
-        and TRITON_ABOVE_3_4_0
-        and not TRITON_ABOVE_3_7_1
-        and importlib.util.find_spec("tilelang") is None
-    ):
-        import triton
-
-        return (
-            f"fla's gated chunk backward is wrong on Hopper GPUs with Triton {triton.__version__} "
-            "(>= 3.4.0, < 3.7.1; fla issue #640) and fla refuses it; upgrade Triton or install tilelang"
-        )
-    return None
 
 
 def _bf16(*xs: torch.Tensor) -> list[torch.Tensor]:
@@ -85,6 +63,8 @@ def gated_delta_rule(
     beta and g computed outside: no in-kernel gate or sigmoid)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
+    fla_gated_bwd.register()
+
     qb, kb, vb, bb = _bf16(q, k, v, beta)
     o, _ = chunk_gated_delta_rule(
         qb, kb, vb, g.float().contiguous(), bb, scale=scale, use_qk_l2norm_in_kernel=qk_l2norm
@@ -105,6 +85,9 @@ def delta_product(
     """``fla.ops.gated_delta_product.chunk_gated_delta_product`` in bfloat16 (``g`` float32 or None),
     the n steps of token t at interleaved positions ``t * n + j``."""
     from fla.ops.gated_delta_product import chunk_gated_delta_product
+
+    if g is not None:
+        fla_gated_bwd.register()
 
     B, L, n, H, K = k.shape
     qb, kb, vb, bb = _bf16(q, k.reshape(B, L * n, H, K), v.reshape(B, L * n, H, -1), beta.reshape(B, L * n, H))

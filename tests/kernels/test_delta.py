@@ -259,10 +259,10 @@ def test_gpu_delta_rule(B, L, H, D, l2, backend, tol):
 
 @pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)
 @pytest.mark.parametrize("signed", [False, True])
-@pytest.mark.parametrize("backend,tol", [("auto", 2e-2), ("chunk", 1e-4)])
+@pytest.mark.parametrize("backend,tol", [("fla", 2e-2), ("chunk", 1e-4)])
 @needs_fla
 def test_gpu_gated_delta_rule(B, L, H, D, signed, backend, tol):
-    """``auto``: fla's chunk kernel where fla runs its backward on this GPU, else the chunk backend."""
+    """``fla``: fla's chunk kernels, with ``fla_gated_bwd`` in the backward where fla refuses its own."""
     q, k, v, beta, g = _inputs(B, L, H, D, D, gated=True, signed=signed, seed=L + 1)
     fast = lambda *t: kd.gated_delta_rule(*t, qk_l2norm=True, backend=backend)
     slow = lambda *t: kd.gated_delta_rule(*t, qk_l2norm=True, backend="reference")
@@ -272,7 +272,7 @@ def test_gpu_gated_delta_rule(B, L, H, D, signed, backend, tol):
 @pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)
 @pytest.mark.parametrize(
     "n,gated,backend,tol",
-    [(2, False, "fla", 2e-2), (3, True, "auto", 2e-2), (2, False, "fla_recurrent", 1e-4), (3, True, "chunk", 1e-4)],
+    [(2, False, "fla", 2e-2), (3, True, "fla", 2e-2), (2, False, "fla_recurrent", 1e-4), (3, True, "chunk", 1e-4)],
 )
 @needs_fla
 def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
@@ -284,18 +284,20 @@ def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
 
 
 @needs_fla
-def test_gpu_fla_gated_backend_is_refused_where_fla_refuses_its_backward():
-    from kernels.delta import fla as kf
+def test_gpu_fla_gated_backward_runs_our_pytorch_function_exactly_where_fla_refuses(monkeypatch):
+    """fla's gated backward goes through ``fla_gated_bwd.chunk_bwd_dqkwg`` iff fla's Triton one refuses
+    (Hopper, Triton 3.4-3.7.0); either way ``backend="fla"`` trains and ``auto`` takes fla."""
+    from kernels.delta import fla_gated_bwd
 
-    q, k, v, beta, g = _inputs(1, 5, 1, 16, 16, gated=True)
-    args = [t.float().cuda() for t in (q, k, v, g, beta)]
-    if kf.gated_backward_unsupported():
-        with pytest.raises(ValueError, match="#640"):
-            kd.gated_delta_rule(*args, backend="fla")
-        assert kd.resolve_backend("gated_delta_rule", "auto", args[0]) == "chunk"
-    else:
-        assert kd.resolve_backend("gated_delta_rule", "auto", args[0]) == "fla"
-    assert kd.resolve_backend("delta_rule", "auto", args[0]) == "fla"
+    calls = []
+    original = fla_gated_bwd.chunk_bwd_dqkwg
+    monkeypatch.setattr(fla_gated_bwd, "chunk_bwd_dqkwg", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    q, k, v, beta, g = _inputs(1, 70, 2, 16, 16, gated=True)
+    args = [t.float().cuda().requires_grad_() for t in (q, k, v, g, beta)]
+    kd.gated_delta_rule(*args, backend="fla").sum().backward()
+    assert bool(calls) == fla_gated_bwd.triton_refuses(args[3])
+    assert all(torch.isfinite(a.grad).all() for a in args)
+    assert kd.resolve_backend("gated_delta_rule", "auto", args[0]) == "fla"
 
 
 @pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)

@@ -338,4 +338,6 @@ def test_gpu_fla_backend_matches_float64_reference(name, options, backend, tol, 
         assert p.dtype == torch.float32 and p.grad is not None, pname
         errors[f"d{pname}"] = rel(p.grad, slow_params[pname].grad, floor)
     assert y_fast.dtype == torch.float32 and torch.isfinite(y_fast).all()
+    if L == 1 and tol >= 1e-2:  # one token: a few bfloat16 roundings (u = 2^-8) dominate a norm of 2 x d numbers
+        tol = 5e-2
     assert max(errors.values()) <= tol, {k: f"{v:.1e}" for k, v in errors.items()}
