@@ -6,8 +6,9 @@ state-tracking preset's training batch): three eager forward+backward passes on 
 (compilation, autotuning), the capture of one in a CUDA graph, a replay on fresh inputs compared with an
 eager call on the same inputs (relative norm error of the output and the input gradient), then the
 median time of eager passes and of replays (``benchmarks.ops.common.time_ms``: ``do_bench``). A capture
-that fails is reported with
-its error. Prints a Markdown table (pandas); ``--json`` writes the rows. Needs a CUDA GPU.
+that fails is reported with its error. Prints each row as JSON when measured, then a Markdown table
+(pandas); ``--json PATH`` writes ``{env, rows}`` (device, date, versions, commit: ``environment``), by
+default ``benchmarks/ops/results/mixer_steps.json``. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import pandas as pd
 import torch
 
-from benchmarks.ops.common import rel_error, time_ms
+from benchmarks.ops.common import RESULTS, environment, rel_error, time_ms
 
 
 def measure(name: str, backend: str | None, batch: int, length: int) -> dict:
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", default="", help="comma-separated backends to compare (fla:<Layer> mixers: ignored)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--length", type=int, default=40)
-    p.add_argument("--json")
+    p.add_argument("--json", default=str(RESULTS / "mixer_steps.json"), help="where to write {env, rows}")
     args = p.parse_args(argv)
     rows = []
     for name in args.mixers.split(","):
@@ -93,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{torch.cuda.get_device_name()}, input ({args.batch}, {args.length}, 64), forward + backward, median ms:\n"
     )
     print(table.to_markdown(index=False))
-    if args.json:
-        table.to_json(args.json, orient="records", indent=1)
+    env = environment("cuda") | {"input": [args.batch, args.length, 64]}
+    payload = {"env": env, "rows": table.to_dict(orient="records")}
+    with open(args.json, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
     return 0
 
 

@@ -30,6 +30,13 @@ run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print rc and time
   echo "=== $name rc=$? in $((SECONDS - t)) s"
 }
 has() { [[ " $steps " == *" $1 "* ]]; }
+report() {  # report NAME TITLE: OUT/NAME.md, the sweep's table under a line naming the device, date and commit
+  { echo "# $2"; echo
+    echo "$(cut -d, -f1 "$out/device.txt"), $(date -u +%F), commit $(git describe --always --dirty 2> /dev/null || echo unknown):"
+    echo "\`bash benchmarks/mixers_gpu.sh OUT $1\`"; echo
+    sed -n '/^| task/,$p' "${RUNS:-/tmp/gpu-runs}/$1/table.md"; } > "$out/$1.md" 2> /dev/null
+  tail -n 3 "$out/$1.log"
+}
 
 if has tests; then
   run tests "${LIMIT_tests:-300}" python3 -m pytest -v -rf --tb=short -p no:cacheprovider -n "${TEST_WORKERS:-8}" -m gpu \
@@ -42,7 +49,7 @@ if has bench; then  # the gated delta rule: ours (chunk) vs fla (with our backwa
 fi
 if has steps; then  # forward+backward per backend, eager and as a CUDA-graph replay (does the capture work?)
   run steps "${LIMIT_steps:-240}" python3 -m benchmarks.mixer_steps --mixers "${STEPS_MIXERS:-$DELTA,fla:DeltaNet,fla:GatedDeltaNet}" \
-    --backends "${STEPS_BACKENDS:-chunk,fla,reference}"
+    --backends "${STEPS_BACKENDS:-chunk,fla,reference}" --json "$out/mixer_steps.json"
   sed -n '/median ms/,$p' "$out/steps.log"
 fi
 if has survey; then  # in the background, beside the sweeps below (after the timings above)
@@ -53,14 +60,14 @@ fi
 if has fla-smoke; then  # every named fla layer through the sweep CLI (smoke preset, eager steps: fla is not captured)
   run fla-smoke "${LIMIT_fla:-240}" python3 -m experiments.sweep parity --preset smoke --device cuda --workers 4 \
     --mixers fla:DeltaNet,fla:GatedDeltaNet,fla:GatedDeltaProduct,fla:RWKV7Attention --out "${RUNS:-/tmp/gpu-runs}/fla-smoke" --no-progress
-  cp "${RUNS:-/tmp/gpu-runs}/fla-smoke/table.md" "$out/fla-smoke.md" 2>/dev/null; tail -n 3 "$out/fla-smoke.log"
+  report fla-smoke "fla layers through the sweep CLI (parity, smoke preset, 1 layer)"
   head -n 8 "$out/fla-smoke.md" 2>/dev/null
 fi
 if has layers2; then  # every built-in mixer at two layers on the GPU, through the sweep (graph engine)
   run layers2 "${LIMIT_layers2:-300}" python3 -m experiments.sweep parity --preset smoke --device cuda --workers 12 \
     --layers 2 --max-steps 500 --out "${RUNS:-/tmp/gpu-runs}/layers2" --no-progress \
     --mixers "gru,lstm,elman,slstm,flashgru,flashlstm,transformer,mamba,mamba2,signed_mamba,mlstm_exp,mlstm_sig,$DELTA"
-  cp "${RUNS:-/tmp/gpu-runs}/layers2/table.md" "$out/layers2.md" 2>/dev/null; tail -n 3 "$out/layers2.log"
+  report layers2 "every built-in mixer at 2 layers (parity, smoke preset, at most 500 steps)"
   head -n 20 "$out/layers2.md" 2>/dev/null
 fi
 if has rates; then  # steps/s per backend and engine: parity of the state-tracking preset, 1,500 steps, no early stop
