@@ -18,8 +18,8 @@ as it is) and wraps it:
   kernels autotune and allocate on the host at run time: a trial with it runs eager steps and its
   results row says so);
 - fla's gated layers (``GatedDeltaNet``, ``GatedDeltaProduct``, ...) train on Hopper GPUs with a Triton
-  whose gated chunk backward fla refuses: the factory registers ``kernels.delta.fla_gated_bwd``'s PyTorch
-  ``chunk_bwd_dqkwg`` with fla's backend registry first.
+  whose gated chunk backward fla refuses: building a layer registers
+  ``kernels.delta.fla_gated_bwd``'s PyTorch ``chunk_bwd_dqkwg`` with fla's backend registry.
 
 fla is an optional extra: ``pip install 'expressivity-suite[fla]'`` (a CUDA machine).
 """
@@ -64,7 +64,7 @@ def fla_layer_class(name: str) -> type:
         import fla.layers
     except ImportError as err:
         raise ValueError(f"mixer {name!r} needs flash-linear-attention: {INSTALL_HINT} ({err})") from None
-    fla_gated_bwd.register()
+    fla_gated_bwd.register()  # once per process: fla's gated backward where fla refuses its own
     cls = getattr(fla.layers, layer, None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         known = ", ".join(sorted(getattr(fla.layers, "__all__", [])))

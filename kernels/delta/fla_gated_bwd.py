@@ -126,8 +126,11 @@ def triton_refuses(g: torch.Tensor | None) -> bool:
 def register() -> None:
     """Offer ``chunk_bwd_dqkwg`` to fla's backend registry for the calls fla's Triton kernel refuses
     (after tilelang, when that is installed). Idempotent; imports fla."""
-    from fla.backends import BaseBackend
-    from fla.backends import register as fla_register
+    try:
+        from fla.backends import BaseBackend
+        from fla.backends import register as fla_register
+    except ImportError:  # an fla without the backend registry (before 0.6) has no refusal to route around
+        return
 
     class TorchGatedBackward(BaseBackend):
         backend_type = "expressivity_torch"
