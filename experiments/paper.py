@@ -436,8 +436,8 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
 def parameter_counts(preset: str) -> pd.DataFrame:
     """Our parameter count for every (sweep entry, mixer) of ``preset``, built as its trials build the
     model, next to the paper's (the second number of the preset's ``paper: results`` cell, or None)."""
-    from experiments.model import ModelConfig, SequenceModel, count_parameters
     from experiments.presets import load_preset, resolve_sweep
+    from experiments.trial.model import ModelConfig, SequenceModel, count_parameters
     from tasks import get_task
 
     data = load_preset(preset)

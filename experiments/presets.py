@@ -7,7 +7,7 @@ A preset file::
       mixers: [gru, lstm]
       seeds: [0, 1, 2]
       lrs: [5.0e-4]
-      train: {max_steps: 10000, ...}          # experiments.train.TrainConfig fields
+      train: {max_steps: 10000, ...}          # experiments.trial.train.TrainConfig fields
       mixer_options: {flashgru: {clip_norm: 0.9}}
       layers: [1, 2]          # model depth, a grid axis (default 1)
       precision: 32-true      # or bf16-mixed (Lightning's names)
@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from experiments.train import PRECISIONS, TrainConfig, TrialSpec
+from experiments.trial.train import PRECISIONS, TrainConfig, TrialSpec
 
 PRESET_DIR = Path(__file__).with_name("presets")
 
@@ -97,7 +97,7 @@ class SweepPlan:
     priority: str = "normal"
     #: model depths swept (a grid axis, outside seeds and lrs)
     layers: list[int] = dataclasses.field(default_factory=lambda: [1])
-    #: Lightning precision of every trial (``experiments.train.PRECISIONS``)
+    #: Lightning precision of every trial (``experiments.trial.train.PRECISIONS``)
     precision: str = PRECISIONS[0]
     #: the model's width
     d_model: int = 64

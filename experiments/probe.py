@@ -309,10 +309,10 @@ def trained_convergence(
     """Per task whose sweep trained the cell in a parallel mode: the Newton fallback share of its training
     forwards and, at its best trial's best checkpoint, the residual per Newton iteration (float64) on
     fresh task inputs at the longest training length (the mixer's own inputs, captured by a hook)."""
-    from experiments.lit import LitSequenceModel
-    from experiments.model import mixer_input
     from experiments.results import best_over_lrs
-    from experiments.train import BEST_CHECKPOINT, CHECKPOINT_DIR
+    from experiments.trial.lit import LitSequenceModel
+    from experiments.trial.model import mixer_input
+    from experiments.trial.train import BEST_CHECKPOINT, CHECKPOINT_DIR
     from mixers.cells.convergence import newton_residuals
     from mixers.cells.mixer import CellMixer
     from tasks import get_task
@@ -639,7 +639,7 @@ def probe(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.train import quiet_lightning
+    from experiments.trial.train import quiet_lightning
 
     p = Parser(
         prog="python -m experiments.probe",

@@ -110,7 +110,7 @@ class Progress:
             )
 
     def running(self, text: str) -> None:
-        """What the running trials are doing (``experiments.running``)."""
+        """What the running trials are doing (``experiments.trial.running``)."""
         if self.bar is not None:
             self.bar.update(self.task, status=text)
         else:
@@ -131,7 +131,7 @@ class RunningMonitor:
         self._thread = threading.Thread(target=self._loop, name="running-trials", daemon=True)
 
     def _loop(self) -> None:
-        from experiments.running import running_trials
+        from experiments.trial.running import running_trials
 
         while not self._stop.wait(self.every):
             trials = running_trials(self.cells, self.since, self.stale_s)
@@ -172,7 +172,7 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
     surface before any training."""
     import torch
 
-    from experiments.train import build_datamodule, build_module, resolve_device
+    from experiments.trial.train import build_datamodule, build_module, resolve_device
 
     seen = set()
     for _, spec in cells:
@@ -280,7 +280,7 @@ def run_plans(
     """Run (resume) every plan's cells; returns ``({entry: results DataFrame}, info)``.
 
     ``retry_failed``: also re-run cells whose trial failed for a final reason (NaN loss, an error).
-    ``options``: ``experiments.train.RunOptions`` (step log, step engine).
+    ``options``: ``experiments.trial.train.RunOptions`` (step log, step engine).
     ``progress_every``: seconds between reports of the running trials' steps, validation accuracy and
     time left (``RunningMonitor``; 0: none). ``run=False`` only collects. Results files go to ``results_dir`` (default ``out``, the folder of the
     study and the cells): ``<results_dir>/<entry>/``, or with ``flat`` (one plan) ``results_dir`` itself.

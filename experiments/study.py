@@ -55,7 +55,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartb
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 
-from experiments.train import TrialSpec
+from experiments.trial.train import TrialSpec
 
 log = logging.getLogger("experiments.study")
 

@@ -29,7 +29,7 @@ from experiments.cli import (
     training_main,
 )
 from experiments.presets import SweepPlan, available_presets, load_preset, resolve_sweep
-from experiments.train import PRECISIONS
+from experiments.trial.train import PRECISIONS
 from mixers import MIXERS
 from tasks import TASKS
 
@@ -146,7 +146,7 @@ def parser() -> Parser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a training option (repeatable; a field of experiments.train.TrainConfig), "
+        help="override a training option (repeatable; a field of experiments.trial.train.TrainConfig), "
         "e.g. --train-option train_size=100000",
     )
     p.add_argument("--out", type=Path, help="output folder (default: runs/<task>-<preset>)")

@@ -1,7 +1,7 @@
 """Running the cells of a study: the per-trial step, the worker loop and the pool of worker processes.
 
-``run_cells`` runs claimed trials (one through ``experiments.train.run_trial`` in the cell's folder,
-or one cell's seeds as a stack through ``experiments.stack.run_stack``) and records their outcomes in
+``run_cells`` runs claimed trials (one through ``experiments.trial.train.run_trial`` in the cell's folder,
+or one cell's seeds as a stack through ``experiments.trial.stack.run_stack``) and records their outcomes in
 the study. ``worker_loop`` claims and runs trials until every cell is done, re-queueing
 the cells of dead workers. ``run_workers`` starts N long-lived worker processes on this machine
 (``multiprocessing`` spawn), each running ``worker_loop``: worker ``i`` trains on ``cuda:{i % K}``
@@ -112,11 +112,11 @@ def cell_dir(out: Path, entry: str, spec) -> Path:
 
 
 def stack_dir(out: Path, entry: str, specs: list) -> Path:
-    """The folder of a stack of trials (``experiments.stack``): its resume checkpoint and step log. The
+    """The folder of a stack of trials (``experiments.trial.stack``): its resume checkpoint and step log. The
     same trials stacked again (a re-run after an interruption) resume there."""
     import hashlib
 
-    from experiments.stack import stack_key
+    from experiments.trial.stack import stack_key
 
     spec = specs[0]
     digest = hashlib.sha1(stack_key(spec).encode()).hexdigest()[:10]
@@ -145,19 +145,19 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
     """Run claimed trials and record each one's outcome: ``"ok"``, ``"nan"``, ``"error"`` or ``"lost"``.
 
     One trial runs through ``run_trial`` in its cell's folder; several (one cell's seeds, ``claim_stack``)
-    as one stacked model through ``experiments.stack.run_stack``, each trial's files in its own cell's
+    as one stacked model through ``experiments.trial.stack.run_stack``, each trial's files in its own cell's
     folder and the stack's resume checkpoint in ``stack_dir``; a failure of the stack (NaN loss, an
     error) is the failure of each of its trials. ``device`` (a worker's GPU) replaces the spec's
     ``"auto"``/``"cuda"``; the cell stays the same. Writes ``run.json`` (worker, device, library
     versions) in each cell's folder. ``"lost"``: the trial was finished elsewhere meanwhile (declared
     stale while this worker hung); its cell was re-queued. Ctrl-C records the trials as interrupted and
-    re-raises. ``options``: ``experiments.train.RunOptions`` (step log, step engine).
+    re-raises. ``options``: ``experiments.trial.train.RunOptions`` (step log, step engine).
     """
-    from experiments.lit import NonFiniteLossError
     from experiments.results import atomic_write_text, versions
-    from experiments.stack import run_stack
     from experiments.study import worker_identity
-    from experiments.train import CHECKPOINT_DIR, LAST_CHECKPOINT, RunOptions, TrialSpec, run_trial
+    from experiments.trial.lit import NonFiniteLossError
+    from experiments.trial.stack import run_stack
+    from experiments.trial.train import CHECKPOINT_DIR, LAST_CHECKPOINT, RunOptions, TrialSpec, run_trial
 
     options = options or RunOptions()
     specs = [TrialSpec.from_dict(t.user_attrs["spec"]) for t in trials]
@@ -229,9 +229,9 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
 def claim_stack(grid, trial, cells: list[Cell], size: int) -> list:
     """``trial`` plus up to ``size - 1`` more WAITING trials of its cell's other seeds (same entry, task,
     mixer, lr and options), claimed for this worker in seed order."""
-    from experiments.stack import stack_key
     from experiments.study import cell_id
-    from experiments.train import TrialSpec
+    from experiments.trial.stack import stack_key
+    from experiments.trial.train import TrialSpec
 
     spec = TrialSpec.from_dict(trial.user_attrs["spec"])
     if spec.train.grad_clip:  # clipping is per trial: a stack would clip the trials' gradients together
@@ -374,7 +374,7 @@ def _worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)
     from experiments.study import GridStudy
-    from experiments.train import RunOptions, TrialSpec, quiet_lightning
+    from experiments.trial.train import RunOptions, TrialSpec, quiet_lightning
 
     quiet_lightning()
     cells = [(entry, TrialSpec.from_dict(d)) for entry, d in cell_dicts]
@@ -420,7 +420,7 @@ def start_worker(
     """Spawn one worker process (``multiprocessing`` spawn context) with ``threads`` CPU threads and return it."""
     import dataclasses
 
-    from experiments.train import RunOptions
+    from experiments.trial.train import RunOptions
 
     ctx = mp.get_context("spawn")
     proc = ctx.Process(

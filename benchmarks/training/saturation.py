@@ -344,7 +344,7 @@ def _step_graph(
 ):
     """``(graph, mixer, step)``: the compiled step of trial ``index`` of ``task``'s mix (its mixers, or
     ``mixers``, round robin), captured on ``stream``, as a stack of ``stack`` trials
-    (``experiments.stack``); ``step`` keeps the compiled model the graph's kernels belong to."""
+    (``experiments.trial.stack``); ``step`` keeps the compiled model the graph's kernels belong to."""
     from benchmarks.training.step_profile import captured_step
 
     specs = mix_specs(task, mixers)

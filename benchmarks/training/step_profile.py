@@ -88,12 +88,12 @@ def captured_step(
 ):
     """``(graph, step)``: the trial's training step captured in a CUDA graph (after ``warmup`` eager
     steps on a side stream), and the step as a plain function (for an eager profile). ``stack`` > 1:
-    the step of that many trials (seeds ``spec.seed + k``) stacked into one model (``experiments.stack``).
+    the step of that many trials (seeds ``spec.seed + k``) stacked into one model (``experiments.trial.stack``).
     ``stream``: the stream to warm up and capture on (default: a new side stream and PyTorch's shared
     capture stream); graphs that one process replays at once on several streams each need their own,
     since per-stream state such as the scan's look-back workspace is keyed on the capturing stream."""
     from experiments.cuda_graph import compiled_loss
-    from experiments.train import build_datamodule, build_module
+    from experiments.trial.train import build_datamodule, build_module
 
     seeds = [spec.seed + k for k in range(stack)] if stack > 1 else None
     torch.manual_seed(spec.seed)

@@ -19,7 +19,7 @@ Three measurements, each a sub-command:
   late ran part of its steady phase on a less crowded GPU); end to end (all steps over the
   wall-clock of the whole run, start-up included) and the GPU busy fraction
   (``torch.cuda.utilization`` sampled every 0.2 s while they train). ``--stacks 1,3`` also runs each
-  worker's trials as stacks of 3 seeds (``experiments.stack``): N workers then train 3N trials, and
+  worker's trials as stacks of 3 seeds (``experiments.trial.stack``): N workers then train 3N trials, and
   the rates count trial steps (a stack's step is 3).
 
 Each prints a Markdown table (pandas) and, with ``--json``, writes its rows there.
@@ -116,7 +116,7 @@ def time_steps(
     preset: str, tasks: list[str] | None, mixers: list[str] | None, engines: list[str], steps: int, device: str
 ) -> pd.DataFrame:
     """Steps/s of single trials through ``run_trial``, per entry × mixer × engine (same process, one after another)."""
-    from experiments.train import RunOptions, run_trial
+    from experiments.trial.train import RunOptions, run_trial
 
     rows = []
     for entry, spec in benchmark_specs(preset, tasks, mixers, steps, device):
@@ -147,7 +147,7 @@ def profile_kernels(
     top: int = 0,
 ) -> pd.DataFrame:
     """``benchmarks.training.step_profile.profile_step`` rows per entry × mixer × batch size (``batch_sizes``;
-    default: the preset's) × stack size (``stacks``: trials stacked into one model, ``experiments.stack``)
+    default: the preset's) × stack size (``stacks``: trials stacked into one model, ``experiments.trial.stack``)
     (and compiled, with ``compile``); ``top`` > 0: each row's ``heaviest`` kernels (``heaviest_table``)."""
     from benchmarks.training.step_profile import profile_step
 
@@ -252,7 +252,7 @@ def time_workers(
 
     from experiments.results import collect
     from experiments.study import GridStudy
-    from experiments.train import PROGRESS_FILE, RunOptions
+    from experiments.trial.train import PROGRESS_FILE, RunOptions
     from experiments.workers import cell_dir, run_workers
 
     rows = []
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     def run() -> None:
-        from experiments.train import ENGINES, quiet_lightning
+        from experiments.trial.train import ENGINES, quiet_lightning
 
         quiet_lightning()
         if args.what == "generation":

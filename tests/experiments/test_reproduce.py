@@ -79,7 +79,7 @@ def test_table6_matches_the_paper_setup_and_table1_is_its_subset():
 
 def test_table6_full_trains_at_the_papers_lr_from_the_first_step():
     """Paper 000: cosine schedule "starting at 5e-4" for up to 3,000 epochs; no warm-up below it."""
-    from experiments.lit import cosine_with_warmup, warmup_steps
+    from experiments.trial.lit import cosine_with_warmup, warmup_steps
 
     for entry in ("keep_nth", "parity", "mqar", "khop", "khop2"):
         p = resolve_sweep(entry, "pararnn-table6-full")

@@ -344,7 +344,7 @@ def test_cli_output_folder_that_is_a_file_is_one_line(tmp_path):
 
 def test_tensorboard_logger_writes_event_files(tmp_path):
     pytest.importorskip("tensorboard")
-    from experiments.train import RunOptions, TrainConfig, TrialSpec, run_trial
+    from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, run_trial
 
     spec = TrialSpec(
         task="parity",
@@ -629,9 +629,9 @@ def test_without_a_terminal_the_running_trials_step_and_accuracy_are_reported(tm
     sample at every step, so a fast machine still writes one after the first validation)."""
     import logging
 
-    import experiments.train
+    import experiments.trial.train
 
-    monkeypatch.setattr(experiments.train, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(experiments.trial.train, "PROGRESS_EVERY_S", 0.0)
     caplog.set_level(logging.INFO, logger="experiments.runner")
     plan = resolve_sweep(
         "parity",
@@ -652,7 +652,7 @@ def test_without_a_terminal_the_running_trials_step_and_accuracy_are_reported(tm
 
 
 def test_the_running_trials_come_from_fresh_unfinished_progress_files(tmp_path):
-    from experiments.running import running_trials
+    from experiments.trial.running import running_trials
 
     now = 1000.0
     rows = {

@@ -13,10 +13,10 @@ import torch
 from optuna.trial import TrialState
 from torch import nn
 
-from experiments.lit import LitSequenceModel
 from experiments.presets import build_specs, resolve_sweep
 from experiments.study import HEARTBEAT_DIR, GridStudy, cell_id, cell_params, grid_distributions, is_stale
 from experiments.sweep import run_sweep
+from experiments.trial.lit import LitSequenceModel
 from experiments.workers import (
     MPS_BELOW_NORMAL,
     MPS_NORMAL,

@@ -32,9 +32,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from experiments.lit import LitSequenceModel
-from experiments.model import count_parameters
-from experiments.train import (
+from experiments.trial.lit import LitSequenceModel
+from experiments.trial.model import count_parameters
+from experiments.trial.train import (
     BEST_CHECKPOINT,
     CHECKPOINT_DIR,
     PROGRESS_FILE,

@@ -26,7 +26,7 @@ from torch import nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassExactMatch
 
-from experiments.model import ModelConfig, SequenceModel
+from experiments.trial.model import ModelConfig, SequenceModel
 from mixers.stacking import stack_trials
 from tasks import IGNORE_INDEX
 
@@ -125,7 +125,7 @@ class LitSequenceModel(L.LightningModule):
             two): each trial's model is built after ``torch.manual_seed(seed)``, as its own trial builds
             it; batches are ``(S, B, L)`` (row ``s``: trial ``s``'s); the loss is the sum of the trials'
             own mean losses, so each trial's gradients are its own; validation metrics are logged per
-            trial as ``s<seed>/val/acc`` etc. (``experiments.stack`` trains them; ``train/loss`` is the
+            trial as ``s<seed>/val/acc`` etc. (``experiments.trial.stack`` trains them; ``train/loss`` is the
             trials' mean). ``None``: one trial.
     """
 

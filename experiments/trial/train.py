@@ -32,9 +32,9 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.cuda_graph import CUDAGraphPrecision
-from experiments.lit import LitSequenceModel
-from experiments.model import ModelConfig, count_parameters
-from experiments.running import PROGRESS_FILE, append_sample
+from experiments.trial.lit import LitSequenceModel
+from experiments.trial.model import ModelConfig, count_parameters
+from experiments.trial.running import PROGRESS_FILE, append_sample
 from tasks import ExtrapolationConfig, SyntheticDataModule, get_task
 
 
@@ -113,7 +113,7 @@ class TrialSpec:
     extrapolation: dict[str, Any] | None = None
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     device: str = "auto"
-    #: sequence blocks of the model (``experiments.model.ModelConfig.layers``)
+    #: sequence blocks of the model (``experiments.trial.model.ModelConfig.layers``)
     layers: int = 1
     #: Lightning's precision: ``32-true`` (float32) or ``bf16-mixed`` (float32 weights, optimizer and
     #: loss; the forward under ``torch.autocast(bfloat16)``)
@@ -175,7 +175,7 @@ class _History(Callback):
     synchronization, so a step counts once the GPU has run it), the last at the end of training.
     Several trials' samples give the steps they ran in one shared time window
     (``benchmarks.training.throughput.concurrent_rate``). Each sample is appended to ``progress_files`` as it is
-    taken (``unix_time_s,step,val_acc,phase``: ``experiments.running``), so a running trial's progress
+    taken (``unix_time_s,step,val_acc,phase``: ``experiments.trial.running``), so a running trial's progress
     can be read while it trains."""
 
     def __init__(self) -> None:
@@ -336,7 +336,7 @@ MAX_CHUNK = 50
 class RunOptions:
     """How trials run, not what they compute (not part of a cell): the step log, the step engine, and
     how many trials of a cell's seeds a worker trains together as one stacked model (``stack``;
-    ``experiments.stack``: each trial's results as when it runs alone, within float rounding)."""
+    ``experiments.trial.stack``: each trial's results as when it runs alone, within float rounding)."""
 
     logger: str = "csv"
     engine: str = "auto"
