@@ -180,7 +180,7 @@ def check_device(device: str) -> str:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options shared by the CLIs that train (sweep, reproduce, probe)."""
-    from experiments.mps import add_mps_argument
+    from experiments.engines.mps import add_mps_argument
     from experiments.study import STALE_TIMEOUT
     from experiments.trial.train import ENGINES, LOGGERS
 

@@ -215,7 +215,7 @@ def parser() -> Parser:
 
 def run(args) -> None:
     """The reproduction of the parsed command line: run (or only tabulate) and print the comparison."""
-    from experiments.mps import workers_mps
+    from experiments.engines.mps import workers_mps
 
     load_reproduction(args.name)
     overrides: dict[str, Any] = {}

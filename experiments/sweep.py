@@ -156,7 +156,7 @@ def parser() -> Parser:
 
 def run(args) -> None:
     """The sweep of the parsed command line: resolve the plan, check the options, run, print the table."""
-    from experiments.mps import workers_mps
+    from experiments.engines.mps import workers_mps
 
     if args.task not in TASKS and args.task not in preset_entries(args.preset):
         raise ValueError(f"unknown task {args.task!r}; known tasks: {', '.join(sorted(TASKS))}")

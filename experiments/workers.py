@@ -33,9 +33,9 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from experiments.mps import BELOW_NORMAL as MPS_BELOW_NORMAL
-from experiments.mps import NORMAL as MPS_NORMAL
-from experiments.mps import PRIORITY_ENV, mps_running
+from experiments.engines.mps import BELOW_NORMAL as MPS_BELOW_NORMAL
+from experiments.engines.mps import NORMAL as MPS_NORMAL
+from experiments.engines.mps import PRIORITY_ENV, mps_running
 
 log = logging.getLogger("experiments.workers")
 

@@ -12,7 +12,7 @@ capturable AdamW: what the graph engine's CUDA graph holds) in a CUDA graph, and
 
 With ``compile=True`` the model and loss are ``torch.compile``d first (Inductor fuses the
 elementwise and reduction chains, forward and backward) as the ``compiled`` engine does
-(``experiments.cuda_graph.compiled_loss``). A trial that cannot be captured reports why in ``error``.
+(``experiments.engines.cuda_graph.compiled_loss``). A trial that cannot be captured reports why in ``error``.
 
 Used by ``python -m benchmarks.training.throughput kernels``. Needs a CUDA GPU.
 """
@@ -92,7 +92,7 @@ def captured_step(
     ``stream``: the stream to warm up and capture on (default: a new side stream and PyTorch's shared
     capture stream); graphs that one process replays at once on several streams each need their own,
     since per-stream state such as the scan's look-back workspace is keyed on the capturing stream."""
-    from experiments.cuda_graph import compiled_loss
+    from experiments.engines.cuda_graph import compiled_loss
     from experiments.trial.train import build_datamodule, build_module
 
     seeds = [spec.seed + k for k in range(stack)] if stack > 1 else None

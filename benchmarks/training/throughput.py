@@ -351,7 +351,7 @@ def parser() -> Parser:
             q.add_argument(
                 "--out", type=Path, default=Path("runs/bench-workers"), help="scratch folder (default: %(default)s)"
             )
-            from experiments.mps import add_mps_argument
+            from experiments.engines.mps import add_mps_argument
 
             add_mps_argument(q)
     for q in sub.choices.values():
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.what == "steps":
                 table = time_steps(args.preset, args.tasks, args.mixers, args.engines, args.steps, args.device)
             else:
-                from experiments.mps import workers_mps
+                from experiments.engines.mps import workers_mps
 
                 with workers_mps(args.mps, max(args.counts)):
                     table = time_workers(

@@ -225,8 +225,8 @@ class LitSequenceModel(L.LightningModule):
     # --- training: one Lightning step runs a chunk of optimizer steps ------------------------------------
     @property
     def graphed(self) -> bool:
-        """Do the optimizer steps replay a CUDA graph (``experiments.cuda_graph.CUDAGraphPrecision``)?"""
-        from experiments.cuda_graph import CUDAGraphPrecision
+        """Do the optimizer steps replay a CUDA graph (``experiments.engines.cuda_graph.CUDAGraphPrecision``)?"""
+        from experiments.engines.cuda_graph import CUDAGraphPrecision
 
         return self._trainer is not None and isinstance(self.trainer.precision_plugin, CUDAGraphPrecision)
 
@@ -351,7 +351,7 @@ class LitSequenceModel(L.LightningModule):
         self._step_counter.fill_(self.global_step)  # where the schedule stands (after a resume)
         self.bind_learning_rate(self.optimizers().optimizer)
         if self.graphed and self.compiled_steps and self._compiled_loss is None:
-            from experiments.cuda_graph import compiled_loss
+            from experiments.engines.cuda_graph import compiled_loss
 
             self._compiled_loss = compiled_loss(self.model, self._loss)
         if self.graphed:  # captured forwards skip the mixers' run-time Jacobian check: run it after validations
@@ -401,7 +401,7 @@ class LitSequenceModel(L.LightningModule):
                 self.trainer.precision_plugin.stop_graphs()
                 self.eager_from_step = self.global_step
                 if self._compiled_loss is not None:  # eager steps: the plain model, with the sequential fallback
-                    from experiments.cuda_graph import set_graph_policy
+                    from experiments.engines.cuda_graph import set_graph_policy
 
                     self._compiled_loss = None
                     set_graph_policy(self.model, False)

@@ -31,7 +31,7 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
-from experiments.cuda_graph import CUDAGraphPrecision
+from experiments.engines.cuda_graph import CUDAGraphPrecision
 from experiments.trial.lit import LitSequenceModel
 from experiments.trial.model import ModelConfig, count_parameters
 from experiments.trial.running import PROGRESS_FILE, append_sample
@@ -324,7 +324,7 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
 #: loggers ``run_trial`` can write the step log with (``tensorboard`` needs the ``tensorboard`` extra)
 LOGGERS = ("csv", "tensorboard", "none")
 #: how optimizer steps run: ``eager`` (launched op by op), ``graph`` (replays of a CUDA graph,
-#: ``experiments.cuda_graph``), ``auto`` (``graph`` on CUDA, ``eager`` on the CPU)
+#: ``experiments.engines.cuda_graph``), ``auto`` (``graph`` on CUDA, ``eager`` on the CPU)
 ENGINES = ("auto", "eager", "graph", "compiled")
 #: engines whose optimizer steps replay a CUDA graph (``compiled``: of the ``torch.compile``d model)
 GRAPH_ENGINES = ("graph", "compiled")

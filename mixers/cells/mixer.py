@@ -202,7 +202,7 @@ class CellMixer(nn.Module):
         self.register_buffer("graph_counts", torch.zeros(3, dtype=torch.long), persistent=False)
         #: run the in-graph policy (``_solve_in_graph``) on CUDA while training also outside a capture, so
         #: the warm-up steps before a capture run the code that is captured (a ``torch.compile``d step then
-        #: compiles nothing new inside the capture; ``experiments.cuda_graph.compiled_loss``)
+        #: compiles nothing new inside the capture; ``experiments.engines.cuda_graph.compiled_loss``)
         self.graph_policy = False
 
     # --- stacked trials (``mixers.stacking``) --------------------------------------------------------
