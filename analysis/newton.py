@@ -76,7 +76,7 @@ def fresh_model(
 ):
     """A freshly initialized ``SequenceModel`` around cell ``name`` for ``task`` (the paper's block
     and positional encoding for that task), to embed task inputs for a fresh cell."""
-    from experiments.presets import TASK_DEFAULTS
+    from experiments.sweeps.presets import TASK_DEFAULTS
     from experiments.trial.model import ModelConfig, SequenceModel
     from tasks import get_task
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
 import tempfile
@@ -181,7 +180,7 @@ def check_device(device: str) -> str:
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options shared by the CLIs that train (sweep, reproduce, probe)."""
     from experiments.engines.mps import add_mps_argument
-    from experiments.study import STALE_TIMEOUT
+    from experiments.sweeps.study import STALE_TIMEOUT
     from experiments.trial.train import ENGINES, LOGGERS
 
     parser.add_argument(
@@ -278,8 +277,3 @@ def run_options(args: argparse.Namespace):
     from experiments.trial.train import RunOptions
 
     return RunOptions(logger=args.logger, engine=args.engine, stack=args.stack)
-
-
-def on_terminal() -> bool:
-    """Is standard error an interactive terminal (where a progress bar makes sense)?"""
-    return os.isatty(sys.stderr.fileno()) if hasattr(sys.stderr, "fileno") else False

@@ -28,7 +28,7 @@ from experiments.cli import (
     str_list,
     training_main,
 )
-from experiments.presets import SweepPlan, available_presets, load_preset, resolve_sweep
+from experiments.sweeps.presets import SweepPlan, available_presets, load_preset, resolve_sweep
 from experiments.trial.train import PRECISIONS
 from mixers import MIXERS
 from tasks import TASKS
@@ -53,7 +53,7 @@ def run_sweep(
     progress_every: float = 30.0,
 ):
     """Run (or resume) the sweep; returns the results ``DataFrame`` (one row per cell)."""
-    from experiments.runner import run_plans
+    from experiments.sweeps.runner import run_plans
 
     results, _ = run_plans(
         [plan],

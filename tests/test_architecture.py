@@ -88,4 +88,4 @@ def test_no_import_cycles():
 
 def test_the_graph_sees_lazy_imports():
     """The check is not vacuous: a function-level import is an edge."""
-    assert "experiments.workers" in _imports()["experiments.runner"]
+    assert "experiments.sweeps.workers" in _imports()["experiments.sweeps.runner"]

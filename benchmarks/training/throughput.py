@@ -87,7 +87,7 @@ def benchmark_specs(
 ) -> list[tuple[str, Any]]:
     """``(entry, TrialSpec)`` pairs of the preset's task entries × mixers (round robin over ``count`` trials),
     ``steps`` steps each with a single validation at the end and small evaluation sets (timing, not results)."""
-    from experiments.presets import build_specs, load_preset, resolve_sweep
+    from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
 
     entries = tasks or list(load_preset(preset).get("tasks", {}))
     mix = []
@@ -250,10 +250,10 @@ def time_workers(
 
     import torch
 
-    from experiments.results import collect
-    from experiments.study import GridStudy
+    from experiments.sweeps.results import collect
+    from experiments.sweeps.study import GridStudy
+    from experiments.sweeps.workers import cell_dir, run_workers
     from experiments.trial.train import PROGRESS_FILE, RunOptions
-    from experiments.workers import cell_dir, run_workers
 
     rows = []
     for engine, stack, n in ((e, s, n) for e in engines for s in stacks for n in counts):
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            from experiments.workers import host_cores, physical_cores
+            from experiments.sweeps.workers import host_cores, physical_cores
 
             meta = {
                 "date": time.strftime("%Y-%m-%d"),

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from experiments import sweep
-from experiments.presets import build_specs, resolve_sweep
-from experiments.runner import validate_specs
-from experiments.study import cell_id
+from experiments.sweeps.presets import build_specs, resolve_sweep
+from experiments.sweeps.runner import validate_specs
+from experiments.sweeps.study import cell_id
 from experiments.trial.model import FullBlock, ModelConfig, ResidualLayer, SequenceModel, count_parameters
 from experiments.trial.train import TrainConfig, TrialSpec, capturable_engine, run_trial
 from mixers import build_mixer

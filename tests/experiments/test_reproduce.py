@@ -17,9 +17,9 @@ from experiments.paper import (
     reproduction_presets,
     verdict,
 )
-from experiments.presets import build_specs, load_preset, resolve_sweep
 from experiments.reproduce import devices_used, plans_for, run_reproduction
-from experiments.study import cell_id
+from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
+from experiments.sweeps.study import cell_id
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_TABLE6 = {  # paper 000 Table 6

@@ -37,7 +37,7 @@ from experiments.engines.mps import BELOW_NORMAL as MPS_BELOW_NORMAL
 from experiments.engines.mps import NORMAL as MPS_NORMAL
 from experiments.engines.mps import PRIORITY_ENV, mps_running
 
-log = logging.getLogger("experiments.workers")
+log = logging.getLogger("experiments.sweeps.workers")
 
 #: a worker exits with this code to be replaced by a fresh process (its CUDA context is broken)
 EXIT_RESTART = 75
@@ -106,7 +106,7 @@ def priority_classes(n_workers: int, n_priority_cells: int, mps: bool) -> list[i
 
 def cell_dir(out: Path, entry: str, spec) -> Path:
     """The folder of a cell (shared by all its trials, so an interrupted trial resumes there)."""
-    from experiments.study import spec_hash
+    from experiments.sweeps.study import spec_hash
 
     return out / "trials" / f"{entry}-{path_name(spec.mixer)}-s{spec.seed}-lr{spec.lr:g}-{spec_hash(spec)}"
 
@@ -153,8 +153,8 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
     stale while this worker hung); its cell was re-queued. Ctrl-C records the trials as interrupted and
     re-raises. ``options``: ``experiments.trial.train.RunOptions`` (step log, step engine).
     """
-    from experiments.results import atomic_write_text, versions
-    from experiments.study import worker_identity
+    from experiments.sweeps.results import atomic_write_text, versions
+    from experiments.sweeps.study import worker_identity
     from experiments.trial.lit import NonFiniteLossError
     from experiments.trial.stack import run_stack
     from experiments.trial.train import CHECKPOINT_DIR, LAST_CHECKPOINT, RunOptions, TrialSpec, run_trial
@@ -229,7 +229,7 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
 def claim_stack(grid, trial, cells: list[Cell], size: int) -> list:
     """``trial`` plus up to ``size - 1`` more WAITING trials of its cell's other seeds (same entry, task,
     mixer, lr and options), claimed for this worker in seed order."""
-    from experiments.study import cell_id
+    from experiments.sweeps.study import cell_id
     from experiments.trial.stack import stack_key
     from experiments.trial.train import TrialSpec
 
@@ -295,8 +295,8 @@ def worker_loop(
     them as one stacked model (``run_cells``). While other workers still run trials, waits
     (``poll_s``) and re-queues the cells of dead workers. ``on_claim(spec_dict)``/``on_trial(spec_dict, outcome)`` are called around each trial.
     """
-    from experiments._heartbeat import Heartbeat
-    from experiments.study import HEARTBEAT_INTERVAL, cell_id, worker_id
+    from experiments.sweeps._heartbeat import Heartbeat
+    from experiments.sweeps.study import HEARTBEAT_INTERVAL, cell_id, worker_id
 
     keys = {cell_id(s) for _, s in cells}
     counts = {"ok": 0, "nan": 0, "error": 0, "lost": 0}
@@ -373,7 +373,7 @@ def _worker_main(
     # interruption: its trial would restart at step 0. So a worker takes only the SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)
-    from experiments.study import GridStudy
+    from experiments.sweeps.study import GridStudy
     from experiments.trial.train import RunOptions, TrialSpec, quiet_lightning
 
     quiet_lightning()
@@ -464,7 +464,7 @@ def run_workers(
     the final counts. On Ctrl-C the workers are stopped (their trials are recorded as interrupted)
     and ``KeyboardInterrupt`` is re-raised.
     """
-    from experiments.study import cell_id
+    from experiments.sweeps.study import cell_id
 
     if n_workers < 1:
         raise ValueError(f"--workers must be >= 1, got {n_workers}")

@@ -19,7 +19,7 @@ A ``tasks:`` entry may name its task with ``task:`` (``khop2: {task: khop, task_
 so one preset can sweep a task in several configurations. ``priority: high`` marks a sweep whose trials
 are expected to run longest: with ``--workers N --mps`` a quarter of the workers run at the MPS
 server's normal client priority and take these trials first, the rest at below-normal priority
-(``experiments.workers.priority_classes``). It changes when trials run, never what they compute.
+(``experiments.sweeps.workers.priority_classes``). It changes when trials run, never what they compute.
 Top-level ``paper:`` and ``budget:`` hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``).
 
 ``extends: OTHER`` starts from preset ``OTHER`` and merges this file over it (dictionaries key by key,
@@ -42,7 +42,8 @@ import yaml
 
 from experiments.trial.train import PRECISIONS, TrainConfig, TrialSpec
 
-PRESET_DIR = Path(__file__).with_name("presets")
+#: the YAML files, in ``experiments/presets/`` (beside the CLIs that name them)
+PRESET_DIR = Path(__file__).parents[1] / "presets"
 
 #: the paper's model per task (paper 000 App. C.2): † tasks use the bare mixer; Keep-nth needs positions
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {

@@ -57,7 +57,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 
 from experiments.trial.train import TrialSpec
 
-log = logging.getLogger("experiments.study")
+log = logging.getLogger("experiments.sweeps.study")
 
 JOURNAL_FILE = "journal.log"
 #: a torn last record of the journal is moved to ``<journal>.torn-<n>``
