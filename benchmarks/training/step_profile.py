@@ -92,7 +92,7 @@ def captured_step(
     ``stream``: the stream to warm up and capture on (default: a new side stream and PyTorch's shared
     capture stream); graphs that one process replays at once on several streams each need their own,
     since per-stream state such as the scan's look-back workspace is keyed on the capturing stream."""
-    from experiments.engines.cuda_graph import compiled_loss
+    from experiments.engines.captured import CapturedSteps
     from experiments.trial.train import build_datamodule, build_module
 
     seeds = [spec.seed + k for k in range(stack)] if stack > 1 else None
@@ -100,8 +100,9 @@ def captured_step(
     dm = build_datamodule(spec, "cuda", stack_seeds=seeds)
     dm.setup("fit")
     lit = build_module(spec, dm, stack_seeds=seeds).cuda()
+    lit.step_engine = CapturedSteps(compiled=compile)  # the trial's captured step: its skip flag, its loss
     if compile:
-        lit._compiled_loss = compiled_loss(lit.model, lit._loss)
+        lit.step_engine.compile(lit)
     opt = lit.configure_optimizers()  # the training's fused, capturable AdamW
     lit.bind_learning_rate(opt)
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))

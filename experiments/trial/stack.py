@@ -44,6 +44,7 @@ from experiments.trial.train import (
     _test,
     build_datamodule,
     build_module,
+    engine_hook,
     fit_resuming,
     fit_trainer,
     fitting,
@@ -202,7 +203,7 @@ def run_stack(
     dm = build_datamodule(spec, device, chunk, stack_seeds=seeds)
     dm.setup()
     module = build_module(spec, dm, stack_seeds=seeds)
-    module.compiled_steps = engine == "compiled"
+    module.step_engine = engine_hook(engine)
     history, trials = _History(), StackedTrials(specs, dirs, report)
     trainer = fit_trainer(
         t,

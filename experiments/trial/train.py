@@ -31,6 +31,7 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
+from experiments.engines.captured import CapturedSteps
 from experiments.engines.cuda_graph import CUDAGraphPrecision
 from experiments.trial.lit import LitSequenceModel
 from experiments.trial.model import ModelConfig, count_parameters
@@ -545,7 +546,7 @@ def _run_trial(
     engine, engine_note = capturable_engine(engine, module.model)
     if engine_note:
         dm.train_chunk = chunk = 1
-    module.compiled_steps = engine == "compiled"
+    module.step_engine = engine_hook(engine)
     history = _History()
     checkpoints = TrialCheckpoint(  # the best weights only: kB
         dirpath=out / CHECKPOINT_DIR,
@@ -622,6 +623,13 @@ def capturable_engine(engine: str, model: torch.nn.Module) -> tuple[str, str]:
             why = getattr(module, "graph_note", "") or f"{type(module).__name__} cannot be captured in a CUDA graph"
             return "eager", f"engine {engine} -> eager: {why}"
     return engine, ""
+
+
+def engine_hook(engine: str) -> CapturedSteps | None:
+    """The hook of ``engine`` into the module (``LitSequenceModel.step_engine``): a graph engine's captured
+    steps (``experiments.engines.captured``; ``fit_trainer`` gives its Trainer the ``CUDAGraphPrecision``
+    plugin), ``None`` for eager steps."""
+    return CapturedSteps(compiled=engine == "compiled") if engine in GRAPH_ENGINES else None
 
 
 def fit_trainer(
@@ -742,8 +750,9 @@ def result_row(
         **{f"final/{k}": v for k, v in final.items()},
         **newton_summary(module.model),
     }
-    if module.eager_from_step is not None:  # graph engine: captured steps kept skipping their update
-        result["newton/eager_from_step"] = module.eager_from_step
+    hook = module.step_engine
+    if hook is not None and hook.eager_from_step is not None:  # graph engine: captured steps kept skipping
+        result["newton/eager_from_step"] = hook.eager_from_step
     if extrap_accs:
         result["extrap/mean_acc"] = sum(extrap_accs) / len(extrap_accs)
     if scaled is not None:
