@@ -11,5 +11,5 @@ Each module is a CLI writing PNG + PDF figures and the CSV of every plotted numb
   sequence length, per mixer and task (Merrill et al. 2024, Fig. 3).
 
 Dependencies: ``mixers``, ``kernels``, ``tasks`` and files on disk; ``experiments`` only to reuse
-the results aggregation (``experiments.results``) and to rebuild trained models from checkpoints.
+the results aggregation (``experiments.sweeps.results``) and to rebuild trained models from checkpoints.
 """

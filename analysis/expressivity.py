@@ -2,7 +2,7 @@
 
 Reads ``results.csv`` files of length-extrapolation sweeps (e.g. ``python -m experiments.reproduce
 state-tracking``). Per (task configuration, mixer, seed) the learning rate with the best validation
-accuracy (``experiments.results.best_over_lrs``); then per (task, mixer) and evaluation length the
+accuracy (``experiments.sweeps.results.best_over_lrs``); then per (task, mixer) and evaluation length the
 best seed (``--aggregate best``, default) or the mean over seeds.
 
 Metric (``--metric``): ``last_acc`` (accuracy at each sequence's last position, i.e. of the running
@@ -66,7 +66,7 @@ def _chance(task: str, config: dict) -> float:
 def with_model_labels(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with ``mixer`` naming the depth of deeper models (``gru, 2 layers``: a row of its own)."""
     from experiments.paper import model_label
-    from experiments.results import with_layers
+    from experiments.sweeps.results import with_layers
 
     df = with_layers(df)
     return df.assign(mixer=[model_label(m, int(n)) for m, n in zip(df["mixer"], df["layers"])])
@@ -90,7 +90,7 @@ def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best"
     ``mean``, ``std`` (ddof 0) over seeds, ``seeds``, ``lr`` (of the best seed), ``chance``.
     ``ValueError`` when no finished trial has extrapolation lengths.
     """
-    from experiments.results import best_over_lrs
+    from experiments.sweeps.results import best_over_lrs
 
     if aggregate not in AGGREGATES:
         raise ValueError(f"aggregate must be one of {', '.join(AGGREGATES)}, got {aggregate!r}")

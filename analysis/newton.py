@@ -34,7 +34,7 @@ import torch
 import yaml
 
 from analysis.cli import csv_list, run, setup_logging
-from experiments.model import mixer_input
+from experiments.trial.model import mixer_input
 
 log = logging.getLogger("analysis.newton")
 
@@ -76,8 +76,8 @@ def fresh_model(
 ):
     """A freshly initialized ``SequenceModel`` around cell ``name`` for ``task`` (the paper's block
     and positional encoding for that task), to embed task inputs for a fresh cell."""
-    from experiments.model import ModelConfig, SequenceModel
-    from experiments.presets import TASK_DEFAULTS
+    from experiments.sweeps.presets import TASK_DEFAULTS
+    from experiments.trial.model import ModelConfig, SequenceModel
     from tasks import get_task
 
     t = get_task(task, **task_options)
@@ -98,8 +98,8 @@ def fresh_model(
 
 def load_trial(trial_dir: Path):
     """``(spec, SequenceModel)`` of a cell folder of a sweep: ``spec.json`` and ``checkpoints/best.ckpt``."""
-    from experiments.lit import LitSequenceModel
-    from experiments.train import BEST_CHECKPOINT, CHECKPOINT_DIR, TrialSpec
+    from experiments.trial.lit import LitSequenceModel
+    from experiments.trial.train import BEST_CHECKPOINT, CHECKPOINT_DIR, TrialSpec
 
     trial_dir = Path(trial_dir)
     for f in ("spec.json", f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"):
@@ -117,7 +117,7 @@ def find_checkpoints(sweep_dir: Path, mixers: Sequence[str] | None = None) -> di
     """Per mixer of ``sweep_dir/trials/*``, the cell folder with the best validation accuracy
     (from ``results.csv``'s ``trial_dir`` and ``best_val_acc`` when present, else the first folder);
     only ``mixers`` if given."""
-    from experiments.train import BEST_CHECKPOINT, CHECKPOINT_DIR
+    from experiments.trial.train import BEST_CHECKPOINT, CHECKPOINT_DIR
 
     sweep_dir = Path(sweep_dir)
     trials = sorted(

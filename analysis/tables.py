@@ -1,9 +1,9 @@
 """``python -m analysis.tables RESULTS...``: accuracy tables from one or more ``results.csv``.
 
 Per (task, mixer, seed) the learning rate with the best validation accuracy
-(``experiments.results.best_over_lrs``); then per (task, mixer) the best and the mean ± std
+(``experiments.sweeps.results.best_over_lrs``); then per (task, mixer) the best and the mean ± std
 (population std, ddof=0) over seeds of the test accuracy, the extrapolation accuracy and every
-extrapolation length (``experiments.results.summarize``). Failed trials (NaN loss, errors) are
+extrapolation length (``experiments.sweeps.results.summarize``). Failed trials (NaN loss, errors) are
 counted per (task, mixer). A task run in several configurations (k-hop with k=1 and k=2) gets one
 group per configuration, labelled by the options that differ (``khop k=2 vocab_size=5``).
 
@@ -127,7 +127,7 @@ def summary_table(df: pd.DataFrame, paper: str | None = None) -> pd.DataFrame:
     """One row per (task configuration, mixer): parameters, seeds, trials, failed, per metric best /
     mean / std over seeds (after the best lr per seed), ``main`` metric; with ``paper``, the paper's
     ``paper`` value, ``paper_params``, ``paper_metric``, ``paper_aggregate``, ``paper_column``."""
-    from experiments.results import summarize
+    from experiments.sweeps.results import summarize
 
     df = label_tasks(df)
     summary = summarize(df.assign(task=df["task_label"]))

@@ -29,7 +29,7 @@ def try_layer(name: str, steps: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from experiments.model import ModelConfig, SequenceModel, count_parameters
+    from experiments.trial.model import ModelConfig, SequenceModel, count_parameters
     from tasks import get_task
 
     row: dict = {

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
 import tempfile
@@ -36,7 +35,7 @@ def training_main(
     parser: argparse.ArgumentParser, argv: list[str] | None, body: Callable[[argparse.Namespace], None]
 ) -> int:
     """A training CLI's ``main``: parse ``argv``, log to the console, run ``body(args)`` under ``run_cli``."""
-    from experiments.train import quiet_lightning
+    from experiments.trial.train import quiet_lightning
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -172,7 +171,7 @@ def check_output_folder(path: Path) -> Path:
 
 def check_device(device: str) -> str:
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` that exists on this machine; one-line ``ValueError`` if not."""
-    from experiments.train import resolve_device
+    from experiments.trial.train import resolve_device
 
     resolve_device(device)
     return device
@@ -180,9 +179,9 @@ def check_device(device: str) -> str:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options shared by the CLIs that train (sweep, reproduce, probe)."""
-    from experiments.mps import add_mps_argument
-    from experiments.study import STALE_TIMEOUT
-    from experiments.train import ENGINES, LOGGERS
+    from experiments.engines.mps import add_mps_argument
+    from experiments.sweeps.study import STALE_TIMEOUT
+    from experiments.trial.train import ENGINES, LOGGERS
 
     parser.add_argument(
         "--workers",
@@ -258,7 +257,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_run_arguments(args: argparse.Namespace, out: Path) -> None:
     """Everything about the run options that can be checked before training (one-line errors)."""
-    from experiments.train import GRAPH_ENGINES
+    from experiments.trial.train import GRAPH_ENGINES
 
     check_device(args.device)
     options = run_options(args)
@@ -274,12 +273,7 @@ def check_run_arguments(args: argparse.Namespace, out: Path) -> None:
 
 
 def run_options(args: argparse.Namespace):
-    """The ``experiments.train.RunOptions`` of the parsed ``--logger`` and ``--engine`` (checked)."""
-    from experiments.train import RunOptions
+    """The ``experiments.trial.train.RunOptions`` of the parsed ``--logger`` and ``--engine`` (checked)."""
+    from experiments.trial.train import RunOptions
 
     return RunOptions(logger=args.logger, engine=args.engine, stack=args.stack)
-
-
-def on_terminal() -> bool:
-    """Is standard error an interactive terminal (where a progress bar makes sense)?"""
-    return os.isatty(sys.stderr.fileno()) if hasattr(sys.stderr, "fileno") else False

@@ -74,14 +74,14 @@ def paper_layers(paper: dict[str, Any], entry: str) -> int:
 
 def reproduction_presets() -> list[str]:
     """Names of the presets that carry a ``paper:`` section."""
-    from experiments.presets import available_presets, load_preset
+    from experiments.sweeps.presets import available_presets, load_preset
 
     return [name for name in available_presets() if "paper" in load_preset(name)]
 
 
 def load_reproduction(name: str) -> dict[str, Any]:
     """The raw reproduction preset; ``ValueError`` listing the known ones."""
-    from experiments.presets import load_preset
+    from experiments.sweeps.presets import load_preset
 
     known = reproduction_presets()
     if name not in known:
@@ -100,7 +100,7 @@ def entry_metric(paper: dict[str, Any], entry: str) -> str:
 def paper_entries(name: str) -> list[PaperEntry]:
     """The paper table of reproduction preset ``name``, one entry per sweep, in the paper's column order
     (``columns:``; a preset may list its sweeps in another order, e.g. longest first)."""
-    from experiments.presets import resolve_sweep
+    from experiments.sweeps.presets import resolve_sweep
 
     data = load_reproduction(name)
     paper = data["paper"]
@@ -186,7 +186,7 @@ def aggregate(df: pd.DataFrame, metric: str, how: str, layers: int = 1) -> pd.Da
     share of the chosen trials' optimizer steps that skipped their update: a Newton solve failed its
     check inside a CUDA graph; 0 without Newton statistics), ``climbing`` (how many chosen trials were
     still climbing when their budget ran out: ``still_climbing``)."""
-    from experiments.results import best_over_lrs, with_layers
+    from experiments.sweeps.results import best_over_lrs, with_layers
 
     rows = []
     df = with_layers(df) if len(df) else df
@@ -436,8 +436,8 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
 def parameter_counts(preset: str) -> pd.DataFrame:
     """Our parameter count for every (sweep entry, mixer) of ``preset``, built as its trials build the
     model, next to the paper's (the second number of the preset's ``paper: results`` cell, or None)."""
-    from experiments.model import ModelConfig, SequenceModel, count_parameters
-    from experiments.presets import load_preset, resolve_sweep
+    from experiments.sweeps.presets import load_preset, resolve_sweep
+    from experiments.trial.model import ModelConfig, SequenceModel, count_parameters
     from tasks import get_task
 
     data = load_preset(preset)

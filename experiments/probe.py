@@ -309,10 +309,10 @@ def trained_convergence(
     """Per task whose sweep trained the cell in a parallel mode: the Newton fallback share of its training
     forwards and, at its best trial's best checkpoint, the residual per Newton iteration (float64) on
     fresh task inputs at the longest training length (the mixer's own inputs, captured by a hook)."""
-    from experiments.lit import LitSequenceModel
-    from experiments.model import mixer_input
-    from experiments.results import best_over_lrs
-    from experiments.train import BEST_CHECKPOINT, CHECKPOINT_DIR
+    from experiments.sweeps.results import best_over_lrs
+    from experiments.trial.lit import LitSequenceModel
+    from experiments.trial.model import mixer_input
+    from experiments.trial.train import BEST_CHECKPOINT, CHECKPOINT_DIR
     from mixers.cells.convergence import newton_residuals
     from mixers.cells.mixer import CellMixer
     from tasks import get_task
@@ -362,7 +362,7 @@ def sweep_plans(
     seeds: list[int] | None,
     mixer_options: dict[str, Any],
 ) -> list:
-    from experiments.presets import resolve_sweep
+    from experiments.sweeps.presets import resolve_sweep
 
     plans = []
     for task in tasks:
@@ -554,7 +554,7 @@ def probe(
 
     ``numbers["verdict"]``: ``ok``, the ``rules`` broken, one reason per rule and the verdict ``line``.
     """
-    from experiments.results import atomic_write_text, best_over_lrs, versions
+    from experiments.sweeps.results import atomic_write_text, best_over_lrs, versions
 
     cell_cls = load_cell(cell)
     tasks = list(tasks or TASKS)
@@ -579,7 +579,7 @@ def probe(
         numbers["convergence"] = conv = iterations_vs_length(cell_cls, lengths)
     sweeps = None
     if run_sweeps:
-        from experiments.runner import run_plans
+        from experiments.sweeps.runner import run_plans
 
         log.info("4/4 sweeps: %s × %s", ", ".join(tasks), ", ".join([cell, *references]))
         options = {} if verdict_["ok"] else {"mode": "sequential", "verify": False}
@@ -639,7 +639,7 @@ def probe(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.train import quiet_lightning
+    from experiments.trial.train import quiet_lightning
 
     p = Parser(
         prog="python -m experiments.probe",

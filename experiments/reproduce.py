@@ -54,7 +54,7 @@ QUICK_EXTRAPOLATION = {"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]}
 
 def plans_for(name: str, quick: bool = False, overrides: dict[str, Any] | None = None) -> list:
     """One ``SweepPlan`` per sweep entry of the preset, with ``--quick`` and CLI overrides applied."""
-    from experiments.presets import resolve_sweep
+    from experiments.sweeps.presets import resolve_sweep
 
     data = load_reproduction(name)
     plans = []
@@ -121,9 +121,9 @@ def run_reproduction(
     progress_every: float = 30.0,
 ) -> pd.DataFrame:
     """Run (resume) the table's sweeps in one study, write the per-sweep results and the comparison
-    (``progress_every``: ``experiments.runner.run_plans``)."""
-    from experiments.results import atomic_write_text
-    from experiments.runner import run_plans
+    (``progress_every``: ``experiments.sweeps.runner.run_plans``)."""
+    from experiments.sweeps.results import atomic_write_text
+    from experiments.sweeps.runner import run_plans
 
     plans = plans_for(name, quick, overrides)
     if entries:
@@ -215,7 +215,7 @@ def parser() -> Parser:
 
 def run(args) -> None:
     """The reproduction of the parsed command line: run (or only tabulate) and print the comparison."""
-    from experiments.mps import workers_mps
+    from experiments.engines.mps import workers_mps
 
     load_reproduction(args.name)
     overrides: dict[str, Any] = {}

@@ -28,8 +28,8 @@ from experiments.cli import (
     str_list,
     training_main,
 )
-from experiments.presets import SweepPlan, available_presets, load_preset, resolve_sweep
-from experiments.train import PRECISIONS
+from experiments.sweeps.presets import SweepPlan, available_presets, load_preset, resolve_sweep
+from experiments.trial.train import PRECISIONS
 from mixers import MIXERS
 from tasks import TASKS
 
@@ -53,7 +53,7 @@ def run_sweep(
     progress_every: float = 30.0,
 ):
     """Run (or resume) the sweep; returns the results ``DataFrame`` (one row per cell)."""
-    from experiments.runner import run_plans
+    from experiments.sweeps.runner import run_plans
 
     results, _ = run_plans(
         [plan],
@@ -146,7 +146,7 @@ def parser() -> Parser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a training option (repeatable; a field of experiments.train.TrainConfig), "
+        help="override a training option (repeatable; a field of experiments.trial.train.TrainConfig), "
         "e.g. --train-option train_size=100000",
     )
     p.add_argument("--out", type=Path, help="output folder (default: runs/<task>-<preset>)")
@@ -156,7 +156,7 @@ def parser() -> Parser:
 
 def run(args) -> None:
     """The sweep of the parsed command line: resolve the plan, check the options, run, print the table."""
-    from experiments.mps import workers_mps
+    from experiments.engines.mps import workers_mps
 
     if args.task not in TASKS and args.task not in preset_entries(args.preset):
         raise ValueError(f"unknown task {args.task!r}; known tasks: {', '.join(sorted(TASKS))}")

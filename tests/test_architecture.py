@@ -17,6 +17,13 @@ ALLOWED = {
     "experiments": {"tasks", "mixers", "kernels"},
     "analysis": {"experiments", "tasks", "mixers", "kernels"},
 }
+#: what each sub-package of ``experiments`` may import of ``experiments``: the trial path runs one way, and
+#: the modules directly in ``experiments`` (the CLIs: sweep, reproduce, probe, paper, cli) sit above them all
+EXPERIMENTS_ALLOWED = {
+    "engines": set(),  # how steps run: the CUDA-graph plugin, the captured-step hook, MPS
+    "trial": {"engines"},  # one trial: spec, run_trial, the LightningModule, the model, stacked trials
+    "sweeps": {"trial", "engines"},  # presets, the study, workers, the runner, results
+}
 
 
 def _module_name(path: Path) -> str:
@@ -61,6 +68,32 @@ def test_packages_import_only_downwards():
     assert not bad, bad
 
 
+def _experiments_part(module: str) -> str | None:
+    """``experiments.trial.train`` (and ``experiments.trial``) -> ``trial``; a module directly in
+    ``experiments`` -> ``""``; a module of another package -> None."""
+    parts = module.split(".")
+    if parts[0] != "experiments":
+        return None
+    return parts[1] if len(parts) > 1 and (ROOT / "experiments" / parts[1] / "__init__.py").is_file() else ""
+
+
+def test_experiments_subpackages_import_only_downwards():
+    """engines <- trial <- sweeps <- the CLIs: no sub-package imports the CLIs or one above it, so the
+    sub-packages never import in a circle."""
+    parts = {_experiments_part(m) for m in _imports()} - {None, ""}
+    assert parts == set(EXPERIMENTS_ALLOWED), parts
+    bad = [
+        (m, t)
+        for m, targets in _imports().items()
+        if _experiments_part(m)
+        for t in targets
+        if _experiments_part(t) is not None
+        and _experiments_part(t) != _experiments_part(m)
+        and _experiments_part(t) not in EXPERIMENTS_ALLOWED[_experiments_part(m)]
+    ]
+    assert not bad, bad
+
+
 def test_no_import_cycles():
     graph = _imports()
     # a module's own package __init__ re-exporting it is not a circle of behaviour: ignore edges to parents
@@ -88,4 +121,4 @@ def test_no_import_cycles():
 
 def test_the_graph_sees_lazy_imports():
     """The check is not vacuous: a function-level import is an edge."""
-    assert "experiments.workers" in _imports()["experiments.runner"]
+    assert "experiments.sweeps.workers" in _imports()["experiments.sweeps.runner"]

@@ -17,14 +17,14 @@ import argparse
 import tarfile
 from pathlib import Path
 
-from experiments.study import JOURNAL_FILE
+from experiments.sweeps.study import JOURNAL_FILE
 
 
 def completed_trial_dirs(run_dir: Path) -> set[str]:
     """Trial folders (relative to ``run_dir``) of the study's completed trials."""
     import optuna
 
-    from experiments.study import open_storage
+    from experiments.sweeps.study import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(None, run_dir)

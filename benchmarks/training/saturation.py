@@ -44,7 +44,7 @@ that runs ``R`` such steps per second keeps a resource busy ``R x floor``; one n
 on the PATH.
 
 The processes build their graphs, then start replaying together and run for ``--seconds``. Needs a
-CUDA GPU and ``nvidia-cuda-mps-control`` (``experiments.mps``; only ``kernels`` and ``steps`` use it).
+CUDA GPU and ``nvidia-cuda-mps-control`` (``experiments.engines.mps``; only ``kernels`` and ``steps`` use it).
 """
 
 from __future__ import annotations
@@ -344,7 +344,7 @@ def _step_graph(
 ):
     """``(graph, mixer, step)``: the compiled step of trial ``index`` of ``task``'s mix (its mixers, or
     ``mixers``, round robin), captured on ``stream``, as a stack of ``stack`` trials
-    (``experiments.stack``); ``step`` keeps the compiled model the graph's kernels belong to."""
+    (``experiments.trial.stack``); ``step`` keeps the compiled model the graph's kernels belong to."""
     from benchmarks.training.step_profile import captured_step
 
     specs = mix_specs(task, mixers)
@@ -483,7 +483,7 @@ def _worker(args: list[str]) -> None:
 
 def run_together(kind: str, procs: int, seconds: float, extra: list[str]) -> dict:
     """``procs`` worker processes under one MPS daemon; their replay rates, in total and per label."""
-    from experiments.mps import cuda_mps
+    from experiments.engines.mps import cuda_mps
 
     go = tempfile.mktemp(prefix="saturation-go-")
     with cuda_mps(True):

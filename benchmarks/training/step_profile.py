@@ -12,7 +12,7 @@ capturable AdamW: what the graph engine's CUDA graph holds) in a CUDA graph, and
 
 With ``compile=True`` the model and loss are ``torch.compile``d first (Inductor fuses the
 elementwise and reduction chains, forward and backward) as the ``compiled`` engine does
-(``experiments.cuda_graph.compiled_loss``). A trial that cannot be captured reports why in ``error``.
+(``experiments.engines.cuda_graph.compiled_loss``). A trial that cannot be captured reports why in ``error``.
 
 Used by ``python -m benchmarks.training.throughput kernels``. Needs a CUDA GPU.
 """
@@ -88,20 +88,21 @@ def captured_step(
 ):
     """``(graph, step)``: the trial's training step captured in a CUDA graph (after ``warmup`` eager
     steps on a side stream), and the step as a plain function (for an eager profile). ``stack`` > 1:
-    the step of that many trials (seeds ``spec.seed + k``) stacked into one model (``experiments.stack``).
+    the step of that many trials (seeds ``spec.seed + k``) stacked into one model (``experiments.trial.stack``).
     ``stream``: the stream to warm up and capture on (default: a new side stream and PyTorch's shared
     capture stream); graphs that one process replays at once on several streams each need their own,
     since per-stream state such as the scan's look-back workspace is keyed on the capturing stream."""
-    from experiments.cuda_graph import compiled_loss
-    from experiments.train import build_datamodule, build_module
+    from experiments.engines.captured import CapturedSteps
+    from experiments.trial.train import build_datamodule, build_module
 
     seeds = [spec.seed + k for k in range(stack)] if stack > 1 else None
     torch.manual_seed(spec.seed)
     dm = build_datamodule(spec, "cuda", stack_seeds=seeds)
     dm.setup("fit")
     lit = build_module(spec, dm, stack_seeds=seeds).cuda()
+    lit.step_engine = CapturedSteps(compiled=compile)  # the trial's captured step: its skip flag, its loss
     if compile:
-        lit._compiled_loss = compiled_loss(lit.model, lit._loss)
+        lit.step_engine.compile(lit)
     opt = lit.configure_optimizers()  # the training's fused, capturable AdamW
     lit.bind_learning_rate(opt)
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))

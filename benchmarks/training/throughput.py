@@ -19,7 +19,7 @@ Three measurements, each a sub-command:
   late ran part of its steady phase on a less crowded GPU); end to end (all steps over the
   wall-clock of the whole run, start-up included) and the GPU busy fraction
   (``torch.cuda.utilization`` sampled every 0.2 s while they train). ``--stacks 1,3`` also runs each
-  worker's trials as stacks of 3 seeds (``experiments.stack``): N workers then train 3N trials, and
+  worker's trials as stacks of 3 seeds (``experiments.trial.stack``): N workers then train 3N trials, and
   the rates count trial steps (a stack's step is 3).
 
 Each prints a Markdown table (pandas) and, with ``--json``, writes its rows there.
@@ -87,7 +87,7 @@ def benchmark_specs(
 ) -> list[tuple[str, Any]]:
     """``(entry, TrialSpec)`` pairs of the preset's task entries × mixers (round robin over ``count`` trials),
     ``steps`` steps each with a single validation at the end and small evaluation sets (timing, not results)."""
-    from experiments.presets import build_specs, load_preset, resolve_sweep
+    from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
 
     entries = tasks or list(load_preset(preset).get("tasks", {}))
     mix = []
@@ -116,7 +116,7 @@ def time_steps(
     preset: str, tasks: list[str] | None, mixers: list[str] | None, engines: list[str], steps: int, device: str
 ) -> pd.DataFrame:
     """Steps/s of single trials through ``run_trial``, per entry × mixer × engine (same process, one after another)."""
-    from experiments.train import RunOptions, run_trial
+    from experiments.trial.train import RunOptions, run_trial
 
     rows = []
     for entry, spec in benchmark_specs(preset, tasks, mixers, steps, device):
@@ -147,7 +147,7 @@ def profile_kernels(
     top: int = 0,
 ) -> pd.DataFrame:
     """``benchmarks.training.step_profile.profile_step`` rows per entry × mixer × batch size (``batch_sizes``;
-    default: the preset's) × stack size (``stacks``: trials stacked into one model, ``experiments.stack``)
+    default: the preset's) × stack size (``stacks``: trials stacked into one model, ``experiments.trial.stack``)
     (and compiled, with ``compile``); ``top`` > 0: each row's ``heaviest`` kernels (``heaviest_table``)."""
     from benchmarks.training.step_profile import profile_step
 
@@ -250,10 +250,10 @@ def time_workers(
 
     import torch
 
-    from experiments.results import collect
-    from experiments.study import GridStudy
-    from experiments.train import PROGRESS_FILE, RunOptions
-    from experiments.workers import cell_dir, run_workers
+    from experiments.sweeps.results import collect
+    from experiments.sweeps.study import GridStudy
+    from experiments.sweeps.workers import cell_dir, run_workers
+    from experiments.trial.train import PROGRESS_FILE, RunOptions
 
     rows = []
     for engine, stack, n in ((e, s, n) for e in engines for s in stacks for n in counts):
@@ -351,7 +351,7 @@ def parser() -> Parser:
             q.add_argument(
                 "--out", type=Path, default=Path("runs/bench-workers"), help="scratch folder (default: %(default)s)"
             )
-            from experiments.mps import add_mps_argument
+            from experiments.engines.mps import add_mps_argument
 
             add_mps_argument(q)
     for q in sub.choices.values():
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     def run() -> None:
-        from experiments.train import ENGINES, quiet_lightning
+        from experiments.trial.train import ENGINES, quiet_lightning
 
         quiet_lightning()
         if args.what == "generation":
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.what == "steps":
                 table = time_steps(args.preset, args.tasks, args.mixers, args.engines, args.steps, args.device)
             else:
-                from experiments.mps import workers_mps
+                from experiments.engines.mps import workers_mps
 
                 with workers_mps(args.mps, max(args.counts)):
                     table = time_workers(
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            from experiments.workers import host_cores, physical_cores
+            from experiments.sweeps.workers import host_cores, physical_cores
 
             meta = {
                 "date": time.strftime("%Y-%m-%d"),

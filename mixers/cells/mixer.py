@@ -202,7 +202,7 @@ class CellMixer(nn.Module):
         self.register_buffer("graph_counts", torch.zeros(3, dtype=torch.long), persistent=False)
         #: run the in-graph policy (``_solve_in_graph``) on CUDA while training also outside a capture, so
         #: the warm-up steps before a capture run the code that is captured (a ``torch.compile``d step then
-        #: compiles nothing new inside the capture; ``experiments.cuda_graph.compiled_loss``)
+        #: compiles nothing new inside the capture; ``experiments.engines.cuda_graph.compiled_loss``)
         self.graph_policy = False
 
     # --- stacked trials (``mixers.stacking``) --------------------------------------------------------
@@ -411,7 +411,7 @@ class CellMixer(nn.Module):
         a ``fused_apply`` without ``skip`` runs it in full); the result is the first where its residual
         passes the check, else the re-solve. Other modes: the solve
         with ``iters``. ``step_ok`` (a bool tensor) says whether the result passed the check; the
-        training step skips its parameter update when it did not (``experiments.lit``), so an
+        training step skips its parameter update when it did not (``experiments.engines.captured``), so an
         unchecked trajectory is never trained on. ``graph_counts`` counts (forwards, re-solves,
         unchecked results) on the device. The sequential fallback happens outside graphs only.
         """

@@ -95,7 +95,7 @@ def sweep_dir(tmp_path_factory):
     """A fake sweep folder: two trials of the test cell (the better one by validation accuracy) and a GRU."""
     import lightning as L
 
-    from experiments.train import TrialSpec, build_datamodule, build_module
+    from experiments.trial.train import TrialSpec, build_datamodule, build_module
 
     root = tmp_path_factory.mktemp("sweep")
     rows = []

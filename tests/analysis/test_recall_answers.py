@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from analysis.recall_answers import answer_split, main
-from experiments.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
+from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
 from tasks import get_task
 
 

@@ -1,10 +1,10 @@
-"""``experiments.cuda_graph.compiled_loss`` compiles every model a process trains, not only its first
+"""``experiments.engines.cuda_graph.compiled_loss`` compiles every model a process trains, not only its first
 eight: Dynamo keys its cache on the function's code, and past its recompile limit it runs eagerly."""
 
 import torch
 from torch import nn
 
-from experiments import cuda_graph
+from experiments.engines import cuda_graph
 
 
 def test_every_model_of_a_process_is_compiled(monkeypatch):

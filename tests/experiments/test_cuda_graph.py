@@ -6,7 +6,7 @@ import lightning as L
 import pytest
 import torch
 
-from experiments.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
+from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -160,10 +160,10 @@ def test_interrupted_graph_trial_resumes_exactly(tmp_path, engine, tol):
 @pytest.mark.parametrize("engine, tol", [("graph", 1e-5), ("compiled", 1e-3)])
 @pytest.mark.parametrize("case", CASES[:4], ids=[c[-1] for c in CASES[:4]])
 def test_stacked_trials_train_like_their_separate_trials(tmp_path, case, engine, tol):
-    """Three seeds stacked (``experiments.stack``) on a GPU step engine: after 50 captured steps each
+    """Three seeds stacked (``experiments.trial.stack``) on a GPU step engine: after 50 captured steps each
     trial's final weights are its separate trial's on the same engine, within float rounding (the
     stack's kernels run over 3 times the heads or batch, in another order of float operations)."""
-    from experiments.stack import run_stack
+    from experiments.trial.stack import run_stack
 
     quiet_lightning()
     specs = [dataclasses.replace(_spec(case), seed=s) for s in (0, 1, 2)]

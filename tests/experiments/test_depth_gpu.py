@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mixers
-from experiments.model import ModelConfig, SequenceModel
+from experiments.trial.model import ModelConfig, SequenceModel
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

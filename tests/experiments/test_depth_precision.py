@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from experiments import sweep
-from experiments.model import FullBlock, ModelConfig, ResidualLayer, SequenceModel, count_parameters
-from experiments.presets import build_specs, resolve_sweep
-from experiments.runner import validate_specs
-from experiments.study import cell_id
-from experiments.train import TrainConfig, TrialSpec, capturable_engine, run_trial
+from experiments.sweeps.presets import build_specs, resolve_sweep
+from experiments.sweeps.runner import validate_specs
+from experiments.sweeps.study import cell_id
+from experiments.trial.model import FullBlock, ModelConfig, ResidualLayer, SequenceModel, count_parameters
+from experiments.trial.train import TrainConfig, TrialSpec, capturable_engine, run_trial
 from mixers import build_mixer
 
 
@@ -311,8 +311,8 @@ def test_one_layer_initializes_as_the_single_layer_model_did():
 def test_cosine_to_a_floor_and_gradient_clipping():
     """``min_lr``: the schedule ends at ``min_lr`` (device and float forms agree step by step);
     ``grad_clip``: the update sees a gradient of global norm at most ``grad_clip``."""
-    from experiments.lit import cosine_with_warmup, cosine_with_warmup_tensor
-    from experiments.train import build_datamodule, build_module
+    from experiments.trial.lit import cosine_with_warmup, cosine_with_warmup_tensor
+    from experiments.trial.train import build_datamodule, build_module
 
     floor = 1e-6 / 1e-2
     values = cosine_with_warmup_tensor(torch.arange(101), 10, 100, floor)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import mixers
-from experiments.model import FullBlock, ModelConfig, SequenceModel, count_parameters
 from experiments.paper import parameter_counts
+from experiments.trial.model import FullBlock, ModelConfig, SequenceModel, count_parameters
 
 
 @pytest.mark.parametrize("preset", ["pararnn-table6", "pararnn-table6-literal"])

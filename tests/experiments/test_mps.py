@@ -1,11 +1,11 @@
-"""``experiments.mps.cuda_mps`` against a stand-in ``nvidia-cuda-mps-control`` (no GPU needed)."""
+"""``experiments.engines.mps.cuda_mps`` against a stand-in ``nvidia-cuda-mps-control`` (no GPU needed)."""
 
 import os
 import stat
 
 import pytest
 
-from experiments.mps import MPSError, cuda_mps
+from experiments.engines.mps import MPSError, cuda_mps
 
 FAKE = """#!/bin/sh
 # records its calls; "-d" creates the control pipe the way the real daemon does

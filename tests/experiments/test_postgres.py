@@ -19,9 +19,9 @@ import pytest
 from optuna.trial import TrialState
 from test_workers import cells_of, completed_once, tiny_plan, wait_running  # noqa: E402  (tests/experiments on sys.path)
 
-from experiments.presets import build_specs
-from experiments.study import GridStudy, cell_id
-from experiments.workers import start_worker
+from experiments.sweeps.presets import build_specs
+from experiments.sweeps.study import GridStudy, cell_id
+from experiments.sweeps.workers import start_worker
 
 pytest.importorskip("psycopg2", reason="psycopg2 is not installed (pip install 'expressivity-suite[postgres]')")
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-import experiments.presets as presets
-from experiments.presets import build_specs, load_preset, resolve_sweep
+import experiments.sweeps.presets as presets
+from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ from experiments.paper import (
     reproduction_presets,
     verdict,
 )
-from experiments.presets import build_specs, load_preset, resolve_sweep
 from experiments.reproduce import devices_used, plans_for, run_reproduction
-from experiments.study import cell_id
+from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
+from experiments.sweeps.study import cell_id
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_TABLE6 = {  # paper 000 Table 6
@@ -79,7 +79,7 @@ def test_table6_matches_the_paper_setup_and_table1_is_its_subset():
 
 def test_table6_full_trains_at_the_papers_lr_from_the_first_step():
     """Paper 000: cosine schedule "starting at 5e-4" for up to 3,000 epochs; no warm-up below it."""
-    from experiments.lit import cosine_with_warmup, warmup_steps
+    from experiments.trial.lit import cosine_with_warmup, warmup_steps
 
     for entry in ("keep_nth", "parity", "mqar", "khop", "khop2"):
         p = resolve_sweep(entry, "pararnn-table6-full")

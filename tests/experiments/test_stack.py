@@ -1,13 +1,13 @@
-"""Stacked trials through Lightning (``experiments.stack.run_stack``): each trial as when it runs alone."""
+"""Stacked trials through Lightning (``experiments.trial.stack.run_stack``): each trial as when it runs alone."""
 
 import dataclasses
 
 import pytest
 import torch
 
-from experiments.lit import LitSequenceModel
-from experiments.stack import check_stackable, run_stack
-from experiments.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
+from experiments.trial.lit import LitSequenceModel
+from experiments.trial.stack import check_stackable, run_stack
+from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
 from tests.experiments.test_training import Interrupt
 
 KEYS = (

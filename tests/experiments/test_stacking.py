@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from experiments.model import ModelConfig, SequenceModel
+from experiments.trial.model import ModelConfig, SequenceModel
 from mixers.stacking import stack_trials, trial_state_dict, trials_of
 
 CUDA = torch.cuda.is_available()

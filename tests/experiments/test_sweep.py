@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
-from experiments.presets import build_specs, resolve_sweep
-from experiments.study import GridStudy, cell_id
 from experiments.sweep import main, run_sweep
+from experiments.sweeps.presets import build_specs, resolve_sweep
+from experiments.sweeps.study import GridStudy, cell_id
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"max_steps": 20, "batch_size": 16, "train_size": 64, "val_size": 32, "test_size": 32, "eval_every": 10}
@@ -145,7 +145,7 @@ def test_nan_trial_fails_cleanly_and_sweep_goes_on(tmp_path, monkeypatch):
 
 def test_unfinished_cells_are_visible_in_the_table(tmp_path):
     """A grid with cells never run shows them as missing, with a line saying how to finish them."""
-    from experiments.results import collect, table_markdown
+    from experiments.sweeps.results import collect, table_markdown
 
     plan = tiny_plan(["gru", "elman"])
     run_sweep(resolve_sweep("parity", "smoke", {**_plan_overrides(plan), "mixers": ["gru"]}), tmp_path, progress=False)
@@ -344,7 +344,7 @@ def test_cli_output_folder_that_is_a_file_is_one_line(tmp_path):
 
 def test_tensorboard_logger_writes_event_files(tmp_path):
     pytest.importorskip("tensorboard")
-    from experiments.train import RunOptions, TrainConfig, TrialSpec, run_trial
+    from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, run_trial
 
     spec = TrialSpec(
         task="parity",
@@ -415,7 +415,7 @@ def test_cli_train_options_reach_every_trial(tmp_path):
 def test_progress_without_a_terminal_is_a_line_per_finished_cell(tmp_path, caplog):
     import logging
 
-    caplog.set_level(logging.INFO, logger="experiments.runner")
+    caplog.set_level(logging.INFO, logger="experiments.sweeps.runner")
     run_sweep(tiny_plan(["gru", "elman"]), tmp_path, progress=True)  # pytest's stderr is not a terminal
     lines = [r.getMessage() for r in caplog.records if "cells done" in r.getMessage()]
     assert any(line.startswith("parity sweep: 1/2 cells done") for line in lines)
@@ -535,7 +535,7 @@ def test_a_mixers_subset_keeps_the_folders_earlier_cells_in_the_results(tmp_path
 def test_a_shared_study_reports_only_the_commands_own_cells(tmp_path):
     """Reproductions share one study across tables: a report keeps to its own cells (entries such as
     'parity' recur across presets with other settings)."""
-    from experiments.runner import run_plans
+    from experiments.sweeps.runner import run_plans
 
     run_plans([tiny_plan(["gru", "elman"])], tmp_path, "shared", progress=False)
     results, _ = run_plans([tiny_plan(["lstm"])], tmp_path, "shared", progress=False)
@@ -605,7 +605,7 @@ def test_mixer_errors_have_one_prefix(tmp_path, capsys, mixer):
     ],
 )
 def test_check_journal_sets_aside_only_a_torn_last_record(tmp_path, tail, torn):
-    from experiments.study import check_journal
+    from experiments.sweeps.study import check_journal
 
     journal = tmp_path / "journal.log"
     good = b'{"op_code":0,"worker_id":"w","study_name":"s","directions":[2]}\n'
@@ -629,10 +629,10 @@ def test_without_a_terminal_the_running_trials_step_and_accuracy_are_reported(tm
     sample at every step, so a fast machine still writes one after the first validation)."""
     import logging
 
-    import experiments.train
+    import experiments.trial.train
 
-    monkeypatch.setattr(experiments.train, "PROGRESS_EVERY_S", 0.0)
-    caplog.set_level(logging.INFO, logger="experiments.runner")
+    monkeypatch.setattr(experiments.trial.train, "PROGRESS_EVERY_S", 0.0)
+    caplog.set_level(logging.INFO, logger="experiments.sweeps.runner")
     plan = resolve_sweep(
         "parity",
         "smoke",
@@ -652,7 +652,7 @@ def test_without_a_terminal_the_running_trials_step_and_accuracy_are_reported(tm
 
 
 def test_the_running_trials_come_from_fresh_unfinished_progress_files(tmp_path):
-    from experiments.running import running_trials
+    from experiments.trial.running import running_trials
 
     now = 1000.0
     rows = {
@@ -702,7 +702,7 @@ def test_on_a_terminal_the_bar_starts_at_the_finished_cells_and_log_lines_stay_w
     finished cells from its first drawing on, and log lines printed meanwhile are whole lines above it."""
     import logging
 
-    import experiments.runner as runner
+    import experiments.sweeps.runner as runner
 
     assert _fast_sweep(tmp_path, "gru,elman") == 0  # 2 cells finished
     monkeypatch.setattr(runner, "on_terminal", lambda: True)
@@ -737,7 +737,7 @@ def test_log_lines_print_above_the_bar_not_onto_it():
 
     from rich.console import Console
 
-    from experiments.runner import Progress
+    from experiments.sweeps.runner import Progress
 
     buffer, stream = io.StringIO(), io.StringIO()
     handler = logging.StreamHandler(stream)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.lit import (
+from experiments.trial.lit import (
     LastPositionAccuracy,
     LitSequenceModel,
     NonFiniteLossError,
@@ -15,7 +15,7 @@ from experiments.lit import (
     cosine_with_warmup_tensor,
     last_scored,
 )
-from experiments.train import RunOptions, TrainConfig, TrialSpec, build_datamodule, quiet_lightning, run_trial
+from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, build_datamodule, quiet_lightning, run_trial
 
 
 def test_cosine_with_warmup():
@@ -27,7 +27,7 @@ def test_cosine_with_warmup():
 
 
 def _small_module(max_steps: int, warmup_ratio: float):
-    from experiments.train import build_module
+    from experiments.trial.train import build_module
 
     spec = TrialSpec(
         task="parity",
@@ -49,7 +49,7 @@ def test_the_device_learning_rate_follows_the_schedule(monkeypatch, table):
     """The lr tensor a captured step writes (a table lookup, or computed from the step counter for
     schedules too long for a table) is the float schedule's, step by step, and stays at its end value
     past ``max_steps``; both device paths give the same float32 values."""
-    import experiments.lit as lit_module
+    import experiments.trial.lit as lit_module
 
     monkeypatch.setattr(lit_module, "LR_TABLE_MAX_STEPS", 2**24 if table else 0)
     lit = _small_module(max_steps=37, warmup_ratio=0.2)
@@ -252,7 +252,7 @@ def test_ctrl_c_inside_a_training_step_resumes_on_the_uninterrupted_schedule(tmp
     first step or in its middle (chunks of 5 optimizer steps per Lightning step, as the graph engines
     run them; eager here). The re-run validates at the same steps, stops at ``max_steps`` and ends
     with the uninterrupted run's weights."""
-    import experiments.train as train_module
+    import experiments.trial.train as train_module
     from tasks.datamodule import TrainingStream
 
     quiet_lightning()
@@ -356,7 +356,7 @@ def test_trial_callbacks_keep_lightnings_checkpoint_keys(tmp_path):
     stock callbacks' keys, so checkpoints written before them (or by plain Lightning) resume."""
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-    from experiments.train import TrialCheckpoint, TrialEarlyStopping
+    from experiments.trial.train import TrialCheckpoint, TrialEarlyStopping
 
     assert (
         TrialEarlyStopping(monitor="val/acc", mode="max").state_key
@@ -439,7 +439,7 @@ def test_a_trial_stuck_on_a_plateau_stops_early():
 
 
 def test_steps_per_chunk_divide_validations_and_the_budget():
-    from experiments.train import MAX_CHUNK, steps_per_chunk
+    from experiments.trial.train import MAX_CHUNK, steps_per_chunk
 
     for eval_every, max_steps in [(200, 60_000), (250, 10_000), (7, 91), (500, 1_200), (100, 30)]:
         k = steps_per_chunk("graph", TrainConfig(eval_every=eval_every, max_steps=max_steps))
@@ -449,7 +449,7 @@ def test_steps_per_chunk_divide_validations_and_the_budget():
 
 
 def test_graph_engine_needs_cuda():
-    from experiments.train import RunOptions, steps_per_chunk
+    from experiments.trial.train import RunOptions, steps_per_chunk
 
     for engine in ("graph", "compiled"):
         with pytest.raises(ValueError, match=f"engine '{engine}' .* needs a CUDA device"):

@@ -13,11 +13,10 @@ import torch
 from optuna.trial import TrialState
 from torch import nn
 
-from experiments.lit import LitSequenceModel
-from experiments.presets import build_specs, resolve_sweep
-from experiments.study import HEARTBEAT_DIR, GridStudy, cell_id, cell_params, grid_distributions, is_stale
 from experiments.sweep import run_sweep
-from experiments.workers import (
+from experiments.sweeps.presets import build_specs, resolve_sweep
+from experiments.sweeps.study import HEARTBEAT_DIR, GridStudy, cell_id, cell_params, grid_distributions, is_stale
+from experiments.sweeps.workers import (
     MPS_BELOW_NORMAL,
     MPS_NORMAL,
     host_cores,
@@ -28,6 +27,7 @@ from experiments.workers import (
     worker_loop,
     worker_threads,
 )
+from experiments.trial.lit import LitSequenceModel
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"max_steps": 20, "batch_size": 16, "train_size": 64, "val_size": 32, "test_size": 32, "eval_every": 10}
@@ -368,8 +368,8 @@ def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path, moved):
 def test_run_plans_hands_the_cells_of_priority_sweeps_to_the_workers(tmp_path, monkeypatch):
     import dataclasses
 
-    import experiments.workers as workers
-    from experiments.runner import run_plans
+    import experiments.sweeps.workers as workers
+    from experiments.sweeps.runner import run_plans
 
     seen = {}
     monkeypatch.setattr(

@@ -3,7 +3,7 @@
 import pytest
 
 from experiments.cli import str_list
-from experiments.workers import path_name
+from experiments.sweeps.workers import path_name
 from mixers import build_mixer
 from mixers.build import split_options
 

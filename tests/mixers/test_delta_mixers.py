@@ -261,7 +261,7 @@ def test_rwkv7_decay_is_in_its_range():
 def test_signed_deltanet_learns_parity_and_deltanet_does_not():
     """Grazzi et al. 2025 in one layer: beta in [0, 2] tracks running parity at the training lengths,
     beta in [0, 1] stays near chance (the smoke preset's parity at a smaller budget)."""
-    from experiments.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
+    from experiments.trial.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
 
     quiet_lightning()
     results = {}

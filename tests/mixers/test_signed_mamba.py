@@ -138,7 +138,7 @@ def test_registered_backends_and_bad_configs():
 def test_negative_eigenvalues_solve_parity_where_positive_do_not():
     """Running parity, trained on lengths 3..12 and tested at 24: [-1, 1] solves it within 400 steps
     (about 1 s on a CPU core; 4 of 4 seeds); [0, 1] stays below 70% on the same budget."""
-    from experiments.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
+    from experiments.trial.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
 
     quiet_lightning()
 

@@ -211,7 +211,7 @@ def test_datamodule_extrapolation_sets():
 def test_gru_solves_counting_mod_3_beyond_the_training_length():
     """Counting mod 3 is learnable by a nonlinear RNN: a GRU trained on lengths 3..12 is right at every
     position of length-24 sequences after 400 steps (about 8 s on a CPU core; 3 of 3 seeds measured)."""
-    from experiments.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
+    from experiments.trial.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
 
     quiet_lightning()
     spec = TrialSpec(
@@ -242,7 +242,7 @@ def test_flashgru_counts_mod_3_only_with_dense_state_matrices():
     beyond the training length; the same equations with dense state matrices (``DenseFlashGRU``) do.
     Trained on lengths 3..12, scored at the last position of length-24 sequences (chance 1/3); about
     10 s on a CPU core."""
-    from experiments.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
+    from experiments.trial.train import TrainConfig, TrialSpec, quiet_lightning, run_trial
 
     quiet_lightning()
     last_acc = {}

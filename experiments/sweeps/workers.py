@@ -1,7 +1,7 @@
 """Running the cells of a study: the per-trial step, the worker loop and the pool of worker processes.
 
-``run_cells`` runs claimed trials (one through ``experiments.train.run_trial`` in the cell's folder,
-or one cell's seeds as a stack through ``experiments.stack.run_stack``) and records their outcomes in
+``run_cells`` runs claimed trials (one through ``experiments.trial.train.run_trial`` in the cell's folder,
+or one cell's seeds as a stack through ``experiments.trial.stack.run_stack``) and records their outcomes in
 the study. ``worker_loop`` claims and runs trials until every cell is done, re-queueing
 the cells of dead workers. ``run_workers`` starts N long-lived worker processes on this machine
 (``multiprocessing`` spawn), each running ``worker_loop``: worker ``i`` trains on ``cuda:{i % K}``
@@ -33,11 +33,11 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from experiments.mps import BELOW_NORMAL as MPS_BELOW_NORMAL
-from experiments.mps import NORMAL as MPS_NORMAL
-from experiments.mps import PRIORITY_ENV, mps_running
+from experiments.engines.mps import BELOW_NORMAL as MPS_BELOW_NORMAL
+from experiments.engines.mps import NORMAL as MPS_NORMAL
+from experiments.engines.mps import PRIORITY_ENV, mps_running
 
-log = logging.getLogger("experiments.workers")
+log = logging.getLogger("experiments.sweeps.workers")
 
 #: a worker exits with this code to be replaced by a fresh process (its CUDA context is broken)
 EXIT_RESTART = 75
@@ -106,17 +106,17 @@ def priority_classes(n_workers: int, n_priority_cells: int, mps: bool) -> list[i
 
 def cell_dir(out: Path, entry: str, spec) -> Path:
     """The folder of a cell (shared by all its trials, so an interrupted trial resumes there)."""
-    from experiments.study import spec_hash
+    from experiments.sweeps.study import spec_hash
 
     return out / "trials" / f"{entry}-{path_name(spec.mixer)}-s{spec.seed}-lr{spec.lr:g}-{spec_hash(spec)}"
 
 
 def stack_dir(out: Path, entry: str, specs: list) -> Path:
-    """The folder of a stack of trials (``experiments.stack``): its resume checkpoint and step log. The
+    """The folder of a stack of trials (``experiments.trial.stack``): its resume checkpoint and step log. The
     same trials stacked again (a re-run after an interruption) resume there."""
     import hashlib
 
-    from experiments.stack import stack_key
+    from experiments.trial.stack import stack_key
 
     spec = specs[0]
     digest = hashlib.sha1(stack_key(spec).encode()).hexdigest()[:10]
@@ -145,19 +145,19 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
     """Run claimed trials and record each one's outcome: ``"ok"``, ``"nan"``, ``"error"`` or ``"lost"``.
 
     One trial runs through ``run_trial`` in its cell's folder; several (one cell's seeds, ``claim_stack``)
-    as one stacked model through ``experiments.stack.run_stack``, each trial's files in its own cell's
+    as one stacked model through ``experiments.trial.stack.run_stack``, each trial's files in its own cell's
     folder and the stack's resume checkpoint in ``stack_dir``; a failure of the stack (NaN loss, an
     error) is the failure of each of its trials. ``device`` (a worker's GPU) replaces the spec's
     ``"auto"``/``"cuda"``; the cell stays the same. Writes ``run.json`` (worker, device, library
     versions) in each cell's folder. ``"lost"``: the trial was finished elsewhere meanwhile (declared
     stale while this worker hung); its cell was re-queued. Ctrl-C records the trials as interrupted and
-    re-raises. ``options``: ``experiments.train.RunOptions`` (step log, step engine).
+    re-raises. ``options``: ``experiments.trial.train.RunOptions`` (step log, step engine).
     """
-    from experiments.lit import NonFiniteLossError
-    from experiments.results import atomic_write_text, versions
-    from experiments.stack import run_stack
-    from experiments.study import worker_identity
-    from experiments.train import CHECKPOINT_DIR, LAST_CHECKPOINT, RunOptions, TrialSpec, run_trial
+    from experiments.sweeps.results import atomic_write_text, versions
+    from experiments.sweeps.study import worker_identity
+    from experiments.trial.lit import NonFiniteLossError
+    from experiments.trial.stack import run_stack
+    from experiments.trial.train import CHECKPOINT_DIR, LAST_CHECKPOINT, RunOptions, TrialSpec, run_trial
 
     options = options or RunOptions()
     specs = [TrialSpec.from_dict(t.user_attrs["spec"]) for t in trials]
@@ -229,9 +229,9 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
 def claim_stack(grid, trial, cells: list[Cell], size: int) -> list:
     """``trial`` plus up to ``size - 1`` more WAITING trials of its cell's other seeds (same entry, task,
     mixer, lr and options), claimed for this worker in seed order."""
-    from experiments.stack import stack_key
-    from experiments.study import cell_id
-    from experiments.train import TrialSpec
+    from experiments.sweeps.study import cell_id
+    from experiments.trial.stack import stack_key
+    from experiments.trial.train import TrialSpec
 
     spec = TrialSpec.from_dict(trial.user_attrs["spec"])
     if spec.train.grad_clip:  # clipping is per trial: a stack would clip the trials' gradients together
@@ -295,8 +295,8 @@ def worker_loop(
     them as one stacked model (``run_cells``). While other workers still run trials, waits
     (``poll_s``) and re-queues the cells of dead workers. ``on_claim(spec_dict)``/``on_trial(spec_dict, outcome)`` are called around each trial.
     """
-    from experiments._heartbeat import Heartbeat
-    from experiments.study import HEARTBEAT_INTERVAL, cell_id, worker_id
+    from experiments.sweeps._heartbeat import Heartbeat
+    from experiments.sweeps.study import HEARTBEAT_INTERVAL, cell_id, worker_id
 
     keys = {cell_id(s) for _, s in cells}
     counts = {"ok": 0, "nan": 0, "error": 0, "lost": 0}
@@ -373,8 +373,8 @@ def _worker_main(
     # interruption: its trial would restart at step 0. So a worker takes only the SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)
-    from experiments.study import GridStudy
-    from experiments.train import RunOptions, TrialSpec, quiet_lightning
+    from experiments.sweeps.study import GridStudy
+    from experiments.trial.train import RunOptions, TrialSpec, quiet_lightning
 
     quiet_lightning()
     cells = [(entry, TrialSpec.from_dict(d)) for entry, d in cell_dicts]
@@ -420,7 +420,7 @@ def start_worker(
     """Spawn one worker process (``multiprocessing`` spawn context) with ``threads`` CPU threads and return it."""
     import dataclasses
 
-    from experiments.train import RunOptions
+    from experiments.trial.train import RunOptions
 
     ctx = mp.get_context("spawn")
     proc = ctx.Process(
@@ -464,7 +464,7 @@ def run_workers(
     the final counts. On Ctrl-C the workers are stopped (their trials are recorded as interrupted)
     and ``KeyboardInterrupt`` is re-raised.
     """
-    from experiments.study import cell_id
+    from experiments.sweeps.study import cell_id
 
     if n_workers < 1:
         raise ValueError(f"--workers must be >= 1, got {n_workers}")

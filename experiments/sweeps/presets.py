@@ -7,7 +7,7 @@ A preset file::
       mixers: [gru, lstm]
       seeds: [0, 1, 2]
       lrs: [5.0e-4]
-      train: {max_steps: 10000, ...}          # experiments.train.TrainConfig fields
+      train: {max_steps: 10000, ...}          # experiments.trial.train.TrainConfig fields
       mixer_options: {flashgru: {clip_norm: 0.9}}
       layers: [1, 2]          # model depth, a grid axis (default 1)
       precision: 32-true      # or bf16-mixed (Lightning's names)
@@ -19,7 +19,7 @@ A ``tasks:`` entry may name its task with ``task:`` (``khop2: {task: khop, task_
 so one preset can sweep a task in several configurations. ``priority: high`` marks a sweep whose trials
 are expected to run longest: with ``--workers N --mps`` a quarter of the workers run at the MPS
 server's normal client priority and take these trials first, the rest at below-normal priority
-(``experiments.workers.priority_classes``). It changes when trials run, never what they compute.
+(``experiments.sweeps.workers.priority_classes``). It changes when trials run, never what they compute.
 Top-level ``paper:`` and ``budget:`` hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``).
 
 ``extends: OTHER`` starts from preset ``OTHER`` and merges this file over it (dictionaries key by key,
@@ -40,9 +40,10 @@ from typing import Any
 
 import yaml
 
-from experiments.train import PRECISIONS, TrainConfig, TrialSpec
+from experiments.trial.train import PRECISIONS, TrainConfig, TrialSpec
 
-PRESET_DIR = Path(__file__).with_name("presets")
+#: the YAML files, in ``experiments/presets/`` (beside the CLIs that name them)
+PRESET_DIR = Path(__file__).parents[1] / "presets"
 
 #: the paper's model per task (paper 000 App. C.2): † tasks use the bare mixer; Keep-nth needs positions
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -97,7 +98,7 @@ class SweepPlan:
     priority: str = "normal"
     #: model depths swept (a grid axis, outside seeds and lrs)
     layers: list[int] = dataclasses.field(default_factory=lambda: [1])
-    #: Lightning precision of every trial (``experiments.train.PRECISIONS``)
+    #: Lightning precision of every trial (``experiments.trial.train.PRECISIONS``)
     precision: str = PRECISIONS[0]
     #: the model's width
     d_model: int = 64

@@ -32,9 +32,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from experiments.lit import LitSequenceModel
-from experiments.model import count_parameters
-from experiments.train import (
+from experiments.trial.lit import LitSequenceModel
+from experiments.trial.model import count_parameters
+from experiments.trial.train import (
     BEST_CHECKPOINT,
     CHECKPOINT_DIR,
     PROGRESS_FILE,
@@ -44,6 +44,7 @@ from experiments.train import (
     _test,
     build_datamodule,
     build_module,
+    engine_hook,
     fit_resuming,
     fit_trainer,
     fitting,
@@ -202,7 +203,7 @@ def run_stack(
     dm = build_datamodule(spec, device, chunk, stack_seeds=seeds)
     dm.setup()
     module = build_module(spec, dm, stack_seeds=seeds)
-    module.compiled_steps = engine == "compiled"
+    module.step_engine = engine_hook(engine)
     history, trials = _History(), StackedTrials(specs, dirs, report)
     trainer = fit_trainer(
         t,

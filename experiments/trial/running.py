@@ -2,7 +2,7 @@
 are doing, read from it: the step, the latest validation accuracy, the rate and the time left.
 
 ``progress.csv`` has the columns ``unix_time_s, step, val_acc, phase``: a sample at least every second
-of training (``phase`` ``train``; ``experiments.train._History``) and one when training ends (``end``);
+of training (``phase`` ``train``; ``experiments.trial.train._History``) and one when training ends (``end``);
 ``val_acc`` is the latest validation accuracy (empty before the first validation).
 """
 

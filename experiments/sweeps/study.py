@@ -55,9 +55,9 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartb
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 
-from experiments.train import TrialSpec
+from experiments.trial.train import TrialSpec
 
-log = logging.getLogger("experiments.study")
+log = logging.getLogger("experiments.sweeps.study")
 
 JOURNAL_FILE = "journal.log"
 #: a torn last record of the journal is moved to ``<journal>.torn-<n>``

@@ -3,23 +3,28 @@
 ``run_plans(plans, out, study_name, ...)`` runs (or resumes) the cells of several sweep plans as one
 Optuna study, so a worker pool spans all of them: it checks every model builds, syncs the grid
 (re-queueing the cells of dead or interrupted workers), runs the cells in this process or in
-``workers`` worker processes (``experiments.workers``), shows progress, and writes each plan's
+``workers`` worker processes (``experiments.sweeps.workers``), shows progress, and writes each plan's
 ``<out>/<entry>/results.csv`` and ``table.md`` (with one plan and ``flat=True``: ``<out>/results.csv``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from experiments.cli import on_terminal
+log = logging.getLogger("experiments.sweeps.runner")
 
-log = logging.getLogger("experiments.runner")
+
+def on_terminal() -> bool:
+    """Is standard error an interactive terminal (where a progress bar makes sense)?"""
+    return os.isatty(sys.stderr.fileno()) if hasattr(sys.stderr, "fileno") else False
 
 
 class _ConsoleStream:
@@ -110,7 +115,7 @@ class Progress:
             )
 
     def running(self, text: str) -> None:
-        """What the running trials are doing (``experiments.running``)."""
+        """What the running trials are doing (``experiments.trial.running``)."""
         if self.bar is not None:
             self.bar.update(self.task, status=text)
         else:
@@ -131,7 +136,7 @@ class RunningMonitor:
         self._thread = threading.Thread(target=self._loop, name="running-trials", daemon=True)
 
     def _loop(self) -> None:
-        from experiments.running import running_trials
+        from experiments.trial.running import running_trials
 
         while not self._stop.wait(self.every):
             trials = running_trials(self.cells, self.since, self.stale_s)
@@ -172,7 +177,7 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
     surface before any training."""
     import torch
 
-    from experiments.train import build_datamodule, build_module, resolve_device
+    from experiments.trial.train import build_datamodule, build_module, resolve_device
 
     seen = set()
     for _, spec in cells:
@@ -235,7 +240,7 @@ def _run(
 ) -> None:
     """Run the cells: in ``workers`` processes, or in this one. ``priority``: the cells of ``priority: high``
     sweeps (worker processes only)."""
-    from experiments.workers import run_workers, worker_loop
+    from experiments.sweeps.workers import run_workers, worker_loop
 
     if workers:
         run_workers(
@@ -280,15 +285,15 @@ def run_plans(
     """Run (resume) every plan's cells; returns ``({entry: results DataFrame}, info)``.
 
     ``retry_failed``: also re-run cells whose trial failed for a final reason (NaN loss, an error).
-    ``options``: ``experiments.train.RunOptions`` (step log, step engine).
+    ``options``: ``experiments.trial.train.RunOptions`` (step log, step engine).
     ``progress_every``: seconds between reports of the running trials' steps, validation accuracy and
     time left (``RunningMonitor``; 0: none). ``run=False`` only collects. Results files go to ``results_dir`` (default ``out``, the folder of the
     study and the cells): ``<results_dir>/<entry>/``, or with ``flat`` (one plan) ``results_dir`` itself.
     ``info``: ``cells``, ``done``, ``counts`` (of this call's sync), ``wall_s``, ``versions``.
     """
-    from experiments.presets import build_specs
-    from experiments.results import collect, versions, warn_newton_fallbacks, write_results
-    from experiments.study import GridStudy, cell_id
+    from experiments.sweeps.presets import build_specs
+    from experiments.sweeps.results import collect, versions, warn_newton_fallbacks, write_results
+    from experiments.sweeps.study import GridStudy, cell_id
 
     cells_by_entry = {p.entry or p.task: [(p.entry or p.task, s) for s in build_specs(p, device)] for p in plans}
     cells = [c for v in cells_by_entry.values() for c in v]
@@ -324,7 +329,7 @@ def run_plans(
             counts["running"],
             f", {counts['stale']} of dead workers re-queued" if counts["stale"] else "",
         )
-        from experiments.workers import cell_dir
+        from experiments.sweeps.workers import cell_dir
 
         watched = [
             (cell_dir(out, entry, spec), f"{spec.mixer} s{spec.seed} lr {spec.lr:g}", spec.train.max_steps)

@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-log = logging.getLogger("experiments.results")
+log = logging.getLogger("experiments.sweeps.results")
 
 #: metrics shown in table.md, in this order, when present
 TABLE_METRICS = ("test/acc", "test/last_acc", "test/exact", "extrap/mean_acc", "extrap/scaled_acc")
@@ -120,7 +120,7 @@ def collect(
 
     ``meta`` (e.g. ``versions()``) fills the version columns of trials that did not record them.
     """
-    from experiments.study import cell_id, cell_state
+    from experiments.sweeps.study import cell_id, cell_state
 
     by_cell = grid.trials_by_cell()
     cells = list(cells)

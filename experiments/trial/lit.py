@@ -9,6 +9,9 @@ each sequence (where a single-label task puts its label), so one run gives both 
 
 The hyperparameters are plain data (``save_hyperparameters``), so a checkpoint rebuilds its model:
 ``LitSequenceModel.load_from_checkpoint(path)``.
+
+Optimizer steps run eagerly. A step engine that runs them otherwise (CUDA-graph replays:
+``experiments.engines.captured.CapturedSteps``) hooks in through ``step_engine`` (a ``StepEngine``).
 """
 
 from __future__ import annotations
@@ -16,32 +19,22 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassExactMatch
 
-from experiments.model import ModelConfig, SequenceModel
+from experiments.trial.model import ModelConfig, SequenceModel
 from mixers.stacking import stack_trials
 from tasks import IGNORE_INDEX
 
-#: graph engine: the largest share of the captured steps between two validations that may skip their
-#: update (a Newton solve failed its check) before the trial continues with eager steps
-MAX_SKIPPED_SHARE = 0.05
 #: on a GPU, schedules up to this many steps are a device table of learning rates (float32: 64 MiB at
 #: most), looked up in one kernel per step; longer ones compute each step's lr from the step counter
 LR_TABLE_MAX_STEPS = 2**24
-
-
-def _keep_input_sample(module: nn.Module, args: tuple) -> None:
-    """Forward pre-hook: keep a few sequences of the module's input of an evaluation forward (``input_sample``)."""
-    if not module.training:
-        module.input_sample = args[0][:4].detach()
 
 
 class NonFiniteLossError(RuntimeError):
@@ -112,6 +105,29 @@ def cosine_with_warmup_tensor(
     return torch.where(t < warmup_steps, (t + 1) / warmup_steps, decay)
 
 
+class StepEngine(Protocol):
+    """How a step engine other than eager steps hooks into ``LitSequenceModel`` (``step_engine``; the
+    graph engines' ``experiments.engines.captured.CapturedSteps``). The module calls each method where
+    its name says and reads ``loss`` and ``eager_from_step``."""
+
+    #: the training loss ``(tokens, targets) -> loss`` when the engine computes it, else None (the module's)
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+    #: the step from which the trial ran eagerly after all (None: never); the results row reports it
+    eager_from_step: int | None
+
+    def batch(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """``(tokens, targets, options)``: the batch the step's closure reads, and ``optimizer.step``'s options."""
+        ...
+
+    def record(self, module: LitSequenceModel, optimizer: torch.optim.Optimizer) -> None:
+        """Inside the step, after backward: the engine's bookkeeping, on the device only (capturable)."""
+        ...
+
+    def on_train_start(self, module: LitSequenceModel) -> None: ...
+
+    def on_validation_end(self, module: LitSequenceModel) -> None: ...
+
+
 class LitSequenceModel(L.LightningModule):
     """Trains a ``SequenceModel``.
 
@@ -125,7 +141,7 @@ class LitSequenceModel(L.LightningModule):
             two): each trial's model is built after ``torch.manual_seed(seed)``, as its own trial builds
             it; batches are ``(S, B, L)`` (row ``s``: trial ``s``'s); the loss is the sum of the trials'
             own mean losses, so each trial's gradients are its own; validation metrics are logged per
-            trial as ``s<seed>/val/acc`` etc. (``experiments.stack`` trains them; ``train/loss`` is the
+            trial as ``s<seed>/val/acc`` etc. (``experiments.trial.stack`` trains them; ``train/loss`` is the
             trials' mean). ``None``: one trial.
     """
 
@@ -193,19 +209,11 @@ class LitSequenceModel(L.LightningModule):
         #: propagates NaN), so one kernel per step watches for a non-finite loss
         self.register_buffer("_max_loss", torch.zeros(()), persistent=False)
         self.register_buffer("_step_counter", torch.zeros(1, dtype=torch.long), persistent=False)
-        #: the fused AdamW's ``found_inf``: 1.0 when a Newton solve of this step failed its check
-        self.register_buffer("_skip_update", torch.zeros(()), persistent=False)
         #: on a GPU the optimizer's lr is a view of this buffer, written inside the (captured) step
         self.register_buffer("_lr_now", torch.zeros(1), persistent=False)
         self._lr_table: torch.Tensor | None = None
-        self._static: tuple[torch.Tensor, torch.Tensor] | None = None
-        #: graph engine: the Newton mixers' device counters at the last validation, and the step from which
-        #: the trial ran eagerly because captured steps skipped their updates (``None``: never)
-        self._graph_counts_seen: dict[int, list[int]] = {}
-        self.eager_from_step: int | None = None
-        #: the ``compiled`` engine: captured steps run the ``torch.compile``d model and loss (set before ``fit``)
-        self.compiled_steps = False
-        self._compiled_loss: Any = None
+        #: the step engine's hook (set before ``fit``; ``experiments.trial.train.engine_hook``); None: eager steps
+        self.step_engine: StepEngine | None = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -223,37 +231,24 @@ class LitSequenceModel(L.LightningModule):
         return (losses.view(S, -1).sum(1) / scored).sum()
 
     # --- training: one Lightning step runs a chunk of optimizer steps ------------------------------------
-    @property
-    def graphed(self) -> bool:
-        """Do the optimizer steps replay a CUDA graph (``experiments.cuda_graph.CUDAGraphPrecision``)?"""
-        from experiments.cuda_graph import CUDAGraphPrecision
-
-        return self._trainer is not None and isinstance(self.trainer.precision_plugin, CUDAGraphPrecision)
-
     def training_step(self, chunk, batch_idx: int) -> None:
         """Runs one optimizer step per batch ``(tokens (B, L), targets (B, L))`` of ``chunk`` (a
         ``tasks.datamodule.Chunk``: the batches of the training stream from this step on, so the batch
         of optimizer step ``t`` is the stream's batch ``t``, also after a resume).
 
-        Each batch is copied into static buffers that the step closure reads, so the step can be a
-        CUDA-graph replay; a batch of another shape (an epoch's smaller last batch) runs eagerly on
-        its own tensors. The training loss is logged every ``log_every_n_steps`` Lightning steps (``self.log``
-        costs about a millisecond of host time: too much for every step of a small model).
+        A step engine (``step_engine``) gives the batch the closure reads and the step's options (a CUDA
+        graph's static buffers). The training loss is logged every ``log_every_n_steps`` Lightning steps
+        (``self.log`` costs about a millisecond of host time: too much for every step of a small model).
         """
         opt = self.optimizers()
         for tokens, targets in chunk.batches(self.global_step, batch_idx):
-            static = self._static is not None and self._static[0].shape == tokens.shape
-            if self._static is None and self.graphed:
-                self._static = (torch.empty_like(tokens), torch.empty_like(targets))
-                static = True
-            if static:
-                self._static[0].copy_(tokens)
-                self._static[1].copy_(targets)
-                tokens, targets = self._static
+            options: dict[str, Any] = {}
+            if self.step_engine is not None:
+                tokens, targets, options = self.step_engine.batch(tokens, targets)
             closure = lambda t=tokens, y=targets: self.training_closure(  # noqa: E731
                 opt.optimizer, t, y, self.manual_backward
             )
-            opt.step(closure=closure, **({"graph": static} if self.graphed else {}))
+            opt.step(closure=closure, **options)
         if not self._max_loss.is_cuda:  # free on the CPU; on a GPU checked at validations (no sync per step)
             self._raise_if_nonfinite()
         if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:
@@ -280,28 +275,24 @@ class LitSequenceModel(L.LightningModule):
         return loss
 
     def train_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The training loss of one batch: the ``compiled`` engine's compiled model and loss (one
-        Inductor graph), else the model and ``_loss``."""
-        if self._compiled_loss is not None:
-            return self._compiled_loss(tokens, targets)
+        """The training loss of one batch: the step engine's when it has one (the ``compiled`` engine's
+        compiled model and loss, one Inductor graph), else the model and ``_loss``."""
+        engine_loss = self.step_engine.loss if self.step_engine is not None else None
+        if engine_loss is not None:
+            return engine_loss(tokens, targets)
         return self._loss(self.model(tokens), targets)
 
     @torch.no_grad()
     def record_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         """What a training step keeps besides its update, on the device only (capturable): the loss (the
-        last, and the largest, which is NaN or inf once any was), the update's skip flag and the next
-        step's learning rate. About 5 kernels on a GPU, a share of a small model's step worth keeping low.
-
-        A Newton mixer whose result did not pass its residual check inside a CUDA graph (``step_ok``)
-        makes the fused AdamW skip this step's update (``found_inf``), as a gradient scaler does.
-        """
+        last, and the largest, which is NaN or inf once any was), the step engine's bookkeeping
+        (``StepEngine.record``: the graph engines' skip flag of the update) and the next step's learning
+        rate. About 5 kernels on a GPU, a share of a small model's step worth keeping low."""
         loss = loss.detach()
         torch.maximum(self._max_loss, loss, out=self._max_loss)
         self._last_loss.copy_(loss)
-        flags = [m.step_ok for m in self._newton_mixers if m.step_ok is not None]
-        if flags:
-            torch.eq(flags[0] if len(flags) == 1 else torch.stack(flags).all(), False, out=self._skip_update)
-        optimizer.found_inf = self._skip_update if flags else None
+        if self.step_engine is not None:
+            self.step_engine.record(self, optimizer)
         self._set_learning_rate(optimizer)
 
     def _set_learning_rate(self, optimizer: torch.optim.Optimizer) -> None:
@@ -343,21 +334,11 @@ class LitSequenceModel(L.LightningModule):
     def _warmup_steps(self) -> int:
         return warmup_steps(self.warmup_ratio, self.max_steps)
 
-    @property
-    def _newton_mixers(self) -> list[nn.Module]:
-        return [m for m in self.model.modules() if hasattr(m, "step_ok")]
-
     def on_train_start(self) -> None:
         self._step_counter.fill_(self.global_step)  # where the schedule stands (after a resume)
         self.bind_learning_rate(self.optimizers().optimizer)
-        if self.graphed and self.compiled_steps and self._compiled_loss is None:
-            from experiments.cuda_graph import compiled_loss
-
-            self._compiled_loss = compiled_loss(self.model, self._loss)
-        if self.graphed:  # captured forwards skip the mixers' run-time Jacobian check: run it after validations
-            for m in self._newton_mixers:
-                if getattr(m, "jacobian_check_every", 0):
-                    m.register_forward_pre_hook(_keep_input_sample)
+        if self.step_engine is not None:
+            self.step_engine.on_train_start(self)
 
     def _raise_if_nonfinite(self) -> None:
         if not bool(torch.isfinite(self._max_loss)):
@@ -374,42 +355,8 @@ class LitSequenceModel(L.LightningModule):
         self._raise_if_nonfinite()
 
     def on_validation_end(self) -> None:
-        """Graph engine: the skipped-update check (``_stop_graphs_if_skipping``), then the run-time Jacobian
-        check of Newton mixers on a validation sample; a mixer that switches its structure makes the
-        captured step stale (captured again at the next step)."""
-        if not self.graphed or self.trainer.sanity_checking or self.trainer.state.fn != "fit":
-            return
-        self._stop_graphs_if_skipping()
-        for m in self._newton_mixers:
-            sample = getattr(m, "input_sample", None)
-            if getattr(m, "jacobian_check_every", 0) and sample is not None and m.check_jacobian(sample, adapt=True):
-                self.trainer.precision_plugin.reset()
-
-    def _stop_graphs_if_skipping(self) -> None:
-        """A captured step whose Newton solve fails its check skips its update (``training_closure``). When
-        more than ``MAX_SKIPPED_SHARE`` of the steps since the last validation did, the trial goes on with
-        eager steps, where a failed solve is re-solved or falls back to the sequential loop, so every step
-        updates (``eager_from_step`` records where; one read of the device counters per validation)."""
-        if self.trainer.precision_plugin.stopped:
-            return
-        for m in self._newton_mixers:
-            counts = m.graph_counts.tolist()
-            seen = self._graph_counts_seen.get(id(m), [0, 0, 0])
-            forwards, skipped = counts[0] - seen[0], counts[2] - seen[2]
-            self._graph_counts_seen[id(m)] = counts
-            if forwards and skipped > MAX_SKIPPED_SHARE * forwards:
-                self.trainer.precision_plugin.stop_graphs()
-                self.eager_from_step = self.global_step
-                if self._compiled_loss is not None:  # eager steps: the plain model, with the sequential fallback
-                    from experiments.cuda_graph import set_graph_policy
-
-                    self._compiled_loss = None
-                    set_graph_policy(self.model, False)
-                rank_zero_info(
-                    f"step {self.global_step}: {skipped} of {forwards} captured steps since the last validation "
-                    "skipped their update (Newton solve failed its check): continuing with eager steps"
-                )
-                return
+        if self.step_engine is not None:
+            self.step_engine.on_validation_end(self)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         tokens, targets = batch

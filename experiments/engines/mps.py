@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-log = logging.getLogger("experiments.mps")
+log = logging.getLogger("experiments.engines.mps")
 
 CONTROL = "nvidia-cuda-mps-control"
 ENV_KEYS = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
@@ -40,7 +40,7 @@ def add_mps_argument(parser) -> None:
         "--mps",
         action="store_true",
         help="with --workers on a GPU: run the workers under a private CUDA MPS daemon so their "
-        "kernels share the GPU concurrently (experiments.mps)",
+        "kernels share the GPU concurrently (experiments.engines.mps)",
     )
 
 

@@ -76,7 +76,7 @@ class CUDAGraphPrecision(Precision):
         self.graph, self._warm = None, 0
 
     def stop_graphs(self) -> None:
-        """Drop the graph and run every later step eagerly (``experiments.lit``: when captured steps keep
+        """Drop the graph and run every later step eagerly (``experiments.engines.captured``: when captured steps keep
         skipping their updates because a Newton solve fails its check)."""
         self.reset()
         self.stopped = True

@@ -1,4 +1,4 @@
-"""A worker's heartbeat: a daemon thread that proves the worker is alive (see ``experiments.study``).
+"""A worker's heartbeat: a daemon thread that proves the worker is alive (see ``experiments.sweeps.study``).
 
 With a journal storage it touches ``<heartbeat dir>/<worker id>`` every ``interval`` seconds; with
 an RDB storage it records Optuna's heartbeat of the trial the worker is running (``set_trial``).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from experiments.study import GridStudy
+from experiments.sweeps.study import GridStudy
 
 
 class Heartbeat:

@@ -31,10 +31,11 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
-from experiments.cuda_graph import CUDAGraphPrecision
-from experiments.lit import LitSequenceModel
-from experiments.model import ModelConfig, count_parameters
-from experiments.running import PROGRESS_FILE, append_sample
+from experiments.engines.captured import CapturedSteps
+from experiments.engines.cuda_graph import CUDAGraphPrecision
+from experiments.trial.lit import LitSequenceModel
+from experiments.trial.model import ModelConfig, count_parameters
+from experiments.trial.running import PROGRESS_FILE, append_sample
 from tasks import ExtrapolationConfig, SyntheticDataModule, get_task
 
 
@@ -113,7 +114,7 @@ class TrialSpec:
     extrapolation: dict[str, Any] | None = None
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     device: str = "auto"
-    #: sequence blocks of the model (``experiments.model.ModelConfig.layers``)
+    #: sequence blocks of the model (``experiments.trial.model.ModelConfig.layers``)
     layers: int = 1
     #: Lightning's precision: ``32-true`` (float32) or ``bf16-mixed`` (float32 weights, optimizer and
     #: loss; the forward under ``torch.autocast(bfloat16)``)
@@ -175,7 +176,7 @@ class _History(Callback):
     synchronization, so a step counts once the GPU has run it), the last at the end of training.
     Several trials' samples give the steps they ran in one shared time window
     (``benchmarks.training.throughput.concurrent_rate``). Each sample is appended to ``progress_files`` as it is
-    taken (``unix_time_s,step,val_acc,phase``: ``experiments.running``), so a running trial's progress
+    taken (``unix_time_s,step,val_acc,phase``: ``experiments.trial.running``), so a running trial's progress
     can be read while it trains."""
 
     def __init__(self) -> None:
@@ -324,7 +325,7 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
 #: loggers ``run_trial`` can write the step log with (``tensorboard`` needs the ``tensorboard`` extra)
 LOGGERS = ("csv", "tensorboard", "none")
 #: how optimizer steps run: ``eager`` (launched op by op), ``graph`` (replays of a CUDA graph,
-#: ``experiments.cuda_graph``), ``auto`` (``graph`` on CUDA, ``eager`` on the CPU)
+#: ``experiments.engines.cuda_graph``), ``auto`` (``graph`` on CUDA, ``eager`` on the CPU)
 ENGINES = ("auto", "eager", "graph", "compiled")
 #: engines whose optimizer steps replay a CUDA graph (``compiled``: of the ``torch.compile``d model)
 GRAPH_ENGINES = ("graph", "compiled")
@@ -336,7 +337,7 @@ MAX_CHUNK = 50
 class RunOptions:
     """How trials run, not what they compute (not part of a cell): the step log, the step engine, and
     how many trials of a cell's seeds a worker trains together as one stacked model (``stack``;
-    ``experiments.stack``: each trial's results as when it runs alone, within float rounding)."""
+    ``experiments.trial.stack``: each trial's results as when it runs alone, within float rounding)."""
 
     logger: str = "csv"
     engine: str = "auto"
@@ -545,7 +546,7 @@ def _run_trial(
     engine, engine_note = capturable_engine(engine, module.model)
     if engine_note:
         dm.train_chunk = chunk = 1
-    module.compiled_steps = engine == "compiled"
+    module.step_engine = engine_hook(engine)
     history = _History()
     checkpoints = TrialCheckpoint(  # the best weights only: kB
         dirpath=out / CHECKPOINT_DIR,
@@ -622,6 +623,13 @@ def capturable_engine(engine: str, model: torch.nn.Module) -> tuple[str, str]:
             why = getattr(module, "graph_note", "") or f"{type(module).__name__} cannot be captured in a CUDA graph"
             return "eager", f"engine {engine} -> eager: {why}"
     return engine, ""
+
+
+def engine_hook(engine: str) -> CapturedSteps | None:
+    """The hook of ``engine`` into the module (``LitSequenceModel.step_engine``): a graph engine's captured
+    steps (``experiments.engines.captured``; ``fit_trainer`` gives its Trainer the ``CUDAGraphPrecision``
+    plugin), ``None`` for eager steps."""
+    return CapturedSteps(compiled=engine == "compiled") if engine in GRAPH_ENGINES else None
 
 
 def fit_trainer(
@@ -742,8 +750,9 @@ def result_row(
         **{f"final/{k}": v for k, v in final.items()},
         **newton_summary(module.model),
     }
-    if module.eager_from_step is not None:  # graph engine: captured steps kept skipping their update
-        result["newton/eager_from_step"] = module.eager_from_step
+    hook = module.step_engine
+    if hook is not None and hook.eager_from_step is not None:  # graph engine: captured steps kept skipping
+        result["newton/eager_from_step"] = hook.eager_from_step
     if extrap_accs:
         result["extrap/mean_acc"] = sum(extrap_accs) / len(extrap_accs)
     if scaled is not None:
