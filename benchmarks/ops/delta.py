@@ -34,6 +34,7 @@ from benchmarks.ops.common import (
     finish,
     fwd_bwd,
     grads,
+    lift_fla_gated_guard,
     max_rel_error,
     no_grad,
     run,
@@ -54,17 +55,12 @@ def inputs(batch: int, L: int, H: int, D: int, device: str, seed: int = 0) -> li
 
 @contextlib.contextmanager
 def _fla_triton_unguarded():
-    """fla's Triton ``chunk_bwd_dqkwg`` runs even where fla refuses it: the guard lifted, ours declined."""
-    import fla.ops.common.chunk_o as chunk_o
-
-    from kernels.delta import fla_gated_bwd
-
-    saved = chunk_o.TRITON_ABOVE_3_7_1, fla_gated_bwd.triton_refuses
-    chunk_o.TRITON_ABOVE_3_7_1, fla_gated_bwd.triton_refuses = True, lambda g: False
+    """fla's Triton ``chunk_bwd_dqkwg`` runs even where fla refuses it (``lift_fla_gated_guard``)."""
+    restore = lift_fla_gated_guard()
     try:
         yield
     finally:
-        chunk_o.TRITON_ABOVE_3_7_1, fla_gated_bwd.triton_refuses = saved
+        restore()
 
 
 def implementations() -> dict:
@@ -74,7 +70,7 @@ def implementations() -> dict:
     if kd.fla_available():
         from kernels.delta import fla_gated_bwd
 
-        refused = fla_gated_bwd.triton_refuses(torch.zeros(1))
+        refused = fla_gated_bwd.triton_refuses()
         note = "backward: ours chunk_bwd_dqkwg (fla refuses its own here)" if refused else "fla's Triton backward"
         impls["fla"] = (op("fla"), contextlib.nullcontext, note)
         if refused:

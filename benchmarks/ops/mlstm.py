@@ -49,6 +49,7 @@ from benchmarks.ops.common import (
     cli_common,
     copy_bandwidth_gbs,
     environment,
+    lift_fla_gated_guard,
     matmul_tflops,
     rel_error,
     table,
@@ -151,14 +152,6 @@ def _reference(gate, x, dh):
 
     x64 = [t.double() for t in x]
     return _grads(lambda *a: mlstm_chunkwise(*a, input_gate=gate, chunk_size=256), x64, dh.double())  # "torch"
-
-
-def _fla_unguard():
-    """fla-core 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its issue #640: wrong
-    results). Lift the guard so the run can time it; the check then shows how wrong it is."""
-    import fla.ops.common.chunk_o as chunk_o
-
-    chunk_o.TRITON_ABOVE_3_7_1 = True
 
 
 def _check(name, fn, gate, x, dh, ref) -> list[float]:
@@ -337,7 +330,7 @@ def _bench_shape(
                 except Exception as e:  # noqa: BLE001 - a peer failing is recorded, the run goes on
                     msg = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
                     if attempt == 0 and "#640" in msg:
-                        _fla_unguard()
+                        lift_fla_gated_guard()  # for the rest of the run
                         note = "fla Hopper/Triton<3.7.1 guard (#640) lifted; "
                         continue
                     log.warning("%s %s %s failed: %s", sh, dtype_name, name, msg)

@@ -115,11 +115,12 @@ def chunk_bwd_dqkwg(
     return dq.to(q.dtype), dk.to(q.dtype), dw, unchunk(dg)
 
 
-def triton_refuses(g: torch.Tensor | None) -> bool:
-    """Whether fla's Triton ``chunk_bwd_dqkwg`` refuses this call (fla's own condition, issue #640)."""
+def triton_refuses() -> bool:
+    """Whether fla's Triton ``chunk_bwd_dqkwg`` refuses its gated calls on this machine (fla's own
+    condition, issue #640)."""
     from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
 
-    return g is not None and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1
+    return IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1
 
 
 @functools.cache
@@ -137,7 +138,7 @@ def register() -> None:
         priority = 10  # after fla's own backends
 
         def chunk_bwd_dqkwg_verifier(self, q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=None, **kw):
-            if not triton_refuses(g):
+            if g is None or not triton_refuses():
                 return False, "fla's Triton kernel handles this call"
             if kw.get("cu_seqlens") is not None:
                 return False, "variable-length sequences are not supported"

@@ -295,7 +295,7 @@ def test_gpu_fla_gated_backward_runs_our_pytorch_function_exactly_where_fla_refu
     q, k, v, beta, g = _inputs(1, 70, 2, 16, 16, gated=True)
     args = [t.float().cuda().requires_grad_() for t in (q, k, v, g, beta)]
     kd.gated_delta_rule(*args, backend="fla").sum().backward()
-    assert bool(calls) == fla_gated_bwd.triton_refuses(args[3])
+    assert bool(calls) == fla_gated_bwd.triton_refuses()
     assert all(torch.isfinite(a.grad).all() for a in args)
     assert kd.resolve_backend("gated_delta_rule", "auto", args[0]) == "fla"
 
