@@ -476,14 +476,22 @@ class GridStudy:
                 return False
         return True
 
-    def claim(self, cells: set[str]) -> Trial | None:
+    def claim(self, cells: Iterable[str]) -> Trial | None:
         """Atomically move one WAITING trial of ``cells`` to RUNNING for this process; ``None`` if none.
 
-        Returns a live ``optuna.trial.Trial`` (report intermediate values on it). The claimed trial is
-        the only one of its cell that will run (duplicates are cancelled).
+        Claims in the order of ``cells`` (the grid's: hardest first), then by trial number, so a cell
+        re-queued after an interruption or a death keeps its place in the grid and resumes from its
+        checkpoint before cells that never started. Returns a live ``optuna.trial.Trial`` (report
+        intermediate values on it). The claimed trial is the only one of its cell that will run
+        (duplicates are cancelled).
         """
-        for t in self.trials(states=(TrialState.WAITING,)):
-            if t.user_attrs.get("cell") not in cells or not self._claim(t.number):
+        rank = {cell: i for i, cell in enumerate(dict.fromkeys(cells))}
+        waiting = sorted(
+            (t for t in self.trials(states=(TrialState.WAITING,)) if t.user_attrs.get("cell") in rank),
+            key=lambda t: (rank[t.user_attrs["cell"]], t.number),
+        )
+        for t in waiting:
+            if not self._claim(t.number):
                 continue
             trial_id = self.trial_id(t)
             self.storage.set_trial_system_attr(trial_id, "worker", worker_identity())

@@ -298,11 +298,12 @@ def worker_loop(
     from experiments.sweeps._heartbeat import Heartbeat
     from experiments.sweeps.study import HEARTBEAT_INTERVAL, cell_id, worker_id
 
-    keys = {cell_id(s) for _, s in cells}
+    keys = list(dict.fromkeys(cell_id(s) for _, s in cells))  # the grid's order: claimed in it
+    first = [key for key in keys if key in prefer] if prefer else []
     counts = {"ok": 0, "nan": 0, "error": 0, "lost": 0}
     with Heartbeat(grid, worker_id(), interval=min(HEARTBEAT_INTERVAL, grid.stale_timeout / 4)) as hb:
         while True:
-            trial = (grid.claim(prefer & keys) if prefer else None) or grid.claim(keys)
+            trial = (grid.claim(first) if first else None) or grid.claim(keys)
             if trial is not None:
                 stack = (
                     claim_stack(grid, trial, cells, options.stack)

@@ -207,6 +207,26 @@ def test_claim_gives_way_to_a_lower_numbered_running_duplicate(tmp_path):
     assert grid.trials()[1].user_attrs["failure"] == "duplicate"
 
 
+def test_a_requeued_cell_keeps_its_place_in_the_grid(tmp_path):
+    """A cell interrupted and re-queued (a new WAITING trial, numbered after every other) is claimed before
+    the cells after it in the grid, so its checkpoint resumes first; the rest follow in grid order."""
+    specs = build_specs(tiny_plan(["gru", "lstm", "elman"], seeds=(0, 1)))
+    keys = [cell_id(s) for s in specs]
+    grid = open_grid(tmp_path)
+    grid.sync(cells_of(specs))
+    first = grid.claim(keys)
+    assert first.user_attrs["cell"] == keys[0]
+    grid.finish(first, None, failure="interrupted", error="stopped by Ctrl-C")
+    assert grid.sync(cells_of(specs))["queued"] == 1  # re-queued behind the five never-started cells
+    assert max(t.number for t in grid.trials()) > max(
+        t.number for t in grid.trials() if t.user_attrs["cell"] != keys[0]
+    )
+    assert grid.claim(keys).user_attrs["cell"] == keys[0]
+    claimed = [grid.claim(keys[::-1]).user_attrs["cell"] for _ in keys[1:]]
+    assert claimed == keys[:0:-1]  # the order given, not the trial numbers
+    assert grid.claim(keys) is None
+
+
 def test_stale_by_heartbeat_across_hosts(tmp_path):
     specs = build_specs(tiny_plan(["gru"]))
     grid = open_grid(tmp_path, stale_timeout=30)
