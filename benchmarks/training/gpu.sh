@@ -4,7 +4,7 @@
 #   usage (GPU machine, repository root, optuna importable):  bash benchmarks/training/gpu.sh OUT_DIR STEP...
 #   steps:
 #     graph-tests           tests/experiments/test_cuda_graph.py (graph vs eager, the Newton policy, resume) and
-#                           test_step_profile.py
+#                           tests/benchmarks/test_step_profile.py (with --benchmarks)
 #     kernels               python -m benchmarks.training.throughput kernels --compile --top 8 (kernels and GPU time of a
 #                           captured step, and its 8 heaviest kernels)
 #     steps                 python -m benchmarks.training.throughput steps (single trials, eager and graph)
@@ -16,14 +16,17 @@
 #     shares                python -m benchmarks.training.saturation shares (each mixer's step alone on 16 streams, then the mix)
 #                           (GPU 0's power and clocks in OUT/shares-dmon.txt)
 #     counters              python -m benchmarks.training.saturation counters (each mixer's step under ncu; raw CSVs in OUT/counters)
-#     start:NAME | wait:NAME  a reproduction in its own process session (setsid) in RUN_ROOT/reproduce (one study
-#                           for every reproduction, as experiments.reproduce's default), so it runs on
-#                           while the machine stays warm; `wait` waits up to WAIT_S s, then writes the table
-#                           from what finished and packs the run into OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run:
-#                           the journal, and the checkpoints of unfinished trials). A later `start` resumes the
-#                           study; on a fresh machine, with RESTORE_RUN=that archive (carried) it unpacks it first.
+#     start:NAME            start (or resume) a reproduction in its own process session (setsid) in RUN_ROOT/reproduce
+#                           (one study for every reproduction, as experiments.reproduce's default) and go on at once;
+#                           on a fresh machine, with RESTORE_RUN=an archive of a `wait`/`stop` (carried), it unpacks it first
+#     wait:NAME             wait up to WAIT_S s for the reproduction, then write the table from what finished
+#                           (OUT_DIR/NAME.md) and pack the run into OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run:
+#                           the journal, and the checkpoints of unfinished trials; over 15 MiB it comes as
+#                           NAME-run.tgz.part00, .part01, ...: the device tool returns files of at most 16 MiB)
 #     stop:NAME             as `wait`, but interrupts the reproduction (Ctrl-C to its process group: running trials
 #                           write interrupted.ckpt) once WAIT_S s are up, so the archive resumes on another machine.
+#   One device call of a long reproduction: `start:NAME stop:NAME` with WAIT_S about 150 s below the call's limit
+#   (the interrupt, table and archive take up to 2 minutes); the next call sets RESTORE_RUN to its archive.
 # Environment: KERNELS_ARGS / STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
 # folder), REPRODUCE_OUT (the reproductions' --out, default RUN_ROOT/reproduce), REPRODUCE_ARGS (default
 # "--workers 16 --mps"), WAIT_S (default 540), RESTORE_RUN (a NAME-run.tgz to resume from on a fresh machine),
@@ -48,8 +51,8 @@ for step in "$@"; do
   t0=$SECONDS
   case $step in
     graph-tests)
-      timeout -k 10 400 python3 -m pytest -q -p no:cacheprovider tests/experiments/test_cuda_graph.py \
-        tests/experiments/test_step_profile.py > "$out/graph-tests.log" 2>&1
+      timeout -k 10 400 python3 -m pytest -q -p no:cacheprovider --benchmarks tests/experiments/test_cuda_graph.py \
+        tests/benchmarks/test_step_profile.py > "$out/graph-tests.log" 2>&1
       echo "=== graph-tests rc=$? in $((SECONDS - t0)) s"; tail -n 15 "$out/graph-tests.log" ;;
     kernels)
       # shellcheck disable=SC2086
@@ -92,7 +95,9 @@ for step in "$@"; do
       mkdir -p "$dir"
       if [[ $step == start:* ]]; then
         if [ -n "${RESTORE_RUN:-}" ] && [ ! -e "$dir/journal.log" ]; then
-          tar -xzf "$RESTORE_RUN" -C "$dir" && echo "=== restored $RESTORE_RUN into $dir"
+          # the archive, or its parts NAME-run.tgz.part00, .part01, ...
+          if [ -f "$RESTORE_RUN" ]; then tar -xzf "$RESTORE_RUN" -C "$dir"; else cat "$RESTORE_RUN".part* | tar -xz -C "$dir"; fi \
+            && echo "=== restored $RESTORE_RUN into $dir"
         fi
         # run from a copy: the next device call replaces this checkout under a running job
         code=/tmp/code-$name; rm -rf "$code"; mkdir -p "$code"
@@ -105,6 +110,7 @@ for step in "$@"; do
           --no-progress ${REPRODUCE_ARGS:---workers 16 --mps} >> "$dir/$name.log" 2>&1 &)
         sleep 1; pgrep -f -n "experiments.reproduce $name" > "$dir/$name.pid"
         echo "=== started $name (pid $(cat "$dir/$name.pid")) at $(date -u +%FT%TZ)"
+        continue
       fi
       pid=$(cat "$dir/$name.pid")
       deadline=$((SECONDS + ${WAIT_S:-540}))
@@ -119,7 +125,8 @@ for step in "$@"; do
       echo "=== $name: $state at $(date -u +%FT%TZ)"; tail -n 5 "$dir/$name.log"
       python3 -m experiments.reproduce "$name" --out "$dir" --table-only --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
         || tail -n 5 "$out/$name-table.log"
-      python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name"
+      rm -f "$out/$name-run.tgz" "$out/$name-run.tgz".part*
+      python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name" --part-mb 15
       cat "$out/$name.md" 2> /dev/null | sed -n '/^| model/,/^$/p' ;;
     *) echo "unknown step $step" ;;
   esac

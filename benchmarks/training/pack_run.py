@@ -9,6 +9,9 @@ at its end). A finished trial's results live in the journal, so its checkpoints 
 of a 72-trial table in progress is a few MB. Unpack it on the other machine at the same path (Lightning's
 checkpoint callback keeps the absolute path of the best checkpoint): ``tar -xzf ARCHIVE -C RUN_DIR``, then
 re-run the same ``experiments.reproduce`` command (``benchmarks/training/gpu.sh``: ``RESTORE_RUN``).
+
+``--part-mb N`` (default 15): an archive larger than N MiB is split into ``ARCHIVE.part00``, ``.part01``, ...
+(the device tool returns files of at most 16 MiB); ``cat ARCHIVE.part* | tar -xz -C RUN_DIR`` unpacks them.
 """
 
 from __future__ import annotations
@@ -63,16 +66,34 @@ def pack(run_dir: Path, archive: Path, names: list[str]) -> dict[str, int]:
     return {"trials": len(trials), "resumable": resumable, "bytes": archive.stat().st_size}
 
 
+def split_archive(archive: Path, part_bytes: int) -> list[Path]:
+    """Split ``archive`` into ``ARCHIVE.partNN`` files of at most ``part_bytes`` each (their concatenation is the
+    archive) and delete it; an archive of at most ``part_bytes`` stays whole. Returns the files written."""
+    archive = Path(archive)
+    if archive.stat().st_size <= part_bytes:
+        return [archive]
+    parts = []
+    with archive.open("rb") as src:
+        while chunk := src.read(part_bytes):
+            parts.append(archive.with_name(f"{archive.name}.part{len(parts):02d}"))
+            parts[-1].write_bytes(chunk)
+    archive.unlink()
+    return parts
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.training.pack_run", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("archive", type=Path)
     p.add_argument("names", nargs="*", help="reproductions whose tables and logs go along (e.g. pararnn-table6-full)")
+    p.add_argument("--part-mb", type=float, default=15.0, help="split a larger archive into parts of this many MiB")
     args = p.parse_args(argv)
     counts = pack(args.run_dir, args.archive, args.names)
+    parts = split_archive(args.archive, int(args.part_mb * 2**20))
     print(
         f"packed {args.archive}: {counts['trials']} trials, {counts['resumable']} with checkpoints to resume, "
         f"{counts['bytes'] / 1e6:.1f} MB"
+        + (f" in {len(parts)} parts ({args.archive.name}.part*)" if len(parts) > 1 else "")
     )
 
 

@@ -337,6 +337,21 @@ def test_cli_device_without_cuda_is_one_line_with_workers_too(tmp_path):
         )
 
 
+def test_a_large_archive_is_split_into_parts_that_concatenate_to_it(tmp_path):
+    from benchmarks.training.pack_run import split_archive
+
+    data = os.urandom(10_007)
+    archive = tmp_path / "run.tgz"
+    archive.write_bytes(data)
+    parts = split_archive(archive, 3_000)
+    assert [p.name for p in parts] == [f"run.tgz.part0{i}" for i in range(4)] and not archive.exists()
+    assert [p.stat().st_size for p in parts] == [3_000, 3_000, 3_000, 1_007]
+    assert b"".join(p.read_bytes() for p in sorted(tmp_path.glob("run.tgz.part*"))) == data
+    small = tmp_path / "small.tgz"
+    small.write_bytes(data[:3_000])
+    assert split_archive(small, 3_000) == [small] and small.read_bytes() == data[:3_000]
+
+
 @pytest.mark.parametrize("moved", [False, True])
 @pytest.mark.slow
 def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path, moved):
