@@ -20,7 +20,8 @@
 #                           (one study for every reproduction, as experiments.reproduce's default) and go on at once;
 #                           on a fresh machine, with RESTORE_RUN=an archive of a `wait`/`stop` (carried), it unpacks it first
 #     wait:NAME             wait up to WAIT_S s for the reproduction, then write the table from what finished
-#                           (OUT_DIR/NAME.md) and pack the run into OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run:
+#                           (OUT_DIR/NAME.md; of the cells that REPRODUCE_ARGS' --quick, --only, --seeds, --max-steps
+#                           and --device select) and pack the run into OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run:
 #                           the journal, and the checkpoints of unfinished trials; over 15 MiB it comes as
 #                           NAME-run.tgz.part00, .part01, ...: the device tool returns files of at most 16 MiB)
 #     stop:NAME             as `wait`, but interrupts the reproduction (Ctrl-C to its process group: running trials
@@ -123,7 +124,14 @@ for step in "$@"; do
       fi
       state=$(kill -0 "$pid" 2> /dev/null && echo running || echo finished)
       echo "=== $name: $state at $(date -u +%FT%TZ)"; tail -n 5 "$dir/$name.log"
-      python3 -m experiments.reproduce "$name" --out "$dir" --table-only --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
+      # the table of the cells the run was asked for: REPRODUCE_ARGS' --quick, --only, --seeds, --max-steps, --device
+      table_args=()
+      # shellcheck disable=SC2086
+      set -- ${REPRODUCE_ARGS:-}
+      while [ $# -gt 0 ]; do
+        case $1 in --quick) table_args+=("$1") ;; --only|--seeds|--max-steps|--device) table_args+=("$1" "${2:-}"); shift ;; esac; shift
+      done
+      python3 -m experiments.reproduce "$name" --out "$dir" --table-only "${table_args[@]}" --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
         || tail -n 5 "$out/$name-table.log"
       rm -f "$out/$name-run.tgz" "$out/$name-run.tgz".part*
       python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name" --part-mb 15
