@@ -20,10 +20,10 @@
 #                           (one study for every reproduction, as experiments.reproduce's default) and go on at once;
 #                           on a fresh machine, with RESTORE_RUN=an archive of a `wait`/`stop` (carried), it unpacks it first
 #     wait:NAME             wait up to WAIT_S s for the reproduction, then write the table from what finished
-#                           (OUT_DIR/NAME.md; of the cells that REPRODUCE_ARGS' --quick, --only, --seeds, --max-steps
-#                           and --device select) and pack the run into OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run:
-#                           the journal, and the checkpoints of unfinished trials; over 15 MiB it comes as
-#                           NAME-run.tgz.part00, .part01, ...: the device tool returns files of at most 16 MiB)
+#                           (OUT_DIR/NAME.md; of the cells that REPRODUCE_ARGS select) and pack the run into
+#                           OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run: the journal, and the checkpoints of
+#                           unfinished trials; over 15 MiB it comes as NAME-run.tgz.part00, .part01, ...: the device
+#                           tool returns files of at most 16 MiB)
 #     stop:NAME             as `wait`, but interrupts the reproduction (Ctrl-C to its process group: running trials
 #                           write interrupted.ckpt) once WAIT_S s are up, so the archive resumes on another machine.
 #   One device call of a long reproduction: `start:NAME stop:NAME` with WAIT_S about 150 s below the call's limit
@@ -92,7 +92,7 @@ for step in "$@"; do
         > "$out/counters.log" 2>&1
       echo "=== counters rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/counters.log" ;;
     start:*|wait:*|stop:*)
-      name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/reproduce}
+      name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/reproduce}; args=${REPRODUCE_ARGS:---workers 16 --mps}
       mkdir -p "$dir"
       if [[ $step == start:* ]]; then
         if [ -n "${RESTORE_RUN:-}" ] && [ ! -e "$dir/journal.log" ]; then
@@ -108,7 +108,7 @@ for step in "$@"; do
         commit=${EXPRESSIVITY_COMMIT:-$(git describe --always --dirty --abbrev=12 2> /dev/null || echo unknown)}
         # shellcheck disable=SC2086
         (cd "$code" && EXPRESSIVITY_COMMIT=$commit PYTHONPATH="$code:${PYTHONPATH:-}" setsid nohup python3 -m experiments.reproduce "$name" --out "$dir" \
-          --no-progress ${REPRODUCE_ARGS:---workers 16 --mps} >> "$dir/$name.log" 2>&1 &)
+          --no-progress $args >> "$dir/$name.log" 2>&1 &)
         sleep 1; pgrep -f -n "experiments.reproduce $name" > "$dir/$name.pid"
         echo "=== started $name (pid $(cat "$dir/$name.pid")) at $(date -u +%FT%TZ)"
         continue
@@ -124,17 +124,13 @@ for step in "$@"; do
       fi
       state=$(kill -0 "$pid" 2> /dev/null && echo running || echo finished)
       echo "=== $name: $state at $(date -u +%FT%TZ)"; tail -n 5 "$dir/$name.log"
-      # the table of the cells the run was asked for: REPRODUCE_ARGS' --quick, --only, --seeds, --max-steps, --device
-      table_args=()
+      # the table of the cells the run was asked for (REPRODUCE_ARGS' --quick, --only, --device, ...; --table-only
+      # starts no worker and no MPS daemon)
       # shellcheck disable=SC2086
-      set -- ${REPRODUCE_ARGS:-}
-      while [ $# -gt 0 ]; do
-        case $1 in --quick) table_args+=("$1") ;; --only|--seeds|--max-steps|--device) table_args+=("$1" "${2:-}"); shift ;; esac; shift
-      done
-      python3 -m experiments.reproduce "$name" --out "$dir" --table-only "${table_args[@]}" --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
+      python3 -m experiments.reproduce "$name" --out "$dir" --table-only $args --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
         || tail -n 5 "$out/$name-table.log"
       rm -f "$out/$name-run.tgz" "$out/$name-run.tgz".part*
-      python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name" --part-mb 15
+      python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name"
       cat "$out/$name.md" 2> /dev/null | sed -n '/^| model/,/^$/p' ;;
     *) echo "unknown step $step" ;;
   esac

@@ -298,12 +298,12 @@ def worker_loop(
     from experiments.sweeps._heartbeat import Heartbeat
     from experiments.sweeps.study import HEARTBEAT_INTERVAL, cell_id, worker_id
 
-    keys = list(dict.fromkeys(cell_id(s) for _, s in cells))  # the grid's order: claimed in it
-    first = [key for key in keys if key in prefer] if prefer else []
+    keys = list(dict.fromkeys(cell_id(s) for _, s in cells))  # claimed in the grid's order,
+    keys.sort(key=lambda key: key not in (prefer or ()))  # the preferred cells first
     counts = {"ok": 0, "nan": 0, "error": 0, "lost": 0}
     with Heartbeat(grid, worker_id(), interval=min(HEARTBEAT_INTERVAL, grid.stale_timeout / 4)) as hb:
         while True:
-            trial = (grid.claim(first) if first else None) or grid.claim(keys)
+            trial = grid.claim(keys)
             if trial is not None:
                 stack = (
                     claim_stack(grid, trial, cells, options.stack)
