@@ -8,6 +8,8 @@ iterations, no tolerance, no residual check), forward and forward + backward, fl
   given ``u`` (limit: ``u`` read once, the states written once, over the measured copy bandwidth);
 - ``ours-torch``: ``newton_apply`` with the closed-form Jacobian and the torch log-step reduction;
   ``ours-torch (triton scan)``: the same with the Triton scan as the reduction;
+- ``ours-triton sequential``: the GEMM + the loop's exact states in the fused kernels with one-step
+  chunks (``backend="triton-sequential"``: the cells' ``mode="sequential"`` on CUDA);
 - ``ours-reference``: the loop, at ``L <= 2048`` (not with ``--quick``);
 - ``pararnn``: ``pararnn-torch``'s ``ParaRNN`` with ``NewtonConfig(scan_backend="fused", max_iters=3)``
   (no early exit, no residual check), given the same weights (its ``a`` are clamped to [-0.5, 0.5], so
@@ -157,6 +159,7 @@ def problem(cell: str, B: int, L: int, D: int, bw: float, quick: bool, dev: str)
         out = []
         for name, fn, poison in (
             ("ours-triton", layer.family("triton"), True),
+            ("ours-triton sequential", layer.family("triton-sequential"), True),
             ("ours-torch", layer.family("torch"), False),
             ("ours-torch (triton scan)", layer.newton_triton_scan, True),
         ):

@@ -108,7 +108,7 @@ for step in "$@"; do
         commit=${EXPRESSIVITY_COMMIT:-$(git describe --always --dirty --abbrev=12 2> /dev/null || echo unknown)}
         # shellcheck disable=SC2086
         (cd "$code" && EXPRESSIVITY_COMMIT=$commit PYTHONPATH="$code:${PYTHONPATH:-}" setsid nohup python3 -m experiments.reproduce "$name" --out "$dir" \
-          --no-progress $args >> "$dir/$name.log" 2>&1 &)
+          --no-progress $args >> "$dir/$name.log" 2>&1 < /dev/null &)
         sleep 1; pgrep -f -n "experiments.reproduce $name" > "$dir/$name.pid"
         echo "=== started $name (pid $(cat "$dir/$name.pid")) at $(date -u +%FT%TZ)"
         continue

@@ -9,6 +9,8 @@ Ds)`` the diagonal state weights, ``p (H, 2, Ds)`` the peepholes:
 - ``"torch"``: ``newton_apply`` with the closed-form Jacobian and the torch log-step reduction;
 - ``"triton"``: all Newton iterations in one Triton kernel per direction (``fused_gru.py``,
   ``fused_lstm.py``; float32);
+- ``"triton-sequential"``: the loop's exact states by the same kernels with one-step chunks (one
+  iteration from the exact previous state is ``f`` itself); ``iters``, ``tol`` unused; float32;
 - ``"auto"``: ``triton`` on CUDA float32 inputs, else ``torch``.
 
 ``iters`` Newton iterations (at most, with ``tol``: stop once the max residual is ``<= tol``); the
@@ -88,8 +90,8 @@ FLASHGRU_BACKENDS: dict[str, Callable] = {"reference": flashgru_reference, "torc
 FLASHLSTM_BACKENDS: dict[str, Callable] = {"reference": flashlstm_reference, "torch": flashlstm_torch}
 
 try:  # Triton is optional (e.g. macOS)
-    from kernels.newton.fused_gru import flashgru_fused
-    from kernels.newton.fused_lstm import flashlstm_fused
+    from kernels.newton.fused_gru import flashgru_fused, flashgru_sequential
+    from kernels.newton.fused_lstm import flashlstm_fused, flashlstm_sequential
 
     def flashgru_triton(u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: float | None = None) -> torch.Tensor:
         """FlashGRU states by the fused Triton Newton kernel (any strides)."""
@@ -101,8 +103,22 @@ try:  # Triton is optional (e.g. macOS)
         """FlashLSTM states ``[c, h]`` by the fused Triton Newton kernel (any strides)."""
         return flashlstm_fused(u.contiguous(), a.contiguous(), p.contiguous(), iters, tol)[0]
 
+    def flashgru_triton_sequential(
+        u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: float | None = None
+    ) -> torch.Tensor:
+        """FlashGRU states of the loop (exact; ``iters``, ``tol`` unused) in one Triton launch per direction."""
+        return flashgru_sequential(u.contiguous(), a.contiguous())
+
+    def flashlstm_triton_sequential(
+        u: torch.Tensor, a: torch.Tensor, p: torch.Tensor, iters: int = 3, tol: float | None = None
+    ) -> torch.Tensor:
+        """FlashLSTM states ``[c, h]`` of the loop (exact; ``iters``, ``tol`` unused) in one Triton launch."""
+        return flashlstm_sequential(u.contiguous(), a.contiguous(), p.contiguous())
+
     FLASHGRU_BACKENDS["triton"] = flashgru_triton
     FLASHLSTM_BACKENDS["triton"] = flashlstm_triton
+    FLASHGRU_BACKENDS["triton-sequential"] = flashgru_triton_sequential
+    FLASHLSTM_BACKENDS["triton-sequential"] = flashlstm_triton_sequential
 except ImportError:  # pragma: no cover
     pass
 

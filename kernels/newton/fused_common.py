@@ -213,12 +213,20 @@ def check_skip(name: str, skip: torch.Tensor | None, u: torch.Tensor) -> None:
         raise ValueError(f"{name}: skip must be None or a one-element bool tensor on {u.device}, got {got}")
 
 
+def check_chunk(name: str, chunk) -> None:
+    """One-line ``ValueError`` unless ``chunk`` is 0 (the default chunk) or a power of two."""
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0 or (chunk & (chunk - 1)):
+        raise ValueError(f"{name}: chunk must be 0 (the default) or a power of two, got {chunk!r}")
+
+
 class FusedNewton:
     """The forward and backward Triton kernels of one cell's fused Newton, as custom ops and as an
     eager ``autograd.Function`` (the same launches without the dispatcher round trips).
 
     ``params``: name -> gate count ``k`` of each diagonal weight ``(H, k, Ds)`` the kernels take after
     ``u``; ``states``: state channels per ``Ds`` (1: ``h``; 2: ``[c, h]``); ``ch``: default chunk.
+    ``chunk=1`` with ``iters=1`` is the exact loop ``s_t = f(s_{t-1}, u_t)`` (``sequential``): each chunk
+    starts from the exact previous state, and one Newton iteration from it is ``f`` itself.
     Kernel arguments: forward ``(u, *params, s, res, skip, B, L, Ds, n_st, iters, tol, HAS_TOL, STATS,
     HAS_SKIP, CH, BD)`` (``skip``: a bool scalar on the device, read only with ``HAS_SKIP``: where true
     the kernel runs no Newton iteration), backward ``(u, *params, s, gs, du, *dparams, B, L, Ds, n_st, CH, BD)`` with ``dparams`` per
@@ -233,7 +241,7 @@ class FusedNewton:
             f"expressivity::{name}",
             self._fwd_impl,
             mutates_args=(),
-            schema=f"(Tensor u, {names}, int iters, float? tol, bool stats, Tensor? skip) -> (Tensor, Tensor)",
+            schema=f"(Tensor u, {names}, int iters, float? tol, bool stats, Tensor? skip, int chunk) -> (Tensor, Tensor)",
         )
         self.bwd_op = torch.library.custom_op(
             f"expressivity::{name}_bwd",
@@ -255,19 +263,21 @@ class FusedNewton:
 
         def grad(ctx, gs, _gres):
             u, s, *ps = ctx.saved_tensors
-            return (*self.bwd_op(u, *ps, s, gs.contiguous()), None, None, None, None)
+            return (*self.bwd_op(u, *ps, s, gs.contiguous()), None, None, None, None, None)
 
         self.fwd_op.register_autograd(grad, setup_context=setup)
 
-    def default_tiles(self, H: int, B: int, Ds: int) -> NewtonTiles:
-        """``ch`` steps per chunk, 4 warps, 8 state channels per program (fewer when ``Ds < 8``), or 4 when
+    def default_tiles(self, H: int, B: int, Ds: int, chunk: int = 0) -> NewtonTiles:
+        """``chunk`` (default ``ch``) steps per chunk, 4 warps (1 for one-step chunks, whose tiles are one
+        row), 8 state channels per program (fewer when ``Ds < 8``), or 4 when
         8 would give fewer than ``FEW_PROGRAMS`` programs (``H * B * Ds / 8``; Table 6's 4 heads of 16
         channels at batch 16 then run 256 programs of 4 channels instead of 128 of 8, faster: the timing is
         in kernels/newton/README.md; the chunks, and so the results, are the same)."""
         bd = 8 if Ds >= 8 else next_pow2(Ds)
         if bd == 8 and H * B * cdiv(Ds, 8) < FEW_PROGRAMS:
             bd = 4
-        return NewtonTiles(self.ch, bd, 4)
+        ch = chunk or self.ch
+        return NewtonTiles(ch, bd, 4 if ch > 1 else 1)
 
     def forward(
         self,
@@ -278,12 +288,13 @@ class FusedNewton:
         stats: bool,
         tiles: NewtonTiles | None,
         skip: torch.Tensor | None = None,
+        chunk: int = 0,
     ):
         H, B, L, _, Ds = u.shape
         s = empty((H, B, L, self.states * Ds), u.device, torch.float32)
         res = torch.full((iters + 1,), -1.0, dtype=torch.float32, device=u.device)
         if s.numel():
-            t = tiles or self.default_tiles(H, B, Ds)
+            t = tiles or self.default_tiles(H, B, Ds, chunk)
             n_st = cdiv(Ds, t.bd)
             self.fwd_kernel[(H * B * n_st,)](
                 u,
@@ -320,10 +331,11 @@ class FusedNewton:
         return (du.zero_(), *(torch.zeros_like(p) for p in params))
 
     def _fwd_impl(self, u, *rest):
-        params, (iters, tol, stats, skip) = rest[: len(self.params)], rest[len(self.params) :]
+        params, (iters, tol, stats, skip, chunk) = rest[: len(self.params)], rest[len(self.params) :]
         check_fused_inputs(f"{self.name}", u, dict(zip(self.params, params)), self.params, iters, tol)
         check_skip(self.name, skip, u)
-        return self.forward(u, params, iters, tol, stats, None, skip)
+        check_chunk(self.name, chunk)
+        return self.forward(u, params, iters, tol, stats, None, skip, chunk)
 
     def _bwd_impl(self, u, *rest):
         n = len(self.params)
@@ -338,21 +350,30 @@ class FusedNewton:
         stats: bool = False,
         tiles: NewtonTiles | None = None,
         skip: torch.Tensor | None = None,
+        chunk: int = 0,
     ):
+        """``(s, residuals)``; ``tiles`` overrides the forward's and backward's tile, ``chunk`` only the
+        forward's chunk (0: ``ch``; the backward's adjoint scan does not depend on it)."""
         tol = None if tol is None else float(tol)
         if torch.compiler.is_compiling():
-            return self.fwd_op(u, *params, iters, tol, bool(stats), skip)
+            return self.fwd_op(u, *params, iters, tol, bool(stats), skip, chunk)
         check_fused_inputs(self.name, u, dict(zip(self.params, params)), self.params, iters, tol)
         check_skip(self.name, skip, u)
+        check_chunk(self.name, chunk)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (u, *params)):
-            return _FusedFunction.apply(self, tiles, skip, u, iters, tol, bool(stats), *params)
-        return self.forward(u, params, iters, tol, bool(stats), tiles, skip)
+            return _FusedFunction.apply(self, tiles, skip, chunk, u, iters, tol, bool(stats), *params)
+        return self.forward(u, params, iters, tol, bool(stats), tiles, skip, chunk)
+
+    def sequential(self, u, *params) -> torch.Tensor:
+        """The exact states ``s_t = f(s_{t-1}, u_t)`` (the loop's, to rounding) in one forward launch:
+        one-step chunks, one iteration. Differentiable; the backward is the usual adjoint pass."""
+        return self(u, *params, iters=1, tol=None, chunk=1)[0]
 
 
 class _FusedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, cell: FusedNewton, tiles, skip, u, iters, tol, stats, *params):
-        s, res = cell.forward(u, params, iters, tol, stats, tiles, skip)
+    def forward(ctx, cell: FusedNewton, tiles, skip, chunk, u, iters, tol, stats, *params):
+        s, res = cell.forward(u, params, iters, tol, stats, tiles, skip, chunk)
         ctx.save_for_backward(u, s, *params)
         ctx.cell, ctx.tiles = cell, tiles
         ctx.mark_non_differentiable(res)
@@ -363,4 +384,4 @@ class _FusedFunction(torch.autograd.Function):
     def backward(ctx, gs, _gres):
         u, s, *params = ctx.saved_tensors
         grads = ctx.cell.backward(u, params, s, gs.contiguous(), ctx.tiles)
-        return (None, None, None, grads[0], None, None, None, *grads[1:])
+        return (None, None, None, None, grads[0], None, None, None, *grads[1:])

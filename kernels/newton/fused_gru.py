@@ -17,6 +17,10 @@ early once its max residual is ``<= tol``. The backward (custom op ``flashgru_fu
 reverse pass of the adjoint ``lambda_t = dL/dh_t + J_{t+1} lambda_{t+1}`` (eq. 6) with the
 parameter gradients fused: ``du`` and ``da`` (summed over batch rows and positions).
 Custom ops: ``expressivity::flashgru_fused``, ``expressivity::flashgru_fused_bwd``.
+
+``flashgru_sequential(u, a) -> h``: the exact states (the loop's, to rounding) by the same kernels with
+one-step chunks and one iteration: each step starts from the exact previous state, where one Newton
+iteration is ``f`` itself. A sequential walk of ``L`` steps per program, with the same backward.
 """
 
 from __future__ import annotations
@@ -195,3 +199,9 @@ def flashgru_fused(
     device) no Newton iteration runs and the result is the initial guess ``f(0, u_t)`` per position
     (a re-solve inside a CUDA graph that only matters when the first solve failed its check)."""
     return _CELL(u, a, iters=iters, tol=tol, stats=stats, tiles=tiles, skip=skip)
+
+
+def flashgru_sequential(u: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """FlashGRU states ``h (H, B, L, Ds)`` of the loop, in one forward launch (module docstring);
+    ``u (H, B, L, 3, Ds)``, ``a (H, 3, Ds)`` float32, contiguous. Differentiable in ``u, a``."""
+    return _CELL.sequential(u, a)

@@ -249,3 +249,10 @@ def flashlstm_fused(
     device) no Newton iteration runs and the result is the initial guess ``f(0, u_t)`` per position
     (a re-solve inside a CUDA graph that only matters when the first solve failed its check)."""
     return _CELL(u, a, p, iters=iters, tol=tol, stats=stats, tiles=tiles, skip=skip)
+
+
+def flashlstm_sequential(u: torch.Tensor, a: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """FlashLSTM states ``[c, h] (H, B, L, 2 Ds)`` of the loop, in one forward launch: one-step chunks
+    and one iteration, each from the exact previous state (``fused_gru.flashgru_sequential``);
+    ``u (H, B, L, 3, Ds)``, ``a (H, 3, Ds)``, ``p (H, 2, Ds)`` float32, contiguous. Differentiable."""
+    return _CELL.sequential(u, a, p)

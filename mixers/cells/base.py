@@ -24,7 +24,9 @@ once given the shifted states). Optional overrides:
   the state ``[c, h]``); ``output(h)``: what the mixer outputs from the state (default ``h``).
 - ``project_parameters_()``: in-place parameter constraint applied (under ``no_grad``) before each
   mixer forward, e.g. the norm clipping of FlashGRU/FlashLSTM.
-- ``fused_apply``: a classmethod unlocking ``mode="fused"`` (see ``mixers/cells/mixer.py``).
+- ``fused_apply``: a classmethod unlocking ``mode="fused"`` (see ``mixers/cells/mixer.py``);
+- ``fused_sequential``: a classmethod ``(params, u) -> h``, the loop's exact states in a kernel; the
+  ``sequential`` mode runs it on CUDA float32 inputs instead of the Python loop.
 
 Jacobian structures (state ``h`` of size ``S``): ``diag``: ``(..., S)``; ``block2``: the state split
 in two halves, each of the 4 blocks diagonal: ``(..., 2, 2, S/2)`` with ``[i, j]`` = d half_i / d
@@ -167,6 +169,7 @@ class RNNCell(nn.Module):
 
     jacobian: ClassVar[str] = "dense"
     fused_apply: ClassVar = None  # classmethod fused_apply(params, u, *, iters, tol[, skip]) -> h; see mixer.py
+    fused_sequential: ClassVar = None  # classmethod fused_sequential(params, u) -> h, the loop's states; see mixer.py
     #: optional classmethod heads_input_projection(params, x) -> u: every head's input_projection at once
     #: (``x (B, L, H * d_in)`` -> ``u (H, B, L, *feat)``); see mixer.py
     heads_input_projection: ClassVar = None

@@ -130,6 +130,13 @@ class FlashGRUCell(_FlashCell):
 
         return flashgru_fused(u.contiguous(), params["a"].contiguous(), iters, tol, skip=skip)[0]
 
+    @classmethod
+    def fused_sequential(cls, params: dict, u: torch.Tensor) -> torch.Tensor:
+        """``mode="sequential"`` on CUDA: the loop's states in one Triton launch (``flashgru_sequential``)."""
+        from kernels.newton.fused_gru import flashgru_sequential
+
+        return flashgru_sequential(u.contiguous(), params["a"].contiguous())
+
 
 class FlashLSTMCell(_FlashCell):
     """FlashLSTM (CIFG with peepholes) for one head; state ``[c, h]``; see the module docstring."""
@@ -161,6 +168,13 @@ class FlashLSTMCell(_FlashCell):
         return flashlstm_fused(
             u.contiguous(), params["a"].contiguous(), params["p"].contiguous(), iters, tol, skip=skip
         )[0]
+
+    @classmethod
+    def fused_sequential(cls, params: dict, u: torch.Tensor) -> torch.Tensor:
+        """``mode="sequential"`` on CUDA: the loop's states in one Triton launch (``flashlstm_sequential``)."""
+        from kernels.newton.fused_lstm import flashlstm_sequential
+
+        return flashlstm_sequential(u.contiguous(), params["a"].contiguous(), params["p"].contiguous())
 
 
 def _with_total_state(d_model: int, config: dict) -> dict:

@@ -10,7 +10,9 @@ cell class may also give ``heads_input_projection(params, x) -> u (H, B, L, *fea
 
 Modes (``mode=`` or, as for every mixer, ``backend=``):
 
-- ``sequential``: the loop ``h_t = f(h_{t-1}, x_t)``; the ground truth.
+- ``sequential``: the loop ``h_t = f(h_{t-1}, x_t)``; the ground truth. On CUDA float32 inputs a cell
+  with ``fused_sequential`` (FlashGRU, FlashLSTM) runs it in one Triton launch per direction, the same
+  states to rounding; elsewhere the Python loop (``kernels.newton.sequential_apply``).
 - ``parallel``: Newton (``kernels.newton.newton_apply``) with the torch log-step reduction.
 - ``parallel-triton``: the same with the reduction in the ``"triton"`` scan backend (diag/block2).
 - ``fused``: the cell class's ``fused_apply`` (all Newton iterations in one kernel)::
@@ -342,8 +344,16 @@ class CellMixer(nn.Module):
             return self._solve_in_graph(mode, u, params, x)
         self.step_ok = None
         if mode == "sequential":
-            step, _, values = self._functions(params)
             self.last_newton_stats = NewtonStats(residuals=[], mode="sequential")
+            fused_sequential = type(self.cells[0]).fused_sequential
+            if (
+                fused_sequential is not None
+                and u.is_cuda
+                and u.dtype == torch.float32
+                and self.jacobian_fallback is None
+            ):
+                return fused_sequential(params, u)
+            step, _, values = self._functions(params)
             return sequential_apply(step, u, values, state_size=self.state_size, time_dim=2)
         self.newton_forwards += 1
         h = self._solve(mode, u, params, x)

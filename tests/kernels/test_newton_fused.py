@@ -4,6 +4,8 @@ Forward states and the gradients of ``u``, ``a`` (and ``p``); CPU runs use the T
 at small shapes, outputs poisoned with NaN before every run.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -96,6 +98,29 @@ def test_lstm_matches_sequential(L):
     assert res[0] >= 0 and res[-1] < 1e-5
 
 
+@pytest.mark.parametrize("lstm", [False, True])
+@pytest.mark.parametrize("L", [1, 23, 130])
+def test_sequential_is_the_loop(lstm, L):
+    """``flashgru_sequential`` / ``flashlstm_sequential`` (one-step chunks, one iteration) give the loop's
+    states and gradients, at 3 heads of 6 channels (a partial lane tile), with large inputs and state
+    weights where 3 Newton iterations of the usual chunks are far off."""
+    u, a, p = make(3, 2, L, 6, 70 + L, lstm)
+    u, a, p = u * 3, (a * 1.5).clamp(-1.2, 1.2), p
+    leaves = [t.clone().requires_grad_() for t in ((u, a, p) if lstm else (u, a))]
+    out = (fused_lstm.flashlstm_sequential if lstm else fused_gru.flashgru_sequential)(*leaves)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, g)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    ref = (lstm_loop if lstm else gru_loop)(*ref_leaves)
+    want = torch.autograd.grad(ref, ref_leaves, g.double())
+    assert rel(out, ref) < 1e-6
+    for got, w in zip(grads, want):
+        assert rel(got, w) < 1e-5
+    if L > 100:  # the check can fail: Newton with the default chunk is not the loop here
+        newton = (fused_lstm.flashlstm_fused if lstm else fused_gru.flashgru_fused)(*(t.detach() for t in leaves), 3)[0]
+        assert rel(newton, ref) > 1e-5  # ten times the bound the sequential kernel meets
+
+
 @pytest.mark.slow
 def test_heads_and_lane_tiles():
     """Two heads with their own parameters, 20 channels = two full lane tiles of 8 and a partial one;
@@ -119,6 +144,7 @@ def test_default_tiles_keep_the_launch_wide():
     assert cell.default_tiles(1, FEW_PROGRAMS - 1, 8).bd == 4
     assert cell.default_tiles(1, 1, 3).bd == 4  # fewer than 8 channels: the next power of two
     assert fused_gru._CELL.default_tiles(4, 16, 16) == NewtonTiles(128, 4, 4)
+    assert fused_gru._CELL.default_tiles(4, 256, 16, chunk=1) == NewtonTiles(1, 8, 1)  # the sequential walk
 
 
 @pytest.mark.parametrize("name", ["flashgru", "flashlstm"])
@@ -177,15 +203,16 @@ def test_iteration_count_and_tolerance_are_honored(lstm):
 def test_opcheck():
     u, a, p = make(1, 2, 9, 3, 11, True)
     torch.library.opcheck(
-        torch.ops.expressivity.flashgru_fused, (u.requires_grad_(), a.requires_grad_(), 3, None, False, None)
+        torch.ops.expressivity.flashgru_fused, (u.requires_grad_(), a.requires_grad_(), 3, None, False, None, 0)
     )
     h, _ = fused_gru.flashgru_fused(u.detach(), a.detach())
     torch.library.opcheck(torch.ops.expressivity.flashgru_fused_bwd, (u.detach(), a.detach(), h, torch.randn_like(h)))
     p = p.requires_grad_()
-    torch.library.opcheck(torch.ops.expressivity.flashlstm_fused, (u, a, p, 2, 1e-3, True, None))
+    torch.library.opcheck(torch.ops.expressivity.flashlstm_fused, (u, a, p, 2, 1e-3, True, None, 0))
     torch.library.opcheck(
-        torch.ops.expressivity.flashgru_fused, (u, a, 3, None, False, torch.tensor(True, device=u.device))
+        torch.ops.expressivity.flashgru_fused, (u, a, 3, None, False, torch.tensor(True, device=u.device), 0)
     )
+    torch.library.opcheck(torch.ops.expressivity.flashlstm_fused, (u, a, p, 1, None, False, None, 1))  # sequential
     s, _ = fused_lstm.flashlstm_fused(u.detach(), a.detach(), p.detach())
     torch.library.opcheck(
         torch.ops.expressivity.flashlstm_fused_bwd, (u.detach(), a.detach(), p.detach(), s, torch.randn_like(s))
@@ -208,6 +235,9 @@ def test_bad_inputs_give_clear_errors(monkeypatch):
         fused_gru.flashgru_fused(u, a, iters=-1)
     with pytest.raises(ValueError, match="tol"):
         fused_lstm.flashlstm_fused(u, a, p, tol=-1.0)
+    for bad in (3, -1, True):
+        with pytest.raises(ValueError, match="chunk must be"):
+            fused_gru._CELL(u, a, chunk=bad)
     for bad in (torch.tensor(1), torch.tensor([True, False]), True):
         with pytest.raises(ValueError, match="skip must be"):
             fused_gru.flashgru_fused(u, a, skip=bad)
@@ -248,15 +278,46 @@ def test_mixer_fused_mode_matches_sequential(name):
     y = m(x)
     y.sum().backward()
     gx, gp = x.grad.clone(), [q.grad.clone() for q in m.parameters()]
-    m.zero_grad()
-    x.grad = None
-    m.mode = "sequential"
-    y_ref = m(x)
-    y_ref.sum().backward()
-    assert rel(y, y_ref) < 1e-5
-    assert rel(gx, x.grad) < 1e-4
-    for got, q in zip(gp, m.parameters()):
+    ref = copy.deepcopy(m).double()  # float64: the Python loop on any device
+    ref.mode = "sequential"
+    xr = x.detach().double().requires_grad_()
+    ref(xr).sum().backward()
+    assert rel(y, ref(xr)) < 1e-5
+    assert rel(gx, xr.grad) < 1e-4
+    for got, q in zip(gp, ref.parameters()):
         assert rel(got, q.grad) < 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["flashgru", "flashlstm"])
+def test_gpu_mixer_sequential_mode_runs_the_kernel(name, monkeypatch):
+    """``mode="sequential"`` on CUDA float32 runs the cell's ``fused_sequential`` (eager and compiled) and
+    equals the float64 loop in outputs and gradients, with Newton-hard weights (3 heads, L = 77)."""
+    from mixers import build_mixer
+
+    torch.manual_seed(1)
+    m = build_mixer(name, 18, num_heads=3, mode="sequential").to(DEV)
+    with torch.no_grad():
+        for q in m.parameters():
+            q.mul_(3)
+    cls = type(m.cells[0])
+    calls = []
+    seq = cls.fused_sequential
+    monkeypatch.setattr(cls, "fused_sequential", classmethod(lambda c, *a: calls.append(1) or seq(*a)))
+    ref = copy.deepcopy(m).double()
+    x = torch.randn(4, 77, 18, device=DEV)
+    xr = x.double().requires_grad_()
+    y_ref = ref(xr)
+    y_ref.sum().backward()
+    for fn in (m, torch.compile(m, fullgraph=False)):
+        m.zero_grad()
+        xl = x.clone().requires_grad_()
+        y = fn(xl)
+        y.sum().backward()
+        assert rel(y, y_ref) < 1e-5 and rel(xl.grad, xr.grad) < 1e-4
+        for got, q in zip(m.parameters(), ref.parameters()):
+            assert rel(got.grad, q.grad) < 1e-4
+    assert calls, "the sequential mode did not run the kernel"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
