@@ -26,8 +26,11 @@
 #                           tool returns files of at most 16 MiB)
 #     stop:NAME             as `wait`, but interrupts the reproduction (Ctrl-C to its process group: running trials
 #                           write interrupted.ckpt) once WAIT_S s are up, so the archive resumes on another machine.
-#   One device call of a long reproduction: `start:NAME stop:NAME` with WAIT_S about 150 s below the call's limit
-#   (the interrupt, table and archive take up to 2 minutes); the next call sets RESTORE_RUN to its archive.
+#     bundle                every file under OUT_DIR but the run archives into OUT_DIR/bundle.tgz (the originals removed):
+#                           the device tool returns at most 8 files per call, and the archive's parts must all come back
+#   One device call of a long reproduction: `start:NAME stop:NAME bundle` with WAIT_S about 150 s below the call's limit
+#   (the interrupt, table and archive take up to 2 minutes); the next call sets RESTORE_RUN to its archive. Send a
+#   `start:` step's output to a file, not a pipe.
 # Environment: KERNELS_ARGS / STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
 # folder), REPRODUCE_OUT (the reproductions' --out, default RUN_ROOT/reproduce), REPRODUCE_ARGS (default
 # "--workers 16 --mps"), WAIT_S (default 540), RESTORE_RUN (a NAME-run.tgz to resume from on a fresh machine),
@@ -132,6 +135,9 @@ for step in "$@"; do
       rm -f "$out/$name-run.tgz" "$out/$name-run.tgz".part*
       python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name"
       cat "$out/$name.md" 2> /dev/null | sed -n '/^| model/,/^$/p' ;;
+    bundle)
+      (cd "$out" && find . -type f ! -name '*-run.tgz' ! -name '*-run.tgz.part*' ! -name bundle.tgz -print0 \
+        | tar -czf bundle.tgz --null -T - --remove-files) && echo "=== bundled into $out/bundle.tgz" ;;
     *) echo "unknown step $step" ;;
   esac
 done
