@@ -43,6 +43,7 @@ from torch import nn
 
 from kernels.delta import backends as kernel_backends
 from kernels.delta import delta_product, delta_rule, gated_delta_rule
+from kernels.delta.reference import l2norm
 from mixers.conv import causal_depthwise_conv
 from mixers.registry import register_mixer
 
@@ -143,7 +144,10 @@ class DeltaRuleMixer(nn.Module):
             f"qk_norm={self.qk_norm!r}, backend={self.backend!r}"
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def projections(self, x: torch.Tensor):
+        """The recurrence's inputs for ``x (B, L, d_model)``: ``q (B, L, H, D)``, ``k, v (B, L, n, H, D)``
+        (keys before the L2 norm, which the kernels apply), ``beta (B, L, n, H)``, and the log decay
+        ``g (B, L, H)`` (``None`` without the forget gate)."""
         B, L, d = x.shape
         H, D, n = self.num_heads, self.head_dim, self.householders
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -152,11 +156,31 @@ class DeltaRuleMixer(nn.Module):
         q, k, v = F.silu(q).view(B, L, H, D), F.silu(k).view(B, L, n, H, D), F.silu(v).view(B, L, n, H, D)
         if self.qk_norm == "sum":
             q, k = F.normalize(q, p=1, dim=-1, eps=1e-6), F.normalize(k, p=1, dim=-1, eps=1e-6)
-        l2 = self.qk_norm == "l2"
         beta = torch.sigmoid(self.b_proj(x)).view(B, L, n, H) * (2.0 if self.signed else 1.0)
         g = None
         if self.forget_gate:  # log decay per token and head, <= 0, in float32 as fla
             g = -torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float() + self.dt_bias)
+        return q, k, v, beta, g
+
+    def transitions(self, x: torch.Tensor) -> torch.Tensor:
+        """The state transitions ``A_t (B, L, H, D, D)`` of ``x (B, L, d_model)``: the recurrence is
+        ``S_t = S_{t-1} A_t + (writes)`` with ``A_t = alpha_t (I - beta_1 k_1 k_1^T) ... (I - beta_n k_n k_n^T)``
+        (unit keys; ``alpha_t = exp(g_t)`` with the forget gate, else 1). In ``x``'s dtype."""
+        _, k, _, beta, g = self.projections(x)
+        if self.qk_norm == "l2":
+            k = l2norm(k)
+        eye = torch.eye(self.head_dim, dtype=x.dtype, device=x.device)
+        A = eye.expand(*k.shape[:2], self.num_heads, -1, -1)
+        for j in range(self.householders):
+            kj = k[:, :, j]
+            A = A - beta[:, :, j, :, None, None] * (A @ kj[..., :, None]) * kj[..., None, :]
+        return A if g is None else A * torch.exp(g).to(x.dtype)[..., None, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, d = x.shape
+        H, D, n = self.num_heads, self.head_dim, self.householders
+        q, k, v, beta, g = self.projections(x)
+        l2 = self.qk_norm == "l2"
         if n == 1 and g is None:
             o = delta_rule(q, k[:, :, 0], v[:, :, 0], beta[:, :, 0], qk_l2norm=l2, backend=self.backend)
         elif n == 1:

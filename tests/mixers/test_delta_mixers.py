@@ -353,3 +353,34 @@ def test_gpu_fla_gated_layers_train(layer):
     assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
     grads = [p.grad for p in m.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("deltaproduct", {"householders": 3, "forget_gate": True}),
+        ("gated_deltanet", {"signed": True}),
+        ("deltanet", {"qk_norm": "sum", "short_conv": True}),
+    ],
+)
+def test_transitions_are_the_recurrences_state_map(name, options):
+    """``DeltaRuleMixer.transitions``: the state map of one token, as the reference kernel's delta step
+    computes it from the identity state with zero values (decay first), at 3 heads of 4 channels."""
+    from kernels.delta.reference import _delta_step, l2norm
+
+    torch.manual_seed(5)
+    m = mixers.build_mixer(name, 12, num_heads=3, **options).double()
+    x = torch.randn(2, 7, 12, dtype=torch.float64)
+    A = m.transitions(x)
+    _q, k, _v, beta, g = m.projections(x)
+    if m.qk_norm == "l2":
+        k = l2norm(k)
+    B, L, n, H, D = k.shape
+    S = torch.eye(D, dtype=torch.float64).repeat(B * L, H, 1, 1)
+    if g is not None:
+        S = S * torch.exp(g).reshape(B * L, H)[..., None, None]
+    zero = torch.zeros(B * L, H, D, dtype=torch.float64)
+    for j in range(n):
+        S = _delta_step(S, k[:, :, j].reshape(B * L, H, D), zero, beta[:, :, j].reshape(B * L, H))
+    torch.testing.assert_close(A.reshape(B * L, H, D, D), S, rtol=0, atol=1e-13)
+    assert not torch.allclose(A, torch.eye(D, dtype=torch.float64).expand_as(A))
