@@ -1,7 +1,9 @@
-"""``python -m analysis.transitions TRIAL_DIR``: the state transitions a trained delta-rule model learned.
+"""``python -m analysis.transitions TRIAL_DIR``: the state transitions a trained linear-RNN model learned.
 
-For every delta-rule layer (``deltanet``, ``signed_deltanet``, ``deltaproduct``, ``gated_deltanet``:
-``DeltaRuleMixer.transitions``) of a finished trial (``spec.json`` + ``checkpoints/best.ckpt``), on
+For every layer whose mixer has a method ``transitions(x) -> A (B, L, H, D, D)`` (the delta rule's
+``deltanet``, ``signed_deltanet``, ``deltaproduct``, ``gated_deltanet``: ``DeltaRuleMixer.transitions``;
+``rwkv7``: ``RWKV7.transitions``; any mixer of your own that defines it) of a finished trial
+(``spec.json`` + ``checkpoints/best.ckpt``), on
 ``--batch`` sequences of the trial's task at ``--length``: each position's transition ``A_t`` per head
 (``S_t = S_{t-1} A_t + writes``) and its eigenvalues away from 1 (``|lambda - 1| > 1e-3``, a conjugate
 pair once) of modulus at least ``--min-modulus``. Per (layer, head, input token) the table gives, for
@@ -85,18 +87,19 @@ def add_drift(df: pd.DataFrame, modulus: int) -> pd.DataFrame:
     return out
 
 
-def delta_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's delta-rule mixers, in forward order."""
-    from mixers.delta import DeltaRuleMixer
-
-    return [m for m in model.modules() if isinstance(m, DeltaRuleMixer)]
+def transition_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's mixers with a ``transitions`` method, in the order of ``model.modules()``."""
+    return [m for m in model.modules() if callable(getattr(m, "transitions", None))]
 
 
 def layer_transitions(model: torch.nn.Module, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """Per delta-rule layer, the transitions ``(B, L, H, D, D)`` (float64) on ``tokens (B, L)``."""
-    layers = delta_layers(model)
+    """Per such layer, the transitions ``(B, L, H, D, D)`` (float64) on ``tokens (B, L)``."""
+    layers = transition_layers(model)
     if not layers:
-        raise ValueError("the model has no delta-rule mixer (deltanet, signed_deltanet, deltaproduct, gated_deltanet)")
+        raise ValueError(
+            "the model has no mixer with state transitions (deltanet, signed_deltanet, deltaproduct, "
+            "gated_deltanet, rwkv7, or one with a transitions(x) method)"
+        )
     inputs: dict[int, torch.Tensor] = {}
     handles = [
         layer.register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0].detach()))

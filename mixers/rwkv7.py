@@ -126,7 +126,10 @@ class RWKV7(nn.Module):
         self.g_norm = nn.GroupNorm(H, d, eps=D * 1e-5)
         self.o_proj = nn.Linear(d, d, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def projections(self, x: torch.Tensor):
+        """The recurrence's inputs for ``x (B, L, d_model)``, each ``(B, L, H, D)``: receptance ``r``, key
+        ``k`` (after the ``k_a`` update), value ``v``, removal key ``kk`` (unit), in-context learning rate
+        ``a``, log decay ``log_w``; and the output gate ``g (B, L, d_model)``."""
         B, L, d = x.shape
         H, D = self.num_heads, self.head_dim
         delta = F.pad(x, (0, 0, 1, 0))[:, :L] - x  # x_{t-1} - x_t, with x_{-1} = 0
@@ -137,8 +140,18 @@ class RWKV7(nn.Module):
         g = self.g_lora(xg)
         kk = F.normalize((k * self.k_k).view(B, L, H, D), dim=-1)
         k = k * (1 + (a - 1) * self.k_a)
-        r, k, a, log_w = (t.view(B, L, H, D) for t in (r, k, a, log_w))
-        v = v.view(B, L, H, D)
+        r, k, v, a, log_w = (t.view(B, L, H, D) for t in (r, k, v, a, log_w))
+        return r, k, v, kk, a, log_w, g
+
+    def transitions(self, x: torch.Tensor) -> torch.Tensor:
+        """The state transitions ``A_t = diag(w_t) - kk_t (a_t * kk_t)^T`` ``(B, L, H, D, D)`` of ``x (B, L,
+        d_model)``: ``S_t = S_{t-1} A_t + v_t k_t^T``. In ``x``'s dtype."""
+        _r, _k, _v, kk, a, log_w, _g = self.projections(x)
+        return torch.diag_embed(torch.exp(log_w)) - kk[..., :, None] * (kk * a)[..., None, :]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, d = x.shape
+        r, k, v, kk, a, log_w, g = self.projections(x)
         o = dplr_delta_rule(r, k, v, -kk, kk * a, log_w, scale=1.0, lower_bound=LOG_DECAY_MIN, backend=self.backend)
         o = self.g_norm(o.reshape(B * L, d)).view(B, L, d)
         bonus = ((r * k * self.r_k).sum(-1, keepdim=True) * v).reshape(B, L, d)

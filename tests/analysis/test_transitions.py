@@ -102,5 +102,5 @@ def test_cli_on_a_trial_folder(trial_dir, tmp_path):
 def test_bad_input_one_line(tmp_path, capsys):
     assert run(transitions_main, [str(tmp_path)]) == 2
     assert "not a finished trial folder" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="no delta-rule mixer"):
+    with pytest.raises(ValueError, match="no mixer with state transitions"):
         layer_transitions(torch.nn.Linear(2, 2), torch.zeros(1, 2))

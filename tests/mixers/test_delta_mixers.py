@@ -384,3 +384,34 @@ def test_transitions_are_the_recurrences_state_map(name, options):
         S = _delta_step(S, k[:, :, j].reshape(B * L, H, D), zero, beta[:, :, j].reshape(B * L, H))
     torch.testing.assert_close(A.reshape(B * L, H, D, D), S, rtol=0, atol=1e-13)
     assert not torch.allclose(A, torch.eye(D, dtype=torch.float64).expand_as(A))
+
+
+def test_rwkv7_transitions_are_the_kernels_state_map():
+    """``RWKV7.transitions``: probed through the reference ``dplr_delta_rule`` itself. A first step writes
+    ``S = e_0 e_j^T``; a second with the position's decay and removal terms and no write reads
+    ``o = S A q``, so ``q = e_m`` gives ``A[j, m]`` (3 heads of 4 channels, every position)."""
+    from kernels.delta.reference import dplr_delta_rule
+
+    torch.manual_seed(6)
+    m = mixers.build_mixer("rwkv7", 12, num_heads=3).double()
+    x = torch.randn(1, 5, 12, dtype=torch.float64)
+    A = m.transitions(x)[0]  # (L, H, D, D)
+    _r, _k, _v, kk, a, log_w, _g = m.projections(x)
+    L, H, D = A.shape[0], A.shape[1], A.shape[-1]
+    eye = torch.eye(D, dtype=torch.float64)
+    got = torch.empty_like(A)
+    for t in range(L):
+        for j in range(D):
+            # batch over m: (D, 2, H, D) sequences of two steps
+            def two(first, second):
+                return torch.stack([first.expand(D, H, D), second.expand(D, H, D)], dim=1)
+
+            q = two(torch.zeros(D, 1, D, dtype=torch.float64), eye[:, None, :])
+            k = two(eye[j], torch.zeros(D, dtype=torch.float64))
+            v = two(eye[0], torch.zeros(D, dtype=torch.float64))
+            w = two(torch.zeros(H, D, dtype=torch.float64), log_w[0, t])
+            aa = two(torch.zeros(H, D, dtype=torch.float64), -kk[0, t])
+            bb = two(torch.zeros(H, D, dtype=torch.float64), (kk * a)[0, t])
+            o = dplr_delta_rule(q, k, v, aa, bb, w)  # (D, 2, H, D)
+            got[t, :, j, :] = o[:, 1, :, 0].T  # [h, m] = A[h, j, m]
+    torch.testing.assert_close(got, A.detach(), rtol=0, atol=1e-13)
