@@ -93,7 +93,7 @@ def transition_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def layer_transitions(model: torch.nn.Module, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """Per such layer, the transitions ``(B, L, H, D, D)`` (float64) on ``tokens (B, L)``."""
+    """Per such layer, the transitions ``(B, L, H, D, D)`` on ``tokens (B, L)``, in the model's dtype."""
     layers = transition_layers(model)
     if not layers:
         raise ValueError(
@@ -112,7 +112,7 @@ def layer_transitions(model: torch.nn.Module, tokens: torch.Tensor) -> list[torc
         for handle in handles:
             handle.remove()
     with torch.no_grad():
-        return [layer.double().transitions(inputs[i].double()) for i, layer in enumerate(layers)]
+        return [layer.transitions(inputs[i]) for i, layer in enumerate(layers)]
 
 
 def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
