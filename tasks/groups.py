@@ -38,6 +38,12 @@ class Group:
     def order(self) -> int:
         return len(self.elements)
 
+    @functools.cached_property
+    def signs(self) -> torch.Tensor:
+        """``LongTensor (order,)``: each element's sign as a permutation, +1 (even) or -1 (odd); a
+        homomorphism onto {+1, -1}, whose kernel in ``S<n>`` is ``A<n>``."""
+        return torch.tensor([1 if _is_even(p) else -1 for p in self.elements], dtype=torch.long)
+
     def is_abelian(self) -> bool:
         return bool(torch.equal(self.table, self.table.T))
 
