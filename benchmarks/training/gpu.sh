@@ -24,11 +24,14 @@
 #                           OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run: the journal, and the checkpoints of
 #                           unfinished trials; over 15 MiB it comes as NAME-run.tgz.part00, .part01, ...: the device
 #                           tool returns files of at most 16 MiB)
+#     watch:NAME            wait up to WAIT_S s for the reproduction, printing its progress every 30 s; no table, no
+#                           archive (a call between a `start:` and a `stop:` that keeps the machine busy)
 #     stop:NAME             as `wait`, but interrupts the reproduction (Ctrl-C to its process group: running trials
 #                           write interrupted.ckpt) once WAIT_S s are up, so the archive resumes on another machine.
 #     bundle                every file under OUT_DIR but the run archives into OUT_DIR/bundle.tgz (the originals removed):
 #                           the device tool returns at most 8 files per call, and the archive's parts must all come back
-#   One device call of a long reproduction: `start:NAME stop:NAME bundle` with WAIT_S about 150 s below the call's limit
+#   A reproduction over several calls of one session: `start:NAME watch:NAME`, then `watch:NAME`, then `stop:NAME bundle`
+#   (each call within the machine's idle release of the last). One device call of a long reproduction: `start:NAME stop:NAME bundle` with WAIT_S about 150 s below the call's limit
 #   (the interrupt, table and archive take up to 2 minutes); the next call sets RESTORE_RUN to its archive. Send a
 #   `start:` step's output to a file, not a pipe.
 # Environment: KERNELS_ARGS / STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
@@ -94,7 +97,7 @@ for step in "$@"; do
       timeout -k 10 500 python3 -m benchmarks.training.saturation counters --tasks khop2 --top 6 --csv-dir "$out/counters" \
         > "$out/counters.log" 2>&1
       echo "=== counters rc=$? in $((SECONDS - t0)) s"; grep "^{" "$out/counters.log" ;;
-    start:*|wait:*|stop:*)
+    start:*|wait:*|stop:*|watch:*)
       name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/reproduce}; args=${REPRODUCE_ARGS:---workers 16 --mps}
       mkdir -p "$dir"
       if [[ $step == start:* ]]; then
@@ -119,8 +122,13 @@ for step in "$@"; do
       pid=$(cat "$dir/$name.pid")
       deadline=$((SECONDS + ${WAIT_S:-540}))
       while kill -0 "$pid" 2> /dev/null && [ $SECONDS -lt $deadline ]; do
-        sleep 15; grep "cells done" "$dir/$name.log" | tail -n 1
+        if [[ $step == watch:* ]]; then sleep 30; else sleep 15; fi
+        grep "cells done" "$dir/$name.log" | tail -n 1
       done
+      if [[ $step == watch:* ]]; then
+        echo "=== $name: $(kill -0 "$pid" 2> /dev/null && echo running || echo finished) at $(date -u +%FT%TZ)"
+        continue
+      fi
       if [[ $step == stop:* ]] && kill -0 "$pid" 2> /dev/null; then
         kill -INT -- "-$(ps -o pgid= "$pid" | tr -d ' ')"  # its process group (setsid): the workers too
         for _ in $(seq 120); do kill -0 "$pid" 2> /dev/null || break; sleep 1; done
