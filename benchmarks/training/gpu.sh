@@ -24,7 +24,7 @@
 #                           OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run: the journal, and the checkpoints of
 #                           unfinished trials; over 15 MiB it comes as NAME-run.tgz.part00, .part01, ...: the device
 #                           tool returns files of at most 16 MiB)
-#     watch:NAME            wait up to WAIT_S s for the reproduction, printing its progress every 30 s; no table, no
+#     watch:NAME            wait up to WAIT_S s for the reproduction, printing its progress as `wait` does; no table, no
 #                           archive (a call between a `start:` and a `stop:` that keeps the machine busy)
 #     stop:NAME             as `wait`, but interrupts the reproduction (Ctrl-C to its process group: running trials
 #                           write interrupted.ckpt) once WAIT_S s are up, so the archive resumes on another machine.
@@ -122,8 +122,7 @@ for step in "$@"; do
       pid=$(cat "$dir/$name.pid")
       deadline=$((SECONDS + ${WAIT_S:-540}))
       while kill -0 "$pid" 2> /dev/null && [ $SECONDS -lt $deadline ]; do
-        if [[ $step == watch:* ]]; then sleep 30; else sleep 15; fi
-        grep "cells done" "$dir/$name.log" | tail -n 1
+        sleep 15; grep "cells done" "$dir/$name.log" | tail -n 1
       done
       if [[ $step == watch:* ]]; then
         echo "=== $name: $(kill -0 "$pid" 2> /dev/null && echo running || echo finished) at $(date -u +%FT%TZ)"

@@ -29,6 +29,18 @@ def sign_by_cycles(perm):
     return 1 if (len(perm) - cycles) % 2 == 0 else -1
 
 
+@pytest.mark.parametrize("name", ["S3", "S4", "A5", "A4xZ5", "Z6", "S3xZ2"])
+def test_signs_are_the_permutation_sign_and_a_homomorphism(name):
+    group = get_group(name)
+    signs = group.signs
+    assert signs.tolist() == [sign_by_cycles(p) for p in group.elements]
+    assert torch.equal(signs[group.table], signs[:, None] * signs[None, :])
+    if name.startswith("A"):
+        assert (signs == 1).all()
+    if name in ("S3", "S4"):
+        assert (signs == -1).sum().item() == group.order // 2
+
+
 @pytest.mark.parametrize("name", GROUPS)
 def test_group_axioms_and_table_against_composition(name):
     g = get_group(name)

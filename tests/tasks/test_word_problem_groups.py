@@ -85,28 +85,3 @@ def test_bad_product_names_raise():
         get_task("word_problem", group="A4__Z5")
     with pytest.raises(ValueError, match="exceeds"):
         get_task("word_problem", group="S6_x_Z2")
-
-
-def _sign_by_cycles(perm):
-    """(-1) ** (n - number of cycles): independent of the inversion count that ``Group.signs`` uses."""
-    seen, cycles = set(), 0
-    for start in range(len(perm)):
-        if start not in seen:
-            cycles += 1
-            i = start
-            while i not in seen:
-                seen.add(i)
-                i = perm[i]
-    return (-1) ** (len(perm) - cycles)
-
-
-@pytest.mark.parametrize("name", ["S3", "S4", "A5", "A4xZ5", "Z6", "S3xZ2"])
-def test_signs_are_the_permutation_sign_and_a_homomorphism(name):
-    group = get_group(name)
-    signs = group.signs
-    assert signs.tolist() == [_sign_by_cycles(p) for p in group.elements]
-    assert torch.equal(signs[group.table], signs[:, None] * signs[None, :])
-    if name.startswith("A"):
-        assert (signs == 1).all()
-    if name in ("S3", "S4"):
-        assert (signs == -1).sum().item() == group.order // 2
