@@ -162,6 +162,7 @@ def run_reproduction(
         "workers": workers or 1,
         "ran": run,
         "wall_min": info["wall_s"] / 60,
+        "busy_min": info["busy_s"] / 60,
         "trial_min": float(every["wall_time_s"].sum()) / 60 if "wall_time_s" in every else float("nan"),
         "resumed": int((every["resumed_from_step"] > 0).sum()) if "resumed_from_step" in every else 0,
         "budget": (

@@ -108,6 +108,22 @@ def _final_trial(trials: list[FrozenTrial]) -> FrozenTrial:
     return max(done, key=lambda t: t.number)
 
 
+def busy_seconds(trials: Iterable[FrozenTrial]) -> float:
+    """Seconds during which at least one of ``trials`` ran: the length of the union of their
+    start-to-end intervals (trials without both times left out). Over a run resumed in several
+    invocations this is the run's time with trials running, without the gaps between invocations."""
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials if t.datetime_start and t.datetime_complete)
+    total, end = 0.0, None
+    for start, stop in spans:
+        if end is None or start > end:
+            total += (stop - start).total_seconds()
+            end = stop
+        elif stop > end:
+            total += (stop - end).total_seconds()
+            end = stop
+    return total
+
+
 def collect(
     grid, cells: Iterable[tuple[str, Any]], meta: dict[str, Any] | None = None, every_finished: bool = False
 ) -> pd.DataFrame:

@@ -170,16 +170,18 @@ def _names_the_mixer(message: str, mixer: str) -> bool:
     return any(message.startswith(f"{lead}{name!r}") for lead in ("mixer ", "unknown mixer ") for name in (mixer, base))
 
 
+#: seconds: a model check that takes longer than this is logged (with its time), as is the whole check
+SLOW_CHECK_S = 5.0
+
+
 def validate_specs(cells: list[tuple[str, Any]]) -> None:
     """Build each distinct model once and run it forward and backward on a tiny input on the trials'
     device (with their precision), so configuration errors (an unknown mixer option, something that is
     not a mixer, a GPU-only mixer on a machine without one, a kernel that refuses its backward there)
-    surface before any training."""
-    import torch
-
-    from experiments.trial.train import build_datamodule, build_module, resolve_device
-
-    seen = set()
+    surface before any training. On a GPU the first call of each autotuned Triton kernel (fla's) compiles
+    and times its configurations here: each check slower than ``SLOW_CHECK_S`` is logged with its time,
+    so a long check shows progress."""
+    distinct = {}
     for _, spec in cells:
         key = (
             spec.task,
@@ -192,37 +194,63 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
             spec.precision,
             spec.device,
         )
-        if key in seen:
-            continue
-        seen.add(key)
-        accelerator, devices = resolve_device(spec.device)
-        device = torch.device(f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu")
-        dm = build_datamodule(spec)
-        try:
-            model = build_module(spec, dm).model
-            gpu_only = [m for m in model.modules() if getattr(m, "requires_cuda", False)]
-            if gpu_only and device.type != "cuda":
-                raise ValueError(
-                    f"mixer {spec.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "
-                    "for a GPU only; run it with --device cuda on a machine with one"
-                )
-            tokens = torch.zeros(1, 4, dtype=torch.long, device=device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.precision == "bf16-mixed"):
-                logits = model.to(device)(tokens)
-            logits.float().sum().backward()
-        except (ValueError, TypeError, AttributeError, RuntimeError, AssertionError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            if isinstance(err, ValueError) and _names_the_mixer(first, spec.mixer):
-                raise ValueError(first) from None
-            if device.type == "cpu" and _GPU_ONLY.search(first):
-                raise ValueError(f"mixer {spec.mixer!r} needs a CUDA GPU: {first}") from None
-            options = f" with options {spec.mixer_options}" if spec.mixer_options else ""
-            raise ValueError(f"mixer {spec.mixer!r}{options}: {first}") from None
-        if tuple(logits.shape) != (1, 4, dm.num_classes):
-            raise ValueError(
-                f"mixer {spec.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "
-                f"a mixer must map (B, L, d) to (B, L, d)"
+        distinct.setdefault(key, spec)
+    t_all = time.perf_counter()
+    for n, spec in enumerate(distinct.values(), 1):
+        t_model = time.perf_counter()
+        _check_model(spec)
+        took = time.perf_counter() - t_model
+        if took > SLOW_CHECK_S:
+            log.info(
+                "checked model %d/%d (%s, %d layer%s, %s) on %s in %.0f s",
+                n,
+                len(distinct),
+                spec.mixer,
+                spec.layers,
+                "" if spec.layers == 1 else "s",
+                spec.task,
+                spec.device or "cpu",
+                took,
             )
+    took = time.perf_counter() - t_all
+    if took > SLOW_CHECK_S:
+        log.info("checked %d distinct models in %.0f s before training", len(distinct), took)
+
+
+def _check_model(spec) -> None:
+    """``validate_specs``' check of one model: raises ``ValueError`` with a one-line message."""
+    import torch
+
+    from experiments.trial.train import build_datamodule, build_module, resolve_device
+
+    accelerator, devices = resolve_device(spec.device)
+    device = torch.device(f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu")
+    dm = build_datamodule(spec)
+    try:
+        model = build_module(spec, dm).model
+        gpu_only = [m for m in model.modules() if getattr(m, "requires_cuda", False)]
+        if gpu_only and device.type != "cuda":
+            raise ValueError(
+                f"mixer {spec.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "
+                "for a GPU only; run it with --device cuda on a machine with one"
+            )
+        tokens = torch.zeros(1, 4, dtype=torch.long, device=device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.precision == "bf16-mixed"):
+            logits = model.to(device)(tokens)
+        logits.float().sum().backward()
+    except (ValueError, TypeError, AttributeError, RuntimeError, AssertionError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if isinstance(err, ValueError) and _names_the_mixer(first, spec.mixer):
+            raise ValueError(first) from None
+        if device.type == "cpu" and _GPU_ONLY.search(first):
+            raise ValueError(f"mixer {spec.mixer!r} needs a CUDA GPU: {first}") from None
+        options = f" with options {spec.mixer_options}" if spec.mixer_options else ""
+        raise ValueError(f"mixer {spec.mixer!r}{options}: {first}") from None
+    if tuple(logits.shape) != (1, 4, dm.num_classes):
+        raise ValueError(
+            f"mixer {spec.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "
+            f"a mixer must map (B, L, d) to (B, L, d)"
+        )
 
 
 def _run(
@@ -289,10 +317,11 @@ def run_plans(
     ``progress_every``: seconds between reports of the running trials' steps, validation accuracy and
     time left (``RunningMonitor``; 0: none). ``run=False`` only collects. Results files go to ``results_dir`` (default ``out``, the folder of the
     study and the cells): ``<results_dir>/<entry>/``, or with ``flat`` (one plan) ``results_dir`` itself.
-    ``info``: ``cells``, ``done``, ``counts`` (of this call's sync), ``wall_s``, ``versions``.
+    ``info``: ``cells``, ``done``, ``counts`` (of this call's sync), ``wall_s``, ``busy_s``
+    (``results.busy_seconds`` of the cells' trials: over every invocation), ``versions``.
     """
     from experiments.sweeps.presets import build_specs
-    from experiments.sweeps.results import collect, versions, warn_newton_fallbacks, write_results
+    from experiments.sweeps.results import busy_seconds, collect, versions, warn_newton_fallbacks, write_results
     from experiments.sweeps.study import GridStudy, cell_id
 
     cells_by_entry = {p.entry or p.task: [(p.entry or p.task, s) for s in build_specs(p, device)] for p in plans}
@@ -355,11 +384,13 @@ def run_plans(
     results = write_all()
     for df in results.values():
         warn_newton_fallbacks(df)
+    by_cell = grid.trials_by_cell()
     info = {
         "cells": len(keys),
         "done": grid.progress(keys)["done"],
         "counts": counts,
         "wall_s": time.perf_counter() - t0,
+        "busy_s": busy_seconds(t for key in keys for t in by_cell.get(key, [])),
         "versions": meta,
     }
     return results, info

@@ -338,3 +338,28 @@ def test_cosine_to_a_floor_and_gradient_clipping():
     module.training_closure(optimizer, dm.data["train"].inputs[:8], dm.data["train"].targets[:8])
     norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.parameters() if p.grad is not None]))
     assert 0 < float(norm) <= 1e-3 * (1 + 1e-5)
+
+
+def test_the_up_front_check_builds_each_distinct_model_once_and_logs_slow_checks(monkeypatch, caplog):
+    """Cells that differ only in seed or lr share one check; a check slower than ``SLOW_CHECK_S`` (here
+    every one) is logged with its model and time, and so is the whole check."""
+    import experiments.sweeps.runner as runner
+
+    built = []
+    monkeypatch.setattr(runner, "_check_model", lambda spec: built.append(spec))
+    monkeypatch.setattr(runner, "SLOW_CHECK_S", -1.0)
+    cells = [
+        ("parity", TrialSpec(task="parity", mixer=mixer, lr=lr, seed=seed, layers=layers, device="cpu"))
+        for mixer in ("gru", "elman")
+        for layers in (1, 2)
+        for lr in (1e-3, 3e-3)
+        for seed in (0, 1, 2)
+    ]
+    with caplog.at_level("INFO", logger="experiments.sweeps.runner"):
+        validate_specs(cells)
+    assert sorted((s.mixer, s.layers) for s in built) == [("elman", 1), ("elman", 2), ("gru", 1), ("gru", 2)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("checked model 1/4 (gru, 1 layer, parity) on cpu in ")
+    assert lines[1].startswith("checked model 2/4 (gru, 2 layers, parity) on cpu in ")
+    assert lines[-1].startswith("checked 4 distinct models in ")
+    assert len(lines) == 5

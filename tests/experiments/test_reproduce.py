@@ -1,6 +1,9 @@
 """Reproduction presets and ``experiments.reproduce``: paper numbers, comparison table, a quick run."""
 
+import datetime
 import os
+import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -198,6 +201,50 @@ def test_a_paper_metric_per_column():
 
 
 @pytest.mark.slow
+def test_busy_seconds_is_the_length_of_the_union_of_trial_intervals():
+    """Against a count of the covered seconds, on random overlapping, nested and disjoint intervals
+    (trials without an end are left out)."""
+    from optuna.trial import FrozenTrial, TrialState
+
+    from experiments.sweeps.results import busy_seconds
+
+    t0 = datetime.datetime(2026, 1, 1)
+    rng = random.Random(7)
+    for _ in range(50):
+        spans = [(a, a + rng.randint(0, 40)) for a in (rng.randint(0, 200) for _ in range(rng.randint(0, 12)))]
+        trials = [
+            FrozenTrial(
+                number=i,
+                state=TrialState.COMPLETE,
+                value=None,
+                datetime_start=t0 + datetime.timedelta(seconds=a),
+                datetime_complete=t0 + datetime.timedelta(seconds=b),
+                params={},
+                distributions={},
+                user_attrs={},
+                system_attrs={},
+                intermediate_values={},
+                trial_id=i,
+            )
+            for i, (a, b) in enumerate(spans)
+        ]
+        covered = {s for a, b in spans for s in range(a, b)}
+        running = FrozenTrial(
+            number=99,
+            state=TrialState.RUNNING,
+            value=None,
+            datetime_start=t0,
+            datetime_complete=None,
+            params={},
+            distributions={},
+            user_attrs={},
+            system_attrs={},
+            intermediate_values={},
+            trial_id=99,
+        )
+        assert busy_seconds([*reversed(trials), running]) == len(covered)
+
+
 def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     over = {
         "train": {"max_steps": 10, "train_size": 64, "val_size": 32, "test_size": 64},
@@ -207,6 +254,9 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     assert set(table["entry"]) == {"parity"} and table.set_index("mixer").loc["flashgru", "ours_params"] > 0
     text = (tmp_path / "pararnn-table1" / "reproduction.md").read_text()
     assert "QUICK" in text and "| flashgru " in text and "Cells: 2 of 2 finished" in text
+    busy = float(re.search(r"time with trials running, over every invocation: ([0-9.]+) min", text).group(1))
+    wall = float(re.search(r"wall time of this invocation: ([0-9.]+) min", text).group(1))
+    assert 0 <= busy <= wall + 0.05
     results = tmp_path / "pararnn-table1" / "parity" / "results.csv"
     assert len(pd.read_csv(results)) == 2
     mtime = results.stat().st_mtime_ns
