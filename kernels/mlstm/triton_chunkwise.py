@@ -426,8 +426,9 @@ def _gate_grads_torch(qdq, kdk, i_pre, f_pre, dlast, exp_gate: bool):
     return di.to(i_pre.dtype).contiguous(), df.to(f_pre.dtype).contiguous()
 
 
-def _gate_grads(qdq, kdk, i_pre, f_pre, dlast, exp_gate: bool):
-    """``_gate_grads_torch`` in one ``gate_grads`` launch (one program per batch*head)."""
+def _gate_grads(qdq, kdk, i_pre, f_pre, dlast, exp_gate: bool, block: int = 1024):
+    """``_gate_grads_torch`` in one ``gate_grads`` launch (one program per batch*head, walking the
+    sequence backwards in blocks of at most ``block`` steps, a power of two)."""
     B, NH, S = i_pre.shape
     di, df = torch.empty_like(i_pre), torch.empty_like(f_pre)
     has_dlast = dlast is not None
@@ -435,7 +436,7 @@ def _gate_grads(qdq, kdk, i_pre, f_pre, dlast, exp_gate: bool):
         gate_grads,
         (B * NH,),
         (qdq, kdk, i_pre, f_pre, dlast if has_dlast else qdq, di, df, S, qdq.shape[-1]),
-        dict(NKB=qdq.shape[0], BS=min(1024, _np2(S)), EXP=exp_gate, HAS_DLAST=has_dlast),
+        dict(NKB=qdq.shape[0], BS=min(block, _np2(S)), EXP=exp_gate, HAS_DLAST=has_dlast),
     )
     return di, df
 

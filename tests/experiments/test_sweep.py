@@ -287,8 +287,29 @@ def test_ctrl_c_three_times_then_the_sweep_finishes(tmp_path, workers):
         ),
     ],
 )
+def test_cli_user_errors_are_one_line_and_store_nothing(tmp_path, capsys, argv, message):
+    """``main`` in this process (the command line itself: the test below)."""
+    out = tmp_path / "out"
+    try:
+        code = main([*argv, "--out", str(out)])
+    except SystemExit as stop:  # argparse's own errors
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (out / "journal.log").exists()  # nothing was stored as a "result"
+
+
 @pytest.mark.slow
-def test_cli_user_errors_are_one_line_and_store_nothing(tmp_path, argv, message):
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["nosuchtask"], "unknown task 'nosuchtask'; known tasks:"),
+        (["parity", "--preset", "smoke", "--mixers", "torch:Tensor"], "mixer 'torch:Tensor'"),
+    ],
+)
+def test_the_command_line_prints_a_user_error_as_one_line_and_exits_2(tmp_path, argv, message):
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.sweep", *argv, "--out", str(out)],
@@ -300,7 +321,7 @@ def test_cli_user_errors_are_one_line_and_store_nothing(tmp_path, argv, message)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    assert not (out / "journal.log").exists()  # nothing was stored as a "result"
+    assert not (out / "journal.log").exists()
 
 
 @pytest.mark.slow

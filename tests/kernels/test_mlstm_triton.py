@@ -374,12 +374,12 @@ def test_launch_falls_back_when_out_of_shared_memory(monkeypatch):
 
 
 @pytest.mark.parametrize("gate", ["exp", "sig"])
-@pytest.mark.parametrize("S", [37, 2100])
+@pytest.mark.parametrize("S, block", [(37, 1024), (150, 64)])
 @pytest.mark.slow
-def test_gate_kernels_match_torch(gate, S):
+def test_gate_kernels_match_torch(gate, S, block):
     """``chunk_gates`` / ``gate_grads`` (``MlstmTiles.gate_kernels``) against their PyTorch references
-    in float64: S not a multiple of the chunk (padding: log f = 0, log i = -inf), and S = 2100 over
-    three 1024-step blocks of the reverse cumulative sum, with and without the final-state term."""
+    in float64: S not a multiple of the chunk (padding: log f = 0, log i = -inf), and S = 150 over three
+    blocks of 64 of the reverse cumulative sum, with and without the final-state term."""
     from kernels.mlstm.triton_chunkwise import _gate_grads, _gate_grads_torch, _gates
 
     B, NH, L, NKB = 2, 3, 16, 2
@@ -394,10 +394,17 @@ def test_gate_kernels_match_torch(gate, S):
     qdq, kdk = r(NKB, B, NH, NC * L), r(NKB, B, NH, NC * L)
     for dlast in (None, r(B, NH)):
         for got, want in zip(
-            _gate_grads(qdq, kdk, i_pre, f_pre, dlast, gate == "exp"),
+            _gate_grads(qdq, kdk, i_pre, f_pre, dlast, gate == "exp", block),
             _gate_grads_torch(qdq, kdk, i_pre, f_pre, dlast, gate == "exp"),
         ):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="a GPU's test (the interpreter takes a minute)")
+@pytest.mark.parametrize("gate", ["exp", "sig"])
+def test_gate_kernels_match_torch_in_the_default_blocks(gate):
+    """As above at S = 2100: three of the default 1024-step blocks."""
+    test_gate_kernels_match_torch(gate, 2100, 1024)
 
 
 def _opts_run(x, st, gate, dtype, chunk, **opts):

@@ -94,13 +94,21 @@ def check(fn, ref, c, x, reverse, tol=1e-5, offset=0):
     assert rel(c.grad, c64.grad) < tol
 
 
-@pytest.mark.parametrize("L", [1, 17, 129, 1000])
+@pytest.mark.parametrize("L", [1, 17, 129])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.slow
 def test_diag_matches_reference(kind, L, reverse):
     gen = torch.Generator().manual_seed(L + 7 * reverse)
     c, x = inputs((2, L, 70), (2, L, 70), gen)  # 70 channels: one full and one partial lane tile
     check(forced(kind), linear_scan_reference, c, x, reverse)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's test (on the CPU: many_chunks_and_lane_tiles)")
+@pytest.mark.parametrize("reverse", [False, True])
+def test_diag_matches_reference_over_1000_steps(kind, reverse):
+    """As above at 1000 steps: 16 chunks of the default tile, past its look-back window. The interpreter
+    takes 45 s for it; on the CPU ``test_many_chunks_and_lane_tiles`` chains 13 small chunks instead."""
+    test_diag_matches_reference(kind, 1000, reverse)
 
 
 @pytest.mark.parametrize("L", [1, 17, 129, 1000])
