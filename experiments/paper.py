@@ -372,7 +372,13 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
             if meta.get("ran", True)
             else "table written from stored results; "
         )
-        + f"time with trials running, over every invocation: {meta.get('busy_min', float('nan')):.1f} min; "
+        + f"time with trials running, over every invocation: {meta.get('busy_min', float('nan')):.1f} min"
+        + (
+            f" (and up-front model checks: {meta['check_min']:.1f} min over {meta['checks']} invocation(s))"
+            if meta.get("checks")
+            else ""
+        )
+        + "; "
         + f"trials' own training+test time, summed: {meta.get('trial_min', float('nan')):.1f} min"
         + (
             f" ({meta['resumed']} trials resumed from a checkpoint: their last invocation only)."

@@ -163,6 +163,8 @@ def run_reproduction(
         "ran": run,
         "wall_min": info["wall_s"] / 60,
         "busy_min": info["busy_s"] / 60,
+        "check_min": info["checks"][0] / 60,
+        "checks": info["checks"][1],
         "trial_min": float(every["wall_time_s"].sum()) / 60 if "wall_time_s" in every else float("nan"),
         "resumed": int((every["resumed_from_step"] > 0).sum()) if "resumed_from_step" in every else 0,
         "budget": (

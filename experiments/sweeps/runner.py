@@ -174,13 +174,13 @@ def _names_the_mixer(message: str, mixer: str) -> bool:
 SLOW_CHECK_S = 5.0
 
 
-def validate_specs(cells: list[tuple[str, Any]]) -> None:
+def validate_specs(cells: list[tuple[str, Any]]) -> float:
     """Build each distinct model once and run it forward and backward on a tiny input on the trials'
     device (with their precision), so configuration errors (an unknown mixer option, something that is
     not a mixer, a GPU-only mixer on a machine without one, a kernel that refuses its backward there)
     surface before any training. On a GPU the first call of each autotuned Triton kernel (fla's) compiles
     and times its configurations here: each check slower than ``SLOW_CHECK_S`` is logged with its time,
-    so a long check shows progress."""
+    so a long check shows progress. Returns the check's time in seconds."""
     distinct = {}
     for _, spec in cells:
         key = (
@@ -215,6 +215,7 @@ def validate_specs(cells: list[tuple[str, Any]]) -> None:
     took = time.perf_counter() - t_all
     if took > SLOW_CHECK_S:
         log.info("checked %d distinct models in %.0f s before training", len(distinct), took)
+    return took
 
 
 def _check_model(spec) -> None:
@@ -318,7 +319,9 @@ def run_plans(
     time left (``RunningMonitor``; 0: none). ``run=False`` only collects. Results files go to ``results_dir`` (default ``out``, the folder of the
     study and the cells): ``<results_dir>/<entry>/``, or with ``flat`` (one plan) ``results_dir`` itself.
     ``info``: ``cells``, ``done``, ``counts`` (of this call's sync), ``wall_s``, ``busy_s``
-    (``results.busy_seconds`` of the cells' trials: over every invocation), ``versions``.
+    (``results.busy_seconds`` of the cells' trials: over every invocation), ``checks`` (seconds and count
+    of the up-front model checks of every invocation under this ``label``; ``run=False`` checks nothing),
+    ``versions``.
     """
     from experiments.sweeps.presets import build_specs
     from experiments.sweeps.results import busy_seconds, collect, versions, warn_newton_fallbacks, write_results
@@ -328,8 +331,10 @@ def run_plans(
     cells = [c for v in cells_by_entry.values() for c in v]
     if flat and len(cells_by_entry) != 1:
         raise ValueError("flat results need exactly one plan")
-    validate_specs(cells)
+    check_s = validate_specs(cells) if run else None
     grid = GridStudy.open(storage_url, out, study_name, stale_timeout)  # a storage that cannot open: no folder made
+    if check_s is not None:
+        grid.record_check(label or study_name, check_s)
     out.mkdir(parents=True, exist_ok=True)
     keys = list(dict.fromkeys(cell_id(s) for _, s in cells))
     priority = {cell_id(s) for p in plans if p.priority == "high" for _, s in cells_by_entry[p.entry or p.task]}
@@ -391,6 +396,7 @@ def run_plans(
         "counts": counts,
         "wall_s": time.perf_counter() - t0,
         "busy_s": busy_seconds(t for key in keys for t in by_cell.get(key, [])),
+        "checks": grid.check_seconds(label or study_name),
         "versions": meta,
     }
     return results, info

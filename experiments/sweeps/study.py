@@ -361,6 +361,20 @@ class GridStudy:
                 out.setdefault(t.user_attrs["cell"], []).append(t)
         return out
 
+    # --- the runs' up-front model checks --------------------------------------------------------------
+    def record_check(self, label: str, seconds: float) -> None:
+        """Keep one invocation's up-front model check time (``runner.validate_specs``) in the study, as
+        the user attribute ``check <label> <time> <pid>``, so a run resumed over several invocations
+        (and machines) can state what its checks cost in all."""
+        key = f"check {label} {datetime.now().isoformat(timespec='seconds')} {os.getpid()}"
+        self.study.set_user_attr(key, round(float(seconds), 1))
+
+    def check_seconds(self, label: str) -> tuple[float, int]:
+        """The summed up-front check time (s) of every invocation recorded under ``label``, and their count."""
+        attrs = self.storage.get_study_user_attrs(self.study_id)
+        times = [float(v) for k, v in attrs.items() if k.startswith(f"check {label} ")]
+        return sum(times), len(times)
+
     # --- the grid -------------------------------------------------------------------------------------
     def enqueue(
         self, spec: TrialSpec, entry: str, distributions: dict[str, BaseDistribution], key: str | None = None

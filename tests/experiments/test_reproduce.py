@@ -261,6 +261,8 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     assert len(pd.read_csv(results)) == 2
     mtime = results.stat().st_mtime_ns
     run_reproduction("pararnn-table1", tmp_path, quick=True, overrides=over, entries=["parity"], progress=False)
+    text = (tmp_path / "pararnn-table1" / "reproduction.md").read_text()
+    assert re.search(r"\(and up-front model checks: [0-9.]+ min over 2 invocation\(s\)\)", text)
     df = pd.read_csv(results)
     assert len(df) == 2 and set(df["trial"]) == {0, 1}  # resumed: nothing re-ran
     assert set(df["status"]) == {"ok"}
@@ -268,7 +270,8 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     # pararnn-table6 in the same folder shares the cell: its parity sweep reuses the finished trials
     table6 = run_reproduction("pararnn-table6", tmp_path, quick=True, overrides=over, entries=["parity"], run=False)
     assert table6.set_index("mixer").loc["flashgru", "seeds"] == 1
-    assert (tmp_path / "pararnn-table6" / "reproduction.md").is_file()
+    text6 = (tmp_path / "pararnn-table6" / "reproduction.md").read_text()
+    assert "up-front model checks" not in text6  # it did not run, so it checked nothing
 
 
 @pytest.mark.slow
