@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pandas as pd
@@ -257,6 +258,22 @@ def still_climbing(trials: pd.DataFrame, early_stop: float = 0.999) -> pd.Series
     )
 
 
+def evaluated_metric(metric: str, df: pd.DataFrame) -> str:
+    """``metric`` when ``df`` has values of it; for a length metric ``len<L>/<m>`` that was not evaluated
+    (``--quick`` evaluates shorter lengths) the evaluated ``len<K>/<m>`` of the largest ``K``; else ``metric``."""
+    if metric in df and df[metric].notna().any():
+        return metric
+    m = re.fullmatch(r"len(\d+)/(.+)", metric)
+    if not m:
+        return metric
+    lengths = [
+        int(hit.group(1))
+        for c in df.columns
+        if (hit := re.fullmatch(rf"len(\d+)/{re.escape(m.group(2))}", c)) and df[c].notna().any()
+    ]
+    return f"len{max(lengths)}/{m.group(2)}" if lengths else metric
+
+
 def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Long table: one row per (entry, mixer) with ours and the paper's value and parameters."""
     entries = {e.entry: e for e in paper_entries(name)}
@@ -265,9 +282,8 @@ def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
         entry = entries.get(entry_name)
         if entry is None:
             continue
-        ours = (
-            aggregate(df, entry.metric, entry.aggregate, entry.layers).set_index("mixer") if len(df) else pd.DataFrame()
-        )
+        metric = evaluated_metric(entry.metric, df)
+        ours = aggregate(df, metric, entry.aggregate, entry.layers).set_index("mixer") if len(df) else pd.DataFrame()
         for mixer in dict.fromkeys([*entry.values, *(ours.index if len(ours) else [])]):
             paper_value, paper_params = entry.values.get(mixer, (float("nan"), float("nan")))
             r = ours.loc[mixer] if len(ours) and mixer in ours.index else None
@@ -276,7 +292,7 @@ def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 {
                     "entry": entry_name,
                     "mixer": mixer,
-                    "metric": entry.metric,
+                    "metric": metric,
                     "ours": float(get("value")),
                     "ours_std": float(get("std")),
                     "ours_params": get("params"),
@@ -348,7 +364,9 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     """The Markdown report: a header (device, date, budget), the side-by-side table, the differing cells."""
     data = load_reproduction(name)
     entries = paper_entries(name)
-    metrics = sorted({e.metric for e in entries if e.entry in set(table["entry"])})
+    shown = dict(zip(table["entry"], table["metric"])) if len(table) else {}
+    metrics = sorted({shown.get(e.entry, e.metric) for e in entries if e.entry in shown})
+    substituted = sorted({(e.metric, shown[e.entry]) for e in entries if shown.get(e.entry, e.metric) != e.metric})
     statistic = (
         "best over seeds (per seed the lr with the best validation accuracy)"
         if entries[0].aggregate == "best"
@@ -390,13 +408,15 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
         "",
         f"Metric: {', '.join(f'`{m}`' for m in metrics)} "
         + (
-            "(per column: "
-            + ", ".join(f"{e.title} `{e.metric}`" for e in entries if e.entry in set(table["entry"]))
-            + "); "
+            "(per column: " + ", ".join(f"{e.title} `{shown[e.entry]}`" for e in entries if e.entry in shown) + "); "
             if len(metrics) > 1
             else "; "
         )
-        + f"{statistic}.",
+        + f"{statistic}."
+        + "".join(
+            f" The paper's `{paper}` was not evaluated in this run: shown is `{ours}`, the longest length evaluated."
+            for paper, ours in substituted
+        ),
         legend,
         "",
         comparison_frame(name, table).to_markdown(index=False, disable_numparse=True),

@@ -16,6 +16,7 @@ from experiments.paper import (
     comparison_frame,
     comparison_markdown,
     entry_metric,
+    evaluated_metric,
     paper_layers,
     reproduction_presets,
     verdict,
@@ -322,3 +323,13 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     assert illusion[0].layers == [1, 2, 3, 4] and {p.task_options["group"] for p in illusion} == {"A5", "A4xZ5", "Z60"}
     quick = plans_for("illusion-of-state", quick=True)
     assert quick[0].layers == [1, 2] and quick[0].seeds == [0]
+
+
+def test_a_length_metric_not_evaluated_falls_back_to_the_longest_length_evaluated():
+    """``--quick`` evaluates at 16 and 32: a paper metric at length 512 shows the length-32 one instead."""
+    nan = float("nan")
+    df = pd.DataFrame({"len16/acc": [0.5, 0.6], "len32/acc": [0.4, nan], "len64/acc": [nan, nan], "test/acc": [1, 1]})
+    assert evaluated_metric("len512/acc", df) == "len32/acc"
+    assert evaluated_metric("len16/acc", df) == "len16/acc"
+    assert evaluated_metric("len512/exact", df) == "len512/exact"  # nothing to fall back to
+    assert evaluated_metric("test/last_acc", df) == "test/last_acc"
