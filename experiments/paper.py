@@ -365,8 +365,10 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     data = load_reproduction(name)
     entries = paper_entries(name)
     shown = dict(zip(table["entry"], table["metric"])) if len(table) else {}
-    metrics = sorted({shown.get(e.entry, e.metric) for e in entries if e.entry in shown})
-    substituted = sorted({(e.metric, shown[e.entry]) for e in entries if shown.get(e.entry, e.metric) != e.metric})
+    metrics = sorted({shown[e.entry] for e in entries if e.entry in shown})
+    substituted = sorted(
+        {(e.metric, shown[e.entry]) for e in entries if e.entry in shown and shown[e.entry] != e.metric}
+    )
     statistic = (
         "best over seeds (per seed the lr with the best validation accuracy)"
         if entries[0].aggregate == "best"

@@ -392,7 +392,7 @@ def run_plans(
     by_cell = grid.trials_by_cell()
     info = {
         "cells": len(keys),
-        "done": grid.progress(keys)["done"],
+        "done": grid.progress(keys, by_cell)["done"],
         "counts": counts,
         "wall_s": time.perf_counter() - t0,
         "busy_s": busy_seconds(t for key in keys for t in by_cell.get(key, [])),

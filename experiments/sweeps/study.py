@@ -371,8 +371,7 @@ class GridStudy:
 
     def check_seconds(self, label: str) -> tuple[float, int]:
         """The summed up-front check time (s) of every invocation recorded under ``label``, and their count."""
-        attrs = self.storage.get_study_user_attrs(self.study_id)
-        times = [float(v) for k, v in attrs.items() if k.startswith(f"check {label} ")]
+        times = [float(v) for k, v in self.study.user_attrs.items() if k.startswith(f"check {label} ")]
         return sum(times), len(times)
 
     # --- the grid -------------------------------------------------------------------------------------
@@ -415,9 +414,10 @@ class GridStudy:
                 counts["done"] += 1
         return counts
 
-    def progress(self, cells: Iterable[str]) -> dict[str, int]:
-        """Counts of the cells' states: ``done``, ``running``, ``waiting``, ``todo``."""
-        by_cell = self.trials_by_cell()
+    def progress(self, cells: Iterable[str], by_cell: dict[str, list[FrozenTrial]] | None = None) -> dict[str, int]:
+        """Counts of the cells' states: ``done``, ``running``, ``waiting``, ``todo`` (from ``by_cell``, a
+        ``trials_by_cell()`` the caller already read, else a fresh read)."""
+        by_cell = self.trials_by_cell() if by_cell is None else by_cell
         out = {"done": 0, "running": 0, "waiting": 0, "todo": 0}
         for cell in cells:
             trials = by_cell.get(cell, [])
