@@ -92,6 +92,14 @@ def _child(name: str, steps: int, timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
+def _autotune_note() -> str:
+    """``"; Triton autotuners on their first configuration"`` under ``benchmarks/first_config``, else ``""``."""
+    from triton.runtime import autotuner
+
+    first = getattr(autotuner.Autotuner.prune_configs, "__name__", "") == "_first_config"
+    return "; Triton autotuners on their first configuration (benchmarks/first_config)" if first else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.fla_layers", description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", help="comma-separated fla.layers classes (default: all of fla.layers.__all__)")
@@ -124,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{torch.cuda.get_device_name()}, {datetime.date.today()}; fla {getattr(fla, '__version__', '?')}, "
         f"torch {torch.__version__}, triton {triton.__version__}. Running parity (length 40), batch 64, "
         f"AdamW lr 3e-3, {args.steps} steps, bf16 autocast inside the layer. `trains`: every step ran and the "
-        f"mean loss of the last 20 steps is below that of the first 20 (a smoke check, not an accuracy).\n\n"
+        f"mean loss of the last 20 steps is below that of the first 20 (a smoke check, not an accuracy). "
+        f"{args.procs} layers at a time on one GPU{_autotune_note()}: `steps_per_s` is not a timing.\n\n"
         f"{int(df['trains'].sum())} of {len(df)} layers train.\n\n"
     )
     text = header + df.to_markdown(index=False) + "\n"
