@@ -307,6 +307,7 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     assert [verdict(0.9, 0.971, 0.15), verdict(0.8, 0.971, 0.15), verdict(0.3, 0.1, 0.15)] == ["✓", "✗", "↑"]
     groups = plans_for("deltaproduct-groups")
     assert "deltaproduct[householders=4]" in groups[0].mixers and groups[0].extrapolation["eval_lengths"][-1] == 512
+    assert {p.train.warmup_ratio for p in groups} == {0.0}  # the paper's schedule: no warm-up
     illusion = plans_for("illusion-of-state")
     assert illusion[0].layers == [1, 2, 3, 4] and {p.task_options["group"] for p in illusion} == {"A5", "A4xZ5", "Z60"}
     quick = plans_for("illusion-of-state", quick=True)
