@@ -310,6 +310,7 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     assert {p.train.warmup_ratio for p in groups} == {0.0}  # the paper's schedule: no warm-up
     illusion = plans_for("illusion-of-state")
     assert illusion[0].layers == [1, 2, 3, 4] and {p.task_options["group"] for p in illusion} == {"A5", "A4xZ5", "Z60"}
+    assert {p.train.warmup_ratio for p in illusion} == {0.0}  # the paper's lr is constant: no warm-up
     quick = plans_for("illusion-of-state", quick=True)
     assert quick[0].layers == [1, 2] and quick[0].seeds == [0]
 
