@@ -93,10 +93,11 @@ def _child(name: str, steps: int, timeout: float) -> dict:
 
 
 def _autotune_note() -> str:
-    """``"; Triton autotuners on their first configuration"`` under ``benchmarks/first_config``, else ``""``."""
+    """``"; Triton autotuners on their first configuration"`` under ``benchmarks/first_config`` (which marks
+    ``Autotuner.first_config_only``), else ``""``."""
     from triton.runtime import autotuner
 
-    first = getattr(autotuner.Autotuner.prune_configs, "__name__", "") == "_first_config"
+    first = getattr(autotuner.Autotuner, "first_config_only", False)
     return "; Triton autotuners on their first configuration (benchmarks/first_config)" if first else ""
 
 
