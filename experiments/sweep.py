@@ -117,6 +117,7 @@ def parser() -> Parser:
         help="model depth: sequence blocks, each pre-norm and residual (a list sweeps depth; default: "
         "the preset's, else 1)",
     )
+    p.add_argument("--d-model", type=positive_int, help="the model's width (default: the preset's, else 64)")
     p.add_argument(
         "--precision",
         choices=PRECISIONS,
@@ -170,12 +171,16 @@ def run(args) -> None:
         "train": train_over or None,
         "task_options": dict(args.task_option) or None,
         "layers": args.layers,
+        "d_model": args.d_model,
         "precision": args.precision,
     }
     plan = resolve_sweep(args.task, args.preset, overrides)
     if args.mixer_option:
         plan.mixer_options = {m: {**plan.mixer_options.get(m, {}), **dict(args.mixer_option)} for m in plan.mixers}
-    out = args.out or Path("runs") / f"{args.task}-{args.preset}"
+    # a width other than the preset's gets its own default folder: the tables group cells by mixer and depth
+    preset_width = resolve_sweep(args.task, args.preset).d_model
+    width = f"-d{args.d_model}" if args.d_model and args.d_model != preset_width else ""
+    out = args.out or Path("runs") / f"{args.task}-{args.preset}{width}"
     check_run_arguments(args, out)
     with workers_mps(args.mps, args.workers):
         df = run_sweep(

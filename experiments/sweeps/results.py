@@ -77,6 +77,7 @@ def _spec_columns(entry: str, spec: dict[str, Any]) -> dict[str, Any]:
         "backend": spec["mixer_options"].get("backend", spec["mixer_options"].get("mode", "auto")),
         "block": spec["block"],
         "layers": spec.get("layers", 1),
+        "d_model": spec.get("d_model", 64),
         "precision": spec.get("precision", "32-true"),
         "positional": spec["positional"],
         "extrapolation": json.dumps(spec["extrapolation"]) if spec["extrapolation"] else "",

@@ -70,6 +70,29 @@ def test_layers_and_precision_are_part_of_the_cell_and_old_cells_keep_their_ids(
         TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, precision="16-mixed")
 
 
+def test_the_sweep_command_overrides_the_width():
+    """``--d-model 128`` reaches every spec of the plan; without it the preset's width stays."""
+    args = sweep.parser().parse_args(["s4", "--preset", "deltaproduct-groups", "--d-model", "96"])
+    assert args.d_model == 96
+    wide = resolve_sweep("s4", "deltaproduct-groups", {"d_model": args.d_model})
+    assert {s.d_model for s in build_specs(wide)} == {96}
+    assert {s.d_model for s in build_specs(resolve_sweep("s4", "deltaproduct-groups"))} == {64}
+    with pytest.raises(SystemExit):
+        sweep.parser().parse_args(["s4", "--d-model", "0"])
+
+
+@pytest.mark.slow
+def test_a_sweep_at_another_width_records_it_in_its_own_folder(tmp_path, monkeypatch):
+    """``--d-model 16`` without ``--out`` writes ``runs/<task>-<preset>-d16``: the tables group cells by mixer
+    and depth, so a width beside the preset's must not share its folder; every row records the width."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["parity", "--preset", "smoke", "--mixers", "gru", "--seeds", "0", "--max-steps", "20", "--no-progress"]
+    assert sweep.main([*argv, "--d-model", "16"]) == 0
+    df = pd.read_csv(tmp_path / "runs" / "parity-smoke-d16" / "results.csv")
+    assert df["d_model"].tolist() == [16] * len(df)
+    assert not (tmp_path / "runs" / "parity-smoke").exists()
+
+
 def test_a_preset_sweeps_layers_as_a_grid_axis():
     plan = resolve_sweep("parity", "smoke", {"mixers": ["gru", "lstm"], "layers": [1, 2], "precision": "bf16-mixed"})
     specs = build_specs(plan)
