@@ -2,8 +2,9 @@
 minimum depth that solves a task, against sequence length (Merrill, Petty, Sabharwal 2024, Fig. 3).
 
 Reads ``results.csv`` files of sweeps over depth (the ``layers`` column, an integer; a file without it
-is depth 1 throughout) and evaluation lengths (the ``len<L>/<metric>`` columns). Per group (the sweep
-``entry``, else the task and its options), mixer, depth and length it takes the best over seeds and
+is depth 1 throughout) and evaluation lengths (the ``len<L>/<metric>`` columns): one model evaluated at
+several lengths, or one sweep per training length (sweeps that differ only in their lengths form one
+group: ``group_names``). Per group, mixer, depth and length it takes the best over seeds and
 learning rates: by default each seed's learning rate is the one with the best validation accuracy
 (``--lr val``, as every table of the suite), ``--lr max`` takes the best value over all learning rates.
 Then per (group, mixer, length) the smallest depth whose value reaches ``--threshold``; where no depth
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -60,6 +62,24 @@ def _depths(df: pd.DataFrame) -> pd.Series:
     return layers.astype(int)
 
 
+def group_names(df: pd.DataFrame) -> pd.Series:
+    """Each row's group: its sweep entry; sweeps that differ only in their lengths (one model per
+    training length, as Merrill et al. train) share one group, named by their entries' common prefix
+    (``a5_8``, ``a5_32`` -> ``a5``), else by the task and its options. Without entries: the task label."""
+    if "task_config" not in df:  # results without task options: the entry (or the task) is all we know
+        return (df["entry"] if "entry" in df and df["entry"].notna().all() else df["task"]).astype(str)
+    labels = label_tasks(df.assign(extrapolation=""))["task_label"]
+    if "entry" not in df or df["entry"].isna().any():
+        return labels
+    entries = df["entry"].astype(str)
+    names = {}
+    for label, mine in entries.groupby(labels, sort=False):
+        distinct = list(dict.fromkeys(mine))
+        prefix = os.path.commonprefix(distinct).rstrip("_-") if len(distinct) > 1 else distinct[0]
+        names[label] = prefix or label
+    return labels.map(names)
+
+
 def best_values(df: pd.DataFrame, metric: str = "len{L}/exact", lr: str = "val") -> pd.DataFrame:
     """Long table: per (group, mixer, layers, length) the best over seeds (``lr``: see the module docstring).
 
@@ -71,10 +91,7 @@ def best_values(df: pd.DataFrame, metric: str = "len{L}/exact", lr: str = "val")
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
         raise ValueError("no finished ('ok') trials in the results")
-    if "entry" in ok and ok["entry"].notna().all():
-        ok["group"] = ok["entry"].astype(str)
-    else:
-        ok["group"] = label_tasks(ok)["task_label"]
+    ok["group"] = group_names(ok)
     ok["layers"] = _depths(ok)
     keys = ["group", "mixer", "layers"]
     if lr == "val":

@@ -12,6 +12,8 @@ A reproduction preset (``experiments/presets/<name>.yaml``) holds the sweeps and
       columns: {khop2: "k-hop k=2 V=5", ...}
       results: {flashgru: {khop2: [1.00, 17000], ...}, ...}   # [accuracy, parameters (optional)]
       layers: 1                     # the depth of the paper's models (or per sweep: {parity: 2, ...})
+      solved: 0.98                  # optional: the accuracy that counts as solved (the paper's threshold)
+      tolerance: 0.15               # optional: instead, a cell agrees when within this of the paper
 
 A sweep at another depth (the preset's ``layers``) shows as a departure row ``<mixer>, <N> layers``
 beside the paper's rows; two sweeps may share a column title (``columns: {mqar: MQAR, mqar_deep: MQAR}``),
@@ -19,8 +21,8 @@ so a departure of one mixer fills that mixer's row of the paper's column.
 
 ``paper_entries(name)`` reads it as one ``PaperEntry`` per column; ``compare`` puts our number (the
 paper's statistic over our seeds) beside the paper's for every (column, mixer); ``comparison_markdown``
-renders it (pandas) with a verdict per cell: ✓ same side of 98% as the paper, ✗ the paper reaches
-≥ 98% and we do not, ↑ the reverse.
+renders it (pandas) with a verdict per cell: ✓ same side of the solved line (98% unless the preset says
+``solved:``) as the paper, ✗ the paper reaches it and we do not, ↑ the reverse.
 """
 
 from __future__ import annotations
@@ -60,6 +62,14 @@ def paper_tolerance(name: str) -> float | None:
     (a cell agrees when on the same side of 98%)."""
     tolerance = load_reproduction(name)["paper"].get("tolerance")
     return None if tolerance is None else float(tolerance)
+
+
+def paper_solved(name: str) -> float:
+    """The preset's ``paper: solved`` (the accuracy that counts as solving a cell), else ``SOLVED``."""
+    solved = float(load_reproduction(name)["paper"].get("solved", SOLVED))
+    if not 0 < solved <= 1:
+        raise ValueError(f"preset {name!r}: paper: solved must be in (0, 1], got {solved}")
+    return solved
 
 
 def model_label(mixer: str, layers: int, paper_layers: int = 1) -> str:
@@ -310,16 +320,16 @@ def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def verdict(ours: float, paper: float, tolerance: float | None = None) -> str:
-    """``✓`` same side of the 98% line as the paper, ``✗`` paper solved it and we did not, ``↑`` the reverse.
+def verdict(ours: float, paper: float, tolerance: float | None = None, solved: float = SOLVED) -> str:
+    """``✓`` same side of the ``solved`` line as the paper, ``✗`` paper solved it and we did not, ``↑`` the reverse.
     With ``tolerance`` (a preset's ``paper: tolerance``): ``✓`` within it of the paper, else ``✗`` below, ``↑`` above."""
     if ours != ours or paper != paper:
         return ""
     if tolerance is not None:
         return "✓" if abs(ours - paper) <= tolerance else ("✗" if ours < paper else "↑")
-    if (ours >= SOLVED) == (paper >= SOLVED):
+    if (ours >= solved) == (paper >= solved):
         return "✓"
-    return "✗" if paper >= SOLVED else "↑"
+    return "✗" if paper >= solved else "↑"
 
 
 def _pct(x: float) -> str:
@@ -336,7 +346,7 @@ def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
     entries = [e for e in paper_entries(name) if e.entry in set(table["entry"])]
     mean = entries and entries[0].aggregate == "mean_at_best_lr"
     titles = {e.title: [x.entry for x in entries if x.title == e.title] for e in entries}
-    tolerance = paper_tolerance(name)
+    tolerance, solved = paper_tolerance(name), paper_solved(name)
     out: dict[str, list[str]] = {"model": []}
     for title in titles:
         out[title] = []
@@ -355,7 +365,7 @@ def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
             warn = " ⚠" if r["skipped"] > SKIPPED_WARNING else ""
             out[title].append(
                 f"{ours}{_k(r['ours_params'])} / {_pct(r['paper'])}{_k(r['paper_params'])} "
-                f"{verdict(r['ours'], r['paper'], tolerance)}{warn}{' (' + gaps[2:] + ')' if gaps else ''}".strip()
+                f"{verdict(r['ours'], r['paper'], tolerance, solved)}{warn}{' (' + gaps[2:] + ')' if gaps else ''}".strip()
             )
     return pd.DataFrame(out)
 
@@ -374,12 +384,12 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
         if entries[0].aggregate == "best"
         else "mean over seeds at the learning rate with the best mean validation accuracy (± std)"
     )
-    tolerance = paper_tolerance(name)
+    tolerance, solved = paper_tolerance(name), paper_solved(name)
     legend = "Each cell: ours (parameters) / paper (parameters); " + (
         f"✓ within {tolerance:g} of the paper, ✗ lower, ↑ higher."
         if tolerance is not None
-        else "✓ same side of 98% as the paper, ✗ the paper reaches ≥ 98% and we do not, ↑ we reach ≥ 98% where the "
-        "paper does not."
+        else f"✓ same side of {solved:.0%} as the paper, ✗ the paper reaches ≥ {solved:.0%} and we do not, ↑ we reach "
+        f"≥ {solved:.0%} where the paper does not."
     )
     lines = [
         f"# Reproduction: {name}",
@@ -423,7 +433,7 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
         "",
         comparison_frame(name, table).to_markdown(index=False, disable_numparse=True),
     ]
-    differ = table[[verdict(o, p, tolerance) in ("✗", "↑") for o, p in zip(table["ours"], table["paper"])]]
+    differ = table[[verdict(o, p, tolerance, solved) in ("✗", "↑") for o, p in zip(table["ours"], table["paper"])]]
     if tolerance is not None:
         compared = int(sum(o == o and p == p for o, p in zip(table["ours"], table["paper"])))
         lines += ["", f"{compared - len(differ)} of {compared} cells within {tolerance:g} of the paper."]

@@ -17,6 +17,7 @@ def _row(entry, mixer, layers, seed, lr, val, exact, status="ok"):
     row = {
         "entry": entry,
         "task": "word_problem",
+        "task_config": f'{{"group": "{entry}"}}',
         "mixer": mixer,
         "layers": layers,
         "seed": seed,
@@ -81,6 +82,27 @@ def test_minimum_depth_matches_hand_computation(results):
     assert a5_16["best_value"] == pytest.approx(0.85) and a5_16["layers_tried"] == "1,2,3" and a5_16["max_layers"] == 3
     a5_8 = table[(table["group"] == "A5") & (table["mixer"] == "transformer") & (table["length"] == 8)].iloc[0]
     assert a5_8["value_at_min"] == pytest.approx(0.92)
+
+
+def test_sweeps_per_training_length_form_one_group(tmp_path):
+    """One sweep per training length (``a5_4``, ``a5_8``: the same task options, other lengths) is one
+    group ``a5``, each length read from its own sweep; another group's single sweep keeps its name."""
+
+    def row(entry, group, length, layers, value):
+        extrapolation = f'{{"min_len": 2, "max_len": {length}, "eval_lengths": [{length}]}}'
+        out = _row(entry, "lstm", layers, 0, 1e-3, 0.9, {length: value})
+        return {**out, "task_config": f'{{"group": "{group}"}}', "extrapolation": extrapolation}
+
+    rows = [
+        row("a5_4", "A5", 4, 1, 0.99),
+        row("a5_8", "A5", 8, 1, 0.40),
+        row("a5_8", "A5", 8, 2, 0.95),
+        row("z60_8", "Z60", 8, 1, 0.97),
+    ]
+    path = tmp_path / "results.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    table = min_depth_table(best_values(load_results([path])), threshold=0.9)
+    assert _depths(table) == {("a5", "lstm", 4): 1, ("a5", "lstm", 8): 2, ("z60_8", "lstm", 8): 1}
 
 
 def test_lr_max_and_threshold(results):

@@ -18,6 +18,7 @@ from experiments.paper import (
     entry_metric,
     evaluated_metric,
     paper_layers,
+    paper_solved,
     reproduction_presets,
     verdict,
 )
@@ -310,7 +311,22 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     assert {p.train.warmup_ratio for p in groups} == {0.0}  # the paper's schedule: no warm-up
     illusion = plans_for("illusion-of-state")
     assert illusion[0].layers == [1, 2, 3, 4] and {p.task_options["group"] for p in illusion} == {"A5", "A4xZ5", "Z60"}
-    assert {p.train.warmup_ratio for p in illusion} == {0.0}  # the paper's lr is constant: no warm-up
+    deep = [p for p in illusion if p.mixers == ["transformer", "mamba"]]
+    rnn = [p for p in illusion if p.mixers == ["lstm"]]
+    assert len(deep) == len(rnn) == 12
+    assert {p.train.warmup_ratio for p in deep} == {0.0}  # the paper's lr is constant: no warm-up
+    # the RNN under the protocol that learned A5 in the state-tracking preset: bare mixer, lr 1e-2, 20k steps
+    st_lstm = resolve_sweep("a5", "state-tracking")
+    assert {(p.block, p.d_model, p.lrs[0], p.train.max_steps, p.train.warmup_ratio) for p in rnn} == {
+        (st_lstm.block, st_lstm.d_model, st_lstm.lrs[0], st_lstm.train.max_steps, st_lstm.train.warmup_ratio)
+    }
+    # as the paper: one model per training length k (lengths 2..k), tested at k, for both families
+    for family in (deep, rnn):
+        lengths = {(p.task_options["group"], p.extrapolation["max_len"]) for p in family}
+        assert lengths == {(g, k) for g in ("A5", "A4xZ5", "Z60") for k in (4, 8, 16, 32)}
+    assert all(p.extrapolation["eval_lengths"] == [p.extrapolation["max_len"]] for p in illusion)
+    assert paper_solved("illusion-of-state") == 0.9 and paper_solved("deltaproduct-groups") == 0.98
+    assert [verdict(0.92, 1.0, solved=0.9), verdict(0.92, 1.0), verdict(0.92, 0.0, solved=0.9)] == ["✓", "✗", "↑"]
     quick = plans_for("illusion-of-state", quick=True)
     assert quick[0].layers == [1, 2] and quick[0].seeds == [0]
 
