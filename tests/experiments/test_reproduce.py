@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import experiments.paper as paper_module
 from experiments.paper import (
     compare,
     comparison_frame,
@@ -329,6 +330,12 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     assert [verdict(0.92, 1.0, solved=0.9), verdict(0.92, 1.0), verdict(0.92, 0.0, solved=0.9)] == ["✓", "✗", "↑"]
     quick = plans_for("illusion-of-state", quick=True)
     assert quick[0].layers == [1, 2] and quick[0].seeds == [0]
+
+
+def test_a_solved_line_outside_zero_one_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(paper_module, "load_reproduction", lambda name: {"paper": {"solved": 1.5}})
+    with pytest.raises(ValueError, match=r"paper: solved must be in \(0, 1\], got 1.5"):
+        paper_module.paper_solved("any")
 
 
 def test_a_length_metric_not_evaluated_falls_back_to_the_longest_length_evaluated():
