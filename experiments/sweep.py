@@ -142,6 +142,16 @@ def parser() -> Parser:
         help="override a task option (repeatable), e.g. --task-option seq_len=64",
     )
     p.add_argument(
+        "--extrapolation-option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a length-extrapolation option (repeatable; min_len, max_len: the training lengths, "
+        "eval_lengths: the test lengths), e.g. --extrapolation-option max_len=16 "
+        "--extrapolation-option 'eval_lengths=[16, 64]'",
+    )
+    p.add_argument(
         "--train-option",
         type=key_value,
         action="append",
@@ -170,6 +180,7 @@ def run(args) -> None:
         "lrs": args.lrs,
         "train": train_over or None,
         "task_options": dict(args.task_option) or None,
+        "extrapolation": dict(args.extrapolation_option) or None,
         "layers": args.layers,
         "d_model": args.d_model,
         "precision": args.precision,

@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from experiments.trial.train import PRECISIONS, TrainConfig, TrialSpec
+from tasks import ExtrapolationConfig
 
 #: the YAML files, in ``experiments/presets/`` (beside the CLIs that name them)
 PRESET_DIR = Path(__file__).parents[1] / "presets"
@@ -167,6 +168,16 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         raise ValueError(
             f"preset {preset!r}: unknown train option(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(train_fields))}"
         )
+    extrapolation = merged.get("extrapolation")
+    if extrapolation:
+        fields = {f.name for f in dataclasses.fields(ExtrapolationConfig)}
+        unknown = set(extrapolation) - fields
+        if unknown:
+            raise ValueError(
+                f"preset {preset!r}: unknown extrapolation option(s) {', '.join(sorted(unknown))}; "
+                f"valid: {', '.join(sorted(fields))}"
+            )
+        ExtrapolationConfig(**extrapolation)  # ValueError naming the constraint (lengths out of order, ...)
     priority = str(merged.get("priority", "normal"))
     if priority not in PRIORITIES:
         raise ValueError(

@@ -93,6 +93,21 @@ def test_a_sweep_at_another_width_records_it_in_its_own_folder(tmp_path, monkeyp
     assert not (tmp_path / "runs" / "parity-smoke").exists()
 
 
+def test_the_sweep_command_overrides_the_lengths():
+    """``--extrapolation-option`` replaces single length options and keeps the preset's others; a bad
+    key or bad lengths are one clear error."""
+    args = sweep.parser().parse_args(
+        ["s4", "--extrapolation-option", "max_len=16", "--extrapolation-option", "eval_lengths=[16, 64]"]
+    )
+    plan = resolve_sweep("s4", "deltaproduct-groups", {"extrapolation": dict(args.extrapolation_option)})
+    assert plan.extrapolation == {"min_len": 2, "max_len": 16, "eval_lengths": [16, 64]}
+    assert {tuple(s.extrapolation["eval_lengths"]) for s in build_specs(plan)} == {(16, 64)}
+    with pytest.raises(ValueError, match="unknown extrapolation option.*max_length.*valid: eval_lengths, max_len"):
+        resolve_sweep("s4", "deltaproduct-groups", {"extrapolation": {"max_length": 16}})
+    with pytest.raises(ValueError, match="min_len <= max_len"):
+        resolve_sweep("s4", "deltaproduct-groups", {"extrapolation": {"min_len": 20, "max_len": 16}})
+
+
 def test_a_preset_sweeps_layers_as_a_grid_axis():
     plan = resolve_sweep("parity", "smoke", {"mixers": ["gru", "lstm"], "layers": [1, 2], "precision": "bf16-mixed"})
     specs = build_specs(plan)
