@@ -7,7 +7,8 @@ A reproduction preset (``experiments/presets/<name>.yaml``) holds the sweeps and
     paper:
       source: "paper 000, Table 6 (best of 3 seeds)"
       metric: test/acc              # the results column the paper reports, or per sweep:
-                                    # {default: test/acc, keep_nth: test/last_acc}
+                                    # {default: test/acc, keep_nth: test/last_acc}; len{L}/exact: at
+                                    # each sweep's longest evaluation length
       aggregate: best               # best seed, or mean_at_best_lr
       columns: {khop2: "k-hop k=2 V=5", ...}
       results: {flashgru: {khop2: [1.00, 17000], ...}, ...}   # [accuracy, parameters (optional)]
@@ -100,12 +101,20 @@ def load_reproduction(name: str) -> dict[str, Any]:
     return load_preset(name)
 
 
-def entry_metric(paper: dict[str, Any], entry: str) -> str:
-    """The metric the paper reports for sweep ``entry`` (``metric:`` is a name or ``{default: ..., entry: ...}``)."""
+def entry_metric(paper: dict[str, Any], entry: str, eval_lengths: list[int] | None = None) -> str:
+    """The metric the paper reports for sweep ``entry`` (``metric:`` is a name or ``{default: ..., entry: ...}``).
+
+    A name holding ``{L}`` (``len{L}/exact``) is at the sweep's longest evaluation length ``eval_lengths``:
+    one template for sweeps that each train and test at their own length."""
     metric = paper.get("metric", "test/acc")
     if isinstance(metric, dict):
-        return str(metric.get(entry, metric.get("default", "test/acc")))
-    return str(metric)
+        metric = metric.get(entry, metric.get("default", "test/acc"))
+    metric = str(metric)
+    if "{L}" in metric:
+        if not eval_lengths:
+            raise ValueError(f"sweep {entry!r}: the paper metric {metric!r} needs the sweep's evaluation lengths")
+        metric = metric.replace("{L}", str(max(eval_lengths)))
+    return metric
 
 
 def paper_entries(name: str) -> list[PaperEntry]:
@@ -138,7 +147,7 @@ def paper_entries(name: str) -> list[PaperEntry]:
                 task=plan.task,
                 options=options,
                 title=str((paper.get("columns") or {}).get(entry, entry)),
-                metric=entry_metric(paper, entry),
+                metric=entry_metric(paper, entry, (plan.extrapolation or {}).get("eval_lengths")),
                 aggregate=aggregate,
                 source=str(paper.get("source", name)),
                 values=values,

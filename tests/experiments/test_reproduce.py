@@ -201,6 +201,10 @@ def test_a_paper_metric_per_column():
     assert entry_metric(paper, "keep_nth") == "test/last_acc" and entry_metric(paper, "mqar") == "test/acc"
     assert entry_metric({"metric": "extrap/mean_acc"}, "parity") == "extrap/mean_acc"
     assert entry_metric({}, "parity") == "test/acc"
+    assert entry_metric({"metric": "len{L}/exact"}, "a5_16", [16]) == "len16/exact"  # the sweep's own length
+    assert entry_metric({"metric": "len{L}/exact"}, "a5", [8, 64, 32]) == "len64/exact"
+    with pytest.raises(ValueError, match="needs the sweep's evaluation lengths"):
+        entry_metric({"metric": "len{L}/exact"}, "parity")
 
 
 def test_busy_seconds_is_the_length_of_the_union_of_trial_intervals():
