@@ -22,21 +22,23 @@
 #     wait:NAME             wait up to WAIT_S s for the reproduction, then write the table from what finished
 #                           (OUT_DIR/NAME.md; of the cells that REPRODUCE_ARGS select) and pack the run into
 #                           OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run: the journal, and the checkpoints of
-#                           unfinished trials; over 15 MiB it comes as NAME-run.tgz.part00, .part01, ...: the device
-#                           tool returns files of at most 16 MiB)
+#                           unfinished trials, furthest-trained first, within PACK_MAX_MB (default 56) MiB: the rest
+#                           restart; over 15 MiB it comes as NAME-run.tgz.part00, .part01, ...: the device tool
+#                           returns files of at most 16 MiB, 64 MiB per call)
 #     watch:NAME            wait up to WAIT_S s for the reproduction, printing its progress as `wait` does; no table, no
 #                           archive (a call between a `start:` and a `stop:` that keeps the machine busy)
 #     stop:NAME             as `wait`, but interrupts the reproduction (Ctrl-C to its process group: running trials
 #                           write interrupted.ckpt) once WAIT_S s are up, so the archive resumes on another machine.
 #     bundle                every file under OUT_DIR but the run archives into OUT_DIR/bundle.tgz (the originals removed):
 #                           the device tool returns at most 8 files per call, and the archive's parts must all come back
-#   A reproduction over several calls of one session: `start:NAME watch:NAME`, then `watch:NAME`, then `stop:NAME bundle`
-#   (each call within the machine's idle release of the last). One device call of a long reproduction: `start:NAME stop:NAME bundle` with WAIT_S about 150 s below the call's limit
-#   (the interrupt, table and archive take up to 2 minutes); the next call sets RESTORE_RUN to its archive. Send a
-#   `start:` step's output to a file, not a pipe.
+#   A long reproduction: each device call `start:NAME stop:NAME bundle` with WAIT_S about 150 s below the call's limit
+#   (the interrupt, table and archive take up to 2 minutes); the next call sets RESTORE_RUN to its archive, so no call
+#   depends on the machine staying held between calls. (`start:NAME watch:NAME`, `watch:NAME`, ..., `stop:NAME bundle`
+#   saves the restarts but loses the run when the machine is released between two calls.) Send a `start:` step's
+#   output to a file, not a pipe.
 # Environment: KERNELS_ARGS / STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
 # folder), REPRODUCE_OUT (the reproductions' --out, default RUN_ROOT/reproduce), REPRODUCE_ARGS (default
-# "--workers 16 --mps"), WAIT_S (default 540), RESTORE_RUN (a NAME-run.tgz to resume from on a fresh machine),
+# "--workers 16 --mps"), WAIT_S (default 540), PACK_MAX_MB (default 56), RESTORE_RUN (a NAME-run.tgz to resume from on a fresh machine),
 # EXPRESSIVITY_COMMIT (the commit results record where the checkout has no .git).
 set -u
 out=${1:?output folder}; shift
@@ -140,7 +142,7 @@ for step in "$@"; do
       python3 -m experiments.reproduce "$name" --out "$dir" --table-only $args --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
         || tail -n 5 "$out/$name-table.log"
       rm -f "$out/$name-run.tgz" "$out/$name-run.tgz".part*
-      python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name"
+      python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name" --max-mb "${PACK_MAX_MB:-56}"
       cat "$out/$name.md" 2> /dev/null | sed -n '/^| model/,/^$/p' ;;
     bundle)
       (cd "$out" && find . -type f ! -name '*-run.tgz' ! -name '*-run.tgz.part*' ! -name bundle.tgz -print0 \

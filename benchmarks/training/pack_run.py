@@ -3,15 +3,20 @@ another machine resumes it.
 
 ``RUN_DIR`` is an ``experiments.reproduce --out`` folder (one Optuna study for every reproduction). The
 archive (``.tgz``) holds the study's journal, the tables' folders and logs of ``NAME ...``, and every trial
-folder without its checkpoints, except the trials that have not completed: those keep ``checkpoints/``
-(``last.ckpt`` / ``interrupted.ckpt`` to resume from, ``best.ckpt`` whose weights the trial is tested with
-at its end). A finished trial's results live in the journal, so its checkpoints stay behind: the archive
-of a 72-trial table in progress is a few MB. Unpack it on the other machine at the same path (Lightning's
-checkpoint callback keeps the absolute path of the best checkpoint): ``tar -xzf ARCHIVE -C RUN_DIR``, then
-re-run the same ``experiments.reproduce`` command (``benchmarks/training/gpu.sh``: ``RESTORE_RUN``).
+folder (``trials/``) and stack folder (``stacks/``) without its checkpoints, except those that have not
+completed: they keep ``checkpoints/`` (the newer of ``interrupted.ckpt`` and ``last.ckpt`` to resume from,
+``best.ckpt`` whose weights the trial is tested with at its end; the older resume checkpoint stays behind).
+A finished trial's results live in the journal, so its checkpoints stay behind: the archive of a 72-trial
+table in progress is a few MB. Unpack it on the other machine at the same path (Lightning's checkpoint
+callback keeps the absolute path of the best checkpoint): ``tar -xzf ARCHIVE -C RUN_DIR``, then re-run the
+same ``experiments.reproduce`` command (``benchmarks/training/gpu.sh``: ``RESTORE_RUN``).
 
-``--part-mb N`` (default 15): an archive larger than N MiB is split into ``ARCHIVE.part00``, ``.part01``, ...
-(the device tool returns files of at most 16 MiB); ``cat ARCHIVE.part* | tar -xz -C RUN_DIR`` unpacks them.
+``--max-mb M``: the unfinished trials' checkpoints are packed, furthest-trained first, while the archive stays
+within about M MiB; a trial whose checkpoints do not fit is left out whole and restarts from step 0 on the
+other machine (the device tool returns 64 MiB per call: the checkpoints of 16 three-layer trials of width 128
+with their AdamW state are about 90 MB). ``--part-mb N`` (default 15): an archive larger than N MiB is split
+into ``ARCHIVE.part00``, ``.part01``, ... (the device tool returns files of at most 16 MiB);
+``cat ARCHIVE.part* | tar -xz -C RUN_DIR`` unpacks them.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from pathlib import Path
 from experiments.sweeps.study import JOURNAL_FILE
 
 
-def completed_trial_dirs(run_dir: Path) -> set[str]:
-    """Trial folders (relative to ``run_dir``) of the study's completed trials."""
+def completed_dirs(run_dir: Path) -> set[str]:
+    """Folders (relative to ``run_dir``) of the study's completed trials, and of the stacks they were trained in."""
     import optuna
 
     from experiments.sweeps.study import open_storage
@@ -37,33 +42,79 @@ def completed_trial_dirs(run_dir: Path) -> set[str]:
             result = t.user_attrs.get("result") or {}
             if t.state == optuna.trial.TrialState.COMPLETE and "trial_dir" in result:
                 done.add(str(result["trial_dir"]))
+                done.update([str(result["stack"])] if result.get("stack") else [])
     return done
 
 
-def pack(run_dir: Path, archive: Path, names: list[str]) -> dict[str, int]:
-    """Write ``archive``; returns counts: ``trials``, ``resumable`` (trials packed with checkpoints), ``bytes``."""
+def resume_files(folder: Path) -> tuple[int, list[Path]]:
+    """An unfinished trial's (or stack's) training step to resume from (0 without a resume checkpoint) and the
+    checkpoints a resume needs: every one but the older of ``interrupted.ckpt`` and ``last.ckpt``."""
+    from experiments.trial.train import (
+        CHECKPOINT_DIR,
+        INTERRUPT_CHECKPOINT,
+        LAST_CHECKPOINT,
+        resume_checkpoint,
+        trainer_step_of,
+    )
+
+    resume = resume_checkpoint(folder)
+    superseded = {folder / CHECKPOINT_DIR / n for n in (INTERRUPT_CHECKPOINT, LAST_CHECKPOINT)} - {resume}
+    keep = [p for p in sorted((folder / CHECKPOINT_DIR).glob("*")) if p.is_file() and p not in superseded]
+    return (trainer_step_of(resume) if resume else 0), keep
+
+
+def pack(run_dir: Path, archive: Path, names: list[str], max_bytes: int | None = None) -> dict[str, int]:
+    """Write ``archive``; returns counts: ``trials`` (trial folders), ``resumable`` (unfinished trial and stack
+    folders packed with their checkpoints), ``restarted`` (unfinished ones left out: their checkpoints would
+    pass ``max_bytes``), ``bytes``."""
     run_dir = Path(run_dir)
     if not (run_dir / JOURNAL_FILE).exists():
         raise SystemExit(f"error: {run_dir} has no {JOURNAL_FILE}: not an experiments.reproduce output folder")
-    done = completed_trial_dirs(run_dir)
-    trials = sorted(p for p in (run_dir / "trials").glob("*") if p.is_dir())
-    resumable = 0
+    done = completed_dirs(run_dir)
+    folders = sorted(p for sub in ("trials", "stacks") for p in (run_dir / sub).glob("*") if p.is_dir())
+    unfinished = {p: resume_files(p) for p in folders if str(p.relative_to(run_dir)) not in done}
+
+    def size(paths, checkpoints: bool = True) -> int:
+        files = (f for p in paths for f in ([p] if p.is_file() else p.rglob("*")))
+        return sum(f.stat().st_size for f in files if f.is_file() and (checkpoints or f.parent.name != "checkpoints"))
+
+    # the bytes left for checkpoints: everything else counted uncompressed (it compresses; checkpoints hardly do)
+    extras = [run_dir / n for name in names for n in (name, f"{name}.log")]
+    budget = None if max_bytes is None else max_bytes - size([run_dir / JOURNAL_FILE, *extras, *folders], False)
+    packed, left_out = set(), set()
+    for folder, (_, keep) in sorted(unfinished.items(), key=lambda kv: -kv[1][0]):
+        need = size(keep)
+        if budget is None or need <= budget:
+            packed.add(folder)
+            budget = None if budget is None else budget - need
+        else:
+            left_out.add(folder)
+
+    def checkpoint_filter(folder: Path):
+        keep = {f"{folder.relative_to(run_dir)}/checkpoints/{p.name}" for p in unfinished.get(folder, (0, []))[1]}
+
+        def filt(info):
+            if "/checkpoints/" in info.name and (folder not in packed or info.name not in keep):
+                return None
+            return info
+
+        return filt
+
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(run_dir / JOURNAL_FILE, arcname=JOURNAL_FILE)
-        for name in names:
-            for extra in (run_dir / name, run_dir / f"{name}.log"):
-                if extra.exists():
-                    tar.add(extra, arcname=extra.name)
-        for trial in trials:
-            rel = str(trial.relative_to(run_dir))
-            keep = rel not in done
-            resumable += keep
-            tar.add(
-                trial,
-                arcname=rel,
-                filter=lambda info, keep=keep: info if keep or "/checkpoints" not in info.name else None,
-            )
-    return {"trials": len(trials), "resumable": resumable, "bytes": archive.stat().st_size}
+        for extra in extras:
+            if extra.exists():
+                tar.add(extra, arcname=extra.name)
+        for folder in folders:
+            if folder not in left_out:
+                tar.add(folder, arcname=str(folder.relative_to(run_dir)), filter=checkpoint_filter(folder))
+    trials = [p for p in folders if p.parent.name == "trials"]
+    return {
+        "trials": len(trials),
+        "resumable": sum(1 for p in packed if any(unfinished[p][1])),
+        "restarted": len(left_out),
+        "bytes": archive.stat().st_size,
+    }
 
 
 def split_archive(archive: Path, part_bytes: int) -> list[Path]:
@@ -86,13 +137,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("archive", type=Path)
     p.add_argument("names", nargs="*", help="reproductions whose tables and logs go along (e.g. pararnn-table6-full)")
+    p.add_argument(
+        "--max-mb",
+        type=float,
+        default=None,
+        help="pack the unfinished trials' checkpoints, furthest-trained first, while the archive stays within about "
+        "this many MiB; the rest restart from step 0 (default: no limit)",
+    )
     p.add_argument("--part-mb", type=float, default=15.0, help="split a larger archive into parts of this many MiB")
     args = p.parse_args(argv)
-    counts = pack(args.run_dir, args.archive, args.names)
+    max_bytes = None if args.max_mb is None else int(args.max_mb * 2**20)
+    counts = pack(args.run_dir, args.archive, args.names, max_bytes)
     parts = split_archive(args.archive, int(args.part_mb * 2**20))
     print(
-        f"packed {args.archive}: {counts['trials']} trials, {counts['resumable']} with checkpoints to resume, "
-        f"{counts['bytes'] / 1e6:.1f} MB"
+        f"packed {args.archive}: {counts['trials']} trials, {counts['resumable']} with checkpoints to resume"
+        + (f", {counts['restarted']} left out to restart (over --max-mb)" if counts["restarted"] else "")
+        + f", {counts['bytes'] / 1e6:.1f} MB"
         + (f" in {len(parts)} parts ({args.archive.name}.part*)" if len(parts) > 1 else "")
     )
 

@@ -352,6 +352,49 @@ def test_a_large_archive_is_split_into_parts_that_concatenate_to_it(tmp_path):
     assert split_archive(small, 3_000) == [small] and small.read_bytes() == data[:3_000]
 
 
+def test_pack_keeps_the_furthest_trained_unfinished_trials_within_its_size_limit(tmp_path, monkeypatch):
+    """``pack(max_bytes=...)``: the unfinished trials' newer resume checkpoint and ``best.ckpt`` go along,
+    furthest-trained first, while they fit; a trial that does not fit is left out whole (it restarts), a finished
+    trial keeps its files but no checkpoint, and the older resume checkpoint never travels."""
+    import tarfile
+
+    import benchmarks.training.pack_run as pack_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "journal.log").write_text("{}\n")
+
+    def trial(name: str, steps: dict[str, int], mb: float) -> None:
+        d = run / "trials" / name / "checkpoints"
+        d.mkdir(parents=True)
+        (d.parent / "progress.csv").write_text("step,acc\n")
+        for i, (ckpt, step) in enumerate(steps.items()):
+            payload = torch.randint(0, 256, (int(mb * 2**20),), dtype=torch.uint8)
+            torch.save({"global_step": step, "payload": payload}, d / ckpt)
+            os.utime(d / ckpt, ns=(10**18 + i, 10**18 + i))  # written in this order
+
+    steps_far, steps_near, steps_mid = torch.randint(100, 5000, (3,)).tolist()
+    trial("finished", {"best.ckpt": 50, "last.ckpt": 60}, 0.5)
+    trial("far", {"best.ckpt": 40, "last.ckpt": steps_far + 20_000, "interrupted.ckpt": steps_far + 20_000}, 1.0)
+    trial("near", {"best.ckpt": 10, "interrupted.ckpt": steps_near, "last.ckpt": steps_near}, 1.0)
+    trial("mid", {"best.ckpt": 30, "last.ckpt": steps_mid + 10_000}, 1.0)
+    monkeypatch.setattr(pack_run, "completed_dirs", lambda run_dir: {"trials/finished"})
+    counts = pack_run.pack(run, tmp_path / "run.tgz", [], max_bytes=int(4.5 * 2**20))
+    assert counts["trials"] == 4 and counts["resumable"] == 2 and counts["restarted"] == 1
+    with tarfile.open(tmp_path / "run.tgz") as tar:
+        names = set(tar.getnames())
+    ckpts = {n.removeprefix("trials/").replace("/checkpoints/", "/") for n in names if n.endswith(".ckpt")}
+    # far and mid resume (2 checkpoints of ~1 MiB each); near, the least trained, does not fit
+    assert ckpts == {"far/best.ckpt", "far/interrupted.ckpt", "mid/best.ckpt", "mid/last.ckpt"}
+    assert "trials/finished/progress.csv" in names and not any(n.startswith("trials/near") for n in names)
+    assert counts["bytes"] < 4.5 * 2**20
+    unlimited = pack_run.pack(run, tmp_path / "all.tgz", [])
+    assert unlimited["resumable"] == 3 and unlimited["restarted"] == 0
+    with tarfile.open(tmp_path / "all.tgz") as tar:
+        near = {n for n in tar.getnames() if n.startswith("trials/near/checkpoints/")}
+    assert near == {"trials/near/checkpoints/last.ckpt", "trials/near/checkpoints/best.ckpt"}
+
+
 @pytest.mark.parametrize("moved", [False, True])
 @pytest.mark.slow
 def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path, moved):
@@ -384,7 +427,7 @@ def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path, moved):
     proc.join(30)
     assert len(done) == 1 and cut
     counts = pack(here, tmp_path / "run.tgz", [])
-    assert counts == {"trials": 2, "resumable": 1, "bytes": counts["bytes"]}
+    assert counts == {"trials": 2, "resumable": 1, "restarted": 0, "bytes": counts["bytes"]}
     with tarfile.open(tmp_path / "run.tgz") as tar:
         ckpts = {Path(n).parts[1] for n in tar.getnames() if n.endswith(".ckpt")}
         assert ckpts == {cut[0].parents[1].name}
