@@ -22,9 +22,10 @@
 #     wait:NAME             wait up to WAIT_S s for the reproduction, then write the table from what finished
 #                           (OUT_DIR/NAME.md; of the cells that REPRODUCE_ARGS select) and pack the run into
 #                           OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run: the journal, and the checkpoints of
-#                           unfinished trials, furthest-trained first, within PACK_MAX_MB (default 56) MiB: the rest
+#                           unfinished trials, furthest-trained first, within PACK_MAX_MB (default 48) MiB: the rest
 #                           restart; over 15 MiB it comes as NAME-run.tgz.part00, .part01, ...: the device tool
-#                           returns files of at most 16 MiB, 64 MiB per call)
+#                           returns files of at most 16 MiB, 64 MiB per call, and the archive travels back with
+#                           the checkout and the carried wheels, 64 MiB per call too)
 #     watch:NAME            wait up to WAIT_S s for the reproduction, printing its progress as `wait` does; no table, no
 #                           archive (a call between a `start:` and a `stop:` that keeps the machine busy)
 #     stop:NAME             as `wait`, but interrupts the reproduction (Ctrl-C to its process group: running trials
@@ -38,7 +39,7 @@
 #   output to a file, not a pipe.
 # Environment: KERNELS_ARGS / STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
 # folder), REPRODUCE_OUT (the reproductions' --out, default RUN_ROOT/reproduce), REPRODUCE_ARGS (default
-# "--workers 16 --mps"), WAIT_S (default 540), PACK_MAX_MB (default 56), RESTORE_RUN (a NAME-run.tgz to resume from on a fresh machine),
+# "--workers 16 --mps"), WAIT_S (default 540), PACK_MAX_MB (default 48), RESTORE_RUN (a NAME-run.tgz to resume from on a fresh machine),
 # EXPRESSIVITY_COMMIT (the commit results record where the checkout has no .git).
 set -u
 out=${1:?output folder}; shift
@@ -142,7 +143,7 @@ for step in "$@"; do
       python3 -m experiments.reproduce "$name" --out "$dir" --table-only $args --copy-to "$out/$name.md" > "$out/$name-table.log" 2>&1 \
         || tail -n 5 "$out/$name-table.log"
       rm -f "$out/$name-run.tgz" "$out/$name-run.tgz".part*
-      python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name" --max-mb "${PACK_MAX_MB:-56}"
+      python3 -m benchmarks.training.pack_run "$dir" "$out/$name-run.tgz" "$name" --max-mb "${PACK_MAX_MB:-48}"
       cat "$out/$name.md" 2> /dev/null | sed -n '/^| model/,/^$/p' ;;
     bundle)
       (cd "$out" && find . -type f ! -name '*-run.tgz' ! -name '*-run.tgz.part*' ! -name bundle.tgz -print0 \
