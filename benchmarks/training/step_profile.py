@@ -107,8 +107,11 @@ def captured_step(
     lit.bind_learning_rate(opt)
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))
 
+    bf16 = spec.precision == "bf16-mixed"  # as in training: the closure under the precision's autocast
+
     def step() -> None:  # the training's closure, then the optimizer step
-        lit.training_closure(opt, tokens, targets)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            lit.training_closure(opt, tokens, targets)
         opt.step()
 
     side = stream or torch.cuda.Stream()

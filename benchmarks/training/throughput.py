@@ -22,7 +22,8 @@ Three measurements, each a sub-command:
   worker's trials as stacks of 3 seeds (``experiments.trial.stack``): N workers then train 3N trials, and
   the rates count trial steps (a stack's step is 3).
 
-Each prints a Markdown table (pandas) and, with ``--json``, writes its rows there.
+``--precisions 32-true,bf16-mixed`` repeats ``steps``, ``kernels`` and ``workers`` in each precision (default:
+the preset's). Each prints a Markdown table (pandas) and, with ``--json``, writes its rows there.
 
 Examples::
 
@@ -83,10 +84,17 @@ def time_generation(num_samples: int, repeats: int) -> pd.DataFrame:
 
 
 def benchmark_specs(
-    preset: str, tasks: list[str] | None, mixers: list[str] | None, steps: int, device: str, count: int | None = None
+    preset: str,
+    tasks: list[str] | None,
+    mixers: list[str] | None,
+    steps: int,
+    device: str,
+    count: int | None = None,
+    precision: str | None = None,
 ) -> list[tuple[str, Any]]:
     """``(entry, TrialSpec)`` pairs of the preset's task entries × mixers (round robin over ``count`` trials),
-    ``steps`` steps each with a single validation at the end and small evaluation sets (timing, not results)."""
+    ``steps`` steps each with a single validation at the end and small evaluation sets (timing, not results),
+    in ``precision`` (``32-true`` or ``bf16-mixed``; default: the preset's)."""
     from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
 
     entries = tasks or list(load_preset(preset).get("tasks", {}))
@@ -103,7 +111,10 @@ def benchmark_specs(
             "test_size": 256,
         }
         plan = resolve_sweep(entry, preset, {"mixers": plan.mixers, "seeds": [0], "lrs": plan.lrs[:1], "train": train})
-        mix += [(entry, s) for s in build_specs(plan, device)]
+        mix += [
+            (entry, s if precision is None else dataclasses.replace(s, precision=precision))
+            for s in build_specs(plan, device)
+        ]
     if count is None:
         return mix
     return [
@@ -113,19 +124,28 @@ def benchmark_specs(
 
 
 def time_steps(
-    preset: str, tasks: list[str] | None, mixers: list[str] | None, engines: list[str], steps: int, device: str
+    preset: str,
+    tasks: list[str] | None,
+    mixers: list[str] | None,
+    engines: list[str],
+    steps: int,
+    device: str,
+    precisions: list[str | None] = (None,),
 ) -> pd.DataFrame:
-    """Steps/s of single trials through ``run_trial``, per entry × mixer × engine (same process, one after another)."""
+    """Steps/s of single trials through ``run_trial``, per entry × mixer × precision × engine (same process, one
+    after another)."""
     from experiments.trial.train import RunOptions, run_trial
 
     rows = []
-    for entry, spec in benchmark_specs(preset, tasks, mixers, steps, device):
+    specs = [c for p in precisions for c in benchmark_specs(preset, tasks, mixers, steps, device, precision=p)]
+    for entry, spec in specs:
         for engine in engines:
             result = run_trial(spec, options=RunOptions(logger="none", engine=engine))
             rows.append(
                 {
                     "task": entry,
                     "mixer": spec.mixer,
+                    "precision": spec.precision,
                     "engine": engine,
                     "steps": result["steps"],
                     "steps_per_s": result["steps_per_s"],
@@ -145,18 +165,22 @@ def profile_kernels(
     batch_sizes: list[int] | None = None,
     stacks: list[int] = (1,),
     top: int = 0,
+    precisions: list[str | None] = (None,),
 ) -> pd.DataFrame:
-    """``benchmarks.training.step_profile.profile_step`` rows per entry × mixer × batch size (``batch_sizes``;
-    default: the preset's) × stack size (``stacks``: trials stacked into one model, ``experiments.trial.stack``)
-    (and compiled, with ``compile``); ``top`` > 0: each row's ``heaviest`` kernels (``heaviest_table``)."""
+    """``benchmarks.training.step_profile.profile_step`` rows per entry × mixer × precision (``precisions``;
+    default: the preset's) × batch size (``batch_sizes``; default: the preset's) × stack size (``stacks``:
+    trials stacked into one model, ``experiments.trial.stack``) (and compiled, with ``compile``); ``top`` > 0:
+    each row's ``heaviest`` kernels (``heaviest_table``)."""
     from benchmarks.training.step_profile import profile_step
 
     rows = []
-    for entry, spec in benchmark_specs(preset, tasks, mixers, 100, "cuda"):
+    specs = [c for p in precisions for c in benchmark_specs(preset, tasks, mixers, 100, "cuda", precision=p)]
+    for entry, spec in specs:
         for batch, stack in ((b, s) for b in batch_sizes or [spec.train.batch_size] for s in stacks):
             sized = dataclasses.replace(spec, train=dataclasses.replace(spec.train, batch_size=batch))
             for compiled in (False, True) if compile else (False,):
-                rows.append({"task": entry, "batch": batch, **profile_step(sized, compiled, stack=stack, top=top)})
+                row = profile_step(sized, compiled, stack=stack, top=top)
+                rows.append({"task": entry, "precision": spec.precision, "batch": batch, **row})
                 log.info("%s", rows[-1])
     table = pd.DataFrame(rows)
     import torch
@@ -167,7 +191,7 @@ def profile_kernels(
 
 def heaviest_table(table: pd.DataFrame) -> pd.DataFrame:
     """The ``heaviest`` kernels of ``profile_kernels`` rows as one table: a line per (profiled step, kernel)."""
-    keys = [c for c in ("task", "mixer", "batch", "stack", "compiled") if c in table]
+    keys = [c for c in ("task", "mixer", "precision", "batch", "stack", "compiled") if c in table]
     lines = [
         {**{k: row[k] for k in keys}, **kernel}
         for _, row in table.iterrows()
@@ -242,10 +266,11 @@ def time_workers(
     device: str,
     out: Path,
     stacks: list[int] = (1,),
+    precisions: list[str | None] = (None,),
 ) -> pd.DataFrame:
-    """For each engine, stack size S in ``stacks`` and N in ``counts``: N stacks of S trials of the mix (N
-    trials when S is 1) on N worker processes; throughput rows (steps are trial steps: a stack's step
-    counts S)."""
+    """For each precision (``precisions``; default: the preset's), engine, stack size S in ``stacks`` and N in
+    ``counts``: N stacks of S trials of the mix (N trials when S is 1) on N worker processes; throughput rows
+    (steps are trial steps: a stack's step counts S)."""
     import shutil
 
     import torch
@@ -256,11 +281,12 @@ def time_workers(
     from experiments.trial.train import PROGRESS_FILE, RunOptions
 
     rows = []
-    for engine, stack, n in ((e, s, n) for e in engines for s in stacks for n in counts):
-        cells = stacked_specs(benchmark_specs(preset, tasks, mixers, steps, device, count=n), stack)
-        run_dir = out / f"{engine}-s{stack}-n{n}"
+    for prec, engine, stack, n in ((p, e, s, n) for p in precisions for e in engines for s in stacks for n in counts):
+        cells = stacked_specs(benchmark_specs(preset, tasks, mixers, steps, device, count=n, precision=prec), stack)
+        precision = cells[0][1].precision
+        run_dir = out / f"{precision}-{engine}-s{stack}-n{n}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        grid = GridStudy.open(None, run_dir, f"bench-{engine}-{stack}-{n}")
+        grid = GridStudy.open(None, run_dir, f"bench-{precision}-{engine}-{stack}-{n}")
         grid.sync(cells)
         t0 = time.perf_counter()
         with GPUBusy() as busy:
@@ -275,6 +301,7 @@ def time_workers(
         together, window = concurrent_rate(progress) if len(progress) == len(cells) else (float("nan"), 0.0)
         rows.append(
             {
+                "precision": precision,
                 "engine": engine,
                 "stack": stack,
                 "workers": n,
@@ -320,6 +347,8 @@ def parser() -> Parser:
         default=[1],
         help="trials stacked into one model per profiled step (default: 1; e.g. 1,3)",
     )
+    precisions_help = "Lightning precisions to compare, e.g. 32-true,bf16-mixed (default: the preset's)"
+    kernels.add_argument("--precisions", type=str_list, default=[None], help=precisions_help)
     kernels.add_argument(
         "--top",
         type=nonnegative_int,
@@ -338,6 +367,7 @@ def parser() -> Parser:
             "--steps", type=positive_int, default=2000, help="training steps per trial (default: %(default)s)"
         )
         q.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+        q.add_argument("--precisions", type=str_list, default=[None], help=precisions_help)
         if name == "workers":
             q.add_argument(
                 "--counts", type=positive_int_list, default=[1, 4, 8, 16], help="worker counts (default: 1,4,8,16)"
@@ -371,14 +401,23 @@ def main(argv: list[str] | None = None) -> int:
             table = time_generation(args.samples, args.repeats)
         elif args.what == "kernels":
             table = profile_kernels(
-                args.preset, args.tasks, args.mixers, args.compile, args.batch_sizes, args.stacks, args.top
+                args.preset,
+                args.tasks,
+                args.mixers,
+                args.compile,
+                args.batch_sizes,
+                args.stacks,
+                args.top,
+                args.precisions,
             )
         else:
             bad = [e for e in args.engines if e not in ENGINES]
             if bad:
                 raise ValueError(f"--engines: unknown {', '.join(bad)}; valid: {', '.join(ENGINES)}")
             if args.what == "steps":
-                table = time_steps(args.preset, args.tasks, args.mixers, args.engines, args.steps, args.device)
+                table = time_steps(
+                    args.preset, args.tasks, args.mixers, args.engines, args.steps, args.device, args.precisions
+                )
             else:
                 from experiments.engines.mps import workers_mps
 
@@ -393,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.device,
                         args.out,
                         args.stacks,
+                        args.precisions,
                     )
                 table["mps"] = args.mps
         heaviest = heaviest_table(table) if "heaviest" in table else None

@@ -128,6 +128,21 @@ def test_profile_at_other_batch_sizes():
 
 @pytest.mark.gpu
 @NEEDS_CUDA
+def test_a_bf16_mixed_step_runs_its_matmuls_in_bfloat16():
+    """``--precisions 32-true,bf16-mixed``: one row each; the bf16-mixed step (under autocast, as in training) runs
+    bfloat16 GEMMs, the float32 step none."""
+    from benchmarks.training.throughput import profile_kernels
+
+    table = profile_kernels(
+        "pararnn-table6", ["mqar"], ["transformer"], False, top=40, precisions=["32-true", "bf16-mixed"]
+    )
+    assert list(table["precision"]) == ["32-true", "bf16-mixed"] and "error" not in table
+    names = [" ".join(k["kernel"].lower() for k in row["heaviest"]) for _, row in table.iterrows()]
+    assert "bf16" not in names[0] and "bf16" in names[1]
+
+
+@pytest.mark.gpu
+@NEEDS_CUDA
 def test_a_replay_launches_the_kernels_of_one_eager_step():
     """The profile's kernel count against a profile of the same step run eagerly (same kernels, same
     number; the Transformer: the Newton mixers run another policy outside a capture)."""

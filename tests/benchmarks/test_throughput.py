@@ -62,6 +62,20 @@ def test_long_benchmark_trials_train_every_step():
         assert spec.train.max_steps == spec.train.eval_every == 100_000 and spec.train.plateau_steps is None
 
 
+def test_benchmark_specs_take_the_precision_asked_for():
+    """``--precisions``: the preset's precision by default, else the one asked for, on every spec; a precision
+    Lightning does not train in is one line of error and exit code 2, before anything runs."""
+    from benchmarks.training.throughput import benchmark_specs, main
+
+    preset = {s.precision for _, s in benchmark_specs("grazzi-table3", ["arith"], None, 10, "cpu")}
+    bf16 = benchmark_specs("grazzi-table3", ["arith"], None, 10, "cpu", precision="bf16-mixed")
+    assert preset == {"32-true"} and len(bf16) == 7 and {s.precision for _, s in bf16} == {"bf16-mixed"}
+    assert {s.mixer for _, s in bf16} == {
+        s.mixer for _, s in benchmark_specs("grazzi-table3", ["arith"], None, 10, "cpu")
+    }
+    assert main(["steps", "--preset", "grazzi-table3", "--tasks", "arith", "--precisions", "fp16"]) == 2
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message of a machine without a GPU")
 def test_saturation_benchmark_refuses_a_machine_without_a_gpu(capsys):
     """``python -m benchmarks.training.saturation`` on a CPU-only machine: one line saying why, exit code 2."""
