@@ -46,21 +46,14 @@ def completed_dirs(run_dir: Path) -> set[str]:
     return done
 
 
-def resume_files(folder: Path) -> tuple[int, list[Path]]:
-    """An unfinished trial's (or stack's) training step to resume from (0 without a resume checkpoint) and the
-    checkpoints a resume needs: every one but the older of ``interrupted.ckpt`` and ``last.ckpt``."""
-    from experiments.trial.train import (
-        CHECKPOINT_DIR,
-        INTERRUPT_CHECKPOINT,
-        LAST_CHECKPOINT,
-        resume_checkpoint,
-        trainer_step_of,
-    )
+def resume_files(folder: Path) -> tuple[Path | None, list[Path]]:
+    """An unfinished trial's (or stack's) checkpoint to resume from (``None``: none yet) and the checkpoints a
+    resume needs: every one but the older of ``interrupted.ckpt`` and ``last.ckpt``."""
+    from experiments.trial.train import CHECKPOINT_DIR, INTERRUPT_CHECKPOINT, LAST_CHECKPOINT, resume_checkpoint
 
     resume = resume_checkpoint(folder)
     superseded = {folder / CHECKPOINT_DIR / n for n in (INTERRUPT_CHECKPOINT, LAST_CHECKPOINT)} - {resume}
-    keep = [p for p in sorted((folder / CHECKPOINT_DIR).glob("*")) if p.is_file() and p not in superseded]
-    return (trainer_step_of(resume) if resume else 0), keep
+    return resume, [p for p in sorted((folder / CHECKPOINT_DIR).glob("*")) if p.is_file() and p not in superseded]
 
 
 def pack(run_dir: Path, archive: Path, names: list[str], max_bytes: int | None = None) -> dict[str, int]:
@@ -78,27 +71,27 @@ def pack(run_dir: Path, archive: Path, names: list[str], max_bytes: int | None =
         files = (f for p in paths for f in ([p] if p.is_file() else p.rglob("*")))
         return sum(f.stat().st_size for f in files if f.is_file() and (checkpoints or f.parent.name != "checkpoints"))
 
-    # the bytes left for checkpoints: everything else counted uncompressed (it compresses; checkpoints hardly do)
     extras = [run_dir / n for name in names for n in (name, f"{name}.log")]
-    budget = None if max_bytes is None else max_bytes - size([run_dir / JOURNAL_FILE, *extras, *folders], False)
-    packed, left_out = set(), set()
-    for folder, (_, keep) in sorted(unfinished.items(), key=lambda kv: -kv[1][0]):
-        need = size(keep)
-        if budget is None or need <= budget:
-            packed.add(folder)
-            budget = None if budget is None else budget - need
-        else:
-            left_out.add(folder)
+    packed, left_out = set(unfinished), set()
+    if max_bytes is not None:
+        from experiments.trial.train import trainer_step_of
+
+        # the bytes left for checkpoints: everything else counted uncompressed (it compresses; checkpoints hardly do)
+        budget = max_bytes - size([run_dir / JOURNAL_FILE, *extras, *folders], False)
+        packed = set()
+        step = {p: trainer_step_of(resume) if resume else 0 for p, (resume, _) in unfinished.items()}
+        for folder in sorted(unfinished, key=step.get, reverse=True):
+            need = size(unfinished[folder][1])
+            if need <= budget:
+                packed.add(folder)
+                budget -= need
+            else:
+                left_out.add(folder)
 
     def checkpoint_filter(folder: Path):
-        keep = {f"{folder.relative_to(run_dir)}/checkpoints/{p.name}" for p in unfinished.get(folder, (0, []))[1]}
-
-        def filt(info):
-            if "/checkpoints/" in info.name and (folder not in packed or info.name not in keep):
-                return None
-            return info
-
-        return filt
+        rel = folder.relative_to(run_dir)
+        keep = {f"{rel}/checkpoints/{p.name}" for p in unfinished[folder][1]} if folder in packed else set()
+        return lambda info: None if "/checkpoints/" in info.name and info.name not in keep else info
 
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(run_dir / JOURNAL_FILE, arcname=JOURNAL_FILE)

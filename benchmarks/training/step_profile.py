@@ -93,6 +93,7 @@ def captured_step(
     capture stream); graphs that one process replays at once on several streams each need their own,
     since per-stream state such as the scan's look-back workspace is keyed on the capturing stream."""
     from experiments.engines.captured import CapturedSteps
+    from experiments.engines.cuda_graph import CUDAGraphPrecision
     from experiments.trial.train import build_datamodule, build_module
 
     seeds = [spec.seed + k for k in range(stack)] if stack > 1 else None
@@ -107,10 +108,11 @@ def captured_step(
     lit.bind_learning_rate(opt)
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))
 
-    bf16 = spec.precision == "bf16-mixed"  # as in training: the closure under the precision's autocast
+    # as in training: the closure in the graph engine's precision context (bfloat16 autocast for bf16-mixed)
+    precision = CUDAGraphPrecision(autocast=spec.precision == "bf16-mixed")
 
     def step() -> None:  # the training's closure, then the optimizer step
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        with precision.forward_context():
             lit.training_closure(opt, tokens, targets)
         opt.step()
 

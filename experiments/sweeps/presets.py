@@ -153,6 +153,16 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _check_options(preset: str, kind: str, options: dict[str, Any], config: type) -> None:
+    """One clear error for keys of ``options`` that are not fields of the dataclass ``config``."""
+    fields = {f.name for f in dataclasses.fields(config)}
+    unknown = set(options) - fields
+    if unknown:
+        raise ValueError(
+            f"preset {preset!r}: unknown {kind} option(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(fields))}"
+        )
+
+
 def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] | None = None) -> SweepPlan:
     """Merge task defaults, the preset and CLI ``overrides`` into a ``SweepPlan``."""
     data = load_preset(preset)
@@ -162,21 +172,10 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
     real_task = str((tasks[task] or {}).get("task", task))
     merged = _merge(_merge(TASK_DEFAULTS.get(real_task, {}), data.get("defaults", {})), tasks[task] or {})
     merged = _merge(merged, {k: v for k, v in (overrides or {}).items() if v is not None})
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = set(merged.get("train", {})) - train_fields
-    if unknown:
-        raise ValueError(
-            f"preset {preset!r}: unknown train option(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(train_fields))}"
-        )
+    _check_options(preset, "train", merged.get("train", {}), TrainConfig)
     extrapolation = merged.get("extrapolation")
     if extrapolation:
-        fields = {f.name for f in dataclasses.fields(ExtrapolationConfig)}
-        unknown = set(extrapolation) - fields
-        if unknown:
-            raise ValueError(
-                f"preset {preset!r}: unknown extrapolation option(s) {', '.join(sorted(unknown))}; "
-                f"valid: {', '.join(sorted(fields))}"
-            )
+        _check_options(preset, "extrapolation", extrapolation, ExtrapolationConfig)
         ExtrapolationConfig(**extrapolation)  # ValueError naming the constraint (lengths out of order, ...)
     priority = str(merged.get("priority", "normal"))
     if priority not in PRIORITIES:
