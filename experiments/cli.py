@@ -224,8 +224,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="how optimizer steps run: graph (each step a CUDA-graph replay, fast), compiled (graph "
         "replays of the torch.compile'd model: fewer, fused kernels, ~10-20 s to compile per "
-        "trial), eager, or auto (default: graph on CUDA, eager on the CPU); all compute the same "
-        "steps (compiled: within float rounding)",
+        "trial), eager, or auto (default: on CUDA graph, or the preset's budget engine, on the CPU "
+        "eager); all compute the same steps (compiled: within float rounding)",
     )
     parser.add_argument(
         "--stack",
@@ -272,8 +272,11 @@ def check_run_arguments(args: argparse.Namespace, out: Path) -> None:
     check_output_folder(out)
 
 
-def run_options(args: argparse.Namespace):
-    """The ``experiments.trial.train.RunOptions`` of the parsed ``--logger`` and ``--engine`` (checked)."""
+def run_options(args: argparse.Namespace, preset: str | None = None):
+    """The ``experiments.trial.train.RunOptions`` of the parsed ``--logger``, ``--engine`` and ``--stack`` (checked);
+    with ``preset``, ``--engine auto`` runs on CUDA in the engine its ``budget: {engine: ...}`` names, if any."""
+    from experiments.sweeps.presets import load_preset
     from experiments.trial.train import RunOptions
 
-    return RunOptions(logger=args.logger, engine=args.engine, stack=args.stack)
+    engine = (load_preset(preset).get("budget") or {}).get("engine", "graph") if preset else "graph"
+    return RunOptions(logger=args.logger, engine=args.engine, stack=args.stack, gpu_engine=engine)

@@ -242,7 +242,7 @@ def run(args) -> None:
             progress=not args.no_progress,
             stale_timeout=args.stale_timeout,
             retry_failed=args.retry_failed,
-            options=run_options(args),
+            options=run_options(args, args.name),
             progress_every=args.progress_every,
         )
     text = (out / args.name / "reproduction.md").read_text()

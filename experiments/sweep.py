@@ -203,7 +203,7 @@ def run(args) -> None:
             progress=not args.no_progress,
             workers=args.workers,
             stale_timeout=args.stale_timeout,
-            options=run_options(args),
+            options=run_options(args, args.preset),
             progress_every=args.progress_every,
         )
     print((out / "table.md").read_text())

@@ -20,7 +20,9 @@ so one preset can sweep a task in several configurations. ``priority: high`` mar
 are expected to run longest: with ``--workers N --mps`` a quarter of the workers run at the MPS
 server's normal client priority and take these trials first, the rest at below-normal priority
 (``experiments.sweeps.workers.priority_classes``). It changes when trials run, never what they compute.
-Top-level ``paper:`` and ``budget:`` hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``).
+Top-level ``paper:`` and ``budget:`` hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``);
+``budget: {engine: compiled}`` makes ``--engine auto`` (the default) run the preset's trials on CUDA with the compiled
+engine (``experiments.trial.train.RunOptions.gpu_engine``; the CPU stays eager).
 
 ``extends: OTHER`` starts from preset ``OTHER`` and merges this file over it (dictionaries key by key,
 so ``tasks: {parity: {train: {max_steps: 1000}}}`` changes one number of one sweep); ``only: [...]``

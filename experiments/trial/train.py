@@ -325,7 +325,8 @@ def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
 #: loggers ``run_trial`` can write the step log with (``tensorboard`` needs the ``tensorboard`` extra)
 LOGGERS = ("csv", "tensorboard", "none")
 #: how optimizer steps run: ``eager`` (launched op by op), ``graph`` (replays of a CUDA graph,
-#: ``experiments.engines.cuda_graph``), ``auto`` (``graph`` on CUDA, ``eager`` on the CPU)
+#: ``experiments.engines.cuda_graph``), ``compiled`` (graph replays of the ``torch.compile``d model),
+#: ``auto`` (``RunOptions.gpu_engine`` on CUDA, ``eager`` on the CPU)
 ENGINES = ("auto", "eager", "graph", "compiled")
 #: engines whose optimizer steps replay a CUDA graph (``compiled``: of the ``torch.compile``d model)
 GRAPH_ENGINES = ("graph", "compiled")
@@ -337,11 +338,14 @@ MAX_CHUNK = 50
 class RunOptions:
     """How trials run, not what they compute (not part of a cell): the step log, the step engine, and
     how many trials of a cell's seeds a worker trains together as one stacked model (``stack``;
-    ``experiments.trial.stack``: each trial's results as when it runs alone, within float rounding)."""
+    ``experiments.trial.stack``: each trial's results as when it runs alone, within float rounding).
+    ``gpu_engine``: what ``engine="auto"`` means on CUDA (``graph``, or ``compiled`` where a reproduction
+    preset's ``budget: {engine: compiled}`` says its steps run faster compiled)."""
 
     logger: str = "csv"
     engine: str = "auto"
     stack: int = 1
+    gpu_engine: str = "graph"
 
     def __post_init__(self) -> None:
         check_logger(self.logger)
@@ -349,12 +353,14 @@ class RunOptions:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if isinstance(self.stack, bool) or not isinstance(self.stack, int) or self.stack < 1:
             raise ValueError(f"stack must be a positive integer (trials per stacked model), got {self.stack!r}")
+        if self.gpu_engine not in GRAPH_ENGINES:
+            raise ValueError(f"gpu_engine must be one of {', '.join(GRAPH_ENGINES)}, got {self.gpu_engine!r}")
 
     def resolved_engine(self, accelerator: str) -> str:
-        """``eager`` or ``graph`` for a trial on ``accelerator`` (``graph`` needs CUDA)."""
+        """``eager``, ``graph`` or ``compiled`` for a trial on ``accelerator`` (the graph engines need CUDA)."""
         if self.engine in GRAPH_ENGINES and accelerator != "gpu":
             raise ValueError(f"engine {self.engine!r} (CUDA graphs) needs a CUDA device")
-        return ("graph" if accelerator == "gpu" else "eager") if self.engine == "auto" else self.engine
+        return (self.gpu_engine if accelerator == "gpu" else "eager") if self.engine == "auto" else self.engine
 
 
 def steps_per_chunk(engine: str, train: TrainConfig) -> int:

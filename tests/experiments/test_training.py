@@ -458,6 +458,25 @@ def test_graph_engine_needs_cuda():
     assert RunOptions().resolved_engine("cpu") == "eager" and RunOptions().resolved_engine("gpu") == "graph"
 
 
+def test_auto_engine_on_cuda_is_the_gpu_engine_and_a_preset_budget_sets_it():
+    """``gpu_engine`` is what ``auto`` means on CUDA (the CPU stays eager, an explicit engine wins); a preset's
+    ``budget: {engine: compiled}`` sets it for ``experiments.reproduce`` / ``experiments.sweep --preset``."""
+    import argparse
+
+    from experiments.cli import run_options
+    from experiments.trial.train import RunOptions
+
+    compiled = RunOptions(gpu_engine="compiled")
+    assert compiled.resolved_engine("gpu") == "compiled" and compiled.resolved_engine("cpu") == "eager"
+    assert RunOptions(engine="graph", gpu_engine="compiled").resolved_engine("gpu") == "graph"
+    with pytest.raises(ValueError, match="gpu_engine must be one of graph, compiled, got 'eager'"):
+        RunOptions(gpu_engine="eager")
+    args = argparse.Namespace(logger="csv", engine="auto", stack=1)
+    assert run_options(args, "grazzi-table3").gpu_engine == "compiled"  # its budget: engine: compiled
+    assert run_options(args, "pararnn-table6").gpu_engine == "graph"  # no engine in its budget
+    assert run_options(args).gpu_engine == "graph"
+
+
 @pytest.mark.parametrize(
     "train,message",
     [
