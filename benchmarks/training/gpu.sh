@@ -18,7 +18,8 @@
 #     counters              python -m benchmarks.training.saturation counters (each mixer's step under ncu; raw CSVs in OUT/counters)
 #     start:NAME            start (or resume) a reproduction in its own process session (setsid) in RUN_ROOT/reproduce
 #                           (one study for every reproduction, as experiments.reproduce's default) and go on at once;
-#                           on a fresh machine, with RESTORE_RUN=an archive of a `wait`/`stop` (carried), it unpacks it first
+#                           on a fresh machine, with RESTORE_RUN=an archive of a `wait`/`stop` (carried), it unpacks it first;
+#                           where the reproduction is still running (a machine kept from the last call) it does nothing
 #     wait:NAME             wait up to WAIT_S s for the reproduction, then write the table from what finished
 #                           (OUT_DIR/NAME.md; of the cells that REPRODUCE_ARGS select) and pack the run into
 #                           OUT_DIR/NAME-run.tgz (benchmarks.training.pack_run: the journal, and the checkpoints of
@@ -32,11 +33,13 @@
 #                           write interrupted.ckpt) once WAIT_S s are up, so the archive resumes on another machine.
 #     bundle                every file under OUT_DIR but the run archives into OUT_DIR/bundle.tgz (the originals removed):
 #                           the device tool returns at most 8 files per call, and the archive's parts must all come back
-#   A long reproduction: each device call `start:NAME stop:NAME bundle` with WAIT_S about 150 s below the call's limit
-#   (the interrupt, table and archive take up to 2 minutes); the next call sets RESTORE_RUN to its archive, so no call
-#   depends on the machine staying held between calls. (`start:NAME watch:NAME`, `watch:NAME`, ..., `stop:NAME bundle`
-#   saves the restarts but loses the run when the machine is released between two calls.) Send a `start:` step's
-#   output to a file, not a pipe.
+#   A long reproduction: each device call `start:NAME wait:NAME bundle` with WAIT_S about 90 s below the call's limit
+#   and RESTORE_RUN set to the previous call's archive. On a machine still held from that call, `start:` finds the
+#   reproduction running and leaves it (no restore, no restart: the run goes on while the calls come and go); on a fresh
+#   machine it restores the archive and resumes, so no call depends on the machine staying held (idle machines are
+#   released within a minute). `wait:` packs a running reproduction without interrupting it (checkpoints of the last
+#   validation); `stop:NAME bundle` instead interrupts it first (the trials' own interrupted.ckpt, up to 2 minutes).
+#   Send a `start:` step's output to a file, not a pipe.
 # Environment: KERNELS_ARGS / STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
 # folder), REPRODUCE_OUT (the reproductions' --out, default RUN_ROOT/reproduce), REPRODUCE_ARGS (default
 # "--workers 16 --mps"), WAIT_S (default 540), PACK_MAX_MB (default 48), RESTORE_RUN (a NAME-run.tgz to resume from on a fresh machine),
@@ -104,6 +107,10 @@ for step in "$@"; do
       name=${step#*:}; dir=${REPRODUCE_OUT:-$run_root/reproduce}; args=${REPRODUCE_ARGS:---workers 16 --mps}
       mkdir -p "$dir"
       if [[ $step == start:* ]]; then
+        if [ -f "$dir/$name.pid" ] && kill -0 "$(cat "$dir/$name.pid")" 2> /dev/null; then
+          echo "=== $name is running (pid $(cat "$dir/$name.pid")): this machine was kept; no restore, no second start"
+          continue
+        fi
         if [ -n "${RESTORE_RUN:-}" ] && [ ! -e "$dir/journal.log" ]; then
           # the archive, or its parts NAME-run.tgz.part00, .part01, ...
           if [ -f "$RESTORE_RUN" ]; then tar -xzf "$RESTORE_RUN" -C "$dir"; else cat "$RESTORE_RUN".part* | tar -xz -C "$dir"; fi \
