@@ -392,15 +392,20 @@ class GridStudy:
         """Fail stale trials, then enqueue every cell ``(entry, spec)`` that is neither done, waiting nor running.
 
         Safe to call from several processes at once (duplicates are resolved when claimed). Returns
-        counts: ``done``, ``queued`` (newly enqueued), ``waiting`` and ``running`` (already pending),
-        ``stale`` (trials of gone workers marked failed by this call).
+        counts of distinct cells (sweeps that share a cell count it once): ``done``, ``queued`` (newly
+        enqueued), ``waiting`` and ``running`` (already pending), ``stale`` (trials of gone workers marked
+        failed by this call).
         """
         keys = [cell_id(s) for _, s in cells]
         stale = self.fail_stale(set(keys))
         counts = {"done": 0, "queued": 0, "waiting": 0, "running": 0, "stale": stale}
         existing = self.trials_by_cell()
         distributions = grid_distributions([cell_params(s, e) for e, s in cells])
+        seen: set[str] = set()
         for (entry, spec), key in zip(cells, keys):
+            if key in seen:
+                continue
+            seen.add(key)
             trials = existing.get(key, [])
             if retry_failed:
                 trials = [t for t in trials if t.state != TrialState.FAIL]

@@ -251,6 +251,17 @@ def test_stale_by_heartbeat_across_hosts(tmp_path):
     assert not (beats / "elsewhere-1-ab").exists()  # the dead worker's heartbeat file is cleaned up
 
 
+def test_sweeps_that_share_a_cell_queue_and_count_it_once(tmp_path):
+    """Two sweeps of a reproduction whose specs coincide (``--quick`` gives every length k of a group the same
+    lengths) are one cell: enqueued once, counted once."""
+    specs = build_specs(tiny_plan(["gru"], seeds=[0, 1]))
+    grid = open_grid(tmp_path)
+    both = [("k4", s) for s in specs] + [("k8", s) for s in specs]
+    assert grid.sync(both) == {"done": 0, "queued": 2, "waiting": 0, "running": 0, "stale": 0}
+    assert len(grid.trials()) == 2
+    assert grid.sync(both) == {"done": 0, "queued": 0, "waiting": 2, "running": 0, "stale": 0}
+
+
 def test_priority_classes_give_a_quarter_of_the_workers_normal_priority():
     assert priority_classes(16, 12, mps=True) == [MPS_NORMAL] * 4 + [MPS_BELOW_NORMAL] * 12
     assert priority_classes(16, 2, mps=True) == [MPS_NORMAL] * 2 + [MPS_BELOW_NORMAL] * 14  # one per priority cell
