@@ -49,7 +49,20 @@ QUICK_TRAIN = {
 }
 QUICK_SEQ_LEN = 32
 QUICK_D_MODEL = 32
-QUICK_EXTRAPOLATION = {"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]}
+#: --quick trains on lengths up to 16 and tests at lengths up to 32 (each sweep's own, capped)
+QUICK_MAX_LEN, QUICK_EVAL_LEN = 16, 32
+
+
+def quick_extrapolation(extrapolation: dict[str, Any]) -> dict[str, Any]:
+    """A sweep's length-extrapolation setting cut to ``--quick`` size: training lengths capped at
+    ``QUICK_MAX_LEN``, test lengths at ``QUICK_EVAL_LEN``, so sweeps that differ in length (one per
+    length k) stay distinct cells with their own ``len<k>`` metrics."""
+    max_len = min(extrapolation["max_len"], QUICK_MAX_LEN)
+    return {
+        "min_len": min(extrapolation.get("min_len", 3), max_len),
+        "max_len": max_len,
+        "eval_lengths": sorted({min(n, QUICK_EVAL_LEN) for n in extrapolation["eval_lengths"]}),
+    }
 
 
 def plans_for(name: str, quick: bool = False, overrides: dict[str, Any] | None = None) -> list:
@@ -70,7 +83,7 @@ def plans_for(name: str, quick: bool = False, overrides: dict[str, Any] | None =
                 "d_model": min(base.d_model, QUICK_D_MODEL),
             }
             if base.extrapolation:
-                over["extrapolation"] = dict(QUICK_EXTRAPOLATION)
+                over["extrapolation"] = quick_extrapolation(base.extrapolation)
             else:
                 over["task_options"] = {"seq_len": QUICK_SEQ_LEN}
         for key, value in (overrides or {}).items():

@@ -337,6 +337,17 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     assert [verdict(0.92, 1.0, solved=0.9), verdict(0.92, 1.0), verdict(0.92, 0.0, solved=0.9)] == ["✓", "✗", "↑"]
     quick = plans_for("illusion-of-state", quick=True)
     assert quick[0].layers == [1, 2] and quick[0].seeds == [0]
+    # --quick caps each sweep's lengths (train <= 16, test <= 32): the k sweeps stay distinct, with their own metric
+    shapes = {(p.entry, p.extrapolation["max_len"], tuple(p.extrapolation["eval_lengths"])) for p in quick}
+    assert {s for s in shapes if s[0].startswith("a5_")} == {
+        ("a5_4", 4, (4,)),
+        ("a5_8", 8, (8,)),
+        ("a5_16", 16, (16,)),
+        ("a5_4_rnn", 4, (4,)),
+        ("a5_8_rnn", 8, (8,)),
+        ("a5_16_rnn", 16, (16,)),
+        ("a5_32_rnn", 16, (32,)),
+    }
 
 
 def test_a_solved_line_outside_zero_one_is_one_clear_error(monkeypatch):
