@@ -278,5 +278,6 @@ def run_options(args: argparse.Namespace, preset: str | None = None):
     from experiments.sweeps.presets import load_preset
     from experiments.trial.train import RunOptions
 
-    engine = (load_preset(preset).get("budget") or {}).get("engine", "graph") if preset else "graph"
-    return RunOptions(logger=args.logger, engine=args.engine, stack=args.stack, gpu_engine=engine)
+    budget = (load_preset(preset).get("budget") or {}) if preset else {}
+    gpu_engine = {"gpu_engine": budget["engine"]} if "engine" in budget else {}
+    return RunOptions(logger=args.logger, engine=args.engine, stack=args.stack, **gpu_engine)

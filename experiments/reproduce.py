@@ -57,11 +57,14 @@ def quick_extrapolation(extrapolation: dict[str, Any]) -> dict[str, Any]:
     """A sweep's length-extrapolation setting cut to ``--quick`` size: training lengths capped at
     ``QUICK_MAX_LEN``, test lengths at ``QUICK_EVAL_LEN``, so sweeps that differ in length (one per
     length k) stay distinct cells with their own ``len<k>`` metrics."""
-    max_len = min(extrapolation["max_len"], QUICK_MAX_LEN)
+    from tasks.extrapolation import ExtrapolationConfig
+
+    full = ExtrapolationConfig(**extrapolation)  # the defaults of what the sweep leaves out
+    max_len = min(full.max_len, QUICK_MAX_LEN)
     return {
-        "min_len": min(extrapolation.get("min_len", 3), max_len),
+        "min_len": min(full.min_len, max_len),
         "max_len": max_len,
-        "eval_lengths": sorted({min(n, QUICK_EVAL_LEN) for n in extrapolation["eval_lengths"]}),
+        "eval_lengths": sorted({min(n, QUICK_EVAL_LEN) for n in full.eval_lengths}),
     }
 
 

@@ -252,8 +252,8 @@ def test_stale_by_heartbeat_across_hosts(tmp_path):
 
 
 def test_sweeps_that_share_a_cell_queue_and_count_it_once(tmp_path):
-    """Two sweeps of a reproduction whose specs coincide (``--quick`` gives every length k of a group the same
-    lengths) are one cell: enqueued once, counted once."""
+    """Two sweeps of a reproduction whose specs coincide (variants of a table share cells) are one cell:
+    enqueued once, counted once."""
     specs = build_specs(tiny_plan(["gru"], seeds=[0, 1]))
     grid = open_grid(tmp_path)
     both = [("k4", s) for s in specs] + [("k8", s) for s in specs]
