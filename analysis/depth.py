@@ -5,8 +5,8 @@ Reads ``results.csv`` files of sweeps over depth (the ``layers`` column, an inte
 is depth 1 throughout) and evaluation lengths (the ``len<L>/<metric>`` columns): one model evaluated at
 several lengths, or one sweep per training length (sweeps that differ only in their lengths form one
 group: ``group_names``). Per group, mixer, depth and length it takes the best over seeds and
-learning rates: by default each seed's learning rate is the one with the best validation accuracy
-(``--lr val``, as every table of the suite), ``--lr max`` takes the best value over all learning rates.
+learning rates: by default each seed's learning rate is the one with the best validation accuracy in
+its sweep (``--lr val``, as every table of the suite), ``--lr max`` takes the best value over all learning rates.
 Then per (group, mixer, length) the smallest depth whose value reaches ``--threshold``; where no depth
 tried does, the figure puts a cross above the largest depth, in a band labelled ``none of 1..N``.
 
@@ -14,9 +14,10 @@ The default metric ``len{L}/exact`` is Merrill et al.'s: their "sequence accurac
 right when every prefix product is (``jopetty/sfirah`` ``metrics.sequence_accuracy``), which is this
 suite's ``exact`` for running targets.
 
-Writes ``depth.{png,pdf,csv}`` into ``--out`` (default ``analysis-out/depth``): one panel per group, a
-line per mixer (distinct markers, a small vertical offset per mixer so that coinciding lines stay
-visible; the CSV holds the true depth and the plotted position).
+Writes ``NAME.{png,pdf,csv}`` (``--name``, default ``depth``) into ``--out`` (default
+``analysis-out/depth``): one panel per group, a line per mixer (distinct markers, a small vertical
+offset per mixer so that coinciding lines stay visible; the CSV holds the true depth and the plotted
+position).
 """
 
 from __future__ import annotations
@@ -95,8 +96,10 @@ def best_values(df: pd.DataFrame, metric: str = "len{L}/exact", lr: str = "val")
     ok["layers"] = _depths(ok)
     keys = ["group", "mixer", "layers"]
     if lr == "val":
+        # a learning rate is chosen per cell: per sweep (one per training length), mixer, depth and seed
+        sweep = [c for c in ("entry", "extrapolation") if c in ok and ok[c].notna().all()][:1]
         ranked = ok.assign(_rank=ok["best_val_acc"].fillna(-1.0) if "best_val_acc" in ok else 0.0)
-        ok = ok.loc[ranked.groupby([*keys, "seed"], sort=False)["_rank"].idxmax()]
+        ok = ok.loc[ranked.groupby([*sweep, *keys, "seed"], sort=False)["_rank"].idxmax()]
     long = ok.melt(id_vars=[*keys, "seed"], value_vars=list(columns.values()), var_name="column", value_name="value")
     long["length"] = long["column"].map({c: length for length, c in columns.items()})
     long = long.dropna(subset=["value"])
@@ -243,6 +246,7 @@ def parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     p.add_argument("--out", type=Path, default=Path("analysis-out/depth"), help="output folder (default: %(default)s)")
+    p.add_argument("--name", default="depth", help="file name stem (default: %(default)s)")
     return p
 
 
@@ -255,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     table = min_depth_table(values, args.threshold)
     setup_style()
     args.out.mkdir(parents=True, exist_ok=True)
-    paths = plot_depth(table, args.out / "depth", args.metric)
+    paths = plot_depth(table, args.out / args.name, args.metric)
     unsolved = int((~table["reached"]).sum())
     log.info(
         "%d groups x %d mixers, %d (group, mixer, length) points, %d not reached by any depth -> %s",

@@ -88,21 +88,26 @@ def test_sweeps_per_training_length_form_one_group(tmp_path):
     """One sweep per training length (``a5_4``, ``a5_8``: the same task options, other lengths) is one
     group ``a5``, each length read from its own sweep; another group's single sweep keeps its name."""
 
-    def row(entry, group, length, layers, value):
+    def row(entry, group, length, layers, value, val=0.9, lr=1e-3):
         extrapolation = f'{{"min_len": 2, "max_len": {length}, "eval_lengths": [{length}]}}'
-        out = _row(entry, "lstm", layers, 0, 1e-3, 0.9, {length: value})
+        out = _row(entry, "lstm", layers, 0, lr, val, {length: value})
         return {**out, "task_config": f'{{"group": "{group}"}}', "extrapolation": extrapolation}
 
     rows = [
-        row("a5_4", "A5", 4, 1, 0.99),
-        row("a5_8", "A5", 8, 1, 0.40),
+        row("a5_4", "A5", 4, 1, 0.99, val=0.6),
+        # the same (group, mixer, depth, seed) in another sweep, with a better validation accuracy: each
+        # sweep's lr is chosen within it, so neither hides the other's length
+        row("a5_8", "A5", 8, 1, 0.40, val=0.8),
         row("a5_8", "A5", 8, 2, 0.95),
+        # within one sweep the lr with the better validation accuracy is read, not the better value
+        row("a5_8", "A5", 8, 2, 0.10, val=0.95, lr=1e-2),
         row("z60_8", "Z60", 8, 1, 0.97),
     ]
     path = tmp_path / "results.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     table = min_depth_table(best_values(load_results([path])), threshold=0.9)
-    assert _depths(table) == {("a5", "lstm", 4): 1, ("a5", "lstm", 8): 2, ("z60_8", "lstm", 8): 1}
+    assert _depths(table) == {("a5", "lstm", 4): 1, ("a5", "lstm", 8): None, ("z60_8", "lstm", 8): 1}
+    assert table.loc[table["length"] == 8, "layers_tried"].iloc[0] == "1,2"
 
 
 def test_lr_max_and_threshold(results):
@@ -145,6 +150,8 @@ def test_cli_writes_the_figure_and_the_plotted_numbers(results, tmp_path):
     # coinciding lines are offset: both Z60 mixers need depth 1 at length 4 and are drawn apart
     z60_4 = plotted[(plotted["group"] == "Z60") & (plotted["length"] == 4)]["plotted_y"]
     assert z60_4.nunique() == 2 and (z60_4 - 1).abs().max() < 0.5
+    named = main([str(results), "--out", str(out), "--name", "a5-depth"])
+    assert sorted(p.name for p in named) == ["a5-depth.csv", "a5-depth.pdf", "a5-depth.png"]
 
 
 def test_cli_bad_input_is_one_line(tmp_path, capsys):
