@@ -278,19 +278,20 @@ def still_climbing(trials: pd.DataFrame, early_stop: float = 0.999) -> pd.Series
 
 
 def evaluated_metric(metric: str, df: pd.DataFrame) -> str:
-    """``metric`` when ``df`` has values of it; for a length metric ``len<L>/<m>`` that was not evaluated
-    (``--quick`` evaluates shorter lengths) the evaluated ``len<K>/<m>`` of the largest ``K``; else ``metric``."""
+    """``metric`` when ``df`` has values of it; for a length metric that was not evaluated (``--quick``
+    evaluates shorter lengths) the evaluated one of the longest lengths: ``len<L>/<m>`` -> ``len<K>/<m>``
+    of the largest ``K``, ``range<a>-<b>/<m>`` -> the ``range<c>-<d>/<m>`` of the largest ``d``; else ``metric``."""
     if metric in df and df[metric].notna().any():
         return metric
-    m = re.fullmatch(r"len(\d+)/(.+)", metric)
+    m = re.fullmatch(r"(len|range)[\d-]+/(.+)", metric)
     if not m:
         return metric
-    lengths = [
-        int(hit.group(1))
-        for c in df.columns
-        if (hit := re.fullmatch(rf"len(\d+)/{re.escape(m.group(2))}", c)) and df[c].notna().any()
+    kind, name = m.group(1), m.group(2)
+    pattern = rf"len(\d+)/{re.escape(name)}" if kind == "len" else rf"range(\d+)-(\d+)/{re.escape(name)}"
+    found = [
+        (int(hit.groups()[-1]), c) for c in df.columns if (hit := re.fullmatch(pattern, c)) and df[c].notna().any()
     ]
-    return f"len{max(lengths)}/{m.group(2)}" if lengths else metric
+    return max(found)[1] if found else metric
 
 
 def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:

@@ -148,7 +148,8 @@ def parser() -> Parser:
         default=[],
         metavar="KEY=VALUE",
         help="override a length-extrapolation option (repeatable; min_len, max_len: the training lengths, "
-        "eval_lengths: the test lengths), e.g. --extrapolation-option max_len=16 "
+        "eval_lengths: the test lengths, test_range: one more test set of lengths drawn from [a, b]), "
+        "e.g. --extrapolation-option max_len=16 "
         "--extrapolation-option 'eval_lengths=[16, 64]'",
     )
     p.add_argument(

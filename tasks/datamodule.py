@@ -151,7 +151,8 @@ class SyntheticDataModule(L.LightningDataModule):
         stack_shuffle_seeds: for stacked trials, the training order of each (``StackedTrainingStream``).
         train_chunk: batches per item of the training stream (``TrainingStream``).
         extrapolation: if given, train/val/test use lengths in ``[min_len, max_len]`` (padded) and
-            one extra test set per ``eval_lengths`` entry is built (named ``len<L>``).
+            one extra test set per ``eval_lengths`` entry is built (named ``len<L>``), and one of lengths
+            uniform in ``test_range`` (``range<a>-<b>``) if it is set.
         device: where the sets live (the training device, e.g. ``"cuda:0"``); batches are views.
 
     The test pass also scores ``trainset``: the first ``min(val_size, train_size)`` training sequences,
@@ -212,9 +213,12 @@ class SyntheticDataModule(L.LightningDataModule):
 
     @property
     def test_set_names(self) -> list[str]:
-        """Names of the test dataloaders, in order: ``test``, ``trainset``, then ``len<L>`` per eval length."""
-        extra = [f"len{n}" for n in self.extrapolation.eval_lengths] if self.extrapolation else []
-        return ["test", TRAIN_SUBSET, *extra]
+        """Names of the test dataloaders, in order: ``test``, ``trainset``, ``len<L>`` per eval length, then
+        ``range<a>-<b>`` with a ``test_range``."""
+        e = self.extrapolation
+        if e is None:
+            return ["test", TRAIN_SUBSET]
+        return ["test", TRAIN_SUBSET, *(f"len{n}" for n in e.eval_lengths), *([e.range_name] if e.range_name else [])]
 
     # --- building -------------------------------------------------------------------------
     def _split(self, split: str) -> TaskData:
@@ -239,6 +243,12 @@ class SyntheticDataModule(L.LightningDataModule):
                 task = self.task.with_options(seq_len=length)
                 seed = make_generator(self.seed, len(SPLIT_IDS) + i)
                 self.data[f"len{length}"] = task.generate(self.sizes["test"], seed=seed)
+            if self.extrapolation.range_name:
+                seed = make_generator(self.seed, len(SPLIT_IDS) + len(self.extrapolation.eval_lengths))
+                low, high = self.extrapolation.test_range
+                self.data[self.extrapolation.range_name] = generate_variable_length(
+                    self.task, self.sizes["test"], seed, low, high
+                )
 
     def _tensors(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         if name not in self._on_device:

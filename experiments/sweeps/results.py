@@ -239,6 +239,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     metric_cols += sorted(
         (c for c in best.columns if c.startswith("len") and c.endswith("/acc")), key=lambda c: int(c[3:].split("/")[0])
     )
+    metric_cols += sorted(c for c in best.columns if c.startswith("range") and c.endswith(("/acc", "/scaled_acc")))
     if TRAIN_SUBSET_METRIC in best.columns:
         metric_cols.append(TRAIN_SUBSET_METRIC)
     rows = []
@@ -324,7 +325,8 @@ def table_markdown(df: pd.DataFrame) -> str:
     text = table.to_markdown(index=False, disable_numparse=True)
     notes = [
         "Accuracy in % on the test set at the checkpoint with the best validation accuracy "
-        "(`last_acc`: at each sequence's last scored position; `len<L>`: extrapolation lengths; "
+        "(`last_acc`: at each sequence's last scored position; `len<L>`: extrapolation lengths; `range<a>-<b>`: "
+        "one test set of lengths drawn uniformly from a..b; "
         "`trainset acc`: on the first training sequences, as many as the validation set has; a gap to `test acc` "
         "shows memorization; `scaled_acc`: (acc - chance) / (1 - chance), 0 at chance). "
         "Per (mixer, seed) the learning rate with the best validation accuracy; then the best over seeds "

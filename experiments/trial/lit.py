@@ -3,7 +3,8 @@ warmup, torchmetrics token accuracy (micro), exact match and final-position accu
 validation and test sets.
 
 Metric names: ``val/acc``, ``val/exact``, ``val/last_acc``, and for each test set ``<name>/acc``,
-``<name>/exact``, ``<name>/last_acc`` (``test``, then ``len<L>`` per extrapolation length).
+``<name>/exact``, ``<name>/last_acc`` (``test``, then ``len<L>`` per extrapolation length and
+``range<a>-<b>`` for a test set of lengths drawn from ``a..b``).
 ``acc`` averages over every scored position, ``last_acc`` scores only the last scored position of
 each sequence (where a single-label task puts its label), so one run gives both readings.
 

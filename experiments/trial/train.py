@@ -731,8 +731,8 @@ def result_row(
     (``perf_counter`` s at ``entered`` the run, ``start`` its fit), the test metrics of the best
     (``test/acc``, ...) and final (``final/test/acc``, ...) weights and the Newton statistics of ``module``.
     With the task's ``scaled`` (``Task.scaled_accuracy``: ``(acc - chance) / (1 - chance)``), the scaled
-    accuracies of the best weights too (``test/scaled_acc``, ``len<L>/scaled_acc``, ``extrap/scaled_acc``:
-    Grazzi et al. 2025)."""
+    accuracies of the best weights too (``test/scaled_acc``, ``len<L>/scaled_acc``, ``range<a>-<b>/scaled_acc``,
+    ``extrap/scaled_acc``: Grazzi et al. 2025)."""
     extrap_accs = [best[f"{name}/acc"] for name in test_set_names if name.startswith("len") and f"{name}/acc" in best]
     root = trainer.strategy.root_device
     result: dict[str, Any] = {

@@ -18,6 +18,7 @@ from experiments.paper import (
     comparison_markdown,
     entry_metric,
     evaluated_metric,
+    paper_entries,
     paper_layers,
     paper_solved,
     reproduction_presets,
@@ -308,6 +309,12 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     assert {e: p.layers for e, p in grazzi.items()} == {"parity": [2], "arith": [3], "arith_brackets": [3]}
     assert {p.d_model for p in grazzi.values()} == {128} and grazzi["arith"].train.grad_clip == 1.0
     assert grazzi["parity"].train.grad_clip is None and grazzi["parity"].train.min_lr == 1e-6
+    # scored as the paper: 8,192 test sequences of lengths drawn from 40..256
+    assert {tuple(p.extrapolation["test_range"]) for p in grazzi.values()} == {(40, 256)}
+    assert {p.train.test_size for p in grazzi.values()} == {8192}
+    assert {e.metric for e in paper_entries("grazzi-table3")} == {"range40-256/scaled_acc"}
+    quick = plans_for("grazzi-table3", quick=True)
+    assert {tuple(p.extrapolation["test_range"]) for p in quick} == {(16, 32)}
     t3 = load_preset("grazzi-table3")["paper"]["results"]
     assert [t3[m]["arith"][0] for m in ("deltanet", "signed_deltanet")] == [0.314, 0.971]
     assert [verdict(0.9, 0.971, 0.15), verdict(0.8, 0.971, 0.15), verdict(0.3, 0.1, 0.15)] == ["✓", "✗", "↑"]
@@ -364,3 +371,9 @@ def test_a_length_metric_not_evaluated_falls_back_to_the_longest_length_evaluate
     assert evaluated_metric("len16/acc", df) == "len16/acc"
     assert evaluated_metric("len512/exact", df) == "len512/exact"  # nothing to fall back to
     assert evaluated_metric("test/last_acc", df) == "test/last_acc"
+    # a range test set: the evaluated range reaching furthest
+    ranged = pd.DataFrame(
+        {"range16-32/scaled_acc": [0.3], "range8-24/scaled_acc": [0.9], "range40-256/scaled_acc": [nan]}
+    )
+    assert evaluated_metric("range40-256/scaled_acc", ranged) == "range16-32/scaled_acc"
+    assert evaluated_metric("range40-256/acc", ranged) == "range40-256/acc"

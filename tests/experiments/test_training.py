@@ -489,3 +489,27 @@ def test_auto_engine_on_cuda_is_the_gpu_engine_and_a_preset_budget_sets_it():
 def test_bad_train_options_are_rejected(train, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**train)
+
+
+def test_a_test_range_is_scored_like_the_paper_on_lengths_drawn_from_it(tmp_path):
+    """``test_range``: one more test set of lengths uniform in a..b; the row's ``range<a>-<b>/acc`` is the
+    best checkpoint's accuracy on it recomputed by hand (parity: one label per sequence), and its
+    ``scaled_acc`` is ``(acc - 1/2) / (1 - 1/2)``; ``extrap/mean_acc`` stays the mean over ``len<L>``."""
+    quiet_lightning()
+    spec = _parity_spec(max_steps=30, eval_every=10, train_size=300, val_size=50, test_size=97)
+    spec.extrapolation = {**spec.extrapolation, "test_range": [9, 23]}
+    result = run_trial(spec, tmp_path, options=RunOptions(engine="eager"))
+    module = LitSequenceModel.load_from_checkpoint(tmp_path / "checkpoints" / "best.ckpt", map_location="cpu")
+    dm = build_datamodule(spec)
+    dm.setup()
+    data = dm.data["range9-23"]
+    assert data.inputs.shape == (97, 23) and data.lengths.min() >= 9 and data.lengths.max() <= 23
+    with torch.no_grad():
+        logits = module.eval()(data.inputs)
+    last = data.lengths - 1  # parity's label sits at the last real bit
+    rows = torch.arange(len(last))
+    assert torch.equal(data.targets[rows, last], data.inputs[rows, : last.max() + 1].cumsum(1)[rows, last] % 2)
+    acc = (logits[rows, last].argmax(-1) == data.targets[rows, last]).float().mean().item()
+    assert result["range9-23/acc"] == pytest.approx(acc, abs=1e-6)
+    assert result["range9-23/scaled_acc"] == pytest.approx(2 * acc - 1, abs=1e-6)
+    assert result["extrap/mean_acc"] == pytest.approx((result["len16/acc"] + result["len32/acc"]) / 2)

@@ -115,3 +115,36 @@ def test_extrapolation_test_sets_follow_the_training_subset():
     dm.setup()
     assert dm.test_set_names == ["test", "trainset", "len10", "len12"]
     assert torch.equal(dm.data["trainset"].lengths, dm.data["train"].lengths[:6])
+
+
+def test_a_test_range_adds_one_set_of_lengths_drawn_from_it():
+    from tasks.extrapolation import ExtrapolationConfig, pad_id
+
+    config = ExtrapolationConfig(min_len=3, max_len=6, eval_lengths=[10], test_range=[7, 12])
+    dm = SyntheticDataModule("parity", train_size=20, val_size=6, test_size=300, seed=0, extrapolation=config)
+    dm.setup()
+    assert dm.test_set_names == ["test", "trainset", "len10", "range7-12"]
+    data = dm.data["range7-12"]
+    assert data.inputs.shape == (300, 12) and set(data.lengths.tolist()) == set(range(7, 13))
+    for x, y, n in zip(data.inputs.tolist(), data.targets.tolist(), data.lengths.tolist()):
+        assert x[n:] == [pad_id(dm.task)] * (12 - n) and y[n - 1] == sum(x[:n]) % 2 and y[: n - 1] == [-100] * (n - 1)
+    again = SyntheticDataModule("parity", train_size=20, val_size=6, test_size=300, seed=0, extrapolation=config)
+    again.setup()
+    assert torch.equal(again.data["range7-12"].inputs, data.inputs)  # drawn from the data seed
+
+
+@pytest.mark.parametrize(
+    "test_range,message",
+    [
+        ([5], "two lengths"),
+        ([0, 4], "1 <= a <= b"),
+        ([9, 4], "1 <= a <= b"),
+        (["a", 4], "two lengths"),
+        (7, "two lengths"),
+    ],
+)
+def test_a_bad_test_range_is_one_clear_error(test_range, message):
+    from tasks.extrapolation import ExtrapolationConfig
+
+    with pytest.raises(ValueError, match=message):
+        ExtrapolationConfig(test_range=test_range)
