@@ -436,7 +436,7 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
         )
         + f"{statistic}."
         + "".join(
-            f" The paper's `{paper}` was not evaluated in this run: shown is `{ours}`, the longest length evaluated."
+            f" The paper's `{paper}` was not evaluated in this run: shown is `{ours}`, at the longest lengths this run evaluated."
             for paper, ours in substituted
         ),
         legend,
