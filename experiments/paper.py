@@ -351,8 +351,9 @@ def _k(n: float) -> str:
 
 
 def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
-    """The side-by-side table (strings): a row per model (the paper's mixers, then departures at other
-    depths), a column per paper column title, in the paper's order."""
+    """The side-by-side table (strings): a row per model in the order of the paper's ``results`` (each
+    mixer's departures at other depths after it; mixers the paper lacks last), a column per paper column
+    title, in the paper's order."""
     entries = [e for e in paper_entries(name) if e.entry in set(table["entry"])]
     mean = entries and entries[0].aggregate == "mean_at_best_lr"
     titles = {e.title: [x.entry for x in entries if x.title == e.title] for e in entries}
@@ -360,7 +361,11 @@ def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
     out: dict[str, list[str]] = {"model": []}
     for title in titles:
         out[title] = []
-    for mixer in dict.fromkeys(table["mixer"]):
+    paper_order = list((load_reproduction(name).get("paper") or {}).get("results") or {})
+    rank = {m: i for i, m in enumerate(paper_order)}
+    # the paper's row order; a departure at another depth ("mamba, 2 layers") after its mixer's row
+    rows = sorted(dict.fromkeys(table["mixer"]), key=lambda label: rank.get(label.split(",")[0], len(rank)))
+    for mixer in rows:
         out["model"].append(mixer)
         for title, names in titles.items():
             r = table[table["entry"].isin(names) & (table["mixer"] == mixer)]

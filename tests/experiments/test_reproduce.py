@@ -113,6 +113,29 @@ def test_table_columns_follow_the_paper_not_the_run_order():
     assert columns[0] == "model" and columns.index("Keep-nth† n=5 V=128") < columns.index("MQAR κ=2 V=128")
 
 
+def test_table_rows_follow_the_paper_not_the_run_order():
+    """Rows in the order of the paper's results (Grazzi: Transformer, mLSTM, sLSTM, Mamba, ...), whichever
+    sweep ran first; a mixer the paper does not have comes last."""
+    rows = {
+        "arith_xlstm": _rows("arith_xlstm", "slstm", [0.5]) + _rows("arith_xlstm", "mlstm_exp", [0.4]),
+        "arith": _rows("arith", "signed_deltanet", [0.9])
+        + _rows("arith", "gru", [0.3])
+        + _rows("arith", "transformer", [0.2]),
+    }
+    t = compare("grazzi-table3", {e: pd.DataFrame(r).assign(layers=3) for e, r in rows.items()})
+    frame = comparison_frame("grazzi-table3", t)
+    assert frame["model"].tolist() == [
+        "transformer",
+        "mlstm_exp",
+        "slstm",
+        "mamba",
+        "signed_mamba",
+        "deltanet",
+        "signed_deltanet",
+        "gru",
+    ]
+
+
 def test_devices_used_skips_trials_without_a_device():
     df = pd.DataFrame({"device": ["NVIDIA H200", float("nan"), "NVIDIA H200"]})  # an interrupted trial has none
     assert devices_used(df) == "NVIDIA H200" and devices_used(pd.DataFrame()) == "none yet"
@@ -306,8 +329,21 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     """The three state-tracking papers: depth, width and options as their protocols state; the paper
     numbers of Grazzi et al.'s Table 3 as printed; cells agree within the preset's tolerance."""
     grazzi = {p.entry: p for p in plans_for("grazzi-table3")}
-    assert {e: p.layers for e, p in grazzi.items()} == {"parity": [2], "arith": [3], "arith_brackets": [3]}
-    assert {p.d_model for p in grazzi.values()} == {128} and grazzi["arith"].train.grad_clip == 1.0
+    assert {e: p.layers for e, p in grazzi.items()} == {
+        "parity": [2],
+        "arith": [3],
+        "arith_xlstm": [3],
+        "arith_brackets": [3],
+        "arith_brackets_xlstm": [3],
+    }
+    # mLSTM and sLSTM on modular arithmetic at the paper's width 64 with one head, every other model at 128
+    xlstm = [p for e, p in grazzi.items() if e.endswith("_xlstm")]
+    assert {(p.d_model, tuple(p.mixers)) for p in xlstm} == {(64, ("mlstm_exp", "slstm"))}
+    assert all(p.mixer_options == {"mlstm_exp": {"num_heads": 1}, "slstm": {"num_heads": 1}} for p in xlstm)
+    assert {p.d_model for e, p in grazzi.items() if not e.endswith("_xlstm")} == {128}
+    assert "slstm" in grazzi["parity"].mixers and "slstm" not in grazzi["arith"].mixers
+    assert grazzi["arith"].train.grad_clip == 1.0 and grazzi["arith_xlstm"].train.grad_clip == 1.0
+    assert sum(len(p.mixers) * len(p.seeds) * len(p.lrs) for p in grazzi.values()) == 126
     assert grazzi["parity"].train.grad_clip is None and grazzi["parity"].train.min_lr == 1e-6
     # scored as the paper: test sequences of lengths drawn from 40..256
     assert {tuple(p.extrapolation["test_range"]) for p in grazzi.values()} == {(40, 256)}
