@@ -194,6 +194,12 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
             f"preset {preset!r}: task {task!r}: layers must be an integer >= 1 or a list of them, "
             f"got {merged.get('layers')!r}"
         )
+    mixer_options = merged.get("mixer_options") or {}
+    if not isinstance(mixer_options, dict) or not all(isinstance(v, dict) or v is None for v in mixer_options.values()):
+        raise ValueError(
+            f"preset {preset!r}: task {task!r}: mixer_options maps a mixer to its options, e.g. "
+            f"{{slstm: {{num_heads: 1}}}}; got {mixer_options!r}"
+        )
     precision = str(merged.get("precision", PRECISIONS[0]))
     if precision not in PRECISIONS:
         raise ValueError(
@@ -208,7 +214,7 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         lrs=[float(x) for x in merged["lrs"]],
         train=TrainConfig(**merged.get("train", {})),
         task_options=dict(merged.get("task_options", {})),
-        mixer_options={k: dict(v or {}) for k, v in merged.get("mixer_options", {}).items()},
+        mixer_options={k: dict(v or {}) for k, v in mixer_options.items()},
         block=merged.get("block", "mixer"),
         positional=merged.get("positional", "none"),
         extrapolation=merged.get("extrapolation"),

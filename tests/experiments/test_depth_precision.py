@@ -117,6 +117,8 @@ def test_a_preset_sweeps_layers_as_a_grid_axis():
         resolve_sweep("parity", "smoke", {"layers": [0]})
     with pytest.raises(ValueError, match="precision must be one of"):
         resolve_sweep("parity", "smoke", {"precision": "fp8"})
+    with pytest.raises(ValueError, match=r"mixer_options maps a mixer to its options.*'num_heads': 1"):
+        resolve_sweep("parity", "smoke", {"mixer_options": {"num_heads": 1}})
 
 
 @pytest.mark.slow
