@@ -78,6 +78,11 @@ def model_label(mixer: str, layers: int, paper_layers: int = 1) -> str:
     return mixer if layers == paper_layers else f"{mixer}, {layers} layer{'s' if layers > 1 else ''}"
 
 
+def label_mixer(label: str) -> str:
+    """The mixer of a ``model_label`` (``mamba, 2 layers`` -> ``mamba``)."""
+    return label.split(", ")[0]
+
+
 def paper_layers(paper: dict[str, Any], entry: str) -> int:
     """The depth of the paper's models for sweep ``entry`` (``layers:`` is a number or ``{entry: number}``)."""
     layers = paper.get("layers", 1)
@@ -364,7 +369,7 @@ def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
     paper_order = list((load_reproduction(name).get("paper") or {}).get("results") or {})
     rank = {m: i for i, m in enumerate(paper_order)}
     # the paper's row order; a departure at another depth ("mamba, 2 layers") after its mixer's row
-    rows = sorted(dict.fromkeys(table["mixer"]), key=lambda label: rank.get(label.split(",")[0], len(rank)))
+    rows = sorted(dict.fromkeys(table["mixer"]), key=lambda label: rank.get(label_mixer(label), len(rank)))
     for mixer in rows:
         out["model"].append(mixer)
         for title, names in titles.items():
