@@ -285,22 +285,25 @@ def still_climbing(trials: pd.DataFrame, early_stop: float = 0.999) -> pd.Series
 def evaluated_metric(metric: str, df: pd.DataFrame) -> str:
     """``metric`` when ``df`` has values of it; for a length metric that was not evaluated (``--quick``
     evaluates shorter lengths) the evaluated one of the longest lengths: ``len<L>/<m>`` -> ``len<K>/<m>``
-    of the largest ``K``, ``range<a>-<b>/<m>`` -> the ``range<c>-<d>/<m>`` of the largest ``d``; else ``metric``."""
+    of the largest ``K``, ``range<a>-<b>/<m>`` -> the ``range<c>-<d>/<m>`` of the largest ``d`` (the final
+    weights' ``final/...`` alike); else ``metric``."""
     if metric in df and df[metric].notna().any():
         return metric
-    m = re.fullmatch(r"(len|range)[\d-]+/(.+)", metric)
+    m = re.fullmatch(r"(final/)?(len|range)[\d-]+/(.+)", metric)
     if not m:
         return metric
-    kind, name = m.group(1), m.group(2)
-    pattern = rf"len(\d+)/{re.escape(name)}" if kind == "len" else rf"range(\d+)-(\d+)/{re.escape(name)}"
+    weights, kind, name = re.escape(m.group(1) or ""), m.group(2), re.escape(m.group(3))
+    pattern = rf"{weights}len(\d+)/{name}" if kind == "len" else rf"{weights}range(\d+)-(\d+)/{name}"
     found = [
         (int(hit.groups()[-1]), c) for c in df.columns if (hit := re.fullmatch(pattern, c)) and df[c].notna().any()
     ]
     return max(found)[1] if found else metric
 
 
-def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Long table: one row per (entry, mixer) with ours and the paper's value and parameters."""
+def compare(name: str, results: dict[str, pd.DataFrame], planned: dict[str, list[str]] | None = None) -> pd.DataFrame:
+    """Long table: one row per (entry, mixer) with ours and the paper's value and parameters. With
+    ``planned`` (entry -> the mixers its sweep trains), a paper model that an entry does not train (a
+    variant preset's subset) has no row there, so it is not reported as missing."""
     entries = {e.entry: e for e in paper_entries(name)}
     rows = []
     for entry_name, df in results.items():
@@ -312,6 +315,8 @@ def compare(name: str, results: dict[str, pd.DataFrame]) -> pd.DataFrame:
         for mixer in dict.fromkeys([*entry.values, *(ours.index if len(ours) else [])]):
             paper_value, paper_params = entry.values.get(mixer, (float("nan"), float("nan")))
             r = ours.loc[mixer] if len(ours) and mixer in ours.index else None
+            if r is None and planned is not None and label_mixer(mixer) not in planned.get(entry_name, []):
+                continue
             get = lambda k, default=float("nan"): r[k] if r is not None else default  # noqa: E731
             rows.append(
                 {

@@ -171,7 +171,7 @@ def run_reproduction(
         results_dir=report,
         progress_every=progress_every,
     )
-    table = compare(name, results)
+    table = compare(name, results, {p.entry: list(p.mixers) for p in plans})
     frames = [df for df in results.values() if len(df)]
     every = pd.concat(frames) if frames else pd.DataFrame()
     data = load_reproduction(name)
@@ -190,7 +190,8 @@ def run_reproduction(
         "budget": (
             f"max_steps per trial {', '.join(f'{p.entry} {p.train.max_steps}' for p in plans)} "
             f"(lr {', '.join(f'{p.entry} {_lrs(p.lrs)}' for p in plans)}), batch {train.batch_size}, {train.train_size} train / "
-            f"{train.test_size} test sequences, early stop at val acc > {train.early_stop_acc}"
+            f"{train.test_size} test sequences, "
+            + (f"early stop at val acc > {train.early_stop_acc}" if train.early_stop_acc < 1 else "no early stop")
             + (" — QUICK (CPU smoke check, not a reproduction)" if quick else "")
             + (
                 "; preset budget: " + ", ".join(f"{k} {v}" for k, v in data["budget"].items())

@@ -731,8 +731,9 @@ def result_row(
     (``perf_counter`` s at ``entered`` the run, ``start`` its fit), the test metrics of the best
     (``test/acc``, ...) and final (``final/test/acc``, ...) weights and the Newton statistics of ``module``.
     With the task's ``scaled`` (``Task.scaled_accuracy``: ``(acc - chance) / (1 - chance)``), the scaled
-    accuracies of the best weights too (``test/scaled_acc``, ``len<L>/scaled_acc``, ``range<a>-<b>/scaled_acc``,
-    ``extrap/scaled_acc``: Grazzi et al. 2025)."""
+    accuracies too (``test/scaled_acc``, ``len<L>/scaled_acc``, ``range<a>-<b>/scaled_acc``,
+    ``extrap/scaled_acc``: Grazzi et al. 2025; ``final/<set>/scaled_acc`` of the final weights, which
+    Grazzi et al. score)."""
     extrap_accs = [best[f"{name}/acc"] for name in test_set_names if name.startswith("len") and f"{name}/acc" in best]
     root = trainer.strategy.root_device
     result: dict[str, Any] = {
@@ -765,6 +766,8 @@ def result_row(
         accuracies = [f"{name}/acc" for name in test_set_names if f"{name}/acc" in best]
         accuracies += ["extrap/mean_acc"] if "extrap/mean_acc" in result else []
         result.update({key.split("/")[0] + "/scaled_acc": scaled(result[key]) for key in accuracies})
+        finals = [f"final/{name}/acc" for name in test_set_names if f"final/{name}/acc" in result]
+        result.update({key.removesuffix("/acc") + "/scaled_acc": scaled(result[key]) for key in finals})
     return result
 
 

@@ -72,6 +72,17 @@ def test_compare_with_a_mixer_whose_trials_all_failed():
     assert t.loc["flashgru", "ours"] == 0.99
 
 
+def test_a_paper_model_a_variant_does_not_train_is_not_reported_missing():
+    """A variant preset trains a subset of the paper's models: the others are absent from its table, not
+    counted as incomplete; a planned model without results still is."""
+    df = pd.DataFrame(_rows("parity", "flashgru", [0.5, 0.99, 0.7]))
+    everything = compare("pararnn-table1", {"parity": df}).set_index("mixer")
+    assert len(everything) > 1 and (everything.drop(index="flashgru")["seeds"] == 0).all()
+    subset = compare("pararnn-table1", {"parity": df}, {"parity": ["flashgru", "mamba2"]}).set_index("mixer")
+    assert set(subset.index) == {"flashgru", "mamba2"} and subset.loc["mamba2", "seeds"] == 0
+    assert subset.loc["flashgru", "ours"] == 0.99
+
+
 def test_table6_matches_the_paper_setup_and_table1_is_its_subset():
     p = resolve_sweep("khop2", "pararnn-table6")
     assert (p.task, p.task_options["k"], p.task_options["vocab_size"], p.block) == ("khop", 2, 5, "full")
@@ -413,3 +424,7 @@ def test_a_length_metric_not_evaluated_falls_back_to_the_longest_length_evaluate
     )
     assert evaluated_metric("range40-256/scaled_acc", ranged) == "range16-32/scaled_acc"
     assert evaluated_metric("range40-256/acc", ranged) == "range40-256/acc"
+    # the final weights' metrics fall back among the final weights' columns only
+    final = ranged.assign(**{"final/range8-24/scaled_acc": [0.2], "final/range40-256/scaled_acc": [nan]})
+    assert evaluated_metric("final/range40-256/scaled_acc", final) == "final/range8-24/scaled_acc"
+    assert evaluated_metric("final/len512/acc", df) == "final/len512/acc"

@@ -512,4 +512,7 @@ def test_a_test_range_is_scored_like_the_paper_on_lengths_drawn_from_it(tmp_path
     acc = (logits[rows, last].argmax(-1) == data.targets[rows, last]).float().mean().item()
     assert result["range9-23/acc"] == pytest.approx(acc, abs=1e-6)
     assert result["range9-23/scaled_acc"] == pytest.approx(2 * acc - 1, abs=1e-6)
+    # the final weights' accuracies are scaled alike (Grazzi et al. score the weights at the end of training)
+    assert result["final/range9-23/scaled_acc"] == pytest.approx(2 * result["final/range9-23/acc"] - 1, abs=1e-6)
+    assert result["final/len32/scaled_acc"] == pytest.approx(2 * result["final/len32/acc"] - 1, abs=1e-6)
     assert result["extrap/mean_acc"] == pytest.approx((result["len16/acc"] + result["len32/acc"]) / 2)
