@@ -763,11 +763,9 @@ def result_row(
     if extrap_accs:
         result["extrap/mean_acc"] = sum(extrap_accs) / len(extrap_accs)
     if scaled is not None:
-        accuracies = [f"{name}/acc" for name in test_set_names if f"{name}/acc" in best]
+        accuracies = [f"{w}{name}/acc" for w in ("", "final/") for name in test_set_names if f"{w}{name}/acc" in result]
         accuracies += ["extrap/mean_acc"] if "extrap/mean_acc" in result else []
-        result.update({key.split("/")[0] + "/scaled_acc": scaled(result[key]) for key in accuracies})
-        finals = [f"final/{name}/acc" for name in test_set_names if f"final/{name}/acc" in result]
-        result.update({key.removesuffix("/acc") + "/scaled_acc": scaled(result[key]) for key in finals})
+        result.update({key.rsplit("/", 1)[0] + "/scaled_acc": scaled(result[key]) for key in accuracies})
     return result
 
 
