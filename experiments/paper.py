@@ -203,10 +203,18 @@ def match_entry(task: str, config: dict[str, Any], entries: list[PaperEntry]) ->
     return None
 
 
+def selection_column(metric: str) -> str:
+    """The validation accuracy that picks the learning rate for ``metric``: that of the weights it scores
+    (``final_val_acc`` for the final weights' ``final/...`` metrics, else ``best_val_acc``)."""
+    return "final_val_acc" if metric.startswith("final/") else "best_val_acc"
+
+
 def aggregate(df: pd.DataFrame, metric: str, how: str, layers: int = 1) -> pd.DataFrame:
     """Per model of ``df`` (one sweep's rows; ``mixer``: ``model_label`` of its mixer and depth, the
     paper's depth ``layers``): ``value`` (best over seeds, per seed at the lr with the best
-    validation accuracy; or the mean over seeds at the lr with the best mean validation accuracy),
+    validation accuracy; or the mean over seeds at the lr with the best mean validation accuracy; the
+    validation accuracy of the weights ``metric`` scores: the final weights' for a ``final/...`` metric,
+    else the best checkpoint's),
     ``std``, ``params``, ``seeds``, ``lr``, ``steps`` (median), ``failed``, ``missing``, ``skipped`` (the
     share of the chosen trials' optimizer steps that skipped their update: a Newton solve failed its
     check inside a CUDA graph; 0 without Newton statistics), ``climbing`` (how many chosen trials were
@@ -215,6 +223,7 @@ def aggregate(df: pd.DataFrame, metric: str, how: str, layers: int = 1) -> pd.Da
 
     rows = []
     df = with_layers(df) if len(df) else df
+    val = selection_column(metric)
     for name, depth in dict.fromkeys(zip(df["mixer"], df["layers"])) if len(df) else []:
         mine, mixer = df[(df["mixer"] == name) & (df["layers"] == depth)], model_label(name, int(depth), layers)
         counts = {
@@ -239,11 +248,11 @@ def aggregate(df: pd.DataFrame, metric: str, how: str, layers: int = 1) -> pd.Da
             )
             continue
         if how == "mean_at_best_lr":
-            lr = float(sel.groupby("lr")["best_val_acc"].mean().idxmax())
+            lr = float(sel.groupby("lr")[val].mean().idxmax())
             chosen = sel[sel["lr"] == lr]
             value, std = chosen[metric].mean(), chosen[metric].std(ddof=0)
         else:
-            chosen = best_over_lrs(sel)
+            chosen = best_over_lrs(sel, by=val)
             value, std = chosen[metric].max(), chosen[metric].std(ddof=0)
             lr = float(chosen.loc[chosen[metric].idxmax(), "lr"])
         skipped = chosen["newton/skipped_steps"].fillna(0).sum() if "newton/skipped_steps" in chosen else 0.0
@@ -404,10 +413,11 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     substituted = sorted(
         {(e.metric, shown[e.entry]) for e in entries if e.entry in shown and shown[e.entry] != e.metric}
     )
+    weights = "final weights" if any(m.startswith("final/") for m in metrics) else "best checkpoints"
     statistic = (
-        "best over seeds (per seed the lr with the best validation accuracy)"
+        f"best over seeds (per seed the lr whose {weights} have the best validation accuracy)"
         if entries[0].aggregate == "best"
-        else "mean over seeds at the learning rate with the best mean validation accuracy (± std)"
+        else f"mean over seeds at the learning rate whose {weights} have the best mean validation accuracy (± std)"
     )
     tolerance, solved = paper_tolerance(name), paper_solved(name)
     legend = "Each cell: ours (parameters) / paper (parameters); " + (

@@ -203,13 +203,14 @@ def with_layers(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def best_over_lrs(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (entry, mixer, layers, seed): the row of the learning rate with the best validation accuracy."""
+def best_over_lrs(df: pd.DataFrame, by: str = "best_val_acc") -> pd.DataFrame:
+    """Per (entry, mixer, layers, seed): the row of the learning rate with the best validation accuracy
+    ``by``: ``best_val_acc`` (the best checkpoint's, default) or ``final_val_acc`` (the final weights')."""
     ok = with_layers(df[df["status"] == "ok"])
     if ok.empty:
         return ok
     keys = ["entry" if "entry" in ok else "task", "mixer", "layers", "seed"]
-    ok["_rank"] = ok["best_val_acc"].fillna(-1.0)
+    ok["_rank"] = ok[by].fillna(-1.0) if by in ok else -1.0
     idx = ok.groupby(keys)["_rank"].idxmax()
     return ok.loc[idx].drop(columns="_rank")
 

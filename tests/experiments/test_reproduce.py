@@ -13,6 +13,7 @@ import pytest
 
 import experiments.paper as paper_module
 from experiments.paper import (
+    aggregate,
     compare,
     comparison_frame,
     comparison_markdown,
@@ -22,6 +23,7 @@ from experiments.paper import (
     paper_layers,
     paper_solved,
     reproduction_presets,
+    selection_column,
     verdict,
 )
 from experiments.reproduce import devices_used, plans_for, run_reproduction
@@ -195,6 +197,29 @@ def test_compare_best_and_mean_at_best_lr():
     assert "summed: 114.6 min (16 trials resumed from a checkpoint: their last invocation only)." in text
 
 
+def test_final_weight_metrics_pick_the_lr_by_the_final_weights_validation():
+    """A ``final/...`` metric scores the final weights, so per seed the lr is the one whose final weights
+    validate best; the best checkpoint's metric keeps choosing by the best validation accuracy."""
+    rows = _rows("arith", "signed_deltanet", [0.9, 0.8], [1e-2, 1e-2]) + _rows(
+        "arith", "signed_deltanet", [0.7, 0.6], [1e-3] * 2
+    )
+    df = pd.DataFrame(rows).assign(layers=3)
+    # lr 1e-2 had the best checkpoints (0.9, 0.8 validation) but collapsed by the end; 1e-3 ends at 1.0
+    df["final_val_acc"] = [0.3, 0.4, 1.0, 1.0]
+    df["range40-256/scaled_acc"] = [0.5, 0.45, 0.2, 0.1]  # best checkpoints
+    df["final/range40-256/scaled_acc"] = [0.05, 0.15, 0.97, 0.35]  # final weights
+    best = aggregate(df, "range40-256/scaled_acc", "best", 3).iloc[0]
+    final = aggregate(df, "final/range40-256/scaled_acc", "best", 3).iloc[0]
+    assert (best["value"], best["lr"]) == (0.5, 1e-2)
+    assert (final["value"], final["lr"]) == (0.97, 1e-3)  # not 0.15: lr 1e-2's final weights validate worse
+    mean = aggregate(df, "final/range40-256/scaled_acc", "mean_at_best_lr", 3).iloc[0]
+    assert mean["lr"] == 1e-3 and mean["value"] == pytest.approx(0.66)
+    assert selection_column("final/len64/acc") == "final_val_acc" and selection_column("len64/acc") == "best_val_acc"
+    table = compare("grazzi-table3", {"arith": df})
+    text = comparison_markdown("grazzi-table3", table, {"device": "cpu", "date": "today"})
+    assert "per seed the lr whose final weights have the best validation accuracy" in text
+
+
 def test_cells_whose_trials_skipped_updates_are_marked():
     """The skipped share is the chosen trials' skipped updates over their steps: 30 of 200 (15%) marks
     flashgru ⚠ and lists it under the table; 1 of 200 (0.5%, under 1%) leaves mamba2 unmarked."""
@@ -359,7 +384,18 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     # scored as the paper: test sequences of lengths drawn from 40..256
     assert {tuple(p.extrapolation["test_range"]) for p in grazzi.values()} == {(40, 256)}
     assert {p.train.test_size for p in grazzi.values()} == {4096}
-    assert {e.metric for e in paper_entries("grazzi-table3")} == {"range40-256/scaled_acc"}
+    # the paper's scoring: every step trained (no early stop), the final weights scored
+    assert {e.metric for e in paper_entries("grazzi-table3")} == {"final/range40-256/scaled_acc"}
+    assert {p.train.early_stop_acc for p in grazzi.values()} == {1.0}
+    steps = {e: p.train.max_steps for e, p in grazzi.items()}
+    assert steps == {
+        "arith": 5000,
+        "arith_xlstm": 5000,
+        "arith_brackets": 2500,
+        "arith_brackets_xlstm": 2500,
+        "parity": 2500,
+    }
+    assert list(grazzi)[:2] == ["arith", "arith_xlstm"]  # the longest trials are claimed first
     quick = plans_for("grazzi-table3", quick=True)
     assert {tuple(p.extrapolation["test_range"]) for p in quick} == {(16, 32)}
     t3 = load_preset("grazzi-table3")["paper"]["results"]
