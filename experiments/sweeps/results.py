@@ -17,6 +17,7 @@ import os
 import platform
 import subprocess
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -112,16 +113,35 @@ def _final_trial(trials: list[FrozenTrial]) -> FrozenTrial:
 def busy_seconds(trials: Iterable[FrozenTrial]) -> float:
     """Seconds during which at least one of ``trials`` ran: the length of the union of their
     start-to-end intervals (trials without both times left out). Over a run resumed in several
-    invocations this is the run's time with trials running, without the gaps between invocations."""
-    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials if t.datetime_start and t.datetime_complete)
-    total, end = 0.0, None
+    invocations this is the run's time with trials running, without the gaps between invocations.
+
+    A trial whose worker died (``failure="died"``: its machine was given back mid-trial) is marked
+    failed only when the next invocation finds it, so its recorded end lies after the gap; its interval
+    ends instead at its last sign of life: the ``alive`` time its last validation recorded, or (runs
+    that did not record it) the latest start or end of another trial within its interval."""
+    trials = [t for t in trials if t.datetime_start and t.datetime_complete]
+    events = sorted(
+        {t.datetime_start for t in trials}
+        | {t.datetime_complete for t in trials if t.user_attrs.get("failure") != "died"}
+    )
+
+    def end(t: FrozenTrial) -> datetime:
+        if t.user_attrs.get("failure") != "died":
+            return t.datetime_complete
+        if "alive" in t.user_attrs:
+            return min(t.datetime_complete, max(t.datetime_start, datetime.fromisoformat(t.user_attrs["alive"])))
+        inside = [e for e in events if t.datetime_start <= e < t.datetime_complete]
+        return max(inside) if inside else t.datetime_start
+
+    spans = sorted((t.datetime_start, end(t)) for t in trials)
+    total, last = 0.0, None
     for start, stop in spans:
-        if end is None or start > end:
+        if last is None or start > last:
             total += (stop - start).total_seconds()
-            end = stop
-        elif stop > end:
-            total += (stop - end).total_seconds()
-            end = stop
+            last = stop
+        elif stop > last:
+            total += (stop - last).total_seconds()
+            last = stop
     return total
 
 

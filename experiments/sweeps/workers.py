@@ -29,6 +29,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
@@ -130,15 +131,23 @@ def path_name(mixer: str) -> str:
     return mixer.replace(":", ".").replace("[", ".").replace("]", "").replace(",", ".")
 
 
+def report_validation(trial, acc: float, step: int) -> None:
+    """``acc`` as the Optuna trial's intermediate value at ``step`` (learning curves), and the time as its
+    ``alive`` user attribute: where a trial's worker dies (a machine given back mid-run), its last sign
+    of life (``results.busy_seconds``)."""
+    trial.report(acc, step=step)
+    trial.set_user_attr("alive", datetime.now().isoformat())
+
+
 class ReportValidation(Callback):
-    """Reports ``val/acc`` after each validation as the Optuna trial's intermediate value (learning curves)."""
+    """Reports ``val/acc`` after each validation (``report_validation``)."""
 
     def __init__(self, trial) -> None:
         self.trial = trial
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
-            self.trial.report(float(trainer.callback_metrics["val/acc"]), step=trainer.global_step)
+            report_validation(self.trial, float(trainer.callback_metrics["val/acc"]), trainer.global_step)
 
 
 def run_cells(grid, trials: list, out: Path, device: str | None = None, options=None) -> list[str]:
@@ -190,7 +199,11 @@ def run_cells(grid, trials: list, out: Path, device: str | None = None, options=
             results = [run_trial(specs[0], dirs[0], callbacks=[ReportValidation(trials[0])], options=options)]
         else:
             results = run_stack(
-                specs, dirs, run_dir, options=options, report=lambda s, acc, step: trials[s].report(acc, step=step)
+                specs,
+                dirs,
+                run_dir,
+                options=options,
+                report=lambda s, acc, step: report_validation(trials[s], acc, step),
             )
     except NonFiniteLossError as err:
         (run_dir / CHECKPOINT_DIR / LAST_CHECKPOINT).unlink(

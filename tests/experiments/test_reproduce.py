@@ -299,6 +299,42 @@ def test_busy_seconds_is_the_length_of_the_union_of_trial_intervals():
         assert busy_seconds([*reversed(trials), trial(99, 0, None)]) == len(covered)
 
 
+def test_busy_seconds_ends_a_died_trial_at_its_last_sign_of_life():
+    """Two invocations (0-100 s and 1000-1100 s) with the machine given back in between: the trials
+    running at 100 s are marked died only at 1000 s. Their intervals end at their last validation
+    (``alive``) or, without one, at the last other trial event inside them; the gap is not counted."""
+    from optuna.trial import FrozenTrial, TrialState
+
+    from experiments.sweeps.results import busy_seconds
+
+    t0 = datetime.datetime(2026, 1, 1)
+    at = lambda s: t0 + datetime.timedelta(seconds=s)  # noqa: E731
+
+    def trial(number, start, end, **attrs):
+        return FrozenTrial(
+            number=number,
+            state=TrialState.FAIL if attrs.get("failure") else TrialState.COMPLETE,
+            value=None,
+            datetime_start=at(start),
+            datetime_complete=at(end),
+            params={},
+            distributions={},
+            user_attrs=attrs,
+            system_attrs={},
+            intermediate_values={},
+            trial_id=number,
+        )
+
+    first = [trial(0, 0, 60), trial(1, 10, 90)]
+    died = trial(2, 20, 1000, failure="died", alive=at(95).isoformat())
+    second = [trial(3, 1000, 1100)]
+    assert busy_seconds([*first, died, *second]) == 95 + 100  # 0-95 (alive at 95), 1000-1100
+    old_run = trial(2, 20, 1000, failure="died")  # a run from before the alive attribute: last event 90 s
+    assert busy_seconds([*first, old_run, *second]) == 90 + 100
+    assert busy_seconds([trial(5, 30, 1000, failure="died")]) == 0  # nothing else seen: its start
+    assert busy_seconds([*first, trial(4, 20, 80, failure="interrupted")]) == 90  # an interrupted trial's end is real
+
+
 @pytest.mark.slow
 def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     over = {

@@ -149,6 +149,7 @@ def test_sweep_with_stacks_gives_each_cell_its_own_row(tmp_path):
     stacks = sorted(p.name for p in (tmp_path / "stacked" / "stacks").iterdir())
     assert len(stacks) == 2 and all("-s0,1-" in name for name in stacks)
     for t in plain_study(tmp_path / "stacked").trials:
+        assert "alive" in t.user_attrs  # each stacked trial records its own last validation's time
         assert sorted(t.intermediate_values) == [10, 20] and max(t.intermediate_values.values()) == pytest.approx(
             t.value
         )

@@ -1,5 +1,6 @@
 """The sweep: results files, resume without re-running, interrupted trials, NaN trials, what Optuna sees, CLI errors."""
 
+import datetime
 import json
 import os
 import re
@@ -100,6 +101,8 @@ def test_plain_optuna_sees_the_cells_values_and_learning_curves(tmp_path):
         assert t.user_attrs["result"]["test/acc"] == pytest.approx(row["test/acc"])
         assert sorted(t.intermediate_values) == [10, 20]  # eval_every = 10 of 20 steps
         assert max(t.intermediate_values.values()) == pytest.approx(t.value)
+        # the last validation's time: a died trial's end for the run's busy time
+        assert t.datetime_start < datetime.datetime.fromisoformat(t.user_attrs["alive"]) <= t.datetime_complete
         assert t.distributions["lr"].log and t.distributions["mixer"].choices == ("elman", "gru")
 
 
