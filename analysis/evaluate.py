@@ -14,7 +14,6 @@ Prints one row per (trial, precision, test set) with the accuracy and the scaled
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,8 @@ from pathlib import Path
 import lightning as L
 import pandas as pd
 import torch
+
+from analysis.cli import csv_list, run
 
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
 CHECKPOINTS = {"last": "last.ckpt", "best": "best.ckpt"}
@@ -32,21 +33,16 @@ def evaluate_trial(
 ) -> pd.DataFrame:
     """Rows ``trial, mixer, seed, lr, step, precision, test_set, acc, scaled_acc`` (accuracies in [0, 1]) of
     ``trial_dir``'s ``checkpoint`` tested in each of ``precisions`` on ``device``."""
+    from analysis.newton import trial_checkpoint
     from experiments.trial.lit import LitSequenceModel
-    from experiments.trial.train import CHECKPOINT_DIR, TrialSpec, _test, build_datamodule
+    from experiments.trial.train import build_datamodule, evaluate_test_sets
 
-    spec_file, ckpt = trial_dir / "spec.json", trial_dir / CHECKPOINT_DIR / CHECKPOINTS[checkpoint]
-    for path in (spec_file, ckpt):
-        if not path.is_file():
-            raise ValueError(
-                f"{trial_dir}: no {path.relative_to(trial_dir)} (a trial folder has spec.json and checkpoints/)"
-            )
-    spec = TrialSpec.from_dict(json.loads(spec_file.read_text()))
+    spec, ckpt = trial_checkpoint(trial_dir, CHECKPOINTS[checkpoint])
     dm = build_datamodule(spec, device)
     dm.setup()
     step = int(torch.load(ckpt, map_location="cpu", weights_only=False).get("global_step", -1))
     rows = []
-    for precision in precisions:
+    for precision in precisions:  # a fresh module each time: bf16-true converts the one it tests
         module = LitSequenceModel.load_from_checkpoint(ckpt, map_location=device)
         trainer = L.Trainer(
             accelerator="gpu" if device.startswith("cuda") else "cpu",
@@ -57,7 +53,7 @@ def evaluate_trial(
             enable_model_summary=False,
             enable_checkpointing=False,
         )
-        for key, acc in _test(trainer, module, dm).items():
+        for key, acc in evaluate_test_sets(trainer, module, dm).items():
             if key.endswith("/acc"):
                 rows.append(
                     {
@@ -75,13 +71,14 @@ def evaluate_trial(
     return pd.DataFrame(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _evaluate(argv: Sequence[str] | None) -> None:
     p = argparse.ArgumentParser(prog="python -m analysis.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("trial_dirs", nargs="+", type=Path, metavar="TRIAL_DIR", help="trial folders (<out>/trials/<cell>)")
     p.add_argument(
         "--precision",
-        default=",".join(PRECISIONS),
-        help="comma-separated Lightning precisions (default: %(default)s)",
+        type=csv_list(),
+        default=list(PRECISIONS),
+        help=f"comma-separated Lightning precisions (default: {','.join(PRECISIONS)})",
     )
     p.add_argument(
         "--checkpoint", choices=sorted(CHECKPOINTS), default="last", help="which weights (default: %(default)s)"
@@ -89,22 +86,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
     p.add_argument("--out", type=Path, help="also write the rows to this CSV")
     args = p.parse_args(argv)
-    precisions = [s.strip() for s in args.precision.split(",") if s.strip()]
-    if unknown := [s for s in precisions if s not in PRECISIONS]:
+    if unknown := [s for s in args.precision if s not in PRECISIONS]:
         p.error(f"unknown precision {unknown[0]!r}; valid: {', '.join(PRECISIONS)}")
-    try:
-        frames = [evaluate_trial(d, precisions, args.checkpoint, args.device) for d in args.trial_dirs]
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    df = pd.concat(frames, ignore_index=True)
+    df = pd.concat(
+        [evaluate_trial(d, args.precision, args.checkpoint, args.device) for d in args.trial_dirs], ignore_index=True
+    )
     if args.out:
         df.to_csv(args.out, index=False)
-    shown = df.assign(acc=100 * df["acc"], scaled_acc=100 * df["scaled_acc"])
+    shown = df.assign(scaled_acc=100 * df["scaled_acc"])
     table = shown.pivot_table(index=["trial", "step", "test_set"], columns="precision", values="scaled_acc", sort=False)
     print("scaled accuracy (%) by precision:")
     print(table.round(1).to_string())
-    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command; bad input gives a one-line ``error: ...`` and exit status 2 (``analysis.cli.run``)."""
+    return run(_evaluate, argv)
 
 
 if __name__ == "__main__":

@@ -96,20 +96,29 @@ def fresh_model(
     return model.eval()
 
 
-def load_trial(trial_dir: Path):
-    """``(spec, SequenceModel)`` of a cell folder of a sweep: ``spec.json`` and ``checkpoints/best.ckpt``."""
-    from experiments.trial.lit import LitSequenceModel
+def trial_checkpoint(trial_dir: Path, checkpoint: str | None = None):
+    """``(spec, checkpoint path)`` of a cell folder of a sweep (``spec.json`` and
+    ``checkpoints/<checkpoint>``, default ``best.ckpt``); a one-line ``ValueError`` when one is missing."""
     from experiments.trial.train import BEST_CHECKPOINT, CHECKPOINT_DIR, TrialSpec
 
-    trial_dir = Path(trial_dir)
-    for f in ("spec.json", f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"):
+    trial_dir, checkpoint = Path(trial_dir), checkpoint or BEST_CHECKPOINT
+    for f in ("spec.json", f"{CHECKPOINT_DIR}/{checkpoint}"):
         if not (trial_dir / f).is_file():
             raise ValueError(
                 f"{trial_dir} is not a finished trial folder: it has no {f} (a cell folder of "
-                f"experiments.sweep holds spec.json and {CHECKPOINT_DIR}/{BEST_CHECKPOINT})"
+                f"experiments.sweep holds spec.json and {CHECKPOINT_DIR}/{checkpoint})"
             )
-    spec = TrialSpec.from_dict(json.loads((trial_dir / "spec.json").read_text()))
-    module = LitSequenceModel.load_from_checkpoint(trial_dir / CHECKPOINT_DIR / BEST_CHECKPOINT, map_location="cpu")
+    return TrialSpec.from_dict(
+        json.loads((trial_dir / "spec.json").read_text())
+    ), trial_dir / CHECKPOINT_DIR / checkpoint
+
+
+def load_trial(trial_dir: Path):
+    """``(spec, SequenceModel)`` of a cell folder of a sweep: ``spec.json`` and ``checkpoints/best.ckpt``."""
+    from experiments.trial.lit import LitSequenceModel
+
+    spec, ckpt = trial_checkpoint(trial_dir)
+    module = LitSequenceModel.load_from_checkpoint(ckpt, map_location="cpu")
     return spec, module.model.eval()
 
 

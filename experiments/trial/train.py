@@ -480,7 +480,7 @@ def interrupt_as_keyboard_interrupt(trainer: L.Trainer):
             signal.signal(signal.SIGINT, handler)
 
 
-def _test(
+def evaluate_test_sets(
     trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticDataModule, ckpt_path: str | None = None
 ) -> dict[str, float]:
     """Test-set metrics ``{"test/acc": ..., "len64/acc": ...}`` of the module (or of ``ckpt_path``'s weights)."""
@@ -592,9 +592,9 @@ def _run_trial(
     with fitting(trainer, history, [out / PROGRESS_FILE] if keep else []):
         resumed_from = fit_resuming(trainer, module, dm, out)
         train_time = time.perf_counter() - start
-        final = _test(trainer, module, dm)
+        final = evaluate_test_sets(trainer, module, dm)
         best_path = checkpoints.best_model_path
-        best = _test(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
+        best = evaluate_test_sets(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
     return result_row(
         n_params=count_parameters(module.model),
         steps=trainer.global_step,
