@@ -533,6 +533,7 @@ def parameter_counts(preset: str) -> pd.DataFrame:
                     positional=plan.positional,
                     layers=layers,
                     d_model=plan.d_model,
+                    conv_kernel=plan.conv_kernel,
                 )
                 cell = paper.get(mixer, {}).get(entry, []) if layers == depth else []
                 rows.append(

@@ -12,6 +12,7 @@ A preset file::
       layers: [1, 2]          # model depth, a grid axis (default 1)
       precision: 32-true      # or bf16-mixed (Lightning's names)
       d_model: 64             # the model's width
+      conv_kernel: 4          # the full block's causal convolution (0: none)
     tasks:                    # per task: the same keys, plus task_options, block, positional,
       parity: {...}           # extrapolation; a task absent here is not part of the preset
 
@@ -72,6 +73,7 @@ SWEEP_KEYS = {
     "layers",
     "precision",
     "d_model",
+    "conv_kernel",
 }
 PRIORITIES = ("normal", "high")
 #: top-level keys of a preset file (``paper``: the paper's numbers, read by ``experiments.reproduce``)
@@ -105,6 +107,8 @@ class SweepPlan:
     precision: str = PRECISIONS[0]
     #: the model's width
     d_model: int = 64
+    #: the full block's causal convolution kernel (0: none)
+    conv_kernel: int = 4
 
 
 def available_presets() -> list[str]:
@@ -223,6 +227,7 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         layers=list(dict.fromkeys(layers)),
         precision=precision,
         d_model=int(merged.get("d_model", 64)),
+        conv_kernel=int(merged.get("conv_kernel", 4)),
     )
 
 
@@ -244,6 +249,7 @@ def build_specs(plan: SweepPlan, device: str = "auto") -> list[TrialSpec]:
             layers=layers,
             precision=plan.precision,
             d_model=plan.d_model,
+            conv_kernel=plan.conv_kernel,
         )
         for mixer in plan.mixers
         for layers in plan.layers

@@ -79,6 +79,7 @@ def _spec_columns(entry: str, spec: dict[str, Any]) -> dict[str, Any]:
         "block": spec["block"],
         "layers": spec.get("layers", 1),
         "d_model": spec.get("d_model", 64),
+        "conv_kernel": spec.get("conv_kernel", 4),
         "precision": spec.get("precision", "32-true"),
         "positional": spec["positional"],
         "extrapolation": json.dumps(spec["extrapolation"]) if spec["extrapolation"] else "",

@@ -189,6 +189,7 @@ def validate_specs(cells: list[tuple[str, Any]]) -> float:
             spec.mixer,
             repr(sorted(spec.mixer_options.items())),
             spec.block,
+            spec.conv_kernel,
             spec.positional,
             spec.layers,
             spec.precision,

@@ -7,8 +7,10 @@
 Sequence blocks:
 - ``"mixer"`` (paper 000's †; Parity and Keep-nth): the mixer alone — no convolution, gate or norm.
 - ``"full"`` (MQAR and k-hop): ``in_proj(d -> 2d)`` into ``u`` and gate ``z``; causal depthwise
-  conv1d on ``u`` (kernel 4) + SiLU; the mixer on ``u``; gated RMSNorm ``norm(y) * silu(z)``;
-  ``out_proj(d -> d)``; residual with a learnable per-channel scale on the input.
+  conv1d on ``u`` (kernel ``conv_kernel``, default 4) + SiLU; the mixer on ``u``; gated RMSNorm
+  ``norm(y) * silu(z)``; ``out_proj(d -> d)``; residual with a learnable per-channel scale on the input.
+  ``conv_kernel = 0`` leaves the convolution and its SiLU out: the mixer takes ``u`` itself (xLSTM's
+  sLSTM block with ``conv1d_kernel_size: 0``).
 Mixers that are whole blocks themselves (``is_block = True``: the Transformer) are used as they are.
 
 Depth (``layers``, default 1): each block is pre-norm (an RMSNorm before it). At ``layers = 1`` the
@@ -60,9 +62,9 @@ class ModelConfig:
         if self.positional not in POSITIONAL:
             raise ValueError(f"positional must be one of {', '.join(POSITIONAL)}, got {self.positional!r}")
         for name in ("vocab_size", "num_classes", "d_model", "conv_kernel", "layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value, least = getattr(self, name), 0 if name == "conv_kernel" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 class FullBlock(nn.Module):
@@ -73,7 +75,10 @@ class FullBlock(nn.Module):
     def __init__(self, mixer: nn.Module, d_model: int, conv_kernel: int = 4) -> None:
         super().__init__()
         self.in_proj = nn.Linear(d_model, 2 * d_model, bias=False)
-        self.conv = nn.Conv1d(d_model, d_model, conv_kernel, groups=d_model, padding=conv_kernel - 1)
+        # conv_kernel 0: no convolution (a plain attribute, so stacking copies it as it is)
+        self.conv = (
+            nn.Conv1d(d_model, d_model, conv_kernel, groups=d_model, padding=conv_kernel - 1) if conv_kernel else None
+        )
         self.mixer = mixer
         self.norm = nn.RMSNorm(d_model)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
@@ -82,7 +87,8 @@ class FullBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         u, z = self.in_proj(x).unflatten(-1, (self.trials, 2, -1)).unbind(-2)  # each trial's (u, z)
         u, z = u.flatten(-2), z.flatten(-2)
-        u = F.silu(causal_depthwise_conv(self.conv, u))
+        if self.conv is not None:
+            u = F.silu(causal_depthwise_conv(self.conv, u))
         y = self.norm(self.mixer(u)) * F.silu(z)
         return self.out_proj(y) + self.skip_scale * x
 

@@ -121,6 +121,8 @@ class TrialSpec:
     precision: str = "32-true"
     #: the model's width (embedding and mixer channels)
     d_model: int = 64
+    #: the full block's causal convolution kernel (0: none; ``experiments.trial.model``)
+    conv_kernel: int = 4
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
@@ -131,6 +133,8 @@ class TrialSpec:
             raise ValueError(f"layers must be an integer >= 1, got {self.layers!r}")
         if isinstance(self.d_model, bool) or not isinstance(self.d_model, int) or self.d_model < 1:
             raise ValueError(f"d_model must be an integer >= 1, got {self.d_model!r}")
+        if isinstance(self.conv_kernel, bool) or not isinstance(self.conv_kernel, int) or self.conv_kernel < 0:
+            raise ValueError(f"conv_kernel must be an integer >= 0 (0: no convolution), got {self.conv_kernel!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
@@ -155,7 +159,7 @@ class TrialSpec:
         """``to_dict()`` without the fields at their defaults that earlier versions did not have (what the
         cell's hash covers, so a study written before them resumes)."""
         d = self.to_dict()
-        for name, default in (("layers", 1), ("precision", PRECISIONS[0]), ("d_model", 64)):
+        for name, default in (("layers", 1), ("precision", PRECISIONS[0]), ("d_model", 64), ("conv_kernel", 4)):
             if d[name] == default:
                 del d[name]
         for name, default in (("min_lr", 0.0), ("grad_clip", None)):
@@ -270,6 +274,7 @@ def build_module(spec: TrialSpec, dm: SyntheticDataModule, stack_seeds: list[int
         positional=spec.positional,
         layers=spec.layers,
         d_model=spec.d_model,
+        conv_kernel=spec.conv_kernel,
     )
     t = spec.train
     return LitSequenceModel(

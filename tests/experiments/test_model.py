@@ -82,8 +82,33 @@ def test_full_block_structure_and_positions():
     assert k.add_positions
 
 
+def test_full_block_without_convolution():
+    """``conv_kernel=0``: the mixer takes ``in_proj``'s ``u`` directly (no convolution, no SiLU on it),
+    the block computes ``out_proj(norm(mixer(u)) * silu(z)) + skip * x`` and has the conv's ``d * 4 + d``
+    parameters fewer than the default block; a conv-free block is causal too."""
+    torch.manual_seed(3)
+    d = 24
+    config = dict(vocab_size=11, num_classes=5, mixer="slstm", block="full", d_model=d, mixer_options={"num_heads": 2})
+    plain = SequenceModel(ModelConfig(**config, conv_kernel=0)).double()
+    assert plain.block.conv is None
+    assert count_parameters(SequenceModel(ModelConfig(**config))) - count_parameters(plain) == d * 4 + d
+    block = plain.block
+    x = torch.randn(3, 13, d, dtype=torch.float64)
+    u, z = block.in_proj(x).chunk(2, dim=-1)
+    expected = block.out_proj(block.norm(block.mixer(u)) * torch.nn.functional.silu(z)) + block.skip_scale * x
+    torch.testing.assert_close(block(x), expected)
+    tokens = torch.randint(0, 11, (2, 9))
+    changed = tokens.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % 11
+    out, out2 = plain(tokens), plain(changed)
+    torch.testing.assert_close(out[:, :6], out2[:, :6])
+    assert not torch.allclose(out[:, 6:], out2[:, 6:])
+
+
 def test_bad_model_config():
     with pytest.raises(ValueError, match="block must be one of"):
         ModelConfig(2, 2, block="fancy")
+    with pytest.raises(ValueError, match="conv_kernel must be an integer >= 0"):
+        ModelConfig(2, 2, conv_kernel=-1)
     with pytest.raises(ValueError, match="unknown mixer 'nope'"):
         SequenceModel(ModelConfig(2, 2, mixer="nope"))

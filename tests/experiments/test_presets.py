@@ -57,6 +57,21 @@ def test_priority_is_scheduling_only(preset_dir):
         resolve_sweep("mqar", "typo")
 
 
+def test_conv_kernel_reaches_the_specs_and_only_a_changed_one_changes_the_cell(preset_dir):
+    """``conv_kernel: 0`` (no convolution in the full block) is part of the spec and its cell id; the
+    default 4 is left out of the id, so cells written before the key existed keep theirs."""
+    from experiments.sweeps.study import cell_id
+
+    (preset_dir / "noconv.yaml").write_text("extends: base\ntasks: {mqar: {conv_kernel: 0}}\n")
+    plain, base = build_specs(resolve_sweep("mqar", "noconv")), build_specs(resolve_sweep("mqar", "base"))
+    assert {s.conv_kernel for s in plain} == {0} and {s.conv_kernel for s in base} == {4}
+    assert "conv_kernel" not in base[0].identity() and plain[0].identity()["conv_kernel"] == 0
+    assert cell_id(plain[0]) != cell_id(base[0])
+    (preset_dir / "negative.yaml").write_text("extends: base\ntasks: {mqar: {conv_kernel: -1}}\n")
+    with pytest.raises(ValueError, match="conv_kernel must be an integer >= 0"):
+        build_specs(resolve_sweep("mqar", "negative"))
+
+
 def test_table6_full_gives_khop_priority():
     assert [resolve_sweep(e, "pararnn-table6-full").priority for e in ("khop", "khop2", "mqar")] == [
         "high",

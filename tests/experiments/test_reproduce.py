@@ -403,17 +403,31 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     grazzi = {p.entry: p for p in plans_for("grazzi-table3")}
     assert {e: p.layers for e, p in grazzi.items()} == {
         "parity": [2],
+        "parity_slstm": [2],
+        "parity_linear": [2],
         "arith": [3],
         "arith_xlstm": [3],
+        "arith_slstm": [3],
         "arith_brackets": [3],
         "arith_brackets_xlstm": [3],
+        "arith_brackets_slstm": [3],
     }
     # mLSTM and sLSTM on modular arithmetic at the paper's width 64 with one head, every other model at 128
-    xlstm = [p for e, p in grazzi.items() if e.endswith("_xlstm")]
-    assert {(p.d_model, tuple(p.mixers)) for p in xlstm} == {(64, ("mlstm_exp", "slstm"))}
-    assert all(p.mixer_options == {"mlstm_exp": {"num_heads": 1}, "slstm": {"num_heads": 1}} for p in xlstm)
-    assert {p.d_model for e, p in grazzi.items() if not e.endswith("_xlstm")} == {128}
-    assert "slstm" in grazzi["parity"].mixers and "slstm" not in grazzi["arith"].mixers
+    xlstm = [p for e, p in grazzi.items() if e.startswith("arith") and e.endswith("lstm")]
+    assert sorted(p.mixers[0] for p in xlstm) == ["mlstm_exp", "mlstm_exp", "slstm", "slstm"]
+    assert all(p.d_model == 64 and p.mixer_options == {p.mixers[0]: {"num_heads": 1}} for p in xlstm)
+    assert {p.d_model for p in grazzi.values() if p not in xlstm} == {128}
+    # as their code: sLSTM without the block's convolution, Mamba and DeltaNet on parity without weight decay
+    assert {e for e, p in grazzi.items() if p.conv_kernel == 0} == {
+        "parity_slstm",
+        "arith_slstm",
+        "arith_brackets_slstm",
+    }
+    assert {e: p.train.weight_decay for e, p in grazzi.items() if e.startswith("parity")} == {
+        "parity": 0.1,
+        "parity_slstm": 0.1,
+        "parity_linear": 0.0,
+    }
     assert grazzi["arith"].train.grad_clip == 1.0 and grazzi["arith_xlstm"].train.grad_clip == 1.0
     assert sum(len(p.mixers) * len(p.seeds) * len(p.lrs) for p in grazzi.values()) == 126
     assert grazzi["parity"].train.grad_clip is None and grazzi["parity"].train.min_lr == 1e-6
@@ -424,14 +438,8 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     assert {e.metric for e in paper_entries("grazzi-table3")} == {"final/range40-256/scaled_acc"}
     assert {p.train.early_stop_acc for p in grazzi.values()} == {1.0}
     steps = {e: p.train.max_steps for e, p in grazzi.items()}
-    assert steps == {
-        "arith": 5000,
-        "arith_xlstm": 5000,
-        "arith_brackets": 2500,
-        "arith_brackets_xlstm": 2500,
-        "parity": 2500,
-    }
-    assert list(grazzi)[:2] == ["arith", "arith_xlstm"]  # the longest trials are claimed first
+    assert steps == {e: 5000 if e in ("arith", "arith_xlstm", "arith_slstm") else 2500 for e in grazzi}
+    assert list(grazzi)[:3] == ["arith", "arith_xlstm", "arith_slstm"]  # the longest trials are claimed first
     quick = plans_for("grazzi-table3", quick=True)
     assert {tuple(p.extrapolation["test_range"]) for p in quick} == {(16, 32)}
     t3 = load_preset("grazzi-table3")["paper"]["results"]

@@ -26,6 +26,9 @@ CONFIGS = {
     ),
     "mamba2-groups": dict(mixer="mamba2", block="full", mixer_options={"ngroups": 2, "d_state": 8, "backend": "torch"}),
     "flashgru": dict(mixer="flashgru", block="full", mixer_options={"divergence_tol": 1e-2}),
+    "flashgru-no-conv": dict(
+        mixer="flashgru", block="full", conv_kernel=0, layers=2, mixer_options={"divergence_tol": 1e-2}
+    ),
     "flashlstm-sinusoidal": dict(
         mixer="flashlstm",
         block="mixer",
