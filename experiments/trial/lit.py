@@ -387,6 +387,10 @@ class LitSequenceModel(L.LightningModule):
         tokens, targets = batch
         self.test_metrics[dataloader_idx].update(self(tokens).argmax(-1), targets)
 
+    def on_test_epoch_start(self) -> None:
+        for metrics in self.test_metrics:  # a test pass begun again (after running out of memory) starts clean
+            metrics.reset()
+
     def on_test_epoch_end(self) -> None:
         for metrics in self.test_metrics:
             self.log_dict(metrics.compute())

@@ -38,6 +38,8 @@ from experiments.trial.model import ModelConfig, count_parameters
 from experiments.trial.running import PROGRESS_FILE, append_sample
 from tasks import ExtrapolationConfig, SyntheticDataModule, get_task
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class TrainConfig:
@@ -488,10 +490,25 @@ def interrupt_as_keyboard_interrupt(trainer: L.Trainer):
 def evaluate_test_sets(
     trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticDataModule, ckpt_path: str | None = None
 ) -> dict[str, float]:
-    """Test-set metrics ``{"test/acc": ..., "len64/acc": ...}`` of the module (or of ``ckpt_path``'s weights)."""
+    """Test-set metrics ``{"test/acc": ..., "len64/acc": ...}`` of the module (or of ``ckpt_path``'s weights).
+
+    Out of GPU memory (other trials' processes share the GPU; the longest test sequences need the most), it
+    frees the cached memory and evaluates again at half the batch (``dm.eval_batch_size``, kept halved for
+    the trial's later test passes) down to one sequence: the metrics do not depend on the batch, and a
+    trained trial is not lost to its test pass."""
     metrics: dict[str, float] = {}
     kwargs = {"ckpt_path": ckpt_path} if ckpt_path else {}
-    for part in trainer.test(module, datamodule=dm, verbose=False, **kwargs):
+    while True:
+        try:
+            parts = trainer.test(module, datamodule=dm, verbose=False, **kwargs)
+            break
+        except torch.OutOfMemoryError:
+            if dm.eval_batch_size == 1:
+                raise
+            torch.cuda.empty_cache()
+            dm.eval_batch_size //= 2
+            log.warning("test pass out of GPU memory: evaluating again at batch %d", dm.eval_batch_size)
+    for part in parts:
         for key, value in part.items():
             metrics[key.split("/dataloader_idx")[0]] = float(value)
     return metrics

@@ -1,5 +1,6 @@
 """One trial: it learns, it tests the best checkpoint, checkpoints reload, an interrupted trial resumes exactly."""
 
+import dataclasses
 import math
 
 import lightning as L
@@ -333,6 +334,34 @@ def test_ctrl_c_in_the_test_passes_resumes_straight_to_the_tests(tmp_path, nth):
     assert resumed["resumed_from_step"] == 30 and resumed["steps"] == 30 and resumed["best_step"] == 10
     for key in ("test/acc", "final/test/acc", "best_val_acc", "final_val_acc"):
         assert resumed[key] == whole[key], key
+
+
+class OutOfMemoryAtBatch(L.Callback):
+    """Raises CUDA's out-of-memory error in the third batch of a test set while batches are larger than 8."""
+
+    def __init__(self) -> None:
+        self.raised = 0
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch[0].shape[0] > 8 and batch_idx == 2:
+            self.raised += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+
+def test_a_test_pass_out_of_memory_is_evaluated_again_at_half_the_batch(tmp_path):
+    """The first test pass runs out of memory half-way at batch 16; it is evaluated again from a clean
+    metric at batch 8, and the trial's numbers equal those of a trial tested at batch 8 from the start."""
+    quiet_lightning()
+    spec = _plateau_spec()
+    spec.train = dataclasses.replace(spec.train, test_size=48, eval_batch_size=16)
+    eager = RunOptions(engine="eager")
+    oom = OutOfMemoryAtBatch()
+    retried = run_trial(spec, tmp_path / "oom", callbacks=[oom], options=eager)
+    assert oom.raised == 1  # once: the later passes start at the halved batch
+    small = dataclasses.replace(spec, train=dataclasses.replace(spec.train, eval_batch_size=8))
+    direct = run_trial(small, tmp_path / "direct", options=eager)
+    for key in ("test/acc", "final/test/acc", "test/exact", "final/test/exact"):
+        assert retried[key] == direct[key], (key, retried[key], direct[key])
 
 
 def test_a_moved_trial_folder_resumes_with_its_best_checkpoint(tmp_path):
