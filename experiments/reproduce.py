@@ -106,10 +106,12 @@ def devices_used(results: pd.DataFrame) -> str:
 
 
 def trial_versions(results: pd.DataFrame) -> str:
-    """The library versions and commits the finished trials recorded (several values joined by '/')."""
+    """The library versions and commits the finished trials recorded (several values joined by '/').
+    Failed trials record none (the table fills in the reporting process's), so they are left out."""
+    ok = results[results["status"] == "ok"] if "status" in results else results
     parts = []
     for key in ("torch", "lightning", "python", "triton", "commit"):
-        values = _distinct(results, key)
+        values = _distinct(ok, key)
         if values:
             parts.append(f"{key} {'/'.join(values)}")
     return ", ".join(parts)

@@ -26,7 +26,7 @@ from experiments.paper import (
     selection_column,
     verdict,
 )
-from experiments.reproduce import devices_used, plans_for, run_reproduction
+from experiments.reproduce import devices_used, plans_for, run_reproduction, trial_versions
 from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
 from experiments.sweeps.study import cell_id
 
@@ -152,6 +152,18 @@ def test_table_rows_follow_the_paper_not_the_run_order():
 def test_devices_used_skips_trials_without_a_device():
     df = pd.DataFrame({"device": ["NVIDIA H200", float("nan"), "NVIDIA H200"]})  # an interrupted trial has none
     assert devices_used(df) == "NVIDIA H200" and devices_used(pd.DataFrame()) == "none yet"
+
+
+def test_versions_are_those_the_finished_trials_recorded():
+    """A failed trial's row carries the reporting process's versions (it recorded none): left out."""
+    df = pd.DataFrame(
+        {
+            "status": ["ok", "failed", "ok"],
+            "torch": ["2.11.0+cu130", "2.13.0+cpu", "2.11.0+cu130"],
+            "commit": ["abc", "abc-dirty", "def"],
+        }
+    )
+    assert trial_versions(df) == "torch 2.11.0+cu130, commit abc/def"
 
 
 def _rows(entry, mixer, values, lrs=None):
