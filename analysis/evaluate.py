@@ -14,6 +14,7 @@ Prints one row per (trial, precision, test set) with the accuracy and the scaled
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,9 +42,10 @@ def evaluate_trial(
     dm = build_datamodule(spec, device)
     dm.setup()
     step = int(torch.load(ckpt, map_location="cpu", weights_only=False).get("global_step", -1))
+    loaded = LitSequenceModel.load_from_checkpoint(ckpt, map_location=device)
     rows = []
-    for precision in precisions:  # a fresh module each time: bf16-true converts the one it tests
-        module = LitSequenceModel.load_from_checkpoint(ckpt, map_location=device)
+    for precision in precisions:
+        module = copy.deepcopy(loaded)  # bf16-true converts the module it tests
         trainer = L.Trainer(
             accelerator="gpu" if device.startswith("cuda") else "cpu",
             devices=1,

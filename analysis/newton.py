@@ -108,9 +108,8 @@ def trial_checkpoint(trial_dir: Path, checkpoint: str | None = None):
                 f"{trial_dir} is not a finished trial folder: it has no {f} (a cell folder of "
                 f"experiments.sweep holds spec.json and {CHECKPOINT_DIR}/{checkpoint})"
             )
-    return TrialSpec.from_dict(
-        json.loads((trial_dir / "spec.json").read_text())
-    ), trial_dir / CHECKPOINT_DIR / checkpoint
+    spec = TrialSpec.from_dict(json.loads((trial_dir / "spec.json").read_text()))
+    return spec, trial_dir / CHECKPOINT_DIR / checkpoint
 
 
 def load_trial(trial_dir: Path):

@@ -61,10 +61,12 @@ class ModelConfig:
             raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {self.block!r}")
         if self.positional not in POSITIONAL:
             raise ValueError(f"positional must be one of {', '.join(POSITIONAL)}, got {self.positional!r}")
-        for name in ("vocab_size", "num_classes", "d_model", "conv_kernel", "layers"):
-            value, least = getattr(self, name), 0 if name == "conv_kernel" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        for name in ("vocab_size", "num_classes", "d_model", "layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if isinstance(self.conv_kernel, bool) or not isinstance(self.conv_kernel, int) or self.conv_kernel < 0:
+            raise ValueError(f"conv_kernel must be an integer >= 0 (0: no convolution), got {self.conv_kernel!r}")
 
 
 class FullBlock(nn.Module):
