@@ -450,7 +450,7 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     assert {e.metric for e in paper_entries("grazzi-table3")} == {"final/range40-256/scaled_acc"}
     assert {p.train.early_stop_acc for p in grazzi.values()} == {1.0}
     steps = {e: p.train.max_steps for e, p in grazzi.items()}
-    assert steps == {e: 5000 if e in ("arith", "arith_xlstm", "arith_slstm") else 2500 for e in grazzi}
+    assert steps == {e: {"arith": 10_000, "arith_xlstm": 5000, "arith_slstm": 5000}.get(e, 2500) for e in grazzi}
     assert list(grazzi)[:3] == ["arith", "arith_xlstm", "arith_slstm"]  # the longest trials are claimed first
     quick = plans_for("grazzi-table3", quick=True)
     assert {tuple(p.extrapolation["test_range"]) for p in quick} == {(16, 32)}
