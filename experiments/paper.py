@@ -446,8 +446,14 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
         + "; "
         + f"trials' own training+test time, summed: {meta.get('trial_min', float('nan')):.1f} min"
         + (
-            f" ({meta['resumed']} trials resumed from a checkpoint: their last invocation only)."
+            f" ({meta['resumed']} trials resumed from a checkpoint: their last invocation only)"
             if meta.get("resumed")
+            else ""
+        )
+        + (
+            f"; those times, whole trials, laid on {meta['scheduled_workers']} worker(s) in claim order: "
+            f"{meta['scheduled_min']:.1f} min for one uninterrupted run."
+            if not pd.isna(meta.get("scheduled_min", float("nan")))
             else "."
         ),
         f"- Budget: {meta.get('budget', '')}",

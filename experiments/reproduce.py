@@ -117,6 +117,26 @@ def trial_versions(results: pd.DataFrame) -> str:
     return ", ".join(parts)
 
 
+def scheduled_minutes(results: pd.DataFrame, workers: int) -> float:
+    """Minutes one uninterrupted run would take on ``workers`` workers with the measured trial times.
+
+    ``results``: one row per trial, in the order trials are claimed, with ``wall_time_s`` (s; a resumed
+    trial's covers its last invocation only, so it is scaled to the whole trial by ``steps /
+    (steps - resumed_from_step)``). Each trial goes to the worker that frees first; NaN if no trial has a time.
+    """
+    if "wall_time_s" not in results or results["wall_time_s"].isna().all():
+        return float("nan")
+    seconds = results["wall_time_s"].astype(float)
+    if {"steps", "resumed_from_step"} <= set(results.columns):
+        trained = results["steps"] - results["resumed_from_step"].fillna(0)
+        seconds = seconds * (results["steps"] / trained.where(trained > 0)).fillna(1.0)
+    free_at = [0.0] * max(1, workers)
+    for s in seconds.dropna():
+        first = min(range(len(free_at)), key=free_at.__getitem__)
+        free_at[first] += s
+    return max(free_at) / 60
+
+
 def _distinct(results: pd.DataFrame, column: str) -> list[str]:
     """The column's distinct recorded values (empty when absent or never recorded), sorted."""
     return sorted(set(results[column].dropna().astype(str))) if column in results else []
@@ -178,6 +198,7 @@ def run_reproduction(
     every = pd.concat(frames) if frames else pd.DataFrame()
     data = load_reproduction(name)
     train = plans[0].train
+    scheduled_workers = int(data.get("budget", {}).get("workers") or workers or 1)
     meta = {
         "device": devices_used(every),
         "date": time.strftime("%Y-%m-%d"),
@@ -188,6 +209,8 @@ def run_reproduction(
         "check_min": info["checks"][0] / 60,
         "checks": info["checks"][1],
         "trial_min": float(every["wall_time_s"].sum()) / 60 if "wall_time_s" in every else float("nan"),
+        "scheduled_min": scheduled_minutes(every, scheduled_workers),
+        "scheduled_workers": scheduled_workers,
         "resumed": int((every["resumed_from_step"] > 0).sum()) if "resumed_from_step" in every else 0,
         "budget": (
             f"max_steps per trial {', '.join(f'{p.entry} {p.train.max_steps}' for p in plans)} "

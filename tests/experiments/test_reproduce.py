@@ -1,6 +1,7 @@
 """Reproduction presets and ``experiments.reproduce``: paper numbers, comparison table, a quick run."""
 
 import datetime
+import math
 import os
 import random
 import re
@@ -26,7 +27,7 @@ from experiments.paper import (
     selection_column,
     verdict,
 )
-from experiments.reproduce import devices_used, plans_for, run_reproduction, trial_versions
+from experiments.reproduce import devices_used, plans_for, run_reproduction, scheduled_minutes, trial_versions
 from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
 from experiments.sweeps.study import cell_id
 
@@ -348,6 +349,38 @@ def test_busy_seconds_ends_a_died_trial_at_its_last_sign_of_life():
 
 
 @pytest.mark.slow
+def _makespan_by_events(seconds: list[float], workers: int) -> float:
+    """Independent reference: a clock that advances to the next finish and hands the next trial to the idle worker."""
+    import heapq
+
+    running, queue, now = [], list(seconds), 0.0
+    while queue or running:
+        while queue and len(running) < workers:
+            heapq.heappush(running, now + queue.pop(0))
+        now = heapq.heappop(running)
+    return now
+
+
+def test_scheduled_minutes_lays_the_trials_on_the_workers_in_claim_order():
+    # 4, 3, 3, 2 minutes on 2 workers: 4 | 3, then 3 after the 3, then 2 after the 4: 6 minutes
+    df = pd.DataFrame({"wall_time_s": [240.0, 180.0, 180.0, 120.0]})
+    assert scheduled_minutes(df, 2) == pytest.approx(6.0)
+    assert scheduled_minutes(df, 1) == pytest.approx(12.0) and scheduled_minutes(df, 9) == pytest.approx(4.0)
+    rng = random.Random(7)
+    for _ in range(20):
+        seconds = [rng.uniform(1, 500) for _ in range(rng.randint(1, 40))]
+        workers = rng.randint(1, 17)
+        got = scheduled_minutes(pd.DataFrame({"wall_time_s": seconds}), workers)
+        assert got == pytest.approx(_makespan_by_events(seconds, workers) / 60)
+    # a trial resumed at step 750 of 1000 timed its last quarter only: counted whole; failed trials have no time
+    resumed = pd.DataFrame(
+        {"wall_time_s": [60.0, 30.0, float("nan")], "steps": [1000, 1000, 40], "resumed_from_step": [0, 750, 0]}
+    )
+    assert scheduled_minutes(resumed, 1) == pytest.approx((60 + 120) / 60)
+    assert math.isnan(scheduled_minutes(pd.DataFrame({"wall_time_s": [float("nan")]}), 4))
+    assert math.isnan(scheduled_minutes(pd.DataFrame(), 4))
+
+
 def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     over = {
         "train": {"max_steps": 10, "train_size": 64, "val_size": 32, "test_size": 64},
@@ -360,6 +393,7 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     busy = float(re.search(r"time with trials running, over every invocation: ([0-9.]+) min", text).group(1))
     wall = float(re.search(r"wall time of this invocation: ([0-9.]+) min", text).group(1))
     assert 0 <= busy <= wall + 0.05
+    assert re.search(r"laid on [0-9]+ worker\(s\) in claim order: [0-9.]+ min for one uninterrupted run", text)
     results = tmp_path / "pararnn-table1" / "parity" / "results.csv"
     assert len(pd.read_csv(results)) == 2
     mtime = results.stat().st_mtime_ns
