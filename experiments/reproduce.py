@@ -106,8 +106,9 @@ def devices_used(results: pd.DataFrame) -> str:
 
 
 def trial_versions(results: pd.DataFrame) -> str:
-    """The library versions and commits the finished trials recorded (several values joined by '/').
-    Failed trials record none (the table fills in the reporting process's), so they are left out."""
+    """The library versions and commits the finished trials recorded (several values joined by '/');
+    failed trials recorded none, and their rows in results written by earlier versions carry the
+    reporting process's, so only ``ok`` rows count."""
     ok = results[results["status"] == "ok"] if "status" in results else results
     parts = []
     for key in ("torch", "lightning", "python", "triton", "commit"):

@@ -29,7 +29,7 @@ from experiments.cli import (
     training_main,
 )
 from experiments.sweeps.presets import SweepPlan, available_presets, load_preset, resolve_sweep
-from experiments.trial.train import PRECISIONS
+from experiments.trial.defaults import PRECISIONS
 from mixers import MIXERS
 from tasks import TASKS
 

@@ -43,7 +43,8 @@ from typing import Any
 
 import yaml
 
-from experiments.trial.train import PRECISIONS, TrainConfig, TrialSpec
+from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS
+from experiments.trial.train import TrainConfig, TrialSpec
 from tasks import ExtrapolationConfig
 
 #: the YAML files, in ``experiments/presets/`` (beside the CLIs that name them)
@@ -102,13 +103,13 @@ class SweepPlan:
     #: ``high``: its trials go first to the workers with the higher MPS client priority (scheduling only)
     priority: str = "normal"
     #: model depths swept (a grid axis, outside seeds and lrs)
-    layers: list[int] = dataclasses.field(default_factory=lambda: [1])
-    #: Lightning precision of every trial (``experiments.trial.train.PRECISIONS``)
+    layers: list[int] = dataclasses.field(default_factory=lambda: [LAYERS])
+    #: Lightning precision of every trial (``experiments.trial.defaults.PRECISIONS``)
     precision: str = PRECISIONS[0]
     #: the model's width
-    d_model: int = 64
+    d_model: int = D_MODEL
     #: the full block's causal convolution kernel (0: none)
-    conv_kernel: int = 4
+    conv_kernel: int = CONV_KERNEL
 
 
 def available_presets() -> list[str]:
@@ -191,7 +192,7 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
     for key in ("mixers", "seeds", "lrs"):
         if not merged.get(key):
             raise ValueError(f"preset {preset!r}: task {task!r} needs a non-empty '{key}' list")
-    layers = merged.get("layers", [1])
+    layers = merged.get("layers", [LAYERS])
     layers = layers if isinstance(layers, list) else [layers]
     if not layers or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers):
         raise ValueError(
@@ -226,8 +227,8 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         priority=priority,
         layers=list(dict.fromkeys(layers)),
         precision=precision,
-        d_model=int(merged.get("d_model", 64)),
-        conv_kernel=int(merged.get("conv_kernel", 4)),
+        d_model=int(merged.get("d_model", D_MODEL)),
+        conv_kernel=int(merged.get("conv_kernel", CONV_KERNEL)),
     )
 
 

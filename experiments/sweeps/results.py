@@ -24,6 +24,8 @@ from typing import Any
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
+from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS
+
 log = logging.getLogger("experiments.sweeps.results")
 
 #: metrics shown in table.md, in this order, when present
@@ -77,10 +79,10 @@ def _spec_columns(entry: str, spec: dict[str, Any]) -> dict[str, Any]:
         "mixer_config": json.dumps(spec["mixer_options"], sort_keys=True),
         "backend": spec["mixer_options"].get("backend", spec["mixer_options"].get("mode", "auto")),
         "block": spec["block"],
-        "layers": spec.get("layers", 1),
-        "d_model": spec.get("d_model", 64),
-        "conv_kernel": spec.get("conv_kernel", 4),
-        "precision": spec.get("precision", "32-true"),
+        "layers": spec.get("layers", LAYERS),
+        "d_model": spec.get("d_model", D_MODEL),
+        "conv_kernel": spec.get("conv_kernel", CONV_KERNEL),
+        "precision": spec.get("precision", PRECISIONS[0]),
         "positional": spec["positional"],
         "extrapolation": json.dumps(spec["extrapolation"]) if spec["extrapolation"] else "",
         "seed": spec["seed"],
@@ -156,7 +158,8 @@ def collect(
     ``--mixers``): a command's subset filters what is trained, not what is reported. A reproduction's
     study is shared by every table, so its reports keep to their own cells.
 
-    ``meta`` (e.g. ``versions()``) fills the version columns of trials that did not record them.
+    ``meta`` (e.g. ``versions()``) fills the version columns of completed trials that did not record
+    them; a failed trial's row keeps them empty (it recorded none, and the reporting process's are not its).
     """
     from experiments.sweeps.study import cell_id, cell_state
 
@@ -169,7 +172,7 @@ def collect(
         trials = by_cell.get(cell_id(spec), [])
         state = cell_state(trials)
         if state == "done":
-            rows.append({**(meta or {}), **_row(entry, _final_trial(trials))})
+            rows.append(_with_meta(_row(entry, _final_trial(trials)), meta))
             continue
         status = "missing"
         if state == "pending":
@@ -183,8 +186,13 @@ def collect(
         if key not in planned and entry in entries and cell_state(trials) == "done":
             earlier.append((entries.index(entry), _final_trial(trials)))
     for _, trial in sorted(earlier, key=lambda pair: (pair[0], pair[1].number)):
-        rows.append({**(meta or {}), **_row(trial.params["entry"], trial)})
+        rows.append(_with_meta(_row(trial.params["entry"], trial), meta))
     return pd.DataFrame(rows)
+
+
+def _with_meta(row: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:
+    """``row`` with ``meta`` under it when the trial completed; a failed trial's row as it is."""
+    return {**(meta or {}), **row} if row["status"] == "ok" else row
 
 
 def atomic_write_text(path: Path, text: str) -> None:

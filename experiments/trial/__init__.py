@@ -1,2 +1,3 @@
 """One trial: the trial spec and ``run_trial`` (``train``), the LightningModule (``lit``), the model
-(``model``), the trial's ``progress.csv`` (``running``) and stacked trials (``stack``)."""
+(``model``), the trial's ``progress.csv`` (``running``), stacked trials (``stack``) and the defaults of
+the model's shape and precision (``defaults``)."""

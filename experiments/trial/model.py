@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS
 from mixers import build_mixer
 from mixers.attention import sinusoidal_positions
 from mixers.conv import causal_depthwise_conv
@@ -48,13 +49,13 @@ class ModelConfig:
     num_classes: int
     mixer: str = "gru"
     mixer_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    d_model: int = 64
+    d_model: int = D_MODEL
     block: str = "mixer"
     positional: str = "none"
-    conv_kernel: int = 4
+    conv_kernel: int = CONV_KERNEL
     head_bias: bool = False
     #: sequence blocks, each pre-norm and residual (1: paper 000's single-layer model)
-    layers: int = 1
+    layers: int = LAYERS
 
     def __post_init__(self) -> None:
         if self.block not in BLOCKS:
@@ -74,7 +75,7 @@ class FullBlock(nn.Module):
 
     stackable, trials = True, 1  # mixers.stacking
 
-    def __init__(self, mixer: nn.Module, d_model: int, conv_kernel: int = 4) -> None:
+    def __init__(self, mixer: nn.Module, d_model: int, conv_kernel: int = CONV_KERNEL) -> None:
         super().__init__()
         self.in_proj = nn.Linear(d_model, 2 * d_model, bias=False)
         # conv_kernel 0: no convolution (a plain attribute, so stacking copies it as it is)

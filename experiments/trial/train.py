@@ -33,6 +33,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.engines.captured import CapturedSteps
 from experiments.engines.cuda_graph import CUDAGraphPrecision
+from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS
 from experiments.trial.lit import LitSequenceModel
 from experiments.trial.model import ModelConfig, count_parameters
 from experiments.trial.running import PROGRESS_FILE, append_sample
@@ -97,10 +98,6 @@ class TrainConfig:
             raise ValueError(f"train option cpu_threads must be an integer >= 0, got {self.cpu_threads!r}")
 
 
-#: Lightning precision settings a trial can train with (the first is the default)
-PRECISIONS = ("32-true", "bf16-mixed")
-
-
 @dataclasses.dataclass
 class TrialSpec:
     """Everything one trial needs; ``cell_key()`` identifies the grid cell."""
@@ -117,14 +114,14 @@ class TrialSpec:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     device: str = "auto"
     #: sequence blocks of the model (``experiments.trial.model.ModelConfig.layers``)
-    layers: int = 1
+    layers: int = LAYERS
     #: Lightning's precision: ``32-true`` (float32) or ``bf16-mixed`` (float32 weights, optimizer and
     #: loss; the forward under ``torch.autocast(bfloat16)``)
-    precision: str = "32-true"
+    precision: str = PRECISIONS[0]
     #: the model's width (embedding and mixer channels)
-    d_model: int = 64
+    d_model: int = D_MODEL
     #: the full block's causal convolution kernel (0: none; ``experiments.trial.model``)
-    conv_kernel: int = 4
+    conv_kernel: int = CONV_KERNEL
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
@@ -161,7 +158,12 @@ class TrialSpec:
         """``to_dict()`` without the fields at their defaults that earlier versions did not have (what the
         cell's hash covers, so a study written before them resumes)."""
         d = self.to_dict()
-        for name, default in (("layers", 1), ("precision", PRECISIONS[0]), ("d_model", 64), ("conv_kernel", 4)):
+        for name, default in (
+            ("layers", LAYERS),
+            ("precision", PRECISIONS[0]),
+            ("d_model", D_MODEL),
+            ("conv_kernel", CONV_KERNEL),
+        ):
             if d[name] == default:
                 del d[name]
         for name, default in (("min_lr", 0.0), ("grad_clip", None)):

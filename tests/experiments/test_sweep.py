@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+import torch
 from optuna.trial import TrialState
 
 from experiments.sweep import main, run_sweep
@@ -139,6 +140,8 @@ def test_nan_trial_fails_cleanly_and_sweep_goes_on(tmp_path, monkeypatch):
     assert by_mixer.loc["nan_mixer:NaNMixer", "failure"] == "nan"
     assert "nan" in by_mixer.loc["nan_mixer:NaNMixer", "error"].lower()
     assert by_mixer.loc["gru", "status"] == "ok"
+    # the failed trial recorded no versions, and the reporting process's are not filled in for it
+    assert by_mixer.loc["gru", "torch"] == torch.__version__ and pd.isna(by_mixer.loc["nan_mixer:NaNMixer", "torch"])
     table = (tmp_path / "table.md").read_text()
     row = next(line for line in table.splitlines() if "nan_mixer" in line)
     assert [c.strip() for c in row.strip("|").split("|")][3:6] == ["–", "0", "1"]  # params, seeds, failed

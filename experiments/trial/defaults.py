@@ -1,0 +1,14 @@
+"""The defaults of a trial's model shape and precision, in one place for ``TrialSpec``, ``ModelConfig``,
+the preset's ``SweepPlan`` and the results columns of trials stored before a field existed.
+
+Import-light on purpose (no torch): the results and preset modules read it.
+"""
+
+#: sequence blocks of the model
+LAYERS = 1
+#: the model's width (embedding and mixer channels)
+D_MODEL = 64
+#: the full block's causal convolution kernel (0: none)
+CONV_KERNEL = 4
+#: Lightning precision settings a trial can train with (the first is the default)
+PRECISIONS = ("32-true", "bf16-mixed")
