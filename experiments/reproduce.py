@@ -16,6 +16,7 @@ reproduction.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import sys
 import time
@@ -131,10 +132,9 @@ def scheduled_minutes(results: pd.DataFrame, workers: int) -> float:
     if {"steps", "resumed_from_step"} <= set(results.columns):
         trained = results["steps"] - results["resumed_from_step"].fillna(0)
         seconds = seconds * (results["steps"] / trained.where(trained > 0)).fillna(1.0)
-    free_at = [0.0] * max(1, workers)
+    free_at = [0.0] * max(1, workers)  # a heap: the worker that frees first on top
     for s in seconds.dropna():
-        first = min(range(len(free_at)), key=free_at.__getitem__)
-        free_at[first] += s
+        heapq.heapreplace(free_at, free_at[0] + s)
     return max(free_at) / 60
 
 

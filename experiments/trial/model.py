@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS
+from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, check_conv_kernel
 from mixers import build_mixer
 from mixers.attention import sinusoidal_positions
 from mixers.conv import causal_depthwise_conv
@@ -66,8 +66,7 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if isinstance(self.conv_kernel, bool) or not isinstance(self.conv_kernel, int) or self.conv_kernel < 0:
-            raise ValueError(f"conv_kernel must be an integer >= 0 (0: no convolution), got {self.conv_kernel!r}")
+        check_conv_kernel(self.conv_kernel)
 
 
 class FullBlock(nn.Module):

@@ -33,7 +33,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.engines.captured import CapturedSteps
 from experiments.engines.cuda_graph import CUDAGraphPrecision
-from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS
+from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS, check_conv_kernel
 from experiments.trial.lit import LitSequenceModel
 from experiments.trial.model import ModelConfig, count_parameters
 from experiments.trial.running import PROGRESS_FILE, append_sample
@@ -132,8 +132,7 @@ class TrialSpec:
             raise ValueError(f"layers must be an integer >= 1, got {self.layers!r}")
         if isinstance(self.d_model, bool) or not isinstance(self.d_model, int) or self.d_model < 1:
             raise ValueError(f"d_model must be an integer >= 1, got {self.d_model!r}")
-        if isinstance(self.conv_kernel, bool) or not isinstance(self.conv_kernel, int) or self.conv_kernel < 0:
-            raise ValueError(f"conv_kernel must be an integer >= 0 (0: no convolution), got {self.conv_kernel!r}")
+        check_conv_kernel(self.conv_kernel)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 

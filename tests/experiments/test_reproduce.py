@@ -348,7 +348,6 @@ def test_busy_seconds_ends_a_died_trial_at_its_last_sign_of_life():
     assert busy_seconds([*first, trial(4, 20, 80, failure="interrupted")]) == 90  # an interrupted trial's end is real
 
 
-@pytest.mark.slow
 def _makespan_by_events(seconds: list[float], workers: int) -> float:
     """Independent reference: a clock that advances to the next finish and hands the next trial to the idle worker."""
     import heapq
@@ -381,6 +380,7 @@ def test_scheduled_minutes_lays_the_trials_on_the_workers_in_claim_order():
     assert math.isnan(scheduled_minutes(pd.DataFrame(), 4))
 
 
+@pytest.mark.slow
 def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     over = {
         "train": {"max_steps": 10, "train_size": 64, "val_size": 32, "test_size": 64},
