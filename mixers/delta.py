@@ -28,9 +28,11 @@ sizes (above); linear layers keep PyTorch's default initialization (fla's models
 them at the model level); no caches, masks or variable lengths.
 
 Backends (``kernels.delta``): ``"reference"`` (per-token loop, any device/dtype), ``"chunk"`` (the
-chunkwise form in PyTorch, any device/dtype), ``"fla"`` (fla's chunked kernels, CUDA, computed in
+chunkwise form in PyTorch, any device/dtype), ``"triton"`` (our fused recurrent kernel, CUDA, the input
+dtype with float32 arithmetic), ``"fla"`` (fla's chunked kernels, CUDA, computed in
 bfloat16), ``"fla_recurrent"`` (fla's fused recurrent kernel in the input dtype, CUDA; not with the
-forget gate), ``"auto"`` (``"fla"`` on CUDA when fla is importable and runs there, else ``"chunk"``).
+forget gate), ``"auto"`` (``kernels.delta.resolve_backend``: ``"triton"`` on CUDA, ``"fla"`` for long
+16-bit sequences, ``"chunk"`` elsewhere).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class DeltaRuleMixer(nn.Module):
     up: autotuning runs on the eager warm-up steps).
     """
 
-    BACKENDS = kernel_backends("delta_rule")  # ("auto", "reference", "chunk", "fla", "fla_recurrent")
+    BACKENDS = kernel_backends("delta_rule")  # ("auto", "reference", "chunk", "triton", "fla", "fla_recurrent")
 
     def __init__(
         self,

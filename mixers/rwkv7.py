@@ -27,8 +27,9 @@ Dropped: the value residual across layers (``v_first``: a first layer has none),
 Changed: ``W_o`` keeps PyTorch's default initialization (fla/RWKV zero it, which would make a
 one-layer mixer's output identically zero at initialization).
 
-Backends (``kernels.delta``): ``"reference"`` (per-token loop), ``"fla"`` (fla's
-``chunk_dplr_delta_rule`` in bfloat16, CUDA), ``"auto"``.
+Backends (``kernels.delta``): ``"reference"`` (per-token loop), ``"triton"`` (our fused recurrent
+kernel, CUDA, float32 arithmetic), ``"fla"`` (fla's ``chunk_dplr_delta_rule`` in bfloat16, CUDA),
+``"auto"`` (``kernels.delta.resolve_backend``).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class RWKV7(nn.Module):
 
     graph_capturable = True
 
-    BACKENDS = kernel_backends("dplr_delta_rule")  # ("auto", "reference", "fla")
+    BACKENDS = kernel_backends("dplr_delta_rule")  # ("auto", "reference", "triton", "fla")
 
     def __init__(self, d_model: int, num_heads: int = 4, backend: str = "auto"):
         super().__init__()

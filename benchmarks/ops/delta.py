@@ -1,20 +1,26 @@
-"""``python -m benchmarks.ops delta``: time the gated delta rule's implementations, after checking each.
+"""``python -m benchmarks.ops delta``: check, then time, the delta-rule family's implementations.
 
-The op: ``kernels.delta.gated_delta_rule(q, k, v, g, beta, qk_l2norm=True)`` (Gated DeltaNet; inputs
-float32, ``(B, L, H, D)``, ``g`` a log decay, ``beta`` in [0, 2]). Implementations:
+Members (``--ops``): ``delta`` (``delta_rule``, DeltaNet), ``gated`` (``gated_delta_rule``, Gated
+DeltaNet), ``product`` (``delta_product`` with 2 Householder steps per token, DeltaProduct), ``dplr``
+(``dplr_delta_rule``, RWKV-7's update); q and k l2-normalized in the op (``qk_l2norm``) as the mixers
+call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Implementations:
 
-- ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/chunk.py``), float32;
-- ``fla``: ``backend="fla"``, fla-core's ``chunk_gated_delta_rule`` in bfloat16; where fla refuses its
-  own gated backward (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is
-  ``kernels/delta/fla_gated_bwd.py``'s PyTorch function (the note says which ran);
-- ``fla-triton-unguarded`` (only where fla refuses): fla's own Triton ``chunk_bwd_dqkwg`` with fla's
-  guard lifted, to measure what the guard protects against: its error is the evidence.
+- ``ours-triton``: the fused recurrent Triton kernel (``kernels/delta/triton_recurrent.py``), the
+  input dtype, float32 arithmetic;
+- ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/chunk.py``; not ``dplr``);
+- ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
+  (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``kernels/delta/fla_gated_bwd.py``'s
+  PyTorch function (the note says which ran);
+- ``fla-recurrent``: fla's ``fused_recurrent_delta_rule`` (``delta`` and ``product`` only);
+- ``fla-triton-unguarded`` (``gated``, only where fla refuses): fla's own Triton backward with the guard
+  lifted, to measure what the guard protects against.
 
-Every implementation is checked first, output and every input gradient, against the chunk form in
-float64 on the first two sequences (the chunk form equals the per-token loop to 1e-15 in
-``tests/kernels/test_delta.py``). Limit: every input read and the output written once (forward); the
-backward reads the inputs, the output gradient and writes a gradient per input; over the measured copy
-bandwidth.
+Every implementation is checked first, output and every input gradient, against the float64 chunk form
+(the per-token loop for ``dplr``) on the first two sequences of the same (dtype-rounded) inputs. Limit:
+every input read and the output written once (forward); three times that for forward + backward; over the
+measured copy bandwidth. Sections: ``main`` (the state-tracking training shape in float32 and fla's own
+benchmark shapes in bfloat16, the defaults of ``--shapes``) and, with ``--sweep``, ``crossover``:
+lengths 64 to 8,192 for ``ours-triton`` against ``fla`` (where ``kernels.delta.FLA_FROM_STEPS`` comes from).
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 
 import torch
+import torch.nn.functional as F
 
 from benchmarks.ops.common import (
     Impl,
@@ -43,14 +51,47 @@ from benchmarks.ops.common import (
 from kernels import delta as kd
 
 log = logging.getLogger("benchmarks.ops.delta")
+OPS = ("delta", "gated", "product", "dplr")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: (shape BxLxHxD, dtype, ops) of the main section: the state-tracking training batch in float32, fla's
+#: benchmark shapes (B 8, T 2,048-8,192, H 16, D 64/128) in bfloat16
+MAIN = [("256x128x4x16", "fp32", "product,gated,delta,dplr")] + [
+    (f"8x{T}x16x{D}", "bf16", "gated,delta") for D in (64, 128) for T in (2048, 8192)
+]
+SWEEP = [(f"8x{T}x16x64", "bf16") for T in (256, 512, 1024, 2048, 4096)] + [
+    (f"256x{T}x4x16", "fp32") for T in (64, 256, 1024, 4096)
+]
 
 
-def inputs(batch: int, L: int, H: int, D: int, device: str, seed: int = 0) -> list[torch.Tensor]:
-    """q, k, v ``(B, L, H, D)``, g ``(B, L, H)`` (log decay in [-1, 0]), beta ``(B, L, H)`` in [0, 2]."""
+def inputs(op: str, batch: int, L: int, H: int, D: int, dtype: torch.dtype, device: str, seed: int = 0):
+    """The op's inputs in ``dtype`` (decays and gates in float32)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen, device=device)  # noqa: E731
     u = lambda *s: torch.rand(*s, generator=gen, device=device)  # noqa: E731
-    return [r(batch, L, H, D), r(batch, L, H, D), r(batch, L, H, D), -u(batch, L, H), 2 * u(batch, L, H)]
+    lead = (batch, L, 2) if op == "product" else (batch, L)
+    q, k, v, beta = r(batch, L, H, D), r(*lead, H, D), r(*lead, H, D), 2 * u(*lead, H)
+    if op == "delta":
+        xs = [q, k, v, beta]
+    elif op == "gated":
+        xs = [q, k, v, -u(batch, L, H), beta]
+    elif op == "product":
+        xs = [q, k, v, beta]
+    else:
+        kk = F.normalize(r(batch, L, H, D), dim=-1)
+        xs = [q, 0.3 * k, v, -kk, kk * u(batch, L, H, D), -math.exp(-0.5) * u(batch, L, H, D)]
+    low = xs[:-1] if op == "dplr" else [x for x in xs if x.dim() >= 4]  # q, k, v (a, b): the dtype
+    return [x.to(dtype) if any(x is y for y in low) else x for x in xs]
+
+
+def call(op: str, backend: str):
+    """``fn(*inputs)`` running ``op`` on ``backend``."""
+    if op == "delta":
+        return lambda *t: kd.delta_rule(*t, qk_l2norm=True, backend=backend)
+    if op == "gated":
+        return lambda *t: kd.gated_delta_rule(*t, qk_l2norm=True, backend=backend)
+    if op == "product":
+        return lambda *t: kd.delta_product(*t, qk_l2norm=True, backend=backend)
+    return lambda *t: kd.dplr_delta_rule(*t, lower_bound=-math.exp(-0.5), backend=backend)
 
 
 @contextlib.contextmanager
@@ -63,31 +104,41 @@ def _fla_triton_unguarded():
         restore()
 
 
-def implementations() -> dict:
-    """name -> (``fn(q, k, v, g, beta)``, context manager factory, note)."""
-    op = lambda backend: lambda *t: kd.gated_delta_rule(*t, qk_l2norm=True, backend=backend)  # noqa: E731
-    impls = {"ours-chunk": (op("chunk"), contextlib.nullcontext, "")}
+def implementations(op: str, names: set[str] | None = None) -> dict:
+    """name -> (``fn(*inputs)``, context manager factory, note) for ``op`` (``names``: only these)."""
+    impls = {"ours-triton": (call(op, "triton"), contextlib.nullcontext, "fused recurrent")}
+    if op != "dplr":
+        impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from kernels.delta import fla_gated_bwd
 
-        refused = fla_gated_bwd.triton_refuses()
+        refused = op == "gated" and fla_gated_bwd.triton_refuses()
         note = "backward: ours chunk_bwd_dqkwg (fla refuses its own here)" if refused else "fla's Triton backward"
-        impls["fla"] = (op("fla"), contextlib.nullcontext, note)
+        impls["fla"] = (call(op, "fla"), contextlib.nullcontext, note)
+        if op in ("delta", "product"):
+            impls["fla-recurrent"] = (call(op, "fla_recurrent"), contextlib.nullcontext, "")
         if refused:
-            impls["fla-triton-unguarded"] = (op("fla"), _fla_triton_unguarded, "fla's guard lifted (issue #640)")
-    return impls
+            unguarded = (call(op, "fla"), _fla_triton_unguarded, "fla's guard lifted (issue #640)")
+            impls["fla-triton-unguarded"] = unguarded
+    return {k: v for k, v in impls.items() if names is None or k in names}
 
 
-def problem(batch: int, L: int, H: int, D: int, impls: dict, bw_gbs: float, device: str = "cuda") -> Problem:
-    nbytes = 4 * batch * L * H * (4 * D + 2)  # q, k, v, o and g, beta in float32
+def problem(op, batch, L, H, D, dtype_name, impls, bw_gbs, section="main", device="cuda") -> Problem:
+    dtype = DTYPES[dtype_name]
+    n = 2 if op == "product" else 1
+    per_token = {"delta": 2 * D + n * (2 * D), "gated": 4 * D, "product": D + n * 2 * D, "dplr": 6 * D}[op]
+    nbytes = torch.finfo(dtype).bits // 8 * batch * L * H * per_token + 4 * batch * L * H * n  # + beta/g in f32
     limits = {"fwd": nbytes / (bw_gbs * 1e9) * 1e3, "fwd+bwd": 3 * nbytes / (bw_gbs * 1e9) * 1e3}
-    pb = Problem("delta", {"batch": batch, "length": L, "heads": H, "head_dim": D}, "fp32", None, limits)
+    dims = {"kind": op, "batch": batch, "length": L, "heads": H, "head_dim": D}
+    pb = Problem("delta", dims, dtype_name, None, limits, section)
 
     def build():
-        xs = inputs(batch, L, H, D, device)
+        xs = inputs(op, batch, L, H, D, dtype, device)
         small = [t[:2] for t in xs]
-        dy, dy_small = torch.randn_like(xs[0]), torch.randn_like(small[0])
-        ref = grads(impls["ours-chunk"][0], [t.double() for t in small], dy_small.double())
+        dy = torch.randn(batch, L, H, D, device=device, dtype=dtype)
+        dy_small = dy[:2]
+        ref_backend = "reference" if op == "dplr" else "chunk"
+        ref = grads(call(op, ref_backend), [t.double() for t in small], dy_small.double())
         out = []
         for name, (fn, context, note) in impls.items():
 
@@ -97,11 +148,11 @@ def problem(batch: int, L: int, H: int, D: int, impls: dict, bw_gbs: float, devi
                     return max_rel_error(grads(fn, small, dy_small), ref)
 
             def timed(thunk, context=context):
-                def call():
+                def run_it():
                     with context():
                         return thunk()
 
-                return call
+                return run_it
 
             out.append(Impl(name, timed(no_grad(fn, *xs)), timed(fwd_bwd(fn, xs, dy)), check, note))
         return out
@@ -114,27 +165,41 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ops delta", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--shapes",
-        default="256x40x4x16,8x2048x4x64",
-        help="comma-separated BxLxHxD (default: the state-tracking training batch and a long one)",
+        default=None,
+        help="BxLxHxD:DTYPE:OPS items separated by ';' (default: the main section, module docstring)",
     )
+    ap.add_argument("--impls", default=None, help="comma-separated implementation names (default: all)")
+    ap.add_argument("--sweep", action="store_true", help="add the crossover section (ours-triton against fla)")
+    ap.add_argument("--no-main", action="store_true", help="skip the main section")
     cli_common(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():
         raise SystemExit("error: the delta benchmark needs a CUDA GPU")
-    impls = implementations()
+    names = None if args.impls is None else set(args.impls.split(","))
+    main_items = MAIN if args.shapes is None else [tuple(item.split(":")) for item in args.shapes.split(";") if item]
     bw = copy_bandwidth_gbs("cuda")
     env = environment("cuda")
     env.update(copy_gbs=bw)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
-    problems = [problem(*shape, impls, bw) for shape in shapes]
+    problems = []
+    for shape, dtype_name, ops in [] if args.no_main else main_items:
+        for op in ops.split(","):
+            if op not in OPS:
+                raise SystemExit(f"error: unknown op {op!r}; valid: {', '.join(OPS)}")
+            dims = tuple(int(v) for v in shape.split("x"))
+            problems.append(problem(op, *dims, dtype_name, implementations(op, names), bw))
+    if args.sweep:
+        sweep_impls = implementations("gated", {"ours-triton", "fla"})
+        for shape, dtype_name in SWEEP:
+            dims = tuple(int(v) for v in shape.split("x"))
+            problems.append(problem("gated", *dims, dtype_name, sweep_impls, bw, section="crossover"))
     rows = run(
         problems,
         warm_only=args.warm_only,
         log=log.info,
         checkpoint=lambda rows: write_json("delta", rows, env, args.out),
     )
-    finish("delta", rows, env, args, baseline="ours-chunk")
+    finish("delta", rows, env, args, baseline="ours-triton")
 
 
 if __name__ == "__main__":

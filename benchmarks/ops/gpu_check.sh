@@ -2,7 +2,7 @@
 # One device call: the GPU kernel (and Triton-backed mixer) tests and every kernel family's benchmark
 # against its peers.
 #   usage (GPU machine, repository root, peers importable):  bash benchmarks/ops/gpu_check.sh OUT_DIR [steps...]
-#   steps: tests scan newton fused_rnn mlstm ssd host (default: all). Environment: TEST_WORKERS (pytest-xdist
+#   steps: tests scan newton fused_rnn mlstm ssd delta host (default: all). Environment: TEST_WORKERS (pytest-xdist
 #   processes, default 12), WARM_PROCS (default 8), BENCH_ARGS_<family> (replaces that family's arguments),
 #   TESTS_LIMIT_S, WARM_LIMIT_S, LIMIT_<family> (seconds each step may take).
 # First the tests (pytest-xdist) and the compilation of every benchmarked kernel (benchmarks.ops warm) run
@@ -14,7 +14,7 @@
 # and "mlstm ssd host" (the second call's warm-up compiles what it times).
 set -u
 out=${1:?output folder}; shift
-steps=${*:-tests scan newton fused_rnn mlstm ssd host}
+steps=${*:-tests scan newton fused_rnn mlstm ssd delta host}
 mkdir -p "$out/results" "$out/logs"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
@@ -25,10 +25,11 @@ declare -A ARGS=(
   [fused_rnn]="${BENCH_ARGS_fused_rnn:---heads 12x64 --batches 16 --workers 8}"
   [mlstm]="${BENCH_ARGS_mlstm:---sections main --dtypes bf16,fp32 --exp-chunks 64 --sig-chunks 64 --no-fla --skip xl_chunk+bf16,limit_chunk+fp32}"
   [ssd]="${BENCH_ARGS_ssd:---states 64 --dtypes bf16 --impls ours,mamba}"
+  [delta]="${BENCH_ARGS_delta:-}"
 )
 # mlstm_kernels' triton_xl_chunk in bfloat16 and triton_limit_chunk in float32 abort the process on triton 3.6
 declare -A LIMIT=([scan]="${LIMIT_scan:-40}" [newton]="${LIMIT_newton:-45}" [fused_rnn]="${LIMIT_fused_rnn:-80}"
-                  [mlstm]="${LIMIT_mlstm:-120}" [ssd]="${LIMIT_ssd:-150}")
+                  [mlstm]="${LIMIT_mlstm:-120}" [ssd]="${LIMIT_ssd:-150}" [delta]="${LIMIT_delta:-240}")
 families=()
 for step in $steps; do [ "$step" != tests ] && [ "$step" != host ] && families+=("$step"); done
 
@@ -38,7 +39,8 @@ if [[ " $steps " == *" tests "* ]]; then
   # the kernels, and the mixers whose tests reach a Triton path on a GPU (signed_mamba's GPU test among them)
   timeout "${TESTS_LIMIT_S:-360}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" --durations=15 -m "not slow" \
     tests/kernels tests/mixers/test_cells.py tests/mixers/test_mamba.py tests/mixers/test_mlstm_mixer.py \
-    tests/mixers/test_rnn_mixers.py tests/mixers/test_signed_mamba.py > "$out/logs/tests.log" 2>&1 &
+    tests/mixers/test_rnn_mixers.py tests/mixers/test_signed_mamba.py tests/mixers/test_delta_mixers.py \
+    > "$out/logs/tests.log" 2>&1 &
   pids+=($!)
 fi
 if [ ${#families[@]} -gt 0 ]; then

@@ -17,7 +17,7 @@ import pandas as pd
 
 from benchmarks.ops.common import RESULTS, dims_label
 
-FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd")
+FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd", "delta")
 NOT_PEERS = ("ours", "torch.add", "inter-", "cudnn")
 
 

@@ -13,12 +13,15 @@ Backends:
 - ``"reference"``: per-token loops (``reference.py``), any device, float64 included;
 - ``"chunk"`` (all but ``dplr_delta_rule``): the chunkwise (WY) form in plain PyTorch (``chunk.py``),
   any device, autograd gradients, CUDA-graph capturable;
+- ``"triton"``: our fused recurrent Triton kernel, forward and backward (``triton_recurrent.py``, the
+  members mapped onto it in ``recurrent.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs,
+  float32 arithmetic and state;
 - ``"fla"``: flash-linear-attention's chunked Triton kernels (``fla.py``), CUDA only, computed in
   bfloat16 (inputs cast inside, outputs cast back);
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
-- ``"auto"``: ``"fla"`` for CUDA tensors when ``fla`` is importable, else ``"chunk"`` (``"reference"``
-  for ``dplr_delta_rule``).
+- ``"auto"``: on CUDA ``"triton"``, except 16-bit inputs of ``FLA_FROM_STEPS`` or more steps, which take
+  ``"fla"`` where fla is importable; elsewhere ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``).
 
 ``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
 """
@@ -30,12 +33,18 @@ import importlib.util
 
 import torch
 
+from kernels._triton import triton_available
 from kernels.delta import chunk as _chunk
 from kernels.delta import fla as _fla
 from kernels.delta import reference as _ref
 
+try:  # the Triton path needs triton importable (not on every platform)
+    from kernels.delta import recurrent as _rec
+except ImportError:  # pragma: no cover - platforms without triton
+    _rec = None
+
 AUTO = "auto"
-BACKENDS = ("reference", "chunk", "fla", "fla_recurrent")
+BACKENDS = ("reference", "chunk", "triton", "fla", "fla_recurrent")
 _AVAILABLE = {
     "delta_rule": {
         "reference": _ref.delta_rule,
@@ -56,6 +65,16 @@ _AVAILABLE = {
     },
     "dplr_delta_rule": {"reference": _ref.dplr_delta_rule, "fla": _fla.dplr_delta_rule},
 }
+if _rec is not None:  # "triton" after the PyTorch forms, before fla's
+    for _op, _fns in _AVAILABLE.items():
+        _fast = {k: f for k, f in _fns.items() if k.startswith("fla")}
+        _AVAILABLE[_op] = {**{k: f for k, f in _fns.items() if k not in _fast}, "triton": getattr(_rec, _op), **_fast}
+    del _op, _fns, _fast
+
+#: on CUDA, ``"auto"`` takes fla's chunk kernels instead of the fused recurrent Triton kernel for 16-bit
+#: inputs of at least this many steps per sequence (``L n``), where fla is importable: the crossover
+#: measured by ``python -m benchmarks.ops delta --sweep`` (kernels/delta/README.md)
+FLA_FROM_STEPS = 1024
 
 
 @functools.cache
@@ -64,15 +83,27 @@ def fla_available() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-def resolve_backend(op: str, backend: str, x: torch.Tensor) -> str:
-    """The backend ``backend`` stands for when ``op`` runs on tensors like ``x``; one-line ``ValueError``s."""
+def resolve_backend(op: str, backend: str, x: torch.Tensor, steps: int = 0) -> str:
+    """The backend ``backend`` stands for when ``op`` runs on tensors like ``x`` with ``steps`` steps per
+    sequence (``L n``); one-line ``ValueError``s. ``"auto"`` on CUDA: ``"triton"``, except 16-bit inputs
+    of ``FLA_FROM_STEPS`` or more steps, which take ``"fla"`` where it is importable; elsewhere ``"chunk"``
+    (``"reference"`` for ``dplr_delta_rule``)."""
     available = _AVAILABLE[op]
     if backend == AUTO:
-        if x.is_cuda and fla_available():
-            return "fla"
+        if x.is_cuda:
+            long_16bit = x.dtype in (torch.bfloat16, torch.float16) and steps >= FLA_FROM_STEPS
+            if fla_available() and (long_16bit or "triton" not in available):
+                return "fla"
+            if "triton" in available:
+                return "triton"
         return "chunk" if "chunk" in available else "reference"
     if backend not in available:
         raise ValueError(f"unknown {op} backend {backend!r}; valid: {', '.join([AUTO, *available])}")
+    if backend == "triton" and not triton_available(x):
+        raise ValueError(
+            f"{op}: backend 'triton' needs CUDA tensors (got {x.device}; on the CPU only under "
+            "TRITON_INTERPRET=1); use 'chunk', 'reference' or 'auto'"
+        )
     if backend.startswith("fla"):
         if not x.is_cuda:
             raise ValueError(
@@ -111,7 +142,7 @@ def delta_rule(q, k, v, beta, *, scale: float | None = None, qk_l2norm: bool = F
         {"q": q, "k": k, "v": v, "beta": beta},
         {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "beta": (B, L, H)},
     )
-    fn = _AVAILABLE["delta_rule"][resolve_backend("delta_rule", backend, q)]
+    fn = _AVAILABLE["delta_rule"][resolve_backend("delta_rule", backend, q, L)]
     return fn(q, k, v, beta, scale=scale, qk_l2norm=qk_l2norm)
 
 
@@ -123,7 +154,7 @@ def gated_delta_rule(q, k, v, g, beta, *, scale: float | None = None, qk_l2norm:
         {"q": q, "k": k, "v": v, "g": g, "beta": beta},
         {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "g": (B, L, H), "beta": (B, L, H)},
     )
-    fn = _AVAILABLE["gated_delta_rule"][resolve_backend("gated_delta_rule", backend, q)]
+    fn = _AVAILABLE["gated_delta_rule"][resolve_backend("gated_delta_rule", backend, q, L)]
     return fn(q, k, v, g, beta, scale=scale, qk_l2norm=qk_l2norm)
 
 
@@ -138,7 +169,7 @@ def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2nor
         named,
         {"q": (B, L, H, K), "k": (B, L, n, H, K), "v": (B, L, n, H, None), "beta": (B, L, n, H), "g": (B, L, H)},
     )
-    fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q)]
+    fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q, L * (n or 1))]
     return fn(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm)
 
 
@@ -159,10 +190,10 @@ def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float 
             "w": (B, L, H, K),
         },
     )
-    name = resolve_backend("dplr_delta_rule", backend, q)
-    if name == "reference":
-        return _ref.dplr_delta_rule(q, k, v, a, b, w, scale=scale)
-    return _fla.dplr_delta_rule(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound)
+    name = resolve_backend("dplr_delta_rule", backend, q, L)
+    if name == "fla":
+        return _fla.dplr_delta_rule(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound)
+    return _AVAILABLE["dplr_delta_rule"][name](q, k, v, a, b, w, scale=scale)
 
 
 def backends(op: str) -> tuple[str, ...]:
@@ -173,6 +204,7 @@ def backends(op: str) -> tuple[str, ...]:
 __all__ = [
     "AUTO",
     "BACKENDS",
+    "FLA_FROM_STEPS",
     "backends",
     "delta_product",
     "delta_rule",

@@ -194,8 +194,10 @@ def test_reference_dtypes():
 
 def test_dispatch_errors():
     q, k, v, beta, _ = _inputs(1, 3, 2, 4, 4)
-    with pytest.raises(ValueError, match="unknown delta_rule backend 'triton'; valid: auto, reference, chunk, fla"):
-        kd.delta_rule(q, k, v, beta, backend="triton")
+    with pytest.raises(
+        ValueError, match="unknown delta_rule backend 'tirton'; valid: auto, reference, chunk, triton, fla"
+    ):
+        kd.delta_rule(q, k, v, beta, backend="tirton")
     with pytest.raises(ValueError, match="unknown gated_delta_rule backend 'fla_recurrent'"):
         kd.gated_delta_rule(q, k, v, beta, beta, backend="fla_recurrent")
     with pytest.raises(ValueError, match="need CUDA tensors|needs flash-linear-attention"):
@@ -286,7 +288,8 @@ def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
 @needs_fla
 def test_gpu_fla_gated_backward_runs_our_pytorch_function_exactly_where_fla_refuses(monkeypatch):
     """fla's gated backward goes through ``fla_gated_bwd.chunk_bwd_dqkwg`` iff fla's Triton one refuses
-    (Hopper, Triton 3.4-3.7.0); either way ``backend="fla"`` trains and ``auto`` takes fla."""
+    (Hopper, Triton 3.4-3.7.0); either way ``backend="fla"`` trains, and ``auto`` takes it for long
+    bfloat16 sequences (our fused recurrent kernel for float32 and short ones)."""
     from kernels.delta import fla_gated_bwd
 
     calls = []
@@ -297,7 +300,9 @@ def test_gpu_fla_gated_backward_runs_our_pytorch_function_exactly_where_fla_refu
     kd.gated_delta_rule(*args, backend="fla").sum().backward()
     assert bool(calls) == fla_gated_bwd.triton_refuses()
     assert all(torch.isfinite(a.grad).all() for a in args)
-    assert kd.resolve_backend("gated_delta_rule", "auto", args[0]) == "fla"
+    assert kd.resolve_backend("gated_delta_rule", "auto", args[0], kd.FLA_FROM_STEPS) == "triton"
+    assert kd.resolve_backend("gated_delta_rule", "auto", args[0].bfloat16(), kd.FLA_FROM_STEPS) == "fla"
+    assert kd.resolve_backend("gated_delta_rule", "auto", args[0].bfloat16(), kd.FLA_FROM_STEPS - 1) == "triton"
 
 
 @pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)

@@ -37,13 +37,13 @@ def build(name, d=12, **options):
         ("deltaproduct", {"signed": "yes"}, "signed must be True or False"),
         (
             "gated_deltanet",
-            {"backend": "triton"},
-            "unknown backend 'triton'; valid: auto, reference, chunk, fla, fla_recurrent",
+            {"backend": "tirton"},
+            "unknown backend 'tirton'; valid: auto, reference, chunk, triton, fla, fla_recurrent",
         ),
         ("gated_deltanet", {"backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
         ("deltaproduct", {"forget_gate": True, "backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
         ("rwkv7", {"num_heads": 5}, "d_model=12 must be divisible by num_heads=5"),
-        ("rwkv7", {"backend": "fla_recurrent"}, "unknown backend 'fla_recurrent'; valid: auto, reference, fla"),
+        ("rwkv7", {"backend": "fla_recurrent"}, "unknown backend 'fla_recurrent'; valid: auto, reference, triton, fla"),
     ],
 )
 def test_bad_options_raise_value_error(name, options, match):
@@ -302,12 +302,15 @@ GPU_CASES = [
     ("signed_deltanet", {"short_conv": True}, "fla", 2e-2),
     ("signed_deltanet", {}, "fla_recurrent", 1e-4),
     ("deltaproduct", {}, "fla", 2e-2),
-    ("deltaproduct", {"householders": 3, "forget_gate": True}, "auto", 2e-2),
+    ("deltaproduct", {"householders": 3, "forget_gate": True}, "auto", 1e-4),
+    ("deltaproduct", {"householders": 2, "signed": True}, "triton", 1e-4),
+    ("signed_deltanet", {}, "triton", 1e-4),
     ("deltaproduct", {"signed": True}, "fla_recurrent", 1e-4),
     ("deltaproduct", {"householders": 3, "forget_gate": True}, "chunk", 1e-4),
-    ("gated_deltanet", {}, "auto", 2e-2),
+    ("gated_deltanet", {}, "auto", 1e-4),
     ("gated_deltanet", {"signed": True}, "chunk", 1e-4),
     ("rwkv7", {}, "fla", 2e-2),
+    ("rwkv7", {}, "triton", 1e-4),
 ]
 
 
@@ -415,3 +418,32 @@ def test_rwkv7_transitions_are_the_kernels_state_map():
             o = dplr_delta_rule(q, k, v, aa, bb, w)  # (D, 2, H, D)
             got[t, :, j, :] = o[:, 1, :, 0].T  # [h, m] = A[h, j, m]
     torch.testing.assert_close(got, A.detach(), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize(
+    "name,options",
+    [("deltaproduct", {"householders": 2, "signed": True, "forget_gate": True}), ("rwkv7", {}), ("deltanet", {})],
+)
+def test_triton_backend_matches_float64_reference(name, options):
+    """Our fused recurrent kernel (``backend="triton"``; the interpreter on the CPU) in a float32 model
+    against the same weights in float64 on the reference: output, input and every parameter gradient."""
+    from kernels._triton import triton_available
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not triton_available(torch.empty(0, device=device)):
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    torch.manual_seed(0)
+    fast = build(name, 16, num_heads=2, backend="triton", **options).to(device)
+    slow = build(name, 16, num_heads=2, backend="reference", **options).to(device).double()
+    slow.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 11, 16, device=device)
+    x_fast, x_slow = x.clone().requires_grad_(), x.double().requires_grad_()
+    y_fast, y_slow = fast(x_fast), slow(x_slow)
+    dy = torch.randn_like(y_slow)
+    y_fast.backward(dy.float())
+    y_slow.backward(dy)
+    errors = {"out": rel(y_fast, y_slow), "dx": rel(x_fast.grad, x_slow.grad)}
+    slow_params = dict(slow.named_parameters())
+    floor = 1e-2 * max(float(p.grad.norm()) for p in slow_params.values())
+    errors.update({f"d{n}": rel(p.grad, slow_params[n].grad, floor) for n, p in fast.named_parameters()})
+    assert max(errors.values()) <= 1e-4, {k: f"{v:.1e}" for k, v in errors.items()}

@@ -1,0 +1,160 @@
+"""The delta family's fused recurrent Triton kernel (``backend="triton"``: ``kernels/delta/triton_recurrent.py``
+and the members mapped onto it in ``recurrent.py``) against the float64 per-token references (themselves
+checked against dense transition matrices in ``test_delta.py``): the output and every input gradient of
+every member, at awkward lengths and widths, with the checkpoint chunk and the block of value rows small
+enough that several of each run; outputs poisoned with NaN; the custom ops under ``opcheck``. On the CPU
+the kernels run in the interpreter at small shapes; on a GPU (``-m gpu``) compiled, at lengths up to
+1,024 and head dims 16 to 128, in float32 and bfloat16, and captured in a CUDA graph.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import delta as kd
+from kernels._triton import poisoned, triton_available
+from kernels.delta import recurrent
+from kernels.delta.triton_recurrent import RecurrentTiles, delta_recurrent_fwd
+
+F64 = torch.float64
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not triton_available(torch.empty(0, device=DEVICE)), reason="needs CUDA or TRITON_INTERPRET=1"
+)
+
+
+def _members(B, L, H, K, V, n, seed):
+    """name -> (tensors, fn(backend, tiles) -> f(*tensors)); random inputs like the mixers' (unit keys,
+    beta in [0, 2], log decays below 0; for DPLR RWKV-7's a = -kk, b = kk * lr)."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
+    u = lambda *s: torch.rand(*s, generator=gen, dtype=F64)  # noqa: E731
+    q, k, v, beta, g = r(B, L, H, K), F.normalize(r(B, L, H, K), dim=-1), r(B, L, H, V), 2 * u(B, L, H), -u(B, L, H)
+    kn, vn, bn = F.normalize(r(B, L, n, H, K), dim=-1), r(B, L, n, H, V), 2 * u(B, L, n, H)
+    kk, lr, w = F.normalize(r(B, L, H, K), dim=-1), u(B, L, H, K), -math.exp(-0.5) * u(B, L, H, K)
+    return {
+        "delta_rule": ([q, 3 * k, v, beta], lambda be, t: lambda *x: kd.delta_rule(*x, qk_l2norm=True, **be(t))),
+        "gated_delta_rule": ([q, k, v, g, beta], lambda be, t: lambda *x: kd.gated_delta_rule(*x, **be(t))),
+        "delta_product": ([q, kn, vn, bn], lambda be, t: lambda *x: kd.delta_product(*x, **be(t))),
+        "gated_delta_product": ([q, kn, vn, bn, g], lambda be, t: lambda *x: kd.delta_product(*x, **be(t))),
+        "dplr_delta_rule": ([q, k, v, -kk, kk * lr, w], lambda be, t: lambda *x: kd.dplr_delta_rule(*x, **be(t))),
+    }
+
+
+def _call(member, tensors, fn, tiles):
+    if tiles is None:
+        return fn(lambda t: {"backend": "triton"}, None)(*tensors)
+    # explicit tiles: the member's function in recurrent.py (same signature plus tiles)
+    name = "delta_product" if member == "gated_delta_product" else member
+    kw = {"qk_l2norm": True} if member == "delta_rule" else {}
+    return getattr(recurrent, name)(*tensors, tiles=tiles, **kw)
+
+
+def rel(x, y, floor=0.0):
+    x, y = x.detach().double(), y.detach().double()
+    return float((x - y).norm() / max(float(y.norm()), floor, 1e-30))
+
+
+def _compare(member, tensors, fn, tiles, dtype, tol, seed=0):
+    """Our kernel on ``dtype`` copies against the reference on float64 copies: output and every gradient."""
+    fast = [t.to(DEVICE, dtype).requires_grad_() for t in tensors]
+    slow = [t.to(DEVICE).requires_grad_() for t in tensors]
+    with poisoned():
+        o_fast = _call(member, fast, fn, tiles)
+    o_ref = fn(lambda t: {"backend": "reference"}, None)(*slow)
+    do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(DEVICE)
+    with poisoned():
+        g_fast = torch.autograd.grad(o_fast, fast, do.to(dtype))
+    g_ref = torch.autograd.grad(o_ref, slow, do)
+    assert o_fast.dtype == dtype and all(g.dtype == dtype for g in g_fast)
+    floor = 1e-2 * max(float(b.norm()) for b in g_ref)
+    errors = {"out": rel(o_fast, o_ref), **{f"d{i}": rel(a, b, floor) for i, (a, b) in enumerate(zip(g_fast, g_ref))}}
+    assert max(errors.values()) <= tol, errors
+    return errors
+
+
+MEMBERS = ["delta_rule", "gated_delta_rule", "delta_product", "gated_delta_product", "dplr_delta_rule"]
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize(
+    "B,L,H,K,V,n,tiles",
+    [
+        (2, 1, 1, 8, 8, 2, None),
+        (1, 13, 3, 20, 5, 3, RecurrentTiles(chunk=4)),  # K, V not powers of two; chunks of 4 steps
+        (1, 9, 2, 16, 40, 2, RecurrentTiles(block_v=16, chunk=5)),  # three blocks of value rows
+    ],
+)
+def test_triton_equals_reference(member, B, L, H, K, V, n, tiles):
+    tensors, fn = _members(B, L, H, K, V, n, seed=L * 7 + K)[member]
+    _compare(member, tensors, fn, tiles, torch.float32, 1e-5)
+
+
+def test_triton_bfloat16_inputs():
+    """bfloat16 storage, float32 arithmetic: about bfloat16's rounding of the inputs."""
+    tensors, fn = _members(1, 11, 2, 16, 16, 2, seed=3)["gated_delta_product"]
+    _compare("gated_delta_product", tensors, fn, RecurrentTiles(chunk=4), torch.bfloat16, 3e-2)
+
+
+def test_custom_ops_opcheck():
+    """The custom ops' registration (fake tensors, autograd) is consistent (``torch.library.opcheck``)."""
+    gen = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=gen).to(DEVICE)  # noqa: E731
+    B, L, H, K, V, n = 1, 5, 2, 8, 8, 2
+    args = (r(B, L, H, K), r(B, L * n, H, K), r(B, L * n, H, V), r(B, L * n, H, K), r(B, L * n, H, K))
+    for w in (None, -torch.rand(B, L * n, H, K, generator=gen).to(DEVICE)):
+        inputs = [t.clone().requires_grad_() for t in args] + [None if w is None else w.requires_grad_()]
+        torch.library.opcheck(delta_recurrent_fwd, (*inputs, 0.5, n), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_triton_named_on_cpu_without_interpreter_is_one_line(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = torch.randn(1, 2, 1, 4)
+    if torch.cuda.is_available():
+        pytest.skip("CPU tensors on a GPU machine: covered elsewhere")
+    with pytest.raises(ValueError, match="backend 'triton' needs CUDA tensors"):
+        kd.delta_rule(q, q, q, q[..., 0], backend="triton")
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+def gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("L", [1, 67, 130, 1024])
+@pytest.mark.parametrize("D", [16, 32, 64, 128])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@gpu
+def test_gpu_triton_equals_reference(member, L, D, dtype, tol):
+    """Lengths 1 to 1,024 (none a multiple of the 32-step chunk but 1,024), head dims 16 to 128."""
+    B, H, n = (2, 3, 2) if L <= 130 else (1, 2, 2)
+    tensors, fn = _members(B, L, H, D, D, n, seed=L + D)[member]
+    _compare(member, tensors, fn, None, dtype, tol)
+
+
+@gpu
+def test_gpu_triton_in_a_cuda_graph():
+    """Forward and backward captured in one CUDA graph replay what an eager call computes."""
+    tensors, fn = _members(8, 40, 4, 16, 16, 2, seed=1)["gated_delta_product"]
+    xs = [t.float().cuda().requires_grad_() for t in tensors]
+    f = fn(lambda t: {"backend": "triton"}, None)
+    do = torch.randn(8, 40, 4, 16, device="cuda")
+    eager = torch.autograd.grad(f(*xs), xs, do)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            torch.autograd.grad(f(*xs), xs, do)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = torch.autograd.grad(f(*xs), xs, do)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, eager):
+        assert torch.allclose(a, b, rtol=0, atol=0)
