@@ -24,8 +24,13 @@ projection around it), like ``mamba2``. Initialization as Mamba-3: ``dt`` log-un
 Backends: ``"reference"`` -- the step recurrence above, a loop over time (float64-capable);
 ``"torch"`` / ``"triton"`` -- after the rotation the recurrence is diagonal with one decay per head:
 ``kernels.scan.linear_scan`` over the ``H P N`` state lanes, inputs ``gamma_t k_t + beta_t k_{t-1}``;
-``"auto"``: ``linear_scan``'s choice (Triton for CUDA float tensors). No host reads (CUDA-graph
-capturable).
+``"auto"``: ``linear_scan``'s choice (Triton for CUDA float tensors); ``"ssd"`` -- Mamba-2's chunked
+SSD (``kernels.ssd``, its own ``"auto"``: Triton on CUDA, the chunked PyTorch form elsewhere), no
+``(P, N)`` state per token in memory: the trapezoid's two terms run as ``2 H`` heads of one SSD call, head
+``h`` on ``(x_t, B~_t)`` with weight ``gamma_t`` and head ``H + h`` on ``(x_{t-1}, B~_{t-1})`` with
+weight ``beta_t``, both reading ``C~_t`` and decaying by ``alpha_t = exp(-s_t)``, ``s_t = dt_t
+max(softplus(a_t), A_floor)`` (SSD's ``dt`` is ``s_t`` with ``A = -1``; its inputs are divided by
+``s_t``, at least ``dt_t A_floor``), and their outputs add. No host reads (CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.scan import SCAN_BACKENDS, linear_scan
+from kernels.ssd import ssd
 from mixers.mamba import _dt_bias, _positive_int
 from mixers.registry import register_mixer
 
@@ -54,7 +60,7 @@ def rotate_pairs(v: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
 class Mamba3(nn.Module):
     """Mamba-3 SISO mixer; see the module docstring. ``backend``: one of ``BACKENDS``."""
 
-    BACKENDS = ("auto", "reference", *(b for b in SCAN_BACKENDS if b != "reference"))
+    BACKENDS = ("auto", "reference", *(b for b in SCAN_BACKENDS if b != "reference"), "ssd")
 
     def __init__(
         self,
@@ -64,12 +70,14 @@ class Mamba3(nn.Module):
         rope_fraction: float = 0.5,
         A_floor: float = 1e-4,
         backend: str = "auto",
+        chunk_size: int = 64,
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
     ):
         super().__init__()
         d_model, num_heads = _positive_int("d_model", d_model), _positive_int("num_heads", num_heads)
         self.d_state = _positive_int("d_state", d_state)
+        chunk_size = _positive_int("chunk_size", chunk_size)
         if d_model % num_heads:
             raise ValueError(f"mamba3: d_model={d_model} must be divisible by num_heads={num_heads}")
         if not 0 < rope_fraction <= 1:
@@ -83,7 +91,7 @@ class Mamba3(nn.Module):
             raise ValueError(f"mamba3: A_floor must be > 0, got {A_floor!r}")
         if backend not in self.BACKENDS:
             raise ValueError(f"mamba3: unknown backend {backend!r}; valid: {', '.join(self.BACKENDS)}")
-        self.num_heads, self.A_floor, self.backend = num_heads, float(A_floor), backend
+        self.num_heads, self.A_floor, self.backend, self.chunk_size = num_heads, float(A_floor), backend, chunk_size
         H, N = num_heads, self.d_state
         self.split = [d_model, N, N, H, H, H, self.angles]  # x, B, C, dt, a, trap, theta
         self.in_proj = nn.Linear(d_model, sum(self.split), bias=False)
@@ -94,20 +102,26 @@ class Mamba3(nn.Module):
 
     def coefficients(self, u: torch.Tensor):
         """Per token: ``x (B, L, H, P)``, ``B~, C~ (B, L, H, N)``, ``alpha, gamma, beta (B, L, H)``."""
+        return self._coefficients(u)[:6]
+
+    def _coefficients(self, u: torch.Tensor):
         batch, L, d = u.shape
         x, B, C, dt, a, trap, theta = torch.split(self.in_proj(u), self.split, dim=-1)
         dt = F.softplus(dt + self.dt_bias)
-        alpha = torch.exp(dt * torch.clamp(-F.softplus(a), max=-self.A_floor))
+        rate = dt * torch.clamp(F.softplus(a), min=self.A_floor)  # -log alpha > 0
+        alpha = torch.exp(-rate)
         lam = torch.sigmoid(trap)
         gamma, beta = lam * dt, (1 - lam) * dt * alpha
         phi = torch.cumsum(math.pi * torch.tanh(theta)[:, :, None, :] * dt[..., None], dim=1)  # (B, L, H, R)
         B = rotate_pairs(self.B_norm(B)[:, :, None] + self.B_bias, phi)
         C = rotate_pairs(self.C_norm(C)[:, :, None] + self.C_bias, phi)
-        return x.reshape(batch, L, self.num_heads, -1), B, C, alpha, gamma, beta
+        return x.reshape(batch, L, self.num_heads, -1), B, C, alpha, gamma, beta, rate
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         batch, L, d = u.shape
-        x, B, C, alpha, gamma, beta = self.coefficients(u)
+        x, B, C, alpha, gamma, beta, rate = self._coefficients(u)
+        if self.backend == "ssd":
+            return self._ssd(x, B, C, gamma, beta, rate).reshape(batch, L, d)
         k = x[..., None] * B[..., None, :]  # (B, L, H, P, N)
         if self.backend == "reference":
             h, k_prev, ys = torch.zeros_like(k[:, 0]), torch.zeros_like(k[:, 0]), []
@@ -124,6 +138,21 @@ class Mamba3(nn.Module):
             h = linear_scan(coeff.reshape(batch, L, -1), inputs.reshape(batch, L, -1), backend=self.backend)
             y = torch.einsum("blhpn,blhn->blhp", h.reshape(k.shape), C)
         return (y + self.D[:, None] * x).reshape(batch, L, d)
+
+    def _ssd(self, x, B, C, gamma, beta, rate) -> torch.Tensor:
+        """The trapezoid as ``2 H`` SSD heads (module docstring); ``(B, L, H, P)``."""
+        shift = lambda t: torch.cat([torch.zeros_like(t[:, :1]), t[:, :-1]], dim=1)  # noqa: E731
+        H = self.num_heads
+        xs = torch.cat([x * (gamma / rate)[..., None], shift(x) * (beta / rate)[..., None]], dim=2)
+        y = ssd(
+            xs,
+            torch.cat([rate, rate], dim=2),
+            -torch.ones(2 * H, dtype=x.dtype, device=x.device),
+            torch.cat([B, shift(B)], dim=2),
+            torch.cat([C, C], dim=2),
+            chunk_size=self.chunk_size,
+        )
+        return y[:, :, :H] + y[:, :, H:] + self.D[:, None] * x
 
 
 @register_mixer("mamba3")

@@ -40,12 +40,16 @@ def _assert_backends_agree(mixer, backend, u, rtol=1e-10, atol=1e-10):
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("name", ["pd_ssm", "complex_diag", "mamba3"])
+@pytest.mark.parametrize(
+    "name,backend", [("pd_ssm", "torch"), ("complex_diag", "torch"), ("mamba3", "torch"), ("mamba3", "ssd")]
+)
 @pytest.mark.parametrize("length", [1, 13, 67])
-def test_torch_backend_equals_reference_float64(name, length):
-    mixer = _mixer(name, seed=length, **({"num_heads": 2} if name == "mamba3" else {}))
+def test_fast_backend_equals_reference_float64(name, backend, length):
+    """On the CPU in float64 (``ssd``: the chunked PyTorch SSD, chunks of 16 so 67 spans partial ones)."""
+    options = {"num_heads": 2, "chunk_size": 16} if name == "mamba3" else {}
+    mixer = _mixer(name, seed=length, **options)
     u = torch.randn(2, length, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(length))
-    _assert_backends_agree(mixer, "torch", u)
+    _assert_backends_agree(mixer, backend, u)
 
 
 @NEEDS_TRITON
@@ -63,6 +67,28 @@ def test_triton_backend_equals_reference(name):
     fast = _forward_and_grads(mixer.float(), "triton", u.float(), weights.float())
     for a, b in zip(fast, ref):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4 * max(1.0, b.abs().max().item()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "name,backend",
+    [("pd_ssm", "auto"), ("complex_diag", "auto"), ("mamba3", "auto"), ("mamba3", "torch"), ("mamba3", "ssd")],
+)
+def test_gpu_backends_equal_reference(name, backend):
+    """The state-tracking preset's shape (d 64, length 256, defaults), float32 on the GPU, against the float64
+    reference on the same GPU; ``atol`` relative to each tensor's scale. PD-SSM against its float32
+    reference: the column argmax is discrete, and float32 and float64 logits may pick different rows."""
+    torch.manual_seed(11)
+    ref_dtype = torch.float32 if name == "pd_ssm" else torch.float64
+    mixer = build_mixer(name, 64).cuda().to(ref_dtype)
+    u = torch.randn(8, 256, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(11)).cuda()
+    weights = torch.randn(u.shape, dtype=u.dtype, generator=torch.Generator().manual_seed(1)).cuda()
+    ref = _forward_and_grads(mixer, "reference", u.to(ref_dtype), weights.to(ref_dtype))
+    fast = _forward_and_grads(mixer.float(), backend, u.float(), weights.float())
+    ref = [r.double() for r in ref]
+    for a, b in zip(fast, ref):
+        torch.testing.assert_close(a.double(), b, rtol=1e-3, atol=1e-4 * max(1.0, b.abs().max().item()))
 
 
 def test_pd_ssm_reference_equals_complex_matrix_loop():
@@ -166,6 +192,8 @@ def test_registered_and_bad_options():
         build_mixer("mamba3", 8, num_heads=3)
     with pytest.raises(ValueError, match=r"rope_fraction must be in \(0, 1\], got 1.5"):
         build_mixer("mamba3", 8, rope_fraction=1.5)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int, got 0"):
+        build_mixer("mamba3", 8, chunk_size=0)
     with pytest.raises(ValueError, match="leaves no pair to rotate"):
         build_mixer("mamba3", 8, d_state=2, rope_fraction=0.5)
     with pytest.raises(TypeError):
