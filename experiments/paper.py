@@ -529,7 +529,7 @@ def parameter_counts(preset: str) -> pd.DataFrame:
         vocab = task.vocab_size + (1 if plan.extrapolation else 0)  # the pad token
         depth = paper_layers(data.get("paper") or {}, entry)
         for mixer in plan.mixers:
-            for layers in plan.layers:
+            for layers in plan.mixer_layers.get(mixer, plan.layers):
                 config = ModelConfig(
                     vocab,
                     task.num_classes,

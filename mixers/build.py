@@ -4,6 +4,10 @@
 ``mixers.cells.cell_mixer``) or any factory callable; ``fla:<Layer>`` a layer of flash-linear-attention
 (``mixers.fla_layers``); any of them may carry options, ``name[key=value,...]``. The result must be an
 ``nn.Module``.
+
+A mixed stack, ``"mlstm_exp+slstm"`` (``split_stack``), names one mixer per layer of a model, repeated
+(layer ``i`` uses part ``i % len(parts)``); the model builds it (``experiments.trial.model``), not
+``build_mixer``.
 """
 
 from __future__ import annotations
@@ -40,12 +44,32 @@ def split_options(name: str) -> tuple[str, dict[str, object]]:
     return base, options
 
 
+def split_stack(name: str) -> list[str]:
+    """``"mlstm_exp+slstm"`` -> ``["mlstm_exp", "slstm"]``: the parts of a mixed stack, split on ``+``
+    outside ``[...]`` options (a plain mixer name gives itself). One-line ``ValueError`` for an empty part."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(name):
+        depth += (char == "[") - (char == "]")
+        if char == "+" and depth == 0:
+            parts.append(name[start:i])
+            start = i + 1
+    parts.append(name[start:])
+    if len(parts) > 1 and not all(p.strip() for p in parts):
+        raise ValueError(f"mixer stack {name!r}: expected MIXER+MIXER[+...], got an empty part")
+    return [p.strip() for p in parts]
+
+
 def resolve_mixer(name: str) -> MixerFactory:
     """Return the factory for a registered name, a ``module.path:Attr`` spec or ``fla:<Layer>``; a name with
     options (``name[key=value,...]``, ``split_options``) gives the factory with those options set.
 
     Raises ``ValueError`` listing the registered names when ``name`` is unknown.
     """
+    if len(split_stack(name)) > 1:
+        raise ValueError(
+            f"mixer {name!r} is a stack of {len(split_stack(name))} mixers, one per layer: the model builds it "
+            "(--layers a multiple of its length), not build_mixer"
+        )
     base, options = split_options(name)
     if options or base != name:
         factory = resolve_mixer(base)

@@ -10,6 +10,8 @@ A preset file::
       train: {max_steps: 10000, ...}          # experiments.trial.train.TrainConfig fields
       mixer_options: {flashgru: {clip_norm: 0.9}}
       layers: [1, 2]          # model depth, a grid axis (default 1)
+      mixer_layers: {mlstm_exp+slstm: [2]}   # a mixer's own depths, in place of layers (a mixed stack's
+                                             # depth is a multiple of its parts)
       precision: 32-true      # or bf16-mixed (Lightning's names)
       d_model: 64             # the model's width
       conv_kernel: 4          # the full block's causal convolution (0: none)
@@ -72,6 +74,7 @@ SWEEP_KEYS = {
     "task",
     "priority",
     "layers",
+    "mixer_layers",
     "precision",
     "d_model",
     "conv_kernel",
@@ -104,6 +107,8 @@ class SweepPlan:
     priority: str = "normal"
     #: model depths swept (a grid axis, outside seeds and lrs)
     layers: list[int] = dataclasses.field(default_factory=lambda: [LAYERS])
+    #: per mixer, its depths in place of ``layers`` (e.g. a mixed stack ``mlstm_exp+slstm`` at 2)
+    mixer_layers: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     #: Lightning precision of every trial (``experiments.trial.defaults.PRECISIONS``)
     precision: str = PRECISIONS[0]
     #: the model's width
@@ -199,6 +204,15 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
             f"preset {preset!r}: task {task!r}: layers must be an integer >= 1 or a list of them, "
             f"got {merged.get('layers')!r}"
         )
+    mixer_layers = merged.get("mixer_layers") or {}
+    if not isinstance(mixer_layers, dict) or not all(
+        isinstance(v, list) and v and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in v)
+        for v in mixer_layers.values()
+    ):
+        raise ValueError(
+            f"preset {preset!r}: task {task!r}: mixer_layers maps a mixer to its depths, e.g. "
+            f"{{mlstm_exp+slstm: [2]}}; got {mixer_layers!r}"
+        )
     mixer_options = merged.get("mixer_options") or {}
     if not isinstance(mixer_options, dict) or not all(isinstance(v, dict) or v is None for v in mixer_options.values()):
         raise ValueError(
@@ -226,6 +240,7 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         description=data.get("description", ""),
         priority=priority,
         layers=list(dict.fromkeys(layers)),
+        mixer_layers={str(k): list(dict.fromkeys(v)) for k, v in mixer_layers.items()},
         precision=precision,
         d_model=int(merged.get("d_model", D_MODEL)),
         conv_kernel=int(merged.get("conv_kernel", CONV_KERNEL)),
@@ -233,7 +248,8 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
 
 
 def build_specs(plan: SweepPlan, device: str = "auto") -> list[TrialSpec]:
-    """The grid of ``plan``: one ``TrialSpec`` per (mixer, layers, seed, lr), in that nesting order."""
+    """The grid of ``plan``: one ``TrialSpec`` per (mixer, layers, seed, lr), in that nesting order (a
+    mixer's depths: ``plan.mixer_layers`` where it has them, else ``plan.layers``)."""
     return [
         TrialSpec(
             task=plan.task,
@@ -253,7 +269,7 @@ def build_specs(plan: SweepPlan, device: str = "auto") -> list[TrialSpec]:
             conv_kernel=plan.conv_kernel,
         )
         for mixer in plan.mixers
-        for layers in plan.layers
+        for layers in plan.mixer_layers.get(mixer, plan.layers)
         for seed in plan.seeds
         for lr in plan.lrs
     ]

@@ -11,6 +11,9 @@ Sequence blocks:
   ``norm(y) * silu(z)``; ``out_proj(d -> d)``; residual with a learnable per-channel scale on the input.
   ``conv_kernel = 0`` leaves the convolution and its SiLU out: the mixer takes ``u`` itself (xLSTM's
   sLSTM block with ``conv1d_kernel_size: 0``).
+A mixed stack, ``mixer="mlstm_exp+slstm"`` (``mixers.build.split_stack``), gives layer ``i`` the mixer
+``parts[i % len(parts)]`` (xLSTM[1:1] at ``layers=2``; ``layers`` must be a multiple of the number of
+parts); ``mixer_options`` go to every part (per-part options: ``name[key=value]`` in the stack).
 Mixers that are whole blocks themselves (``is_block = True``: the Transformer) are used as they are.
 
 Depth (``layers``, default 1): each block is pre-norm (an RMSNorm before it). At ``layers = 1`` the
@@ -35,6 +38,7 @@ from torch import nn
 from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, check_conv_kernel
 from mixers import build_mixer
 from mixers.attention import sinusoidal_positions
+from mixers.build import split_stack
 from mixers.conv import causal_depthwise_conv
 
 BLOCKS = ("mixer", "full")
@@ -67,6 +71,11 @@ class ModelConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_conv_kernel(self.conv_kernel)
+        parts = split_stack(self.mixer)
+        if self.layers % len(parts):
+            raise ValueError(
+                f"layers must be a multiple of the {len(parts)} mixers of stack {self.mixer!r}, got {self.layers}"
+            )
 
 
 class FullBlock(nn.Module):
@@ -95,9 +104,10 @@ class FullBlock(nn.Module):
         return self.out_proj(y) + self.skip_scale * x
 
 
-def sequence_block(config: ModelConfig) -> nn.Module:
-    """One sequence block of ``config``: the mixer alone, or the mixer in a ``FullBlock``."""
-    mixer = build_mixer(config.mixer, config.d_model, **config.mixer_options)
+def sequence_block(config: ModelConfig, layer: int = 0) -> nn.Module:
+    """The sequence block of layer ``layer`` (from 0) of ``config``: its mixer alone, or in a ``FullBlock``."""
+    parts = split_stack(config.mixer)
+    mixer = build_mixer(parts[layer % len(parts)], config.d_model, **config.mixer_options)
     if getattr(mixer, "is_block", False) or config.block == "mixer":
         return mixer
     return FullBlock(mixer, config.d_model, config.conv_kernel)
@@ -144,7 +154,7 @@ class SequenceModel(nn.Module):
         self.block = block
         self.residual_first = config.layers > 1 and not has_own_residual(self.block)
         if config.layers > 1:
-            self.deeper = nn.ModuleList(ResidualLayer(sequence_block(config), d) for _ in range(config.layers - 1))
+            self.deeper = nn.ModuleList(ResidualLayer(sequence_block(config, i), d) for i in range(1, config.layers))
         self.norm_out = nn.RMSNorm(d)
         self.head = nn.Linear(d, config.num_classes, bias=config.head_bias)
         self.add_positions = config.positional == "sinusoidal" and not getattr(self.mixer, "has_positions", False)

@@ -33,6 +33,9 @@ CASES = [
     ("gated_deltanet", {"num_heads": 2}),
     ("gated_deltanet", {"num_heads": 2, "signed": True, "short_conv": True}),
     ("rwkv7", {"num_heads": 2}),
+    *[(name, {"d_state": 4, "backend": b}) for name in ("pd_ssm", "complex_diag") for b in ("reference", "torch")],
+    *[("mamba3", {"num_heads": 2, "d_state": 4, "backend": b}) for b in ("reference", "torch", "ssd")],
+    ("mamba3", {"num_heads": 2, "d_state": 4, "rope_fraction": 1.0}),
 ]
 
 
