@@ -74,7 +74,8 @@ def count_flops(step) -> tuple[int, list[str]]:
 
 def step_flops(spec, device: str | torch.device = "cpu", sample: int = 4096) -> dict[str, Any]:
     """One training step of ``spec`` (a ``TrialSpec``) on ``device``: ``flops`` (forward, loss and backward of
-    one padded training batch, in the trial's precision), ``uncounted_ops``, ``batch`` and ``padded_len``
+    one padded training batch, in the trial's precision; NaN and ``flops_error`` saying why when the counter
+    could not run the step), ``uncounted_ops``, ``batch`` and ``padded_len``
     (the batch's shape), ``real_len`` (mean non-padding tokens per training sequence, over ``sample``
     training sequences), ``n_params``."""
     from experiments.trial.model import count_parameters
@@ -100,11 +101,15 @@ def step_flops(spec, device: str | torch.device = "cpu", sample: int = 4096) -> 
             loss = module._loss(module.model(tokens), targets)
         loss.backward()
 
-    flops, custom = count_flops(step)
+    try:
+        flops, custom, error = *count_flops(step), {}
+    except Exception as e:  # noqa: BLE001  (a mixer the counter cannot run: the rates are still measured)
+        flops, custom, error = float("nan"), [], {"flops_error": f"{type(e).__name__}: {str(e)[:200]}"}
     lengths = dm.data["train"].lengths
     return {
         "flops": flops,
         "uncounted_ops": custom,
+        **error,
         "batch": int(tokens.shape[0]),
         "padded_len": int(tokens.shape[1]),
         "real_len": float(lengths.float().mean()) if lengths is not None else float(tokens.shape[1]),

@@ -21,7 +21,8 @@ in the task's vocabulary and classes share one, and the report names the entries
 MFU is the achieved model FLOP/s over the device's dense bfloat16 peak and its float32 (non-tensor-core) peak
 (``flops.PEAKS``); a device without a known peak (a CPU) gets none. The Markdown report (``--out``, default
 ``benchmarks/results/mfu.md``) states device, date, versions and the command; the rows go to the JSON file
-beside it. ``--quick``: a CPU run of a few steps on small data sets and batches (a test runs it in seconds).
+beside it; ``--merge`` adds the presets of another call on the same device to that report (replacing those it
+measures again). ``--quick``: a CPU run of a few steps on small data sets and batches (a test runs it in seconds).
 
 Examples::
 
@@ -421,6 +422,12 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
     if failed:
         lines += ["", "Cells that did not run:", ""]
         lines += [f"- {', '.join(r['entries'])} / {r['mixer']} ({r['layers']} layers): {r['error']}" for r in failed]
+    uncounted_cells = [
+        f"- FLOPs of {', '.join(r['entries'])} / {r['mixer']} ({r['layers']} layers) not counted: {r['flops_error']}"
+        for r in rows
+        if "flops_error" in r
+    ]
+    lines += [""] + uncounted_cells if uncounted_cells else []
     uncounted = sorted({op for r in rows for op in r.get("uncounted_ops", [])})
     if uncounted:
         lines += ["", "Custom operators whose FLOPs the count leaves out: " + ", ".join(f"`{o}`" for o in uncounted)]
