@@ -92,7 +92,8 @@ class TrainingStream:
         self.lengths = None if lengths is None or not length_pool else lengths.cpu()
         self.length_pool = length_pool if self.lengths is not None else 0
         self._epoch: tuple[int, torch.Tensor, torch.Tensor] | None = None
-        self._widths: list[int] | None = None
+        #: with length bucketing, the width of each batch of the current epoch (``None`` before the first batch)
+        self.widths: list[int] | None = None
 
     def order(self, epoch: int, shuffle_seed: int | None = None) -> torch.Tensor:
         """The permutation served in ``epoch`` (``LongTensor (n,)`` on the CPU) with ``shuffle_seed``
@@ -122,13 +123,13 @@ class TrainingStream:
         if self._epoch is None or self._epoch[0] != epoch:
             order = self.order(epoch)
             if self.length_pool:
-                order, self._widths = self.bucketed(order, epoch)
+                order, self.widths = self.bucketed(order, epoch)
             order = order.to(self.inputs.device)
             self._epoch = (epoch, self.inputs[order], self.targets[order])
         _, x, y = self._epoch
         rows = slice(i * self.batch_size, (i + 1) * self.batch_size)
         if self.length_pool:
-            return x[rows, : self._widths[i]], y[rows, : self._widths[i]]
+            return x[rows, : self.widths[i]], y[rows, : self.widths[i]]
         return x[rows], y[rows]
 
     def __iter__(self):

@@ -22,6 +22,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+#: with length bucketing, the FLOPs per step are the mean over this many training batches
+BUCKETED_BATCHES = 8
+
 #: ``(fragment of the device name, bf16 dense, tf32 dense, fp32 non-tensor)`` in TFLOP/s, from NVIDIA's data
 #: sheets (the dense figures: half the "with sparsity" ones); the first fragment the name contains wins
 PEAKS: tuple[tuple[str, float, float, float], ...] = (
@@ -75,44 +78,51 @@ def count_flops(step) -> tuple[int, list[str]]:
 def step_flops(spec, device: str | torch.device = "cpu", sample: int = 4096) -> dict[str, Any]:
     """One training step of ``spec`` (a ``TrialSpec``) on ``device``: ``flops`` (forward, loss and backward of
     one padded training batch, in the trial's precision; NaN and ``flops_error`` saying why when the counter
-    could not run the step), ``uncounted_ops``, ``batch`` and ``padded_len``
-    (the batch's shape), ``real_len`` (mean non-padding tokens per training sequence, over ``sample``
-    training sequences), ``n_params``."""
+    could not run the step), ``uncounted_ops``, ``batch`` (sequences per step), ``padded_len`` (the batches'
+    width), ``real_len`` (mean non-padding tokens per training sequence, over ``sample`` training
+    sequences), ``n_params``. With ``train.length_bucketing`` the batches differ in width: ``padded_len`` is
+    their mean over an epoch of the whole training set and ``flops`` the mean of the first
+    ``BUCKETED_BATCHES``."""
     from experiments.trial.model import count_parameters
     from experiments.trial.train import build_datamodule, build_module
 
-    train = dataclasses.replace(
-        spec.train, train_size=min(spec.train.train_size, max(sample, spec.train.batch_size)), val_size=1, test_size=1
-    )
+    t = spec.train
+    size = t.train_size if t.length_bucketing else min(t.train_size, max(sample, t.batch_size))
+    train = dataclasses.replace(t, train_size=size, val_size=1, test_size=1)
     small = dataclasses.replace(spec, train=train, extrapolation=_one_eval_length(spec.extrapolation))
     torch.manual_seed(spec.seed)
     dm = build_datamodule(small, device)
     dm.setup("fit")
     module = build_module(small, dm).to(device)
-    tokens, targets = dm.train_dataloader().batch(0)
+    stream = dm.train_dataloader()
+    # bucketed batches differ in width: the FLOPs averaged over the first few, the width over a whole epoch
+    batches = [stream.batch(i) for i in range(min(stream.per_epoch, BUCKETED_BATCHES if stream.length_pool else 1))]
     autocast = (
         torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
         if spec.precision == "bf16-mixed"
         else torch.autocast(torch.device(device).type, enabled=False)
     )
 
-    def step() -> None:
+    def step(tokens: torch.Tensor, targets: torch.Tensor) -> None:
         with autocast:
             loss = module._loss(module.model(tokens), targets)
         loss.backward()
 
     try:
-        flops, custom, error = *count_flops(step), {}
+        counts = [count_flops(lambda b=b: step(*b)) for b in batches]
+        flops, custom, error = sum(c[0] for c in counts) / len(counts), counts[0][1], {}
     except Exception as e:  # noqa: BLE001  (a mixer the counter cannot run: the rates are still measured)
         flops, custom, error = float("nan"), [], {"flops_error": f"{type(e).__name__}: {str(e)[:200]}"}
     lengths = dm.data["train"].lengths
+    full_width = int(batches[0][0].shape[1]) if not stream.length_pool else dm.data["train"].inputs.shape[1]
+    widths = stream.widths if stream.length_pool else [full_width]
     return {
         "flops": flops,
         "uncounted_ops": custom,
         **error,
-        "batch": int(tokens.shape[0]),
-        "padded_len": int(tokens.shape[1]),
-        "real_len": float(lengths.float().mean()) if lengths is not None else float(tokens.shape[1]),
+        "batch": int(batches[0][0].shape[0]),
+        "padded_len": sum(widths) / len(widths),
+        "real_len": float(lengths.float().mean()) if lengths is not None else float(full_width),
         "n_params": count_parameters(module.model),
     }
 

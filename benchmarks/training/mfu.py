@@ -116,13 +116,28 @@ def representative_cells(
     return list(cells.values())
 
 
-def run_options(preset: str):
-    """The ``RunOptions`` the preset's sweep runs with (its engine; no step log)."""
+def run_options(preset: str, length_bucketing: int = 0):
+    """The ``RunOptions`` the preset's sweep runs with (its engine; no step log); eager steps with
+    ``length_bucketing`` (batches of many widths, which the graph engines do not capture)."""
     from experiments.sweeps.presets import load_preset
     from experiments.trial.train import RunOptions
 
+    if length_bucketing:
+        return RunOptions(logger="none", engine="eager")
     engine = (load_preset(preset).get("budget") or {}).get("engine")
     return RunOptions(logger="none", **({"gpu_engine": engine} if engine else {}))
+
+
+def with_length_bucketing(cells: list[Cell], pools: int) -> list[Cell]:
+    """``cells`` training on length-bucketed batches (``train.length_bucketing = pools``; 0: as they are)."""
+    if not pools:
+        return cells
+    return [
+        dataclasses.replace(
+            c, spec=dataclasses.replace(c.spec, train=dataclasses.replace(c.spec.train, length_bucketing=pools))
+        )
+        for c in cells
+    ]
 
 
 def timed_spec(spec, steps: int, quick: bool, eval_every: int | None = None, small_eval: bool = False):
@@ -261,9 +276,9 @@ def measure_workers(
 
 def measure_preset(preset: str, args) -> dict[str, Any]:
     """The rows of ``preset``'s representative cells and its rates with ``--workers`` together."""
-    options = run_options(preset)
+    options = run_options(preset, args.length_bucketing)
     device = "cpu" if args.quick else "auto"
-    cells = representative_cells(preset, args.tasks, args.mixers, device)
+    cells = with_length_bucketing(representative_cells(preset, args.tasks, args.mixers, device), args.length_bucketing)
     log.info("%s: %d representative cells", preset, len(cells))
     rows = []
     for cell in cells:
@@ -324,6 +339,11 @@ def render(report: dict[str, Any]) -> str:
             f"triton {run['triton']}, lightning {run['lightning']}, python {run['python']}; one trial of "
             f"{run['steps']:,} steps per cell alone"
             + (
+                f", length-bucketed batches (pools of {run['length_bucketing']}, eager steps)"
+                if run.get("length_bucketing")
+                else ""
+            )
+            + (
                 f", {run['workers']} workers{' under MPS' if run['mps'] else ''} with trials sized for about "
                 f"{run['worker_seconds']:g} s of training together"
                 if run["workers"]
@@ -371,7 +391,7 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
     elif workers:
         lines += [f"The {workers} workers' trials had no window in which all of them trained.", ""]
     head = (
-        "| sweeps | mixer | layers | params | engine | batch x length (real mean) | GFLOP/step "
+        "| sweeps | mixer | layers | params | engine | batch x length (real mean: padding) | GFLOP/step "
         "| alone: steps/s | real tokens/s | padded tokens/s | TFLOP/s | MFU bf16 | MFU fp32 |"
     )
     head += f" {workers} workers: steps/s each |" if workers else ""
@@ -385,7 +405,7 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
             str(r["layers"]),
             _num(r["n_params"]),
             r["engine"],
-            f"{r['batch']} x {r['padded_len']} ({r['real_len']:.1f})",
+            f"{r['batch']} x {r['padded_len']:.4g} ({r['real_len']:.1f}: {_pct(1 - r['real_len'] / r['padded_len'])})",
             _num(r["flops"] / 1e9, 2),
             _num(rate),
             _num(rate * r["batch"] * r["real_len"]),
@@ -461,6 +481,13 @@ def parser() -> Parser:
         default=20.0,
         help="size each worker trial for about this many seconds of training together (default: %(default)s)",
     )
+    p.add_argument(
+        "--length-bucketing",
+        type=nonnegative_int,
+        default=0,
+        help="train every cell on length-bucketed batches in pools of this many (train.length_bucketing; "
+        "eager steps); default 0: as the presets train",
+    )
     p.add_argument("--tasks", type=str_list, help="only these sweeps (entries) of each preset")
     p.add_argument("--mixers", type=str_list, help="only these mixers")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the Markdown report; the JSON goes beside it")
@@ -511,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
             "workers": args.workers,
             "worker_seconds": args.worker_seconds,
             "mps": bool(args.mps),
+            "length_bucketing": args.length_bucketing,
         }
         data_file = args.out.with_suffix(".json")
         old = json.loads(data_file.read_text()) if args.merge and data_file.is_file() else None

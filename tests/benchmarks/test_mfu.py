@@ -1,6 +1,7 @@
 """``python -m benchmarks.training.mfu``: FLOPs per step, device peaks, representative cells, phase timing,
 the workers' waves and the report."""
 
+import dataclasses
 import json
 import math
 
@@ -55,6 +56,18 @@ def test_step_flops_of_a_dense_model_follow_six_n_d():
     assert abs(row["real_len"] - 21.5) < 0.5
     tokens = row["batch"] * row["padded_len"]
     assert 0.85 < row["flops"] / (6 * row["n_params"] * tokens) < 1.0
+
+
+def test_step_flops_with_length_bucketing_count_the_cut_batches():
+    """Bucketed batches are cut to their longest sequence: the mean width comes down to near the mean real length,
+    and the FLOPs of a GRU (linear in the width) come down with it."""
+    cell = next(c for c in representative_cells("state-tracking", ["s3"], ["gru"], "cpu") if c.spec.layers == 1)
+    small = dataclasses.replace(cell.spec.train, train_size=4096, batch_size=64)
+    full = step_flops(dataclasses.replace(cell.spec, train=small), "cpu")
+    cut = step_flops(dataclasses.replace(cell.spec, train=dataclasses.replace(small, length_bucketing=16)), "cpu")
+    assert full["padded_len"] == 40 and cut["real_len"] == full["real_len"]
+    assert cut["real_len"] <= cut["padded_len"] < 1.1 * cut["real_len"]
+    assert cut["flops"] < 0.8 * full["flops"]
 
 
 def test_device_peaks_by_name():
@@ -156,6 +169,15 @@ def test_quick_report_of_one_cell(tmp_path, capsys):
     assert main(["grazzi-table3", *merge]) == 0
     text = out.read_text()
     assert "## state-tracking" in text and "## grazzi-table3" in text and "run 2: grazzi-table3" in text
+
+
+def test_quick_report_with_length_bucketing_shows_less_padding(tmp_path):
+    out = tmp_path / "mfu.md"
+    args = ["--quick", "--tasks", "s3", "--mixers", "gru", "--out", str(out), "--length-bucketing", "4"]
+    assert main(["state-tracking", *args]) == 0
+    r = json.loads(out.with_suffix(".json").read_text())["presets"]["state-tracking"]["cells"][0]
+    assert r["engine"] == "eager" and r["real_len"] <= r["padded_len"] < 40
+    assert "length-bucketed batches (pools of 4, eager steps)" in out.read_text()
 
 
 def test_bad_input_is_one_line_of_error(tmp_path, capsys):
