@@ -223,7 +223,7 @@ def worker_waves(cells: list[Cell], workers: int) -> list[list[tuple[int, int]]]
 
 
 def measure_workers(
-    cells: list[Cell], rows: list[dict[str, Any]], workers: int, options, quick: bool, steps: int, seconds: float, out
+    cells: list[Cell], rows: list[dict[str, Any]], workers: int, options, quick: bool, seconds: float, out: Path
 ) -> dict[str, Any]:
     """The cells trained at once on ``workers`` processes (``worker_waves``); adds each cell's steady steps/s
     with ``workers`` (``with_workers_steps_per_s``) to its row of ``rows`` and returns the preset's rates together."""
@@ -274,11 +274,9 @@ def measure_workers(
     }
 
 
-def measure_preset(preset: str, args) -> dict[str, Any]:
-    """The rows of ``preset``'s representative cells and its rates with ``--workers`` together."""
+def measure_preset(preset: str, cells: list[Cell], args) -> dict[str, Any]:
+    """The rows of ``preset``'s representative ``cells`` and its rates with ``--workers`` together."""
     options = run_options(preset, args.length_bucketing)
-    device = "cpu" if args.quick else "auto"
-    cells = with_length_bucketing(representative_cells(preset, args.tasks, args.mixers, device), args.length_bucketing)
     log.info("%s: %d representative cells", preset, len(cells))
     rows = []
     for cell in cells:
@@ -286,9 +284,8 @@ def measure_preset(preset: str, args) -> dict[str, Any]:
         log.info("%s %s: %s", preset, cell.entry, {k: v for k, v in rows[-1].items() if k not in ("phases", "shares")})
     together = None
     if args.workers:
-        run_dir = args.scratch / preset
         together = measure_workers(
-            cells, rows, args.workers, options, args.quick, args.steps, args.worker_seconds, run_dir
+            cells, rows, args.workers, options, args.quick, args.worker_seconds, args.scratch / preset
         )
     return {"cells": rows, "together": together}
 
@@ -528,24 +525,28 @@ def main(argv: list[str] | None = None) -> int:
         if not args.worker_seconds > 0:
             raise ValueError(f"--worker-seconds must be > 0, got {args.worker_seconds}")
         quiet_lightning()
-        on_gpu = torch.cuda.is_available() and not args.quick
-        run_meta = {
-            "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-            **versions(),
-            "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "command": "python -m benchmarks.training.mfu " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "steps": args.steps,
-            "workers": args.workers,
-            "worker_seconds": args.worker_seconds,
-            "mps": bool(args.mps),
-            "length_bucketing": args.length_bucketing,
-        }
+        device = "cpu" if args.quick else "auto"
+        cells = {p: representative_cells(p, args.tasks, args.mixers, device) for p in args.presets}
         data_file = args.out.with_suffix(".json")
         old = json.loads(data_file.read_text()) if args.merge and data_file.is_file() else None
-        if old is not None:
-            merged(old, run_meta, {})  # a report of another device: the error now, before measuring
+        # MPS before this process's first CUDA call (the device's name): a context from before would not use it
         with workers_mps(args.mps, args.workers):
-            presets = {preset: measure_preset(preset, args) for preset in args.presets}
+            run_meta = {
+                "device": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.quick else "cpu",
+                **versions(),
+                "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                "command": "python -m benchmarks.training.mfu " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "steps": args.steps,
+                "workers": args.workers,
+                "worker_seconds": args.worker_seconds,
+                "mps": bool(args.mps),
+                "length_bucketing": args.length_bucketing,
+            }
+            if old is not None:
+                merged(old, run_meta, {})  # a report of another device: the error now, before measuring
+            presets = {
+                p: measure_preset(p, with_length_bucketing(c, args.length_bucketing), args) for p, c in cells.items()
+            }
         report = merged(old, run_meta, presets)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         data_file.write_text(json.dumps(report, indent=1, default=float))
