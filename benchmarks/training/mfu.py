@@ -284,9 +284,13 @@ def measure_preset(preset: str, cells: list[Cell], args) -> dict[str, Any]:
         log.info("%s %s: %s", preset, cell.entry, {k: v for k, v in rows[-1].items() if k not in ("phases", "shares")})
     together = None
     if args.workers:
-        together = measure_workers(
-            cells, rows, args.workers, options, args.quick, args.worker_seconds, args.scratch / preset
-        )
+        try:
+            together = measure_workers(
+                cells, rows, args.workers, options, args.quick, args.worker_seconds, args.scratch / preset
+            )
+        except Exception as e:  # noqa: BLE001  (the cells' own rows are kept)
+            log.exception("%s: the workers' run failed", preset)
+            together = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     return {"cells": rows, "together": together}
 
 
@@ -370,7 +374,9 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
     rows = [r for r in data["cells"] if "error" not in r]
     lines = []
     together = data.get("together")
-    if together and together["window_s"] > 0:
+    if together and "error" in together:
+        lines += [f"The {workers} workers' run failed: {together['error']}", ""]
+    elif together and together["window_s"] > 0:
         padding = 1 - together["real_tokens_per_s"] / together["padded_tokens_per_s"]
         lines += [
             f"All {workers} workers together ({len(together['waves'])} wave(s) of trials, {together['window_s']:.1f} s "
@@ -544,13 +550,15 @@ def main(argv: list[str] | None = None) -> int:
             }
             if old is not None:
                 merged(old, run_meta, {})  # a report of another device: the error now, before measuring
-            presets = {
-                p: measure_preset(p, with_length_bucketing(c, args.length_bucketing), args) for p, c in cells.items()
-            }
-        report = merged(old, run_meta, presets)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        data_file.write_text(json.dumps(report, indent=1, default=float))
-        args.out.write_text(render(report))
+            presets: dict[str, Any] = {}
+            for preset, preset_cells in cells.items():  # the report rewritten after each preset: a cut run keeps them
+                presets[preset] = measure_preset(
+                    preset, with_length_bucketing(preset_cells, args.length_bucketing), args
+                )
+                report = merged(old, run_meta, presets)
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                data_file.write_text(json.dumps(report, indent=1, default=float))
+                args.out.write_text(render(report))
         print(args.out.read_text())
 
     return run_cli(run, "nothing to resume: re-run the measurement")
