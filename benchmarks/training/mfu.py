@@ -226,11 +226,15 @@ def measure_workers(
     cells: list[Cell], rows: list[dict[str, Any]], workers: int, options, quick: bool, seconds: float, out: Path
 ) -> dict[str, Any]:
     """The cells trained at once on ``workers`` processes (``worker_waves``); adds each cell's steady steps/s
-    with ``workers`` (``with_workers_steps_per_s``) to its row of ``rows`` and returns the preset's rates together."""
+    with ``workers`` (``with_workers_steps_per_s``) to its row of ``rows`` and returns the preset's rates together:
+    in the windows in which all of a wave's trials trained (``*_per_s``), and end to end
+    (``end_to_end_real_tokens_per_s``: the tokens of every trial over the waves' wall-clock, worker start-up,
+    compilation and test passes included)."""
     from benchmarks.training.throughput import concurrent_rate, train_together
 
     ok = [i for i, r in enumerate(rows) if "error" not in r]
-    seconds_total = {"window_s": 0.0, "real_tokens": 0.0, "padded_tokens": 0.0, "flops": 0.0, "steps": 0.0}
+    in_window = {"window_s": 0.0, "real_tokens": 0.0, "padded_tokens": 0.0, "flops": 0.0, "steps": 0.0}
+    end_to_end = {"wall_s": 0.0, "real_tokens": 0.0}
     busy, waves, rates = [], [], {i: [] for i in ok}
     for w, wave in enumerate(worker_waves([cells[i] for i in ok], workers)):
         trials = []
@@ -239,37 +243,39 @@ def measure_workers(
             n = QUICK_WORKER_STEPS if quick else worker_steps(rows[i]["steps_per_s"], seconds, workers)
             spec = timed_spec(cells[i].spec, n, quick, eval_every=n, small_eval=True)
             trials.append((i, (cells[i].entry, dataclasses.replace(spec, seed=spec.seed + copy))))
-        df, progress, _, gpu_busy = train_together(
+        df, progress, wall, gpu_busy = train_together(
             [t for _, t in trials], workers, "cpu" if quick else "auto", out / f"wave{w}", options
         )
-        for (i, _), (_, r) in zip(trials, df.iterrows(), strict=True):
-            if r.get("status") == "ok":
-                rates[i].append(float(r["steady_steps_per_s"]))
-        if any(p is None for p in progress):
+        real = [rows[i]["batch"] * rows[i]["real_len"] for i, _ in trials]
+        done = [(k, r) for k, (_, r) in enumerate(df.iterrows()) if r.get("status") == "ok"]
+        for k, r in done:
+            rates[trials[k][0]].append(float(r["steady_steps_per_s"]))
+        end_to_end["wall_s"] += wall
+        end_to_end["real_tokens"] += sum(float(r["steps"]) * real[k] for k, r in done)
+        rate, window = concurrent_rate(progress) if all(p is not None for p in progress) else (float("nan"), 0.0)
+        waves.append({"trials": len(trials), "wall_s": round(wall, 1), "window_s": round(window, 2)})
+        if not window > 0:
             continue
         weights = {
             "steps": [1.0] * len(trials),
-            "real_tokens": [rows[i]["batch"] * rows[i]["real_len"] for i, _ in trials],
+            "real_tokens": real,
             "padded_tokens": [rows[i]["batch"] * rows[i]["padded_len"] for i, _ in trials],
             "flops": [float(rows[i]["flops"]) for i, _ in trials],
         }
-        rate, window = concurrent_rate(progress)
-        if not window > 0:
-            continue
-        waves.append({"trials": len(trials), "window_s": round(window, 2), "steps_per_s": rate})
-        seconds_total["window_s"] += window
+        in_window["window_s"] += window
         for key, wts in weights.items():
-            seconds_total[key] += concurrent_rate(progress, wts)[0] * window
+            in_window[key] += concurrent_rate(progress, wts)[0] * window
         busy.append(gpu_busy)
     for i, r in rates.items():
         rows[i]["with_workers_steps_per_s"] = sorted(r)[len(r) // 2] if r else float("nan")
-    window = seconds_total.pop("window_s")
-    together = {f"{k}_per_s": (v / window if window else float("nan")) for k, v in seconds_total.items()}
+    window = in_window.pop("window_s")
+    together = {f"{k}_per_s": (v / window if window else float("nan")) for k, v in in_window.items()}
     return {
         "workers": workers,
         "waves": waves,
         "window_s": round(window, 2),
         **together,
+        "end_to_end_real_tokens_per_s": end_to_end["real_tokens"] / end_to_end["wall_s"],
         "gpu_busy": sum(busy) / len(busy) if busy else float("nan"),
     }
 
@@ -374,13 +380,14 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
     rows = [r for r in data["cells"] if "error" not in r]
     lines = []
     together = data.get("together")
+    end_to_end = _num((together or {}).get("end_to_end_real_tokens_per_s", float("nan")))
     if together and "error" in together:
         lines += [f"The {workers} workers' run failed: {together['error']}", ""]
     elif together and together["window_s"] > 0:
         padding = 1 - together["real_tokens_per_s"] / together["padded_tokens_per_s"]
         lines += [
             f"All {workers} workers together ({len(together['waves'])} wave(s) of trials, {together['window_s']:.1f} s "
-            f"in which all trained): **{_num(together['real_tokens_per_s'])} real tokens/s** "
+            f"in which all of a wave trained): **{_num(together['real_tokens_per_s'])} real tokens/s** "
             f"({_num(together['padded_tokens_per_s'])} padded: {_pct(padding)} padding), "
             f"{_num(together['steps_per_s'])} steps/s, {_num(together['flops_per_s'] / 1e12, 3)} TFLOP/s"
             + (
@@ -388,11 +395,16 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
                 f"{_mfu(together['flops_per_s'], peaks.fp32)} of float32; GPU busy {_pct(together['gpu_busy'])}."
                 if peaks
                 else "."
-            ),
+            )
+            + f" End to end (worker start-up, compilation and test passes included): {end_to_end} real tokens/s.",
             "",
         ]
-    elif workers:
-        lines += [f"The {workers} workers' trials had no window in which all of them trained.", ""]
+    elif workers and together:
+        lines += [
+            f"The {workers} workers' trials had no window in which all of a wave trained; end to end (worker start-up, "
+            f"compilation and test passes included): {end_to_end} real tokens/s.",
+            "",
+        ]
     head = (
         "| sweeps | mixer | layers | params | engine | batch x length (real mean: padding) | GFLOP/step "
         "| alone: steps/s | real tokens/s | padded tokens/s | TFLOP/s | MFU bf16 | MFU fp32 |"

@@ -203,3 +203,6 @@ def test_quick_workers_report_their_tokens_together(tmp_path):
     share = together["real_tokens_per_s"] / together["padded_tokens_per_s"]
     assert min(r["real_len"] / 40 for r in rows) - 1e-9 <= share <= max(r["real_len"] / 40 for r in rows) + 1e-9
     assert not math.isnan(together["flops_per_s"]) and together["flops_per_s"] > 0
+    # end to end counts worker start-up and the test passes too: fewer tokens per second than in the window
+    assert 0 < together["end_to_end_real_tokens_per_s"] < together["real_tokens_per_s"]
+    assert "End to end (worker start-up" in out.read_text()
