@@ -57,19 +57,43 @@ class TrainingStream:
     batch of optimizer step ``t`` is batch ``t`` of the stream whatever the chunk size, and a run
     resumed at step ``t`` continues with batch ``t`` (nothing of the stream needs saving). It has no
     length: train with ``max_steps``.
+
+    Length bucketing (``lengths``, the real length of each row of a right-padded set, and ``length_pool``
+    = k >= 1): the epoch's order is cut into pools of k batches; each pool's rows are sorted by length
+    (stably) and cut into batches, the pool's full batches are served in a shuffled order (the epoch's
+    last, smaller batch stays last), and each batch is cut to the length of its longest row (``widths``).
+    An epoch still serves every row once, in the same number of batches of the same sizes, so the
+    lengths trained on per epoch are those of the set; only which rows share a batch changes. A batch
+    cut short loses padding only: the causal models' outputs at the real positions, and the loss, stay
+    the same. ``length_pool`` 0: batches as drawn, at the set's full width.
     """
 
     def __init__(
-        self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, shuffle_seed: int, chunk: int = 1
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        batch_size: int,
+        shuffle_seed: int,
+        chunk: int = 1,
+        lengths: torch.Tensor | None = None,
+        length_pool: int = 0,
     ) -> None:
         if inputs.shape[0] != targets.shape[0]:
             raise ValueError(f"inputs and targets differ in length: {inputs.shape[0]} vs {targets.shape[0]}")
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
+        if isinstance(length_pool, bool) or not isinstance(length_pool, int) or length_pool < 0:
+            raise ValueError(
+                f"length_pool must be an integer >= 0 (batches sorted by length together), got {length_pool!r}"
+            )
         self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
         self.shuffle_seed, self.chunk = shuffle_seed, chunk
         self.per_epoch = -(-inputs.shape[0] // batch_size)
+        self.lengths = None if lengths is None or not length_pool else lengths.cpu()
+        self.length_pool = length_pool if self.lengths is not None else 0
         self._epoch: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        #: with length bucketing, the width of each batch of the current epoch (``None`` before the first batch)
+        self.widths: list[int] | None = None
 
     def order(self, epoch: int, shuffle_seed: int | None = None) -> torch.Tensor:
         """The permutation served in ``epoch`` (``LongTensor (n,)`` on the CPU) with ``shuffle_seed``
@@ -77,14 +101,36 @@ class TrainingStream:
         seed = self.shuffle_seed if shuffle_seed is None else shuffle_seed
         return torch.randperm(self.inputs.shape[0], generator=make_generator(seed, SHUFFLE_STREAM, epoch))
 
+    def bucketed(self, order: torch.Tensor, epoch: int) -> tuple[torch.Tensor, list[int]]:
+        """``(order, widths)``: the epoch's ``order`` regrouped by length (see the class docstring) and the
+        width of each of its batches (the length of its longest row)."""
+        b, pool = self.batch_size, self.length_pool * self.batch_size
+        g = make_generator(self.shuffle_seed, SHUFFLE_STREAM, epoch, 1)
+        lengths = self.lengths[order]
+        parts = []
+        for start in range(0, len(order), pool):
+            rows = order[start : start + pool][torch.sort(lengths[start : start + pool], stable=True).indices]
+            full = len(rows) // b
+            batches = [rows[k * b : (k + 1) * b] for k in torch.randperm(full, generator=g).tolist()]
+            parts += batches + ([rows[full * b :]] if len(rows) % b else [])
+        widths = [int(self.lengths[rows].max()) for rows in parts]
+        return torch.cat(parts), widths
+
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch ``index`` of the stream: ``(inputs (b, L), targets (b, L))`` views."""
+        """Batch ``index`` of the stream: ``(inputs (b, L), targets (b, L))`` views (``L``: the batch's width
+        with length bucketing, else the set's)."""
         epoch, i = divmod(index, self.per_epoch)
         if self._epoch is None or self._epoch[0] != epoch:
-            order = self.order(epoch).to(self.inputs.device)
+            order = self.order(epoch)
+            if self.length_pool:
+                order, self.widths = self.bucketed(order, epoch)
+            order = order.to(self.inputs.device)
             self._epoch = (epoch, self.inputs[order], self.targets[order])
         _, x, y = self._epoch
-        return x[i * self.batch_size : (i + 1) * self.batch_size], y[i * self.batch_size : (i + 1) * self.batch_size]
+        rows = slice(i * self.batch_size, (i + 1) * self.batch_size)
+        if self.length_pool:
+            return x[rows, : self.widths[i]], y[rows, : self.widths[i]]
+        return x[rows], y[rows]
 
     def __iter__(self):
         while True:
@@ -150,6 +196,10 @@ class SyntheticDataModule(L.LightningDataModule):
         shuffle_seed: the seed of the training order (a trial's seed); default: ``seed``.
         stack_shuffle_seeds: for stacked trials, the training order of each (``StackedTrainingStream``).
         train_chunk: batches per item of the training stream (``TrainingStream``).
+        length_bucketing: 0 (default): training batches as drawn, padded to the longest training length;
+            k >= 1: batches of near-equal lengths, each cut to its longest sequence (``TrainingStream``'s
+            length bucketing, pools of k batches; sets of one length have nothing to cut). Not with
+            ``stack_shuffle_seeds``.
         extrapolation: if given, train/val/test use lengths in ``[min_len, max_len]`` (padded) and
             one extra test set per ``eval_lengths`` entry is built (named ``len<L>``), and one of lengths
             uniform in ``test_range`` (``range<a>-<b>``) if it is set.
@@ -176,6 +226,7 @@ class SyntheticDataModule(L.LightningDataModule):
         train_chunk: int = 1,
         extrapolation: ExtrapolationConfig | None = None,
         device: str | torch.device = "cpu",
+        length_bucketing: int = 0,
     ) -> None:
         super().__init__()
         self.task = get_task(task, **(task_options or {})) if isinstance(task, str) else task
@@ -196,6 +247,11 @@ class SyntheticDataModule(L.LightningDataModule):
         for seed in self.stack_shuffle_seeds or ():
             make_generator(seed)
         self.train_chunk = train_chunk
+        if isinstance(length_bucketing, bool) or not isinstance(length_bucketing, int) or length_bucketing < 0:
+            raise ValueError(f"length_bucketing must be an integer >= 0, got {length_bucketing!r}")
+        if length_bucketing and stack_shuffle_seeds is not None:
+            raise ValueError("length_bucketing cuts each batch to its own length: stacked trials cannot use it")
+        self.length_bucketing = length_bucketing
         self.extrapolation = extrapolation
         self.device = torch.device(device)
         self.data: dict[str, TaskData] = {}
@@ -264,7 +320,14 @@ class SyntheticDataModule(L.LightningDataModule):
             return StackedTrainingStream(
                 *self._tensors("train"), self.batch_size, self.stack_shuffle_seeds, self.train_chunk
             )
-        return TrainingStream(*self._tensors("train"), self.batch_size, self.shuffle_seed, self.train_chunk)
+        return TrainingStream(
+            *self._tensors("train"),
+            self.batch_size,
+            self.shuffle_seed,
+            self.train_chunk,
+            lengths=self.data["train"].lengths,
+            length_pool=self.length_bucketing,
+        )
 
     def val_dataloader(self) -> TensorBatches:
         return self._loader("val")

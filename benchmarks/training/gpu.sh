@@ -16,6 +16,9 @@
 #     shares                python -m benchmarks.training.saturation shares (each mixer's step alone on 16 streams, then the mix)
 #                           (GPU 0's power and clocks in OUT/shares-dmon.txt)
 #     counters              python -m benchmarks.training.saturation counters (each mixer's step under ncu; raw CSVs in OUT/counters)
+#     mfu                   python -m benchmarks.training.mfu MFU_PRESETS --workers 16 --mps MFU_ARGS: the MFU report
+#                           OUT/mfu.md and OUT/mfu.json (with MFU_MERGE=an earlier call's mfu.json, carried: its other
+#                           presets kept, --merge)
 #     start:NAME            start (or resume) a reproduction in its own process session (setsid) in RUN_ROOT/reproduce
 #                           (one study for every reproduction, as experiments.reproduce's default) and go on at once;
 #                           on a fresh machine, with RESTORE_RUN=an archive of a `wait`/`stop` (carried), it unpacks it first;
@@ -43,7 +46,8 @@
 # Environment: KERNELS_ARGS / STEPS_ARGS / WORKERS_ARGS (extra arguments), RUN_ROOT (default /tmp/runs: outside any carried
 # folder), REPRODUCE_OUT (the reproductions' --out, default RUN_ROOT/reproduce), REPRODUCE_ARGS (default
 # "--workers 16 --mps"), WAIT_S (default 540), PACK_MAX_MB (default 48), RESTORE_RUN (a NAME-run.tgz to resume from on a fresh machine),
-# EXPRESSIVITY_COMMIT (the commit results record where the checkout has no .git).
+# EXPRESSIVITY_COMMIT (the commit results record where the checkout has no .git), MFU_PRESETS (default: pararnn-table6
+# grazzi-table3 deltaproduct-groups state-tracking), MFU_ARGS, MFU_MERGE.
 set -u
 out=${1:?output folder}; shift
 mkdir -p "$out"
@@ -99,6 +103,13 @@ for step in "$@"; do
       timeout -k 10 560 python3 -m benchmarks.training.saturation shares --streams 16 --tasks khop2 --seconds 6 \
         > "$out/shares.log" 2>&1
       echo "=== shares rc=$? in $((SECONDS - t0)) s"; dmon_stop shares; grep "^{" "$out/shares.log" ;;
+    mfu)
+      merge=""
+      if [ -n "${MFU_MERGE:-}" ]; then cp "$MFU_MERGE" "$out/mfu.json" && merge=--merge; fi
+      # shellcheck disable=SC2086
+      timeout -k 10 560 python3 -m benchmarks.training.mfu ${MFU_PRESETS:-pararnn-table6 grazzi-table3 deltaproduct-groups state-tracking} \
+        --workers 16 --mps --scratch "$run_root/bench-mfu" $merge ${MFU_ARGS:-} --out "$out/mfu.md" > "$out/mfu.log" 2>&1
+      echo "=== mfu rc=$? in $((SECONDS - t0)) s"; grep -E "^(## |All |The )" "$out/mfu.md" ;;
     counters)
       timeout -k 10 500 python3 -m benchmarks.training.saturation counters --tasks khop2 --top 6 --csv-dir "$out/counters" \
         > "$out/counters.log" 2>&1

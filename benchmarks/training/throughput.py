@@ -201,11 +201,12 @@ def heaviest_table(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
-def concurrent_rate(progress: list[pd.DataFrame]) -> tuple[float, float]:
+def concurrent_rate(progress: list[pd.DataFrame], weights: list[float] | None = None) -> tuple[float, float]:
     """``(steps/s, window s)``: the steps all trials ran together per second in the window in which
     every one of them trained, from each trial's progress samples (``unix_time_s``, ``step``; the first
     sample is the end of its compilation, the last its end of training; steps interpolated linearly
-    between samples). ``(nan, 0.0)`` when the trials' windows do not overlap."""
+    between samples). ``(nan, 0.0)`` when the trials' windows do not overlap. ``weights``: each trial's
+    steps count that many times (e.g. its tokens or FLOPs per step: the rate is then tokens/s or FLOP/s)."""
     if not progress or any(len(p) < 2 for p in progress):
         return float("nan"), 0.0
     start = max(float(p["unix_time_s"].iloc[0]) for p in progress)
@@ -213,8 +214,8 @@ def concurrent_rate(progress: list[pd.DataFrame]) -> tuple[float, float]:
     if end <= start:
         return float("nan"), 0.0
     steps = sum(
-        float(np.interp(end, p["unix_time_s"], p["step"]) - np.interp(start, p["unix_time_s"], p["step"]))
-        for p in progress
+        w * float(np.interp(end, p["unix_time_s"], p["step"]) - np.interp(start, p["unix_time_s"], p["step"]))
+        for p, w in zip(progress, weights or [1.0] * len(progress), strict=True)
     )
     return steps / (end - start), end - start
 
@@ -256,6 +257,34 @@ def stacked_specs(cells: list[tuple[str, Any]], stack: int) -> list[tuple[str, A
     ]
 
 
+def train_together(
+    cells: list[tuple[str, Any]], n: int, device: str, run_dir: Path, options: Any
+) -> tuple[pd.DataFrame, list[pd.DataFrame | None], float, float]:
+    """Train ``cells`` (``(entry, TrialSpec)`` pairs) on ``n`` worker processes (``experiments.sweeps.workers``)
+    in a fresh study in ``run_dir``; returns ``(rows, progress, wall s, GPU busy)``: the collected results row
+    per cell, each cell's ``progress.csv`` (``None`` where it wrote none), the run's wall-clock and the GPU
+    busy fraction while they trained (NaN without a GPU)."""
+    import shutil
+
+    import torch
+
+    from experiments.sweeps.results import collect
+    from experiments.sweeps.study import GridStudy
+    from experiments.sweeps.workers import cell_dir, run_workers
+    from experiments.trial.train import PROGRESS_FILE
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    grid = GridStudy.open(None, run_dir, f"bench-{run_dir.name}")
+    grid.sync(cells)
+    t0 = time.perf_counter()
+    with GPUBusy() as busy:
+        run_workers(grid, cells, run_dir, None, n, device, options=options)
+    wall = time.perf_counter() - t0
+    files = [cell_dir(run_dir, entry, spec) / PROGRESS_FILE for entry, spec in cells]
+    progress = [pd.read_csv(f) if f.is_file() else None for f in files]
+    return collect(grid, cells), progress, wall, busy.mean() if torch.cuda.is_available() else float("nan")
+
+
 def time_workers(
     counts: list[int],
     engines: list[str],
@@ -271,34 +300,18 @@ def time_workers(
     """For each precision (``precisions``; default: the preset's), engine, stack size S in ``stacks`` and N in
     ``counts``: N stacks of S trials of the mix (N trials when S is 1) on N worker processes; throughput rows
     (steps are trial steps: a stack's step counts S)."""
-    import shutil
-
-    import torch
-
-    from experiments.sweeps.results import collect
-    from experiments.sweeps.study import GridStudy
-    from experiments.sweeps.workers import cell_dir, run_workers
-    from experiments.trial.train import PROGRESS_FILE, RunOptions
+    from experiments.trial.train import RunOptions
 
     rows = []
     for prec, engine, stack, n in ((p, e, s, n) for p in precisions for e in engines for s in stacks for n in counts):
         cells = stacked_specs(benchmark_specs(preset, tasks, mixers, steps, device, count=n, precision=prec), stack)
         precision = cells[0][1].precision
-        run_dir = out / f"{precision}-{engine}-s{stack}-n{n}"
-        shutil.rmtree(run_dir, ignore_errors=True)
-        grid = GridStudy.open(None, run_dir, f"bench-{precision}-{engine}-{stack}-{n}")
-        grid.sync(cells)
-        t0 = time.perf_counter()
-        with GPUBusy() as busy:
-            run_workers(
-                grid, cells, run_dir, None, n, device, options=RunOptions(logger="none", engine=engine, stack=stack)
-            )
-        wall = time.perf_counter() - t0
-        df = collect(grid, cells)
+        options = RunOptions(logger="none", engine=engine, stack=stack)
+        df, progress, wall, busy = train_together(
+            cells, n, device, out / f"{precision}-{engine}-s{stack}-n{n}", options
+        )
         ok = df[df["status"] == "ok"]
-        files = [cell_dir(run_dir, entry, spec) / PROGRESS_FILE for entry, spec in cells]
-        progress = [pd.read_csv(f) for f in files if f.is_file()]
-        together, window = concurrent_rate(progress) if len(progress) == len(cells) else (float("nan"), 0.0)
+        together, window = concurrent_rate(progress) if all(p is not None for p in progress) else (float("nan"), 0.0)
         rows.append(
             {
                 "precision": precision,
@@ -315,7 +328,7 @@ def time_workers(
                 if len(ok)
                 else float("nan"),
                 "end_to_end_steps_per_s": round(float(ok["steps"].sum()) / wall, 1) if len(ok) else float("nan"),
-                "gpu_busy": round(busy.mean(), 3) if torch.cuda.is_available() else float("nan"),
+                "gpu_busy": round(busy, 3),
                 "wall_s": round(wall, 1),
                 "per_mixer_steps_per_s": json.dumps(
                     (stack * ok.groupby("mixer")["steady_steps_per_s"].median()).round(1).to_dict()

@@ -71,6 +71,10 @@ class TrainConfig:
     #: torch intra-op threads on the CPU: the models are tiny, so one thread per trial is fastest
     #: (run several trials in parallel instead); 0 leaves torch's default
     cpu_threads: int = 1
+    #: 0: training batches padded to the longest training length; k >= 1: batches of near-equal lengths
+    #: (pools of k batches sorted by length), each cut to its longest sequence: the same sequences per epoch,
+    #: less padding (``tasks.datamodule.TrainingStream``); eager steps only
+    length_bucketing: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "train_size", "val_size", "test_size", "eval_batch_size", "eval_every"):
@@ -96,6 +100,14 @@ class TrainConfig:
             )
         if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 0:
             raise ValueError(f"train option cpu_threads must be an integer >= 0, got {self.cpu_threads!r}")
+        if (
+            isinstance(self.length_bucketing, bool)
+            or not isinstance(self.length_bucketing, int)
+            or self.length_bucketing < 0
+        ):
+            raise ValueError(
+                f"train option length_bucketing must be an integer >= 0 (0: off), got {self.length_bucketing!r}"
+            )
 
 
 @dataclasses.dataclass
@@ -165,7 +177,7 @@ class TrialSpec:
         ):
             if d[name] == default:
                 del d[name]
-        for name, default in (("min_lr", 0.0), ("grad_clip", None)):
+        for name, default in (("min_lr", 0.0), ("grad_clip", None), ("length_bucketing", 0)):
             if d["train"][name] == default:
                 del d["train"][name]
         return d
@@ -263,6 +275,7 @@ def build_datamodule(
         train_chunk=chunk,
         extrapolation=extrap,
         device=device,
+        length_bucketing=t.length_bucketing,
     )
 
 
@@ -541,6 +554,11 @@ def run_trial(
     if accelerator == "cpu" and spec.train.cpu_threads > 0:
         torch.set_num_threads(spec.train.cpu_threads)
     engine = options.resolved_engine(accelerator)
+    if spec.train.length_bucketing and engine in GRAPH_ENGINES:
+        raise ValueError(
+            f"train option length_bucketing gives batches of many widths; engine {engine!r} captures one: "
+            "use --engine eager"
+        )
     if out_dir is None:
         with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
             return _run_trial(

@@ -1,0 +1,124 @@
+"""Where a trial's wall time goes: training steps, validations, test passes, set-up and the host's own work.
+
+``PhaseTimer`` is a Lightning callback for ``run_trial(..., callbacks=[timer])``: it times each training
+batch (a Lightning step: one optimizer step eagerly, a chunk of CUDA-graph replays with a graph engine),
+each validation while fitting and each test pass, synchronizing the GPU at each boundary so a phase
+holds the GPU work it launched. The first training batch, which holds the graph engines' warm-up steps,
+capture and compilation (and eager kernels' first-call compilation), is kept apart as ``warmup_s``.
+
+``Phases.project(max_steps, eval_every)`` scales the measured run to a full trial of the preset: set-up,
+warm-up and the test passes once, training steps and host work per optimizer step, validations per
+validation (``max_steps // eval_every`` of them), and gives each phase's share of that trial's wall time.
+The host work (``other``) is what the phases leave of the measured wall time: Lightning's loop between
+steps, logging, checkpoints, tear-down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+#: the phases of a trial's wall time, in the order reports list them
+PHASES = ("setup", "warmup", "train", "validation", "test", "other")
+
+
+def _sync(pl_module) -> float:
+    if pl_module.device.type == "cuda":
+        torch.cuda.synchronize(pl_module.device)
+    return time.perf_counter()
+
+
+class PhaseTimer(Callback):
+    """Times the phases of one ``run_trial`` (see the module docstring); read ``phases(...)`` after it."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, int]] = []  #: (seconds, optimizer steps) per training batch
+        self.validations: list[float] = []
+        self.tests: list[float] = []
+        self._t0 = 0.0
+        self._step0 = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._t0, self._step0 = _sync(pl_module), trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches.append((_sync(pl_module) - self._t0, trainer.global_step - self._step0))
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._t0 = _sync(pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.validations.append(_sync(pl_module) - self._t0)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._t0 = _sync(pl_module)
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self.tests.append(_sync(pl_module) - self._t0)
+
+    def phases(self, wall_s: float, setup_s: float) -> Phases:
+        """The measured phases of a run whose whole wall time was ``wall_s`` with ``setup_s`` of set-up
+        (``run_trial``'s ``setup_time_s``: data sets, model, trainer)."""
+        if len(self.batches) < 2:
+            raise ValueError("timing a trial's phases needs at least two training batches (more --steps)")
+        (warmup_s, warmup_steps), rest = self.batches[0], self.batches[1:]
+        train_s, steps = sum(s for s, _ in rest), sum(n for _, n in rest)
+        validation_s, test_s = sum(self.validations), sum(self.tests)
+        other_s = max(0.0, wall_s - setup_s - warmup_s - train_s - validation_s - test_s)
+        return Phases(
+            setup_s=setup_s,
+            warmup_s=warmup_s,
+            warmup_steps=warmup_steps,
+            train_s=train_s,
+            steps=steps,
+            validation_s=validation_s,
+            validations=len(self.validations),
+            test_s=test_s,
+            other_s=other_s,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Phases:
+    """Measured seconds per phase of one run: ``steps`` optimizer steps after the ``warmup_steps`` of the
+    first batch, ``validations`` validations; ``other`` is the host work the phases leave out."""
+
+    setup_s: float
+    warmup_s: float
+    warmup_steps: int
+    train_s: float
+    steps: int
+    validation_s: float
+    validations: int
+    test_s: float
+    other_s: float
+
+    @property
+    def steps_per_s(self) -> float:
+        """Training steps per second after the first batch (the step's own time: no validation, no host loop)."""
+        return self.steps / self.train_s if self.train_s > 0 else float("nan")
+
+    def project(self, max_steps: int, eval_every: int) -> dict[str, float]:
+        """Seconds per phase (``PHASES``) of a full trial of ``max_steps`` steps validating every ``eval_every``
+        (see the module docstring), and ``total``."""
+        per_step = self.train_s / max(self.steps, 1)
+        per_validation = self.validation_s / self.validations if self.validations else 0.0
+        host_per_step = self.other_s / max(self.steps + self.warmup_steps, 1)
+        seconds = {
+            "setup": self.setup_s,
+            "warmup": self.warmup_s,
+            "train": per_step * max(max_steps - self.warmup_steps, 0),
+            "validation": per_validation * (max_steps // eval_every),
+            "test": self.test_s,
+            "other": host_per_step * max_steps,
+        }
+        return {**seconds, "total": sum(seconds.values())}
+
+    def shares(self, max_steps: int, eval_every: int) -> dict[str, float]:
+        """Each phase's share of the projected full trial's wall time (they sum to 1)."""
+        seconds = self.project(max_steps, eval_every)
+        return {k: seconds[k] / seconds["total"] for k in PHASES}

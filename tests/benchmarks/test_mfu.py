@@ -1,0 +1,208 @@
+"""``python -m benchmarks.training.mfu``: FLOPs per step, device peaks, representative cells, phase timing,
+the workers' waves and the report."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks.training.flops import count_flops, device_peaks, step_flops
+from benchmarks.training.mfu import (
+    main,
+    merged,
+    representative_cells,
+    shape_key,
+    worker_steps,
+    worker_waves,
+)
+from benchmarks.training.phases import PHASES, Phases
+
+
+def test_count_flops_of_linear_layers_forward_and_backward():
+    """Two bias-free linear layers on a batch that needs no gradient: the forward's 2*B*i*o per layer, the
+    backward's weight gradients the same again, and the input gradient of the second layer only."""
+    B, i, h, o = 7, 13, 5, 11
+    net = nn.Sequential(nn.Linear(i, h, bias=False), nn.Linear(h, o, bias=False))
+    x = torch.randn(B, i)
+    flops, custom = count_flops(lambda: net(x).square().sum().backward())
+    forward = 2 * B * (i * h + h * o)
+    assert flops == forward + forward + 2 * B * h * o and custom == []
+
+
+def test_count_flops_names_custom_operators_it_cannot_see_into():
+    @torch.library.custom_op("mfu_test::scaled_matmul", mutates_args=())
+    def scaled_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return 2 * (a @ b)
+
+    @scaled_matmul.register_fake
+    def _(a, b):
+        return a.new_empty(a.shape[0], b.shape[1])
+
+    flops, custom = count_flops(lambda: scaled_matmul(torch.randn(3, 4), torch.randn(4, 5)))
+    assert custom == ["mfu_test::scaled_matmul"]
+
+
+def test_step_flops_of_a_dense_model_follow_six_n_d():
+    """A GRU model's weights are all in matrix products: forward + backward is about 6 FLOPs per parameter
+    per token of the padded batch (the embedding is a lookup, the norms elementwise). Lengths uniform in 3..40:
+    the mean real length is near 21.5."""
+    cell = next(c for c in representative_cells("state-tracking", ["s3"], ["gru"], "cpu") if c.spec.layers == 1)
+    spec = cell.spec
+    row = step_flops(spec, "cpu", sample=2048)
+    assert (row["batch"], row["padded_len"]) == (spec.train.batch_size, 40)
+    assert abs(row["real_len"] - 21.5) < 0.5
+    tokens = row["batch"] * row["padded_len"]
+    assert 0.85 < row["flops"] / (6 * row["n_params"] * tokens) < 1.0
+
+
+def test_step_flops_with_length_bucketing_count_the_cut_batches():
+    """Bucketed batches are cut to their longest sequence: the mean width comes down to near the mean real length,
+    and the FLOPs of a GRU (linear in the width) come down with it."""
+    cell = next(c for c in representative_cells("state-tracking", ["s3"], ["gru"], "cpu") if c.spec.layers == 1)
+    small = dataclasses.replace(cell.spec.train, train_size=4096, batch_size=64)
+    full = step_flops(dataclasses.replace(cell.spec, train=small), "cpu")
+    cut = step_flops(dataclasses.replace(cell.spec, train=dataclasses.replace(small, length_bucketing=16)), "cpu")
+    assert full["padded_len"] == 40 and cut["real_len"] == full["real_len"]
+    assert cut["real_len"] <= cut["padded_len"] < 1.1 * cut["real_len"]
+    assert cut["flops"] < 0.8 * full["flops"]
+
+
+def test_device_peaks_by_name():
+    assert device_peaks("NVIDIA H100 80GB HBM3").bf16 == 989e12
+    assert device_peaks("NVIDIA H200").fp32 == 67e12 and device_peaks("NVIDIA H200").tf32 == 494e12
+    assert device_peaks("NVIDIA H100 PCIe").bf16 == 756e12
+    assert device_peaks("cpu") is None and device_peaks("NVIDIA GeForce GTX 1080") is None
+
+
+def test_representative_cells_stand_for_every_sweep_of_their_shape():
+    """state-tracking: every sweep trains gru at one layer, counting mod 5 and S3 also at two; the tasks differ
+    only in vocabulary, so two cells, each naming the sweeps it stands for (a brute-force grouping of the
+    preset's whole grid gives the same)."""
+    from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
+
+    cells = representative_cells("state-tracking", None, ["gru"], "cpu")
+    assert [(c.spec.mixer, c.spec.layers) for c in cells] == [("gru", 1), ("gru", 2)]
+    groups: dict[int, set[str]] = {}
+    for entry in load_preset("state-tracking")["tasks"]:
+        for spec in build_specs(resolve_sweep(entry, "state-tracking"), "cpu"):
+            if spec.mixer == "gru":
+                groups.setdefault(spec.layers, set()).add(entry)
+    assert {c.spec.layers: set(c.entries) for c in cells} == groups
+    assert len({shape_key(c.spec) for c in representative_cells("grazzi-table3", device="cpu")}) == 14
+
+
+def test_representative_cells_refuse_an_unknown_sweep():
+    with pytest.raises(ValueError, match="no sweep nope"):
+        representative_cells("state-tracking", ["nope"], None, "cpu")
+
+
+def test_phase_projection_to_a_full_trial():
+    """10 steps of 1 ms after a 5-step warm-up, 2 validations of 0.5 s, 3 s of tests, 1.5 s of host work over
+    15 steps: a 1,000-step trial validating every 100 steps has 995 steps, 10 validations, 100 ms of host work."""
+    p = Phases(
+        setup_s=2.0,
+        warmup_s=4.0,
+        warmup_steps=5,
+        train_s=0.01,
+        steps=10,
+        validation_s=1.0,
+        validations=2,
+        test_s=3.0,
+        other_s=1.5,
+    )
+    assert p.steps_per_s == pytest.approx(1000.0)
+    seconds = p.project(1000, 100)
+    assert seconds == pytest.approx(
+        {"setup": 2.0, "warmup": 4.0, "train": 0.995, "validation": 5.0, "test": 3.0, "other": 100.0, "total": 114.995}
+    )
+    shares = p.shares(1000, 100)
+    assert list(shares) == list(PHASES) and sum(shares.values()) == pytest.approx(1.0)
+
+
+def test_worker_waves_cover_every_cell_and_fill_the_last_wave():
+    assert worker_waves(list("abcde"), 2) == [[(0, 0), (1, 0)], [(2, 0), (3, 0)], [(4, 0), (0, 1)]]
+    assert worker_waves(list("ab"), 5) == [[(0, 0), (1, 0), (0, 1), (1, 1), (0, 2)]]
+    assert worker_waves([], 3) == []
+
+
+def test_worker_steps_size_a_trial_for_its_share_of_the_gpu():
+    assert worker_steps(1000.0, 20.0, 16) == 7500  # 1000 * 6/16 steps/s for 20 s
+    assert worker_steps(1000.0, 20.0, 2) == 20000  # two workers: each at most its own rate
+    assert worker_steps(1.0, 1.0, 16) == 50 and worker_steps(float("nan"), 20.0, 16) == 50
+
+
+def test_merged_reports_replace_presets_and_keep_the_others():
+    a, b = {"device": "NVIDIA H200", "command": "a"}, {"device": "NVIDIA H200", "command": "b"}
+    first = merged(None, a, {"p": {"cells": [1]}, "q": {"cells": [2]}})
+    both = merged(first, b, {"q": {"cells": [3]}, "r": {"cells": [4]}})
+    assert both["runs"] == [a, b]
+    assert {k: (v["cells"], v["run"]) for k, v in both["presets"].items()} == {
+        "p": ([1], 0),
+        "q": ([3], 1),
+        "r": ([4], 1),
+    }
+    assert merged(both, a, {"p": {"cells": [5]}})["runs"] == [b, a]  # run 0 no longer used: dropped
+    with pytest.raises(ValueError, match="measured on NVIDIA H200"):
+        merged(first, {"device": "cpu"}, {})
+
+
+def test_quick_report_of_one_cell(tmp_path, capsys):
+    """--quick: one cell alone on the CPU, the report and its JSON; the rates agree with the phases; --merge adds
+    another preset's section without dropping the first."""
+    out = tmp_path / "mfu.md"
+    args = ["--quick", "--tasks", "s3", "--mixers", "transformer", "--out", str(out), "--steps", "8"]
+    assert main(["state-tracking", *args]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    rows = data["presets"]["state-tracking"]["cells"]
+    assert [(r["mixer"], r["layers"]) for r in rows] == [("transformer", 1), ("transformer", 2)]
+    r = rows[0]
+    assert r["engine"] == "eager" and r["phases"]["steps"] == 7 and r["phases"]["validations"] == 1
+    assert r["steps_per_s"] == pytest.approx(r["phases"]["steps"] / r["phases"]["train_s"])
+    assert r["flops"] > 0 and r["batch"] == 8 and r["padded_len"] == 40
+    text = out.read_text()
+    assert "## state-tracking" in text and "device: cpu (no known peak: MFU n/a)" in text
+    assert "| s3 | transformer | 2 |" in text
+    merge = ["--quick", "--tasks", "parity", "--mixers", "transformer", "--out", str(out), "--steps", "4", "--merge"]
+    assert main(["grazzi-table3", *merge]) == 0
+    text = out.read_text()
+    assert "## state-tracking" in text and "## grazzi-table3" in text and "run 2: grazzi-table3" in text
+
+
+def test_quick_report_with_length_bucketing_shows_less_padding(tmp_path):
+    out = tmp_path / "mfu.md"
+    args = ["--quick", "--tasks", "s3", "--mixers", "gru", "--out", str(out), "--length-bucketing", "4"]
+    assert main(["state-tracking", *args]) == 0
+    r = json.loads(out.with_suffix(".json").read_text())["presets"]["state-tracking"]["cells"][0]
+    assert r["engine"] == "eager" and r["real_len"] <= r["padded_len"] < 40
+    assert "length-bucketed batches (pools of 4, eager steps)" in out.read_text()
+
+
+def test_bad_input_is_one_line_of_error(tmp_path, capsys):
+    assert main(["no-such-preset", "--quick", "--out", str(tmp_path / "m.md")]) == 2
+    assert "unknown preset(s) no-such-preset" in capsys.readouterr().err
+    assert main(["state-tracking", "--quick", "--tasks", "s9", "--out", str(tmp_path / "m.md")]) == 2
+    assert "has no sweep s9" in capsys.readouterr().err
+    assert not (tmp_path / "m.md").exists()
+
+
+@pytest.mark.slow
+def test_quick_workers_report_their_tokens_together(tmp_path):
+    """Two cells on two CPU worker processes: both trained in a shared window; the padded tokens per step are
+    the batch times 40 and the real ones the batch times the mean length, so their rates' ratio is the
+    cells' real share."""
+    out = tmp_path / "mfu.md"
+    args = ["--quick", "--tasks", "s3", "--mixers", "gru", "--workers", "2", "--out", str(out)]
+    assert main(["state-tracking", *args, "--scratch", str(tmp_path / "scratch")]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())["presets"]["state-tracking"]
+    together, rows = data["together"], data["cells"]
+    assert together["window_s"] > 0 and len(together["waves"]) == 1
+    assert all(r["with_workers_steps_per_s"] > 0 for r in rows)
+    share = together["real_tokens_per_s"] / together["padded_tokens_per_s"]
+    assert min(r["real_len"] / 40 for r in rows) - 1e-9 <= share <= max(r["real_len"] / 40 for r in rows) + 1e-9
+    assert not math.isnan(together["flops_per_s"]) and together["flops_per_s"] > 0
+    # end to end counts worker start-up and the test passes too: fewer tokens per second than in the window
+    assert 0 < together["end_to_end_real_tokens_per_s"] < together["real_tokens_per_s"]
+    assert "End to end (worker start-up" in out.read_text()
