@@ -30,14 +30,26 @@ from tasks.transduction import Transduction, terminated
 SEP = END = 2
 
 
-def bits_to_int(bits: np.ndarray) -> int:
-    """The integer of little-endian ``bits`` (a 1-D array of 0/1)."""
-    return int((bits[::-1].astype(np.uint8) + 48).tobytes().decode() or "0", 2)
+def row_integers(bits: torch.Tensor) -> list[int]:
+    """The integer of each row of little-endian ``bits`` (``LongTensor (N, w)`` of 0/1), exact at any width."""
+    n, width = bits.shape
+    if width == 0:
+        return [0] * n
+    text = (bits.flip(1).numpy().astype(np.uint8) + 48).tobytes().decode()
+    return [int(text[i * width : (i + 1) * width], 2) for i in range(n)]
 
 
-def int_to_bits(value: int) -> list[int]:
-    """``value``'s little-endian binary digits without leading zeros (``0`` -> ``[0]``)."""
-    return [int(c) for c in reversed(f"{value:b}")]
+def integer_bits(values: list[int], width: int, little_endian: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(bits (N, width), lengths (N,))``: each value's binary digits without leading zeros (``0`` is
+    ``0``), little-endian and zero-filled to ``width`` (or big-endian, zero-filled on the left)."""
+    digits = [f"{v:b}" for v in values]
+    lengths = torch.tensor([len(d) for d in digits], dtype=torch.long)
+    if little_endian:
+        text = "".join(d[::-1].ljust(width, "0") for d in digits)
+    else:
+        text = "".join(d.rjust(width, "0") for d in digits)
+    flat = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64) - 48
+    return torch.from_numpy(flat.reshape(len(values), width).copy()), lengths
 
 
 def nonzero_bits(generator: torch.Generator, lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -70,8 +82,8 @@ class _BinaryOperation(Transduction):
     def operate(self, a: int, b: int) -> int:
         raise NotImplementedError
 
-    def short_answer(self, value: int, n: int) -> list[int]:
-        """The answer for an input of ``n <= 2`` symbols holding ``value``."""
+    def short_answer(self, value: int, n: int) -> tuple[int, int]:
+        """The answer for an input of ``n <= 2`` symbols holding ``value``: (number, digits written)."""
         raise NotImplementedError
 
     def _sample(self, num_samples: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +91,7 @@ class _BinaryOperation(Transduction):
         if n <= 2:
             values = torch.randint(0, 2**n - 1, (num_samples,), generator=g)
             inputs = (values.unsqueeze(1) >> torch.arange(n)) & 1
-            answers = [self.short_answer(int(v), n) for v in values]
+            answers, digits = zip(*(self.short_answer(int(v), n) for v in values)) if num_samples else ((), ())
         else:
             len_a = torch.randint(1, n - 1, (num_samples,), generator=g)
             len_b = n - 1 - len_a
@@ -89,16 +101,11 @@ class _BinaryOperation(Transduction):
             from_b = b.gather(1, (pos - len_a.unsqueeze(1) - 1).clamp_min(0))
             after = pos > len_a.unsqueeze(1)
             inputs = torch.where(pos < len_a.unsqueeze(1), a, torch.where(after, from_b, SEP))
-            a_np, b_np = a.numpy(), b.numpy()
-            answers = [
-                int_to_bits(self.operate(bits_to_int(a_np[i, :la]), bits_to_int(b_np[i, :lb])))
-                for i, (la, lb) in enumerate(zip(len_a.tolist(), len_b.tolist()))
-            ]
-        lengths = torch.tensor([len(r) for r in answers], dtype=torch.long)
-        padded = torch.zeros(num_samples, width, dtype=torch.long)
-        for i, r in enumerate(answers):
-            padded[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        return inputs, terminated(padded, lengths, width, END)
+            answers = [self.operate(x, y) for x, y in zip(row_integers(a), row_integers(b))]
+        bits, lengths = integer_bits(list(answers), width)
+        if n <= 2:
+            lengths = torch.tensor(digits, dtype=torch.long)
+        return inputs, terminated(bits, lengths, width, END)
 
 
 @register_task("binary_addition")
@@ -111,8 +118,8 @@ class BinaryAddition(_BinaryOperation):
     def operate(self, a: int, b: int) -> int:
         return a + b
 
-    def short_answer(self, value: int, n: int) -> list[int]:
-        return int_to_bits(value)
+    def short_answer(self, value: int, n: int) -> tuple[int, int]:
+        return value, len(f"{value:b}")
 
 
 @register_task("binary_multiplication")
@@ -125,8 +132,8 @@ class BinaryMultiplication(_BinaryOperation):
     def operate(self, a: int, b: int) -> int:
         return a * b
 
-    def short_answer(self, value: int, n: int) -> list[int]:
-        return [0] * (n - 1)
+    def short_answer(self, value: int, n: int) -> tuple[int, int]:
+        return 0, n - 1  # n - 1 zeros (Deletang's convention)
 
 
 @register_task("compute_sqrt")
@@ -145,9 +152,6 @@ class ComputeSqrt(Transduction):
     def _sample(self, num_samples: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.seq_len
         little = nonzero_bits(generator, torch.full((num_samples,), n), n)
-        width = self.output_length(n)
-        rows = little.numpy()
-        roots = [math.isqrt(bits_to_int(rows[i])) for i in range(num_samples)]
-        shifts = torch.arange(width - 1, -1, -1)
-        out = torch.tensor([[(r >> int(s)) & 1 for s in shifts] for r in roots], dtype=torch.long)
-        return little.flip(1), out.reshape(num_samples, width)
+        roots = [math.isqrt(v) for v in row_integers(little)]
+        out, _ = integer_bits(roots, self.output_length(n), little_endian=False)
+        return little.flip(1), out

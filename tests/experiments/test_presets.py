@@ -123,3 +123,17 @@ def test_reproduction_presets_state_their_data_departures():
                     assert "no BOS token" in text, name
                 if not plan.task_options.get("distinct"):
                     assert "i.i.d." in text and "distinct" in text, name
+
+
+@pytest.mark.slow
+def test_a_string_task_smoke_sweep_learns(tmp_path):
+    """Reverse string (answers after the input): the smoke sweep's GRU gets the answer slots right at its
+    training lengths on the CPU (measured 99.9% in 51 s on 2 shared cores); chance is 50%."""
+    import pandas as pd
+
+    from experiments.sweep import main
+
+    out = str(tmp_path)
+    assert main(["reverse_string", "--preset", "smoke", "--mixers", "gru", "--out", out, "--no-progress"]) == 0
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert df["len10/acc"].iloc[0] >= 0.9, df["len10/acc"].iloc[0]
