@@ -5,6 +5,10 @@ A bit string ``w`` of ``n // 2`` i.i.d. bits written twice, ``w w``, with one po
 the last position, is the hidden bit. ``n = 1``: the input ``1`` and the label 1 (Deletang's
 convention). Vocabulary 4, classes 2, chance 1/2. Deletang reads the label after the input at one
 extra answer token; here it is at the last position.
+
+``w w`` holds an even number of ones, so the hidden bit is also the parity of the visible bits: a
+two-state automaton solves the task at every length, without comparing the halves (the smoke preset's
+GRU finds it within 200 steps and scores 100% at twice its training length).
 """
 
 from __future__ import annotations

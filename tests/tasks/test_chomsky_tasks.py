@@ -135,6 +135,7 @@ def test_missing_duplicate(n):
         twin = hole + half if hole < half else hole - half
         assert body[twin] == label
         assert all(body[i] == body[i + half] for i in range(half) if i != hole % half)
+        assert label == sum(t for t in body if t != 2) % 2  # the parity shortcut the docstring states
 
 
 @pytest.mark.parametrize("n", LENGTHS)
