@@ -11,10 +11,13 @@ A reproduction preset (``experiments/presets/<name>.yaml``) holds the sweeps and
                                     # each sweep's longest evaluation length
       aggregate: best               # best seed, or mean_at_best_lr
       columns: {khop2: "k-hop k=2 V=5", ...}
-      results: {flashgru: {khop2: [1.00, 17000], ...}, ...}   # [accuracy, parameters (optional)]
+      results: {flashgru: {khop2: [1.00, 17000], ...}, ...}   # [accuracy, parameters (optional)], or
+                                    # {mean: 0.566, std: 0.036, params: 17000} (std, params optional)
       layers: 1                     # the depth of the paper's models (or per sweep: {parity: 2, ...})
       solved: 0.98                  # optional: the accuracy that counts as solved (the paper's threshold)
-      tolerance: 0.15               # optional: instead, a cell agrees when within this of the paper
+      tolerance: 0.15               # optional: instead, a cell agrees when within this of the paper,
+                                    # or {std: 2, min: 0.05}: within max(2 x the paper's std, 0.05)
+      awaiting: {...}               # optional, ignored: rows of models the suite cannot build yet
 
 A sweep at another depth (the preset's ``layers``) shows as a departure row ``<mixer>, <N> layers``
 beside the paper's rows; two sweeps may share a column title (``columns: {mqar: MQAR, mqar_deep: MQAR}``),
@@ -56,13 +59,50 @@ class PaperEntry:
     source: str
     values: dict[str, tuple[float, float]]  #: mixer -> (accuracy in [0, 1], parameters or nan)
     layers: int = 1  #: the depth of the paper's models in this column
+    #: mixer -> the paper's standard deviation over seeds (for cells given as ``{mean, std}``)
+    stds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def paper_tolerance(name: str) -> float | None:
-    """The preset's ``paper: tolerance`` (a cell agrees when within it of the paper's number), or ``None``
-    (a cell agrees when on the same side of 98%)."""
+    """The preset's ``paper: tolerance`` when it is one number (a cell agrees when within it of the
+    paper's number), else ``None`` (no tolerance: a cell agrees when on the same side of 98%; or the
+    per-cell rule of ``paper_agreement``)."""
     tolerance = load_reproduction(name)["paper"].get("tolerance")
-    return None if tolerance is None else float(tolerance)
+    return None if tolerance is None or isinstance(tolerance, dict) else float(tolerance)
+
+
+def paper_agreement(name: str) -> tuple[float, float] | None:
+    """``(k, floor)`` for a preset's ``paper: tolerance: {std: k, min: floor}`` (a cell agrees when within
+    ``max(k × the paper's std over seeds, floor)`` of the paper's mean), else ``None``."""
+    tolerance = load_reproduction(name)["paper"].get("tolerance")
+    if not isinstance(tolerance, dict):
+        return None
+    if set(tolerance) != {"std", "min"}:
+        raise ValueError(f"preset {name!r}: paper: tolerance is a number or {{std: k, min: floor}}, got {tolerance!r}")
+    return float(tolerance["std"]), float(tolerance["min"])
+
+
+def cell_tolerance(name: str, paper_std: float) -> float | None:
+    """The agreement margin of one cell: the preset's number, ``max(k × paper_std, floor)`` under
+    ``paper_agreement`` (a missing std counts as 0), or ``None`` (the solved line decides)."""
+    rule = paper_agreement(name)
+    if rule is None:
+        return paper_tolerance(name)
+    k, floor = rule
+    return max(k * (paper_std if paper_std == paper_std else 0.0), floor)
+
+
+def paper_cell(ref: Any) -> tuple[float, float, float]:
+    """``(accuracy, parameters, std)`` of one ``paper: results`` cell: a number, ``[accuracy, parameters]``
+    or ``{mean: accuracy, std: ..., params: ...}`` (missing parts ``nan``)."""
+    nan = float("nan")
+    if isinstance(ref, dict):
+        unknown = set(ref) - {"mean", "std", "params"}
+        if "mean" not in ref or unknown:
+            raise ValueError(f"a paper cell as a mapping is {{mean, std, params}}, got {ref!r}")
+        return float(ref["mean"]), float(ref.get("params", nan)), float(ref.get("std", nan))
+    ref = list(ref) if isinstance(ref, (list, tuple)) else [ref]
+    return float(ref[0]), float(ref[1]) if len(ref) > 1 else nan, nan
 
 
 def paper_solved(name: str) -> float:
@@ -132,17 +172,18 @@ def paper_entries(name: str) -> list[PaperEntry]:
     aggregate = str(paper.get("aggregate", "best"))
     if aggregate not in AGGREGATES:
         raise ValueError(f"preset {name!r}: paper aggregate must be one of {', '.join(AGGREGATES)}, got {aggregate!r}")
-    nan = float("nan")
     entries = []
     for entry in data.get("tasks", {}):
         plan = resolve_sweep(entry, name)
-        values = {}
+        values, stds = {}, {}
         for mixer, by_entry in (paper.get("results") or {}).items():
             ref = (by_entry or {}).get(entry)
             if ref is None:
                 continue
-            ref = list(ref) if isinstance(ref, (list, tuple)) else [ref]
-            values[mixer] = (float(ref[0]), float(ref[1]) if len(ref) > 1 else nan)
+            accuracy, params, std = paper_cell(ref)
+            values[mixer] = (accuracy, params)
+            if std == std:
+                stds[mixer] = std
         options = dict(plan.task_options)
         if plan.extrapolation:
             options["extrapolation"] = plan.extrapolation
@@ -157,6 +198,7 @@ def paper_entries(name: str) -> list[PaperEntry]:
                 source=str(paper.get("source", name)),
                 values=values,
                 layers=paper_layers(paper, entry),
+                stds=stds,
             )
         )
     order = list(paper.get("columns") or {})
@@ -323,6 +365,7 @@ def compare(name: str, results: dict[str, pd.DataFrame], planned: dict[str, list
         ours = aggregate(df, metric, entry.aggregate, entry.layers).set_index("mixer") if len(df) else pd.DataFrame()
         for mixer in dict.fromkeys([*entry.values, *(ours.index if len(ours) else [])]):
             paper_value, paper_params = entry.values.get(mixer, (float("nan"), float("nan")))
+            paper_std = entry.stds.get(mixer, float("nan"))
             r = ours.loc[mixer] if len(ours) and mixer in ours.index else None
             if r is None and planned is not None and label_mixer(mixer) not in planned.get(entry_name, []):
                 continue
@@ -344,18 +387,34 @@ def compare(name: str, results: dict[str, pd.DataFrame], planned: dict[str, list
                     "missing": int(get("missing", 0)),
                     "paper": paper_value,
                     "paper_params": paper_params,
+                    "paper_std": paper_std,
+                    "tolerance": _none_to_nan(cell_tolerance(name, paper_std)),
                 }
             )
     return pd.DataFrame(rows)
 
 
+def _none_to_nan(x: float | None) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def _row_tolerance(row: Any, default: float | None) -> float | None:
+    """A comparison row's agreement margin (``None``: the solved line decides); ``default`` for a table
+    written before rows carried one."""
+    if "tolerance" not in row:
+        return default
+    t = row["tolerance"]
+    return None if t != t else float(t)
+
+
 def verdict(ours: float, paper: float, tolerance: float | None = None, solved: float = SOLVED) -> str:
     """``✓`` same side of the ``solved`` line as the paper, ``✗`` paper solved it and we did not, ``↑`` the reverse.
-    With ``tolerance`` (a preset's ``paper: tolerance``): ``✓`` within it of the paper, else ``✗`` below, ``↑`` above."""
+    With ``tolerance`` (a preset's ``paper: tolerance``, or a cell's ``cell_tolerance``): ``✓`` within it of
+    the paper (the bound included), else ``✗`` below, ``↑`` above."""
     if ours != ours or paper != paper:
         return ""
     if tolerance is not None:
-        return "✓" if abs(ours - paper) <= tolerance else ("✗" if ours < paper else "↑")
+        return "✓" if abs(ours - paper) <= tolerance + 1e-9 else ("✗" if ours < paper else "↑")  # inclusive
     if (ours >= solved) == (paper >= solved):
         return "✓"
     return "✗" if paper >= solved else "↑"
@@ -397,9 +456,12 @@ def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
             )
             gaps = "".join(f", {int(r[k])} {k}" for k in ("failed", "missing") if r[k])
             warn = " ⚠" if r["skipped"] > SKIPPED_WARNING else ""
+            std = r["paper_std"] if "paper_std" in r else float("nan")
+            paper = _pct(r["paper"]) + (f" ± {100 * std:.1f}" if std == std else "")
+            mark = verdict(r["ours"], r["paper"], _row_tolerance(r, tolerance), solved)
             out[title].append(
-                f"{ours}{_k(r['ours_params'])} / {_pct(r['paper'])}{_k(r['paper_params'])} "
-                f"{verdict(r['ours'], r['paper'], tolerance, solved)}{warn}{' (' + gaps[2:] + ')' if gaps else ''}".strip()
+                f"{ours}{_k(r['ours_params'])} / {paper}{_k(r['paper_params'])} "
+                f"{mark}{warn}{' (' + gaps[2:] + ')' if gaps else ''}".strip()
             )
     return pd.DataFrame(out)
 
@@ -419,10 +481,17 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
         if entries[0].aggregate == "best"
         else f"mean over seeds at the learning rate whose {weights} have the best mean validation accuracy (± std)"
     )
-    tolerance, solved = paper_tolerance(name), paper_solved(name)
-    legend = "Each cell: ours (parameters) / paper (parameters); " + (
-        f"✓ within {tolerance:g} of the paper, ✗ lower, ↑ higher."
+    tolerance, solved, rule = paper_tolerance(name), paper_solved(name), paper_agreement(name)
+    margin = (
+        f"max({rule[0]:g} × the paper's std over seeds, {100 * rule[1]:g} points)"
+        if rule
+        else f"{tolerance:g}"
         if tolerance is not None
+        else None
+    )
+    legend = "Each cell: ours (parameters) / paper (parameters); " + (
+        f"✓ within {margin} of the paper, ✗ lower, ↑ higher."
+        if margin is not None
         else f"✓ same side of {solved:.0%} as the paper, ✗ the paper reaches ≥ {solved:.0%} and we do not, ↑ we reach "
         f"≥ {solved:.0%} where the paper does not."
     )
@@ -474,10 +543,11 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
         "",
         comparison_frame(name, table).to_markdown(index=False, disable_numparse=True),
     ]
-    differ = table[[verdict(o, p, tolerance, solved) in ("✗", "↑") for o, p in zip(table["ours"], table["paper"])]]
-    if tolerance is not None:
+    marks = [verdict(r["ours"], r["paper"], _row_tolerance(r, tolerance), solved) for _, r in table.iterrows()]
+    differ = table[[m in ("✗", "↑") for m in marks]]
+    if margin is not None:
         compared = int(sum(o == o and p == p for o, p in zip(table["ours"], table["paper"])))
-        lines += ["", f"{compared - len(differ)} of {compared} cells within {tolerance:g} of the paper."]
+        lines += ["", f"{compared - len(differ)} of {compared} cells within {margin} of the paper."]
     lines += [
         "",
         f"Preset: `experiments/presets/{name}.yaml`. {' '.join(str(data.get('description', '')).split())}",
@@ -541,13 +611,14 @@ def parameter_counts(preset: str) -> pd.DataFrame:
                     d_model=plan.d_model,
                     conv_kernel=plan.conv_kernel,
                 )
-                cell = paper.get(mixer, {}).get(entry, []) if layers == depth else []
+                cell = paper.get(mixer, {}).get(entry) if layers == depth else None
+                params = paper_cell(cell)[1] if cell is not None else float("nan")
                 rows.append(
                     {
                         "entry": entry,
                         "mixer": model_label(mixer, layers, depth),
                         "ours": count_parameters(SequenceModel(config)),
-                        "paper": int(cell[1]) if len(cell) > 1 else None,
+                        "paper": int(params) if params == params else None,
                     }
                 )
     return pd.DataFrame(rows)

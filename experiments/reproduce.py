@@ -10,8 +10,8 @@ identical cells (pararnn-table1 within pararnn-table6) share their trials. Write
 ``<out>/<NAME>/<entry>/results.csv`` and ``table.md`` per sweep, and ``<out>/<NAME>/reproduction.md``
 (+ ``reproduction.csv``): our numbers next to the paper's, with parameter counts, the budget and the
 device. ``--quick`` shrinks everything (one seed, at most two learning rates and depths, width 32 at
-most, short sequences, a few hundred steps) to check the pipeline on a CPU; its numbers are not a
-reproduction.
+most, short sequences, a few hundred steps; plus the preset's ``quick:`` overrides) to check the
+pipeline on a CPU; its numbers are not a reproduction.
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ def plans_for(name: str, quick: bool = False, overrides: dict[str, Any] | None =
                 over["extrapolation"] = quick_extrapolation(base.extrapolation)
             else:
                 over["task_options"] = {"seq_len": QUICK_SEQ_LEN}
+            for key, value in (data.get("quick") or {}).items():  # the preset's own quick form
+                over[key] = {**over.get(key, {}), **value} if isinstance(value, dict) else value
         for key, value in (overrides or {}).items():
             if value is not None:
                 over[key] = {**over.get(key, {}), **value} if isinstance(value, dict) else value

@@ -112,16 +112,22 @@ class Task:
     def seq_len(self) -> int:
         return self.config.seq_len
 
+    @property
+    def total_len(self) -> int:
+        """The generated sequences' length: ``seq_len`` plus, for a task that answers with a string after
+        its input (``tasks.transduction``), the answer slots."""
+        return self.config.seq_len
+
     def with_options(self, **overrides: Any) -> Task:
         """A copy of this task with some config fields replaced (validated)."""
         return type(self)(**{**dataclasses.asdict(self.config), **overrides})
 
     def generate(self, num_samples: int, seed: SeedLike = 0) -> TaskData:
-        """``num_samples`` sequences of length ``config.seq_len``, deterministic in ``seed``."""
+        """``num_samples`` sequences of length ``total_len``, deterministic in ``seed``."""
         if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 0:
             raise ValueError(f"num_samples must be a non-negative int, got {num_samples!r}")
         data = self._generate(int(num_samples), make_generator(seed))
-        assert data.inputs.shape == data.targets.shape == (num_samples, self.seq_len)
+        assert data.inputs.shape == data.targets.shape == (num_samples, self.total_len)
         return data
 
     def __repr__(self) -> str:

@@ -14,6 +14,11 @@ his vocabulary too: ``input_size = m + 4``) at position 0 before an expression o
 tokens, so the label stays at the last position and every length of the extrapolation protocol
 exists. Vocabulary: ``m + 4``.
 
+``equals=True`` ends the sequence with ``= = m+4`` (vocabulary ``m + 5``) and puts the label there, as
+Grazzi et al. 2025 read it (their generator appends ``=`` and scores the answer at it); ``seq_len``
+then counts the ``=``, so lengths 3..40 are expressions of 2..39 symbols plus the label slot, their
+convention (without ``=``, the suite's 3..40 are expressions of 3..40 symbols, the label on the last).
+
 ``modular_arithmetic_brackets`` (deterministic context-free; Deletang's
 ``tasks/dcf/modular_arithmetic_brackets.py``, used there with ``mult=True``): an expression of
 exactly ``seq_len`` tokens from Deletang's recursion: length 1 ``d``, 2 ``-d``, 3 ``(d)``, 4 ``(-d)``;
@@ -38,14 +43,15 @@ import torch
 from tasks.base import IGNORE_INDEX, Task, TaskData, check, register_task
 
 #: token offsets above the digits (Deletang's ids)
-PLUS, MINUS, TIMES, BLANK = 0, 1, 2, 3
+PLUS, MINUS, TIMES, BLANK, EQUALS = 0, 1, 2, 3, 4
 OPEN, CLOSE = 3, 4
 OPERATOR_CHARS = "+-*"
 
 
-def token_strings(modulus: int, brackets: bool) -> list[str]:
-    """The text of each token id (``["0", ..., "4", "+", "-", "*", "_"]`` for ``modulus=5`` without brackets)."""
-    return [str(d) for d in range(modulus)] + ["+", "-", "*"] + (["(", ")"] if brackets else ["_"])
+def token_strings(modulus: int, brackets: bool, equals: bool = False) -> list[str]:
+    """The text of each token id (``["0", ..., "4", "+", "-", "*", "_"]`` for ``modulus=5`` without brackets;
+    ``"="`` last with ``equals``)."""
+    return [str(d) for d in range(modulus)] + ["+", "-", "*"] + (["(", ")"] if brackets else ["_"]) + ["="] * equals
 
 
 def evaluate_flat(digits: torch.Tensor, ops: torch.Tensor, modulus: int) -> torch.Tensor:
@@ -78,6 +84,8 @@ class ModularArithmeticConfig:
     modulus: int = 5
     #: the operators drawn (uniformly), a non-empty subset of ``+-*``
     operators: str = "+-*"
+    #: end with an ``=`` token that carries the label (Grazzi et al.'s layout); ``seq_len`` counts it
+    equals: bool = False
 
 
 class _ModularExpression(Task):
@@ -103,11 +111,17 @@ class ModularArithmetic(_ModularExpression):
 
     @property
     def vocab_size(self) -> int:
-        return self.config.modulus + 4
+        return self.config.modulus + 4 + self.config.equals
 
     def _validate(self) -> None:
         super()._validate()
         c = self.config
+        check(isinstance(c.equals, bool), self.name, f"equals must be True or False, got {c.equals!r}")
+        check(
+            c.seq_len >= 1 + c.equals,
+            self.name,
+            f"seq_len must be >= {1 + c.equals} (a digit{' and =' if c.equals else ''}), got {c.seq_len}",
+        )
         ops = c.operators
         check(
             isinstance(ops, str) and len(ops) >= 1 and set(ops) <= set(OPERATOR_CHARS) and len(set(ops)) == len(ops),
@@ -117,15 +131,18 @@ class ModularArithmetic(_ModularExpression):
 
     def _generate(self, num_samples: int, generator: torch.Generator) -> TaskData:
         c, n = self.config, num_samples
-        length = c.seq_len if c.seq_len % 2 else c.seq_len - 1  # Deletang: an even length loses one token
+        room = c.seq_len - c.equals  # the expression's tokens, blank included
+        length = room if room % 2 else room - 1  # Deletang: an even length loses one token
         digits = torch.randint(0, c.modulus, (n, length // 2 + 1), generator=generator)
         allowed = torch.tensor([OPERATOR_CHARS.index(o) for o in c.operators])
         ops = allowed[torch.randint(0, len(allowed), (n, length // 2), generator=generator)]
         expression = torch.empty(n, length, dtype=torch.long)
         expression[:, 0::2] = digits
         expression[:, 1::2] = ops + c.modulus
-        if length < c.seq_len:
+        if length < room:
             expression = torch.cat([torch.full((n, 1), c.modulus + BLANK), expression], dim=1)
+        if c.equals:
+            expression = torch.cat([expression, torch.full((n, 1), c.modulus + EQUALS)], dim=1)
         targets = torch.full_like(expression, IGNORE_INDEX)
         targets[:, -1] = evaluate_flat(digits, ops, c.modulus)
         return TaskData(expression, targets)

@@ -1,9 +1,20 @@
 """Multi-query associative recall.
 
-Layout: ``k1 v1 k2 v2 ... kκ vκ`` then queries interleaved with noise. Keys come from
+Layout: ``k1 v1 k2 v2 ... kκ vκ`` then queries interleaved with filler. Keys come from
 ``[1, V/2)`` (token 0 is never a key), values from ``[V/2, V)``, both distinct within a sequence.
-Noise tokens are uniform over the vocabulary minus the context keys. The target at a query position
-is the value paired with that key; every other position is ``-100``.
+The target at a query position is the value paired with that key; every other position is ``-100``.
+
+Placements of the queries after the context:
+
+- ``uniform`` (ours): one query per key at uniform distinct positions, then every other position a
+  query with probability ``query_rate``; filler uniform over the vocabulary minus the context keys.
+- ``power`` (ours): one query per key, at distinct positions after the context drawn with a power law
+  ``p(gap) ∝ a gap^(a-1)`` over every position (odd and even); filler as ``uniform``'s, never a key.
+- ``zoology``: Zoology's generator (Arora et al. 2023, ``zoology/data/associative_recall.py``,
+  ``_mqar``): one query per key, only at even offsets ``2 s`` after the context, the slot ``s`` drawn
+  without replacement from ``[0, (L - 2κ) / 2)`` with ``p(s) ∝ a (s + 1)^(a-1)``; every other position
+  filler uniform over the whole vocabulary, so context keys reappear unscored. Needs an even
+  ``seq_len >= 4κ`` (Zoology's asserts).
 """
 
 from __future__ import annotations
@@ -14,7 +25,7 @@ import torch
 
 from tasks.base import IGNORE_INDEX, Task, TaskData, check, random_subsets, register_task
 
-PLACEMENTS = ("uniform", "power")
+PLACEMENTS = ("uniform", "power", "zoology")
 
 
 @dataclasses.dataclass
@@ -27,7 +38,7 @@ class MQARConfig:
     query_rate: float = 0.25
     #: "uniform": one query per key at random positions, then each other position is a query with
     #: probability query_rate; "power": one query per key only, positions drawn with a power law
-    #: concentrated right after the context (Zoology's layout)
+    #: concentrated right after the context (ours); "zoology": Zoology's generator (module docstring)
     placement: str = "uniform"
     power_a: float = 0.01
 
@@ -85,6 +96,13 @@ class MQAR(Task):
             f"placement must be one of {', '.join(PLACEMENTS)}, got {c.placement!r}",
         )
         check(c.power_a > 0, self.name, f"power_a must be > 0, got {c.power_a}")
+        if c.placement == "zoology":
+            check(
+                c.seq_len % 2 == 0 and 4 * kappa <= c.seq_len,
+                self.name,
+                f"placement zoology needs an even seq_len >= 4*num_kv_pairs, got seq_len {c.seq_len}, "
+                f"num_kv_pairs {kappa}",
+            )
 
     def _query_positions(self, g: torch.Generator, n: int, rest: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(mandatory positions (n, κ) in [0, rest), extra-query mask (n, rest))."""
@@ -93,11 +111,23 @@ class MQAR(Task):
             mandatory = random_subsets(g, n, rest, kappa)
             extra = torch.rand(n, rest, generator=g) < c.query_rate
             return mandatory, extra
-        # Zoology's power law: p(gap) ∝ a * gap^(a-1), gap = 1..rest
+        # a power law over every position after the context: p(gap) ∝ a * gap^(a-1), gap = 1..rest
         gaps = torch.arange(1, rest + 1, dtype=torch.float64)
         weights = (c.power_a * gaps ** (c.power_a - 1)).expand(n, rest)
         mandatory = torch.multinomial(weights, kappa, replacement=False, generator=g)
         return mandatory, torch.zeros(n, rest, dtype=torch.bool)
+
+    def _zoology(self, g: torch.Generator, keys: torch.Tensor, values: torch.Tensor) -> TaskData:
+        """Zoology's layout (module docstring) around the context ``keys``/``values`` (``(N, κ)`` each)."""
+        c, (n, kappa) = self.config, keys.shape
+        slots = torch.arange(1, (c.seq_len - 2 * kappa) // 2 + 1, dtype=torch.float64)
+        weights = (c.power_a * slots ** (c.power_a - 1)).expand(n, len(slots))
+        position = 2 * kappa + 2 * torch.multinomial(weights, kappa, replacement=False, generator=g)
+        inputs = torch.randint(0, c.vocab_size, (n, c.seq_len), generator=g)
+        inputs[:, : 2 * kappa] = torch.stack([keys, values], dim=2).reshape(n, 2 * kappa)
+        inputs.scatter_(1, position, keys)
+        targets = torch.full_like(inputs, IGNORE_INDEX).scatter_(1, position, values)
+        return TaskData(inputs, targets)
 
     def _generate(self, num_samples: int, generator: torch.Generator) -> TaskData:
         c, g, n = self.config, generator, num_samples
@@ -105,6 +135,8 @@ class MQAR(Task):
         rest = length - 2 * kappa
         keys = random_subsets(g, n, half - 1, kappa) + 1  # distinct, in [1, V/2)
         values = random_subsets(g, n, c.vocab_size - half, kappa) + half  # distinct, in [V/2, V)
+        if c.placement == "zoology":
+            return self._zoology(g, keys, values)
 
         # After the context: noise everywhere, then queries (key index per position) on top.
         noise = _without(torch.randint(0, c.vocab_size - kappa, (n, rest), generator=g), keys.sort(dim=1).values)

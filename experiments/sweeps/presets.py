@@ -23,7 +23,8 @@ so one preset can sweep a task in several configurations. ``priority: high`` mar
 are expected to run longest: with ``--workers N --mps`` a quarter of the workers run at the MPS
 server's normal client priority and take these trials first, the rest at below-normal priority
 (``experiments.sweeps.workers.priority_classes``). It changes when trials run, never what they compute.
-Top-level ``paper:`` and ``budget:`` hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``);
+Top-level ``paper:`` and ``budget:`` hold the paper's numbers and the compute budget of reproduction presets (``experiments.reproduce``),
+``quick:`` the overrides its ``--quick`` form adds to every sweep (``{task_options: {seq_len: 32, num_kv_pairs: 2}}``);
 ``budget: {engine: compiled}`` makes ``--engine auto`` (the default) run the preset's trials on CUDA with the compiled
 engine (``experiments.trial.train.RunOptions.gpu_engine``; the CPU stays eager).
 
@@ -81,7 +82,7 @@ SWEEP_KEYS = {
 }
 PRIORITIES = ("normal", "high")
 #: top-level keys of a preset file (``paper``: the paper's numbers, read by ``experiments.reproduce``)
-PRESET_KEYS = {"description", "defaults", "tasks", "paper", "budget", "extends", "only"}
+PRESET_KEYS = {"description", "defaults", "tasks", "paper", "budget", "extends", "only", "quick"}
 
 
 @dataclasses.dataclass

@@ -194,3 +194,25 @@ def test_label_balance():
     assert (flat.bincount(minlength=5).float() / 20000 - 0.2).abs().max() < 0.015
     mult = get_task("modular_arithmetic_brackets", seq_len=101).generate(20000, seed=0).targets[:, -1]
     assert 0.27 < (mult == 0).float().mean() < 0.34
+
+
+@pytest.mark.parametrize("seq_len", [2, 3, 4, 5, 12, 39, 40])
+def test_equals_token_carries_the_label_and_counts_in_seq_len(seq_len):
+    """``equals=True``: the expression, then ``=`` (id m+4) with the label; lengths 3..40 are 2..39
+    expression symbols plus the label slot (Grazzi et al.'s convention)."""
+    task = get_task("modular_arithmetic", seq_len=seq_len, modulus=5, equals=True)
+    assert task.vocab_size == 10
+    data = task.generate(300, seed=seq_len)
+    assert data.inputs.shape == (300, seq_len)
+    for x, y in zip(data.inputs.tolist(), data.targets.tolist()):
+        assert x[-1] == 9 and 9 not in x[:-1] and y[:-1] == [-100] * (seq_len - 1)
+        expression = [t for t in x[:-1] if t != 8]  # without the blank of an even expression length
+        assert len(expression) == (seq_len - 1 if (seq_len - 1) % 2 else seq_len - 2)
+        assert y[-1] == python_value(text(expression, 5, False), 5)
+
+
+def test_equals_needs_room_for_a_digit():
+    with pytest.raises(ValueError, match="seq_len must be >= 2"):
+        get_task("modular_arithmetic", seq_len=1, equals=True)
+    with pytest.raises(ValueError, match="equals must be True or False"):
+        get_task("modular_arithmetic", equals="yes")

@@ -85,3 +85,42 @@ def test_bad_product_names_raise():
         get_task("word_problem", group="A4__Z5")
     with pytest.raises(ValueError, match="exceeds"):
         get_task("word_problem", group="S6_x_Z2")
+
+
+def test_bos_prefixes_an_unscored_token_and_keeps_the_products():
+    from tasks import get_task
+
+    plain = get_task("word_problem", group="A4xZ5", seq_len=9)
+    task = plain.with_options(bos=True)
+    assert task.vocab_size == plain.vocab_size + 1 == 61 and task.total_len == 10
+    a, b = plain.generate(50, seed=4), task.generate(50, seed=4)
+    assert (b.inputs[:, 0] == 60).all() and (b.targets[:, 0] == -100).all()
+    assert torch.equal(b.inputs[:, 1:], a.inputs) and torch.equal(b.targets[:, 1:], a.targets)
+
+
+@pytest.mark.parametrize("group,length,count", [("S3", 3, 216), ("Z5", 4, 600), ("A5", 2, 3000)])
+def test_distinct_rows_cover_without_repeats(group, length, count):
+    """``distinct=True``: no repeated row, up to every sequence of the length (S3 at 3: all 216); the
+    labels are still the products (checked by composing the permutations one by one)."""
+    from tasks import get_task
+    from tasks.groups import get_group
+
+    task = get_task("word_problem", group=group, seq_len=length, distinct=True)
+    data = task.generate(count, seed=1)
+    assert len({tuple(r) for r in data.inputs.tolist()}) == count
+    table = get_group(group).table.tolist()
+    for x, y in zip(data.inputs.tolist()[:200], data.targets.tolist()[:200]):
+        state = x[0]
+        assert y[0] == state
+        for t in range(1, length):
+            state = table[state][x[t]]
+            assert y[t] == state
+    iid = get_task("word_problem", group=group, seq_len=length).generate(count, seed=1)
+    assert len({tuple(r) for r in iid.inputs.tolist()}) < count  # i.i.d. draws repeat at these sizes
+
+
+def test_distinct_refuses_more_sequences_than_exist():
+    from tasks import get_task
+
+    with pytest.raises(ValueError, match="only 6\\^2 = 36 exist"):
+        get_task("word_problem", group="S3", seq_len=2, distinct=True).generate(37, seed=0)
