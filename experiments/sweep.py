@@ -185,10 +185,9 @@ def run(args) -> None:
         "layers": args.layers,
         "d_model": args.d_model,
         "precision": args.precision,
+        "every_mixer": dict(args.mixer_option),
     }
     plan = resolve_sweep(args.task, args.preset, overrides)
-    if args.mixer_option:
-        plan.mixer_options = {m: {**plan.mixer_options.get(m, {}), **dict(args.mixer_option)} for m in plan.mixers}
     # a width other than the preset's gets its own default folder: the tables group cells by mixer and depth
     preset_width = resolve_sweep(args.task, args.preset).d_model
     width = f"-d{args.d_model}" if args.d_model and args.d_model != preset_width else ""

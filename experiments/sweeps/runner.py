@@ -362,7 +362,7 @@ def run_plans(
             counts["queued"],
             counts["waiting"],
             counts["running"],
-            f", {counts['stale']} of dead workers re-queued" if counts["stale"] else "",
+            (f", {counts['stale']} cell(s) of dead workers re-queued" if counts["stale"] else ""),
         )
         from experiments.sweeps.workers import cell_dir
 

@@ -38,6 +38,7 @@ import io
 import json
 import logging
 import os
+import re
 import shlex
 import socket
 import time
@@ -85,6 +86,7 @@ def open_storage(url: str | None, out_dir: Path, stale_timeout: float = STALE_TI
         check_journal(out_dir / JOURNAL_FILE)
         return JournalStorage(JournalFileBackend(str(out_dir / JOURNAL_FILE)))
     if url.startswith(("postgresql", "mysql", "sqlite")):
+        shown = storage_name(url)
         url = _with_driver(url)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats and the retry callback
@@ -98,12 +100,11 @@ def open_storage(url: str | None, out_dir: Path, stale_timeout: float = STALE_TI
                 )
             except ImportError as err:
                 raise ValueError(
-                    f"--storage {url.split('@')[-1]!r} needs a database driver: {err} "
-                    "(pip install 'expressivity-suite[postgres]')"
+                    f"--storage {shown!r} needs a database driver: {err} (pip install 'expressivity-suite[postgres]')"
                 ) from None
             except Exception as err:  # sqlalchemy OperationalError etc.: one line
                 msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise ValueError(f"cannot open --storage (host {url.split('@')[-1]!r}): {msg}") from None
+                raise ValueError(f"cannot open --storage {shown!r}: {msg}") from None
     raise ValueError(
         f"unsupported --storage {url!r}: use postgresql://..., mysql://... or omit it for the journal file"
     )
@@ -185,6 +186,11 @@ def check_journal(path: Path) -> str | None:
     )
     log.warning(message)
     return message
+
+
+def storage_name(url: str) -> str:
+    """A storage URL as messages show it: scheme, host and database, without the user and password."""
+    return re.sub(r"^([a-z0-9+]+://)[^@/]*@", r"\1", url)
 
 
 def _with_driver(url: str) -> str:
