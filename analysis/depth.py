@@ -35,6 +35,7 @@ import pandas as pd
 
 from analysis.cli import run, setup_logging
 from analysis.tables import label_tasks, load_results
+from experiments.sweeps.results import model_labels, varying_axes
 
 log = logging.getLogger("analysis.depth")
 
@@ -94,6 +95,8 @@ def best_values(df: pd.DataFrame, metric: str = "len{L}/exact", lr: str = "val")
         raise ValueError("no finished ('ok') trials in the results")
     ok["group"] = group_names(ok)
     ok["layers"] = _depths(ok)
+    # models that differ in anything but depth (width, precision, options) are lines of their own
+    ok["mixer"] = model_labels(ok, [a for a in varying_axes(ok) if a != "layers"])
     keys = ["group", "mixer", "layers"]
     if lr == "val":
         # a learning rate is chosen per cell: per sweep (one per training length), mixer, depth and seed

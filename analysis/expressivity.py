@@ -64,12 +64,11 @@ def _chance(task: str, config: dict) -> float:
 
 
 def with_model_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with ``mixer`` naming the depth of deeper models (``gru, 2 layers``: a row of its own)."""
-    from experiments.paper import model_label
-    from experiments.sweeps.results import with_layers
+    """``df`` with ``mixer`` naming every axis that varies in the results besides the task: depth, width,
+    precision, mixer options (``gru, 2 layers``, ``signed_deltanet, bf16-mixed``: rows of their own)."""
+    from experiments.sweeps.results import model_labels, with_layers
 
-    df = with_layers(df)
-    return df.assign(mixer=[model_label(m, int(n)) for m, n in zip(df["mixer"], df["layers"])])
+    return with_layers(df).assign(mixer=model_labels(df))
 
 
 def pick_metric(df: pd.DataFrame, metric: str = "auto") -> str:

@@ -367,6 +367,23 @@ class GridStudy:
                 out.setdefault(t.user_attrs["cell"], []).append(t)
         return out
 
+    def other_studies_by_cell(self) -> list[dict[str, list[FrozenTrial]]]:
+        """``trials_by_cell`` of every other study in this folder's own journal (another task's or preset's
+        sweep into the same ``--out``), in the journal's order; none for an RDB storage, whose other
+        studies belong to other folders."""
+        if not isinstance(self.storage, JournalStorage):
+            return []
+        out = []
+        for study in self.storage.get_all_studies():
+            if study.study_name == self.name:
+                continue
+            by_cell: dict[str, list[FrozenTrial]] = {}
+            for t in self.storage.get_all_trials(self.storage.get_study_id_from_name(study.study_name)):
+                if "cell" in t.user_attrs:
+                    by_cell.setdefault(t.user_attrs["cell"], []).append(t)
+            out.append(by_cell)
+        return out
+
     # --- the runs' up-front model checks --------------------------------------------------------------
     def record_check(self, label: str, seconds: float) -> None:
         """Keep one invocation's up-front model check time (``runner.validate_specs``) in the study, as

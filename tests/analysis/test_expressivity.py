@@ -220,3 +220,19 @@ def test_coinciding_lines_stay_visible(results, monkeypatch):
     assert len(curves) == 4  # gru, lstm, elman apart, and mamba
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert {"gru", "lstm", "elman", "mamba"} <= set(legend)
+
+
+def test_a_mixer_run_in_two_precisions_is_two_rows_of_the_map():
+    rows = [
+        {
+            **_row(*PARITY, "signed_deltanet", 0, 1e-3, 0.9, {40: (1.0, 0.98), 80: (1.0, 0.97), 240: (0.9, 0.8)}),
+            "precision": "32-true",
+        },
+        {
+            **_row(*PARITY, "signed_deltanet", 0, 1e-3, 0.8, {40: (0.6, 0.55), 80: (0.5, 0.5), 240: (0.5, 0.5)}),
+            "precision": "bf16-mixed",
+        },
+    ]
+    table = length_table(pd.DataFrame(rows).assign(source="x"), metric="last_acc")
+    at240 = table[table["length"] == 240].set_index("mixer")["value"].to_dict()
+    assert at240 == {"signed_deltanet, 32-true": 0.8, "signed_deltanet, bf16-mixed": 0.5}

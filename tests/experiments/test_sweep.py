@@ -812,3 +812,15 @@ def test_storage_errors_name_the_storage_with_its_scheme_and_without_the_passwor
         "--storage 'postgresql://db.example:5432/sweeps' needs a database driver: No module named 'psycopg2' "
         "(pip install 'expressivity-suite[postgres]')"
     )
+
+
+def test_a_second_task_into_the_same_folder_keeps_the_first_tasks_results(tmp_path):
+    """results.csv and table.md list every finished cell of the folder, whichever command added it."""
+    run_sweep(tiny_plan(["gru"]), tmp_path, progress=False)
+    keep_nth = resolve_sweep("keep_nth", "smoke", {"mixers": ["elman"], "seeds": [0], "lrs": [1e-3], "train": TINY})
+    df = run_sweep(keep_nth, tmp_path, progress=False)
+    assert sorted(zip(df["task"], df["mixer"], df["status"])) == [("keep_nth", "elman", "ok"), ("parity", "gru", "ok")]
+    on_disk = pd.read_csv(tmp_path / "results.csv")
+    assert sorted(on_disk["task"]) == ["keep_nth", "parity"]
+    table = (tmp_path / "table.md").read_text()
+    assert re.search(r"\| parity +\| gru ", table) and re.search(r"\| keep_nth +\| elman ", table)
