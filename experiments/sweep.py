@@ -94,9 +94,7 @@ def parser() -> Parser:
     p.add_argument("task", help=f"one of: {', '.join(sorted(TASKS))}, or a sweep entry of --preset (e.g. khop2)")
     p.add_argument(
         "--preset",
-        default="default",
-        help="named configuration (default: %(default)s, the paper's setup: meant for a GPU; "
-        "on a CPU use --preset smoke)",
+        help="named configuration (default: default, the paper's setup: meant for a GPU; on a CPU use --preset smoke)",
     )
     p.add_argument(
         "--mixers",
@@ -169,7 +167,9 @@ def parser() -> Parser:
 def run(args) -> None:
     """The sweep of the parsed command line: resolve the plan, check the options, run, print the table."""
     from experiments.engines.mps import workers_mps
+    from experiments.trial.train import resolve_device
 
+    chosen, args.preset = args.preset, args.preset or "default"
     if args.task not in TASKS and args.task not in preset_entries(args.preset):
         raise ValueError(f"unknown task {args.task!r}; known tasks: {', '.join(sorted(TASKS))}")
     train_over = dict(args.train_option)
@@ -193,6 +193,14 @@ def run(args) -> None:
     width = f"-d{args.d_model}" if args.d_model and args.d_model != preset_width else ""
     out = args.out or Path("runs") / f"{args.task}-{args.preset}{width}"
     check_run_arguments(args, out)
+    if chosen is None and resolve_device(args.device)[0] == "cpu":
+        cells = len(plan.mixers) * len(plan.layers) * len(plan.seeds) * len(plan.lrs)
+        log.warning(
+            "no --preset: running the 'default' preset, the paper's setup for a GPU, on the CPU: %d cells of "
+            "up to %s steps each (hours to days); for minutes on a CPU: --preset smoke",
+            cells,
+            f"{plan.train.max_steps:,}",
+        )
     with workers_mps(args.mps, args.workers):
         df = run_sweep(
             plan,

@@ -57,14 +57,24 @@ class Progress:
         if enabled and (console is not None or on_terminal()):
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as Bar
+            from rich.progress import Progress as RichProgress
+            from rich.text import Text
+
+            class Bar(RichProgress):
+                """The bar, then its status (the running trials) on lines of their own below it, wrapped at
+                the terminal's width rather than cut."""
+
+                def get_renderables(self):
+                    yield self.make_tasks_table(self.tasks)
+                    for task in self.tasks:
+                        if task.fields.get("status"):
+                            yield Text(task.fields["status"], overflow="fold")
 
             self.bar = Bar(
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                TextColumn("{task.fields[status]}"),
                 transient=False,
                 console=console or Console(stderr=True, force_terminal=True),
             )  # on_terminal() saw one
@@ -122,6 +132,19 @@ class Progress:
             log.info("%s: running: %s", self.label, text)
 
 
+def sweep_eta(cells: list[tuple[Path, int | str, int]], trials: list) -> str:
+    """``"; sweep: at most ~2.1 h left"``: the steps every unfinished cell of ``cells`` (``(cell folder, label,
+    max_steps)``) has left to its budget, at the running ``trials``' summed rate (early stopping ends
+    trials sooner, so it is an upper bound); ``""`` before any rate is known."""
+    from experiments.trial.running import duration, steps_left
+
+    rate = sum(t.rate for t in trials if t.rate == t.rate)
+    if not rate > 0:
+        return ""
+    left = sum(steps_left(folder, max_steps) for folder, _, max_steps in cells)
+    return f"; sweep: at most ~{duration(left / rate)} left ({len(trials)} running)"
+
+
 class RunningMonitor:
     """A thread that reports the running trials of ``cells`` (``(cell folder, label, max_steps)``) to
     ``bar.running`` every ``every`` seconds (every 2 s at most on a live bar); ``every <= 0``: never."""
@@ -141,7 +164,7 @@ class RunningMonitor:
         while not self._stop.wait(self.every):
             trials = running_trials(self.cells, self.since, self.stale_s)
             if trials:
-                self.bar.running("; ".join(t.describe() for t in trials))
+                self.bar.running("; ".join(t.describe() for t in trials) + sweep_eta(self.cells, trials))
 
     def __enter__(self) -> RunningMonitor:
         if self.every > 0:
