@@ -84,7 +84,7 @@ def preset_entries(preset: str) -> list[str]:
 def parser() -> Parser:
     p = Parser(
         prog="python -m experiments.sweep",
-        description="Train single-layer models for every (mixer, seed, learning rate) of a preset on one task, "
+        description="Train models (one layer or several: --layers) for every (mixer, seed, learning rate) of a preset on one task, "
         "as Optuna trials; print and write the accuracy table. Re-running the same command resumes.",
         epilog=f"Tasks: {', '.join(sorted(TASKS))}. Presets: {', '.join(available_presets())} "
         "(files in experiments/presets/). Mixers: see --mixers (a registered name, "

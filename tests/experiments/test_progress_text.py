@@ -59,3 +59,21 @@ def test_no_preset_on_a_cpu_says_so(tmp_path, monkeypatch, caplog, preset, warne
         ]
     else:
         assert said == []
+
+
+def test_the_bf16_rms_norm_notice_is_muted_and_its_fallback_computes_the_same():
+    import warnings
+
+    import torch
+    import torch.nn.functional as F
+
+    from experiments.trial.train import quiet_lightning
+
+    x, w = torch.randn(3, 7, 24).to(torch.bfloat16), torch.randn(24) * 0.5 + 1.0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_lightning()
+        out = F.rms_norm(x, (24,), w, 1e-5)
+    assert not [w for w in seen if "Mismatch dtype" in str(w.message)]
+    ref = x.double() / x.double().pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() * w.double()
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)  # bfloat16 rounding of the result
