@@ -34,6 +34,9 @@ TABLE_METRICS = ("test/acc", "test/last_acc", "test/exact", "extrap/mean_acc", "
 TRAIN_SUBSET_METRIC = "trainset/acc"
 #: a mixer that falls back to the sequential loop in more forwards than this gets a console warning
 FALLBACK_WARNING = 0.05
+#: a trial whose best checkpoint predicts one class at this share of the test positions (``test/top_pred``,
+#: ``experiments.trial.lit.TopPredictionShare``) collapsed to a constant output: flagged in table.md
+COLLAPSED = 0.999
 
 
 def git_describe() -> str:
@@ -369,6 +372,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             "newton_fallback": fallback,
             "newton_retry": retry,
             "newton_skipped": skipped,
+            "collapsed": int((sel["test/top_pred"] >= COLLAPSED).sum()) if "test/top_pred" in sel else 0,
         }
         for col in metric_cols:
             vals = sel[col].dropna() if col in sel else pd.Series(dtype=float)
@@ -413,6 +417,8 @@ def table_frame(df: pd.DataFrame) -> pd.DataFrame:
     )
     if summary["missing"].any():
         table["missing"] = summary["missing"]
+    if summary["collapsed"].any():
+        table["constant output"] = [f"{c}/{n}" if c else "" for c, n in zip(summary["collapsed"], summary["seeds"])]
     for m in metrics:
         table[m.replace("/", " ")] = [
             _fmt(r[f"{m} best"], r[f"{m} mean"], r[f"{m} std"], r["seeds"]) for _, r in summary.iterrows()
@@ -445,6 +451,12 @@ def table_markdown(df: pd.DataFrame) -> str:
         notes.append(
             f"**{n} cell(s) have no result yet** (`missing`: running, waiting or never started): "
             "re-run the same command to finish them."
+        )
+    if "constant output" in table:
+        notes.append(
+            f"`constant output`: seeds whose model predicts one class at ≥ {COLLAPSED:.1%} of the test positions "
+            "(it collapsed to a constant: its accuracy is that class's frequency, whatever the mixer; two such "
+            "rows may agree number for number)."
         )
     if "Newton fallback / retry / skipped" in table:
         notes.append(

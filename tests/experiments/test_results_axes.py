@@ -4,6 +4,7 @@ cells that differ in it are never merged into one row."""
 import random
 
 import pandas as pd
+import pytest
 
 from experiments.sweeps.results import model_labels, summarize, table_frame, varying_axes
 
@@ -69,3 +70,37 @@ def test_an_axis_that_differs_only_between_mixers_is_no_column():
     )
     assert varying_axes(df) == ["layers"]
     assert list(table_frame(df).columns[:4]) == ["task", "mixer", "layers", "params"]
+
+
+def test_a_model_collapsed_to_a_constant_is_flagged():
+    rows = [
+        {**_row("gated_deltanet", seed, 1e-3, 0.5, 0.52), "test/top_pred": top}
+        for seed, top in enumerate((1.0, 0.9995, 0.71))
+    ] + [{**_row("gru", 0, 1e-3, 1.0, 1.0), "test/top_pred": 0.5}]
+    table = table_frame(pd.DataFrame(rows)).set_index("mixer")
+    assert table.loc["gated_deltanet", "constant output"] == "2/3" and table.loc["gru", "constant output"] == ""
+    from experiments.sweeps.results import table_markdown
+
+    assert "`constant output`: seeds whose model predicts one class" in table_markdown(pd.DataFrame(rows))
+
+
+def test_the_top_prediction_share_counts_scored_positions():
+    import torch
+
+    from experiments.trial.lit import TopPredictionShare
+    from tasks import IGNORE_INDEX
+
+    g = torch.Generator().manual_seed(5)
+    metric = TopPredictionShare(7)
+    counts = [0] * 7
+    for n in (3, 11):
+        preds = torch.randint(0, 7, (n, 13), generator=g)
+        targets = torch.randint(0, 7, (n, 13), generator=g)
+        targets[torch.rand(n, 13, generator=g) < 0.4] = IGNORE_INDEX
+        metric.update(preds, targets)
+        for p, t in zip(preds.flatten().tolist(), targets.flatten().tolist()):  # by hand
+            counts[p] += t != IGNORE_INDEX
+    assert float(metric.compute()) == pytest.approx(max(counts) / sum(counts), rel=1e-6)
+    constant = TopPredictionShare(3)
+    constant.update(torch.full((4, 5), 2), torch.zeros(4, 5, dtype=torch.long))
+    assert float(constant.compute()) == 1.0
