@@ -9,6 +9,7 @@ Optuna study, so a worker pool spans all of them: it checks every model builds, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -197,13 +198,40 @@ def _names_the_mixer(message: str, mixer: str) -> bool:
 SLOW_CHECK_S = 5.0
 
 
+@contextlib.contextmanager
+def _still_checking(what: str, every: float = 10.0):
+    """Log ``checking WHAT: N s so far (...)`` every ``every`` seconds while the block runs."""
+    import threading
+
+    done, start = threading.Event(), time.perf_counter()
+
+    def report() -> None:
+        while not done.wait(every):
+            log.info(
+                "checking %s: %.0f s so far (compiling its Triton kernels: the first run on a machine; "
+                "later ones read Triton's cache)",
+                what,
+                time.perf_counter() - start,
+            )
+
+    thread = threading.Thread(target=report, name="model-check", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def validate_specs(cells: list[tuple[str, Any]]) -> float:
     """Build each distinct model once and run it forward and backward on a tiny input on the trials'
     device (with their precision), so configuration errors (an unknown mixer option, something that is
     not a mixer, a GPU-only mixer on a machine without one, a kernel that refuses its backward there)
-    surface before any training. On a GPU the first call of each autotuned Triton kernel (fla's) compiles
-    and times its configurations here: each check slower than ``SLOW_CHECK_S`` is logged with its time,
-    so a long check shows progress. Returns the check's time in seconds."""
+    surface before any training. Autotuned Triton kernels (fla's) run their first configuration only
+    (``experiments.engines.autotune.first_config_only``; a model that fails so is checked again with
+    autotuning), but on a GPU each kernel still compiles on its first call on a machine: a check running
+    longer than 10 s says so every 10 s, and each one slower than ``SLOW_CHECK_S`` is logged with its
+    time. Returns the check's time in seconds."""
     distinct = {}
     for _, spec in cells:
         key = (
@@ -219,23 +247,24 @@ def validate_specs(cells: list[tuple[str, Any]]) -> float:
             spec.device,
         )
         distinct.setdefault(key, spec)
+    from experiments.engines.autotune import first_config_only
+
     t_all = time.perf_counter()
     for n, spec in enumerate(distinct.values(), 1):
         t_model = time.perf_counter()
-        _check_model(spec)
+        what = (
+            f"model {n}/{len(distinct)} ({spec.mixer}, {spec.layers} layer{'' if spec.layers == 1 else 's'}, "
+            f"{spec.task}) on {spec.device or 'cpu'}"
+        )
+        with _still_checking(what):
+            try:
+                with first_config_only():  # one configuration per autotuned kernel: a check, not a tuning
+                    _check_model(spec)
+            except ValueError:
+                _check_model(spec)  # a first configuration that does not fit is not the model's fault
         took = time.perf_counter() - t_model
         if took > SLOW_CHECK_S:
-            log.info(
-                "checked model %d/%d (%s, %d layer%s, %s) on %s in %.0f s",
-                n,
-                len(distinct),
-                spec.mixer,
-                spec.layers,
-                "" if spec.layers == 1 else "s",
-                spec.task,
-                spec.device or "cpu",
-                took,
-            )
+            log.info("checked %s in %.0f s", what, took)
     took = time.perf_counter() - t_all
     if took > SLOW_CHECK_S:
         log.info("checked %d distinct models in %.0f s before training", len(distinct), took)

@@ -77,3 +77,14 @@ def test_the_bf16_rms_norm_notice_is_muted_and_its_fallback_computes_the_same():
     assert not [w for w in seen if "Mismatch dtype" in str(w.message)]
     ref = x.double() / x.double().pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() * w.double()
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)  # bfloat16 rounding of the result
+
+
+def test_a_long_model_check_says_what_it_is_doing(caplog):
+    import time
+
+    from experiments.sweeps.runner import _still_checking
+
+    with caplog.at_level(logging.INFO, logger="experiments"), _still_checking("model 2/7 (deltanet)", every=0.05):
+        time.sleep(0.3)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checking model 2/7 (deltanet): ")]
+    assert len(said) >= 2 and "compiling its Triton kernels" in said[0]
