@@ -35,11 +35,11 @@ import pandas as pd
 
 from analysis.cli import run, setup_logging
 from analysis.tables import label_tasks, load_results
+from experiments.sweeps.results import model_labels, varying_axes
 
 log = logging.getLogger("analysis.depth")
 
 LR_CHOICES = ("val", "max")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*")
 
 
 def metric_columns(df: pd.DataFrame, metric: str) -> dict[int, str]:
@@ -94,6 +94,8 @@ def best_values(df: pd.DataFrame, metric: str = "len{L}/exact", lr: str = "val")
         raise ValueError("no finished ('ok') trials in the results")
     ok["group"] = group_names(ok)
     ok["layers"] = _depths(ok)
+    # models that differ in anything but depth (width, precision, options) are lines of their own
+    ok["mixer"] = model_labels(ok, [a for a in varying_axes(ok) if a != "layers"])
     keys = ["group", "mixer", "layers"]
     if lr == "val":
         # a learning rate is chosen per cell: per sweep (one per training length), mixer, depth and seed
@@ -141,6 +143,11 @@ def min_depth_table(values: pd.DataFrame, threshold: float = 0.9) -> pd.DataFram
     return out.sort_values(["_g", "_m", "length"], kind="stable").drop(columns=["_g", "_m"]).reset_index(drop=True)
 
 
+def _depths_text(layers: Sequence[int]) -> str:
+    """``[1]`` -> ``"depth 1"``, ``[1, 2, 4]`` -> ``"depths 1,2,4"``."""
+    return f"depth {layers[0]}" if len(layers) == 1 else "depths " + ",".join(map(str, layers))
+
+
 def _tried_label(layers: Sequence[int]) -> str:
     layers = sorted(set(layers))
     if layers == list(range(1, layers[-1] + 1)):
@@ -151,19 +158,17 @@ def _tried_label(layers: Sequence[int]) -> str:
 def plot_depth(table: pd.DataFrame, stem: Path, metric: str) -> list[Path]:
     """One panel per group: minimum depth vs length per mixer; lengths no depth solves sit in a band above."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
-    from analysis.plotting import PALETTE, save_figure
+    from analysis.plotting import name_styles, save_figure
 
     groups, mixers = list(dict.fromkeys(table["group"])), list(dict.fromkeys(table["mixer"]))
-    colours = dict(zip(mixers, sns.color_palette(PALETTE, len(mixers))))
-    markers = {m: MARKERS[i % len(MARKERS)] for i, m in enumerate(mixers)}
+    colours, markers = name_styles(mixers)
     spread = min(0.4, 0.1 * (len(mixers) - 1))  # total vertical spread of the mixers' offsets
     offsets = dict(zip(mixers, np.linspace(-spread / 2, spread / 2, len(mixers)) if len(mixers) > 1 else [0.0]))
     cols = min(3, len(groups))
     rows_n = -(-len(groups) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n + 0.8), squeeze=False)
-    plotted = []
+    plotted, fewer = [], {}  # fewer: mixers tried at fewer depths than others in a panel, with theirs
     for ax, group in zip(axes.flat, groups):
         sel = table[table["group"] == group]
         top = int(sel["max_layers"].max())
@@ -192,8 +197,14 @@ def plot_depth(table: pd.DataFrame, stem: Path, metric: str) -> list[Path]:
         if unsolved:
             ax.axhspan(top + 0.5, top + 1.5, color="0.92", zorder=0)
         tried = [int(v) for s in sel["layers_tried"] for v in s.split(",")]
+        # a mixer tried at fewer depths than another is not "none of" depths it never ran: say whose
+        own = {m: sorted({int(v) for s in g["layers_tried"] for v in s.split(",")}) for m, g in sel.groupby("mixer")}
+        band = _tried_label(tried) if len({tuple(v) for v in own.values()}) == 1 else "none of the depths tried"
+        for mixer, depths in own.items():
+            if depths != sorted(set(tried)):
+                fewer[mixer] = depths
         ticks = list(range(1, top + 1)) + ([none_y] if unsolved else [])
-        ax.set_yticks(ticks, [str(t) for t in range(1, top + 1)] + ([_tried_label(tried)] if unsolved else []))
+        ax.set_yticks(ticks, [str(t) for t in range(1, top + 1)] + ([band] if unsolved else []))
         ax.set_ylim(0.5, (none_y if unsolved else top) + 0.5)
         lengths = sorted(set(sel["length"]))
         if lengths[-1] / lengths[0] >= 8:
@@ -207,7 +218,12 @@ def plot_depth(table: pd.DataFrame, stem: Path, metric: str) -> list[Path]:
         ax.set_visible(False)
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=colours[m], marker=markers[m], label=m) for m in mixers]
+    handles = [
+        Line2D([], [], color=colours[m], marker=markers[m], label=f"{m} (tried at {_depths_text(fewer[m])})")
+        if m in fewer
+        else Line2D([], [], color=colours[m], marker=markers[m], label=m)
+        for m in mixers
+    ]
     handles.append(Line2D([], [], color="0.3", marker="x", linestyle="none", label="no depth tried reaches it"))
     fig.legend(handles=handles, title="mixer", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     shown = metric.replace("{L}", "<L>")

@@ -12,9 +12,11 @@ position, so with dense targets it includes the positions inside the training ra
 
 Writes into ``--out`` (default ``analysis-out/expressivity``):
 
-- ``expressivity-map.{png,pdf,csv}``: a heatmap, mixers × tasks, colour = accuracy, one panel per
-  factor of the longest training length (``--factors 2,6``: 2× and 6×; where a task was not evaluated
-  at exactly that length, its nearest evaluated length, which the CSV names);
+- ``expressivity-map.{png,pdf,csv}``: a heatmap, mixers × tasks, the accuracy written in each cell and
+  coloured by accuracy above chance (``(acc - chance) / (1 - chance)``, so chance is the same colour on
+  every task), one panel per factor of the longest training length (``--factors 2,6``: 2× and 6×; where
+  a task was not evaluated at exactly that length, its nearest evaluated length within 1.5× of it,
+  which the CSV names; none that near: the cell is empty);
 - ``expressivity-lengths.{png,pdf,csv}``: per task, accuracy vs evaluation length for every mixer,
   with the longest training length and chance (the task's ``chance_accuracy``, ``1 / classes`` for
   the state-tracking tasks) marked.
@@ -64,12 +66,11 @@ def _chance(task: str, config: dict) -> float:
 
 
 def with_model_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with ``mixer`` naming the depth of deeper models (``gru, 2 layers``: a row of its own)."""
-    from experiments.paper import model_label
-    from experiments.sweeps.results import with_layers
+    """``df`` with ``mixer`` naming every axis that varies in the results besides the task: depth, width,
+    precision, mixer options (``gru, 2 layers``, ``signed_deltanet, bf16-mixed``: rows of their own)."""
+    from experiments.sweeps.results import model_labels, with_layers
 
-    df = with_layers(df)
-    return df.assign(mixer=[model_label(m, int(n)) for m, n in zip(df["mixer"], df["layers"])])
+    return with_layers(df).assign(mixer=model_labels(df))
 
 
 def pick_metric(df: pd.DataFrame, metric: str = "auto") -> str:
@@ -150,23 +151,42 @@ def _ordered(table: pd.DataFrame, mixers: list[str]) -> pd.DataFrame:
     return table.sort_values(["_t", "_m", "length"], kind="stable").drop(columns=["_t", "_m"]).reset_index(drop=True)
 
 
+#: the map uses an evaluated length for a factor's panel only within this ratio of ``factor × train_max_len``
+NEAREST_RATIO = 1.5
+
+
 def map_table(lengths: pd.DataFrame, factors: Sequence[float] = (2, 6)) -> pd.DataFrame:
     """The heatmap's numbers: per (task, mixer, factor) the row of ``lengths`` at ``factor × train_max_len``,
-    or at the evaluated length nearest to it (in log length); adds ``target_factor``."""
+    or at the evaluated length nearest to it (in log length) when that is within ``NEAREST_RATIO`` of it
+    (else no row: the cell stays empty, never another panel's number); adds ``target_factor`` and
+    ``scaled`` (``(value - chance) / (1 - chance)``: 0 at chance on every task; the value where chance is
+    unknown), which colours the map."""
     if not factors or min(factors) <= 0:
         raise ValueError(f"factors must be positive, got {list(factors)}")
-    picked, substituted = [], {}
+    picked, substituted, absent = [], {}, {}
     for (task, _), group in lengths.groupby(["task_label", "mixer"], sort=False):
         for factor in factors:
             want = factor * group["train_max_len"].iloc[0]
             row = group.loc[(np.log(group["length"]) - math.log(want)).abs().idxmin()].copy()
+            if abs(math.log(row["length"] / want)) > math.log(NEAREST_RATIO):
+                absent[(task, want)] = factor
+                continue
             if row["length"] != want:
                 substituted[(task, want)] = row["length"]
             row["target_factor"] = factor
             picked.append(row)
     for (task, want), used in substituted.items():
         log.warning("%s: not evaluated at length %g; the map uses length %d", task, want, used)
-    return pd.DataFrame(picked).reset_index(drop=True)
+    for (task, want), factor in absent.items():
+        log.warning(
+            "%s: no length near %g (%g× training) evaluated: its cell of that panel is empty", task, want, factor
+        )
+    if not picked:
+        raise ValueError(f"no task was evaluated near {', '.join(f'{f:g}x' for f in factors)} its training length")
+    table = pd.DataFrame(picked).reset_index(drop=True)
+    chance = table["chance"].astype(float)
+    table["scaled"] = np.where(chance.notna() & (chance < 1), (table["value"] - chance) / (1 - chance), table["value"])
+    return table
 
 
 # ---------------------------------------------------------------------------------------------- figures
@@ -177,7 +197,7 @@ def plot_map(table: pd.DataFrame, stem: Path) -> list[Path]:
 
     from analysis.plotting import SEQUENTIAL, save_figure
 
-    factors = list(dict.fromkeys(table["target_factor"]))
+    factors = list(dict.fromkeys(table["target_factor"]))  # a factor no task was evaluated near has no panel
     tasks, mixers = list(dict.fromkeys(table["task_label"])), list(dict.fromkeys(table["mixer"]))
     fig, axes = plt.subplots(
         1,
@@ -188,18 +208,19 @@ def plot_map(table: pd.DataFrame, stem: Path) -> list[Path]:
     )
     for i, (ax, factor) in enumerate(zip(axes[0], factors)):
         sel = table[table["target_factor"] == factor]
-        grid = sel.pivot(index="mixer", columns="task_label", values="value").reindex(index=mixers, columns=tasks)
+        values = sel.pivot(index="mixer", columns="task_label", values="value").reindex(index=mixers, columns=tasks)
+        scaled = sel.pivot(index="mixer", columns="task_label", values="scaled").reindex(index=mixers, columns=tasks)
         sns.heatmap(
-            100 * grid,
+            (100 * scaled).clip(lower=0),  # colour: above chance, so chance looks the same on every task
             ax=ax,
             vmin=0,
             vmax=100,
             cmap=SEQUENTIAL,
-            annot=True,
-            fmt=".0f",
+            annot=(100 * values).map(lambda v: "" if v != v else f"{v:.0f}"),  # text: the accuracy itself
+            fmt="",
             linewidths=0.5,
             cbar=i == len(factors) - 1,
-            cbar_kws={"label": f"accuracy (%, {sel['metric'].iloc[0]})"},
+            cbar_kws={"label": "above chance (%): (acc - chance) / (1 - chance), below chance as 0"},
         )
         lengths = sorted(set(sel["length"]))
         at = f"L = {lengths[0]}" if len(lengths) == 1 else f"L = {lengths[0]}…{lengths[-1]}"
@@ -225,6 +246,12 @@ def plot_map(table: pd.DataFrame, stem: Path) -> list[Path]:
         ax.set_xlabel("")
         ax.set_ylabel("" if i else "mixer")
         ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(
+        f"numbers: accuracy (%, {table['metric'].iloc[0]}); colour: accuracy above chance; empty: not evaluated "
+        f"near that length",
+        y=1.02,
+        fontsize="small",
+    )
     return save_figure(fig, stem, table)
 
 
@@ -232,17 +259,19 @@ def plot_lengths(lengths: pd.DataFrame, stem: Path) -> list[Path]:
     """Accuracy vs evaluation length, one panel per task, one line per mixer."""
     import seaborn as sns
 
-    from analysis.plotting import as_categories, save_figure
+    from analysis.plotting import as_categories, name_styles, save_figure
 
     data = as_categories(_dodge_coinciding(lengths), ["task_label", "mixer"])
     tasks = list(data["task_label"].cat.categories)
+    colours, markers = name_styles(data["mixer"].cat.categories)
     grid = sns.relplot(
         data=data,
         x="length",
         y="value",
         hue="mixer",
         style="mixer",
-        markers=True,
+        palette=colours,
+        markers=markers,
         dashes=False,
         col="task_label",
         col_wrap=min(3, len(tasks)),

@@ -19,6 +19,24 @@ PALETTE = "colorblind"
 SEQUENTIAL = "viridis"
 
 
+#: line markers, distinct shapes; with the palette's 10 colours a pair (colour, marker) per name
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*", "d")
+
+
+def name_styles(names: Iterable[str]) -> tuple[dict[str, tuple], dict[str, str]]:
+    """A colour of ``PALETTE`` and a marker per name, in order: name ``i`` gets colour ``i % 10`` and
+    marker ``i % 13``, so no two of up to 130 names share both (seaborn's own choice turns to a hue
+    ramp past the palette's 10 colours and repeats markers)."""
+    import seaborn as sns
+
+    colours = sns.color_palette(PALETTE)
+    names = list(dict.fromkeys(names))
+    return (
+        {n: colours[i % len(colours)] for i, n in enumerate(names)},
+        {n: MARKERS[i % len(MARKERS)] for i, n in enumerate(names)},
+    )
+
+
 def setup_style() -> None:
     """Non-interactive backend, seaborn's whitegrid theme, colour-blind palette, readable fonts."""
     import matplotlib

@@ -127,21 +127,25 @@ def summary_table(df: pd.DataFrame, paper: str | None = None) -> pd.DataFrame:
     """One row per (task configuration, mixer): parameters, seeds, trials, failed, per metric best /
     mean / std over seeds (after the best lr per seed), ``main`` metric; with ``paper``, the paper's
     ``paper`` value, ``paper_params``, ``paper_metric``, ``paper_aggregate``, ``paper_column``."""
-    from experiments.sweeps.results import summarize
+    from experiments.sweeps.results import model_labels, summarize
 
     df = label_tasks(df)
     summary = summarize(df.assign(task=df["task_label"]))
     if summary.empty:
         return summary
     summary = summary.rename(columns={"task": "task_label"})
+    # the row name: the mixer with every axis that varies in the results (depth, width, precision, options)
+    axes = _axes_of(summary)
+    summary.insert(summary.columns.get_loc("mixer") + 1, "model", model_labels(summary, axes))
     first = df.drop_duplicates("task_label").set_index("task_label")
     summary.insert(0, "task", summary["task_label"].map(first["task"]))
     summary.insert(2, "task_config", summary["task_label"].map(first["task_full_config"]))
-    trials = df.groupby(["task_label", "mixer"]).size()
+    df = df.assign(model=model_labels(df, axes))
+    trials = df.groupby(["task_label", "model"]).size()
     summary.insert(
         summary.columns.get_loc("failed"),
         "trials",
-        [int(trials.get((t, m), 0)) for t, m in zip(summary["task_label"], summary["mixer"])],
+        [int(trials.get((t, m), 0)) for t, m in zip(summary["task_label"], summary["model"])],
     )
     entries: list[PaperEntry] = paper_entries(paper) if paper else []
     main, cols = [], {k: [] for k in ("paper_column", "paper_metric", "paper_aggregate", "paper", "paper_params")}
@@ -164,6 +168,13 @@ def summary_table(df: pd.DataFrame, paper: str | None = None) -> pd.DataFrame:
         if unmatched:
             log.warning("no column of paper table %s for: %s", paper, ", ".join(unmatched))
     return summary
+
+
+def _axes_of(summary: pd.DataFrame) -> list[str]:
+    """The ``CELL_AXES`` that ``summarize`` made columns of (layers, and those that vary)."""
+    from experiments.sweeps.results import CELL_AXES
+
+    return [a for a in CELL_AXES if a in summary.columns]
 
 
 # ---------------------------------------------------------------------------------------------- formatting
@@ -228,14 +239,14 @@ def to_markdown(summary: pd.DataFrame, sources: Sequence[str] = (), paper: str |
     overview = pd.DataFrame(
         [
             {
-                "mixer": mixer,
+                "mixer": model,
                 **{
                     head: (_summary_cell(sel.iloc[0]) if len(sel) else "")
                     for label, head in cols
-                    for sel in [summary[(summary["task_label"] == label) & (summary["mixer"] == mixer)]]
+                    for sel in [summary[(summary["task_label"] == label) & (summary["model"] == model)]]
                 },
             }
-            for mixer in dict.fromkeys(summary["mixer"])
+            for model in dict.fromkeys(summary["model"])
         ]
     )
     lines = [
@@ -265,7 +276,8 @@ def to_markdown(summary: pd.DataFrame, sources: Sequence[str] = (), paper: str |
         detail = pd.DataFrame(
             [
                 {
-                    "mixer": str(r["mixer"]),
+                    "mixer": str(r["model"]),
+                    "layers": str(r["layers"]),
                     "params": _params(r["params"]),
                     "seeds": str(r["seeds"]),
                     "trials": str(r["trials"]),
@@ -317,12 +329,12 @@ def to_latex(summary: pd.DataFrame) -> str:
         "Mixer & " + " & ".join(_tex_escape(h) for _, h in cols) + r" \\",
         r"\midrule",
     ]
-    for mixer in dict.fromkeys(summary["mixer"]):
+    for model in dict.fromkeys(summary["model"]):
         cells = []
         for label, _ in cols:
-            sel = summary[(summary["task_label"] == label) & (summary["mixer"] == mixer)]
+            sel = summary[(summary["task_label"] == label) & (summary["model"] == model)]
             cells.append(_tex_escape(_summary_cell(sel.iloc[0], tex=True)) if len(sel) else "")
-        lines.append(_tex_escape(mixer) + " & " + " & ".join(cells) + r" \\")
+        lines.append(_tex_escape(model) + " & " + " & ".join(cells) + r" \\")
     lines += [
         r"\bottomrule",
         r"\end{tabular}",
@@ -337,7 +349,19 @@ def to_csv_frame(summary: pd.DataFrame) -> pd.DataFrame:
         return summary
     front = [
         c
-        for c in ("task", "task_label", "task_config", "mixer", "params", "seeds", "trials", "failed", "main")
+        for c in (
+            "task",
+            "task_label",
+            "task_config",
+            "mixer",
+            "model",
+            "layers",
+            "params",
+            "seeds",
+            "trials",
+            "failed",
+            "main",
+        )
         if c in summary
     ]
     metric_cols = [f"{m} {s}" for m in metrics_of(summary) for s in ("best", "mean", "std")]

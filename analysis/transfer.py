@@ -230,6 +230,10 @@ def _panel(ax, sel: pd.DataFrame, norm, cmap: str, contour: bool):
     return im
 
 
+#: the before-norm panels' log colour scale starts no lower than this (smaller gains take its colour)
+LOG_FLOOR = 1e-4
+
+
 def heatmaps(df: pd.DataFrame, variants: Sequence[str], columns: Sequence[tuple[str, float | None]], title: str):
     """A figure: one row per variant, one column per ``(stage, eps)``; before-norm panels on a log
     colour scale, after-norm panels on a linear [0, 1.25] scale; dashed white line: gain 0.5."""
@@ -240,7 +244,12 @@ def heatmaps(df: pd.DataFrame, variants: Sequence[str], columns: Sequence[tuple[
 
     before = df[(df["stage"] == "before") & df["variant"].isin(variants)]["gain"]
     finite = before[np.isfinite(before) & (before > 0)]
-    log_norm = LogNorm(vmin=max(finite.min(), 1e-4), vmax=max(finite.max(), 1e-3)) if len(finite) else LogNorm(1e-4, 1)
+    log_norm = (
+        LogNorm(vmin=max(finite.min(), LOG_FLOOR), vmax=max(finite.max(), 1e-3))
+        if len(finite)
+        else LogNorm(LOG_FLOOR, 1)
+    )
+    clipped = len(finite) and finite.min() < LOG_FLOOR  # the colour bar says so, and points its end
     lin_norm = Normalize(vmin=0.0, vmax=1.25)
     nrow, ncol = len(variants), len(columns)
     fig, axes = plt.subplots(
@@ -266,7 +275,13 @@ def heatmaps(df: pd.DataFrame, variants: Sequence[str], columns: Sequence[tuple[
                 ax.set_ylabel("input-gate pre-activation")
     before_cols = [c for c, (stage, _) in enumerate(columns) if stage == "before"]
     after_cols = [c for c, (stage, _) in enumerate(columns) if stage == "after"]
-    for cols, label in ((before_cols, "gain before the norm (log scale)"), (after_cols, "gain after the norm")):
+    before_label = "gain before the norm (log scale)" + (
+        f"; values below {LOG_FLOOR:g} (down to {finite.min():.1e}) drawn at {LOG_FLOOR:g}" if clipped else ""
+    )
+    for cols, label, extend in (
+        (before_cols, before_label, "min" if clipped else "neither"),
+        (after_cols, "gain after the norm", "neither"),
+    ):
         if cols:
             fig.colorbar(
                 ims[cols[0]],
@@ -275,6 +290,7 @@ def heatmaps(df: pd.DataFrame, variants: Sequence[str], columns: Sequence[tuple[
                 fraction=0.04 if nrow > 2 else 0.08,
                 aspect=25 * len(cols),
                 label=label,
+                extend=extend,
             )
     fig.suptitle(title)
     return fig

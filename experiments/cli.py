@@ -35,8 +35,10 @@ def training_main(
     parser: argparse.ArgumentParser, argv: list[str] | None, body: Callable[[argparse.Namespace], None]
 ) -> int:
     """A training CLI's ``main``: parse ``argv``, log to the console, run ``body(args)`` under ``run_cli``."""
+    from experiments.engines.autotune import cache_autotuning_on_disk
     from experiments.trial.train import quiet_lightning
 
+    cache_autotuning_on_disk()  # before any Triton kernel is defined; worker processes inherit it
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("experiments").setLevel(logging.DEBUG if getattr(args, "verbose", False) else logging.INFO)

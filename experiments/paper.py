@@ -530,7 +530,9 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
         "",
         f"Metric: {', '.join(f'`{m}`' for m in metrics)} "
         + (
-            "(per column: " + ", ".join(f"{e.title} `{shown[e.entry]}`" for e in entries if e.entry in shown) + "); "
+            "(per column: "
+            + ", ".join(dict.fromkeys(f"{e.title} `{shown[e.entry]}`" for e in entries if e.entry in shown))
+            + "); "
             if len(metrics) > 1
             else "; "
         )

@@ -711,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
         )
         print((out / "probe-report.md").read_text())
+        print(f"report: {out / 'probe-report.md'} (numbers: {out / 'probe.json'})")
         passed.append(numbers["verdict"]["ok"])
 
     passed: list[bool] = []

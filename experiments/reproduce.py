@@ -201,7 +201,8 @@ def run_reproduction(
     every = pd.concat(frames) if frames else pd.DataFrame()
     data = load_reproduction(name)
     train = plans[0].train
-    scheduled_workers = int(data.get("budget", {}).get("workers") or workers or 1)
+    # a full run is laid on the preset's budget of workers; a quick check on the workers it ran with
+    scheduled_workers = int((not quick and data.get("budget", {}).get("workers")) or workers or 1)
     meta = {
         "device": devices_used(every),
         "date": time.strftime("%Y-%m-%d"),
@@ -294,8 +295,10 @@ def run(args) -> None:
             options=run_options(args, args.name),
             progress_every=args.progress_every,
         )
-    text = (out / args.name / "reproduction.md").read_text()
+    report = out / args.name / "reproduction.md"
+    text = report.read_text()
     print(text)
+    print(f"report: {report}" + (f" (copied to {args.copy_to})" if args.copy_to else ""))
     if args.copy_to:
         args.copy_to.parent.mkdir(parents=True, exist_ok=True)
         args.copy_to.write_text(text)

@@ -84,7 +84,7 @@ def preset_entries(preset: str) -> list[str]:
 def parser() -> Parser:
     p = Parser(
         prog="python -m experiments.sweep",
-        description="Train single-layer models for every (mixer, seed, learning rate) of a preset on one task, "
+        description="Train models (one layer or several: --layers) for every (mixer, seed, learning rate) of a preset on one task, "
         "as Optuna trials; print and write the accuracy table. Re-running the same command resumes.",
         epilog=f"Tasks: {', '.join(sorted(TASKS))}. Presets: {', '.join(available_presets())} "
         "(files in experiments/presets/). Mixers: see --mixers (a registered name, "
@@ -94,9 +94,7 @@ def parser() -> Parser:
     p.add_argument("task", help=f"one of: {', '.join(sorted(TASKS))}, or a sweep entry of --preset (e.g. khop2)")
     p.add_argument(
         "--preset",
-        default="default",
-        help="named configuration (default: %(default)s, the paper's setup: meant for a GPU; "
-        "on a CPU use --preset smoke)",
+        help="named configuration (default: default, the paper's setup: meant for a GPU; on a CPU use --preset smoke)",
     )
     p.add_argument(
         "--mixers",
@@ -169,7 +167,9 @@ def parser() -> Parser:
 def run(args) -> None:
     """The sweep of the parsed command line: resolve the plan, check the options, run, print the table."""
     from experiments.engines.mps import workers_mps
+    from experiments.trial.train import resolve_device
 
+    chosen, args.preset = args.preset, args.preset or "default"
     if args.task not in TASKS and args.task not in preset_entries(args.preset):
         raise ValueError(f"unknown task {args.task!r}; known tasks: {', '.join(sorted(TASKS))}")
     train_over = dict(args.train_option)
@@ -185,15 +185,22 @@ def run(args) -> None:
         "layers": args.layers,
         "d_model": args.d_model,
         "precision": args.precision,
+        "every_mixer": dict(args.mixer_option),
     }
     plan = resolve_sweep(args.task, args.preset, overrides)
-    if args.mixer_option:
-        plan.mixer_options = {m: {**plan.mixer_options.get(m, {}), **dict(args.mixer_option)} for m in plan.mixers}
     # a width other than the preset's gets its own default folder: the tables group cells by mixer and depth
     preset_width = resolve_sweep(args.task, args.preset).d_model
     width = f"-d{args.d_model}" if args.d_model and args.d_model != preset_width else ""
     out = args.out or Path("runs") / f"{args.task}-{args.preset}{width}"
     check_run_arguments(args, out)
+    if chosen is None and resolve_device(args.device)[0] == "cpu":
+        cells = len(plan.mixers) * len(plan.layers) * len(plan.seeds) * len(plan.lrs)
+        log.warning(
+            "no --preset: running the 'default' preset, the paper's setup for a GPU, on the CPU: %d cells of "
+            "up to %s steps each (hours to days); for minutes on a CPU: --preset smoke",
+            cells,
+            f"{plan.train.max_steps:,}",
+        )
     with workers_mps(args.mps, args.workers):
         df = run_sweep(
             plan,

@@ -28,3 +28,19 @@ def test_relative_links_resolve(doc):
         if not (doc.parent / path).exists():
             broken.append(target)
     assert not broken, f"{doc.relative_to(ROOT)}: links to missing files: {broken}"
+
+
+def test_the_readme_mixer_table_names_every_registered_mixer():
+    from mixers import MIXERS
+
+    table = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
+    named = {name for line in table for name in re.findall(r"`([a-z0-9_]+)`", line.split("|")[1])}
+    assert sorted(set(MIXERS) - named) == []
+
+
+def test_no_text_calls_the_models_single_layer_only():
+    """Depth is a sweep axis (--layers): the package description and the sweep's --help say so."""
+    from experiments.sweep import parser
+
+    assert "single-layer models" not in (ROOT / "pyproject.toml").read_text()
+    assert "single-layer models" not in parser().format_help()

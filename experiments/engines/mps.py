@@ -4,7 +4,10 @@ Without MPS the GPU time-slices between the worker processes' contexts, so the s
 16 workers never run at the same time; under MPS they share one server context and run
 concurrently. ``cuda_mps()`` starts a private MPS control daemon (its pipe and log folders in a
 temporary directory, exported through ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``
-so the worker processes started inside the block connect to it) and stops it on exit. It changes
+so the worker processes started inside the block connect to it) and stops it on exit: ``quit`` through
+its pipe, then, for the daemon's processes still alive (found by that pipe folder in their
+environment), SIGTERM and SIGKILL; a process that survives even that is named in one warning line with
+the commands that stop it, and its folders are kept so those commands work. It changes
 no GPU setting (compute mode stays as it is). Start it before any process of the run creates a
 CUDA context: processes with a context from before do not use MPS.
 """
@@ -15,6 +18,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -71,6 +75,7 @@ def cuda_mps(enabled: bool = True, control: str = CONTROL) -> Iterator[Path | No
     logs.mkdir()
     saved = {k: os.environ.get(k) for k in ENV_KEYS}
     os.environ.update({"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)})
+    stopped = True
     try:
         started = subprocess.run([exe, "-d"], capture_output=True, text=True, timeout=30)
         if started.returncode != 0:
@@ -84,13 +89,14 @@ def cuda_mps(enabled: bool = True, control: str = CONTROL) -> Iterator[Path | No
         yield pipe
     except BaseException:
         _restore(saved)
-        _quit(exe, pipe, logs)
+        stopped = stop_daemon(exe, pipe, logs)
         raise
     else:
         _restore(saved)
-        _quit(exe, pipe, logs)
+        stopped = stop_daemon(exe, pipe, logs)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if stopped:  # a daemon left running keeps the folders its stop command needs
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _restore(saved: dict[str, str | None]) -> None:
@@ -101,11 +107,80 @@ def _restore(saved: dict[str, str | None]) -> None:
             os.environ[key] = value
 
 
-def _quit(exe: str, pipe: Path, logs: Path) -> None:
+#: seconds: how long ``quit`` through the pipe may take, then how long the daemon's processes get to exit
+#: after it and after each signal
+QUIT_TIMEOUT_S = 15.0
+EXIT_WAIT_S = 5.0
+
+
+def daemon_processes(pipe: Path, control: str) -> list[int]:
+    """Pids of the live MPS processes of the daemon whose pipe folder is ``pipe``: processes with
+    ``CUDA_MPS_PIPE_DIRECTORY=<pipe>`` in their environment that run ``control`` or an
+    ``nvidia-cuda-mps-*`` program (the control daemon and its server; not the workers, which share the
+    variable). This process is never one of them; processes of other users are unreadable and skipped."""
+    marker = f"CUDA_MPS_PIPE_DIRECTORY={pipe}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+            state = next((ln for ln in (entry / "status").read_text().splitlines() if ln.startswith("State:")), "")
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if "Z" in state.split()[1:2]:  # a zombie has exited; its parent has not reaped it yet
+            continue
+        if any(a == control or Path(a).name.startswith("nvidia-cuda-mps") for a in argv):
+            pids.append(int(entry.name))
+    return pids
+
+
+def send_signal(pid: int, sig: int) -> None:
+    """``os.kill`` that ignores a process already gone."""
+    with contextlib.suppress(OSError):
+        os.kill(pid, sig)
+
+
+def _wait_gone(pipe: Path, control: str, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (alive := daemon_processes(pipe, control)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
+def stop_daemon(exe: str, pipe: Path, logs: Path) -> bool:
+    """Stop the private daemon: ``quit -t 5`` through its pipe (at most ``QUIT_TIMEOUT_S``), then SIGTERM and
+    SIGKILL to its processes still alive. True when none is left; otherwise one warning line names the
+    pids and how to stop them."""
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+    quit_error = ""
     try:
         # `-t 5`: stop the server after 5 s even if a client (e.g. this process, which asked for the
         # device count) is still attached; without it quit waits for every client to exit
-        subprocess.run([exe], input="quit -t 5\n", capture_output=True, text=True, timeout=30, env=env)
+        subprocess.run([exe], input="quit -t 5\n", capture_output=True, text=True, timeout=QUIT_TIMEOUT_S, env=env)
     except (OSError, subprocess.SubprocessError) as err:
-        log.warning("could not stop the MPS daemon: %s", err)
+        quit_error = str(err)
+    alive = _wait_gone(pipe, exe, EXIT_WAIT_S)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not alive:
+            break
+        for pid in alive:
+            send_signal(pid, sig)
+        alive = _wait_gone(pipe, exe, EXIT_WAIT_S)
+    if alive:
+        log.warning(
+            "could not stop the MPS daemon (%s; processes %s still run): stop it with "
+            "`echo quit | CUDA_MPS_PIPE_DIRECTORY=%s CUDA_MPS_LOG_DIRECTORY=%s %s` or `kill -9 %s`",
+            quit_error or "quit did not end it",
+            ", ".join(map(str, alive)),
+            pipe,
+            logs,
+            exe,
+            " ".join(map(str, alive)),
+        )
+        return False
+    if quit_error:
+        log.info("MPS daemon stopped by signal (quit through its pipe failed: %s)", quit_error)
+    return True

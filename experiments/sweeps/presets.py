@@ -34,7 +34,9 @@ keeps just those sweeps of the result, in that order. Variants of a table (a sub
 another budget) so state only what differs, and share the cells that do not.
 
 ``resolve_sweep(task, preset)`` merges: the task's structural defaults (``TASK_DEFAULTS``: the
-paper's block and positional encoding per task) < ``defaults`` < ``tasks[task]`` < CLI overrides.
+paper's block and positional encoding per task) < ``defaults`` < ``tasks[task]`` < CLI overrides, then
+parses every task, training, extrapolation and mixer option to its declared type or refuses it in one
+line (``experiments.sweeps.options``).
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ from typing import Any
 
 import yaml
 
+from experiments.sweeps.options import dataclass_types, signature_types, typed_options
 from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS
 from experiments.trial.train import TrainConfig, TrialSpec
-from tasks import ExtrapolationConfig
+from tasks import TASKS, ExtrapolationConfig
 
 #: the YAML files, in ``experiments/presets/`` (beside the CLIs that name them)
 PRESET_DIR = Path(__file__).parents[1] / "presets"
@@ -176,20 +179,53 @@ def _check_options(preset: str, kind: str, options: dict[str, Any], config: type
         )
 
 
+def mixer_option_types(mixer: str) -> dict[str, Any]:
+    """The declared type of each option of ``mixer`` (its factory's parameters; ``{}`` where the name does
+    not resolve: the model check reports that)."""
+    from mixers.build import resolve_mixer, split_options
+
+    try:
+        return signature_types(resolve_mixer(split_options(mixer)[0]))
+    except (ValueError, ImportError, AttributeError):
+        return {}
+
+
+def _typed_mixer_options(mixers: list[str], options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every mixer's options (and those in its name, ``name[key=value]``) parsed to the factory's types."""
+    from mixers.build import split_options
+
+    typed = {}
+    for mixer in mixers:
+        declared = mixer_option_types(mixer)
+        typed_options(split_options(mixer)[1], declared, f"mixer {mixer!r}")
+        typed[mixer] = typed_options(options.get(mixer, {}), declared, f"mixer {mixer!r}")
+    return {**options, **typed}
+
+
 def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] | None = None) -> SweepPlan:
-    """Merge task defaults, the preset and CLI ``overrides`` into a ``SweepPlan``."""
+    """Merge task defaults, the preset and CLI ``overrides`` into a ``SweepPlan``. ``overrides`` holds
+    ``SweepPlan`` fields (``None``: keep the preset's) and ``every_mixer``: options for every mixer
+    (``--mixer-option``), over the preset's per-mixer ones."""
+    overrides = dict(overrides or {})
+    every_mixer = overrides.pop("every_mixer", None) or {}
     data = load_preset(preset)
     tasks = data.get("tasks", {})
     if task not in tasks:
         raise ValueError(f"preset {preset!r} has no sweep for task {task!r}; it covers: {', '.join(tasks) or 'none'}")
     real_task = str((tasks[task] or {}).get("task", task))
     merged = _merge(_merge(TASK_DEFAULTS.get(real_task, {}), data.get("defaults", {})), tasks[task] or {})
-    merged = _merge(merged, {k: v for k, v in (overrides or {}).items() if v is not None})
+    merged = _merge(merged, {k: v for k, v in overrides.items() if v is not None})
     _check_options(preset, "train", merged.get("train", {}), TrainConfig)
+    train = typed_options(merged.get("train", {}), dataclass_types(TrainConfig), "train")
     extrapolation = merged.get("extrapolation")
     if extrapolation:
         _check_options(preset, "extrapolation", extrapolation, ExtrapolationConfig)
+        extrapolation = typed_options(extrapolation, dataclass_types(ExtrapolationConfig), "extrapolation")
         ExtrapolationConfig(**extrapolation)  # ValueError naming the constraint (lengths out of order, ...)
+    real_task = str(merged.get("task", task))
+    task_options = dict(merged.get("task_options", {}))
+    if real_task in TASKS:
+        task_options = typed_options(task_options, dataclass_types(TASKS[real_task].Config), f"{real_task} task")
     priority = str(merged.get("priority", "normal"))
     if priority not in PRIORITIES:
         raise ValueError(
@@ -220,24 +256,29 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
             f"preset {preset!r}: task {task!r}: mixer_options maps a mixer to its options, e.g. "
             f"{{slstm: {{num_heads: 1}}}}; got {mixer_options!r}"
         )
+    mixers = [str(m) for m in merged["mixers"]]
+    mixer_options = {k: dict(v or {}) for k, v in mixer_options.items()}
+    if every_mixer:
+        mixer_options = {m: {**mixer_options.get(m, {}), **every_mixer} for m in mixers}
+    mixer_options = _typed_mixer_options(mixers, mixer_options)
     precision = str(merged.get("precision", PRECISIONS[0]))
     if precision not in PRECISIONS:
         raise ValueError(
             f"preset {preset!r}: task {task!r}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
         )
     return SweepPlan(
-        task=str(merged.get("task", task)),
+        task=real_task,
         preset=preset,
         entry=task,
-        mixers=[str(m) for m in merged["mixers"]],
+        mixers=mixers,
         seeds=[int(s) for s in merged["seeds"]],
         lrs=[float(x) for x in merged["lrs"]],
-        train=TrainConfig(**merged.get("train", {})),
-        task_options=dict(merged.get("task_options", {})),
-        mixer_options={k: dict(v or {}) for k, v in mixer_options.items()},
+        train=TrainConfig(**train),
+        task_options=task_options,
+        mixer_options=mixer_options,
         block=merged.get("block", "mixer"),
         positional=merged.get("positional", "none"),
-        extrapolation=merged.get("extrapolation"),
+        extrapolation=extrapolation or merged.get("extrapolation"),
         description=data.get("description", ""),
         priority=priority,
         layers=list(dict.fromkeys(layers)),

@@ -34,6 +34,9 @@ TABLE_METRICS = ("test/acc", "test/last_acc", "test/exact", "extrap/mean_acc", "
 TRAIN_SUBSET_METRIC = "trainset/acc"
 #: a mixer that falls back to the sequential loop in more forwards than this gets a console warning
 FALLBACK_WARNING = 0.05
+#: a trial whose best checkpoint predicts one class at this share of the test positions (``test/top_pred``,
+#: ``experiments.trial.lit.TopPredictionShare``) collapsed to a constant output: flagged in table.md
+COLLAPSED = 0.999
 
 
 def git_describe() -> str:
@@ -155,8 +158,9 @@ def collect(
     the cell's state (``running``, ``waiting``, or ``missing``: never started, or interrupted and to be re-run).
     With ``every_finished`` (a sweep's folder, whose study is its own), then one row per other done cell
     of the study under the same entries (cells an earlier command of the folder added, e.g. with another
-    ``--mixers``): a command's subset filters what is trained, not what is reported. A reproduction's
-    study is shared by every table, so its reports keep to their own cells.
+    ``--mixers``), then one per done cell of the other studies in the folder's own journal (another task
+    swept into the same ``--out``): a command's subset filters what is trained, not what is reported. A
+    reproduction's study is shared by every table, so its reports keep to their own cells.
 
     ``meta`` (e.g. ``versions()``) fills the version columns of completed trials that did not record
     them; a failed trial's row keeps them empty (it recorded none, and the reporting process's are not its).
@@ -187,6 +191,11 @@ def collect(
             earlier.append((entries.index(entry), _final_trial(trials)))
     for _, trial in sorted(earlier, key=lambda pair: (pair[0], pair[1].number)):
         rows.append(_with_meta(_row(trial.params["entry"], trial), meta))
+    for other in grid.other_studies_by_cell() if every_finished else ():  # other sweeps into the same folder
+        for trials in other.values():
+            if cell_state(trials) == "done":
+                trial = _final_trial(trials)
+                rows.append(_with_meta(_row(trial.params.get("entry", trial.user_attrs["spec"]["task"]), trial), meta))
     return pd.DataFrame(rows)
 
 
@@ -226,19 +235,90 @@ def finished(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_layers(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with an integer ``layers`` column (results written before depth existed: 1)."""
+    """``df`` with an integer ``layers`` column (results written before depth existed: 1) and the other
+    ``CELL_AXES`` it has with their defaults where empty."""
     df = df.copy()
     df["layers"] = df["layers"].fillna(1).astype(int) if "layers" in df else 1
+    for axis, default in AXIS_DEFAULTS.items():
+        if axis in df:
+            df[axis] = df[axis].astype(object).where(df[axis].notna(), default)
     return df
 
 
-def best_over_lrs(df: pd.DataFrame, by: str = "best_val_acc") -> pd.DataFrame:
-    """Per (entry, mixer, layers, seed): the row of the learning rate with the best validation accuracy
-    ``by``: ``best_val_acc`` (the best checkpoint's, default) or ``final_val_acc`` (the final weights')."""
+#: what tells two cells of one sweep entry and mixer apart besides seed and learning rate, with its name in
+#: a table: where one varies in a results file it is a column of every table made from it (``varying_axes``)
+CELL_AXES = {
+    "layers": "layers",
+    "d_model": "width",
+    "precision": "precision",
+    "mixer_config": "mixer options",
+    "task_config": "task options",
+    "extrapolation": "lengths",
+    "block": "block",
+    "positional": "positions",
+    "conv_kernel": "conv",
+    "max_steps": "steps",
+}
+#: an axis's value in results written before it existed
+AXIS_DEFAULTS = {
+    "d_model": D_MODEL,
+    "precision": PRECISIONS[0],
+    "mixer_config": "{}",
+    "task_config": "{}",
+    "extrapolation": "",
+    "conv_kernel": CONV_KERNEL,
+}
+
+
+def varying_axes(df: pd.DataFrame) -> list[str]:
+    """``layers`` and every other ``CELL_AXES`` column that takes more than one value for some (entry, mixer)
+    of ``df``'s rows (a mixer's options differing from another mixer's do not count)."""
+    df = with_layers(df)
+    key = ["entry" if "entry" in df else "task", "mixer"]
+    axes = ["layers"]
+    for axis in CELL_AXES:
+        if axis != "layers" and axis in df and len(df) and df.groupby(key)[axis].nunique(dropna=False).max() > 1:
+            axes.append(axis)
+    return axes
+
+
+def axis_text(axis: str, value: Any) -> str:
+    """An axis value as a table shows it: ``2 layers``, ``d=128``, ``bf16-mixed``, ``num_heads=2``."""
+    if axis == "layers":
+        return f"{int(value)} layer{'s' if int(value) > 1 else ''}"
+    if axis == "d_model":
+        return f"d={int(value)}"
+    if axis in ("mixer_config", "task_config"):
+        options = json.loads(value) if isinstance(value, str) and value.strip() else {}
+        return ",".join(f"{k}={v}" for k, v in sorted(options.items())) or "defaults"
+    if axis == "extrapolation":
+        lengths = json.loads(value) if isinstance(value, str) and value.strip() else None
+        return f"train {lengths['min_len']}-{lengths['max_len']}" if lengths else "no extrapolation"
+    return f"{CELL_AXES[axis]}={value}" if axis in ("conv_kernel", "max_steps") else str(value)
+
+
+def model_labels(df: pd.DataFrame, axes: list[str] | None = None) -> list[str]:
+    """Per row the mixer's name with the values of the varying ``axes`` other than depth 1
+    (``gru, 2 layers``, ``signed_deltanet, bf16-mixed``): the row name of a figure or table whose columns
+    are tasks, so that cells that differ never share a row."""
+    df = with_layers(df)
+    axes = varying_axes(df) if axes is None else axes
+    labels = []
+    for _, r in df.iterrows():
+        parts = [axis_text(a, r[a]) for a in axes if not (a == "layers" and int(r[a]) == LAYERS)]
+        labels.append(", ".join([str(r["mixer"]), *parts]))
+    return labels
+
+
+def best_over_lrs(df: pd.DataFrame, by: str = "best_val_acc", axes: list[str] | None = None) -> pd.DataFrame:
+    """Per (entry, mixer, the varying ``axes`` (default ``varying_axes(df)``), seed): the row of the learning
+    rate with the best validation accuracy ``by``: ``best_val_acc`` (the best checkpoint's, default) or
+    ``final_val_acc`` (the final weights')."""
+    axes = varying_axes(df) if axes is None else axes
     ok = with_layers(df[df["status"] == "ok"])
     if ok.empty:
         return ok
-    keys = ["entry" if "entry" in ok else "task", "mixer", "layers", "seed"]
+    keys = ["entry" if "entry" in ok else "task", "mixer", *axes, "seed"]
     ok["_rank"] = ok[by].fillna(-1.0) if by in ok else -1.0
     idx = ok.groupby(keys)["_rank"].idxmax()
     return ok.loc[idx].drop(columns="_rank")
@@ -258,13 +338,14 @@ def _newton_rates(rows: pd.DataFrame) -> tuple[float, float, float]:
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (entry, mixer, layers): params, counts (seeds with a result, failed, missing), best / mean / std
+    """Per (entry, mixer, and each of the ``varying_axes``: layers, width, precision, options ...): params, counts (seeds with a result, failed, missing), best / mean / std
     over seeds of every metric, and Newton fallback / retry shares."""
     if df.empty:
         return pd.DataFrame()
     df = with_layers(df)
     group_key = "entry" if "entry" in df else "task"
-    best = best_over_lrs(df)
+    axes = varying_axes(df)
+    best = best_over_lrs(df, axes=axes)
     metric_cols = [c for c in TABLE_METRICS if c in best.columns]
     metric_cols += sorted(
         (c for c in best.columns if c.startswith("len") and c.endswith("/acc")), key=lambda c: int(c[3:].split("/")[0])
@@ -273,18 +354,17 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     if TRAIN_SUBSET_METRIC in best.columns:
         metric_cols.append(TRAIN_SUBSET_METRIC)
     rows = []
-    for (entry, mixer, layers), group in df.groupby([group_key, "mixer", "layers"], sort=False):
-        sel = (
-            best[(best[group_key] == entry) & (best["mixer"] == mixer) & (best["layers"] == layers)]
-            if len(best)
-            else best
-        )
+    for (entry, mixer, *values), group in df.groupby([group_key, "mixer", *axes], sort=False):
+        sel = best
+        for col, value in zip([group_key, "mixer", *axes], [entry, mixer, *values]):
+            sel = sel[sel[col] == value] if len(sel) else sel
         fallback, retry, skipped = _newton_rates(group[group["status"] == "ok"])
         row: dict[str, Any] = {
             "entry": entry,
             "task": group["task"].iloc[0],
             "mixer": mixer,
-            "layers": int(layers),
+            **dict(zip(axes, values)),
+            "layers": int(values[0]),
             "params": int(sel["n_params"].iloc[0]) if len(sel) and "n_params" in sel else float("nan"),
             "seeds": len(sel),
             "failed": int((group["status"] == "failed").sum()),
@@ -292,6 +372,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             "newton_fallback": fallback,
             "newton_retry": retry,
             "newton_skipped": skipped,
+            "collapsed": int((sel["test/top_pred"] >= COLLAPSED).sum()) if "test/top_pred" in sel else 0,
         }
         for col in metric_cols:
             vals = sel[col].dropna() if col in sel else pd.Series(dtype=float)
@@ -328,6 +409,7 @@ def table_frame(df: pd.DataFrame) -> pd.DataFrame:
             "task": summary["entry"],
             "mixer": summary["mixer"],
             "layers": summary["layers"],
+            **{CELL_AXES[a]: [axis_text(a, v) for v in summary[a]] for a in varying_axes(df) if a != "layers"},
             "params": [f"{p / 1000:.1f}k" if p == p else "–" for p in summary["params"]],
             "seeds": summary["seeds"],
             "failed": summary["failed"],
@@ -335,6 +417,8 @@ def table_frame(df: pd.DataFrame) -> pd.DataFrame:
     )
     if summary["missing"].any():
         table["missing"] = summary["missing"]
+    if summary["collapsed"].any():
+        table["constant output"] = [f"{c}/{n}" if c else "" for c, n in zip(summary["collapsed"], summary["seeds"])]
     for m in metrics:
         table[m.replace("/", " ")] = [
             _fmt(r[f"{m} best"], r[f"{m} mean"], r[f"{m} std"], r["seeds"]) for _, r in summary.iterrows()
@@ -367,6 +451,12 @@ def table_markdown(df: pd.DataFrame) -> str:
         notes.append(
             f"**{n} cell(s) have no result yet** (`missing`: running, waiting or never started): "
             "re-run the same command to finish them."
+        )
+    if "constant output" in table:
+        notes.append(
+            f"`constant output`: seeds whose model predicts one class at ≥ {COLLAPSED:.1%} of the test positions "
+            "(it collapsed to a constant: its accuracy is that class's frequency, whatever the mixer; two such "
+            "rows may agree number for number)."
         )
     if "Newton fallback / retry / skipped" in table:
         notes.append(

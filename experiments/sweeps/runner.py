@@ -9,6 +9,7 @@ Optuna study, so a worker pool spans all of them: it checks every model builds, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -57,14 +58,24 @@ class Progress:
         if enabled and (console is not None or on_terminal()):
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as Bar
+            from rich.progress import Progress as RichProgress
+            from rich.text import Text
+
+            class Bar(RichProgress):
+                """The bar, then its status (the running trials) on lines of their own below it, wrapped at
+                the terminal's width rather than cut."""
+
+                def get_renderables(self):
+                    yield self.make_tasks_table(self.tasks)
+                    for task in self.tasks:
+                        if task.fields.get("status"):
+                            yield Text(task.fields["status"], overflow="fold")
 
             self.bar = Bar(
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                TextColumn("{task.fields[status]}"),
                 transient=False,
                 console=console or Console(stderr=True, force_terminal=True),
             )  # on_terminal() saw one
@@ -122,6 +133,19 @@ class Progress:
             log.info("%s: running: %s", self.label, text)
 
 
+def sweep_eta(cells: list[tuple[Path, int | str, int]], trials: list) -> str:
+    """``"; sweep: at most ~2.1 h left"``: the steps every unfinished cell of ``cells`` (``(cell folder, label,
+    max_steps)``) has left to its budget, at the running ``trials``' summed rate (early stopping ends
+    trials sooner, so it is an upper bound); ``""`` before any rate is known."""
+    from experiments.trial.running import duration, steps_left
+
+    rate = sum(t.rate for t in trials if t.rate == t.rate)
+    if not rate > 0:
+        return ""
+    left = sum(steps_left(folder, max_steps) for folder, _, max_steps in cells)
+    return f"; sweep: at most ~{duration(left / rate)} left ({len(trials)} running)"
+
+
 class RunningMonitor:
     """A thread that reports the running trials of ``cells`` (``(cell folder, label, max_steps)``) to
     ``bar.running`` every ``every`` seconds (every 2 s at most on a live bar); ``every <= 0``: never."""
@@ -141,7 +165,7 @@ class RunningMonitor:
         while not self._stop.wait(self.every):
             trials = running_trials(self.cells, self.since, self.stale_s)
             if trials:
-                self.bar.running("; ".join(t.describe() for t in trials))
+                self.bar.running("; ".join(t.describe() for t in trials) + sweep_eta(self.cells, trials))
 
     def __enter__(self) -> RunningMonitor:
         if self.every > 0:
@@ -174,13 +198,40 @@ def _names_the_mixer(message: str, mixer: str) -> bool:
 SLOW_CHECK_S = 5.0
 
 
+@contextlib.contextmanager
+def _still_checking(what: str, every: float = 10.0):
+    """Log ``checking WHAT: N s so far (...)`` every ``every`` seconds while the block runs."""
+    import threading
+
+    done, start = threading.Event(), time.perf_counter()
+
+    def report() -> None:
+        while not done.wait(every):
+            log.info(
+                "checking %s: %.0f s so far (compiling its Triton kernels: the first run on a machine; "
+                "later ones read Triton's cache)",
+                what,
+                time.perf_counter() - start,
+            )
+
+    thread = threading.Thread(target=report, name="model-check", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def validate_specs(cells: list[tuple[str, Any]]) -> float:
     """Build each distinct model once and run it forward and backward on a tiny input on the trials'
     device (with their precision), so configuration errors (an unknown mixer option, something that is
     not a mixer, a GPU-only mixer on a machine without one, a kernel that refuses its backward there)
-    surface before any training. On a GPU the first call of each autotuned Triton kernel (fla's) compiles
-    and times its configurations here: each check slower than ``SLOW_CHECK_S`` is logged with its time,
-    so a long check shows progress. Returns the check's time in seconds."""
+    surface before any training. Autotuned Triton kernels (fla's) run their first configuration only
+    (``experiments.engines.autotune.first_config_only``; a model that fails so is checked again with
+    autotuning), but on a GPU each kernel still compiles on its first call on a machine: a check running
+    longer than 10 s says so every 10 s, and each one slower than ``SLOW_CHECK_S`` is logged with its
+    time. Returns the check's time in seconds."""
     distinct = {}
     for _, spec in cells:
         key = (
@@ -196,23 +247,24 @@ def validate_specs(cells: list[tuple[str, Any]]) -> float:
             spec.device,
         )
         distinct.setdefault(key, spec)
+    from experiments.engines.autotune import first_config_only
+
     t_all = time.perf_counter()
     for n, spec in enumerate(distinct.values(), 1):
         t_model = time.perf_counter()
-        _check_model(spec)
+        what = (
+            f"model {n}/{len(distinct)} ({spec.mixer}, {spec.layers} layer{'' if spec.layers == 1 else 's'}, "
+            f"{spec.task}) on {spec.device or 'cpu'}"
+        )
+        with _still_checking(what):
+            try:
+                with first_config_only():  # one configuration per autotuned kernel: a check, not a tuning
+                    _check_model(spec)
+            except ValueError:
+                _check_model(spec)  # a first configuration that does not fit is not the model's fault
         took = time.perf_counter() - t_model
         if took > SLOW_CHECK_S:
-            log.info(
-                "checked model %d/%d (%s, %d layer%s, %s) on %s in %.0f s",
-                n,
-                len(distinct),
-                spec.mixer,
-                spec.layers,
-                "" if spec.layers == 1 else "s",
-                spec.task,
-                spec.device or "cpu",
-                took,
-            )
+            log.info("checked %s in %.0f s", what, took)
     took = time.perf_counter() - t_all
     if took > SLOW_CHECK_S:
         log.info("checked %d distinct models in %.0f s before training", len(distinct), took)
@@ -362,7 +414,7 @@ def run_plans(
             counts["queued"],
             counts["waiting"],
             counts["running"],
-            f", {counts['stale']} of dead workers re-queued" if counts["stale"] else "",
+            (f", {counts['stale']} cell(s) of dead workers re-queued" if counts["stale"] else ""),
         )
         from experiments.sweeps.workers import cell_dir
 

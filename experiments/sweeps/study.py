@@ -38,6 +38,7 @@ import io
 import json
 import logging
 import os
+import re
 import shlex
 import socket
 import time
@@ -85,6 +86,7 @@ def open_storage(url: str | None, out_dir: Path, stale_timeout: float = STALE_TI
         check_journal(out_dir / JOURNAL_FILE)
         return JournalStorage(JournalFileBackend(str(out_dir / JOURNAL_FILE)))
     if url.startswith(("postgresql", "mysql", "sqlite")):
+        shown = storage_name(url)
         url = _with_driver(url)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats and the retry callback
@@ -98,12 +100,11 @@ def open_storage(url: str | None, out_dir: Path, stale_timeout: float = STALE_TI
                 )
             except ImportError as err:
                 raise ValueError(
-                    f"--storage {url.split('@')[-1]!r} needs a database driver: {err} "
-                    "(pip install 'expressivity-suite[postgres]')"
+                    f"--storage {shown!r} needs a database driver: {err} (pip install 'expressivity-suite[postgres]')"
                 ) from None
             except Exception as err:  # sqlalchemy OperationalError etc.: one line
                 msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise ValueError(f"cannot open --storage (host {url.split('@')[-1]!r}): {msg}") from None
+                raise ValueError(f"cannot open --storage {shown!r}: {msg}") from None
     raise ValueError(
         f"unsupported --storage {url!r}: use postgresql://..., mysql://... or omit it for the journal file"
     )
@@ -185,6 +186,11 @@ def check_journal(path: Path) -> str | None:
     )
     log.warning(message)
     return message
+
+
+def storage_name(url: str) -> str:
+    """A storage URL as messages show it: scheme, host and database, without the user and password."""
+    return re.sub(r"^([a-z0-9+]+://)[^@/]*@", r"\1", url)
 
 
 def _with_driver(url: str) -> str:
@@ -359,6 +365,23 @@ class GridStudy:
         for t in self.trials():
             if "cell" in t.user_attrs:
                 out.setdefault(t.user_attrs["cell"], []).append(t)
+        return out
+
+    def other_studies_by_cell(self) -> list[dict[str, list[FrozenTrial]]]:
+        """``trials_by_cell`` of every other study in this folder's own journal (another task's or preset's
+        sweep into the same ``--out``), in the journal's order; none for an RDB storage, whose other
+        studies belong to other folders."""
+        if not isinstance(self.storage, JournalStorage):
+            return []
+        out = []
+        for study in self.storage.get_all_studies():
+            if study.study_name == self.name:
+                continue
+            by_cell: dict[str, list[FrozenTrial]] = {}
+            for t in self.storage.get_all_trials(self.storage.get_study_id_from_name(study.study_name)):
+                if "cell" in t.user_attrs:
+                    by_cell.setdefault(t.user_attrs["cell"], []).append(t)
+            out.append(by_cell)
         return out
 
     # --- the runs' up-front model checks --------------------------------------------------------------

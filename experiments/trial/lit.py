@@ -3,7 +3,8 @@ warmup, torchmetrics token accuracy (micro), exact match and final-position accu
 validation and test sets.
 
 Metric names: ``val/acc``, ``val/exact``, ``val/last_acc``, and for each test set ``<name>/acc``,
-``<name>/exact``, ``<name>/last_acc`` (``test``, then ``len<L>`` per extrapolation length and
+``<name>/exact``, ``<name>/last_acc``, ``<name>/top_pred`` (the share of the most often predicted class:
+1.0 for a model collapsed to a constant output) (``test``, then ``len<L>`` per extrapolation length and
 ``range<a>-<b>`` for a test set of lengths drawn from ``a..b``).
 ``acc`` averages over every scored position, ``last_acc`` scores only the last scored position of
 each sequence (where a single-label task puts its label), so one run gives both readings.
@@ -69,17 +70,34 @@ class LastPositionAccuracy(Metric):
         return self.correct.float() / self.total.clamp_min(1)
 
 
-def _metrics(num_classes: int, prefix: str) -> MetricCollection:
-    return MetricCollection(
-        {
-            "acc": MulticlassAccuracy(num_classes=num_classes, average="micro", ignore_index=IGNORE_INDEX),
-            "exact": MulticlassExactMatch(
-                num_classes=num_classes, multidim_average="global", ignore_index=IGNORE_INDEX
-            ),
-            "last_acc": LastPositionAccuracy(),
-        },
-        prefix=f"{prefix}/",
-    )
+class TopPredictionShare(Metric):
+    """Share of the scored positions whose prediction is the most often predicted class: 1.0 for a model
+    collapsed to a constant output (``update(preds (N, L), targets (N, L))``, class ids in ``[0, num_classes)``)."""
+
+    full_state_update = False
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.add_state("counts", default=torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, targets: torch.Tensor) -> None:
+        self.counts += torch.bincount(preds[targets != IGNORE_INDEX].flatten(), minlength=self.num_classes)
+
+    def compute(self) -> torch.Tensor:
+        return self.counts.max().float() / self.counts.sum().clamp_min(1)
+
+
+def _metrics(num_classes: int, prefix: str, top_pred: bool = False) -> MetricCollection:
+    """Accuracy, exact match and last-position accuracy; with ``top_pred`` (test sets) ``TopPredictionShare``."""
+    metrics = {
+        "acc": MulticlassAccuracy(num_classes=num_classes, average="micro", ignore_index=IGNORE_INDEX),
+        "exact": MulticlassExactMatch(num_classes=num_classes, multidim_average="global", ignore_index=IGNORE_INDEX),
+        "last_acc": LastPositionAccuracy(),
+    }
+    if top_pred:
+        metrics["top_pred"] = TopPredictionShare(num_classes)
+    return MetricCollection(metrics, prefix=f"{prefix}/")
 
 
 def warmup_steps(warmup_ratio: float, max_steps: int) -> int:
@@ -201,7 +219,7 @@ class LitSequenceModel(L.LightningModule):
             if self.stack_seeds is None
             else nn.ModuleList([_metrics(n, f"s{seed}/val") for seed in self.stack_seeds])
         )
-        self.test_metrics = nn.ModuleList([_metrics(n, name) for name in self.test_set_names])
+        self.test_metrics = nn.ModuleList([_metrics(n, name, top_pred=True) for name in self.test_set_names])
         self.automatic_optimization = False  # training_step runs a chunk of optimizer steps (see there)
         # training-step state on the device: written inside the (possibly captured) step, read on the host
         # only when logging or validating

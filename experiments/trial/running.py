@@ -48,11 +48,12 @@ class TrialProgress:
             parts.append(f"val {100 * self.val_acc:.1f}%")
         if self.rate == self.rate:
             parts.append(f"{self.rate:.0f} steps/s" if self.rate >= 10 else f"{self.rate:.1f} steps/s")
-            parts.append(f"~{_duration(self.eta_s)} left")
+            parts.append(f"~{duration(self.eta_s)} left")
         return f"{self.label}: {', '.join(parts)}"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """``42 s``, ``17 min``, ``2.1 h``."""
     seconds = max(0, round(seconds))
     return f"{seconds} s" if seconds < 120 else f"{seconds // 60} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
@@ -99,3 +100,20 @@ def running_trials(
         rate = (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else math.nan
         out.append(TrialProgress(label, s1, max_steps, val, rate))
     return out
+
+
+def steps_left(folder: Path, max_steps: int) -> int:
+    """Steps the cell in ``folder`` has left to ``max_steps``: 0 once its progress file records the end of
+    training, else ``max_steps`` minus its last recorded step (all of them without a file)."""
+    try:
+        with (folder / PROGRESS_FILE).open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 256))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return max_steps
+    for line in reversed(lines):
+        fields = line.split(",")
+        if len(fields) == len(COLUMNS) and fields[1].strip().isdigit():
+            return 0 if fields[3].strip() == "end" else max(0, max_steps - int(fields[1]))
+    return max_steps

@@ -828,8 +828,15 @@ def _best_step(best_path: str, default: int) -> int:
     return trainer_step_of(Path(best_path)) if best_path else default
 
 
+#: torch's notice that ``rms_norm`` of a bfloat16 input (``bf16-mixed`` autocast) with a float32 weight runs
+#: its composite implementation instead of the fused kernel: the same function, so not a user's concern
+RMS_NORM_DTYPE_NOTICE = "Mismatch dtype between input and weight.*Cannot dispatch to fused implementation"
+
+
 def quiet_lightning() -> None:
-    """Silence Lightning's per-run banners (GPU available, LOCAL_RANK, ...)."""
+    """Silence Lightning's per-run banners (GPU available, LOCAL_RANK, ...) and torch's ``rms_norm`` notice
+    under bf16 autocast (``RMS_NORM_DTYPE_NOTICE``)."""
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
+    warnings.filterwarnings("ignore", RMS_NORM_DTYPE_NOTICE, UserWarning)

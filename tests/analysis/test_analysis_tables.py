@@ -1,6 +1,7 @@
 """analysis.tables on a synthetic results file: aggregates equal hand computations."""
 
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -136,7 +137,8 @@ def test_markdown_lengths_in_numeric_order(results):
     md = to_markdown(summary_table(load_results(results)))
     assert md.index("len64 acc") < md.index("len128 acc")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines() if line.startswith("| lstm ")]
-    assert ["lstm", "2.0k", "1", "4", "2"] in [r[:5] for r in rows]  # the parity detail: params, seeds, trials, failed
+    # the parity detail: layers, params, seeds, trials, failed
+    assert ["lstm", "1", "2.0k", "1", "4", "2"] in [r[:6] for r in rows]
 
 
 def test_cli_writes_three_files(results, tmp_path, capsys):
@@ -163,3 +165,26 @@ def test_a_reproduction_folder_reads_every_sweep_below_it(results):
     both = load_results([a.parent.parent])
     assert len(both) == len(load_results([a])) + len(load_results([b]))
     assert set(both["source"]) == {str(a), str(b)}
+
+
+def test_models_that_differ_in_precision_or_depth_are_rows_of_their_own(tmp_path):
+    """signed_deltanet in 32-true and bf16-mixed, gru at 1 and 2 layers: four rows, each its own numbers."""
+    rows = [
+        _row("parity", "signed_deltanet", 0, 1e-3, 0.9, 0.91, extra={"precision": "32-true", "layers": 1}),
+        _row("parity", "signed_deltanet", 0, 1e-3, 0.8, 0.52, extra={"precision": "bf16-mixed", "layers": 1}),
+        _row("parity", "gru", 0, 1e-3, 0.7, 0.63, extra={"precision": "32-true", "layers": 1}),
+        _row("parity", "gru", 0, 1e-3, 0.95, 0.97, extra={"precision": "32-true", "layers": 2}),
+    ]
+    path = tmp_path / "results.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    summary = summary_table(load_results([path]))
+    got = dict(zip(summary["model"], summary["test/acc best"]))
+    assert got == {
+        "signed_deltanet, 32-true": 0.91,
+        "signed_deltanet, bf16-mixed": 0.52,
+        "gru, 32-true": 0.63,
+        "gru, 2 layers, 32-true": 0.97,
+    }
+    md = to_markdown(summary)
+    assert re.search(r"\| signed_deltanet, bf16-mixed +\| 52\.0", md)  # the summary
+    assert re.search(r"\| gru, 2 layers, 32-true +\| 2 +\| 1\.0k", md)  # the detail table's layers column

@@ -113,3 +113,26 @@ def test_cli_bad_variant(tmp_path, capsys):
     assert run(main, ["--variants", "exp,nope", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown variant(s) nope" in err and "sig-max1" in err
+
+
+def test_the_colour_bar_says_when_it_clips_small_gains(table):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analysis.transfer import LOG_FLOOR, heatmaps
+
+    before = table[(table["stage"] == "before") & table["variant"].isin(["exp", "sig"])]
+    smallest = before["gain"][before["gain"] > 0].min()
+    fig = heatmaps(table, ["exp", "sig"], [("before", None), ("after", 1e-6)], "t")
+    labels = [ax.get_xlabel() for ax in fig.axes if "gain before the norm" in ax.get_xlabel()]
+    plt.close(fig)
+    assert len(labels) == 1
+    assert smallest < LOG_FLOOR  # this grid reaches below the floor: the label names the clipping
+    assert f"values below {LOG_FLOOR:g} (down to {smallest:.1e}) drawn at {LOG_FLOOR:g}" in labels[0]
+    lifted = table.assign(gain=table["gain"].where(table["stage"] != "before", table["gain"].clip(lower=LOG_FLOOR)))
+    fig = heatmaps(lifted, ["exp", "sig"], [("before", None), ("after", 1e-6)], "t")
+    labels = [ax.get_xlabel() for ax in fig.axes if "gain before the norm" in ax.get_xlabel()]
+    plt.close(fig)
+    assert labels == ["gain before the norm (log scale)"]  # nothing clipped: nothing said

@@ -157,3 +157,26 @@ def test_cli_writes_the_figure_and_the_plotted_numbers(results, tmp_path):
 def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert run(main, [str(tmp_path / "nowhere.csv")]) == 2
     assert capsys.readouterr().err.startswith("error: no results file")
+
+
+def test_a_mixer_tried_at_fewer_depths_is_not_put_in_a_band_of_depths_it_never_ran(tmp_path, monkeypatch):
+    import analysis.plotting
+
+    rows = [
+        _row("A5", "transformer", 1, 0, 1e-3, 0.8, {4: 0.95, 8: 0.5, 16: 0.1}),
+        _row("A5", "transformer", 2, 0, 1e-3, 0.8, {4: 0.99, 8: 0.95, 16: 0.2}),
+        _row("A5", "rwkv7", 1, 0, 1e-3, 0.8, {4: 0.93, 8: 0.4, 16: 0.1}),  # never tried at depth 2
+    ]
+    path = tmp_path / "results.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    seen = {}
+
+    def keep(fig, stem, data, dpi=None):
+        seen["yticks"] = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels()]
+        seen["legend"] = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+        return []
+
+    monkeypatch.setattr(analysis.plotting, "save_figure", keep)
+    main([str(path), "--out", str(tmp_path / "out")])
+    assert "none of the depths tried" in seen["yticks"] and "none of 1..2" not in seen["yticks"]
+    assert "rwkv7 (tried at depth 1)" in seen["legend"] and "transformer" in seen["legend"]

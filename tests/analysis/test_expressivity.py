@@ -142,7 +142,8 @@ def test_metric_and_aggregate_options(results):
     no_last = df.drop(columns=[c for c in df.columns if c.endswith("/last_acc")])
     assert set(length_table(no_last)["metric"]) == {"acc"}  # auto falls back to acc
     table = map_table(length_table(df), factors=[1])
-    assert set(table["length"]) == {40} and len(table) == 5
+    # count mod 3 was trained to 20 and evaluated from 40 on: no length near 1x, so no cell (not its 2x one)
+    assert set(table["length"]) == {40} and len(table) == 4 and "count mod 3" not in set(table["task_label"])
 
 
 def test_bad_input(results, tmp_path):
@@ -220,3 +221,70 @@ def test_coinciding_lines_stay_visible(results, monkeypatch):
     assert len(curves) == 4  # gru, lstm, elman apart, and mamba
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert {"gru", "lstm", "elman", "mamba"} <= set(legend)
+
+
+def test_a_mixer_run_in_two_precisions_is_two_rows_of_the_map():
+    rows = [
+        {
+            **_row(*PARITY, "signed_deltanet", 0, 1e-3, 0.9, {40: (1.0, 0.98), 80: (1.0, 0.97), 240: (0.9, 0.8)}),
+            "precision": "32-true",
+        },
+        {
+            **_row(*PARITY, "signed_deltanet", 0, 1e-3, 0.8, {40: (0.6, 0.55), 80: (0.5, 0.5), 240: (0.5, 0.5)}),
+            "precision": "bf16-mixed",
+        },
+    ]
+    table = length_table(pd.DataFrame(rows).assign(source="x"), metric="last_acc")
+    at240 = table[table["length"] == 240].set_index("mixer")["value"].to_dict()
+    assert at240 == {"signed_deltanet, 32-true": 0.8, "signed_deltanet, bf16-mixed": 0.5}
+
+
+def test_the_map_is_coloured_above_chance_and_leaves_unevaluated_lengths_empty(monkeypatch):
+    """Parity at 51% and S3 at 16% are both chance: the same colour; a task evaluated only up to 2x has
+    an empty 6x cell, not its 2x number."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import analysis.plotting
+    from analysis import expressivity
+
+    short = json.dumps({"min_len": 3, "max_len": 40, "eval_lengths": [40, 80]})
+    rows = [
+        _row(*PARITY, "gru", 0, 1e-3, 0.5, {40: (0.52, 0.51), 80: (0.5, 0.51), 240: (0.5, 0.51)}),
+        _row(*S3, "gru", 0, 1e-3, 0.2, {40: (0.2, 1 / 6), 80: (0.2, 1 / 6), 240: (0.2, 1 / 6)}),
+        _row("modular_count", {"m": 5}, short, "lstm", 0, 1e-3, 0.9, {40: (1.0, 1.0), 80: (0.9, 0.9)}),
+    ]
+    table = map_table(length_table(pd.DataFrame(rows), metric="last_acc"))
+    scaled = {(r.task_label, r.mixer, r.target_factor): r.scaled for r in table.itertuples()}
+    assert scaled[("parity", "gru", 6)] == pytest.approx(0.02) and scaled[("S3 word", "gru", 6)] == pytest.approx(0)
+    lstm = table[table["mixer"] == "lstm"]
+    assert list(lstm["target_factor"]) == [2] and list(lstm["length"]) == [80]  # no 6x cell for it
+    figures = []
+    monkeypatch.setattr(analysis.plotting, "save_figure", lambda fig, stem, data: figures.append(fig) or [])
+    expressivity.plot_map(table, None)
+    texts = _figure_texts(figures[0])
+    assert any("colour: accuracy above chance" in t for t in texts)
+    two, six = figures[0].axes[0], figures[0].axes[1]
+    assert sorted(t.get_text() for t in two.texts) == ["17", "51", "90"]
+    assert sorted(t.get_text() for t in six.texts) == ["17", "51"]  # the lstm cell at 6x is empty, not 90
+
+
+def test_twelve_mixers_get_colour_blind_colours_and_distinct_styles(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import seaborn as sns
+
+    import analysis.plotting
+    from analysis import expressivity
+
+    names = [f"m{i}" for i in range(11)] + ["my_cells:MinimalGRU"]
+    rows = [_row(*PARITY, m, 0, 1e-3, 0.9, {40: (0.9, 0.9), 80: (0.1 * i, 0.05 * i)}) for i, m in enumerate(names)]
+    figures = []
+    monkeypatch.setattr(analysis.plotting, "save_figure", lambda fig, stem, data: figures.append(fig) or [])
+    expressivity.plot_lengths(length_table(pd.DataFrame(rows)), None)
+    lines = {line.get_label(): line for ax in figures[0].axes for line in ax.get_lines() if line.get_label() in names}
+    styles = {(matplotlib.colors.to_hex(line.get_color()), line.get_marker()) for line in lines.values()}
+    palette = {matplotlib.colors.to_hex(c) for c in sns.color_palette("colorblind")}
+    assert len(lines) == len(names) and len(styles) == len(names)  # no two share colour and marker
+    assert {colour for colour, _ in styles} <= palette  # the colour-blind palette, no hue ramp

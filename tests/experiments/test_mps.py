@@ -60,3 +60,63 @@ def test_disabled_is_a_no_op(monkeypatch):
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
     with cuda_mps(False) as pipe:
         assert pipe is None and "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+
+
+DAEMON = """#!/bin/sh
+# a stand-in daemon: "-d" leaves a server process running (its pid in the pipe folder);
+# "quit" stops it, or with "{hang}" set hangs instead (as a stuck control client does)
+if [ "$1" = "serve" ]; then while :; do sleep 0.2; done; fi
+if [ "$1" = "-d" ]; then
+  "$0" serve >/dev/null 2>&1 &
+  echo $! > "$CUDA_MPS_PIPE_DIRECTORY/server.pid"; touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0
+fi
+read -r cmd
+if [ -n "{hang}" ]; then exec sleep 30 >/dev/null 2>&1; fi
+kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/server.pid")"
+"""
+
+
+def _daemon(tmp_path, hang=""):
+    exe = tmp_path / "fake-mps-daemon"
+    exe.write_text(DAEMON.format(hang=hang))
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return str(exe)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = next(ln for ln in open(f"/proc/{pid}/status") if ln.startswith("State:"))
+    except OSError:
+        return False
+    return "Z" not in state.split()[1]
+
+
+@pytest.mark.parametrize("hang", ["", "1"])
+def test_no_daemon_outlives_the_block_even_when_quit_hangs(tmp_path, monkeypatch, caplog, hang):
+    from experiments.engines import mps
+
+    monkeypatch.setattr(mps, "QUIT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(mps, "EXIT_WAIT_S", 1.0)
+    exe = _daemon(tmp_path, hang)
+    with cuda_mps(control=exe) as pipe:
+        server = int((pipe / "server.pid").read_text())
+        assert _alive(server) and mps.daemon_processes(pipe, exe) == [server]
+    assert not _alive(server) and not pipe.exists()
+    assert "could not stop" not in caplog.text
+
+
+def test_a_daemon_that_cannot_be_stopped_is_named_with_how_to_stop_it(tmp_path, monkeypatch, caplog):
+    from experiments.engines import mps
+
+    monkeypatch.setattr(mps, "QUIT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(mps, "EXIT_WAIT_S", 0.5)
+    exe = _daemon(tmp_path, hang="1")
+    monkeypatch.setattr(mps, "send_signal", lambda pid, sig: None)  # signals do not reach it
+    with cuda_mps(control=exe) as pipe:
+        server = int((pipe / "server.pid").read_text())
+    try:
+        line = next(r.getMessage() for r in caplog.records if "could not stop the MPS daemon" in r.getMessage())
+        assert f"processes {server} still run" in line and f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in line
+        assert f"kill -9 {server}" in line and pipe.exists()  # the folder its stop command needs is kept
+    finally:
+        os.kill(server, 9)

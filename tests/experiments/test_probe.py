@@ -91,8 +91,9 @@ def _probe_cli(cell, tmp_path, monkeypatch):
     return code, (tmp_path / "probe-report.md").read_text(), json.loads((tmp_path / "probe.json").read_text())
 
 
-def test_probe_fails_a_wrong_jacobian_declaration(tmp_path, monkeypatch):
+def test_probe_fails_a_wrong_jacobian_declaration(tmp_path, monkeypatch, capsys):
     code, report, numbers = _probe_cli("DenseDeclaredDiag", tmp_path, monkeypatch)
+    assert f"report: {tmp_path / 'probe-report.md'} (numbers: {tmp_path / 'probe.json'})" in capsys.readouterr().out
     assert code == 1 and numbers["verdict"]["rules"] == ["declared Jacobian structure", "Newton-parallel vs sequential"]
     assert "**Verdict: FAIL: breaks its declared Jacobian structure" in report and "declare jacobian='dense'" in report
     assert "**WRONG**" in report and "## 3." not in report  # no convergence table for a failed cell

@@ -28,6 +28,7 @@ from experiments.paper import (
     verdict,
 )
 from experiments.reproduce import devices_used, plans_for, run_reproduction, scheduled_minutes, trial_versions
+from experiments.reproduce import main as reproduce_main
 from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
 from experiments.sweeps.study import cell_id
 
@@ -125,6 +126,16 @@ def test_table_columns_follow_the_paper_not_the_run_order():
     t = compare("pararnn-table6", {e: pd.DataFrame([r for r in rows if r["task"] == e]) for e in ("mqar", "keep_nth")})
     columns = list(comparison_frame("pararnn-table6", t).columns)
     assert columns[0] == "model" and columns.index("Keep-nth† n=5 V=128") < columns.index("MQAR κ=2 V=128")
+
+
+def test_the_metric_line_names_each_column_once():
+    """pararnn-table6's MQAR column holds two sweeps (1 and 2 layers): one ``MQAR ... `test/acc` `` in the line."""
+    rows = _rows("mqar", "flashgru", [0.9]) + _rows("keep_nth", "flashgru", [0.8])
+    results = {e: pd.DataFrame([r for r in rows if r["task"] == e]) for e in ("mqar", "keep_nth")}
+    results["mqar_2layers"] = pd.DataFrame(_rows("mqar", "flashgru", [0.95])).assign(entry="mqar_2layers", layers=2)
+    text = comparison_markdown("pararnn-table6", compare("pararnn-table6", results), {"device": "cpu"})
+    metric = next(line for line in text.splitlines() if line.startswith("Metric: "))
+    assert metric.count("MQAR κ=2 V=128 `test/acc`") == 1 and "Keep-nth† n=5 V=128 `test/last_acc`" in metric
 
 
 def test_table_rows_follow_the_paper_not_the_run_order():
@@ -393,7 +404,8 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     busy = float(re.search(r"time with trials running, over every invocation: ([0-9.]+) min", text).group(1))
     wall = float(re.search(r"wall time of this invocation: ([0-9.]+) min", text).group(1))
     assert 0 <= busy <= wall + 0.05
-    assert re.search(r"laid on [0-9]+ worker\(s\) in claim order: [0-9.]+ min for one uninterrupted run", text)
+    # a quick check is laid on the workers it ran with (here in-process: 1), not the preset's budget
+    assert re.search(r"laid on 1 worker\(s\) in claim order: [0-9.]+ min for one uninterrupted run", text)
     results = tmp_path / "pararnn-table1" / "parity" / "results.csv"
     assert len(pd.read_csv(results)) == 2
     mtime = results.stat().st_mtime_ns
@@ -409,6 +421,11 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     assert table6.set_index("mixer").loc["flashgru", "seeds"] == 1
     text6 = (tmp_path / "pararnn-table6" / "reproduction.md").read_text()
     assert "up-front model checks" not in text6  # it did not run, so it checked nothing
+
+
+def test_the_command_prints_where_its_report_is(tmp_path, capsys):
+    assert reproduce_main(["pararnn-table1", "--quick", "--table-only", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"report: {tmp_path / 'pararnn-table1' / 'reproduction.md'}")
 
 
 @pytest.mark.slow

@@ -113,7 +113,7 @@ def _make_running(grid, number, pid):
     grid.storage.set_trial_system_attr(trial_id, "worker", {"host": socket.gethostname(), "pid": pid})
 
 
-def test_interrupted_trial_is_rerun_once(tmp_path):
+def test_interrupted_trial_is_rerun_once(tmp_path, caplog):
     plan = tiny_plan(["gru"], seeds=[0, 1])
     specs = build_specs(plan)
     grid = GridStudy.open(None, tmp_path, "parity-smoke")
@@ -122,7 +122,9 @@ def test_interrupted_trial_is_rerun_once(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     _make_running(grid, grid.trials(states=(TrialState.WAITING,))[0].number, dead.pid)
-    df = run_sweep(plan, tmp_path, progress=False)
+    with caplog.at_level("INFO", logger="experiments"):
+        df = run_sweep(plan, tmp_path, progress=False)
+    assert ", 1 cell(s) of dead workers re-queued" in caplog.text
     states = trial_states(tmp_path)
     assert states.count(TrialState.COMPLETE) == 2 and states.count(TrialState.FAIL) == 1
     assert len(df) == 2 and set(df["status"]) == {"ok"}
@@ -790,3 +792,35 @@ def test_trial_timings_only_with_verbose(tmp_path, caplog):
     caplog.clear()
     assert main([*FAST, "--mixers", "gru", "--out", str(tmp_path / "verbose"), "-v"]) == 0
     assert [r for r in caplog.records if " s in all: setup " in r.getMessage()]
+
+
+def test_storage_errors_name_the_storage_with_its_scheme_and_without_the_password(tmp_path, monkeypatch):
+    from experiments.sweeps import study
+
+    sqlite = f"sqlite:///{tmp_path}/no/such/folder/x.db"
+    with pytest.raises(ValueError) as err:
+        study.open_storage(sqlite, tmp_path)
+    assert str(err.value).startswith(f"cannot open --storage {sqlite!r}: ") and "host" not in str(err.value)
+
+    def no_driver(*args, **kwargs):
+        raise ImportError("No module named 'psycopg2'")
+
+    monkeypatch.setattr(study, "RDBStorage", no_driver)
+    with pytest.raises(ValueError) as err:
+        study.open_storage("postgresql://me:secret@db.example:5432/sweeps", tmp_path)
+    assert str(err.value) == (
+        "--storage 'postgresql://db.example:5432/sweeps' needs a database driver: No module named 'psycopg2' "
+        "(pip install 'expressivity-suite[postgres]')"
+    )
+
+
+def test_a_second_task_into_the_same_folder_keeps_the_first_tasks_results(tmp_path):
+    """results.csv and table.md list every finished cell of the folder, whichever command added it."""
+    run_sweep(tiny_plan(["gru"]), tmp_path, progress=False)
+    keep_nth = resolve_sweep("keep_nth", "smoke", {"mixers": ["elman"], "seeds": [0], "lrs": [1e-3], "train": TINY})
+    df = run_sweep(keep_nth, tmp_path, progress=False)
+    assert sorted(zip(df["task"], df["mixer"], df["status"])) == [("keep_nth", "elman", "ok"), ("parity", "gru", "ok")]
+    on_disk = pd.read_csv(tmp_path / "results.csv")
+    assert sorted(on_disk["task"]) == ["keep_nth", "parity"]
+    table = (tmp_path / "table.md").read_text()
+    assert re.search(r"\| parity +\| gru ", table) and re.search(r"\| keep_nth +\| elman ", table)
