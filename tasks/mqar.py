@@ -10,10 +10,13 @@ Placements of the queries after the context:
   query with probability ``query_rate``; filler uniform over the vocabulary minus the context keys.
 - ``power`` (ours): one query per key, at distinct positions after the context drawn with a power law
   ``p(gap) ∝ a gap^(a-1)`` over every position (odd and even); filler as ``uniform``'s, never a key.
-- ``zoology``: Zoology's generator (Arora et al. 2023, ``zoology/data/associative_recall.py``,
-  ``_mqar``): one query per key, only at even offsets ``2 s`` after the context, the slot ``s`` drawn
-  without replacement from ``[0, (L - 2κ) / 2)`` with ``p(s) ∝ a (s + 1)^(a-1)``; every other position
-  filler uniform over the whole vocabulary, so context keys reappear unscored. Needs an even
+- ``zoology``: Zoology's generator (Arora et al. 2023, HazyResearch/zoology
+  ``zoology/data/multiquery_ar.py``, ``multiquery_ar``): one query per key, only at even offsets ``2 s``
+  after the context, the slot ``s`` drawn without replacement from ``[0, (L - 2κ) / 2)`` with
+  ``p(s) ∝ a (s + 1)^(a-1)``; every other position filler uniform over the whole vocabulary
+  (``random_non_queries=True``, the generator's default), so context keys reappear unscored, or token 0
+  (``random_non_queries=False``, the setting of Zoology's Figure 2 configs,
+  ``zoology/experiments/paper_configs/iclr24_zoology_figure2/configs.py``). Needs an even
   ``seq_len >= 4κ`` (Zoology's asserts).
 """
 
@@ -41,6 +44,9 @@ class MQARConfig:
     #: concentrated right after the context (ours); "zoology": Zoology's generator (module docstring)
     placement: str = "uniform"
     power_a: float = 0.01
+    #: placement="zoology" only: filler uniform over the vocabulary (True, Zoology's default) or token 0
+    #: (False, as Zoology's Figure 2 configs); Zoology's name for the option
+    random_non_queries: bool = True
 
 
 def _without(values: torch.Tensor, excluded_sorted: torch.Tensor) -> torch.Tensor:
@@ -96,6 +102,12 @@ class MQAR(Task):
             f"placement must be one of {', '.join(PLACEMENTS)}, got {c.placement!r}",
         )
         check(c.power_a > 0, self.name, f"power_a must be > 0, got {c.power_a}")
+        check(
+            c.random_non_queries or c.placement == "zoology",
+            self.name,
+            f"random_non_queries=False needs placement zoology (the other placements draw their own filler), "
+            f"got placement {c.placement!r}",
+        )
         if c.placement == "zoology":
             check(
                 c.seq_len % 2 == 0 and 4 * kappa <= c.seq_len,
@@ -123,7 +135,10 @@ class MQAR(Task):
         slots = torch.arange(1, (c.seq_len - 2 * kappa) // 2 + 1, dtype=torch.float64)
         weights = (c.power_a * slots ** (c.power_a - 1)).expand(n, len(slots))
         position = 2 * kappa + 2 * torch.multinomial(weights, kappa, replacement=False, generator=g)
-        inputs = torch.randint(0, c.vocab_size, (n, c.seq_len), generator=g)
+        if c.random_non_queries:
+            inputs = torch.randint(0, c.vocab_size, (n, c.seq_len), generator=g)
+        else:
+            inputs = torch.zeros(n, c.seq_len, dtype=torch.long)
         inputs[:, : 2 * kappa] = torch.stack([keys, values], dim=2).reshape(n, 2 * kappa)
         inputs.scatter_(1, position, keys)
         targets = torch.full_like(inputs, IGNORE_INDEX).scatter_(1, position, values)

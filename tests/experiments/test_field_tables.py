@@ -1,5 +1,5 @@
 """The field's benchmark tables: pd-ssm-fsa (mean ± std, agreement within max(2 × std, 5 points)),
-chomsky (Deletang et al.'s Table 2) and zoology-mqar (Zoology's Figure 2), and their --quick forms."""
+chomsky (Deletang et al.'s 15 tasks) and zoology-mqar (Zoology's Figure 2), and their --quick forms."""
 
 import math
 
@@ -90,8 +90,13 @@ def test_pd_ssm_protocol_and_awaiting_rows():
     for plan in plans_for("pd-ssm-fsa"):
         assert plan.layers == [2] and plan.d_model == 128 and plan.lrs == [2e-3] and len(plan.seeds) == 5
         assert plan.train.batch_size == 256 and plan.train.early_stop_acc == 0.9995
-        assert plan.extrapolation["max_len"] == 40 and plan.extrapolation["test_range"] == [40, 256]
+        assert plan.extrapolation["min_len"] == 3 and plan.extrapolation["max_len"] == 40  # train.py: 3..40
+        assert plan.extrapolation["test_range"] == [40, 256]
+        assert plan.train.weight_decay == 0.01 and plan.train.min_lr == 1e-5  # train.py's AdamW and schedule
         assert set(plan.mixers) == set(data["paper"]["results"])  # every built row has the paper's numbers
+        assert "mamba2" in plan.mixers and "mamba" not in plan.mixers  # Walker's models/mamba.py: Mamba2
+    # mod_arith_no_brack.py ends the expression with `=` and labels it there
+    assert resolve_sweep("modular_arithmetic", "pd-ssm-fsa").task_options == {"modulus": 5, "equals": True}
     assert all(len(e.values) == 9 for e in entries)  # the awaiting rows stay out of the comparison
     awaiting = data["paper"]["awaiting"]
     assert set(awaiting) == {"xLSTM[1:1]", "ℂ Diag.", "PD-SSM"}
@@ -99,14 +104,15 @@ def test_pd_ssm_protocol_and_awaiting_rows():
     assert sum(len(row) for row in awaiting.values()) == 12  # 9 built rows x 4 + 12 = the paper's 48 cells
 
 
-def test_chomsky_has_deletangs_three_columns_and_every_mixer():
+def test_chomsky_has_deletangs_fifteen_tasks_and_every_mixer_but_no_unchecked_numbers():
+    """Table 2's numbers could not be checked against the paper, so the preset carries none (and says so):
+    every cell is a further row until they are read from it."""
     from mixers import MIXERS
     from tasks import TASKS
 
     data = load_preset("chomsky")
-    results = data["paper"]["results"]
-    assert set(results) == {"elman", "lstm", "transformer"} and all(len(r) == 15 for r in results.values())
-    assert results["lstm"]["bucket_sort"] == [0.993] and results["transformer"]["even_pairs"] == [0.964]
+    assert "results" not in data["paper"] and all(not e.values for e in paper_entries("chomsky"))
+    assert "not checked against the paper" in data["paper"]["source"]
     tasks = {resolve_sweep(e, "chomsky").task for e in data["tasks"]}
     assert len(tasks) == 15 and tasks <= set(TASKS)
     mixers = resolve_sweep("parity", "chomsky").mixers
@@ -121,6 +127,14 @@ def test_zoology_sweeps_figure_two():
     assert grid == {(L, k, d) for L, k in ((64, 4), (128, 8), (256, 16)) for d in (64, 128, 256, 512)}
     assert all(p.task_options["placement"] == "zoology" and p.task_options["vocab_size"] == 8192 for p in plans)
     assert all(p.layers == [2] and len(p.lrs) == 4 and "transformer" in p.mixers for p in plans)
+    # the Figure 2 configs: filler token 0 (random_non_queries=False), one attention head with learned
+    # positions, AdamW with weight decay 0.1, cosine without warm-up, early stop at 0.99
+    assert all(p.task_options["random_non_queries"] is False for p in plans)
+    assert all(
+        p.mixer_options["transformer"] == {"num_heads": 1, "positions": "learned", "max_len": p.task_options["seq_len"]}
+        for p in plans
+    )
+    assert all((p.train.weight_decay, p.train.warmup_ratio, p.train.early_stop_acc) == (0.1, 0.0, 0.99) for p in plans)
 
 
 @pytest.mark.parametrize("name", ["pd-ssm-fsa", "chomsky", "zoology-mqar"])

@@ -85,3 +85,21 @@ def test_zoology_needs_an_even_length_of_four_per_pair(options):
 def test_zoology_is_deterministic_in_the_seed():
     task = get_task("mqar", seq_len=64, vocab_size=256, num_kv_pairs=4, placement="zoology")
     assert torch.equal(task.generate(20, seed=9).inputs, task.generate(20, seed=9).inputs)
+
+
+def test_figure_two_filler_is_token_zero():
+    """``random_non_queries=False`` (Zoology's Figure 2 configs): the same keys, values and queries as the
+    default for the same seed (the filler is drawn last), and every unscored position after the context 0."""
+    options = {"seq_len": 70, "vocab_size": 96, "num_kv_pairs": 6, "placement": "zoology"}
+    random_filler = get_task("mqar", **options).generate(200, seed=4)
+    zero_filler = get_task("mqar", **options, random_non_queries=False).generate(200, seed=4)
+    assert torch.equal(zero_filler.targets, random_filler.targets)
+    kept = zero_filler.targets != IGNORE_INDEX
+    kept[:, :12] = True  # the context
+    assert torch.equal(zero_filler.inputs[kept], random_filler.inputs[kept])
+    assert (zero_filler.inputs[~kept] == 0).all() and (random_filler.inputs[~kept] != 0).float().mean() > 0.9
+
+
+def test_zero_filler_needs_the_zoology_placement():
+    with pytest.raises(ValueError, match="random_non_queries=False needs placement zoology"):
+        get_task("mqar", placement="power", random_non_queries=False)
