@@ -83,7 +83,7 @@ def test_pd_ssm_cells_compare_mean_over_seeds_with_the_papers_mean_and_std():
     assert "2 of 4 cells within max(2 × the paper's std over seeds, 5 points)" in text
 
 
-def test_pd_ssm_protocol_and_awaiting_rows():
+def test_pd_ssm_protocol_and_rows():
     data = load_preset("pd-ssm-fsa")
     entries = paper_entries("pd-ssm-fsa")
     assert [e.entry for e in entries] == ["cycle_navigation", "even_pairs", "modular_arithmetic", "parity"]
@@ -97,11 +97,11 @@ def test_pd_ssm_protocol_and_awaiting_rows():
         assert "mamba2" in plan.mixers and "mamba" not in plan.mixers  # Walker's models/mamba.py: Mamba2
     # mod_arith_no_brack.py ends the expression with `=` and labels it there
     assert resolve_sweep("modular_arithmetic", "pd-ssm-fsa").task_options == {"modulus": 5, "equals": True}
-    assert all(len(e.values) == 9 for e in entries)  # the awaiting rows stay out of the comparison
-    awaiting = data["paper"]["awaiting"]
-    assert set(awaiting) == {"xLSTM[1:1]", "ℂ Diag.", "PD-SSM"}
-    assert awaiting["PD-SSM"]["modular_arithmetic"] == {"mean": 0.962, "std": 0.034}
-    assert sum(len(row) for row in awaiting.values()) == 12  # 9 built rows x 4 + 12 = the paper's 48 cells
+    assert all(len(e.values) == 12 for e in entries)  # the 12 rows of the table that are not LNCDEs
+    results = data["paper"]["results"]
+    assert {"mlstm_exp+slstm", "complex_diag", "pd_ssm"} <= set(results)  # xLSTM[1:1], ℂ Diag., PD-SSM
+    assert results["pd_ssm"]["modular_arithmetic"] == {"mean": 0.962, "std": 0.034}
+    assert sum(len(row) for row in results.values()) == 48  # the paper's 48 cells
 
 
 def test_chomsky_has_deletangs_fifteen_tasks_and_every_mixer_but_no_unchecked_numbers():
