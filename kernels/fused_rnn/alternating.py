@@ -4,14 +4,14 @@ re-read from memory every step), so ``fused_rnn(backend="triton")`` falls back t
 R does not fit on chip.
 
 ``fused_rnn_alternating(cell, wx, R, b, states0=None)`` has the signature and result of
-``fused_rnn_reference``. Custom ops (``checks.TritonBackend``; namespace ``expressivity``):
+``fused_rnn_reference``. Custom ops (``triton_ops.TritonBackend``; namespace ``expressivity``):
 
     fused_rnn_alt_fwd(cell, wx, R, b, states0, save) -> (h, last_states, saved)
     fused_rnn_alt_bwd(cell, dh, dlast, R, saved)     -> (dwx, dR, db, dstates0)
 
 ``saved`` has the layout of the fused backend (``fused.py``). The matmuls run in float32 (float64
 for float64 inputs) on operands rounded to the storage dtype, as the fused kernel's tensor-core dots
-(the bfloat16 sLSTM's forward takes the float32 h: ``checks.full_precision_h``).
+(the bfloat16 sLSTM's forward takes the float32 h: ``triton_ops.full_precision_h``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels._triton import cdiv, empty
-from kernels.fused_rnn.cells_triton import (
+from kernels.fused_rnn.cell_kernels import (
     CELL_IDS,
     ELMAN,
     GRU,
@@ -37,8 +37,8 @@ from kernels.fused_rnn.cells_triton import (
     slstm_bwd,
     slstm_fwd,
 )
-from kernels.fused_rnn.checks import TritonBackend, acc_dtype, check_saved, full_precision_h, run_checked
 from kernels.fused_rnn.reference import cell_spec
+from kernels.fused_rnn.triton_ops import TritonBackend, acc_dtype, check_saved, full_precision_h, run_checked
 
 BLOCK = 512  # elements per program of the pointwise kernels
 
@@ -222,7 +222,7 @@ def _tl(dtype: torch.dtype):
 
 
 def _forward(cell: str, wx, R, b, states0, save: bool, config=None):
-    """Forward of the alternating backend: ``(h, last_states, saved)`` (``checks.TritonBackend``)."""
+    """Forward of the alternating backend: ``(h, last_states, saved)`` (``triton_ops.TritonBackend``)."""
     spec = cell_spec(cell)
     bsz, length, nh, _, dh = wx.shape
     acc = acc_dtype(wx.dtype)
@@ -242,7 +242,7 @@ def _forward(cell: str, wx, R, b, states0, save: bool, config=None):
     ry = empty((nh, bsz, spec.recurrent_gates * dh), wx.device, acc)
     grid = (cdiv(nh * bsz * dh, BLOCK),)
     # h enters the matmul rounded to the storage dtype (as the fused kernel's dots), except where
-    # checks.full_precision_h (the bfloat16 sLSTM): the float32 h (the fused kernel: hi + lo parts)
+    # triton_ops.full_precision_h (the bfloat16 sLSTM): the float32 h (the fused kernel: hi + lo parts)
     full_h = full_precision_h(cell, wx.dtype)
     for t in range(length):
         torch.bmm(st[0] if full_h else st[0].to(wx.dtype).to(acc), r_acc, out=ry)

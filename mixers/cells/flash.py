@@ -125,15 +125,15 @@ class FlashGRUCell(_FlashCell):
     def fused_apply(
         cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None, skip: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_gru``)."""
-        from kernels.newton.fused_gru import flashgru_fused
+        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.gru_kernels``)."""
+        from kernels.newton.gru_kernels import flashgru_fused
 
         return flashgru_fused(u.contiguous(), params["a"].contiguous(), iters, tol, skip=skip)[0]
 
     @classmethod
     def fused_sequential(cls, params: dict, u: torch.Tensor) -> torch.Tensor:
         """``mode="sequential"`` on CUDA: the loop's states in one Triton launch (``flashgru_sequential``)."""
-        from kernels.newton.fused_gru import flashgru_sequential
+        from kernels.newton.gru_kernels import flashgru_sequential
 
         return flashgru_sequential(u.contiguous(), params["a"].contiguous())
 
@@ -162,8 +162,8 @@ class FlashLSTMCell(_FlashCell):
     def fused_apply(
         cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None, skip: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_lstm``)."""
-        from kernels.newton.fused_lstm import flashlstm_fused
+        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.lstm_kernels``)."""
+        from kernels.newton.lstm_kernels import flashlstm_fused
 
         return flashlstm_fused(
             u.contiguous(), params["a"].contiguous(), params["p"].contiguous(), iters, tol, skip=skip
@@ -172,7 +172,7 @@ class FlashLSTMCell(_FlashCell):
     @classmethod
     def fused_sequential(cls, params: dict, u: torch.Tensor) -> torch.Tensor:
         """``mode="sequential"`` on CUDA: the loop's states in one Triton launch (``flashlstm_sequential``)."""
-        from kernels.newton.fused_lstm import flashlstm_sequential
+        from kernels.newton.lstm_kernels import flashlstm_sequential
 
         return flashlstm_sequential(u.contiguous(), params["a"].contiguous(), params["p"].contiguous())
 

@@ -7,7 +7,7 @@ the state ``S (V, K)`` starting at zero:
     S_s = S_{s-1} diag(exp(w_s)) + (S_{s-1} a_s) b_s^T + v_s k_s^T
     o_t = scale * S_{s(t)} q_t          (s(t) = n t + n - 1: the token's last step)
 
-(``w`` absent: no decay). The members map onto it (``recurrent.py``):
+(``w`` absent: no decay). The members map onto it (``triton_ops.py``):
 
     delta rule           a = k,  b = -beta k,           v <- beta v,  no w
     gated delta rule     a = k,  b = -beta exp(g) k,    v <- beta v,  w = g on every channel

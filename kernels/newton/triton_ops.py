@@ -1,4 +1,4 @@
-"""Shared pieces of the fused Newton kernels (``fused_gru.py``, ``fused_lstm.py``).
+"""Shared pieces of the fused Newton kernels (``gru_kernels.py``, ``lstm_kernels.py``).
 
 Algorithm (paper 000 App. D.2, "the same block sequentially processes consecutive segments"):
 one program owns ``BD`` state channels of one (head, batch row) for the whole sequence and walks

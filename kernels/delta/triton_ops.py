@@ -1,4 +1,4 @@
-"""The delta-rule family on the fused recurrent Triton kernel (``triton_recurrent.dplr_recurrent``).
+"""The delta-rule family on the fused recurrent Triton kernel (``recurrent_kernels.dplr_recurrent``).
 
 Each function has the signature of its ``reference.py`` twin and maps its member onto the kernel's
 recurrence ``S_s = S_{s-1} diag(exp(w_s)) + (S_{s-1} a_s) b_s^T + v_s k_s^T`` (a delta step
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.delta.recurrent_kernels import RecurrentTiles, dplr_recurrent
 from kernels.delta.reference import l2norm
-from kernels.delta.triton_recurrent import RecurrentTiles, dplr_recurrent
 
 
 def _f32(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
