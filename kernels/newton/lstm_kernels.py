@@ -11,7 +11,7 @@
 - ``residuals (iters + 1,)``: as in ``gru_kernels`` (max over both state halves).
 
 The Jacobian is a 2x2 block of diagonals (eq. 8); the chunked Newton and the exclusive scan are
-described in ``triton_ops.py``. The backward (``flashlstm_fused_bwd``) is one reverse pass of
+described in ``common_kernels.py``. The backward (``flashlstm_fused_bwd``) is one reverse pass of
 ``lambda_t = dL/ds_t + J_{t+1}^T lambda_{t+1}`` with ``du``, ``da`` and ``dp`` fused.
 Custom ops: ``expressivity::flashlstm_fused``, ``expressivity::flashlstm_fused_bwd``.
 """
@@ -22,9 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.newton.triton_ops import (
-    FusedNewton,
-    NewtonTiles,
+from kernels.newton.common_kernels import (
     chunk_masks,
     compose2,
     compose2_excl,
@@ -36,6 +34,7 @@ from kernels.newton.triton_ops import (
     store3,
     tanh,
 )
+from kernels.newton.triton_ops import FusedNewton, NewtonTiles
 
 
 @triton.jit

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from kernels import delta as kd
 from kernels._triton import poisoned, triton_available
 from kernels.delta import triton_ops
-from kernels.delta.recurrent_kernels import RecurrentTiles, delta_recurrent_fwd
+from kernels.delta.triton_ops import RecurrentTiles, delta_recurrent_fwd
 
 F64 = torch.float64
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

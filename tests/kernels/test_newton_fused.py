@@ -103,7 +103,7 @@ def test_sequential_is_the_loop(lstm, L):
     """``flashgru_sequential`` / ``flashlstm_sequential`` (one-step chunks, one iteration) give the loop's
     states and gradients, at 3 heads of 6 channels (a partial lane tile), with large inputs and state
     weights where 3 Newton iterations of the usual chunks are far off. Past 128 steps for the GRU only:
-    the time loop is ``triton_ops``'s, shared by both cells (the LSTM at 130 steps takes 50 s in the
+    the time loop is ``common_kernels``'s, shared by both cells (the LSTM at 130 steps takes 50 s in the
     interpreter)."""
     u, a, p = make(3, 2, L, 6, 70 + L, lstm)
     u, a, p = u * 3, (a * 1.5).clamp(-1.2, 1.2), p
