@@ -12,6 +12,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from kernels._triton import FEW_PROGRAMS, cdiv, empty, next_pow2, triton_available
+from kernels._validate import is_int, non_negative_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +46,7 @@ def check_fused_inputs(name: str, u: torch.Tensor, params: dict, want: dict, ite
             raise ValueError(
                 f"{name}: {key} must be a contiguous float32 tensor on {u.device}, got {p.dtype} on {p.device}"
             )
-    if not isinstance(iters, int) or isinstance(iters, bool) or iters < 0:
-        raise ValueError(f"{name}: iters must be an int >= 0, got {iters!r}")
+    non_negative_int(f"{name}: iters", iters)
     if tol is not None and not tol >= 0:
         raise ValueError(f"{name}: tol must be None or >= 0, got {tol!r}")
     return H, B, L, Ds
@@ -67,7 +67,7 @@ def check_skip(name: str, skip: torch.Tensor | None, u: torch.Tensor) -> None:
 
 def check_chunk(name: str, chunk) -> None:
     """One-line ``ValueError`` unless ``chunk`` is 0 (the default chunk) or a power of two."""
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0 or (chunk & (chunk - 1)):
+    if not is_int(chunk) or chunk < 0 or (chunk & (chunk - 1)):
         raise ValueError(f"{name}: chunk must be 0 (the default) or a power of two, got {chunk!r}")
 
 

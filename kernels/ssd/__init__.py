@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from kernels._dispatch import resolve
+from kernels._validate import positive_int
 from kernels.ssd.pytorch import ssd_chunked
 from kernels.ssd.reference import ssd_reference
 
@@ -71,8 +72,7 @@ def _check(x, dt, A, B, C, D, initial_state, chunk_size) -> None:
         if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != (batch, H, P, N):
             got = tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state)
             raise ValueError(f"ssd: initial_state must be (batch, H, P, N) = {(batch, H, P, N)}, got {got}")
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"ssd: chunk_size must be a positive int, got {chunk_size!r}")
+    positive_int("ssd: chunk_size", chunk_size)
 
 
 def resolve_backend(backend: str, x: torch.Tensor) -> str:

@@ -44,6 +44,7 @@ from kernels.newton.cells import flashgru_jacobian, flashgru_step, flashlstm_jac
 from mixers.cells.base import RNNCell
 from mixers.cells.mixer import cell_mixer
 from mixers.registry import register_mixer
+from mixers.validate import is_int
 
 #: the Xavier-normal diagonals are drawn from a normal truncated to [-DIAG_TRUNCATION, DIAG_TRUNCATION]
 DIAG_TRUNCATION = 0.9
@@ -63,7 +64,7 @@ class _FlashCell(RNNCell):
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be None or > 0, got {clip_norm!r}")
         total_state = d_state if total_state is None else total_state
-        if not isinstance(total_state, int) or isinstance(total_state, bool) or total_state < d_state:
+        if not is_int(total_state) or total_state < d_state:
             raise ValueError(f"total_state must be an int >= d_state={d_state}, got {total_state!r}")
         self.d_in, self.d_state, self.clip_norm, self.total_state = d_in, d_state, clip_norm, total_state
         self.B = nn.Parameter(torch.empty(3, d_in, d_state))
