@@ -280,7 +280,7 @@ def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
         raise TypeError(f"the triton mLSTM supports {[str(d) for d in DTYPES]}, got {q.dtype}")
     if q.dtype == torch.float64 and q.is_cuda:
         raise TypeError(
-            "the triton mLSTM runs float64 only under TRITON_INTERPRET=1; on CUDA use float32 or backend='chunkwise'"
+            "the triton mLSTM runs float64 only under TRITON_INTERPRET=1; on CUDA use float32 or backend='torch'"
         )
     for name, t in (("k", k), ("v", v), ("i_pre", i_pre), ("f_pre", f_pre)):
         if t.dtype != q.dtype:
