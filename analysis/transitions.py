@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 
 from analysis.cli import run, setup_logging
+from mixers.protocol import declared
 
 log = logging.getLogger("analysis.transitions")
 
@@ -89,7 +90,7 @@ def add_drift(df: pd.DataFrame, modulus: int) -> pd.DataFrame:
 
 def transition_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's mixers with a ``transitions`` method, in the order of ``model.modules()``."""
-    return [m for m in model.modules() if callable(getattr(m, "transitions", None))]
+    return [m for m in model.modules() if callable(declared(m, "transitions"))]
 
 
 def layer_transitions(model: torch.nn.Module, tokens: torch.Tensor) -> list[torch.Tensor]:

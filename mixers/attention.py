@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mixers.registry import register_mixer
+from mixers.validate import check_backend, positive_int
 
 POSITIONS = ("rope", "sinusoidal", "learned")
 #: longest sequence whose attention ``causal_attention`` writes out under ``torch.compile``
@@ -94,12 +95,11 @@ class TransformerBlock(nn.Module):
             raise ValueError(f"transformer: positions must be one of {', '.join(POSITIONS)}, got {positions!r}")
         if positions == "learned" and max_len is None:
             raise ValueError("transformer: positions='learned' needs max_len (the longest sequence), got None")
-        if max_len is not None and (not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1):
-            raise ValueError(f"transformer: max_len must be a positive int, got {max_len!r}")
+        if max_len is not None:
+            positive_int("transformer: max_len", max_len)
         if not mlp_ratio > 0:
             raise ValueError(f"transformer: mlp_ratio must be > 0, got {mlp_ratio!r}")
-        if backend not in self.BACKENDS:
-            raise ValueError(f"transformer: unknown backend {backend!r}; known: {', '.join(self.BACKENDS)}")
+        check_backend("transformer", backend, self.BACKENDS)
         hidden = int(round(mlp_ratio * d_model))
         self.num_heads, self.positions, self.max_len = num_heads, positions, max_len
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)

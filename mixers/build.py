@@ -20,6 +20,7 @@ from torch import nn
 from mixers.fla_layers import PREFIX as FLA_PREFIX
 from mixers.fla_layers import fla_factory
 from mixers.registry import MIXERS, MixerFactory, import_attr
+from mixers.validate import positive_int
 
 
 def split_options(name: str) -> tuple[str, dict[str, object]]:
@@ -96,8 +97,7 @@ def resolve_mixer(name: str) -> MixerFactory:
 
 def build_mixer(name: str, d_model: int, **config) -> nn.Module:
     """Build the mixer ``name`` for width ``d_model`` with keyword ``config`` overrides."""
-    if not isinstance(d_model, int) or d_model <= 0:
-        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+    positive_int("d_model", d_model)
     module = resolve_mixer(name)(d_model, **config)
     if not isinstance(module, nn.Module):
         raise ValueError(

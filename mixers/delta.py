@@ -48,20 +48,9 @@ from kernels.delta import delta_product, delta_rule, gated_delta_rule
 from kernels.delta.reference import l2norm
 from mixers.conv import causal_depthwise_conv
 from mixers.registry import register_mixer
+from mixers.validate import boolean, check_backend, positive_int
 
 QK_NORMS = ("l2", "sum")
-
-
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")  # noqa: TRY004 (CONVENTIONS: bad values)
-    return value
 
 
 def _short_conv(channels: int, kernel: int = 4) -> nn.Conv1d:
@@ -101,8 +90,8 @@ class DeltaRuleMixer(nn.Module):
         name: str = "deltanet",
     ):
         super().__init__()
-        d_model, num_heads = _positive_int("d_model", d_model), _positive_int("num_heads", num_heads)
-        n = _positive_int("householders", householders)
+        d_model, num_heads = positive_int("d_model", d_model), positive_int("num_heads", num_heads)
+        n = positive_int("householders", householders)
         if d_model % num_heads:
             raise ValueError(f"{name}: d_model={d_model} must be divisible by num_heads={num_heads}")
         for option, value in (
@@ -111,11 +100,10 @@ class DeltaRuleMixer(nn.Module):
             ("output_gate", output_gate),
             ("short_conv", short_conv),
         ):
-            _bool(f"{name}: {option}", value)
+            boolean(f"{name}: {option}", value)
         if qk_norm not in QK_NORMS:
             raise ValueError(f"{name}: qk_norm must be one of {', '.join(QK_NORMS)}, got {qk_norm!r}")
-        if backend not in self.BACKENDS:
-            raise ValueError(f"{name}: unknown backend {backend!r}; valid: {', '.join(self.BACKENDS)}")
+        check_backend(name, backend, self.BACKENDS)
         if backend == "fla_recurrent" and forget_gate:
             raise ValueError(
                 f"{name}: backend 'fla_recurrent' has no forget gate (fla's fused recurrent gated "

@@ -36,12 +36,7 @@ from kernels.scan import SCAN_BACKENDS, linear_scan
 from kernels.ssd import SSD_BACKENDS, resolve_backend, ssd
 from mixers.conv import causal_depthwise_conv
 from mixers.registry import register_mixer
-
-
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+from mixers.validate import check_backend, non_negative_int, positive_int
 
 
 def _dt_bias(n: int, dt_min: float, dt_max: float) -> torch.Tensor:
@@ -74,17 +69,15 @@ class Mamba2(nn.Module):
         dt_max: float = 1e-1,
     ):
         super().__init__()
-        d_model, num_heads = _positive_int("d_model", d_model), _positive_int("num_heads", num_heads)
-        d_state, ngroups = _positive_int("d_state", d_state), _positive_int("ngroups", ngroups)
-        self.chunk_size = _positive_int("chunk_size", chunk_size)
-        if not isinstance(conv_kernel, int) or isinstance(conv_kernel, bool) or conv_kernel < 0:
-            raise ValueError(f"mamba2: conv_kernel must be an int >= 0 (0: no convolution), got {conv_kernel!r}")
+        d_model, num_heads = positive_int("d_model", d_model), positive_int("num_heads", num_heads)
+        d_state, ngroups = positive_int("d_state", d_state), positive_int("ngroups", ngroups)
+        self.chunk_size = positive_int("chunk_size", chunk_size)
+        non_negative_int("mamba2: conv_kernel", conv_kernel, " (0: no convolution)")
         if d_model % num_heads:
             raise ValueError(f"mamba2: d_model={d_model} must be divisible by num_heads={num_heads}")
         if num_heads % ngroups:
             raise ValueError(f"mamba2: num_heads={num_heads} must be divisible by ngroups={ngroups}")
-        if backend not in self.BACKENDS:
-            raise ValueError(f"mamba2: unknown backend {backend!r}; valid: {', '.join(self.BACKENDS)}")
+        check_backend("mamba2", backend, self.BACKENDS)
         self.backend, self.x_proj = backend, bool(x_proj)
         self.num_heads, self.d_state, self.ngroups = num_heads, d_state, ngroups
         self.split = [d_model if self.x_proj else 0, ngroups * d_state, ngroups * d_state, num_heads]
@@ -142,10 +135,9 @@ class Mamba(nn.Module):
         dt_max: float = 1e-1,
     ):
         super().__init__()
-        d_model, d_state = _positive_int("d_model", d_model), _positive_int("d_state", d_state)
-        expand = _positive_int("expand", expand)
-        if backend not in self.BACKENDS:
-            raise ValueError(f"mamba: unknown backend {backend!r}; valid: {', '.join(self.BACKENDS)}")
+        d_model, d_state = positive_int("d_model", d_model), positive_int("d_state", d_state)
+        expand = positive_int("expand", expand)
+        check_backend("mamba", backend, self.BACKENDS)
         self.backend, self.d_state, self.d_inner = backend, d_state, expand * d_model
         self.split = [self.d_inner, d_state, d_state, self.d_inner]  # x, B, C, dt
         self.in_proj = nn.Linear(d_model, sum(self.split), bias=False)

@@ -43,8 +43,9 @@ from torch import nn
 
 from kernels.scan import SCAN_BACKENDS, linear_scan
 from kernels.ssd import ssd
-from mixers.mamba import _dt_bias, _positive_int
+from mixers.mamba import _dt_bias
 from mixers.registry import register_mixer
+from mixers.validate import check_backend, positive_int
 
 
 def rotate_pairs(v: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
@@ -75,9 +76,9 @@ class Mamba3(nn.Module):
         dt_max: float = 1e-1,
     ):
         super().__init__()
-        d_model, num_heads = _positive_int("d_model", d_model), _positive_int("num_heads", num_heads)
-        self.d_state = _positive_int("d_state", d_state)
-        chunk_size = _positive_int("chunk_size", chunk_size)
+        d_model, num_heads = positive_int("d_model", d_model), positive_int("num_heads", num_heads)
+        self.d_state = positive_int("d_state", d_state)
+        chunk_size = positive_int("chunk_size", chunk_size)
         if d_model % num_heads:
             raise ValueError(f"mamba3: d_model={d_model} must be divisible by num_heads={num_heads}")
         if not 0 < rope_fraction <= 1:
@@ -89,8 +90,7 @@ class Mamba3(nn.Module):
             )
         if not A_floor > 0:
             raise ValueError(f"mamba3: A_floor must be > 0, got {A_floor!r}")
-        if backend not in self.BACKENDS:
-            raise ValueError(f"mamba3: unknown backend {backend!r}; valid: {', '.join(self.BACKENDS)}")
+        check_backend("mamba3", backend, self.BACKENDS)
         self.num_heads, self.A_floor, self.backend, self.chunk_size = num_heads, float(A_floor), backend, chunk_size
         H, N = num_heads, self.d_state
         self.split = [d_model, N, N, H, H, H, self.angles]  # x, B, C, dt, a, trap, theta

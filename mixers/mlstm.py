@@ -22,12 +22,7 @@ from torch import nn
 
 from kernels.mlstm import BACKENDS, mlstm
 from mixers.registry import register_mixer
-
-
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+from mixers.validate import check_backend, positive_int
 
 
 class MultiHeadNorm(nn.Module):
@@ -69,19 +64,18 @@ class MLSTMMixer(nn.Module):
         gate_softcap: float | None = 15.0,
     ):
         super().__init__()
-        d_model, num_heads = _positive_int("d_model", d_model), _positive_int("num_heads", num_heads)
-        self.chunk_size = _positive_int("chunk_size", chunk_size)
+        d_model, num_heads = positive_int("d_model", d_model), positive_int("num_heads", num_heads)
+        self.chunk_size = positive_int("chunk_size", chunk_size)
         if d_model % num_heads:
             raise ValueError(f"mlstm: d_model={d_model} must be divisible by num_heads={num_heads}")
-        if backend not in BACKENDS:
-            raise ValueError(f"mlstm: unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        check_backend("mlstm", backend, BACKENDS)
         if input_gate not in ("exp", "sig"):
             raise ValueError(f"mlstm: input_gate must be 'exp' or 'sig', got {input_gate!r}")
         if gate_softcap is not None and not gate_softcap > 0:
             raise ValueError(f"mlstm: gate_softcap must be positive or None, got {gate_softcap!r}")
         self.input_gate, self.backend, self.eps, self.gate_softcap = input_gate, backend, float(eps), gate_softcap
         self.num_heads, self.dv = num_heads, d_model // num_heads
-        self.dqk = _positive_int("qk_dim", qk_dim) if qk_dim is not None else self.dv
+        self.dqk = positive_int("qk_dim", qk_dim) if qk_dim is not None else self.dv
         self.qkv = nn.Linear(d_model, num_heads * (2 * self.dqk + self.dv), bias=False)
         self.gates = nn.Linear(d_model, 2 * num_heads)  # [input gates | forget gates]
         self.ogate = nn.Linear(d_model, d_model)

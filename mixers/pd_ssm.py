@@ -42,8 +42,8 @@ from torch import nn
 
 from kernels.pd_scan import PD_SCAN_BACKENDS, multiply, pd_scan
 from kernels.scan import SCAN_BACKENDS, linear_scan_block2
-from mixers.mamba import _positive_int
 from mixers.registry import register_mixer
+from mixers.validate import check_backend, positive_int
 
 
 def _mlp(d_model: int, hidden: int, out: int) -> nn.Sequential:
@@ -59,10 +59,9 @@ class ComplexDiag(nn.Module):
 
     def __init__(self, d_model: int, d_state: int = 32, mlp_expand: int = 2, backend: str = "auto"):
         super().__init__()
-        d_model, self.d_state = _positive_int("d_model", d_model), _positive_int("d_state", d_state)
-        hidden = _positive_int("mlp_expand", mlp_expand) * self.d_state
-        if backend not in self.BACKENDS:
-            raise ValueError(f"{self.name}: unknown backend {backend!r}; valid: {', '.join(self.BACKENDS)}")
+        d_model, self.d_state = positive_int("d_model", d_model), positive_int("d_state", d_state)
+        hidden = positive_int("mlp_expand", mlp_expand) * self.d_state
+        check_backend(self.name, backend, self.BACKENDS)
         self.backend = backend
         self.magnitude = _mlp(d_model, hidden, self.d_state)  # |D| = sigmoid(.)
         self.phase = _mlp(d_model, hidden, self.d_state)  # arg D = 2 pi sigmoid(.)
@@ -110,7 +109,7 @@ class PDSSM(ComplexDiag):
         self, d_model: int, d_state: int = 32, dictionary_size: int = 8, mlp_expand: int = 2, backend: str = "auto"
     ):
         super().__init__(d_model, d_state, mlp_expand, backend)
-        K, N = _positive_int("dictionary_size", dictionary_size), self.d_state
+        K, N = positive_int("dictionary_size", dictionary_size), self.d_state
         self.selector = nn.Linear(d_model, K, bias=False)
         self.dictionary = nn.Parameter(torch.randn(K, N, N) / math.sqrt(N))
 

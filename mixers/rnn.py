@@ -18,6 +18,7 @@ from torch import nn
 from kernels.fused_rnn import BACKENDS as KERNEL_BACKENDS
 from kernels.fused_rnn import cell_spec, fused_rnn
 from mixers.registry import register_mixer
+from mixers.validate import check_backend
 
 #: the forget gate's index in the bias, and its initial value (opens the memory at the start)
 FORGET_BIAS = {"lstm": (1, 1.0), "slstm": (1, 1.0)}
@@ -41,8 +42,7 @@ class ClassicalRNN(nn.Module):
         spec = cell_spec(cell)
         if num_heads < 1 or d_model % num_heads:
             raise ValueError(f"{cell}: d_model={d_model} must be divisible by num_heads={num_heads}")
-        if backend not in self.BACKENDS:
-            raise ValueError(f"{cell}: unknown backend {backend!r}; known: {', '.join(self.BACKENDS)}")
+        check_backend(cell, backend, self.BACKENDS)
         self.cell, self.backend, self.num_heads, self.head_dim = cell, backend, num_heads, d_model // num_heads
         self.W = nn.Linear(d_model, spec.input_gates * d_model, bias=False)
         self.R = nn.Parameter(torch.empty(num_heads, self.head_dim, spec.recurrent_gates, self.head_dim))

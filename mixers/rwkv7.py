@@ -43,14 +43,9 @@ from torch import nn
 from kernels.delta import backends as kernel_backends
 from kernels.delta import dplr_delta_rule
 from mixers.registry import register_mixer
+from mixers.validate import check_backend, positive_int
 
 LOG_DECAY_MIN = -math.exp(-0.5)  # fla's -0.6065306597126334: log w in (LOG_DECAY_MIN, 0)
-
-
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _low_rank_dims(d_model: int, head_dim: int) -> tuple[int, int, int]:
@@ -90,11 +85,10 @@ class RWKV7(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int = 4, backend: str = "auto"):
         super().__init__()
-        d, H = _positive_int("d_model", d_model), _positive_int("num_heads", num_heads)
+        d, H = positive_int("d_model", d_model), positive_int("num_heads", num_heads)
         if d % H:
             raise ValueError(f"rwkv7: d_model={d} must be divisible by num_heads={H}")
-        if backend not in self.BACKENDS:
-            raise ValueError(f"rwkv7: unknown backend {backend!r}; valid: {', '.join(self.BACKENDS)}")
+        check_backend("rwkv7", backend, self.BACKENDS)
         D = d // H
         self.num_heads, self.head_dim, self.backend = H, D, backend
         n = torch.arange(d, dtype=torch.float32)

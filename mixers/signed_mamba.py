@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.scan import SCAN_BACKENDS, linear_scan
-from mixers.mamba import _dt_bias, _positive_int
+from mixers.mamba import _dt_bias
 from mixers.registry import register_mixer
+from mixers.validate import check_backend, positive_int
 
 
 class SignedMamba(nn.Module):
@@ -44,11 +45,10 @@ class SignedMamba(nn.Module):
         dt_max: float = 1e-1,
     ):
         super().__init__()
-        d_model, d_state = _positive_int("d_model", d_model), _positive_int("d_state", d_state)
+        d_model, d_state = positive_int("d_model", d_model), positive_int("d_state", d_state)
         if not -1.0 <= eig_min <= 0.0:
             raise ValueError(f"signed_mamba: eig_min must be in [-1, 0], got {eig_min!r}")
-        if backend not in self.BACKENDS:
-            raise ValueError(f"signed_mamba: unknown backend {backend!r}; valid: {', '.join(self.BACKENDS)}")
+        check_backend("signed_mamba", backend, self.BACKENDS)
         self.d_state, self.eig_min, self.backend = d_state, float(eig_min), backend
         self.split = [d_model, d_state, d_state, d_model]  # x, B, C, dt
         self.in_proj = nn.Linear(d_model, sum(self.split), bias=False)

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mixers.protocol import declared
+
 #: module types without parameters that compute element-wise, so a stacked copy is the module itself
 _ELEMENTWISE = (nn.GELU, nn.SiLU, nn.ReLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.Dropout)
 
@@ -168,11 +170,11 @@ def stack_trials(modules: list[nn.Module]) -> nn.Module:
         return StackedEmbedding(modules)
     if isinstance(first, nn.Conv1d):
         return _stacked_conv(modules)
-    if hasattr(type(first), "stack_trials"):
+    if declared(first, "stack_trials") is not None:
         return type(first).stack_trials(modules)
     if isinstance(first, _ELEMENTWISE):
         return copy.deepcopy(first)
-    if not (getattr(first, "stackable", False) or type(first) in (nn.Sequential, nn.ModuleList)):
+    if not (declared(first, "stackable") or type(first) in (nn.Sequential, nn.ModuleList)):
         raise ValueError(
             f"{type(first).__name__} cannot be stacked (it does not declare stackable = True): "
             "train it one trial per model"
@@ -188,7 +190,7 @@ def stack_trials(modules: list[nn.Module]) -> nn.Module:
         )
     for name, _ in first.named_children():
         stacked._modules[name] = stack_trials([getattr(m, name) for m in modules])
-    if getattr(first, "stackable", False):
+    if declared(first, "stackable"):
         stacked.trials = len(modules)
     return stacked
 
@@ -198,7 +200,7 @@ def trials_of(stacked: nn.Module) -> int:
     for m in stacked.modules():
         if isinstance(m, (StackedLinear, StackedEmbedding)):
             return m.weight.shape[0]
-        if getattr(m, "trials", 1) > 1:
+        if declared(m, "trials") > 1:
             return m.trials
     return 1
 
@@ -214,7 +216,7 @@ def trial_state_dict(stacked: nn.Module, s: int, prefix: str = "") -> dict[str, 
 
 
 def _collect(module: nn.Module, s: int, S: int, prefix: str, out: dict) -> None:
-    if hasattr(module, "trial_state"):
+    if declared(module, "trial_state") is not None:
         out.update({prefix + k: v for k, v in module.trial_state(s).items()})
         return
     if isinstance(module, nn.Conv1d):

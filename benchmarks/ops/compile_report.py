@@ -68,7 +68,7 @@ def describe(compiled) -> dict:
 
 def scan_kernels(shapes, tiles):
     """``(name, kernel, args)`` of the scan launches: default tiles per shape, or the given tiles."""
-    from kernels.scan import triton_scan as ts
+    from kernels.scan import triton_ops as ts
 
     ptrs = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr")}
     cases = []
@@ -91,8 +91,8 @@ def scan_kernels(shapes, tiles):
 
 def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool):
     """``(name, kernel, args)`` of every kernel of one mLSTM forward + backward on CUDA."""
-    from kernels.mlstm import triton_bwd, triton_fwd
-    from kernels.mlstm import triton_chunkwise as tc
+    from kernels.mlstm import bwd_kernels, fwd_kernels
+    from kernels.mlstm import triton_ops as tc
 
     prec = tc._precision(dtype)
     tiles = tc.default_tiles(dtype, prec)
@@ -118,7 +118,7 @@ def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool)
         for name, kernel, args in [
             (
                 "fwd inter_chunk_states",
-                triton_fwd.inter_chunk_states,
+                fwd_kernels.inter_chunk_states,
                 dict(
                     inter,
                     k_ptr=t,
@@ -142,7 +142,7 @@ def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool)
             ),
             (
                 "fwd intra_chunk_h",
-                triton_fwd.intra_chunk_h,
+                fwd_kernels.intra_chunk_h,
                 dict(
                     intra,
                     q_ptr=t,
@@ -164,7 +164,7 @@ def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool)
             ),
             (
                 "bwd inter_chunk_dstates",
-                triton_bwd.inter_chunk_dstates,
+                bwd_kernels.inter_chunk_dstates,
                 dict(
                     inter,
                     q_ptr=t,
@@ -188,7 +188,7 @@ def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool)
             ),
             (
                 "bwd intra_chunk_dq",
-                triton_bwd.intra_chunk_dq,
+                bwd_kernels.intra_chunk_dq,
                 dict(
                     qk,
                     q_ptr=t,
@@ -212,7 +212,7 @@ def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool)
             ),
             (
                 "bwd intra_chunk_dk",
-                triton_bwd.intra_chunk_dk,
+                bwd_kernels.intra_chunk_dk,
                 dict(
                     qk,
                     q_ptr=t,
@@ -237,7 +237,7 @@ def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool)
             ),
             (
                 "bwd intra_chunk_dv",
-                triton_bwd.intra_chunk_dv,
+                bwd_kernels.intra_chunk_dv,
                 dict(
                     intra,
                     q_ptr=t,
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     kernels = []
     families = a.families.split(",")
     if "scan" in families:
-        from kernels.scan.triton_scan import ScanTiles
+        from kernels.scan.triton_ops import ScanTiles
 
         tiles = None
         if a.scan_tiles:

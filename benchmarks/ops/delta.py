@@ -5,9 +5,9 @@ DeltaNet), ``product`` (``delta_product`` with 2 Householder steps per token, De
 (``dplr_delta_rule``, RWKV-7's update); q and k l2-normalized in the op (``qk_l2norm``) as the mixers
 call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Implementations:
 
-- ``ours-triton``: the fused recurrent Triton kernel (``kernels/delta/triton_recurrent.py``), the
+- ``ours-triton``: the fused recurrent Triton kernel (``kernels/delta/recurrent_kernels.py``), the
   input dtype, float32 arithmetic;
-- ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/chunk.py``; not ``dplr``);
+- ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``kernels/delta/fla_gated_bwd.py``'s
   PyTorch function (the note says which ran);

@@ -291,7 +291,7 @@ def limits(case: Case, bw_gbs: float, tflops: dict[str, float]) -> tuple[float, 
     n = case.batch * case.length * case.num_heads * case.head_dim  # elements of h
     el = torch.finfo(DTYPES[case.dtype]).bits // 8
     flops = 2.0 * n * spec.recurrent_gates * case.head_dim
-    from kernels.fused_rnn.cells_triton import NUM_SAVED
+    from kernels.fused_rnn.cell_kernels import NUM_SAVED
 
     fwd_bytes = n * el * (spec.input_gates + 1)
     train_bytes = fwd_bytes + n * 4 * NUM_SAVED[case.cell] * 2 + n * el * (1 + spec.input_gates)

@@ -90,7 +90,7 @@ def _inputs(B, NH, S, DQK, DV, dtype, seed):
 
 # ---------------------------------------------------------------- implementations: fn(q, k, v, i, f)
 def _ours(gate, chunk, fused=True, tiles=None):
-    from kernels.mlstm.triton_chunkwise import mlstm_triton
+    from kernels.mlstm.triton_ops import mlstm_triton
 
     return lambda q, k, v, i, f: mlstm_triton(
         q, k, v, i, f, input_gate=gate, chunk_size=chunk, fused_inter=fused, tiles=tiles
@@ -99,7 +99,7 @@ def _ours(gate, chunk, fused=True, tiles=None):
 
 def parse_tiles(spec: str, dtype: torch.dtype, prec: str):
     """``"warps=8,bv=256"`` -> ``MlstmTiles`` with those fields replacing the defaults for ``dtype, prec``."""
-    from kernels.mlstm.triton_chunkwise import default_tiles
+    from kernels.mlstm.triton_ops import default_tiles
 
     over = {k: int(v) for k, v in (item.split("=") for item in spec.split(",") if item)}
     return dataclasses.replace(default_tiles(dtype, prec), **over)
@@ -148,7 +148,7 @@ def _grads(fn, x, dh):
 
 
 def _reference(gate, x, dh):
-    from kernels.mlstm.chunkwise import mlstm_chunkwise
+    from kernels.mlstm.pytorch import mlstm_chunkwise
 
     x64 = [t.double() for t in x]
     return _grads(lambda *a: mlstm_chunkwise(*a, input_gate=gate, chunk_size=256), x64, dh.double())  # "torch"
@@ -190,7 +190,7 @@ def _timed(fn, x, dh, direction):
 def _float32_floor(gate, x, dh, ref, sh) -> BenchRow:
     """Errors of our PyTorch chunkwise form in float32 with IEEE matmuls on the same inputs: what
     exact float32 arithmetic gives there (the conditioning floor of any float32 kernel). Not timed."""
-    from kernels.mlstm.chunkwise import mlstm_chunkwise
+    from kernels.mlstm.pytorch import mlstm_chunkwise
 
     with float32_matmul_precision("highest"):
         got = _grads(lambda *a: mlstm_chunkwise(*a, input_gate=gate, chunk_size=64), x, dh)
@@ -401,7 +401,7 @@ def _bench_chunk_tradeoff(rows, limits, chunks):
 
 def _bench_inter(rows, limits, B=4, NH=16, D=64, L=64, Gs=(32, 64, 128), dtypes=("bf16", "fp32")):
     """Paper 004: inter-chunk state kernel, state on chip vs one launch per chunk (bit-identical)."""
-    from kernels.mlstm.triton_chunkwise import _gates, run_inter_chunk_states
+    from kernels.mlstm.triton_ops import _gates, run_inter_chunk_states
 
     for dtype_name in dtypes:
         dtype = DTYPES[dtype_name]
@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             flush()
             for spec in filter(None, args.tiles.split(";")):
-                from kernels.mlstm.triton_chunkwise import _precision
+                from kernels.mlstm.triton_ops import _precision
 
                 tiles = parse_tiles(spec, DTYPES[dn], _precision(DTYPES[dn]))
                 _bench_shape(
@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> None:
         flush()
     path = write_json("mlstm", rows, env, args.out)
     log.info("wrote %s after %.0f s", path, time.time() - t0)
-    from kernels.mlstm.triton_chunkwise import _LEVEL
+    from kernels.mlstm.triton_ops import _LEVEL
 
     log.info(
         "launch fallbacks (kernel: ladder level; 1 = one pipeline stage, 2 = smaller tile): %s",

@@ -54,7 +54,7 @@ from kernels.newton import (
     flashlstm_step,
     newton_apply,
 )
-from kernels.newton.fused_common import NewtonTiles
+from kernels.newton.triton_ops import NewtonTiles
 
 SWEEP = {
     "gru": [(128, 8, 4), (256, 8, 8), (128, 4, 4), (64, 8, 2), (64, 16, 4)],
@@ -202,8 +202,8 @@ def problem(cell: str, B: int, L: int, D: int, bw: float, quick: bool, dev: str)
 
 def sweep(cells, lengths, B, D, dev="cuda") -> list[BenchRow]:
     """The fused kernels' tiles ``(ch, bd, warps)``, forward and forward + backward, given ``u``."""
-    from kernels.newton.fused_gru import flashgru_fused
-    from kernels.newton.fused_lstm import flashlstm_fused
+    from kernels.newton.gru_kernels import flashgru_fused
+    from kernels.newton.lstm_kernels import flashlstm_fused
 
     rows = []
     for cell in cells:

@@ -34,7 +34,7 @@ from benchmarks.ops.common import (
 )
 from kernels._triton import poisoned
 from kernels.scan import linear_scan_block2_torch, linear_scan_torch
-from kernels.scan import triton_scan as ts
+from kernels.scan import triton_ops as ts
 
 SHAPES = [(8, 4096, 1024), (8, 16384, 1024), (1, 65536, 256)]
 BLOCK2_SHAPES = [(8, 4096, 512)]

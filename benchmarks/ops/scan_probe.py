@@ -30,7 +30,7 @@ import torch
 from benchmarks.ops.common import fwd_bwd, issue_times, no_grad, rel_error, time_ms
 from benchmarks.ops.scan import _inputs, reference
 from kernels._triton import poisoned
-from kernels.scan import triton_scan as ts
+from kernels.scan import triton_ops as ts
 
 FEW = (1, 65536, 256)
 MANY = (8, 4096, 1024)

@@ -276,13 +276,14 @@ def _check_model(spec) -> None:
     import torch
 
     from experiments.trial.train import build_datamodule, build_module, resolve_device
+    from mixers.protocol import declared
 
     accelerator, devices = resolve_device(spec.device)
     device = torch.device(f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu")
     dm = build_datamodule(spec)
     try:
         model = build_module(spec, dm).model
-        gpu_only = [m for m in model.modules() if getattr(m, "requires_cuda", False)]
+        gpu_only = [m for m in model.modules() if declared(m, "requires_cuda")]
         if gpu_only and device.type != "cuda":
             raise ValueError(
                 f"mixer {spec.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "

@@ -40,6 +40,7 @@ from mixers import build_mixer
 from mixers.attention import sinusoidal_positions
 from mixers.build import split_stack
 from mixers.conv import causal_depthwise_conv
+from mixers.protocol import declared
 
 BLOCKS = ("mixer", "full")
 POSITIONAL = ("none", "sinusoidal")
@@ -108,14 +109,14 @@ def sequence_block(config: ModelConfig, layer: int = 0) -> nn.Module:
     """The sequence block of layer ``layer`` (from 0) of ``config``: its mixer alone, or in a ``FullBlock``."""
     parts = split_stack(config.mixer)
     mixer = build_mixer(parts[layer % len(parts)], config.d_model, **config.mixer_options)
-    if getattr(mixer, "is_block", False) or config.block == "mixer":
+    if declared(mixer, "is_block") or config.block == "mixer":
         return mixer
     return FullBlock(mixer, config.d_model, config.conv_kernel)
 
 
 def has_own_residual(block: nn.Module) -> bool:
     """Does ``block`` add its input to its output itself (the full block, a whole-block mixer)?"""
-    return isinstance(block, FullBlock) or getattr(block, "is_block", False)
+    return isinstance(block, FullBlock) or declared(block, "is_block")
 
 
 class ResidualLayer(nn.Module):
@@ -157,7 +158,7 @@ class SequenceModel(nn.Module):
             self.deeper = nn.ModuleList(ResidualLayer(sequence_block(config, i), d) for i in range(1, config.layers))
         self.norm_out = nn.RMSNorm(d)
         self.head = nn.Linear(d, config.num_classes, bias=config.head_bias)
-        self.add_positions = config.positional == "sinusoidal" and not getattr(self.mixer, "has_positions", False)
+        self.add_positions = config.positional == "sinusoidal" and not declared(self.mixer, "has_positions")
 
     @property
     def mixer(self) -> nn.Module:

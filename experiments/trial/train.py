@@ -37,6 +37,7 @@ from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS,
 from experiments.trial.lit import LitSequenceModel
 from experiments.trial.model import ModelConfig, count_parameters
 from experiments.trial.running import PROGRESS_FILE, append_sample
+from mixers.protocol import declared
 from tasks import ExtrapolationConfig, SyntheticDataModule, get_task
 
 log = logging.getLogger(__name__)
@@ -666,8 +667,8 @@ def capturable_engine(engine: str, model: torch.nn.Module) -> tuple[str, str]:
     if engine not in GRAPH_ENGINES:
         return engine, ""
     for module in model.modules():
-        if getattr(module, "graph_capturable", True) is False:
-            why = getattr(module, "graph_note", "") or f"{type(module).__name__} cannot be captured in a CUDA graph"
+        if declared(module, "graph_capturable") is False:
+            why = declared(module, "graph_note") or f"{type(module).__name__} cannot be captured in a CUDA graph"
             return "eager", f"engine {engine} -> eager: {why}"
     return engine, ""
 

@@ -11,10 +11,10 @@ Entry points (``backend=`` picks the implementation; all compute the same functi
 
 Backends:
 - ``"reference"``: per-token loops (``reference.py``), any device, float64 included;
-- ``"chunk"`` (all but ``dplr_delta_rule``): the chunkwise (WY) form in plain PyTorch (``chunk.py``),
+- ``"chunk"`` (all but ``dplr_delta_rule``): the chunkwise (WY) form in plain PyTorch (``pytorch.py``),
   any device, autograd gradients, CUDA-graph capturable;
-- ``"triton"``: our fused recurrent Triton kernel, forward and backward (``triton_recurrent.py``, the
-  members mapped onto it in ``recurrent.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs,
+- ``"triton"``: our fused recurrent Triton kernel, forward and backward (``recurrent_kernels.py``, the
+  members mapped onto it in ``triton_ops.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs,
   float32 arithmetic and state;
 - ``"fla"``: flash-linear-attention's chunked Triton kernels (``fla.py``), CUDA only, computed in
   bfloat16 (inputs cast inside, outputs cast back);
@@ -34,12 +34,12 @@ import importlib.util
 import torch
 
 from kernels._triton import triton_available
-from kernels.delta import chunk as _chunk
 from kernels.delta import fla as _fla
+from kernels.delta import pytorch as _chunk
 from kernels.delta import reference as _ref
 
 try:  # the Triton path needs triton importable (not on every platform)
-    from kernels.delta import recurrent as _rec
+    from kernels.delta import triton_ops as _rec
 except ImportError:  # pragma: no cover - platforms without triton
     _rec = None
 

@@ -20,9 +20,9 @@ import torch
 
 from kernels._dispatch import resolve
 from kernels.fused_rnn.alternating import fused_rnn_alternating
-from kernels.fused_rnn.checks import CUDA_DTYPES
 from kernels.fused_rnn.fused import fits_on_chip, fused_rnn_fused
 from kernels.fused_rnn.reference import CELLS, CellSpec, cell_spec, fused_rnn_reference
+from kernels.fused_rnn.triton_ops import CUDA_DTYPES
 
 
 def fused_rnn_triton(

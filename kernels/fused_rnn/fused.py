@@ -2,13 +2,13 @@
 
 ``fused_rnn_fused(cell, wx, R, b, states0=None, *, config=None)`` has the signature and result of
 ``fused_rnn_reference``; ``config``: a ``LaunchConfig`` (default ``launch_config``). Custom ops
-(``checks.TritonBackend``; namespace ``expressivity``):
+(``triton_ops.TritonBackend``; namespace ``expressivity``):
 
     fused_rnn_fwd(cell, wx, R, b, states0, save) -> (h, last_states, saved)
     fused_rnn_bwd(cell, dh, dlast, R, saved)     -> (dwx, dR, db, dstates0)
 
 ``saved`` (B, T + 1, NH, N_saved, DH), float32 (float64 for float64 inputs): the per-step states and
-gate activations the backward reads (``cells_triton.py``); empty when ``save`` is False (no grad).
+gate activations the backward reads (``cell_kernels.py``); empty when ``save`` is False (no grad).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import torch
 import triton.language as tl
 
 from kernels._triton import cdiv, empty
-from kernels.fused_rnn.cells_triton import CELL_IDS, NUM_SAVED
-from kernels.fused_rnn.checks import (
+from kernels.fused_rnn.cell_kernels import CELL_IDS, NUM_SAVED
+from kernels.fused_rnn.fused_kernels import fused_bwd_kernel, fused_fwd_kernel
+from kernels.fused_rnn.reference import cell_spec
+from kernels.fused_rnn.triton_ops import (
     TritonBackend,
     acc_dtype,
     check_saved,
@@ -29,8 +31,6 @@ from kernels.fused_rnn.checks import (
     head_dim_padded,
     run_checked,
 )
-from kernels.fused_rnn.fused_kernels import fused_bwd_kernel, fused_fwd_kernel
-from kernels.fused_rnn.reference import cell_spec
 
 #: most bytes of R (all gates of one head, padded) the fused kernel keeps on chip; larger heads go
 #: to the alternating backend. 128 KiB: DH=64 in any dtype, DH=128 for bfloat16 LSTM/GRU/sLSTM.
@@ -78,7 +78,7 @@ def launch_config(cell: str, batch: int, num_heads: int, dh: int, dtype: torch.d
     head over several SMs, and dR is one matmul after the kernel. bfloat16 runs on the tensor cores
     (rows padded to 16, so blocks start at 16) and accumulates dR on chip when it fits.
 
-    ``split_h`` (``checks.full_precision_h``: the bfloat16 sLSTM): the forward's recurrent dot takes
+    ``split_h`` (``triton_ops.full_precision_h``: the bfloat16 sLSTM): the forward's recurrent dot takes
     h as two bfloat16 parts, ``hi = bf16(h)`` and ``lo = bf16(h - hi)``, so h keeps ~16 mantissa bits
     instead of 8. The sLSTM's stabilizer branch ``m = max(log σ(f) + m_prev, i)`` has a gradient
     that jumps at ties; with h rounded to 8 bits the gates move by ~1e-3 and flip that branch where

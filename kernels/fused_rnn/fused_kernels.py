@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.fused_rnn.cells_triton import (
+from kernels.fused_rnn.cell_kernels import (
     ELMAN,
     GRU,
     LSTM,

@@ -16,8 +16,8 @@ The max state ``m`` is a stabilizer: gradients never flow through it.
 
 Backends (all compute the same function; vocabulary: ``kernels/README.md``): ``"reference"`` (the
 stabilized recurrence, ``reference.py``), ``"parallel"`` (the quadratic form, ``reference.py``),
-``"torch"`` (chunkwise PyTorch, chunks of ``chunk_size``, ``chunkwise.py``), ``"triton"`` (TFLA
-chunkwise kernels, forward and backward, ``triton_chunkwise.py``), ``"auto"`` (``triton`` on CUDA
+``"torch"`` (chunkwise PyTorch, chunks of ``chunk_size``, ``pytorch.py``), ``"triton"`` (TFLA
+chunkwise kernels, forward and backward, ``triton_ops.py``), ``"auto"`` (``triton`` on CUDA
 float32 / bfloat16 / float16, else ``torch``).
 """
 
@@ -27,14 +27,14 @@ import torch
 
 from kernels._dispatch import resolve
 from kernels._triton import triton_importable
-from kernels.mlstm.chunkwise import mlstm_chunkwise
+from kernels.mlstm.pytorch import mlstm_chunkwise
 from kernels.mlstm.reference import NORMALIZERS, mlstm_parallel, mlstm_recurrent
 
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _mlstm_triton(*args, **kwargs):
-    from kernels.mlstm.triton_chunkwise import mlstm_triton
+    from kernels.mlstm.triton_ops import mlstm_triton
 
     return mlstm_triton(*args, **kwargs)
 

@@ -7,8 +7,8 @@ Ds)`` the diagonal state weights, ``p (H, 2, Ds)`` the peepholes:
 
 - ``"reference"``: the loop (``reference.py``);
 - ``"torch"``: ``newton_apply`` with the closed-form Jacobian and the torch log-step reduction;
-- ``"triton"``: all Newton iterations in one Triton kernel per direction (``fused_gru.py``,
-  ``fused_lstm.py``; float32);
+- ``"triton"``: all Newton iterations in one Triton kernel per direction (``gru_kernels.py``,
+  ``lstm_kernels.py``; float32);
 - ``"triton-sequential"``: the loop's exact states by the same kernels with one-step chunks (one
   iteration from the exact previous state is ``f`` itself); ``iters``, ``tol`` unused; float32;
 - ``"auto"``: ``triton`` on CUDA float32 inputs, else ``torch``.
@@ -36,7 +36,8 @@ import torch
 
 from kernels._dispatch import resolve
 from kernels.newton.cells import flashgru_jacobian, flashgru_step, flashlstm_jacobian, flashlstm_step
-from kernels.newton.driver import (
+from kernels.newton.jacobian import autograd_jacobian
+from kernels.newton.pytorch import (
     NewtonDivergenceError,
     NewtonFunction,
     NewtonStats,
@@ -45,7 +46,6 @@ from kernels.newton.driver import (
     residual,
     shift_states,
 )
-from kernels.newton.jacobian import autograd_jacobian
 from kernels.newton.reduction import STRUCTURES, jacobian_shape, solve_bidiagonal, transpose_jacobian
 from kernels.newton.reference import flashgru_reference, flashlstm_reference, sequential_apply
 
@@ -90,8 +90,8 @@ FLASHGRU_BACKENDS: dict[str, Callable] = {"reference": flashgru_reference, "torc
 FLASHLSTM_BACKENDS: dict[str, Callable] = {"reference": flashlstm_reference, "torch": flashlstm_torch}
 
 try:  # Triton is optional (e.g. macOS)
-    from kernels.newton.fused_gru import flashgru_fused, flashgru_sequential
-    from kernels.newton.fused_lstm import flashlstm_fused, flashlstm_sequential
+    from kernels.newton.gru_kernels import flashgru_fused, flashgru_sequential
+    from kernels.newton.lstm_kernels import flashlstm_fused, flashlstm_sequential
 
     def flashgru_triton(u: torch.Tensor, a: torch.Tensor, iters: int = 3, tol: float | None = None) -> torch.Tensor:
         """FlashGRU states by the fused Triton Newton kernel (any strides)."""

@@ -10,7 +10,7 @@ Shapes: ``index (B, L, N)`` int64 in ``[0, N)``, ``d, x (B, L, N, C)`` with ``C 
 ``x`` (``index`` is discrete).
 
 Backends (vocabulary: ``kernels/README.md``): ``"reference"`` (the loop, ``reference.py``),
-``"torch"`` (log-step parallel scan over the P·D form, ``O(N)`` per combine, ``torch_scan.py``);
+``"torch"`` (log-step parallel scan over the P·D form, ``O(N)`` per combine, ``pytorch.py``);
 ``"auto"``: ``"torch"``.
 """
 
@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 
 from kernels._dispatch import resolve
+from kernels.pd_scan.pytorch import pd_scan_torch
 from kernels.pd_scan.reference import multiply, pd_scan_reference
-from kernels.pd_scan.torch_scan import pd_scan_torch
 
 PD_SCAN_BACKENDS: dict[str, Callable] = {"reference": pd_scan_reference, "torch": pd_scan_torch}
 

@@ -8,8 +8,8 @@ coefficient). ``linear_scan_block2(C, x, reverse=False, backend="auto")``: ``C (
 ``y_t = C_t @ y_{t-1} + x_t`` (reference and torch only; used for dense Jacobians).
 
 Backends (``kernels/README.md``): ``"reference"`` (a loop, ``reference.py``), ``"torch"`` (log-step
-doubling, ``torch_scan.py``), ``"triton"`` (single-pass chunked scans with a fused backward,
-``triton_scan.py``); ``"auto"``: ``triton`` for CUDA tensors of float32/bfloat16/float16, else ``torch``.
+doubling, ``pytorch.py``), ``"triton"`` (single-pass chunked scans with a fused backward,
+``triton_ops.py``); ``"auto"``: ``triton`` for CUDA tensors of float32/bfloat16/float16, else ``torch``.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from collections.abc import Callable
 import torch
 
 from kernels._dispatch import AUTO, resolve
+from kernels.scan.pytorch import linear_scan_block2_torch, linear_scan_dense_torch, linear_scan_torch
 from kernels.scan.reference import (
     linear_scan_block2_reference,
     linear_scan_dense_reference,
     linear_scan_reference,
 )
-from kernels.scan.torch_scan import linear_scan_block2_torch, linear_scan_dense_torch, linear_scan_torch
 
 # backend name -> (diagonal scan, 2x2-block scan)
 SCAN_BACKENDS: dict[str, tuple[Callable, Callable]] = {
@@ -33,8 +33,8 @@ SCAN_BACKENDS: dict[str, tuple[Callable, Callable]] = {
 }
 
 try:  # Triton is optional (e.g. macOS)
-    from kernels.scan.triton_scan import linear_scan_block2_triton, linear_scan_triton
-    from kernels.scan.triton_scan import supports as _triton_supports
+    from kernels.scan.triton_ops import linear_scan_block2_triton, linear_scan_triton
+    from kernels.scan.triton_ops import supports as _triton_supports
 
     SCAN_BACKENDS["triton"] = (linear_scan_triton, linear_scan_block2_triton)
 except ImportError:  # pragma: no cover

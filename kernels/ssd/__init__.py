@@ -13,10 +13,10 @@ or ``None`` (zeros). Returns ``y (batch, L, H, P)`` in the dtype of ``x``, and w
 
 Backends (same function, tested against each other; vocabulary: ``kernels/README.md``):
 - ``"reference"``: the recurrence step by step (``reference.py``), any dtype including float64;
-- ``"torch"``: the chunked PyTorch form (``chunked.py``), quadratic within chunks of ``chunk_size``
+- ``"torch"``: the chunked PyTorch form (``pytorch.py``), quadratic within chunks of ``chunk_size``
   steps and a ``kernels.scan`` recurrence across chunks;
 - ``"triton"``: Triton kernels for the chunk states (the recurrence across chunks fused in) and
-  the chunk outputs, forward and backward (``triton_ssd.py``); float32/bfloat16/float16, CUDA or the
+  the chunk outputs, forward and backward (``triton_ops.py``); float32/bfloat16/float16, CUDA or the
   interpreter. ``chunk_size`` must be a power of two in [16, 256].
 - ``"auto"``: ``"triton"`` on CUDA float32/bfloat16/float16 inputs, else ``"torch"``.
 """
@@ -28,7 +28,8 @@ from collections.abc import Callable
 import torch
 
 from kernels._dispatch import resolve
-from kernels.ssd.chunked import ssd_chunked
+from kernels._validate import positive_int
+from kernels.ssd.pytorch import ssd_chunked
 from kernels.ssd.reference import ssd_reference
 
 # name -> core(x, dt, A, B, C, initial_state, chunk_size) -> (y without D, final state)
@@ -36,7 +37,7 @@ SSD_BACKENDS: dict[str, Callable] = {"reference": ssd_reference, "torch": ssd_ch
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 try:  # the Triton path needs triton importable (not on every platform)
-    from kernels.ssd.triton_ssd import ssd_triton
+    from kernels.ssd.triton_ops import ssd_triton
 
     SSD_BACKENDS["triton"] = ssd_triton
 except ImportError:  # pragma: no cover - platforms without triton
@@ -71,8 +72,7 @@ def _check(x, dt, A, B, C, D, initial_state, chunk_size) -> None:
         if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != (batch, H, P, N):
             got = tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state)
             raise ValueError(f"ssd: initial_state must be (batch, H, P, N) = {(batch, H, P, N)}, got {got}")
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"ssd: chunk_size must be a positive int, got {chunk_size!r}")
+    positive_int("ssd: chunk_size", chunk_size)
 
 
 def resolve_backend(backend: str, x: torch.Tensor) -> str:

@@ -44,6 +44,7 @@ from kernels.newton.cells import flashgru_jacobian, flashgru_step, flashlstm_jac
 from mixers.cells.base import RNNCell
 from mixers.cells.mixer import cell_mixer
 from mixers.registry import register_mixer
+from mixers.validate import is_int
 
 #: the Xavier-normal diagonals are drawn from a normal truncated to [-DIAG_TRUNCATION, DIAG_TRUNCATION]
 DIAG_TRUNCATION = 0.9
@@ -63,7 +64,7 @@ class _FlashCell(RNNCell):
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be None or > 0, got {clip_norm!r}")
         total_state = d_state if total_state is None else total_state
-        if not isinstance(total_state, int) or isinstance(total_state, bool) or total_state < d_state:
+        if not is_int(total_state) or total_state < d_state:
             raise ValueError(f"total_state must be an int >= d_state={d_state}, got {total_state!r}")
         self.d_in, self.d_state, self.clip_norm, self.total_state = d_in, d_state, clip_norm, total_state
         self.B = nn.Parameter(torch.empty(3, d_in, d_state))
@@ -125,15 +126,15 @@ class FlashGRUCell(_FlashCell):
     def fused_apply(
         cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None, skip: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_gru``)."""
-        from kernels.newton.fused_gru import flashgru_fused
+        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.gru_kernels``)."""
+        from kernels.newton.gru_kernels import flashgru_fused
 
         return flashgru_fused(u.contiguous(), params["a"].contiguous(), iters, tol, skip=skip)[0]
 
     @classmethod
     def fused_sequential(cls, params: dict, u: torch.Tensor) -> torch.Tensor:
         """``mode="sequential"`` on CUDA: the loop's states in one Triton launch (``flashgru_sequential``)."""
-        from kernels.newton.fused_gru import flashgru_sequential
+        from kernels.newton.gru_kernels import flashgru_sequential
 
         return flashgru_sequential(u.contiguous(), params["a"].contiguous())
 
@@ -162,8 +163,8 @@ class FlashLSTMCell(_FlashCell):
     def fused_apply(
         cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None, skip: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.fused_lstm``)."""
-        from kernels.newton.fused_lstm import flashlstm_fused
+        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.lstm_kernels``)."""
+        from kernels.newton.lstm_kernels import flashlstm_fused
 
         return flashlstm_fused(
             u.contiguous(), params["a"].contiguous(), params["p"].contiguous(), iters, tol, skip=skip
@@ -172,7 +173,7 @@ class FlashLSTMCell(_FlashCell):
     @classmethod
     def fused_sequential(cls, params: dict, u: torch.Tensor) -> torch.Tensor:
         """``mode="sequential"`` on CUDA: the loop's states in one Triton launch (``flashlstm_sequential``)."""
-        from kernels.newton.fused_lstm import flashlstm_sequential
+        from kernels.newton.lstm_kernels import flashlstm_sequential
 
         return flashlstm_sequential(u.contiguous(), params["a"].contiguous(), params["p"].contiguous())
 

@@ -83,6 +83,7 @@ from kernels.newton import (
 )
 from kernels.scan import SCAN_BACKENDS
 from mixers.cells.base import JACOBIAN_RTOL, RNNCell, fitting_structure, off_structure, structure_to_dense
+from mixers.validate import is_int, non_negative_int, positive_int
 
 MODES = ("auto", "sequential", "parallel", "parallel-triton", "fused")
 #: positions (batch element, time step) per head sampled by the run-time Jacobian check
@@ -91,12 +92,6 @@ JACOBIAN_CHECK_POSITIONS = 8
 
 class JacobianMismatchError(ValueError):
     """The structured Jacobian a Newton solve uses differs from autograd's at the current parameters."""
-
-
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class CellMixer(nn.Module):
@@ -134,14 +129,13 @@ class CellMixer(nn.Module):
         super().__init__()
         if not (isinstance(cell_class, type) and issubclass(cell_class, RNNCell)):
             raise TypeError(f"cell_class must be an RNNCell subclass, got {cell_class!r}")
-        d_model, H = _positive_int("d_model", d_model), _positive_int("num_heads", num_heads)
-        d_state = d_model if d_state is None else _positive_int("d_state", d_state)
+        d_model, H = positive_int("d_model", d_model), positive_int("num_heads", num_heads)
+        d_state = d_model if d_state is None else positive_int("d_state", d_state)
         if d_model % H or d_state % H:
             raise ValueError(f"d_model ({d_model}) and d_state ({d_state}) must be divisible by num_heads ({H})")
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
-        if not isinstance(iters, int) or isinstance(iters, bool) or iters < 0:
-            raise ValueError(f"iters must be an int >= 0, got {iters!r}")
+        non_negative_int("iters", iters)
         if tol is not None and not tol >= 0:
             raise ValueError(f"tol must be None or >= 0, got {tol!r}")
         if damping is not None and not 0.0 <= damping <= 1.0:
@@ -150,14 +144,7 @@ class CellMixer(nn.Module):
             raise ValueError(f"on_divergence must be 'fallback' or 'raise', got {on_divergence!r}")
         if not divergence_tol > 0:
             raise ValueError(f"divergence_tol must be > 0, got {divergence_tol!r}")
-        if (
-            not isinstance(jacobian_check_every, int)
-            or isinstance(jacobian_check_every, bool)
-            or jacobian_check_every < 0
-        ):
-            raise ValueError(
-                f"jacobian_check_every must be an int >= 0 (0: no run-time check), got {jacobian_check_every!r}"
-            )
+        non_negative_int("jacobian_check_every", jacobian_check_every, " (0: no run-time check)")
         if mode == "fused" and cell_class.fused_apply is None:
             raise ValueError(
                 f"mode='fused' needs {cell_class.__name__}.fused_apply; use mode='parallel' or 'parallel-triton'"
@@ -177,9 +164,7 @@ class CellMixer(nn.Module):
         self.d_in, self.state_size = cell.sizes()
         self.iters, self.tol, self.damping, self.check = iters, tol, damping, check
         self.divergence_tol, self.on_divergence = divergence_tol, on_divergence
-        if retry_iters is not None and (
-            not isinstance(retry_iters, int) or isinstance(retry_iters, bool) or retry_iters < 0
-        ):
+        if retry_iters is not None and (not is_int(retry_iters) or retry_iters < 0):
             raise ValueError(f"retry_iters must be None or an int >= 0, got {retry_iters!r}")
         self.retry_iters = max(4 * iters, 8) if retry_iters is None else retry_iters
         with torch.no_grad():

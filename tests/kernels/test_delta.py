@@ -100,7 +100,7 @@ CHUNK_SIZES = [(1, 1, 1, 4, 4), (2, 13, 3, 5, 3), (1, 67, 2, 8, 8), (2, 130, 1, 
 def test_chunk_backend_matches_the_reference_with_gradients(B, L, H, K, V, n, gated, chunk):
     """The chunkwise (WY) form against the per-token loop in float64: output and every input gradient,
     lengths below, at and across chunk boundaries (with padding), keys not unit (qk_l2norm)."""
-    from kernels.delta import chunk as kc
+    from kernels.delta import pytorch as kc
     from kernels.delta import reference as kr
 
     q, k, v, beta, g = _inputs(B, L, H, K, V, n, gated=gated, seed=L + n + chunk)

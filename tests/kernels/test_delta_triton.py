@@ -1,5 +1,5 @@
-"""The delta family's fused recurrent Triton kernel (``backend="triton"``: ``kernels/delta/triton_recurrent.py``
-and the members mapped onto it in ``recurrent.py``) against the float64 per-token references (themselves
+"""The delta family's fused recurrent Triton kernel (``backend="triton"``: ``kernels/delta/recurrent_kernels.py``
+and the members mapped onto it in ``triton_ops.py``) against the float64 per-token references (themselves
 checked against dense transition matrices in ``test_delta.py``): the output and every input gradient of
 every member, at awkward lengths and widths, with the checkpoint chunk and the block of value rows small
 enough that several of each run; outputs poisoned with NaN; the custom ops under ``opcheck``. On the CPU
@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from kernels import delta as kd
 from kernels._triton import poisoned, triton_available
-from kernels.delta import recurrent
-from kernels.delta.triton_recurrent import RecurrentTiles, delta_recurrent_fwd
+from kernels.delta import triton_ops
+from kernels.delta.triton_ops import RecurrentTiles, delta_recurrent_fwd
 
 F64 = torch.float64
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -46,10 +46,10 @@ def _members(B, L, H, K, V, n, seed):
 def _call(member, tensors, fn, tiles):
     if tiles is None:
         return fn(lambda t: {"backend": "triton"}, None)(*tensors)
-    # explicit tiles: the member's function in recurrent.py (same signature plus tiles)
+    # explicit tiles: the member's function in triton_ops.py (same signature plus tiles)
     name = "delta_product" if member == "gated_delta_product" else member
     kw = {"qk_l2norm": True} if member == "delta_rule" else {}
-    return getattr(recurrent, name)(*tensors, tiles=tiles, **kw)
+    return getattr(triton_ops, name)(*tensors, tiles=tiles, **kw)
 
 
 def rel(x, y, floor=0.0):

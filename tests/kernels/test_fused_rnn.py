@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels._triton import poisoned
-from kernels.fused_rnn import BACKENDS, CELLS, checks, fused, fused_rnn, fused_rnn_reference
+from kernels.fused_rnn import BACKENDS, CELLS, fused, fused_rnn, fused_rnn_reference, triton_ops
 from kernels.fused_rnn.alternating import fused_rnn_alt_fwd
 from kernels.fused_rnn.fused import fused_rnn_fwd
 
@@ -243,7 +243,7 @@ def test_slstm_bfloat16_stabilizer_branch(backend, DH, seed):
     The stabilizer branch m = max(log σ(f) + m_prev, i) makes the gradients of i and f jump at
     ties; with h rounded to bfloat16 before R^T h, the gates move by ~1e-3 and flip the branch where
     float64 does not. The DH=128 seeds gave dwx errors of 7e-2 (fused, interpreter) and 0.22
-    (alternating) before the forward kept h at ~float32 precision (``checks.full_precision_h``).
+    (alternating) before the forward kept h at ~float32 precision (``triton_ops.full_precision_h``).
     ``fma`` (float32 dots, h unrounded instead of split) holds R in float32, which fits on chip up to DH=64.
     """
     ins = _slstm_stabilizer_inputs(DH, seed)
@@ -275,7 +275,7 @@ def test_saved_states_float32_and_split_h():
     for cell in CELLS:
         for dtype in (torch.float32, torch.bfloat16):
             want = cell == "slstm" and dtype == torch.bfloat16
-            assert checks.full_precision_h(cell, dtype) == want
+            assert triton_ops.full_precision_h(cell, dtype) == want
             assert fused.launch_config(cell, 16, 12, 64, dtype).split_h == want
 
 

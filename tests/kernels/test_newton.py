@@ -17,7 +17,7 @@ from kernels.newton import (
     solve_bidiagonal,
     transpose_jacobian,
 )
-from kernels.newton.driver import _next_step
+from kernels.newton.pytorch import _next_step
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""Fused Newton kernels (kernels.newton.fused_gru / fused_lstm) against a float64 sequential loop.
+"""Fused Newton kernels (kernels.newton.gru_kernels / lstm_kernels) against a float64 sequential loop.
 
 Forward states and the gradients of ``u``, ``a`` (and ``p``); CPU runs use the Triton interpreter
 at small shapes, outputs poisoned with NaN before every run.
@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.newton import flashgru, flashlstm, fused_common, fused_gru, fused_lstm  # noqa: E402
-from kernels.newton.fused_common import NewtonTiles  # noqa: E402
+from kernels.newton import flashgru, flashlstm, gru_kernels, lstm_kernels, triton_ops  # noqa: E402
+from kernels.newton.triton_ops import NewtonTiles  # noqa: E402
 from kernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
 
 use_vectorized_interpreter_scan()
@@ -70,9 +70,9 @@ def run_and_compare(lstm, H, B, L, Ds, seed, iters=8, tol=None, tiles=None):
     u, a, p = make(H, B, L, Ds, seed, lstm)
     leaves = [t.clone().requires_grad_() for t in ((u, a, p) if lstm else (u, a))]
     if lstm:
-        out, res = fused_lstm.flashlstm_fused(*leaves, iters=iters, tol=tol, stats=True, tiles=tiles)
+        out, res = lstm_kernels.flashlstm_fused(*leaves, iters=iters, tol=tol, stats=True, tiles=tiles)
     else:
-        out, res = fused_gru.flashgru_fused(*leaves, iters=iters, tol=tol, stats=True, tiles=tiles)
+        out, res = gru_kernels.flashgru_fused(*leaves, iters=iters, tol=tol, stats=True, tiles=tiles)
     g = torch.randn_like(out)
     (out * g).sum().backward()
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
@@ -103,12 +103,12 @@ def test_sequential_is_the_loop(lstm, L):
     """``flashgru_sequential`` / ``flashlstm_sequential`` (one-step chunks, one iteration) give the loop's
     states and gradients, at 3 heads of 6 channels (a partial lane tile), with large inputs and state
     weights where 3 Newton iterations of the usual chunks are far off. Past 128 steps for the GRU only:
-    the time loop is ``fused_common``'s, shared by both cells (the LSTM at 130 steps takes 50 s in the
+    the time loop is ``common_kernels``'s, shared by both cells (the LSTM at 130 steps takes 50 s in the
     interpreter)."""
     u, a, p = make(3, 2, L, 6, 70 + L, lstm)
     u, a, p = u * 3, (a * 1.5).clamp(-1.2, 1.2), p
     leaves = [t.clone().requires_grad_() for t in ((u, a, p) if lstm else (u, a))]
-    out = (fused_lstm.flashlstm_sequential if lstm else fused_gru.flashgru_sequential)(*leaves)
+    out = (lstm_kernels.flashlstm_sequential if lstm else gru_kernels.flashgru_sequential)(*leaves)
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, leaves, g)
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
@@ -118,7 +118,9 @@ def test_sequential_is_the_loop(lstm, L):
     for got, w in zip(grads, want):
         assert rel(got, w) < 1e-5
     if L > 1:  # the check can fail: Newton with the default chunk is not the loop here
-        newton = (fused_lstm.flashlstm_fused if lstm else fused_gru.flashgru_fused)(*(t.detach() for t in leaves), 3)[0]
+        newton = (lstm_kernels.flashlstm_fused if lstm else gru_kernels.flashgru_fused)(
+            *(t.detach() for t in leaves), 3
+        )[0]
         assert rel(newton, ref) > 1e-5  # ten times the bound the sequential kernel meets
 
 
@@ -137,15 +139,15 @@ def test_default_tiles_keep_the_launch_wide():
     """8 channels per program from ``FEW_PROGRAMS`` programs on, 4 below (the chunk unchanged)."""
     from kernels._triton import FEW_PROGRAMS
 
-    cell = fused_lstm._CELL
+    cell = lstm_kernels._CELL
     assert cell.default_tiles(4, 16, 16) == NewtonTiles(64, 4, 4)  # Table 6: 128 programs of 8
     assert cell.default_tiles(12, 16, 16) == NewtonTiles(64, 8, 4)  # 3 stacked trials: 384
     assert cell.default_tiles(1, 8, 256) == NewtonTiles(64, 8, 4)  # the benchmark's layer
     assert cell.default_tiles(1, FEW_PROGRAMS, 8).bd == 8
     assert cell.default_tiles(1, FEW_PROGRAMS - 1, 8).bd == 4
     assert cell.default_tiles(1, 1, 3).bd == 4  # fewer than 8 channels: the next power of two
-    assert fused_gru._CELL.default_tiles(4, 16, 16) == NewtonTiles(128, 4, 4)
-    assert fused_gru._CELL.default_tiles(4, 256, 16, chunk=1) == NewtonTiles(1, 8, 1)  # the sequential walk
+    assert gru_kernels._CELL.default_tiles(4, 16, 16) == NewtonTiles(128, 4, 4)
+    assert gru_kernels._CELL.default_tiles(4, 256, 16, chunk=1) == NewtonTiles(1, 8, 1)  # the sequential walk
 
 
 @pytest.mark.parametrize("name", ["flashgru", "flashlstm"])
@@ -179,7 +181,7 @@ def test_iteration_count_and_tolerance_are_honored(lstm):
     loop = lstm_loop if lstm else gru_loop
 
     def fn(**k):
-        return (fused_lstm.flashlstm_fused if lstm else fused_gru.flashgru_fused)(u, *params, **k)
+        return (lstm_kernels.flashlstm_fused if lstm else gru_kernels.flashgru_fused)(u, *params, **k)
 
     exact = loop(u.double(), *(q.double() for q in params))
     H, B, L, _, Ds = u.shape
@@ -206,7 +208,7 @@ def test_opcheck():
     torch.library.opcheck(
         torch.ops.expressivity.flashgru_fused, (u.requires_grad_(), a.requires_grad_(), 3, None, False, None, 0)
     )
-    h, _ = fused_gru.flashgru_fused(u.detach(), a.detach())
+    h, _ = gru_kernels.flashgru_fused(u.detach(), a.detach())
     torch.library.opcheck(torch.ops.expressivity.flashgru_fused_bwd, (u.detach(), a.detach(), h, torch.randn_like(h)))
     p = p.requires_grad_()
     torch.library.opcheck(torch.ops.expressivity.flashlstm_fused, (u, a, p, 2, 1e-3, True, None, 0))
@@ -214,7 +216,7 @@ def test_opcheck():
         torch.ops.expressivity.flashgru_fused, (u, a, 3, None, False, torch.tensor(True, device=u.device), 0)
     )
     torch.library.opcheck(torch.ops.expressivity.flashlstm_fused, (u, a, p, 1, None, False, None, 1))  # sequential
-    s, _ = fused_lstm.flashlstm_fused(u.detach(), a.detach(), p.detach())
+    s, _ = lstm_kernels.flashlstm_fused(u.detach(), a.detach(), p.detach())
     torch.library.opcheck(
         torch.ops.expressivity.flashlstm_fused_bwd, (u.detach(), a.detach(), p.detach(), s, torch.randn_like(s))
     )
@@ -223,28 +225,28 @@ def test_opcheck():
 def test_bad_inputs_give_clear_errors(monkeypatch):
     u, a, p = make(1, 2, 9, 4, 12, True)
     with pytest.raises(TypeError, match="float32"):
-        fused_gru.flashgru_fused(u.double(), a.double())
+        gru_kernels.flashgru_fused(u.double(), a.double())
     with pytest.raises(ValueError, match=r"\(H, B, L, 3, Ds\)"):
-        fused_gru.flashgru_fused(u[..., :2, :], a)
+        gru_kernels.flashgru_fused(u[..., :2, :], a)
     with pytest.raises(ValueError, match="a must be"):
-        fused_gru.flashgru_fused(u, a[:, :2])
+        gru_kernels.flashgru_fused(u, a[:, :2])
     with pytest.raises(ValueError, match="p must be"):
-        fused_lstm.flashlstm_fused(u, a, p.double())
+        lstm_kernels.flashlstm_fused(u, a, p.double())
     with pytest.raises(ValueError, match="contiguous"):
-        fused_gru.flashgru_fused(u.transpose(1, 2), a)
+        gru_kernels.flashgru_fused(u.transpose(1, 2), a)
     with pytest.raises(ValueError, match="iters"):
-        fused_gru.flashgru_fused(u, a, iters=-1)
+        gru_kernels.flashgru_fused(u, a, iters=-1)
     with pytest.raises(ValueError, match="tol"):
-        fused_lstm.flashlstm_fused(u, a, p, tol=-1.0)
+        lstm_kernels.flashlstm_fused(u, a, p, tol=-1.0)
     for bad in (3, -1, True):
         with pytest.raises(ValueError, match="chunk must be"):
-            fused_gru._CELL(u, a, chunk=bad)
+            gru_kernels._CELL(u, a, chunk=bad)
     for bad in (torch.tensor(1), torch.tensor([True, False]), True):
         with pytest.raises(ValueError, match="skip must be"):
-            fused_gru.flashgru_fused(u, a, skip=bad)
-    monkeypatch.setattr(fused_common, "triton_available", lambda t: False)
+            gru_kernels.flashgru_fused(u, a, skip=bad)
+    monkeypatch.setattr(triton_ops, "triton_available", lambda t: False)
     with pytest.raises(ValueError, match="CUDA"):
-        fused_gru.flashgru_fused(u, a)
+        gru_kernels.flashgru_fused(u, a)
 
 
 @pytest.mark.parametrize("lstm", [False, True])
@@ -255,7 +257,7 @@ def test_skip_runs_no_iteration_where_it_holds(lstm):
     (a skipped re-solve's result is unused: ``torch.where`` sends it zeros)."""
     u, a, p = make(2, 3, 37, 5, 31, lstm)
     params = (u, a, p) if lstm else (u, a)
-    fn = fused_lstm.flashlstm_fused if lstm else fused_gru.flashgru_fused
+    fn = lstm_kernels.flashlstm_fused if lstm else gru_kernels.flashgru_fused
     full, res = fn(*params, iters=4, stats=True)
     kept, res_kept = fn(*params, iters=4, stats=True, skip=torch.tensor(False, device=DEV))
     assert torch.equal(full, kept) and torch.equal(res, res_kept)

@@ -9,7 +9,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from kernels._triton import triton_available
-from kernels.fused_rnn.cells_triton import NUM_SAVED
+from kernels.fused_rnn.cell_kernels import NUM_SAVED
 from kernels.fused_rnn.reference import CellSpec, cell_spec, check_inputs
 
 #: storage dtypes the Triton backends accept (accumulation is float32 for float32 / bfloat16 storage

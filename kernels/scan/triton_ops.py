@@ -10,12 +10,12 @@ Same signatures and semantics as ``kernels.scan.reference``:
 One single-pass kernel per call, of two kinds (``ScanTiles.kind``; ``default_tiles`` picks):
 
 - ``"loop"`` (many lanes: ``B * D`` channels in at least ``LOOP_FROM_LANE_TILES`` tiles): the chunk-loop
-  kernels (``_loop_kernels.py``), one program per (batch row, channel tile) walking the whole sequence
+  kernels (``loop_kernels.py``), one program per (batch row, channel tile) walking the whole sequence
   in chunks with the state in registers and the loads software-pipelined; no communication;
-- ``"lookback"`` (few lanes, e.g. one long sequence): the look-back kernels (``_scan_kernels.py``): the
+- ``"lookback"`` (few lanes, e.g. one long sequence): the look-back kernels (``chunk_kernels.py``): the
   sequence is split into chunks of ``ch`` steps and the channels into tiles of ``bd``; every (chunk,
   tile) is one program, so even one long sequence fills the GPU, and the carry between chunks travels
-  by decoupled look-back (``_lookback.py``).
+  by decoupled look-back (``lookback_kernels.py``).
 
 The backward is the same kernel in the other direction with shifted coefficients, and writes the
 coefficient gradient in the same pass (``dx_t = dy_t + c_{t+1} dx_{t+1}``, ``dc_t = dx_t y_{t-1}``).
@@ -37,9 +37,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from kernels._triton import LaunchCache, cdiv, empty_like, next_pow2, triton_available
-from kernels.scan._lookback import RECORDS_OFFSET
-from kernels.scan._loop_kernels import _block2_loop_kernel, _diag_loop_kernel
-from kernels.scan._scan_kernels import _block2_scan_kernel, _diag_scan_kernel
+from kernels.scan.chunk_kernels import _block2_scan_kernel, _diag_scan_kernel
+from kernels.scan.lookback_kernels import RECORDS_OFFSET
+from kernels.scan.loop_kernels import _block2_loop_kernel, _diag_loop_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -48,7 +48,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 class ScanTiles:
     """Kernel kind and tile of one scan launch (forward, or the backward kernel).
 
-    ``kind``: ``"loop"`` (``_loop_kernels.py``) or ``"lookback"`` (``_scan_kernels.py``); ``ch``: time
+    ``kind``: ``"loop"`` (``loop_kernels.py``) or ``"lookback"`` (``chunk_kernels.py``); ``ch``: time
     steps per chunk; ``bd``: channels per tile; ``warps``: warps per program; ``stages`` (chunk loop):
     chunks whose loads are in flight, plus one; ``window`` (diagonal look-back): records loaded per
     look-back step after the first; ``maxnreg`` (look-back): register cap per thread, ``None`` = the
@@ -134,7 +134,7 @@ def check_inputs(name: str, c: torch.Tensor, x: torch.Tensor, block2: bool) -> N
 
 
 #: Launches of one cached workspace before it is zeroed: its records carry a 31-bit launch tag
-#: (``_lookback.py``), which must not repeat while an old record could still be read as published.
+#: (``lookback_kernels.py``), which must not repeat while an old record could still be read as published.
 WS_LAUNCH_LIMIT = 2**31 - 1
 #: (CUDA device index or -1: CPU, raw stream handle or 0) -> [workspace, launches since zeroed]
 _workspaces: dict[tuple[int, int], list] = {}
@@ -142,11 +142,11 @@ _workspaces: dict[tuple[int, int], list] = {}
 
 def _workspace(x: torch.Tensor, words: int) -> torch.Tensor:
     """The int64 look-back workspace of the current stream on ``x``'s device, at least ``words`` words
-    (the ticket counter in word 0, the records from word ``RECORDS_OFFSET``: ``_lookback.py``).
+    (the ticket counter in word 0, the records from word ``RECORDS_OFFSET``: ``lookback_kernels.py``).
 
     Cached per (device, stream), the stream by its raw handle (the one Triton launches on), and reused
     by every launch: the kernels need no zeroing between launches (the ticket counter in word 0 resets
-    itself and carries the epoch; records are tagged by launch, ``_lookback.py``). One workspace per
+    itself and carries the epoch; records are tagged by launch, ``lookback_kernels.py``). One workspace per
     stream, because launches on one stream never overlap. It stays allocated (the largest size asked
     for, per stream). CUDA graphs: a workspace first allocated during capture is zeroed at the start of
     every replay (the capture records the zeroing), one allocated before capture carries its epoch
@@ -192,7 +192,7 @@ def _plan(B: int, L: int, D: int, reverse: bool, grad: bool, block2: bool, tiles
         meta["WIN"] = t.window
     if t.maxnreg is not None:
         meta["maxnreg"] = t.maxnreg
-    # record words per lane: _lookback.py
+    # record words per lane: lookback_kernels.py
     words = RECORDS_OFFSET.value + n_lt * n_chunks * (8 if block2 else 3) * t.bd
     kernel = _block2_scan_kernel if block2 else _diag_scan_kernel
     return kernel, (n_lt * n_chunks,), n_dt, meta, words, LaunchCache()

@@ -2,8 +2,8 @@
 
 Two ``torch.library`` custom ops (namespace ``expressivity``), ``mlstm_chunkwise_fwd`` and
 ``mlstm_chunkwise_bwd``, wired together with ``register_autograd``. The forward runs the inter-chunk
-state kernel and the tiled intra-chunk kernel (``triton_fwd``); the backward runs the reverse state
-kernel and the dQ, dK, dV kernels (``triton_bwd``). Gate gradients use the identity
+state kernel and the tiled intra-chunk kernel (``fwd_kernels``); the backward runs the reverse state
+kernel and the dQ, dK, dV kernels (``bwd_kernels``). Gate gradients use the identity
 ``d(log f cumsum)_t = q_t . dq_t - k_t . dk_t`` and ``d(log i)_t = k_t . dk_t`` (the function depends
 on ``(q_t, B_t)`` only through ``exp(B_t) q_t`` and on ``(k_t, log i_t, B_t)`` through
 ``exp(log i_t - B_t) k_t``, ``B`` the cumulative log forget gate), plus the final-state term.
@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from kernels._triton import cdiv, empty, next_pow2, triton_available
+from kernels.mlstm.bwd_kernels import gate_grads, inter_chunk_dstates, intra_chunk_dk, intra_chunk_dq, intra_chunk_dv
+from kernels.mlstm.fwd_kernels import chunk_gates, inter_chunk_states, intra_chunk_h
 from kernels.mlstm.reference import check_args
-from kernels.mlstm.triton_bwd import gate_grads, inter_chunk_dstates, intra_chunk_dk, intra_chunk_dq, intra_chunk_dv
-from kernels.mlstm.triton_fwd import chunk_gates, inter_chunk_states, intra_chunk_h
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -280,7 +280,7 @@ def _check(q, k, v, i_pre, f_pre, input_gate, initial_state, chunk_size):
         raise TypeError(f"the triton mLSTM supports {[str(d) for d in DTYPES]}, got {q.dtype}")
     if q.dtype == torch.float64 and q.is_cuda:
         raise TypeError(
-            "the triton mLSTM runs float64 only under TRITON_INTERPRET=1; on CUDA use float32 or backend='chunkwise'"
+            "the triton mLSTM runs float64 only under TRITON_INTERPRET=1; on CUDA use float32 or backend='torch'"
         )
     for name, t in (("k", k), ("v", v), ("i_pre", i_pre), ("f_pre", f_pre)):
         if t.dtype != q.dtype:
@@ -413,7 +413,7 @@ def _gate_grads_torch(qdq, kdk, i_pre, f_pre, dlast, exp_gate: bool):
     (``(NKB, B, NH, NC*L)`` float32 partial sums over feature blocks): ``d log f_t = sum_{s >= t}
     (q.dq - k.dk)_s + dlast`` (``dlast (B, NH)``: the final-state term, or None), ``df = d log f *
     sigmoid(-f)``, ``di = k.dk`` (mLSTMexp) or ``k.dk * sigmoid(-i)``. The PyTorch reference of
-    ``triton_bwd.gate_grads``."""
+    ``bwd_kernels.gate_grads``."""
     S = i_pre.shape[-1]
     qdq, kdk = qdq.sum(0)[..., :S], kdk.sum(0)[..., :S]
     d_logf = (qdq - kdk).flip(-1).cumsum(-1).flip(-1)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
+from kernels._validate import non_negative_int
 from kernels.newton.jacobian import autograd_jacobian
 from kernels.newton.reduction import check_structure, solve_bidiagonal, transpose_jacobian
 from kernels.newton.reference import StepFn, sequential_apply
@@ -233,8 +234,7 @@ def newton_apply(
     Returns ``(h (*lead, L, S), NewtonStats)``.
     """
     check_structure(structure)
-    if not isinstance(iters, int) or iters < 0:
-        raise ValueError(f"iters must be an int >= 0, got {iters!r}")
+    non_negative_int("iters", iters)
     if tol is not None and not tol >= 0:
         raise ValueError(f"tol must be None or >= 0, got {tol!r}")
     if damping is not None and not 0.0 <= damping <= 1.0:

@@ -8,9 +8,9 @@ registers. No tickets, no records, no communication between programs: one pass o
 loop (``tl.range(..., num_stages=STAGES)``: Triton stages the next ``STAGES - 1`` chunks' tiles in
 shared memory with asynchronous copies while the current chunk is scanned), so each program keeps
 several tiles in flight; with few lane tiles (one long sequence) there are too few programs to fill
-the GPU, and ``_scan_kernels.py``'s look-back kernels, which split the sequence, run instead.
+the GPU, and ``chunk_kernels.py``'s look-back kernels, which split the sequence, run instead.
 
-Modes (constexpr) as in ``_scan_kernels.py``: ``REVERSE`` (chunks and rows from the end; the tile
+Modes (constexpr) as in ``chunk_kernels.py``: ``REVERSE`` (chunks and rows from the end; the tile
 holds its rows in reverse memory order so the in-register scan always runs forward) and ``GRAD``
 (the backward of a scan of the opposite direction: coefficients of the previous position in this
 kernel's order ``p(t)``, transposed for 2x2 blocks; also writes ``dc_t = dx_t * y_{q(t)}``, outer
@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.scan._scan_kernels import (
+from kernels.scan.chunk_kernels import (
     _compose,
     _compose2,
     _load_block2_tile,
@@ -51,7 +51,7 @@ def _diag_loop_kernel(
     DC: tl.constexpr,
 ):
     """``c, x, out, yfwd, dc (B, L, D)`` (``yfwd``, ``dc``: ``None`` unless ``GRAD``); grid
-    ``(B * n_dt,)``, ``n_dt = cdiv(D, BD)`` (a runtime argument, as in ``_scan_kernels.py``); ``DC``:
+    ``(B * n_dt,)``, ``n_dt = cdiv(D, BD)`` (a runtime argument, as in ``chunk_kernels.py``); ``DC``:
     ``D`` as a compile-time constant, or 0 (runtime ``D``)."""
     if DC > 0:
         D = DC

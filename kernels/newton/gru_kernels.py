@@ -11,7 +11,7 @@
 - ``residuals (iters + 1,)``: with ``stats=True``, ``max |f(h^k_{t-1}, u_t) - h^k_t|`` of the
   ``k``-th iterate over every chunk that reached it (``-1`` where none did); ``stats=False``: all ``-1``.
 
-Newton runs chunk by chunk from the exact state of the previous chunk (``fused_common.py``):
+Newton runs chunk by chunk from the exact state of the previous chunk (``common_kernels.py``):
 initial guess ``h^0_t = f(0, u_t)``, at most ``iters`` iterations per chunk, stopping a chunk
 early once its max residual is ``<= tol``. The backward (custom op ``flashgru_fused_bwd``) is one
 reverse pass of the adjoint ``lambda_t = dL/dh_t + J_{t+1} lambda_{t+1}`` (eq. 6) with the
@@ -29,9 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.newton.fused_common import (
-    FusedNewton,
-    NewtonTiles,
+from kernels.newton.common_kernels import (
     chunk_masks,
     compose,
     compose_excl,
@@ -43,6 +41,7 @@ from kernels.newton.fused_common import (
     store3,
     tanh,
 )
+from kernels.newton.triton_ops import FusedNewton, NewtonTiles
 
 
 @triton.jit

@@ -8,10 +8,10 @@
 - ``state (H, B, L, 2 Ds)`` = ``[c, h]`` per position, with ``(c_{-1}, h_{-1}) = 0`` and
   ``f = sigmoid(a_f h + u_f + c_f c_prev)``, ``z = tanh(a_z h + u_z)``, ``c = f c_prev + (1 - f) z``,
   ``o = sigmoid(a_o h + u_o + c_o c)``, ``h = o tanh(c)``;
-- ``residuals (iters + 1,)``: as in ``fused_gru`` (max over both state halves).
+- ``residuals (iters + 1,)``: as in ``gru_kernels`` (max over both state halves).
 
 The Jacobian is a 2x2 block of diagonals (eq. 8); the chunked Newton and the exclusive scan are
-described in ``fused_common.py``. The backward (``flashlstm_fused_bwd``) is one reverse pass of
+described in ``common_kernels.py``. The backward (``flashlstm_fused_bwd``) is one reverse pass of
 ``lambda_t = dL/ds_t + J_{t+1}^T lambda_{t+1}`` with ``du``, ``da`` and ``dp`` fused.
 Custom ops: ``expressivity::flashlstm_fused``, ``expressivity::flashlstm_fused_bwd``.
 """
@@ -22,9 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.newton.fused_common import (
-    FusedNewton,
-    NewtonTiles,
+from kernels.newton.common_kernels import (
     chunk_masks,
     compose2,
     compose2_excl,
@@ -36,6 +34,7 @@ from kernels.newton.fused_common import (
     store3,
     tanh,
 )
+from kernels.newton.triton_ops import FusedNewton, NewtonTiles
 
 
 @triton.jit
@@ -253,6 +252,6 @@ def flashlstm_fused(
 
 def flashlstm_sequential(u: torch.Tensor, a: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """FlashLSTM states ``[c, h] (H, B, L, 2 Ds)`` of the loop, in one forward launch: one-step chunks
-    and one iteration, each from the exact previous state (``fused_gru.flashgru_sequential``);
+    and one iteration, each from the exact previous state (``gru_kernels.flashgru_sequential``);
     ``u (H, B, L, 3, Ds)``, ``a (H, 3, Ds)``, ``p (H, 2, Ds)`` float32, contiguous. Differentiable."""
     return _CELL.sequential(u, a, p)

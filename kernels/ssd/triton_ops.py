@@ -1,6 +1,6 @@
 """SSD with Triton kernels, forward and backward, as ``torch.library`` custom ops.
 
-Same function and arguments as ``chunked.ssd_chunked``. Forward: the states entering every chunk
+Same function and arguments as ``pytorch.ssd_chunked``. Forward: the states entering every chunk
 (``chunk_state``: chunk states and the recurrence across chunks fused, the state kept on chip),
 then the chunk outputs (``chunk_attn``, causal). Backward, with ``E_ts = exp(acum_t - acum_s)``, ``prev_c`` the state
 entering chunk ``c`` and ``G_c`` the gradient reaching it:
@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import FEW_PROGRAMS, cdiv, empty, float32_matmul_precision, next_pow2, triton_available
-from kernels.ssd.triton_kernels import chunk_attn_kernel, chunk_state_kernel
+from kernels.ssd.chunk_kernels import chunk_attn_kernel, chunk_state_kernel
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -257,7 +257,7 @@ def _state_launch_config(u: torch.Tensor, DV: int, Q: int, tiles: list[int]) -> 
 def _chunk_state_launch(
     u, v, init, acum, dtT, prev, chunk_size: int, precision: str, reverse: bool, tiles: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``chunk_state`` (see ``triton_kernels``): ``(batch, nc + 1, H, DU, DV)`` in ``u``'s dtype, and in
+    """``chunk_state`` (see ``chunk_kernels``): ``(batch, nc + 1, H, DU, DV)`` in ``u``'s dtype, and in
     reverse the per-``(batch, chunk, head, state tile)`` partial sums of ``<out[c+1], exp(acum_last_c)
     prev[c]>`` ``(batch, nc, H, state tiles)`` float32 (forward: an empty tensor)."""
     batch, L, H, DU = u.shape

@@ -6,7 +6,7 @@ per step ``dnum = dh * inv`` and ``dd = -sign(d) [|d| > exp(-m)] inv (dh . h)`` 
 every kernel the value-side gradient is ``dP = inv * (dh V^T) + dd`` (precomputed per step:
 ``inv``, ``dd``). mLSTMsig has ``inv = 1``, ``dd = 0`` (``EXP=False``). The max states are constants.
 
-Every ``tl.dot`` takes ``input_precision=PREC``, one value per launch (``triton_chunkwise._precision``:
+Every ``tl.dot`` takes ``input_precision=PREC``, one value per launch (``triton_ops._precision``:
 3-pass TF32 for float32 by default). ``dP`` is a difference of two nearly equal terms when the
 normalizer is active (like a softmax gradient), and the gate gradients are reverse cumulative sums
 of ``q . dq - k . dk`` (differences of large terms), so single-pass TF32 anywhere in the float32
@@ -23,7 +23,7 @@ path shows up as percent-level gate-gradient errors.
   feature dim. ``dq``/``dk`` also write the row sums ``q . dq`` and ``k . dk`` (per feature block)
   from which the gate gradients follow.
 * ``gate_grads``: ``di, df`` from those row sums (a reverse cumulative sum over the sequence), one
-  program per batch*head (``triton_chunkwise._gate_grads_torch`` is the PyTorch reference).
+  program per batch*head (``triton_ops._gate_grads_torch`` is the PyTorch reference).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ padded steps have log forget gate 0 and log input gate -inf, i.e. they change no
 forget gate), ``li`` (log input gate), ``a = g - b + li`` and ``g`` (chunk total), ``amax = max(a)``.
 
 * ``chunk_gates``: the gate vectors above from the pre-activations, one program per (chunk,
-  batch*head) (one launch instead of a dozen small PyTorch ops; ``triton_chunkwise._gates`` is the
+  batch*head) (one launch instead of a dozen small PyTorch ops; ``triton_ops._gates`` is the
   PyTorch reference).
 * ``inter_chunk_states``: the recurrent kernel (first level of sequence parallelism). One program per
   (DQK block, DV block, batch*head) runs over the chunks and writes the state entering every chunk

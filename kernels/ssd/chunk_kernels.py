@@ -1,4 +1,4 @@
-"""The two Triton kernels of the SSD chunked scan; ``triton_ssd.py`` composes them.
+"""The two Triton kernels of the SSD chunked scan; ``triton_ops.py`` composes them.
 
 Notation (per batch ``b``, head ``h``, chunk ``c`` of ``Q`` steps): ``acum_t`` is the cumulative
 sum of ``dt * A`` inside the chunk, ``dt_t`` the step size (both float32, laid out

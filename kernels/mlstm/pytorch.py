@@ -18,6 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from kernels._validate import positive_int
 from kernels.mlstm.reference import _finish, _initial, check_args, compute_dtype, log_gates
 
 
@@ -26,8 +27,7 @@ def mlstm_chunkwise(
 ):
     """Chunkwise mLSTM; shapes and states as in ``kernels.mlstm.mlstm``."""
     B, NH, S, DQK, DV = check_args(q, k, v, i_pre, f_pre, input_gate, initial_state)
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    positive_int("chunk_size", chunk_size)
     out_dtype = q.dtype
     dt = compute_dtype(q.dtype)
     L = chunk_size

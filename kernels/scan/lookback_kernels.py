@@ -9,7 +9,7 @@ A program scans its chunk in registers, publishes the chunk's *aggregate* (the c
 records, composing aggregates until it meets an *inclusive* value (the true state at the end of
 that chunk), and finally publishes its own inclusive value.
 
-Workspace (int64, cached across launches by ``triton_scan._workspace``): word 0 is the ticket counter,
+Workspace (int64, cached across launches by ``triton_ops._workspace``): word 0 is the ticket counter,
 ``epoch << 32 | tickets taken``; the program that takes the launch's last ticket sets it to
 ``(epoch + 1) << 32``, so the next launch on the stream starts at ticket 0 with the next epoch, and no
 host-side reset (or zeroing) is needed between launches. Every record word is **written once per
@@ -18,7 +18,7 @@ published word), the low 32 bits the float32 value, so a value and its flag beco
 a word from an earlier launch carries an older tag and reads as unpublished. The records start at
 word ``RECORDS_OFFSET`` (``records``), one per (lane tile, chunk): ``NA`` aggregate-coefficient words,
 ``NV`` aggregate-value words, ``NV`` inclusive-value words, each a row of ``BD`` lanes. (Tags repeat
-after ``2**31 - 1`` launches; ``triton_scan`` zeroes the workspace before that.)
+after ``2**31 - 1`` launches; ``triton_ops`` zeroes the workspace before that.)
 
 Replicated lanes. When a program has more threads than its ``[BD]`` rows have elements, Triton gives
 each lane to several threads ("replicas"), which load the records independently and may see a word

@@ -2,7 +2,7 @@
 
 One program per (lane tile of ``BD`` channels, chunk of ``CH`` time steps): it loads its tile once,
 scans it along time with ``tl.associative_scan`` (the composition of affine maps
-``y -> a * y + b``), gets its carry-in by decoupled look-back (``_lookback.py``), and writes the
+``y -> a * y + b``), gets its carry-in by decoupled look-back (``lookback_kernels.py``), and writes the
 result once: one pass over memory, ``12`` bytes per element (diagonal, float32, forward).
 
 Modes (constexpr):
@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.scan._lookback import lookback_block2, lookback_diag, records, take_ticket
+from kernels.scan.lookback_kernels import lookback_block2, lookback_diag, records, take_ticket
 
 
 @triton.jit
@@ -164,7 +164,7 @@ def _diag_scan_kernel(
     DC: tl.constexpr,
 ):
     """``c, x, out, yfwd, dc (B, L, D)`` (``yfwd``, ``dc``: ``None`` unless ``GRAD``); ``ws_ptr``: the
-    int64 look-back workspace (``_lookback.py``); ``n_dt = cdiv(D, BD)``; grid
+    int64 look-back workspace (``lookback_kernels.py``); ``n_dt = cdiv(D, BD)``; grid
     ``(B * n_dt * cdiv(L, CH),)``; ``DC``: ``D`` as a compile-time constant, or 0 (runtime ``D``).
     ``n_dt`` stays a runtime argument: derived from a constant ``D`` it costs registers (spills under
     the forward's 168-register cap, ``benchmarks/ops/compile_report.py``)."""
@@ -192,7 +192,7 @@ def _diag_scan_kernel(
     agg_a = _row_of(A, sel)
     agg_y = _row_of(Y, sel)
 
-    # ---- decoupled look-back (_lookback.py): records of 3 x BD words per (lane tile, chunk) ----
+    # ---- decoupled look-back (lookback_kernels.py): records of 3 x BD words per (lane tile, chunk) ----
     rec = records(ws_ptr) + (lt * n_chunks) * 3 * BD + tl.arange(0, BD)
     carry = lookback_diag(rec, k, agg_a, agg_y, tag, CH, BD, WIN)
 
@@ -250,7 +250,7 @@ def _block2_scan_kernel(
     gy0 = _row_of(Y0, sel)
     gy1 = _row_of(Y1, sel)
 
-    # ---- decoupled look-back (_lookback.py): records of 8 x BD words per (lane tile, chunk) ----
+    # ---- decoupled look-back (lookback_kernels.py): records of 8 x BD words per (lane tile, chunk) ----
     rec = records(ws_ptr) + (lt * n_chunks) * 8 * BD + tl.arange(0, BD)
     r0, r1 = lookback_block2(rec, k, g00, g01, g10, g11, gy0, gy1, tag, CH, BD)
 

@@ -1,0 +1,292 @@
+"""The delta-rule family on the fused recurrent Triton kernel (``recurrent_kernels.py``), forward and backward.
+
+``dplr_recurrent``: the kernel's recurrence as the custom ops ``expressivity::delta_recurrent_fwd`` /
+``delta_recurrent_bwd`` with ``register_autograd`` (and the same launches as an eager ``autograd.Function``);
+launch parameters: ``RecurrentTiles``.
+
+Each function has the signature of its ``reference.py`` twin and maps its member onto the kernel's
+recurrence ``S_s = S_{s-1} diag(exp(w_s)) + (S_{s-1} a_s) b_s^T + v_s k_s^T`` (a delta step
+``S (I - beta k k^T) + beta v k^T`` is ``a = k, b = -beta k, v <- beta v``; a scalar decay ``exp(g)``
+multiplies ``b`` and becomes ``w = g`` on every key channel). These maps are elementwise torch code,
+so autograd carries the kernel's gradients back to ``beta`` and ``g``. The maps and ``qk_l2norm`` are
+computed in float32 (float64 inputs run in float32 too); the output is in the dtype of ``q``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from kernels._triton import cdiv, empty, next_pow2
+from kernels.delta.recurrent_kernels import delta_recurrent_bwd_kernel, delta_recurrent_fwd_kernel
+from kernels.delta.reference import l2norm
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrentTiles:
+    """Launch parameters of the fused recurrent kernels; ``None`` takes the default for the problem.
+
+    ``block_v``: value rows of the state per program (a power of two; default: every row up to 64
+    rows of width <= 64, else 32); ``warps`` (default: one per 256 state elements, 1 to 8);
+    ``chunk``: steps between the forward's stored states, the backward's recompute length (32)."""
+
+    block_v: int | None = None
+    warps: int | None = None
+    chunk: int | None = None
+
+    def resolve(self, K: int, V: int) -> tuple[int, int, int, int]:
+        """``(BK, BV, warps, chunk)`` for keys of width ``K`` and values of width ``V``."""
+        BK = max(16, next_pow2(K))
+        BV = self.block_v or min(max(16, next_pow2(V)), 64 if BK <= 64 else 32)
+        warps = self.warps or max(1, min(8, BV * BK // 256))
+        return BK, BV, warps, self.chunk or 32
+
+
+def _forward(q, k, v, a, b, w, scale: float, nstep: int, save: bool, tiles: RecurrentTiles | None = None):
+    """``(o, ckpt)``: the output ``(B, T, H, V)`` in ``q``'s dtype and the stored states (float32)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BK, BV, warps, chunk = (tiles or RecurrentTiles()).resolve(K, V)
+    NC = cdiv(T * nstep, chunk)
+    o = empty((B, T, H, V), q.device, q.dtype)
+    ckpt = empty((B * H, NC, V, K) if save else (1,), q.device, torch.float32)
+    delta_recurrent_fwd_kernel[(cdiv(V, BV), B * H)](
+        q,
+        k,
+        v,
+        a,
+        b,
+        k if w is None else w,
+        o,
+        ckpt,
+        T,
+        H,
+        float(scale),
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        NSTEP=nstep,
+        CHUNK=chunk,
+        HAS_W=w is not None,
+        SAVE=save,
+        num_warps=warps,
+    )
+    return o, ckpt
+
+
+def _backward(do, q, k, v, a, b, w, ckpt, scale: float, nstep: int, tiles: RecurrentTiles | None = None):
+    """``(dq, dk, dv, da, db, dw)`` in float32 (``dw`` empty without ``w``)."""
+    B, T, H, K = q.shape
+    V, Ts = v.shape[-1], k.shape[1]
+    BK, BV, warps, chunk = (tiles or RecurrentTiles()).resolve(K, V)
+    NV = cdiv(V, BV)
+    dev, f32 = q.device, torch.float32
+    scratch = torch.empty((NV * B * H, chunk, BV, BK), device=dev, dtype=f32)
+    dq = empty((NV, B, T, H, K), dev, f32)
+    dk, da, db = (empty((NV, B, Ts, H, K), dev, f32) for _ in range(3))
+    dw = empty((NV, B, Ts, H, K), dev, f32) if w is not None else dk
+    dv = empty((B, Ts, H, V), dev, f32)
+    delta_recurrent_bwd_kernel[(NV, B * H)](
+        q,
+        k,
+        v,
+        a,
+        b,
+        k if w is None else w,
+        ckpt,
+        do,
+        scratch,
+        dq,
+        dk,
+        dv,
+        da,
+        db,
+        dw,
+        B,
+        T,
+        H,
+        float(scale),
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        NSTEP=nstep,
+        CHUNK=chunk,
+        HAS_W=w is not None,
+        num_warps=warps,
+    )
+    dq, dk, da, db = (x.sum(0) if NV > 1 else x[0] for x in (dq, dk, da, db))
+    dw = (dw.sum(0) if NV > 1 else dw[0]) if w is not None else q.new_empty(0, dtype=f32)
+    return dq, dk, dv, da, db, dw
+
+
+@torch.library.custom_op("expressivity::delta_recurrent_fwd", mutates_args=())
+def delta_recurrent_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor | None,
+    scale: float,
+    nstep: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, ckpt)`` with the default tiles (``_forward``)."""
+    return _forward(q, k, v, a, b, w, scale, nstep, save=True)
+
+
+@delta_recurrent_fwd.register_fake
+def _(q, k, v, a, b, w, scale, nstep):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    chunk = RecurrentTiles().resolve(K, V)[3]
+    return q.new_empty(B, T, H, V), q.new_empty(B * H, cdiv(T * nstep, chunk), V, K, dtype=torch.float32)
+
+
+@torch.library.custom_op("expressivity::delta_recurrent_bwd", mutates_args=())
+def delta_recurrent_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor | None,
+    ckpt: torch.Tensor,
+    scale: float,
+    nstep: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The input gradients in float32 with the default tiles (``_backward``)."""
+    return _backward(do, q, k, v, a, b, w, ckpt, scale, nstep)
+
+
+@delta_recurrent_bwd.register_fake
+def _(do, q, k, v, a, b, w, ckpt, scale, nstep):
+    f = torch.float32
+    dw = w.new_empty(w.shape, dtype=f) if w is not None else q.new_empty(0, dtype=f)
+    return (*(x.new_empty(x.shape, dtype=f) for x in (q, k, v, a, b)), dw)
+
+
+def _cast_grads(grads, inputs):
+    """Each float32 gradient in its input's dtype; ``None`` for an absent ``w``."""
+    return tuple(None if x is None else g.to(x.dtype) for g, x in zip(grads, inputs))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, a, b, w, scale, nstep = inputs
+    ctx.save_for_backward(q, k, v, a, b, w, output[1])
+    ctx.opts = (scale, nstep)
+
+
+def _grad(ctx, do, dckpt):
+    q, k, v, a, b, w, ckpt = ctx.saved_tensors
+    grads = delta_recurrent_bwd(do.contiguous(), q, k, v, a, b, w, ckpt, *ctx.opts)
+    return (*_cast_grads(grads, (q, k, v, a, b, w)), None, None)
+
+
+delta_recurrent_fwd.register_autograd(_grad, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """Eager autograd over the same launches as the custom ops, with explicit tiles."""
+
+    @staticmethod
+    def forward(ctx, tiles, q, k, v, a, b, w, scale, nstep):
+        o, ckpt = _forward(q, k, v, a, b, w, scale, nstep, save=True, tiles=tiles)
+        ctx.save_for_backward(q, k, v, a, b, w, ckpt)
+        ctx.opts, ctx.tiles = (scale, nstep), tiles
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do):
+        q, k, v, a, b, w, ckpt = ctx.saved_tensors
+        grads = _backward(do.contiguous(), q, k, v, a, b, w, ckpt, *ctx.opts, ctx.tiles)
+        return (None, *_cast_grads(grads, (q, k, v, a, b, w)), None, None)
+
+
+def dplr_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor | None,
+    *,
+    scale: float,
+    nstep: int = 1,
+    tiles: RecurrentTiles | None = None,
+) -> torch.Tensor:
+    """The recurrence of the module docstring. ``q (B, T, H, K)``; per step ``k, a, b, w (B, T n, H, K)``,
+    ``v (B, T n, H, V)`` with ``n = nstep`` steps per token (``w``: log decay per key channel, or None)
+    -> ``o (B, T, H, V)`` in ``q``'s dtype. Inputs are made contiguous; ``tiles``: ``RecurrentTiles``."""
+    if q.dtype not in DTYPES:
+        raise TypeError(f"delta triton: inputs must be one of {DTYPES}, got {q.dtype}")
+    q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
+    w = None if w is None else w.contiguous()
+    args = (q, k, v, a, b, w, float(scale), int(nstep))
+    if torch.compiler.is_compiling():
+        return delta_recurrent_fwd(*args)[0]
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args[:6]):
+        return _Eager.apply(tiles, *args)
+    return _forward(*args, save=False, tiles=tiles)[0]
+
+
+def _f32(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(x if x.dtype in (torch.bfloat16, torch.float16) else x.float() for x in xs)
+
+
+def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, tiles: RecurrentTiles | None = None):
+    """``n = k.shape[2]`` delta steps per token, the decay ``exp(g_t)`` (or none) before them.
+    ``q (B, L, H, K)``, ``k (B, L, n, H, K)``, ``v (B, L, n, H, V)``, ``beta (B, L, n, H)``, ``g (B, L, H)``."""
+    B, L, n, H, K = k.shape
+    out_dtype = q.dtype
+    q, k, v = _f32(q, k, v)
+    if qk_l2norm:
+        q, k = l2norm(q.float()), l2norm(k.float())
+    beta = beta.float()[..., None]
+    b = -beta * k
+    if g is not None:
+        first = torch.ones(1, 1, n, 1, 1, device=q.device, dtype=torch.bool)
+        first[:, :, 1:] = False
+        decay = torch.exp(g.float())[:, :, None, :, None]
+        b = torch.where(first, b * decay, b)
+        w = torch.where(first, g.float()[:, :, None, :, None], 0.0).expand(B, L, n, H, K)
+        w = w.reshape(B, L * n, H, K)
+    else:
+        w = None
+    steps = (x.reshape(B, L * n, H, -1) for x in (k, beta * v, k, b))
+    kk, vv, aa, bb = steps
+    scale = K**-0.5 if scale is None else scale
+    return dplr_recurrent(q, kk, vv, aa, bb, w, scale=scale, nstep=n, tiles=tiles).to(out_dtype)
+
+
+def delta_rule(q, k, v, beta, *, scale=None, qk_l2norm=False, tiles: RecurrentTiles | None = None):
+    """``S_t = S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``."""
+    return gated_delta_product(
+        q, k[:, :, None], v[:, :, None], beta[:, :, None], None, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles
+    )
+
+
+def gated_delta_rule(q, k, v, g, beta, *, scale=None, qk_l2norm=False, tiles: RecurrentTiles | None = None):
+    """``S_t = exp(g_t) S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``."""
+    return gated_delta_product(
+        q, k[:, :, None], v[:, :, None], beta[:, :, None], g, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles
+    )
+
+
+def delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, tiles: RecurrentTiles | None = None):
+    """DeltaProduct: ``n`` delta steps per token, optional decay (``gated_delta_product``)."""
+    return gated_delta_product(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles)
+
+
+def dplr_delta_rule(q, k, v, a, b, w, *, scale=1.0, tiles: RecurrentTiles | None = None):
+    """``S_t = S_{t-1}(diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``."""
+    out_dtype = q.dtype
+    q, k, v, a, b, w = _f32(q, k, v, a, b, w)
+    return dplr_recurrent(q, k, v, a, b, w, scale=scale, nstep=1, tiles=tiles).to(out_dtype)
