@@ -1,4 +1,4 @@
-"""The single-layer model: shapes, causality of every registered mixer in both blocks, parameter counts."""
+"""The model: shapes, causality of every registered mixer in both blocks, parameter counts."""
 
 import pytest
 import torch
