@@ -57,6 +57,15 @@ def test_named_repository_paths_exist(doc):
     assert not missing, f"{doc.relative_to(ROOT)}: names paths the repository does not have: {missing}"
 
 
+GPU_RUN_MECHANICS = re.compile(r"RESTORE_RUN|PACK_MAX_MB|\.part0\d|bundle\.tgz|device (call|session)s?\b", re.I)
+
+
+def test_gpu_run_mechanics_are_told_in_one_readme():
+    """How runs travel between GPU machines is told in benchmarks/README.md, beside the scripts, only."""
+    told = [str(d.relative_to(ROOT)) for d in DOCS if GPU_RUN_MECHANICS.search(d.read_text())]
+    assert told == ["benchmarks/README.md"]
+
+
 def test_the_readme_mixer_table_names_every_registered_mixer():
     from mixers import MIXERS
 
