@@ -8,6 +8,7 @@
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -16,22 +17,20 @@ if not torch.cuda.is_available():
 torch.set_num_threads(1)
 
 
-def pytest_addoption(parser):
-    parser.addoption(
-        "--benchmarks",
-        action="store_true",
-        help="also run tests/benchmarks (the measurement tooling's tests: benchmarks/)",
-    )
+@pytest.fixture(autouse=True)
+def _restore_torch_globals():
+    """Every test leaves torch's process-wide settings as it found them: the float32 matmul precision
+    (``torch.set_float32_matmul_precision``), the default dtype and grad mode."""
+    precision, dtype, grad = torch.get_float32_matmul_precision(), torch.get_default_dtype(), torch.is_grad_enabled()
+    yield
+    torch.set_float32_matmul_precision(precision)
+    torch.set_default_dtype(dtype)
+    torch.set_grad_enabled(grad)
 
 
-def pytest_collection_modifyitems(config, items):
-    """tests/benchmarks tests the tools that measure the suite (``benchmarks/``): marked ``benchmarks`` and
-    skipped unless ``--benchmarks`` is given."""
-    import pytest
-
-    skip = pytest.mark.skip(reason="measurement tooling (benchmarks/): run with --benchmarks")
+def pytest_collection_modifyitems(items):
+    """tests/benchmarks tests the tools that measure the suite (``benchmarks/``): marked ``benchmarks``
+    (``-m "not benchmarks"`` leaves them out); they run with the rest of the suite."""
     for item in items:
         if "tests/benchmarks/" in item.nodeid.replace("\\", "/"):
             item.add_marker(pytest.mark.benchmarks)
-            if not config.getoption("--benchmarks"):
-                item.add_marker(skip)

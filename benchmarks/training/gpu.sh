@@ -4,7 +4,7 @@
 #   usage (GPU machine, repository root, optuna importable):  bash benchmarks/training/gpu.sh OUT_DIR STEP...
 #   steps:
 #     graph-tests           tests/experiments/test_cuda_graph.py (graph vs eager, the Newton policy, resume) and
-#                           tests/benchmarks/test_step_profile.py (with --benchmarks)
+#                           tests/benchmarks/test_step_profile.py
 #     kernels               python -m benchmarks.training.throughput kernels --compile --top 8 (kernels and GPU time of a
 #                           captured step, and its 8 heaviest kernels)
 #     steps                 python -m benchmarks.training.throughput steps (single trials, eager and graph)
@@ -68,7 +68,7 @@ for step in "$@"; do
   t0=$SECONDS
   case $step in
     graph-tests)
-      timeout -k 10 400 python3 -m pytest -q -p no:cacheprovider --benchmarks tests/experiments/test_cuda_graph.py \
+      timeout -k 10 400 python3 -m pytest -q -p no:cacheprovider tests/experiments/test_cuda_graph.py \
         tests/benchmarks/test_step_profile.py > "$out/graph-tests.log" 2>&1
       echo "=== graph-tests rc=$? in $((SECONDS - t0)) s"; tail -n 15 "$out/graph-tests.log" ;;
     kernels)

@@ -1,4 +1,4 @@
-"""The single-layer model: shapes, causality of every registered mixer in both blocks, parameter counts."""
+"""The model: shapes, causality of every registered mixer in both blocks, parameter counts."""
 
 import pytest
 import torch
@@ -52,9 +52,9 @@ def test_transformer_positions():
         for absolute in (learned, sinusoidal):
             y = absolute(x)
             assert (y - y[:, :1]).abs().amax(dim=-1)[0, 1:].min() > 1e-3
-    with pytest.raises(ValueError, match="exceeds the learned positions' max_len=12"):
+    with pytest.raises(ValueError, match="max_len=12"):
         learned(torch.randn(1, 13, 16))
-    with pytest.raises(ValueError, match="needs max_len"):
+    with pytest.raises(ValueError, match="max_len"):
         mixers.build_mixer("transformer", 16, positions="learned")
 
 
@@ -106,9 +106,9 @@ def test_full_block_without_convolution():
 
 
 def test_bad_model_config():
-    with pytest.raises(ValueError, match="block must be one of"):
+    with pytest.raises(ValueError, match="block.*'fancy'"):
         ModelConfig(2, 2, block="fancy")
-    with pytest.raises(ValueError, match="conv_kernel must be an integer >= 0"):
+    with pytest.raises(ValueError, match="conv_kernel.*-1"):
         ModelConfig(2, 2, conv_kernel=-1)
-    with pytest.raises(ValueError, match="unknown mixer 'nope'"):
+    with pytest.raises(ValueError, match="'nope'"):
         SequenceModel(ModelConfig(2, 2, mixer="nope"))
