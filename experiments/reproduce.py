@@ -88,7 +88,7 @@ def plans_for(name: str, quick: bool = False, overrides: dict[str, Any] | None =
                 "train": dict(QUICK_TRAIN),
                 "lrs": base.lrs[:2],
                 "layers": base.layers[:2],
-                "d_model": min(base.d_model, QUICK_D_MODEL),
+                "d_model": min(base.model.d_model, QUICK_D_MODEL),
             }
             if base.extrapolation:
                 over["extrapolation"] = quick_extrapolation(base.extrapolation)

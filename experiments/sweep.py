@@ -29,7 +29,7 @@ from experiments.cli import (
     training_main,
 )
 from experiments.sweeps.presets import SweepPlan, available_presets, load_preset, resolve_sweep
-from experiments.trial.defaults import PRECISIONS
+from experiments.trial.shape import PRECISIONS
 from mixers import MIXERS
 from tasks import TASKS
 
@@ -189,7 +189,7 @@ def run(args) -> None:
     }
     plan = resolve_sweep(args.task, args.preset, overrides)
     # a width other than the preset's gets its own default folder: the tables group cells by mixer and depth
-    preset_width = resolve_sweep(args.task, args.preset).d_model
+    preset_width = resolve_sweep(args.task, args.preset).model.d_model
     width = f"-d{args.d_model}" if args.d_model and args.d_model != preset_width else ""
     out = args.out or Path("runs") / f"{args.task}-{args.preset}{width}"
     check_run_arguments(args, out)

@@ -10,6 +10,7 @@ Optuna study, so a worker pool spans all of them: it checks every model builds, 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -234,18 +235,8 @@ def validate_specs(cells: list[tuple[str, Any]]) -> float:
     time. Returns the check's time in seconds."""
     distinct = {}
     for _, spec in cells:
-        key = (
-            spec.task,
-            repr(sorted(spec.task_options.items())),
-            spec.mixer,
-            repr(sorted(spec.mixer_options.items())),
-            spec.block,
-            spec.conv_kernel,
-            spec.positional,
-            spec.layers,
-            spec.precision,
-            spec.device,
-        )
+        # the task (its vocabulary and classes), the whole model shape and the device
+        key = json.dumps([spec.task, spec.task_options, spec.model.to_dict(), spec.device], sort_keys=True, default=str)
         distinct.setdefault(key, spec)
     from experiments.engines.autotune import first_config_only
 
@@ -253,7 +244,7 @@ def validate_specs(cells: list[tuple[str, Any]]) -> float:
     for n, spec in enumerate(distinct.values(), 1):
         t_model = time.perf_counter()
         what = (
-            f"model {n}/{len(distinct)} ({spec.mixer}, {spec.layers} layer{'' if spec.layers == 1 else 's'}, "
+            f"model {n}/{len(distinct)} ({spec.model.mixer}, {spec.model.layers} layer{'' if spec.model.layers == 1 else 's'}, "
             f"{spec.task}) on {spec.device or 'cpu'}"
         )
         with _still_checking(what):
@@ -285,24 +276,24 @@ def _check_model(spec) -> None:
         gpu_only = [m for m in model.modules() if getattr(m, "requires_cuda", False)]
         if gpu_only and device.type != "cuda":
             raise ValueError(
-                f"mixer {spec.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "
+                f"mixer {spec.model.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "
                 "for a GPU only; run it with --device cuda on a machine with one"
             )
         tokens = torch.zeros(1, 4, dtype=torch.long, device=device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.precision == "bf16-mixed"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.model.precision == "bf16-mixed"):
             logits = model.to(device)(tokens)
         logits.float().sum().backward()
     except (ValueError, TypeError, AttributeError, RuntimeError, AssertionError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if isinstance(err, ValueError) and _names_the_mixer(first, spec.mixer):
+        if isinstance(err, ValueError) and _names_the_mixer(first, spec.model.mixer):
             raise ValueError(first) from None
         if device.type == "cpu" and _GPU_ONLY.search(first):
-            raise ValueError(f"mixer {spec.mixer!r} needs a CUDA GPU: {first}") from None
-        options = f" with options {spec.mixer_options}" if spec.mixer_options else ""
-        raise ValueError(f"mixer {spec.mixer!r}{options}: {first}") from None
+            raise ValueError(f"mixer {spec.model.mixer!r} needs a CUDA GPU: {first}") from None
+        options = f" with options {spec.model.mixer_options}" if spec.model.mixer_options else ""
+        raise ValueError(f"mixer {spec.model.mixer!r}{options}: {first}") from None
     if tuple(logits.shape) != (1, 4, dm.num_classes):
         raise ValueError(
-            f"mixer {spec.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "
+            f"mixer {spec.model.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "
             f"a mixer must map (B, L, d) to (B, L, d)"
         )
 
@@ -419,7 +410,7 @@ def run_plans(
         from experiments.sweeps.workers import cell_dir
 
         watched = [
-            (cell_dir(out, entry, spec), f"{spec.mixer} s{spec.seed} lr {spec.lr:g}", spec.train.max_steps)
+            (cell_dir(out, entry, spec), f"{spec.model.mixer} s{spec.seed} lr {spec.lr:g}", spec.train.max_steps)
             for entry, spec in cells
         ]
         with (

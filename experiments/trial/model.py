@@ -29,48 +29,38 @@ none. ``python -m experiments.paper PRESET`` prints a preset's parameter counts 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, check_conv_kernel
+from experiments.trial.shape import ModelShape
 from mixers import build_mixer
 from mixers.attention import sinusoidal_positions
 from mixers.build import split_stack
 from mixers.conv import causal_depthwise_conv
 
-BLOCKS = ("mixer", "full")
-POSITIONAL = ("none", "sinusoidal")
-
 
 @dataclasses.dataclass
-class ModelConfig:
-    """Everything that defines the model; ``mixer_options`` go to ``build_mixer``."""
+class ModelConfig(ModelShape):
+    """A ``ModelShape`` for a task's vocabulary and classes: everything that defines the model
+    (``ModelShape.config`` builds one; ``mixer_options`` go to ``build_mixer``)."""
 
     vocab_size: int
     num_classes: int
-    mixer: str = "gru"
-    mixer_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    d_model: int = D_MODEL
-    block: str = "mixer"
-    positional: str = "none"
-    conv_kernel: int = CONV_KERNEL
     head_bias: bool = False
-    #: sequence blocks, each pre-norm and residual (1: paper 000's single-layer model)
-    layers: int = LAYERS
+
+    @classmethod
+    def of(cls, shape: ModelShape, vocab_size: int, num_classes: int) -> ModelConfig:
+        """The model of ``shape`` for a task's ``vocab_size`` tokens and ``num_classes`` classes."""
+        return cls(vocab_size, num_classes, **{**shape.to_dict(), "mixer_options": dict(shape.mixer_options)})
 
     def __post_init__(self) -> None:
-        if self.block not in BLOCKS:
-            raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {self.block!r}")
-        if self.positional not in POSITIONAL:
-            raise ValueError(f"positional must be one of {', '.join(POSITIONAL)}, got {self.positional!r}")
-        for name in ("vocab_size", "num_classes", "d_model", "layers"):
+        super().__post_init__()
+        for name in ("vocab_size", "num_classes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        check_conv_kernel(self.conv_kernel)
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
         parts = split_stack(self.mixer)
         if self.layers % len(parts):
             raise ValueError(
@@ -83,7 +73,7 @@ class FullBlock(nn.Module):
 
     stackable, trials = True, 1  # mixers.stacking
 
-    def __init__(self, mixer: nn.Module, d_model: int, conv_kernel: int = CONV_KERNEL) -> None:
+    def __init__(self, mixer: nn.Module, d_model: int, conv_kernel: int = 4) -> None:
         super().__init__()
         self.in_proj = nn.Linear(d_model, 2 * d_model, bias=False)
         # conv_kernel 0: no convolution (a plain attribute, so stacking copies it as it is)

@@ -215,7 +215,7 @@ def run_stack(
         options.logger,
         progress_bar,
         [history, trials, *(callbacks or [])],
-        precision=spec.precision,
+        precision=spec.model.precision,
     )
     tester = L.Trainer(
         accelerator=accelerator,

@@ -11,6 +11,7 @@ one training set). Trained models: ``LitSequenceModel.load_from_checkpoint(<tria
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import logging
@@ -33,10 +34,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.engines.captured import CapturedSteps
 from experiments.engines.cuda_graph import CUDAGraphPrecision
-from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS, check_conv_kernel
 from experiments.trial.lit import LitSequenceModel
 from experiments.trial.model import ModelConfig, count_parameters
 from experiments.trial.running import PROGRESS_FILE, append_sample
+from experiments.trial.shape import PRECISIONS, ModelShape
 from tasks import ExtrapolationConfig, SyntheticDataModule, get_task
 
 log = logging.getLogger(__name__)
@@ -112,71 +113,57 @@ class TrainConfig:
 
 @dataclasses.dataclass
 class TrialSpec:
-    """Everything one trial needs; ``cell_key()`` identifies the grid cell."""
+    """Everything one trial needs; ``cell_key()`` identifies the grid cell, ``model`` its model's shape.
+
+    ``to_dict()`` is flat (the ``ModelShape`` fields beside the others): the form of ``spec.json`` and of
+    the study's trials, read back by ``from_dict``."""
 
     task: str
-    mixer: str
+    model: ModelShape
     lr: float
     seed: int
     task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    mixer_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    block: str = "mixer"
-    positional: str = "none"
     extrapolation: dict[str, Any] | None = None
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     device: str = "auto"
-    #: sequence blocks of the model (``experiments.trial.model.ModelConfig.layers``)
-    layers: int = LAYERS
-    #: Lightning's precision: ``32-true`` (float32) or ``bf16-mixed`` (float32 weights, optimizer and
-    #: loss; the forward under ``torch.autocast(bfloat16)``)
-    precision: str = PRECISIONS[0]
-    #: the model's width (embedding and mixer channels)
-    d_model: int = D_MODEL
-    #: the full block's causal convolution kernel (0: none; ``experiments.trial.model``)
-    conv_kernel: int = CONV_KERNEL
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model, ModelShape):
+            raise ValueError(f"model must be a ModelShape, got {self.model!r}")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
-        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1:
-            raise ValueError(f"layers must be an integer >= 1, got {self.layers!r}")
-        if isinstance(self.d_model, bool) or not isinstance(self.d_model, int) or self.d_model < 1:
-            raise ValueError(f"d_model must be an integer >= 1, got {self.d_model!r}")
-        check_conv_kernel(self.conv_kernel)
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("model", "train")}
+        return {**copy.deepcopy(d), **copy.deepcopy(self.model.to_dict()), "train": dataclasses.asdict(self.train)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
-        d = dict(d)
-        d["train"] = TrainConfig(**d.get("train", {}))
-        return cls(**d)
+        own = {f.name for f in dataclasses.fields(cls)} - {"model", "train"}
+        return cls(
+            model=ModelShape.from_dict(d),
+            train=TrainConfig(**d.get("train", {})),
+            **{k: v for k, v in d.items() if k in own},
+        )
 
     def cell_key(self) -> str:
         """A stable id of (task, mixer, [layers, precision,] seed, lr) — what the sweep resumes on (layers
         and precision appear when they are not the defaults, so earlier studies keep their keys)."""
-        extra = (f"|layers={self.layers}" if self.layers != 1 else "") + (
-            f"|{self.precision}" if self.precision != PRECISIONS[0] else ""
+        m, defaults = self.model, ModelShape.defaults()
+        extra = (f"|layers={m.layers}" if m.layers != defaults["layers"] else "") + (
+            f"|{m.precision}" if m.precision != defaults["precision"] else ""
         )
-        return f"{self.task}|{self.mixer}{extra}|seed={self.seed}|lr={self.lr:g}"
+        return f"{self.task}|{m.mixer}{extra}|seed={self.seed}|lr={self.lr:g}"
 
     def identity(self) -> dict[str, Any]:
         """``to_dict()`` without the fields at their defaults that earlier versions did not have (what the
-        cell's hash covers, so a study written before them resumes)."""
+        cell's hash covers, so a study written before them resumes): the model's (``ModelShape.identity``)
+        and the training options ``min_lr``, ``grad_clip`` and ``length_bucketing``."""
         d = self.to_dict()
-        for name, default in (
-            ("layers", LAYERS),
-            ("precision", PRECISIONS[0]),
-            ("d_model", D_MODEL),
-            ("conv_kernel", CONV_KERNEL),
-        ):
-            if d[name] == default:
-                del d[name]
+        for name in set(ModelShape.field_names()) - set(self.model.identity()):
+            del d[name]
         for name, default in (("min_lr", 0.0), ("grad_clip", None), ("length_bucketing", 0)):
             if d["train"][name] == default:
                 del d["train"][name]
@@ -281,17 +268,7 @@ def build_datamodule(
 
 def build_module(spec: TrialSpec, dm: SyntheticDataModule, stack_seeds: list[int] | None = None) -> LitSequenceModel:
     """The trial's ``LitSequenceModel`` (with ``stack_seeds``: those seeds' trials as one stacked model)."""
-    config = ModelConfig(
-        vocab_size=dm.vocab_size,
-        num_classes=dm.num_classes,
-        mixer=spec.mixer,
-        mixer_options=dict(spec.mixer_options),
-        block=spec.block,
-        positional=spec.positional,
-        layers=spec.layers,
-        d_model=spec.d_model,
-        conv_kernel=spec.conv_kernel,
-    )
+    config = ModelConfig.of(spec.model, dm.vocab_size, dm.num_classes)
     t = spec.train
     return LitSequenceModel(
         dataclasses.asdict(config),
@@ -614,7 +591,7 @@ def _run_trial(
         chunk,
         logger,
         progress_bar,
-        precision=spec.precision,
+        precision=spec.model.precision,
         callbacks=[
             history,
             checkpoints,

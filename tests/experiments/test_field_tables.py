@@ -88,7 +88,7 @@ def test_pd_ssm_protocol_and_awaiting_rows():
     entries = paper_entries("pd-ssm-fsa")
     assert [e.entry for e in entries] == ["cycle_navigation", "even_pairs", "modular_arithmetic", "parity"]
     for plan in plans_for("pd-ssm-fsa"):
-        assert plan.layers == [2] and plan.d_model == 128 and plan.lrs == [2e-3] and len(plan.seeds) == 5
+        assert plan.layers == [2] and plan.model.d_model == 128 and plan.lrs == [2e-3] and len(plan.seeds) == 5
         assert plan.train.batch_size == 256 and plan.train.early_stop_acc == 0.9995
         assert plan.extrapolation["min_len"] == 3 and plan.extrapolation["max_len"] == 40  # train.py: 3..40
         assert plan.extrapolation["test_range"] == [40, 256]
@@ -123,7 +123,7 @@ def test_chomsky_has_deletangs_fifteen_tasks_and_every_mixer_but_no_unchecked_nu
 def test_zoology_sweeps_figure_two():
     entries = load_preset("zoology-mqar")["tasks"]
     plans = [resolve_sweep(e, "zoology-mqar") for e in entries]
-    grid = {(p.task_options["seq_len"], p.task_options["num_kv_pairs"], p.d_model) for p in plans}
+    grid = {(p.task_options["seq_len"], p.task_options["num_kv_pairs"], p.model.d_model) for p in plans}
     assert grid == {(L, k, d) for L, k in ((64, 4), (128, 8), (256, 16)) for d in (64, 128, 256, 512)}
     assert all(p.task_options["placement"] == "zoology" and p.task_options["vocab_size"] == 8192 for p in plans)
     assert all(p.layers == [2] and len(p.lrs) == 4 and "transformer" in p.mixers for p in plans)

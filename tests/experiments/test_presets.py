@@ -64,7 +64,7 @@ def test_conv_kernel_reaches_the_specs_and_only_a_changed_one_changes_the_cell(p
 
     (preset_dir / "noconv.yaml").write_text("extends: base\ntasks: {mqar: {conv_kernel: 0}}\n")
     plain, base = build_specs(resolve_sweep("mqar", "noconv")), build_specs(resolve_sweep("mqar", "base"))
-    assert {s.conv_kernel for s in plain} == {0} and {s.conv_kernel for s in base} == {4}
+    assert {s.model.conv_kernel for s in plain} == {0} and {s.model.conv_kernel for s in base} == {4}
     assert "conv_kernel" not in base[0].identity() and plain[0].identity()["conv_kernel"] == 0
     assert cell_id(plain[0]) != cell_id(base[0])
     (preset_dir / "negative.yaml").write_text("extends: base\ntasks: {mqar: {conv_kernel: -1}}\n")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from experiments.trial.lit import LitSequenceModel
+from experiments.trial.shape import ModelShape
 from experiments.trial.stack import check_stackable, run_stack
 from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
 from tests.experiments.test_training import Interrupt
@@ -28,11 +29,10 @@ def _specs(mixer: str, seeds, **train) -> list[TrialSpec]:
     return [
         TrialSpec(
             task="parity",
-            mixer=mixer,
+            model=ModelShape(mixer=mixer, mixer_options={"divergence_tol": 1e-2} if mixer.startswith("flash") else {}),
             lr=3e-3,
             seed=s,
             task_options={"seq_len": 12, "running": True},
-            mixer_options={"divergence_tol": 1e-2} if mixer.startswith("flash") else {},
             train=TrainConfig(**{**config, **train}),
             device="cpu",
         )

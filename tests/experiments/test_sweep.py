@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from experiments.sweep import main, run_sweep
 from experiments.sweeps.presets import build_specs, resolve_sweep
 from experiments.sweeps.study import GridStudy, cell_id
+from experiments.trial.shape import ModelShape
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"max_steps": 20, "batch_size": 16, "train_size": 64, "val_size": 32, "test_size": 32, "eval_every": 10}
@@ -377,7 +378,7 @@ def test_tensorboard_logger_writes_event_files(tmp_path):
 
     spec = TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=1e-3,
         seed=0,
         task_options={"seq_len": 8},

@@ -281,7 +281,7 @@ def test_worker_claims_its_preferred_cells_first_then_the_rest(tmp_path):
         tmp_path,
         device="cpu",
         poll_s=0.1,
-        prefer={cell_id(s) for s in specs if s.mixer == "elman"},
+        prefer={cell_id(s) for s in specs if s.model.mixer == "elman"},
         on_claim=lambda s: order.append((s["mixer"], s["seed"])),
     )
     assert order == [("elman", 0), ("elman", 1), ("gru", 0), ("gru", 1)]
