@@ -294,7 +294,7 @@ def axis_text(axis: str, value: Any) -> str:
     if axis == "extrapolation":
         lengths = json.loads(value) if isinstance(value, str) and value.strip() else None
         return f"train {lengths['min_len']}-{lengths['max_len']}" if lengths else "no extrapolation"
-    return f"{CELL_AXES[axis]}={value}" if axis in ("conv_kernel", "max_steps") else str(value)
+    return str(value) if axis in ("precision", "block", "positional") else f"{CELL_AXES[axis]}={value}"
 
 
 def model_labels(df: pd.DataFrame, axes: list[str] | None = None) -> list[str]:

@@ -21,6 +21,9 @@ model is exactly paper 000's single-layer model (parameter names and counts unch
 block is residual: the full block and the Transformer carry their own residual connection; a bare
 mixer gets one (``x + mixer(norm(x))``), since a stack of bare mixers without it would not train.
 
+``mlp_ratio > 0`` adds an MLP after every sequence block (``MLP``: ``x + Linear(GELU(Linear(RMSNorm(x))))``,
+hidden width ``mlp_ratio * d``; paper 000 Fig. 9's block has one); the default 0 leaves it out.
+
 The head has no bias by default (``head_bias=False``): paper 000's Table 6 counts (e.g. FlashGRU
 32.7k on MQAR = embedding 8,192 + block 16,192 + two RMSNorm weights 128 + head weight 8,192) have
 none. ``python -m experiments.paper PRESET`` prints a preset's parameter counts next to the paper's.
@@ -94,6 +97,26 @@ class FullBlock(nn.Module):
         return self.out_proj(y) + self.skip_scale * x
 
 
+class MLP(nn.Module):
+    """The MLP after a sequence block (``mlp_ratio > 0``): ``x + Linear(GELU(Linear(RMSNorm(x))))``, hidden
+    width ``round(ratio * d_model)``, no biases. ``(B, L, d) -> (B, L, d)``."""
+
+    stackable, trials = True, 1
+
+    def __init__(self, d_model: int, ratio: float) -> None:
+        super().__init__()
+        hidden = max(1, round(ratio * d_model))
+        self.net = nn.Sequential(
+            nn.RMSNorm(d_model),
+            nn.Linear(d_model, hidden, bias=False),
+            nn.GELU(),
+            nn.Linear(hidden, d_model, bias=False),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.net(x)
+
+
 def sequence_block(config: ModelConfig, layer: int = 0) -> nn.Module:
     """The sequence block of layer ``layer`` (from 0) of ``config``: its mixer alone, or in a ``FullBlock``."""
     parts = split_stack(config.mixer)
@@ -128,7 +151,8 @@ class SequenceModel(nn.Module):
     ``forward(tokens (B, L)) -> logits (B, L, C)``.
 
     Parameters: ``embedding``, ``norm_in``, ``block`` (the first layer), ``deeper`` (layers 2..N, a
-    ``ModuleList`` of ``ResidualLayer``; absent at ``layers = 1``), ``norm_out``, ``head``.
+    ``ModuleList`` of ``ResidualLayer``; absent at ``layers = 1``), ``norm_out``, ``head``, and with
+    ``mlp_ratio > 0`` ``mlps`` (each layer's ``MLP``, after its block).
     ``mixers.stacking.stack_trials([model, ...])`` of ``S`` models: ``forward(tokens (S, B, L)) -> (S, B, L, C)``.
     """
 
@@ -148,6 +172,12 @@ class SequenceModel(nn.Module):
         self.norm_out = nn.RMSNorm(d)
         self.head = nn.Linear(d, config.num_classes, bias=config.head_bias)
         self.add_positions = config.positional == "sinusoidal" and not getattr(self.mixer, "has_positions", False)
+        if config.mlp_ratio:  # built last: a model without MLPs draws its initialization as before
+            self.mlps = nn.ModuleList(MLP(d, config.mlp_ratio) for _ in range(config.layers))
+
+    def _mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """``x`` through layer ``layer``'s MLP where the model has them (``mlp_ratio > 0``)."""
+        return self.mlps[layer](x) if hasattr(self, "mlps") else x
 
     @property
     def mixer(self) -> nn.Module:
@@ -160,9 +190,9 @@ class SequenceModel(nn.Module):
         if self.add_positions:
             x = x + sinusoidal_positions(length, x.shape[-1] // S, x.device, x.dtype).repeat(1, S)
         y = self.block(self.norm_in(x))
-        x = x + y if self.residual_first else y
-        for layer in getattr(self, "deeper", ()):
-            x = layer(x)
+        x = self._mlp(0, x + y if self.residual_first else y)
+        for i, layer in enumerate(getattr(self, "deeper", ()), 1):
+            x = self._mlp(i, layer(x))
         logits = self.head(self.norm_out(x))
         return logits if S == 1 else logits.unflatten(-1, (S, -1)).permute(2, 0, 1, 3)
 

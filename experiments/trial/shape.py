@@ -57,6 +57,9 @@ class ModelShape:
     #: Lightning's precision: ``32-true`` (float32) or ``bf16-mixed`` (float32 weights, optimizer and loss;
     #: the forward under ``torch.autocast(bfloat16)``)
     precision: str = PRECISIONS[0]
+    #: an MLP after every sequence block, ``x + Linear(GELU(Linear(RMSNorm(x))))`` of hidden width
+    #: ``mlp_ratio * d_model`` (paper 000 Fig. 9's; 0: none)
+    mlp_ratio: float = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.mixer, str) or not self.mixer:
@@ -70,6 +73,8 @@ class ModelShape:
         _check_int("conv_kernel", self.conv_kernel, 0, " (0: no convolution)")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if isinstance(self.mlp_ratio, bool) or not isinstance(self.mlp_ratio, (int, float)) or self.mlp_ratio < 0:
+            raise ValueError(f"mlp_ratio must be a number >= 0 (0: no MLP), got {self.mlp_ratio!r}")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
