@@ -380,24 +380,6 @@ def test_a_moved_trial_folder_resumes_with_its_best_checkpoint(tmp_path):
         assert resumed[key] == whole[key], key
 
 
-def test_trial_callbacks_keep_lightnings_checkpoint_keys(tmp_path):
-    """The trial's EarlyStopping and ModelCheckpoint subclasses save and restore their state under the
-    stock callbacks' keys, so checkpoints written before them (or by plain Lightning) resume."""
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-
-    from experiments.trial.train import TrialCheckpoint, TrialEarlyStopping
-
-    assert (
-        TrialEarlyStopping(monitor="val/acc", mode="max").state_key
-        == EarlyStopping(monitor="val/acc", mode="max").state_key
-    )
-    for kwargs in ({"monitor": "val/acc", "mode": "max", "save_top_k": 1}, {"monitor": None, "save_top_k": 1}):
-        assert (
-            TrialCheckpoint(dirpath=tmp_path, **kwargs).state_key
-            == ModelCheckpoint(dirpath=tmp_path, **kwargs).state_key
-        )
-
-
 def test_different_seeds_train_on_different_batch_orders(tmp_path):
     quiet_lightning()
 
