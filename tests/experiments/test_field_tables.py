@@ -17,6 +17,7 @@ from experiments.paper import (
 )
 from experiments.reproduce import plans_for, run_reproduction
 from experiments.sweeps.presets import load_preset, resolve_sweep
+from experiments.sweeps.runner import SweepOptions
 
 METRIC = "range40-256/acc"
 
@@ -160,7 +161,7 @@ def test_quick_plans_build_their_tasks(name):
 )
 def test_quick_reproduction_writes_the_comparison(tmp_path, name, entry, mixer):
     over = {"train": {"max_steps": 20, "train_size": 256, "val_size": 64, "test_size": 64}, "mixers": [mixer]}
-    table = run_reproduction(name, tmp_path, quick=True, overrides=over, entries=[entry], progress=False)
+    table = run_reproduction(name, tmp_path, SweepOptions(progress=False), quick=True, overrides=over, entries=[entry])
     assert list(table["entry"].unique()) == [entry] and table.set_index("mixer").loc[mixer, "seeds"] == 1
     text = (tmp_path / name / "reproduction.md").read_text()
     assert "QUICK" in text and f"| {mixer} " in text

@@ -30,6 +30,7 @@ from experiments.paper import (
 from experiments.reproduce import devices_used, plans_for, run_reproduction, scheduled_minutes, trial_versions
 from experiments.reproduce import main as reproduce_main
 from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
+from experiments.sweeps.runner import SweepOptions
 from experiments.sweeps.study import cell_id
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -397,7 +398,9 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
         "train": {"max_steps": 10, "train_size": 64, "val_size": 32, "test_size": 64},
         "mixers": ["gru", "flashgru"],
     }
-    table = run_reproduction("pararnn-table1", tmp_path, quick=True, overrides=over, entries=["parity"], progress=False)
+    table = run_reproduction(
+        "pararnn-table1", tmp_path, SweepOptions(progress=False), quick=True, overrides=over, entries=["parity"]
+    )
     assert set(table["entry"]) == {"parity"} and table.set_index("mixer").loc["flashgru", "ours_params"] > 0
     text = (tmp_path / "pararnn-table1" / "reproduction.md").read_text()
     assert "QUICK" in text and "| flashgru " in text and "Cells: 2 of 2 finished" in text
@@ -409,7 +412,9 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     results = tmp_path / "pararnn-table1" / "parity" / "results.csv"
     assert len(pd.read_csv(results)) == 2
     mtime = results.stat().st_mtime_ns
-    run_reproduction("pararnn-table1", tmp_path, quick=True, overrides=over, entries=["parity"], progress=False)
+    run_reproduction(
+        "pararnn-table1", tmp_path, SweepOptions(progress=False), quick=True, overrides=over, entries=["parity"]
+    )
     text = (tmp_path / "pararnn-table1" / "reproduction.md").read_text()
     assert re.search(r"\(and up-front model checks: [0-9.]+ min over 2 invocation\(s\)\)", text)
     df = pd.read_csv(results)
@@ -449,13 +454,14 @@ def test_failed_cells_are_final_unless_retry_failed(tmp_path, monkeypatch):
         "train": {"max_steps": 5, "train_size": 32, "val_size": 16, "test_size": 16},
         "mixers": ["nan_mixer:NaNMixer"],
     }
-    args = dict(quick=True, overrides=over, entries=["parity"], progress=False)
+    args = dict(quick=True, overrides=over, entries=["parity"])
+    quiet = SweepOptions(progress=False)
     results = tmp_path / "pararnn-table1" / "parity" / "results.csv"
-    run_reproduction("pararnn-table1", tmp_path, **args)
+    run_reproduction("pararnn-table1", tmp_path, quiet, **args)
     assert pd.read_csv(results)["status"].tolist() == ["failed"]
-    run_reproduction("pararnn-table1", tmp_path, **args)
+    run_reproduction("pararnn-table1", tmp_path, quiet, **args)
     assert set(pd.read_csv(results)["trial"]) == {0}
-    run_reproduction("pararnn-table1", tmp_path, retry_failed=True, **args)
+    run_reproduction("pararnn-table1", tmp_path, SweepOptions(progress=False, retry_failed=True), **args)
     df = pd.read_csv(results)
     assert set(df["trial"]) == {1} and df["status"].tolist() == ["failed"]  # re-ran (and failed again)
 
