@@ -433,6 +433,7 @@ def test_the_up_front_check_tells_models_apart_by_every_shape_field(monkeypatch)
         "d_model": 48,
         "conv_kernel": 2,
         "precision": "bf16-mixed",
+        "mlp_ratio": 2,
     }
     assert set(other) == set(ModelShape.field_names())  # a new field belongs here too
     shapes = [base, *(dataclasses.replace(base, **{k: v}) for k, v in other.items())]
