@@ -144,6 +144,9 @@ class TrialSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
         own = {f.name for f in dataclasses.fields(cls)} - {"model", "train"}
+        unknown = set(d) - own - set(ModelShape.field_names()) - {"train"}
+        if unknown:
+            raise ValueError(f"a trial spec has no field(s) {', '.join(sorted(unknown))}")
         return cls(
             model=ModelShape.from_dict(d),
             train=TrainConfig(**d.get("train", {})),
