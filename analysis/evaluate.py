@@ -60,7 +60,7 @@ def evaluate_trial(
                 rows.append(
                     {
                         "trial": trial_dir.name,
-                        "mixer": spec.mixer,
+                        "mixer": spec.model.mixer,
                         "seed": spec.seed,
                         "lr": spec.lr,
                         "step": step,

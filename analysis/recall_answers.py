@@ -62,7 +62,7 @@ def trial_answers(trial: Path, num_sequences: int, seed: int) -> dict:
         predictions = torch.cat([model(x).argmax(-1) for x in data.inputs.split(500)])
     split = answer_split(data.inputs, data.targets, predictions, task.config.num_kv_pairs)
     split["right_by_pair"] = " / ".join(f"{v:.3f}" for v in split["right_by_pair"])
-    return {"trial": trial.name, "mixer": spec.mixer, "seed": spec.seed, "lr": spec.lr, **split}
+    return {"trial": trial.name, "mixer": spec.model.mixer, "seed": spec.seed, "lr": spec.lr, **split}
 
 
 def parser() -> argparse.ArgumentParser:

@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     out = args.out or args.trial
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "transitions.csv", index=False)
-    print(f"# {spec.mixer} on {spec.task} {spec.task_options}, {args.batch} sequences of length {length}")
+    print(f"# {spec.model.mixer} on {spec.task} {spec.task_options}, {args.batch} sequences of length {length}")
     print(df.round(4).to_string(index=False))
     log.info("written: %s", out / "transitions.csv")
     return df

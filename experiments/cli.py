@@ -274,6 +274,23 @@ def check_run_arguments(args: argparse.Namespace, out: Path) -> None:
     check_output_folder(out)
 
 
+def sweep_options(args: argparse.Namespace, preset: str | None = None):
+    """The ``experiments.sweeps.runner.SweepOptions`` of the parsed run arguments (``add_run_arguments``),
+    built once and passed down; its ``trial`` options are ``run_options(args, preset)``."""
+    from experiments.sweeps.runner import SweepOptions
+
+    return SweepOptions(
+        workers=args.workers,
+        device=args.device,
+        storage_url=args.storage,
+        stale_timeout=args.stale_timeout,
+        retry_failed=args.retry_failed,
+        progress=not args.no_progress,
+        progress_every=args.progress_every,
+        trial=run_options(args, preset),
+    )
+
+
 def run_options(args: argparse.Namespace, preset: str | None = None):
     """The ``experiments.trial.train.RunOptions`` of the parsed ``--logger``, ``--engine`` and ``--stack`` (checked);
     with ``preset``, ``--engine auto`` runs on CUDA in the engine its ``budget: {engine: ...}`` names, if any."""

@@ -601,18 +601,8 @@ def parameter_counts(preset: str) -> pd.DataFrame:
         vocab = task.vocab_size + (1 if plan.extrapolation else 0)  # the pad token
         depth = paper_layers(data.get("paper") or {}, entry)
         for mixer in plan.mixers:
-            for layers in plan.mixer_layers.get(mixer, plan.layers):
-                config = ModelConfig(
-                    vocab,
-                    task.num_classes,
-                    mixer=mixer,
-                    mixer_options=dict(plan.mixer_options.get(mixer, {})),
-                    block=plan.block,
-                    positional=plan.positional,
-                    layers=layers,
-                    d_model=plan.d_model,
-                    conv_kernel=plan.conv_kernel,
-                )
+            for layers in plan.depths(mixer):
+                config = ModelConfig.of(plan.shape(mixer, layers), vocab, task.num_classes)
                 cell = paper.get(mixer, {}).get(entry) if layers == depth else None
                 params = paper_cell(cell)[1] if cell is not None else float("nan")
                 rows.append(

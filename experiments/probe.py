@@ -48,6 +48,7 @@ from experiments.cli import (
     run_cli,
     str_list,
 )
+from experiments.sweeps.runner import SweepOptions
 
 log = logging.getLogger("experiments.probe")
 
@@ -539,18 +540,18 @@ def report_markdown(
 def probe(
     cell: str,
     out: Path,
+    options: SweepOptions = SweepOptions(),
+    *,
     quick: bool = False,
     tasks: list[str] | None = None,
     references: list[str] | None = None,
-    workers: int = 0,
-    device: str = "auto",
     max_steps: int | None = None,
     seeds: list[int] | None = None,
     lengths: list[int] | None = None,
     run_sweeps: bool = True,
-    progress: bool = True,
 ) -> dict[str, Any]:
-    """Run every check and the sweeps; write the report card; returns the numbers (also ``probe.json``).
+    """Run every check and the sweeps (run as ``options`` says); write the report card; returns the
+    numbers (also ``probe.json``).
 
     ``numbers["verdict"]``: ``ok``, the ``rules`` broken, one reason per rule and the verdict ``line``.
     """
@@ -582,15 +583,13 @@ def probe(
         from experiments.sweeps.runner import run_plans
 
         log.info("4/4 sweeps: %s × %s", ", ".join(tasks), ", ".join([cell, *references]))
-        options = {} if verdict_["ok"] else {"mode": "sequential", "verify": False}
-        plans = sweep_plans(cell, tasks, references, quick, max_steps, seeds, options)
+        cell_options = {} if verdict_["ok"] else {"mode": "sequential", "verify": False}
+        plans = sweep_plans(cell, tasks, references, quick, max_steps, seeds, cell_options)
         results, info = run_plans(
             plans,
             out,
             "probe" + ("-quick" if quick else ""),
-            workers,
-            device,
-            progress=progress,
+            options,
             label=f"probe {cell_cls.__name__}",
         )
         acc: dict[str, dict[str, float]] = {}
@@ -628,7 +627,7 @@ def probe(
     meta = {
         "mode": "quick (CPU smoke sizes)" if quick else "full (default preset)",
         "date": time.strftime("%Y-%m-%d"),
-        "device": device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"),
+        "device": options.device if options.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"),
         "versions": ", ".join(f"{k} {v}" for k, v in versions().items()),
         "tol": 1e-6,
     }
@@ -699,16 +698,14 @@ def main(argv: list[str] | None = None) -> int:
         numbers = probe(
             args.cell,
             out,
-            args.quick,
-            tasks,
-            references,
-            args.workers,
-            args.device,
-            args.max_steps,
-            args.seeds,
-            args.lengths,
+            SweepOptions(workers=args.workers, device=args.device, progress=not args.no_progress),
+            quick=args.quick,
+            tasks=tasks,
+            references=references,
+            max_steps=args.max_steps,
+            seeds=args.seeds,
+            lengths=args.lengths,
             run_sweeps=not args.no_sweeps,
-            progress=not args.no_progress,
         )
         print((out / "probe-report.md").read_text())
         print(f"report: {out / 'probe-report.md'} (numbers: {out / 'probe.json'})")

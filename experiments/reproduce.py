@@ -31,11 +31,12 @@ from experiments.cli import (
     check_run_arguments,
     int_list,
     positive_int,
-    run_options,
     str_list,
+    sweep_options,
     training_main,
 )
 from experiments.paper import compare, comparison_markdown, load_reproduction, reproduction_presets
+from experiments.sweeps.runner import SweepOptions, run_plans
 
 log = logging.getLogger("experiments.reproduce")
 
@@ -88,7 +89,7 @@ def plans_for(name: str, quick: bool = False, overrides: dict[str, Any] | None =
                 "train": dict(QUICK_TRAIN),
                 "lrs": base.lrs[:2],
                 "layers": base.layers[:2],
-                "d_model": min(base.d_model, QUICK_D_MODEL),
+                "d_model": min(base.model.d_model, QUICK_D_MODEL),
             }
             if base.extrapolation:
                 over["extrapolation"] = quick_extrapolation(base.extrapolation)
@@ -152,23 +153,17 @@ def _lrs(lrs: list[float]) -> str:
 def run_reproduction(
     name: str,
     out: Path,
-    workers: int = 0,
-    device: str = "auto",
-    storage_url: str | None = None,
+    options: SweepOptions = SweepOptions(),
+    *,
     quick: bool = False,
     overrides: dict[str, Any] | None = None,
     entries: list[str] | None = None,
     run: bool = True,
-    progress: bool = True,
-    stale_timeout: float = 60,
-    retry_failed: bool = False,
-    options=None,
-    progress_every: float = 30.0,
 ) -> pd.DataFrame:
-    """Run (resume) the table's sweeps in one study, write the per-sweep results and the comparison
-    (``progress_every``: ``experiments.sweeps.runner.run_plans``)."""
+    """Run (resume) the table's sweeps in one study as ``options`` says, write the per-sweep results and
+    the comparison. ``quick``: the CPU-sized form; ``overrides``: of every sweep's plan (``resolve_sweep``);
+    ``entries``: only these sweeps; ``run=False``: tabulate what has finished."""
     from experiments.sweeps.results import atomic_write_text
-    from experiments.sweeps.runner import run_plans
 
     plans = plans_for(name, quick, overrides)
     if entries:
@@ -181,20 +176,7 @@ def run_reproduction(
     # one study for every reproduction: presets with identical cells (table1 within table6) share trials
     report = out / name
     results, info = run_plans(
-        plans,
-        out,
-        "reproduce" + ("-quick" if quick else ""),
-        workers,
-        device,
-        storage_url,
-        run=run,
-        progress=progress,
-        stale_timeout=stale_timeout,
-        label=name,
-        retry_failed=retry_failed,
-        options=options,
-        results_dir=report,
-        progress_every=progress_every,
+        plans, out, "reproduce" + ("-quick" if quick else ""), options, run=run, label=name, results_dir=report
     )
     table = compare(name, results, {p.entry: list(p.mixers) for p in plans})
     frames = [df for df in results.values() if len(df)]
@@ -202,6 +184,7 @@ def run_reproduction(
     data = load_reproduction(name)
     train = plans[0].train
     # a full run is laid on the preset's budget of workers; a quick check on the workers it ran with
+    workers = options.workers
     scheduled_workers = int((not quick and data.get("budget", {}).get("workers")) or workers or 1)
     meta = {
         "device": devices_used(every),
@@ -282,18 +265,11 @@ def run(args) -> None:
         run_reproduction(
             args.name,
             out,
-            args.workers,
-            args.device,
-            args.storage,
-            args.quick,
-            overrides,
-            args.only,
+            sweep_options(args, args.name),
+            quick=args.quick,
+            overrides=overrides,
+            entries=args.only,
             run=not args.table_only,
-            progress=not args.no_progress,
-            stale_timeout=args.stale_timeout,
-            retry_failed=args.retry_failed,
-            options=run_options(args, args.name),
-            progress_every=args.progress_every,
         )
     report = out / args.name / "reproduction.md"
     text = report.read_text()

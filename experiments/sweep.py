@@ -24,12 +24,13 @@ from experiments.cli import (
     positive_float_list,
     positive_int,
     positive_int_list,
-    run_options,
     str_list,
+    sweep_options,
     training_main,
 )
 from experiments.sweeps.presets import SweepPlan, available_presets, load_preset, resolve_sweep
-from experiments.trial.defaults import PRECISIONS
+from experiments.sweeps.runner import SweepOptions, run_plans
+from experiments.trial.shape import PRECISIONS
 from mixers import MIXERS
 from tasks import TASKS
 
@@ -40,36 +41,9 @@ def study_name(plan: SweepPlan) -> str:
     return f"{plan.entry or plan.task}-{plan.preset}"
 
 
-def run_sweep(
-    plan: SweepPlan,
-    out: Path,
-    storage_url: str | None = None,
-    device: str = "auto",
-    retry_failed: bool = False,
-    progress: bool = True,
-    workers: int = 0,
-    stale_timeout: float = 60,
-    options=None,
-    progress_every: float = 30.0,
-):
-    """Run (or resume) the sweep; returns the results ``DataFrame`` (one row per cell)."""
-    from experiments.sweeps.runner import run_plans
-
-    results, _ = run_plans(
-        [plan],
-        out,
-        study_name(plan),
-        workers=workers,
-        device=device,
-        storage_url=storage_url,
-        progress=progress,
-        stale_timeout=stale_timeout,
-        label=f"{plan.entry or plan.task} sweep",
-        retry_failed=retry_failed,
-        options=options,
-        flat=True,
-        progress_every=progress_every,
-    )
+def run_sweep(plan: SweepPlan, out: Path, options: SweepOptions = SweepOptions()):
+    """Run (or resume) the sweep as ``options`` says; returns the results ``DataFrame`` (one row per cell)."""
+    results, _ = run_plans([plan], out, study_name(plan), options, label=f"{plan.entry or plan.task} sweep", flat=True)
     return next(iter(results.values()))
 
 
@@ -189,7 +163,7 @@ def run(args) -> None:
     }
     plan = resolve_sweep(args.task, args.preset, overrides)
     # a width other than the preset's gets its own default folder: the tables group cells by mixer and depth
-    preset_width = resolve_sweep(args.task, args.preset).d_model
+    preset_width = resolve_sweep(args.task, args.preset).model.d_model
     width = f"-d{args.d_model}" if args.d_model and args.d_model != preset_width else ""
     out = args.out or Path("runs") / f"{args.task}-{args.preset}{width}"
     check_run_arguments(args, out)
@@ -202,18 +176,7 @@ def run(args) -> None:
             f"{plan.train.max_steps:,}",
         )
     with workers_mps(args.mps, args.workers):
-        df = run_sweep(
-            plan,
-            out,
-            args.storage,
-            args.device,
-            args.retry_failed,
-            progress=not args.no_progress,
-            workers=args.workers,
-            stale_timeout=args.stale_timeout,
-            options=run_options(args, args.preset),
-            progress_every=args.progress_every,
-        )
+        df = run_sweep(plan, out, sweep_options(args, args.preset))
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.csv'} ({len(df)} cells); study: optuna-dashboard {out / 'journal.log'}")
 

@@ -176,7 +176,7 @@ class Chunk:
 
         An uninterrupted run asks for whole chunks (``start == index * size``). A run resumed from a
         checkpoint written in the middle of a chunk (Ctrl-C lands inside a training step) takes the
-        interrupted chunk again from the step where it stopped (``experiments.trial.train.InterruptCheckpoint``
+        interrupted chunk again from the step where it stopped (``experiments.trial.lightning_hooks.InterruptCheckpoint``
         rewinds Lightning's batch counters to the chunk), so every validation and the last step stay on
         the uninterrupted run's steps; a chunk whose steps all ran before the interruption is empty.
         """

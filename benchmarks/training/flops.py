@@ -99,7 +99,7 @@ def step_flops(spec, device: str | torch.device = "cpu", sample: int = 4096) -> 
     batches = [stream.batch(i) for i in range(min(stream.per_epoch, BUCKETED_BATCHES if stream.length_pool else 1))]
     autocast = (
         torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
-        if spec.precision == "bf16-mixed"
+        if spec.model.precision == "bf16-mixed"
         else torch.autocast(torch.device(device).type, enabled=False)
     )
 

@@ -79,14 +79,14 @@ def training_lengths(spec) -> tuple[int, int]:
 def shape_key(spec) -> tuple:
     """What sets a training step's cost, the task's vocabulary and classes aside."""
     return (
-        spec.mixer,
-        json.dumps(spec.mixer_options, sort_keys=True),
-        spec.layers,
-        spec.d_model,
-        spec.block,
-        spec.positional,
-        spec.conv_kernel,
-        spec.precision,
+        spec.model.mixer,
+        json.dumps(spec.model.mixer_options, sort_keys=True),
+        spec.model.layers,
+        spec.model.d_model,
+        spec.model.block,
+        spec.model.positional,
+        spec.model.conv_kernel,
+        spec.model.precision,
         spec.train.batch_size,
         training_lengths(spec),
     )
@@ -168,10 +168,10 @@ def measure_alone(cell: Cell, steps: int, options, quick: bool) -> dict[str, Any
     row: dict[str, Any] = {
         "entry": cell.entry,
         "entries": cell.entries,
-        "mixer": spec.mixer,
-        "layers": spec.layers,
-        "d_model": spec.d_model,
-        "precision": spec.precision,
+        "mixer": spec.model.mixer,
+        "layers": spec.model.layers,
+        "d_model": spec.model.d_model,
+        "precision": spec.model.precision,
         "max_steps": full.max_steps,
         "eval_every": full.eval_every,
     }

@@ -158,7 +158,7 @@ def profile_slots(task: str, top: int) -> list[dict]:
         out.append(
             {
                 "task": task,
-                "mixer": spec.mixer,
+                "mixer": spec.model.mixer,
                 "kernels": round(sum(r["launches"] for r in rows)),
                 "us": round(sum(r["us"] for r in rows), 1),
                 "slot_us": round(sum(r["slot_us"] for r in rows), 1),
@@ -300,9 +300,9 @@ def profile_counters(task: str, top: int, csv_dir: str | None = None) -> list[di
             ).stdout
         if csv_dir:
             os.makedirs(csv_dir, exist_ok=True)
-            with open(os.path.join(csv_dir, f"{task}-{spec.mixer}.csv"), "w") as f:
+            with open(os.path.join(csv_dir, f"{task}-{spec.model.mixer}.csv"), "w") as f:
                 f.write(text)
-        out.append({"task": task, "mixer": spec.mixer, **step_floors(read_ncu_csv(text), sms, top)})
+        out.append({"task": task, "mixer": spec.model.mixer, **step_floors(read_ncu_csv(text), sms, top)})
     return out
 
 
@@ -350,7 +350,7 @@ def _step_graph(
     specs = mix_specs(task, mixers)
     spec = specs[index % len(specs)]
     graph, step = captured_step(spec, compile=True, stream=stream, stack=stack)
-    return graph, spec.mixer, step
+    return graph, spec.model.mixer, step
 
 
 def replay_streams(
@@ -430,7 +430,7 @@ def gpu_share(per_stream: dict[str, float], mixers: list[str], streams: int, sha
 def mix_shares(task: str, streams: int, seconds: float) -> list[dict]:
     """``shares`` (module docstring): one row per mixer of ``task``'s mix replayed alone on ``streams``
     streams, with its ``shared_us`` per step, then the mix's row with ``gpu_share``."""
-    mixers = [spec.mixer for spec in mix_specs(task)]
+    mixers = [spec.model.mixer for spec in mix_specs(task)]
     shared_us, rows = {}, []
     for mixer in mixers:
         rate = replay_streams(task, [streams], seconds, mixers=[mixer])[0]["replays_per_s"]

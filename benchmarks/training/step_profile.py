@@ -109,7 +109,7 @@ def captured_step(
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))
 
     # as in training: the closure in the graph engine's precision context (bfloat16 autocast for bf16-mixed)
-    precision = CUDAGraphPrecision(autocast=spec.precision == "bf16-mixed")
+    precision = CUDAGraphPrecision(autocast=spec.model.precision == "bf16-mixed")
 
     def step() -> None:  # the training's closure, then the optimizer step
         with precision.forward_context():
@@ -135,7 +135,7 @@ def profile_step(
     ``top`` > 0: also ``heaviest``, the ``top`` kernels with the most GPU time (``heaviest_kernels``)."""
     if not torch.cuda.is_available():
         raise ValueError("profiling a captured training step needs a CUDA GPU (none is visible)")
-    row: dict[str, Any] = {"mixer": spec.mixer, "compiled": compile, "stack": stack}
+    row: dict[str, Any] = {"mixer": spec.model.mixer, "compiled": compile, "stack": stack}
     t0 = time.perf_counter()
     try:
         graph, _ = captured_step(spec, compile, stack=stack)

@@ -112,7 +112,12 @@ def benchmark_specs(
         }
         plan = resolve_sweep(entry, preset, {"mixers": plan.mixers, "seeds": [0], "lrs": plan.lrs[:1], "train": train})
         mix += [
-            (entry, s if precision is None else dataclasses.replace(s, precision=precision))
+            (
+                entry,
+                s
+                if precision is None
+                else dataclasses.replace(s, model=dataclasses.replace(s.model, precision=precision)),
+            )
             for s in build_specs(plan, device)
         ]
     if count is None:
@@ -144,8 +149,8 @@ def time_steps(
             rows.append(
                 {
                     "task": entry,
-                    "mixer": spec.mixer,
-                    "precision": spec.precision,
+                    "mixer": spec.model.mixer,
+                    "precision": spec.model.precision,
                     "engine": engine,
                     "steps": result["steps"],
                     "steps_per_s": result["steps_per_s"],
@@ -180,7 +185,7 @@ def profile_kernels(
             sized = dataclasses.replace(spec, train=dataclasses.replace(spec.train, batch_size=batch))
             for compiled in (False, True) if compile else (False,):
                 row = profile_step(sized, compiled, stack=stack, top=top)
-                rows.append({"task": entry, "precision": spec.precision, "batch": batch, **row})
+                rows.append({"task": entry, "precision": spec.model.precision, "batch": batch, **row})
                 log.info("%s", rows[-1])
     table = pd.DataFrame(rows)
     import torch

@@ -13,10 +13,10 @@ A preset file::
       mixer_layers: {mlstm_exp+slstm: [2]}   # a mixer's own depths, in place of layers (a mixed stack's
                                              # depth is a multiple of its parts)
       precision: 32-true      # or bf16-mixed (Lightning's names)
-      d_model: 64             # the model's width
-      conv_kernel: 4          # the full block's causal convolution (0: none)
-    tasks:                    # per task: the same keys, plus task_options, block, positional,
-      parity: {...}           # extrapolation; a task absent here is not part of the preset
+      d_model: 64             # the model's width; this and every other field of
+      conv_kernel: 4          # experiments.trial.shape.ModelShape (block, positional, ...) is a key
+    tasks:                    # per task: the same keys, plus task_options and extrapolation;
+      parity: {...}           # a task absent here is not part of the preset
 
 A ``tasks:`` entry may name its task with ``task:`` (``khop2: {task: khop, task_options: {k: 2}}``),
 so one preset can sweep a task in several configurations. ``priority: high`` marks a sweep whose trials
@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 
 from experiments.sweeps.options import dataclass_types, signature_types, typed_options
-from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS
+from experiments.trial.shape import ModelShape
 from experiments.trial.train import TrainConfig, TrialSpec
 from tasks import TASKS, ExtrapolationConfig
 
@@ -64,25 +64,22 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "khop": {"block": "full", "positional": "none"},
 }
 
-SWEEP_KEYS = {
+#: the keys of a sweep besides the model's shape (every ``ModelShape`` field is a key too)
+_PLAN_KEYS = {
     "mixers",
     "seeds",
     "lrs",
     "train",
-    "mixer_options",
     "task_options",
-    "block",
-    "positional",
     "extrapolation",
     "description",
     "task",
     "priority",
-    "layers",
     "mixer_layers",
-    "precision",
-    "d_model",
-    "conv_kernel",
 }
+SWEEP_KEYS = _PLAN_KEYS | set(ModelShape.field_names())
+#: the shape's fields the grid sets per cell (``mixers``, per-mixer ``mixer_options``, ``layers``)
+GRID_FIELDS = ("mixer", "mixer_options", "layers")
 PRIORITIES = ("normal", "high")
 #: top-level keys of a preset file (``paper``: the paper's numbers, read by ``experiments.reproduce``)
 PRESET_KEYS = {"description", "defaults", "tasks", "paper", "budget", "extends", "only", "quick"}
@@ -99,9 +96,11 @@ class SweepPlan:
     lrs: list[float]
     train: TrainConfig
     task_options: dict[str, Any]
+    #: per mixer, its options (``ModelShape.mixer_options`` of its cells)
     mixer_options: dict[str, dict[str, Any]]
-    block: str
-    positional: str
+    #: the shape every cell shares; its ``mixer``, ``mixer_options`` and ``layers`` are set per cell
+    #: (``GRID_FIELDS``: from ``mixers``, ``mixer_options`` and ``layers`` / ``mixer_layers``)
+    model: ModelShape
     extrapolation: dict[str, Any] | None
     description: str = ""
     #: the preset's name for this sweep (a key of ``tasks:``; differs from ``task`` when a preset
@@ -110,15 +109,19 @@ class SweepPlan:
     #: ``high``: its trials go first to the workers with the higher MPS client priority (scheduling only)
     priority: str = "normal"
     #: model depths swept (a grid axis, outside seeds and lrs)
-    layers: list[int] = dataclasses.field(default_factory=lambda: [LAYERS])
+    layers: list[int] = dataclasses.field(default_factory=lambda: [ModelShape().layers])
     #: per mixer, its depths in place of ``layers`` (e.g. a mixed stack ``mlstm_exp+slstm`` at 2)
     mixer_layers: dict[str, list[int]] = dataclasses.field(default_factory=dict)
-    #: Lightning precision of every trial (``experiments.trial.defaults.PRECISIONS``)
-    precision: str = PRECISIONS[0]
-    #: the model's width
-    d_model: int = D_MODEL
-    #: the full block's causal convolution kernel (0: none)
-    conv_kernel: int = CONV_KERNEL
+
+    def depths(self, mixer: str) -> list[int]:
+        """The depths ``mixer`` is swept at: its ``mixer_layers`` where it has them, else ``layers``."""
+        return self.mixer_layers.get(mixer, self.layers)
+
+    def shape(self, mixer: str, layers: int) -> ModelShape:
+        """The model of the plan's cells of ``mixer`` at depth ``layers``."""
+        return dataclasses.replace(
+            self.model, mixer=mixer, mixer_options=self.mixer_options.get(mixer, {}), layers=layers
+        )
 
 
 def available_presets() -> list[str]:
@@ -234,7 +237,7 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
     for key in ("mixers", "seeds", "lrs"):
         if not merged.get(key):
             raise ValueError(f"preset {preset!r}: task {task!r} needs a non-empty '{key}' list")
-    layers = merged.get("layers", [LAYERS])
+    layers = merged.get("layers", [ModelShape().layers])
     layers = layers if isinstance(layers, list) else [layers]
     if not layers or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers):
         raise ValueError(
@@ -261,11 +264,11 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
     if every_mixer:
         mixer_options = {m: {**mixer_options.get(m, {}), **every_mixer} for m in mixers}
     mixer_options = _typed_mixer_options(mixers, mixer_options)
-    precision = str(merged.get("precision", PRECISIONS[0]))
-    if precision not in PRECISIONS:
-        raise ValueError(
-            f"preset {preset!r}: task {task!r}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
-        )
+    shared = {k: merged[k] for k in ModelShape.field_names() if k in merged and k not in GRID_FIELDS}
+    try:
+        model = ModelShape(**typed_options(shared, dataclass_types(ModelShape), "model"))
+    except ValueError as err:
+        raise ValueError(f"preset {preset!r}: task {task!r}: {err}") from None
     return SweepPlan(
         task=real_task,
         preset=preset,
@@ -276,16 +279,12 @@ def resolve_sweep(task: str, preset: str = "default", overrides: dict[str, Any] 
         train=TrainConfig(**train),
         task_options=task_options,
         mixer_options=mixer_options,
-        block=merged.get("block", "mixer"),
-        positional=merged.get("positional", "none"),
+        model=model,
         extrapolation=extrapolation or merged.get("extrapolation"),
         description=data.get("description", ""),
         priority=priority,
         layers=list(dict.fromkeys(layers)),
         mixer_layers={str(k): list(dict.fromkeys(v)) for k, v in mixer_layers.items()},
-        precision=precision,
-        d_model=int(merged.get("d_model", D_MODEL)),
-        conv_kernel=int(merged.get("conv_kernel", CONV_KERNEL)),
     )
 
 
@@ -295,23 +294,16 @@ def build_specs(plan: SweepPlan, device: str = "auto") -> list[TrialSpec]:
     return [
         TrialSpec(
             task=plan.task,
-            mixer=mixer,
             lr=lr,
             seed=seed,
+            model=plan.shape(mixer, layers),
             task_options=plan.task_options,
-            mixer_options=plan.mixer_options.get(mixer, {}),
-            block=plan.block,
-            positional=plan.positional,
             extrapolation=plan.extrapolation,
             train=plan.train,
             device=device,
-            layers=layers,
-            precision=plan.precision,
-            d_model=plan.d_model,
-            conv_kernel=plan.conv_kernel,
         )
         for mixer in plan.mixers
-        for layers in plan.mixer_layers.get(mixer, plan.layers)
+        for layers in plan.depths(mixer)
         for seed in plan.seeds
         for lr in plan.lrs
     ]

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS
+from experiments.trial.shape import ModelShape
 
 log = logging.getLogger("experiments.sweeps.results")
 
@@ -74,19 +74,19 @@ def versions() -> dict[str, str]:
 
 
 def _spec_columns(entry: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The columns of a spec dict (``TrialSpec.to_dict``): one per ``ModelShape`` field (absent in trials
+    stored before the field existed: its default; ``mixer_options`` as ``mixer_config`` JSON and its
+    ``backend``), between the task's and the trial's own."""
+    model = ModelShape.from_dict(spec).to_dict()
+    options = model.pop("mixer_options")
+    shape = {"mixer": model.pop("mixer"), "mixer_config": json.dumps(options, sort_keys=True)}
+    shape["backend"] = options.get("backend", options.get("mode", "auto"))
     return {
         "entry": entry,
         "task": spec["task"],
         "task_config": json.dumps(spec["task_options"], sort_keys=True),
-        "mixer": spec["mixer"],
-        "mixer_config": json.dumps(spec["mixer_options"], sort_keys=True),
-        "backend": spec["mixer_options"].get("backend", spec["mixer_options"].get("mode", "auto")),
-        "block": spec["block"],
-        "layers": spec.get("layers", LAYERS),
-        "d_model": spec.get("d_model", D_MODEL),
-        "conv_kernel": spec.get("conv_kernel", CONV_KERNEL),
-        "precision": spec.get("precision", PRECISIONS[0]),
-        "positional": spec["positional"],
+        **shape,
+        **model,
         "extrapolation": json.dumps(spec["extrapolation"]) if spec["extrapolation"] else "",
         "seed": spec["seed"],
         "lr": spec["lr"],
@@ -259,14 +259,14 @@ CELL_AXES = {
     "conv_kernel": "conv",
     "max_steps": "steps",
 }
+# a model option added to ModelShape is an axis under its own name
+CELL_AXES.update({k: k for k in ModelShape.field_names() if k not in CELL_AXES and k not in ("mixer", "mixer_options")})
 #: an axis's value in results written before it existed
 AXIS_DEFAULTS = {
-    "d_model": D_MODEL,
-    "precision": PRECISIONS[0],
+    **{k: v for k, v in ModelShape.defaults().items() if k not in ("mixer", "mixer_options", "layers")},
     "mixer_config": "{}",
     "task_config": "{}",
     "extrapolation": "",
-    "conv_kernel": CONV_KERNEL,
 }
 
 
@@ -294,7 +294,7 @@ def axis_text(axis: str, value: Any) -> str:
     if axis == "extrapolation":
         lengths = json.loads(value) if isinstance(value, str) and value.strip() else None
         return f"train {lengths['min_len']}-{lengths['max_len']}" if lengths else "no extrapolation"
-    return f"{CELL_AXES[axis]}={value}" if axis in ("conv_kernel", "max_steps") else str(value)
+    return str(value) if axis in ("precision", "block", "positional") else f"{CELL_AXES[axis]}={value}"
 
 
 def model_labels(df: pd.DataFrame, axes: list[str] | None = None) -> list[str]:
@@ -305,7 +305,7 @@ def model_labels(df: pd.DataFrame, axes: list[str] | None = None) -> list[str]:
     axes = varying_axes(df) if axes is None else axes
     labels = []
     for _, r in df.iterrows():
-        parts = [axis_text(a, r[a]) for a in axes if not (a == "layers" and int(r[a]) == LAYERS)]
+        parts = [axis_text(a, r[a]) for a in axes if not (a == "layers" and int(r[a]) == ModelShape().layers)]
         labels.append(", ".join([str(r["mixer"]), *parts]))
     return labels
 

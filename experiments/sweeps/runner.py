@@ -1,15 +1,17 @@
 """The one runner below every training CLI (sweep, reproduce, probe): plans in, results files out.
 
-``run_plans(plans, out, study_name, ...)`` runs (or resumes) the cells of several sweep plans as one
+``run_plans(plans, out, study_name, SweepOptions(...))`` runs (or resumes) the cells of several sweep plans as one
 Optuna study, so a worker pool spans all of them: it checks every model builds, syncs the grid
 (re-queueing the cells of dead or interrupted workers), runs the cells in this process or in
-``workers`` worker processes (``experiments.sweeps.workers``), shows progress, and writes each plan's
+``SweepOptions.workers`` worker processes (``experiments.sweeps.workers``), shows progress, and writes each plan's
 ``<out>/<entry>/results.csv`` and ``table.md`` (with one plan and ``flat=True``: ``<out>/results.csv``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import re
@@ -234,18 +236,8 @@ def validate_specs(cells: list[tuple[str, Any]]) -> float:
     time. Returns the check's time in seconds."""
     distinct = {}
     for _, spec in cells:
-        key = (
-            spec.task,
-            repr(sorted(spec.task_options.items())),
-            spec.mixer,
-            repr(sorted(spec.mixer_options.items())),
-            spec.block,
-            spec.conv_kernel,
-            spec.positional,
-            spec.layers,
-            spec.precision,
-            spec.device,
-        )
+        # the task (its vocabulary and classes), the whole model shape and the device
+        key = json.dumps([spec.task, spec.task_options, spec.model.to_dict(), spec.device], sort_keys=True, default=str)
         distinct.setdefault(key, spec)
     from experiments.engines.autotune import first_config_only
 
@@ -253,7 +245,7 @@ def validate_specs(cells: list[tuple[str, Any]]) -> float:
     for n, spec in enumerate(distinct.values(), 1):
         t_model = time.perf_counter()
         what = (
-            f"model {n}/{len(distinct)} ({spec.mixer}, {spec.layers} layer{'' if spec.layers == 1 else 's'}, "
+            f"model {n}/{len(distinct)} ({spec.model.mixer}, {spec.model.layers} layer{'' if spec.model.layers == 1 else 's'}, "
             f"{spec.task}) on {spec.device or 'cpu'}"
         )
         with _still_checking(what):
@@ -286,26 +278,58 @@ def _check_model(spec) -> None:
         gpu_only = [m for m in model.modules() if declared(m, "requires_cuda")]
         if gpu_only and device.type != "cuda":
             raise ValueError(
-                f"mixer {spec.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "
+                f"mixer {spec.model.mixer!r} needs a CUDA GPU: {type(gpu_only[0]).__name__} runs Triton kernels "
                 "for a GPU only; run it with --device cuda on a machine with one"
             )
         tokens = torch.zeros(1, 4, dtype=torch.long, device=device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.precision == "bf16-mixed"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.model.precision == "bf16-mixed"):
             logits = model.to(device)(tokens)
         logits.float().sum().backward()
     except (ValueError, TypeError, AttributeError, RuntimeError, AssertionError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if isinstance(err, ValueError) and _names_the_mixer(first, spec.mixer):
+        if isinstance(err, ValueError) and _names_the_mixer(first, spec.model.mixer):
             raise ValueError(first) from None
         if device.type == "cpu" and _GPU_ONLY.search(first):
-            raise ValueError(f"mixer {spec.mixer!r} needs a CUDA GPU: {first}") from None
-        options = f" with options {spec.mixer_options}" if spec.mixer_options else ""
-        raise ValueError(f"mixer {spec.mixer!r}{options}: {first}") from None
+            raise ValueError(f"mixer {spec.model.mixer!r} needs a CUDA GPU: {first}") from None
+        options = f" with options {spec.model.mixer_options}" if spec.model.mixer_options else ""
+        raise ValueError(f"mixer {spec.model.mixer!r}{options}: {first}") from None
     if tuple(logits.shape) != (1, 4, dm.num_classes):
         raise ValueError(
-            f"mixer {spec.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "
+            f"mixer {spec.model.mixer!r} gives logits of shape {tuple(logits.shape)} for 4 tokens; "
             f"a mixer must map (B, L, d) to (B, L, d)"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    """How a study's cells run, not what they compute (built once from a CLI's run arguments:
+    ``experiments.cli.sweep_options``): ``workers`` processes (0: this one), the ``device`` of each
+    trial, the Optuna ``storage_url`` (``None``: a journal file in the output folder), ``stale_timeout``
+    seconds without a heartbeat before another worker's trial counts as dead, ``retry_failed`` (re-run
+    cells whose trial failed for a final reason), the ``progress`` bar and ``progress_every`` seconds
+    between reports of the running trials (0: none), and ``trial``: each trial's
+    ``experiments.trial.train.RunOptions`` (step log, step engine, stacking)."""
+
+    workers: int = 0
+    device: str = "auto"
+    storage_url: str | None = None
+    stale_timeout: float = 60
+    retry_failed: bool = False
+    progress: bool = True
+    progress_every: float = 30.0
+    trial: Any = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise ValueError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if not self.stale_timeout > 0:
+            raise ValueError(f"stale timeout must be > 0 seconds, got {self.stale_timeout}")
+        if not self.progress_every >= 0:
+            raise ValueError(f"progress every must be >= 0 seconds, got {self.progress_every}")
+        if self.trial is None:
+            from experiments.trial.train import RunOptions
+
+            object.__setattr__(self, "trial", RunOptions())
 
 
 def _run(
@@ -313,21 +337,27 @@ def _run(
     cells: list,
     keys: list[str],
     out: Path,
-    workers: int,
-    device: str,
-    storage_url: str | None,
-    options,
+    options: SweepOptions,
     on_progress,
     bar: Progress,
     priority: set[str] = frozenset(),
 ) -> None:
-    """Run the cells: in ``workers`` processes, or in this one. ``priority``: the cells of ``priority: high``
-    sweeps (worker processes only)."""
+    """Run the cells: in ``options.workers`` processes, or in this one. ``priority``: the cells of
+    ``priority: high`` sweeps (worker processes only)."""
     from experiments.sweeps.workers import run_workers, worker_loop
 
-    if workers:
+    device = options.device
+    if options.workers:
         run_workers(
-            grid, cells, out, storage_url, workers, device, on_progress=on_progress, options=options, priority=priority
+            grid,
+            cells,
+            out,
+            options.storage_url,
+            options.workers,
+            device,
+            on_progress=on_progress,
+            options=options.trial,
+            priority=priority,
         )
         return
     on_progress(grid.progress(keys))
@@ -342,7 +372,7 @@ def _run(
         cells,
         out,
         device=None if device == "auto" else device,
-        options=options,
+        options=options.trial,
         on_claim=lambda s: bar.update(grid.progress(keys), f"{s['mixer']} seed={s['seed']} lr={s['lr']:g}"),
         on_trial=finished,
     )
@@ -352,25 +382,17 @@ def run_plans(
     plans: list,
     out: Path,
     study_name: str,
-    workers: int = 0,
-    device: str = "auto",
-    storage_url: str | None = None,
+    options: SweepOptions = SweepOptions(),
+    *,
     run: bool = True,
-    progress: bool = True,
-    stale_timeout: float = 60,
     label: str | None = None,
-    retry_failed: bool = False,
-    options=None,
     flat: bool = False,
     results_dir: Path | None = None,
-    progress_every: float = 30.0,
 ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
-    """Run (resume) every plan's cells; returns ``({entry: results DataFrame}, info)``.
+    """Run (resume) every plan's cells as ``options`` says; returns ``({entry: results DataFrame}, info)``.
 
-    ``retry_failed``: also re-run cells whose trial failed for a final reason (NaN loss, an error).
-    ``options``: ``experiments.trial.train.RunOptions`` (step log, step engine).
-    ``progress_every``: seconds between reports of the running trials' steps, validation accuracy and
-    time left (``RunningMonitor``; 0: none). ``run=False`` only collects. Results files go to ``results_dir`` (default ``out``, the folder of the
+    ``run=False`` only collects. ``label`` names the study's part in the logs and the record of its
+    checks (default ``study_name``). Results files go to ``results_dir`` (default ``out``, the folder of the
     study and the cells): ``<results_dir>/<entry>/``, or with ``flat`` (one plan) ``results_dir`` itself.
     ``info``: ``cells``, ``done``, ``counts`` (of this call's sync), ``wall_s``, ``busy_s``
     (``results.busy_seconds`` of the cells' trials: over every invocation), ``checks`` (seconds and count
@@ -381,12 +403,16 @@ def run_plans(
     from experiments.sweeps.results import busy_seconds, collect, versions, warn_newton_fallbacks, write_results
     from experiments.sweeps.study import GridStudy, cell_id
 
-    cells_by_entry = {p.entry or p.task: [(p.entry or p.task, s) for s in build_specs(p, device)] for p in plans}
+    cells_by_entry = {
+        p.entry or p.task: [(p.entry or p.task, s) for s in build_specs(p, options.device)] for p in plans
+    }
     cells = [c for v in cells_by_entry.values() for c in v]
     if flat and len(cells_by_entry) != 1:
         raise ValueError("flat results need exactly one plan")
     check_s = validate_specs(cells) if run else None
-    grid = GridStudy.open(storage_url, out, study_name, stale_timeout)  # a storage that cannot open: no folder made
+    grid = GridStudy.open(
+        options.storage_url, out, study_name, options.stale_timeout
+    )  # a storage that cannot open: no folder made
     if check_s is not None:
         grid.record_check(label or study_name, check_s)
     out.mkdir(parents=True, exist_ok=True)
@@ -406,7 +432,7 @@ def run_plans(
     t0 = time.perf_counter()
     counts: dict[str, int] = {}
     if run:
-        counts = grid.sync(cells, retry_failed=retry_failed)
+        counts = grid.sync(cells, retry_failed=options.retry_failed)
         log.info(
             "%s: %d cells: %d done, %d queued, %d waiting, %d running%s",
             label or study_name,
@@ -420,12 +446,12 @@ def run_plans(
         from experiments.sweeps.workers import cell_dir
 
         watched = [
-            (cell_dir(out, entry, spec), f"{spec.mixer} s{spec.seed} lr {spec.lr:g}", spec.train.max_steps)
+            (cell_dir(out, entry, spec), f"{spec.model.mixer} s{spec.seed} lr {spec.lr:g}", spec.train.max_steps)
             for entry, spec in cells
         ]
         with (
-            Progress(label or study_name, len(keys), enabled=progress, done=grid.progress(keys)["done"]) as bar,
-            RunningMonitor(bar, watched, progress_every),
+            Progress(label or study_name, len(keys), enabled=options.progress, done=grid.progress(keys)["done"]) as bar,
+            RunningMonitor(bar, watched, options.progress_every),
         ):
             done_seen = [-1]
 
@@ -436,7 +462,7 @@ def run_plans(
                     write_all()
 
             try:
-                _run(grid, cells, keys, out, workers, device, storage_url, options, on_progress, bar, priority)
+                _run(grid, cells, keys, out, options, on_progress, bar, priority)
             except KeyboardInterrupt:
                 write_all()  # the interrupted cells show as missing
                 raise

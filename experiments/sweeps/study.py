@@ -219,7 +219,7 @@ def spec_hash(spec: TrialSpec) -> str:
 
 def cell_params(spec: TrialSpec, entry: str) -> dict[str, Any]:
     """The cell as Optuna parameters (``PARAMS``)."""
-    return {"entry": entry, "task": spec.task, "mixer": spec.mixer, "seed": spec.seed, "lr": spec.lr}
+    return {"entry": entry, "task": spec.task, "mixer": spec.model.mixer, "seed": spec.seed, "lr": spec.lr}
 
 
 def grid_distributions(params: list[dict[str, Any]]) -> dict[str, BaseDistribution]:

@@ -109,7 +109,7 @@ def cell_dir(out: Path, entry: str, spec) -> Path:
     """The folder of a cell (shared by all its trials, so an interrupted trial resumes there)."""
     from experiments.sweeps.study import spec_hash
 
-    return out / "trials" / f"{entry}-{path_name(spec.mixer)}-s{spec.seed}-lr{spec.lr:g}-{spec_hash(spec)}"
+    return out / "trials" / f"{entry}-{path_name(spec.model.mixer)}-s{spec.seed}-lr{spec.lr:g}-{spec_hash(spec)}"
 
 
 def stack_dir(out: Path, entry: str, specs: list) -> Path:
@@ -122,7 +122,7 @@ def stack_dir(out: Path, entry: str, specs: list) -> Path:
     spec = specs[0]
     digest = hashlib.sha1(stack_key(spec).encode()).hexdigest()[:10]
     seeds = ",".join(str(s.seed) for s in specs)
-    return out / "stacks" / f"{entry}-{path_name(spec.mixer)}-lr{spec.lr:g}-s{seeds}-{digest}"
+    return out / "stacks" / f"{entry}-{path_name(spec.model.mixer)}-lr{spec.lr:g}-s{seeds}-{digest}"
 
 
 def path_name(mixer: str) -> str:

@@ -21,6 +21,9 @@ model is exactly paper 000's single-layer model (parameter names and counts unch
 block is residual: the full block and the Transformer carry their own residual connection; a bare
 mixer gets one (``x + mixer(norm(x))``), since a stack of bare mixers without it would not train.
 
+``mlp_ratio > 0`` adds an MLP after every sequence block (``MLP``: ``x + Linear(GELU(Linear(RMSNorm(x))))``,
+hidden width ``mlp_ratio * d``; paper 000 Fig. 9's block has one); the default 0 leaves it out.
+
 The head has no bias by default (``head_bias=False``): paper 000's Table 6 counts (e.g. FlashGRU
 32.7k on MQAR = embedding 8,192 + block 16,192 + two RMSNorm weights 128 + head weight 8,192) have
 none. ``python -m experiments.paper PRESET`` prints a preset's parameter counts next to the paper's.
@@ -29,49 +32,39 @@ none. ``python -m experiments.paper PRESET`` prints a preset's parameter counts 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, check_conv_kernel
+from experiments.trial.shape import ModelShape
 from mixers import build_mixer
 from mixers.attention import sinusoidal_positions
 from mixers.build import split_stack
 from mixers.conv import causal_depthwise_conv
 from mixers.protocol import declared
 
-BLOCKS = ("mixer", "full")
-POSITIONAL = ("none", "sinusoidal")
-
 
 @dataclasses.dataclass
-class ModelConfig:
-    """Everything that defines the model; ``mixer_options`` go to ``build_mixer``."""
+class ModelConfig(ModelShape):
+    """A ``ModelShape`` for a task's vocabulary and classes: everything that defines the model
+    (``ModelShape.config`` builds one; ``mixer_options`` go to ``build_mixer``)."""
 
     vocab_size: int
     num_classes: int
-    mixer: str = "gru"
-    mixer_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    d_model: int = D_MODEL
-    block: str = "mixer"
-    positional: str = "none"
-    conv_kernel: int = CONV_KERNEL
     head_bias: bool = False
-    #: sequence blocks, each pre-norm and residual (1: paper 000's single-layer model)
-    layers: int = LAYERS
+
+    @classmethod
+    def of(cls, shape: ModelShape, vocab_size: int, num_classes: int) -> ModelConfig:
+        """The model of ``shape`` for a task's ``vocab_size`` tokens and ``num_classes`` classes."""
+        return cls(vocab_size, num_classes, **{**shape.to_dict(), "mixer_options": dict(shape.mixer_options)})
 
     def __post_init__(self) -> None:
-        if self.block not in BLOCKS:
-            raise ValueError(f"block must be one of {', '.join(BLOCKS)}, got {self.block!r}")
-        if self.positional not in POSITIONAL:
-            raise ValueError(f"positional must be one of {', '.join(POSITIONAL)}, got {self.positional!r}")
-        for name in ("vocab_size", "num_classes", "d_model", "layers"):
+        super().__post_init__()
+        for name in ("vocab_size", "num_classes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        check_conv_kernel(self.conv_kernel)
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
         parts = split_stack(self.mixer)
         if self.layers % len(parts):
             raise ValueError(
@@ -84,7 +77,7 @@ class FullBlock(nn.Module):
 
     stackable, trials = True, 1  # mixers.stacking
 
-    def __init__(self, mixer: nn.Module, d_model: int, conv_kernel: int = CONV_KERNEL) -> None:
+    def __init__(self, mixer: nn.Module, d_model: int, conv_kernel: int = 4) -> None:
         super().__init__()
         self.in_proj = nn.Linear(d_model, 2 * d_model, bias=False)
         # conv_kernel 0: no convolution (a plain attribute, so stacking copies it as it is)
@@ -103,6 +96,26 @@ class FullBlock(nn.Module):
             u = F.silu(causal_depthwise_conv(self.conv, u))
         y = self.norm(self.mixer(u)) * F.silu(z)
         return self.out_proj(y) + self.skip_scale * x
+
+
+class MLP(nn.Module):
+    """The MLP after a sequence block (``mlp_ratio > 0``): ``x + Linear(GELU(Linear(RMSNorm(x))))``, hidden
+    width ``round(ratio * d_model)``, no biases. ``(B, L, d) -> (B, L, d)``."""
+
+    stackable, trials = True, 1
+
+    def __init__(self, d_model: int, ratio: float) -> None:
+        super().__init__()
+        hidden = max(1, round(ratio * d_model))
+        self.net = nn.Sequential(
+            nn.RMSNorm(d_model),
+            nn.Linear(d_model, hidden, bias=False),
+            nn.GELU(),
+            nn.Linear(hidden, d_model, bias=False),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.net(x)
 
 
 def sequence_block(config: ModelConfig, layer: int = 0) -> nn.Module:
@@ -139,7 +152,8 @@ class SequenceModel(nn.Module):
     ``forward(tokens (B, L)) -> logits (B, L, C)``.
 
     Parameters: ``embedding``, ``norm_in``, ``block`` (the first layer), ``deeper`` (layers 2..N, a
-    ``ModuleList`` of ``ResidualLayer``; absent at ``layers = 1``), ``norm_out``, ``head``.
+    ``ModuleList`` of ``ResidualLayer``; absent at ``layers = 1``), ``norm_out``, ``head``, and with
+    ``mlp_ratio > 0`` ``mlps`` (each layer's ``MLP``, after its block).
     ``mixers.stacking.stack_trials([model, ...])`` of ``S`` models: ``forward(tokens (S, B, L)) -> (S, B, L, C)``.
     """
 
@@ -159,6 +173,12 @@ class SequenceModel(nn.Module):
         self.norm_out = nn.RMSNorm(d)
         self.head = nn.Linear(d, config.num_classes, bias=config.head_bias)
         self.add_positions = config.positional == "sinusoidal" and not declared(self.mixer, "has_positions")
+        if config.mlp_ratio:  # built last: a model without MLPs draws its initialization as before
+            self.mlps = nn.ModuleList(MLP(d, config.mlp_ratio) for _ in range(config.layers))
+
+    def _mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """``x`` through layer ``layer``'s MLP where the model has them (``mlp_ratio > 0``)."""
+        return self.mlps[layer](x) if hasattr(self, "mlps") else x
 
     @property
     def mixer(self) -> nn.Module:
@@ -171,9 +191,9 @@ class SequenceModel(nn.Module):
         if self.add_positions:
             x = x + sinusoidal_positions(length, x.shape[-1] // S, x.device, x.dtype).repeat(1, S)
         y = self.block(self.norm_in(x))
-        x = x + y if self.residual_first else y
-        for layer in getattr(self, "deeper", ()):
-            x = layer(x)
+        x = self._mlp(0, x + y if self.residual_first else y)
+        for i, layer in enumerate(getattr(self, "deeper", ()), 1):
+            x = self._mlp(i, layer(x))
         logits = self.head(self.norm_out(x))
         return logits if S == 1 else logits.unflatten(-1, (S, -1)).permute(2, 0, 1, 3)
 

@@ -32,6 +32,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from experiments.trial.lightning_hooks import interrupt_as_keyboard_interrupt
 from experiments.trial.lit import LitSequenceModel
 from experiments.trial.model import count_parameters
 from experiments.trial.train import (
@@ -48,7 +49,6 @@ from experiments.trial.train import (
     fit_resuming,
     fit_trainer,
     fitting,
-    interrupt_as_keyboard_interrupt,
     resolve_device,
     result_row,
     steps_per_chunk,
@@ -215,7 +215,7 @@ def run_stack(
         options.logger,
         progress_bar,
         [history, trials, *(callbacks or [])],
-        precision=spec.precision,
+        precision=spec.model.precision,
     )
     tester = L.Trainer(
         accelerator=accelerator,

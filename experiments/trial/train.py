@@ -11,13 +11,12 @@ one training set). Trained models: ``LitSequenceModel.load_from_checkpoint(<tria
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import logging
 import math
-import signal
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -26,17 +25,21 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
-from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.trainer.states import TrainerFn
 
 from experiments.engines.captured import CapturedSteps
 from experiments.engines.cuda_graph import CUDAGraphPrecision
-from experiments.trial.defaults import CONV_KERNEL, D_MODEL, LAYERS, PRECISIONS, check_conv_kernel
+from experiments.trial.lightning_hooks import (
+    InterruptCheckpoint,
+    TrialCheckpoint,
+    TrialEarlyStopping,
+    interrupt_as_keyboard_interrupt,
+)
 from experiments.trial.lit import LitSequenceModel
 from experiments.trial.model import ModelConfig, count_parameters
 from experiments.trial.running import PROGRESS_FILE, append_sample
+from experiments.trial.shape import PRECISIONS, ModelShape
 from mixers.protocol import declared
 from tasks import ExtrapolationConfig, SyntheticDataModule, get_task
 
@@ -113,71 +116,60 @@ class TrainConfig:
 
 @dataclasses.dataclass
 class TrialSpec:
-    """Everything one trial needs; ``cell_key()`` identifies the grid cell."""
+    """Everything one trial needs; ``cell_key()`` identifies the grid cell, ``model`` its model's shape.
+
+    ``to_dict()`` is flat (the ``ModelShape`` fields beside the others): the form of ``spec.json`` and of
+    the study's trials, read back by ``from_dict``."""
 
     task: str
-    mixer: str
+    model: ModelShape
     lr: float
     seed: int
     task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    mixer_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    block: str = "mixer"
-    positional: str = "none"
     extrapolation: dict[str, Any] | None = None
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     device: str = "auto"
-    #: sequence blocks of the model (``experiments.trial.model.ModelConfig.layers``)
-    layers: int = LAYERS
-    #: Lightning's precision: ``32-true`` (float32) or ``bf16-mixed`` (float32 weights, optimizer and
-    #: loss; the forward under ``torch.autocast(bfloat16)``)
-    precision: str = PRECISIONS[0]
-    #: the model's width (embedding and mixer channels)
-    d_model: int = D_MODEL
-    #: the full block's causal convolution kernel (0: none; ``experiments.trial.model``)
-    conv_kernel: int = CONV_KERNEL
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model, ModelShape):
+            raise ValueError(f"model must be a ModelShape, got {self.model!r}")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
-        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1:
-            raise ValueError(f"layers must be an integer >= 1, got {self.layers!r}")
-        if isinstance(self.d_model, bool) or not isinstance(self.d_model, int) or self.d_model < 1:
-            raise ValueError(f"d_model must be an integer >= 1, got {self.d_model!r}")
-        check_conv_kernel(self.conv_kernel)
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("model", "train")}
+        return {**copy.deepcopy(d), **copy.deepcopy(self.model.to_dict()), "train": dataclasses.asdict(self.train)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
-        d = dict(d)
-        d["train"] = TrainConfig(**d.get("train", {}))
-        return cls(**d)
+        own = {f.name for f in dataclasses.fields(cls)} - {"model", "train"}
+        unknown = set(d) - own - set(ModelShape.field_names()) - {"train"}
+        if unknown:
+            raise ValueError(f"a trial spec has no field(s) {', '.join(sorted(unknown))}")
+        return cls(
+            model=ModelShape.from_dict(d),
+            train=TrainConfig(**d.get("train", {})),
+            **{k: v for k, v in d.items() if k in own},
+        )
 
     def cell_key(self) -> str:
         """A stable id of (task, mixer, [layers, precision,] seed, lr) — what the sweep resumes on (layers
         and precision appear when they are not the defaults, so earlier studies keep their keys)."""
-        extra = (f"|layers={self.layers}" if self.layers != 1 else "") + (
-            f"|{self.precision}" if self.precision != PRECISIONS[0] else ""
+        m, defaults = self.model, ModelShape.defaults()
+        extra = (f"|layers={m.layers}" if m.layers != defaults["layers"] else "") + (
+            f"|{m.precision}" if m.precision != defaults["precision"] else ""
         )
-        return f"{self.task}|{self.mixer}{extra}|seed={self.seed}|lr={self.lr:g}"
+        return f"{self.task}|{m.mixer}{extra}|seed={self.seed}|lr={self.lr:g}"
 
     def identity(self) -> dict[str, Any]:
         """``to_dict()`` without the fields at their defaults that earlier versions did not have (what the
-        cell's hash covers, so a study written before them resumes)."""
+        cell's hash covers, so a study written before them resumes): the model's (``ModelShape.identity``)
+        and the training options ``min_lr``, ``grad_clip`` and ``length_bucketing``."""
         d = self.to_dict()
-        for name, default in (
-            ("layers", LAYERS),
-            ("precision", PRECISIONS[0]),
-            ("d_model", D_MODEL),
-            ("conv_kernel", CONV_KERNEL),
-        ):
-            if d[name] == default:
-                del d[name]
+        for name in set(ModelShape.field_names()) - set(self.model.identity()):
+            del d[name]
         for name, default in (("min_lr", 0.0), ("grad_clip", None), ("length_bucketing", 0)):
             if d["train"][name] == default:
                 del d["train"][name]
@@ -282,17 +274,7 @@ def build_datamodule(
 
 def build_module(spec: TrialSpec, dm: SyntheticDataModule, stack_seeds: list[int] | None = None) -> LitSequenceModel:
     """The trial's ``LitSequenceModel`` (with ``stack_seeds``: those seeds' trials as one stacked model)."""
-    config = ModelConfig(
-        vocab_size=dm.vocab_size,
-        num_classes=dm.num_classes,
-        mixer=spec.mixer,
-        mixer_options=dict(spec.mixer_options),
-        block=spec.block,
-        positional=spec.positional,
-        layers=spec.layers,
-        d_model=spec.d_model,
-        conv_kernel=spec.conv_kernel,
-    )
+    config = ModelConfig.of(spec.model, dm.vocab_size, dm.num_classes)
     t = spec.train
     return LitSequenceModel(
         dataclasses.asdict(config),
@@ -424,84 +406,6 @@ def _logger(kind: str, out: Path):
     return CSVLogger(str(out), name=LOG_DIR)
 
 
-class InterruptCheckpoint(OnExceptionCheckpoint):
-    """Writes ``interrupted.ckpt`` when training is interrupted (Ctrl-C, SIGTERM): a re-run resumes from it.
-
-    Other exceptions (a NaN loss, a kernel error) write nothing: such a trial is not resumed.
-
-    Ctrl-C usually lands inside a training step. Lightning's batch counters then hold the interrupted
-    batch as started but not completed, and a resumed run would count it twice in the total that
-    schedules validations (``total.ready``) and validate one chunk early from then on. The counters are
-    written as if the batch had not started: the resumed run takes it again, from the step where the
-    interruption left it (``Chunk.batches``), and validates at the uninterrupted run's steps.
-    """
-
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        # Only while fitting. A Ctrl-C in the test passes, after fit, resumes from last.ckpt (written at the
-        # final validation) instead: the best-weights test pass has loaded best.ckpt into the module, so a
-        # checkpoint written then could hold the best weights as the final ones.
-        if isinstance(exception, KeyboardInterrupt) and trainer.state.fn == TrainerFn.FITTING:
-            progress = trainer.fit_loop.epoch_loop.batch_progress
-            for count in (progress.total, progress.current):
-                count.ready = count.started = count.processed = count.completed
-            super().on_exception(trainer, pl_module, exception)
-
-
-class TrialEarlyStopping(EarlyStopping):
-    """Lightning's ``EarlyStopping`` whose decision survives a resume: a trial resumed from a checkpoint
-    written at or after its stopping validation (a Ctrl-C in its test passes) trains no further, where
-    the stock callback would train on to the next validation and stop there."""
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        if self.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
-            trainer.should_stop = True
-
-    def _generate_state_key(self, **kwargs: Any) -> str:  # the stock key: checkpoints of either one resume
-        return f"{EarlyStopping.__qualname__}{kwargs!r}"
-
-
-class TrialCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose state survives the trial folder moving (a packed run unpacked under
-    another path, a run folder renamed): the saved paths are re-rooted in this ``dirpath``. The stock
-    callback keeps only the stale ``best_model_path`` then and forgets the best score, so the first
-    validation after the resume would overwrite ``best.ckpt`` whatever its accuracy."""
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        saved = state_dict.get("dirpath", self.dirpath)
-        if self.dirpath is not None and saved != self.dirpath:
-
-            def moved(path):
-                return str(Path(self.dirpath) / Path(path).name) if path else path
-
-            state_dict = {
-                **state_dict,
-                "dirpath": self.dirpath,
-                **{k: moved(state_dict.get(k)) for k in ("best_model_path", "kth_best_model_path", "last_model_path")},
-                "best_k_models": {moved(k): v for k, v in state_dict.get("best_k_models", {}).items()},
-            }
-        super().load_state_dict(state_dict)
-
-    def _generate_state_key(self, **kwargs: Any) -> str:  # the stock key: checkpoints of either one resume
-        return f"{ModelCheckpoint.__qualname__}{kwargs!r}"
-
-
-@contextlib.contextmanager
-def interrupt_as_keyboard_interrupt(trainer: L.Trainer):
-    """Lightning turns Ctrl-C into ``sys.exit(1)`` (and ignores further Ctrl-C); turn it back into
-    ``KeyboardInterrupt`` and restore the Ctrl-C handler, so callers can record the trial as interrupted."""
-    main = threading.current_thread() is threading.main_thread()
-    handler = signal.getsignal(signal.SIGINT) if main else None
-    try:
-        yield
-    except SystemExit:
-        if trainer.interrupted:
-            raise KeyboardInterrupt from None
-        raise
-    finally:
-        if main and handler is not None and signal.getsignal(signal.SIGINT) is not handler:
-            signal.signal(signal.SIGINT, handler)
-
-
 def evaluate_test_sets(
     trainer: L.Trainer, module: LitSequenceModel, dm: SyntheticDataModule, ckpt_path: str | None = None
 ) -> dict[str, float]:
@@ -615,7 +519,7 @@ def _run_trial(
         chunk,
         logger,
         progress_bar,
-        precision=spec.precision,
+        precision=spec.model.precision,
         callbacks=[
             history,
             checkpoints,

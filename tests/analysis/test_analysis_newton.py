@@ -10,6 +10,7 @@ from torch import nn
 
 from analysis.cli import run
 from analysis.newton import find_checkpoints, fresh_cell, main, mixer_input, residual_curves
+from experiments.trial.shape import ModelShape
 from mixers.cells import RNNCell
 
 
@@ -100,7 +101,9 @@ def sweep_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     rows = []
     for number, (mixer, acc) in enumerate([(f"{__name__}:TanhCell", 0.6), (f"{__name__}:TanhCell", 0.9), ("gru", 1.0)]):
-        spec = TrialSpec(task="parity", mixer=mixer, lr=1e-3, seed=number, task_options={"seq_len": 12})
+        spec = TrialSpec(
+            task="parity", model=ModelShape(mixer=mixer), lr=1e-3, seed=number, task_options={"seq_len": 12}
+        )
         torch.manual_seed(number)
         module = build_module(spec, build_datamodule(spec))
         if number == 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from analysis.evaluate import evaluate_trial, main
+from experiments.trial.shape import ModelShape
 from experiments.trial.train import TrainConfig, TrialSpec, run_trial
 
 
@@ -14,7 +15,7 @@ def trial(tmp_path_factory):
     out = tmp_path_factory.mktemp("trial")
     spec = TrialSpec(
         task="modular_arithmetic",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=3e-3,
         seed=3,
         task_options={"modulus": 5},

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from analysis.recall_answers import answer_split, main
+from experiments.trial.shape import ModelShape
 from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
 from tasks import get_task
 
@@ -39,7 +40,7 @@ def test_cli_reads_a_trained_trial_and_refuses_other_folders(tmp_path, capsys):
     quiet_lightning()
     spec = TrialSpec(
         task="mqar",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=3e-3,
         seed=0,
         task_options={"seq_len": 16, "vocab_size": 16},

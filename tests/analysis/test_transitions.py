@@ -10,6 +10,7 @@ import torch
 from analysis.cli import run
 from analysis.transitions import add_drift, eigen_table, layer_transitions
 from analysis.transitions import main as transitions_main
+from experiments.trial.shape import ModelShape
 
 
 def rotation(D, angle_deg, modulus, Q):
@@ -64,10 +65,9 @@ def trial_dir(tmp_path_factory):
 
     spec = TrialSpec(
         task="modular_count",
-        mixer="deltaproduct",
+        model=ModelShape(mixer="deltaproduct", layers=2),
         lr=1e-3,
         seed=0,
-        layers=2,
         task_options={"m": 5, "seq_len": 12},
     )
     torch.manual_seed(0)

@@ -49,7 +49,7 @@ def test_step_flops_of_a_dense_model_follow_six_n_d():
     """A GRU model's weights are all in matrix products: forward + backward is about 6 FLOPs per parameter
     per token of the padded batch (the embedding is a lookup, the norms elementwise). Lengths uniform in 3..40:
     the mean real length is near 21.5."""
-    cell = next(c for c in representative_cells("state-tracking", ["s3"], ["gru"], "cpu") if c.spec.layers == 1)
+    cell = next(c for c in representative_cells("state-tracking", ["s3"], ["gru"], "cpu") if c.spec.model.layers == 1)
     spec = cell.spec
     row = step_flops(spec, "cpu", sample=2048)
     assert (row["batch"], row["padded_len"]) == (spec.train.batch_size, 40)
@@ -61,7 +61,7 @@ def test_step_flops_of_a_dense_model_follow_six_n_d():
 def test_step_flops_with_length_bucketing_count_the_cut_batches():
     """Bucketed batches are cut to their longest sequence: the mean width comes down to near the mean real length,
     and the FLOPs of a GRU (linear in the width) come down with it."""
-    cell = next(c for c in representative_cells("state-tracking", ["s3"], ["gru"], "cpu") if c.spec.layers == 1)
+    cell = next(c for c in representative_cells("state-tracking", ["s3"], ["gru"], "cpu") if c.spec.model.layers == 1)
     small = dataclasses.replace(cell.spec.train, train_size=4096, batch_size=64)
     full = step_flops(dataclasses.replace(cell.spec, train=small), "cpu")
     cut = step_flops(dataclasses.replace(cell.spec, train=dataclasses.replace(small, length_bucketing=16)), "cpu")
@@ -84,13 +84,13 @@ def test_representative_cells_stand_for_every_sweep_of_their_shape():
     from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
 
     cells = representative_cells("state-tracking", None, ["gru"], "cpu")
-    assert [(c.spec.mixer, c.spec.layers) for c in cells] == [("gru", 1), ("gru", 2)]
+    assert [(c.spec.model.mixer, c.spec.model.layers) for c in cells] == [("gru", 1), ("gru", 2)]
     groups: dict[int, set[str]] = {}
     for entry in load_preset("state-tracking")["tasks"]:
         for spec in build_specs(resolve_sweep(entry, "state-tracking"), "cpu"):
-            if spec.mixer == "gru":
-                groups.setdefault(spec.layers, set()).add(entry)
-    assert {c.spec.layers: set(c.entries) for c in cells} == groups
+            if spec.model.mixer == "gru":
+                groups.setdefault(spec.model.layers, set()).add(entry)
+    assert {c.spec.model.layers: set(c.entries) for c in cells} == groups
     assert len({shape_key(c.spec) for c in representative_cells("grazzi-table3", device="cpu")}) == 14
 
 

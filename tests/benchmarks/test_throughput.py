@@ -67,14 +67,14 @@ def test_benchmark_specs_take_the_precision_asked_for():
     Lightning does not train in is one line of error and exit code 2, before anything runs."""
     from benchmarks.training.throughput import benchmark_specs, main
 
-    preset = {s.precision for _, s in benchmark_specs("grazzi-table3", ["arith"], None, 10, "cpu")}
+    preset = {s.model.precision for _, s in benchmark_specs("grazzi-table3", ["arith"], None, 10, "cpu")}
     bf16 = benchmark_specs("grazzi-table3", ["arith"], None, 10, "cpu", precision="bf16-mixed")
     from experiments.sweeps.presets import resolve_sweep
 
     mixers = resolve_sweep("arith", "grazzi-table3").mixers
-    assert preset == {"32-true"} and len(bf16) == len(mixers) and {s.precision for _, s in bf16} == {"bf16-mixed"}
-    assert {s.mixer for _, s in bf16} == {
-        s.mixer for _, s in benchmark_specs("grazzi-table3", ["arith"], None, 10, "cpu")
+    assert preset == {"32-true"} and len(bf16) == len(mixers) and {s.model.precision for _, s in bf16} == {"bf16-mixed"}
+    assert {s.model.mixer for _, s in bf16} == {
+        s.model.mixer for _, s in benchmark_specs("grazzi-table3", ["arith"], None, 10, "cpu")
     }
     assert main(["steps", "--preset", "grazzi-table3", "--tasks", "arith", "--precisions", "fp16"]) == 2
 

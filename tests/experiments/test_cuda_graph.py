@@ -6,6 +6,7 @@ import lightning as L
 import pytest
 import torch
 
+from experiments.trial.shape import ModelShape
 from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -26,13 +27,10 @@ def _spec(case, steps=50, eval_every=None, **mixer_options):
     task, options, block, positional, mixer = case
     return TrialSpec(
         task=task,
-        mixer=mixer,
+        model=ModelShape(mixer=mixer, mixer_options=mixer_options, block=block, positional=positional),
         lr=2e-3,
         seed=0,
         task_options=options,
-        mixer_options=mixer_options,
-        block=block,
-        positional=positional,
         device="cuda",
         train=TrainConfig(
             max_steps=steps,

@@ -1,5 +1,6 @@
 """Depth (``layers``), precision (``bf16-mixed``), GPU-only mixers and ``fla:<Layer>`` mixers."""
 
+import dataclasses
 import sys
 import types
 
@@ -13,6 +14,7 @@ from experiments.sweeps.presets import build_specs, resolve_sweep
 from experiments.sweeps.runner import validate_specs
 from experiments.sweeps.study import cell_id
 from experiments.trial.model import FullBlock, ModelConfig, ResidualLayer, SequenceModel, count_parameters
+from experiments.trial.shape import ModelShape
 from experiments.trial.train import TrainConfig, TrialSpec, capturable_engine, run_trial
 from mixers import build_mixer
 
@@ -58,16 +60,16 @@ def test_a_deep_model_composes_pre_norm_residual_layers():
 
 
 def test_layers_and_precision_are_part_of_the_cell_and_old_cells_keep_their_ids():
-    base = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0)
-    deep = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, layers=2)
-    bf16 = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, precision="bf16-mixed")
+    base = TrialSpec(task="parity", model=ModelShape(mixer="gru"), lr=1e-3, seed=0)
+    deep = TrialSpec(task="parity", model=ModelShape(mixer="gru", layers=2), lr=1e-3, seed=0)
+    bf16 = TrialSpec(task="parity", model=ModelShape(mixer="gru", precision="bf16-mixed"), lr=1e-3, seed=0)
     assert len({cell_id(base), cell_id(deep), cell_id(bf16)}) == 3
     assert "layers" not in base.identity() and "precision" not in base.identity()  # hash as before depth existed
     assert deep.cell_key() == "parity|gru|layers=2|seed=0|lr=0.001"
     with pytest.raises(ValueError, match="layers must be an integer >= 1"):
-        TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, layers=0)
+        TrialSpec(task="parity", model=ModelShape(mixer="gru", layers=0), lr=1e-3, seed=0)
     with pytest.raises(ValueError, match="precision must be one of"):
-        TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0, precision="16-mixed")
+        TrialSpec(task="parity", model=ModelShape(mixer="gru", precision="16-mixed"), lr=1e-3, seed=0)
 
 
 def test_the_sweep_command_overrides_the_width():
@@ -75,8 +77,8 @@ def test_the_sweep_command_overrides_the_width():
     args = sweep.parser().parse_args(["s4", "--preset", "deltaproduct-groups", "--d-model", "96"])
     assert args.d_model == 96
     wide = resolve_sweep("s4", "deltaproduct-groups", {"d_model": args.d_model})
-    assert {s.d_model for s in build_specs(wide)} == {96}
-    assert {s.d_model for s in build_specs(resolve_sweep("s4", "deltaproduct-groups"))} == {64}
+    assert {s.model.d_model for s in build_specs(wide)} == {96}
+    assert {s.model.d_model for s in build_specs(resolve_sweep("s4", "deltaproduct-groups"))} == {64}
     with pytest.raises(SystemExit):
         sweep.parser().parse_args(["s4", "--d-model", "0"])
 
@@ -111,8 +113,8 @@ def test_the_sweep_command_overrides_the_lengths():
 def test_a_preset_sweeps_layers_as_a_grid_axis():
     plan = resolve_sweep("parity", "smoke", {"mixers": ["gru", "lstm"], "layers": [1, 2], "precision": "bf16-mixed"})
     specs = build_specs(plan)
-    assert [(s.mixer, s.layers) for s in specs] == [("gru", 1), ("gru", 2), ("lstm", 1), ("lstm", 2)]
-    assert {s.precision for s in specs} == {"bf16-mixed"}
+    assert [(s.model.mixer, s.model.layers) for s in specs] == [("gru", 1), ("gru", 2), ("lstm", 1), ("lstm", 2)]
+    assert {s.model.precision for s in specs} == {"bf16-mixed"}
     with pytest.raises(ValueError, match="layers must be an integer >= 1"):
         resolve_sweep("parity", "smoke", {"layers": [0]})
     with pytest.raises(ValueError, match="precision must be one of"):
@@ -157,11 +159,10 @@ def test_bf16_mixed_keeps_float32_weights(tmp_path):
     weights: the best checkpoint's tensors are float32 and the results row records the precision."""
     spec = TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru", precision="bf16-mixed"),
         lr=3e-3,
         seed=0,
         task_options={"seq_len": 8},
-        precision="bf16-mixed",
         train=TrainConfig(max_steps=20, batch_size=8, train_size=64, val_size=16, test_size=16, eval_every=10),
     )
     seen = []
@@ -249,14 +250,14 @@ def test_fla_missing_is_one_line(monkeypatch):
 def test_a_gpu_only_mixer_is_refused_on_the_cpu_before_anything_is_stored(fake_fla, tmp_path):
     """The up-front check runs on the trials' device: on a CPU an fla layer (``requires_cuda``) or a mixer
     whose forward fails in a Triton kernel gets ``needs a CUDA GPU``; the sweep stores nothing."""
-    spec = TrialSpec(task="parity", mixer="fla:FakeLayer", lr=1e-3, seed=0, device="cpu")
+    spec = TrialSpec(task="parity", model=ModelShape(mixer="fla:FakeLayer"), lr=1e-3, seed=0, device="cpu")
     with pytest.raises(ValueError, match=r"^mixer 'fla:FakeLayer' needs a CUDA GPU: FLALayer runs Triton kernels"):
         validate_specs([("parity", spec)])
     sys.modules["gpu_only_mod"] = types.SimpleNamespace(
         factory=lambda d_model, **kw: _FakeLayer(d_model, gpu_only=True)
     )
     try:
-        spec = TrialSpec(task="parity", mixer="gpu_only_mod:factory", lr=1e-3, seed=0, device="cpu")
+        spec = TrialSpec(task="parity", model=ModelShape(mixer="gpu_only_mod:factory"), lr=1e-3, seed=0, device="cpu")
         with pytest.raises(ValueError, match=r"^mixer 'gpu_only_mod:factory' needs a CUDA GPU: Pointer argument"):
             validate_specs([("parity", spec)])
     finally:
@@ -293,7 +294,9 @@ class _NoBackwardMixer(torch.nn.Module):
 def test_a_mixer_whose_backward_fails_is_refused_up_front():
     sys.modules["no_backward_mod"] = types.SimpleNamespace(NoBackward=_NoBackwardMixer)
     try:
-        spec = TrialSpec(task="parity", mixer="no_backward_mod:NoBackward", lr=1e-3, seed=0, device="cpu")
+        spec = TrialSpec(
+            task="parity", model=ModelShape(mixer="no_backward_mod:NoBackward"), lr=1e-3, seed=0, device="cpu"
+        )
         with pytest.raises(
             ValueError,
             match=r"^mixer 'no_backward_mod:NoBackward': this kernel's "
@@ -362,7 +365,7 @@ def test_cosine_to_a_floor_and_gradient_clipping():
     assert float(values[-1]) == pytest.approx(floor)
     spec = TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=1e-2,
         seed=0,
         task_options={"seq_len": 8},
@@ -389,7 +392,10 @@ def test_the_up_front_check_builds_each_distinct_model_once_and_logs_slow_checks
     monkeypatch.setattr(runner, "_check_model", lambda spec: built.append(spec))
     monkeypatch.setattr(runner, "SLOW_CHECK_S", -1.0)
     cells = [
-        ("parity", TrialSpec(task="parity", mixer=mixer, lr=lr, seed=seed, layers=layers, device="cpu"))
+        (
+            "parity",
+            TrialSpec(task="parity", model=ModelShape(mixer=mixer, layers=layers), lr=lr, seed=seed, device="cpu"),
+        )
         for mixer in ("gru", "elman")
         for layers in (1, 2)
         for lr in (1e-3, 3e-3)
@@ -397,9 +403,44 @@ def test_the_up_front_check_builds_each_distinct_model_once_and_logs_slow_checks
     ]
     with caplog.at_level("INFO", logger="experiments.sweeps.runner"):
         validate_specs(cells)
-    assert sorted((s.mixer, s.layers) for s in built) == [("elman", 1), ("elman", 2), ("gru", 1), ("gru", 2)]
+    assert sorted((s.model.mixer, s.model.layers) for s in built) == [
+        ("elman", 1),
+        ("elman", 2),
+        ("gru", 1),
+        ("gru", 2),
+    ]
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("checked model 1/4 (gru, 1 layer, parity) on cpu in ")
     assert lines[1].startswith("checked model 2/4 (gru, 2 layers, parity) on cpu in ")
     assert lines[-1].startswith("checked 4 distinct models in ")
     assert len(lines) == 5
+
+
+def test_the_up_front_check_tells_models_apart_by_every_shape_field(monkeypatch):
+    """Two cells whose models differ in any one ``ModelShape`` field (the width too) are two checks: each
+    field changed from the base gives one model more; the same model at another seed and lr none."""
+    import experiments.sweeps.runner as runner
+
+    built = []
+    monkeypatch.setattr(runner, "_check_model", lambda spec: built.append(spec.model))
+    base = ModelShape(mixer="gru", block="mixer")
+    other = {
+        "mixer": "elman",
+        "mixer_options": {"num_heads": 2},
+        "block": "full",
+        "positional": "sinusoidal",
+        "layers": 3,
+        "d_model": 48,
+        "conv_kernel": 2,
+        "precision": "bf16-mixed",
+        "mlp_ratio": 2,
+    }
+    assert set(other) == set(ModelShape.field_names())  # a new field belongs here too
+    shapes = [base, *(dataclasses.replace(base, **{k: v}) for k, v in other.items())]
+    cells = [
+        ("parity", TrialSpec(task="parity", model=m, lr=lr, seed=s, device="cpu"))
+        for m in shapes
+        for s, lr in ((0, 1e-3), (1, 3e-3))
+    ]
+    validate_specs(cells)
+    assert built == shapes

@@ -17,6 +17,7 @@ from experiments.paper import (
 )
 from experiments.reproduce import plans_for, run_reproduction
 from experiments.sweeps.presets import load_preset, resolve_sweep
+from experiments.sweeps.runner import SweepOptions
 
 METRIC = "range40-256/acc"
 
@@ -88,7 +89,7 @@ def test_pd_ssm_protocol_and_rows():
     entries = paper_entries("pd-ssm-fsa")
     assert [e.entry for e in entries] == ["cycle_navigation", "even_pairs", "modular_arithmetic", "parity"]
     for plan in plans_for("pd-ssm-fsa"):
-        assert plan.layers == [2] and plan.d_model == 128 and plan.lrs == [2e-3] and len(plan.seeds) == 5
+        assert plan.layers == [2] and plan.model.d_model == 128 and plan.lrs == [2e-3] and len(plan.seeds) == 5
         assert plan.train.batch_size == 256 and plan.train.early_stop_acc == 0.9995
         assert plan.extrapolation["min_len"] == 3 and plan.extrapolation["max_len"] == 40  # train.py: 3..40
         assert plan.extrapolation["test_range"] == [40, 256]
@@ -123,7 +124,7 @@ def test_chomsky_has_deletangs_fifteen_tasks_and_every_mixer_but_no_unchecked_nu
 def test_zoology_sweeps_figure_two():
     entries = load_preset("zoology-mqar")["tasks"]
     plans = [resolve_sweep(e, "zoology-mqar") for e in entries]
-    grid = {(p.task_options["seq_len"], p.task_options["num_kv_pairs"], p.d_model) for p in plans}
+    grid = {(p.task_options["seq_len"], p.task_options["num_kv_pairs"], p.model.d_model) for p in plans}
     assert grid == {(L, k, d) for L, k in ((64, 4), (128, 8), (256, 16)) for d in (64, 128, 256, 512)}
     assert all(p.task_options["placement"] == "zoology" and p.task_options["vocab_size"] == 8192 for p in plans)
     assert all(p.layers == [2] and len(p.lrs) == 4 and "transformer" in p.mixers for p in plans)
@@ -160,7 +161,7 @@ def test_quick_plans_build_their_tasks(name):
 )
 def test_quick_reproduction_writes_the_comparison(tmp_path, name, entry, mixer):
     over = {"train": {"max_steps": 20, "train_size": 256, "val_size": 64, "test_size": 64}, "mixers": [mixer]}
-    table = run_reproduction(name, tmp_path, quick=True, overrides=over, entries=[entry], progress=False)
+    table = run_reproduction(name, tmp_path, SweepOptions(progress=False), quick=True, overrides=over, entries=[entry])
     assert list(table["entry"].unique()) == [entry] and table.set_index("mixer").loc[mixer, "seeds"] == 1
     text = (tmp_path / name / "reproduction.md").read_text()
     assert "QUICK" in text and f"| {mixer} " in text

@@ -56,7 +56,7 @@ def test_a_preset_gives_a_stack_its_own_depths():
         "smoke",
         {"mixers": ["gru", "mlstm_exp+slstm"], "layers": [1], "mixer_layers": {"mlstm_exp+slstm": [2, 4]}},
     )
-    assert [(s.mixer, s.layers) for s in build_specs(plan)] == [
+    assert [(s.model.mixer, s.model.layers) for s in build_specs(plan)] == [
         ("gru", 1),
         ("mlstm_exp+slstm", 2),
         ("mlstm_exp+slstm", 4),
@@ -64,7 +64,7 @@ def test_a_preset_gives_a_stack_its_own_depths():
     with pytest.raises(ValueError, match="mixer_layers maps a mixer to its depths"):
         resolve_sweep("parity", "smoke", {"mixer_layers": {"gru": 2}})
     st = resolve_sweep("s3", "state-tracking")
-    assert {s.layers for s in build_specs(st) if s.mixer == "mlstm_exp+slstm"} == {2}
+    assert {s.model.layers for s in build_specs(st) if s.model.mixer == "mlstm_exp+slstm"} == {2}
     assert {"pd_ssm", "complex_diag", "mamba3"} <= set(st.mixers)
 
 
@@ -78,7 +78,7 @@ def test_the_sweep_names_a_stack_as_given(tmp_path, capsys):
     assert (row["mixer"], row["layers"], row["status"]) == ("mlstm_exp+slstm", 2, "ok")
     plan = resolve_sweep("parity", "smoke", {"mixers": ["mlstm_exp+slstm"], "layers": [2]})
     model = SequenceModel(
-        ModelConfig(3, 2, mixer="mlstm_exp+slstm", layers=2, block=plan.block, positional=plan.positional)
+        ModelConfig(3, 2, mixer="mlstm_exp+slstm", layers=2, block=plan.model.block, positional=plan.model.positional)
     )
     assert row["n_params"] == count_parameters(model)
     assert "| mlstm_exp+slstm " in (out / "table.md").read_text()

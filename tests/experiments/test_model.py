@@ -112,3 +112,37 @@ def test_bad_model_config():
         ModelConfig(2, 2, conv_kernel=-1)
     with pytest.raises(ValueError, match="'nope'"):
         SequenceModel(ModelConfig(2, 2, mixer="nope"))
+
+
+@pytest.mark.parametrize("block", ["mixer", "full"])
+def test_mlp_after_every_block(block):
+    """``mlp_ratio``: after each layer's block, ``x + W2 gelu(W1 rmsnorm(x))`` (recomputed here from the
+    weights, float64, awkward sizes), ``layers * (d + 2 d h)`` parameters more, still causal; 0 leaves the
+    model and its initialization as they were."""
+    d, ratio, layers = 12, 1.5, 2
+    hidden = round(ratio * d)
+    config = dict(vocab_size=7, num_classes=5, mixer="gru", block=block, d_model=d, layers=layers)
+    torch.manual_seed(0)
+    plain = SequenceModel(ModelConfig(**config))
+    torch.manual_seed(0)
+    model = SequenceModel(ModelConfig(**config, mlp_ratio=ratio)).double()
+    assert count_parameters(model) - count_parameters(plain) == layers * (d + 2 * d * hidden)
+    for name, p in plain.named_parameters():  # the rest of the model initialized as without the MLPs
+        torch.testing.assert_close(p.double(), model.get_parameter(name))
+    tokens = torch.randint(0, 7, (3, 11))
+
+    def mlp(i, x):
+        net = model.mlps[i].net
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps) * net[0].weight
+        return x + torch.nn.functional.gelu(h @ net[1].weight.T) @ net[3].weight.T
+
+    x = model.embedding(tokens)
+    y = model.block(model.norm_in(x))
+    x = mlp(0, x + y if model.residual_first else y)
+    x = mlp(1, model.deeper[0](x))
+    torch.testing.assert_close(model(tokens), model.head(model.norm_out(x)))
+    later = tokens.clone()
+    later[:, 6:] = (later[:, 6:] + 1) % 7
+    torch.testing.assert_close(model(later)[:, :6], model(tokens)[:, :6])
+    with pytest.raises(ValueError, match="mlp_ratio"):
+        ModelConfig(**config, mlp_ratio=-1)

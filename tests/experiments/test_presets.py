@@ -64,7 +64,7 @@ def test_conv_kernel_reaches_the_specs_and_only_a_changed_one_changes_the_cell(p
 
     (preset_dir / "noconv.yaml").write_text("extends: base\ntasks: {mqar: {conv_kernel: 0}}\n")
     plain, base = build_specs(resolve_sweep("mqar", "noconv")), build_specs(resolve_sweep("mqar", "base"))
-    assert {s.conv_kernel for s in plain} == {0} and {s.conv_kernel for s in base} == {4}
+    assert {s.model.conv_kernel for s in plain} == {0} and {s.model.conv_kernel for s in base} == {4}
     assert "conv_kernel" not in base[0].identity() and plain[0].identity()["conv_kernel"] == 0
     assert cell_id(plain[0]) != cell_id(base[0])
     (preset_dir / "negative.yaml").write_text("extends: base\ntasks: {mqar: {conv_kernel: -1}}\n")
@@ -137,3 +137,23 @@ def test_a_string_task_smoke_sweep_learns(tmp_path):
     assert main(["reverse_string", "--preset", "smoke", "--mixers", "gru", "--out", out, "--no-progress"]) == 0
     df = pd.read_csv(tmp_path / "results.csv")
     assert df["len10/acc"].iloc[0] >= 0.9, df["len10/acc"].iloc[0]
+
+
+def test_a_model_option_reaches_specs_cells_and_columns(preset_dir):
+    """A ``ModelShape`` field (``mlp_ratio``) is a preset key: it reaches every spec, changes the cell id
+    only when set (the default stays out of the hash), is refused in one line naming it, and is a results
+    column (the trials stored before it existed read its default)."""
+    from experiments.sweeps.results import _spec_columns
+    from experiments.sweeps.study import cell_id
+
+    (preset_dir / "mlp.yaml").write_text("extends: base\ntasks: {mqar: {mlp_ratio: 2}}\n")
+    wide, base = build_specs(resolve_sweep("mqar", "mlp")), build_specs(resolve_sweep("mqar", "base"))
+    assert {s.model.mlp_ratio for s in wide} == {2} and {s.model.mlp_ratio for s in base} == {0}
+    assert "mlp_ratio" not in base[0].identity() and wide[0].identity()["mlp_ratio"] == 2
+    assert cell_id(wide[0]) != cell_id(base[0])
+    assert _spec_columns("mqar", wide[0].to_dict())["mlp_ratio"] == 2
+    old = {k: v for k, v in base[0].to_dict().items() if k != "mlp_ratio"}
+    assert _spec_columns("mqar", old)["mlp_ratio"] == 0
+    (preset_dir / "bad_mlp.yaml").write_text("extends: base\ntasks: {mqar: {mlp_ratio: wide}}\n")
+    with pytest.raises(ValueError, match="mlp_ratio=wide"):
+        resolve_sweep("mqar", "bad_mlp")

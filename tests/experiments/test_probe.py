@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments.probe import main, probe
+from experiments.sweeps.runner import SweepOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"  # example_cells.py
@@ -21,12 +22,12 @@ def test_probe_quick_on_a_test_cell_writes_the_report_card(tmp_path, monkeypatch
     numbers = probe(
         "example_cells:DiagCell",
         tmp_path,
+        SweepOptions(progress=False),
         quick=True,
         tasks=["parity"],
         references=["gru"],
         max_steps=30,
         lengths=[16, 64],
-        progress=False,
     )
     assert numbers["rules"]["jacobian"]["ok"] and numbers["rules"]["position_wise"]["ok"] and numbers["verdict"]["ok"]
     for dtype, bound in (("float64", 1e-9), ("float32", 1e-4)):
@@ -65,12 +66,12 @@ def test_probe_sweeps_the_state_tracking_tasks_beyond_the_training_lengths(tmp_p
     numbers = probe(
         "example_cells:DiagCell",
         tmp_path,
+        SweepOptions(progress=False),
         quick=True,
         tasks=["z3"],
         references=["gru"],
         max_steps=30,
         lengths=[16],
-        progress=False,
     )
     df = pd.read_csv(tmp_path / "z3" / "results.csv")
     assert set(df["task"]) == {"modular_count"} and set(df["status"]) == {"ok"}
@@ -138,7 +139,7 @@ def test_probe_fails_a_non_finite_cell(tmp_path, monkeypatch):
 )
 def test_probe_passes_honest_cells(cell, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
-    numbers = probe(cell, tmp_path, quick=True, lengths=[16], run_sweeps=False, progress=False)
+    numbers = probe(cell, tmp_path, SweepOptions(progress=False), quick=True, lengths=[16], run_sweeps=False)
     assert numbers["verdict"]["ok"], numbers["verdict"]
     for dtype, bound in (("float64", 1e-9), ("float32", 1e-4)):
         a = numbers["agreement"][dtype]

@@ -30,6 +30,7 @@ from experiments.paper import (
 from experiments.reproduce import devices_used, plans_for, run_reproduction, scheduled_minutes, trial_versions
 from experiments.reproduce import main as reproduce_main
 from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
+from experiments.sweeps.runner import SweepOptions
 from experiments.sweeps.study import cell_id
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,12 +90,12 @@ def test_a_paper_model_a_variant_does_not_train_is_not_reported_missing():
 
 def test_table6_matches_the_paper_setup_and_table1_is_its_subset():
     p = resolve_sweep("khop2", "pararnn-table6")
-    assert (p.task, p.task_options["k"], p.task_options["vocab_size"], p.block) == ("khop", 2, 5, "full")
+    assert (p.task, p.task_options["k"], p.task_options["vocab_size"], p.model.block) == ("khop", 2, 5, "full")
     p = resolve_sweep("parity", "pararnn-table6")
-    assert p.block == "mixer" and p.mixer_options["flashgru"]["clip_norm"] is None
+    assert p.model.block == "mixer" and p.mixer_options["flashgru"]["clip_norm"] is None
     assert resolve_sweep("khop", "pararnn-table6").lrs == [5e-4]  # the paper's lr where the budget suffices
     assert (p.train.batch_size, p.train.train_size, p.train.test_size) == (16, 10_000, 100_000)
-    assert resolve_sweep("keep_nth", "pararnn-table6").positional == "sinusoidal"
+    assert resolve_sweep("keep_nth", "pararnn-table6").model.positional == "sinusoidal"
     cells = lambda name: {cell_id(s) for plan in plans_for(name) for s in build_specs(plan)}  # noqa: E731
     assert cells("pararnn-table1") < cells("pararnn-table6")  # running both in one --out shares the trials
 
@@ -118,7 +119,7 @@ def test_table6_full_queues_its_longest_sweeps_first():
     paper_depth = [p.entry for p in plans_for("pararnn-table6") if p.layers == [1]]  # not the departure rows
     assert entries[:4] == ["khop", "khop2", "parity", "mqar"] and sorted(entries) == sorted(paper_depth)
     first = build_specs(plans_for("pararnn-table6-full")[0])[0]
-    assert (first.task, first.task_options["k"], first.mixer) == ("khop", 1, "transformer")
+    assert (first.task, first.task_options["k"], first.model.mixer) == ("khop", 1, "transformer")
 
 
 def test_table_columns_follow_the_paper_not_the_run_order():
@@ -397,7 +398,9 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
         "train": {"max_steps": 10, "train_size": 64, "val_size": 32, "test_size": 64},
         "mixers": ["gru", "flashgru"],
     }
-    table = run_reproduction("pararnn-table1", tmp_path, quick=True, overrides=over, entries=["parity"], progress=False)
+    table = run_reproduction(
+        "pararnn-table1", tmp_path, SweepOptions(progress=False), quick=True, overrides=over, entries=["parity"]
+    )
     assert set(table["entry"]) == {"parity"} and table.set_index("mixer").loc["flashgru", "ours_params"] > 0
     text = (tmp_path / "pararnn-table1" / "reproduction.md").read_text()
     assert "QUICK" in text and "| flashgru " in text and "Cells: 2 of 2 finished" in text
@@ -409,7 +412,9 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     results = tmp_path / "pararnn-table1" / "parity" / "results.csv"
     assert len(pd.read_csv(results)) == 2
     mtime = results.stat().st_mtime_ns
-    run_reproduction("pararnn-table1", tmp_path, quick=True, overrides=over, entries=["parity"], progress=False)
+    run_reproduction(
+        "pararnn-table1", tmp_path, SweepOptions(progress=False), quick=True, overrides=over, entries=["parity"]
+    )
     text = (tmp_path / "pararnn-table1" / "reproduction.md").read_text()
     assert re.search(r"\(and up-front model checks: [0-9.]+ min over 2 invocation\(s\)\)", text)
     df = pd.read_csv(results)
@@ -449,13 +454,14 @@ def test_failed_cells_are_final_unless_retry_failed(tmp_path, monkeypatch):
         "train": {"max_steps": 5, "train_size": 32, "val_size": 16, "test_size": 16},
         "mixers": ["nan_mixer:NaNMixer"],
     }
-    args = dict(quick=True, overrides=over, entries=["parity"], progress=False)
+    args = dict(quick=True, overrides=over, entries=["parity"])
+    quiet = SweepOptions(progress=False)
     results = tmp_path / "pararnn-table1" / "parity" / "results.csv"
-    run_reproduction("pararnn-table1", tmp_path, **args)
+    run_reproduction("pararnn-table1", tmp_path, quiet, **args)
     assert pd.read_csv(results)["status"].tolist() == ["failed"]
-    run_reproduction("pararnn-table1", tmp_path, **args)
+    run_reproduction("pararnn-table1", tmp_path, quiet, **args)
     assert set(pd.read_csv(results)["trial"]) == {0}
-    run_reproduction("pararnn-table1", tmp_path, retry_failed=True, **args)
+    run_reproduction("pararnn-table1", tmp_path, SweepOptions(progress=False, retry_failed=True), **args)
     df = pd.read_csv(results)
     assert set(df["trial"]) == {1} and df["status"].tolist() == ["failed"]  # re-ran (and failed again)
 
@@ -478,10 +484,10 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     # mLSTM and sLSTM on modular arithmetic at the paper's width 64 with one head, every other model at 128
     xlstm = [p for e, p in grazzi.items() if e.startswith("arith") and e.endswith("lstm")]
     assert sorted(p.mixers[0] for p in xlstm) == ["mlstm_exp", "mlstm_exp", "slstm", "slstm"]
-    assert all(p.d_model == 64 and p.mixer_options == {p.mixers[0]: {"num_heads": 1}} for p in xlstm)
-    assert {p.d_model for p in grazzi.values() if p not in xlstm} == {128}
+    assert all(p.model.d_model == 64 and p.mixer_options == {p.mixers[0]: {"num_heads": 1}} for p in xlstm)
+    assert {p.model.d_model for p in grazzi.values() if p not in xlstm} == {128}
     # as their code: sLSTM without the block's convolution, Mamba and DeltaNet on parity without weight decay
-    assert {e for e, p in grazzi.items() if p.conv_kernel == 0} == {
+    assert {e for e, p in grazzi.items() if p.model.conv_kernel == 0} == {
         "parity_slstm",
         "arith_slstm",
         "arith_brackets_slstm",
@@ -522,8 +528,14 @@ def test_state_tracking_reproductions_resolve_with_their_protocols():
     assert {p.train.plateau_steps for p in rnn} == {None}
     # the RNN under the protocol that learned A5 in the state-tracking preset: bare mixer, lr 1e-2, 20k steps
     st_lstm = resolve_sweep("a5", "state-tracking")
-    assert {(p.block, p.d_model, p.lrs[0], p.train.max_steps, p.train.warmup_ratio) for p in rnn} == {
-        (st_lstm.block, st_lstm.d_model, st_lstm.lrs[0], st_lstm.train.max_steps, st_lstm.train.warmup_ratio)
+    assert {(p.model.block, p.model.d_model, p.lrs[0], p.train.max_steps, p.train.warmup_ratio) for p in rnn} == {
+        (
+            st_lstm.model.block,
+            st_lstm.model.d_model,
+            st_lstm.lrs[0],
+            st_lstm.train.max_steps,
+            st_lstm.train.warmup_ratio,
+        )
     }
     # as the paper: one model per training length k (lengths 2..k), tested at k, for both families
     for family, ks in ((deep, (4, 8, 16)), (rnn, (4, 8, 16, 32))):

@@ -5,7 +5,9 @@ import dataclasses
 import pytest
 import torch
 
+from experiments.sweeps.runner import SweepOptions
 from experiments.trial.lit import LitSequenceModel
+from experiments.trial.shape import ModelShape
 from experiments.trial.stack import check_stackable, run_stack
 from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, quiet_lightning, run_trial
 from tests.experiments.test_training import Interrupt
@@ -28,11 +30,10 @@ def _specs(mixer: str, seeds, **train) -> list[TrialSpec]:
     return [
         TrialSpec(
             task="parity",
-            mixer=mixer,
+            model=ModelShape(mixer=mixer, mixer_options={"divergence_tol": 1e-2} if mixer.startswith("flash") else {}),
             lr=3e-3,
             seed=s,
             task_options={"seq_len": 12, "running": True},
-            mixer_options={"divergence_tol": 1e-2} if mixer.startswith("flash") else {},
             train=TrainConfig(**{**config, **train}),
             device="cpu",
         )
@@ -138,8 +139,8 @@ def test_sweep_with_stacks_gives_each_cell_its_own_row(tmp_path):
     from tests.experiments.test_sweep import plain_study, tiny_plan
 
     plan = tiny_plan(["flashgru"], seeds=[0, 1, 2], lrs=[1e-3, 3e-3])
-    stacked = run_sweep(plan, tmp_path / "stacked", progress=False, options=RunOptions(stack=2))
-    alone = run_sweep(plan, tmp_path / "alone", progress=False)
+    stacked = run_sweep(plan, tmp_path / "stacked", SweepOptions(progress=False, trial=RunOptions(stack=2)))
+    alone = run_sweep(plan, tmp_path / "alone", SweepOptions(progress=False))
     assert len(stacked) == 6 and set(stacked["status"]) == {"ok"}
     assert sorted(stacked["stack_size"].fillna(1).astype(int).tolist()) == [1, 1, 2, 2, 2, 2]
     key = ["seed", "lr"]

@@ -26,6 +26,9 @@ CONFIGS = {
     ),
     "mamba2-groups": dict(mixer="mamba2", block="full", mixer_options={"ngroups": 2, "d_state": 8, "backend": "torch"}),
     "flashgru": dict(mixer="flashgru", block="full", mixer_options={"divergence_tol": 1e-2}),
+    "flashgru-mlp": dict(
+        mixer="flashgru", block="full", layers=2, mlp_ratio=1.5, mixer_options={"divergence_tol": 1e-2}
+    ),
     "flashgru-no-conv": dict(
         mixer="flashgru", block="full", conv_kernel=0, layers=2, mixer_options={"divergence_tol": 1e-2}
     ),
@@ -98,7 +101,7 @@ def test_stack_computes_each_trial_with_triton_kernels(name):
     _check_stack_computes_each_trial(GPU_CONFIGS[name], "cuda", torch.float32, tol=2e-4)  # the kernels: float32
 
 
-@pytest.mark.parametrize("name", ["transformer-learned", "mamba2-mqar", "flashlstm-sinusoidal"])
+@pytest.mark.parametrize("name", ["transformer-learned", "mamba2-mqar", "flashlstm-sinusoidal", "flashgru-mlp"])
 def test_trial_state_dict_round_trip(name):
     """Each trial's weights come back exactly, under the ordinary model's names, and load into it."""
     models = _models(CONFIGS[name], device="cpu")

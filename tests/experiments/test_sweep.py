@@ -19,7 +19,9 @@ from optuna.trial import TrialState
 
 from experiments.sweep import main, run_sweep
 from experiments.sweeps.presets import build_specs, resolve_sweep
+from experiments.sweeps.runner import SweepOptions
 from experiments.sweeps.study import GridStudy, cell_id
+from experiments.trial.shape import ModelShape
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"max_steps": 20, "batch_size": 16, "train_size": 64, "val_size": 32, "test_size": 32, "eval_every": 10}
@@ -54,7 +56,7 @@ def trial_states(out, name="parity-smoke"):
 @pytest.mark.slow
 def test_sweep_writes_results_and_resumes_without_rerunning(tmp_path):
     plan = tiny_plan(["gru", "elman"], seeds=[0, 1])
-    df = run_sweep(plan, tmp_path, progress=False)
+    df = run_sweep(plan, tmp_path, SweepOptions(progress=False))
     assert len(df) == 4 and set(df["status"]) == {"ok"}
     assert {
         "test/acc",
@@ -73,10 +75,10 @@ def test_sweep_writes_results_and_resumes_without_rerunning(tmp_path):
     on_disk = pd.read_csv(tmp_path / "results.csv")
     assert len(on_disk) == 4 and (tmp_path / "table.md").read_text().count("| parity ") == 2
     assert len(trial_states(tmp_path)) == 4
-    run_sweep(plan, tmp_path, progress=False)  # resume: nothing left to do
+    run_sweep(plan, tmp_path, SweepOptions(progress=False))  # resume: nothing left to do
     assert trial_states(tmp_path) == [TrialState.COMPLETE] * 4
     # a larger grid on the same storage runs only the new cells
-    run_sweep(tiny_plan(["gru", "elman"], seeds=[0, 1, 2]), tmp_path, progress=False)
+    run_sweep(tiny_plan(["gru", "elman"], seeds=[0, 1, 2]), tmp_path, SweepOptions(progress=False))
     assert trial_states(tmp_path).count(TrialState.COMPLETE) == 6
     # one folder per cell, with the best and last checkpoints
     folders = sorted((tmp_path / "trials").iterdir())
@@ -88,7 +90,7 @@ def test_plain_optuna_sees_the_cells_values_and_learning_curves(tmp_path):
     """What optuna-dashboard reads: parameters with the grid's distributions, the validation metric as the value,
     the validation accuracy after every evaluation as intermediate values, test metrics as attributes."""
     plan = tiny_plan(["gru", "elman"], seeds=[0, 1], lrs=[1e-3, 3e-3])
-    df = run_sweep(plan, tmp_path, progress=False)
+    df = run_sweep(plan, tmp_path, SweepOptions(progress=False))
     study = plain_study(tmp_path)
     frame = study.trials_dataframe()
     assert {"params_mixer", "params_seed", "params_lr", "params_task", "params_entry", "value"} <= set(frame.columns)
@@ -123,7 +125,7 @@ def test_interrupted_trial_is_rerun_once(tmp_path, caplog):
     dead.wait()
     _make_running(grid, grid.trials(states=(TrialState.WAITING,))[0].number, dead.pid)
     with caplog.at_level("INFO", logger="experiments"):
-        df = run_sweep(plan, tmp_path, progress=False)
+        df = run_sweep(plan, tmp_path, SweepOptions(progress=False))
     assert ", 1 cell(s) of dead workers re-queued" in caplog.text
     states = trial_states(tmp_path)
     assert states.count(TrialState.COMPLETE) == 2 and states.count(TrialState.FAIL) == 1
@@ -136,7 +138,7 @@ def test_interrupted_trial_is_rerun_once(tmp_path, caplog):
 def test_nan_trial_fails_cleanly_and_sweep_goes_on(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     plan = tiny_plan(["nan_mixer:NaNMixer", "gru"])
-    df = run_sweep(plan, tmp_path, progress=False)
+    df = run_sweep(plan, tmp_path, SweepOptions(progress=False))
     by_mixer = df.set_index("mixer")
     assert by_mixer.loc["nan_mixer:NaNMixer", "status"] == "failed"
     assert by_mixer.loc["nan_mixer:NaNMixer", "failure"] == "nan"
@@ -147,7 +149,7 @@ def test_nan_trial_fails_cleanly_and_sweep_goes_on(tmp_path, monkeypatch):
     table = (tmp_path / "table.md").read_text()
     row = next(line for line in table.splitlines() if "nan_mixer" in line)
     assert [c.strip() for c in row.strip("|").split("|")][3:6] == ["–", "0", "1"]  # params, seeds, failed
-    run_sweep(plan, tmp_path, progress=False)  # a NaN result is final: not re-run
+    run_sweep(plan, tmp_path, SweepOptions(progress=False))  # a NaN result is final: not re-run
     assert trial_states(tmp_path).count(TrialState.FAIL) == 1
 
 
@@ -156,7 +158,11 @@ def test_unfinished_cells_are_visible_in_the_table(tmp_path):
     from experiments.sweeps.results import collect, table_markdown
 
     plan = tiny_plan(["gru", "elman"])
-    run_sweep(resolve_sweep("parity", "smoke", {**_plan_overrides(plan), "mixers": ["gru"]}), tmp_path, progress=False)
+    run_sweep(
+        resolve_sweep("parity", "smoke", {**_plan_overrides(plan), "mixers": ["gru"]}),
+        tmp_path,
+        SweepOptions(progress=False),
+    )
     grid = GridStudy.open(None, tmp_path, "parity-smoke")
     df = collect(grid, [("parity", s) for s in build_specs(plan)])
     assert df.set_index("mixer")["status"].to_dict() == {"gru": "ok", "elman": "missing"}
@@ -377,7 +383,7 @@ def test_tensorboard_logger_writes_event_files(tmp_path):
 
     spec = TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=1e-3,
         seed=0,
         task_options={"seq_len": 8},
@@ -445,7 +451,7 @@ def test_progress_without_a_terminal_is_a_line_per_finished_cell(tmp_path, caplo
     import logging
 
     caplog.set_level(logging.INFO, logger="experiments.sweeps.runner")
-    run_sweep(tiny_plan(["gru", "elman"]), tmp_path, progress=True)  # pytest's stderr is not a terminal
+    run_sweep(tiny_plan(["gru", "elman"]), tmp_path, SweepOptions(progress=True))  # pytest's stderr is not a terminal
     lines = [r.getMessage() for r in caplog.records if "cells done" in r.getMessage()]
     assert any(line.startswith("parity sweep: 1/2 cells done") for line in lines)
     assert any(line.startswith("parity sweep: 2/2 cells done") for line in lines) and "elapsed" in lines[-1]
@@ -566,8 +572,8 @@ def test_a_shared_study_reports_only_the_commands_own_cells(tmp_path):
     'parity' recur across presets with other settings)."""
     from experiments.sweeps.runner import run_plans
 
-    run_plans([tiny_plan(["gru", "elman"])], tmp_path, "shared", progress=False)
-    results, _ = run_plans([tiny_plan(["lstm"])], tmp_path, "shared", progress=False)
+    run_plans([tiny_plan(["gru", "elman"])], tmp_path, "shared", SweepOptions(progress=False))
+    results, _ = run_plans([tiny_plan(["lstm"])], tmp_path, "shared", SweepOptions(progress=False))
     assert results["parity"]["mixer"].tolist() == ["lstm"]
 
 
@@ -673,7 +679,7 @@ def test_without_a_terminal_the_running_trials_step_and_accuracy_are_reported(tm
             "extrapolation": {"min_len": 3, "max_len": 8, "eval_lengths": [12]},
         },
     )
-    run_sweep(plan, tmp_path, progress=True, progress_every=0.05)
+    run_sweep(plan, tmp_path, SweepOptions(progress=True, progress_every=0.05))
     lines = [r.getMessage() for r in caplog.records if ": running: " in r.getMessage()]
     assert lines, [r.getMessage() for r in caplog.records]
     assert all(line.startswith("parity sweep: running: gru s0 lr 0.001: step ") for line in lines), lines
@@ -816,11 +822,35 @@ def test_storage_errors_name_the_storage_with_its_scheme_and_without_the_passwor
 
 def test_a_second_task_into_the_same_folder_keeps_the_first_tasks_results(tmp_path):
     """results.csv and table.md list every finished cell of the folder, whichever command added it."""
-    run_sweep(tiny_plan(["gru"]), tmp_path, progress=False)
+    run_sweep(tiny_plan(["gru"]), tmp_path, SweepOptions(progress=False))
     keep_nth = resolve_sweep("keep_nth", "smoke", {"mixers": ["elman"], "seeds": [0], "lrs": [1e-3], "train": TINY})
-    df = run_sweep(keep_nth, tmp_path, progress=False)
+    df = run_sweep(keep_nth, tmp_path, SweepOptions(progress=False))
     assert sorted(zip(df["task"], df["mixer"], df["status"])) == [("keep_nth", "elman", "ok"), ("parity", "gru", "ok")]
     on_disk = pd.read_csv(tmp_path / "results.csv")
     assert sorted(on_disk["task"]) == ["keep_nth", "parity"]
     table = (tmp_path / "table.md").read_text()
     assert re.search(r"\| parity +\| gru ", table) and re.search(r"\| keep_nth +\| elman ", table)
+
+
+def test_run_arguments_become_one_sweep_options():
+    """The run arguments of a training CLI are read once into ``SweepOptions`` (its trials' ``RunOptions``
+    inside, with the preset's budget engine), which ``run_plans`` takes whole; bad values are one line."""
+    from experiments.cli import sweep_options
+    from experiments.sweep import parser
+    from experiments.trial.train import RunOptions
+
+    argv = ["parity", "--workers", "3", "--device", "cpu", "--stale-timeout", "7", "--retry-failed"]
+    args = parser().parse_args([*argv, "--no-progress", "--progress-every", "0", "--logger", "none", "--stack", "2"])
+    assert sweep_options(args, "grazzi-table3") == SweepOptions(
+        workers=3,
+        device="cpu",
+        stale_timeout=7.0,
+        retry_failed=True,
+        progress=False,
+        progress_every=0.0,
+        trial=RunOptions(logger="none", stack=2, gpu_engine="compiled"),
+    )
+    assert SweepOptions().trial == RunOptions()
+    for bad, match in (({"workers": -1}, "workers must be"), ({"stale_timeout": 0}, "stale timeout must be > 0")):
+        with pytest.raises(ValueError, match=match):
+            SweepOptions(**bad)

@@ -16,6 +16,7 @@ from experiments.trial.lit import (
     cosine_with_warmup_tensor,
     last_scored,
 )
+from experiments.trial.shape import ModelShape
 from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, build_datamodule, quiet_lightning, run_trial
 
 
@@ -32,7 +33,7 @@ def _small_module(max_steps: int, warmup_ratio: float):
 
     spec = TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=3e-3,
         seed=0,
         task_options={"seq_len": 8},
@@ -111,10 +112,9 @@ def test_last_position_accuracy_on_a_hand_made_batch():
 def _parity_spec(**train):
     return TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru", mixer_options={"num_heads": 4}),
         lr=3e-3,
         seed=0,
-        mixer_options={"num_heads": 4},
         extrapolation={"min_len": 3, "max_len": 16, "eval_lengths": [16, 32]},
         train=TrainConfig(
             **{
@@ -194,7 +194,7 @@ def test_transformer_cannot_learn_parity_quickly():
     quiet_lightning()
     spec = TrialSpec(
         task="parity",
-        mixer="transformer",
+        model=ModelShape(mixer="transformer"),
         lr=3e-3,
         seed=0,
         extrapolation={"min_len": 3, "max_len": 16, "eval_lengths": [32]},
@@ -221,7 +221,7 @@ def test_interrupted_trial_resumes_exactly_where_it_stopped(tmp_path):
     quiet_lightning()
     spec = TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=3e-3,
         seed=0,
         task_options={"seq_len": 8},
@@ -260,7 +260,7 @@ def test_ctrl_c_inside_a_training_step_resumes_on_the_uninterrupted_schedule(tmp
     monkeypatch.setattr(train_module, "steps_per_chunk", lambda engine, t: chunk)
     spec = TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=3e-3,
         seed=0,
         task_options={"seq_len": 8},
@@ -307,7 +307,7 @@ def _plateau_spec() -> TrialSpec:
     """Stops on its plateau rule at step 30 with its best validation at step 10 (checked by the tests)."""
     return TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=3e-3,
         seed=0,
         task_options={"seq_len": 8},
@@ -380,31 +380,13 @@ def test_a_moved_trial_folder_resumes_with_its_best_checkpoint(tmp_path):
         assert resumed[key] == whole[key], key
 
 
-def test_trial_callbacks_keep_lightnings_checkpoint_keys(tmp_path):
-    """The trial's EarlyStopping and ModelCheckpoint subclasses save and restore their state under the
-    stock callbacks' keys, so checkpoints written before them (or by plain Lightning) resume."""
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-
-    from experiments.trial.train import TrialCheckpoint, TrialEarlyStopping
-
-    assert (
-        TrialEarlyStopping(monitor="val/acc", mode="max").state_key
-        == EarlyStopping(monitor="val/acc", mode="max").state_key
-    )
-    for kwargs in ({"monitor": "val/acc", "mode": "max", "save_top_k": 1}, {"monitor": None, "save_top_k": 1}):
-        assert (
-            TrialCheckpoint(dirpath=tmp_path, **kwargs).state_key
-            == ModelCheckpoint(dirpath=tmp_path, **kwargs).state_key
-        )
-
-
 def test_different_seeds_train_on_different_batch_orders(tmp_path):
     quiet_lightning()
 
     def first_batches(seed):
         spec = TrialSpec(
             task="parity",
-            mixer="gru",
+            model=ModelShape(mixer="gru"),
             lr=3e-3,
             seed=seed,
             task_options={"seq_len": 8},
@@ -429,7 +411,7 @@ def test_trial_survives_its_working_directory_being_deleted(tmp_path, monkeypatc
     gone.rmdir()
     spec = TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=3e-3,
         seed=0,
         task_options={"seq_len": 8},
@@ -446,7 +428,7 @@ def test_a_trial_stuck_on_a_plateau_stops_early():
     quiet_lightning()
     spec = TrialSpec(
         task="parity",
-        mixer="transformer",
+        model=ModelShape(mixer="transformer"),
         lr=1e-3,
         seed=0,
         task_options={"seq_len": 24},

@@ -15,6 +15,7 @@ from torch import nn
 
 from experiments.sweep import run_sweep
 from experiments.sweeps.presets import build_specs, resolve_sweep
+from experiments.sweeps.runner import SweepOptions
 from experiments.sweeps.study import HEARTBEAT_DIR, GridStudy, cell_id, cell_params, grid_distributions, is_stale
 from experiments.sweeps.workers import (
     MPS_BELOW_NORMAL,
@@ -100,7 +101,7 @@ def slow_on_path(monkeypatch):
 @pytest.mark.slow
 def test_two_workers_complete_grid_exactly_once_and_save_checkpoints(tmp_path):
     plan = tiny_plan(["gru", "elman"], seeds=[0, 1, 2])
-    df = run_sweep(plan, tmp_path, progress=False, workers=2)
+    df = run_sweep(plan, tmp_path, SweepOptions(progress=False, workers=2))
     assert len(df) == 6 and set(df["status"]) == {"ok"}
     trials = completed_once(open_grid(tmp_path), build_specs(plan))
     assert len(trials) == 6  # nothing ran twice, no duplicates were even needed
@@ -154,7 +155,7 @@ def test_worker_killed_mid_trial_then_rerun_resumes_and_completes_exactly_once(t
     proc.join(30)
     assert proc.exitcode == -signal.SIGKILL
     assert grid.storage.get_trial(grid.trial_id(running)).state == TrialState.RUNNING  # left behind
-    df = run_sweep(plan, tmp_path, progress=False)  # the re-run
+    df = run_sweep(plan, tmp_path, SweepOptions(progress=False))  # the re-run
     assert len(df) == 2 and set(df["status"]) == {"ok"}
     assert sorted(df["resumed_from_step"]) == [0, 10] and set(df["steps"]) == {60}  # one resumed from its checkpoint
     trials = completed_once(grid, specs)
@@ -281,7 +282,7 @@ def test_worker_claims_its_preferred_cells_first_then_the_rest(tmp_path):
         tmp_path,
         device="cpu",
         poll_s=0.1,
-        prefer={cell_id(s) for s in specs if s.mixer == "elman"},
+        prefer={cell_id(s) for s in specs if s.model.mixer == "elman"},
         on_claim=lambda s: order.append((s["mixer"], s["seed"])),
     )
     assert order == [("elman", 0), ("elman", 1), ("gru", 0), ("gru", 1)]
@@ -446,7 +447,7 @@ def test_a_packed_run_resumes_on_a_fresh_machine(tmp_path, slow_on_path, moved):
         here = tmp_path / "moved" if moved else here
         here.mkdir()
         tar.extractall(here, filter="data")
-    df = run_sweep(plan, here, progress=False, stale_timeout=1)
+    df = run_sweep(plan, here, SweepOptions(progress=False, stale_timeout=1))
     assert len(df) == 3 and set(df["status"]) == {"ok"} and set(df["steps"]) == {60}
     assert sorted(df["resumed_from_step"]) == [0, 0, 10]
     assert len([t for t in open_grid(here).trials(states=(TrialState.COMPLETE,))]) == 3
@@ -468,5 +469,5 @@ def test_run_plans_hands_the_cells_of_priority_sweeps_to_the_workers(tmp_path, m
     )
     urgent = dataclasses.replace(tiny_plan(["gru"], seeds=(0, 1)), priority="high")
     other = dataclasses.replace(tiny_plan(["elman"]), entry="other")
-    run_plans([urgent, other], tmp_path, "prio", workers=2, progress=False)
+    run_plans([urgent, other], tmp_path, "prio", SweepOptions(workers=2, progress=False))
     assert seen["priority"] == {cell_id(s) for s in build_specs(urgent)} and len(seen["cells"]) == 3

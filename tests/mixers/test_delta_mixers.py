@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import mixers
+from experiments.trial.shape import ModelShape
 from kernels.delta import fla_available
 from mixers.delta import DeltaRuleMixer
 from mixers.rwkv7 import RWKV7
@@ -268,10 +269,9 @@ def test_signed_deltanet_learns_parity_and_deltanet_does_not():
     for name in ("signed_deltanet", "deltanet"):
         spec = TrialSpec(
             task="parity",
-            mixer=name,
+            model=ModelShape(mixer=name, mixer_options={"backend": "reference"}),
             lr=5e-3,
             seed=0,
-            mixer_options={"backend": "reference"},
             extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [12]},
             train=TrainConfig(
                 max_steps=400, batch_size=32, train_size=2000, val_size=200, test_size=500, eval_every=100

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+from experiments.trial.shape import ModelShape
 from mixers import MIXERS, build_mixer
 from mixers.mamba import Mamba
 from mixers.signed_mamba import SignedMamba
@@ -145,11 +146,10 @@ def test_negative_eigenvalues_solve_parity_where_positive_do_not():
     def accuracy_at_24(mixer: str, steps: int) -> float:
         spec = TrialSpec(
             task="parity",
-            mixer=mixer,
+            model=ModelShape(mixer=mixer, mixer_options={"d_state": 4}),
             lr=3e-3,
             seed=0,
             task_options={"running": True},
-            mixer_options={"d_state": 4},
             extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [24]},
             train=TrainConfig(
                 max_steps=steps, batch_size=32, train_size=2000, val_size=200, test_size=300, eval_every=50

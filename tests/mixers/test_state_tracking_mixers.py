@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from experiments.trial.shape import ModelShape
 from mixers import MIXERS, build_mixer
 from mixers.mamba3 import rotate_pairs
 
@@ -209,11 +210,10 @@ def test_pd_ssm_learns_parity():
     quiet_lightning()
     spec = TrialSpec(
         task="parity",
-        mixer="pd_ssm",
+        model=ModelShape(mixer="pd_ssm", mixer_options={"d_state": 8}),
         lr=3e-3,
         seed=0,
         task_options={"running": True},
-        mixer_options={"d_state": 8},
         extrapolation={"min_len": 3, "max_len": 12, "eval_lengths": [24]},
         train=TrainConfig(max_steps=400, batch_size=32, train_size=2000, val_size=200, test_size=300, eval_every=50),
     )

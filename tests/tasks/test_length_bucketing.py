@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from experiments.trial.shape import ModelShape
 from tasks import ExtrapolationConfig, SyntheticDataModule
 from tasks.base import IGNORE_INDEX
 from tasks.datamodule import TrainingStream
@@ -94,7 +95,7 @@ def test_cutting_the_padding_leaves_the_loss_unchanged(mixer):
 
     spec = TrialSpec(
         task="parity",
-        mixer=mixer,
+        model=ModelShape(mixer=mixer),
         lr=1e-3,
         seed=0,
         task_options={"running": True},
@@ -119,7 +120,7 @@ def test_length_bucketing_option_is_checked():
         TrainConfig(length_bucketing=-1)
     with pytest.raises(ValueError, match="stacked trials cannot use it"):
         SyntheticDataModule("parity", stack_shuffle_seeds=[0, 1], length_bucketing=2)
-    spec = TrialSpec(task="parity", mixer="gru", lr=1e-3, seed=0)
+    spec = TrialSpec(task="parity", model=ModelShape(mixer="gru"), lr=1e-3, seed=0)
     assert "length_bucketing" not in spec.identity()["train"]  # existing studies keep their cell ids
     bucketed = dataclasses.replace(spec, train=TrainConfig(length_bucketing=4))
     assert bucketed.identity()["train"]["length_bucketing"] == 4
@@ -132,7 +133,7 @@ def test_a_bucketed_trial_learns_running_parity():
 
     spec = TrialSpec(
         task="parity",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=1e-2,
         seed=0,
         task_options={"running": True},

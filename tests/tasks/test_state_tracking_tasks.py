@@ -5,6 +5,7 @@ import itertools
 import pytest
 import torch
 
+from experiments.trial.shape import ModelShape
 from tasks import ExtrapolationConfig, SyntheticDataModule, generate_variable_length, get_task
 from tasks.groups import get_group
 
@@ -228,7 +229,7 @@ def test_gru_solves_counting_mod_3_beyond_the_training_length():
     quiet_lightning()
     spec = TrialSpec(
         task="modular_count",
-        mixer="gru",
+        model=ModelShape(mixer="gru"),
         lr=3e-3,
         seed=0,
         task_options={"m": 3},
@@ -264,8 +265,7 @@ def test_flashgru_counts_mod_3_only_with_dense_state_matrices():
     ]:
         spec = TrialSpec(
             task="modular_count",
-            mixer=mixer,
-            mixer_options=options,
+            model=ModelShape(mixer=mixer, mixer_options=options),
             lr=1e-2,
             seed=0,
             task_options={"m": 3},
