@@ -310,7 +310,7 @@ def time_workers(
     rows = []
     for prec, engine, stack, n in ((p, e, s, n) for p in precisions for e in engines for s in stacks for n in counts):
         cells = stacked_specs(benchmark_specs(preset, tasks, mixers, steps, device, count=n, precision=prec), stack)
-        precision = cells[0][1].precision
+        precision = cells[0][1].model.precision
         options = RunOptions(logger="none", engine=engine, stack=stack)
         df, progress, wall, busy = train_together(
             cells, n, device, out / f"{precision}-{engine}-s{stack}-n{n}", options

@@ -4,6 +4,7 @@ trial trained, from the trials' own progress samples."""
 import math
 import shutil
 import subprocess
+import types
 from pathlib import Path
 
 import pandas as pd
@@ -252,7 +253,7 @@ def test_mix_shares_runs_each_mixer_alone_then_the_mix(monkeypatch):
 
     class Spec:
         def __init__(self, mixer):
-            self.mixer = mixer
+            self.model = types.SimpleNamespace(mixer=mixer)  # a TrialSpec's model shape
 
     monkeypatch.setattr(
         "benchmarks.training.throughput.benchmark_specs", lambda *a, **k: [("khop2", Spec("x")), ("khop2", Spec("y"))]
