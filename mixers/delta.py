@@ -31,8 +31,7 @@ Backends (``kernels.delta``): ``"reference"`` (per-token loop, any device/dtype)
 chunkwise form in PyTorch, any device/dtype), ``"triton"`` (our fused recurrent kernel, CUDA, the input
 dtype with float32 arithmetic), ``"fla"`` (fla's chunked kernels, CUDA, computed in
 bfloat16), ``"fla_recurrent"`` (fla's fused recurrent kernel in the input dtype, CUDA; not with the
-forget gate), ``"auto"`` (``kernels.delta.resolve_backend``: ``"triton"`` on CUDA, ``"fla"`` for long
-16-bit sequences, ``"chunk"`` elsewhere).
+forget gate), ``"auto"`` (``"fla"`` on CUDA when fla is importable and runs there, else ``"chunk"``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Every implementation is checked first, output and every input gradient, against 
 every input read and the output written once (forward); three times that for forward + backward; over the
 measured copy bandwidth. Sections: ``main`` (the state-tracking training shape in float32 and fla's own
 benchmark shapes in bfloat16, the defaults of ``--shapes``) and, with ``--sweep``, ``crossover``:
-lengths 64 to 8,192 for ``ours-triton`` against ``fla`` (where ``kernels.delta.FLA_FROM_STEPS`` comes from).
+lengths 64 to 4,096 for ``ours-triton`` against ``fla``: the crossover ``"auto"`` is to follow.
 """
 
 from __future__ import annotations

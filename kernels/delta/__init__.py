@@ -20,8 +20,8 @@ Backends:
   bfloat16 (inputs cast inside, outputs cast back);
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
-- ``"auto"``: on CUDA ``"triton"``, except 16-bit inputs of ``FLA_FROM_STEPS`` or more steps, which take
-  ``"fla"`` where fla is importable; elsewhere ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``).
+- ``"auto"``: ``"fla"`` for CUDA tensors when ``fla`` is importable, else ``"chunk"`` (``"reference"``
+  for ``dplr_delta_rule``); ``"triton"`` runs when named.
 
 ``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
 """
@@ -71,11 +71,6 @@ if _rec is not None:  # "triton" after the PyTorch forms, before fla's
         _AVAILABLE[_op] = {**{k: f for k, f in _fns.items() if k not in _fast}, "triton": getattr(_rec, _op), **_fast}
     del _op, _fns, _fast
 
-#: on CUDA, ``"auto"`` takes fla's chunk kernels instead of the fused recurrent Triton kernel for 16-bit
-#: inputs of at least this many steps per sequence (``L n``), where fla is importable: the crossover
-#: measured by ``python -m benchmarks.ops delta --sweep`` (kernels/delta/README.md)
-FLA_FROM_STEPS = 1024
-
 
 @functools.cache
 def fla_available() -> bool:
@@ -83,19 +78,15 @@ def fla_available() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-def resolve_backend(op: str, backend: str, x: torch.Tensor, steps: int = 0) -> str:
-    """The backend ``backend`` stands for when ``op`` runs on tensors like ``x`` with ``steps`` steps per
-    sequence (``L n``); one-line ``ValueError``s. ``"auto"`` on CUDA: ``"triton"``, except 16-bit inputs
-    of ``FLA_FROM_STEPS`` or more steps, which take ``"fla"`` where it is importable; elsewhere ``"chunk"``
-    (``"reference"`` for ``dplr_delta_rule``)."""
+def resolve_backend(op: str, backend: str, x: torch.Tensor) -> str:
+    """The backend ``backend`` stands for when ``op`` runs on tensors like ``x``; one-line ``ValueError``s.
+    ``"auto"``: ``"fla"`` for CUDA tensors when fla is importable, else ``"chunk"`` (``"reference"`` for
+    ``dplr_delta_rule``). ``"triton"`` is not picked by ``"auto"`` until its crossover against fla is
+    measured on a GPU (``python -m benchmarks.ops delta --sweep``)."""
     available = _AVAILABLE[op]
     if backend == AUTO:
-        if x.is_cuda:
-            long_16bit = x.dtype in (torch.bfloat16, torch.float16) and steps >= FLA_FROM_STEPS
-            if fla_available() and (long_16bit or "triton" not in available):
-                return "fla"
-            if "triton" in available:
-                return "triton"
+        if x.is_cuda and fla_available():
+            return "fla"
         return "chunk" if "chunk" in available else "reference"
     if backend not in available:
         raise ValueError(f"unknown {op} backend {backend!r}; valid: {', '.join([AUTO, *available])}")
@@ -142,7 +133,7 @@ def delta_rule(q, k, v, beta, *, scale: float | None = None, qk_l2norm: bool = F
         {"q": q, "k": k, "v": v, "beta": beta},
         {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "beta": (B, L, H)},
     )
-    fn = _AVAILABLE["delta_rule"][resolve_backend("delta_rule", backend, q, L)]
+    fn = _AVAILABLE["delta_rule"][resolve_backend("delta_rule", backend, q)]
     return fn(q, k, v, beta, scale=scale, qk_l2norm=qk_l2norm)
 
 
@@ -154,7 +145,7 @@ def gated_delta_rule(q, k, v, g, beta, *, scale: float | None = None, qk_l2norm:
         {"q": q, "k": k, "v": v, "g": g, "beta": beta},
         {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "g": (B, L, H), "beta": (B, L, H)},
     )
-    fn = _AVAILABLE["gated_delta_rule"][resolve_backend("gated_delta_rule", backend, q, L)]
+    fn = _AVAILABLE["gated_delta_rule"][resolve_backend("gated_delta_rule", backend, q)]
     return fn(q, k, v, g, beta, scale=scale, qk_l2norm=qk_l2norm)
 
 
@@ -169,7 +160,7 @@ def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2nor
         named,
         {"q": (B, L, H, K), "k": (B, L, n, H, K), "v": (B, L, n, H, None), "beta": (B, L, n, H), "g": (B, L, H)},
     )
-    fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q, L * (n or 1))]
+    fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q)]
     return fn(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm)
 
 
@@ -190,7 +181,7 @@ def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float 
             "w": (B, L, H, K),
         },
     )
-    name = resolve_backend("dplr_delta_rule", backend, q, L)
+    name = resolve_backend("dplr_delta_rule", backend, q)
     if name == "fla":
         return _fla.dplr_delta_rule(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound)
     return _AVAILABLE["dplr_delta_rule"][name](q, k, v, a, b, w, scale=scale)
@@ -204,7 +195,6 @@ def backends(op: str) -> tuple[str, ...]:
 __all__ = [
     "AUTO",
     "BACKENDS",
-    "FLA_FROM_STEPS",
     "backends",
     "delta_product",
     "delta_rule",

@@ -288,8 +288,7 @@ def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
 @needs_fla
 def test_gpu_fla_gated_backward_runs_our_pytorch_function_exactly_where_fla_refuses(monkeypatch):
     """fla's gated backward goes through ``fla_gated_bwd.chunk_bwd_dqkwg`` iff fla's Triton one refuses
-    (Hopper, Triton 3.4-3.7.0); either way ``backend="fla"`` trains, and ``auto`` takes it for long
-    bfloat16 sequences (our fused recurrent kernel for float32 and short ones)."""
+    (Hopper, Triton 3.4-3.7.0); either way ``backend="fla"`` trains and ``auto`` takes fla."""
     from kernels.delta import fla_gated_bwd
 
     calls = []
@@ -300,9 +299,7 @@ def test_gpu_fla_gated_backward_runs_our_pytorch_function_exactly_where_fla_refu
     kd.gated_delta_rule(*args, backend="fla").sum().backward()
     assert bool(calls) == fla_gated_bwd.triton_refuses()
     assert all(torch.isfinite(a.grad).all() for a in args)
-    assert kd.resolve_backend("gated_delta_rule", "auto", args[0], kd.FLA_FROM_STEPS) == "triton"
-    assert kd.resolve_backend("gated_delta_rule", "auto", args[0].bfloat16(), kd.FLA_FROM_STEPS) == "fla"
-    assert kd.resolve_backend("gated_delta_rule", "auto", args[0].bfloat16(), kd.FLA_FROM_STEPS - 1) == "triton"
+    assert kd.resolve_backend("gated_delta_rule", "auto", args[0]) == "fla"
 
 
 @pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)
