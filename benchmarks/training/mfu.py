@@ -52,8 +52,9 @@ DEFAULT_OUT = Path("benchmarks/results/mfu.md")
 GPU_CONCURRENCY = 6
 #: ``--quick``: batch and data-set sizes of the CPU run
 QUICK = {"batch_size": 8, "train_size": 64, "val_size": 16, "test_size": 16, "eval_batch_size": 16}
-#: ``--quick``: steps of each worker trial (progress is sampled from step 10 on: two samples need more)
-QUICK_WORKER_STEPS = 30
+#: ``--quick``: steps of each worker trial: several seconds on a CPU, so that two workers started a few
+#: seconds apart on a busy machine still train at the same time (progress is sampled from step 10 on)
+QUICK_WORKER_STEPS = 1000
 
 
 @dataclasses.dataclass
