@@ -297,6 +297,29 @@ def rel(x, y, floor=0.0):
     return float((x.double() - y.double()).norm() / max(float(y.double().norm()), floor, 1e-30))
 
 
+def errors_against_float64(name, options, backend, heads, d, L, device):
+    """Relative norm errors of a float32 mixer on ``backend`` against the same weights in float64 on the
+    reference: output, input gradient and every parameter gradient (a gradient whose reference is zero or
+    nearly so measured against a hundredth of the largest one's norm)."""
+    fast = build(name, d, num_heads=heads, backend=backend, **options).to(device)
+    slow = build(name, d, num_heads=heads, backend="reference", **options).to(device).double()
+    slow.load_state_dict(fast.state_dict())
+    x = torch.randn(2, L, d, device=device)
+    x_fast, x_slow = x.clone().requires_grad_(), x.double().requires_grad_()
+    y_fast, y_slow = fast(x_fast), slow(x_slow)
+    dy = torch.randn_like(y_slow)
+    y_fast.backward(dy.float())
+    y_slow.backward(dy)
+    assert y_fast.dtype == torch.float32 and torch.isfinite(y_fast).all()
+    errors = {"out": rel(y_fast, y_slow), "dx": rel(x_fast.grad, x_slow.grad)}
+    slow_params = dict(slow.named_parameters())
+    floor = 1e-2 * max(float(p.grad.norm()) for p in slow_params.values())
+    for pname, p in fast.named_parameters():
+        assert p.dtype == torch.float32 and p.grad is not None, pname
+        errors[f"d{pname}"] = rel(p.grad, slow_params[pname].grad, floor)
+    return errors
+
+
 GPU_CASES = [
     ("deltanet", {}, "fla", 2e-2),
     ("signed_deltanet", {"short_conv": True}, "fla", 2e-2),
@@ -323,22 +346,7 @@ def test_gpu_fla_backend_matches_float64_reference(name, options, backend, tol, 
     output, input gradient and every parameter gradient, relative norm errors (bfloat16 chunk kernels:
     ~1e-2; the float32 fused recurrent kernel: 1e-4)."""
     torch.manual_seed(L + heads)
-    fast = build(name, d, num_heads=heads, backend=backend, **options).cuda()
-    slow = build(name, d, num_heads=heads, backend="reference", **options).cuda().double()
-    slow.load_state_dict(fast.state_dict())
-    x = torch.randn(2, L, d, device="cuda")
-    x_fast, x_slow = x.clone().requires_grad_(), x.double().requires_grad_()
-    y_fast, y_slow = fast(x_fast), slow(x_slow)
-    dy = torch.randn_like(y_slow)
-    y_fast.backward(dy.float())
-    y_slow.backward(dy)
-    errors = {"out": rel(y_fast, y_slow), "dx": rel(x_fast.grad, x_slow.grad)}
-    slow_params = dict(slow.named_parameters())
-    floor = 1e-2 * max(float(p.grad.norm()) for p in slow_params.values())  # zero-ish grads: the others' scale
-    for pname, p in fast.named_parameters():
-        assert p.dtype == torch.float32 and p.grad is not None, pname
-        errors[f"d{pname}"] = rel(p.grad, slow_params[pname].grad, floor)
-    assert y_fast.dtype == torch.float32 and torch.isfinite(y_fast).all()
+    errors = errors_against_float64(name, options, backend, heads, d, L, "cuda")
     if L == 1 and tol >= 1e-2:  # one token: a few bfloat16 roundings (u = 2^-8) dominate a norm of 2 x d numbers
         tol = 5e-2
     assert max(errors.values()) <= tol, {k: f"{v:.1e}" for k, v in errors.items()}
@@ -433,17 +441,5 @@ def test_triton_backend_matches_float64_reference(name, options):
     if not triton_available(torch.empty(0, device=device)):
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     torch.manual_seed(0)
-    fast = build(name, 16, num_heads=2, backend="triton", **options).to(device)
-    slow = build(name, 16, num_heads=2, backend="reference", **options).to(device).double()
-    slow.load_state_dict(fast.state_dict())
-    x = torch.randn(2, 11, 16, device=device)
-    x_fast, x_slow = x.clone().requires_grad_(), x.double().requires_grad_()
-    y_fast, y_slow = fast(x_fast), slow(x_slow)
-    dy = torch.randn_like(y_slow)
-    y_fast.backward(dy.float())
-    y_slow.backward(dy)
-    errors = {"out": rel(y_fast, y_slow), "dx": rel(x_fast.grad, x_slow.grad)}
-    slow_params = dict(slow.named_parameters())
-    floor = 1e-2 * max(float(p.grad.norm()) for p in slow_params.values())
-    errors.update({f"d{n}": rel(p.grad, slow_params[n].grad, floor) for n, p in fast.named_parameters()})
+    errors = errors_against_float64(name, options, "triton", 2, 16, 11, device)
     assert max(errors.values()) <= 1e-4, {k: f"{v:.1e}" for k, v in errors.items()}
