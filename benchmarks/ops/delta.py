@@ -79,8 +79,8 @@ def inputs(op: str, batch: int, L: int, H: int, D: int, dtype: torch.dtype, devi
     else:
         kk = F.normalize(r(batch, L, H, D), dim=-1)
         xs = [q, 0.3 * k, v, -kk, kk * u(batch, L, H, D), -math.exp(-0.5) * u(batch, L, H, D)]
-    low = xs[:-1] if op == "dplr" else [x for x in xs if x.dim() >= 4]  # q, k, v (a, b): the dtype
-    return [x.to(dtype) if any(x is y for y in low) else x for x in xs]
+    # q, k, v (and a, b) in the dtype; beta, g and RWKV-7's w stay float32
+    return [x.to(dtype) if x.dim() >= 4 and not (op == "dplr" and i == len(xs) - 1) else x for i, x in enumerate(xs)]
 
 
 def call(op: str, backend: str):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from kernels._triton import cdiv, empty, next_pow2
@@ -46,36 +47,23 @@ class RecurrentTiles:
         return BK, BV, warps, self.chunk or 32
 
 
+def _launch(q, v, w, nstep: int, tiles: RecurrentTiles | None) -> tuple[int, int, int, dict]:
+    """``(BV, NV, chunk, constexprs)`` of both kernels' launches for these inputs and tiles."""
+    K, V = q.shape[-1], v.shape[-1]
+    BK, BV, warps, chunk = (tiles or RecurrentTiles()).resolve(K, V)
+    meta = {"K": K, "V": V, "BK": BK, "BV": BV, "NSTEP": nstep, "CHUNK": chunk, "HAS_W": w is not None}
+    return BV, cdiv(V, BV), chunk, {**meta, "num_warps": warps}
+
+
 def _forward(q, k, v, a, b, w, scale: float, nstep: int, save: bool, tiles: RecurrentTiles | None = None):
     """``(o, ckpt)``: the output ``(B, T, H, V)`` in ``q``'s dtype and the stored states (float32)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BK, BV, warps, chunk = (tiles or RecurrentTiles()).resolve(K, V)
-    NC = cdiv(T * nstep, chunk)
+    _, NV, chunk, meta = _launch(q, v, w, nstep, tiles)
     o = empty((B, T, H, V), q.device, q.dtype)
-    ckpt = empty((B * H, NC, V, K) if save else (1,), q.device, torch.float32)
-    delta_recurrent_fwd_kernel[(cdiv(V, BV), B * H)](
-        q,
-        k,
-        v,
-        a,
-        b,
-        k if w is None else w,
-        o,
-        ckpt,
-        T,
-        H,
-        float(scale),
-        K=K,
-        V=V,
-        BK=BK,
-        BV=BV,
-        NSTEP=nstep,
-        CHUNK=chunk,
-        HAS_W=w is not None,
-        SAVE=save,
-        num_warps=warps,
-    )
+    ckpt = empty((B * H, cdiv(T * nstep, chunk), V, K) if save else (1,), q.device, torch.float32)
+    w_arg = k if w is None else w  # any pointer: HAS_W=False never reads it
+    delta_recurrent_fwd_kernel[(NV, B * H)](q, k, v, a, b, w_arg, o, ckpt, T, H, float(scale), SAVE=save, **meta)
     return o, ckpt
 
 
@@ -83,42 +71,16 @@ def _backward(do, q, k, v, a, b, w, ckpt, scale: float, nstep: int, tiles: Recur
     """``(dq, dk, dv, da, db, dw)`` in float32 (``dw`` empty without ``w``)."""
     B, T, H, K = q.shape
     V, Ts = v.shape[-1], k.shape[1]
-    BK, BV, warps, chunk = (tiles or RecurrentTiles()).resolve(K, V)
-    NV = cdiv(V, BV)
+    BV, NV, chunk, meta = _launch(q, v, w, nstep, tiles)
     dev, f32 = q.device, torch.float32
-    scratch = torch.empty((NV * B * H, chunk, BV, BK), device=dev, dtype=f32)
+    scratch = torch.empty((NV * B * H, chunk, BV, meta["BK"]), device=dev, dtype=f32)
     dq = empty((NV, B, T, H, K), dev, f32)
     dk, da, db = (empty((NV, B, Ts, H, K), dev, f32) for _ in range(3))
     dw = empty((NV, B, Ts, H, K), dev, f32) if w is not None else dk
     dv = empty((B, Ts, H, V), dev, f32)
+    w_arg = k if w is None else w
     delta_recurrent_bwd_kernel[(NV, B * H)](
-        q,
-        k,
-        v,
-        a,
-        b,
-        k if w is None else w,
-        ckpt,
-        do,
-        scratch,
-        dq,
-        dk,
-        dv,
-        da,
-        db,
-        dw,
-        B,
-        T,
-        H,
-        float(scale),
-        K=K,
-        V=V,
-        BK=BK,
-        BV=BV,
-        NSTEP=nstep,
-        CHUNK=chunk,
-        HAS_W=w is not None,
-        num_warps=warps,
+        q, k, v, a, b, w_arg, ckpt, do, scratch, dq, dk, dv, da, db, dw, B, T, H, float(scale), **meta
     )
     dq, dk, da, db = (x.sum(0) if NV > 1 else x[0] for x in (dq, dk, da, db))
     dw = (dw.sum(0) if NV > 1 else dw[0]) if w is not None else q.new_empty(0, dtype=f32)
@@ -251,19 +213,14 @@ def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, t
         q, k = l2norm(q.float()), l2norm(k.float())
     beta = beta.float()[..., None]
     b = -beta * k
-    if g is not None:
-        first = torch.ones(1, 1, n, 1, 1, device=q.device, dtype=torch.bool)
-        first[:, :, 1:] = False
-        decay = torch.exp(g.float())[:, :, None, :, None]
-        b = torch.where(first, b * decay, b)
-        w = torch.where(first, g.float()[:, :, None, :, None], 0.0).expand(B, L, n, H, K)
-        w = w.reshape(B, L * n, H, K)
-    else:
-        w = None
-    steps = (x.reshape(B, L * n, H, -1) for x in (k, beta * v, k, b))
-    kk, vv, aa, bb = steps
+    w = None
+    if g is not None:  # the log decay of each step: g on a token's first, 0 on the others
+        gs = F.pad(g.float()[:, :, None, :, None], (0, 0, 0, 0, 0, n - 1))
+        b = b * torch.exp(gs)
+        w = gs.expand(B, L, n, H, K).reshape(B, L * n, H, K)
+    kk, vv, bb = (x.reshape(B, L * n, H, -1) for x in (k, beta * v, b))
     scale = K**-0.5 if scale is None else scale
-    return dplr_recurrent(q, kk, vv, aa, bb, w, scale=scale, nstep=n, tiles=tiles).to(out_dtype)
+    return dplr_recurrent(q, kk, vv, kk, bb, w, scale=scale, nstep=n, tiles=tiles).to(out_dtype)
 
 
 def delta_rule(q, k, v, beta, *, scale=None, qk_l2norm=False, tiles: RecurrentTiles | None = None):
