@@ -83,6 +83,21 @@ def inputs(op: str, batch: int, L: int, H: int, D: int, dtype: torch.dtype, devi
     return [x.to(dtype) if x.dim() >= 4 and not (op == "dplr" and i == len(xs) - 1) else x for i, x in enumerate(xs)]
 
 
+def call_tiles(op: str, stages: int):
+    """``fn(*inputs)`` running ``op`` on the fused recurrent kernel pipelined ``stages`` deep."""
+    from kernels.delta import triton_ops
+
+    tiles = triton_ops.RecurrentTiles(stages=stages)
+    fn = {
+        "delta": triton_ops.delta_rule,
+        "gated": triton_ops.gated_delta_rule,
+        "product": triton_ops.delta_product,
+    }.get(op)
+    if fn is None:
+        return lambda *t: triton_ops.dplr_delta_rule(*t, tiles=tiles)
+    return lambda *t: fn(*t, qk_l2norm=True, tiles=tiles)
+
+
 def call(op: str, backend: str):
     """``fn(*inputs)`` running ``op`` on ``backend``."""
     if op == "delta":
@@ -104,9 +119,12 @@ def _fla_triton_unguarded():
         restore()
 
 
-def implementations(op: str, names: set[str] | None = None) -> dict:
-    """name -> (``fn(*inputs)``, context manager factory, note) for ``op`` (``names``: only these)."""
+def implementations(op: str, names: set[str] | None = None, stages: tuple[int, ...] = ()) -> dict:
+    """name -> (``fn(*inputs)``, context manager factory, note) for ``op`` (``names``: only these;
+    ``stages``: also ``ours-triton-sN``, the recurrent kernel pipelined ``N`` deep)."""
     impls = {"ours-triton": (call(op, "triton"), contextlib.nullcontext, "fused recurrent")}
+    for n in stages:
+        impls[f"ours-triton-s{n}"] = (call_tiles(op, n), contextlib.nullcontext, f"loads pipelined {n} deep")
     if op != "dplr":
         impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
@@ -120,7 +138,8 @@ def implementations(op: str, names: set[str] | None = None) -> dict:
         if refused:
             unguarded = (call(op, "fla"), _fla_triton_unguarded, "fla's guard lifted (issue #640)")
             impls["fla-triton-unguarded"] = unguarded
-    return {k: v for k, v in impls.items() if names is None or k in names}
+    keep = lambda k: names is None or k in names or k.startswith("ours-triton-s")  # noqa: E731
+    return {k: v for k, v in impls.items() if keep(k)}
 
 
 def problem(op, batch, L, H, D, dtype_name, impls, bw_gbs, section="main", device="cuda") -> Problem:
@@ -171,12 +190,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--impls", default=None, help="comma-separated implementation names (default: all)")
     ap.add_argument("--sweep", action="store_true", help="add the crossover section (ours-triton against fla)")
     ap.add_argument("--no-main", action="store_true", help="skip the main section")
+    ap.add_argument(
+        "--stages",
+        default="",
+        help="comma-separated pipelining depths: also time ours-triton-sN with RecurrentTiles(stages=N)",
+    )
     cli_common(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():
         raise SystemExit("error: the delta benchmark needs a CUDA GPU")
     names = None if args.impls is None else set(args.impls.split(","))
+    stages = tuple(int(n) for n in args.stages.split(",") if n)
     main_items = MAIN if args.shapes is None else [tuple(item.split(":")) for item in args.shapes.split(";") if item]
     bw = copy_bandwidth_gbs("cuda")
     env = environment("cuda")
@@ -187,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
             if op not in OPS:
                 raise SystemExit(f"error: unknown op {op!r}; valid: {', '.join(OPS)}")
             dims = tuple(int(v) for v in shape.split("x"))
-            problems.append(problem(op, *dims, dtype_name, implementations(op, names), bw))
+            problems.append(problem(op, *dims, dtype_name, implementations(op, names, stages), bw))
     if args.sweep:
         sweep_impls = implementations("gated", {"ours-triton", "fla"})
         for shape, dtype_name in SWEEP:
