@@ -165,8 +165,10 @@ def solves_every_lines(table: pd.DataFrame, mixers: list[str], solved: float) ->
 
 def needs_width_lines(table: pd.DataFrame, mixers: list[str], solved: float) -> list[str]:
     """A Markdown table, mixers × settings, of the smallest width reaching ``solved``, with two verdicts per
-    mixer: it needs width (some setting is not solved at its smallest width) and the width it needs
-    grows with the setting (never smaller for a later setting; none reached counts as more than any)."""
+    mixer: it needs width (✓: in some setting it reaches ``solved`` only at a width above the smallest;
+    ✗: wherever it reaches it, it does at the smallest width; ``never``: it reaches it nowhere, so the run
+    cannot tell) and the width it needs grows with the setting (never smaller for a later setting; none
+    reached counts as more than any)."""
     widths = smallest_solving_width(table[table["mixer"].isin(mixers)], solved)
     if widths.empty:
         return [f"- The recurrent models need width: none of {', '.join(mixers)} was run."]
@@ -174,7 +176,8 @@ def needs_width_lines(table: pd.DataFrame, mixers: list[str], solved: float) -> 
     rows = []
     for mixer in [m for m in mixers if m in set(widths["mixer"])]:
         mine = widths[widths["mixer"] == mixer].set_index("setting")
-        needs = bool((mine["smallest"] > mine["first"]).any())
+        helped = (mine["smallest"] > mine["first"]) & (mine["smallest"] < math.inf)
+        needs = "✓" if helped.any() else "never" if (mine["smallest"] == math.inf).all() else "✗"
         ordered = [mine.loc[s, "smallest"] for s in settings if s in mine.index]
         grows = all(a <= b for a, b in zip(ordered, ordered[1:]))
         cells = {
@@ -191,17 +194,18 @@ def needs_width_lines(table: pd.DataFrame, mixers: list[str], solved: float) -> 
             {
                 "model": mixer,
                 **cells,
-                "needs width": "✓" if needs else "✗",
+                "needs width": needs,
                 "grows with the setting": "✓" if grows else "✗",
             }
         )
     frame = pd.DataFrame(rows)
-    held = int((frame["needs width"] == "✓").sum())
+    held, never = (int((frame["needs width"] == v).sum()) for v in ("✓", "never"))
     grew = int((frame["grows with the setting"] == "✓").sum())
     return [
-        f"- The recurrent models need width: {held} of {len(frame)} miss {solved:.0%} at the smallest width of "
-        f"some setting; for {grew} of {len(frame)} the smallest width reaching it never shrinks as the setting "
-        "grows. The smallest width reaching it per setting (`> W`: none up to the largest width W run):",
+        f"- The recurrent models need width: {held} of {len(frame)} reach {solved:.0%} in some setting only "
+        f"above the smallest width ({never} reach it nowhere); for {grew} of {len(frame)} the smallest width "
+        "reaching it never shrinks as the setting grows. The smallest width reaching it per setting (`> W`: "
+        "none up to the largest width W run):",
         "",
         frame.to_markdown(index=False, disable_numparse=True),
     ]
