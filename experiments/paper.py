@@ -550,6 +550,7 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     if margin is not None:
         compared = int(sum(o == o and p == p for o, p in zip(table["ours"], table["paper"])))
         lines += ["", f"{compared - len(differ)} of {compared} cells within {margin} of the paper."]
+    lines += meta.get("claims", [])  # the preset's claims checked on the cells (experiments.claims)
     lines += [
         "",
         f"Preset: `experiments/presets/{name}.yaml`. {' '.join(str(data.get('description', '')).split())}",
