@@ -21,6 +21,8 @@ every input read and the output written once (forward); three times that for for
 measured copy bandwidth. Sections: ``main`` (the state-tracking training shape in float32 and fla's own
 benchmark shapes in bfloat16, the defaults of ``--shapes``) and, with ``--sweep``, ``crossover``:
 lengths 64 to 4,096 for ``ours-triton`` against ``fla``: the crossover ``"auto"`` is to follow.
+``--graph`` also times every implementation replayed from a CUDA graph (the graph engine's view: the
+GPU's time without the host's launches), beside the eager time.
 """
 
 from __future__ import annotations
@@ -191,6 +193,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sweep", action="store_true", help="add the crossover section (ours-triton against fla)")
     ap.add_argument("--no-main", action="store_true", help="skip the main section")
     ap.add_argument(
+        "--graph",
+        action="store_true",
+        help="also time every implementation replayed from a CUDA graph (the training engine's view, no host)",
+    )
+    ap.add_argument(
         "--stages",
         default="",
         help="comma-separated pipelining depths: also time ours-triton-sN with RecurrentTiles(stages=N)",
@@ -223,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         warm_only=args.warm_only,
         log=log.info,
         checkpoint=lambda rows: write_json("delta", rows, env, args.out),
+        graph=args.graph,
     )
     finish("delta", rows, env, args, baseline="ours-triton")
 
