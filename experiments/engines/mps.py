@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +77,7 @@ def cuda_mps(enabled: bool = True, control: str = CONTROL) -> Iterator[Path | No
     saved = {k: os.environ.get(k) for k in ENV_KEYS}
     os.environ.update({"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)})
     stopped = True
+    restore_sigterm = _sigterm_unwinds()
     try:
         started = subprocess.run([exe, "-d"], capture_output=True, text=True, timeout=30)
         if started.returncode != 0:
@@ -95,8 +97,24 @@ def cuda_mps(enabled: bool = True, control: str = CONTROL) -> Iterator[Path | No
         _restore(saved)
         stopped = stop_daemon(exe, pipe, logs)
     finally:
+        restore_sigterm()
         if stopped:  # a daemon left running keeps the folders its stop command needs
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _interrupt(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one must not cut the daemon's stop short
+    raise KeyboardInterrupt
+
+
+def _sigterm_unwinds():
+    """Where SIGTERM would end the process on the spot (its default action, in the main thread), make it
+    raise ``KeyboardInterrupt`` instead, so the block unwinds and the daemon is stopped; returns the
+    function that puts the previous handler back. A CLI that handles SIGTERM itself keeps its handler."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return lambda: None
+    signal.signal(signal.SIGTERM, _interrupt)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _restore(saved: dict[str, str | None]) -> None:
