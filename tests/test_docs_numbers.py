@@ -34,7 +34,7 @@ def measured(text: str) -> set[str]:
 
 def linked_records(doc: Path) -> list[Path]:
     """The generated reports and evidence files ``doc`` links to: Markdown under ``benchmarks/reproduction/``
-    or a ``results`` folder of ``benchmarks/``."""
+    or a ``results`` folder of ``benchmarks/``, and any ``*.evidence.md``."""
     records = []
     for target in LINK.findall(doc.read_text()):
         if re.match(r"^[a-z]+:", target) or not target.endswith(".md"):
@@ -43,7 +43,8 @@ def linked_records(doc: Path) -> list[Path]:
         if not path.is_file() or path.parent == ROOT:
             continue
         parts = path.relative_to(ROOT).parts
-        if parts[0] == "benchmarks" and ("reproduction" in parts or "results" in parts):
+        generated = parts[0] == "benchmarks" and ("reproduction" in parts or "results" in parts)
+        if generated or path.name.endswith(".evidence.md"):
             records.append(path)
     return records
 
