@@ -35,6 +35,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -437,6 +438,25 @@ def _k(n: float) -> str:
     return "" if n != n else f" ({n / 1000:.1f}k)"
 
 
+#: where the committed reports (``<name>.md``, written with ``--copy-to``) and their hand-written per-cell
+#: evidence (``<name>.evidence.md``: what was measured for the cells that differ, with the commands) live
+REPORTS = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduction"
+
+
+def evidence_link(name: str, reports: Path | None = None) -> str | None:
+    """The report's line linking preset ``name``'s evidence file when ``reports`` (default ``REPORTS``)
+    holds one, else None. The link is relative to that folder, where the committed report sits beside
+    its evidence; its text is the repository path, for a report read elsewhere (``runs/``)."""
+    reports = REPORTS if reports is None else reports
+    evidence = f"{name}.evidence.md"
+    if not (reports / evidence).is_file():
+        return None
+    return (
+        "Evidence for the cells that differ (what was measured, with the commands): "
+        f"[benchmarks/reproduction/{evidence}]({evidence})."
+    )
+
+
 def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
     """The side-by-side table (strings): a row per model in the order of the paper's ``results`` (each
     mixer's departures at other depths after it; mixers the paper lacks last), a column per paper column
@@ -476,7 +496,8 @@ def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) -> str:
-    """The Markdown report: a header (device, date, budget), the side-by-side table, the differing cells."""
+    """The Markdown report: a header (device, date, budget; the link to the preset's evidence file where
+    ``REPORTS`` holds one), the side-by-side table, the differing cells."""
     data = load_reproduction(name)
     entries = paper_entries(name)
     shown = dict(zip(table["entry"], table["metric"])) if len(table) else {}
@@ -509,6 +530,7 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
         "",
         f"Paper: {entries[0].source}.",
         "",
+        *([evidence, ""] if (evidence := evidence_link(name)) else []),
         f"- Device: {meta.get('device', '?')}; date: {meta.get('date', '?')}; "
         + (
             f"workers: {meta.get('workers', '?')}; wall time of this invocation: {meta.get('wall_min', float('nan')):.1f} min; "

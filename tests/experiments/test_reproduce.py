@@ -139,6 +139,33 @@ def test_the_metric_line_names_each_column_once():
     assert metric.count("MQAR κ=2 V=128 `test/acc`") == 1 and "Keep-nth† n=5 V=128 `test/last_acc`" in metric
 
 
+def test_a_report_links_its_presets_evidence_file_only_when_there_is_one(tmp_path, monkeypatch):
+    rows = _rows("mqar", "flashgru", [0.9])
+    table = compare("pararnn-table6", {"mqar": pd.DataFrame(rows)})
+    monkeypatch.setattr(paper_module, "REPORTS", tmp_path)
+    assert "evidence" not in comparison_markdown("pararnn-table6", table, {"device": "cpu"}).lower()
+    (tmp_path / "pararnn-table6.evidence.md").write_text("# Evidence\n")
+    (tmp_path / "pararnn-table1.evidence.md").write_text("# Another preset's evidence\n")
+    lines = comparison_markdown("pararnn-table6", table, {"device": "cpu"}).splitlines()
+    linking = [line for line in lines if "evidence" in line.lower()]
+    assert linking == [paper_module.evidence_link("pararnn-table6")]
+    assert "](pararnn-table6.evidence.md)" in linking[0]
+
+
+def test_every_committed_report_links_its_presets_evidence_file():
+    """The committed reports are written by ``--copy-to`` and their evidence by hand: each report whose preset
+    (its heading) has an evidence file carries the writer's link line; each evidence file belongs to a preset."""
+    presets = set(reproduction_presets())
+    evidence = sorted(paper_module.REPORTS.glob("*.evidence.md"))
+    assert evidence, "no evidence files found"
+    assert sorted({p.name.removesuffix(".evidence.md") for p in evidence} - presets) == []
+    for report in sorted(set(paper_module.REPORTS.glob("*.md")) - set(evidence)):
+        text = report.read_text()
+        name = re.match(r"# Reproduction: (\S+)\n", text).group(1)
+        link = paper_module.evidence_link(name)
+        assert link is None or link in text.splitlines(), f"{report.name} lacks the line: {link}"
+
+
 def test_table_rows_follow_the_paper_not_the_run_order():
     """Rows in the order of the paper's results (Grazzi: Transformer, mLSTM, sLSTM, Mamba, ...), whichever
     sweep ran first; a mixer the paper does not have comes last."""
