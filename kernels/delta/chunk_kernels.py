@@ -1,0 +1,348 @@
+"""The gated delta rule chunkwise (WY / UT form) as four Triton kernels, with the inter-chunk state
+recurrence kept on chip (paper 004); ``triton_chunk.py`` launches them.
+
+Per batch element and head, with the state ``M = S^T (K, V)`` starting at zero, the sequence cut into
+chunks of ``C`` steps (the last one padded with identity steps: ``k = v = q = beta = g = 0``) and, inside
+a chunk, ``G_i = sum_{j <= i} g_j``, ``gamma_i = exp(G_i)``, ``Gamma_ij = exp(G_i - G_j)`` (``j <= i``):
+
+    A   = strictly_lower(diag(beta) (K K^T o Gamma))          T = (I + A)^-1      (C, C)
+    W   = T diag(beta gamma) K   (C, K)                       U = T diag(beta) V  (C, V)
+    U'  = U - W M_0                                           (pseudo-values given the chunk's start state)
+    O   = scale (diag(gamma) Q M_0 + P U')                    P = lower(Q K^T o Gamma)
+    M_C = gamma_C M_0 + Kt^T U'                               Kt = diag(gamma_C / gamma) K
+
+Kernels (``C`` rows per chunk, key tiles of ``BK >= K`` and value tiles of ``BV`` / ``VP >= V`` columns,
+powers of two; float32 intermediates with padded rows and columns):
+
+- ``chunk_prep_kernel``, grid ``(NC, B H)``: one chunk's ``T`` (forward substitution), ``W`` and ``U``;
+- ``chunk_fwd_kernel``, grid ``(NV, B H)``: one program per head and block of ``BV`` value columns walks
+  the chunks in order with ``M_0`` in registers: ``O``, and (``SAVE``) every chunk's ``M_0`` for the
+  backward; the only sequential part, and no state leaves the chip but the checkpoints;
+- ``chunk_bwd_state_kernel``, grid ``(NV, B H)``: the chunks in reverse with ``dM`` (the gradient of the
+  chunk's end state) in registers, ``dO' = scale dO``:
+
+      dU' = P^T dO' + Kt dM                dP = lower(dO' U'^T),  dQK = dP o Gamma
+      dQ  = diag(gamma) dO' M_0^T + dQK K  dK = dQK^T Q + diag(gamma_C / gamma) U' dM^T
+      dW  = -dU' M_0^T                     dU = dU'
+      dM_0 = gamma_C dM + (diag(gamma) Q)^T dO' - W^T dU'
+
+  and the state's share of ``dG`` (the gradient of ``G``): ``rowsum(dO' o diag(gamma) Q M_0)``,
+  ``rowsum(E) - colsum(E)`` for ``E = dP o P``, ``-rowsum(U' dM^T o Kt)``, and on the chunk's last row
+  ``sum(U' dM^T o Kt) + gamma_C <dM, M_0>``. ``dQ, dK, dW, dG`` sum over value columns: written per
+  block (``NV`` leading slices, summed by the caller);
+- ``chunk_bwd_prep_kernel``, grid ``(NC, B H)``: the chunk's ``T`` backward, with the block sums of
+  ``dW`` and the full ``dU``: ``dXw = T^T dW``, ``dXu = T^T dU``, ``dA = -strictly_lower(T^T (dW Xw^T +
+  dU Xu^T) T^T)`` (``Xw = diag(beta gamma) K``, ``Xu = diag(beta) V``), then
+
+      dK += (D + D^T) K + diag(beta gamma) dXw     D = dA o Gamma o beta (rows)
+      dV  = diag(beta) dXu
+      dbeta = rowsum(dA o K K^T o Gamma) + rowsum(dXu o V) + rowsum(dXw o K) gamma
+      dG += rowsum(dA o A) - colsum(dA o A) + rowsum(dXw o Xw)
+
+  (``dg`` is the reverse cumulative sum of ``dG`` inside each chunk, taken by the caller).
+
+Inputs ``q, k (B, T, H, K)``, ``v (B, T, H, V)``, ``g, beta (B, T, H)`` are read in their dtype, all
+arithmetic is float32; ``PREC`` is the ``input_precision`` of every ``tl.dot``. No host reads.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rows(x, i_b, i_h, t0, T, H, width, C: tl.constexpr, BW: tl.constexpr, col0=0):
+    """Rows ``t0 .. t0 + C`` (zero past ``T``) and columns ``col0 .. col0 + BW`` (zero past ``width``) of
+    one head of a ``(B, T, H, width)`` tensor, as float32."""
+    t = t0 + tl.arange(0, C)
+    col = col0 + tl.arange(0, BW)
+    ptr = x + ((i_b * T + t[:, None]) * H + i_h) * width + col[None, :]
+    return tl.load(ptr, mask=(t[:, None] < T) & (col[None, :] < width), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_rows(x, val, i_b, i_h, t0, T, H, width, C: tl.constexpr, BW: tl.constexpr, col0=0):
+    """Store a ``(C, BW)`` tile where ``_rows`` reads it (rows past ``T``, columns past ``width`` dropped)."""
+    t = t0 + tl.arange(0, C)
+    col = col0 + tl.arange(0, BW)
+    ptr = x + ((i_b * T + t[:, None]) * H + i_h) * width + col[None, :]
+    tl.store(ptr, val.to(x.dtype.element_ty), mask=(t[:, None] < T) & (col[None, :] < width))
+
+
+@triton.jit
+def _steps(x, i_b, i_h, t0, T, H, C: tl.constexpr):
+    """One chunk of a per-step ``(B, T, H)`` tensor as a float32 vector of ``C`` (zero past ``T``)."""
+    t = t0 + tl.arange(0, C)
+    return tl.load(x + (i_b * T + t) * H + i_h, mask=t < T, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _cum_decay(g, i_b, i_h, t0, T, H, C: tl.constexpr, HAS_G: tl.constexpr):
+    """``G``: the cumulative log decay inside one chunk (zeros without ``g``), float32 ``(C,)``."""
+    if HAS_G:
+        G = tl.cumsum(_steps(g, i_b, i_h, t0, T, H, C), 0)
+    else:
+        G = tl.zeros([C], dtype=tl.float32)
+    return G
+
+
+@triton.jit
+def _decays(G, C: tl.constexpr):
+    """``(Gamma, G_last)``: ``exp(G_i - G_j)`` on and below the diagonal (zero above), and ``G_{C-1}``."""
+    r = tl.arange(0, C)
+    diff = tl.where(r[:, None] >= r[None, :], G[:, None] - G[None, :], float("-inf"))
+    return tl.exp(diff), tl.sum(tl.where(r == C - 1, G, 0.0), 0)
+
+
+@triton.jit
+def _unit_lower_inverse(A, C: tl.constexpr):
+    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile, by forward substitution over rows:
+    ``T_i = e_i - sum_{j < i} A_ij T_j``."""
+    r = tl.arange(0, C)
+    T = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for i in range(1, C):
+        a_i = tl.sum(tl.where(r[:, None] == i, A, 0.0), 0)  # row i of A, indexed by j
+        T = tl.where(r[:, None] == i, T - tl.sum(a_i[:, None] * T, 0)[None, :], T)
+    return T
+
+
+@triton.jit
+def _inner(G, bb, kk, C: tl.constexpr, PREC: tl.constexpr):
+    """``(A, Gamma, K K^T)`` of one chunk: ``A = strictly_lower(diag(beta) K K^T o Gamma)``."""
+    Gam, _ = _decays(G, C)
+    KK = tl.dot(kk, tl.trans(kk), input_precision=PREC)
+    r = tl.arange(0, C)
+    A = tl.where(r[:, None] > r[None, :], bb[:, None] * KK * Gam, 0.0)
+    return A, Gam, KK
+
+
+@triton.jit
+def chunk_prep_kernel(
+    k,
+    v,
+    g,
+    beta,
+    Wm,
+    Um,
+    Tm,
+    T,
+    H,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    HAS_G: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NC, B H)``: ``T (B H, NC C, C)``, ``W (B H, NC C, BK)``, ``U (B H, NC C, VP)`` of one chunk."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_c * C
+    kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+    vv = _rows(v, i_b, i_h, t0, T, H, V, C, VP)
+    G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+    bb = _steps(beta, i_b, i_h, t0, T, H, C)
+    A, _, _ = _inner(G, bb, kk, C, PREC)
+    Ti = _unit_lower_inverse(A, C)
+    W = tl.dot(Ti, kk * (bb * tl.exp(G))[:, None], input_precision=PREC)
+    U = tl.dot(Ti, vv * bb[:, None], input_precision=PREC)
+    row = i_bh * tl.num_programs(0) * C + t0 + tl.arange(0, C)
+    tl.store(Tm + row[:, None] * C + tl.arange(0, C)[None, :], Ti)
+    tl.store(Wm + row[:, None] * BK + tl.arange(0, BK)[None, :], W)
+    tl.store(Um + row[:, None] * VP + tl.arange(0, VP)[None, :], U)
+
+
+@triton.jit
+def chunk_fwd_kernel(
+    q,
+    k,
+    g,
+    Wm,
+    Um,
+    o,
+    ckpt,
+    T,
+    H,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    HAS_G: tl.constexpr,
+    SAVE: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NV, B H)``: the chunks of one head in order, ``BV`` value columns of the state ``M (BK, BV)``
+    in registers; ``o (B, T, H, V)``, (``SAVE``) ``ckpt (B H, NC, BK, VP)`` the state entering each chunk."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC = tl.cdiv(T, C)
+    r = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    M = tl.zeros([BK, BV], dtype=tl.float32)
+    for c in range(0, NC):
+        t0 = c * C
+        if SAVE:
+            tl.store(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], M)
+        row = i_bh * NC * C + t0 + r
+        qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK)
+        kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+        G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+        Gam, GL = _decays(G, C)
+        W = tl.load(Wm + row[:, None] * BK + ok[None, :])
+        U = tl.load(Um + row[:, None] * VP + ov[None, :])
+        Up = U - tl.dot(W, M, input_precision=PREC)
+        P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * Gam
+        out = tl.exp(G)[:, None] * tl.dot(qq, M, input_precision=PREC)
+        out = tl.dot(P, Up, out, input_precision=PREC) * scale
+        _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV)
+        Kt = kk * tl.exp(GL - G)[:, None]
+        M = tl.dot(tl.trans(Kt), Up, M * tl.exp(GL), input_precision=PREC)
+
+
+@triton.jit
+def chunk_bwd_state_kernel(
+    q,
+    k,
+    g,
+    Wm,
+    Um,
+    ckpt,
+    do,
+    dq,
+    dk,
+    dWm,
+    dUm,
+    dGm,
+    B,
+    T,
+    H,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    HAS_G: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NV, B H)``: the chunks of one head in reverse, ``dM (BK, BV)`` in registers (module
+    docstring). Per block of value columns (leading ``NV``): ``dq, dk (NV, B, T, H, K)``,
+    ``dW (NV, B H, NC C, BK)``, ``dG (NV, B H, NC C)``; ``dU (B H, NC C, VP)`` at the block's columns."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC = tl.cdiv(T, C)
+    r = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    part = i_v * B + i_b  # this block's slice of the partial sums, as a batch index
+    dM = tl.zeros([BK, BV], dtype=tl.float32)
+    for cc in range(0, NC):
+        c = NC - 1 - cc
+        t0 = c * C
+        row = i_bh * NC * C + t0 + r
+        M0 = tl.load(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :])
+        qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK)
+        kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+        dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV) * scale
+        G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+        Gam, GL = _decays(G, C)
+        gam, eK, gC = tl.exp(G), tl.exp(GL - G), tl.exp(GL)
+        W = tl.load(Wm + row[:, None] * BK + ok[None, :])
+        U = tl.load(Um + row[:, None] * VP + ov[None, :])
+        Up = U - tl.dot(W, M0, input_precision=PREC)
+        P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * Gam
+        Kt = kk * eK[:, None]
+        dUp = tl.dot(tl.trans(P), dO, input_precision=PREC)
+        dUp = tl.dot(Kt, dM, dUp, input_precision=PREC)
+        dP = tl.where(r[:, None] >= r[None, :], tl.dot(dO, tl.trans(Up), input_precision=PREC), 0.0)
+        dQK = dP * Gam
+        dOM = tl.dot(dO, tl.trans(M0), input_precision=PREC)
+        dqc = tl.dot(dQK, kk, gam[:, None] * dOM, input_precision=PREC)
+        dKt = tl.dot(Up, tl.trans(dM), input_precision=PREC)
+        dkc = tl.dot(tl.trans(dQK), qq, eK[:, None] * dKt, input_precision=PREC)
+        dW = -tl.dot(dUp, tl.trans(M0), input_precision=PREC)
+        E = dP * P
+        eKt = dKt * Kt
+        # gamma_i's share through diag(gamma) Q M_0 is rowsum(dO' o gamma Q M_0) = gamma_i (q_i . dO'_i M_0^T)
+        dG = gam * tl.sum(qq * dOM, 1) + tl.sum(E, 1) - tl.sum(E, 0) - tl.sum(eKt, 1)
+        last = tl.sum(tl.sum(eKt, 1), 0) + gC * tl.sum(tl.sum(dM * M0, 1), 0)
+        dG += tl.where(r == C - 1, last, 0.0)
+        _store_rows(dq, dqc, part, i_h, t0, T, H, K, C, BK)
+        _store_rows(dk, dkc, part, i_h, t0, T, H, K, C, BK)
+        tl.store(dWm + (i_v * tl.num_programs(1) * NC * C + row)[:, None] * BK + ok[None, :], dW)
+        tl.store(dUm + row[:, None] * VP + ov[None, :], dUp)
+        tl.store(dGm + i_v * tl.num_programs(1) * NC * C + row, dG)
+        dM = tl.dot(tl.trans(qq * gam[:, None]), dO, dM * gC, input_precision=PREC)
+        dM = dM - tl.dot(tl.trans(W), dUp, input_precision=PREC)
+
+
+@triton.jit
+def chunk_bwd_prep_kernel(
+    k,
+    v,
+    g,
+    beta,
+    Tm,
+    dWm,
+    dUm,
+    dk,
+    dv,
+    dbeta,
+    dGm,
+    T,
+    H,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    HAS_G: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NC, B H)``: the backward of one chunk's ``T``, ``W``, ``U`` (module docstring) from ``dW``
+    (summed over value blocks) and ``dU``: ``dk (B, T, H, K)``, ``dv (B, T, H, V)``, ``dbeta (B, T, H)``
+    (float32) and this part of ``dG (B H, NC C)``."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_c * C
+    r = tl.arange(0, C)
+    row = i_bh * tl.num_programs(0) * C + t0 + r
+    kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+    vv = _rows(v, i_b, i_h, t0, T, H, V, C, VP)
+    G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+    bb = _steps(beta, i_b, i_h, t0, T, H, C)
+    A, Gam, KK = _inner(G, bb, kk, C, PREC)
+    TT = tl.trans(tl.load(Tm + row[:, None] * C + r[None, :]))
+    dW = tl.load(dWm + row[:, None] * BK + tl.arange(0, BK)[None, :])
+    dU = tl.load(dUm + row[:, None] * VP + tl.arange(0, VP)[None, :])
+    bg = bb * tl.exp(G)
+    Xw = kk * bg[:, None]
+    Xu = vv * bb[:, None]
+    dXw = tl.dot(TT, dW, input_precision=PREC)
+    dXu = tl.dot(TT, dU, input_precision=PREC)
+    dT = tl.dot(dW, tl.trans(Xw), input_precision=PREC)
+    dT = tl.dot(dU, tl.trans(Xu), dT, input_precision=PREC)
+    dA = -tl.dot(tl.dot(TT, dT, input_precision=PREC), TT, input_precision=PREC)
+    dA = tl.where(r[:, None] > r[None, :], dA, 0.0)
+    D = dA * Gam * bb[:, None]
+    dkc = tl.dot(D, kk, dXw * bg[:, None], input_precision=PREC)
+    dkc = tl.dot(tl.trans(D), kk, dkc, input_precision=PREC)
+    dbc = tl.sum(dA * KK * Gam, 1) + tl.sum(dXu * vv, 1) + tl.sum(dXw * kk, 1) * tl.exp(G)
+    EA = dA * A
+    dG = tl.sum(EA, 1) - tl.sum(EA, 0) + tl.sum(dXw * Xw, 1)
+    _store_rows(dk, dkc, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dv, dXu * bb[:, None], i_b, i_h, t0, T, H, V, C, VP)
+    t = t0 + r
+    tl.store(dbeta + (i_b * T + t) * H + i_h, dbc, mask=t < T)
+    tl.store(dGm + row, dG)
