@@ -7,6 +7,8 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
 
 - ``ours-triton``: the fused recurrent Triton kernel (``kernels/delta/recurrent_kernels.py``), the
   input dtype, float32 arithmetic;
+- ``ours-triton-chunk`` (``delta`` and ``gated``): the chunkwise (WY) Triton kernels with the inter-chunk
+  state recurrence on chip (``kernels/delta/chunk_kernels.py``), the input dtype, float32 arithmetic;
 - ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``kernels/delta/fla_gated_bwd.py``'s
@@ -20,7 +22,7 @@ Every implementation is checked first, output and every input gradient, against 
 every input read and the output written once (forward); three times that for forward + backward; over the
 measured copy bandwidth. Sections: ``main`` (the state-tracking training shape in float32 and fla's own
 benchmark shapes in bfloat16, the defaults of ``--shapes``) and, with ``--sweep``, ``crossover``:
-lengths 64 to 4,096 for ``ours-triton`` against ``fla``: the crossover ``"auto"`` is to follow.
+lengths 64 to 4,096 for ``ours-triton`` and ``ours-triton-chunk`` against ``fla``: the crossover ``"auto"`` is to follow.
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ def _fla_triton_unguarded():
 def implementations(op: str, names: set[str] | None = None) -> dict:
     """name -> (``fn(*inputs)``, context manager factory, note) for ``op`` (``names``: only these)."""
     impls = {"ours-triton": (call(op, "triton"), contextlib.nullcontext, "fused recurrent")}
+    if op in ("delta", "gated"):
+        impls["ours-triton-chunk"] = (call(op, "triton_chunk"), contextlib.nullcontext, "chunkwise, state on chip")
     if op != "dplr":
         impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
@@ -169,7 +173,9 @@ def main(argv: list[str] | None = None) -> None:
         help="BxLxHxD:DTYPE:OPS items separated by ';' (default: the main section, module docstring)",
     )
     ap.add_argument("--impls", default=None, help="comma-separated implementation names (default: all)")
-    ap.add_argument("--sweep", action="store_true", help="add the crossover section (ours-triton against fla)")
+    ap.add_argument(
+        "--sweep", action="store_true", help="add the crossover section (ours-triton, ours-triton-chunk against fla)"
+    )
     ap.add_argument("--no-main", action="store_true", help="skip the main section")
     cli_common(ap)
     args = ap.parse_args(argv)
@@ -189,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
             dims = tuple(int(v) for v in shape.split("x"))
             problems.append(problem(op, *dims, dtype_name, implementations(op, names), bw))
     if args.sweep:
-        sweep_impls = implementations("gated", {"ours-triton", "fla"})
+        sweep_impls = implementations("gated", {"ours-triton", "ours-triton-chunk", "fla"})
         for shape, dtype_name in SWEEP:
             dims = tuple(int(v) for v in shape.split("x"))
             problems.append(problem("gated", *dims, dtype_name, sweep_impls, bw, section="crossover"))
