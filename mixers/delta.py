@@ -29,8 +29,8 @@ them at the model level); no caches, masks or variable lengths.
 
 Backends (``kernels.delta``): ``"reference"`` (per-token loop, any device/dtype), ``"chunk"`` (the
 chunkwise form in PyTorch, any device/dtype), ``"triton"`` (our fused recurrent kernel, CUDA, the input
-dtype with float32 arithmetic), ``"triton_chunk"`` (our chunkwise kernels, CUDA, float32 arithmetic; not
-with ``householders > 1``), ``"fla"`` (fla's chunked kernels, CUDA, computed in
+dtype with float32 arithmetic), ``"triton_chunk"`` (our chunkwise kernels, CUDA, the input dtype with
+float32 arithmetic), ``"fla"`` (fla's chunked kernels, CUDA, computed in
 bfloat16), ``"fla_recurrent"`` (fla's fused recurrent kernel in the input dtype, CUDA; not with the
 forget gate), ``"auto"`` (``"fla"`` on CUDA when fla is importable and runs there, else ``"chunk"``).
 """
@@ -74,9 +74,8 @@ class DeltaRuleMixer(nn.Module):
     up: autotuning runs on the eager warm-up steps).
     """
 
-    BACKENDS = kernel_backends(
-        "delta_rule"
-    )  # ("auto", "reference", "chunk", "triton", "triton_chunk", "fla", "fla_recurrent")
+    # ("auto", "reference", "chunk", "triton", "triton_chunk", "fla", "fla_recurrent")
+    BACKENDS = kernel_backends("delta_rule")
 
     def __init__(
         self,
@@ -110,11 +109,6 @@ class DeltaRuleMixer(nn.Module):
             raise ValueError(
                 f"{name}: backend 'fla_recurrent' has no forget gate (fla's fused recurrent gated "
                 "kernels have no backward); valid with forget_gate: auto, reference, fla"
-            )
-        if backend == "triton_chunk" and n != 1:
-            raise ValueError(
-                f"{name}: backend 'triton_chunk' has no Householder product (householders={n}); "
-                "valid with householders > 1: auto, reference, chunk, triton, fla"
             )
         self.num_heads, self.head_dim, self.householders = num_heads, d_model // num_heads, n
         self.signed, self.forget_gate, self.output_gate, self.short_conv = signed, forget_gate, output_gate, short_conv

@@ -16,7 +16,7 @@ Backends:
 - ``"triton"``: our fused recurrent Triton kernel, forward and backward (``recurrent_kernels.py``, the
   members mapped onto it in ``triton_ops.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs,
   float32 arithmetic and state;
-- ``"triton_chunk"`` (``delta_rule``, ``gated_delta_rule``): our chunkwise (WY) Triton kernels with the
+- ``"triton_chunk"`` (all but ``dplr_delta_rule``): our chunkwise (WY) Triton kernels with the
   inter-chunk state recurrence on chip, forward and backward (``chunk_kernels.py``, host code in
   ``triton_chunk.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs, float32 arithmetic;
 - ``"fla"``: flash-linear-attention's chunked Triton kernels (``fla.py``), CUDA only, computed in
@@ -78,7 +78,7 @@ if _rec is not None:  # "triton" after the PyTorch forms, before fla's
         _AVAILABLE[_op] = {**{k: f for k, f in _fns.items() if k not in _fast}, "triton": getattr(_rec, _op), **_fast}
     del _op, _fns, _fast
 if _tchunk is not None:  # "triton_chunk" after "triton", before fla's
-    for _op in ("delta_rule", "gated_delta_rule"):
+    for _op in ("delta_rule", "gated_delta_rule", "delta_product"):
         _fns = _AVAILABLE[_op]
         _fast = {k: f for k, f in _fns.items() if k.startswith("fla")}
         _slow = {k: f for k, f in _fns.items() if k not in _fast}

@@ -52,22 +52,29 @@ import triton.language as tl
 
 
 @triton.jit
-def _rows(x, i_b, i_h, t0, T, H, width, C: tl.constexpr, BW: tl.constexpr, col0=0):
-    """Rows ``t0 .. t0 + C`` (zero past ``T``) and columns ``col0 .. col0 + BW`` (zero past ``width``) of
-    one head of a ``(B, T, H, width)`` tensor, as float32."""
+def _tile(x, i_b, i_h, t0, T, H, width, C: tl.constexpr, BW: tl.constexpr, col0, NSTEP: tl.constexpr):
+    """``(pointers, mask)`` of steps ``t0 .. t0 + C`` (of ``T``) and columns ``col0 .. col0 + BW`` (of
+    ``width``) of one head of a ``(B, T / NSTEP, H, width)`` tensor of tokens: step ``t`` is row
+    ``t / NSTEP`` when it is a token's last step, else masked (``NSTEP = 1``: a tensor of steps)."""
     t = t0 + tl.arange(0, C)
     col = col0 + tl.arange(0, BW)
-    ptr = x + ((i_b * T + t[:, None]) * H + i_h) * width + col[None, :]
-    return tl.load(ptr, mask=(t[:, None] < T) & (col[None, :] < width), other=0.0).to(tl.float32)
+    rows = (t < T) & (t % NSTEP == NSTEP - 1)
+    ptr = x + ((i_b * (T // NSTEP) + t[:, None] // NSTEP) * H + i_h) * width + col[None, :]
+    return ptr, rows[:, None] & (col[None, :] < width)
 
 
 @triton.jit
-def _store_rows(x, val, i_b, i_h, t0, T, H, width, C: tl.constexpr, BW: tl.constexpr, col0=0):
-    """Store a ``(C, BW)`` tile where ``_rows`` reads it (rows past ``T``, columns past ``width`` dropped)."""
-    t = t0 + tl.arange(0, C)
-    col = col0 + tl.arange(0, BW)
-    ptr = x + ((i_b * T + t[:, None]) * H + i_h) * width + col[None, :]
-    tl.store(ptr, val.to(x.dtype.element_ty), mask=(t[:, None] < T) & (col[None, :] < width))
+def _rows(x, i_b, i_h, t0, T, H, width, C: tl.constexpr, BW: tl.constexpr, col0=0, NSTEP: tl.constexpr = 1):
+    """The ``_tile`` of ``x`` as float32, zero where masked."""
+    ptr, mask = _tile(x, i_b, i_h, t0, T, H, width, C, BW, col0, NSTEP)
+    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_rows(x, val, i_b, i_h, t0, T, H, width, C: tl.constexpr, BW: tl.constexpr, col0=0, NSTEP: tl.constexpr = 1):
+    """Store a ``(C, BW)`` tile where ``_rows`` reads it (masked rows and columns dropped)."""
+    ptr, mask = _tile(x, i_b, i_h, t0, T, H, width, C, BW, col0, NSTEP)
+    tl.store(ptr, val.to(x.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -173,6 +180,7 @@ def chunk_fwd_kernel(
     BV: tl.constexpr,
     VP: tl.constexpr,
     C: tl.constexpr,
+    NSTEP: tl.constexpr,
     HAS_G: tl.constexpr,
     SAVE: tl.constexpr,
     PREC: tl.constexpr,
@@ -192,7 +200,7 @@ def chunk_fwd_kernel(
         if SAVE:
             tl.store(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], M)
         row = i_bh * NC * C + t0 + r
-        qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK)
+        qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
         kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
         G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
         Gam, GL = _decays(G, C)
@@ -202,7 +210,7 @@ def chunk_fwd_kernel(
         P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * Gam
         out = tl.exp(G)[:, None] * tl.dot(qq, M, input_precision=PREC)
         out = tl.dot(P, Up, out, input_precision=PREC) * scale
-        _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV)
+        _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
         Kt = kk * tl.exp(GL - G)[:, None]
         M = tl.dot(tl.trans(Kt), Up, M * tl.exp(GL), input_precision=PREC)
 
@@ -231,6 +239,7 @@ def chunk_bwd_state_kernel(
     BV: tl.constexpr,
     VP: tl.constexpr,
     C: tl.constexpr,
+    NSTEP: tl.constexpr,
     HAS_G: tl.constexpr,
     PREC: tl.constexpr,
 ):
@@ -251,9 +260,9 @@ def chunk_bwd_state_kernel(
         t0 = c * C
         row = i_bh * NC * C + t0 + r
         M0 = tl.load(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :])
-        qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK)
+        qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
         kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
-        dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV) * scale
+        dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
         G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
         Gam, GL = _decays(G, C)
         gam, eK, gC = tl.exp(G), tl.exp(GL - G), tl.exp(GL)
@@ -277,7 +286,7 @@ def chunk_bwd_state_kernel(
         dG = gam * tl.sum(qq * dOM, 1) + tl.sum(E, 1) - tl.sum(E, 0) - tl.sum(eKt, 1)
         last = tl.sum(tl.sum(eKt, 1), 0) + gC * tl.sum(tl.sum(dM * M0, 1), 0)
         dG += tl.where(r == C - 1, last, 0.0)
-        _store_rows(dq, dqc, part, i_h, t0, T, H, K, C, BK)
+        _store_rows(dq, dqc, part, i_h, t0, T, H, K, C, BK, 0, NSTEP)
         _store_rows(dk, dkc, part, i_h, t0, T, H, K, C, BK)
         tl.store(dWm + (i_v * tl.num_programs(1) * NC * C + row)[:, None] * BK + ok[None, :], dW)
         tl.store(dUm + row[:, None] * VP + ov[None, :], dUp)

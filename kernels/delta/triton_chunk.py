@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from kernels._triton import cdiv, empty, next_pow2
@@ -62,57 +63,57 @@ class ChunkTiles:
         return C, BK, BV, VP, warps, precision
 
 
-def _meta(q, v, g, tiles: ChunkTiles | None) -> tuple[int, int, dict]:
-    """``(C, NV, constexprs)`` shared by the four launches (``BV`` for the sequential ones only)."""
-    T, K, V = q.shape[1], q.shape[-1], v.shape[-1]
-    C, BK, BV, VP, warps, prec = (tiles or ChunkTiles()).resolve(T, K, V, q.dtype)
+def _meta(q, k, v, g, nstep: int, tiles: ChunkTiles | None) -> tuple[int, int, dict, dict]:
+    """``(C, NV, parallel, sequential)``: the chunk, the value blocks of the sequential kernels and the
+    constexprs of the per-chunk (parallel) and the sequential launches."""
+    Ts, K, V = k.shape[1], q.shape[-1], v.shape[-1]
+    C, BK, BV, VP, warps, prec = (tiles or ChunkTiles()).resolve(Ts, K, V, q.dtype)
     meta = {"K": K, "V": V, "BK": BK, "VP": VP, "C": C, "HAS_G": g is not None, "PREC": prec, "num_warps": warps}
-    return C, VP // BV, {**meta, "BV": BV}
+    return C, VP // BV, meta, {**meta, "BV": BV, "NSTEP": nstep}
 
 
-def _forward(q, k, v, g, beta, scale: float, save: bool, tiles: ChunkTiles | None = None):
+def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: ChunkTiles | None = None):
     """``(o, W, U, Tm, ckpt)``: the output ``(B, T, H, V)`` in ``q``'s dtype; per chunk ``W (B H, NC C, BK)``,
     ``U (B H, NC C, VP)``, ``Tm (B H, NC C, C)`` and the entering state ``ckpt (B H, NC, BK, VP)``, float32."""
     B, T, H, _ = q.shape
-    C, NV, meta = _meta(q, v, g, tiles)
-    BK, VP = meta["BK"], meta["VP"]
-    NC, dev, f32 = cdiv(T, C), q.device, torch.float32
-    prep = {n: x for n, x in meta.items() if n != "BV"}
+    Ts = k.shape[1]
+    C, NV, par, seq = _meta(q, k, v, g, nstep, tiles)
+    BK, VP = par["BK"], par["VP"]
+    NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
     W, U, Tm = (empty((B * H, NC * C, n), dev, f32) for n in (BK, VP, C))
     g_arg = beta if g is None else g  # any pointer: HAS_G=False never reads it
-    chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, T, H, **prep)
+    chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, Ts, H, **par)
     o = empty((B, T, H, v.shape[-1]), dev, q.dtype)
     ckpt = empty((B * H, NC, BK, VP) if save else (1,), dev, f32)
-    chunk_fwd_kernel[(NV, B * H)](q, k, g_arg, W, U, o, ckpt, T, H, float(scale), SAVE=save, **meta)
+    chunk_fwd_kernel[(NV, B * H)](q, k, g_arg, W, U, o, ckpt, Ts, H, float(scale), SAVE=save, **seq)
     return o, W, U, Tm, ckpt
 
 
-def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, tiles: ChunkTiles | None = None):
+def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, tiles: ChunkTiles | None = None):
     """``(dq, dk, dv, dg, dbeta)`` in float32 (``dg`` empty without ``g``)."""
     B, T, H, K = q.shape
-    V = v.shape[-1]
-    C, NV, meta = _meta(q, v, g, tiles)
-    BK, VP = meta["BK"], meta["VP"]
-    NC, dev, f32 = cdiv(T, C), q.device, torch.float32
+    Ts, V = k.shape[1], v.shape[-1]
+    C, NV, par, seq = _meta(q, k, v, g, nstep, tiles)
+    BK, VP = par["BK"], par["VP"]
+    NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
     g_arg = beta if g is None else g
-    dq, dk_state = (empty((NV, B, T, H, K), dev, f32) for _ in range(2))
+    dq, dk_state = empty((NV, B, T, H, K), dev, f32), empty((NV, B, Ts, H, K), dev, f32)
     dW = empty((NV, B * H, NC * C, BK), dev, f32)
     dU = empty((B * H, NC * C, VP), dev, f32)
     dG_state = empty((NV, B * H, NC * C), dev, f32)
     chunk_bwd_state_kernel[(NV, B * H)](
-        q, k, g_arg, W, U, ckpt, do, dq, dk_state, dW, dU, dG_state, B, T, H, float(scale), **meta
+        q, k, g_arg, W, U, ckpt, do, dq, dk_state, dW, dU, dG_state, B, Ts, H, float(scale), **seq
     )
     dW, dq, dk_state, dG_state = (x.sum(0) if NV > 1 else x[0] for x in (dW, dq, dk_state, dG_state))
-    dk, dG = empty((B, T, H, K), dev, f32), empty((B * H, NC * C), dev, f32)
-    dv, dbeta = empty((B, T, H, V), dev, f32), empty((B, T, H), dev, f32)
-    prep = {n: x for n, x in meta.items() if n != "BV"}
-    chunk_bwd_prep_kernel[(NC, B * H)](k, v, g_arg, beta, Tm, dW, dU, dk, dv, dbeta, dG, T, H, **prep)
+    dk, dG = empty((B, Ts, H, K), dev, f32), empty((B * H, NC * C), dev, f32)
+    dv, dbeta = empty((B, Ts, H, V), dev, f32), empty((B, Ts, H), dev, f32)
+    chunk_bwd_prep_kernel[(NC, B * H)](k, v, g_arg, beta, Tm, dW, dU, dk, dv, dbeta, dG, Ts, H, **par)
     dk = dk + dk_state
     if g is None:
         return dq, dk, dv, dq.new_empty(0), dbeta
-    # g_t reaches every G_i of its chunk with i >= t: a reverse cumulative sum inside each chunk
+    # g_s reaches every G_i of its chunk with i >= s: a reverse cumulative sum inside each chunk
     dG = (dG + dG_state).view(B, H, NC, C).flip(-1).cumsum(-1).flip(-1)
-    dg = dG.reshape(B, H, NC * C)[:, :, :T].transpose(1, 2)
+    dg = dG.reshape(B, H, NC * C)[:, :, :Ts].transpose(1, 2)
     return dq, dk, dv, dg, dbeta
 
 
@@ -124,17 +125,18 @@ def delta_chunk_fwd(
     g: torch.Tensor | None,
     beta: torch.Tensor,
     scale: float,
+    nstep: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(o, W, U, Tm, ckpt)`` with the default tiles (``_forward``)."""
-    return _forward(q, k, v, g, beta, scale, save=True)
+    return _forward(q, k, v, g, beta, scale, nstep, save=True)
 
 
 @delta_chunk_fwd.register_fake
-def _(q, k, v, g, beta, scale):
+def _(q, k, v, g, beta, scale, nstep):
     B, T, H, K = q.shape
-    V = v.shape[-1]
-    C, BK, _, VP, _, _ = ChunkTiles().resolve(T, K, V, q.dtype)
-    NC, f32 = cdiv(T, C), torch.float32
+    Ts, V = k.shape[1], v.shape[-1]
+    C, BK, _, VP, _, _ = ChunkTiles().resolve(Ts, K, V, q.dtype)
+    NC, f32 = cdiv(Ts, C), torch.float32
     W, U, Tm = (q.new_empty(B * H, NC * C, n, dtype=f32) for n in (BK, VP, C))
     return q.new_empty(B, T, H, V), W, U, Tm, q.new_empty(B * H, NC, BK, VP, dtype=f32)
 
@@ -152,13 +154,14 @@ def delta_chunk_bwd(
     Tm: torch.Tensor,
     ckpt: torch.Tensor,
     scale: float,
+    nstep: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The input gradients ``(dq, dk, dv, dg, dbeta)`` in float32 with the default tiles (``_backward``)."""
-    return _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale)
+    return _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep)
 
 
 @delta_chunk_bwd.register_fake
-def _(do, q, k, v, g, beta, W, U, Tm, ckpt, scale):
+def _(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep):
     f = torch.float32
     dg = g.new_empty(g.shape, dtype=f) if g is not None else q.new_empty(0, dtype=f)
     dq, dk, dv = (x.new_empty(x.shape, dtype=f) for x in (q, k, v))
@@ -171,15 +174,15 @@ def _cast_grads(grads, inputs):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, scale = inputs
+    q, k, v, g, beta, scale, nstep = inputs
     ctx.save_for_backward(q, k, v, g, beta, *output[1:])
-    ctx.scale = scale
+    ctx.opts = (scale, nstep)
 
 
 def _grad(ctx, do, *_):
     q, k, v, g, beta, W, U, Tm, ckpt = ctx.saved_tensors
-    grads = delta_chunk_bwd(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, ctx.scale)
-    return (*_cast_grads(grads, (q, k, v, g, beta)), None)
+    grads = delta_chunk_bwd(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, *ctx.opts)
+    return (*_cast_grads(grads, (q, k, v, g, beta)), None, None)
 
 
 delta_chunk_fwd.register_autograd(_grad, setup_context=_setup_context)
@@ -189,31 +192,34 @@ class _Eager(torch.autograd.Function):
     """Eager autograd over the same launches as the custom ops, with explicit tiles."""
 
     @staticmethod
-    def forward(ctx, tiles, q, k, v, g, beta, scale):
-        o, *saved = _forward(q, k, v, g, beta, scale, save=True, tiles=tiles)
+    def forward(ctx, tiles, q, k, v, g, beta, scale, nstep):
+        o, *saved = _forward(q, k, v, g, beta, scale, nstep, save=True, tiles=tiles)
         ctx.save_for_backward(q, k, v, g, beta, *saved)
-        ctx.scale, ctx.tiles = scale, tiles
+        ctx.opts, ctx.tiles = (scale, nstep), tiles
         return o
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do):
         q, k, v, g, beta, W, U, Tm, ckpt = ctx.saved_tensors
-        grads = _backward(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, ctx.scale, ctx.tiles)
-        return (None, *_cast_grads(grads, (q, k, v, g, beta)), None)
+        grads = _backward(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, *ctx.opts, ctx.tiles)
+        return (None, *_cast_grads(grads, (q, k, v, g, beta)), None, None)
 
 
-def gated_delta_chunk(q, k, v, g, beta, *, scale: float, tiles: ChunkTiles | None = None) -> torch.Tensor:
-    """``S_t = exp(g_t) S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t`` (no decay
-    for ``g=None``). ``q, k (B, T, H, K)``, ``v (B, T, H, V)``, ``g, beta (B, T, H)`` -> ``o (B, T, H, V)``
-    in ``q``'s dtype; inputs are made contiguous; ``tiles``: ``ChunkTiles``."""
+def gated_delta_chunk(
+    q, k, v, g, beta, *, scale: float, nstep: int = 1, tiles: ChunkTiles | None = None
+) -> torch.Tensor:
+    """Over steps ``s``: ``S_s = exp(g_s) S_{s-1}(I - beta_s k_s k_s^T) + beta_s v_s k_s^T`` (no decay for
+    ``g=None``), ``o_t = scale S_{s(t)} q_t`` at each token's last step ``s(t) = nstep t + nstep - 1``.
+    ``q (B, T, H, K)``; per step ``k (B, T nstep, H, K)``, ``v (B, T nstep, H, V)``, ``g, beta (B, T nstep, H)``
+    -> ``o (B, T, H, V)`` in ``q``'s dtype; inputs are made contiguous; ``tiles``: ``ChunkTiles``."""
     if q.dtype not in DTYPES:
         raise TypeError(f"delta triton_chunk: inputs must be one of {DTYPES}, got {q.dtype}")
     if max(q.shape[-1], v.shape[-1]) > 128:
         raise ValueError(f"delta triton_chunk: head dims up to 128, got K={q.shape[-1]}, V={v.shape[-1]}")
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     g = None if g is None else g.contiguous()
-    args = (q, k, v, g, beta, float(scale))
+    args = (q, k, v, g, beta, float(scale), int(nstep))
     if torch.compiler.is_compiling():
         return delta_chunk_fwd(*args)[0]
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args[:5]):
@@ -226,18 +232,36 @@ def _f32(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(x if x.dtype in DTYPES else x.float() for x in xs)
 
 
-def gated_delta_rule(q, k, v, g, beta, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
-    """``S_t = exp(g_t) S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``; shapes
-    as ``reference.gated_delta_rule``."""
+def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
+    """``n = k.shape[2]`` delta steps per token, the decay ``exp(g_t)`` (or none) before them.
+    ``q (B, L, H, K)``, ``k (B, L, n, H, K)``, ``v (B, L, n, H, V)``, ``beta (B, L, n, H)``, ``g (B, L, H)``."""
+    B, L, n, H, K = k.shape
     out_dtype = q.dtype
     q, k, v, beta = _f32(q, k, v, beta)
-    g = None if g is None else _f32(g)[0]
     if qk_l2norm:
         q, k = l2norm(q.float()), l2norm(k.float())
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return gated_delta_chunk(q, k, v, g, beta, scale=scale, tiles=tiles).to(out_dtype)
+    gs = None
+    if g is not None:  # the log decay of each step: g on a token's first, 0 on the others
+        gs = F.pad(_f32(g)[0][:, :, None], (0, 0, 0, n - 1)).reshape(B, L * n, H)
+    ks, vs, bs = (x.reshape(B, L * n, H, *x.shape[4:]) for x in (k, v, beta))
+    scale = K**-0.5 if scale is None else scale
+    return gated_delta_chunk(q, ks, vs, gs, bs, scale=scale, nstep=n, tiles=tiles).to(out_dtype)
 
 
 def delta_rule(q, k, v, beta, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
     """``S_t = S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``."""
-    return gated_delta_rule(q, k, v, None, beta, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles)
+    return gated_delta_product(
+        q, k[:, :, None], v[:, :, None], beta[:, :, None], None, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles
+    )
+
+
+def gated_delta_rule(q, k, v, g, beta, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
+    """``S_t = exp(g_t) S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``."""
+    return gated_delta_product(
+        q, k[:, :, None], v[:, :, None], beta[:, :, None], g, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles
+    )
+
+
+def delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
+    """DeltaProduct: ``n`` delta steps per token, optional decay (``gated_delta_product``)."""
+    return gated_delta_product(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles)

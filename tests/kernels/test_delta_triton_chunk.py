@@ -1,7 +1,7 @@
 """The delta family's chunkwise Triton kernels (``backend="triton_chunk"``: ``kernels/delta/chunk_kernels.py``,
 host code in ``triton_chunk.py``) against the float64 per-token references (themselves checked against dense
-transition matrices in ``test_delta.py``): the output and every input gradient of the delta rule and the
-gated delta rule, at lengths that leave a partial last chunk, several chunks, key and value widths that are
+transition matrices in ``test_delta.py``): the output and every input gradient of the delta rule, the
+gated delta rule and DeltaProduct (3 Householder steps per token, with and without decay), at lengths that leave a partial last chunk, several chunks, key and value widths that are
 not powers of two and several blocks of value columns; outputs and intermediates poisoned with NaN; the
 custom ops under ``opcheck`` and through their registered autograd. On the CPU the kernels run in the
 interpreter at small shapes; on a GPU (``-m gpu``) compiled, at lengths up to 1,024 and head dims 16 to 128,
@@ -22,25 +22,30 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     not triton_available(torch.empty(0, device=DEVICE)), reason="needs CUDA or TRITON_INTERPRET=1"
 )
-MEMBERS = ["delta_rule", "gated_delta_rule"]
+MEMBERS = ["delta_rule", "gated_delta_rule", "delta_product", "gated_delta_product"]
 
 
-def _inputs(member, B, L, H, K, V, seed):
+def _inputs(member, B, L, H, K, V, seed, n=3):
     """Random inputs like the mixers' (beta in [0, 2], log decays in [-1, 0]); the delta rule with keys
-    of norm 3 and ``qk_l2norm``, the gated rule with unit keys and no normalisation."""
+    of norm 3 and ``qk_l2norm``, the others with unit keys and no normalisation; ``n`` Householder steps."""
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
     u = lambda *s: torch.rand(*s, generator=gen, dtype=F64)  # noqa: E731
     q, k, v, beta = r(B, L, H, K), F.normalize(r(B, L, H, K), dim=-1), r(B, L, H, V), 2 * u(B, L, H)
-    if member == "delta_rule":
-        return [q, 3 * k, v, beta], {"qk_l2norm": True}
-    return [q, k, v, -u(B, L, H), beta], {}
+    kn, vn, bn = F.normalize(r(B, L, n, H, K), dim=-1), r(B, L, n, H, V), 2 * u(B, L, n, H)
+    return {
+        "delta_rule": ([q, 3 * k, v, beta], {"qk_l2norm": True}),
+        "gated_delta_rule": ([q, k, v, -u(B, L, H), beta], {}),
+        "delta_product": ([q, kn, vn, bn], {}),
+        "gated_delta_product": ([q, kn, vn, bn, -u(B, L, H)], {}),
+    }[member]
 
 
 def _run(member, xs, kw, backend, tiles=None):
+    name = "delta_product" if member == "gated_delta_product" else member
     if tiles is not None:  # explicit tiles: the member's function in triton_chunk.py
-        return getattr(triton_chunk, member)(*xs, tiles=tiles, **kw)
-    return getattr(kd, member)(*xs, backend=backend, **kw)
+        return getattr(triton_chunk, name)(*xs, tiles=tiles, **kw)
+    return getattr(kd, name)(*xs, backend=backend, **kw)
 
 
 def rel(x, y, floor=0.0):
@@ -72,9 +77,9 @@ def _compare(member, shape, dtype, tol, tiles=None, seed=0):
 @pytest.mark.parametrize(
     "shape,tiles",
     [
-        ((2, 1, 1, 16, 16), None),  # one step: a single, mostly padded chunk of 16
-        ((1, 37, 2, 16, 16), ChunkTiles(chunk=16)),  # three chunks, the last one partial
-        ((1, 130, 2, 32, 32), ChunkTiles(chunk=32)),  # five chunks, two steps in the last
+        ((2, 1, 1, 16, 16), None),  # one token: a single, mostly padded chunk of 16
+        ((1, 37, 2, 16, 16), ChunkTiles(chunk=16)),  # several chunks, the last one partial
+        ((1, 130, 2, 32, 32), ChunkTiles(chunk=32)),  # several chunks, a few steps in the last
         ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16)),  # K, V not powers of two; 4 value blocks
         ((1, 130, 1, 16, 32), None),  # the default chunk of 64
     ],
@@ -90,19 +95,21 @@ def test_triton_chunk_bfloat16_inputs():
 
 def test_custom_ops_opcheck_and_autograd():
     """The custom ops' registration (schema, fake tensors) is consistent, and their registered autograd gives
-    the eager path's gradients (the path ``torch.compile`` takes)."""
+    the eager path's gradients (the path ``torch.compile`` takes); one step per token without decay, and
+    two steps per token with it."""
     gen = torch.Generator().manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=gen).to(DEVICE)  # noqa: E731
     B, L, H, K, V = 1, 21, 2, 16, 16
-    q, k, v, beta = r(B, L, H, K), F.normalize(r(B, L, H, K), dim=-1), r(B, L, H, V), torch.rand(B, L, H).to(DEVICE)
-    do = r(B, L, H, V)
-    for g in (None, -torch.rand(B, L, H, generator=gen).to(DEVICE)):
-        inputs = [t.clone().requires_grad_() for t in (q, k, v)] + [None if g is None else g.requires_grad_()]
-        inputs.append(beta.clone().requires_grad_())
-        torch.library.opcheck(delta_chunk_fwd, (*inputs, 0.5), test_utils=("test_schema", "test_faketensor"))
+    for n, gated in ((1, False), (2, True)):
+        q, k, v = r(B, L, H, K), F.normalize(r(B, L * n, H, K), dim=-1), r(B, L * n, H, V)
+        g, beta = -torch.rand(B, L * n, H).to(DEVICE) if gated else None, torch.rand(B, L * n, H).to(DEVICE)
+        inputs = [None if x is None else x.requires_grad_() for x in (q, k, v, g, beta)]
+        args = (*inputs, 0.5, n)
+        torch.library.opcheck(delta_chunk_fwd, args, test_utils=("test_schema", "test_faketensor"))
         leaves = [x for x in inputs if x is not None]
-        op_grads = torch.autograd.grad(delta_chunk_fwd(*inputs, 0.5)[0], leaves, do)
-        eager = triton_chunk.gated_delta_chunk(*inputs, scale=0.5)
+        do = r(B, L, H, V)
+        op_grads = torch.autograd.grad(delta_chunk_fwd(*args)[0], leaves, do)
+        eager = triton_chunk.gated_delta_chunk(*inputs, scale=0.5, nstep=n)
         for a, b in zip(op_grads, torch.autograd.grad(eager, leaves, do)):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -119,8 +126,8 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
     wide = torch.randn(1, 3, 1, 160)
     with pytest.raises(ValueError, match="head dims up to 128, got K=160"):
         triton_chunk.delta_rule(wide, wide, q, beta)
-    with pytest.raises(ValueError, match="unknown delta_product backend 'triton_chunk'"):
-        kd.delta_product(q, q[:, :, None], q[:, :, None], beta[:, :, None], backend="triton_chunk")
+    with pytest.raises(ValueError, match="unknown dplr_delta_rule backend 'triton_chunk'"):
+        kd.dplr_delta_rule(q, q, q, q, q, q, backend="triton_chunk")
 
 
 def test_triton_chunk_named_on_cpu_without_interpreter_is_one_line(monkeypatch):

@@ -43,7 +43,6 @@ def build(name, d=12, **options):
         ),
         ("gated_deltanet", {"backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
         ("deltaproduct", {"forget_gate": True, "backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
-        ("deltaproduct", {"backend": "triton_chunk"}, "'triton_chunk' has no Householder product"),
         ("rwkv7", {"num_heads": 5}, "d_model=12 must be divisible by num_heads=5"),
         ("rwkv7", {"backend": "fla_recurrent"}, "unknown backend 'fla_recurrent'; valid: auto, reference, triton, fla"),
     ],
