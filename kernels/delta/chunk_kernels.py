@@ -103,15 +103,21 @@ def _decays(G, C: tl.constexpr):
 
 
 @triton.jit
-def _unit_lower_inverse(A, C: tl.constexpr):
-    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile, by forward substitution over rows:
-    ``T_i = e_i - sum_{j < i} A_ij T_j``."""
+def _unit_lower_inverse(A, scratch, C: tl.constexpr):
+    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile, by forward substitution over rows,
+    ``T_i = e_i - sum_{j < i} A_ij T_j``, on the transpose (``T^T``'s column ``i`` is ``e_i - T^T a_i``,
+    a reduction along rows); ``A``'s rows are read back from ``scratch`` (``C x C`` float32, row-major),
+    where ``A`` is stored first. Returns ``T``; ``scratch`` may be overwritten once this returns."""
     r = tl.arange(0, C)
-    T = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    tile = r[:, None] * C + r[None, :]
+    tl.store(scratch + tile, A)
+    tl.debug_barrier()
+    Tt = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     for i in range(1, C):
-        a_i = tl.sum(tl.where(r[:, None] == i, A, 0.0), 0)  # row i of A, indexed by j
-        T = tl.where(r[:, None] == i, T - tl.sum(a_i[:, None] * T, 0)[None, :], T)
-    return T
+        a_i = tl.load(scratch + i * C + r)  # row i of A, indexed by j (zero for j >= i)
+        Tt = tl.where(r[None, :] == i, Tt - tl.sum(Tt * a_i[None, :], 1)[:, None], Tt)
+    tl.debug_barrier()
+    return tl.trans(Tt)
 
 
 @triton.jit
@@ -153,10 +159,10 @@ def chunk_prep_kernel(
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
     bb = _steps(beta, i_b, i_h, t0, T, H, C)
     A, _, _ = _inner(G, bb, kk, C, PREC)
-    Ti = _unit_lower_inverse(A, C)
+    row = i_bh * tl.num_programs(0) * C + t0 + tl.arange(0, C)
+    Ti = _unit_lower_inverse(A, Tm + (i_bh * tl.num_programs(0) * C + t0) * C, C)
     W = tl.dot(Ti, kk * (bb * tl.exp(G))[:, None], input_precision=PREC)
     U = tl.dot(Ti, vv * bb[:, None], input_precision=PREC)
-    row = i_bh * tl.num_programs(0) * C + t0 + tl.arange(0, C)
     tl.store(Tm + row[:, None] * C + tl.arange(0, C)[None, :], Ti)
     tl.store(Wm + row[:, None] * BK + tl.arange(0, BK)[None, :], W)
     tl.store(Um + row[:, None] * VP + tl.arange(0, VP)[None, :], U)
