@@ -1,9 +1,12 @@
-"""The gated delta rule chunkwise (WY / UT form) as four Triton kernels, with the inter-chunk state
-recurrence kept on chip (paper 004); ``triton_chunk.py`` launches them.
+"""The gated delta rule over steps, chunkwise (WY / UT form), as four Triton kernels with the inter-chunk
+state recurrence kept on chip (paper 004); ``triton_chunk.py`` launches them and maps the delta rule
+(no decay) and DeltaProduct (``NSTEP`` steps per token, the decay on a token's first) onto them.
 
-Per batch element and head, with the state ``M = S^T (K, V)`` starting at zero, the sequence cut into
-chunks of ``C`` steps (the last one padded with identity steps: ``k = v = q = beta = g = 0``) and, inside
-a chunk, ``G_i = sum_{j <= i} g_j``, ``gamma_i = exp(G_i)``, ``Gamma_ij = exp(G_i - G_j)`` (``j <= i``):
+The recurrence runs over steps ``s``: ``S_s = exp(g_s) S_{s-1} (I - beta_s k_s k_s^T) + beta_s v_s k_s^T``,
+read out at each token's last step, ``o_t = scale S_{s(t)} q_t`` (``s(t) = NSTEP t + NSTEP - 1``; a step
+that is not a token's last has ``q = 0`` inside the kernels, and its output row is dropped). Per batch
+element and head, with the state ``M = S^T (K, V)`` starting at zero, the steps cut into chunks of ``C``
+(the last one padded with identity steps: ``k = v = q = beta = g = 0``) and, inside a chunk, ``G_i = sum_{j <= i} g_j``, ``gamma_i = exp(G_i)``, ``Gamma_ij = exp(G_i - G_j)`` (``j <= i``):
 
     A   = strictly_lower(diag(beta) (K K^T o Gamma))          T = (I + A)^-1      (C, C)
     W   = T diag(beta gamma) K   (C, K)                       U = T diag(beta) V  (C, V)
@@ -14,7 +17,8 @@ a chunk, ``G_i = sum_{j <= i} g_j``, ``gamma_i = exp(G_i)``, ``Gamma_ij = exp(G_
 Kernels (``C`` rows per chunk, key tiles of ``BK >= K`` and value tiles of ``BV`` / ``VP >= V`` columns,
 powers of two; float32 intermediates with padded rows and columns):
 
-- ``chunk_prep_kernel``, grid ``(NC, B H)``: one chunk's ``T`` (forward substitution), ``W`` and ``U``;
+- ``chunk_prep_kernel``, grid ``(NC, B H)``: one chunk's ``T`` (forward substitution, ``C - 1`` steps on
+  the ``(C, C)`` tile), ``W`` and ``U``;
 - ``chunk_fwd_kernel``, grid ``(NV, B H)``: one program per head and block of ``BV`` value columns walks
   the chunks in order with ``M_0`` in registers: ``O``, and (``SAVE``) every chunk's ``M_0`` for the
   backward; the only sequential part, and no state leaves the chip but the checkpoints;
@@ -41,8 +45,9 @@ powers of two; float32 intermediates with padded rows and columns):
 
   (``dg`` is the reverse cumulative sum of ``dG`` inside each chunk, taken by the caller).
 
-Inputs ``q, k (B, T, H, K)``, ``v (B, T, H, V)``, ``g, beta (B, T, H)`` are read in their dtype, all
-arithmetic is float32; ``PREC`` is the ``input_precision`` of every ``tl.dot``. No host reads.
+The kernels' ``T`` counts steps: ``k (B, T, H, K)``, ``v (B, T, H, V)``, ``g, beta (B, T, H)`` per step,
+``q, dq (B, T / NSTEP, H, K)`` and ``o, do (B, T / NSTEP, H, V)`` per token. Inputs are read in their dtype,
+all arithmetic is float32; ``PREC`` is the ``input_precision`` of every ``tl.dot``. No host reads.
 """
 
 from __future__ import annotations
