@@ -7,8 +7,11 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
 
 - ``ours-triton``: the fused recurrent Triton kernel (``kernels/delta/recurrent_kernels.py``), the
   input dtype, float32 arithmetic;
-- ``ours-triton-chunk`` (``delta`` and ``gated``): the chunkwise (WY) Triton kernels with the inter-chunk
-  state recurrence on chip (``kernels/delta/chunk_kernels.py``), the input dtype, float32 arithmetic;
+- ``ours-triton-chunk`` (not ``dplr``): the chunkwise (WY) Triton kernels with the inter-chunk state
+  recurrence on chip (``kernels/delta/chunk_kernels.py``), the input dtype, float32 arithmetic;
+- ``ours-triton-chunk-split``: the same kernels with the recurrence only carrying the state, every
+  chunk's state stored and read back by per-chunk output and gradient kernels (``ChunkTiles(fused=False)``):
+  paper 004's baseline;
 - ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``kernels/delta/fla_gated_bwd.py``'s
@@ -51,6 +54,7 @@ from benchmarks.ops.common import (
     write_json,
 )
 from kernels import delta as kd
+from kernels.delta import triton_chunk
 
 log = logging.getLogger("benchmarks.ops.delta")
 OPS = ("delta", "gated", "product", "dplr")
@@ -96,6 +100,17 @@ def call(op: str, backend: str):
     return lambda *t: kd.dplr_delta_rule(*t, lower_bound=-math.exp(-0.5), backend=backend)
 
 
+def _chunk_split(op: str):
+    """``fn(*inputs)`` running ``op`` on the chunk kernels without the on-chip recurrence."""
+    fn = {
+        "delta": triton_chunk.delta_rule,
+        "gated": triton_chunk.gated_delta_rule,
+        "product": triton_chunk.delta_product,
+    }
+    tiles = triton_chunk.ChunkTiles(fused=False)
+    return lambda *t: fn[op](*t, qk_l2norm=True, tiles=tiles)
+
+
 @contextlib.contextmanager
 def _fla_triton_unguarded():
     """fla's Triton ``chunk_bwd_dqkwg`` runs even where fla refuses it (``lift_fla_gated_guard``)."""
@@ -109,9 +124,10 @@ def _fla_triton_unguarded():
 def implementations(op: str, names: set[str] | None = None) -> dict:
     """name -> (``fn(*inputs)``, context manager factory, note) for ``op`` (``names``: only these)."""
     impls = {"ours-triton": (call(op, "triton"), contextlib.nullcontext, "fused recurrent")}
-    if op in ("delta", "gated"):
-        impls["ours-triton-chunk"] = (call(op, "triton_chunk"), contextlib.nullcontext, "chunkwise, state on chip")
     if op != "dplr":
+        impls["ours-triton-chunk"] = (call(op, "triton_chunk"), contextlib.nullcontext, "chunkwise, state on chip")
+        split = _chunk_split(op)
+        impls["ours-triton-chunk-split"] = (split, contextlib.nullcontext, "chunkwise, states through HBM")
         impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from kernels.delta import fla_gated_bwd
@@ -195,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
             dims = tuple(int(v) for v in shape.split("x"))
             problems.append(problem(op, *dims, dtype_name, implementations(op, names), bw))
     if args.sweep:
-        sweep_impls = implementations("gated", {"ours-triton", "ours-triton-chunk", "fla"})
+        sweep_impls = implementations("gated", {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "fla"})
         for shape, dtype_name in SWEEP:
             dims = tuple(int(v) for v in shape.split("x"))
             problems.append(problem("gated", *dims, dtype_name, sweep_impls, bw, section="crossover"))

@@ -1,5 +1,5 @@
-"""The gated delta rule over steps, chunkwise (WY / UT form), as four Triton kernels with the inter-chunk
-state recurrence kept on chip (paper 004); ``triton_chunk.py`` launches them and maps the delta rule
+"""The gated delta rule over steps, chunkwise (WY / UT form), as Triton kernels with the inter-chunk state
+recurrence kept on chip (paper 004); ``triton_chunk.py`` launches them and maps the delta rule
 (no decay) and DeltaProduct (``NSTEP`` steps per token, the decay on a token's first) onto them.
 
 The recurrence runs over steps ``s``: ``S_s = exp(g_s) S_{s-1} (I - beta_s k_s k_s^T) + beta_s v_s k_s^T``,
@@ -20,8 +20,10 @@ powers of two; float32 intermediates with padded rows and columns):
 - ``chunk_prep_kernel``, grid ``(NC, B H)``: one chunk's ``T`` (forward substitution, ``C - 1`` steps on
   the ``(C, C)`` tile), ``W`` and ``U``;
 - ``chunk_fwd_kernel``, grid ``(NV, B H)``: one program per head and block of ``BV`` value columns walks
-  the chunks in order with ``M_0`` in registers: ``O``, and (``SAVE``) every chunk's ``M_0`` for the
-  backward; the only sequential part, and no state leaves the chip but the checkpoints;
+  the chunks in order with ``M_0`` in registers: (``OUT``) ``O``, and (``SAVE``) every chunk's ``M_0`` for
+  the backward; no state leaves the chip but the checkpoints. Without ``OUT`` (the design paper 004
+  replaces, kept to measure it) ``chunk_out_kernel``, grid ``(NC, NV, B H)``, reads the stored states
+  back for ``O``;
 - ``chunk_bwd_state_kernel``, grid ``(NV, B H)``: the chunks in reverse with ``dM`` (the gradient of the
   chunk's end state) in registers, ``dO' = scale dO``:
 
@@ -33,7 +35,9 @@ powers of two; float32 intermediates with padded rows and columns):
   and the state's share of ``dG`` (the gradient of ``G``): ``rowsum(dO' o diag(gamma) Q M_0)``,
   ``rowsum(E) - colsum(E)`` for ``E = dP o P``, ``-rowsum(U' dM^T o Kt)``, and on the chunk's last row
   ``sum(U' dM^T o Kt) + gamma_C <dM, M_0>``. ``dQ, dK, dW, dG`` sum over value columns: written per
-  block (``NV`` leading slices, summed by the caller);
+  block (``NV`` leading slices, summed by the caller). Without ``GRADS`` the loop only carries ``dM``
+  (``dU'`` and the ``dM_0`` update) and stores every chunk's ``dM``; ``chunk_bwd_grads_kernel``, grid
+  ``(NC, NV, B H)``, computes the rest per chunk from the stored ``M_0`` and ``dM``;
 - ``chunk_bwd_prep_kernel``, grid ``(NC, B H)``: the chunk's ``T`` backward, with the block sums of
   ``dW`` and the full ``dU``: ``dXw = T^T dW``, ``dXu = T^T dU``, ``dA = -strictly_lower(T^T (dW Xw^T +
   dU Xu^T) T^T)`` (``Xw = diag(beta gamma) K``, ``Xu = diag(beta) V``), then
@@ -174,6 +178,16 @@ def chunk_prep_kernel(
 
 
 @triton.jit
+def _chunk_out(qq, kk, G, W, U, M, scale, C: tl.constexpr, PREC: tl.constexpr):
+    """``(O, U')`` of one chunk from the state ``M`` entering it (module docstring)."""
+    Gam, _ = _decays(G, C)
+    Up = U - tl.dot(W, M, input_precision=PREC)
+    P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * Gam
+    out = tl.exp(G)[:, None] * tl.dot(qq, M, input_precision=PREC)
+    return tl.dot(P, Up, out, input_precision=PREC) * scale, Up
+
+
+@triton.jit
 def chunk_fwd_kernel(
     q,
     k,
@@ -193,11 +207,13 @@ def chunk_fwd_kernel(
     C: tl.constexpr,
     NSTEP: tl.constexpr,
     HAS_G: tl.constexpr,
+    OUT: tl.constexpr,
     SAVE: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """Grid ``(NV, B H)``: the chunks of one head in order, ``BV`` value columns of the state ``M (BK, BV)``
-    in registers; ``o (B, T, H, V)``, (``SAVE``) ``ckpt (B H, NC, BK, VP)`` the state entering each chunk."""
+    in registers; (``OUT``) ``o (B, T / NSTEP, H, V)``; (``SAVE``) ``ckpt (B H, NC, BK, VP)`` the state
+    entering each chunk."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -211,19 +227,104 @@ def chunk_fwd_kernel(
         if SAVE:
             tl.store(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], M)
         row = i_bh * NC * C + t0 + r
-        qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
         kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
         G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
-        Gam, GL = _decays(G, C)
         W = tl.load(Wm + row[:, None] * BK + ok[None, :])
         U = tl.load(Um + row[:, None] * VP + ov[None, :])
-        Up = U - tl.dot(W, M, input_precision=PREC)
-        P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * Gam
-        out = tl.exp(G)[:, None] * tl.dot(qq, M, input_precision=PREC)
-        out = tl.dot(P, Up, out, input_precision=PREC) * scale
-        _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
+        if OUT:
+            qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
+            out, Up = _chunk_out(qq, kk, G, W, U, M, scale, C, PREC)
+            _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
+        else:
+            Up = U - tl.dot(W, M, input_precision=PREC)
+        GL = tl.sum(tl.where(r == C - 1, G, 0.0), 0)
         Kt = kk * tl.exp(GL - G)[:, None]
         M = tl.dot(tl.trans(Kt), Up, M * tl.exp(GL), input_precision=PREC)
+
+
+@triton.jit
+def chunk_out_kernel(
+    q,
+    k,
+    g,
+    Wm,
+    Um,
+    o,
+    ckpt,
+    T,
+    H,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    NSTEP: tl.constexpr,
+    HAS_G: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NC, NV, B H)``: one chunk's output from its stored entering state (the forward without the
+    on-chip recurrence: ``chunk_fwd_kernel`` with ``OUT=False`` stores the states)."""
+    i_c, i_v = tl.program_id(0), tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC = tl.num_programs(0)
+    t0 = i_c * C
+    row = i_bh * NC * C + t0 + tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    M = tl.load(ckpt + ((i_bh * NC + i_c) * BK + ok[:, None]) * VP + ov[None, :])
+    qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
+    kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+    G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+    W = tl.load(Wm + row[:, None] * BK + ok[None, :])
+    U = tl.load(Um + row[:, None] * VP + ov[None, :])
+    out, _ = _chunk_out(qq, kk, G, W, U, M, scale, C, PREC)
+    _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
+
+
+@triton.jit
+def _chunk_dU(qq, kk, dO, G, dM, C: tl.constexpr, PREC: tl.constexpr):
+    """``(dU', P, Gamma, Kt, G_last)`` of one chunk given the gradient ``dM`` of the state leaving it."""
+    Gam, GL = _decays(G, C)
+    P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * Gam
+    Kt = kk * tl.exp(GL - G)[:, None]
+    dUp = tl.dot(tl.trans(P), dO, input_precision=PREC)
+    return tl.dot(Kt, dM, dUp, input_precision=PREC), P, Gam, Kt, GL
+
+
+@triton.jit
+def _chunk_grads(
+    qq, kk, dO, G, W, U, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dUm, dGm, i_v, part, i_h, row, t0, T, H, BH,
+    K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, C: tl.constexpr,
+    NSTEP: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """One chunk's ``dQ``, ``dK`` (the state's part), ``dW``, ``dU = dU'`` and the state's part of ``dG``
+    (module docstring), stored: ``dq, dk`` at batch index ``part``, ``dW, dG`` in slice ``i_v``."""
+    r = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    gam, eK, gC = tl.exp(G), tl.exp(GL - G), tl.exp(GL)
+    Up = U - tl.dot(W, M0, input_precision=PREC)
+    dP = tl.where(r[:, None] >= r[None, :], tl.dot(dO, tl.trans(Up), input_precision=PREC), 0.0)
+    dQK = dP * Gam
+    dOM = tl.dot(dO, tl.trans(M0), input_precision=PREC)
+    dqc = tl.dot(dQK, kk, gam[:, None] * dOM, input_precision=PREC)
+    dKt = tl.dot(Up, tl.trans(dM), input_precision=PREC)
+    dkc = tl.dot(tl.trans(dQK), qq, eK[:, None] * dKt, input_precision=PREC)
+    dW = -tl.dot(dUp, tl.trans(M0), input_precision=PREC)
+    E = dP * P
+    eKt = dKt * Kt
+    # gamma_i's share through diag(gamma) Q M_0 is rowsum(dO' o gamma Q M_0) = gamma_i (q_i . dO'_i M_0^T)
+    dG = gam * tl.sum(qq * dOM, 1) + tl.sum(E, 1) - tl.sum(E, 0) - tl.sum(eKt, 1)
+    last = tl.sum(tl.sum(eKt, 1), 0) + gC * tl.sum(tl.sum(dM * M0, 1), 0)
+    dG += tl.where(r == C - 1, last, 0.0)
+    _store_rows(dq, dqc, part, i_h, t0, T, H, K, C, BK, 0, NSTEP)
+    _store_rows(dk, dkc, part, i_h, t0, T, H, K, C, BK)
+    tl.store(dWm + (i_v * BH * (tl.cdiv(T, C) * C) + row)[:, None] * BK + ok[None, :], dW)
+    tl.store(dUm + row[:, None] * VP + ov[None, :], dUp)
+    tl.store(dGm + i_v * BH * (tl.cdiv(T, C) * C) + row, dG)
 
 
 @triton.jit
@@ -235,6 +336,73 @@ def chunk_bwd_state_kernel(
     Um,
     ckpt,
     do,
+    dckpt,
+    dq,
+    dk,
+    dWm,
+    dUm,
+    dGm,
+    B,
+    T,
+    H,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    NSTEP: tl.constexpr,
+    HAS_G: tl.constexpr,
+    GRADS: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NV, B H)``: the chunks of one head in reverse, ``dM (BK, BV)`` in registers (module
+    docstring). ``GRADS``: also every chunk's gradients (``_chunk_grads``; per block of value columns,
+    leading ``NV``: ``dq (NV, B, T / NSTEP, H, K)``, ``dk (NV, B, T, H, K)``, ``dW (NV, B H, NC C, BK)``,
+    ``dG (NV, B H, NC C)``; ``dU (B H, NC C, VP)`` at the block's columns); else the gradient of the state
+    leaving each chunk, ``dckpt (B H, NC, BK, VP)``, for ``chunk_bwd_grads_kernel``."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC = tl.cdiv(T, C)
+    r = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    dM = tl.zeros([BK, BV], dtype=tl.float32)
+    for cc in range(0, NC):
+        c = NC - 1 - cc
+        t0 = c * C
+        row = i_bh * NC * C + t0 + r
+        qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
+        kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+        dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
+        G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+        W = tl.load(Wm + row[:, None] * BK + ok[None, :])
+        dUp, P, Gam, Kt, GL = _chunk_dU(qq, kk, dO, G, dM, C, PREC)
+        if GRADS:
+            M0 = tl.load(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :])
+            U = tl.load(Um + row[:, None] * VP + ov[None, :])
+            _chunk_grads(
+                qq, kk, dO, G, W, U, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dUm, dGm, i_v, i_v * B + i_b,
+                i_h, row, t0, T, H, B * H, K, BK, BV, VP, C, NSTEP, PREC,
+            )  # fmt: skip
+        else:
+            tl.store(dckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], dM)
+        dM = tl.dot(tl.trans(qq * tl.exp(G)[:, None]), dO, dM * tl.exp(GL), input_precision=PREC)
+        dM = dM - tl.dot(tl.trans(W), dUp, input_precision=PREC)
+
+
+@triton.jit
+def chunk_bwd_grads_kernel(
+    q,
+    k,
+    g,
+    Wm,
+    Um,
+    ckpt,
+    do,
+    dckpt,
     dq,
     dk,
     dWm,
@@ -254,56 +422,29 @@ def chunk_bwd_state_kernel(
     HAS_G: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Grid ``(NV, B H)``: the chunks of one head in reverse, ``dM (BK, BV)`` in registers (module
-    docstring). Per block of value columns (leading ``NV``): ``dq, dk (NV, B, T, H, K)``,
-    ``dW (NV, B H, NC C, BK)``, ``dG (NV, B H, NC C)``; ``dU (B H, NC C, VP)`` at the block's columns."""
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+    """Grid ``(NC, NV, B H)``: one chunk's gradients (``_chunk_grads``) from its stored entering state and
+    the stored gradient of its leaving state (the backward without the on-chip recurrence)."""
+    i_c, i_v = tl.program_id(0), tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    NC = tl.cdiv(T, C)
-    r = tl.arange(0, C)
+    NC = tl.num_programs(0)
+    t0 = i_c * C
+    row = i_bh * NC * C + t0 + tl.arange(0, C)
     ok = tl.arange(0, BK)
     ov = i_v * BV + tl.arange(0, BV)
-    part = i_v * B + i_b  # this block's slice of the partial sums, as a batch index
-    dM = tl.zeros([BK, BV], dtype=tl.float32)
-    for cc in range(0, NC):
-        c = NC - 1 - cc
-        t0 = c * C
-        row = i_bh * NC * C + t0 + r
-        M0 = tl.load(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :])
-        qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
-        kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
-        dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
-        G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
-        Gam, GL = _decays(G, C)
-        gam, eK, gC = tl.exp(G), tl.exp(GL - G), tl.exp(GL)
-        W = tl.load(Wm + row[:, None] * BK + ok[None, :])
-        U = tl.load(Um + row[:, None] * VP + ov[None, :])
-        Up = U - tl.dot(W, M0, input_precision=PREC)
-        P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * Gam
-        Kt = kk * eK[:, None]
-        dUp = tl.dot(tl.trans(P), dO, input_precision=PREC)
-        dUp = tl.dot(Kt, dM, dUp, input_precision=PREC)
-        dP = tl.where(r[:, None] >= r[None, :], tl.dot(dO, tl.trans(Up), input_precision=PREC), 0.0)
-        dQK = dP * Gam
-        dOM = tl.dot(dO, tl.trans(M0), input_precision=PREC)
-        dqc = tl.dot(dQK, kk, gam[:, None] * dOM, input_precision=PREC)
-        dKt = tl.dot(Up, tl.trans(dM), input_precision=PREC)
-        dkc = tl.dot(tl.trans(dQK), qq, eK[:, None] * dKt, input_precision=PREC)
-        dW = -tl.dot(dUp, tl.trans(M0), input_precision=PREC)
-        E = dP * P
-        eKt = dKt * Kt
-        # gamma_i's share through diag(gamma) Q M_0 is rowsum(dO' o gamma Q M_0) = gamma_i (q_i . dO'_i M_0^T)
-        dG = gam * tl.sum(qq * dOM, 1) + tl.sum(E, 1) - tl.sum(E, 0) - tl.sum(eKt, 1)
-        last = tl.sum(tl.sum(eKt, 1), 0) + gC * tl.sum(tl.sum(dM * M0, 1), 0)
-        dG += tl.where(r == C - 1, last, 0.0)
-        _store_rows(dq, dqc, part, i_h, t0, T, H, K, C, BK, 0, NSTEP)
-        _store_rows(dk, dkc, part, i_h, t0, T, H, K, C, BK)
-        tl.store(dWm + (i_v * tl.num_programs(1) * NC * C + row)[:, None] * BK + ok[None, :], dW)
-        tl.store(dUm + row[:, None] * VP + ov[None, :], dUp)
-        tl.store(dGm + i_v * tl.num_programs(1) * NC * C + row, dG)
-        dM = tl.dot(tl.trans(qq * gam[:, None]), dO, dM * gC, input_precision=PREC)
-        dM = dM - tl.dot(tl.trans(W), dUp, input_precision=PREC)
+    at = ((i_bh * NC + i_c) * BK + ok[:, None]) * VP + ov[None, :]
+    M0, dM = tl.load(ckpt + at), tl.load(dckpt + at)
+    qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
+    kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+    dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
+    G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+    W = tl.load(Wm + row[:, None] * BK + ok[None, :])
+    U = tl.load(Um + row[:, None] * VP + ov[None, :])
+    dUp, P, Gam, Kt, GL = _chunk_dU(qq, kk, dO, G, dM, C, PREC)
+    _chunk_grads(
+        qq, kk, dO, G, W, U, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dUm, dGm, i_v, i_v * B + i_b,
+        i_h, row, t0, T, H, B * H, K, BK, BV, VP, C, NSTEP, PREC,
+    )  # fmt: skip
 
 
 @triton.jit

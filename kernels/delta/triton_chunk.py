@@ -21,9 +21,11 @@ from torch.autograd.function import once_differentiable
 
 from kernels._triton import cdiv, empty, next_pow2
 from kernels.delta.chunk_kernels import (
+    chunk_bwd_grads_kernel,
     chunk_bwd_prep_kernel,
     chunk_bwd_state_kernel,
     chunk_fwd_kernel,
+    chunk_out_kernel,
     chunk_prep_kernel,
 )
 from kernels.delta.reference import l2norm
@@ -36,23 +38,29 @@ PRECISIONS = ("ieee", "tf32", "tf32x3")
 class ChunkTiles:
     """Launch parameters of the chunk kernels; ``None`` takes the default for the problem.
 
-    ``chunk``: steps per chunk ``C`` (16, 32 or 64; default 64, less for sequences shorter than that);
+    ``chunk``: steps per chunk ``C`` (16, 32 or 64; default 64 for head dims up to 64, else 32 (the
+    sequential kernels' tiles must fit in shared memory), less for sequences shorter than that);
     ``block_v``: value columns of the state per sequential program (a power of two; default every column
-    up to 64, else 64); ``warps`` (default 4, 8 for 128-wide tiles); ``precision``: ``input_precision`` of
+    up to 64, else 64); ``warps`` (default 4, 8 for 128-wide tiles); ``stages``: Triton's software
+    pipelining depth of the loops over chunks (default 2: each stage holds one chunk's tiles in shared memory); ``precision``: ``input_precision`` of
     every ``tl.dot`` (default ``"tf32x3"``, float32-accurate, for float32 inputs and ``"tf32"`` for
-    16-bit inputs; ``"ieee"``: float32 FMA)."""
+    16-bit inputs; ``"ieee"``: float32 FMA); ``fused``: the sequential kernels also compute the outputs
+    and gradients with the state on chip (paper 004; default), else they only carry the state, store it
+    for every chunk, and per-chunk (parallel) kernels read it back for the outputs and gradients."""
 
     chunk: int | None = None
     block_v: int | None = None
     warps: int | None = None
     precision: str | None = None
+    fused: bool = True
+    stages: int = 2
 
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, str]:
         """``(C, BK, BV, VP, warps, precision)`` for ``T`` steps, keys of width ``K``, values of width ``V``."""
-        C = self.chunk or min(64, max(16, next_pow2(T)))
+        BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
+        C = self.chunk or min(64 if max(BK, VP) <= 64 else 32, max(16, next_pow2(T)))
         if C not in (16, 32, 64):
             raise ValueError(f"delta triton_chunk: chunk must be 16, 32 or 64, got {C}")
-        BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
         BV = self.block_v or min(VP, 64)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"delta triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
@@ -63,13 +71,16 @@ class ChunkTiles:
         return C, BK, BV, VP, warps, precision
 
 
-def _meta(q, k, v, g, nstep: int, tiles: ChunkTiles | None) -> tuple[int, int, dict, dict]:
-    """``(C, NV, parallel, sequential)``: the chunk, the value blocks of the sequential kernels and the
-    constexprs of the per-chunk (parallel) and the sequential launches."""
+def _meta(q, k, v, g, nstep: int, tiles: ChunkTiles | None) -> tuple[int, int, bool, dict, dict]:
+    """``(C, NV, fused, prep, blocks)``: the chunk, the blocks of value columns, whether the sequential
+    kernels compute outputs and gradients, and the constexprs of the launches over whole chunks (``prep``)
+    and over blocks of value columns (``blocks``)."""
+    tiles = tiles or ChunkTiles()
     Ts, K, V = k.shape[1], q.shape[-1], v.shape[-1]
-    C, BK, BV, VP, warps, prec = (tiles or ChunkTiles()).resolve(Ts, K, V, q.dtype)
-    meta = {"K": K, "V": V, "BK": BK, "VP": VP, "C": C, "HAS_G": g is not None, "PREC": prec, "num_warps": warps}
-    return C, VP // BV, meta, {**meta, "BV": BV, "NSTEP": nstep}
+    C, BK, BV, VP, warps, prec = tiles.resolve(Ts, K, V, q.dtype)
+    meta = {"K": K, "V": V, "BK": BK, "VP": VP, "C": C, "HAS_G": g is not None, "PREC": prec}
+    meta.update(num_warps=warps, num_stages=tiles.stages)
+    return C, VP // BV, tiles.fused, meta, {**meta, "BV": BV, "NSTEP": nstep}
 
 
 def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: ChunkTiles | None = None):
@@ -77,15 +88,19 @@ def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: Chun
     ``U (B H, NC C, VP)``, ``Tm (B H, NC C, C)`` and the entering state ``ckpt (B H, NC, BK, VP)``, float32."""
     B, T, H, _ = q.shape
     Ts = k.shape[1]
-    C, NV, par, seq = _meta(q, k, v, g, nstep, tiles)
-    BK, VP = par["BK"], par["VP"]
+    C, NV, fused, prep, blocks = _meta(q, k, v, g, nstep, tiles)
+    BK, VP = prep["BK"], prep["VP"]
     NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
     W, U, Tm = (empty((B * H, NC * C, n), dev, f32) for n in (BK, VP, C))
     g_arg = beta if g is None else g  # any pointer: HAS_G=False never reads it
-    chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, Ts, H, **par)
+    chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, Ts, H, **prep)
     o = empty((B, T, H, v.shape[-1]), dev, q.dtype)
+    save = save or not fused
     ckpt = empty((B * H, NC, BK, VP) if save else (1,), dev, f32)
-    chunk_fwd_kernel[(NV, B * H)](q, k, g_arg, W, U, o, ckpt, Ts, H, float(scale), SAVE=save, **seq)
+    args = (q, k, g_arg, W, U, o, ckpt, Ts, H, float(scale))
+    chunk_fwd_kernel[(NV, B * H)](*args, OUT=fused, SAVE=save, **blocks)
+    if not fused:
+        chunk_out_kernel[(NC, NV, B * H)](*args, **blocks)
     return o, W, U, Tm, ckpt
 
 
@@ -93,21 +108,23 @@ def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, ti
     """``(dq, dk, dv, dg, dbeta)`` in float32 (``dg`` empty without ``g``)."""
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
-    C, NV, par, seq = _meta(q, k, v, g, nstep, tiles)
-    BK, VP = par["BK"], par["VP"]
+    C, NV, fused, prep, blocks = _meta(q, k, v, g, nstep, tiles)
+    BK, VP = prep["BK"], prep["VP"]
     NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
     g_arg = beta if g is None else g
     dq, dk_state = empty((NV, B, T, H, K), dev, f32), empty((NV, B, Ts, H, K), dev, f32)
     dW = empty((NV, B * H, NC * C, BK), dev, f32)
     dU = empty((B * H, NC * C, VP), dev, f32)
     dG_state = empty((NV, B * H, NC * C), dev, f32)
-    chunk_bwd_state_kernel[(NV, B * H)](
-        q, k, g_arg, W, U, ckpt, do, dq, dk_state, dW, dU, dG_state, B, Ts, H, float(scale), **seq
-    )
+    dckpt = ckpt if fused else empty(ckpt.shape, dev, f32)  # fused: never touched
+    args = (q, k, g_arg, W, U, ckpt, do, dckpt, dq, dk_state, dW, dU, dG_state, B, Ts, H, float(scale))
+    chunk_bwd_state_kernel[(NV, B * H)](*args, GRADS=fused, **blocks)
+    if not fused:
+        chunk_bwd_grads_kernel[(NC, NV, B * H)](*args, **blocks)
     dW, dq, dk_state, dG_state = (x.sum(0) if NV > 1 else x[0] for x in (dW, dq, dk_state, dG_state))
     dk, dG = empty((B, Ts, H, K), dev, f32), empty((B * H, NC * C), dev, f32)
     dv, dbeta = empty((B, Ts, H, V), dev, f32), empty((B, Ts, H), dev, f32)
-    chunk_bwd_prep_kernel[(NC, B * H)](k, v, g_arg, beta, Tm, dW, dU, dk, dv, dbeta, dG, Ts, H, **par)
+    chunk_bwd_prep_kernel[(NC, B * H)](k, v, g_arg, beta, Tm, dW, dU, dk, dv, dbeta, dG, Ts, H, **prep)
     dk = dk + dk_state
     if g is None:
         return dq, dk, dv, dq.new_empty(0), dbeta
