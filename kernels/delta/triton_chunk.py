@@ -41,7 +41,7 @@ class ChunkTiles:
     ``chunk``: steps per chunk ``C`` (16, 32 or 64; default 64 for head dims up to 64, else 32 (the
     sequential kernels' tiles must fit in shared memory), less for sequences shorter than that);
     ``block_v``: value columns of the state per sequential program (a power of two; default every column
-    up to 64, else 64); ``warps`` (default 4, 8 for 128-wide tiles); ``stages``: Triton's software
+    up to 64, else 64); ``warps`` (default 4, 8 for tiles 64 or more wide); ``stages``: Triton's software
     pipelining depth of the loops over chunks (default 2: each stage holds one chunk's tiles in shared memory); ``precision``: ``input_precision`` of
     every ``tl.dot`` (default ``"tf32x3"``, float32-accurate, for float32 inputs and ``"tf32"`` for
     16-bit inputs; ``"ieee"``: float32 FMA); ``fused``: the sequential kernels also compute the outputs
@@ -64,7 +64,7 @@ class ChunkTiles:
         BV = self.block_v or min(VP, 64)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"delta triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
-        warps = self.warps or (8 if max(BK, VP) >= 128 else 4)
+        warps = self.warps or (8 if max(BK, VP) >= 64 else 4)
         precision = self.precision or ("tf32x3" if dtype == torch.float32 else "tf32")
         if precision not in PRECISIONS:
             raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
