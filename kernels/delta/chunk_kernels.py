@@ -322,9 +322,10 @@ def _chunk_grads(
     dG += tl.where(r == C - 1, last, 0.0)
     _store_rows(dq, dqc, part, i_h, t0, T, H, K, C, BK, 0, NSTEP)
     _store_rows(dk, dkc, part, i_h, t0, T, H, K, C, BK)
-    tl.store(dWm + (i_v * BH * (tl.cdiv(T, C) * C) + row)[:, None] * BK + ok[None, :], dW)
+    part_row = i_v.to(tl.int64) * BH * (tl.cdiv(T, C) * C) + row  # row of this block's slice of dW, dG
+    tl.store(dWm + part_row[:, None] * BK + ok[None, :], dW)
     tl.store(dUm + row[:, None] * VP + ov[None, :], dUp)
-    tl.store(dGm + i_v * BH * (tl.cdiv(T, C) * C) + row, dG)
+    tl.store(dGm + part_row, dG)
 
 
 @triton.jit
