@@ -11,7 +11,7 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
   recurrence on chip (``kernels/delta/chunk_kernels.py``), the input dtype, float32 arithmetic;
 - ``ours-triton-chunk-split``: the same kernels with the recurrence only carrying the state, every
   chunk's state stored and read back by per-chunk output and gradient kernels (``ChunkTiles(fused=False)``):
-  paper 004's baseline;
+  paper 004's baseline (``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);
 - ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``kernels/delta/fla_gated_bwd.py``'s
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import math
 
@@ -100,15 +101,31 @@ def call(op: str, backend: str):
     return lambda *t: kd.dplr_delta_rule(*t, lower_bound=-math.exp(-0.5), backend=backend)
 
 
-def _chunk_split(op: str):
-    """``fn(*inputs)`` running ``op`` on the chunk kernels without the on-chip recurrence."""
+def _chunk(op: str, tiles: triton_chunk.ChunkTiles):
+    """``fn(*inputs)`` running ``op`` on the chunk kernels with ``tiles``."""
     fn = {
         "delta": triton_chunk.delta_rule,
         "gated": triton_chunk.gated_delta_rule,
         "product": triton_chunk.delta_product,
     }
-    tiles = triton_chunk.ChunkTiles(fused=False)
     return lambda *t: fn[op](*t, qk_l2norm=True, tiles=tiles)
+
+
+def chunk_tiles(text: str | None) -> triton_chunk.ChunkTiles:
+    """``ChunkTiles`` from ``"chunk=32,warps=8,block_v=32,stages=2,precision=tf32"`` (``None``: defaults)."""
+    if not text:
+        return triton_chunk.ChunkTiles()
+    kw = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key not in ("chunk", "block_v", "warps", "stages", "precision"):
+            raise SystemExit(
+                f"error: --chunk-tiles: unknown field {key!r}; valid: chunk, block_v, warps, stages, precision"
+            )
+        if key != "precision" and not value.isdigit():
+            raise SystemExit(f"error: --chunk-tiles: {key} must be a positive int, got {value!r}")
+        kw[key] = value if key == "precision" else int(value)
+    return triton_chunk.ChunkTiles(**kw)
 
 
 @contextlib.contextmanager
@@ -121,13 +138,17 @@ def _fla_triton_unguarded():
         restore()
 
 
-def implementations(op: str, names: set[str] | None = None) -> dict:
-    """name -> (``fn(*inputs)``, context manager factory, note) for ``op`` (``names``: only these)."""
+def implementations(op: str, names: set[str] | None = None, tiles: triton_chunk.ChunkTiles | None = None) -> dict:
+    """name -> (``fn(*inputs)``, context manager factory, note) for ``op`` (``names``: only these;
+    ``tiles``: the chunk kernels' launch parameters, default ``ChunkTiles()``)."""
     impls = {"ours-triton": (call(op, "triton"), contextlib.nullcontext, "fused recurrent")}
     if op != "dplr":
-        impls["ours-triton-chunk"] = (call(op, "triton_chunk"), contextlib.nullcontext, "chunkwise, state on chip")
-        split = _chunk_split(op)
-        impls["ours-triton-chunk-split"] = (split, contextlib.nullcontext, "chunkwise, states through HBM")
+        tiles = tiles or triton_chunk.ChunkTiles()
+        on_chip, split = _chunk(op, tiles), _chunk(op, dataclasses.replace(tiles, fused=False))
+        fields = dataclasses.fields(tiles)
+        named = ", ".join(f"{f.name}={getattr(tiles, f.name)}" for f in fields if getattr(tiles, f.name) != f.default)
+        impls["ours-triton-chunk"] = (on_chip, contextlib.nullcontext, f"chunkwise, state on chip {named}".strip())
+        impls["ours-triton-chunk-split"] = (split, contextlib.nullcontext, f"chunkwise, states via HBM {named}".strip())
         impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from kernels.delta import fla_gated_bwd
@@ -193,12 +214,18 @@ def main(argv: list[str] | None = None) -> None:
         "--sweep", action="store_true", help="add the crossover section (ours-triton, ours-triton-chunk against fla)"
     )
     ap.add_argument("--no-main", action="store_true", help="skip the main section")
+    ap.add_argument(
+        "--chunk-tiles",
+        default=None,
+        help="ours-triton-chunk(-split)'s ChunkTiles, e.g. chunk=32,warps=8 (fields: chunk, block_v, warps, stages, precision)",
+    )
     cli_common(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():
         raise SystemExit("error: the delta benchmark needs a CUDA GPU")
     names = None if args.impls is None else set(args.impls.split(","))
+    tiles = chunk_tiles(args.chunk_tiles)
     main_items = MAIN if args.shapes is None else [tuple(item.split(":")) for item in args.shapes.split(";") if item]
     bw = copy_bandwidth_gbs("cuda")
     env = environment("cuda")
@@ -209,9 +236,10 @@ def main(argv: list[str] | None = None) -> None:
             if op not in OPS:
                 raise SystemExit(f"error: unknown op {op!r}; valid: {', '.join(OPS)}")
             dims = tuple(int(v) for v in shape.split("x"))
-            problems.append(problem(op, *dims, dtype_name, implementations(op, names), bw))
+            problems.append(problem(op, *dims, dtype_name, implementations(op, names, tiles), bw))
     if args.sweep:
-        sweep_impls = implementations("gated", {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "fla"})
+        sweep_names = {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "fla"}
+        sweep_impls = implementations("gated", sweep_names, tiles)
         for shape, dtype_name in SWEEP:
             dims = tuple(int(v) for v in shape.split("x"))
             problems.append(problem("gated", *dims, dtype_name, sweep_impls, bw, section="crossover"))
