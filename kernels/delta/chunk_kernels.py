@@ -51,13 +51,24 @@ powers of two; float32 intermediates with padded rows and columns):
 
 The kernels' ``T`` counts steps: ``k (B, T, H, K)``, ``v (B, T, H, V)``, ``g, beta (B, T, H)`` per step,
 ``q, dq (B, T / NSTEP, H, K)`` and ``o, do (B, T / NSTEP, H, V)`` per token. Inputs are read in their dtype,
-all arithmetic is float32; ``PREC`` is the ``input_precision`` of every ``tl.dot``. No host reads.
+all arithmetic is float32; ``PREC`` is the ``input_precision`` of every ``tl.dot`` (``_mm``; ``"bf16"``
+rounds the operands to bfloat16). No host reads.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr, acc=None):
+    """``a @ b (+ acc)`` with float32 accumulation: ``PREC`` ``"bf16"`` rounds both operands to bfloat16 (one
+    tensor-core pass), else it is ``tl.dot``'s ``input_precision`` on the float32 operands."""
+    if PREC == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
 
 
 @triton.jit
@@ -133,7 +144,7 @@ def _unit_lower_inverse(A, scratch, C: tl.constexpr):
 def _inner(G, bb, kk, C: tl.constexpr, PREC: tl.constexpr):
     """``(A, Gamma, K K^T)`` of one chunk: ``A = strictly_lower(diag(beta) K K^T o Gamma)``."""
     Gam, _ = _decays(G, C)
-    KK = tl.dot(kk, tl.trans(kk), input_precision=PREC)
+    KK = _mm(kk, tl.trans(kk), PREC)
     r = tl.arange(0, C)
     A = tl.where(r[:, None] > r[None, :], bb[:, None] * KK * Gam, 0.0)
     return A, Gam, KK
@@ -170,8 +181,8 @@ def chunk_prep_kernel(
     A, _, _ = _inner(G, bb, kk, C, PREC)
     row = i_bh * tl.num_programs(0) * C + t0 + tl.arange(0, C)
     Ti = _unit_lower_inverse(A, Tm + (i_bh * tl.num_programs(0) * C + t0) * C, C)
-    W = tl.dot(Ti, kk * (bb * tl.exp(G))[:, None], input_precision=PREC)
-    U = tl.dot(Ti, vv * bb[:, None], input_precision=PREC)
+    W = _mm(Ti, kk * (bb * tl.exp(G))[:, None], PREC)
+    U = _mm(Ti, vv * bb[:, None], PREC)
     tl.store(Tm + row[:, None] * C + tl.arange(0, C)[None, :], Ti)
     tl.store(Wm + row[:, None] * BK + tl.arange(0, BK)[None, :], W)
     tl.store(Um + row[:, None] * VP + tl.arange(0, VP)[None, :], U)
@@ -181,10 +192,10 @@ def chunk_prep_kernel(
 def _chunk_out(qq, kk, G, W, U, M, scale, C: tl.constexpr, PREC: tl.constexpr):
     """``(O, U')`` of one chunk from the state ``M`` entering it (module docstring)."""
     Gam, _ = _decays(G, C)
-    Up = U - tl.dot(W, M, input_precision=PREC)
-    P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * Gam
-    out = tl.exp(G)[:, None] * tl.dot(qq, M, input_precision=PREC)
-    return tl.dot(P, Up, out, input_precision=PREC) * scale, Up
+    Up = U - _mm(W, M, PREC)
+    P = _mm(qq, tl.trans(kk), PREC) * Gam
+    out = tl.exp(G)[:, None] * _mm(qq, M, PREC)
+    return _mm(P, Up, PREC, out) * scale, Up
 
 
 @triton.jit
@@ -236,10 +247,10 @@ def chunk_fwd_kernel(
             out, Up = _chunk_out(qq, kk, G, W, U, M, scale, C, PREC)
             _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
         else:
-            Up = U - tl.dot(W, M, input_precision=PREC)
+            Up = U - _mm(W, M, PREC)
         GL = tl.sum(tl.where(r == C - 1, G, 0.0), 0)
         Kt = kk * tl.exp(GL - G)[:, None]
-        M = tl.dot(tl.trans(Kt), Up, M * tl.exp(GL), input_precision=PREC)
+        M = _mm(tl.trans(Kt), Up, PREC, M * tl.exp(GL))
 
 
 @triton.jit
@@ -288,10 +299,10 @@ def chunk_out_kernel(
 def _chunk_dU(qq, kk, dO, G, dM, C: tl.constexpr, PREC: tl.constexpr):
     """``(dU', P, Gamma, Kt, G_last)`` of one chunk given the gradient ``dM`` of the state leaving it."""
     Gam, GL = _decays(G, C)
-    P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * Gam
+    P = _mm(qq, tl.trans(kk), PREC) * Gam
     Kt = kk * tl.exp(GL - G)[:, None]
-    dUp = tl.dot(tl.trans(P), dO, input_precision=PREC)
-    return tl.dot(Kt, dM, dUp, input_precision=PREC), P, Gam, Kt, GL
+    dUp = _mm(tl.trans(P), dO, PREC)
+    return _mm(Kt, dM, PREC, dUp), P, Gam, Kt, GL
 
 
 @triton.jit
@@ -306,14 +317,14 @@ def _chunk_grads(
     ok = tl.arange(0, BK)
     ov = i_v * BV + tl.arange(0, BV)
     gam, eK, gC = tl.exp(G), tl.exp(GL - G), tl.exp(GL)
-    Up = U - tl.dot(W, M0, input_precision=PREC)
-    dP = tl.where(r[:, None] >= r[None, :], tl.dot(dO, tl.trans(Up), input_precision=PREC), 0.0)
+    Up = U - _mm(W, M0, PREC)
+    dP = tl.where(r[:, None] >= r[None, :], _mm(dO, tl.trans(Up), PREC), 0.0)
     dQK = dP * Gam
-    dOM = tl.dot(dO, tl.trans(M0), input_precision=PREC)
-    dqc = tl.dot(dQK, kk, gam[:, None] * dOM, input_precision=PREC)
-    dKt = tl.dot(Up, tl.trans(dM), input_precision=PREC)
-    dkc = tl.dot(tl.trans(dQK), qq, eK[:, None] * dKt, input_precision=PREC)
-    dW = -tl.dot(dUp, tl.trans(M0), input_precision=PREC)
+    dOM = _mm(dO, tl.trans(M0), PREC)
+    dqc = _mm(dQK, kk, PREC, gam[:, None] * dOM)
+    dKt = _mm(Up, tl.trans(dM), PREC)
+    dkc = _mm(tl.trans(dQK), qq, PREC, eK[:, None] * dKt)
+    dW = -_mm(dUp, tl.trans(M0), PREC)
     E = dP * P
     eKt = dKt * Kt
     # gamma_i's share through diag(gamma) Q M_0 is rowsum(dO' o gamma Q M_0) = gamma_i (q_i . dO'_i M_0^T)
@@ -390,8 +401,8 @@ def chunk_bwd_state_kernel(
             )  # fmt: skip
         else:
             tl.store(dckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], dM)
-        dM = tl.dot(tl.trans(qq * tl.exp(G)[:, None]), dO, dM * tl.exp(GL), input_precision=PREC)
-        dM = dM - tl.dot(tl.trans(W), dUp, input_precision=PREC)
+        dM = _mm(tl.trans(qq * tl.exp(G)[:, None]), dO, PREC, dM * tl.exp(GL))
+        dM = dM - _mm(tl.trans(W), dUp, PREC)
 
 
 @triton.jit
@@ -491,15 +502,15 @@ def chunk_bwd_prep_kernel(
     bg = bb * tl.exp(G)
     Xw = kk * bg[:, None]
     Xu = vv * bb[:, None]
-    dXw = tl.dot(TT, dW, input_precision=PREC)
-    dXu = tl.dot(TT, dU, input_precision=PREC)
-    dT = tl.dot(dW, tl.trans(Xw), input_precision=PREC)
-    dT = tl.dot(dU, tl.trans(Xu), dT, input_precision=PREC)
-    dA = -tl.dot(tl.dot(TT, dT, input_precision=PREC), TT, input_precision=PREC)
+    dXw = _mm(TT, dW, PREC)
+    dXu = _mm(TT, dU, PREC)
+    dT = _mm(dW, tl.trans(Xw), PREC)
+    dT = _mm(dU, tl.trans(Xu), PREC, dT)
+    dA = -_mm(_mm(TT, dT, PREC), TT, PREC)
     dA = tl.where(r[:, None] > r[None, :], dA, 0.0)
     D = dA * Gam * bb[:, None]
-    dkc = tl.dot(D, kk, dXw * bg[:, None], input_precision=PREC)
-    dkc = tl.dot(tl.trans(D), kk, dkc, input_precision=PREC)
+    dkc = _mm(D, kk, PREC, dXw * bg[:, None])
+    dkc = _mm(tl.trans(D), kk, PREC, dkc)
     dbc = tl.sum(dA * KK * Gam, 1) + tl.sum(dXu * vv, 1) + tl.sum(dXw * kk, 1) * tl.exp(G)
     EA = dA * A
     dG = tl.sum(EA, 1) - tl.sum(EA, 0) + tl.sum(dXw * Xw, 1)

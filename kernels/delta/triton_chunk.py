@@ -31,7 +31,7 @@ from kernels.delta.chunk_kernels import (
 from kernels.delta.reference import l2norm
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-PRECISIONS = ("ieee", "tf32", "tf32x3")
+PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,8 @@ class ChunkTiles:
     up to 64, else 64); ``warps`` (default 4, 8 for tiles 64 or more wide); ``stages``: Triton's software
     pipelining depth of the loops over chunks (default 2: each stage holds one chunk's tiles in shared memory); ``precision``: ``input_precision`` of
     every ``tl.dot`` (default ``"tf32x3"``, float32-accurate, for float32 inputs and ``"tf32"`` for
-    16-bit inputs; ``"ieee"``: float32 FMA); ``fused``: the sequential kernels also compute the outputs
+    16-bit inputs; ``"ieee"``: float32 FMA; ``"bf16"``: both operands rounded to bfloat16, one tensor-core
+    pass at bfloat16's rate, relative errors about 1e-2 that grow with the length); ``fused``: the sequential kernels also compute the outputs
     and gradients with the state on chip (paper 004; default), else they only carry the state, store it
     for every chunk, and per-chunk (parallel) kernels read it back for the outputs and gradients."""
 

@@ -183,6 +183,13 @@ def test_gpu_triton_chunk_tiles(tiles):
 
 
 @gpu
+def test_gpu_triton_chunk_bf16_products():
+    """``precision="bf16"`` (operands rounded to bfloat16, as fla multiplies): bfloat16 inputs within 5e-2.
+    (The interpreter's bfloat16 ``tl.dot`` is not numerically faithful, so this runs on a GPU only.)"""
+    _compare("gated_delta_rule", (2, 300, 3, 64, 64), torch.bfloat16, 5e-2, ChunkTiles(precision="bf16"), seed=7)
+
+
+@gpu
 def test_gpu_triton_chunk_in_a_cuda_graph_and_compiled():
     """Forward and backward captured in one CUDA graph replay what an eager call computes; under
     ``torch.compile`` (the custom ops) they agree with it too."""
