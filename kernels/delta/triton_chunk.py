@@ -1,12 +1,15 @@
-"""The gated delta rule (and the delta rule, ``g = 0``) on the chunkwise Triton kernels of
-``chunk_kernels.py``, forward and backward, with the inter-chunk state recurrence kept on chip.
+"""The gated delta rule, the delta rule (no decay) and DeltaProduct (``n`` steps per token) on the
+chunkwise Triton kernels of ``chunk_kernels.py``, forward and backward, with the inter-chunk state
+recurrence kept on chip.
 
 ``gated_delta_chunk``: the kernels as the custom ops ``expressivity::delta_chunk_fwd`` /
 ``delta_chunk_bwd`` with ``register_autograd`` (and the same launches as an eager ``autograd.Function``
 taking explicit ``ChunkTiles``). The forward runs ``chunk_prep_kernel`` (every chunk's ``T``, ``W``,
 ``U``, in parallel) then ``chunk_fwd_kernel`` (the chunks in order, the state on chip); the backward
 ``chunk_bwd_state_kernel`` (the chunks in reverse, the state's gradient on chip) then
-``chunk_bwd_prep_kernel`` (every chunk's ``T`` backward, in parallel). Saved for the backward: ``W, U, T``
+``chunk_bwd_prep_kernel`` (every chunk's ``T`` backward, in parallel). With ``ChunkTiles(fused=False)``
+the sequential kernels only carry the state and ``chunk_out_kernel`` / ``chunk_bwd_grads_kernel`` compute
+the outputs and gradients per chunk from the stored states. Saved for the backward: ``W, U, T``
 and the state entering every chunk (float32). ``qk_l2norm`` and the float64 -> float32 casts are torch code
 (autograd differentiates them); the output is in the dtype of ``q``, gradients in their input's dtype.
 """
@@ -38,16 +41,20 @@ PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
 class ChunkTiles:
     """Launch parameters of the chunk kernels; ``None`` takes the default for the problem.
 
-    ``chunk``: steps per chunk ``C`` (16, 32 or 64; default 64 for head dims up to 64, else 32 (the
-    sequential kernels' tiles must fit in shared memory), less for sequences shorter than that);
-    ``block_v``: value columns of the state per sequential program (a power of two; default every column
-    up to 64, else 64); ``warps`` (default 4, 8 for tiles 64 or more wide); ``stages``: Triton's software
-    pipelining depth of the loops over chunks (default 2: each stage holds one chunk's tiles in shared memory); ``precision``: ``input_precision`` of
-    every ``tl.dot`` (default ``"tf32x3"``, float32-accurate, for float32 inputs and ``"tf32"`` for
-    16-bit inputs; ``"ieee"``: float32 FMA; ``"bf16"``: both operands rounded to bfloat16, one tensor-core
-    pass at bfloat16's rate, relative errors about 1e-2 that grow with the length); ``fused``: the sequential kernels also compute the outputs
-    and gradients with the state on chip (paper 004; default), else they only carry the state, store it
-    for every chunk, and per-chunk (parallel) kernels read it back for the outputs and gradients."""
+    - ``chunk``: steps per chunk ``C``, 16, 32 or 64 (default 64 for head dims up to 64, else 32: the
+      sequential kernels' tiles must fit in shared memory; less for sequences shorter than that);
+    - ``block_v``: value columns of the state per sequential program, a power of two (default every
+      column up to 64, else 64);
+    - ``warps``: default 4, 8 for tiles 64 or more wide;
+    - ``precision``: the ``input_precision`` of every product (default ``"tf32x3"``, float32-accurate,
+      for float32 inputs and ``"tf32"`` for 16-bit inputs; ``"ieee"``: float32 FMA; ``"bf16"``: both
+      operands rounded to bfloat16, one tensor-core pass, relative errors about 1e-2 that grow with the
+      length);
+    - ``fused``: the sequential kernels also compute the outputs and gradients with the state on chip
+      (paper 004; default); ``False``: they only carry the state and store it for every chunk, and
+      per-chunk kernels read it back for the outputs and gradients;
+    - ``stages``: Triton's software pipelining depth of the loops over chunks (each stage holds one
+      chunk's tiles in shared memory)."""
 
     chunk: int | None = None
     block_v: int | None = None
@@ -69,6 +76,8 @@ class ChunkTiles:
         precision = self.precision or ("tf32x3" if dtype == torch.float32 else "tf32")
         if precision not in PRECISIONS:
             raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
+        if not isinstance(self.stages, int) or self.stages < 1:
+            raise ValueError(f"delta triton_chunk: stages must be a positive int, got {self.stages!r}")
         return C, BK, BV, VP, warps, precision
 
 

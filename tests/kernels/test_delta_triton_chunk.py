@@ -126,6 +126,8 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(block_v=32))
     with pytest.raises(ValueError, match="precision must be one of"):
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(precision="fp16"))
+    with pytest.raises(ValueError, match="stages must be a positive int, got 0"):
+        triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(stages=0))
     wide = torch.randn(1, 3, 1, 160)
     with pytest.raises(ValueError, match="head dims up to 128, got K=160"):
         triton_chunk.delta_rule(wide, wide, q, beta)
