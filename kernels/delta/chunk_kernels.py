@@ -6,7 +6,8 @@ The recurrence runs over steps ``s``: ``S_s = exp(g_s) S_{s-1} (I - beta_s k_s k
 read out at each token's last step, ``o_t = scale S_{s(t)} q_t`` (``s(t) = NSTEP t + NSTEP - 1``; a step
 that is not a token's last has ``q = 0`` inside the kernels, and its output row is dropped). Per batch
 element and head, with the state ``M = S^T (K, V)`` starting at zero, the steps cut into chunks of ``C``
-(the last one padded with identity steps: ``k = v = q = beta = g = 0``) and, inside a chunk, ``G_i = sum_{j <= i} g_j``, ``gamma_i = exp(G_i)``, ``Gamma_ij = exp(G_i - G_j)`` (``j <= i``):
+(the last one padded with identity steps: ``k = v = q = beta = g = 0``) and, inside a chunk,
+``G_i = sum_{j <= i} g_j``, ``gamma_i = exp(G_i)``, ``Gamma_ij = exp(G_i - G_j)`` (``j <= i``):
 
     A   = strictly_lower(diag(beta) (K K^T o Gamma))          T = (I + A)^-1      (C, C)
     W   = T diag(beta gamma) K   (C, K)                       U = T diag(beta) V  (C, V)
