@@ -5,10 +5,14 @@ state-tracking``). Per (task configuration, mixer, seed) the learning rate with 
 accuracy (``experiments.sweeps.results.best_over_lrs``); then per (task, mixer) and evaluation length the
 best seed (``--aggregate best``, default) or the mean over seeds.
 
-Metric (``--metric``): ``last_acc`` (accuracy at each sequence's last position, i.e. of the running
-value over the whole length; the default when the results have it), ``acc`` (mean over every scored
-position, so with dense targets it includes the positions inside the training range) or ``exact``
-(whole sequences right).
+Metric (``--metric``): ``auto`` (the default) picks per task from its declared answer layout
+(``Task.answer_positions``): ``last_acc`` (accuracy at each sequence's last scored position, i.e. of the
+label or the running value over the whole length; ``acc`` where the results lack it) for tasks whose last
+scored position holds the answer, and ``acc`` (the mean over every scored position) for tasks where each
+scored position is an answer of its own: the string-output tasks of Deletang et al. (reverse string,
+duplicate string, binary addition, ...: per output symbol, Deletang's accuracy), MQAR's queries, k-hop.
+``last_acc``, ``acc`` or ``exact`` (whole sequences right) force one metric on every task; ``acc`` on a
+task with dense targets includes the positions inside the training range.
 
 Writes into ``--out`` (default ``analysis-out/expressivity``):
 
@@ -43,8 +47,27 @@ log = logging.getLogger("analysis.expressivity")
 
 METRICS = ("auto", "last_acc", "acc", "exact")
 AGGREGATES = ("best", "mean")
-#: task families in the map's column order (then by number of classes)
-TASK_ORDER = ("parity", "modular_count", "word_problem", "modular_arithmetic", "modular_arithmetic_brackets")
+#: task families in the map's column order (then by number of classes): the state-tracking tasks, then
+#: Deletang et al.'s by level of the Chomsky hierarchy as their Table 2 (R, DCF, CS)
+TASK_ORDER = (
+    "parity",
+    "modular_count",
+    "word_problem",
+    "even_pairs",
+    "modular_arithmetic",
+    "cycle_navigation",
+    "stack_manipulation",
+    "reverse_string",
+    "modular_arithmetic_brackets",
+    "solve_equation",
+    "duplicate_string",
+    "missing_duplicate",
+    "odds_first",
+    "binary_addition",
+    "binary_multiplication",
+    "compute_sqrt",
+    "bucket_sort",
+)
 
 
 def _display_label(label: str, task: str, config: dict) -> str:
@@ -73,14 +96,35 @@ def with_model_labels(df: pd.DataFrame) -> pd.DataFrame:
     return with_layers(df).assign(mixer=model_labels(df))
 
 
+def answer_positions(task: str) -> str:
+    """The task's declared answer layout (``Task.answer_positions``: ``"last"`` or ``"every"``); ``"last"``
+    for a task this installation does not know."""
+    from tasks import TASKS
+
+    return TASKS[task].answer_positions if task in TASKS else "last"
+
+
 def pick_metric(df: pd.DataFrame, metric: str = "auto") -> str:
-    """The metric to map: ``metric``, or for ``"auto"`` ``last_acc`` when any ``len<L>/last_acc`` value exists, else ``acc``."""
+    """The metric to map for the rows ``df`` (one task): ``metric``, or for ``"auto"`` ``acc`` when the task
+    answers at every scored position (``answer_positions``), else ``last_acc`` when any ``len<L>/last_acc``
+    value exists, else ``acc``."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     if metric != "auto":
         return metric
+    if any(answer_positions(t) == "every" for t in set(df["task"].astype(str))):
+        return "acc"
     has_last = any(re.fullmatch(r"len\d+/last_acc", c) and df[c].notna().any() for c in df.columns)
     return "last_acc" if has_last else "acc"
+
+
+def metric_note(table: pd.DataFrame) -> str:
+    """The metric of ``table``'s rows in words: ``last_acc``, or ``last_acc; acc: reverse_string, ...`` when
+    tasks differ (the task labels after each metric but the most common)."""
+    counts = table.drop_duplicates("task_label")["metric"].value_counts()
+    main, others = counts.index[0], counts.index[1:]
+    notes = [f"{m}: {', '.join(dict.fromkeys(table.loc[table['metric'] == m, 'task_label']))}" for m in others]
+    return "; ".join([main, *notes])
 
 
 def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best") -> pd.DataFrame:
@@ -89,6 +133,7 @@ def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best"
     Columns: ``task``, ``task_label``, ``mixer``, ``length``, ``train_max_len``, ``factor``
     (``length / train_max_len``), ``metric``, ``value`` (the ``aggregate`` over seeds), ``best``,
     ``mean``, ``std`` (ddof 0) over seeds, ``seeds``, ``lr`` (of the best seed), ``chance``.
+    ``metric`` is ``pick_metric`` per task (``"auto"``: by the task's answer layout).
     ``ValueError`` when no finished trial has extrapolation lengths.
     """
     from experiments.sweeps.results import best_over_lrs
@@ -98,10 +143,14 @@ def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best"
     df = df[df["extrapolation"].str.strip() != ""]
     if df.empty:
         raise ValueError("no length-extrapolation trials in the results (their 'extrapolation' column is empty)")
-    metric = pick_metric(df, metric)
-    columns = {int(m.group(1)): c for c in df.columns if (m := re.fullmatch(rf"len(\d+)/{metric}", c))}
-    if not columns:
-        raise ValueError(f"the results have no len<L>/{metric} columns (metric {metric!r})")
+    metrics = {task: pick_metric(rows, metric) for task, rows in df.groupby(df["task"].astype(str), sort=False)}
+    columns = {
+        m: {int(x.group(1)): c for c in df.columns if (x := re.fullmatch(rf"len(\d+)/{m}", c))}
+        for m in set(metrics.values())
+    }
+    for m, cols in columns.items():
+        if not cols:
+            raise ValueError(f"the results have no len<L>/{m} columns (metric {m!r})")
     df = label_tasks(with_model_labels(df))
     best = best_over_lrs(df.assign(task=df["task_label"]))
     if best.empty:
@@ -111,7 +160,8 @@ def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best"
         first = df[df["task_label"] == label].iloc[0]
         config = json.loads(first["task_full_config"])
         train_max = int(config["extrapolation"]["max_len"])
-        for length, col in sorted(columns.items()):
+        metric_here = metrics[str(first["task"])]
+        for length, col in sorted(columns[metric_here].items()):
             values = group[col].dropna()
             if values.empty:
                 continue
@@ -124,7 +174,7 @@ def length_table(df: pd.DataFrame, metric: str = "auto", aggregate: str = "best"
                     "length": length,
                     "train_max_len": train_max,
                     "factor": length / train_max,
-                    "metric": metric,
+                    "metric": metric_here,
                     "best": float(values.max()),
                     "mean": float(values.mean()),
                     "std": float(values.std(ddof=0)),
@@ -247,7 +297,7 @@ def plot_map(table: pd.DataFrame, stem: Path) -> list[Path]:
         ax.set_ylabel("" if i else "mixer")
         ax.tick_params(axis="x", rotation=30)
     fig.suptitle(
-        f"numbers: accuracy (%, {table['metric'].iloc[0]}); colour: accuracy above chance; empty: not evaluated "
+        f"numbers: accuracy (%, {metric_note(table)}); colour: accuracy above chance; empty: not evaluated "
         f"near that length",
         y=1.02,
         fontsize="small",
@@ -291,7 +341,7 @@ def plot_lengths(lengths: pd.DataFrame, stem: Path) -> list[Path]:
         ax.minorticks_off()
         ax.set_title(str(task))
     grid.set(ylim=(-0.02, 1.02))
-    grid.set_axis_labels("evaluation length", f"accuracy ({lengths['metric'].iloc[0]})")
+    grid.set_axis_labels("evaluation length", f"accuracy ({metric_note(lengths)})")
     grid.figure.suptitle(
         f"dotted: longest training length; dashed: chance; lines that coincide are drawn {DODGE:g} apart",
         y=1.02,
@@ -337,7 +387,11 @@ def parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("analysis-out/expressivity"), help="output folder (default: %(default)s)"
     )
     p.add_argument(
-        "--metric", choices=METRICS, default="auto", help="accuracy reading (default: last_acc when present, else acc)"
+        "--metric",
+        choices=METRICS,
+        default="auto",
+        help="accuracy reading (default: per task, acc where every scored position is an answer (string "
+        "outputs), else last_acc when present, else acc)",
     )
     p.add_argument("--aggregate", choices=AGGREGATES, default="best", help="over seeds (default: %(default)s)")
     p.add_argument(
@@ -363,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         "%d tasks x %d mixers (%s, %s over seeds) -> %s",
         lengths["task_label"].nunique(),
         lengths["mixer"].nunique(),
-        lengths["metric"].iloc[0],
+        metric_note(lengths),
         args.aggregate,
         args.out,
     )

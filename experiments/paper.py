@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -82,14 +83,21 @@ def paper_agreement(name: str) -> tuple[float, float] | None:
     return float(tolerance["std"]), float(tolerance["min"])
 
 
-def cell_tolerance(name: str, paper_std: float) -> float | None:
-    """The agreement margin of one cell: the preset's number, ``max(k × paper_std, floor)`` under
-    ``paper_agreement`` (a missing std counts as 0), or ``None`` (the solved line decides)."""
+def tolerance_rule(name: str) -> Callable[[float], float | None]:
+    """The preset's agreement margin as a function of a cell's paper std (the preset read once): its
+    number, ``max(k × paper_std, floor)`` under ``paper_agreement`` (a missing std counts as 0), or
+    ``None`` (the solved line decides)."""
     rule = paper_agreement(name)
     if rule is None:
-        return paper_tolerance(name)
+        fixed = paper_tolerance(name)
+        return lambda paper_std: fixed
     k, floor = rule
-    return max(k * (paper_std if paper_std == paper_std else 0.0), floor)
+    return lambda paper_std: max(k * (paper_std if paper_std == paper_std else 0.0), floor)
+
+
+def cell_tolerance(name: str, paper_std: float) -> float | None:
+    """The agreement margin of one cell (``tolerance_rule``)."""
+    return tolerance_rule(name)(paper_std)
 
 
 def paper_cell(ref: Any) -> tuple[float, float, float]:
@@ -357,6 +365,7 @@ def compare(name: str, results: dict[str, pd.DataFrame], planned: dict[str, list
     variant preset's subset) has no row there, so it is not reported as missing."""
     entries = {e.entry: e for e in paper_entries(name)}
     rows = []
+    tolerance = tolerance_rule(name)
     for entry_name, df in results.items():
         entry = entries.get(entry_name)
         if entry is None:
@@ -388,7 +397,7 @@ def compare(name: str, results: dict[str, pd.DataFrame], planned: dict[str, list
                     "paper": paper_value,
                     "paper_params": paper_params,
                     "paper_std": paper_std,
-                    "tolerance": _none_to_nan(cell_tolerance(name, paper_std)),
+                    "tolerance": _none_to_nan(tolerance(paper_std)),
                 }
             )
     return pd.DataFrame(rows)
@@ -550,6 +559,7 @@ def comparison_markdown(name: str, table: pd.DataFrame, meta: dict[str, Any]) ->
     if margin is not None:
         compared = int(sum(o == o and p == p for o, p in zip(table["ours"], table["paper"])))
         lines += ["", f"{compared - len(differ)} of {compared} cells within {margin} of the paper."]
+    lines += meta.get("claims", [])  # the preset's claims checked on the cells (experiments.claims)
     lines += [
         "",
         f"Preset: `experiments/presets/{name}.yaml`. {' '.join(str(data.get('description', '')).split())}",

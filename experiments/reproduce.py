@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.claims import claims_lines
 from experiments.cli import (
     Parser,
     add_run_arguments,
@@ -214,6 +215,7 @@ def run_reproduction(
         "done": info["done"],
         "cells": info["cells"],
         "versions": trial_versions(every) or ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
+        "claims": claims_lines(name, every),
     }
     atomic_write_text(report / "reproduction.md", comparison_markdown(name, table, meta))
     atomic_write_text(report / "reproduction.csv", table.to_csv(index=False))

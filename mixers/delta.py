@@ -32,7 +32,7 @@ chunkwise form in PyTorch, any device/dtype), ``"triton"`` (our fused recurrent 
 dtype with float32 arithmetic), ``"triton_chunk"`` (our chunkwise kernels, CUDA, the input dtype with
 float32 arithmetic), ``"fla"`` (fla's chunked kernels, CUDA, computed in
 bfloat16), ``"fla_recurrent"`` (fla's fused recurrent kernel in the input dtype, CUDA; not with the
-forget gate), ``"auto"`` (``"fla"`` on CUDA when fla is importable and runs there, else ``"chunk"``).
+forget gate), ``"auto"`` (``kernels.delta.resolve_backend``: ``"triton"`` or ``"fla"`` on CUDA, else ``"chunk"``).
 """
 
 from __future__ import annotations

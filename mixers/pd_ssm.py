@@ -126,8 +126,7 @@ class PDSSM(ComplexDiag):
         if self.backend == "reference":  # dense A_t = P_t D_t with straight-through P_t
             P = F.one_hot(index, N).transpose(-1, -2).to(soft.dtype) + soft - soft.detach()  # P[m, n]
             A = P[..., None] * d[:, :, None]  # (B, L, N, N, 2): A[m, n] = P[m, n] d[n]
-            h = torch.zeros_like(x[:, 0])
-            h[:, 0, 0] = 1.0  # e_0
+            h = _e0(x[:, 0])
             states = []
             for t in range(u.shape[1]):
                 Ar, Ai, hr, hi = A[:, t, ..., 0], A[:, t, ..., 1], h[..., 0:1], h[..., 1:2]
@@ -141,12 +140,17 @@ class PDSSM(ComplexDiag):
         if torch.is_grad_enabled() and u.shape[1]:
             with torch.no_grad():
                 prev = pd_scan(index, d, x, backend=self.backend)
-            e0 = torch.zeros_like(prev[:, :1])
-            e0[..., 0, 0] = 1.0
-            prev = torch.cat([e0, prev[:, :-1]], dim=1)  # h_{t-1}, without gradient
+            prev = torch.cat([_e0(prev[:, :1]), prev[:, :-1]], dim=1)  # h_{t-1}, without gradient
             moved = multiply(d.detach(), prev)
             x = x + torch.einsum("blmn,blnc->blmc", soft - soft.detach(), moved)  # zero; soft P's gradient
         return self.readout(pd_scan(index, d, x, backend=self.backend), u)
+
+
+def _e0(like: torch.Tensor) -> torch.Tensor:
+    """The start state ``e_0`` (lane 0 real part 1) with ``like``'s shape ``(..., N, 2)``; built on the
+    device without a host copy, so CUDA-graph capturable."""
+    unit = torch.arange(like.shape[-2] * 2, device=like.device) == 0
+    return unit.to(like.dtype).view(like.shape[-2], 2).expand_as(like).clone()
 
 
 @register_mixer("pd_ssm")

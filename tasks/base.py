@@ -59,6 +59,12 @@ class Task:
 
     name: ClassVar[str]
     Config: ClassVar[type]
+    #: How the scored positions make up the answer: ``"last"`` (the last scored position holds the answer
+    #: over the whole input: a single label, or a running value whose last position is the hardest; the
+    #: ``last_acc`` metric reads it) or ``"every"`` (each scored position is an answer of its own: the
+    #: symbols of a string answered after the input, ``tasks.transduction``, or MQAR's queries; the
+    #: per-position ``acc`` averages them). The expressivity map picks its metric per task from it.
+    answer_positions: ClassVar[str] = "last"
 
     def __init__(self, **overrides: Any) -> None:
         fields = {f.name for f in dataclasses.fields(self.Config)}

@@ -54,6 +54,7 @@ class KHop(Task):
     """k-hop induction heads. Classes: V + 1 (the last is NONE), or V with ``mask_none``."""
 
     Config = KHopConfig
+    answer_positions = "every"  # each position its own hop
 
     @property
     def vocab_size(self) -> int:

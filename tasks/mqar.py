@@ -66,6 +66,7 @@ class MQAR(Task):
     """Multi-query associative recall with ``num_kv_pairs`` pairs. Classes: V."""
 
     Config = MQARConfig
+    answer_positions = "every"  # each query its own recall
 
     @property
     def chance_accuracy(self) -> float:

@@ -32,6 +32,8 @@ class Transduction(Task):
     outputs (N, output_length(n)))`` with ``-100`` at unscored output positions.
     """
 
+    answer_positions = "every"  # one answer slot per output symbol
+
     @property
     def symbols(self) -> int:
         return self.config.symbols

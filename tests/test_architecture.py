@@ -20,7 +20,7 @@ ALLOWED = {
 #: what each sub-package of ``experiments`` may import of ``experiments``: the trial path runs one way, and
 #: the modules directly in ``experiments`` (the CLIs: sweep, reproduce, probe, paper, cli) sit above them all
 EXPERIMENTS_ALLOWED = {
-    "engines": set(),  # how steps run: the CUDA-graph plugin, the captured-step hook, MPS
+    "engines": set(),  # how steps run: the CUDA-graph plugin, the compiled loss, MPS
     "trial": {"engines"},  # one trial: spec, run_trial, the LightningModule, the model, stacked trials
     "sweeps": {"trial", "engines"},  # presets, the study, workers, the runner, results
 }

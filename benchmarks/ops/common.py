@@ -99,6 +99,21 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100, devic
     return float(statistics.median(samples))
 
 
+def graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` captured in one CUDA graph (three warm-up calls on a side stream first); returns the graph's
+    ``replay``: timing it gives the GPU's time for ``fn`` without the host's launches."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def issue_times(fn: Callable[[], object], n: int, *, warmup: int = 3) -> tuple[float, float]:
     """``(host µs per call, µs per call until the GPU is done)`` over ``n`` calls of ``fn`` issued back
     to back on CUDA, synchronized only before and after (the first is the host's issue cost while the
@@ -262,11 +277,13 @@ def run(
     warm_only: bool = False,
     log: Callable[[str], None] = print,
     checkpoint: Callable[[list[BenchRow]], object] | None = None,
+    graph: bool = False,
 ) -> list[BenchRow]:
     """Check, then time, every implementation of every problem; a failing implementation gives a row
     with ``ms = nan`` and the error in ``note``. ``warm_only``: run each thunk once (compiles and
     autotunes), neither check nor time. ``checkpoint(rows)`` after every implementation (a run cut
-    short keeps what it timed)."""
+    short keeps what it timed). ``graph``: also time each thunk replayed from a CUDA graph
+    (``extra["graph_ms"]``; ``extra["graph_error"]`` where it cannot be captured)."""
     rows: list[BenchRow] = []
     for pb in problems:
         try:
@@ -286,7 +303,7 @@ def run(
             )
             continue
         for impl in impls:
-            rows += _run_impl(pb, impl, warm_only, log)
+            rows += _run_impl(pb, impl, warm_only, log, graph)
             if checkpoint is not None and not warm_only:
                 checkpoint(rows)
         del impls
@@ -295,7 +312,17 @@ def run(
     return rows
 
 
-def _run_impl(pb: Problem, impl: Impl, warm_only: bool, log) -> list[BenchRow]:
+def _graph_time(thunk: Callable[[], object], time_kw: dict) -> dict:
+    """``{"graph_ms": ...}``, or ``{"graph_error": ...}`` where the thunk cannot be captured."""
+    try:
+        return {"graph_ms": time_ms(graph_replay(thunk), **time_kw)}
+    except Exception as e:  # noqa: BLE001 - not capturable: the eager time stands alone
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return {"graph_error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
+
+
+def _run_impl(pb: Problem, impl: Impl, warm_only: bool, log, graph: bool = False) -> list[BenchRow]:
     out = []
     if impl.fwd is None and impl.fwd_bwd is None:  # not available here: a row that says why
         return [BenchRow(pb.family, impl.name, "fwd", pb.dtype, pb.dims, math.nan, section=pb.section, note=impl.note)]
@@ -310,6 +337,7 @@ def _run_impl(pb: Problem, impl: Impl, warm_only: bool, log) -> list[BenchRow]:
             if thunk is None:
                 continue
             ms = time_ms(thunk, **impl.time_kw)
+            extra = _graph_time(thunk, impl.time_kw) if graph else {}
             out.append(
                 BenchRow(
                     pb.family,
@@ -322,9 +350,13 @@ def _run_impl(pb: Problem, impl: Impl, warm_only: bool, log) -> list[BenchRow]:
                     err,
                     pb.section,
                     impl.note,
+                    extra,
                 )
             )
-            log(f"{pb.family} {dims_label(pb.dims)} {pb.dtype} {impl.name} {direction}: {ms:.4g} ms (err {err:.2g})")
+            replay = f", graph replay {extra['graph_ms']:.4g} ms" if "graph_ms" in extra else ""
+            log(
+                f"{pb.family} {dims_label(pb.dims)} {pb.dtype} {impl.name} {direction}: {ms:.4g} ms{replay} (err {err:.2g})"
+            )
     except Exception as e:  # noqa: BLE001 - a failing implementation is reported, the others still run
         msg = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
         log(f"{pb.family} {dims_label(pb.dims)} {pb.dtype} {impl.name}: {msg}")
@@ -343,6 +375,7 @@ def table(rows: Iterable[BenchRow], *, baseline: str | None = None) -> str:
     """Rows as a Markdown table (returned), with each row's time ratio to ``baseline`` (an impl name)
     at the same problem and direction, and the share of the physical limit."""
     rows = list(rows)
+    replayed = any("graph_ms" in r.extra for r in rows)
     key = lambda r: (r.section, dims_label(r.dims), r.direction, r.dtype)  # noqa: E731
     base = {key(r): r.ms for r in rows if r.impl == baseline}
     out = []
@@ -357,6 +390,7 @@ def table(rows: Iterable[BenchRow], *, baseline: str | None = None) -> str:
                 "dir": r.direction,
                 "impl": r.impl,
                 "ms": _num(r.ms, ".4g"),
+                **({"graph ms": _num(r.extra.get("graph_ms", math.nan), ".4g")} if replayed else {}),
                 f"vs {baseline or '-'}": _num(ratio, ".3g") + "x",
                 "limit ms": _num(r.limit_ms, ".4g"),
                 "limit/ms": _num(eff, ".0%"),

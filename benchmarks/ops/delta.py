@@ -26,6 +26,8 @@ every input read and the output written once (forward); three times that for for
 measured copy bandwidth. Sections: ``main`` (the state-tracking training shape in float32 and fla's own
 benchmark shapes in bfloat16, the defaults of ``--shapes``) and, with ``--sweep``, ``crossover``:
 lengths 64 to 4,096 for ``ours-triton`` and ``ours-triton-chunk`` against ``fla``: the crossover ``"auto"`` is to follow.
+``--graph`` also times every implementation replayed from a CUDA graph (the graph engine's view: the
+GPU's time without the host's launches), beside the eager time.
 """
 
 from __future__ import annotations
@@ -90,6 +92,21 @@ def inputs(op: str, batch: int, L: int, H: int, D: int, dtype: torch.dtype, devi
     return [x.to(dtype) if x.dim() >= 4 and not (op == "dplr" and i == len(xs) - 1) else x for i, x in enumerate(xs)]
 
 
+def call_tiles(op: str, stages: int):
+    """``fn(*inputs)`` running ``op`` on the fused recurrent kernel pipelined ``stages`` deep."""
+    from kernels.delta import triton_ops
+
+    tiles = triton_ops.RecurrentTiles(stages=stages)
+    fn = {
+        "delta": triton_ops.delta_rule,
+        "gated": triton_ops.gated_delta_rule,
+        "product": triton_ops.delta_product,
+    }.get(op)
+    if fn is None:
+        return lambda *t: triton_ops.dplr_delta_rule(*t, tiles=tiles)
+    return lambda *t: fn(*t, qk_l2norm=True, tiles=tiles)
+
+
 def call(op: str, backend: str):
     """``fn(*inputs)`` running ``op`` on ``backend``."""
     if op == "delta":
@@ -138,10 +155,18 @@ def _fla_triton_unguarded():
         restore()
 
 
-def implementations(op: str, names: set[str] | None = None, tiles: triton_chunk.ChunkTiles | None = None) -> dict:
+def implementations(
+    op: str,
+    names: set[str] | None = None,
+    stages: tuple[int, ...] = (),
+    tiles: triton_chunk.ChunkTiles | None = None,
+) -> dict:
     """name -> (``fn(*inputs)``, context manager factory, note) for ``op`` (``names``: only these;
-    ``tiles``: the chunk kernels' launch parameters, default ``ChunkTiles()``)."""
+    ``stages``: also ``ours-triton-sN``, the recurrent kernel pipelined ``N`` deep; ``tiles``: the chunk
+    kernels' launch parameters, default ``ChunkTiles()``)."""
     impls = {"ours-triton": (call(op, "triton"), contextlib.nullcontext, "fused recurrent")}
+    for n in stages:
+        impls[f"ours-triton-s{n}"] = (call_tiles(op, n), contextlib.nullcontext, f"loads pipelined {n} deep")
     if op != "dplr":
         tiles = tiles or triton_chunk.ChunkTiles()
         on_chip, split = _chunk(op, tiles), _chunk(op, dataclasses.replace(tiles, fused=False))
@@ -161,7 +186,8 @@ def implementations(op: str, names: set[str] | None = None, tiles: triton_chunk.
         if refused:
             unguarded = (call(op, "fla"), _fla_triton_unguarded, "fla's guard lifted (issue #640)")
             impls["fla-triton-unguarded"] = unguarded
-    return {k: v for k, v in impls.items() if names is None or k in names}
+    keep = lambda k: names is None or k in names or k.startswith("ours-triton-s")  # noqa: E731
+    return {k: v for k, v in impls.items() if keep(k)}
 
 
 def problem(op, batch, L, H, D, dtype_name, impls, bw_gbs, section="main", device="cuda") -> Problem:
@@ -215,6 +241,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--no-main", action="store_true", help="skip the main section")
     ap.add_argument(
+        "--graph",
+        action="store_true",
+        help="also time every implementation replayed from a CUDA graph (the training engine's view, no host)",
+    )
+    ap.add_argument(
+        "--stages",
+        default="",
+        help="comma-separated pipelining depths: also time ours-triton-sN with RecurrentTiles(stages=N)",
+    )
+    ap.add_argument(
         "--chunk-tiles",
         default=None,
         help="ours-triton-chunk(-split)'s ChunkTiles, e.g. chunk=32,warps=8 (fields: chunk, block_v, warps, stages, precision)",
@@ -225,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("error: the delta benchmark needs a CUDA GPU")
     names = None if args.impls is None else set(args.impls.split(","))
+    stages = tuple(int(n) for n in args.stages.split(",") if n)
     tiles = chunk_tiles(args.chunk_tiles)
     main_items = MAIN if args.shapes is None else [tuple(item.split(":")) for item in args.shapes.split(";") if item]
     bw = copy_bandwidth_gbs("cuda")
@@ -236,10 +273,10 @@ def main(argv: list[str] | None = None) -> None:
             if op not in OPS:
                 raise SystemExit(f"error: unknown op {op!r}; valid: {', '.join(OPS)}")
             dims = tuple(int(v) for v in shape.split("x"))
-            problems.append(problem(op, *dims, dtype_name, implementations(op, names, tiles), bw))
+            problems.append(problem(op, *dims, dtype_name, implementations(op, names, stages, tiles), bw))
     if args.sweep:
         sweep_names = {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "fla"}
-        sweep_impls = implementations("gated", sweep_names, tiles)
+        sweep_impls = implementations("gated", sweep_names, tiles=tiles)
         for shape, dtype_name in SWEEP:
             dims = tuple(int(v) for v in shape.split("x"))
             problems.append(problem("gated", *dims, dtype_name, sweep_impls, bw, section="crossover"))
@@ -248,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         warm_only=args.warm_only,
         log=log.info,
         checkpoint=lambda rows: write_json("delta", rows, env, args.out),
+        graph=args.graph,
     )
     finish("delta", rows, env, args, baseline="ours-triton")
 

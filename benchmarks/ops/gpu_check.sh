@@ -25,7 +25,7 @@ declare -A ARGS=(
   [fused_rnn]="${BENCH_ARGS_fused_rnn:---heads 12x64 --batches 16 --workers 8}"
   [mlstm]="${BENCH_ARGS_mlstm:---sections main --dtypes bf16,fp32 --exp-chunks 64 --sig-chunks 64 --no-fla --skip xl_chunk+bf16,limit_chunk+fp32}"
   [ssd]="${BENCH_ARGS_ssd:---states 64 --dtypes bf16 --impls ours,mamba}"
-  [delta]="${BENCH_ARGS_delta:-}"
+  [delta]="${BENCH_ARGS_delta:---stages 4 --graph}"
 )
 # mlstm_kernels' triton_xl_chunk in bfloat16 and triton_limit_chunk in float32 abort the process on triton 3.6
 declare -A LIMIT=([scan]="${LIMIT_scan:-40}" [newton]="${LIMIT_newton:-45}" [fused_rnn]="${LIMIT_fused_rnn:-80}"
@@ -40,6 +40,7 @@ if [[ " $steps " == *" tests "* ]]; then
   timeout "${TESTS_LIMIT_S:-360}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" --durations=15 -m "not slow" \
     tests/kernels tests/mixers/test_cells.py tests/mixers/test_mamba.py tests/mixers/test_mlstm_mixer.py \
     tests/mixers/test_rnn_mixers.py tests/mixers/test_signed_mamba.py tests/mixers/test_delta_mixers.py \
+    tests/mixers/test_state_tracking_mixers.py \
     > "$out/logs/tests.log" 2>&1 &
   pids+=($!)
 fi

@@ -105,7 +105,7 @@ def step_flops(spec, device: str | torch.device = "cpu", sample: int = 4096) -> 
 
     def step(tokens: torch.Tensor, targets: torch.Tensor) -> None:
         with autocast:
-            loss = module._loss(module.model(tokens), targets)
+            loss = module.loss(module.model(tokens), targets)
         loss.backward()
 
     try:

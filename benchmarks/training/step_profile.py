@@ -1,7 +1,7 @@
 """What one captured training step costs on the GPU: its kernels, their time, and the replay's time.
 
 ``profile_step(spec)`` builds the trial's model and data as ``run_trial`` does, captures one training
-step (forward, loss, backward, the step's bookkeeping of ``LitSequenceModel.record_step``, fused
+step (forward, loss, backward, the step's bookkeeping of ``CapturedSteps.record_step``, fused
 capturable AdamW: what the graph engine's CUDA graph holds) in a CUDA graph, and measures
 
 - ``kernels_per_step``: kernels one replay launches, by family (``elementwise``, ``reduction``,
@@ -92,18 +92,18 @@ def captured_step(
     ``stream``: the stream to warm up and capture on (default: a new side stream and PyTorch's shared
     capture stream); graphs that one process replays at once on several streams each need their own,
     since per-stream state such as the scan's look-back workspace is keyed on the capturing stream."""
-    from experiments.engines.captured import CapturedSteps
     from experiments.engines.cuda_graph import CUDAGraphPrecision
+    from experiments.trial.stack import build_stacked_module
     from experiments.trial.train import build_datamodule, build_module
 
     seeds = [spec.seed + k for k in range(stack)] if stack > 1 else None
     torch.manual_seed(spec.seed)
     dm = build_datamodule(spec, "cuda", stack_seeds=seeds)
     dm.setup("fit")
-    lit = build_module(spec, dm, stack_seeds=seeds).cuda()
-    lit.step_engine = CapturedSteps(compiled=compile)  # the trial's captured step: its skip flag, its loss
+    engine = "compiled" if compile else "graph"  # the trial's captured step: its skip flag, its loss
+    lit = (build_stacked_module(spec, dm, seeds, engine) if seeds else build_module(spec, dm, engine)).cuda()
     if compile:
-        lit.step_engine.compile(lit)
+        lit.compile_loss()
     opt = lit.configure_optimizers()  # the training's fused, capturable AdamW
     lit.bind_learning_rate(opt)
     tokens, targets = (t.clone() for t in dm.train_dataloader().batch(0))

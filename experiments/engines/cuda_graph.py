@@ -8,7 +8,7 @@ Lightning's precision plugin is where it decides how an optimizer step runs
 (``Precision.optimizer_step(optimizer, model, closure)``); this one runs the first ``warmup`` steps
 eagerly on a side stream (Triton compilation, the optimizer's state), captures the next step's
 closure and ``optimizer.step()`` in a graph and replays it from then on. The closure must read its
-batch from tensors that stay in place (``LitSequenceModel`` copies each batch into static buffers)
+batch from tensors that stay in place (``experiments.trial.captured`` copies each batch into static buffers)
 and must not read anything on the host. A step called with ``graph=False`` (a batch of another
 shape) runs eagerly. ``reset()`` drops the graph (captured again at the next step), e.g. after a
 mixer changed how it solves; ``stop_graphs()`` runs every later step eagerly.
@@ -76,7 +76,7 @@ class CUDAGraphPrecision(Precision):
         self.graph, self._warm = None, 0
 
     def stop_graphs(self) -> None:
-        """Drop the graph and run every later step eagerly (``experiments.engines.captured``: when captured steps keep
+        """Drop the graph and run every later step eagerly (``experiments.trial.captured``: when captured steps keep
         skipping their updates because a Newton solve fails its check)."""
         self.reset()
         self.stopped = True

@@ -4,7 +4,9 @@ the callbacks built on them. Written against Lightning 2.6 (``pyproject.toml`` p
 used here, so an upgrade that breaks one fails there first.
 
 - ``trainer.fit_loop.epoch_loop.batch_progress`` (``InterruptCheckpoint``): the batch counters that
-  schedule validations, rewritten on Ctrl-C so a resumed run takes the interrupted batch again.
+  schedule validations, rewritten on Ctrl-C inside a training step so a resumed run takes the
+  interrupted batch again; after a finished training step, Lightning's restart from a checkpoint
+  written in ``on_train_batch_end`` (``RestartStage.RESTARTED_ON_TRAIN_BATCH_END``) goes on after it.
 - ``Callback._generate_state_key`` (``TrialEarlyStopping``, ``TrialCheckpoint``): the key a callback's
   state is saved under in a checkpoint, kept the stock class's so checkpoints of either class resume.
 - ``EarlyStopping.stopping_reason`` / ``EarlyStoppingReason`` (``TrialEarlyStopping``): whether a
@@ -33,10 +35,12 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
     Other exceptions (a NaN loss, a kernel error) write nothing: such a trial is not resumed.
 
     Ctrl-C usually lands inside a training step. Lightning's batch counters then hold the interrupted
-    batch as started but not completed, and a resumed run would count it twice in the total that
+    batch as started but not processed, and a resumed run would count it twice in the total that
     schedules validations (``total.ready``) and validate one chunk early from then on. The counters are
     written as if the batch had not started: the resumed run takes it again, from the step where the
-    interruption left it (``Chunk.batches``), and validates at the uninterrupted run's steps.
+    interruption left it (``Chunk.batches``), and validates at the uninterrupted run's steps. A batch
+    whose training step had finished (Ctrl-C in ``on_train_batch_end`` or a validation) is left to
+    Lightning's own restart, which goes on after it.
     """
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
@@ -45,8 +49,9 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         # checkpoint written then could hold the best weights as the final ones.
         if isinstance(exception, KeyboardInterrupt) and trainer.state.fn == TrainerFn.FITTING:
             progress = trainer.fit_loop.epoch_loop.batch_progress
-            for count in (progress.total, progress.current):
-                count.ready = count.started = count.processed = count.completed
+            if progress.total.processed < progress.total.started:  # inside the training step
+                for count in (progress.total, progress.current):
+                    count.ready = count.started = count.processed = count.completed
             super().on_exception(trainer, pl_module, exception)
 
 

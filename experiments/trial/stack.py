@@ -30,32 +30,103 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
+from torch import nn
 
+from experiments.trial.captured import CapturedSteps
 from experiments.trial.lightning_hooks import interrupt_as_keyboard_interrupt
-from experiments.trial.lit import LitSequenceModel
-from experiments.trial.model import count_parameters
+from experiments.trial.lit import LitSequenceModel, task_metrics
+from experiments.trial.model import SequenceModel, count_parameters
 from experiments.trial.train import (
     BEST_CHECKPOINT,
     CHECKPOINT_DIR,
+    GRAPH_ENGINES,
     PROGRESS_FILE,
     RunOptions,
     TrialSpec,
     _History,
     build_datamodule,
-    build_module,
-    engine_hook,
     evaluate_test_sets,
     fit_resuming,
     fit_trainer,
     fitting,
+    module_options,
     resolve_device,
     result_row,
     steps_per_chunk,
 )
-from mixers.stacking import trial_state_dict
+from mixers.stacking import stack_trials, trial_state_dict
+from tasks import IGNORE_INDEX, SyntheticDataModule
 
 FINAL_CHECKPOINT = "final.ckpt"
+
+
+class StackedLitSequenceModel(LitSequenceModel):
+    """The trials of ``stack_seeds`` (at least two distinct seeds) trained as one stacked model
+    (``mixers.stacking``); the other arguments are ``LitSequenceModel``'s but ``grad_clip`` (it would clip
+    the trials' gradients together). Each trial's model is built after ``torch.manual_seed(seed)``, as
+    its own trial builds it; batches are ``(S, B, L)`` (row ``s``: trial ``s``'s); the loss is the sum of
+    the trials' own mean losses, so each trial's gradients are its own; validation metrics are logged
+    per trial as ``s<seed>/val/acc`` etc., ``train/loss`` is the trials' mean."""
+
+    def __init__(self, model: dict[str, Any], stack_seeds: list[int], **kwargs: Any) -> None:
+        seeds = [int(x) for x in stack_seeds]
+        if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+            raise ValueError(f"stack_seeds must be at least two distinct seeds, got {stack_seeds!r}")
+        if kwargs.get("grad_clip"):
+            raise ValueError("grad_clip clips each trial's own gradient: stacked trials (stack_seeds) cannot use it")
+        super().__init__(model, **kwargs)
+        self.save_hyperparameters({**self.hparams, "stack_seeds": seeds})
+        self.stack_seeds = seeds
+        models = []
+        for seed in seeds:
+            torch.manual_seed(seed)
+            models.append(SequenceModel(self.config))
+        self.model = stack_trials(models)  # replaces the one-trial model LitSequenceModel built
+        self.val_metrics = nn.ModuleList([task_metrics(self.config.num_classes, f"s{seed}/val") for seed in seeds])
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The sum over trials of each one's mean cross-entropy (``logits (S, B, L, C)``, ``targets (S, B, L)``)."""
+        S = logits.shape[0]
+        losses = F.cross_entropy(
+            logits.flatten(0, 2).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+        )
+        scored = (targets != IGNORE_INDEX).reshape(S, -1).sum(1)
+        return (losses.view(S, -1).sum(1) / scored).sum()
+
+    def logged_loss(self) -> torch.Tensor:
+        return self._last_loss / len(self.stack_seeds)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        tokens, targets = batch  # every trial on the same validation set
+        S = len(self.stack_seeds)
+        logits = self(tokens.expand(S, *tokens.shape))
+        preds = logits.argmax(-1)
+        for s, metrics in enumerate(self.val_metrics):
+            metrics.update(preds[s], targets)
+        loss = self.loss(logits, targets.expand(S, *targets.shape)) / S
+        self.log("val/loss", loss, on_epoch=True, batch_size=tokens.shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        for metrics in self.val_metrics:
+            self.log_dict(metrics.compute())
+            metrics.reset()
+
+
+class CapturedStackedLitSequenceModel(CapturedSteps, StackedLitSequenceModel):
+    """Stacked trials trained with captured steps (the graph engines, ``experiments.trial.captured``)."""
+
+
+def build_stacked_module(
+    spec: TrialSpec, dm: SyntheticDataModule, stack_seeds: list[int], engine: str = "eager"
+) -> StackedLitSequenceModel:
+    """The LightningModule of ``spec``'s trials of ``stack_seeds`` stacked, for ``engine``."""
+    if engine in GRAPH_ENGINES:
+        return CapturedStackedLitSequenceModel(
+            **module_options(spec, dm), stack_seeds=stack_seeds, compiled=engine == "compiled"
+        )
+    return StackedLitSequenceModel(**module_options(spec, dm), stack_seeds=stack_seeds)
 
 
 def check_stackable(specs: list[TrialSpec]) -> None:
@@ -202,8 +273,7 @@ def run_stack(
     device = f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu"
     dm = build_datamodule(spec, device, chunk, stack_seeds=seeds)
     dm.setup()
-    module = build_module(spec, dm, stack_seeds=seeds)
-    module.step_engine = engine_hook(engine)
+    module = build_stacked_module(spec, dm, seeds, engine)
     history, trials = _History(), StackedTrials(specs, dirs, report)
     trainer = fit_trainer(
         t,

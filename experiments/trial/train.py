@@ -28,8 +28,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 
-from experiments.engines.captured import CapturedSteps
 from experiments.engines.cuda_graph import CUDAGraphPrecision
+from experiments.trial.captured import CapturedLitSequenceModel, CapturedSteps
 from experiments.trial.lightning_hooks import (
     InterruptCheckpoint,
     TrialCheckpoint,
@@ -272,21 +272,27 @@ def build_datamodule(
     )
 
 
-def build_module(spec: TrialSpec, dm: SyntheticDataModule, stack_seeds: list[int] | None = None) -> LitSequenceModel:
-    """The trial's ``LitSequenceModel`` (with ``stack_seeds``: those seeds' trials as one stacked model)."""
-    config = ModelConfig.of(spec.model, dm.vocab_size, dm.num_classes)
+def module_options(spec: TrialSpec, dm: SyntheticDataModule) -> dict[str, Any]:
+    """``LitSequenceModel``'s arguments for the trial ``spec`` on ``dm``'s task."""
     t = spec.train
-    return LitSequenceModel(
-        dataclasses.asdict(config),
-        lr=spec.lr,
-        weight_decay=t.weight_decay,
-        max_steps=t.max_steps,
-        warmup_ratio=t.warmup_ratio,
-        test_set_names=tuple(dm.test_set_names),
-        stack_seeds=stack_seeds,
-        min_lr=t.min_lr,
-        grad_clip=t.grad_clip,
-    )
+    return {
+        "model": dataclasses.asdict(ModelConfig.of(spec.model, dm.vocab_size, dm.num_classes)),
+        "lr": spec.lr,
+        "weight_decay": t.weight_decay,
+        "max_steps": t.max_steps,
+        "warmup_ratio": t.warmup_ratio,
+        "test_set_names": tuple(dm.test_set_names),
+        "min_lr": t.min_lr,
+        "grad_clip": t.grad_clip,
+    }
+
+
+def build_module(spec: TrialSpec, dm: SyntheticDataModule, engine: str = "eager") -> LitSequenceModel:
+    """The trial's LightningModule for ``engine``: ``LitSequenceModel`` (eager steps), or
+    ``CapturedLitSequenceModel`` for a graph engine (``experiments.trial.captured``)."""
+    if engine in GRAPH_ENGINES:
+        return CapturedLitSequenceModel(**module_options(spec, dm), compiled=engine == "compiled")
+    return LitSequenceModel(**module_options(spec, dm))
 
 
 def newton_summary(model: torch.nn.Module) -> dict[str, Any]:
@@ -464,104 +470,89 @@ def run_trial(
             f"train option length_bucketing gives batches of many widths; engine {engine!r} captures one: "
             "use --engine eager"
         )
-    if out_dir is None:
-        with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
-            return _run_trial(
-                spec, Path(tmp), accelerator, devices, progress_bar, callbacks, "none", engine, keep=False
-            )
-    return _run_trial(
-        spec, Path(out_dir), accelerator, devices, progress_bar, callbacks, options.logger, engine, keep=True
-    )
-
-
-def _run_trial(
-    spec: TrialSpec,
-    out: Path,
-    accelerator: str,
-    devices,
-    progress_bar: bool,
-    callbacks: list[Callback] | None,
-    logger: str,
-    engine: str,
-    keep: bool,
-) -> dict[str, Any]:
-    entered = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    if keep:
-        (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
-    t = spec.train
-    chunk = steps_per_chunk(engine, t)
-    dm = build_datamodule(spec, f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu", chunk=chunk)
-    dm.setup()
-    L.seed_everything(spec.seed, workers=True, verbose=False)
-    module = build_module(spec, dm)
-    engine, engine_note = capturable_engine(engine, module.model)
-    if engine_note:
-        dm.train_chunk = chunk = 1
-    module.step_engine = engine_hook(engine)
-    history = _History()
-    checkpoints = TrialCheckpoint(  # the best weights only: kB
-        dirpath=out / CHECKPOINT_DIR,
-        filename=Path(BEST_CHECKPOINT).stem,
-        monitor="val/acc",
-        mode="max",
-        save_top_k=1,
-        save_weights_only=True,
-        auto_insert_metric_name=False,
-        enable_version_counter=False,
-    )
-    trainer = fit_trainer(
-        t,
-        out,
-        accelerator,
-        devices,
-        engine,
-        chunk,
-        logger,
-        progress_bar,
-        precision=spec.model.precision,
-        callbacks=[
-            history,
-            checkpoints,
-            TrialEarlyStopping(
-                monitor="val/acc",
-                mode="max",
-                stopping_threshold=t.early_stop_acc,
-                patience=t.plateau_steps // t.eval_every if t.plateau_steps else 10**9,
-                min_delta=t.plateau_delta if t.plateau_steps else 0.0,
-                check_on_train_epoch_end=False,
-            ),
-            *(callbacks or []),
-        ],
-    )
-    start = time.perf_counter()
-    with fitting(trainer, history, [out / PROGRESS_FILE] if keep else []):
-        resumed_from = fit_resuming(trainer, module, dm, out)
-        train_time = time.perf_counter() - start
-        final = evaluate_test_sets(trainer, module, dm)
-        best_path = checkpoints.best_model_path
-        best = evaluate_test_sets(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
-    return result_row(
-        n_params=count_parameters(module.model),
-        steps=trainer.global_step,
-        best_step=_best_step(best_path, trainer.global_step),
-        resumed_from=resumed_from,
-        module=module,
-        trainer=trainer,
-        entered=entered,
-        start=start,
-        train_time=train_time,
-        history=history,
-        # the checkpoint callback's best score survives a resume; the history holds this run's validations
-        best_val_acc=float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else float("nan"),
-        final_val_acc=history.val_acc[-1] if history.val_acc else float("nan"),
-        best=best,
-        final=final,
-        test_set_names=dm.test_set_names,
-        engine=engine,
-        engine_note=engine_note,
-        scaled=dm.task.scaled_accuracy,
-    )
+    keep = out_dir is not None  # else everything goes to a temporary folder, removed at the end
+    with contextlib.nullcontext(out_dir) if keep else tempfile.TemporaryDirectory(prefix="trial-") as folder:
+        out = Path(folder)
+        entered = time.perf_counter()
+        out.mkdir(parents=True, exist_ok=True)
+        if keep:
+            (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
+        t = spec.train
+        chunk = steps_per_chunk(engine, t)
+        dm = build_datamodule(spec, f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu", chunk=chunk)
+        dm.setup()
+        L.seed_everything(spec.seed, workers=True, verbose=False)
+        module = build_module(spec, dm, engine)
+        engine, engine_note = capturable_engine(engine, module.model)
+        if engine_note:  # a model the graph engine cannot capture: eager steps, the model built again as before
+            dm.train_chunk = chunk = 1
+            L.seed_everything(spec.seed, workers=True, verbose=False)
+            module = build_module(spec, dm, engine)
+        history = _History()
+        checkpoints = TrialCheckpoint(  # the best weights only: kB
+            dirpath=out / CHECKPOINT_DIR,
+            filename=Path(BEST_CHECKPOINT).stem,
+            monitor="val/acc",
+            mode="max",
+            save_top_k=1,
+            save_weights_only=True,
+            auto_insert_metric_name=False,
+            enable_version_counter=False,
+        )
+        trainer = fit_trainer(
+            t,
+            out,
+            accelerator,
+            devices,
+            engine,
+            chunk,
+            options.logger if keep else "none",
+            progress_bar,
+            precision=spec.model.precision,
+            callbacks=[
+                history,
+                checkpoints,
+                TrialEarlyStopping(
+                    monitor="val/acc",
+                    mode="max",
+                    stopping_threshold=t.early_stop_acc,
+                    patience=t.plateau_steps // t.eval_every if t.plateau_steps else 10**9,
+                    min_delta=t.plateau_delta if t.plateau_steps else 0.0,
+                    check_on_train_epoch_end=False,
+                ),
+                *(callbacks or []),
+            ],
+        )
+        start = time.perf_counter()
+        with fitting(trainer, history, [out / PROGRESS_FILE] if keep else []):
+            resumed_from = fit_resuming(trainer, module, dm, out)
+            train_time = time.perf_counter() - start
+            final = evaluate_test_sets(trainer, module, dm)
+            best_path = checkpoints.best_model_path
+            best = evaluate_test_sets(trainer, module, dm, ckpt_path=best_path) if best_path else dict(final)
+        return result_row(
+            n_params=count_parameters(module.model),
+            steps=trainer.global_step,
+            best_step=_best_step(best_path, trainer.global_step),
+            resumed_from=resumed_from,
+            module=module,
+            trainer=trainer,
+            entered=entered,
+            start=start,
+            train_time=train_time,
+            history=history,
+            # the checkpoint callback's best score survives a resume; the history holds this run's validations
+            best_val_acc=float(checkpoints.best_model_score)
+            if checkpoints.best_model_score is not None
+            else float("nan"),
+            final_val_acc=history.val_acc[-1] if history.val_acc else float("nan"),
+            best=best,
+            final=final,
+            test_set_names=dm.test_set_names,
+            engine=engine,
+            engine_note=engine_note,
+            scaled=dm.task.scaled_accuracy,
+        )
 
 
 def capturable_engine(engine: str, model: torch.nn.Module) -> tuple[str, str]:
@@ -575,13 +566,6 @@ def capturable_engine(engine: str, model: torch.nn.Module) -> tuple[str, str]:
             why = declared(module, "graph_note") or f"{type(module).__name__} cannot be captured in a CUDA graph"
             return "eager", f"engine {engine} -> eager: {why}"
     return engine, ""
-
-
-def engine_hook(engine: str) -> CapturedSteps | None:
-    """The hook of ``engine`` into the module (``LitSequenceModel.step_engine``): a graph engine's captured
-    steps (``experiments.engines.captured``; ``fit_trainer`` gives its Trainer the ``CUDAGraphPrecision``
-    plugin), ``None`` for eager steps."""
-    return CapturedSteps(compiled=engine == "compiled") if engine in GRAPH_ENGINES else None
 
 
 def fit_trainer(
@@ -703,9 +687,8 @@ def result_row(
         **{f"final/{k}": v for k, v in final.items()},
         **newton_summary(module.model),
     }
-    hook = module.step_engine
-    if hook is not None and hook.eager_from_step is not None:  # graph engine: captured steps kept skipping
-        result["newton/eager_from_step"] = hook.eager_from_step
+    if isinstance(module, CapturedSteps) and module.eager_from_step is not None:  # captured steps kept skipping
+        result["newton/eager_from_step"] = module.eager_from_step
     if extrap_accs:
         result["extrap/mean_acc"] = sum(extrap_accs) / len(extrap_accs)
     if scaled is not None:

@@ -23,8 +23,10 @@ Backends:
   bfloat16 (inputs cast inside, outputs cast back);
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
-- ``"auto"``: ``"fla"`` for CUDA tensors when ``fla`` is importable, else ``"chunk"`` (``"reference"``
-  for ``dplr_delta_rule``); ``"triton"`` and ``"triton_chunk"`` run when named.
+- ``"auto"``: on CUDA, ``"triton"`` up to ``AUTO_TRITON_MAX_STEPS`` steps when ``fla`` is not importable
+  or, for the gated members, when fla refuses its own gated backward on this machine (``resolve_backend``);
+  else ``"fla"`` for CUDA tensors when ``fla`` is importable, else ``"chunk"`` (``"reference"`` for
+  ``dplr_delta_rule``); ``"triton_chunk"`` runs when named.
 
 ``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
 """
@@ -92,13 +94,28 @@ def fla_available() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-def resolve_backend(op: str, backend: str, x: torch.Tensor) -> str:
+#: the longest recurrence (tokens times steps per token) ``"auto"`` gives the fused recurrent kernel: the
+#: lengths its GPU tests and timings cover (the state-tracking regime); longer ones keep the chunked forms
+AUTO_TRITON_MAX_STEPS = 1024
+
+
+def _fla_refuses_gated() -> bool:
+    from kernels.delta import fla_gated_bwd
+
+    return fla_gated_bwd.triton_refuses()
+
+
+def resolve_backend(op: str, backend: str, x: torch.Tensor, *, gated: bool = False, steps: int = 0) -> str:
     """The backend ``backend`` stands for when ``op`` runs on tensors like ``x``; one-line ``ValueError``s.
-    ``"auto"``: ``"fla"`` for CUDA tensors when fla is importable, else ``"chunk"`` (``"reference"`` for
-    ``dplr_delta_rule``). ``"triton"`` is not picked by ``"auto"`` until its crossover against fla is
-    measured on a GPU (``python -m benchmarks.ops delta --sweep``)."""
+    ``"auto"`` on CUDA: ``"triton"`` for recurrences of at most ``AUTO_TRITON_MAX_STEPS`` ``steps`` when fla
+    is not importable, or when the op is ``gated`` (a scalar decay) and fla refuses its own Triton gated
+    backward here (its gated backward then runs in PyTorch); otherwise ``"fla"`` when fla is importable.
+    Off CUDA: ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``)."""
     available = _AVAILABLE[op]
     if backend == AUTO:
+        if x.is_cuda and "triton" in available and steps <= AUTO_TRITON_MAX_STEPS:
+            if not fla_available() or (gated and _fla_refuses_gated()):
+                return "triton"
         if x.is_cuda and fla_available():
             return "fla"
         return "chunk" if "chunk" in available else "reference"
@@ -147,7 +164,7 @@ def delta_rule(q, k, v, beta, *, scale: float | None = None, qk_l2norm: bool = F
         {"q": q, "k": k, "v": v, "beta": beta},
         {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "beta": (B, L, H)},
     )
-    fn = _AVAILABLE["delta_rule"][resolve_backend("delta_rule", backend, q)]
+    fn = _AVAILABLE["delta_rule"][resolve_backend("delta_rule", backend, q, steps=L)]
     return fn(q, k, v, beta, scale=scale, qk_l2norm=qk_l2norm)
 
 
@@ -159,7 +176,7 @@ def gated_delta_rule(q, k, v, g, beta, *, scale: float | None = None, qk_l2norm:
         {"q": q, "k": k, "v": v, "g": g, "beta": beta},
         {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "g": (B, L, H), "beta": (B, L, H)},
     )
-    fn = _AVAILABLE["gated_delta_rule"][resolve_backend("gated_delta_rule", backend, q)]
+    fn = _AVAILABLE["gated_delta_rule"][resolve_backend("gated_delta_rule", backend, q, gated=True, steps=L)]
     return fn(q, k, v, g, beta, scale=scale, qk_l2norm=qk_l2norm)
 
 
@@ -174,7 +191,8 @@ def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2nor
         named,
         {"q": (B, L, H, K), "k": (B, L, n, H, K), "v": (B, L, n, H, None), "beta": (B, L, n, H), "g": (B, L, H)},
     )
-    fn = _AVAILABLE["delta_product"][resolve_backend("delta_product", backend, q)]
+    name = resolve_backend("delta_product", backend, q, gated=g is not None, steps=L * k.shape[2])
+    fn = _AVAILABLE["delta_product"][name]
     return fn(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm)
 
 
@@ -195,7 +213,7 @@ def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float 
             "w": (B, L, H, K),
         },
     )
-    name = resolve_backend("dplr_delta_rule", backend, q)
+    name = resolve_backend("dplr_delta_rule", backend, q, steps=L)
     if name == "fla":
         return _fla.dplr_delta_rule(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound)
     return _AVAILABLE["dplr_delta_rule"][name](q, k, v, a, b, w, scale=scale)

@@ -15,7 +15,8 @@ the state ``S (V, K)`` starting at zero:
     RWKV-7 (DPLR)        as given
 
 The forward runs the steps in a loop with the state tile on chip (one program per batch element, head
-and block of ``BV`` value rows: the rows of ``S`` are independent) and stores the state entering every
+and block of ``BV`` value rows: the rows of ``S`` are independent; the step loops' loads are
+software-pipelined ``STAGES`` deep) and stores the state entering every
 ``chunk``-th step (``ckpt (B H, NC, V, K)``, float32). With ``G_s = dL/dS_s`` the backward runs the
 steps in reverse:
 
@@ -81,6 +82,7 @@ def delta_recurrent_fwd_kernel(
     BV: tl.constexpr,
     NSTEP: tl.constexpr,
     CHUNK: tl.constexpr,
+    STAGES: tl.constexpr,
     HAS_W: tl.constexpr,
     SAVE: tl.constexpr,
 ):
@@ -97,7 +99,7 @@ def delta_recurrent_fwd_kernel(
     for c in range(0, NC):
         if SAVE:
             tl.store(ckpt + ((i_bh * NC + c) * V + ov[:, None]) * K + ok[None, :], S, mask=mv[:, None] & mk[None, :])
-        for s in range(c * CHUNK, tl.minimum(Ts, c * CHUNK + CHUNK)):
+        for s in tl.range(c * CHUNK, tl.minimum(Ts, c * CHUNK + CHUNK), num_stages=STAGES):
             row = (i_b * Ts + s) * H + i_h
             kk, vv, aa, bb, ew = _load_step(k, v, a, b, w, row, ok, ov, mk, mv, K, V, HAS_W)
             S = _advance(S, kk, vv, aa, bb, ew, HAS_W)
@@ -135,6 +137,7 @@ def delta_recurrent_bwd_kernel(
     BV: tl.constexpr,
     NSTEP: tl.constexpr,
     CHUNK: tl.constexpr,
+    STAGES: tl.constexpr,
     HAS_W: tl.constexpr,
 ):
     """Grid ``(cdiv(V, BV), B H)``; the steps in reverse, chunk by chunk (module docstring).
@@ -158,13 +161,13 @@ def delta_recurrent_bwd_kernel(
         s0 = c * CHUNK
         n_c = tl.minimum(CHUNK, Ts - s0)
         S = tl.load(ckpt + ((i_bh * NC + c) * V + ov[:, None]) * K + ok[None, :], mask=m2, other=0.0)
-        for j in range(0, n_c):  # the chunk's states S_{s-1}, in order, into the scratch buffer
+        for j in tl.range(0, n_c, num_stages=STAGES):  # the chunk's states S_{s-1}, in order, into the scratch buffer
             tl.store(scr + j * (BV * BK) + tile, S)
             row = (i_b * Ts + s0 + j) * H + i_h
             kk, vv, aa, bb, ew = _load_step(k, v, a, b, w, row, ok, ov, mk, mv, K, V, HAS_W)
             S = _advance(S, kk, vv, aa, bb, ew, HAS_W)
         tl.debug_barrier()
-        for jj in range(0, n_c):
+        for jj in tl.range(0, n_c, num_stages=STAGES):
             j = n_c - 1 - jj
             s = s0 + j
             Sp = tl.load(scr + j * (BV * BK) + tile)

@@ -33,25 +33,36 @@ class RecurrentTiles:
 
     ``block_v``: value rows of the state per program (a power of two; default: every row up to 64
     rows of width <= 64, else 32); ``warps`` (default: one per 256 state elements, 1 to 8);
-    ``chunk``: steps between the forward's stored states, the backward's recompute length (32)."""
+    ``chunk``: steps between the forward's stored states, the backward's recompute length (32);
+    ``stages``: software-pipelining depth of the step loops' loads (``tl.range``'s ``num_stages``; 1: none)."""
 
     block_v: int | None = None
     warps: int | None = None
     chunk: int | None = None
+    stages: int | None = None
 
-    def resolve(self, K: int, V: int) -> tuple[int, int, int, int]:
-        """``(BK, BV, warps, chunk)`` for keys of width ``K`` and values of width ``V``."""
+    def resolve(self, K: int, V: int) -> tuple[int, int, int, int, int]:
+        """``(BK, BV, warps, chunk, stages)`` for keys of width ``K`` and values of width ``V``."""
         BK = max(16, next_pow2(K))
         BV = self.block_v or min(max(16, next_pow2(V)), 64 if BK <= 64 else 32)
         warps = self.warps or max(1, min(8, BV * BK // 256))
-        return BK, BV, warps, self.chunk or 32
+        return BK, BV, warps, self.chunk or 32, self.stages or 1
 
 
 def _launch(q, v, w, nstep: int, tiles: RecurrentTiles | None) -> tuple[int, int, int, dict]:
     """``(BV, NV, chunk, constexprs)`` of both kernels' launches for these inputs and tiles."""
     K, V = q.shape[-1], v.shape[-1]
-    BK, BV, warps, chunk = (tiles or RecurrentTiles()).resolve(K, V)
-    meta = {"K": K, "V": V, "BK": BK, "BV": BV, "NSTEP": nstep, "CHUNK": chunk, "HAS_W": w is not None}
+    BK, BV, warps, chunk, stages = (tiles or RecurrentTiles()).resolve(K, V)
+    meta = {
+        "K": K,
+        "V": V,
+        "BK": BK,
+        "BV": BV,
+        "NSTEP": nstep,
+        "CHUNK": chunk,
+        "STAGES": stages,
+        "HAS_W": w is not None,
+    }
     return BV, cdiv(V, BV), chunk, {**meta, "num_warps": warps}
 
 

@@ -37,9 +37,7 @@ def _shift(t: torch.Tensor, s: int, fill: torch.Tensor) -> torch.Tensor:
 
 def _one(x: torch.Tensor) -> torch.Tensor:
     """The number 1 in ``x``'s lane format (``C = 1``: real, ``C = 2``: (1, 0))."""
-    one = torch.zeros(x.shape[-1], dtype=x.dtype, device=x.device)
-    one[0] = 1.0
-    return one
+    return (torch.arange(x.shape[-1], device=x.device) == 0).to(x.dtype)  # no host copy: capturable
 
 
 def _conj(d: torch.Tensor) -> torch.Tensor:

@@ -406,7 +406,7 @@ class CellMixer(nn.Module):
         a ``fused_apply`` without ``skip`` runs it in full); the result is the first where its residual
         passes the check, else the re-solve. Other modes: the solve
         with ``iters``. ``step_ok`` (a bool tensor) says whether the result passed the check; the
-        training step skips its parameter update when it did not (``experiments.engines.captured``), so an
+        training step skips its parameter update when it did not (``experiments.trial.captured``), so an
         unchecked trajectory is never trained on. ``graph_counts`` counts (forwards, re-solves,
         unchecked results) on the device. The sequential fallback happens outside graphs only.
         """

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis.cli import run
-from analysis.expressivity import length_table, main, map_table
+from analysis.expressivity import length_table, main, map_table, metric_note
 from analysis.tables import load_results
 
 NAN = math.nan
@@ -288,3 +288,45 @@ def test_twelve_mixers_get_colour_blind_colours_and_distinct_styles(monkeypatch)
     palette = {matplotlib.colors.to_hex(c) for c in sns.color_palette("colorblind")}
     assert len(lines) == len(names) and len(styles) == len(names)  # no two share colour and marker
     assert {colour for colour, _ in styles} <= palette  # the colour-blind palette, no hue ramp
+
+
+def test_string_answers_are_scored_per_symbol_and_labels_at_the_last_position():
+    """Reverse string answers a string after its input (``answer_positions == "every"``): its cells are the
+    per-symbol ``acc`` (Deletang's accuracy); parity's label and S3's running product keep ``last_acc``.
+    The figures name which tasks use which."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+    reverse = ("reverse_string", {}, EXTRAP_40)
+    rows = [
+        _row(*reverse, "gru", 0, 1e-3, 0.9, {40: (0.95, 0.5), 80: (0.81, 0.25), 240: (0.62, 0.0)}),
+        _row(*PARITY, "gru", 0, 1e-3, 1.0, {40: (1.0, 1.0), 80: (0.9, 0.75), 240: (0.7, 0.55)}),
+        _row(*S3, "gru", 0, 1e-3, 1.0, {40: (1.0, 1.0), 80: (0.8, 0.6), 240: (0.6, 0.3)}),
+    ]
+    lengths = length_table(pd.DataFrame(rows))
+    got = {(r.task_label, r.length): (r.metric, r.value) for r in lengths.itertuples()}
+    assert got[("reverse_string", 80)] == ("acc", 0.81) and got[("reverse_string", 240)] == ("acc", 0.62)
+    assert got[("parity", 240)] == ("last_acc", 0.55) and got[("S3 word", 80)] == ("last_acc", 0.6)
+    # Deletang's tasks after the state-tracking ones, by level of the hierarchy
+    assert list(dict.fromkeys(lengths["task_label"])) == ["parity", "S3 word", "reverse_string"]
+    assert metric_note(lengths) == "last_acc; acc: reverse_string"
+    # --metric forces one reading on every task
+    assert set(length_table(pd.DataFrame(rows), metric="last_acc")["metric"]) == {"last_acc"}
+
+
+def test_every_task_declares_its_answer_layout():
+    """A task answered at every scored position scores several positions of a sequence; Deletang's
+    string-output tasks (``tasks.transduction``) are such tasks, his label tasks are not."""
+    from tasks import TASKS, Transduction, get_task
+
+    assert {cls.answer_positions for cls in TASKS.values()} == {"last", "every"}
+    for name, cls in TASKS.items():
+        if issubclass(cls, Transduction):
+            assert cls.answer_positions == "every", name
+        if cls.answer_positions == "every":
+            task = get_task(name, seq_len=16 if name != "mqar" else 64)
+            scored = (task.generate(8, seed=3).targets != -100).sum(dim=1)
+            assert (scored > 1).any(), name
+    for name in ("even_pairs", "cycle_navigation", "missing_duplicate", "solve_equation", "parity"):
+        assert TASKS[name].answer_positions == "last", name

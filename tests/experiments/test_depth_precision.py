@@ -4,6 +4,7 @@ import dataclasses
 import sys
 import types
 
+import lightning as L
 import pandas as pd
 import pytest
 import torch
@@ -351,10 +352,13 @@ def test_one_layer_initializes_as_the_single_layer_model_did():
         torch.testing.assert_close(p, q, msg=name)
 
 
-def test_cosine_to_a_floor_and_gradient_clipping():
+@pytest.mark.parametrize("engine", ["eager", "graph"])
+def test_cosine_to_a_floor_and_gradient_clipping(engine):
     """``min_lr``: the schedule ends at ``min_lr`` (device and float forms agree step by step);
-    ``grad_clip``: the update sees a gradient of global norm at most ``grad_clip``."""
-    from experiments.trial.lit import cosine_with_warmup, cosine_with_warmup_tensor
+    ``grad_clip``: the update sees a gradient of global norm at most ``grad_clip`` (eager steps: Lightning's
+    ``configure_gradient_clipping``; captured steps: inside the step's closure)."""
+    from experiments.trial.captured import cosine_with_warmup_tensor
+    from experiments.trial.lit import cosine_with_warmup
     from experiments.trial.train import build_datamodule, build_module
 
     floor = 1e-6 / 1e-2
@@ -375,10 +379,16 @@ def test_cosine_to_a_floor_and_gradient_clipping():
     )
     dm = build_datamodule(spec)
     dm.setup("fit")
-    module = build_module(spec, dm)
-    assert module._min_ratio == pytest.approx(1e-4)
+    module = build_module(spec, dm, engine)
+    assert module.min_ratio == pytest.approx(1e-4)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
-    module.training_closure(optimizer, dm.data["train"].inputs[:8], dm.data["train"].targets[:8])
+    tokens, targets = dm.data["train"].inputs[:8], dm.data["train"].targets[:8]
+    if engine == "graph":
+        module.training_closure(optimizer, tokens, targets)
+    else:
+        module.trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+        module.loss(module(tokens), targets).backward()
+        module.configure_gradient_clipping(optimizer)
     norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.parameters() if p.grad is not None]))
     assert 0 < float(norm) <= 1e-3 * (1 + 1e-5)
 

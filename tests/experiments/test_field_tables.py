@@ -165,3 +165,5 @@ def test_quick_reproduction_writes_the_comparison(tmp_path, name, entry, mixer):
     assert list(table["entry"].unique()) == [entry] and table.set_index("mixer").loc[mixer, "seeds"] == 1
     text = (tmp_path / name / "reproduction.md").read_text()
     assert "QUICK" in text and f"| {mixer} " in text
+    if name == "zoology-mqar":  # its claims, checked on the cells of this run (experiments.claims)
+        assert "Claims, from the cells above" in text and f"| {mixer}" in text.split("Claims")[1]

@@ -30,9 +30,17 @@ def test_installed_versions_are_the_pinned_ones_with_an_upper_bound():
 
 
 def test_batch_progress_counters_are_where_interrupt_checkpoint_rewrites_them():
-    progress = lightning.Trainer(logger=False, enable_checkpointing=False).fit_loop.epoch_loop.batch_progress
+    """The counters, and Lightning's restart after a checkpoint written once a training step finished
+    (``InterruptCheckpoint`` leaves those counters to it): started and processed, not completed."""
+    loop = lightning.Trainer(logger=False, enable_checkpointing=False).fit_loop.epoch_loop
+    progress = loop.batch_progress
     for count in (progress.total, progress.current):
         assert all(isinstance(getattr(count, k), int) for k in ("ready", "started", "processed", "completed"))
+    progress.total.ready = progress.total.started = progress.total.processed = 5
+    progress.total.completed = 4
+    loop.restarting = True
+    loop.update_restart_stage()
+    assert loop.restarted_on_train_batch_end
 
 
 def test_trial_callbacks_keep_lightnings_checkpoint_keys(tmp_path):

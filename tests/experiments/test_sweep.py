@@ -219,10 +219,11 @@ def _trained_step(out) -> int:
     return max(steps, default=0)
 
 
-def _interrupt_after_training_started(out, extra=()):
+def _interrupt_after_training_started(out, extra=(), sigterm=False):
     """Start the sweep, wait until its trial has trained further than before (a new step in its
-    ``progress.csv``: progress it can see, whatever the machine's load), then Ctrl-C it; returns the exit
-    code, standard error and the step seen before the interruption."""
+    ``progress.csv``: progress it can see, whatever the machine's load), then Ctrl-C it (``sigterm``:
+    SIGTERM to the sweep's own process only, as ``kill`` sends); returns the exit code, standard error
+    and the step seen before the interruption."""
     before = _trained_step(out)
     proc = subprocess.Popen(
         _sweep_cmd(out, *extra),
@@ -238,7 +239,10 @@ def _interrupt_after_training_started(out, extra=()):
         time.sleep(0.2)
     seen = _trained_step(out)
     assert before < seen < 200, f"no training progress to interrupt (steps {before} -> {seen})"
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
+    if sigterm:
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
     _, err = proc.communicate(timeout=120)
     return proc.returncode, err, seen
 
@@ -269,6 +273,16 @@ def test_ctrl_c_three_times_then_the_sweep_finishes(tmp_path, workers):
     )
     assert steps == [["missing"]] * 3  # an interrupted cell is shown as missing, never as a result
     assert [t.state for t in plain_study(tmp_path).trials].count(TrialState.COMPLETE) == 1
+
+
+@pytest.mark.slow
+def test_sigterm_stops_workers_and_records_the_trial_as_interrupted(tmp_path):
+    """SIGTERM to the sweep's process (``kill``, ``timeout``, a scheduler) unwinds as Ctrl-C does: exit 143,
+    the worker stopped (no process left in the group), the trial recorded as interrupted."""
+    code, err, _ = _interrupt_after_training_started(tmp_path, ("--workers", "1"), sigterm=True)
+    assert code == 143, err
+    assert "interrupted: re-run the same command to resume" in err and "Traceback" not in err
+    assert [t.user_attrs.get("failure") for t in plain_study(tmp_path).trials] == ["interrupted"]
 
 
 @pytest.mark.parametrize(

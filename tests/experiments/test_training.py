@@ -8,16 +8,24 @@ import pandas as pd
 import pytest
 import torch
 
+from experiments.trial.captured import CapturedLitSequenceModel, cosine_with_warmup_tensor
 from experiments.trial.lit import (
     LastPositionAccuracy,
     LitSequenceModel,
     NonFiniteLossError,
     cosine_with_warmup,
-    cosine_with_warmup_tensor,
     last_scored,
 )
 from experiments.trial.shape import ModelShape
-from experiments.trial.train import RunOptions, TrainConfig, TrialSpec, build_datamodule, quiet_lightning, run_trial
+from experiments.trial.train import (
+    RunOptions,
+    TrainConfig,
+    TrialSpec,
+    build_datamodule,
+    module_options,
+    quiet_lightning,
+    run_trial,
+)
 
 
 def test_cosine_with_warmup():
@@ -28,22 +36,85 @@ def test_cosine_with_warmup():
     assert not math.isnan(cosine_with_warmup(5, 10, 10))
 
 
-def _small_module(max_steps: int, warmup_ratio: float):
-    from experiments.trial.train import build_module
-
-    spec = TrialSpec(
+def _tiny_spec(**train) -> TrialSpec:
+    """A GRU on parity of 8 tokens, a few batches of 8 (``train``: more ``TrainConfig`` options)."""
+    sizes = {"batch_size": 8, "train_size": 64, "val_size": 16, "test_size": 16}
+    return TrialSpec(
         task="parity",
         model=ModelShape(mixer="gru"),
         lr=3e-3,
         seed=0,
         task_options={"seq_len": 8},
-        train=TrainConfig(
-            max_steps=max_steps, warmup_ratio=warmup_ratio, batch_size=8, train_size=64, val_size=16, test_size=16
-        ),
+        train=TrainConfig(**{**sizes, **train}),
     )
+
+
+def _small_module(max_steps: int, warmup_ratio: float, engine: str = "eager", min_lr: float = 0.0):
+    from experiments.trial.train import build_module
+
+    spec = _tiny_spec(max_steps=max_steps, warmup_ratio=warmup_ratio, min_lr=min_lr)
     dm = build_datamodule(spec)
     dm.setup("fit")
-    return build_module(spec, dm)
+    return build_module(spec, dm, engine)
+
+
+def _schedule(step: int, lr: float, warmup: int, total: int, floor: float) -> float:
+    """The learning rate of step ``step`` as the step loop computed it before ``LambdaLR``: linear warm-up
+    over ``warmup`` steps, then a cosine from ``lr`` to ``floor`` (absolute) at ``total``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return lr * (floor / lr + (1 - floor / lr) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@pytest.mark.parametrize(
+    "max_steps, warmup_ratio, min_lr", [(37, 0.2, 0.0), (1, 0.0, 0.0), (101, 0.013, 1e-4), (7, 0.99, 3e-3)]
+)
+def test_the_lambda_lr_schedule_is_the_warmup_cosine_step_by_step(max_steps, warmup_ratio, min_lr):
+    """``configure_optimizers``' ``LambdaLR`` gives step ``t`` (the lr the optimizer holds when step ``t``
+    runs) the warm-up/cosine formula's value, at awkward lengths (one step, no warm-up, a floor, a floor
+    equal to ``lr``) and past ``max_steps``."""
+    lit = _small_module(max_steps, warmup_ratio, min_lr=min_lr)
+    config = lit.configure_optimizers()
+    optimizer, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert config["lr_scheduler"]["interval"] == "step"
+    warmup = max(1, int(warmup_ratio * max_steps))
+    for step in range(max_steps + 3):
+        want = _schedule(step, 3e-3, warmup, max_steps, min_lr)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(want, rel=1e-12, abs=1e-18), step
+        assert optimizer.param_groups[0]["lr"] == 3e-3 * cosine_with_warmup(step, warmup, max_steps, min_lr / 3e-3)
+        optimizer.step()
+        schedule.step()
+
+
+class _SeenLearningRates(L.Callback):
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.lrs.append(optimizer.param_groups[0]["lr"])
+
+
+def test_a_trial_steps_with_the_schedule_and_resumes_it_from_a_checkpoint_without_one(tmp_path):
+    """In a trial, optimizer step ``t`` runs at the schedule's lr of ``t``; a resume point without a
+    scheduler's state (the graph engines write none) resumes the schedule at its step."""
+    quiet_lightning()
+    spec = _tiny_spec(max_steps=13, warmup_ratio=0.3, min_lr=1e-4, train_size=40, val_size=8)
+    seen = _SeenLearningRates()
+    run_trial(spec, tmp_path, callbacks=[seen])
+    assert seen.lrs == [pytest.approx(_schedule(t, 3e-3, 3, 13, 1e-4), rel=1e-12) for t in range(13)]
+
+    lit = _small_module(13, 0.3, min_lr=1e-4)
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint["global_step"], checkpoint["lr_schedulers"] = 5, []
+    checkpoint["optimizer_states"][0]["param_groups"][0]["lr"] = 0.5
+    lit.on_load_checkpoint(checkpoint)
+    config = lit.configure_optimizers()
+    config["optimizer"].load_state_dict(checkpoint["optimizer_states"][0])
+    config["lr_scheduler"]["scheduler"].load_state_dict(checkpoint["lr_schedulers"][0])
+    for t in (5, 6):
+        assert config["optimizer"].param_groups[0]["lr"] == pytest.approx(_schedule(t, 3e-3, 3, 13, 1e-4), rel=1e-12)
+        config["lr_scheduler"]["scheduler"].step()
 
 
 @pytest.mark.parametrize("table", [True, False])
@@ -51,34 +122,35 @@ def test_the_device_learning_rate_follows_the_schedule(monkeypatch, table):
     """The lr tensor a captured step writes (a table lookup, or computed from the step counter for
     schedules too long for a table) is the float schedule's, step by step, and stays at its end value
     past ``max_steps``; both device paths give the same float32 values."""
-    import experiments.trial.lit as lit_module
+    import experiments.trial.captured as captured
 
-    monkeypatch.setattr(lit_module, "LR_TABLE_MAX_STEPS", 2**24 if table else 0)
-    lit = _small_module(max_steps=37, warmup_ratio=0.2)
-    opt = torch.optim.AdamW(lit.parameters(), lr=torch.tensor(0.0), foreach=False)
+    monkeypatch.setattr(captured, "LR_TABLE_MAX_STEPS", 2**24 if table else 0)
+    lit = _small_module(max_steps=37, warmup_ratio=0.2, engine="graph")
+    assert isinstance(lit, CapturedLitSequenceModel)
+    opt = lit.configure_optimizers()
     lit.bind_learning_rate(opt)
     assert (lit._lr_table is not None) == table
     seen = []
     for step in range(40):
-        lit._set_learning_rate(opt)
+        lit.set_learning_rate()
         seen.append(float(opt.param_groups[0]["lr"]))
         want = 3e-3 * cosine_with_warmup(min(step, 37), 7, 37)
         assert seen[-1] == pytest.approx(want, abs=3e-3 * 1e-6), step  # float32
     assert seen == [float(3e-3 * cosine_with_warmup_tensor(torch.tensor(min(s, 37)), 7, 37)) for s in range(40)]
 
 
-def test_a_non_finite_training_loss_is_caught_after_finite_ones():
-    lit = _small_module(max_steps=10, warmup_ratio=0.1)
-    opt = torch.optim.AdamW(lit.parameters(), lr=1e-3)
+@pytest.mark.parametrize("engine", ["eager", "graph"])
+def test_a_non_finite_training_loss_is_caught_after_finite_ones(engine):
+    lit = _small_module(max_steps=10, warmup_ratio=0.1, engine=engine)
     for loss in (0.7, 0.5):
-        lit.record_step(torch.tensor(loss), opt)
+        lit.keep_loss(torch.tensor(loss))
     lit._raise_if_nonfinite()
     for loss in (float("nan"), 0.4):  # later finite losses do not hide it
-        lit.record_step(torch.tensor(loss), opt)
+        lit.keep_loss(torch.tensor(loss))
     with pytest.raises(NonFiniteLossError, match="non-finite"):
         lit._raise_if_nonfinite()
-    lit = _small_module(max_steps=10, warmup_ratio=0.1)
-    lit.record_step(torch.tensor(float("inf")), opt)
+    lit = _small_module(max_steps=10, warmup_ratio=0.1, engine=engine)
+    lit.keep_loss(torch.tensor(float("inf")))
     with pytest.raises(NonFiniteLossError):
         lit._raise_if_nonfinite()
 
@@ -250,14 +322,18 @@ def test_interrupted_trial_resumes_exactly_where_it_stopped(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_inside_a_training_step_resumes_on_the_uninterrupted_schedule(tmp_path, monkeypatch, chunk, at):
     """Ctrl-C lands inside a training step (here: while step ``at`` fetches its batch), at a chunk's
-    first step or in its middle (chunks of 5 optimizer steps per Lightning step, as the graph engines
-    run them; eager here). The re-run validates at the same steps, stops at ``max_steps`` and ends
-    with the uninterrupted run's weights."""
+    first step or in its middle (chunks of 5 optimizer steps per Lightning step: the graph engines'
+    ``CapturedLitSequenceModel``, its steps eager on the CPU). The re-run validates at the same steps,
+    stops at ``max_steps`` and ends with the uninterrupted run's weights."""
     import experiments.trial.train as train_module
     from tasks.datamodule import TrainingStream
 
     quiet_lightning()
     monkeypatch.setattr(train_module, "steps_per_chunk", lambda engine, t: chunk)
+    if chunk > 1:
+        monkeypatch.setattr(
+            train_module, "build_module", lambda spec, dm, engine: CapturedLitSequenceModel(**module_options(spec, dm))
+        )
     spec = TrialSpec(
         task="parity",
         model=ModelShape(mixer="gru"),

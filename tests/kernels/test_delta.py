@@ -5,6 +5,7 @@ dispatch errors; on a GPU with flash-linear-attention, fla's kernels against the
 """
 
 import math
+import types
 
 import pytest
 import torch
@@ -211,6 +212,29 @@ def test_dispatch_errors():
     assert kd.resolve_backend("dplr_delta_rule", "auto", q) == "reference"
 
 
+@pytest.mark.parametrize(
+    "op,gated,steps,fla,refuses,expected",
+    [
+        ("delta_rule", False, 128, False, False, "triton"),  # no fla: ours up to the limit
+        ("delta_rule", False, kd.AUTO_TRITON_MAX_STEPS + 1, False, False, "chunk"),
+        ("dplr_delta_rule", False, 128, False, False, "triton"),
+        ("dplr_delta_rule", False, 4096, False, False, "reference"),
+        ("delta_rule", False, 128, True, True, "fla"),  # ungated: fla's own kernels
+        ("gated_delta_rule", True, 128, True, True, "triton"),  # fla's gated backward refused here
+        ("gated_delta_rule", True, 128, True, False, "fla"),
+        ("gated_delta_rule", True, 4096, True, True, "fla"),
+        ("delta_product", True, 256, True, True, "triton"),
+        ("delta_product", False, 256, True, True, "fla"),
+    ],
+)
+def test_auto_on_cuda_picks_by_fla_refusal_and_length(monkeypatch, op, gated, steps, fla, refuses, expected):
+    """``auto``'s table for CUDA tensors (a stand-in with ``is_cuda``; no GPU needed)."""
+    monkeypatch.setattr(kd, "fla_available", lambda: fla)
+    monkeypatch.setattr(kd, "_fla_refuses_gated", lambda: refuses)
+    cuda_like = types.SimpleNamespace(is_cuda=True)
+    assert kd.resolve_backend(op, "auto", cuda_like, gated=gated, steps=steps) == expected
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 
 
@@ -289,7 +313,7 @@ def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
 @needs_fla
 def test_gpu_fla_gated_backward_runs_our_pytorch_function_exactly_where_fla_refuses(monkeypatch):
     """fla's gated backward goes through ``fla_gated_bwd.chunk_bwd_dqkwg`` iff fla's Triton one refuses
-    (Hopper, Triton 3.4-3.7.0); either way ``backend="fla"`` trains and ``auto`` takes fla."""
+    (Hopper, Triton 3.4-3.7.0); either way ``backend="fla"`` trains; ``auto`` takes our kernel where it refuses."""
     from kernels.delta import fla_gated_bwd
 
     calls = []
@@ -300,7 +324,8 @@ def test_gpu_fla_gated_backward_runs_our_pytorch_function_exactly_where_fla_refu
     kd.gated_delta_rule(*args, backend="fla").sum().backward()
     assert bool(calls) == fla_gated_bwd.triton_refuses()
     assert all(torch.isfinite(a.grad).all() for a in args)
-    assert kd.resolve_backend("gated_delta_rule", "auto", args[0]) == "fla"
+    expected = "triton" if fla_gated_bwd.triton_refuses() else "fla"  # auto avoids fla's PyTorch fallback
+    assert kd.resolve_backend("gated_delta_rule", "auto", args[0], gated=True, steps=70) == expected
 
 
 @pytest.mark.parametrize("B,L,H,D", GPU_SHAPES)

@@ -84,7 +84,7 @@ MEMBERS = ["delta_rule", "gated_delta_rule", "delta_product", "gated_delta_produ
     [
         (2, 1, 1, 8, 8, 2, None),
         (1, 13, 3, 20, 5, 3, RecurrentTiles(chunk=4)),  # K, V not powers of two; chunks of 4 steps
-        (1, 9, 2, 16, 40, 2, RecurrentTiles(block_v=16, chunk=5)),  # three blocks of value rows
+        (1, 9, 2, 16, 40, 2, RecurrentTiles(block_v=16, chunk=5, stages=3)),  # 3 blocks of value rows, pipelined
     ],
 )
 def test_triton_equals_reference(member, B, L, H, K, V, n, tiles):
@@ -135,6 +135,17 @@ def test_gpu_triton_equals_reference(member, L, D, dtype, tol):
     B, H, n = (2, 3, 2) if L <= 130 else (1, 2, 2)
     tensors, fn = _members(B, L, H, D, D, n, seed=L + D)[member]
     _compare(member, tensors, fn, None, dtype, tol)
+
+
+@pytest.mark.parametrize("member", ["gated_delta_product", "dplr_delta_rule"])
+@pytest.mark.parametrize(
+    "tiles", [RecurrentTiles(stages=1), RecurrentTiles(stages=2), RecurrentTiles(stages=4, block_v=16, chunk=16)]
+)
+@gpu
+def test_gpu_triton_tiles_equal_reference(member, tiles):
+    """Every pipelining depth and block of value rows the benchmark may choose computes the same function."""
+    tensors, fn = _members(2, 130, 3, 64, 64, 2, seed=5)[member]
+    _compare(member, tensors, fn, tiles, torch.float32, 1e-4)
 
 
 @gpu
