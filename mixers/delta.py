@@ -29,7 +29,8 @@ them at the model level); no caches, masks or variable lengths.
 
 Backends (``kernels.delta``): ``"reference"`` (per-token loop, any device/dtype), ``"chunk"`` (the
 chunkwise form in PyTorch, any device/dtype), ``"triton"`` (our fused recurrent kernel, CUDA, the input
-dtype with float32 arithmetic), ``"fla"`` (fla's chunked kernels, CUDA, computed in
+dtype with float32 arithmetic), ``"triton_chunk"`` (our chunkwise kernels, CUDA, the input dtype with
+float32 arithmetic), ``"fla"`` (fla's chunked kernels, CUDA, computed in
 bfloat16), ``"fla_recurrent"`` (fla's fused recurrent kernel in the input dtype, CUDA; not with the
 forget gate), ``"auto"`` (``kernels.delta.resolve_backend``: ``"triton"`` or ``"fla"`` on CUDA, else ``"chunk"``).
 """
@@ -73,7 +74,8 @@ class DeltaRuleMixer(nn.Module):
     up: autotuning runs on the eager warm-up steps).
     """
 
-    BACKENDS = kernel_backends("delta_rule")  # ("auto", "reference", "chunk", "triton", "fla", "fla_recurrent")
+    # ("auto", "reference", "chunk", "triton", "triton_chunk", "fla", "fla_recurrent")
+    BACKENDS = kernel_backends("delta_rule")
 
     def __init__(
         self,

@@ -7,6 +7,11 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
 
 - ``ours-triton``: the fused recurrent Triton kernel (``kernels/delta/recurrent_kernels.py``), the
   input dtype, float32 arithmetic;
+- ``ours-triton-chunk`` (not ``dplr``): the chunkwise (WY) Triton kernels with the inter-chunk state
+  recurrence on chip (``kernels/delta/chunk_kernels.py``), the input dtype, float32 arithmetic;
+- ``ours-triton-chunk-split``: the same kernels with the recurrence only carrying the state, every
+  chunk's state stored and read back by per-chunk output and gradient kernels (``ChunkTiles(fused=False)``):
+  paper 004's baseline (``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);
 - ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``kernels/delta/fla_gated_bwd.py``'s
@@ -20,7 +25,7 @@ Every implementation is checked first, output and every input gradient, against 
 every input read and the output written once (forward); three times that for forward + backward; over the
 measured copy bandwidth. Sections: ``main`` (the state-tracking training shape in float32 and fla's own
 benchmark shapes in bfloat16, the defaults of ``--shapes``) and, with ``--sweep``, ``crossover``:
-lengths 64 to 4,096 for ``ours-triton`` against ``fla``: the crossover ``"auto"`` is to follow.
+lengths 64 to 4,096 for ``ours-triton`` and ``ours-triton-chunk`` against ``fla``: the crossover ``"auto"`` is to follow.
 ``--graph`` also times every implementation replayed from a CUDA graph (the graph engine's view: the
 GPU's time without the host's launches), beside the eager time.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import math
 
@@ -51,6 +57,7 @@ from benchmarks.ops.common import (
     write_json,
 )
 from kernels import delta as kd
+from kernels.delta import triton_chunk
 
 log = logging.getLogger("benchmarks.ops.delta")
 OPS = ("delta", "gated", "product", "dplr")
@@ -111,6 +118,33 @@ def call(op: str, backend: str):
     return lambda *t: kd.dplr_delta_rule(*t, lower_bound=-math.exp(-0.5), backend=backend)
 
 
+def _chunk(op: str, tiles: triton_chunk.ChunkTiles):
+    """``fn(*inputs)`` running ``op`` on the chunk kernels with ``tiles``."""
+    fn = {
+        "delta": triton_chunk.delta_rule,
+        "gated": triton_chunk.gated_delta_rule,
+        "product": triton_chunk.delta_product,
+    }
+    return lambda *t: fn[op](*t, qk_l2norm=True, tiles=tiles)
+
+
+def chunk_tiles(text: str | None) -> triton_chunk.ChunkTiles:
+    """``ChunkTiles`` from ``"chunk=32,warps=8,block_v=32,stages=2,precision=tf32"`` (``None``: defaults)."""
+    if not text:
+        return triton_chunk.ChunkTiles()
+    kw = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key not in ("chunk", "block_v", "warps", "stages", "precision"):
+            raise SystemExit(
+                f"error: --chunk-tiles: unknown field {key!r}; valid: chunk, block_v, warps, stages, precision"
+            )
+        if key != "precision" and not value.isdigit():
+            raise SystemExit(f"error: --chunk-tiles: {key} must be a positive int, got {value!r}")
+        kw[key] = value if key == "precision" else int(value)
+    return triton_chunk.ChunkTiles(**kw)
+
+
 @contextlib.contextmanager
 def _fla_triton_unguarded():
     """fla's Triton ``chunk_bwd_dqkwg`` runs even where fla refuses it (``lift_fla_gated_guard``)."""
@@ -121,13 +155,25 @@ def _fla_triton_unguarded():
         restore()
 
 
-def implementations(op: str, names: set[str] | None = None, stages: tuple[int, ...] = ()) -> dict:
+def implementations(
+    op: str,
+    names: set[str] | None = None,
+    stages: tuple[int, ...] = (),
+    tiles: triton_chunk.ChunkTiles | None = None,
+) -> dict:
     """name -> (``fn(*inputs)``, context manager factory, note) for ``op`` (``names``: only these;
-    ``stages``: also ``ours-triton-sN``, the recurrent kernel pipelined ``N`` deep)."""
+    ``stages``: also ``ours-triton-sN``, the recurrent kernel pipelined ``N`` deep; ``tiles``: the chunk
+    kernels' launch parameters, default ``ChunkTiles()``)."""
     impls = {"ours-triton": (call(op, "triton"), contextlib.nullcontext, "fused recurrent")}
     for n in stages:
         impls[f"ours-triton-s{n}"] = (call_tiles(op, n), contextlib.nullcontext, f"loads pipelined {n} deep")
     if op != "dplr":
+        tiles = tiles or triton_chunk.ChunkTiles()
+        on_chip, split = _chunk(op, tiles), _chunk(op, dataclasses.replace(tiles, fused=False))
+        fields = dataclasses.fields(tiles)
+        named = ", ".join(f"{f.name}={getattr(tiles, f.name)}" for f in fields if getattr(tiles, f.name) != f.default)
+        impls["ours-triton-chunk"] = (on_chip, contextlib.nullcontext, f"chunkwise, state on chip {named}".strip())
+        impls["ours-triton-chunk-split"] = (split, contextlib.nullcontext, f"chunkwise, states via HBM {named}".strip())
         impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from kernels.delta import fla_gated_bwd
@@ -190,7 +236,9 @@ def main(argv: list[str] | None = None) -> None:
         help="BxLxHxD:DTYPE:OPS items separated by ';' (default: the main section, module docstring)",
     )
     ap.add_argument("--impls", default=None, help="comma-separated implementation names (default: all)")
-    ap.add_argument("--sweep", action="store_true", help="add the crossover section (ours-triton against fla)")
+    ap.add_argument(
+        "--sweep", action="store_true", help="add the crossover section (ours-triton, ours-triton-chunk against fla)"
+    )
     ap.add_argument("--no-main", action="store_true", help="skip the main section")
     ap.add_argument(
         "--graph",
@@ -202,6 +250,11 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="comma-separated pipelining depths: also time ours-triton-sN with RecurrentTiles(stages=N)",
     )
+    ap.add_argument(
+        "--chunk-tiles",
+        default=None,
+        help="ours-triton-chunk(-split)'s ChunkTiles, e.g. chunk=32,warps=8 (fields: chunk, block_v, warps, stages, precision)",
+    )
     cli_common(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -209,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("error: the delta benchmark needs a CUDA GPU")
     names = None if args.impls is None else set(args.impls.split(","))
     stages = tuple(int(n) for n in args.stages.split(",") if n)
+    tiles = chunk_tiles(args.chunk_tiles)
     main_items = MAIN if args.shapes is None else [tuple(item.split(":")) for item in args.shapes.split(";") if item]
     bw = copy_bandwidth_gbs("cuda")
     env = environment("cuda")
@@ -219,9 +273,10 @@ def main(argv: list[str] | None = None) -> None:
             if op not in OPS:
                 raise SystemExit(f"error: unknown op {op!r}; valid: {', '.join(OPS)}")
             dims = tuple(int(v) for v in shape.split("x"))
-            problems.append(problem(op, *dims, dtype_name, implementations(op, names, stages), bw))
+            problems.append(problem(op, *dims, dtype_name, implementations(op, names, stages, tiles), bw))
     if args.sweep:
-        sweep_impls = implementations("gated", {"ours-triton", "fla"})
+        sweep_names = {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "fla"}
+        sweep_impls = implementations("gated", sweep_names, tiles=tiles)
         for shape, dtype_name in SWEEP:
             dims = tuple(int(v) for v in shape.split("x"))
             problems.append(problem("gated", *dims, dtype_name, sweep_impls, bw, section="crossover"))

@@ -16,6 +16,9 @@ Backends:
 - ``"triton"``: our fused recurrent Triton kernel, forward and backward (``recurrent_kernels.py``, the
   members mapped onto it in ``triton_ops.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs,
   float32 arithmetic and state;
+- ``"triton_chunk"`` (all but ``dplr_delta_rule``): our chunkwise (WY) Triton kernels with the
+  inter-chunk state recurrence on chip, forward and backward (``chunk_kernels.py``, host code in
+  ``triton_chunk.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs, float32 arithmetic;
 - ``"fla"``: flash-linear-attention's chunked Triton kernels (``fla.py``), CUDA only, computed in
   bfloat16 (inputs cast inside, outputs cast back);
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
@@ -23,7 +26,7 @@ Backends:
 - ``"auto"``: on CUDA, ``"triton"`` up to ``AUTO_TRITON_MAX_STEPS`` steps when ``fla`` is not importable
   or, for the gated members, when fla refuses its own gated backward on this machine (``resolve_backend``);
   else ``"fla"`` for CUDA tensors when ``fla`` is importable, else ``"chunk"`` (``"reference"`` for
-  ``dplr_delta_rule``).
+  ``dplr_delta_rule``); ``"triton_chunk"`` runs when named.
 
 ``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
 """
@@ -44,9 +47,13 @@ try:  # the Triton path needs triton importable (not on every platform)
     from kernels.delta import triton_ops as _rec
 except ImportError:  # pragma: no cover - platforms without triton
     _rec = None
+try:
+    from kernels.delta import triton_chunk as _tchunk
+except ImportError:  # pragma: no cover - platforms without triton
+    _tchunk = None
 
 AUTO = "auto"
-BACKENDS = ("reference", "chunk", "triton", "fla", "fla_recurrent")
+BACKENDS = ("reference", "chunk", "triton", "triton_chunk", "fla", "fla_recurrent")
 _AVAILABLE = {
     "delta_rule": {
         "reference": _ref.delta_rule,
@@ -72,6 +79,13 @@ if _rec is not None:  # "triton" after the PyTorch forms, before fla's
         _fast = {k: f for k, f in _fns.items() if k.startswith("fla")}
         _AVAILABLE[_op] = {**{k: f for k, f in _fns.items() if k not in _fast}, "triton": getattr(_rec, _op), **_fast}
     del _op, _fns, _fast
+if _tchunk is not None:  # "triton_chunk" after "triton", before fla's
+    for _op in ("delta_rule", "gated_delta_rule", "delta_product"):
+        _fns = _AVAILABLE[_op]
+        _fast = {k: f for k, f in _fns.items() if k.startswith("fla")}
+        _slow = {k: f for k, f in _fns.items() if k not in _fast}
+        _AVAILABLE[_op] = {**_slow, "triton_chunk": getattr(_tchunk, _op), **_fast}
+    del _op, _fns, _fast, _slow
 
 
 @functools.cache
@@ -107,9 +121,9 @@ def resolve_backend(op: str, backend: str, x: torch.Tensor, *, gated: bool = Fal
         return "chunk" if "chunk" in available else "reference"
     if backend not in available:
         raise ValueError(f"unknown {op} backend {backend!r}; valid: {', '.join([AUTO, *available])}")
-    if backend == "triton" and not triton_available(x):
+    if backend.startswith("triton") and not triton_available(x):
         raise ValueError(
-            f"{op}: backend 'triton' needs CUDA tensors (got {x.device}; on the CPU only under "
+            f"{op}: backend {backend!r} needs CUDA tensors (got {x.device}; on the CPU only under "
             "TRITON_INTERPRET=1); use 'chunk', 'reference' or 'auto'"
         )
     if backend.startswith("fla"):

@@ -196,7 +196,8 @@ def test_reference_dtypes():
 def test_dispatch_errors():
     q, k, v, beta, _ = _inputs(1, 3, 2, 4, 4)
     with pytest.raises(
-        ValueError, match="unknown delta_rule backend 'tirton'; valid: auto, reference, chunk, triton, fla"
+        ValueError,
+        match="unknown delta_rule backend 'tirton'; valid: auto, reference, chunk, triton, triton_chunk, fla",
     ):
         kd.delta_rule(q, k, v, beta, backend="tirton")
     with pytest.raises(ValueError, match="unknown gated_delta_rule backend 'fla_recurrent'"):

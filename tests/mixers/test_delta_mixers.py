@@ -39,7 +39,7 @@ def build(name, d=12, **options):
         (
             "gated_deltanet",
             {"backend": "tirton"},
-            "unknown backend 'tirton'; valid: auto, reference, chunk, triton, fla, fla_recurrent",
+            "unknown backend 'tirton'; valid: auto, reference, chunk, triton, triton_chunk, fla, fla_recurrent",
         ),
         ("gated_deltanet", {"backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
         ("deltaproduct", {"forget_gate": True, "backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
@@ -332,6 +332,8 @@ GPU_CASES = [
     ("deltaproduct", {"householders": 3, "forget_gate": True}, "chunk", 1e-4),
     ("gated_deltanet", {}, "auto", 2e-2),
     ("gated_deltanet", {"signed": True}, "chunk", 1e-4),
+    ("gated_deltanet", {"signed": True}, "triton_chunk", 1e-4),
+    ("deltaproduct", {"householders": 3, "forget_gate": True}, "triton_chunk", 1e-4),
     ("rwkv7", {}, "fla", 2e-2),
     ("rwkv7", {}, "triton", 1e-4),
 ]
@@ -429,17 +431,24 @@ def test_rwkv7_transitions_are_the_kernels_state_map():
 
 
 @pytest.mark.parametrize(
-    "name,options",
-    [("deltaproduct", {"householders": 2, "signed": True, "forget_gate": True}), ("rwkv7", {}), ("deltanet", {})],
+    "name,options,backend",
+    [
+        ("deltaproduct", {"householders": 2, "signed": True, "forget_gate": True}, "triton"),
+        ("rwkv7", {}, "triton"),
+        ("deltanet", {}, "triton"),
+        ("deltaproduct", {"householders": 2, "signed": True, "forget_gate": True}, "triton_chunk"),
+        ("gated_deltanet", {}, "triton_chunk"),
+    ],
 )
-def test_triton_backend_matches_float64_reference(name, options):
-    """Our fused recurrent kernel (``backend="triton"``; the interpreter on the CPU) in a float32 model
-    against the same weights in float64 on the reference: output, input and every parameter gradient."""
+def test_triton_backend_matches_float64_reference(name, options, backend):
+    """Our fused recurrent kernel (``backend="triton"``) and chunkwise kernels (``"triton_chunk"``; the
+    interpreter on the CPU) in a float32 model against the same weights in float64 on the reference:
+    output, input and every parameter gradient."""
     from kernels._triton import triton_available
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not triton_available(torch.empty(0, device=device)):
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     torch.manual_seed(0)
-    errors = errors_against_float64(name, options, "triton", 2, 16, 11, device)
+    errors = errors_against_float64(name, options, backend, 2, 16, 11, device)
     assert max(errors.values()) <= 1e-4, {k: f"{v:.1e}" for k, v in errors.items()}

@@ -1,0 +1,522 @@
+"""The gated delta rule over steps, chunkwise (WY / UT form), as Triton kernels with the inter-chunk state
+recurrence kept on chip (paper 004); ``triton_chunk.py`` launches them and maps the delta rule
+(no decay) and DeltaProduct (``NSTEP`` steps per token, the decay on a token's first) onto them.
+
+The recurrence runs over steps ``s``: ``S_s = exp(g_s) S_{s-1} (I - beta_s k_s k_s^T) + beta_s v_s k_s^T``,
+read out at each token's last step, ``o_t = scale S_{s(t)} q_t`` (``s(t) = NSTEP t + NSTEP - 1``; a step
+that is not a token's last has ``q = 0`` inside the kernels, and its output row is dropped). Per batch
+element and head, with the state ``M = S^T (K, V)`` starting at zero, the steps cut into chunks of ``C``
+(the last one padded with identity steps: ``k = v = q = beta = g = 0``) and, inside a chunk,
+``G_i = sum_{j <= i} g_j``, ``gamma_i = exp(G_i)``, ``Gamma_ij = exp(G_i - G_j)`` (``j <= i``):
+
+    A   = strictly_lower(diag(beta) (K K^T o Gamma))          T = (I + A)^-1      (C, C)
+    W   = T diag(beta gamma) K   (C, K)                       U = T diag(beta) V  (C, V)
+    U'  = U - W M_0                                           (pseudo-values given the chunk's start state)
+    O   = scale (diag(gamma) Q M_0 + P U')                    P = lower(Q K^T o Gamma)
+    M_C = gamma_C M_0 + Kt^T U'                               Kt = diag(gamma_C / gamma) K
+
+Kernels (``C`` rows per chunk, key tiles of ``BK >= K`` and value tiles of ``BV`` / ``VP >= V`` columns,
+powers of two; float32 intermediates with padded rows and columns):
+
+- ``chunk_prep_kernel``, grid ``(NC, B H)``: one chunk's ``T`` (forward substitution, ``C - 1`` steps on
+  the ``(C, C)`` tile), ``W`` and ``U``;
+- ``chunk_fwd_kernel``, grid ``(NV, B H)``: one program per head and block of ``BV`` value columns walks
+  the chunks in order with ``M_0`` in registers: (``OUT``) ``O``, and (``SAVE``) every chunk's ``M_0`` for
+  the backward; no state leaves the chip but the checkpoints. Without ``OUT`` (the design paper 004
+  replaces, kept to measure it) ``chunk_out_kernel``, grid ``(NC, NV, B H)``, reads the stored states
+  back for ``O``;
+- ``chunk_bwd_state_kernel``, grid ``(NV, B H)``: the chunks in reverse with ``dM`` (the gradient of the
+  chunk's end state) in registers, ``dO' = scale dO``:
+
+      dU' = P^T dO' + Kt dM                dP = lower(dO' U'^T),  dQK = dP o Gamma
+      dQ  = diag(gamma) dO' M_0^T + dQK K  dK = dQK^T Q + diag(gamma_C / gamma) U' dM^T
+      dW  = -dU' M_0^T                     dU = dU'
+      dM_0 = gamma_C dM + (diag(gamma) Q)^T dO' - W^T dU'
+
+  and the state's share of ``dG`` (the gradient of ``G``): ``rowsum(dO' o diag(gamma) Q M_0)``,
+  ``rowsum(E) - colsum(E)`` for ``E = dP o P``, ``-rowsum(U' dM^T o Kt)``, and on the chunk's last row
+  ``sum(U' dM^T o Kt) + gamma_C <dM, M_0>``. ``dQ, dK, dW, dG`` sum over value columns: written per
+  block (``NV`` leading slices, summed by the caller). Without ``GRADS`` the loop only carries ``dM``
+  (``dU'`` and the ``dM_0`` update) and stores every chunk's ``dM``; ``chunk_bwd_grads_kernel``, grid
+  ``(NC, NV, B H)``, computes the rest per chunk from the stored ``M_0`` and ``dM``;
+- ``chunk_bwd_prep_kernel``, grid ``(NC, B H)``: the chunk's ``T`` backward, with the block sums of
+  ``dW`` and the full ``dU``: ``dXw = T^T dW``, ``dXu = T^T dU``, ``dA = -strictly_lower(T^T (dW Xw^T +
+  dU Xu^T) T^T)`` (``Xw = diag(beta gamma) K``, ``Xu = diag(beta) V``), then
+
+      dK += (D + D^T) K + diag(beta gamma) dXw     D = dA o Gamma o beta (rows)
+      dV  = diag(beta) dXu
+      dbeta = rowsum(dA o K K^T o Gamma) + rowsum(dXu o V) + rowsum(dXw o K) gamma
+      dG += rowsum(dA o A) - colsum(dA o A) + rowsum(dXw o Xw)
+
+  (``dg`` is the reverse cumulative sum of ``dG`` inside each chunk, taken by the caller).
+
+The kernels' ``T`` counts steps: ``k (B, T, H, K)``, ``v (B, T, H, V)``, ``g, beta (B, T, H)`` per step,
+``q, dq (B, T / NSTEP, H, K)`` and ``o, do (B, T / NSTEP, H, V)`` per token. Inputs are read in their dtype,
+all arithmetic is float32; ``PREC`` is the ``input_precision`` of every ``tl.dot`` (``_mm``; ``"bf16"``
+rounds the operands to bfloat16). No host reads.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr, acc=None):
+    """``a @ b (+ acc)`` with float32 accumulation: ``PREC`` ``"bf16"`` rounds both operands to bfloat16 (one
+    tensor-core pass), else it is ``tl.dot``'s ``input_precision`` on the float32 operands."""
+    if PREC == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+
+@triton.jit
+def _tile(x, i_b, i_h, t0, T, H, width, C: tl.constexpr, BW: tl.constexpr, col0, NSTEP: tl.constexpr):
+    """``(pointers, mask)`` of steps ``t0 .. t0 + C`` (of ``T``) and columns ``col0 .. col0 + BW`` (of
+    ``width``) of one head of a ``(B, T / NSTEP, H, width)`` tensor of tokens: step ``t`` is row
+    ``t / NSTEP`` when it is a token's last step, else masked (``NSTEP = 1``: a tensor of steps)."""
+    t = t0 + tl.arange(0, C)
+    col = col0 + tl.arange(0, BW)
+    rows = (t < T) & (t % NSTEP == NSTEP - 1)
+    ptr = x + ((i_b * (T // NSTEP) + t[:, None] // NSTEP) * H + i_h) * width + col[None, :]
+    return ptr, rows[:, None] & (col[None, :] < width)
+
+
+@triton.jit
+def _rows(x, i_b, i_h, t0, T, H, width, C: tl.constexpr, BW: tl.constexpr, col0=0, NSTEP: tl.constexpr = 1):
+    """The ``_tile`` of ``x`` as float32, zero where masked."""
+    ptr, mask = _tile(x, i_b, i_h, t0, T, H, width, C, BW, col0, NSTEP)
+    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_rows(x, val, i_b, i_h, t0, T, H, width, C: tl.constexpr, BW: tl.constexpr, col0=0, NSTEP: tl.constexpr = 1):
+    """Store a ``(C, BW)`` tile where ``_rows`` reads it (masked rows and columns dropped)."""
+    ptr, mask = _tile(x, i_b, i_h, t0, T, H, width, C, BW, col0, NSTEP)
+    tl.store(ptr, val.to(x.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _steps(x, i_b, i_h, t0, T, H, C: tl.constexpr):
+    """One chunk of a per-step ``(B, T, H)`` tensor as a float32 vector of ``C`` (zero past ``T``)."""
+    t = t0 + tl.arange(0, C)
+    return tl.load(x + (i_b * T + t) * H + i_h, mask=t < T, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _cum_decay(g, i_b, i_h, t0, T, H, C: tl.constexpr, HAS_G: tl.constexpr):
+    """``G``: the cumulative log decay inside one chunk (zeros without ``g``), float32 ``(C,)``."""
+    if HAS_G:
+        G = tl.cumsum(_steps(g, i_b, i_h, t0, T, H, C), 0)
+    else:
+        G = tl.zeros([C], dtype=tl.float32)
+    return G
+
+
+@triton.jit
+def _decays(G, C: tl.constexpr):
+    """``(Gamma, G_last)``: ``exp(G_i - G_j)`` on and below the diagonal (zero above), and ``G_{C-1}``."""
+    r = tl.arange(0, C)
+    diff = tl.where(r[:, None] >= r[None, :], G[:, None] - G[None, :], float("-inf"))
+    return tl.exp(diff), tl.sum(tl.where(r == C - 1, G, 0.0), 0)
+
+
+@triton.jit
+def _unit_lower_inverse(A, scratch, C: tl.constexpr):
+    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile, by forward substitution over rows,
+    ``T_i = e_i - sum_{j < i} A_ij T_j``, on the transpose (``T^T``'s column ``i`` is ``e_i - T^T a_i``,
+    a reduction along rows); ``A``'s rows are read back from ``scratch`` (``C x C`` float32, row-major),
+    where ``A`` is stored first. Returns ``T``; ``scratch`` may be overwritten once this returns."""
+    r = tl.arange(0, C)
+    tile = r[:, None] * C + r[None, :]
+    tl.store(scratch + tile, A)
+    tl.debug_barrier()
+    Tt = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for i in range(1, C):
+        a_i = tl.load(scratch + i * C + r)  # row i of A, indexed by j (zero for j >= i)
+        Tt = tl.where(r[None, :] == i, Tt - tl.sum(Tt * a_i[None, :], 1)[:, None], Tt)
+    tl.debug_barrier()
+    return tl.trans(Tt)
+
+
+@triton.jit
+def _inner(G, bb, kk, C: tl.constexpr, PREC: tl.constexpr):
+    """``(A, Gamma, K K^T)`` of one chunk: ``A = strictly_lower(diag(beta) K K^T o Gamma)``."""
+    Gam, _ = _decays(G, C)
+    KK = _mm(kk, tl.trans(kk), PREC)
+    r = tl.arange(0, C)
+    A = tl.where(r[:, None] > r[None, :], bb[:, None] * KK * Gam, 0.0)
+    return A, Gam, KK
+
+
+@triton.jit
+def chunk_prep_kernel(
+    k,
+    v,
+    g,
+    beta,
+    Wm,
+    Um,
+    Tm,
+    T,
+    H,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    HAS_G: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NC, B H)``: ``T (B H, NC C, C)``, ``W (B H, NC C, BK)``, ``U (B H, NC C, VP)`` of one chunk."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_c * C
+    kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+    vv = _rows(v, i_b, i_h, t0, T, H, V, C, VP)
+    G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+    bb = _steps(beta, i_b, i_h, t0, T, H, C)
+    A, _, _ = _inner(G, bb, kk, C, PREC)
+    row = i_bh * tl.num_programs(0) * C + t0 + tl.arange(0, C)
+    Ti = _unit_lower_inverse(A, Tm + (i_bh * tl.num_programs(0) * C + t0) * C, C)
+    W = _mm(Ti, kk * (bb * tl.exp(G))[:, None], PREC)
+    U = _mm(Ti, vv * bb[:, None], PREC)
+    tl.store(Tm + row[:, None] * C + tl.arange(0, C)[None, :], Ti)
+    tl.store(Wm + row[:, None] * BK + tl.arange(0, BK)[None, :], W)
+    tl.store(Um + row[:, None] * VP + tl.arange(0, VP)[None, :], U)
+
+
+@triton.jit
+def _chunk_out(qq, kk, G, W, U, M, scale, C: tl.constexpr, PREC: tl.constexpr):
+    """``(O, U')`` of one chunk from the state ``M`` entering it (module docstring)."""
+    Gam, _ = _decays(G, C)
+    Up = U - _mm(W, M, PREC)
+    P = _mm(qq, tl.trans(kk), PREC) * Gam
+    out = tl.exp(G)[:, None] * _mm(qq, M, PREC)
+    return _mm(P, Up, PREC, out) * scale, Up
+
+
+@triton.jit
+def chunk_fwd_kernel(
+    q,
+    k,
+    g,
+    Wm,
+    Um,
+    o,
+    ckpt,
+    T,
+    H,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    NSTEP: tl.constexpr,
+    HAS_G: tl.constexpr,
+    OUT: tl.constexpr,
+    SAVE: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NV, B H)``: the chunks of one head in order, ``BV`` value columns of the state ``M (BK, BV)``
+    in registers; (``OUT``) ``o (B, T / NSTEP, H, V)``; (``SAVE``) ``ckpt (B H, NC, BK, VP)`` the state
+    entering each chunk."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC = tl.cdiv(T, C)
+    r = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    M = tl.zeros([BK, BV], dtype=tl.float32)
+    for c in range(0, NC):
+        t0 = c * C
+        if SAVE:
+            tl.store(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], M)
+        row = i_bh * NC * C + t0 + r
+        kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+        G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+        W = tl.load(Wm + row[:, None] * BK + ok[None, :])
+        U = tl.load(Um + row[:, None] * VP + ov[None, :])
+        if OUT:
+            qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
+            out, Up = _chunk_out(qq, kk, G, W, U, M, scale, C, PREC)
+            _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
+        else:
+            Up = U - _mm(W, M, PREC)
+        GL = tl.sum(tl.where(r == C - 1, G, 0.0), 0)
+        Kt = kk * tl.exp(GL - G)[:, None]
+        M = _mm(tl.trans(Kt), Up, PREC, M * tl.exp(GL))
+
+
+@triton.jit
+def chunk_out_kernel(
+    q,
+    k,
+    g,
+    Wm,
+    Um,
+    o,
+    ckpt,
+    T,
+    H,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    NSTEP: tl.constexpr,
+    HAS_G: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NC, NV, B H)``: one chunk's output from its stored entering state (the forward without the
+    on-chip recurrence: ``chunk_fwd_kernel`` with ``OUT=False`` stores the states)."""
+    i_c, i_v = tl.program_id(0), tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC = tl.num_programs(0)
+    t0 = i_c * C
+    row = i_bh * NC * C + t0 + tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    M = tl.load(ckpt + ((i_bh * NC + i_c) * BK + ok[:, None]) * VP + ov[None, :])
+    qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
+    kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+    G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+    W = tl.load(Wm + row[:, None] * BK + ok[None, :])
+    U = tl.load(Um + row[:, None] * VP + ov[None, :])
+    out, _ = _chunk_out(qq, kk, G, W, U, M, scale, C, PREC)
+    _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
+
+
+@triton.jit
+def _chunk_dU(qq, kk, dO, G, dM, C: tl.constexpr, PREC: tl.constexpr):
+    """``(dU', P, Gamma, Kt, G_last)`` of one chunk given the gradient ``dM`` of the state leaving it."""
+    Gam, GL = _decays(G, C)
+    P = _mm(qq, tl.trans(kk), PREC) * Gam
+    Kt = kk * tl.exp(GL - G)[:, None]
+    dUp = _mm(tl.trans(P), dO, PREC)
+    return _mm(Kt, dM, PREC, dUp), P, Gam, Kt, GL
+
+
+@triton.jit
+def _chunk_grads(
+    qq, kk, dO, G, W, U, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dUm, dGm, i_v, part, i_h, row, t0, T, H, BH,
+    K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, C: tl.constexpr,
+    NSTEP: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """One chunk's ``dQ``, ``dK`` (the state's part), ``dW``, ``dU = dU'`` and the state's part of ``dG``
+    (module docstring), stored: ``dq, dk`` at batch index ``part``, ``dW, dG`` in slice ``i_v``."""
+    r = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    gam, eK, gC = tl.exp(G), tl.exp(GL - G), tl.exp(GL)
+    Up = U - _mm(W, M0, PREC)
+    dP = tl.where(r[:, None] >= r[None, :], _mm(dO, tl.trans(Up), PREC), 0.0)
+    dQK = dP * Gam
+    dOM = _mm(dO, tl.trans(M0), PREC)
+    dqc = _mm(dQK, kk, PREC, gam[:, None] * dOM)
+    dKt = _mm(Up, tl.trans(dM), PREC)
+    dkc = _mm(tl.trans(dQK), qq, PREC, eK[:, None] * dKt)
+    dW = -_mm(dUp, tl.trans(M0), PREC)
+    E = dP * P
+    eKt = dKt * Kt
+    # gamma_i's share through diag(gamma) Q M_0 is rowsum(dO' o gamma Q M_0) = gamma_i (q_i . dO'_i M_0^T)
+    dG = gam * tl.sum(qq * dOM, 1) + tl.sum(E, 1) - tl.sum(E, 0) - tl.sum(eKt, 1)
+    last = tl.sum(tl.sum(eKt, 1), 0) + gC * tl.sum(tl.sum(dM * M0, 1), 0)
+    dG += tl.where(r == C - 1, last, 0.0)
+    _store_rows(dq, dqc, part, i_h, t0, T, H, K, C, BK, 0, NSTEP)
+    _store_rows(dk, dkc, part, i_h, t0, T, H, K, C, BK)
+    part_row = i_v.to(tl.int64) * BH * (tl.cdiv(T, C) * C) + row  # row of this block's slice of dW, dG
+    tl.store(dWm + part_row[:, None] * BK + ok[None, :], dW)
+    tl.store(dUm + row[:, None] * VP + ov[None, :], dUp)
+    tl.store(dGm + part_row, dG)
+
+
+@triton.jit
+def chunk_bwd_state_kernel(
+    q,
+    k,
+    g,
+    Wm,
+    Um,
+    ckpt,
+    do,
+    dckpt,
+    dq,
+    dk,
+    dWm,
+    dUm,
+    dGm,
+    B,
+    T,
+    H,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    NSTEP: tl.constexpr,
+    HAS_G: tl.constexpr,
+    GRADS: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NV, B H)``: the chunks of one head in reverse, ``dM (BK, BV)`` in registers (module
+    docstring). ``GRADS``: also every chunk's gradients (``_chunk_grads``; per block of value columns,
+    leading ``NV``: ``dq (NV, B, T / NSTEP, H, K)``, ``dk (NV, B, T, H, K)``, ``dW (NV, B H, NC C, BK)``,
+    ``dG (NV, B H, NC C)``; ``dU (B H, NC C, VP)`` at the block's columns); else the gradient of the state
+    leaving each chunk, ``dckpt (B H, NC, BK, VP)``, for ``chunk_bwd_grads_kernel``."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC = tl.cdiv(T, C)
+    r = tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    dM = tl.zeros([BK, BV], dtype=tl.float32)
+    for cc in range(0, NC):
+        c = NC - 1 - cc
+        t0 = c * C
+        row = i_bh * NC * C + t0 + r
+        qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
+        kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+        dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
+        G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+        W = tl.load(Wm + row[:, None] * BK + ok[None, :])
+        dUp, P, Gam, Kt, GL = _chunk_dU(qq, kk, dO, G, dM, C, PREC)
+        if GRADS:
+            M0 = tl.load(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :])
+            U = tl.load(Um + row[:, None] * VP + ov[None, :])
+            _chunk_grads(
+                qq, kk, dO, G, W, U, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dUm, dGm, i_v, i_v * B + i_b,
+                i_h, row, t0, T, H, B * H, K, BK, BV, VP, C, NSTEP, PREC,
+            )  # fmt: skip
+        else:
+            tl.store(dckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], dM)
+        dM = _mm(tl.trans(qq * tl.exp(G)[:, None]), dO, PREC, dM * tl.exp(GL))
+        dM = dM - _mm(tl.trans(W), dUp, PREC)
+
+
+@triton.jit
+def chunk_bwd_grads_kernel(
+    q,
+    k,
+    g,
+    Wm,
+    Um,
+    ckpt,
+    do,
+    dckpt,
+    dq,
+    dk,
+    dWm,
+    dUm,
+    dGm,
+    B,
+    T,
+    H,
+    scale,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    NSTEP: tl.constexpr,
+    HAS_G: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NC, NV, B H)``: one chunk's gradients (``_chunk_grads``) from its stored entering state and
+    the stored gradient of its leaving state (the backward without the on-chip recurrence)."""
+    i_c, i_v = tl.program_id(0), tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC = tl.num_programs(0)
+    t0 = i_c * C
+    row = i_bh * NC * C + t0 + tl.arange(0, C)
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    at = ((i_bh * NC + i_c) * BK + ok[:, None]) * VP + ov[None, :]
+    M0, dM = tl.load(ckpt + at), tl.load(dckpt + at)
+    qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
+    kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+    dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
+    G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+    W = tl.load(Wm + row[:, None] * BK + ok[None, :])
+    U = tl.load(Um + row[:, None] * VP + ov[None, :])
+    dUp, P, Gam, Kt, GL = _chunk_dU(qq, kk, dO, G, dM, C, PREC)
+    _chunk_grads(
+        qq, kk, dO, G, W, U, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dUm, dGm, i_v, i_v * B + i_b,
+        i_h, row, t0, T, H, B * H, K, BK, BV, VP, C, NSTEP, PREC,
+    )  # fmt: skip
+
+
+@triton.jit
+def chunk_bwd_prep_kernel(
+    k,
+    v,
+    g,
+    beta,
+    Tm,
+    dWm,
+    dUm,
+    dk,
+    dv,
+    dbeta,
+    dGm,
+    T,
+    H,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    VP: tl.constexpr,
+    C: tl.constexpr,
+    HAS_G: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Grid ``(NC, B H)``: the backward of one chunk's ``T``, ``W``, ``U`` (module docstring) from ``dW``
+    (summed over value blocks) and ``dU``: ``dk (B, T, H, K)``, ``dv (B, T, H, V)``, ``dbeta (B, T, H)``
+    (float32) and this part of ``dG (B H, NC C)``."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0 = i_c * C
+    r = tl.arange(0, C)
+    row = i_bh * tl.num_programs(0) * C + t0 + r
+    kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
+    vv = _rows(v, i_b, i_h, t0, T, H, V, C, VP)
+    G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
+    bb = _steps(beta, i_b, i_h, t0, T, H, C)
+    A, Gam, KK = _inner(G, bb, kk, C, PREC)
+    TT = tl.trans(tl.load(Tm + row[:, None] * C + r[None, :]))
+    dW = tl.load(dWm + row[:, None] * BK + tl.arange(0, BK)[None, :])
+    dU = tl.load(dUm + row[:, None] * VP + tl.arange(0, VP)[None, :])
+    bg = bb * tl.exp(G)
+    Xw = kk * bg[:, None]
+    Xu = vv * bb[:, None]
+    dXw = _mm(TT, dW, PREC)
+    dXu = _mm(TT, dU, PREC)
+    dT = _mm(dW, tl.trans(Xw), PREC)
+    dT = _mm(dU, tl.trans(Xu), PREC, dT)
+    dA = -_mm(_mm(TT, dT, PREC), TT, PREC)
+    dA = tl.where(r[:, None] > r[None, :], dA, 0.0)
+    D = dA * Gam * bb[:, None]
+    dkc = _mm(D, kk, PREC, dXw * bg[:, None])
+    dkc = _mm(tl.trans(D), kk, PREC, dkc)
+    dbc = tl.sum(dA * KK * Gam, 1) + tl.sum(dXu * vv, 1) + tl.sum(dXw * kk, 1) * tl.exp(G)
+    EA = dA * A
+    dG = tl.sum(EA, 1) - tl.sum(EA, 0) + tl.sum(dXw * Xw, 1)
+    _store_rows(dk, dkc, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dv, dXu * bb[:, None], i_b, i_h, t0, T, H, V, C, VP)
+    t = t0 + r
+    tl.store(dbeta + (i_b * T + t) * H + i_h, dbc, mask=t < T)
+    tl.store(dGm + row, dG)

@@ -1,0 +1,238 @@
+"""The delta family's chunkwise Triton kernels (``backend="triton_chunk"``: ``kernels/delta/chunk_kernels.py``,
+host code in ``triton_chunk.py``) against the float64 per-token references (themselves checked against dense
+transition matrices in ``test_delta.py``): the output and every input gradient of the delta rule, the
+gated delta rule and DeltaProduct (3 Householder steps per token, with and without decay), at lengths that leave a partial last chunk, several chunks, key and value widths that are
+not powers of two and several blocks of value columns, with the outputs and gradients computed in the sequential kernels (state on chip) and
+in per-chunk kernels from stored states (``ChunkTiles(fused=False)``); outputs and intermediates poisoned with NaN; the
+custom ops under ``opcheck`` and through their registered autograd. On the CPU the kernels run in the
+interpreter at small shapes; on a GPU (``-m gpu``) compiled, at lengths up to 1,024 and head dims 16 to 128,
+in float32 and bfloat16, captured in a CUDA graph and under ``torch.compile``.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import delta as kd
+from kernels._triton import poisoned, triton_available
+from kernels.delta import triton_chunk
+from kernels.delta.triton_chunk import ChunkTiles, delta_chunk_fwd
+
+F64 = torch.float64
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not triton_available(torch.empty(0, device=DEVICE)), reason="needs CUDA or TRITON_INTERPRET=1"
+)
+MEMBERS = ["delta_rule", "gated_delta_rule", "delta_product", "gated_delta_product"]
+
+
+def _inputs(member, B, L, H, K, V, seed, n=3):
+    """Random inputs like the mixers' (beta in [0, 2], log decays in [-1, 0]); the delta rule with keys
+    of norm 3 and ``qk_l2norm``, the others with unit keys and no normalisation; ``n`` Householder steps."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
+    u = lambda *s: torch.rand(*s, generator=gen, dtype=F64)  # noqa: E731
+    q, k, v, beta = r(B, L, H, K), F.normalize(r(B, L, H, K), dim=-1), r(B, L, H, V), 2 * u(B, L, H)
+    kn, vn, bn = F.normalize(r(B, L, n, H, K), dim=-1), r(B, L, n, H, V), 2 * u(B, L, n, H)
+    return {
+        "delta_rule": ([q, 3 * k, v, beta], {"qk_l2norm": True}),
+        "gated_delta_rule": ([q, k, v, -u(B, L, H), beta], {}),
+        "delta_product": ([q, kn, vn, bn], {}),
+        "gated_delta_product": ([q, kn, vn, bn, -u(B, L, H)], {}),
+    }[member]
+
+
+def _run(member, xs, kw, backend, tiles=None):
+    name = "delta_product" if member == "gated_delta_product" else member
+    if tiles is not None:  # explicit tiles: the member's function in triton_chunk.py
+        return getattr(triton_chunk, name)(*xs, tiles=tiles, **kw)
+    return getattr(kd, name)(*xs, backend=backend, **kw)
+
+
+def rel(x, y, floor=0.0):
+    x, y = x.detach().double(), y.detach().double()
+    return float((x - y).norm() / max(float(y.norm()), floor, 1e-30))
+
+
+def _compare(member, shape, dtype, tol, tiles=None, seed=0):
+    """``triton_chunk`` on ``dtype`` copies against the reference on float64 copies: output and every gradient
+    (errors relative to the norm of the reference, gradients to at least 1% of the largest gradient's)."""
+    tensors, kw = _inputs(member, *shape, seed=seed)
+    fast = [t.to(DEVICE, dtype).requires_grad_() for t in tensors]
+    slow = [t.to(DEVICE).requires_grad_() for t in tensors]
+    with poisoned():
+        o_fast = _run(member, fast, kw, "triton_chunk", tiles)
+    o_ref = _run(member, slow, kw, "reference")
+    do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=F64).to(DEVICE)
+    with poisoned():
+        g_fast = torch.autograd.grad(o_fast, fast, do.to(dtype))
+    g_ref = torch.autograd.grad(o_ref, slow, do)
+    assert o_fast.dtype == dtype and all(g.dtype == dtype for g in g_fast)
+    floor = 1e-2 * max(float(b.norm()) for b in g_ref)
+    errors = {"out": rel(o_fast, o_ref), **{f"d{i}": rel(a, b, floor) for i, (a, b) in enumerate(zip(g_fast, g_ref))}}
+    assert max(errors.values()) <= tol, errors
+    return errors
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize(
+    "shape,tiles",
+    [
+        ((2, 1, 1, 16, 16), None),  # one token: a single, mostly padded chunk of 16
+        ((1, 37, 2, 16, 16), ChunkTiles(chunk=16)),  # several chunks, the last one partial
+        ((1, 130, 2, 32, 32), ChunkTiles(chunk=32)),  # several chunks, a few steps in the last
+        ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16)),  # K, V not powers of two; 4 value blocks
+        ((1, 130, 1, 16, 32), None),  # the default chunk of 64
+        ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, fused=False)),  # states stored, outputs and gradients per chunk
+        ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16, fused=False)),
+    ],
+)
+def test_triton_chunk_equals_reference(member, shape, tiles):
+    _compare(member, shape, torch.float32, 1e-5, tiles, seed=shape[1] + shape[3])
+
+
+def test_triton_chunk_bfloat16_inputs():
+    """bfloat16 storage, float32 arithmetic: about bfloat16's rounding of the inputs."""
+    _compare("gated_delta_rule", (1, 45, 2, 16, 16), torch.bfloat16, 3e-2, ChunkTiles(chunk=16))
+
+
+def test_custom_ops_opcheck_and_autograd():
+    """The custom ops' registration (schema, fake tensors) is consistent, and their registered autograd gives
+    the eager path's gradients (the path ``torch.compile`` takes); one step per token without decay, and
+    two steps per token with it."""
+    gen = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=gen).to(DEVICE)  # noqa: E731
+    B, L, H, K, V = 1, 21, 2, 16, 16
+    for n, gated in ((1, False), (2, True)):
+        q, k, v = r(B, L, H, K), F.normalize(r(B, L * n, H, K), dim=-1), r(B, L * n, H, V)
+        g, beta = -torch.rand(B, L * n, H).to(DEVICE) if gated else None, torch.rand(B, L * n, H).to(DEVICE)
+        inputs = [None if x is None else x.requires_grad_() for x in (q, k, v, g, beta)]
+        args = (*inputs, 0.5, n)
+        torch.library.opcheck(delta_chunk_fwd, args, test_utils=("test_schema", "test_faketensor"))
+        leaves = [x for x in inputs if x is not None]
+        do = r(B, L, H, V)
+        op_grads = torch.autograd.grad(delta_chunk_fwd(*args)[0], leaves, do)
+        eager = triton_chunk.gated_delta_chunk(*inputs, scale=0.5, nstep=n)
+        for a, b in zip(op_grads, torch.autograd.grad(eager, leaves, do)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_torch_compile_takes_the_custom_ops():
+    """Under ``torch.compile`` (fullgraph) the dispatch reaches ``expressivity::delta_chunk_fwd`` and the
+    gradients through its registered autograd equal the eager path's."""
+    tensors, kw = _inputs("gated_delta_rule", 2, 40, 2, 16, 16, seed=3)
+    xs = [t.float().to(DEVICE).requires_grad_() for t in tensors]
+    do = torch.randn(2, 40, 2, 16, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    f = lambda *x: kd.gated_delta_rule(*x, backend="triton_chunk")  # noqa: E731
+    eager = torch.autograd.grad(f(*xs), xs, do)
+    compiled = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=record)(*xs), xs, do)
+    assert len(graphs) == 1 and "expressivity.delta_chunk_fwd" in graphs[0]
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_bad_tiles_and_inputs_are_one_line_errors():
+    q = torch.randn(1, 3, 1, 16)
+    beta = torch.rand(1, 3, 1)
+    with pytest.raises(ValueError, match="chunk must be 16, 32 or 64, got 8"):
+        triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(chunk=8))
+    with pytest.raises(ValueError, match=r"block_v must be a power of two in \[16, 16\], got 32"):
+        triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(block_v=32))
+    with pytest.raises(ValueError, match="precision must be one of"):
+        triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(precision="fp16"))
+    with pytest.raises(ValueError, match="stages must be a positive int, got 0"):
+        triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(stages=0))
+    wide = torch.randn(1, 3, 1, 160)
+    with pytest.raises(ValueError, match="head dims up to 128, got K=160"):
+        triton_chunk.delta_rule(wide, wide, q, beta)
+    with pytest.raises(ValueError, match="unknown dplr_delta_rule backend 'triton_chunk'"):
+        kd.dplr_delta_rule(q, q, q, q, q, q, backend="triton_chunk")
+
+
+def test_triton_chunk_named_on_cpu_without_interpreter_is_one_line(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = torch.randn(1, 2, 1, 4)
+    if torch.cuda.is_available():
+        pytest.skip("CPU tensors on a GPU machine: covered elsewhere")
+    with pytest.raises(ValueError, match="backend 'triton_chunk' needs CUDA tensors"):
+        kd.gated_delta_rule(q, q, q, q[..., 0], q[..., 0], backend="triton_chunk")
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+def gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
+
+
+@pytest.mark.parametrize("member", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("L", [1, 67, 130, 1024])
+@pytest.mark.parametrize("D", [16, 32, 64, 128])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@gpu
+def test_gpu_triton_chunk_equals_reference(member, L, D, dtype, tol):
+    """Lengths 1 to 1,024 (none a multiple of the chunk but 1,024), head dims 16 to 128."""
+    B, H = (2, 3) if L <= 130 else (1, 2)
+    _compare(member, (B, L, H, D, D), dtype, tol, seed=L + D)
+
+
+@pytest.mark.parametrize("member", ["delta_product", "gated_delta_product"])
+@pytest.mark.parametrize("L", [1, 67, 1024])
+@pytest.mark.parametrize("D", [16, 128])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@gpu
+def test_gpu_triton_chunk_product_equals_reference(member, L, D, dtype, tol):
+    """DeltaProduct, 3 steps per token: chunks that split tokens, up to 3,072 steps."""
+    B, H = (2, 3) if L <= 130 else (1, 2)
+    _compare(member, (B, L, H, D, D), dtype, tol, seed=L + D)
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [ChunkTiles(chunk=16), ChunkTiles(block_v=32), ChunkTiles(precision="ieee"), ChunkTiles(fused=False)],
+)
+@gpu
+def test_gpu_triton_chunk_tiles(tiles):
+    """Another chunk size, several value blocks at D 128, IEEE products and the kernels without the
+    on-chip recurrence, float32."""
+    _compare("gated_delta_rule", (2, 300, 2, 128, 128), torch.float32, 1e-4, tiles, seed=5)
+
+
+@gpu
+def test_gpu_triton_chunk_bf16_products():
+    """``precision="bf16"`` (operands rounded to bfloat16, as fla multiplies): bfloat16 inputs within 5e-2.
+    (The interpreter's bfloat16 ``tl.dot`` is not numerically faithful, so this runs on a GPU only.)"""
+    _compare("gated_delta_rule", (2, 300, 3, 64, 64), torch.bfloat16, 5e-2, ChunkTiles(precision="bf16"), seed=7)
+
+
+@gpu
+def test_gpu_triton_chunk_in_a_cuda_graph_and_compiled():
+    """Forward and backward captured in one CUDA graph replay what an eager call computes; under
+    ``torch.compile`` (the custom ops) they agree with it too."""
+    tensors, kw = _inputs("gated_delta_rule", 8, 100, 4, 32, 32, seed=1)
+    xs = [t.float().cuda().requires_grad_() for t in tensors]
+    f = lambda *x: kd.gated_delta_rule(*x, backend="triton_chunk")  # noqa: E731
+    do = torch.randn(8, 100, 4, 32, device="cuda")
+    eager = torch.autograd.grad(f(*xs), xs, do)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            torch.autograd.grad(f(*xs), xs, do)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = torch.autograd.grad(f(*xs), xs, do)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, eager):
+        assert torch.allclose(a, b, rtol=0, atol=0)
+    compiled = torch.autograd.grad(torch.compile(f, fullgraph=True)(*xs), xs, do)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
