@@ -1,8 +1,9 @@
 """Measured numbers live in one place: a generated report (``benchmarks/**/results``,
 ``benchmarks/reproduction/<preset>.md``) or the hand-written evidence beside it
-(``benchmarks/reproduction/<preset>.evidence.md``). The user docs state protocols and point there, so a
-measured-looking number (a decimal percentage such as ``97.7%``, a time such as ``2.9 ms``) appears in at
-most one of them, and never restates a number of a report or evidence file it links to."""
+(``benchmarks/reproduction/<preset>.evidence.md``, ``benchmarks/ops/results/<family>.evidence.md``).
+The user docs state protocols and point there, so a measured-looking number (a decimal percentage
+such as ``97.7%``, a time such as ``2.9 ms``) appears in at most one of them, and never restates a
+number of a report or evidence file it links to."""
 
 import re
 from collections import defaultdict
@@ -15,6 +16,7 @@ HAND_WRITTEN = sorted(
     {ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "benchmarks" / "README.md"}
     | set(ROOT.glob("docs/*.md"))
     | set(ROOT.glob("kernels/*/README.md"))
+    | {ROOT / "kernels" / "README.md"}
     | set(ROOT.glob("mixers/*.md"))
 )
 IDS = [str(d.relative_to(ROOT)) for d in HAND_WRITTEN]
@@ -25,6 +27,34 @@ ALLOWED = {
     "0.1%",  # the plateau stop: no gain of +0.1% in validation accuracy within the patience
     "99.9%",  # the early stop at validation accuracy > 0.999
 }
+
+
+#: the kernel and benchmark guides describe what is measured and by which command, and link the results
+#: (``benchmarks/ops/results/summary.md``, ``<family>.json``, ``<family>.evidence.md``): they state no number
+#: measured on a device at all
+KERNEL_DOCS = sorted(
+    {ROOT / "kernels" / "README.md", ROOT / "benchmarks" / "README.md"} | set(ROOT.glob("kernels/*/README.md"))
+)
+KERNEL_IDS = [str(d.relative_to(ROOT)) for d in KERNEL_DOCS]
+#: a time in ms or µs (integers too), a decimal percentage, a decimal ratio such as ``0.89x``; a bound before
+#: the number (``<= 0.8x flashrnn``) makes it a target, not a measurement
+TIMING_OR_RATIO = re.compile(
+    r"(?P<bound>(?:<=|>=|≤|≥|<|>)\s*)?(?<![\w.])(?P<value>\d+(?:\.\d+)?)\s?(?P<unit>%|(?:ms|µs|us|x)(?!\w))"
+)
+EVIDENCE = sorted((ROOT / "benchmarks" / "ops" / "results").glob("*.evidence.md"))
+
+
+def measured_timings(text: str) -> set[str]:
+    """The times, percentages and ratios of ``text`` that read as measured, written one way (``2.9 ms`` ->
+    ``2.9ms``): not bounds, and percentages and ratios only with a decimal point (``12x the FLOPs`` is a
+    constant of the problem)."""
+    found = set()
+    for m in TIMING_OR_RATIO.finditer(text):
+        value, unit = m["value"], m["unit"]
+        if m["bound"] or (unit in ("%", "x") and "." not in value):
+            continue
+        found.add(value + unit)
+    return found - ALLOWED
 
 
 def measured(text: str) -> set[str]:
@@ -77,3 +107,27 @@ def test_the_docs_link_the_reports():
     """The check above has something to compare: the reproduction guide links reports and their evidence."""
     linked = {p.name for p in linked_records(ROOT / "docs" / "reproduction.md")}
     assert "pararnn-table6.md" in linked and "pararnn-table6.evidence.md" in linked
+
+
+def test_the_kernel_pattern_reads_times_percentages_and_ratios_but_not_targets():
+    text = (
+        "1109 ms loop, 18.2 µs, 9-12 us, 20.5% of it, 0.89x and 1.4-1.6x the peer; targets <= 0.8x flashrnn,"
+        " <1.3x, 12x the FLOPs, 10x faster, 128 KiB, 12 B per element, 0.1% gain, 2 msec, 3x4 grid"
+    )
+    assert measured_timings(text) == {"1109ms", "18.2µs", "12us", "20.5%", "0.89x", "1.6x"}
+
+
+@pytest.mark.parametrize("doc", KERNEL_DOCS, ids=KERNEL_IDS)
+def test_the_kernel_guides_state_no_measured_timings(doc):
+    found = measured_timings(doc.read_text())
+    assert not found, (
+        f"{doc.relative_to(ROOT)} states measured numbers {sorted(found)}: move them, with device, date and"
+        " command, to benchmarks/ops/results/<family>.evidence.md and describe the result in words"
+    )
+
+
+@pytest.mark.parametrize("evidence", EVIDENCE, ids=[e.name for e in EVIDENCE])
+def test_every_kernel_evidence_file_is_linked_from_a_guide(evidence):
+    """An evidence file nobody links is lost: the guide that measures it points there."""
+    linked = {record for doc in KERNEL_DOCS for record in linked_records(doc)}
+    assert evidence in linked, f"no kernel guide links {evidence.relative_to(ROOT)}"
