@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import signal
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,32 +46,21 @@ def training_main(
     return run_cli(lambda: body(args), RESUME_HINT)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, ``timeout``, a batch scheduler's stop), raised in the main thread as a Ctrl-C is."""
-
-
-def _terminate(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one must not cut the clean-up short
-    raise Terminated
-
-
 def run_cli(body: Callable[[], None], resume_hint: str = "re-run the same command to resume") -> int:
     """Run a CLI's ``body``; returns the process exit code (0, 2 for bad input, 130 if interrupted by
-    Ctrl-C, 143 by SIGTERM). SIGTERM unwinds like Ctrl-C: workers stopped, trials recorded as
-    interrupted, an MPS daemon stopped."""
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    Ctrl-C, 143 by SIGTERM). SIGTERM unwinds like Ctrl-C (``experiments.engines.signals``): workers
+    stopped, trials recorded as interrupted, an MPS daemon stopped."""
+    from experiments.engines.signals import Terminated, sigterm_raises
+
     try:
-        body()
+        with sigterm_raises():
+            body()
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
         print(f"interrupted: {resume_hint}", file=sys.stderr)
         return 143 if isinstance(err, Terminated) else 130
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

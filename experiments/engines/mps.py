@@ -21,10 +21,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from experiments.engines.signals import sigterm_raises
 
 log = logging.getLogger("experiments.engines.mps")
 
@@ -63,10 +64,17 @@ def workers_mps(enabled: bool, workers: int):
 
 @contextlib.contextmanager
 def cuda_mps(enabled: bool = True, control: str = CONTROL) -> Iterator[Path | None]:
-    """Run the block with a private MPS daemon (yields its pipe folder); a no-op if not ``enabled``."""
+    """Run the block with a private MPS daemon (yields its pipe folder); a no-op if not ``enabled``.
+    SIGTERM inside the block unwinds it like Ctrl-C (``sigterm_raises``), so the daemon is stopped."""
     if not enabled:
         yield None
         return
+    with sigterm_raises(), _private_daemon(control) as pipe:
+        yield pipe
+
+
+@contextlib.contextmanager
+def _private_daemon(control: str) -> Iterator[Path]:
     exe = shutil.which(control)
     if exe is None:
         raise MPSError(f"--mps needs {control} (NVIDIA driver utilities) on PATH; it was not found")
@@ -77,7 +85,6 @@ def cuda_mps(enabled: bool = True, control: str = CONTROL) -> Iterator[Path | No
     saved = {k: os.environ.get(k) for k in ENV_KEYS}
     os.environ.update({"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(logs)})
     stopped = True
-    restore_sigterm = _sigterm_unwinds()
     try:
         started = subprocess.run([exe, "-d"], capture_output=True, text=True, timeout=30)
         if started.returncode != 0:
@@ -97,24 +104,8 @@ def cuda_mps(enabled: bool = True, control: str = CONTROL) -> Iterator[Path | No
         _restore(saved)
         stopped = stop_daemon(exe, pipe, logs)
     finally:
-        restore_sigterm()
         if stopped:  # a daemon left running keeps the folders its stop command needs
             shutil.rmtree(root, ignore_errors=True)
-
-
-def _interrupt(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one must not cut the daemon's stop short
-    raise KeyboardInterrupt
-
-
-def _sigterm_unwinds():
-    """Where SIGTERM would end the process on the spot (its default action, in the main thread), make it
-    raise ``KeyboardInterrupt`` instead, so the block unwinds and the daemon is stopped; returns the
-    function that puts the previous handler back. A CLI that handles SIGTERM itself keeps its handler."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        return lambda: None
-    signal.signal(signal.SIGTERM, _interrupt)
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _restore(saved: dict[str, str | None]) -> None:

@@ -37,6 +37,7 @@ from lightning.pytorch.callbacks import Callback
 from experiments.engines.mps import BELOW_NORMAL as MPS_BELOW_NORMAL
 from experiments.engines.mps import NORMAL as MPS_NORMAL
 from experiments.engines.mps import PRIORITY_ENV, mps_running
+from experiments.engines.signals import raise_on_sigterm
 
 log = logging.getLogger("experiments.sweeps.workers")
 
@@ -377,16 +378,12 @@ def _worker_main(
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker-{index} pid={os.getpid()} %(message)s")
     logging.getLogger("experiments").setLevel(logging.DEBUG)  # a worker's log file keeps its trials' timings
 
-    def _terminate(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one would cut the interrupt checkpoint short
-        raise KeyboardInterrupt
-
     # Ctrl-C at a terminal reaches the whole process group; the sweep's process answers it by stopping the
     # workers with SIGTERM. A worker that took the SIGINT too would get two interrupts milliseconds apart,
     # and the second, inside Lightning's handling of the first, would skip the checkpoint written on
     # interruption: its trial would restart at step 0. So a worker takes only the SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _terminate)
+    raise_on_sigterm()  # once: a second SIGTERM is ignored, not cutting the interrupt checkpoint short
     from experiments.sweeps.study import GridStudy
     from experiments.trial.train import RunOptions, TrialSpec, quiet_lightning
 
