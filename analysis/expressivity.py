@@ -307,29 +307,10 @@ def plot_map(table: pd.DataFrame, stem: Path) -> list[Path]:
 
 def plot_lengths(lengths: pd.DataFrame, stem: Path) -> list[Path]:
     """Accuracy vs evaluation length, one panel per task, one line per mixer."""
-    import seaborn as sns
-
-    from analysis.plotting import as_categories, name_styles, save_figure
+    from analysis.plotting import as_categories, mixer_lines, save_figure
 
     data = as_categories(_dodge_coinciding(lengths), ["task_label", "mixer"])
-    tasks = list(data["task_label"].cat.categories)
-    colours, markers = name_styles(data["mixer"].cat.categories)
-    grid = sns.relplot(
-        data=data,
-        x="length",
-        y="value",
-        hue="mixer",
-        style="mixer",
-        palette=colours,
-        markers=markers,
-        dashes=False,
-        col="task_label",
-        col_wrap=min(3, len(tasks)),
-        kind="line",
-        height=2.8,
-        aspect=1.25,
-        facet_kws={"sharey": True, "sharex": False},  # each task its own evaluation lengths as ticks
-    )
+    grid = mixer_lines(data, "length", "task_label", aspect=1.25)  # each task its own evaluation lengths
     for task, ax in grid.axes_dict.items():
         sel = lengths[lengths["task_label"] == task]
         ax.axvline(sel["train_max_len"].iloc[0], color="0.4", linestyle=":", linewidth=1)

@@ -64,6 +64,32 @@ def as_categories(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     return out
 
 
+def mixer_lines(data: pd.DataFrame, x: str, panel: str, **kwargs):
+    """``seaborn.relplot`` of ``value`` against ``x``, one line per ``mixer`` (its colour and marker from
+    ``name_styles``), one panel per ``panel`` value (at most 3 across, a shared y axis, each panel its own
+    x ticks); ``data``'s ``mixer`` and ``panel`` columns categorical (``as_categories``). ``kwargs`` go to
+    ``relplot`` (``aspect``, ``errorbar`` ...). Returns the ``FacetGrid``."""
+    import seaborn as sns
+
+    colours, markers = name_styles(data["mixer"].cat.categories)
+    return sns.relplot(
+        data=data,
+        x=x,
+        y="value",
+        hue="mixer",
+        style="mixer",
+        palette=colours,
+        markers=markers,
+        dashes=False,
+        col=panel,
+        col_wrap=min(3, len(data[panel].cat.categories)),
+        kind="line",
+        height=2.8,
+        facet_kws={"sharey": True, "sharex": False},
+        **kwargs,
+    )
+
+
 def save_figure(fig, stem: str | Path, data: pd.DataFrame, dpi: int | None = None) -> list[Path]:
     """Write ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` and ``data`` as ``<stem>.csv``; close ``fig``.
 

@@ -34,30 +34,11 @@ log = logging.getLogger("analysis.width")
 
 def plot_widths(table: pd.DataFrame, stem: Path | None, metric: str, solved: float) -> list[Path]:
     """Accuracy vs width: one panel per ``setting`` of a ``width_table``, one line per mixer."""
-    import seaborn as sns
-
-    from analysis.plotting import as_categories, name_styles, save_figure
+    from analysis.plotting import as_categories, mixer_lines, save_figure
 
     data = as_categories(table, ["setting", "mixer"])
-    settings = list(data["setting"].cat.categories)
-    colours, markers = name_styles(data["mixer"].cat.categories)
-    grid = sns.relplot(
-        data=data,
-        x="width",
-        y="value",
-        hue="mixer",
-        style="mixer",
-        palette=colours,
-        markers=markers,
-        dashes=False,
-        col="setting",
-        col_wrap=min(3, len(settings)),
-        kind="line",
-        errorbar=None,  # one number per (setting, mixer, width): the report's cell
-        height=2.8,
-        aspect=1.2,
-        facet_kws={"sharey": True, "sharex": False},
-    )
+    # one number per (setting, mixer, width): the report's cell
+    grid = mixer_lines(data, "width", "setting", errorbar=None, aspect=1.2)
     for setting, ax in grid.axes_dict.items():
         ax.axhline(solved, color="0.5", linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)

@@ -20,7 +20,7 @@ import sys
 import pandas as pd
 import torch
 
-from benchmarks.ops.common import RESULTS, environment, rel_error, time_ms
+from benchmarks.ops.common import RESULTS, environment, rel_error, time_ms, warm_up_for_capture
 
 
 def measure(name: str, backend: str | None, batch: int, length: int) -> dict:
@@ -40,12 +40,7 @@ def measure(name: str, backend: str | None, batch: int, length: int) -> dict:
         y.square().mean().backward()
         return y
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
+    warm_up_for_capture(step)
     row["eager_ms"] = round(time_ms(step), 3)
     graph = torch.cuda.CUDAGraph()
     try:

@@ -99,15 +99,21 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100, devic
     return float(statistics.median(samples))
 
 
-def graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
-    """``fn`` captured in one CUDA graph (three warm-up calls on a side stream first); returns the graph's
-    ``replay``: timing it gives the GPU's time for ``fn`` without the host's launches."""
+def warm_up_for_capture(fn: Callable[[], object], calls: int = 3) -> None:
+    """``fn`` run ``calls`` times on a side stream, as CUDA-graph capture wants before it (compilation,
+    autotuning, allocator pools)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(calls):
             fn()
     torch.cuda.current_stream().wait_stream(side)
+
+
+def graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` captured in one CUDA graph (after ``warm_up_for_capture``); returns the graph's ``replay``:
+    timing it gives the GPU's time for ``fn`` without the host's launches."""
+    warm_up_for_capture(fn)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()

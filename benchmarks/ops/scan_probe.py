@@ -27,7 +27,7 @@ import gc
 
 import torch
 
-from benchmarks.ops.common import fwd_bwd, issue_times, no_grad, rel_error, time_ms
+from benchmarks.ops.common import fwd_bwd, graph_replay, issue_times, no_grad, rel_error, time_ms
 from benchmarks.ops.scan import _inputs, reference
 from kernels._triton import poisoned
 from kernels.scan import triton_ops as ts
@@ -132,19 +132,6 @@ def _fwd_bwd_calls(shape) -> dict:
     return {"ours": fwd_bwd(ts.linear_scan_triton, [c, x], dy), "accelerated-scan": fwd_bwd(peer.scan, [ct, xt], dyt)}
 
 
-def _graph_of(fn) -> torch.cuda.CUDAGraph:
-    g = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(g):
-        fn()
-    return g
-
-
 def host() -> None:
     from torch.profiler import ProfilerActivity, profile
 
@@ -153,7 +140,7 @@ def host() -> None:
             loops = ", ".join("host {:.1f} / done {:.1f} us".format(*issue_times(fn, n)) for _ in range(3))
             line = f"{shape} {name} fwd+bwd per call: {loops}"
             if shape == FEW:
-                line += f"; do_bench {time_ms(fn):.4f} ms, CUDA graph replay {time_ms(_graph_of(fn).replay):.4f} ms"
+                line += f"; do_bench {time_ms(fn):.4f} ms, CUDA graph replay {time_ms(graph_replay(fn)):.4f} ms"
             print(line, flush=True)
     for name, fn in _fwd_bwd_calls(TINY).items():  # the profiler at the tiny shape: the host's share alone
         fn()

@@ -149,23 +149,13 @@ def test_gpu_triton_tiles_equal_reference(member, tiles):
 
 
 @gpu
-def test_gpu_triton_in_a_cuda_graph():
+def test_gpu_triton_in_a_cuda_graph(graph_grads):
     """Forward and backward captured in one CUDA graph replay what an eager call computes."""
     tensors, fn = _members(8, 40, 4, 16, 16, 2, seed=1)["gated_delta_product"]
     xs = [t.float().cuda().requires_grad_() for t in tensors]
     f = fn(lambda t: {"backend": "triton"}, None)
     do = torch.randn(8, 40, 4, 16, device="cuda")
     eager = torch.autograd.grad(f(*xs), xs, do)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            torch.autograd.grad(f(*xs), xs, do)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = torch.autograd.grad(f(*xs), xs, do)
-    graph.replay()
-    torch.cuda.synchronize()
+    captured = graph_grads(f, xs, do)
     for a, b in zip(captured, eager):
         assert torch.allclose(a, b, rtol=0, atol=0)

@@ -212,7 +212,7 @@ def test_gpu_triton_chunk_bf16_products():
 
 
 @gpu
-def test_gpu_triton_chunk_in_a_cuda_graph_and_compiled():
+def test_gpu_triton_chunk_in_a_cuda_graph_and_compiled(graph_grads):
     """Forward and backward captured in one CUDA graph replay what an eager call computes; under
     ``torch.compile`` (the custom ops) they agree with it too."""
     tensors, kw = _inputs("gated_delta_rule", 8, 100, 4, 32, 32, seed=1)
@@ -220,17 +220,7 @@ def test_gpu_triton_chunk_in_a_cuda_graph_and_compiled():
     f = lambda *x: kd.gated_delta_rule(*x, backend="triton_chunk")  # noqa: E731
     do = torch.randn(8, 100, 4, 32, device="cuda")
     eager = torch.autograd.grad(f(*xs), xs, do)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            torch.autograd.grad(f(*xs), xs, do)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = torch.autograd.grad(f(*xs), xs, do)
-    graph.replay()
-    torch.cuda.synchronize()
+    captured = graph_grads(f, xs, do)
     for a, b in zip(captured, eager):
         assert torch.allclose(a, b, rtol=0, atol=0)
     compiled = torch.autograd.grad(torch.compile(f, fullgraph=True)(*xs), xs, do)
