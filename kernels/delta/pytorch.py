@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.delta.members import members
 from kernels.delta.reference import l2norm
 
 CHUNK = 64
@@ -90,18 +91,4 @@ def gated_delta_product(
     return (scale * o.reshape(B, L, n, H, V)[:, :, -1]).to(out_dtype)
 
 
-def delta_rule(q, k, v, beta, *, scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:
-    """The delta rule chunkwise; shapes as ``reference.delta_rule``."""
-    return gated_delta_product(
-        q, k[:, :, None], v[:, :, None], beta[:, :, None], None, scale=scale, qk_l2norm=qk_l2norm
-    )
-
-
-def gated_delta_rule(q, k, v, g, beta, *, scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:
-    """The gated delta rule chunkwise; shapes as ``reference.gated_delta_rule``."""
-    return gated_delta_product(q, k[:, :, None], v[:, :, None], beta[:, :, None], g, scale=scale, qk_l2norm=qk_l2norm)
-
-
-def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2norm: bool = False) -> torch.Tensor:
-    """DeltaProduct chunkwise; shapes as ``reference.delta_product``."""
-    return gated_delta_product(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm)
+delta_rule, gated_delta_rule, delta_product = members(gated_delta_product)

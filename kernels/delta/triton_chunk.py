@@ -31,9 +31,9 @@ from kernels.delta.chunk_kernels import (
     chunk_out_kernel,
     chunk_prep_kernel,
 )
+from kernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kernel_dtype, members
 from kernels.delta.reference import l2norm
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
 
 
@@ -195,11 +195,6 @@ def _(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep):
     return dq, dk, dv, dg, beta.new_empty(beta.shape, dtype=f)
 
 
-def _cast_grads(grads, inputs):
-    """Each float32 gradient in its input's dtype; ``None`` for an absent ``g``."""
-    return tuple(None if x is None else d.to(x.dtype) for d, x in zip(grads, inputs))
-
-
 def _setup_context(ctx, inputs, output):
     q, k, v, g, beta, scale, nstep = inputs
     ctx.save_for_backward(q, k, v, g, beta, *output[1:])
@@ -209,7 +204,7 @@ def _setup_context(ctx, inputs, output):
 def _grad(ctx, do, *_):
     q, k, v, g, beta, W, U, Tm, ckpt = ctx.saved_tensors
     grads = delta_chunk_bwd(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, *ctx.opts)
-    return (*_cast_grads(grads, (q, k, v, g, beta)), None, None)
+    return (*grads_in_input_dtypes(grads, (q, k, v, g, beta)), None, None)
 
 
 delta_chunk_fwd.register_autograd(_grad, setup_context=_setup_context)
@@ -230,7 +225,7 @@ class _Eager(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, g, beta, W, U, Tm, ckpt = ctx.saved_tensors
         grads = _backward(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, *ctx.opts, ctx.tiles)
-        return (None, *_cast_grads(grads, (q, k, v, g, beta)), None, None)
+        return (None, *grads_in_input_dtypes(grads, (q, k, v, g, beta)), None, None)
 
 
 def gated_delta_chunk(
@@ -240,8 +235,8 @@ def gated_delta_chunk(
     ``g=None``), ``o_t = scale S_{s(t)} q_t`` at each token's last step ``s(t) = nstep t + nstep - 1``.
     ``q (B, T, H, K)``; per step ``k (B, T nstep, H, K)``, ``v (B, T nstep, H, V)``, ``g, beta (B, T nstep, H)``
     -> ``o (B, T, H, V)`` in ``q``'s dtype; inputs are made contiguous; ``tiles``: ``ChunkTiles``."""
-    if q.dtype not in DTYPES:
-        raise TypeError(f"delta triton_chunk: inputs must be one of {DTYPES}, got {q.dtype}")
+    if q.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"delta triton_chunk: inputs must be one of {KERNEL_DTYPES}, got {q.dtype}")
     if max(q.shape[-1], v.shape[-1]) > 128:
         raise ValueError(f"delta triton_chunk: head dims up to 128, got K={q.shape[-1]}, V={v.shape[-1]}")
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
@@ -254,41 +249,20 @@ def gated_delta_chunk(
     return _forward(*args, save=False, tiles=tiles)[0]
 
 
-def _f32(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """16-bit and float32 tensors as they are, others (float64) as float32."""
-    return tuple(x if x.dtype in DTYPES else x.float() for x in xs)
-
-
 def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
     """``n = k.shape[2]`` delta steps per token, the decay ``exp(g_t)`` (or none) before them.
     ``q (B, L, H, K)``, ``k (B, L, n, H, K)``, ``v (B, L, n, H, V)``, ``beta (B, L, n, H)``, ``g (B, L, H)``."""
     B, L, n, H, K = k.shape
     out_dtype = q.dtype
-    q, k, v, beta = _f32(q, k, v, beta)
+    q, k, v, beta = kernel_dtype(q, k, v, beta)
     if qk_l2norm:
         q, k = l2norm(q.float()), l2norm(k.float())
     gs = None
     if g is not None:  # the log decay of each step: g on a token's first, 0 on the others
-        gs = F.pad(_f32(g)[0][:, :, None], (0, 0, 0, n - 1)).reshape(B, L * n, H)
+        gs = F.pad(kernel_dtype(g)[0][:, :, None], (0, 0, 0, n - 1)).reshape(B, L * n, H)
     ks, vs, bs = (x.reshape(B, L * n, H, *x.shape[4:]) for x in (k, v, beta))
     scale = K**-0.5 if scale is None else scale
     return gated_delta_chunk(q, ks, vs, gs, bs, scale=scale, nstep=n, tiles=tiles).to(out_dtype)
 
 
-def delta_rule(q, k, v, beta, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
-    """``S_t = S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``."""
-    return gated_delta_product(
-        q, k[:, :, None], v[:, :, None], beta[:, :, None], None, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles
-    )
-
-
-def gated_delta_rule(q, k, v, g, beta, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
-    """``S_t = exp(g_t) S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``."""
-    return gated_delta_product(
-        q, k[:, :, None], v[:, :, None], beta[:, :, None], g, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles
-    )
-
-
-def delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
-    """DeltaProduct: ``n`` delta steps per token, optional decay (``gated_delta_product``)."""
-    return gated_delta_product(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles)
+delta_rule, gated_delta_rule, delta_product = members(gated_delta_product)

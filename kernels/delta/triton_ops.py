@@ -21,10 +21,9 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from kernels._triton import cdiv, empty, next_pow2
+from kernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kernel_dtype, members
 from kernels.delta.recurrent_kernels import delta_recurrent_bwd_kernel, delta_recurrent_fwd_kernel
 from kernels.delta.reference import l2norm
-
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,11 +144,6 @@ def _(do, q, k, v, a, b, w, ckpt, scale, nstep):
     return (*(x.new_empty(x.shape, dtype=f) for x in (q, k, v, a, b)), dw)
 
 
-def _cast_grads(grads, inputs):
-    """Each float32 gradient in its input's dtype; ``None`` for an absent ``w``."""
-    return tuple(None if x is None else g.to(x.dtype) for g, x in zip(grads, inputs))
-
-
 def _setup_context(ctx, inputs, output):
     q, k, v, a, b, w, scale, nstep = inputs
     ctx.save_for_backward(q, k, v, a, b, w, output[1])
@@ -159,7 +153,7 @@ def _setup_context(ctx, inputs, output):
 def _grad(ctx, do, dckpt):
     q, k, v, a, b, w, ckpt = ctx.saved_tensors
     grads = delta_recurrent_bwd(do.contiguous(), q, k, v, a, b, w, ckpt, *ctx.opts)
-    return (*_cast_grads(grads, (q, k, v, a, b, w)), None, None)
+    return (*grads_in_input_dtypes(grads, (q, k, v, a, b, w)), None, None)
 
 
 delta_recurrent_fwd.register_autograd(_grad, setup_context=_setup_context)
@@ -180,7 +174,7 @@ class _Eager(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, a, b, w, ckpt = ctx.saved_tensors
         grads = _backward(do.contiguous(), q, k, v, a, b, w, ckpt, *ctx.opts, ctx.tiles)
-        return (None, *_cast_grads(grads, (q, k, v, a, b, w)), None, None)
+        return (None, *grads_in_input_dtypes(grads, (q, k, v, a, b, w)), None, None)
 
 
 def dplr_recurrent(
@@ -198,8 +192,8 @@ def dplr_recurrent(
     """The recurrence of the module docstring. ``q (B, T, H, K)``; per step ``k, a, b, w (B, T n, H, K)``,
     ``v (B, T n, H, V)`` with ``n = nstep`` steps per token (``w``: log decay per key channel, or None)
     -> ``o (B, T, H, V)`` in ``q``'s dtype. Inputs are made contiguous; ``tiles``: ``RecurrentTiles``."""
-    if q.dtype not in DTYPES:
-        raise TypeError(f"delta triton: inputs must be one of {DTYPES}, got {q.dtype}")
+    if q.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"delta triton: inputs must be one of {KERNEL_DTYPES}, got {q.dtype}")
     q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     w = None if w is None else w.contiguous()
     args = (q, k, v, a, b, w, float(scale), int(nstep))
@@ -210,16 +204,12 @@ def dplr_recurrent(
     return _forward(*args, save=False, tiles=tiles)[0]
 
 
-def _f32(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return tuple(x if x.dtype in (torch.bfloat16, torch.float16) else x.float() for x in xs)
-
-
 def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, tiles: RecurrentTiles | None = None):
     """``n = k.shape[2]`` delta steps per token, the decay ``exp(g_t)`` (or none) before them.
     ``q (B, L, H, K)``, ``k (B, L, n, H, K)``, ``v (B, L, n, H, V)``, ``beta (B, L, n, H)``, ``g (B, L, H)``."""
     B, L, n, H, K = k.shape
     out_dtype = q.dtype
-    q, k, v = _f32(q, k, v)
+    q, k, v = kernel_dtype(q, k, v)
     if qk_l2norm:
         q, k = l2norm(q.float()), l2norm(k.float())
     beta = beta.float()[..., None]
@@ -234,27 +224,11 @@ def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, t
     return dplr_recurrent(q, kk, vv, kk, bb, w, scale=scale, nstep=n, tiles=tiles).to(out_dtype)
 
 
-def delta_rule(q, k, v, beta, *, scale=None, qk_l2norm=False, tiles: RecurrentTiles | None = None):
-    """``S_t = S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``."""
-    return gated_delta_product(
-        q, k[:, :, None], v[:, :, None], beta[:, :, None], None, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles
-    )
-
-
-def gated_delta_rule(q, k, v, g, beta, *, scale=None, qk_l2norm=False, tiles: RecurrentTiles | None = None):
-    """``S_t = exp(g_t) S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``."""
-    return gated_delta_product(
-        q, k[:, :, None], v[:, :, None], beta[:, :, None], g, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles
-    )
-
-
-def delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, tiles: RecurrentTiles | None = None):
-    """DeltaProduct: ``n`` delta steps per token, optional decay (``gated_delta_product``)."""
-    return gated_delta_product(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm, tiles=tiles)
+delta_rule, gated_delta_rule, delta_product = members(gated_delta_product)
 
 
 def dplr_delta_rule(q, k, v, a, b, w, *, scale=1.0, tiles: RecurrentTiles | None = None):
     """``S_t = S_{t-1}(diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``."""
     out_dtype = q.dtype
-    q, k, v, a, b, w = _f32(q, k, v, a, b, w)
+    q, k, v, a, b, w = kernel_dtype(q, k, v, a, b, w)
     return dplr_recurrent(q, k, v, a, b, w, scale=scale, nstep=1, tiles=tiles).to(out_dtype)
