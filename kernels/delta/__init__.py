@@ -99,7 +99,10 @@ def fla_available() -> bool:
 AUTO_TRITON_MAX_STEPS = 1024
 
 
+@functools.cache
 def _fla_refuses_gated() -> bool:
+    """fla's own condition for refusing its gated backward here (``fla_gated_bwd.triton_refuses``), read
+    once: ``resolve_backend`` runs on every call."""
     from kernels.delta import fla_gated_bwd
 
     return fla_gated_bwd.triton_refuses()
