@@ -101,7 +101,7 @@ def test_a_trial_steps_with_the_schedule_and_resumes_it_from_a_checkpoint_withou
     quiet_lightning()
     spec = _tiny_spec(max_steps=13, warmup_ratio=0.3, min_lr=1e-4, train_size=40, val_size=8)
     seen = _SeenLearningRates()
-    run_trial(spec, tmp_path, callbacks=[seen])
+    run_trial(spec, tmp_path, callbacks=[seen], options=RunOptions(engine="eager"))
     assert seen.lrs == [pytest.approx(_schedule(t, 3e-3, 3, 13, 1e-4), rel=1e-12) for t in range(13)]
 
     lit = _small_module(13, 0.3, min_lr=1e-4)
