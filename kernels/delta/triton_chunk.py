@@ -140,7 +140,7 @@ def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, ti
         return dq, dk, dv, dq.new_empty(0), dbeta
     # g_s reaches every G_i of its chunk with i >= s: a reverse cumulative sum inside each chunk
     dG = (dG + dG_state).view(B, H, NC, C).flip(-1).cumsum(-1).flip(-1)
-    dg = dG.reshape(B, H, NC * C)[:, :, :Ts].transpose(1, 2)
+    dg = dG.reshape(B, H, NC * C)[:, :, :Ts].transpose(1, 2).contiguous()  # the fake's strides
     return dq, dk, dv, dg, dbeta
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from kernels import delta as kd
 from kernels._triton import poisoned, triton_available
 from kernels.delta import triton_chunk
-from kernels.delta.triton_chunk import ChunkTiles, delta_chunk_fwd
+from kernels.delta.triton_chunk import ChunkTiles, delta_chunk_bwd, delta_chunk_fwd
 
 F64 = torch.float64
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -111,6 +111,9 @@ def test_custom_ops_opcheck_and_autograd():
         torch.library.opcheck(delta_chunk_fwd, args, test_utils=("test_schema", "test_faketensor"))
         leaves = [x for x in inputs if x is not None]
         do = r(B, L, H, V)
+        saved = [None if x is None else x.detach() for x in (q, k, v, g, beta)]
+        bwd_args = (do, *saved, *(x.detach() for x in delta_chunk_fwd(*args)[1:]), 0.5, n)
+        torch.library.opcheck(delta_chunk_bwd, bwd_args, test_utils=("test_schema", "test_faketensor"))
         op_grads = torch.autograd.grad(delta_chunk_fwd(*args)[0], leaves, do)
         eager = triton_chunk.gated_delta_chunk(*inputs, scale=0.5, nstep=n)
         for a, b in zip(op_grads, torch.autograd.grad(eager, leaves, do)):
