@@ -284,12 +284,14 @@ def run(
     log: Callable[[str], None] = print,
     checkpoint: Callable[[list[BenchRow]], object] | None = None,
     graph: bool = False,
+    profile: Callable[[str], bool] | None = None,
 ) -> list[BenchRow]:
     """Check, then time, every implementation of every problem; a failing implementation gives a row
     with ``ms = nan`` and the error in ``note``. ``warm_only``: run each thunk once (compiles and
     autotunes), neither check nor time. ``checkpoint(rows)`` after every implementation (a run cut
     short keeps what it timed). ``graph``: also time each thunk replayed from a CUDA graph
-    (``extra["graph_ms"]``; ``extra["graph_error"]`` where it cannot be captured)."""
+    (``extra["graph_ms"]``; ``extra["graph_error"]`` where it cannot be captured). ``profile(name)``
+    true: also the implementation's heaviest kernels (``kernel_times``; ``extra["kernels"]``, logged)."""
     rows: list[BenchRow] = []
     for pb in problems:
         try:
@@ -309,13 +311,45 @@ def run(
             )
             continue
         for impl in impls:
-            rows += _run_impl(pb, impl, warm_only, log, graph)
+            rows += _run_impl(pb, impl, warm_only, log, graph, profile is not None and profile(impl.name))
             if checkpoint is not None and not warm_only:
                 checkpoint(rows)
         del impls
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return rows
+
+
+def kernel_times(thunk: Callable[[], object], calls: int = 5, top: int = 8) -> list[dict]:
+    """The ``top`` device kernels of ``thunk`` by device time over ``calls`` calls (after one untimed call),
+    each ``{"kernel": name, "ms": device ms per call of thunk, "launches": launches per call}``
+    (``torch.profiler``; CPU ops where no CUDA device is present)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    thunk()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            thunk()
+        if cuda:
+            torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if (e.self_device_time_total if cuda else e.self_cpu_time_total) > 0]
+    events.sort(key=lambda e: e.self_device_time_total if cuda else e.self_cpu_time_total, reverse=True)
+    return [
+        {
+            "kernel": e.key[:80],
+            "ms": (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e3 / calls,
+            "launches": e.count / calls,
+        }
+        for e in events[:top]
+    ]
+
+
+def kernel_lines(kernels: list[dict]) -> str:
+    """``kernel_times``' kernels, a line each: ms per call, launches per call, name."""
+    return "\n".join(f"  {k['ms']:9.4f} ms  x{k['launches']:g}  {k['kernel']}" for k in kernels)
 
 
 def _graph_time(thunk: Callable[[], object], time_kw: dict) -> dict:
@@ -328,7 +362,9 @@ def _graph_time(thunk: Callable[[], object], time_kw: dict) -> dict:
         return {"graph_error": f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
 
 
-def _run_impl(pb: Problem, impl: Impl, warm_only: bool, log, graph: bool = False) -> list[BenchRow]:
+def _run_impl(
+    pb: Problem, impl: Impl, warm_only: bool, log, graph: bool = False, profile: bool = False
+) -> list[BenchRow]:
     out = []
     if impl.fwd is None and impl.fwd_bwd is None:  # not available here: a row that says why
         return [BenchRow(pb.family, impl.name, "fwd", pb.dtype, pb.dims, math.nan, section=pb.section, note=impl.note)]
@@ -344,6 +380,9 @@ def _run_impl(pb: Problem, impl: Impl, warm_only: bool, log, graph: bool = False
                 continue
             ms = time_ms(thunk, **impl.time_kw)
             extra = _graph_time(thunk, impl.time_kw) if graph else {}
+            if profile:
+                extra["kernels"] = kernel_times(thunk)
+                log(f"{impl.name} {direction}: device kernels per call\n{kernel_lines(extra['kernels'])}")
             out.append(
                 BenchRow(
                     pb.family,

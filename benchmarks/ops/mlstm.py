@@ -49,6 +49,8 @@ from benchmarks.ops.common import (
     cli_common,
     copy_bandwidth_gbs,
     environment,
+    kernel_lines,
+    kernel_times,
     lift_fla_gated_guard,
     matmul_tflops,
     rel_error,
@@ -214,20 +216,10 @@ def _float32_floor(gate, x, dh, ref, sh) -> BenchRow:
     )
 
 
-def _profile(fn, x, dh, label, steps=5):
-    """Log the CUDA kernels of ``steps`` forward + backward steps, by total device time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step = _timed(fn, x, dh, "fwd+bwd")
-    step()
-    torch.cuda.synchronize()
-    acts = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
-    with profile(activities=acts) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=40)
-    log.info("%s: CUDA kernels over %d fwd+bwd steps\n%s", label, steps, table)
+def _profile(fn, x, dh, label):
+    """Log the device kernels of a forward + backward step, heaviest first (``kernel_times``)."""
+    kernels = kernel_times(_timed(fn, x, dh, "fwd+bwd"), top=14)
+    log.info("%s: device kernels per fwd+bwd step\n%s", label, kernel_lines(kernels))
 
 
 def _bench_shape(

@@ -36,3 +36,21 @@ def test_table_shows_the_replay_column_when_a_row_has_one():
     lines = table([row]).splitlines()
     assert "graph ms" in lines[0] and "0.5" in lines[2]
     assert not math.isnan(row.ms)
+
+
+def test_profile_stores_the_heaviest_kernels_of_the_named_implementations():
+    """``profile(name)`` true: the implementation's heaviest ops per call, heaviest first (CPU ops here), with
+    launches per call; logged; the other implementations carry none."""
+    a, b = torch.randn(384, 384), torch.randn(8)
+    pb = Problem("toy", {"dim": 384}, "fp32", None, {}, "main")
+    pb.impls = lambda: [
+        Impl("heavy", lambda: (a @ a @ a, b + 1, b + 2), None, lambda: 0.0, ""),
+        Impl("light", lambda: b + 1, None, lambda: 0.0, ""),
+    ]
+    logged = []
+    heavy, light = run([pb], log=logged.append, profile=lambda name: name == "heavy")
+    kernels = heavy.extra["kernels"]
+    assert kernels[0]["kernel"] in ("aten::mm", "aten::matmul") and kernels[0]["launches"] == 2
+    assert [k["ms"] for k in kernels] == sorted((k["ms"] for k in kernels), reverse=True)
+    assert any(k["kernel"] == "aten::add" and k["launches"] == 2 for k in kernels)
+    assert "kernels" not in light.extra and any("device kernels per call" in m for m in logged)
