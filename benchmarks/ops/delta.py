@@ -8,10 +8,11 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
 - ``ours-triton``: the fused recurrent Triton kernel (``kernels/delta/recurrent_kernels.py``), the
   input dtype, float32 arithmetic;
 - ``ours-triton-chunk`` (not ``dplr``): the chunkwise (WY) Triton kernels with the inter-chunk state
-  recurrence on chip (``kernels/delta/chunk_kernels.py``), the input dtype, float32 arithmetic;
+  recurrence on chip, outputs and gradients computed there too (``kernels/delta/chunk_kernels.py``,
+  ``ChunkTiles(fused=True)``: paper 004's design), the input dtype, float32 arithmetic;
 - ``ours-triton-chunk-split``: the same kernels with the recurrence only carrying the state, every
-  chunk's state stored and read back by per-chunk output and gradient kernels (``ChunkTiles(fused=False)``):
-  paper 004's baseline (``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);
+  chunk's state stored and read back by per-chunk output and gradient kernels (the default tiles:
+  paper 004's baseline; ``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);
 - ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``kernels/delta/fla_gated_bwd.py``'s
@@ -25,9 +26,10 @@ Every implementation is checked first, output and every input gradient, against 
 every input read and the output written once (forward); three times that for forward + backward; over the
 measured copy bandwidth. Sections: ``main`` (the state-tracking training shape in float32 and fla's own
 benchmark shapes in bfloat16, the defaults of ``--shapes``) and, with ``--sweep``, ``crossover``:
-lengths 64 to 4,096 for ``ours-triton`` and ``ours-triton-chunk`` against ``fla``: the crossover ``"auto"`` is to follow.
+lengths 64 to 4,096 for ``ours-triton`` and ``ours-triton-chunk`` against ``fla``: the crossover ``"auto"`` follows.
 ``--graph`` also times every implementation replayed from a CUDA graph (the graph engine's view: the
-GPU's time without the host's launches), beside the eager time.
+GPU's time without the host's launches), beside the eager time. ``--profile ours-triton-chunk,fla``
+also logs those implementations' heaviest device kernels per call (``extra["kernels"]`` in the JSON).
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ def implementations(
         impls[f"ours-triton-s{n}"] = (call_tiles(op, n), contextlib.nullcontext, f"loads pipelined {n} deep")
     if op != "dplr":
         tiles = tiles or triton_chunk.ChunkTiles()
-        on_chip, split = _chunk(op, tiles), _chunk(op, dataclasses.replace(tiles, fused=False))
+        on_chip, split = (_chunk(op, dataclasses.replace(tiles, fused=f)) for f in (True, False))
         fields = dataclasses.fields(tiles)
         named = ", ".join(f"{f.name}={getattr(tiles, f.name)}" for f in fields if getattr(tiles, f.name) != f.default)
         impls["ours-triton-chunk"] = (on_chip, contextlib.nullcontext, f"chunkwise, state on chip {named}".strip())
@@ -246,6 +248,13 @@ def main(argv: list[str] | None = None) -> None:
         help="also time every implementation replayed from a CUDA graph (the training engine's view, no host)",
     )
     ap.add_argument(
+        "--profile",
+        default="",
+        metavar="PREFIXES",
+        help="comma-separated implementation-name prefixes (e.g. ours-triton-chunk,fla): also log and store "
+        "each one's heaviest device kernels per call (torch.profiler)",
+    )
+    ap.add_argument(
         "--stages",
         default="",
         help="comma-separated pipelining depths: also time ours-triton-sN with RecurrentTiles(stages=N)",
@@ -286,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         log=log.info,
         checkpoint=lambda rows: write_json("delta", rows, env, args.out),
         graph=args.graph,
+        profile=(lambda name: any(name.startswith(p) for p in args.profile.split(","))) if args.profile else None,
     )
     finish("delta", rows, env, args, baseline="ours-triton")
 

@@ -2,13 +2,16 @@
 
 Per family, problem, dtype and direction: our fastest Triton row (``ours-triton...``, kernel-only
 rows aside) against the fastest peer library measured in the same run, and their ratio; for the scan
-also the forward's share of the ``torch.add`` bandwidth. Reads ``<family>.json`` in ``RESULTS_DIR``
+also the forward's share of the ``torch.add`` bandwidth. Where every row of a problem was also timed
+replayed from a CUDA graph (``--graph``: the training engine's view), the replay times are compared
+(``timed``: ``replay``), else the eager calls' (``eager``). Reads ``<family>.json`` in ``RESULTS_DIR``
 (default ``benchmarks/ops/results``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from pathlib import Path
@@ -21,13 +24,14 @@ FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd", "delta")
 NOT_PEERS = ("ours", "torch.add", "inter-", "cudnn")
 
 
-def _ms(r: dict) -> float:
-    ms = r.get("ms")
+def _ms(r: dict, replay: bool = False) -> float:
+    ms = (r.get("extra") or {}).get("graph_ms") if replay else r.get("ms")
     return math.nan if ms is None else float(ms)
 
 
 def headline(rows: list[dict]) -> list[tuple]:
-    """``(problem, dtype, direction, ours impl, ours ms, peer impl, peer ms, note)`` per main-section problem."""
+    """``(problem, dtype, direction, timed, ours impl, ours ms, peer impl, peer ms, note)`` per main-section
+    problem (``timed``: ``replay`` or ``eager``)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("section", "main") != "main" or not math.isfinite(_ms(r)):
@@ -49,14 +53,17 @@ def headline(rows: list[dict]) -> list[tuple]:
         peers = [r for r in rs if not r["impl"].startswith(NOT_PEERS)]
         if not ours:
             continue
-        o = min(ours, key=_ms)
-        p = min(peers, key=_ms) if peers else None
+        replay = all(math.isfinite(_ms(r, True)) for r in ours + peers)
+        ms = functools.partial(_ms, replay=replay)
+        o = min(ours, key=ms)
+        p = min(peers, key=ms) if peers else None
         note = ""
         add = [r for r in rs if r["impl"].startswith("torch.add")]
         if add and direction == "fwd":
             note = f"{_ms(add[0]) / _ms(o):.0%} of torch.add bandwidth"
+        timed = "replay" if replay else "eager"
         out.append(
-            (label, dtype, direction, o["impl"], _ms(o), p["impl"] if p else "-", _ms(p) if p else math.nan, note)
+            (label, dtype, direction, timed, o["impl"], ms(o), p["impl"] if p else "-", ms(p) if p else math.nan, note)
         )
     return out
 
@@ -73,13 +80,14 @@ def main(argv: list[str] | None = None) -> None:
             continue
         data = json.loads(path.read_text())
         devices.add(f"{data['env'].get('device')} {data['env'].get('date', '')[:16]}")
-        for label, dtype, direction, oi, oms, pi, pms, note in headline(data["rows"]):
+        for label, dtype, direction, timed, oi, oms, pi, pms, note in headline(data["rows"]):
             rows.append(
                 {
                     "family": family,
                     "problem": label,
                     "dtype": dtype,
                     "dir": direction,
+                    "timed": timed,
                     "ours": oi,
                     "ms": oms,
                     "peer": pi,

@@ -23,10 +23,10 @@ Backends:
   bfloat16 (inputs cast inside, outputs cast back);
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
-- ``"auto"``: on CUDA, ``"triton"`` up to ``AUTO_TRITON_MAX_STEPS`` steps when ``fla`` is not importable
-  or, for the gated members, when fla refuses its own gated backward on this machine (``resolve_backend``);
-  else ``"fla"`` for CUDA tensors when ``fla`` is importable, else ``"chunk"`` (``"reference"`` for
-  ``dplr_delta_rule``); ``"triton_chunk"`` runs when named.
+- ``"auto"``: the fastest measured on CUDA (``resolve_backend``): ``"fla"`` where fla is importable, but
+  ``"triton"`` for narrow heads and short recurrences where fla's own path is slow (its gated backward
+  refused on this machine, or ``dplr_delta_rule``); without fla ``"triton"`` for narrow heads, else
+  ``"triton_chunk"``. Off CUDA ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``).
 
 ``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
 """
@@ -94,9 +94,13 @@ def fla_available() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-#: the longest recurrence (tokens times steps per token) ``"auto"`` gives the fused recurrent kernel: the
-#: lengths its GPU tests and timings cover (the state-tracking regime); longer ones keep the chunked forms
-AUTO_TRITON_MAX_STEPS = 1024
+#: ``"auto"`` gives our recurrent kernel heads at most this wide (key width): at 16 it beat fla's chunked
+#: kernels where fla is slow and our chunked kernels, at 64 it lost to both
+#: (``benchmarks/ops/results/delta.evidence.md``)
+AUTO_TRITON_MAX_HEAD_DIM = 16
+#: where fla runs, ``"auto"`` gives our recurrent kernel recurrences (tokens times steps per token) of at
+#: most this many steps: the measured crossover against fla's gated path at head dim 16
+AUTO_TRITON_MAX_STEPS = 256
 
 
 @functools.cache
@@ -108,20 +112,34 @@ def _fla_refuses_gated() -> bool:
     return fla_gated_bwd.triton_refuses()
 
 
+def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int) -> str:
+    """What ``"auto"`` runs, the fastest in CUDA-graph replays of forward and backward (``python -m
+    benchmarks.ops delta --graph --sweep``). On CUDA with fla importable: ``"fla"``, except that heads at
+    most ``AUTO_TRITON_MAX_HEAD_DIM`` wide over at most ``AUTO_TRITON_MAX_STEPS`` steps take ``"triton"``
+    where fla's own path is slow (a ``gated`` op whose Triton backward fla refuses here, so that it runs in
+    PyTorch; ``dplr_delta_rule``). Without fla: ``"triton"`` for heads at most ``AUTO_TRITON_MAX_HEAD_DIM``
+    wide (faster than the chunked form at every measured length), ``"triton_chunk"`` for wider ones. Off
+    CUDA: ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``)."""
+    if x.is_cuda:
+        narrow = x.shape[-1] <= AUTO_TRITON_MAX_HEAD_DIM
+        if fla_available():
+            fla_slow = op == "dplr_delta_rule" or (gated and _fla_refuses_gated())
+            if fla_slow and narrow and steps <= AUTO_TRITON_MAX_STEPS and "triton" in available:
+                return "triton"
+            return "fla"
+        if not narrow and "triton_chunk" in available:
+            return "triton_chunk"
+        if "triton" in available:
+            return "triton"
+    return "chunk" if "chunk" in available else "reference"
+
+
 def resolve_backend(op: str, backend: str, x: torch.Tensor, *, gated: bool = False, steps: int = 0) -> str:
-    """The backend ``backend`` stands for when ``op`` runs on tensors like ``x``; one-line ``ValueError``s.
-    ``"auto"`` on CUDA: ``"triton"`` for recurrences of at most ``AUTO_TRITON_MAX_STEPS`` ``steps`` when fla
-    is not importable, or when the op is ``gated`` (a scalar decay) and fla refuses its own Triton gated
-    backward here (its gated backward then runs in PyTorch); otherwise ``"fla"`` when fla is importable.
-    Off CUDA: ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``)."""
+    """The backend ``backend`` stands for when ``op`` runs on tensors like ``x`` (``(..., K)``, ``K`` the
+    key width); one-line ``ValueError``s. ``"auto"``: ``_auto``."""
     available = _AVAILABLE[op]
     if backend == AUTO:
-        if x.is_cuda and "triton" in available and steps <= AUTO_TRITON_MAX_STEPS:
-            if not fla_available() or (gated and _fla_refuses_gated()):
-                return "triton"
-        if x.is_cuda and fla_available():
-            return "fla"
-        return "chunk" if "chunk" in available else "reference"
+        return _auto(op, available, x, gated, steps)
     if backend not in available:
         raise ValueError(f"unknown {op} backend {backend!r}; valid: {', '.join([AUTO, *available])}")
     if backend.startswith("triton") and not triton_available(x):

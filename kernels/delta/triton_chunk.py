@@ -1,15 +1,15 @@
 """The gated delta rule, the delta rule (no decay) and DeltaProduct (``n`` steps per token) on the
-chunkwise Triton kernels of ``chunk_kernels.py``, forward and backward, with the inter-chunk state
-recurrence kept on chip.
+chunkwise Triton kernels of ``chunk_kernels.py``, forward and backward.
 
 ``gated_delta_chunk``: the kernels as the custom ops ``expressivity::delta_chunk_fwd`` /
 ``delta_chunk_bwd`` with ``register_autograd`` (and the same launches as an eager ``autograd.Function``
 taking explicit ``ChunkTiles``). The forward runs ``chunk_prep_kernel`` (every chunk's ``T``, ``W``,
-``U``, in parallel) then ``chunk_fwd_kernel`` (the chunks in order, the state on chip); the backward
-``chunk_bwd_state_kernel`` (the chunks in reverse, the state's gradient on chip) then
-``chunk_bwd_prep_kernel`` (every chunk's ``T`` backward, in parallel). With ``ChunkTiles(fused=False)``
-the sequential kernels only carry the state and ``chunk_out_kernel`` / ``chunk_bwd_grads_kernel`` compute
-the outputs and gradients per chunk from the stored states. Saved for the backward: ``W, U, T``
+``U``, in parallel) then ``chunk_fwd_kernel`` (the chunks in order, the state on chip) and
+``chunk_out_kernel`` (every chunk's outputs from its stored entering state, in parallel); the backward
+``chunk_bwd_state_kernel`` (the chunks in reverse, the state's gradient on chip), ``chunk_bwd_grads_kernel``
+(per chunk) then ``chunk_bwd_prep_kernel`` (every chunk's ``T`` backward, in parallel). With
+``ChunkTiles(fused=True)`` (paper 004) the sequential kernels also compute the outputs and gradients with
+the state on chip, and the per-chunk kernels do not run. Saved for the backward: ``W, U, T``
 and the state entering every chunk (float32). ``qk_l2norm`` and the float64 -> float32 casts are torch code
 (autograd differentiates them); the output is in the dtype of ``q``, gradients in their input's dtype.
 """
@@ -50,9 +50,10 @@ class ChunkTiles:
       for float32 inputs and ``"tf32"`` for 16-bit inputs; ``"ieee"``: float32 FMA; ``"bf16"``: both
       operands rounded to bfloat16, one tensor-core pass, relative errors about 1e-2 that grow with the
       length);
-    - ``fused``: the sequential kernels also compute the outputs and gradients with the state on chip
-      (paper 004; default); ``False``: they only carry the state and store it for every chunk, and
-      per-chunk kernels read it back for the outputs and gradients;
+    - ``fused``: ``False`` (default): the sequential kernels only carry the state and store it for every
+      chunk, and per-chunk kernels read it back for the outputs and gradients (forward and backward the
+      faster at every shape timed: ``benchmarks/ops/results/delta.evidence.md``); ``True``: the sequential kernels also compute the
+      outputs and gradients with the state on chip (paper 004);
     - ``stages``: Triton's software pipelining depth of the loops over chunks (each stage holds one
       chunk's tiles in shared memory)."""
 
@@ -60,7 +61,7 @@ class ChunkTiles:
     block_v: int | None = None
     warps: int | None = None
     precision: str | None = None
-    fused: bool = True
+    fused: bool = False
     stages: int = 2
 
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, str]:

@@ -3,7 +3,7 @@ summary`` prints from the committed results files: regenerate it when a ``<famil
 
 from pathlib import Path
 
-from benchmarks.ops.summary import main
+from benchmarks.ops.summary import headline, main
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "ops" / "results"
 
@@ -13,3 +13,20 @@ def test_committed_summary_is_generated_from_the_results(capsys):
     assert capsys.readouterr().out == (RESULTS / "summary.md").read_text(), (
         "regenerate: python -m benchmarks.ops summary > benchmarks/ops/results/summary.md"
     )
+
+
+def _row(impl, ms, graph_ms=None):
+    extra = {} if graph_ms is None else {"graph_ms": graph_ms}
+    return {"family": "delta", "section": "main", "kind": "gated", "batch": 2, "impl": impl, "direction": "fwd",
+            "dtype": "fp32", "ms": ms, "extra": extra}  # fmt: skip
+
+
+def test_headline_compares_replays_where_every_row_has_one():
+    """Replays (``extra.graph_ms``) decide the fastest and the ratio where every row of a problem has one;
+    one row without a replay leaves the whole problem on eager times."""
+    rows = [_row("ours-triton", 1.0, 0.5), _row("ours-triton-chunk", 0.9, 0.7), _row("fla", 2.0, 0.25)]
+    ((*_, timed, ours, ours_ms, peer, peer_ms, _note),) = headline(rows)
+    assert (timed, ours, ours_ms, peer, peer_ms) == ("replay", "ours-triton", 0.5, "fla", 0.25)
+    rows.append(_row("fla-recurrent", 1.5))
+    ((*_, timed, ours, ours_ms, peer, peer_ms, _note),) = headline(rows)
+    assert (timed, ours, ours_ms, peer, peer_ms) == ("eager", "ours-triton-chunk", 0.9, "fla-recurrent", 1.5)

@@ -213,25 +213,33 @@ def test_dispatch_errors():
 
 
 @pytest.mark.parametrize(
-    "op,gated,steps,fla,refuses,expected",
+    "op,gated,head_dim,steps,fla,refuses,expected",
     [
-        ("delta_rule", False, 128, False, False, "triton"),  # no fla: ours up to the limit
-        ("delta_rule", False, kd.AUTO_TRITON_MAX_STEPS + 1, False, False, "chunk"),
-        ("dplr_delta_rule", False, 128, False, False, "triton"),
-        ("dplr_delta_rule", False, 4096, False, False, "reference"),
-        ("delta_rule", False, 128, True, True, "fla"),  # ungated: fla's own kernels
-        ("gated_delta_rule", True, 128, True, True, "triton"),  # fla's gated backward refused here
-        ("gated_delta_rule", True, 128, True, False, "fla"),
-        ("gated_delta_rule", True, 4096, True, True, "fla"),
-        ("delta_product", True, 256, True, True, "triton"),
-        ("delta_product", False, 256, True, True, "fla"),
+        ("delta_rule", False, 16, 128, False, False, "triton"),  # no fla: narrow heads, ours at any length
+        ("delta_rule", False, 16, 4096, False, False, "triton"),
+        ("delta_rule", False, 17, 128, False, False, "triton_chunk"),  # wider heads: our chunked kernels
+        ("delta_product", True, 64, 4096, False, False, "triton_chunk"),
+        ("dplr_delta_rule", False, 64, 4096, False, False, "triton"),  # no chunked form: the recurrence
+        ("delta_rule", False, 16, 128, True, True, "fla"),  # ungated: fla's own kernels
+        ("delta_product", False, 16, 256, True, True, "fla"),
+        ("gated_delta_rule", True, 16, 128, True, True, "triton"),  # fla's gated backward refused here
+        ("gated_delta_rule", True, 16, kd.AUTO_TRITON_MAX_STEPS, True, True, "triton"),
+        ("gated_delta_rule", True, 16, kd.AUTO_TRITON_MAX_STEPS + 1, True, True, "fla"),
+        ("gated_delta_rule", True, 32, 128, True, True, "fla"),  # wider heads: fla even so
+        ("gated_delta_rule", True, 16, 128, True, False, "fla"),  # fla's Triton backward runs
+        ("delta_product", True, 16, 256, True, True, "triton"),
+        ("dplr_delta_rule", False, 16, 128, True, False, "triton"),  # ours beat fla's DPLR kernels
+        ("dplr_delta_rule", False, 64, 128, True, False, "fla"),
     ],
 )
-def test_auto_on_cuda_picks_by_fla_refusal_and_length(monkeypatch, op, gated, steps, fla, refuses, expected):
-    """``auto``'s table for CUDA tensors (a stand-in with ``is_cuda``; no GPU needed)."""
+def test_auto_on_cuda_picks_by_head_width_length_and_fla(
+    monkeypatch, op, gated, head_dim, steps, fla, refuses, expected
+):
+    """``auto``'s table for CUDA tensors (a stand-in with ``is_cuda`` and a shape; no GPU needed), at the
+    edges of ``AUTO_TRITON_MAX_HEAD_DIM`` and ``AUTO_TRITON_MAX_STEPS``."""
     monkeypatch.setattr(kd, "fla_available", lambda: fla)
     monkeypatch.setattr(kd, "_fla_refuses_gated", lambda: refuses)
-    cuda_like = types.SimpleNamespace(is_cuda=True)
+    cuda_like = types.SimpleNamespace(is_cuda=True, shape=(2, steps, 4, head_dim))
     assert kd.resolve_backend(op, "auto", cuda_like, gated=gated, steps=steps) == expected
 
 

@@ -2,8 +2,8 @@
 host code in ``triton_chunk.py``) against the float64 per-token references (themselves checked against dense
 transition matrices in ``test_delta.py``): the output and every input gradient of the delta rule, the
 gated delta rule and DeltaProduct (3 Householder steps per token, with and without decay), at lengths that leave a partial last chunk, several chunks, key and value widths that are
-not powers of two and several blocks of value columns, with the outputs and gradients computed in the sequential kernels (state on chip) and
-in per-chunk kernels from stored states (``ChunkTiles(fused=False)``); outputs and intermediates poisoned with NaN; the
+not powers of two and several blocks of value columns, with the outputs and gradients computed in per-chunk
+kernels from stored states (the default) and in the sequential kernels (state on chip, ``ChunkTiles(fused=True)``); outputs and intermediates poisoned with NaN; the
 custom ops under ``opcheck`` and through their registered autograd. On the CPU the kernels run in the
 interpreter at small shapes; on a GPU (``-m gpu``) compiled, at lengths up to 1,024 and head dims 16 to 128,
 in float32 and bfloat16, captured in a CUDA graph and under ``torch.compile``.
@@ -83,8 +83,8 @@ def _compare(member, shape, dtype, tol, tiles=None, seed=0):
         ((1, 130, 2, 32, 32), ChunkTiles(chunk=32)),  # several chunks, a few steps in the last
         ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16)),  # K, V not powers of two; 4 value blocks
         ((1, 130, 1, 16, 32), None),  # the default chunk of 64
-        ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, fused=False)),  # states stored, outputs and gradients per chunk
-        ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16, fused=False)),
+        ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, fused=True)),  # outputs and gradients with the state on chip
+        ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16, fused=True)),
     ],
 )
 def test_triton_chunk_equals_reference(member, shape, tiles):
@@ -198,12 +198,12 @@ def test_gpu_triton_chunk_product_equals_reference(member, L, D, dtype, tol):
 
 @pytest.mark.parametrize(
     "tiles",
-    [ChunkTiles(chunk=16), ChunkTiles(block_v=32), ChunkTiles(precision="ieee"), ChunkTiles(fused=False)],
+    [ChunkTiles(chunk=16), ChunkTiles(block_v=32), ChunkTiles(precision="ieee"), ChunkTiles(fused=True)],
 )
 @gpu
 def test_gpu_triton_chunk_tiles(tiles):
-    """Another chunk size, several value blocks at D 128, IEEE products and the kernels without the
-    on-chip recurrence, float32."""
+    """Another chunk size, several value blocks at D 128, IEEE products and the outputs and gradients
+    computed with the state on chip (paper 004), float32."""
     _compare("gated_delta_rule", (2, 300, 2, 128, 128), torch.float32, 1e-4, tiles, seed=5)
 
 
