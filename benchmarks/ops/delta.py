@@ -13,6 +13,8 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
 - ``ours-triton-chunk-split``: the same kernels with the recurrence only carrying the state, every
   chunk's state stored and read back by per-chunk output and gradient kernels (the default tiles:
   paper 004's baseline; ``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);
+- ``ours-triton-chunk-blocks``: the split kernels with ``I + A`` inverted by 16 x 16 blocks
+  (``ChunkTiles(inverse="blocks")``) instead of row by row;
 - ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``kernels/delta/fla_gated_bwd.py``'s
@@ -131,19 +133,21 @@ def _chunk(op: str, tiles: triton_chunk.ChunkTiles):
 
 
 def chunk_tiles(text: str | None) -> triton_chunk.ChunkTiles:
-    """``ChunkTiles`` from ``"chunk=32,warps=8,block_v=32,stages=2,precision=tf32"`` (``None``: defaults)."""
+    """``ChunkTiles`` from ``"chunk=32,warps=8,block_v=32,stages=2,precision=tf32,inverse=blocks"`` (``None``:
+    defaults)."""
     if not text:
         return triton_chunk.ChunkTiles()
     kw = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
-        if key not in ("chunk", "block_v", "warps", "stages", "precision"):
+        if key not in ("chunk", "block_v", "warps", "stages", "precision", "inverse"):
             raise SystemExit(
-                f"error: --chunk-tiles: unknown field {key!r}; valid: chunk, block_v, warps, stages, precision"
+                f"error: --chunk-tiles: unknown field {key!r}; valid: chunk, block_v, warps, stages, precision, inverse"
             )
-        if key != "precision" and not value.isdigit():
+        text_field = key in ("precision", "inverse")
+        if not text_field and not value.isdigit():
             raise SystemExit(f"error: --chunk-tiles: {key} must be a positive int, got {value!r}")
-        kw[key] = value if key == "precision" else int(value)
+        kw[key] = value if text_field else int(value)
     return triton_chunk.ChunkTiles(**kw)
 
 
@@ -176,6 +180,12 @@ def implementations(
         named = ", ".join(f"{f.name}={getattr(tiles, f.name)}" for f in fields if getattr(tiles, f.name) != f.default)
         impls["ours-triton-chunk"] = (on_chip, contextlib.nullcontext, f"chunkwise, state on chip {named}".strip())
         impls["ours-triton-chunk-split"] = (split, contextlib.nullcontext, f"chunkwise, states via HBM {named}".strip())
+        blocks = _chunk(op, dataclasses.replace(tiles, fused=False, inverse="blocks"))
+        impls["ours-triton-chunk-blocks"] = (
+            blocks,
+            contextlib.nullcontext,
+            f"split, I + A by 16 x 16 blocks {named}".strip(),
+        )
         impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from kernels.delta import fla_gated_bwd
@@ -262,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--chunk-tiles",
         default=None,
-        help="ours-triton-chunk(-split)'s ChunkTiles, e.g. chunk=32,warps=8 (fields: chunk, block_v, warps, stages, precision)",
+        help="ours-triton-chunk(-split)'s ChunkTiles, e.g. chunk=32,warps=8 (fields: chunk, block_v, warps, stages, precision, inverse)",
     )
     cli_common(ap)
     args = ap.parse_args(argv)
@@ -284,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             dims = tuple(int(v) for v in shape.split("x"))
             problems.append(problem(op, *dims, dtype_name, implementations(op, names, stages, tiles), bw))
     if args.sweep:
-        sweep_names = {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "fla"}
+        sweep_names = {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "ours-triton-chunk-blocks", "fla"}
         sweep_impls = implementations("gated", sweep_names, tiles=tiles)
         for shape, dtype_name in SWEEP:
             dims = tuple(int(v) for v in shape.split("x"))

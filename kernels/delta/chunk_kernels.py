@@ -142,6 +142,44 @@ def _unit_lower_inverse(A, scratch, C: tl.constexpr):
 
 
 @triton.jit
+def _unit_lower_inverse_blocks(A, scratch, C: tl.constexpr):
+    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile by blocks of 16 (``M = I + A``):
+    each diagonal block ``T_ii = M_ii^-1`` by ``_unit_lower_inverse``'s forward substitution on 16 x 16
+    tiles, then block column by block column ``T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj`` (``i > j``, IEEE
+    float32 products), each block written over ``A``'s in ``scratch`` (``C x C`` float32, row-major) once
+    no later block needs it. Returns ``T``; ``scratch`` may be overwritten once this returns."""
+    S: tl.constexpr = 16
+    NB: tl.constexpr = C // S
+    r = tl.arange(0, C)
+    s = tl.arange(0, S)
+    blk = s[:, None] * C + s[None, :]
+    tl.store(scratch + r[:, None] * C + r[None, :], A)
+    tl.debug_barrier()
+    for b in tl.static_range(NB):
+        diag = scratch + b * S * C + b * S
+        Tt = tl.where(s[:, None] == s[None, :], 1.0, 0.0)
+        for i in range(1, S):
+            a_i = tl.load(diag + i * C + s)  # row i of A_bb
+            Tt = tl.where(s[None, :] == i, Tt - tl.sum(Tt * a_i[None, :], 1)[:, None], Tt)
+        tl.debug_barrier()
+        tl.store(diag + blk, tl.trans(Tt))
+    tl.debug_barrier()
+    for j in tl.static_range(NB - 1):
+        for i in tl.static_range(j + 1, NB):
+            acc = tl.zeros([S, S], dtype=tl.float32)
+            for k in tl.static_range(j, i):  # A_ik (k >= j: not yet overwritten), T_kj (done: k < i)
+                A_ik = tl.load(scratch + i * S * C + k * S + blk)
+                T_kj = tl.load(scratch + k * S * C + j * S + blk)
+                acc = tl.dot(A_ik, T_kj, acc, input_precision="ieee")
+            T_ii = tl.load(scratch + i * S * C + i * S + blk)
+            T_ij = -tl.dot(T_ii, acc, input_precision="ieee")
+            tl.debug_barrier()
+            tl.store(scratch + i * S * C + j * S + blk, T_ij)
+            tl.debug_barrier()
+    return tl.load(scratch + r[:, None] * C + r[None, :])
+
+
+@triton.jit
 def _inner(G, bb, kk, C: tl.constexpr, PREC: tl.constexpr):
     """``(A, Gamma, K K^T)`` of one chunk: ``A = strictly_lower(diag(beta) K K^T o Gamma)``."""
     Gam, _ = _decays(G, C)
@@ -169,8 +207,10 @@ def chunk_prep_kernel(
     C: tl.constexpr,
     HAS_G: tl.constexpr,
     PREC: tl.constexpr,
+    INV_BLOCKS: tl.constexpr,
 ):
-    """Grid ``(NC, B H)``: ``T (B H, NC C, C)``, ``W (B H, NC C, BK)``, ``U (B H, NC C, VP)`` of one chunk."""
+    """Grid ``(NC, B H)``: ``T (B H, NC C, C)``, ``W (B H, NC C, BK)``, ``U (B H, NC C, VP)`` of one chunk
+    (``INV_BLOCKS``: ``T`` by ``_unit_lower_inverse_blocks``, else ``_unit_lower_inverse``)."""
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -181,7 +221,11 @@ def chunk_prep_kernel(
     bb = _steps(beta, i_b, i_h, t0, T, H, C)
     A, _, _ = _inner(G, bb, kk, C, PREC)
     row = i_bh * tl.num_programs(0) * C + t0 + tl.arange(0, C)
-    Ti = _unit_lower_inverse(A, Tm + (i_bh * tl.num_programs(0) * C + t0) * C, C)
+    scratch = Tm + (i_bh * tl.num_programs(0) * C + t0) * C
+    if INV_BLOCKS:
+        Ti = _unit_lower_inverse_blocks(A, scratch, C)
+    else:
+        Ti = _unit_lower_inverse(A, scratch, C)
     W = _mm(Ti, kk * (bb * tl.exp(G))[:, None], PREC)
     U = _mm(Ti, vv * bb[:, None], PREC)
     tl.store(Tm + row[:, None] * C + tl.arange(0, C)[None, :], Ti)

@@ -55,7 +55,10 @@ class ChunkTiles:
       faster at every shape timed: ``benchmarks/ops/results/delta.evidence.md``); ``True``: the sequential kernels also compute the
       outputs and gradients with the state on chip (paper 004);
     - ``stages``: Triton's software pipelining depth of the loops over chunks (each stage holds one
-      chunk's tiles in shared memory)."""
+      chunk's tiles in shared memory);
+    - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"rows"`` (default: forward substitution
+      over the chunk's ``C`` rows) or ``"blocks"`` (16 x 16 diagonal blocks by forward substitution, the
+      rest by block products)."""
 
     chunk: int | None = None
     block_v: int | None = None
@@ -63,6 +66,7 @@ class ChunkTiles:
     precision: str | None = None
     fused: bool = False
     stages: int = 2
+    inverse: str = "rows"
 
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, str]:
         """``(C, BK, BV, VP, warps, precision)`` for ``T`` steps, keys of width ``K``, values of width ``V``."""
@@ -77,21 +81,23 @@ class ChunkTiles:
         precision = self.precision or ("tf32x3" if dtype == torch.float32 else "tf32")
         if precision not in PRECISIONS:
             raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
+        if self.inverse not in ("rows", "blocks"):
+            raise ValueError(f"delta triton_chunk: inverse must be 'rows' or 'blocks', got {self.inverse!r}")
         if not isinstance(self.stages, int) or self.stages < 1:
             raise ValueError(f"delta triton_chunk: stages must be a positive int, got {self.stages!r}")
         return C, BK, BV, VP, warps, precision
 
 
-def _meta(q, k, v, g, nstep: int, tiles: ChunkTiles | None) -> tuple[int, int, bool, dict, dict]:
-    """``(C, NV, fused, prep, blocks)``: the chunk, the blocks of value columns, whether the sequential
-    kernels compute outputs and gradients, and the constexprs of the launches over whole chunks (``prep``)
-    and over blocks of value columns (``blocks``)."""
+def _meta(q, k, v, g, nstep: int, tiles: ChunkTiles | None) -> tuple[int, int, ChunkTiles, dict, dict]:
+    """``(C, NV, tiles, prep, blocks)``: the chunk, the blocks of value columns, the tiles (defaults for
+    ``None``), and the constexprs of the launches over whole chunks (``prep``) and over blocks of value
+    columns (``blocks``)."""
     tiles = tiles or ChunkTiles()
     Ts, K, V = k.shape[1], q.shape[-1], v.shape[-1]
     C, BK, BV, VP, warps, prec = tiles.resolve(Ts, K, V, q.dtype)
     meta = {"K": K, "V": V, "BK": BK, "VP": VP, "C": C, "HAS_G": g is not None, "PREC": prec}
     meta.update(num_warps=warps, num_stages=tiles.stages)
-    return C, VP // BV, tiles.fused, meta, {**meta, "BV": BV, "NSTEP": nstep}
+    return C, VP // BV, tiles, meta, {**meta, "BV": BV, "NSTEP": nstep}
 
 
 def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: ChunkTiles | None = None):
@@ -99,12 +105,13 @@ def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: Chun
     ``U (B H, NC C, VP)``, ``Tm (B H, NC C, C)`` and the entering state ``ckpt (B H, NC, BK, VP)``, float32."""
     B, T, H, _ = q.shape
     Ts = k.shape[1]
-    C, NV, fused, prep, blocks = _meta(q, k, v, g, nstep, tiles)
-    BK, VP = prep["BK"], prep["VP"]
+    C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles)
+    fused, BK, VP = tiles.fused, prep["BK"], prep["VP"]
     NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
     W, U, Tm = (empty((B * H, NC * C, n), dev, f32) for n in (BK, VP, C))
     g_arg = beta if g is None else g  # any pointer: HAS_G=False never reads it
-    chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, Ts, H, **prep)
+    inv_blocks = tiles.inverse == "blocks"
+    chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, Ts, H, **prep, INV_BLOCKS=inv_blocks)
     o = empty((B, T, H, v.shape[-1]), dev, q.dtype)
     save = save or not fused
     ckpt = empty((B * H, NC, BK, VP) if save else (1,), dev, f32)
@@ -119,8 +126,8 @@ def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, ti
     """``(dq, dk, dv, dg, dbeta)`` in float32 (``dg`` empty without ``g``)."""
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
-    C, NV, fused, prep, blocks = _meta(q, k, v, g, nstep, tiles)
-    BK, VP = prep["BK"], prep["VP"]
+    C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles)
+    fused, BK, VP = tiles.fused, prep["BK"], prep["VP"]
     NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
     g_arg = beta if g is None else g
     dq, dk_state = empty((NV, B, T, H, K), dev, f32), empty((NV, B, Ts, H, K), dev, f32)

@@ -3,7 +3,8 @@ host code in ``triton_chunk.py``) against the float64 per-token references (them
 transition matrices in ``test_delta.py``): the output and every input gradient of the delta rule, the
 gated delta rule and DeltaProduct (3 Householder steps per token, with and without decay), at lengths that leave a partial last chunk, several chunks, key and value widths that are
 not powers of two and several blocks of value columns, with the outputs and gradients computed in per-chunk
-kernels from stored states (the default) and in the sequential kernels (state on chip, ``ChunkTiles(fused=True)``); outputs and intermediates poisoned with NaN; the
+kernels from stored states (the default) and in the sequential kernels (state on chip, ``ChunkTiles(fused=True)``),
+``I + A`` inverted row by row (the default) and by 16 x 16 blocks (``ChunkTiles(inverse="blocks")``); outputs and intermediates poisoned with NaN; the
 custom ops under ``opcheck`` and through their registered autograd. On the CPU the kernels run in the
 interpreter at small shapes; on a GPU (``-m gpu``) compiled, at lengths up to 1,024 and head dims 16 to 128,
 in float32 and bfloat16, captured in a CUDA graph and under ``torch.compile``.
@@ -85,6 +86,8 @@ def _compare(member, shape, dtype, tol, tiles=None, seed=0):
         ((1, 130, 1, 16, 32), None),  # the default chunk of 64
         ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, fused=True)),  # outputs and gradients with the state on chip
         ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16, fused=True)),
+        ((1, 130, 1, 16, 32), ChunkTiles(inverse="blocks")),  # I + A inverted by 16 x 16 blocks, 4 per chunk
+        ((1, 37, 2, 16, 16), ChunkTiles(chunk=32, inverse="blocks")),  # 2 blocks per chunk, the last partial
     ],
 )
 def test_triton_chunk_equals_reference(member, shape, tiles):
@@ -205,6 +208,15 @@ def test_gpu_triton_chunk_tiles(tiles):
     """Another chunk size, several value blocks at D 128, IEEE products and the outputs and gradients
     computed with the state on chip (paper 004), float32."""
     _compare("gated_delta_rule", (2, 300, 2, 128, 128), torch.float32, 1e-4, tiles, seed=5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("L,D", [(1, 16), (67, 64), (1024, 64), (130, 128)])
+@gpu
+def test_gpu_triton_chunk_block_inverse(L, D, dtype, tol):
+    """``I + A`` inverted by 16 x 16 blocks: 4 blocks per chunk of 64 (head dims up to 64), 2 per chunk of
+    32 (128); the gated delta rule against the reference."""
+    _compare("gated_delta_rule", (2, L, 2, D, D), dtype, tol, ChunkTiles(inverse="blocks"), seed=L + D)
 
 
 @gpu
