@@ -10,6 +10,6 @@ Each module is a CLI writing PNG + PDF figures and the CSV of every plotted numb
 - ``python -m analysis.depth RESULTS...``: the minimum number of layers reaching a threshold vs
   sequence length, per mixer and task (Merrill et al. 2024, Fig. 3).
 
-Dependencies: ``mixers``, ``kernels``, ``tasks`` and files on disk; ``experiments`` only to reuse
+Dependencies: ``mixers``, ``seqkernels``, ``tasks`` and files on disk; ``experiments`` only to reuse
 the results aggregation (``experiments.sweeps.results``) and to rebuild trained models from checkpoints.
 """

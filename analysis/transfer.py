@@ -7,7 +7,7 @@ over time), one head of the mLSTM runs over a single sequence of ``T`` steps wit
     G_before = mean_t ||h_t||_max / ||v_t||_max,     G_after = mean_t ||RMSNorm(h_t)||_max / ||v_t||_max
 
 are measured, with ``RMSNorm(x) = x / sqrt(mean(x²) + ε)`` (unit scale) and ``||x||_max = max_j |x_j|``
-(paper 002 eq. 25-26). ``h`` is the cell output before the output gate (``kernels.mlstm``'s reference
+(paper 002 eq. 25-26). ``h`` is the cell output before the output gate (``seqkernels.mlstm``'s reference
 with the normalizer of the variant; the mLSTM's own ``eps`` is 1e-6). Paper defaults: ``i`` in
 [-12, 8], ``f`` in [-5, 12], ``T = 512``, ``d_qk = d_v = 128``, norm ε in {1e-2, 1e-6, 1e-8}.
 
@@ -48,7 +48,7 @@ from analysis.cli import csv_list, run, setup_logging
 
 log = logging.getLogger("analysis.transfer")
 
-#: name -> (input gate, normalizer of kernels.mlstm.reference, label)
+#: name -> (input gate, normalizer of seqkernels.mlstm.reference, label)
 VARIANTS: dict[str, tuple[str, str, str]] = {
     "exp": ("exp", "max_exp_m", r"mLSTMexp, max(|n·q|, $e^{-m}$)"),
     "exp-max1": ("exp", "max_one", "mLSTMexp, max(|n·q|, 1)"),
@@ -92,9 +92,9 @@ def hidden_states(variant: str, q, k, v, i_values, f_values, *, backend: str = "
 
     ``q, k (T, d_qk)``, ``v (T, d_v)``: one sequence shared by every grid point; gate pre-activations
     constant over time. The grid is run as a batch, ``cells_per_call`` grid points at a time, through
-    ``kernels.mlstm``'s ``parallel`` (default, fastest on the CPU at T = 512) or ``recurrent`` reference.
+    ``seqkernels.mlstm``'s ``parallel`` (default, fastest on the CPU at T = 512) or ``recurrent`` reference.
     """
-    from kernels.mlstm import mlstm_parallel, mlstm_recurrent
+    from seqkernels.mlstm import mlstm_parallel, mlstm_recurrent
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")

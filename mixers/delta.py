@@ -27,12 +27,12 @@ conv, kernel 4, no bias, SiLU, on q, k and v: the suite's "full" block already c
 sizes (above); linear layers keep PyTorch's default initialization (fla's models re-initialize
 them at the model level); no caches, masks or variable lengths.
 
-Backends (``kernels.delta``): ``"reference"`` (per-token loop, any device/dtype), ``"chunk"`` (the
+Backends (``seqkernels.delta``): ``"reference"`` (per-token loop, any device/dtype), ``"chunk"`` (the
 chunkwise form in PyTorch, any device/dtype), ``"triton"`` (our fused recurrent kernel, CUDA, the input
 dtype with float32 arithmetic), ``"triton_chunk"`` (our chunkwise kernels, CUDA, the input dtype with
 float32 arithmetic), ``"fla"`` (fla's chunked kernels, CUDA, computed in
 bfloat16), ``"fla_recurrent"`` (fla's fused recurrent kernel in the input dtype, CUDA; not with the
-forget gate), ``"auto"`` (``kernels.delta.resolve_backend``: ``"triton"`` or ``"fla"`` on CUDA, else ``"chunk"``).
+forget gate), ``"auto"`` (``seqkernels.delta.resolve_backend``: ``"triton"`` or ``"fla"`` on CUDA, else ``"chunk"``).
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.delta import backends as kernel_backends
-from kernels.delta import delta_product, delta_rule, gated_delta_rule
-from kernels.delta.reference import l2norm
 from mixers.conv import causal_depthwise_conv
 from mixers.registry import register_mixer
 from mixers.validate import boolean, check_backend, positive_int
+from seqkernels.delta import backends as kernel_backends
+from seqkernels.delta import delta_product, delta_rule, gated_delta_rule
+from seqkernels.delta.reference import l2norm
 
 QK_NORMS = ("l2", "sum")
 

@@ -19,71 +19,23 @@ as it is) and wraps it:
   results row says so);
 - fla's gated layers (``GatedDeltaNet``, ``GatedDeltaProduct``, ...) train on Hopper GPUs with a Triton
   whose gated chunk backward fla refuses: building a layer registers
-  ``kernels.delta.fla_gated_bwd``'s PyTorch ``chunk_bwd_dqkwg`` with fla's backend registry.
+  ``seqkernels.delta.fla_gated_bwd``'s PyTorch ``chunk_bwd_dqkwg`` with fla's backend registry.
 
-fla is an optional extra: ``pip install 'expressivity-suite[fla]'`` (a CUDA machine). It brings
-transformers, which requires Hugging Face's ``kernels`` distribution: the same top-level name as this
-suite's ``kernels`` package. Where ours is the ``kernels`` that imports (run from the repository folder),
-transformers would find a ``kernels`` of a viable version and import names ours does not have; the first
-``import fla`` of a process (``fla:<Layer>``, or the ``fla`` backend of ``kernels.delta``) therefore first
-tells transformers that hub kernels are unavailable (``hide_hub_kernels_from_transformers``).
+fla is an optional extra: ``pip install 'expressivity-suite[fla]'`` (a CUDA machine).
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import inspect
-import sys
 import warnings
 
 import torch
 from torch import nn
 
-from kernels.delta import fla_gated_bwd
+from seqkernels.delta import fla_gated_bwd
 
 PREFIX = "fla:"
 INSTALL_HINT = "pip install 'expressivity-suite[fla]' (flash-linear-attention, for a CUDA GPU)"
-
-
-def hide_hub_kernels_from_transformers() -> bool:
-    """Make transformers treat Hugging Face's ``kernels`` as not installed where ``import kernels`` gives ours.
-
-    transformers decides with ``is_kernels_available()`` (a ``kernels`` module is found and a ``kernels``
-    distribution of a viable version is installed), then imports ``CUDAProperties`` and others from
-    ``kernels``. Both bindings of the check (``transformers.utils.import_utils`` and its re-export in
-    ``transformers.utils``) are replaced by ``False`` before any transformers module that reads them is
-    imported, as transformers' own export patches do. True where it did so; nothing happens where
-    ``kernels`` is Hugging Face's (run from another folder) or transformers is not installed.
-    """
-    ours = sys.modules.get("kernels") or importlib.import_module("kernels")
-    if hasattr(ours, "get_kernel") or importlib.util.find_spec("transformers") is None:
-        return False
-    import transformers.utils
-    import transformers.utils.import_utils
-
-    def unavailable(*args, **kwargs) -> bool:
-        return False
-
-    transformers.utils.import_utils.is_kernels_available = unavailable
-    transformers.utils.is_kernels_available = unavailable
-    return True
-
-
-class _BeforeFirstFlaImport(importlib.abc.MetaPathFinder):
-    """A one-shot import hook: on the first ``import fla`` of the process, hides Hugging Face's ``kernels``
-    from transformers (``hide_hub_kernels_from_transformers``), then lets the usual finders import fla."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "fla":
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            hide_hub_kernels_from_transformers()
-        return None
-
-
-if "fla" not in sys.modules and not any(isinstance(f, _BeforeFirstFlaImport) for f in sys.meta_path):
-    sys.meta_path.insert(0, _BeforeFirstFlaImport())
 
 
 class FLALayer(nn.Module):

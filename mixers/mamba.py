@@ -3,7 +3,7 @@
 Both are the *mixer only* (paper 000's †: no convolution, gate or norm; the model's full block adds
 those around the mixer) and have no output projection: ``(B, L, d_model) -> (B, L, d_model)``.
 
-``mamba2`` -- the SSD layer (``kernels.ssd``). ``d_model`` channels split into ``num_heads`` heads
+``mamba2`` -- the SSD layer (``seqkernels.ssd``). ``d_model`` channels split into ``num_heads`` heads
 of ``P = d_model / num_heads``; per head a scalar decay ``exp(dt_t A)``, ``A = -exp(A_log) < 0``,
 ``dt_t = softplus(proj_t + dt_bias)``, input-dependent ``B_t, C_t`` of size ``d_state`` shared by
 the heads of a group (``ngroups``), a skip ``D`` per head. One linear map (no bias) gives
@@ -18,7 +18,7 @@ Initialization as Mamba2: ``A`` uniform in [1, 16], ``dt`` log-uniform in [1e-3,
 ``dt_bias`` (inverse softplus), ``D = 1``.
 
 ``mamba`` -- S6, the selective scan written as paper 003 does: expand ``x`` with ``B`` into
-``d_inner x d_state`` lanes, run the diagonal linear recurrence ``kernels.scan.linear_scan`` over
+``d_inner x d_state`` lanes, run the diagonal linear recurrence ``seqkernels.scan.linear_scan`` over
 them with coefficients ``exp(dt A)``, contract with ``C``; ``A = -exp(A_log)`` per (channel, state)
 with the S4D-real init ``A = 1..N``; ``dt`` per channel. ``d_inner = expand * d_model`` must equal
 ``d_model`` unless an output projection is wanted, so ``expand > 1`` adds ``out_proj``.
@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.scan import SCAN_BACKENDS, linear_scan
-from kernels.ssd import SSD_BACKENDS, resolve_backend, ssd
 from mixers.conv import causal_depthwise_conv
 from mixers.registry import register_mixer
 from mixers.validate import check_backend, non_negative_int, positive_int
+from seqkernels.scan import SCAN_BACKENDS, linear_scan
+from seqkernels.ssd import SSD_BACKENDS, resolve_backend, ssd
 
 
 def _dt_bias(n: int, dt_min: float, dt_max: float) -> torch.Tensor:
@@ -117,10 +117,10 @@ class Mamba2(nn.Module):
 
 
 class Mamba(nn.Module):
-    """S6 mixer through ``kernels.scan.linear_scan``; see the module docstring.
+    """S6 mixer through ``seqkernels.scan.linear_scan``; see the module docstring.
 
     ``backend``: ``"reference"`` (a step loop over the recurrence), ``"torch"`` / ``"triton"`` (that
-    backend of ``linear_scan``), ``"auto"`` (``linear_scan``'s own choice: ``kernels.scan.resolve_backend``).
+    backend of ``linear_scan``), ``"auto"`` (``linear_scan``'s own choice: ``seqkernels.scan.resolve_backend``).
     """
 
     BACKENDS = ("auto", "reference", "torch", "triton")
@@ -153,7 +153,7 @@ class Mamba(nn.Module):
                     f"mamba: the scan has no {self.backend!r} backend yet (has: {', '.join(SCAN_BACKENDS)})"
                 )
             return self.backend
-        return "auto"  # kernels.scan decides (kernels.scan.resolve_backend)
+        return "auto"  # seqkernels.scan decides (seqkernels.scan.resolve_backend)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         batch, L, _ = u.shape

@@ -23,9 +23,9 @@ projection around it), like ``mamba2``. Initialization as Mamba-3: ``dt`` log-un
 
 Backends: ``"reference"`` -- the step recurrence above, a loop over time (float64-capable);
 ``"torch"`` / ``"triton"`` -- after the rotation the recurrence is diagonal with one decay per head:
-``kernels.scan.linear_scan`` over the ``H P N`` state lanes, inputs ``gamma_t k_t + beta_t k_{t-1}``;
+``seqkernels.scan.linear_scan`` over the ``H P N`` state lanes, inputs ``gamma_t k_t + beta_t k_{t-1}``;
 ``"auto"``: ``linear_scan``'s choice (Triton for CUDA float tensors); ``"ssd"`` -- Mamba-2's chunked
-SSD (``kernels.ssd``, its own ``"auto"``: Triton on CUDA, the chunked PyTorch form elsewhere), no
+SSD (``seqkernels.ssd``, its own ``"auto"``: Triton on CUDA, the chunked PyTorch form elsewhere), no
 ``(P, N)`` state per token in memory: the trapezoid's two terms run as ``2 H`` heads of one SSD call, head
 ``h`` on ``(x_t, B~_t)`` with weight ``gamma_t`` and head ``H + h`` on ``(x_{t-1}, B~_{t-1})`` with
 weight ``beta_t``, both reading ``C~_t`` and decaying by ``alpha_t = exp(-s_t)``, ``s_t = dt_t
@@ -41,11 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.scan import SCAN_BACKENDS, linear_scan
-from kernels.ssd import ssd
 from mixers.mamba import _dt_bias
 from mixers.registry import register_mixer
 from mixers.validate import check_backend, positive_int
+from seqkernels.scan import SCAN_BACKENDS, linear_scan
+from seqkernels.ssd import ssd
 
 
 def rotate_pairs(v: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:

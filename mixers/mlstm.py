@@ -5,7 +5,7 @@ keys have ``DQK = qk_dim or DV``):
 
     q, k, v = W_q x, W_k x, W_v x                       (one fused projection, no bias)
     i~, f~ = softcap(W_if x + b_if)                      (scalar gates per head, eq. 6-7)
-    h~ = mlstm(q, k, v, i~, f~)                           (the cell, ``kernels.mlstm``)
+    h~ = mlstm(q, k, v, i~, f~)                           (the cell, ``seqkernels.mlstm``)
     y = W_out (sigmoid(W_o x + b_o) * NORM(h~))           (output gate, per-head norm, eq. 5)
 
 Initialization (paper 002 §4.2, §5.1): input-gate bias ``igate_bias`` (-10), forget-gate biases
@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.mlstm import BACKENDS, mlstm
 from mixers.registry import register_mixer
 from mixers.validate import check_backend, positive_int
+from seqkernels.mlstm import BACKENDS, mlstm
 
 
 class MultiHeadNorm(nn.Module):

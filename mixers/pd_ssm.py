@@ -17,7 +17,7 @@ Shapes: ``u (B, L, d_model) -> y (B, L, d_model)``.
 
 Backends: ``"reference"`` -- the recurrence with the dense ``(N, N)`` matrices ``A_t`` (straight-through
 ``P``), a loop over time, float64-capable, ``O(N^2)`` per step; ``"torch"`` / ``"auto"`` -- the
-parallel scan over the P·D form (``kernels.pd_scan``, ``O(N)`` per combine, ``log2 L`` rounds). With
+parallel scan over the P·D form (``seqkernels.pd_scan``, ``O(N)`` per combine, ``log2 L`` rounds). With
 autograd on, the fast path runs the scan twice: a first pass without gradients gives ``h_{t-1}`` for
 the straight-through term ``(soft - sg(soft)) D_t sg(h_{t-1})``, which is zero in value and carries
 the gradient of the soft selection into the second (differentiated) pass. Both forms are
@@ -26,7 +26,7 @@ CUDA-graph capturable (no host reads).
 ``complex_diag`` -- the same model with ``P_t = I`` (the paper's "ℂ Diag." row): a diagonal linear RNN
 with complex eigenvalues of input-dependent magnitude and angle, ``h_t = D_t h_{t-1} + W_B u_t``,
 ``h_{-1} = 0``; each complex lane is a 2x2 rotation-scale block, so the fast path is
-``kernels.scan.linear_scan_block2`` (Triton on CUDA); ``"reference"`` is a loop over complex numbers.
+``seqkernels.scan.linear_scan_block2`` (Triton on CUDA); ``"reference"`` is a loop over complex numbers.
 
 Options: ``d_state`` (N, default 32), ``mlp_expand`` (default 2), ``dictionary_size`` (K, pd_ssm
 only, default 8), ``backend``; ``num_heads`` is accepted for a uniform sweep config and unused.
@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.pd_scan import PD_SCAN_BACKENDS, multiply, pd_scan
-from kernels.scan import SCAN_BACKENDS, linear_scan_block2
 from mixers.registry import register_mixer
 from mixers.validate import check_backend, positive_int
+from seqkernels.pd_scan import PD_SCAN_BACKENDS, multiply, pd_scan
+from seqkernels.scan import SCAN_BACKENDS, linear_scan_block2
 
 
 def _mlp(d_model: int, hidden: int, out: int) -> nn.Sequential:

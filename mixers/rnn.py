@@ -3,9 +3,9 @@
 
     x (B, L, d) --W--> wx (B, L, NH, G_x, DH) --cell over time--> h (B, L, NH, DH) -> (B, L, d)
 
-The recurrence itself is ``kernels.fused_rnn.fused_rnn``; the mixer's ``backend`` is its backend
+The recurrence itself is ``seqkernels.fused_rnn.fused_rnn``; the mixer's ``backend`` is its backend
 (``"reference"``, the PyTorch loop; ``"triton"``, the fused / alternating Triton kernels; ``"fused"``,
-``"alternating"``; ``"auto"``: ``kernels/README.md``).
+``"alternating"``; ``"auto"``: ``seqkernels/README.md``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import math
 import torch
 from torch import nn
 
-from kernels.fused_rnn import BACKENDS as KERNEL_BACKENDS
-from kernels.fused_rnn import cell_spec, fused_rnn
 from mixers.registry import register_mixer
 from mixers.validate import check_backend
+from seqkernels.fused_rnn import BACKENDS as KERNEL_BACKENDS
+from seqkernels.fused_rnn import cell_spec, fused_rnn
 
 #: the forget gate's index in the bias, and its initial value (opens the memory at the start)
 FORGET_BIAS = {"lstm": (1, 1.0), "slstm": (1, 1.0)}

@@ -15,7 +15,7 @@ splits into ``num_heads`` heads of ``D = d_model / num_heads``; per token ``x_t`
     readout         o_t = S_t r_t
     output          y = W_o [(GroupNorm_heads(o) + (sum_D(r * k * r_k)) v) * g]   ("bonus" r_k, per head)
 
-The recurrence is ``kernels.delta.dplr_delta_rule`` with ``a = -kk``, ``b = kk * a``, log decay
+The recurrence is ``seqkernels.delta.dplr_delta_rule`` with ``a = -kk``, ``b = kk * a``, log decay
 ``log w``, scale 1 (fla's call, also its RWKV-7 promise ``log w >= -e^{-1/2}`` for its faster chunking).
 
 Kept: token shift with six learned mixes, the low-rank decay / in-context learning rate / gate maps
@@ -27,9 +27,9 @@ Dropped: the value residual across layers (``v_first``: a first layer has none),
 Changed: ``W_o`` keeps PyTorch's default initialization (fla/RWKV zero it, which would make a
 one-layer mixer's output identically zero at initialization).
 
-Backends (``kernels.delta``): ``"reference"`` (per-token loop), ``"triton"`` (our fused recurrent
+Backends (``seqkernels.delta``): ``"reference"`` (per-token loop), ``"triton"`` (our fused recurrent
 kernel, CUDA, float32 arithmetic), ``"fla"`` (fla's ``chunk_dplr_delta_rule`` in bfloat16, CUDA),
-``"auto"`` (``kernels.delta.resolve_backend``).
+``"auto"`` (``seqkernels.delta.resolve_backend``).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.delta import backends as kernel_backends
-from kernels.delta import dplr_delta_rule
 from mixers.registry import register_mixer
 from mixers.validate import check_backend, positive_int
+from seqkernels.delta import backends as kernel_backends
+from seqkernels.delta import dplr_delta_rule
 
 LOG_DECAY_MIN = -math.exp(-0.5)  # fla's -0.6065306597126334: log w in (LOG_DECAY_MIN, 0)
 

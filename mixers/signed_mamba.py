@@ -6,7 +6,7 @@ mapping Mamba's transition ``exp(dt A)`` (in (0, 1)) to ``2 exp(dt A) - 1`` (in 
 Per channel ``d`` and state ``n``, with ``A = -exp(A_log) < 0`` and ``dt_t = softplus(.) > 0``::
 
     a_t = eig_min + (1 - eig_min) * exp(dt_t A)        # eig_min = -1: the paper's 2 exp(dt A) - 1
-    h_t = a_t * h_{t-1} + dt_t * x_t * B_t             # kernels.scan.linear_scan over d x n lanes
+    h_t = a_t * h_{t-1} + dt_t * x_t * B_t             # seqkernels.scan.linear_scan over d x n lanes
     y_t = sum_n C_t[n] h_t[n] + D x_t
 
 ``x, B, C, dt`` come from one linear map of the input (the mixer alone: no convolution or gate).
@@ -20,16 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.scan import SCAN_BACKENDS, linear_scan
 from mixers.mamba import _dt_bias
 from mixers.registry import register_mixer
 from mixers.validate import check_backend, positive_int
+from seqkernels.scan import SCAN_BACKENDS, linear_scan
 
 
 class SignedMamba(nn.Module):
     """S6 with transitions in ``[eig_min, 1]``; ``(B, L, d_model) -> (B, L, d_model)``.
 
-    ``backend``: ``"reference"`` (the loop above), a ``kernels.scan`` backend (``"torch"``,
+    ``backend``: ``"reference"`` (the loop above), a ``seqkernels.scan`` backend (``"torch"``,
     ``"triton"``), or ``"auto"`` (``linear_scan``'s choice for the input's device).
     """
 

@@ -8,14 +8,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("tasks", "kernels", "mixers", "experiments", "analysis")
+PACKAGES = ("tasks", "seqkernels", "mixers", "experiments", "analysis")
 #: what each package may import of the suite
 ALLOWED = {
     "tasks": set(),
-    "kernels": set(),
-    "mixers": {"kernels"},
-    "experiments": {"tasks", "mixers", "kernels"},
-    "analysis": {"experiments", "tasks", "mixers", "kernels"},
+    "seqkernels": set(),
+    "mixers": {"seqkernels"},
+    "experiments": {"tasks", "mixers", "seqkernels"},
+    "analysis": {"experiments", "tasks", "mixers", "seqkernels"},
 }
 #: what each sub-package of ``experiments`` may import of ``experiments``: the trial path runs one way, and
 #: the modules directly in ``experiments`` (the CLIs: sweep, reproduce, probe, paper, cli) sit above them all

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HAND_WRITTEN = sorted(
     {ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "benchmarks" / "README.md"}
     | set(ROOT.glob("docs/*.md"))
-    | set(ROOT.glob("kernels/*/README.md"))
-    | {ROOT / "kernels" / "README.md"}
+    | set(ROOT.glob("seqkernels/*/README.md"))
+    | {ROOT / "seqkernels" / "README.md"}
     | set(ROOT.glob("mixers/*.md"))
 )
 IDS = [str(d.relative_to(ROOT)) for d in HAND_WRITTEN]
@@ -33,7 +33,7 @@ ALLOWED = {
 #: (``benchmarks/ops/results/summary.md``, ``<family>.json``, ``<family>.evidence.md``): they state no number
 #: measured on a device at all
 KERNEL_DOCS = sorted(
-    {ROOT / "kernels" / "README.md", ROOT / "benchmarks" / "README.md"} | set(ROOT.glob("kernels/*/README.md"))
+    {ROOT / "seqkernels" / "README.md", ROOT / "benchmarks" / "README.md"} | set(ROOT.glob("seqkernels/*/README.md"))
 )
 KERNEL_IDS = [str(d.relative_to(ROOT)) for d in KERNEL_DOCS]
 #: a time in ms or µs (integers too), a decimal percentage, a decimal ratio such as ``0.89x``; a bound before

@@ -190,12 +190,12 @@ def no_grad(fn: Callable, *args) -> Callable[[], object]:
 
 def lift_fla_gated_guard() -> Callable[[], None]:
     """Let fla's own Triton gated ``chunk_bwd_dqkwg`` run where fla refuses it (Hopper GPUs with Triton >= 3.4,
-    < 3.7.1: wrong results, fla issue #640) and where ``kernels.delta.fla_gated_bwd`` stands in for it, so a
+    < 3.7.1: wrong results, fla issue #640) and where ``seqkernels.delta.fla_gated_bwd`` stands in for it, so a
     benchmark can time it; its check against the reference shows whether it is wrong there. Returns the
     function that puts both back."""
     import fla.ops.common.chunk_o as chunk_o
 
-    from kernels.delta import fla_gated_bwd
+    from seqkernels.delta import fla_gated_bwd
 
     saved = chunk_o.TRITON_ABOVE_3_7_1, fla_gated_bwd.triton_refuses
     chunk_o.TRITON_ABOVE_3_7_1, fla_gated_bwd.triton_refuses = True, lambda: False

@@ -68,7 +68,7 @@ def describe(compiled) -> dict:
 
 def scan_kernels(shapes, tiles):
     """``(name, kernel, args)`` of the scan launches: default tiles per shape, or the given tiles."""
-    from kernels.scan import triton_ops as ts
+    from seqkernels.scan import triton_ops as ts
 
     ptrs = {n: "*fp32" for n in ("c_ptr", "x_ptr", "out_ptr")}
     cases = []
@@ -91,8 +91,8 @@ def scan_kernels(shapes, tiles):
 
 def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool):
     """``(name, kernel, args)`` of every kernel of one mLSTM forward + backward on CUDA."""
-    from kernels.mlstm import bwd_kernels, fwd_kernels
-    from kernels.mlstm import triton_ops as tc
+    from seqkernels.mlstm import bwd_kernels, fwd_kernels
+    from seqkernels.mlstm import triton_ops as tc
 
     prec = tc._precision(dtype)
     tiles = tc.default_tiles(dtype, prec)
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     kernels = []
     families = a.families.split(",")
     if "scan" in families:
-        from kernels.scan.triton_ops import ScanTiles
+        from seqkernels.scan.triton_ops import ScanTiles
 
         tiles = None
         if a.scan_tiles:

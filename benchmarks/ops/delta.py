@@ -5,19 +5,19 @@ DeltaNet), ``product`` (``delta_product`` with 2 Householder steps per token, De
 (``dplr_delta_rule``, RWKV-7's update); q and k l2-normalized in the op (``qk_l2norm``) as the mixers
 call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Implementations:
 
-- ``ours-triton``: the fused recurrent Triton kernel (``kernels/delta/recurrent_kernels.py``), the
+- ``ours-triton``: the fused recurrent Triton kernel (``seqkernels/delta/recurrent_kernels.py``), the
   input dtype, float32 arithmetic;
 - ``ours-triton-chunk`` (not ``dplr``): the chunkwise (WY) Triton kernels with the inter-chunk state
-  recurrence on chip, outputs and gradients computed there too (``kernels/delta/chunk_kernels.py``,
+  recurrence on chip, outputs and gradients computed there too (``seqkernels/delta/chunk_kernels.py``,
   ``ChunkTiles(fused=True)``: paper 004's design), the input dtype, float32 arithmetic;
 - ``ours-triton-chunk-split``: the same kernels with the recurrence only carrying the state, every
   chunk's state stored and read back by per-chunk output and gradient kernels (the default tiles:
   paper 004's baseline; ``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);
 - ``ours-triton-chunk-blocks``: the split kernels with ``I + A`` inverted by 16 x 16 blocks
   (``ChunkTiles(inverse="blocks")``) instead of row by row;
-- ``ours-chunk``: the chunkwise (WY) form in PyTorch (``kernels/delta/pytorch.py``; not ``dplr``);
+- ``ours-chunk``: the chunkwise (WY) form in PyTorch (``seqkernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
-  (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``kernels/delta/fla_gated_bwd.py``'s
+  (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``seqkernels/delta/fla_gated_bwd.py``'s
   PyTorch function (the note says which ran);
 - ``fla-recurrent``: fla's ``fused_recurrent_delta_rule`` (``delta`` and ``product`` only);
 - ``fla-triton-unguarded`` (``gated``, only where fla refuses): fla's own Triton backward with the guard
@@ -60,8 +60,8 @@ from benchmarks.ops.common import (
     run,
     write_json,
 )
-from kernels import delta as kd
-from kernels.delta import triton_chunk
+from seqkernels import delta as kd
+from seqkernels.delta import triton_chunk
 
 log = logging.getLogger("benchmarks.ops.delta")
 OPS = ("delta", "gated", "product", "dplr")
@@ -98,7 +98,7 @@ def inputs(op: str, batch: int, L: int, H: int, D: int, dtype: torch.dtype, devi
 
 def call_tiles(op: str, stages: int):
     """``fn(*inputs)`` running ``op`` on the fused recurrent kernel pipelined ``stages`` deep."""
-    from kernels.delta import triton_ops
+    from seqkernels.delta import triton_ops
 
     tiles = triton_ops.RecurrentTiles(stages=stages)
     fn = {
@@ -188,7 +188,7 @@ def implementations(
         )
         impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
-        from kernels.delta import fla_gated_bwd
+        from seqkernels.delta import fla_gated_bwd
 
         refused = op == "gated" and fla_gated_bwd.triton_refuses()
         note = "backward: ours chunk_bwd_dqkwg (fla refuses its own here)" if refused else "fla's Triton backward"

@@ -42,7 +42,7 @@ from benchmarks.ops.common import (
     time_ms,
     write_json,
 )
-from kernels.fused_rnn.reference import cell_spec
+from seqkernels.fused_rnn.reference import cell_spec
 
 DEVICE = "cuda"  # the CPU tests set "cpu" (with TRITON_INTERPRET=1) to exercise this module
 HEAD_SHAPES = ((48, 16), (24, 32), (12, 64), (6, 128))
@@ -145,7 +145,7 @@ def make_inputs(case: Case, device: str, seed: int) -> tuple[torch.Tensor, ...]:
 def backend_fn(case: Case, overrides: dict | None):
     """Our backend ``case.backend`` as ``fn(cell, wx, R, b, s0)``; ``overrides``: ``LaunchConfig`` fields
     replacing the fused kernel's defaults."""
-    from kernels.fused_rnn import BACKENDS, fused
+    from seqkernels.fused_rnn import BACKENDS, fused
 
     if not overrides:
         return BACKENDS[case.backend]
@@ -166,8 +166,8 @@ def _run(fn, case: Case, inputs, dy, dlast):
 
 def check_case(case: Case, overrides: dict | None = None, seed: int = 0) -> dict:
     """Compare one backend with the float64 reference: forward and all gradients, poisoned outputs."""
-    from kernels._triton import poisoned
-    from kernels.fused_rnn import fused_rnn_reference
+    from seqkernels._triton import poisoned
+    from seqkernels.fused_rnn import fused_rnn_reference
 
     out = {"case": dataclasses.asdict(case), "overrides": overrides or {}}
     try:
@@ -291,7 +291,7 @@ def limits(case: Case, bw_gbs: float, tflops: dict[str, float]) -> tuple[float, 
     n = case.batch * case.length * case.num_heads * case.head_dim  # elements of h
     el = torch.finfo(DTYPES[case.dtype]).bits // 8
     flops = 2.0 * n * spec.recurrent_gates * case.head_dim
-    from kernels.fused_rnn.cell_kernels import NUM_SAVED
+    from seqkernels.fused_rnn.cell_kernels import NUM_SAVED
 
     fwd_bytes = n * el * (spec.input_gates + 1)
     train_bytes = fwd_bytes + n * 4 * NUM_SAVED[case.cell] * 2 + n * el * (1 + spec.input_gates)

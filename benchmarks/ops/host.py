@@ -38,11 +38,11 @@ def _fb(fn, xs):
 
 def cases(dev="cuda"):
     """family -> (dims, [(impl, fn, inputs)])."""
-    from kernels.fused_rnn import CELLS, fused_rnn
-    from kernels.mlstm import mlstm
-    from kernels.newton import flashgru
-    from kernels.scan import linear_scan
-    from kernels.ssd import ssd
+    from seqkernels.fused_rnn import CELLS, fused_rnn
+    from seqkernels.mlstm import mlstm
+    from seqkernels.newton import flashgru
+    from seqkernels.scan import linear_scan
+    from seqkernels.ssd import ssd
 
     r = lambda *s: torch.randn(*s, device=dev)  # noqa: E731
     out = {}

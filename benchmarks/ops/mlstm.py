@@ -58,7 +58,7 @@ from benchmarks.ops.common import (
     time_ms,
     write_json,
 )
-from kernels._triton import float32_matmul_precision, poisoned
+from seqkernels._triton import float32_matmul_precision, poisoned
 
 log = logging.getLogger("benchmarks.ops.mlstm")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -92,7 +92,7 @@ def _inputs(B, NH, S, DQK, DV, dtype, seed):
 
 # ---------------------------------------------------------------- implementations: fn(q, k, v, i, f)
 def _ours(gate, chunk, fused=True, tiles=None):
-    from kernels.mlstm.triton_ops import mlstm_triton
+    from seqkernels.mlstm.triton_ops import mlstm_triton
 
     return lambda q, k, v, i, f: mlstm_triton(
         q, k, v, i, f, input_gate=gate, chunk_size=chunk, fused_inter=fused, tiles=tiles
@@ -101,7 +101,7 @@ def _ours(gate, chunk, fused=True, tiles=None):
 
 def parse_tiles(spec: str, dtype: torch.dtype, prec: str):
     """``"warps=8,bv=256"`` -> ``MlstmTiles`` with those fields replacing the defaults for ``dtype, prec``."""
-    from kernels.mlstm.triton_ops import default_tiles
+    from seqkernels.mlstm.triton_ops import default_tiles
 
     over = {k: int(v) for k, v in (item.split("=") for item in spec.split(",") if item)}
     return dataclasses.replace(default_tiles(dtype, prec), **over)
@@ -150,7 +150,7 @@ def _grads(fn, x, dh):
 
 
 def _reference(gate, x, dh):
-    from kernels.mlstm.pytorch import mlstm_chunkwise
+    from seqkernels.mlstm.pytorch import mlstm_chunkwise
 
     x64 = [t.double() for t in x]
     return _grads(lambda *a: mlstm_chunkwise(*a, input_gate=gate, chunk_size=256), x64, dh.double())  # "torch"
@@ -192,7 +192,7 @@ def _timed(fn, x, dh, direction):
 def _float32_floor(gate, x, dh, ref, sh) -> BenchRow:
     """Errors of our PyTorch chunkwise form in float32 with IEEE matmuls on the same inputs: what
     exact float32 arithmetic gives there (the conditioning floor of any float32 kernel). Not timed."""
-    from kernels.mlstm.pytorch import mlstm_chunkwise
+    from seqkernels.mlstm.pytorch import mlstm_chunkwise
 
     with float32_matmul_precision("highest"):
         got = _grads(lambda *a: mlstm_chunkwise(*a, input_gate=gate, chunk_size=64), x, dh)
@@ -393,7 +393,7 @@ def _bench_chunk_tradeoff(rows, limits, chunks):
 
 def _bench_inter(rows, limits, B=4, NH=16, D=64, L=64, Gs=(32, 64, 128), dtypes=("bf16", "fp32")):
     """Paper 004: inter-chunk state kernel, state on chip vs one launch per chunk (bit-identical)."""
-    from kernels.mlstm.triton_ops import _gates, run_inter_chunk_states
+    from seqkernels.mlstm.triton_ops import _gates, run_inter_chunk_states
 
     for dtype_name in dtypes:
         dtype = DTYPES[dtype_name]
@@ -525,7 +525,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             flush()
             for spec in filter(None, args.tiles.split(";")):
-                from kernels.mlstm.triton_ops import _precision
+                from seqkernels.mlstm.triton_ops import _precision
 
                 tiles = parse_tiles(spec, DTYPES[dn], _precision(DTYPES[dn]))
                 _bench_shape(
@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> None:
         flush()
     path = write_json("mlstm", rows, env, args.out)
     log.info("wrote %s after %.0f s", path, time.time() - t0)
-    from kernels.mlstm.triton_ops import _LEVEL
+    from seqkernels.mlstm.triton_ops import _LEVEL
 
     log.info(
         "launch fallbacks (kernel: ladder level; 1 = one pipeline stage, 2 = smaller tile): %s",

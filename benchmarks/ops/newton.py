@@ -2,7 +2,7 @@
 
 FlashGRU / FlashLSTM layers ``x (B, L, D) -> h`` with ``u = x W^T + b`` (one GEMM) and Newton (3
 iterations, no tolerance, no residual check), forward and forward + backward, float32, through
-``kernels.newton.flashgru`` / ``flashlstm``:
+``seqkernels.newton.flashgru`` / ``flashlstm``:
 
 - ``ours-triton``: the GEMM + the fused Triton Newton kernel; ``ours-triton (kernel)``: the kernel alone,
   given ``u`` (limit: ``u`` read once, the states written once, over the measured copy bandwidth);
@@ -44,8 +44,8 @@ from benchmarks.ops.common import (
     time_ms,
     write_json,
 )
-from kernels._triton import poisoned
-from kernels.newton import (
+from seqkernels._triton import poisoned
+from seqkernels.newton import (
     flashgru,
     flashgru_jacobian,
     flashgru_step,
@@ -54,7 +54,7 @@ from kernels.newton import (
     flashlstm_step,
     newton_apply,
 )
-from kernels.newton.triton_ops import NewtonTiles
+from seqkernels.newton.triton_ops import NewtonTiles
 
 SWEEP = {
     "gru": [(128, 8, 4), (256, 8, 8), (128, 4, 4), (64, 8, 2), (64, 16, 4)],
@@ -202,8 +202,8 @@ def problem(cell: str, B: int, L: int, D: int, bw: float, quick: bool, dev: str)
 
 def sweep(cells, lengths, B, D, dev="cuda") -> list[BenchRow]:
     """The fused kernels' tiles ``(ch, bd, warps)``, forward and forward + backward, given ``u``."""
-    from kernels.newton.gru_kernels import flashgru_fused
-    from kernels.newton.lstm_kernels import flashlstm_fused
+    from seqkernels.newton.gru_kernels import flashgru_fused
+    from seqkernels.newton.lstm_kernels import flashlstm_fused
 
     rows = []
     for cell in cells:

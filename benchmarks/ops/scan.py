@@ -2,7 +2,7 @@
 
 Per shape ``(B, L, D)`` (scan along ``L``, float32): ``torch.add(c, x, out=y)`` on the same bytes (the
 bandwidth limit: a forward scan reads ``c`` and ``x`` and writes ``y``, 12 B per element; forward +
-backward moves 32), our Triton scan (``kernels.scan``, ``backend="triton"``), ``accelerated-scan``
+backward moves 32), our Triton scan (``seqkernels.scan``, ``backend="triton"``), ``accelerated-scan``
 (its Triton scan, in its native ``(B, D, L)`` layout) when installed, and our torch log-step scan
 (forward); forward and forward + backward. The 2x2-block scan at one shape. Every implementation is
 checked first against float64 (outputs poisoned with NaN; gradients against the analytic adjoint:
@@ -32,9 +32,9 @@ from benchmarks.ops.common import (
     time_ms,
     write_json,
 )
-from kernels._triton import poisoned
-from kernels.scan import linear_scan_block2_torch, linear_scan_torch
-from kernels.scan import triton_ops as ts
+from seqkernels._triton import poisoned
+from seqkernels.scan import linear_scan_block2_torch, linear_scan_torch
+from seqkernels.scan import triton_ops as ts
 
 SHAPES = [(8, 4096, 1024), (8, 16384, 1024), (1, 65536, 256)]
 BLOCK2_SHAPES = [(8, 4096, 512)]

@@ -1,7 +1,7 @@
 """``python -m benchmarks.ops scan-probe {few,many,host,pieces}``: where the scan's time goes, against its peer.
 
 The scan benchmark (``python -m benchmarks.ops scan``) gives one row per implementation; this tool
-breaks the rows that miss their targets down (``kernels/scan/README.md`` quotes its output):
+breaks the rows that miss their targets down (``seqkernels/scan/README.md`` quotes its output):
 
 - ``few``: forward and backward kernels alone at the few-lane shape (1, 65536, 256) for a grid of
   look-back tiles (32-512 steps per chunk, 32-256 channels, 1-16 warps, look-back windows of 4 and 8
@@ -29,8 +29,8 @@ import torch
 
 from benchmarks.ops.common import fwd_bwd, graph_replay, issue_times, no_grad, rel_error, time_ms
 from benchmarks.ops.scan import _inputs, reference
-from kernels._triton import poisoned
-from kernels.scan import triton_ops as ts
+from seqkernels._triton import poisoned
+from seqkernels.scan import triton_ops as ts
 
 FEW = (1, 65536, 256)
 MANY = (8, 4096, 1024)

@@ -19,7 +19,7 @@ Limits: bytes = every input read once and every output written once over the mea
 bandwidth; FLOPs = the chunked form's matrix products (causal half of each chunk) over the measured
 matmul rate of the dtype (TF32 for float32; the 3-pass default runs 3x the products). The larger
 is the floor. ``--tiles``: time ours with ``SsdTiles`` fields or ``TILE_SETS`` names (section ``tiles``);
-without it ours runs the device's default set (``kernels.ssd.triton_ops.DEVICE_TILES``).
+without it ours runs the device's default set (``seqkernels.ssd.triton_ops.DEVICE_TILES``).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from benchmarks.ops.common import (
     run,
     write_json,
 )
-from kernels._triton import float32_matmul_precision, poisoned
-from kernels.ssd import SSD_BACKENDS, ssd
+from seqkernels._triton import float32_matmul_precision, poisoned
+from seqkernels.ssd import SSD_BACKENDS, ssd
 
 log = logging.getLogger("benchmarks.ops.ssd")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -95,7 +95,7 @@ def implementations(chunks: list[int], tiles=None) -> dict:
     """name -> ``fn(x, dt, A, B, C) -> y`` (ours, and the peers that import)."""
     impls = {"ours-torch": lambda x, dt, A, B, C: ssd(x, dt, A, B, C, chunk_size=64, backend="torch")}
     if "triton" in SSD_BACKENDS:
-        from kernels.ssd.triton_ops import ssd_triton
+        from seqkernels.ssd.triton_ops import ssd_triton
 
         for q in chunks:
             fn = lambda x, dt, A, B, C, q=q: ssd_triton(x, dt, A, B, C, None, q, tiles=tiles)[0]  # noqa: E731
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         problem(args.batch, args.seqlen, H, args.headdim, N, dn, impls, bw, rates) for H, N in shapes for dn in dnames
     ]
     for spec in filter(None, args.tiles.split(";")):
-        from kernels.ssd.triton_ops import SsdTiles
+        from seqkernels.ssd.triton_ops import SsdTiles
 
         tiles = SsdTiles.parse(spec)
         tuned = {f"{k}[{spec}]": v for k, v in implementations(chunks, tiles).items() if k.startswith("ours-triton")}

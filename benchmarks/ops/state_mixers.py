@@ -1,6 +1,6 @@
 """``python -m benchmarks.ops.state_mixers [--quick]``: PD-SSM's scan and the new state-tracking mixers.
 
-Section ``pd_scan`` (float32, ``(B, L, N)``, complex lanes): ``kernels.pd_scan``'s log-step scan (eager and
+Section ``pd_scan`` (float32, ``(B, L, N)``, complex lanes): ``seqkernels.pd_scan``'s log-step scan (eager and
 under ``torch.compile``) against the recurrence with dense ``(N, N)`` transitions stepped in a loop (the
 form of the authors' PyTorch code, IBM/expressive-sparse-state-space-model ``pdssm.py``), forward and
 forward + backward; each checked first against the float64 reference loop (output and the gradients of
@@ -19,9 +19,9 @@ import math
 import torch
 
 from benchmarks.ops import common
-from kernels._triton import poisoned
-from kernels.pd_scan import pd_scan_reference, pd_scan_torch
 from mixers import build_mixer
+from seqkernels._triton import poisoned
+from seqkernels.pd_scan import pd_scan_reference, pd_scan_torch
 
 FAMILY = "state_mixers"
 SCAN_SHAPES = [(64, 256, 32), (16, 2048, 64), (256, 40, 32)]

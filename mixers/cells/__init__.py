@@ -7,10 +7,10 @@ registered as the mixers ``flashgru`` and ``flashlstm``. ``newton_residuals``
 (``convergence.py``): the per-iteration residuals of paper 000 Fig. 4.
 """
 
-from kernels.newton import NewtonDivergenceError, NewtonStats
 from mixers.cells.base import JacobianCheck, RNNCell
 from mixers.cells.flash import FlashGRUCell, FlashLSTMCell
 from mixers.cells.mixer import MODES, CellMixer, cell_mixer
+from seqkernels.newton import NewtonDivergenceError, NewtonStats
 
 __all__ = [
     "MODES",

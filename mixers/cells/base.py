@@ -52,7 +52,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
-from kernels.newton import STRUCTURES, autograd_jacobian, jacobian_shape
+from seqkernels.newton import STRUCTURES, autograd_jacobian, jacobian_shape
 
 #: relative size (of the largest entry) above which an entry outside a structure counts as nonzero
 JACOBIAN_RTOL = 1e-6

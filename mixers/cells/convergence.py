@@ -20,9 +20,9 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from kernels.newton import newton_apply
 from mixers.cells.base import RNNCell
 from mixers.cells.mixer import CellMixer
+from seqkernels.newton import newton_apply
 
 
 def newton_residuals(mixer_or_cell: CellMixer | RNNCell, x: torch.Tensor, iters: int = 6) -> list[float]:

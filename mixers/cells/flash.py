@@ -40,11 +40,11 @@ import math
 import torch
 from torch import nn
 
-from kernels.newton.cells import flashgru_jacobian, flashgru_step, flashlstm_jacobian, flashlstm_step
 from mixers.cells.base import RNNCell
 from mixers.cells.mixer import cell_mixer
 from mixers.registry import register_mixer
 from mixers.validate import is_int
+from seqkernels.newton.cells import flashgru_jacobian, flashgru_step, flashlstm_jacobian, flashlstm_step
 
 #: the Xavier-normal diagonals are drawn from a normal truncated to [-DIAG_TRUNCATION, DIAG_TRUNCATION]
 DIAG_TRUNCATION = 0.9
@@ -111,7 +111,7 @@ class _FlashCell(RNNCell):
 
 
 class FlashGRUCell(_FlashCell):
-    """FlashGRU for one head; see the module docstring (equations: ``kernels.newton.cells``)."""
+    """FlashGRU for one head; see the module docstring (equations: ``seqkernels.newton.cells``)."""
 
     jacobian = "diag"
 
@@ -126,15 +126,15 @@ class FlashGRUCell(_FlashCell):
     def fused_apply(
         cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None, skip: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.gru_kernels``)."""
-        from kernels.newton.gru_kernels import flashgru_fused
+        """``mode="fused"``: all Newton iterations in one Triton kernel (``seqkernels.newton.gru_kernels``)."""
+        from seqkernels.newton.gru_kernels import flashgru_fused
 
         return flashgru_fused(u.contiguous(), params["a"].contiguous(), iters, tol, skip=skip)[0]
 
     @classmethod
     def fused_sequential(cls, params: dict, u: torch.Tensor) -> torch.Tensor:
         """``mode="sequential"`` on CUDA: the loop's states in one Triton launch (``flashgru_sequential``)."""
-        from kernels.newton.gru_kernels import flashgru_sequential
+        from seqkernels.newton.gru_kernels import flashgru_sequential
 
         return flashgru_sequential(u.contiguous(), params["a"].contiguous())
 
@@ -163,8 +163,8 @@ class FlashLSTMCell(_FlashCell):
     def fused_apply(
         cls, params: dict, u: torch.Tensor, *, iters: int, tol: float | None, skip: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``mode="fused"``: all Newton iterations in one Triton kernel (``kernels.newton.lstm_kernels``)."""
-        from kernels.newton.lstm_kernels import flashlstm_fused
+        """``mode="fused"``: all Newton iterations in one Triton kernel (``seqkernels.newton.lstm_kernels``)."""
+        from seqkernels.newton.lstm_kernels import flashlstm_fused
 
         return flashlstm_fused(
             u.contiguous(), params["a"].contiguous(), params["p"].contiguous(), iters, tol, skip=skip
@@ -173,7 +173,7 @@ class FlashLSTMCell(_FlashCell):
     @classmethod
     def fused_sequential(cls, params: dict, u: torch.Tensor) -> torch.Tensor:
         """``mode="sequential"`` on CUDA: the loop's states in one Triton launch (``flashlstm_sequential``)."""
-        from kernels.newton.lstm_kernels import flashlstm_sequential
+        from seqkernels.newton.lstm_kernels import flashlstm_sequential
 
         return flashlstm_sequential(u.contiguous(), params["a"].contiguous(), params["p"].contiguous())
 

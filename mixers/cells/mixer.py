@@ -12,8 +12,8 @@ Modes (``mode=`` or, as for every mixer, ``backend=``):
 
 - ``sequential``: the loop ``h_t = f(h_{t-1}, x_t)``; the ground truth. On CUDA float32 inputs a cell
   with ``fused_sequential`` (FlashGRU, FlashLSTM) runs it in one Triton launch per direction, the same
-  states to rounding; elsewhere the Python loop (``kernels.newton.sequential_apply``).
-- ``parallel``: Newton (``kernels.newton.newton_apply``) with the torch log-step reduction.
+  states to rounding; elsewhere the Python loop (``seqkernels.newton.sequential_apply``).
+- ``parallel``: Newton (``seqkernels.newton.newton_apply``) with the torch log-step reduction.
 - ``parallel-triton``: the same with the reduction in the ``"triton"`` scan backend (diag/block2).
 - ``fused``: the cell class's ``fused_apply`` (all Newton iterations in one kernel)::
 
@@ -69,8 +69,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
-from kernels._triton import triton_available
-from kernels.newton import (
+from mixers.cells.base import JACOBIAN_RTOL, RNNCell, fitting_structure, off_structure, structure_to_dense
+from mixers.validate import is_int, non_negative_int, positive_int
+from seqkernels._triton import triton_available
+from seqkernels.newton import (
     STRUCTURES,
     NewtonDivergenceError,
     NewtonStats,
@@ -81,9 +83,7 @@ from kernels.newton import (
     sequential_apply,
     shift_states,
 )
-from kernels.scan import SCAN_BACKENDS
-from mixers.cells.base import JACOBIAN_RTOL, RNNCell, fitting_structure, off_structure, structure_to_dense
-from mixers.validate import is_int, non_negative_int, positive_int
+from seqkernels.scan import SCAN_BACKENDS
 
 MODES = ("auto", "sequential", "parallel", "parallel-triton", "fused")
 #: positions (batch element, time step) per head sampled by the run-time Jacobian check
@@ -370,7 +370,7 @@ class CellMixer(nn.Module):
         if mode == "parallel-triton":
             if "triton" not in SCAN_BACKENDS:
                 raise ValueError(
-                    "mode='parallel-triton' needs the 'triton' scan backend, which kernels.scan does not have yet; use mode='parallel'"
+                    "mode='parallel-triton' needs the 'triton' scan backend, which seqkernels.scan does not have yet; use mode='parallel'"
                 )
             if not triton_available(x):
                 raise ValueError(

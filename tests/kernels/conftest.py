@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from kernels._triton import poisoned, triton_importable
+from seqkernels._triton import poisoned, triton_importable
 
 
 def triton_can_run() -> bool:

@@ -1,4 +1,4 @@
-"""The delta-rule family (``kernels.delta``): the per-token references against independent float64
+"""The delta-rule family (``seqkernels.delta``): the per-token references against independent float64
 formulations with explicit dense transition matrices, the eigenvalue range of the (signed) transitions,
 dispatch errors; on a GPU with flash-linear-attention, fla's kernels against the float64 reference
 (forward and every input gradient) at awkward lengths.
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import delta as kd
+from seqkernels import delta as kd
 
 F64 = torch.float64
 
@@ -101,8 +101,8 @@ CHUNK_SIZES = [(1, 1, 1, 4, 4), (2, 13, 3, 5, 3), (1, 67, 2, 8, 8), (2, 130, 1, 
 def test_chunk_backend_matches_the_reference_with_gradients(B, L, H, K, V, n, gated, chunk):
     """The chunkwise (WY) form against the per-token loop in float64: output and every input gradient,
     lengths below, at and across chunk boundaries (with padding), keys not unit (qk_l2norm)."""
-    from kernels.delta import pytorch as kc
-    from kernels.delta import reference as kr
+    from seqkernels.delta import pytorch as kc
+    from seqkernels.delta import reference as kr
 
     q, k, v, beta, g = _inputs(B, L, H, K, V, n, gated=gated, seed=L + n + chunk)
     k = k * 2
@@ -322,7 +322,7 @@ def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
 def test_gpu_fla_gated_backward_runs_our_pytorch_function_exactly_where_fla_refuses(monkeypatch):
     """fla's gated backward goes through ``fla_gated_bwd.chunk_bwd_dqkwg`` iff fla's Triton one refuses
     (Hopper, Triton 3.4-3.7.0); either way ``backend="fla"`` trains; ``auto`` takes our kernel where it refuses."""
-    from kernels.delta import fla_gated_bwd
+    from seqkernels.delta import fla_gated_bwd
 
     calls = []
     original = fla_gated_bwd.chunk_bwd_dqkwg

@@ -1,4 +1,4 @@
-"""The delta family's fused recurrent Triton kernel (``backend="triton"``: ``kernels/delta/recurrent_kernels.py``
+"""The delta family's fused recurrent Triton kernel (``backend="triton"``: ``seqkernels/delta/recurrent_kernels.py``
 and the members mapped onto it in ``triton_ops.py``) against the float64 per-token references (themselves
 checked against dense transition matrices in ``test_delta.py``): the output and every input gradient of
 every member, at awkward lengths and widths, with the checkpoint chunk and the block of value rows small
@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import delta as kd
-from kernels._triton import poisoned, triton_available
-from kernels.delta import triton_ops
-from kernels.delta.triton_ops import RecurrentTiles, delta_recurrent_fwd
+from seqkernels import delta as kd
+from seqkernels._triton import poisoned, triton_available
+from seqkernels.delta import triton_ops
+from seqkernels.delta.triton_ops import RecurrentTiles, delta_recurrent_fwd
 
 F64 = torch.float64
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

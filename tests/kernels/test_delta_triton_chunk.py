@@ -1,4 +1,4 @@
-"""The delta family's chunkwise Triton kernels (``backend="triton_chunk"``: ``kernels/delta/chunk_kernels.py``,
+"""The delta family's chunkwise Triton kernels (``backend="triton_chunk"``: ``seqkernels/delta/chunk_kernels.py``,
 host code in ``triton_chunk.py``) against the float64 per-token references (themselves checked against dense
 transition matrices in ``test_delta.py``): the output and every input gradient of the delta rule, the
 gated delta rule and DeltaProduct (3 Householder steps per token, with and without decay), at lengths that leave a partial last chunk, several chunks, key and value widths that are
@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import delta as kd
-from kernels._triton import poisoned, triton_available
-from kernels.delta import triton_chunk
-from kernels.delta.triton_chunk import ChunkTiles, delta_chunk_bwd, delta_chunk_fwd
+from seqkernels import delta as kd
+from seqkernels._triton import poisoned, triton_available
+from seqkernels.delta import triton_chunk
+from seqkernels.delta.triton_chunk import ChunkTiles, delta_chunk_bwd, delta_chunk_fwd
 
 F64 = torch.float64
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

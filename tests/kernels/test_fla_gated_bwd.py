@@ -1,6 +1,6 @@
 """The PyTorch ``chunk_bwd_dqkwg`` against autograd of the chunk function it differentiates, in float64.
 
-Per chunk (``kernels/delta/fla_gated_bwd.py``): ``o = scale (2^g q h + tril(q k^T 2^(g_i - g_j)) v)``,
+Per chunk (``seqkernels/delta/fla_gated_bwd.py``): ``o = scale (2^g q h + tril(q k^T 2^(g_i - g_j)) v)``,
 ``h_next = 2^g_last h + (2^(g_last - g) k)^T v``, ``u - w h``; the scalar
 ``<do, o> + <dh, h_next> + <dv, -w h>`` differentiated by autograd position by position (a loop over
 chunks and time steps, no batched chunk algebra) gives dq, dk, dw and ``ln 2 * dg``.
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from kernels.delta.fla_gated_bwd import chunk_bwd_dqkwg
+from seqkernels.delta.fla_gated_bwd import chunk_bwd_dqkwg
 
 
 def _autograd_reference(q, k, v, do, h, dh, w, g, dv, scale, chunk):

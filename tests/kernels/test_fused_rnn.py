@@ -1,4 +1,4 @@
-"""kernels.fused_rnn: the Triton backends (fused, alternating) against the float64 reference loop.
+"""seqkernels.fused_rnn: the Triton backends (fused, alternating) against the float64 reference loop.
 
 On the CPU the Triton kernels run under ``TRITON_INTERPRET=1`` (set by tests/conftest.py when
 there is no GPU) at small, awkward shapes: T in {1, 5, 33}, head dims 16 and 24 (padded to 32), batch 3 and 17 (two
@@ -11,10 +11,10 @@ import dataclasses
 import pytest
 import torch
 
-from kernels._triton import poisoned
-from kernels.fused_rnn import BACKENDS, CELLS, fused, fused_rnn, fused_rnn_reference, triton_ops
-from kernels.fused_rnn.alternating import fused_rnn_alt_fwd
-from kernels.fused_rnn.fused import fused_rnn_fwd
+from seqkernels._triton import poisoned
+from seqkernels.fused_rnn import BACKENDS, CELLS, fused, fused_rnn, fused_rnn_reference, triton_ops
+from seqkernels.fused_rnn.alternating import fused_rnn_alt_fwd
+from seqkernels.fused_rnn.fused import fused_rnn_fwd
 
 FAST = ("fused", "alternating")
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -160,7 +160,7 @@ def test_triton_falls_back_to_alternating(monkeypatch):
     monkeypatch.setattr(fused, "ON_CHIP_R_BYTES", 1024)
     calls = []
     original = BACKENDS["alternating"]
-    import kernels.fused_rnn as package
+    import seqkernels.fused_rnn as package
 
     monkeypatch.setattr(package, "fused_rnn_alternating", lambda *a: calls.append(1) or original(*a))
     compare("triton", "lstm", B=2, T=3, NH=1, DH=16, dtype=torch.float64)

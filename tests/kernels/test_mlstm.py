@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kernels.mlstm import mlstm, mlstm_chunkwise, mlstm_parallel, mlstm_recurrent, resolve_backend
+from seqkernels.mlstm import mlstm, mlstm_chunkwise, mlstm_parallel, mlstm_recurrent, resolve_backend
 
 F64 = torch.float64
 

@@ -7,19 +7,19 @@ import types
 import pytest
 import torch
 
-from kernels._triton import triton_available
+from seqkernels._triton import triton_available
 
 pytestmark = [pytest.mark.triton, pytest.mark.usefixtures("poison")]
 
 from test_mlstm import assert_all_close, make_inputs, run  # noqa: E402
 
-from kernels.mlstm import mlstm, mlstm_parallel  # noqa: E402
+from seqkernels.mlstm import mlstm, mlstm_parallel  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _triton(*args, **kw):
-    from kernels.mlstm.triton_ops import mlstm_triton
+    from seqkernels.mlstm.triton_ops import mlstm_triton
 
     return mlstm_triton(*args, **kw)
 
@@ -63,7 +63,7 @@ def test_explicit_tiles():
     """Non-default tiles (16-row blocks of a 32-step chunk, 16-wide feature and state tiles, 2 warps, one
     stage): two query/key blocks per chunk, two feature blocks of DQK = DV = 24, 3 chunks; forward and
     gradients against the parallel form."""
-    from kernels.mlstm.triton_ops import MlstmTiles
+    from seqkernels.mlstm.triton_ops import MlstmTiles
 
     tiles = MlstmTiles(blq=16, blkv=16, bk=16, bv=16, bv_dqdk=16, bki=16, bvi=16, bl=16, warps=2, stages=1)
     x, st = make_inputs(1, 2, 70, 24, 24, "exp", init=True, seed=15)
@@ -85,7 +85,7 @@ def test_large_input_gates_stay_finite():
 @pytest.mark.parametrize("gate", ["exp", "sig"])
 def test_per_chunk_loop_is_bit_identical_to_fused(gate):
     """Paper 004: the on-chip inter-chunk recurrence and the per-chunk loop give the same bits."""
-    from kernels.mlstm.triton_ops import _gates, run_inter_chunk_states
+    from seqkernels.mlstm.triton_ops import _gates, run_inter_chunk_states
 
     x, st = _to(*make_inputs(1, 2, 50, 16, 16, gate, init=True, seed=13), torch.float32)
     b, li, a, g, amax = _gates(x[3], x[4], gate == "exp", 16, 4)
@@ -101,7 +101,7 @@ def test_per_chunk_loop_is_bit_identical_to_fused(gate):
 
 
 def test_entry_point_and_opcheck():
-    from kernels.mlstm.triton_ops import mlstm_chunkwise_fwd
+    from seqkernels.mlstm.triton_ops import mlstm_chunkwise_fwd
 
     x, st = _to(*make_inputs(1, 1, 17, 16, 16, "exp", init=True, seed=14), torch.float32)
     torch.testing.assert_close(mlstm(*x, backend="triton", chunk_size=16), _triton(*x, chunk_size=16))
@@ -121,7 +121,7 @@ def test_forward_op_stores_states_in_the_dtype_it_names(state_dtype):
     with a changed default); ``mlstm_triton`` names ``_state_dtype`` of the default tiles."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from kernels.mlstm import triton_ops as tc
+    from seqkernels.mlstm import triton_ops as tc
 
     x, st = _to(*make_inputs(1, 1, 20, 16, 16, "exp", init=True, seed=16), torch.bfloat16)
     args = (*x, *(t.float() for t in st), True, 16, 1e-6, True, tc._precision(torch.bfloat16), state_dtype)
@@ -160,7 +160,7 @@ def test_compiled_matches_eager(dtype):
 def test_backward_op_outputs_match_its_fake(S):
     """``mlstm_chunkwise_bwd``'s outputs have the shapes and strides its fake kernel promises (what
     ``torch.compile`` plans with), with and without a partial last chunk."""
-    from kernels.mlstm.triton_ops import mlstm_chunkwise_bwd, mlstm_chunkwise_fwd
+    from seqkernels.mlstm.triton_ops import mlstm_chunkwise_bwd, mlstm_chunkwise_fwd
 
     x, st = _to(*make_inputs(1, 2, S, 16, 16, "exp", init=True, seed=15), torch.float32)
     h, cst, nst, mst, mtok, dtok, c_last, _ = mlstm_chunkwise_fwd(*x, *st, True, 16, 1e-6, True, "ieee", torch.float32)
@@ -188,7 +188,7 @@ def _rel(a, b):
 
 def _spy_launches(monkeypatch):
     """Record (kernel name, launch meta) of every kernel launch of ``triton_ops``."""
-    import kernels.mlstm.triton_ops as tc
+    import seqkernels.mlstm.triton_ops as tc
 
     metas = []
     real = tc._launch
@@ -256,7 +256,7 @@ def test_every_dot_takes_the_launch_precision():
     import ast
     import inspect
 
-    from kernels.mlstm import bwd_kernels, fwd_kernels
+    from seqkernels.mlstm import bwd_kernels, fwd_kernels
 
     with_dots = set()
     for mod in (fwd_kernels, bwd_kernels):
@@ -281,7 +281,7 @@ def test_every_dot_takes_the_launch_precision():
 def test_float32_precision_follows_torch_setting():
     """float32: "high" -> 3-pass TF32 (accurate, the default on tensor cores), "medium" -> single-pass
     TF32 (opt-in, the peers' precision), "highest" -> IEEE; other dtypes fixed."""
-    import kernels.mlstm.triton_ops as tc
+    import seqkernels.mlstm.triton_ops as tc
 
     old = torch.get_float32_matmul_precision()
     try:
@@ -320,7 +320,7 @@ def test_float32_tiles_fit_with_3_pass_tf32(L):
     (a loop tile, not a grid dimension) so they fit 227 KiB of shared memory
     (python -m benchmarks.ops compile measures every kernel); other precisions and bf16 keep the tiles;
     the launch fallback never changes the precision."""
-    import kernels.mlstm.triton_ops as tc
+    import seqkernels.mlstm.triton_ops as tc
 
     cfg = tc._config(L, 128, 256, tc.default_tiles(torch.float32, "tf32x3"))
     assert cfg["BVDP"] <= 64 and cfg["BV"] == 128
@@ -350,7 +350,7 @@ class _Fake:
 def test_launch_falls_back_when_out_of_shared_memory(monkeypatch):
     """A kernel that does not fit is retried with one pipeline stage, then with the caller's smaller
     (non-grid) tiles; never with a lower precision; if nothing fits, a clear error."""
-    import kernels.mlstm.triton_ops as tc
+    import seqkernels.mlstm.triton_ops as tc
 
     monkeypatch.setattr(tc, "_LEVEL", {})
     k = _Fake(lambda meta: meta["BV"] <= 32)
@@ -380,7 +380,7 @@ def test_gate_kernels_match_torch(gate, S, block):
     """``chunk_gates`` / ``gate_grads`` (``MlstmTiles.gate_kernels``) against their PyTorch references
     in float64: S not a multiple of the chunk (padding: log f = 0, log i = -inf), and S = 150 over three
     blocks of 64 of the reverse cumulative sum, with and without the final-state term."""
-    from kernels.mlstm.triton_ops import _gate_grads, _gate_grads_torch, _gates
+    from seqkernels.mlstm.triton_ops import _gate_grads, _gate_grads_torch, _gates
 
     B, NH, L, NKB = 2, 3, 16, 2
     NC = -(-S // L)
@@ -408,7 +408,7 @@ def test_gate_kernels_match_torch_in_the_default_blocks(gate):
 
 
 def _opts_run(x, st, gate, dtype, chunk, **opts):
-    from kernels.mlstm.triton_ops import MlstmTiles
+    from seqkernels.mlstm.triton_ops import MlstmTiles
 
     tiles = MlstmTiles(bki=16, bvi=16, **opts)
     return run(lambda *a, **k: _triton(*a, tiles=tiles, **k), *_to(x, st, dtype), gate, chunk_size=chunk)

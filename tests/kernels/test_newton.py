@@ -1,4 +1,4 @@
-"""kernels.newton: the reduction against a dense linear solve, autograd Jacobians against jacrev,
+"""seqkernels.newton: the reduction against a dense linear solve, autograd Jacobians against jacrev,
 the Newton solve and its one-scan backward against autograd through the sequential loop, and the
 divergence paths (fallback / NewtonDivergenceError with the residual history)."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.func import jacrev, vmap
 
-from kernels.newton import (
+from seqkernels.newton import (
     NewtonDivergenceError,
     autograd_jacobian,
     check_residual,
@@ -17,7 +17,7 @@ from kernels.newton import (
     solve_bidiagonal,
     transpose_jacobian,
 )
-from kernels.newton.pytorch import _next_step
+from seqkernels.newton.pytorch import _next_step
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""Fused Newton kernels (kernels.newton.gru_kernels / lstm_kernels) against a float64 sequential loop.
+"""Fused Newton kernels (seqkernels.newton.gru_kernels / lstm_kernels) against a float64 sequential loop.
 
 Forward states and the gradients of ``u``, ``a`` (and ``p``); CPU runs use the Triton interpreter
 at small shapes, outputs poisoned with NaN before every run.
@@ -11,9 +11,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.newton import flashgru, flashlstm, gru_kernels, lstm_kernels, triton_ops  # noqa: E402
-from kernels.newton.triton_ops import NewtonTiles  # noqa: E402
-from kernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
+from seqkernels.newton import flashgru, flashlstm, gru_kernels, lstm_kernels, triton_ops  # noqa: E402
+from seqkernels.newton.triton_ops import NewtonTiles  # noqa: E402
+from seqkernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
 
 use_vectorized_interpreter_scan()
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -137,7 +137,7 @@ def test_heads_and_lane_tiles():
 
 def test_default_tiles_keep_the_launch_wide():
     """8 channels per program from ``FEW_PROGRAMS`` programs on, 4 below (the chunk unchanged)."""
-    from kernels._triton import FEW_PROGRAMS
+    from seqkernels._triton import FEW_PROGRAMS
 
     cell = lstm_kernels._CELL
     assert cell.default_tiles(4, 16, 16) == NewtonTiles(64, 4, 4)  # Table 6: 128 programs of 8
@@ -153,7 +153,7 @@ def test_default_tiles_keep_the_launch_wide():
 @pytest.mark.parametrize("name", ["flashgru", "flashlstm"])
 @pytest.mark.slow
 def test_family_backends_agree(name):
-    """``kernels.newton.flashgru`` / ``flashlstm``: reference (float64 loop), torch (Newton, float64)
+    """``seqkernels.newton.flashgru`` / ``flashlstm``: reference (float64 loop), torch (Newton, float64)
     and triton (fused, float32) compute the same states and gradients at an awkward size."""
     lstm = name == "flashlstm"
     fn = flashlstm if lstm else flashgru

@@ -1,11 +1,11 @@
-"""kernels.pd_scan: the reference loop equals the recurrence with explicit dense (N, N) matrices ``P_t D_t``
+"""seqkernels.pd_scan: the reference loop equals the recurrence with explicit dense (N, N) matrices ``P_t D_t``
 (complex numbers as torch complex, real as float64), and the log-step parallel scan equals the reference
 (output and the gradients of ``d`` and ``x``) at awkward lengths; bad inputs raise one-line errors."""
 
 import pytest
 import torch
 
-from kernels.pd_scan import pd_scan, pd_scan_reference, pd_scan_torch
+from seqkernels.pd_scan import pd_scan, pd_scan_reference, pd_scan_torch
 
 
 def _inputs(batch, L, N, C, seed):

@@ -1,10 +1,10 @@
-"""kernels.scan: the loop reference against an independent closed form, and the torch scans
+"""seqkernels.scan: the loop reference against an independent closed form, and the torch scans
 (diagonal, 2x2-block, dense; forward and reverse; values and gradients) against the reference."""
 
 import pytest
 import torch
 
-from kernels.scan import (
+from seqkernels.scan import (
     SCAN_BACKENDS,
     linear_scan,
     linear_scan_block2,

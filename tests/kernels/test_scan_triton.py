@@ -1,4 +1,4 @@
-"""The Triton scans (kernels.scan.triton_ops) against the float64 loop reference: forward and gradients.
+"""The Triton scans (seqkernels.scan.triton_ops) against the float64 loop reference: forward and gradients.
 
 CPU runs use the Triton interpreter (small shapes); outputs are poisoned with NaN before every run.
 """
@@ -15,11 +15,11 @@ import numpy as np  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels.scan import linear_scan, linear_scan_block2, resolve_backend  # noqa: E402
-from kernels.scan import triton_ops as ts  # noqa: E402
-from kernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
-from kernels.scan.lookback_kernels import lookback_block2, lookback_diag  # noqa: E402
-from kernels.scan.reference import linear_scan_block2_reference, linear_scan_reference  # noqa: E402
+from seqkernels.scan import linear_scan, linear_scan_block2, resolve_backend  # noqa: E402
+from seqkernels.scan import triton_ops as ts  # noqa: E402
+from seqkernels.scan._interpret import use_vectorized_interpreter_scan  # noqa: E402
+from seqkernels.scan.lookback_kernels import lookback_block2, lookback_diag  # noqa: E402
+from seqkernels.scan.reference import linear_scan_block2_reference, linear_scan_reference  # noqa: E402
 
 use_vectorized_interpreter_scan()
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -398,7 +398,7 @@ def test_gpu_benchmark_shapes_repeated(shape, kind):
     """The benchmark shapes (``(B, L, 2, D)``: the 2x2 scan) with the default tiles and kernel choice
     (``kind``: forced instead): 20 poisoned forward launches each direction, against the float64
     log-step scan, then the gradients once per direction against autograd through it in float64."""
-    from kernels.scan.pytorch import linear_scan_block2_torch, linear_scan_torch
+    from seqkernels.scan.pytorch import linear_scan_block2_torch, linear_scan_torch
 
     block2 = len(shape) == 4
     g = torch.Generator(device="cuda").manual_seed(13)
@@ -498,7 +498,7 @@ def test_launch_hooks_detected(monkeypatch):
     chain are unset; a function, or a chain with a hook registered, is set."""
     from triton import knobs
 
-    from kernels._triton import _launch_hooks_set
+    from seqkernels._triton import _launch_hooks_set
 
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
     monkeypatch.setattr(knobs.runtime, "launch_exit_hook", None)

@@ -1,9 +1,9 @@
-"""kernels.ssd: every backend against an independent float64 step loop, forward and all gradients."""
+"""seqkernels.ssd: every backend against an independent float64 step loop, forward and all gradients."""
 
 import pytest
 import torch
 
-from kernels.ssd import SSD_BACKENDS, ssd
+from seqkernels.ssd import SSD_BACKENDS, ssd
 
 
 def _loop(x, dt, A, B, C, D, initial_state):
@@ -130,8 +130,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the C
 def test_triton_matches_reference(poison, monkeypatch, batch, L, H, P, G, N, chunk, small_launch_rows):
     """Default tiles; ``narrowed``: as these small launches run (32-row programs, ``attn_config``),
     ``wide``: with the rows of a large launch."""
-    from kernels.ssd import triton_ops
-    from kernels.ssd.triton_ops import attn_config
+    from seqkernels.ssd import triton_ops
+    from seqkernels.ssd.triton_ops import attn_config
 
     if not small_launch_rows:
         monkeypatch.setattr(triton_ops, "FEW_PROGRAMS", 1)
@@ -151,7 +151,7 @@ def test_triton_matches_reference(poison, monkeypatch, batch, L, H, P, G, N, chu
 def test_triton_explicit_tiles(poison):
     """``SsdTiles``: 16-row ``chunk_attn`` tiles on 2 warps with 2 stages, 16 x 16 ``chunk_state`` tiles of
     16-step blocks on 2 warps: several row, state and step tiles per 64-step chunk, against the reference."""
-    from kernels.ssd.triton_ops import SsdTiles
+    from seqkernels.ssd.triton_ops import SsdTiles
 
     tiles = SsdTiles(
         attn_rows=16,
@@ -171,14 +171,14 @@ def _check_tiles(tiles, L, H, G, chunk, seed, P=16, N=24):
     (``FEW_PROGRAMS`` off: these small launches run the rows they are given)."""
     from unittest import mock
 
-    from kernels.ssd import triton_ops
+    from seqkernels.ssd import triton_ops
 
     with mock.patch.object(triton_ops, "FEW_PROGRAMS", 1):
         _check_given_tiles(tiles, L, H, G, chunk, seed, P, N)
 
 
 def _check_given_tiles(tiles, L, H, G, chunk, seed, P, N):
-    from kernels.ssd.triton_ops import ssd_triton
+    from seqkernels.ssd.triton_ops import ssd_triton
 
     inp = _inputs(1, L, H, P, G, N, torch.float64, seed)
     leaves = {k: v.float().to(DEV).requires_grad_() for k, v in inp.items() if k != "D"}
@@ -209,7 +209,7 @@ def _check_given_tiles(tiles, L, H, G, chunk, seed, P, N):
 def test_triton_role_tiles(poison, spec):
     """Per-role ``chunk_attn`` tiles with ``BC < BT`` and fewer heads per program than per group, at a
     length that is not a multiple of the chunk (3 chunks, the last partial), against the reference."""
-    from kernels.ssd.triton_ops import SsdTiles
+    from seqkernels.ssd.triton_ops import SsdTiles
 
     _check_tiles(SsdTiles.parse(spec), 150, 4, 1, 64, 41)
 
@@ -219,7 +219,7 @@ def test_triton_role_tiles(poison, spec):
 @pytest.mark.slow
 def test_triton_tile_sets(poison, name):
     """Each named tile set (``TILE_SETS``) at chunk 128 on 150 steps (two chunks, the last partial)."""
-    from kernels.ssd.triton_ops import SsdTiles
+    from seqkernels.ssd.triton_ops import SsdTiles
 
     _check_tiles(SsdTiles.parse(name), 150, 4, 2, 128, 43)
 
@@ -227,7 +227,7 @@ def test_triton_tile_sets(poison, name):
 @needs_triton
 def test_tile_choices():
     """Every device's default names a tile set (a CPU: the H100 tiles); column blocks must divide the rows."""
-    from kernels.ssd.triton_ops import DEVICE_TILES, TILE_SETS, SsdTiles, attn_config, default_tiles
+    from seqkernels.ssd.triton_ops import DEVICE_TILES, TILE_SETS, SsdTiles, attn_config, default_tiles
 
     assert all(v in TILE_SETS for v in DEVICE_TILES.values())
     assert default_tiles(torch.device("cpu")) == TILE_SETS["h100"] == SsdTiles()
@@ -270,7 +270,7 @@ def test_launch_ops_match_their_fakes(reverse):
     """Each launch op's outputs have the shapes, dtypes and strides its fake kernel promises (what
     ``torch.compile`` plans with), at a length that is not a multiple of the chunk, with a transposed
     state operand and per-group outputs (``out_heads < H``) as the backward passes them."""
-    from kernels.ssd.triton_ops import _decays, ssd_chunk_attn, ssd_chunk_dots, ssd_chunk_state
+    from seqkernels.ssd.triton_ops import _decays, ssd_chunk_attn, ssd_chunk_dots, ssd_chunk_state
 
     inp = {k: v.to(DEV) for k, v in _inputs(2, 20, 4, 16, 2, 16, torch.float32, 5).items()}
     x, B, C = inp["x"], inp["B"], inp["C"]

@@ -27,13 +27,13 @@ from example_cells import (
 )
 from torch import nn
 
-from kernels._triton import triton_available
-from kernels.newton import NewtonDivergenceError, autograd_jacobian
-from kernels.scan import SCAN_BACKENDS
 from mixers import build_mixer, cell_mixer
 from mixers.cells import CellMixer, FlashGRUCell, FlashLSTMCell, RNNCell
 from mixers.cells.convergence import newton_residuals
 from mixers.cells.mixer import JacobianMismatchError
+from seqkernels._triton import triton_available
+from seqkernels.newton import NewtonDivergenceError, autograd_jacobian
+from seqkernels.scan import SCAN_BACKENDS
 
 CELLS = [FlashGRUCell, FlashLSTMCell, DiagCell, Block2Cell, DenseCell]
 BATCH = {1: 4, 2: 1, 7: 3, 100: 2, 1000: 2}

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 import mixers
 from experiments.trial.shape import ModelShape
-from kernels.delta import fla_available
 from mixers.delta import DeltaRuleMixer
 from mixers.rwkv7 import RWKV7
+from seqkernels.delta import fla_available
 
 F64 = torch.float64
 
@@ -379,7 +379,7 @@ def test_gpu_fla_gated_layers_train(layer):
 def test_transitions_are_the_recurrences_state_map(name, options):
     """``DeltaRuleMixer.transitions``: the state map of one token, as the reference kernel's delta step
     computes it from the identity state with zero values (decay first), at 3 heads of 4 channels."""
-    from kernels.delta.reference import _delta_step, l2norm
+    from seqkernels.delta.reference import _delta_step, l2norm
 
     torch.manual_seed(5)
     m = mixers.build_mixer(name, 12, num_heads=3, **options).double()
@@ -403,7 +403,7 @@ def test_rwkv7_transitions_are_the_kernels_state_map():
     """``RWKV7.transitions``: probed through the reference ``dplr_delta_rule`` itself. A first step writes
     ``S = e_0 e_j^T``; a second with the position's decay and removal terms and no write reads
     ``o = S A q``, so ``q = e_m`` gives ``A[j, m]`` (3 heads of 4 channels, every position)."""
-    from kernels.delta.reference import dplr_delta_rule
+    from seqkernels.delta.reference import dplr_delta_rule
 
     torch.manual_seed(6)
     m = mixers.build_mixer("rwkv7", 12, num_heads=3).double()
@@ -444,7 +444,7 @@ def test_triton_backend_matches_float64_reference(name, options, backend):
     """Our fused recurrent kernel (``backend="triton"``) and chunkwise kernels (``"triton_chunk"``; the
     interpreter on the CPU) in a float32 model against the same weights in float64 on the reference:
     output, input and every parameter gradient."""
-    from kernels._triton import triton_available
+    from seqkernels._triton import triton_available
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not triton_available(torch.empty(0, device=device)):

@@ -1,8 +1,8 @@
 """``fla:<Layer>`` from the repository folder with the ``fla`` extra installed (CI installs it on the CPU).
 
-transformers (which fla imports) requires Hugging Face's ``kernels`` distribution, whose top-level name is
-this suite's ``kernels`` package: from the repository folder ours is the one that imports. The sweep must
-still import fla and refuse the layer on a CPU with the CUDA message, not with an install hint.
+transformers (which fla imports) requires Hugging Face's ``kernels`` distribution and imports it; no package
+of this suite shadows it (``tests/test_package_names.py``), so fla imports first thing from the repository
+folder, and the sweep refuses the layer on a CPU with the CUDA message, not with an install hint.
 """
 
 import importlib.util
@@ -24,9 +24,8 @@ needs_fla_extra = pytest.mark.skipif(
 @pytest.mark.slow
 def test_fla_layer_from_the_repo_root_gets_the_cuda_message(tmp_path):
     code = (
-        "import kernels, mixers; from mixers.fla_layers import fla_layer_class; "
-        "assert not hasattr(kernels, 'get_kernel'), kernels.__file__; "  # ours shadows Hugging Face's here
-        "print(fla_layer_class('fla:DeltaNet').__name__)"
+        "import fla, seqkernels.delta.fla_gated_bwd as bwd; bwd.triton_refuses(); "
+        "from mixers.fla_layers import fla_layer_class; print(fla_layer_class('fla:DeltaNet').__name__)"
     )
     built = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0 and built.stdout.strip() == "DeltaNet", built.stderr[-2000:]

@@ -92,7 +92,7 @@ def test_conv_is_mamba2s_depthwise_causal_conv_on_x_b_c():
 
 def _ssd_of(mixer, xbc, proj_dt):
     """Mamba2's output for given (post-conv) x, B, C and dt projection, through the reference SSD."""
-    from kernels.ssd import ssd
+    from seqkernels.ssd import ssd
 
     batch, length, _ = xbc.shape
     x, B, C = torch.split(xbc, mixer.split[:3], dim=-1)

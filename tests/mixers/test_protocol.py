@@ -75,7 +75,7 @@ def test_no_reader_keeps_its_own_default():
     pattern = re.compile(rf"""(getattr|hasattr)\([^()]*(\([^()]*\))?[^()]*,\s*["']({names})["']""")
     found = [
         f"{path.relative_to(ROOT)}:{i}"
-        for top in ("analysis", "benchmarks", "experiments", "kernels", "mixers", "tasks")
+        for top in ("analysis", "benchmarks", "experiments", "seqkernels", "mixers", "tasks")
         for path in (ROOT / top).rglob("*.py")
         if path.name != "protocol.py"
         for i, line in enumerate(path.read_text().splitlines(), 1)

@@ -68,7 +68,7 @@ def test_torch_scan_equals_reference_loop_float64(name, batch, length, d_model, 
 @pytest.mark.parametrize("name", ["signed_mamba", "unsigned_mamba"])
 def test_triton_scan_equals_reference_loop(name):
     """Float32 Triton scan (CPU interpreter or GPU) against the float64 loop; a small shape."""
-    from kernels.scan._interpret import use_vectorized_interpreter_scan
+    from seqkernels.scan._interpret import use_vectorized_interpreter_scan
 
     use_vectorized_interpreter_scan()
     mixer = _mixer(name, 8, 4, seed=3)

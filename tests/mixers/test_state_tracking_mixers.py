@@ -57,7 +57,7 @@ def test_fast_backend_equals_reference_float64(name, backend, length):
 @pytest.mark.parametrize("name", ["complex_diag", "mamba3"])
 def test_triton_backend_equals_reference(name):
     """The Triton scans (CPU interpreter or GPU), float32, against the float64 reference."""
-    from kernels.scan._interpret import use_vectorized_interpreter_scan
+    from seqkernels.scan._interpret import use_vectorized_interpreter_scan
 
     use_vectorized_interpreter_scan()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,25 +1,25 @@
-"""The option checks of ``mixers/validate.py`` and the kernels' copy (``kernels/_validate.py``)."""
+"""The option checks of ``mixers/validate.py`` and the kernels' copy (``seqkernels/_validate.py``)."""
 
 import pytest
 
-import kernels._validate as kv
+import seqkernels._validate as kv
 from mixers import validate as mv
 
 
-@pytest.mark.parametrize("module", [mv, kv], ids=["mixers", "kernels"])
+@pytest.mark.parametrize("module", [mv, kv], ids=["mixers", "seqkernels"])
 @pytest.mark.parametrize("bad", [0, -3, True, 2.0, "4", None])
 def test_positive_int_rejects_with_the_name_and_value(module, bad):
     with pytest.raises(ValueError, match=rf"^chunk_size must be a positive int, got {bad!r}$"):
         module.positive_int("chunk_size", bad)
 
 
-@pytest.mark.parametrize("module", [mv, kv], ids=["mixers", "kernels"])
+@pytest.mark.parametrize("module", [mv, kv], ids=["mixers", "seqkernels"])
 def test_ints_pass_through(module):
     assert module.positive_int("n", 7) == 7 and module.non_negative_int("n", 0) == 0
     assert module.is_int(3) and not module.is_int(False) and not module.is_int(3.0)
 
 
-@pytest.mark.parametrize("module", [mv, kv], ids=["mixers", "kernels"])
+@pytest.mark.parametrize("module", [mv, kv], ids=["mixers", "seqkernels"])
 @pytest.mark.parametrize("bad", [-1, False, 0.5])
 def test_non_negative_int(module, bad):
     with pytest.raises(ValueError, match=rf"^iters must be an int >= 0, got {bad!r}$"):

@@ -1,0 +1,258 @@
+"""The delta-rule family: delta rule, gated delta rule, Householder product (DeltaProduct) and the
+generalized (diagonal plus low rank) delta rule of RWKV-7. Equations and shapes: ``reference.py``
+and ``seqkernels/delta/README.md``.
+
+Entry points (``backend=`` picks the implementation; all compute the same function):
+
+    delta_rule(q, k, v, beta, *, scale=None, qk_l2norm=False, backend="auto")
+    gated_delta_rule(q, k, v, g, beta, *, scale=None, qk_l2norm=False, backend="auto")
+    delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, backend="auto")
+    dplr_delta_rule(q, k, v, a, b, w, *, scale=1.0, lower_bound=None, backend="auto")
+
+Backends:
+- ``"reference"``: per-token loops (``reference.py``), any device, float64 included;
+- ``"chunk"`` (all but ``dplr_delta_rule``): the chunkwise (WY) form in plain PyTorch (``pytorch.py``),
+  any device, autograd gradients, CUDA-graph capturable;
+- ``"triton"``: our fused recurrent Triton kernel, forward and backward (``recurrent_kernels.py``, the
+  members mapped onto it in ``triton_ops.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs,
+  float32 arithmetic and state;
+- ``"triton_chunk"`` (all but ``dplr_delta_rule``): our chunkwise (WY) Triton kernels with the
+  inter-chunk state recurrence on chip, forward and backward (``chunk_kernels.py``, host code in
+  ``triton_chunk.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs, float32 arithmetic;
+- ``"fla"``: flash-linear-attention's chunked Triton kernels (``fla.py``), CUDA only, computed in
+  bfloat16 (inputs cast inside, outputs cast back);
+- ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
+  in the input dtype (float32 included), CUDA only;
+- ``"auto"``: the fastest measured on CUDA (``resolve_backend``): ``"fla"`` where fla is importable, but
+  ``"triton"`` for narrow heads and short recurrences where fla's own path is slow (its gated backward
+  refused on this machine, or ``dplr_delta_rule``); without fla ``"triton"`` for narrow heads, else
+  ``"triton_chunk"``. Off CUDA ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``).
+
+``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+from seqkernels._triton import triton_available
+from seqkernels.delta import fla as _fla
+from seqkernels.delta import pytorch as _chunk
+from seqkernels.delta import reference as _ref
+
+try:  # the Triton path needs triton importable (not on every platform)
+    from seqkernels.delta import triton_ops as _rec
+except ImportError:  # pragma: no cover - platforms without triton
+    _rec = None
+try:
+    from seqkernels.delta import triton_chunk as _tchunk
+except ImportError:  # pragma: no cover - platforms without triton
+    _tchunk = None
+
+AUTO = "auto"
+BACKENDS = ("reference", "chunk", "triton", "triton_chunk", "fla", "fla_recurrent")
+_AVAILABLE = {
+    "delta_rule": {
+        "reference": _ref.delta_rule,
+        "chunk": _chunk.delta_rule,
+        "fla": _fla.delta_rule,
+        "fla_recurrent": _fla.delta_rule_recurrent,
+    },
+    "gated_delta_rule": {
+        "reference": _ref.gated_delta_rule,
+        "chunk": _chunk.gated_delta_rule,
+        "fla": _fla.gated_delta_rule,
+    },
+    "delta_product": {
+        "reference": _ref.delta_product,
+        "chunk": _chunk.delta_product,
+        "fla": _fla.delta_product,
+        "fla_recurrent": _fla.delta_product_recurrent,
+    },
+    "dplr_delta_rule": {"reference": _ref.dplr_delta_rule, "fla": _fla.dplr_delta_rule},
+}
+if _rec is not None:  # "triton" after the PyTorch forms, before fla's
+    for _op, _fns in _AVAILABLE.items():
+        _fast = {k: f for k, f in _fns.items() if k.startswith("fla")}
+        _AVAILABLE[_op] = {**{k: f for k, f in _fns.items() if k not in _fast}, "triton": getattr(_rec, _op), **_fast}
+    del _op, _fns, _fast
+if _tchunk is not None:  # "triton_chunk" after "triton", before fla's
+    for _op in ("delta_rule", "gated_delta_rule", "delta_product"):
+        _fns = _AVAILABLE[_op]
+        _fast = {k: f for k, f in _fns.items() if k.startswith("fla")}
+        _slow = {k: f for k, f in _fns.items() if k not in _fast}
+        _AVAILABLE[_op] = {**_slow, "triton_chunk": getattr(_tchunk, _op), **_fast}
+    del _op, _fns, _fast, _slow
+
+
+@functools.cache
+def fla_available() -> bool:
+    """Whether the ``fla`` package (flash-linear-attention) can be imported."""
+    return importlib.util.find_spec("fla") is not None
+
+
+#: ``"auto"`` gives our recurrent kernel heads at most this wide (key width): at 16 it beat fla's chunked
+#: kernels where fla is slow and our chunked kernels, at 64 it lost to both
+#: (``benchmarks/ops/results/delta.evidence.md``)
+AUTO_TRITON_MAX_HEAD_DIM = 16
+#: where fla runs, ``"auto"`` gives our recurrent kernel recurrences (tokens times steps per token) of at
+#: most this many steps: the measured crossover against fla's gated path at head dim 16
+AUTO_TRITON_MAX_STEPS = 256
+
+
+@functools.cache
+def _fla_refuses_gated() -> bool:
+    """fla's own condition for refusing its gated backward here (``fla_gated_bwd.triton_refuses``), read
+    once: ``resolve_backend`` runs on every call."""
+    from seqkernels.delta import fla_gated_bwd
+
+    return fla_gated_bwd.triton_refuses()
+
+
+def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int) -> str:
+    """What ``"auto"`` runs, the fastest in CUDA-graph replays of forward and backward (``python -m
+    benchmarks.ops delta --graph --sweep``). On CUDA with fla importable: ``"fla"``, except that heads at
+    most ``AUTO_TRITON_MAX_HEAD_DIM`` wide over at most ``AUTO_TRITON_MAX_STEPS`` steps take ``"triton"``
+    where fla's own path is slow (a ``gated`` op whose Triton backward fla refuses here, so that it runs in
+    PyTorch; ``dplr_delta_rule``). Without fla: ``"triton"`` for heads at most ``AUTO_TRITON_MAX_HEAD_DIM``
+    wide (faster than the chunked form at every measured length), ``"triton_chunk"`` for wider ones. Off
+    CUDA: ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``)."""
+    if x.is_cuda:
+        narrow = x.shape[-1] <= AUTO_TRITON_MAX_HEAD_DIM
+        if fla_available():
+            fla_slow = op == "dplr_delta_rule" or (gated and _fla_refuses_gated())
+            if fla_slow and narrow and steps <= AUTO_TRITON_MAX_STEPS and "triton" in available:
+                return "triton"
+            return "fla"
+        if not narrow and "triton_chunk" in available:
+            return "triton_chunk"
+        if "triton" in available:
+            return "triton"
+    return "chunk" if "chunk" in available else "reference"
+
+
+def resolve_backend(op: str, backend: str, x: torch.Tensor, *, gated: bool = False, steps: int = 0) -> str:
+    """The backend ``backend`` stands for when ``op`` runs on tensors like ``x`` (``(..., K)``, ``K`` the
+    key width); one-line ``ValueError``s. ``"auto"``: ``_auto``."""
+    available = _AVAILABLE[op]
+    if backend == AUTO:
+        return _auto(op, available, x, gated, steps)
+    if backend not in available:
+        raise ValueError(f"unknown {op} backend {backend!r}; valid: {', '.join([AUTO, *available])}")
+    if backend.startswith("triton") and not triton_available(x):
+        raise ValueError(
+            f"{op}: backend {backend!r} needs CUDA tensors (got {x.device}; on the CPU only under "
+            "TRITON_INTERPRET=1); use 'chunk', 'reference' or 'auto'"
+        )
+    if backend.startswith("fla"):
+        if not x.is_cuda:
+            raise ValueError(
+                f"{op}: backend {backend!r} runs fla's Triton kernels, which need CUDA tensors "
+                f"(got {x.device}); use 'reference' or 'auto'"
+            )
+        if not fla_available():
+            raise ValueError(
+                f"{op}: backend {backend!r} needs flash-linear-attention (pip install "
+                "flash-linear-attention); use 'reference' or 'auto'"
+            )
+    return backend
+
+
+def _check(op: str, named: dict[str, torch.Tensor], shapes: dict[str, tuple]) -> None:
+    """Every tensor floating point, on one device, with the expected shape (``None``: any size)."""
+    device = next(iter(named.values())).device
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{op}: {name} must be floating point, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device}, the others on {device}")
+        want = shapes[name]
+        if t.dim() != len(want) or any(w is not None and w != s for w, s in zip(want, t.shape)):
+            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected {want} (None: any)")
+
+
+def delta_rule(q, k, v, beta, *, scale: float | None = None, qk_l2norm: bool = False, backend: str = AUTO):
+    """``S_t = S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = scale S_t q_t``.
+    ``q, k (B, L, H, K)``, ``v (B, L, H, V)``, ``beta (B, L, H)`` -> ``o (B, L, H, V)``."""
+    B, L, H, K = q.shape
+    _check(
+        "delta_rule",
+        {"q": q, "k": k, "v": v, "beta": beta},
+        {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "beta": (B, L, H)},
+    )
+    fn = _AVAILABLE["delta_rule"][resolve_backend("delta_rule", backend, q, steps=L)]
+    return fn(q, k, v, beta, scale=scale, qk_l2norm=qk_l2norm)
+
+
+def gated_delta_rule(q, k, v, g, beta, *, scale: float | None = None, qk_l2norm: bool = False, backend: str = AUTO):
+    """``S_t = exp(g_t) S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T``; ``g (B, L, H)`` log decay (<= 0)."""
+    B, L, H, K = q.shape
+    _check(
+        "gated_delta_rule",
+        {"q": q, "k": k, "v": v, "g": g, "beta": beta},
+        {"q": (B, L, H, K), "k": (B, L, H, K), "v": (B, L, H, None), "g": (B, L, H), "beta": (B, L, H)},
+    )
+    fn = _AVAILABLE["gated_delta_rule"][resolve_backend("gated_delta_rule", backend, q, gated=True, steps=L)]
+    return fn(q, k, v, g, beta, scale=scale, qk_l2norm=qk_l2norm)
+
+
+def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2norm: bool = False, backend: str = AUTO):
+    """``n`` delta steps per token (``k (B, L, n, H, K)``, ``v (B, L, n, H, V)``, ``beta (B, L, n, H)``),
+    the decay ``exp(g_t)`` (``g (B, L, H)`` or None) once before them; output read after the last step."""
+    B, L, H, K = q.shape
+    n = k.shape[2] if k.dim() == 5 else None
+    named = {"q": q, "k": k, "v": v, "beta": beta, **({} if g is None else {"g": g})}
+    _check(
+        "delta_product",
+        named,
+        {"q": (B, L, H, K), "k": (B, L, n, H, K), "v": (B, L, n, H, None), "beta": (B, L, n, H), "g": (B, L, H)},
+    )
+    name = resolve_backend("delta_product", backend, q, gated=g is not None, steps=L * k.shape[2])
+    fn = _AVAILABLE["delta_product"][name]
+    return fn(q, k, v, beta, g, scale=scale, qk_l2norm=qk_l2norm)
+
+
+def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float | None = None, backend: str = AUTO):
+    """``S_t = S_{t-1}(diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``;
+    ``q, k, a, b, w (B, L, H, K)``, ``v (B, L, H, V)``. ``lower_bound``: a promise ``lower_bound <= w < 0``
+    that lets fla use its faster chunking (RWKV-7: ``-exp(-0.5)``); the reference ignores it."""
+    B, L, H, K = q.shape
+    _check(
+        "dplr_delta_rule",
+        {"q": q, "k": k, "v": v, "a": a, "b": b, "w": w},
+        {
+            "q": (B, L, H, K),
+            "k": (B, L, H, K),
+            "v": (B, L, H, None),
+            "a": (B, L, H, K),
+            "b": (B, L, H, K),
+            "w": (B, L, H, K),
+        },
+    )
+    name = resolve_backend("dplr_delta_rule", backend, q, steps=L)
+    if name == "fla":
+        return _fla.dplr_delta_rule(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound)
+    return _AVAILABLE["dplr_delta_rule"][name](q, k, v, a, b, w, scale=scale)
+
+
+def backends(op: str) -> tuple[str, ...]:
+    """The backend names ``op`` accepts (``"auto"`` first)."""
+    return (AUTO, *_AVAILABLE[op])
+
+
+__all__ = [
+    "AUTO",
+    "BACKENDS",
+    "backends",
+    "delta_product",
+    "delta_rule",
+    "dplr_delta_rule",
+    "fla_available",
+    "gated_delta_rule",
+    "resolve_backend",
+]

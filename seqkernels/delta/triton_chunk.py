@@ -1,0 +1,276 @@
+"""The gated delta rule, the delta rule (no decay) and DeltaProduct (``n`` steps per token) on the
+chunkwise Triton kernels of ``chunk_kernels.py``, forward and backward.
+
+``gated_delta_chunk``: the kernels as the custom ops ``expressivity::delta_chunk_fwd`` /
+``delta_chunk_bwd`` with ``register_autograd`` (and the same launches as an eager ``autograd.Function``
+taking explicit ``ChunkTiles``). The forward runs ``chunk_prep_kernel`` (every chunk's ``T``, ``W``,
+``U``, in parallel) then ``chunk_fwd_kernel`` (the chunks in order, the state on chip) and
+``chunk_out_kernel`` (every chunk's outputs from its stored entering state, in parallel); the backward
+``chunk_bwd_state_kernel`` (the chunks in reverse, the state's gradient on chip), ``chunk_bwd_grads_kernel``
+(per chunk) then ``chunk_bwd_prep_kernel`` (every chunk's ``T`` backward, in parallel). With
+``ChunkTiles(fused=True)`` (paper 004) the sequential kernels also compute the outputs and gradients with
+the state on chip, and the per-chunk kernels do not run. Saved for the backward: ``W, U, T``
+and the state entering every chunk (float32). ``qk_l2norm`` and the float64 -> float32 casts are torch code
+(autograd differentiates them); the output is in the dtype of ``q``, gradients in their input's dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from seqkernels._triton import cdiv, empty, next_pow2
+from seqkernels.delta.chunk_kernels import (
+    chunk_bwd_grads_kernel,
+    chunk_bwd_prep_kernel,
+    chunk_bwd_state_kernel,
+    chunk_fwd_kernel,
+    chunk_out_kernel,
+    chunk_prep_kernel,
+)
+from seqkernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kernel_dtype, members
+from seqkernels.delta.reference import l2norm
+
+PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkTiles:
+    """Launch parameters of the chunk kernels; ``None`` takes the default for the problem.
+
+    - ``chunk``: steps per chunk ``C``, 16, 32 or 64 (default 64 for head dims up to 64, else 32: the
+      sequential kernels' tiles must fit in shared memory; less for sequences shorter than that);
+    - ``block_v``: value columns of the state per sequential program, a power of two (default every
+      column up to 64, else 64);
+    - ``warps``: default 4, 8 for tiles 64 or more wide;
+    - ``precision``: the ``input_precision`` of every product (default ``"tf32x3"``, float32-accurate,
+      for float32 inputs and ``"tf32"`` for 16-bit inputs; ``"ieee"``: float32 FMA; ``"bf16"``: both
+      operands rounded to bfloat16, one tensor-core pass, relative errors about 1e-2 that grow with the
+      length);
+    - ``fused``: ``False`` (default): the sequential kernels only carry the state and store it for every
+      chunk, and per-chunk kernels read it back for the outputs and gradients (forward and backward the
+      faster at every shape timed: ``benchmarks/ops/results/delta.evidence.md``); ``True``: the sequential kernels also compute the
+      outputs and gradients with the state on chip (paper 004);
+    - ``stages``: Triton's software pipelining depth of the loops over chunks (each stage holds one
+      chunk's tiles in shared memory);
+    - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"rows"`` (default: forward substitution
+      over the chunk's ``C`` rows) or ``"blocks"`` (16 x 16 diagonal blocks by forward substitution, the
+      rest by block products)."""
+
+    chunk: int | None = None
+    block_v: int | None = None
+    warps: int | None = None
+    precision: str | None = None
+    fused: bool = False
+    stages: int = 2
+    inverse: str = "rows"
+
+    def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, str]:
+        """``(C, BK, BV, VP, warps, precision)`` for ``T`` steps, keys of width ``K``, values of width ``V``."""
+        BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
+        C = self.chunk or min(64 if max(BK, VP) <= 64 else 32, max(16, next_pow2(T)))
+        if C not in (16, 32, 64):
+            raise ValueError(f"delta triton_chunk: chunk must be 16, 32 or 64, got {C}")
+        BV = self.block_v or min(VP, 64)
+        if BV < 16 or BV > VP or BV & (BV - 1):
+            raise ValueError(f"delta triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
+        warps = self.warps or (8 if max(BK, VP) >= 64 else 4)
+        precision = self.precision or ("tf32x3" if dtype == torch.float32 else "tf32")
+        if precision not in PRECISIONS:
+            raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
+        if self.inverse not in ("rows", "blocks"):
+            raise ValueError(f"delta triton_chunk: inverse must be 'rows' or 'blocks', got {self.inverse!r}")
+        if not isinstance(self.stages, int) or self.stages < 1:
+            raise ValueError(f"delta triton_chunk: stages must be a positive int, got {self.stages!r}")
+        return C, BK, BV, VP, warps, precision
+
+
+def _meta(q, k, v, g, nstep: int, tiles: ChunkTiles | None) -> tuple[int, int, ChunkTiles, dict, dict]:
+    """``(C, NV, tiles, prep, blocks)``: the chunk, the blocks of value columns, the tiles (defaults for
+    ``None``), and the constexprs of the launches over whole chunks (``prep``) and over blocks of value
+    columns (``blocks``)."""
+    tiles = tiles or ChunkTiles()
+    Ts, K, V = k.shape[1], q.shape[-1], v.shape[-1]
+    C, BK, BV, VP, warps, prec = tiles.resolve(Ts, K, V, q.dtype)
+    meta = {"K": K, "V": V, "BK": BK, "VP": VP, "C": C, "HAS_G": g is not None, "PREC": prec}
+    meta.update(num_warps=warps, num_stages=tiles.stages)
+    return C, VP // BV, tiles, meta, {**meta, "BV": BV, "NSTEP": nstep}
+
+
+def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: ChunkTiles | None = None):
+    """``(o, W, U, Tm, ckpt)``: the output ``(B, T, H, V)`` in ``q``'s dtype; per chunk ``W (B H, NC C, BK)``,
+    ``U (B H, NC C, VP)``, ``Tm (B H, NC C, C)`` and the entering state ``ckpt (B H, NC, BK, VP)``, float32."""
+    B, T, H, _ = q.shape
+    Ts = k.shape[1]
+    C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles)
+    fused, BK, VP = tiles.fused, prep["BK"], prep["VP"]
+    NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
+    W, U, Tm = (empty((B * H, NC * C, n), dev, f32) for n in (BK, VP, C))
+    g_arg = beta if g is None else g  # any pointer: HAS_G=False never reads it
+    inv_blocks = tiles.inverse == "blocks"
+    chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, Ts, H, **prep, INV_BLOCKS=inv_blocks)
+    o = empty((B, T, H, v.shape[-1]), dev, q.dtype)
+    save = save or not fused
+    ckpt = empty((B * H, NC, BK, VP) if save else (1,), dev, f32)
+    args = (q, k, g_arg, W, U, o, ckpt, Ts, H, float(scale))
+    chunk_fwd_kernel[(NV, B * H)](*args, OUT=fused, SAVE=save, **blocks)
+    if not fused:
+        chunk_out_kernel[(NC, NV, B * H)](*args, **blocks)
+    return o, W, U, Tm, ckpt
+
+
+def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, tiles: ChunkTiles | None = None):
+    """``(dq, dk, dv, dg, dbeta)`` in float32 (``dg`` empty without ``g``)."""
+    B, T, H, K = q.shape
+    Ts, V = k.shape[1], v.shape[-1]
+    C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles)
+    fused, BK, VP = tiles.fused, prep["BK"], prep["VP"]
+    NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
+    g_arg = beta if g is None else g
+    dq, dk_state = empty((NV, B, T, H, K), dev, f32), empty((NV, B, Ts, H, K), dev, f32)
+    dW = empty((NV, B * H, NC * C, BK), dev, f32)
+    dU = empty((B * H, NC * C, VP), dev, f32)
+    dG_state = empty((NV, B * H, NC * C), dev, f32)
+    dckpt = ckpt if fused else empty(ckpt.shape, dev, f32)  # fused: never touched
+    args = (q, k, g_arg, W, U, ckpt, do, dckpt, dq, dk_state, dW, dU, dG_state, B, Ts, H, float(scale))
+    chunk_bwd_state_kernel[(NV, B * H)](*args, GRADS=fused, **blocks)
+    if not fused:
+        chunk_bwd_grads_kernel[(NC, NV, B * H)](*args, **blocks)
+    dW, dq, dk_state, dG_state = (x.sum(0) if NV > 1 else x[0] for x in (dW, dq, dk_state, dG_state))
+    dk, dG = empty((B, Ts, H, K), dev, f32), empty((B * H, NC * C), dev, f32)
+    dv, dbeta = empty((B, Ts, H, V), dev, f32), empty((B, Ts, H), dev, f32)
+    chunk_bwd_prep_kernel[(NC, B * H)](k, v, g_arg, beta, Tm, dW, dU, dk, dv, dbeta, dG, Ts, H, **prep)
+    dk = dk + dk_state
+    if g is None:
+        return dq, dk, dv, dq.new_empty(0), dbeta
+    # g_s reaches every G_i of its chunk with i >= s: a reverse cumulative sum inside each chunk
+    dG = (dG + dG_state).view(B, H, NC, C).flip(-1).cumsum(-1).flip(-1)
+    dg = dG.reshape(B, H, NC * C)[:, :, :Ts].transpose(1, 2).contiguous()  # the fake's strides
+    return dq, dk, dv, dg, dbeta
+
+
+@torch.library.custom_op("expressivity::delta_chunk_fwd", mutates_args=())
+def delta_chunk_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor,
+    scale: float,
+    nstep: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(o, W, U, Tm, ckpt)`` with the default tiles (``_forward``)."""
+    return _forward(q, k, v, g, beta, scale, nstep, save=True)
+
+
+@delta_chunk_fwd.register_fake
+def _(q, k, v, g, beta, scale, nstep):
+    B, T, H, K = q.shape
+    Ts, V = k.shape[1], v.shape[-1]
+    C, BK, _, VP, _, _ = ChunkTiles().resolve(Ts, K, V, q.dtype)
+    NC, f32 = cdiv(Ts, C), torch.float32
+    W, U, Tm = (q.new_empty(B * H, NC * C, n, dtype=f32) for n in (BK, VP, C))
+    return q.new_empty(B, T, H, V), W, U, Tm, q.new_empty(B * H, NC, BK, VP, dtype=f32)
+
+
+@torch.library.custom_op("expressivity::delta_chunk_bwd", mutates_args=())
+def delta_chunk_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor,
+    W: torch.Tensor,
+    U: torch.Tensor,
+    Tm: torch.Tensor,
+    ckpt: torch.Tensor,
+    scale: float,
+    nstep: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The input gradients ``(dq, dk, dv, dg, dbeta)`` in float32 with the default tiles (``_backward``)."""
+    return _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep)
+
+
+@delta_chunk_bwd.register_fake
+def _(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep):
+    f = torch.float32
+    dg = g.new_empty(g.shape, dtype=f) if g is not None else q.new_empty(0, dtype=f)
+    dq, dk, dv = (x.new_empty(x.shape, dtype=f) for x in (q, k, v))
+    return dq, dk, dv, dg, beta.new_empty(beta.shape, dtype=f)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, beta, scale, nstep = inputs
+    ctx.save_for_backward(q, k, v, g, beta, *output[1:])
+    ctx.opts = (scale, nstep)
+
+
+def _grad(ctx, do, *_):
+    q, k, v, g, beta, W, U, Tm, ckpt = ctx.saved_tensors
+    grads = delta_chunk_bwd(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, *ctx.opts)
+    return (*grads_in_input_dtypes(grads, (q, k, v, g, beta)), None, None)
+
+
+delta_chunk_fwd.register_autograd(_grad, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """Eager autograd over the same launches as the custom ops, with explicit tiles."""
+
+    @staticmethod
+    def forward(ctx, tiles, q, k, v, g, beta, scale, nstep):
+        o, *saved = _forward(q, k, v, g, beta, scale, nstep, save=True, tiles=tiles)
+        ctx.save_for_backward(q, k, v, g, beta, *saved)
+        ctx.opts, ctx.tiles = (scale, nstep), tiles
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do):
+        q, k, v, g, beta, W, U, Tm, ckpt = ctx.saved_tensors
+        grads = _backward(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, *ctx.opts, ctx.tiles)
+        return (None, *grads_in_input_dtypes(grads, (q, k, v, g, beta)), None, None)
+
+
+def gated_delta_chunk(
+    q, k, v, g, beta, *, scale: float, nstep: int = 1, tiles: ChunkTiles | None = None
+) -> torch.Tensor:
+    """Over steps ``s``: ``S_s = exp(g_s) S_{s-1}(I - beta_s k_s k_s^T) + beta_s v_s k_s^T`` (no decay for
+    ``g=None``), ``o_t = scale S_{s(t)} q_t`` at each token's last step ``s(t) = nstep t + nstep - 1``.
+    ``q (B, T, H, K)``; per step ``k (B, T nstep, H, K)``, ``v (B, T nstep, H, V)``, ``g, beta (B, T nstep, H)``
+    -> ``o (B, T, H, V)`` in ``q``'s dtype; inputs are made contiguous; ``tiles``: ``ChunkTiles``."""
+    if q.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"delta triton_chunk: inputs must be one of {KERNEL_DTYPES}, got {q.dtype}")
+    if max(q.shape[-1], v.shape[-1]) > 128:
+        raise ValueError(f"delta triton_chunk: head dims up to 128, got K={q.shape[-1]}, V={v.shape[-1]}")
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    g = None if g is None else g.contiguous()
+    args = (q, k, v, g, beta, float(scale), int(nstep))
+    if torch.compiler.is_compiling():
+        return delta_chunk_fwd(*args)[0]
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args[:5]):
+        return _Eager.apply(tiles, *args)
+    return _forward(*args, save=False, tiles=tiles)[0]
+
+
+def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
+    """``n = k.shape[2]`` delta steps per token, the decay ``exp(g_t)`` (or none) before them.
+    ``q (B, L, H, K)``, ``k (B, L, n, H, K)``, ``v (B, L, n, H, V)``, ``beta (B, L, n, H)``, ``g (B, L, H)``."""
+    B, L, n, H, K = k.shape
+    out_dtype = q.dtype
+    q, k, v, beta = kernel_dtype(q, k, v, beta)
+    if qk_l2norm:
+        q, k = l2norm(q.float()), l2norm(k.float())
+    gs = None
+    if g is not None:  # the log decay of each step: g on a token's first, 0 on the others
+        gs = F.pad(kernel_dtype(g)[0][:, :, None], (0, 0, 0, n - 1)).reshape(B, L * n, H)
+    ks, vs, bs = (x.reshape(B, L * n, H, *x.shape[4:]) for x in (k, v, beta))
+    scale = K**-0.5 if scale is None else scale
+    return gated_delta_chunk(q, ks, vs, gs, bs, scale=scale, nstep=n, tiles=tiles).to(out_dtype)
+
+
+delta_rule, gated_delta_rule, delta_product = members(gated_delta_product)
