@@ -148,6 +148,17 @@ def test_gpu_triton_tiles_equal_reference(member, tiles):
     _compare(member, tensors, fn, tiles, torch.float32, 1e-4)
 
 
+@pytest.mark.parametrize("member", ["delta_rule", "gated_delta_product", "dplr_delta_rule"])
+@pytest.mark.parametrize("L,D", [(67, 16), (1024, 32), (130, 64), (67, 128)])
+@gpu
+def test_gpu_triton_pipelined_equals_reference(member, L, D):
+    """Loads pipelined 4 deep (``RecurrentTiles(stages=4)``) with the default blocks, at every head dim:
+    the depth the benchmark found fastest, checked where a default would use it."""
+    B, H = (2, 3) if L <= 130 else (1, 2)
+    tensors, fn = _members(B, L, H, D, D, 2, seed=L + D)[member]
+    _compare(member, tensors, fn, RecurrentTiles(stages=4), torch.float32, 1e-4)
+
+
 @gpu
 def test_gpu_triton_in_a_cuda_graph(graph_grads):
     """Forward and backward captured in one CUDA graph replay what an eager call computes."""
