@@ -22,11 +22,15 @@ MFU is the achieved model FLOP/s over the device's dense bfloat16 peak and its f
 (``flops.PEAKS``); a device without a known peak (a CPU) gets none. The Markdown report (``--out``, default
 ``benchmarks/results/mfu.md``) states device, date, versions and the command; the rows go to the JSON file
 beside it; ``--merge`` adds the presets of another call on the same device to that report (replacing those it
-measures again). ``--quick``: a CPU run of a few steps on small data sets and batches (a test runs it in seconds).
+measures again). ``--batch-size N`` trains every cell on batches of ``N`` (the papers' batch sizes are larger
+than the presets': how much of the GPU a larger batch uses), reported as ``PRESET (batch N)`` beside the
+preset's own rows under ``--merge``. ``--quick``: a CPU run of a few steps on small data sets and batches (a
+test runs it in seconds).
 
 Examples::
 
     python -m benchmarks.training.mfu pararnn-table6 grazzi-table3 deltaproduct-groups state-tracking --workers 16 --mps
+    python -m benchmarks.training.mfu deltaproduct-groups --workers 16 --mps --batch-size 2048 --merge
     python -m benchmarks.training.mfu state-tracking --quick --tasks s3 --mixers gru,transformer --workers 2 --out /tmp/m.md
 """
 
@@ -139,6 +143,24 @@ def with_length_bucketing(cells: list[Cell], pools: int) -> list[Cell]:
         )
         for c in cells
     ]
+
+
+def with_batch_size(cells: list[Cell], batch_size: int | None) -> list[Cell]:
+    """``cells`` training on batches of ``batch_size`` sequences (``train.batch_size``; ``None``: the preset's)."""
+    if not batch_size:
+        return cells
+    return [
+        dataclasses.replace(
+            c, spec=dataclasses.replace(c.spec, train=dataclasses.replace(c.spec.train, batch_size=batch_size))
+        )
+        for c in cells
+    ]
+
+
+def report_name(preset: str, batch_size: int | None) -> str:
+    """The preset's name in the report: ``PRESET``, or ``PRESET (batch N)`` with ``--batch-size N``, so that a
+    ``--merge`` keeps the preset's own batches beside the other size."""
+    return f"{preset} (batch {batch_size})" if batch_size else preset
 
 
 def timed_spec(spec, steps: int, quick: bool, eval_every: int | None = None, small_eval: bool = False):
@@ -351,6 +373,7 @@ def render(report: dict[str, Any]) -> str:
                 if run.get("length_bucketing")
                 else ""
             )
+            + (f", batches of {run['batch_size']:,} sequences" if run.get("batch_size") else "")
             + (
                 f", {run['workers']} workers{' under MPS' if run['mps'] else ''} with trials sized for about "
                 f"{run['worker_seconds']:g} s of training together"
@@ -504,6 +527,12 @@ def parser() -> Parser:
         help="train every cell on length-bucketed batches in pools of this many (train.length_bucketing; "
         "eager steps); default 0: as the presets train",
     )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        help="train every cell on batches of this many sequences instead of the preset's (train.batch_size); "
+        "the report names the preset 'PRESET (batch N)', so --merge keeps the preset's own rows beside it",
+    )
     p.add_argument("--tasks", type=str_list, help="only these sweeps (entries) of each preset")
     p.add_argument("--mixers", type=str_list, help="only these mixers")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the Markdown report; the JSON goes beside it")
@@ -560,14 +589,16 @@ def main(argv: list[str] | None = None) -> int:
                 "worker_seconds": args.worker_seconds,
                 "mps": bool(args.mps),
                 "length_bucketing": args.length_bucketing,
+                "batch_size": args.batch_size,
             }
             if old is not None:
                 merged(old, run_meta, {})  # a report of another device: the error now, before measuring
             presets: dict[str, Any] = {}
             for preset, preset_cells in cells.items():  # the report rewritten after each preset: a cut run keeps them
-                presets[preset] = measure_preset(
-                    preset, with_length_bucketing(preset_cells, args.length_bucketing), args
+                preset_cells = with_batch_size(
+                    with_length_bucketing(preset_cells, args.length_bucketing), args.batch_size
                 )
+                presets[report_name(preset, args.batch_size)] = measure_preset(preset, preset_cells, args)
                 report = merged(old, run_meta, presets)
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 data_file.write_text(json.dumps(report, indent=1, default=float))

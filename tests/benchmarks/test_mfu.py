@@ -180,6 +180,21 @@ def test_quick_report_with_length_bucketing_shows_less_padding(tmp_path):
     assert "length-bucketed batches (pools of 4, eager steps)" in out.read_text()
 
 
+def test_quick_report_with_another_batch_size_sits_beside_the_presets_own(tmp_path):
+    """``--batch-size``: every cell trains on batches of that size; the report names the preset with it, so a
+    ``--merge`` keeps the preset's own rows."""
+    out = tmp_path / "mfu.md"
+    args = ["--quick", "--tasks", "s3", "--mixers", "gru", "--out", str(out), "--steps", "4"]
+    assert main(["state-tracking", *args]) == 0
+    assert main(["state-tracking", *args, "--batch-size", "3", "--merge"]) == 0
+    presets = json.loads(out.with_suffix(".json").read_text())["presets"]
+    assert {r["batch"] for r in presets["state-tracking"]["cells"]} == {8}
+    assert {r["batch"] for r in presets["state-tracking (batch 3)"]["cells"]} == {3}
+    text = out.read_text()
+    assert "## state-tracking (batch 3)" in text and "run 2: state-tracking (batch 3)" in text
+    assert "batches of 3 sequences" in text
+
+
 def test_bad_input_is_one_line_of_error(tmp_path, capsys):
     assert main(["no-such-preset", "--quick", "--out", str(tmp_path / "m.md")]) == 2
     assert "unknown preset(s) no-such-preset" in capsys.readouterr().err
