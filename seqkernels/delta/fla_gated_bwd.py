@@ -4,10 +4,11 @@ fla computes the backward of every gated chunk kernel (``chunk_gated_delta_rule`
 ``chunk_gated_delta_product``, ``chunk_simple_gla``, ...) through one shared function,
 ``fla.ops.common.chunk_o.chunk_bwd_dqkwg``. On Hopper GPUs with Triton >= 3.4.0, < 3.7.1 Triton
 miscompiles its gated case (fla issue #640) and fla raises instead of running it, unless tilelang is
-installed. ``chunk_bwd_dqkwg`` below is the same function written with PyTorch batched matmuls;
-``register()`` offers it to fla's backend registry (``fla.backends``, the extension point fla's own
-tilelang backend uses), whose verifier accepts exactly the calls fla would refuse. Everywhere else fla's
-Triton kernel runs as before.
+installed. ``chunk_bwd_dqkwg`` below is the same function written with PyTorch batched matmuls (the
+reference), ``chunk_bwd_dqkwg_triton`` our Triton kernel of it (``dqkwg_kernel.py``, which never
+transposes a product); ``register()`` offers them to fla's backend registry (``fla.backends``, the
+extension point fla's own tilelang backend uses; ``REGISTERED`` says which runs), whose verifier
+accepts exactly the calls fla would refuse. Everywhere else fla's Triton kernel runs as before.
 
 What it computes, per batch, value head and chunk of ``BT`` positions (``g`` is the cumulative log2
 decay within the chunk, ``g_last`` its value at the chunk's last position, ``h``/``dh`` the state at the
@@ -115,12 +116,74 @@ def chunk_bwd_dqkwg(
     return dq.to(q.dtype), dk.to(q.dtype), dw, unchunk(dg)
 
 
+def chunk_bwd_dqkwg_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    h: torch.Tensor,
+    dh: torch.Tensor,
+    w: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
+    g_gamma: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+    scale: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    chunk_indices: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``chunk_bwd_dqkwg`` (same arguments, shapes and results) as one Triton kernel (``dqkwg_kernel.py``):
+    CUDA tensors, or the CPU under ``TRITON_INTERPRET=1``; products in the inputs' dtype."""
+    from seqkernels._triton import cdiv, empty, next_pow2
+    from seqkernels.delta.dqkwg_kernel import dqkwg_kernel
+
+    if g is None or g_gamma is not None or cu_seqlens is not None:
+        raise ValueError("chunk_bwd_dqkwg (Triton): only the gated case (g given) of equal-length sequences")
+    if w is not None and dv is None:
+        raise ValueError("chunk_bwd_dqkwg (Triton): w needs dv")
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    BT, groups = chunk_size, HV // H
+    if BT < 16 or BT & (BT - 1):
+        raise ValueError(f"chunk_bwd_dqkwg (Triton): chunk_size must be a power of two >= 16, got {BT}")
+    BK, BV = max(16, next_pow2(K)), min(max(16, next_pow2(V)), 64)
+    f32, dev = torch.float32, q.device
+    dq, dk = empty((B, T, HV, K), dev, f32), empty((B, T, HV, K), dev, f32)
+    dg = empty((B, T, HV), dev, f32)
+    dw = empty(tuple(w.shape), dev, w.dtype) if w is not None else None
+    c = [x.contiguous() for x in (q, k, v, do, h, dh)]
+    w_arg, dv_arg = (w.contiguous(), dv.contiguous()) if w is not None else (c[0], c[3])  # unread without w
+    dqkwg_kernel[(cdiv(T, BT), B * HV)](
+        *c, w_arg, dv_arg, g.contiguous(), dq, dk, dw if dw is not None else dq, dg, T, float(scale or K**-0.5),
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_W=w is not None, STATE_V_FIRST=state_v_first,
+        num_warps=4 if BK <= 64 else 8,
+    )  # fmt: skip
+    if groups > 1:
+        dq, dk = dq.view(B, T, H, groups, K).sum(3), dk.view(B, T, H, groups, K).sum(3)
+    return dq.to(q.dtype), dk.to(q.dtype), dw, dg
+
+
 def triton_refuses() -> bool:
     """Whether fla's Triton ``chunk_bwd_dqkwg`` refuses its gated calls on this machine (fla's own
     condition, issue #640)."""
     from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
 
     return IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1
+
+
+#: what the registered backend runs: ``"torch"`` (the PyTorch function, the default until the kernel has
+#: passed its GPU tests), ``"triton"`` (the kernel where it can run) (``benchmarks.ops delta`` times both)
+REGISTERED = "torch"
+
+
+def registered_function(q: torch.Tensor):
+    """The ``chunk_bwd_dqkwg`` the registered backend runs for inputs like ``q`` (``REGISTERED``)."""
+    from seqkernels._triton import triton_available
+
+    if REGISTERED == "triton" and triton_available(q):
+        return chunk_bwd_dqkwg_triton
+    return chunk_bwd_dqkwg
 
 
 @functools.cache
@@ -145,6 +208,6 @@ def register() -> None:
             return True, None
 
         def chunk_bwd_dqkwg(self, *args, **kwargs):
-            return chunk_bwd_dqkwg(*args, **kwargs)
+            return registered_function(args[0])(*args, **kwargs)
 
     fla_register("common")(TorchGatedBackward)

@@ -11,7 +11,12 @@ import math
 import pytest
 import torch
 
-from seqkernels.delta.fla_gated_bwd import chunk_bwd_dqkwg
+from seqkernels._triton import poisoned, triton_available
+from seqkernels.delta.fla_gated_bwd import chunk_bwd_dqkwg, chunk_bwd_dqkwg_triton
+
+triton_only = pytest.mark.skipif(
+    not triton_available(torch.empty(0)) and not torch.cuda.is_available(), reason="needs CUDA or TRITON_INTERPRET=1"
+)
 
 
 def _autograd_reference(q, k, v, do, h, dh, w, g, dv, scale, chunk):
@@ -88,3 +93,89 @@ def test_refuses_what_it_does_not_compute():
     x = torch.zeros(1, 4, 1, 2)
     with pytest.raises(ValueError, match="gated case"):
         chunk_bwd_dqkwg(x, x, x, x, torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+
+
+def _dqkwg_inputs(B, T, H, HV, K, V, chunk, seed, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    nt = -(-T // chunk)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(device, dtype)
+
+    q, k, w = rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, HV, K)
+    v, do, dv = rnd(B, T, HV, V), rnd(B, T, HV, V), rnd(B, T, HV, V)
+    h, dh = rnd(B * nt, HV, K, V), rnd(B * nt, HV, K, V)
+    log_decay = -torch.rand(B, T, HV, generator=gen)
+    g = torch.cat([log_decay[:, t : t + chunk].cumsum(1) for t in range(0, T, chunk)], dim=1).to(device)
+    return q, k, v, do, h, dh, w, g, dv
+
+
+@triton_only
+@pytest.mark.parametrize(
+    ("B", "T", "H", "HV", "K", "V", "chunk", "v_first", "with_w"),
+    [
+        (1, 37, 1, 1, 16, 16, 16, False, True),  # a partial last chunk
+        (2, 40, 1, 2, 20, 40, 16, True, True),  # K, V not powers of two; grouped value heads; V first
+        (1, 64, 2, 2, 16, 80, 32, False, False),  # two value blocks of 64; no w
+        (1, 5, 1, 1, 16, 16, 16, False, True),  # one short chunk
+    ],
+)
+def test_triton_kernel_equals_the_pytorch_function(B, T, H, HV, K, V, chunk, v_first, with_w):
+    """``chunk_bwd_dqkwg_triton`` (the interpreter on the CPU) against ``chunk_bwd_dqkwg`` (itself checked
+    against autograd above) in float32, NaN-poisoned outputs."""
+    q, k, v, do, h, dh, w, g, dv = _dqkwg_inputs(B, T, H, HV, K, V, chunk, seed=T + K + V)
+    if v_first:
+        h, dh = h.transpose(-1, -2).contiguous(), dh.transpose(-1, -2).contiguous()
+    kw = {"w": w if with_w else None, "g": g, "dv": dv if with_w else None, "scale": 0.7}
+    kw.update(state_v_first=v_first, chunk_size=chunk)
+    want = chunk_bwd_dqkwg(q, k, v, do, h, dh, **kw)
+    with poisoned():
+        got = chunk_bwd_dqkwg_triton(q, k, v, do, h, dh, **kw)
+    for name, a, b in zip(("dq", "dk", "dw", "dg"), got, want, strict=True):
+        if b is None:
+            assert a is None, name
+            continue
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("T", "K", "V", "dtype", "tol"), [(130, 64, 64, torch.bfloat16, 3e-2), (300, 128, 128, torch.bfloat16, 3e-2), (67, 16, 16, torch.float32, 1e-2)])  # fmt: skip
+def test_gpu_triton_kernel_equals_the_pytorch_function(T, K, V, dtype, tol):
+    """Compiled on a GPU (the Hopper machines fla refuses are the ones that run it), chunks of 64: within
+    the inputs' rounding of the float32 PyTorch function (relative norm error)."""
+    q, k, v, do, h, dh, w, g, dv = _dqkwg_inputs(2, T, 2, 4, K, V, 64, seed=T, dtype=dtype, device="cuda")
+    kw = {"w": w, "g": g, "dv": dv, "scale": K**-0.5, "chunk_size": 64}
+    want = chunk_bwd_dqkwg(*(x.float() for x in (q, k, v, do, h, dh)), **{**kw, "w": w.float(), "dv": dv.float()})
+    got = chunk_bwd_dqkwg_triton(q, k, v, do, h, dh, **kw)
+    for name, a, b in zip(("dq", "dk", "dw", "dg"), got, want, strict=True):
+        err = float((a.double() - b.double()).norm() / b.double().norm())
+        assert err <= tol, (name, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fla_gated_backward_through_the_kernel_equals_it_through_pytorch(monkeypatch):
+    """Where fla refuses its gated backward, ``REGISTERED = "triton"`` gives fla's gated delta rule the
+    gradients the PyTorch function gives (within bfloat16 rounding: fla computes in bfloat16)."""
+    import seqkernels.delta as kd
+    from seqkernels.delta import fla_gated_bwd
+
+    if not kd.fla_available() or not fla_gated_bwd.triton_refuses():
+        pytest.skip("fla runs its own gated backward here")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B, T, H, D = 2, 300, 4, 64
+    q, k, v = (torch.randn(B, T, H, D, generator=gen, device="cuda") for _ in range(3))
+    g = -torch.rand(B, T, H, generator=gen, device="cuda")
+    beta = torch.rand(B, T, H, generator=gen, device="cuda")
+    do = torch.randn(B, T, H, D, generator=gen, device="cuda")
+    grads = {}
+    for impl in ("torch", "triton"):
+        monkeypatch.setattr(fla_gated_bwd, "REGISTERED", impl)
+        xs = [x.clone().requires_grad_() for x in (q, k, v, g, beta)]
+        out = kd.gated_delta_rule(*xs, qk_l2norm=True, backend="fla")
+        grads[impl] = torch.autograd.grad(out, xs, do)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), grads["triton"], grads["torch"], strict=True):
+        err = float((a.double() - b.double()).norm() / b.double().norm())
+        assert err <= 2e-2, (name, err)
