@@ -9,7 +9,9 @@ more shared memory than the device has minus ``--headroom``.
 - ``scan``: the chunk-loop and look-back kernels (forward and backward, diagonal and 2x2) with the
   default tiles at ``--scan-shapes`` (``B,L,D``), or ``--scan-tiles`` (``kind,ch,bd,warps[,stages]``);
 - ``mlstm``: every TFLA forward / backward kernel for ``--mlstm-dtype``, chunk sizes ``--mlstm-chunks``,
-  ``DQK = --mlstm-dqk``, ``DV = --mlstm-dv``, both gates, at ``--matmul-precision``.
+  ``DQK = --mlstm-dqk``, ``DV = --mlstm-dv``, both gates, at ``--matmul-precision``;
+- ``delta``: the recurrent, chunk and ``chunk_bwd_dqkwg`` kernels at ``--delta-shapes`` (``DTYPE,T,D``)
+  with the default tiles (``delta_kernels``).
 """
 
 from __future__ import annotations
@@ -260,9 +262,60 @@ def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool)
     ]
 
 
+#: scalar arguments of the delta kernels; every other non-constexpr argument is a pointer
+_DELTA_SCALARS = {"B": "i32", "T": "i32", "H": "i32", "scale": "fp32"}
+#: pointers in the inputs' dtype (the rest are float32)
+_DELTA_INPUT_DTYPE = {"q", "k", "v", "o", "do", "a", "b", "w", "dv_in", "h", "dh"}
+
+
+def _delta_args(kernel, dtype: torch.dtype, **constexprs) -> dict:
+    """``compile_kernel`` arguments for a delta kernel: its scalars, pointers in ``dtype`` or float32, and
+    ``constexprs`` (launch options included)."""
+    names = [n for n in kernel.arg_names if n not in constexprs]
+    t = "*" + _TY[dtype]
+    return {n: _DELTA_SCALARS.get(n, t if n in _DELTA_INPUT_DTYPE else "*fp32") for n in names} | constexprs
+
+
+def delta_kernels(dtype: torch.dtype, T: int, D: int):
+    """``(name, kernel, args)`` of the delta family's kernels at head dim ``D`` (keys and values) and ``T``
+    steps with the default tiles: the recurrent forward and backward (gated product, 2 steps per token),
+    the chunk kernels (split default, on chip, the block inverse), and ``chunk_bwd_dqkwg``'s kernel."""
+    from seqkernels._triton import next_pow2
+    from seqkernels.delta import chunk_kernels as ck
+    from seqkernels.delta import recurrent_kernels as rk
+    from seqkernels.delta import triton_ops
+    from seqkernels.delta.dqkwg_kernel import dqkwg_kernel
+    from seqkernels.delta.triton_chunk import ChunkTiles
+
+    meta_q = torch.empty(1, T, 1, D, device="meta")
+    _, _, _, rec = triton_ops._launch(meta_q, meta_q, meta_q, 2, None)
+    C, BK, BV, VP, warps, prec = ChunkTiles().resolve(T, D, D, dtype)
+    prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=ChunkTiles().stages)
+    blocks = dict(prep, BV=BV, NSTEP=1)
+    dq_bk = max(16, next_pow2(D))
+    dqkwg = dict(H=1, HV=1, K=D, V=D, BT=64, BK=dq_bk, BV=min(max(16, next_pow2(D)), 32), HAS_W=True)
+    dqkwg.update(STATE_V_FIRST=False, num_warps=4 if dq_bk <= 16 else 8)
+    cases = [
+        ("recurrent fwd", rk.delta_recurrent_fwd_kernel, dict(rec, SAVE=True)),
+        ("recurrent bwd", rk.delta_recurrent_bwd_kernel, rec),
+        ("chunk prep", ck.chunk_prep_kernel, dict(prep, INV_BLOCKS=False)),
+        ("chunk prep, block inverse", ck.chunk_prep_kernel, dict(prep, INV_BLOCKS=True)),
+        ("chunk fwd (split)", ck.chunk_fwd_kernel, dict(blocks, OUT=False, SAVE=True)),
+        ("chunk fwd (on chip)", ck.chunk_fwd_kernel, dict(blocks, OUT=True, SAVE=True)),
+        ("chunk out", ck.chunk_out_kernel, blocks),
+        ("chunk bwd state (split)", ck.chunk_bwd_state_kernel, dict(blocks, GRADS=False)),
+        ("chunk bwd state (on chip)", ck.chunk_bwd_state_kernel, dict(blocks, GRADS=True)),
+        ("chunk bwd grads", ck.chunk_bwd_grads_kernel, blocks),
+        ("chunk bwd prep", ck.chunk_bwd_prep_kernel, prep),
+        ("fla chunk_bwd_dqkwg", dqkwg_kernel, dqkwg),
+    ]
+    dt = _TY[dtype]
+    return [(f"delta {dt} T={T} D={D} {name}", kernel, _delta_args(kernel, dtype, **c)) for name, kernel, c in cases]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ops compile", description=__doc__.splitlines()[0])
-    p.add_argument("--families", default="scan,mlstm")
+    p.add_argument("--families", default="scan,mlstm,delta")
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--headroom", type=float, default=0.10, help="shared-memory headroom below the device limit")
     p.add_argument("--scan-shapes", default="8,4096,1024;1,65536,256;8,4096,512")
@@ -272,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlstm-dqk", type=int, default=128)
     p.add_argument("--mlstm-dv", type=int, default=256)
     p.add_argument("--matmul-precision", default="high", choices=["high", "medium", "highest"])
+    p.add_argument("--delta-shapes", default="bf16,2048,64;bf16,2048,128;fp32,128,16", help="DTYPE,T,D items")
     a = p.parse_args(argv)
     torch.set_float32_matmul_precision(a.matmul_precision)
     budget = int(SMEM_LIMIT.get(a.arch, 232448) * (1 - a.headroom))
@@ -292,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
         for exp_gate in (True, False):
             for L in map(int, a.mlstm_chunks.split(",")):
                 kernels += mlstm_kernels(dtype, L, a.mlstm_dqk, a.mlstm_dv, exp_gate)
+    if "delta" in families:
+        dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+        for item in a.delta_shapes.split(";"):
+            dt, T, D = item.split(",")
+            kernels += delta_kernels(dtypes[dt], int(T), int(D))
     bad = 0
     for name, kernel, args in kernels:
         try:

@@ -69,7 +69,7 @@ def dqkwg_kernel(
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_dsT = tl.zeros([BT, BT], dtype=tl.float32)
-    hdh = tl.zeros([BK, BV], dtype=tl.float32)
+    hdh = tl.sum(tl.zeros([BV], dtype=tl.float32), 0)  # <h, dh>, a float32 scalar carried through the loop
     state = ((i_b * NT + i_t) * HV + i_hv) * K * V
     for v0 in range(0, V, BV):
         cv = v0 + tl.arange(0, BV)
@@ -88,14 +88,14 @@ def dqkwg_kernel(
         b_dk = tl.dot(b_v, tl.trans(b_dh).to(b_v.dtype), b_dk)
         b_ds = tl.dot(b_do, tl.trans(b_v), b_ds)
         b_dsT = tl.dot(b_v, tl.trans(b_do), b_dsT)
-        hdh += b_h.to(tl.float32) * b_dh.to(tl.float32)
+        hdh += tl.sum(tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1), 0)
         if HAS_W:
             b_dv = tl.load(dv + vo_off, mask=vmask, other=0.0)
             b_dw = tl.dot(b_dv, tl.trans(b_h).to(b_dv.dtype), b_dw)
 
     b_dq = b_dq * (tl.exp2(b_g) * scale)[:, None]
     b_dk = b_dk * tl.where(valid, tl.exp2(g_last - b_g), 0.0)[:, None]
-    dg_last = tl.sum(tl.sum(hdh, 1), 0) * tl.exp2(g_last) + tl.sum(tl.sum(b_dk * b_k.to(tl.float32), 1), 0)
+    dg_last = hdh * tl.exp2(g_last) + tl.sum(tl.sum(b_dk * b_k.to(tl.float32), 1), 0)
 
     both = valid[:, None] & valid[None, :]
     diff = tl.where(both & (r[:, None] >= r[None, :]), b_g[:, None] - b_g[None, :], float("-inf"))

@@ -147,7 +147,8 @@ def chunk_bwd_dqkwg_triton(
     BT, groups = chunk_size, HV // H
     if BT < 16 or BT & (BT - 1):
         raise ValueError(f"chunk_bwd_dqkwg (Triton): chunk_size must be a power of two >= 16, got {BT}")
-    BK, BV = max(16, next_pow2(K)), min(max(16, next_pow2(V)), 64)
+    # blocks of 32 value columns and 8 warps past head dim 16: the fewest register spills compiled for sm_90
+    BK, BV = max(16, next_pow2(K)), min(max(16, next_pow2(V)), 32)
     f32, dev = torch.float32, q.device
     dq, dk = empty((B, T, HV, K), dev, f32), empty((B, T, HV, K), dev, f32)
     dg = empty((B, T, HV), dev, f32)
@@ -157,7 +158,7 @@ def chunk_bwd_dqkwg_triton(
     dqkwg_kernel[(cdiv(T, BT), B * HV)](
         *c, w_arg, dv_arg, g.contiguous(), dq, dk, dw if dw is not None else dq, dg, T, float(scale or K**-0.5),
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_W=w is not None, STATE_V_FIRST=state_v_first,
-        num_warps=4 if BK <= 64 else 8,
+        num_warps=4 if BK <= 16 else 8,
     )  # fmt: skip
     if groups > 1:
         dq, dk = dq.view(B, T, H, groups, K).sum(3), dk.view(B, T, H, groups, K).sum(3)

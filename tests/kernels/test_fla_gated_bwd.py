@@ -116,7 +116,7 @@ def _dqkwg_inputs(B, T, H, HV, K, V, chunk, seed, dtype=torch.float32, device="c
     [
         (1, 37, 1, 1, 16, 16, 16, False, True),  # a partial last chunk
         (2, 40, 1, 2, 20, 40, 16, True, True),  # K, V not powers of two; grouped value heads; V first
-        (1, 64, 2, 2, 16, 80, 32, False, False),  # two value blocks of 64; no w
+        (1, 64, 2, 2, 16, 80, 32, False, False),  # three value blocks of 32, the last partial; no w
         (1, 5, 1, 1, 16, 16, 16, False, True),  # one short chunk
     ],
 )
