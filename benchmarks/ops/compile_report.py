@@ -265,15 +265,15 @@ def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool)
 #: scalar arguments of the delta kernels; every other non-constexpr argument is a pointer
 _DELTA_SCALARS = {"B": "i32", "T": "i32", "H": "i32", "scale": "fp32"}
 #: pointers in the inputs' dtype (the rest are float32)
-_DELTA_INPUT_DTYPE = {"q", "k", "v", "o", "do", "a", "b", "w", "dv_in", "h", "dh"}
+_DELTA_INPUT_DTYPE = {"q", "k", "v", "o", "do", "a", "b", "w"}
 
 
-def _delta_args(kernel, dtype: torch.dtype, **constexprs) -> dict:
-    """``compile_kernel`` arguments for a delta kernel: its scalars, pointers in ``dtype`` or float32, and
-    ``constexprs`` (launch options included)."""
+def _delta_args(kernel, dtype: torch.dtype, typed=_DELTA_INPUT_DTYPE, **constexprs) -> dict:
+    """``compile_kernel`` arguments for a delta kernel: its scalars, the pointers ``typed`` in ``dtype``,
+    the others float32, and ``constexprs`` (launch options included)."""
     names = [n for n in kernel.arg_names if n not in constexprs]
     t = "*" + _TY[dtype]
-    return {n: _DELTA_SCALARS.get(n, t if n in _DELTA_INPUT_DTYPE else "*fp32") for n in names} | constexprs
+    return {n: _DELTA_SCALARS.get(n, t if n in typed else "*fp32") for n in names} | constexprs
 
 
 def delta_kernels(dtype: torch.dtype, T: int, D: int):
@@ -307,7 +307,7 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int):
         ("chunk bwd state (on chip)", ck.chunk_bwd_state_kernel, dict(blocks, GRADS=True)),
         ("chunk bwd grads", ck.chunk_bwd_grads_kernel, blocks),
         ("chunk bwd prep", ck.chunk_bwd_prep_kernel, prep),
-        ("fla chunk_bwd_dqkwg", dqkwg_kernel, dqkwg),
+        ("fla chunk_bwd_dqkwg", dqkwg_kernel, dict(dqkwg, typed={"q", "k", "v", "do", "h", "dh", "w", "dv", "dw"})),
     ]
     dt = _TY[dtype]
     return [(f"delta {dt} T={T} D={D} {name}", kernel, _delta_args(kernel, dtype, **c)) for name, kernel, c in cases]

@@ -133,26 +133,14 @@ def run_options(preset: str, length_bucketing: int = 0):
     return RunOptions(logger="none", **({"gpu_engine": engine} if engine else {}))
 
 
-def with_length_bucketing(cells: list[Cell], pools: int) -> list[Cell]:
-    """``cells`` training on length-bucketed batches (``train.length_bucketing = pools``; 0: as they are)."""
-    if not pools:
+def with_train(cells: list[Cell], **changes) -> list[Cell]:
+    """``cells`` with these ``train`` options changed; an option given as 0 or ``None`` keeps the preset's
+    (``length_bucketing``: pools of batches cut by length; ``batch_size``: sequences per batch)."""
+    changes = {k: v for k, v in changes.items() if v}
+    if not changes:
         return cells
     return [
-        dataclasses.replace(
-            c, spec=dataclasses.replace(c.spec, train=dataclasses.replace(c.spec.train, length_bucketing=pools))
-        )
-        for c in cells
-    ]
-
-
-def with_batch_size(cells: list[Cell], batch_size: int | None) -> list[Cell]:
-    """``cells`` training on batches of ``batch_size`` sequences (``train.batch_size``; ``None``: the preset's)."""
-    if not batch_size:
-        return cells
-    return [
-        dataclasses.replace(
-            c, spec=dataclasses.replace(c.spec, train=dataclasses.replace(c.spec.train, batch_size=batch_size))
-        )
+        dataclasses.replace(c, spec=dataclasses.replace(c.spec, train=dataclasses.replace(c.spec.train, **changes)))
         for c in cells
     ]
 
@@ -595,8 +583,8 @@ def main(argv: list[str] | None = None) -> int:
                 merged(old, run_meta, {})  # a report of another device: the error now, before measuring
             presets: dict[str, Any] = {}
             for preset, preset_cells in cells.items():  # the report rewritten after each preset: a cut run keeps them
-                preset_cells = with_batch_size(
-                    with_length_bucketing(preset_cells, args.length_bucketing), args.batch_size
+                preset_cells = with_train(
+                    preset_cells, length_bucketing=args.length_bucketing, batch_size=args.batch_size
                 )
                 presets[report_name(preset, args.batch_size)] = measure_preset(preset, preset_cells, args)
                 report = merged(old, run_meta, presets)

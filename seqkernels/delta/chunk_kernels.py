@@ -124,30 +124,38 @@ def _decays(G, C: tl.constexpr):
 
 
 @triton.jit
-def _unit_lower_inverse(A, scratch, C: tl.constexpr):
-    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile, by forward substitution over rows,
-    ``T_i = e_i - sum_{j < i} A_ij T_j``, on the transpose (``T^T``'s column ``i`` is ``e_i - T^T a_i``,
-    a reduction along rows); ``A``'s rows are read back from ``scratch`` (``C x C`` float32, row-major),
-    where ``A`` is stored first. Returns ``T``; ``scratch`` may be overwritten once this returns."""
-    r = tl.arange(0, C)
-    tile = r[:, None] * C + r[None, :]
-    tl.store(scratch + tile, A)
-    tl.debug_barrier()
+def _forward_substitution(rows, stride, N: tl.constexpr):
+    """``(I + A)^-1`` of a strictly lower triangular ``(N, N)`` ``A`` whose row ``i`` is at ``rows + i *
+    stride`` (float32), by forward substitution over rows, ``T_i = e_i - sum_{j < i} A_ij T_j``, on the
+    transpose (``T^T``'s column ``i`` is ``e_i - T^T a_i``, a reduction along rows). Returns ``T``."""
+    r = tl.arange(0, N)
     Tt = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in range(1, C):
-        a_i = tl.load(scratch + i * C + r)  # row i of A, indexed by j (zero for j >= i)
+    for i in range(1, N):
+        a_i = tl.load(rows + i * stride + r)  # row i of A, indexed by j (zero for j >= i)
         Tt = tl.where(r[None, :] == i, Tt - tl.sum(Tt * a_i[None, :], 1)[:, None], Tt)
-    tl.debug_barrier()
     return tl.trans(Tt)
+
+
+@triton.jit
+def _unit_lower_inverse(A, scratch, C: tl.constexpr):
+    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile by ``_forward_substitution`` over
+    its ``C`` rows, read back from ``scratch`` (``C x C`` float32, row-major), where ``A`` is stored
+    first. Returns ``T``; ``scratch`` may be overwritten once this returns."""
+    r = tl.arange(0, C)
+    tl.store(scratch + r[:, None] * C + r[None, :], A)
+    tl.debug_barrier()
+    T = _forward_substitution(scratch, C, C)
+    tl.debug_barrier()
+    return T
 
 
 @triton.jit
 def _unit_lower_inverse_blocks(A, scratch, C: tl.constexpr):
     """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile by blocks of 16 (``M = I + A``):
-    each diagonal block ``T_ii = M_ii^-1`` by ``_unit_lower_inverse``'s forward substitution on 16 x 16
-    tiles, then block column by block column ``T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj`` (``i > j``, IEEE
-    float32 products), each block written over ``A``'s in ``scratch`` (``C x C`` float32, row-major) once
-    no later block needs it. Returns ``T``; ``scratch`` may be overwritten once this returns."""
+    each diagonal block ``T_ii = M_ii^-1`` by ``_forward_substitution`` on 16 x 16 tiles, then block
+    column by block column ``T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj`` (``i > j``, IEEE float32 products),
+    each block written over ``A``'s in ``scratch`` (``C x C`` float32, row-major) once no later block
+    needs it. Returns ``T``; ``scratch`` may be overwritten once this returns."""
     S: tl.constexpr = 16
     NB: tl.constexpr = C // S
     r = tl.arange(0, C)
@@ -157,12 +165,9 @@ def _unit_lower_inverse_blocks(A, scratch, C: tl.constexpr):
     tl.debug_barrier()
     for b in tl.static_range(NB):
         diag = scratch + b * S * C + b * S
-        Tt = tl.where(s[:, None] == s[None, :], 1.0, 0.0)
-        for i in range(1, S):
-            a_i = tl.load(diag + i * C + s)  # row i of A_bb
-            Tt = tl.where(s[None, :] == i, Tt - tl.sum(Tt * a_i[None, :], 1)[:, None], Tt)
+        T_bb = _forward_substitution(diag, C, S)
         tl.debug_barrier()
-        tl.store(diag + blk, tl.trans(Tt))
+        tl.store(diag + blk, T_bb)
     tl.debug_barrier()
     for j in tl.static_range(NB - 1):
         for i in tl.static_range(j + 1, NB):

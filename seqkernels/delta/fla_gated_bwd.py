@@ -44,6 +44,12 @@ def _chunked(x: torch.Tensor, chunk: int) -> torch.Tensor:
     return x.transpose(2, 3)
 
 
+def _check_gated(form: str, g, g_gamma, cu_seqlens) -> None:
+    """Both forms compute the gated case (``g`` given) of equal-length sequences only."""
+    if g is None or g_gamma is not None or cu_seqlens is not None:
+        raise ValueError(f"chunk_bwd_dqkwg ({form}): only the gated case (g given) of equal-length sequences")
+
+
 def chunk_bwd_dqkwg(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -68,8 +74,7 @@ def chunk_bwd_dqkwg(
     ``(B * NT, HV, K, V)`` (``(..., V, K)`` when ``state_v_first``), the state at each chunk's start and
     its gradient. Returns dq, dk ``(B, T, H, K)`` in q's dtype, dw like w (None without w) and dg
     ``(B, T, HV)`` float32 (in units of ln 2)."""
-    if g is None or g_gamma is not None or cu_seqlens is not None:
-        raise ValueError("chunk_bwd_dqkwg (PyTorch): only the gated case (g given) of equal-length sequences")
+    _check_gated("PyTorch", g, g_gamma, cu_seqlens)
     B, T, H, K = k.shape
     HV = v.shape[2]
     groups, BT = HV // H, chunk_size
@@ -138,8 +143,7 @@ def chunk_bwd_dqkwg_triton(
     from seqkernels._triton import cdiv, empty, next_pow2
     from seqkernels.delta.dqkwg_kernel import dqkwg_kernel
 
-    if g is None or g_gamma is not None or cu_seqlens is not None:
-        raise ValueError("chunk_bwd_dqkwg (Triton): only the gated case (g given) of equal-length sequences")
+    _check_gated("Triton", g, g_gamma, cu_seqlens)
     if w is not None and dv is None:
         raise ValueError("chunk_bwd_dqkwg (Triton): w needs dv")
     B, T, H, K = k.shape
