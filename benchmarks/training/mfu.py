@@ -7,7 +7,8 @@ in the task's vocabulary and classes share one, and the report names the entries
 - **alone**: one short trial of ``--steps`` steps through ``run_trial`` (the engine the preset's sweep uses: the
   CUDA graph, or the compiled graph where its ``budget: {engine: compiled}`` says so; eager on the CPU), with the
   preset's own validation and test sets and validation interval. A ``phases.PhaseTimer`` splits its wall time;
-  the steps/s are its training steps after the first batch (warm-up, capture, compilation), and the phase
+  the steps/s are its training steps after the first batch (warm-up, capture, compilation) less stalled
+  batches (``phases.STALL_FACTOR``: a kernel autotuned on a later call, counted once as stall), and the phase
   shares are those of a full trial of the preset's ``max_steps`` (``phases.Phases.project``);
 - **FLOPs** per training step (``flops.step_flops``: ``FlopCounterMode``, forward, loss and backward of one
   padded batch) and tokens per step: ``padded`` (batch x the longest training length: the width every
@@ -377,7 +378,9 @@ def render(report: dict[str, Any]) -> str:
         "training length, the width of every training batch). Alone: one trial's training steps/s on the device, "
         "its model TFLOP/s, and MFU against the dense bfloat16 and float32 peaks. With N workers: each trial's "
         "steady steps/s while all train. Phase shares: of one full trial of the preset's step budget, projected "
-        "from the short trial (set-up and warm-up once, validations at the preset's interval, the test passes).",
+        "from the short trial (set-up, warm-up and stalls once, validations at the preset's interval, the test "
+        "passes). Stalls: training batches slower per step than 5x the median batch (a kernel autotuned or compiled "
+        "after the first batch), their time beyond the median's.",
     ]
     for preset, data in report["presets"].items():
         lines += ["", f"## {preset}", ""]
@@ -445,9 +448,9 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| sweeps | mixer | layers | set-up s | warm-up s | µs per step | s per validation | test s "
-        "| host µs per step | full trial s | " + " | ".join(f"{p} share" for p in PHASES) + " |",
-        "|" + "---|" * (10 + len(PHASES)),
+        "| sweeps | mixer | layers | set-up s | warm-up s | stalls s (batches) | µs per step | s per validation "
+        "| test s | host µs per step | full trial s | " + " | ".join(f"{p} share" for p in PHASES) + " |",
+        "|" + "---|" * (11 + len(PHASES)),
     ]
     for r in rows:
         p = r["phases"]
@@ -457,12 +460,13 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
             str(r["layers"]),
             _num(p["setup_s"], 1),
             _num(p["warmup_s"], 1),
+            f"{_num(p.get('stall_s', 0.0), 1)} ({p.get('stalls', 0)})",
             _num(1e6 * p["train_s"] / max(p["steps"], 1)),
             _num(p["validation_s"] / p["validations"], 2) if p["validations"] else "n/a",
             _num(p["test_s"], 1),
             _num(1e6 * p["other_s"] / max(p["steps"] + p["warmup_steps"], 1)),
             _num(r["full_trial_s"]["total"]),
-            *(_pct(r["shares"][k]) for k in PHASES),
+            *(_pct(r["shares"].get(k, 0.0)) for k in PHASES),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     failed = [r for r in data["cells"] if "error" in r]

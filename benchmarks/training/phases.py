@@ -5,9 +5,12 @@ batch (a Lightning step: one optimizer step eagerly, a chunk of CUDA-graph repla
 each validation while fitting and each test pass, synchronizing the GPU at each boundary so a phase
 holds the GPU work it launched. The first training batch, which holds the graph engines' warm-up steps,
 capture and compilation (and eager kernels' first-call compilation), is kept apart as ``warmup_s``.
+A later batch whose steps took more than ``STALL_FACTOR`` times the median batch's per step (a kernel
+autotuned or compiled on a later call, a recapture) is a stall: its time beyond the median's goes to
+``stall_s``, once per trial, not into the step rate.
 
 ``Phases.project(max_steps, eval_every)`` scales the measured run to a full trial of the preset: set-up,
-warm-up and the test passes once, training steps and host work per optimizer step, validations per
+warm-up, stalls and the test passes once, training steps and host work per optimizer step, validations per
 validation (``max_steps // eval_every`` of them), and gives each phase's share of that trial's wall time.
 The host work (``other``) is what the phases leave of the measured wall time: Lightning's loop between
 steps, logging, checkpoints, tear-down.
@@ -16,13 +19,27 @@ steps, logging, checkpoints, tear-down.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
 #: the phases of a trial's wall time, in the order reports list them
-PHASES = ("setup", "warmup", "train", "validation", "test", "other")
+PHASES = ("setup", "warmup", "stall", "train", "validation", "test", "other")
+#: a training batch slower per step than this many times the median batch is a stall
+STALL_FACTOR = 5.0
+
+
+def split_stalls(batches: list[tuple[float, int]]) -> tuple[float, int]:
+    """``(stall_s, stalls)`` of training batches ``(seconds, steps)``: the time of each batch beyond the median
+    per-step time, summed over the batches slower per step than ``STALL_FACTOR`` times that median."""
+    per_step = [s / n for s, n in batches if n > 0]
+    if not per_step:
+        return 0.0, 0
+    median = statistics.median(per_step)
+    slow = [(s, n) for s, n in batches if n > 0 and s / n > STALL_FACTOR * median]
+    return sum(s - n * median for s, n in slow), len(slow)
 
 
 def _sync(pl_module) -> float:
@@ -66,13 +83,16 @@ class PhaseTimer(Callback):
         if len(self.batches) < 2:
             raise ValueError("timing a trial's phases needs at least two training batches (more --steps)")
         (warmup_s, warmup_steps), rest = self.batches[0], self.batches[1:]
-        train_s, steps = sum(s for s, _ in rest), sum(n for _, n in rest)
+        stall_s, stalls = split_stalls(rest)
+        train_s, steps = sum(s for s, _ in rest) - stall_s, sum(n for _, n in rest)
         validation_s, test_s = sum(self.validations), sum(self.tests)
-        other_s = max(0.0, wall_s - setup_s - warmup_s - train_s - validation_s - test_s)
+        other_s = max(0.0, wall_s - setup_s - warmup_s - stall_s - train_s - validation_s - test_s)
         return Phases(
             setup_s=setup_s,
             warmup_s=warmup_s,
             warmup_steps=warmup_steps,
+            stall_s=stall_s,
+            stalls=stalls,
             train_s=train_s,
             steps=steps,
             validation_s=validation_s,
@@ -85,7 +105,8 @@ class PhaseTimer(Callback):
 @dataclasses.dataclass(frozen=True)
 class Phases:
     """Measured seconds per phase of one run: ``steps`` optimizer steps after the ``warmup_steps`` of the
-    first batch, ``validations`` validations; ``other`` is the host work the phases leave out."""
+    first batch (``train_s``: their time less ``stall_s``, the excess of ``stalls`` stalled batches),
+    ``validations`` validations; ``other`` is the host work the phases leave out."""
 
     setup_s: float
     warmup_s: float
@@ -96,10 +117,12 @@ class Phases:
     validations: int
     test_s: float
     other_s: float
+    stall_s: float = 0.0
+    stalls: int = 0
 
     @property
     def steps_per_s(self) -> float:
-        """Training steps per second after the first batch (the step's own time: no validation, no host loop)."""
+        """Training steps per second after the first batch (the step's own time: no stall, validation or host loop)."""
         return self.steps / self.train_s if self.train_s > 0 else float("nan")
 
     def project(self, max_steps: int, eval_every: int) -> dict[str, float]:
@@ -111,6 +134,7 @@ class Phases:
         seconds = {
             "setup": self.setup_s,
             "warmup": self.warmup_s,
+            "stall": self.stall_s,
             "train": per_step * max(max_steps - self.warmup_steps, 0),
             "validation": per_validation * (max_steps // eval_every),
             "test": self.test_s,

@@ -116,7 +116,7 @@ def test_phase_projection_to_a_full_trial():
     assert p.steps_per_s == pytest.approx(1000.0)
     seconds = p.project(1000, 100)
     assert seconds == pytest.approx(
-        {"setup": 2.0, "warmup": 4.0, "train": 0.995, "validation": 5.0, "test": 3.0, "other": 100.0, "total": 114.995}
+        {"setup": 2.0, "warmup": 4.0, "stall": 0.0, "train": 0.995, "validation": 5.0, "test": 3.0, "other": 100.0, "total": 114.995}
     )
     shares = p.shares(1000, 100)
     assert list(shares) == list(PHASES) and sum(shares.values()) == pytest.approx(1.0)
@@ -221,3 +221,19 @@ def test_quick_workers_report_their_tokens_together(tmp_path):
     # end to end counts worker start-up and the test passes too: fewer tokens per second than in the window
     assert 0 < together["end_to_end_real_tokens_per_s"] < together["real_tokens_per_s"]
     assert "End to end (worker start-up" in out.read_text()
+
+
+def test_a_stalled_batch_is_counted_once_not_in_the_step_rate():
+    """Nine 1 ms batches of one step and one of 13 s (a kernel autotuned mid-trial): the rate is 1,000 steps/s,
+    the stall 13 s less one step's 1 ms, once in the projection; jitter under 5x the median is not a stall."""
+    from benchmarks.training.phases import PhaseTimer, split_stalls
+
+    timer = PhaseTimer()
+    timer.batches = [(2.0, 1)] + [(0.001, 1)] * 4 + [(13.0, 1)] + [(0.001, 1)] * 5
+    p = timer.phases(wall_s=16.0, setup_s=0.5)
+    assert (p.stalls, p.steps) == (1, 10)
+    assert p.stall_s == pytest.approx(12.999) and p.steps_per_s == pytest.approx(1000.0)
+    seconds = p.project(1001, 1001)
+    assert seconds["stall"] == pytest.approx(12.999) and seconds["train"] == pytest.approx(1.0)
+    assert split_stalls([(0.001, 1), (0.004, 1), (0.001, 1), (0.003, 2)]) == (0.0, 0)
+    assert split_stalls([]) == (0.0, 0)
