@@ -19,7 +19,7 @@ as it is) and wraps it:
   results row says so);
 - fla's gated layers (``GatedDeltaNet``, ``GatedDeltaProduct``, ...) train on Hopper GPUs with a Triton
   whose gated chunk backward fla refuses: building a layer registers
-  ``seqkernels.delta.fla_gated_bwd``'s PyTorch ``chunk_bwd_dqkwg`` with fla's backend registry.
+  ``seqkernels.delta.fla_gated_bwd``'s ``chunk_bwd_dqkwg`` (our Triton kernel) with fla's backend registry.
 
 fla is an optional extra: ``pip install 'expressivity-suite[fla]'`` (a CUDA machine).
 """

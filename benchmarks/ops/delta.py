@@ -18,7 +18,8 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
 - ``ours-chunk``: the chunkwise (WY) form in PyTorch (``seqkernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``seqkernels/delta/fla_gated_bwd.py``'s
-  PyTorch function (the note says which ran), and ``fla-triton-dqkwg`` the same with that file's Triton kernel;
+  Triton kernel (the default ``REGISTERED``; the note says which ran), and ``fla-torch-dqkwg`` the same with
+  that file's PyTorch function;
 - ``fla-recurrent``: fla's ``fused_recurrent_delta_rule`` (``delta`` and ``product`` only);
 - ``fla-triton-unguarded`` (``gated``, only where fla refuses): fla's own Triton backward with the guard
   lifted, to measure what the guard protects against.
@@ -152,11 +153,11 @@ def chunk_tiles(text: str | None) -> triton_chunk.ChunkTiles:
 
 
 @contextlib.contextmanager
-def _fla_triton_dqkwg():
-    """Where fla refuses its gated ``chunk_bwd_dqkwg``, ours runs as the Triton kernel, not the PyTorch function."""
+def _fla_torch_dqkwg():
+    """Where fla refuses its gated ``chunk_bwd_dqkwg``, ours runs as the PyTorch function, not the Triton kernel."""
     from seqkernels.delta import fla_gated_bwd
 
-    saved, fla_gated_bwd.REGISTERED = fla_gated_bwd.REGISTERED, "triton"
+    saved, fla_gated_bwd.REGISTERED = fla_gated_bwd.REGISTERED, "torch"
     try:
         yield
     finally:
@@ -203,11 +204,11 @@ def implementations(
         from seqkernels.delta import fla_gated_bwd
 
         refused = op == "gated" and fla_gated_bwd.triton_refuses()
-        note = "backward: ours chunk_bwd_dqkwg (fla refuses its own here)" if refused else "fla's Triton backward"
+        note = "backward: our Triton chunk_bwd_dqkwg (fla refuses its own here)" if refused else "fla's Triton backward"
         impls["fla"] = (call(op, "fla"), contextlib.nullcontext, note)
         if refused:
-            triton_bwd = "backward: our Triton chunk_bwd_dqkwg"
-            impls["fla-triton-dqkwg"] = (call(op, "fla"), _fla_triton_dqkwg, triton_bwd)
+            torch_bwd = "backward: our PyTorch chunk_bwd_dqkwg"
+            impls["fla-torch-dqkwg"] = (call(op, "fla"), _fla_torch_dqkwg, torch_bwd)
         if op in ("delta", "product"):
             impls["fla-recurrent"] = (call(op, "fla_recurrent"), contextlib.nullcontext, "")
         if refused:

@@ -24,9 +24,10 @@ Backends:
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
 - ``"auto"``: the fastest measured on CUDA (``resolve_backend``): ``"fla"`` where fla is importable, but
-  ``"triton"`` for narrow heads and short recurrences where fla's own path is slow (its gated backward
-  refused on this machine, or ``dplr_delta_rule``); without fla ``"triton"`` for narrow heads, else
-  ``"triton_chunk"``. Off CUDA ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``).
+  ``"triton"`` for narrow heads and short recurrences where fla's own path is slow (``dplr_delta_rule``;
+  a gated op whose backward fla refuses here when its stand-in runs in PyTorch, see ``fla_gated_bwd``);
+  without fla ``"triton"`` for narrow heads, else ``"triton_chunk"``. Off CUDA ``"chunk"``
+  (``"reference"`` for ``dplr_delta_rule``).
 
 ``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
 """
@@ -112,18 +113,26 @@ def _fla_refuses_gated() -> bool:
     return fla_gated_bwd.triton_refuses()
 
 
+def _fla_gated_is_slow(x: torch.Tensor) -> bool:
+    """Whether fla's gated path runs its backward in PyTorch here: fla refuses its own Triton kernel and
+    the stand-in registered for it is the PyTorch function (``fla_gated_bwd.REGISTERED``, or no Triton)."""
+    from seqkernels.delta import fla_gated_bwd
+
+    return _fla_refuses_gated() and not (fla_gated_bwd.REGISTERED == "triton" and triton_available(x))
+
+
 def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int) -> str:
     """What ``"auto"`` runs, the fastest in CUDA-graph replays of forward and backward (``python -m
     benchmarks.ops delta --graph --sweep``). On CUDA with fla importable: ``"fla"``, except that heads at
     most ``AUTO_TRITON_MAX_HEAD_DIM`` wide over at most ``AUTO_TRITON_MAX_STEPS`` steps take ``"triton"``
-    where fla's own path is slow (a ``gated`` op whose Triton backward fla refuses here, so that it runs in
-    PyTorch; ``dplr_delta_rule``). Without fla: ``"triton"`` for heads at most ``AUTO_TRITON_MAX_HEAD_DIM``
+    where fla's own path is slow (``dplr_delta_rule``; a ``gated`` op whose backward runs in PyTorch,
+    ``_fla_gated_is_slow``). Without fla: ``"triton"`` for heads at most ``AUTO_TRITON_MAX_HEAD_DIM``
     wide (faster than the chunked form at every measured length), ``"triton_chunk"`` for wider ones. Off
     CUDA: ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``)."""
     if x.is_cuda:
         narrow = x.shape[-1] <= AUTO_TRITON_MAX_HEAD_DIM
         if fla_available():
-            fla_slow = op == "dplr_delta_rule" or (gated and _fla_refuses_gated())
+            fla_slow = op == "dplr_delta_rule" or (gated and _fla_gated_is_slow(x))
             if fla_slow and narrow and steps <= AUTO_TRITON_MAX_STEPS and "triton" in available:
                 return "triton"
             return "fla"

@@ -16,8 +16,8 @@ Same signatures as ``reference.py``. Two kinds of fla kernels:
 
 fla refuses the backward of its gated chunk kernels (``chunk_bwd_dqkwg`` with a decay) on Hopper GPUs
 with Triton >= 3.4.0 and < 3.7.1 (wrong results, its issue #640); the gated functions below first
-register ``fla_gated_bwd``'s PyTorch ``chunk_bwd_dqkwg`` with fla's backend registry, which fla then
-calls exactly where it would refuse.
+register ``fla_gated_bwd``'s ``chunk_bwd_dqkwg`` (our Triton kernel; the PyTorch function where Triton
+cannot run) with fla's backend registry, which fla then calls exactly where it would refuse.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""fla's gated ``chunk_bwd_dqkwg`` in PyTorch, for the machines where fla's Triton one is wrong.
+"""fla's gated ``chunk_bwd_dqkwg`` in PyTorch and in our Triton, for the machines where fla's Triton one is wrong.
 
 fla computes the backward of every gated chunk kernel (``chunk_gated_delta_rule``,
 ``chunk_gated_delta_product``, ``chunk_simple_gla``, ...) through one shared function,
@@ -177,9 +177,10 @@ def triton_refuses() -> bool:
     return IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1
 
 
-#: what the registered backend runs: ``"torch"`` (the PyTorch function, the default until the kernel has
-#: passed its GPU tests), ``"triton"`` (the kernel where it can run) (``benchmarks.ops delta`` times both)
-REGISTERED = "torch"
+#: what the registered backend runs: ``"triton"`` (default: the kernel where Triton runs, else the PyTorch
+#: function), ``"torch"`` (the PyTorch function) (``benchmarks.ops delta`` times both: ``fla``
+#: and ``fla-torch-dqkwg``)
+REGISTERED = "triton"
 
 
 def registered_function(q: torch.Tensor):
@@ -212,7 +213,7 @@ def register() -> None:
                 return False, "variable-length sequences are not supported"
             return True, None
 
-        def chunk_bwd_dqkwg(self, *args, **kwargs):
-            return registered_function(args[0])(*args, **kwargs)
+        def chunk_bwd_dqkwg(self, q, *args, **kwargs):  # fla passes every argument by keyword
+            return registered_function(q)(q, *args, **kwargs)
 
     fla_register("common")(TorchGatedBackward)

@@ -41,8 +41,8 @@ PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
 class ChunkTiles:
     """Launch parameters of the chunk kernels; ``None`` takes the default for the problem.
 
-    - ``chunk``: steps per chunk ``C``, 16, 32 or 64 (default 64 for head dims up to 64, else 32: the
-      sequential kernels' tiles must fit in shared memory; less for sequences shorter than that);
+    - ``chunk``: steps per chunk ``C``, 16, 32 or 64 (default 32, the fastest timed at head dims 16 and
+      64, less for sequences shorter than that; 64 spills registers in the backward);
     - ``block_v``: value columns of the state per sequential program, a power of two (default every
       column up to 64, else 64);
     - ``warps``: default 4, 8 for tiles 64 or more wide;
@@ -71,7 +71,7 @@ class ChunkTiles:
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, str]:
         """``(C, BK, BV, VP, warps, precision)`` for ``T`` steps, keys of width ``K``, values of width ``V``."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
-        C = self.chunk or min(64 if max(BK, VP) <= 64 else 32, max(16, next_pow2(T)))
+        C = self.chunk or min(32, max(16, next_pow2(T)))
         if C not in (16, 32, 64):
             raise ValueError(f"delta triton_chunk: chunk must be 16, 32 or 64, got {C}")
         BV = self.block_v or min(VP, 64)

@@ -33,7 +33,8 @@ class RecurrentTiles:
     ``block_v``: value rows of the state per program (a power of two; default: every row up to 64
     rows of width <= 64, else 32); ``warps`` (default: one per 256 state elements, 1 to 8);
     ``chunk``: steps between the forward's stored states, the backward's recompute length (32);
-    ``stages``: software-pipelining depth of the step loops' loads (``tl.range``'s ``num_stages``; 1: none)."""
+    ``stages``: software-pipelining depth of the step loops' loads (``tl.range``'s ``num_stages``; 1: none;
+    default 4, the fastest timed)."""
 
     block_v: int | None = None
     warps: int | None = None
@@ -45,7 +46,7 @@ class RecurrentTiles:
         BK = max(16, next_pow2(K))
         BV = self.block_v or min(max(16, next_pow2(V)), 64 if BK <= 64 else 32)
         warps = self.warps or max(1, min(8, BV * BK // 256))
-        return BK, BV, warps, self.chunk or 32, self.stages or 1
+        return BK, BV, warps, self.chunk or 32, self.stages or 4
 
 
 def _launch(q, v, w, nstep: int, tiles: RecurrentTiles | None) -> tuple[int, int, int, dict]:

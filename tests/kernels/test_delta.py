@@ -236,11 +236,31 @@ def test_auto_on_cuda_picks_by_head_width_length_and_fla(
     monkeypatch, op, gated, head_dim, steps, fla, refuses, expected
 ):
     """``auto``'s table for CUDA tensors (a stand-in with ``is_cuda`` and a shape; no GPU needed), at the
-    edges of ``AUTO_TRITON_MAX_HEAD_DIM`` and ``AUTO_TRITON_MAX_STEPS``."""
+    edges of ``AUTO_TRITON_MAX_HEAD_DIM`` and ``AUTO_TRITON_MAX_STEPS``; where fla refuses its gated
+    backward, the stand-in registered for it is the PyTorch function."""
+    from seqkernels.delta import fla_gated_bwd
+
     monkeypatch.setattr(kd, "fla_available", lambda: fla)
     monkeypatch.setattr(kd, "_fla_refuses_gated", lambda: refuses)
+    monkeypatch.setattr(fla_gated_bwd, "REGISTERED", "torch")
     cuda_like = types.SimpleNamespace(is_cuda=True, shape=(2, steps, 4, head_dim))
     assert kd.resolve_backend(op, "auto", cuda_like, gated=gated, steps=steps) == expected
+
+
+@pytest.mark.parametrize("op", ["gated_delta_rule", "delta_product"])
+def test_auto_keeps_fla_where_our_triton_kernel_stands_in_for_its_refused_backward(monkeypatch, op):
+    """fla refuses its gated backward, but with our Triton ``chunk_bwd_dqkwg`` registered in its place
+    (the default) fla's gated path is fast again: narrow heads and short recurrences stay on fla."""
+    from seqkernels.delta import fla_gated_bwd
+
+    monkeypatch.setattr(kd, "fla_available", lambda: True)
+    monkeypatch.setattr(kd, "_fla_refuses_gated", lambda: True)
+    monkeypatch.setattr(kd, "triton_available", lambda x: True)
+    cuda_like = types.SimpleNamespace(is_cuda=True, shape=(2, 128, 4, 16))
+    assert fla_gated_bwd.REGISTERED == "triton"
+    assert kd.resolve_backend(op, "auto", cuda_like, gated=True, steps=128) == "fla"
+    monkeypatch.setattr(fla_gated_bwd, "REGISTERED", "torch")
+    assert kd.resolve_backend(op, "auto", cuda_like, gated=True, steps=128) == "triton"
 
 
 # ---------------------------------------------------------------------------------------------- GPU

@@ -201,7 +201,13 @@ def test_gpu_triton_chunk_product_equals_reference(member, L, D, dtype, tol):
 
 @pytest.mark.parametrize(
     "tiles",
-    [ChunkTiles(chunk=16), ChunkTiles(block_v=32), ChunkTiles(precision="ieee"), ChunkTiles(fused=True)],
+    [
+        ChunkTiles(chunk=16),
+        ChunkTiles(chunk=64),
+        ChunkTiles(block_v=32),
+        ChunkTiles(precision="ieee"),
+        ChunkTiles(fused=True),
+    ],
 )
 @gpu
 def test_gpu_triton_chunk_tiles(tiles):

@@ -1,4 +1,5 @@
-"""The PyTorch ``chunk_bwd_dqkwg`` against autograd of the chunk function it differentiates, in float64.
+"""The PyTorch ``chunk_bwd_dqkwg`` against autograd of the chunk function it differentiates, in float64; our
+Triton kernel against it; fla's dispatch reaching the registered one.
 
 Per chunk (``seqkernels/delta/fla_gated_bwd.py``): ``o = scale (2^g q h + tril(q k^T 2^(g_i - g_j)) v)``,
 ``h_next = 2^g_last h + (2^(g_last - g) k)^T v``, ``u - w h``; the scalar
@@ -179,3 +180,25 @@ def test_gpu_fla_gated_backward_through_the_kernel_equals_it_through_pytorch(mon
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), grads["triton"], grads["torch"], strict=True):
         err = float((a.double() - b.double()).norm() / b.double().norm())
         assert err <= 2e-2, (name, err)
+
+
+@pytest.mark.parametrize("registered", ["torch", "triton"])
+def test_fla_dispatch_reaches_the_registered_function(monkeypatch, registered):
+    """fla's own ``chunk_bwd_dqkwg`` (keyword arguments, as fla's gated chunk backward calls it), made to
+    refuse as on Hopper, runs the registered function: equal to calling ours directly."""
+    pytest.importorskip("fla.backends")
+    from fla.ops.common.chunk_o import chunk_bwd_dqkwg as fla_chunk_bwd_dqkwg
+
+    from seqkernels.delta import fla_gated_bwd
+
+    if registered == "triton" and not triton_available(torch.empty(0)):
+        pytest.skip("needs TRITON_INTERPRET=1 on the CPU")
+    monkeypatch.setattr(fla_gated_bwd, "triton_refuses", lambda: True)
+    monkeypatch.setattr(fla_gated_bwd, "REGISTERED", registered)
+    fla_gated_bwd.register()
+    q, k, v, do, h, dh, w, g, dv = _dqkwg_inputs(1, 37, 1, 1, 16, 16, 16, seed=3)
+    kwargs = dict(q=q, k=k, v=v, w=w, g=g, h=h, dv=dv, do=do, dh=dh, scale=0.5, chunk_size=16)
+    got = fla_chunk_bwd_dqkwg(**kwargs)
+    want = chunk_bwd_dqkwg(**kwargs)
+    for name, a, b in zip(("dq", "dk", "dw", "dg"), got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=name)
