@@ -80,7 +80,8 @@ def step_flops(spec, device: str | torch.device = "cpu", sample: int = 4096) -> 
     one padded training batch, in the trial's precision; NaN and ``flops_error`` saying why when the counter
     could not run the step), ``uncounted_ops``, ``batch`` (sequences per step), ``padded_len`` (the batches'
     width), ``real_len`` (mean non-padding tokens per training sequence, over ``sample`` training
-    sequences), ``n_params``. With ``train.length_bucketing`` the batches differ in width: ``padded_len`` is
+    sequences), ``n_params``. The Newton mixers' periodic Jacobian check (every ``jacobian_check_every``
+    forwards) is off: the count is of the steps between checks. With ``train.length_bucketing`` the batches differ in width: ``padded_len`` is
     their mean over an epoch of the whole training set and ``flops`` the mean of the first
     ``BUCKETED_BATCHES``."""
     from experiments.trial.model import count_parameters
@@ -94,6 +95,9 @@ def step_flops(spec, device: str | torch.device = "cpu", sample: int = 4096) -> 
     dm = build_datamodule(small, device)
     dm.setup("fit")
     module = build_module(small, dm).to(device)
+    for m in module.modules():  # the Newton mixers' periodic Jacobian check: not a training step's work
+        if hasattr(m, "jacobian_check_every"):  # (and autograd's vmap under the counter's mode fails)
+            m.jacobian_check_every = 0
     stream = dm.train_dataloader()
     # bucketed batches differ in width: the FLOPs averaged over the first few, the width over a whole epoch
     batches = [stream.batch(i) for i in range(min(stream.per_epoch, BUCKETED_BATCHES if stream.length_pool else 1))]

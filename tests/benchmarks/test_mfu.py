@@ -237,3 +237,20 @@ def test_a_stalled_batch_is_counted_once_not_in_the_step_rate():
     assert seconds["stall"] == pytest.approx(12.999) and seconds["train"] == pytest.approx(1.0)
     assert split_stalls([(0.001, 1), (0.004, 1), (0.001, 1), (0.003, 2)]) == (0.0, 0)
     assert split_stalls([]) == (0.0, 0)
+
+
+def test_step_flops_count_a_newton_mixer_as_it_trains():
+    """FlashGRU's first training forward runs its Jacobian check (vmap + jacrev), which cannot run under the
+    FLOP counter's dispatch mode and switched the counted model to the sequential loop with a warning: the
+    count runs without the check and warns of nothing. Model FLOPs are matrix products, which the solve
+    (Newton or the loop) does not change: the count equals the sequential mode's."""
+    import warnings
+
+    cell = next(c for c in representative_cells("pararnn-table6", ["parity"], ["flashgru"], "cpu"))
+    spec = dataclasses.replace(cell.spec, train=dataclasses.replace(cell.spec.train, batch_size=8, train_size=64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        newton = step_flops(spec, "cpu", sample=64)
+    model = dataclasses.replace(spec.model, mixer_options={**spec.model.mixer_options, "mode": "sequential"})
+    sequential = step_flops(dataclasses.replace(spec, model=model), "cpu", sample=64)
+    assert newton["flops"] == sequential["flops"] > 0
