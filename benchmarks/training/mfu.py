@@ -154,10 +154,11 @@ def report_name(preset: str, batch_size: int | None) -> str:
 
 def timed_spec(spec, steps: int, quick: bool, eval_every: int | None = None, small_eval: bool = False):
     """``spec`` training ``steps`` steps with no early stop, validating every ``eval_every`` (default: the
-    preset's, at most ``steps``); ``small_eval``: 256 validation and test sequences; ``quick``: ``QUICK``'s
+    preset's, at most every ``steps // 2``: two validations at least, so the first's one-off compilation
+    is told from the validation's cost, ``phases.PhaseTimer``); ``small_eval``: 256 validation and test sequences; ``quick``: ``QUICK``'s
     sizes on the CPU."""
     t = spec.train
-    every = min(eval_every or t.eval_every, steps)
+    every = min(eval_every, steps) if eval_every else min(t.eval_every, max(1, steps // 2))
     train = dataclasses.replace(t, max_steps=steps, eval_every=every, early_stop_acc=2.0, plateau_steps=None)
     if small_eval:
         train = dataclasses.replace(train, val_size=min(t.val_size, 256), test_size=min(t.test_size, 256))

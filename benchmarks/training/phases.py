@@ -7,7 +7,9 @@ holds the GPU work it launched. The first training batch, which holds the graph 
 capture and compilation (and eager kernels' first-call compilation), is kept apart as ``warmup_s``.
 A later batch whose steps took more than ``STALL_FACTOR`` times the median batch's per step (a kernel
 autotuned or compiled on a later call, a recapture) is a stall: its time beyond the median's goes to
-``stall_s``, once per trial, not into the step rate.
+``stall_s``, once per trial, not into the step rate; so does a first validation slower than
+``STALL_FACTOR`` times the median of the later ones (kernels compiled or autotuned for the evaluation's
+lengths).
 
 ``Phases.project(max_steps, eval_every)`` scales the measured run to a full trial of the preset: set-up,
 warm-up, stalls and the test passes once, training steps and host work per optimizer step, validations per
@@ -86,6 +88,11 @@ class PhaseTimer(Callback):
         stall_s, stalls = split_stalls(rest)
         train_s, steps = sum(s for s, _ in rest) - stall_s, sum(n for _, n in rest)
         validation_s, test_s = sum(self.validations), sum(self.tests)
+        if len(self.validations) >= 2:
+            typical = statistics.median(self.validations[1:])
+            if self.validations[0] > STALL_FACTOR * typical:
+                stall_s, stalls = stall_s + self.validations[0] - typical, stalls + 1
+                validation_s -= self.validations[0] - typical
         other_s = max(0.0, wall_s - setup_s - warmup_s - stall_s - train_s - validation_s - test_s)
         return Phases(
             setup_s=setup_s,

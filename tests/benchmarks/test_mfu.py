@@ -159,7 +159,7 @@ def test_quick_report_of_one_cell(tmp_path, capsys):
     rows = data["presets"]["state-tracking"]["cells"]
     assert [(r["mixer"], r["layers"]) for r in rows] == [("transformer", 1), ("transformer", 2)]
     r = rows[0]
-    assert r["engine"] == "eager" and r["phases"]["steps"] == 7 and r["phases"]["validations"] == 1
+    assert r["engine"] == "eager" and r["phases"]["steps"] == 7 and r["phases"]["validations"] == 2  # every 4 steps
     assert r["steps_per_s"] == pytest.approx(r["phases"]["steps"] / r["phases"]["train_s"])
     assert r["flops"] > 0 and r["batch"] == 8 and r["padded_len"] == 40
     text = out.read_text()
@@ -237,6 +237,21 @@ def test_a_stalled_batch_is_counted_once_not_in_the_step_rate():
     assert seconds["stall"] == pytest.approx(12.999) and seconds["train"] == pytest.approx(1.0)
     assert split_stalls([(0.001, 1), (0.004, 1), (0.001, 1), (0.003, 2)]) == (0.0, 0)
     assert split_stalls([]) == (0.0, 0)
+
+
+def test_a_first_validation_that_compiles_is_a_stall():
+    """Validations of 6 s (kernels autotuned for the evaluation's lengths), then 0.1 s and 0.12 s: 5.9 s of stall,
+    0.11 s per validation; validations within 5x of each other are all validation time."""
+    from benchmarks.training.phases import PhaseTimer
+
+    timer = PhaseTimer()
+    timer.batches = [(2.0, 1)] + [(0.001, 1)] * 10
+    timer.validations = [6.0, 0.1, 0.12]
+    p = timer.phases(wall_s=20.0, setup_s=0.5)
+    assert (p.stalls, p.stall_s) == (1, pytest.approx(5.89)) and p.validation_s == pytest.approx(0.33)
+    timer.validations = [0.4, 0.1, 0.12]
+    p = timer.phases(wall_s=20.0, setup_s=0.5)
+    assert (p.stalls, p.stall_s, p.validation_s) == (0, 0.0, pytest.approx(0.62))
 
 
 def test_step_flops_count_a_newton_mixer_as_it_trains():
