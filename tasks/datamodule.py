@@ -65,7 +65,9 @@ class TrainingStream:
     An epoch still serves every row once, in the same number of batches of the same sizes, so the
     lengths trained on per epoch are those of the set; only which rows share a batch changes. A batch
     cut short loses padding only: the causal models' outputs at the real positions, and the loss, stay
-    the same. ``length_pool`` 0: batches as drawn, at the set's full width.
+    the same. ``length_pool`` 0: batches as drawn, at the set's full width. ``width_multiple`` m: each cut
+    rounded up to a multiple of m (at most the full width), so that batches come in few widths (the graph
+    engine captures one CUDA graph per width).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class TrainingStream:
         chunk: int = 1,
         lengths: torch.Tensor | None = None,
         length_pool: int = 0,
+        width_multiple: int = 1,
     ) -> None:
         if inputs.shape[0] != targets.shape[0]:
             raise ValueError(f"inputs and targets differ in length: {inputs.shape[0]} vs {targets.shape[0]}")
@@ -86,8 +89,10 @@ class TrainingStream:
             raise ValueError(
                 f"length_pool must be an integer >= 0 (batches sorted by length together), got {length_pool!r}"
             )
+        if isinstance(width_multiple, bool) or not isinstance(width_multiple, int) or width_multiple < 1:
+            raise ValueError(f"width_multiple must be a positive integer, got {width_multiple!r}")
         self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
-        self.shuffle_seed, self.chunk = shuffle_seed, chunk
+        self.shuffle_seed, self.chunk, self.width_multiple = shuffle_seed, chunk, width_multiple
         self.per_epoch = -(-inputs.shape[0] // batch_size)
         self.lengths = None if lengths is None or not length_pool else lengths.cpu()
         self.length_pool = length_pool if self.lengths is not None else 0
@@ -103,7 +108,7 @@ class TrainingStream:
 
     def bucketed(self, order: torch.Tensor, epoch: int) -> tuple[torch.Tensor, list[int]]:
         """``(order, widths)``: the epoch's ``order`` regrouped by length (see the class docstring) and the
-        width of each of its batches (the length of its longest row)."""
+        width of each of its batches (the length of its longest row, rounded up to ``width_multiple``)."""
         b, pool = self.batch_size, self.length_pool * self.batch_size
         g = make_generator(self.shuffle_seed, SHUFFLE_STREAM, epoch, 1)
         lengths = self.lengths[order]
@@ -113,7 +118,8 @@ class TrainingStream:
             full = len(rows) // b
             batches = [rows[k * b : (k + 1) * b] for k in torch.randperm(full, generator=g).tolist()]
             parts += batches + ([rows[full * b :]] if len(rows) % b else [])
-        widths = [int(self.lengths[rows].max()) for rows in parts]
+        m, full_width = self.width_multiple, self.inputs.shape[1]
+        widths = [min(full_width, -(-int(self.lengths[rows].max()) // m) * m) for rows in parts]
         return torch.cat(parts), widths
 
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,6 +209,8 @@ class SyntheticDataModule(L.LightningDataModule):
         extrapolation: if given, train/val/test use lengths in ``[min_len, max_len]`` (padded) and
             one extra test set per ``eval_lengths`` entry is built (named ``len<L>``), and one of lengths
             uniform in ``test_range`` (``range<a>-<b>``) if it is set.
+        width_multiple: with ``length_bucketing``, batch widths rounded up to a multiple of this (the graph
+            engine: one CUDA graph per width).
         device: where the sets live (the training device, e.g. ``"cuda:0"``); batches are views.
 
     The test pass also scores ``trainset``: the first ``min(val_size, train_size)`` training sequences,
@@ -227,6 +235,7 @@ class SyntheticDataModule(L.LightningDataModule):
         extrapolation: ExtrapolationConfig | None = None,
         device: str | torch.device = "cpu",
         length_bucketing: int = 0,
+        width_multiple: int = 1,
     ) -> None:
         super().__init__()
         self.task = get_task(task, **(task_options or {})) if isinstance(task, str) else task
@@ -251,7 +260,7 @@ class SyntheticDataModule(L.LightningDataModule):
             raise ValueError(f"length_bucketing must be an integer >= 0, got {length_bucketing!r}")
         if length_bucketing and stack_shuffle_seeds is not None:
             raise ValueError("length_bucketing cuts each batch to its own length: stacked trials cannot use it")
-        self.length_bucketing = length_bucketing
+        self.length_bucketing, self.width_multiple = length_bucketing, width_multiple
         self.extrapolation = extrapolation
         self.device = torch.device(device)
         self.data: dict[str, TaskData] = {}
@@ -327,6 +336,7 @@ class SyntheticDataModule(L.LightningDataModule):
             self.train_chunk,
             lengths=self.data["train"].lengths,
             length_pool=self.length_bucketing,
+            width_multiple=self.width_multiple,
         )
 
     def val_dataloader(self) -> TensorBatches:

@@ -123,14 +123,14 @@ def representative_cells(
 
 
 def run_options(preset: str, length_bucketing: int = 0):
-    """The ``RunOptions`` the preset's sweep runs with (its engine; no step log); eager steps with
-    ``length_bucketing`` (batches of many widths, which the graph engines do not capture)."""
+    """The ``RunOptions`` the preset's sweep runs with (its engine; no step log); with ``length_bucketing``
+    the ``graph`` engine (one CUDA graph per batch width) where the preset's is ``compiled``."""
     from experiments.sweeps.presets import load_preset
     from experiments.trial.train import RunOptions
 
-    if length_bucketing:
-        return RunOptions(logger="none", engine="eager")
     engine = (load_preset(preset).get("budget") or {}).get("engine")
+    if length_bucketing and engine == "compiled":
+        engine = "graph"
     return RunOptions(logger="none", **({"gpu_engine": engine} if engine else {}))
 
 
@@ -146,10 +146,13 @@ def with_train(cells: list[Cell], **changes) -> list[Cell]:
     ]
 
 
-def report_name(preset: str, batch_size: int | None) -> str:
-    """The preset's name in the report: ``PRESET``, or ``PRESET (batch N)`` with ``--batch-size N``, so that a
-    ``--merge`` keeps the preset's own batches beside the other size."""
-    return f"{preset} (batch {batch_size})" if batch_size else preset
+def report_name(preset: str, batch_size: int | None, length_bucketing: int = 0) -> str:
+    """The preset's name in the report: ``PRESET``, or with ``--batch-size N`` and ``--length-bucketing k``
+    ``PRESET (batch N, length pools of k)``, so that a ``--merge`` keeps the preset's own rows beside them."""
+    changes = [f"batch {batch_size}"] * bool(batch_size) + [f"length pools of {length_bucketing}"] * bool(
+        length_bucketing
+    )
+    return f"{preset} ({', '.join(changes)})" if changes else preset
 
 
 def timed_spec(spec, steps: int, quick: bool, eval_every: int | None = None, small_eval: bool = False):
@@ -358,11 +361,7 @@ def render(report: dict[str, Any]) -> str:
             f"- run {k}: {', '.join(measured)}; {run['date']}, commit {run['commit']}; torch {run['torch']}, "
             f"triton {run['triton']}, lightning {run['lightning']}, python {run['python']}; one trial of "
             f"{run['steps']:,} steps per cell alone"
-            + (
-                f", length-bucketed batches (pools of {run['length_bucketing']}, eager steps)"
-                if run.get("length_bucketing")
-                else ""
-            )
+            + (f", length-bucketed batches (pools of {run['length_bucketing']})" if run.get("length_bucketing") else "")
             + (f", batches of {run['batch_size']:,} sequences" if run.get("batch_size") else "")
             + (
                 f", {run['workers']} workers{' under MPS' if run['mps'] else ''} with trials sized for about "
@@ -517,8 +516,8 @@ def parser() -> Parser:
         "--length-bucketing",
         type=nonnegative_int,
         default=0,
-        help="train every cell on length-bucketed batches in pools of this many (train.length_bucketing; "
-        "eager steps); default 0: as the presets train",
+        help="train every cell on length-bucketed batches in pools of this many (train.length_bucketing); "
+        "default 0: as the presets train",
     )
     p.add_argument(
         "--batch-size",
@@ -591,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
                 preset_cells = with_train(
                     preset_cells, length_bucketing=args.length_bucketing, batch_size=args.batch_size
                 )
-                presets[report_name(preset, args.batch_size)] = measure_preset(preset, preset_cells, args)
+                name = report_name(preset, args.batch_size, args.length_bucketing)
+                presets[name] = measure_preset(preset, preset_cells, args)
                 report = merged(old, run_meta, presets)
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 data_file.write_text(json.dumps(report, indent=1, default=float))

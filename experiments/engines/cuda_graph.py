@@ -9,15 +9,17 @@ Lightning's precision plugin is where it decides how an optimizer step runs
 eagerly on a side stream (Triton compilation, the optimizer's state), captures the next step's
 closure and ``optimizer.step()`` in a graph and replays it from then on. The closure must read its
 batch from tensors that stay in place (``experiments.trial.captured`` copies each batch into static buffers)
-and must not read anything on the host. A step called with ``graph=False`` (a batch of another
-shape) runs eagerly. ``reset()`` drops the graph (captured again at the next step), e.g. after a
-mixer changed how it solves; ``stop_graphs()`` runs every later step eagerly.
+and must not read anything on the host. Steps with another ``key`` (a batch width under length
+bucketing: ``experiments.trial.captured``) warm up and capture a graph of their own, each in its own
+memory pool; every graph updates the same parameters and optimizer state. A step called with
+``graph=False`` (a batch of another size) runs eagerly. ``reset()`` drops the graphs (captured again at
+the next steps), e.g. after a mixer changed how it solves; ``stop_graphs()`` runs every later step eagerly.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -59,11 +61,11 @@ class CUDAGraphPrecision(Precision):
         if warmup < 1:
             raise ValueError(f"warmup must be >= 1 (the optimizer state must exist before capture), got {warmup}")
         self.warmup, self.autocast = warmup, autocast
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}  #: the captured step of each key
         self.eager_steps = 0  #: steps run eagerly (warm-up, other batch shapes, after a reset)
         self.replays = 0
         self.stopped = False  #: ``stop_graphs()`` was called: every step runs eagerly
-        self._warm = 0
+        self._warm: dict[Hashable, int] = {}
 
     def forward_context(self):
         """Lightning runs training, validation and test steps in this context: bfloat16 autocast with ``autocast``."""
@@ -72,8 +74,8 @@ class CUDAGraphPrecision(Precision):
         return super().forward_context()
 
     def reset(self) -> None:
-        """Drop the captured graph; the next steps warm up and capture again."""
-        self.graph, self._warm = None, 0
+        """Drop the captured graphs; the next steps warm up and capture again."""
+        self.graphs, self._warm = {}, {}
 
     def stop_graphs(self) -> None:
         """Drop the graph and run every later step eagerly (``experiments.trial.captured``: when captured steps keep
@@ -82,28 +84,32 @@ class CUDAGraphPrecision(Precision):
         self.stopped = True
 
     def teardown(self) -> None:
-        """Release the graph when training ends (Lightning calls this, also after an interruption): a graph
+        """Release the graphs when training ends (Lightning calls this, also after an interruption): a graph
         freed later, while another one is being captured, would break that capture."""
         self.reset()
         super().teardown()
 
-    def optimizer_step(self, optimizer, model, closure: Callable[[], Any], graph: bool = True, **kwargs: Any) -> Any:
+    def optimizer_step(
+        self, optimizer, model, closure: Callable[[], Any], graph: bool = True, key: Hashable = None, **kwargs: Any
+    ) -> Any:
+        """One optimizer step: the replay of ``key``'s graph, else (``warmup`` times per key) an eager step on a
+        side stream, then the capture; eager with ``graph=False`` or after ``stop_graphs()``."""
         if not graph or self.stopped:
             self.eager_steps += 1
             closure()
             return optimizer.step(**kwargs)
-        if self.graph is not None:
-            self.graph.replay()
+        if key in self.graphs:
+            self.graphs[key].replay()
             self.replays += 1
             return None
-        if self._warm < self.warmup:  # eager, on a side stream as graph capture wants it
+        if self._warm.get(key, 0) < self.warmup:  # eager, on a side stream as graph capture wants it
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 closure()
                 optimizer.step(**kwargs)
             torch.cuda.current_stream().wait_stream(side)
-            self._warm += 1
+            self._warm[key] = self._warm.get(key, 0) + 1
             self.eager_steps += 1
             return None
         gc.collect()  # graphs of finished trials must not be freed in the middle of this capture
@@ -111,7 +117,7 @@ class CUDAGraphPrecision(Precision):
         with torch.cuda.graph(graph_):
             closure()
             optimizer.step(**kwargs)
-        self.graph = graph_
-        self.graph.replay()  # capturing records the step without running it
+        self.graphs[key] = graph_
+        graph_.replay()  # capturing records the step without running it
         self.replays += 1
         return None

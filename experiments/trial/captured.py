@@ -8,8 +8,9 @@ mixin (stacked trials use it too, ``experiments.trial.stack``):
 
 - manual optimisation over chunks: one Lightning training step runs a ``tasks.datamodule.Chunk`` of
   optimizer steps (Lightning's host time per step would outweigh a replay).
-- ``static_batch``: each batch is copied into static buffers that the step closure reads; a batch of
-  another shape (an epoch's smaller last batch) runs eagerly on its own tensors (``graph=False``).
+- ``static_batch``: each batch is copied into static buffers that the step closure reads, one set per
+  batch width (length bucketing cuts batches to a few widths: each gets a graph of its own); a batch of
+  another size (an epoch's smaller last batch) runs eagerly on its own tensors (``graph=False``).
 - the learning rate is a device tensor that the fused, capturable AdamW reads, written inside the step:
   a lookup in a device table of the schedule (``LR_TABLE_MAX_STEPS``) at a device step counter.
 - ``train_loss``: the ``compiled`` engine's ``torch.compile``d model and loss (``cuda_graph.compiled_loss``:
@@ -84,7 +85,8 @@ class CapturedSteps:
         self.register_buffer("_step_counter", torch.zeros(1, dtype=torch.long), persistent=False)
         self.register_buffer("_lr_now", torch.zeros(1), persistent=False)
         self._lr_table: torch.Tensor | None = None
-        self._static: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: the static batch buffers of each batch width (``static_batch``)
+        self._static: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         #: the fused AdamW's ``found_inf``: 1.0 when a Newton solve of this step failed its check
         self.register_buffer("_skip_update", torch.zeros(()), persistent=False)
         #: the Newton mixers' device counters at the last validation
@@ -110,7 +112,7 @@ class CapturedSteps:
             closure = lambda t=tokens, y=targets: self.training_closure(  # noqa: E731
                 opt.optimizer, t, y, self.manual_backward
             )
-            opt.step(closure=closure, **({"graph": graph} if replays else {}))
+            opt.step(closure=closure, **({"graph": graph, "key": tokens.shape[-1]} if replays else {}))
 
     @property
     def replays_graphs(self) -> bool:
@@ -118,15 +120,19 @@ class CapturedSteps:
         return isinstance(self.trainer.precision_plugin, CUDAGraphPrecision)
 
     def static_batch(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """``(tokens, targets, graph)``: the batch copied into the static buffers (allocated at the first
-        batch) and ``True``, or a batch of another shape as it is and ``False`` (an eager step)."""
-        if self._static is None:
-            self._static = (torch.empty_like(tokens), torch.empty_like(targets))
-        if self._static[0].shape != tokens.shape:
+        """``(tokens, targets, graph)``: the batch copied into the static buffers of its width (allocated at
+        the first batch of that width) and ``True``, or a batch of another size than the first as it is and
+        ``False`` (an eager step)."""
+        first = next(iter(self._static.values()), None)
+        if first is not None and first[0].shape[:-1] != tokens.shape[:-1]:
             return tokens, targets, False
-        self._static[0].copy_(tokens)
-        self._static[1].copy_(targets)
-        return self._static[0], self._static[1], True
+        width = tokens.shape[-1]
+        if width not in self._static:
+            self._static[width] = (torch.empty_like(tokens), torch.empty_like(targets))
+        static_tokens, static_targets = self._static[width]
+        static_tokens.copy_(tokens)
+        static_targets.copy_(targets)
+        return static_tokens, static_targets, True
 
     def training_closure(
         self,

@@ -249,10 +249,15 @@ def resolve_device(device: str) -> tuple[str, list[int] | str]:
 
 
 def build_datamodule(
-    spec: TrialSpec, device: str | torch.device = "cpu", chunk: int = 1, stack_seeds: list[int] | None = None
+    spec: TrialSpec,
+    device: str | torch.device = "cpu",
+    chunk: int = 1,
+    stack_seeds: list[int] | None = None,
+    width_multiple: int = 1,
 ) -> SyntheticDataModule:
     """The trial's data sets, kept on ``device`` (the training device); training batches in chunks of
-    ``chunk``; with ``stack_seeds``, the training batches of those seeds' trials stacked (``(S, B, L)``)."""
+    ``chunk``; with ``stack_seeds``, the training batches of those seeds' trials stacked (``(S, B, L)``);
+    with length bucketing, batch widths rounded up to a multiple of ``width_multiple``."""
     t = spec.train
     extrap = ExtrapolationConfig(**spec.extrapolation) if spec.extrapolation else None
     return SyntheticDataModule(
@@ -269,6 +274,7 @@ def build_datamodule(
         extrapolation=extrap,
         device=device,
         length_bucketing=t.length_bucketing,
+        width_multiple=width_multiple,
     )
 
 
@@ -342,6 +348,9 @@ ENGINES = ("auto", "eager", "graph", "compiled")
 GRAPH_ENGINES = ("graph", "compiled")
 #: the graph engine runs up to this many optimizer steps per Lightning training step
 MAX_CHUNK = 50
+#: with length bucketing, the graph engine rounds batch widths up to a multiple of this: one CUDA graph per
+#: width, at most ``longest training length / GRAPH_WIDTH_MULTIPLE`` of them
+GRAPH_WIDTH_MULTIPLE = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,10 +474,10 @@ def run_trial(
     if accelerator == "cpu" and spec.train.cpu_threads > 0:
         torch.set_num_threads(spec.train.cpu_threads)
     engine = options.resolved_engine(accelerator)
-    if spec.train.length_bucketing and engine in GRAPH_ENGINES:
+    if spec.train.length_bucketing and engine == "compiled":
         raise ValueError(
-            f"train option length_bucketing gives batches of many widths; engine {engine!r} captures one: "
-            "use --engine eager"
+            "train option length_bucketing gives batches of many widths, which engine 'compiled' would compile "
+            "again and again: use --engine graph or eager"
         )
     keep = out_dir is not None  # else everything goes to a temporary folder, removed at the end
     with contextlib.nullcontext(out_dir) if keep else tempfile.TemporaryDirectory(prefix="trial-") as folder:
@@ -479,13 +488,18 @@ def run_trial(
             (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
         t = spec.train
         chunk = steps_per_chunk(engine, t)
-        dm = build_datamodule(spec, f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu", chunk=chunk)
+        dm = build_datamodule(
+            spec,
+            f"cuda:{devices[0]}" if accelerator == "gpu" else "cpu",
+            chunk=chunk,
+            width_multiple=GRAPH_WIDTH_MULTIPLE if engine in GRAPH_ENGINES else 1,
+        )
         dm.setup()
         L.seed_everything(spec.seed, workers=True, verbose=False)
         module = build_module(spec, dm, engine)
         engine, engine_note = capturable_engine(engine, module.model)
         if engine_note:  # a model the graph engine cannot capture: eager steps, the model built again as before
-            dm.train_chunk = chunk = 1
+            dm.train_chunk, dm.width_multiple, chunk = 1, 1, 1
             L.seed_everything(spec.seed, workers=True, verbose=False)
             module = build_module(spec, dm, engine)
         history = _History()

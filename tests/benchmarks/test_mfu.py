@@ -13,6 +13,7 @@ from benchmarks.training.flops import count_flops, device_peaks, step_flops
 from benchmarks.training.mfu import (
     main,
     merged,
+    report_name,
     representative_cells,
     shape_key,
     worker_steps,
@@ -116,7 +117,16 @@ def test_phase_projection_to_a_full_trial():
     assert p.steps_per_s == pytest.approx(1000.0)
     seconds = p.project(1000, 100)
     assert seconds == pytest.approx(
-        {"setup": 2.0, "warmup": 4.0, "stall": 0.0, "train": 0.995, "validation": 5.0, "test": 3.0, "other": 100.0, "total": 114.995}
+        {
+            "setup": 2.0,
+            "warmup": 4.0,
+            "stall": 0.0,
+            "train": 0.995,
+            "validation": 5.0,
+            "test": 3.0,
+            "other": 100.0,
+            "total": 114.995,
+        }
     )
     shares = p.shares(1000, 100)
     assert list(shares) == list(PHASES) and sum(shares.values()) == pytest.approx(1.0)
@@ -175,9 +185,10 @@ def test_quick_report_with_length_bucketing_shows_less_padding(tmp_path):
     out = tmp_path / "mfu.md"
     args = ["--quick", "--tasks", "s3", "--mixers", "gru", "--out", str(out), "--length-bucketing", "4"]
     assert main(["state-tracking", *args]) == 0
-    r = json.loads(out.with_suffix(".json").read_text())["presets"]["state-tracking"]["cells"][0]
+    r = json.loads(out.with_suffix(".json").read_text())["presets"]["state-tracking (length pools of 4)"]["cells"][0]
     assert r["engine"] == "eager" and r["real_len"] <= r["padded_len"] < 40
-    assert "length-bucketed batches (pools of 4, eager steps)" in out.read_text()
+    assert "length-bucketed batches (pools of 4)" in out.read_text()
+    assert report_name("p", 2048, 8) == "p (batch 2048, length pools of 8)" and report_name("p", None) == "p"
 
 
 def test_quick_report_with_another_batch_size_sits_beside_the_presets_own(tmp_path):

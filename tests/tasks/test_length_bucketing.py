@@ -69,6 +69,30 @@ def test_batches_are_cut_to_their_longest_sequence_and_padding_drops():
     assert real == int(lengths.sum()) and 1 - real / width < 0.05
 
 
+@pytest.mark.parametrize("multiple", [16, 7, 64])
+def test_widths_rounded_to_a_multiple_serve_the_same_batches(multiple):
+    """``width_multiple`` (the graph engine's few widths): each batch holds the same rows as the exact cut, its
+    width the exact cut rounded up to the multiple, at most the set's 40; the extra columns are padding."""
+    dm = _module(4)
+    exact = _epoch(dm.train_dataloader(), 0)
+    dm.width_multiple = multiple
+    rounded = _epoch(dm.train_dataloader(), 0)
+    pad = dm.vocab_size - 1
+    assert len(exact) == len(rounded)
+    for (x, y), (xr, yr) in zip(exact, rounded, strict=True):
+        w = x.shape[1]
+        assert xr.shape[1] == min(40, -(-w // multiple) * multiple)
+        assert torch.equal(xr[:, :w], x) and torch.equal(yr[:, :w], y)
+        assert (xr[:, w:] == pad).all() and (yr[:, w:] == IGNORE_INDEX).all()
+    assert len({x.shape[1] for x, _ in rounded}) <= -(-40 // multiple)
+
+
+def test_width_multiple_is_checked():
+    x = torch.zeros(4, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="width_multiple must be a positive integer"):
+        TrainingStream(x, x, 2, 0, width_multiple=0)
+
+
 def test_bucketed_order_is_reproducible_and_changes_with_the_epoch_and_seed():
     a, b = _module(8).train_dataloader(), _module(8).train_dataloader()
     assert all(torch.equal(p[0], q[0]) for p, q in zip(_epoch(a, 1), _epoch(b, 1), strict=True))
