@@ -610,3 +610,20 @@ def test_a_length_metric_not_evaluated_falls_back_to_the_longest_length_evaluate
     final = ranged.assign(**{"final/range8-24/scaled_acc": [0.2], "final/range40-256/scaled_acc": [nan]})
     assert evaluated_metric("final/range40-256/scaled_acc", final) == "final/range8-24/scaled_acc"
     assert evaluated_metric("final/len512/acc", df) == "final/len512/acc"
+
+
+def test_deltaproduct_groups_paper_trains_on_the_papers_data_budget():
+    """deltaproduct-groups-paper: the cells of deltaproduct-groups (mixers, lrs, seeds, tasks, width), trained
+    on length 128 only for at least the paper's 9.9M sequences (100 epochs of 99,000), tested at 512, every
+    step trained."""
+    base = {p.entry: p for p in plans_for("deltaproduct-groups")}
+    paper = {p.entry: p for p in plans_for("deltaproduct-groups-paper")}
+    assert paper.keys() == base.keys() == {"s3", "s4", "a5", "s5"}
+    for entry, p in paper.items():
+        b = base[entry]
+        assert (p.mixers, p.lrs, p.seeds, p.model.d_model) == (b.mixers, b.lrs, b.seeds, b.model.d_model)
+        assert p.train.max_steps * p.train.batch_size >= 9_900_000 and p.train.train_size == 99_000
+        assert (p.extrapolation["min_len"], p.extrapolation["max_len"]) == (128, 128)
+        assert p.extrapolation["eval_lengths"][-1] == 512 and p.train.warmup_ratio == 0.0
+        assert p.train.early_stop_acc > 1.0  # no early stop: the whole budget, as the paper
+    assert load_preset("deltaproduct-groups-paper")["paper"] == load_preset("deltaproduct-groups")["paper"]
