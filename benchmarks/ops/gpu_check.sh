@@ -26,7 +26,7 @@ declare -A ARGS=(
   [fused_rnn]="${BENCH_ARGS_fused_rnn:---heads 12x64 --batches 16 --workers 8}"
   [mlstm]="${BENCH_ARGS_mlstm:---sections main --dtypes bf16,fp32 --exp-chunks 64 --sig-chunks 64 --no-fla --skip xl_chunk+bf16,limit_chunk+fp32}"
   [ssd]="${BENCH_ARGS_ssd:---states 64 --dtypes bf16 --impls ours,mamba}"
-  [delta]="${BENCH_ARGS_delta:---stages 4 --graph}"
+  [delta]="${BENCH_ARGS_delta:---graph}"
 )
 # mlstm_kernels' triton_xl_chunk in bfloat16 and triton_limit_chunk in float32 abort the process on triton 3.6
 declare -A LIMIT=([scan]="${LIMIT_scan:-40}" [newton]="${LIMIT_newton:-45}" [fused_rnn]="${LIMIT_fused_rnn:-80}"
