@@ -11,7 +11,10 @@ closure and ``optimizer.step()`` in a graph and replays it from then on. The clo
 batch from tensors that stay in place (``experiments.trial.captured`` copies each batch into static buffers)
 and must not read anything on the host. Steps with another ``key`` (a batch width under length
 bucketing: ``experiments.trial.captured``) warm up and capture a graph of their own, each in its own
-memory pool; every graph updates the same parameters and optimizer state. A step called with
+memory pool; every graph updates the same parameters and optimizer state. Private pools, not one shared:
+a tensor that outlives its capture (the scan kernels' look-back workspace, reallocated larger by a wider
+capture) must not sit where another graph's replay writes its intermediates; so memory grows with the
+number of widths (each graph holds one step's activations at its width). A step called with
 ``graph=False`` (a batch of another size) runs eagerly. ``reset()`` drops the graphs (captured again at
 the next steps), e.g. after a mixer changed how it solves; ``stop_graphs()`` runs every later step eagerly.
 """
