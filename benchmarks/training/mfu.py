@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.cli import Parser, nonnegative_int, positive_int, run_cli, str_list
+from experiments.trial.shape import PRECISIONS
 
 log = logging.getLogger("benchmarks.training.mfu")
 
@@ -146,12 +147,24 @@ def with_train(cells: list[Cell], **changes) -> list[Cell]:
     ]
 
 
-def report_name(preset: str, batch_size: int | None, length_bucketing: int = 0) -> str:
-    """The preset's name in the report: ``PRESET``, or with ``--batch-size N`` and ``--length-bucketing k``
-    ``PRESET (batch N, length pools of k)``, so that a ``--merge`` keeps the preset's own rows beside them."""
-    changes = [f"batch {batch_size}"] * bool(batch_size) + [f"length pools of {length_bucketing}"] * bool(
-        length_bucketing
-    )
+def with_precision(cells: list[Cell], precision: str | None) -> list[Cell]:
+    """``cells`` with every model trained in ``precision`` (``None``: the preset's)."""
+    if not precision:
+        return cells
+    changed = []
+    for c in cells:
+        model = dataclasses.replace(c.spec.model, precision=precision)
+        changed.append(dataclasses.replace(c, spec=dataclasses.replace(c.spec, model=model)))
+    return changed
+
+
+def report_name(preset: str, batch_size: int | None, length_bucketing: int = 0, precision: str | None = None) -> str:
+    """The preset's name in the report: ``PRESET``, or with ``--batch-size N``, ``--length-bucketing k`` and
+    ``--precision P`` ``PRESET (batch N, length pools of k, P)``, so that a ``--merge`` keeps the preset's own
+    rows beside them."""
+    changes = [f"batch {batch_size}"] if batch_size else []
+    changes += [f"length pools of {length_bucketing}"] if length_bucketing else []
+    changes += [precision] if precision else []
     return f"{preset} ({', '.join(changes)})" if changes else preset
 
 
@@ -363,6 +376,7 @@ def render(report: dict[str, Any]) -> str:
             f"{run['steps']:,} steps per cell alone"
             + (f", length-bucketed batches (pools of {run['length_bucketing']})" if run.get("length_bucketing") else "")
             + (f", batches of {run['batch_size']:,} sequences" if run.get("batch_size") else "")
+            + (f", every model in {run['precision']}" if run.get("precision") else "")
             + (
                 f", {run['workers']} workers{' under MPS' if run['mps'] else ''} with trials sized for about "
                 f"{run['worker_seconds']:g} s of training together"
@@ -525,6 +539,12 @@ def parser() -> Parser:
         help="train every cell on batches of this many sequences instead of the preset's (train.batch_size); "
         "the report names the preset 'PRESET (batch N)', so --merge keeps the preset's own rows beside it",
     )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="train every cell in this precision instead of the preset's (bf16-mixed: the projections on "
+        "tensor cores); the report names the preset 'PRESET (bf16-mixed)'",
+    )
     p.add_argument("--tasks", type=str_list, help="only these sweeps (entries) of each preset")
     p.add_argument("--mixers", type=str_list, help="only these mixers")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the Markdown report; the JSON goes beside it")
@@ -582,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
                 "mps": bool(args.mps),
                 "length_bucketing": args.length_bucketing,
                 "batch_size": args.batch_size,
+                "precision": args.precision,
             }
             if old is not None:
                 merged(old, run_meta, {})  # a report of another device: the error now, before measuring
@@ -590,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
                 preset_cells = with_train(
                     preset_cells, length_bucketing=args.length_bucketing, batch_size=args.batch_size
                 )
-                name = report_name(preset, args.batch_size, args.length_bucketing)
+                preset_cells = with_precision(preset_cells, args.precision)
+                name = report_name(preset, args.batch_size, args.length_bucketing, args.precision)
                 presets[name] = measure_preset(preset, preset_cells, args)
                 report = merged(old, run_meta, presets)
                 args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -189,6 +189,7 @@ def test_quick_report_with_length_bucketing_shows_less_padding(tmp_path):
     assert r["engine"] == "eager" and r["real_len"] <= r["padded_len"] < 40
     assert "length-bucketed batches (pools of 4)" in out.read_text()
     assert report_name("p", 2048, 8) == "p (batch 2048, length pools of 8)" and report_name("p", None) == "p"
+    assert report_name("p", None, 0, "bf16-mixed") == "p (bf16-mixed)"
 
 
 def test_quick_report_with_another_batch_size_sits_beside_the_presets_own(tmp_path):
@@ -280,3 +281,17 @@ def test_step_flops_count_a_newton_mixer_as_it_trains():
     model = dataclasses.replace(spec.model, mixer_options={**spec.model.mixer_options, "mode": "sequential"})
     sequential = step_flops(dataclasses.replace(spec, model=model), "cpu", sample=64)
     assert newton["flops"] == sequential["flops"] > 0
+
+
+def test_quick_report_in_another_precision_sits_beside_the_presets_own(tmp_path):
+    """``--precision bf16-mixed``: every cell trains in it (the rows say so), reported as ``PRESET (bf16-mixed)``
+    beside the preset's own float32 rows."""
+    out = tmp_path / "mfu.md"
+    args = ["--quick", "--tasks", "s3", "--mixers", "gru", "--out", str(out), "--steps", "4"]
+    assert main(["state-tracking", *args]) == 0
+    assert main(["state-tracking", *args, "--precision", "bf16-mixed", "--merge"]) == 0
+    presets = json.loads(out.with_suffix(".json").read_text())["presets"]
+    assert {r["precision"] for r in presets["state-tracking"]["cells"]} == {"32-true"}
+    assert {r["precision"] for r in presets["state-tracking (bf16-mixed)"]["cells"]} == {"bf16-mixed"}
+    assert all("error" not in r for r in presets["state-tracking (bf16-mixed)"]["cells"])
+    assert "every model in bf16-mixed" in out.read_text()
