@@ -11,11 +11,16 @@ autotuned or compiled on a later call, a recapture) is a stall: its time beyond 
 ``STALL_FACTOR`` times the median of the later ones (kernels compiled or autotuned for the evaluation's
 lengths).
 
+The host's own work is timed where it falls: ``host`` is the time between one training batch and the
+next (Lightning's loop, logging), per optimizer step; the time from the last batch before a validation to
+its start and from its end to the next batch (checkpoints, the Newton mixers' Jacobian check, the early
+stop) counts with that validation; ``other`` is the rest of the measured wall time, once per trial
+(trainer start and tear-down).
+
 ``Phases.project(max_steps, eval_every)`` scales the measured run to a full trial of the preset: set-up,
-warm-up, stalls and the test passes once, training steps and host work per optimizer step, validations per
-validation (``max_steps // eval_every`` of them), and gives each phase's share of that trial's wall time.
-The host work (``other``) is what the phases leave of the measured wall time: Lightning's loop between
-steps, logging, checkpoints, tear-down.
+warm-up, stalls, the test passes and ``other`` once, training steps and ``host`` per optimizer step,
+validations (with their host time) per validation (``max_steps // eval_every`` of them), and gives each
+phase's share of that trial's wall time.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 #: the phases of a trial's wall time, in the order reports list them
-PHASES = ("setup", "warmup", "stall", "train", "validation", "test", "other")
+PHASES = ("setup", "warmup", "stall", "train", "host", "validation", "test", "other")
 #: a training batch slower per step than this many times the median batch is a stall
 STALL_FACTOR = 5.0
 
@@ -57,21 +62,36 @@ class PhaseTimer(Callback):
         self.batches: list[tuple[float, int]] = []  #: (seconds, optimizer steps) per training batch
         self.validations: list[float] = []
         self.tests: list[float] = []
+        self.host: list[float] = []  #: the time between one training batch and the next, no validation between
+        self.validation_host: list[float] = []  #: the training loop's time around each validation
         self._t0 = 0.0
         self._step0 = 0
+        self._last_end: float | None = None  #: when the last training batch or validation ended
+        self._gap_of_validation = False  #: the next gap follows a validation
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._t0, self._step0 = _sync(pl_module), trainer.global_step
+        if self._last_end is not None:
+            (self.validation_host if self._gap_of_validation else self.host).append(self._t0 - self._last_end)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.batches.append((_sync(pl_module) - self._t0, trainer.global_step - self._step0))
+        self._last_end = _sync(pl_module)
+        self.batches.append((self._last_end - self._t0, trainer.global_step - self._step0))
+        self._gap_of_validation = False
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._t0 = _sync(pl_module)
+        if self._last_end is not None and not trainer.sanity_checking:
+            self.validation_host.append(self._t0 - self._last_end)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
-            self.validations.append(_sync(pl_module) - self._t0)
+            self._last_end = _sync(pl_module)
+            self.validations.append(self._last_end - self._t0)
+            self._gap_of_validation = True
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._last_end = None  # what follows the last batch (the trainer's tear-down) is ``other``
 
     def on_test_start(self, trainer, pl_module) -> None:
         self._t0 = _sync(pl_module)
@@ -87,13 +107,14 @@ class PhaseTimer(Callback):
         (warmup_s, warmup_steps), rest = self.batches[0], self.batches[1:]
         stall_s, stalls = split_stalls(rest)
         train_s, steps = sum(s for s, _ in rest) - stall_s, sum(n for _, n in rest)
-        validation_s, test_s = sum(self.validations), sum(self.tests)
+        validation_s, test_s = sum(self.validations) + sum(self.validation_host), sum(self.tests)
+        host_s = sum(self.host)
         if len(self.validations) >= 2:
             typical = statistics.median(self.validations[1:])
             if self.validations[0] > STALL_FACTOR * typical:
                 stall_s, stalls = stall_s + self.validations[0] - typical, stalls + 1
                 validation_s -= self.validations[0] - typical
-        other_s = max(0.0, wall_s - setup_s - warmup_s - stall_s - train_s - validation_s - test_s)
+        other_s = max(0.0, wall_s - setup_s - warmup_s - stall_s - train_s - host_s - validation_s - test_s)
         return Phases(
             setup_s=setup_s,
             warmup_s=warmup_s,
@@ -101,6 +122,7 @@ class PhaseTimer(Callback):
             stall_s=stall_s,
             stalls=stalls,
             train_s=train_s,
+            host_s=host_s,
             steps=steps,
             validation_s=validation_s,
             validations=len(self.validations),
@@ -112,8 +134,9 @@ class PhaseTimer(Callback):
 @dataclasses.dataclass(frozen=True)
 class Phases:
     """Measured seconds per phase of one run: ``steps`` optimizer steps after the ``warmup_steps`` of the
-    first batch (``train_s``: their time less ``stall_s``, the excess of ``stalls`` stalled batches),
-    ``validations`` validations; ``other`` is the host work the phases leave out."""
+    first batch (``train_s``: their time less ``stall_s``, the excess of ``stalls`` stalled batches), the
+    host's time between them (``host_s``), ``validations`` validations (with the loop's time around them);
+    ``other`` is what the phases leave of the wall time."""
 
     setup_s: float
     warmup_s: float
@@ -126,6 +149,7 @@ class Phases:
     other_s: float
     stall_s: float = 0.0
     stalls: int = 0
+    host_s: float = 0.0
 
     @property
     def steps_per_s(self) -> float:
@@ -137,15 +161,17 @@ class Phases:
         (see the module docstring), and ``total``."""
         per_step = self.train_s / max(self.steps, 1)
         per_validation = self.validation_s / self.validations if self.validations else 0.0
-        host_per_step = self.other_s / max(self.steps + self.warmup_steps, 1)
+        host_per_step = self.host_s / max(self.steps, 1)
+        steps = max(max_steps - self.warmup_steps, 0)
         seconds = {
             "setup": self.setup_s,
             "warmup": self.warmup_s,
             "stall": self.stall_s,
-            "train": per_step * max(max_steps - self.warmup_steps, 0),
+            "train": per_step * steps,
+            "host": host_per_step * steps,
             "validation": per_validation * (max_steps // eval_every),
             "test": self.test_s,
-            "other": host_per_step * max_steps,
+            "other": self.other_s,
         }
         return {**seconds, "total": sum(seconds.values())}
 

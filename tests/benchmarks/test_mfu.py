@@ -101,13 +101,15 @@ def test_representative_cells_refuse_an_unknown_sweep():
 
 
 def test_phase_projection_to_a_full_trial():
-    """10 steps of 1 ms after a 5-step warm-up, 2 validations of 0.5 s, 3 s of tests, 1.5 s of host work over
-    15 steps: a 1,000-step trial validating every 100 steps has 995 steps, 10 validations, 100 ms of host work."""
+    """10 steps of 1 ms after a 5-step warm-up with 20 ms of host time between them, 2 validations of 0.5 s,
+    3 s of tests, 1.5 s of other host work: a 1,000-step trial validating every 100 steps has 995 steps with
+    1.99 s of host time, 10 validations, and the 1.5 s once."""
     p = Phases(
         setup_s=2.0,
         warmup_s=4.0,
         warmup_steps=5,
         train_s=0.01,
+        host_s=0.02,
         steps=10,
         validation_s=1.0,
         validations=2,
@@ -122,10 +124,11 @@ def test_phase_projection_to_a_full_trial():
             "warmup": 4.0,
             "stall": 0.0,
             "train": 0.995,
+            "host": 1.99,
             "validation": 5.0,
             "test": 3.0,
-            "other": 100.0,
-            "total": 114.995,
+            "other": 1.5,
+            "total": 18.485,
         }
     )
     shares = p.shares(1000, 100)
@@ -295,3 +298,42 @@ def test_quick_report_in_another_precision_sits_beside_the_presets_own(tmp_path)
     assert {r["precision"] for r in presets["state-tracking (bf16-mixed)"]["cells"]} == {"bf16-mixed"}
     assert all("error" not in r for r in presets["state-tracking (bf16-mixed)"]["cells"])
     assert "every model in bf16-mixed" in out.read_text()
+
+
+def test_the_timer_puts_the_loops_host_time_per_step_and_around_validations(monkeypatch):
+    """A fake clock through the hooks: batches of 1 s with 0.1 s between them, a validation of 2 s with 0.3 s
+    before and 0.5 s after it (a checkpoint, a Jacobian check): host 0.1 s per gap, the validation's 2.8 s with
+    the validation; the rest of the wall time is ``other``, once."""
+    import types
+
+    from benchmarks.training import phases as ph
+
+    now = [0.0]
+    monkeypatch.setattr(ph, "_sync", lambda pl_module: now[0])
+    timer = ph.PhaseTimer()
+    trainer = types.SimpleNamespace(global_step=0, sanity_checking=False)
+
+    def batch(seconds: float, gap: float) -> None:
+        now[0] += gap
+        timer.on_train_batch_start(trainer, None, None, 0)
+        now[0] += seconds
+        trainer.global_step += 1
+        timer.on_train_batch_end(trainer, None, None, None, 0)
+
+    batch(5.0, 0.0)  # the first batch: warm-up
+    for _ in range(3):
+        batch(1.0, 0.1)
+    now[0] += 0.3
+    timer.on_validation_start(trainer, None)
+    now[0] += 2.0
+    timer.on_validation_end(trainer, None)
+    batch(1.0, 0.5)
+    timer.on_train_end(trainer, None)
+    now[0] += 4.0  # tear-down
+    p = timer.phases(wall_s=now[0] + 1.0, setup_s=1.0)
+    assert (p.steps, p.train_s, p.validations) == (4, pytest.approx(4.0), 1)
+    assert p.host_s == pytest.approx(0.3) and p.validation_s == pytest.approx(2.8)
+    assert p.other_s == pytest.approx(4.0)
+    seconds = p.project(max_steps=101, eval_every=50)
+    assert seconds["host"] == pytest.approx(0.3 / 4 * 100) and seconds["validation"] == pytest.approx(2 * 2.8)
+    assert seconds["other"] == pytest.approx(4.0)
