@@ -115,10 +115,11 @@ def _fla_refuses_gated() -> bool:
 
 def _fla_gated_is_slow(x: torch.Tensor) -> bool:
     """Whether fla's gated path runs its backward in PyTorch here: fla refuses its own Triton kernel and
-    the stand-in registered for it is the PyTorch function (``fla_gated_bwd.REGISTERED``, or no Triton)."""
+    the stand-in registered for it is the PyTorch function for inputs like ``x`` (``fla_gated_bwd.
+    registered_function``: ``REGISTERED``, no Triton, or keys wider than the kernel takes)."""
     from seqkernels.delta import fla_gated_bwd
 
-    return _fla_refuses_gated() and not (fla_gated_bwd.REGISTERED == "triton" and triton_available(x))
+    return _fla_refuses_gated() and fla_gated_bwd.registered_function(x) is fla_gated_bwd.chunk_bwd_dqkwg
 
 
 def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int) -> str:

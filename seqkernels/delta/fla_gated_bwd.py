@@ -181,13 +181,17 @@ def triton_refuses() -> bool:
 #: function), ``"torch"`` (the PyTorch function) (``benchmarks.ops delta`` times both: ``fla``
 #: and ``fla-torch-dqkwg``)
 REGISTERED = "triton"
+#: the widest key head the kernel runs (it holds a chunk's whole key width in one tile; tested on a GPU
+#: up to 128); wider heads take the PyTorch function
+TRITON_MAX_HEAD_DIM = 128
 
 
 def registered_function(q: torch.Tensor):
-    """The ``chunk_bwd_dqkwg`` the registered backend runs for inputs like ``q`` (``REGISTERED``)."""
+    """The ``chunk_bwd_dqkwg`` the registered backend runs for inputs like ``q (B, T, H, K)``
+    (``REGISTERED``; the kernel for keys up to ``TRITON_MAX_HEAD_DIM`` wide where Triton runs)."""
     from seqkernels._triton import triton_available
 
-    if REGISTERED == "triton" and triton_available(q):
+    if REGISTERED == "triton" and triton_available(q) and q.shape[-1] <= TRITON_MAX_HEAD_DIM:
         return chunk_bwd_dqkwg_triton
     return chunk_bwd_dqkwg
 

@@ -255,7 +255,6 @@ def test_auto_keeps_fla_where_our_triton_kernel_stands_in_for_its_refused_backwa
 
     monkeypatch.setattr(kd, "fla_available", lambda: True)
     monkeypatch.setattr(kd, "_fla_refuses_gated", lambda: True)
-    monkeypatch.setattr(kd, "triton_available", lambda x: True)
     cuda_like = types.SimpleNamespace(is_cuda=True, shape=(2, 128, 4, 16))
     assert fla_gated_bwd.REGISTERED == "triton"
     assert kd.resolve_backend(op, "auto", cuda_like, gated=True, steps=128) == "fla"

@@ -202,3 +202,16 @@ def test_fla_dispatch_reaches_the_registered_function(monkeypatch, registered):
     want = chunk_bwd_dqkwg(**kwargs)
     for name, a, b in zip(("dq", "dk", "dw", "dg"), got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_the_kernel_stands_in_up_to_its_widest_key_head(monkeypatch):
+    """``registered_function``: the Triton kernel for keys up to ``TRITON_MAX_HEAD_DIM`` wide where Triton runs
+    (here the interpreter), the PyTorch function for wider keys, without Triton, or with ``REGISTERED = "torch"``."""
+    from seqkernels.delta import fla_gated_bwd
+
+    narrow, wide = torch.empty(1, 4, 2, fla_gated_bwd.TRITON_MAX_HEAD_DIM), torch.empty(1, 4, 2, 256)
+    if triton_available(narrow):
+        assert fla_gated_bwd.registered_function(narrow) is chunk_bwd_dqkwg_triton
+    assert fla_gated_bwd.registered_function(wide) is chunk_bwd_dqkwg
+    monkeypatch.setattr(fla_gated_bwd, "REGISTERED", "torch")
+    assert fla_gated_bwd.registered_function(narrow) is chunk_bwd_dqkwg
