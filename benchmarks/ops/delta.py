@@ -133,6 +133,12 @@ def _chunk(op: str, tiles: triton_chunk.ChunkTiles):
     return lambda *t: fn[op](*t, qk_l2norm=True, tiles=tiles)
 
 
+#: the ``ChunkTiles`` fields ``--chunk-tiles`` sets (``fused`` is what tells ``ours-triton-chunk`` from
+#: ``-split``), and those of them that take a name rather than an int
+TILE_FIELDS = tuple(f.name for f in dataclasses.fields(triton_chunk.ChunkTiles) if f.name != "fused")
+TEXT_TILE_FIELDS = ("precision", "inverse")
+
+
 def chunk_tiles(text: str | None) -> triton_chunk.ChunkTiles:
     """``ChunkTiles`` from ``"chunk=32,warps=8,block_v=32,stages=2,precision=tf32,inverse=blocks"`` (``None``:
     defaults)."""
@@ -141,14 +147,11 @@ def chunk_tiles(text: str | None) -> triton_chunk.ChunkTiles:
     kw = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
-        if key not in ("chunk", "block_v", "warps", "stages", "precision", "inverse"):
-            raise SystemExit(
-                f"error: --chunk-tiles: unknown field {key!r}; valid: chunk, block_v, warps, stages, precision, inverse"
-            )
-        text_field = key in ("precision", "inverse")
-        if not text_field and not value.isdigit():
+        if key not in TILE_FIELDS:
+            raise SystemExit(f"error: --chunk-tiles: unknown field {key!r}; valid: {', '.join(TILE_FIELDS)}")
+        if key not in TEXT_TILE_FIELDS and not value.isdigit():
             raise SystemExit(f"error: --chunk-tiles: {key} must be a positive int, got {value!r}")
-        kw[key] = value if text_field else int(value)
+        kw[key] = value if key in TEXT_TILE_FIELDS else int(value)
     return triton_chunk.ChunkTiles(**kw)
 
 
@@ -206,12 +209,11 @@ def implementations(
         refused = op == "gated" and fla_gated_bwd.triton_refuses()
         note = "backward: our Triton chunk_bwd_dqkwg (fla refuses its own here)" if refused else "fla's Triton backward"
         impls["fla"] = (call(op, "fla"), contextlib.nullcontext, note)
-        if refused:
-            torch_bwd = "backward: our PyTorch chunk_bwd_dqkwg"
-            impls["fla-torch-dqkwg"] = (call(op, "fla"), _fla_torch_dqkwg, torch_bwd)
         if op in ("delta", "product"):
             impls["fla-recurrent"] = (call(op, "fla_recurrent"), contextlib.nullcontext, "")
         if refused:
+            torch_bwd = "backward: our PyTorch chunk_bwd_dqkwg"
+            impls["fla-torch-dqkwg"] = (call(op, "fla"), _fla_torch_dqkwg, torch_bwd)
             unguarded = (call(op, "fla"), _fla_triton_unguarded, "fla's guard lifted (issue #640)")
             impls["fla-triton-unguarded"] = unguarded
     keep = lambda k: names is None or k in names or k.startswith("ours-triton-s")  # noqa: E731
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--chunk-tiles",
         default=None,
-        help="ours-triton-chunk(-split)'s ChunkTiles, e.g. chunk=32,warps=8 (fields: chunk, block_v, warps, stages, precision, inverse)",
+        help=f"ours-triton-chunk(-split)'s ChunkTiles, e.g. chunk=32,warps=8 (fields: {', '.join(TILE_FIELDS)})",
     )
     cli_common(ap)
     args = ap.parse_args(argv)

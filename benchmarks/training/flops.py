@@ -81,9 +81,9 @@ def step_flops(spec, device: str | torch.device = "cpu", sample: int = 4096) -> 
     could not run the step), ``uncounted_ops``, ``batch`` (sequences per step), ``padded_len`` (the batches'
     width), ``real_len`` (mean non-padding tokens per training sequence, over ``sample`` training
     sequences), ``n_params``. The Newton mixers' periodic Jacobian check (every ``jacobian_check_every``
-    forwards) is off: the count is of the steps between checks. With ``train.length_bucketing`` the batches differ in width: ``padded_len`` is
-    their mean over an epoch of the whole training set and ``flops`` the mean of the first
-    ``BUCKETED_BATCHES``."""
+    forwards) is off: the count is of the steps between checks. With ``train.length_bucketing`` the batches
+    differ in width: ``padded_len`` is their mean over an epoch of the whole training set and ``flops`` the
+    mean of the first ``BUCKETED_BATCHES``."""
     from experiments.trial.model import count_parameters
     from experiments.trial.train import build_datamodule, build_module
 

@@ -135,27 +135,19 @@ def run_options(preset: str, length_bucketing: int = 0):
     return RunOptions(logger="none", **({"gpu_engine": engine} if engine else {}))
 
 
-def with_train(cells: list[Cell], **changes) -> list[Cell]:
-    """``cells`` with these ``train`` options changed; an option given as 0 or ``None`` keeps the preset's
-    (``length_bucketing``: pools of batches cut by length; ``batch_size``: sequences per batch)."""
-    changes = {k: v for k, v in changes.items() if v}
-    if not changes:
+def with_options(cells: list[Cell], train: dict[str, Any], model: dict[str, Any]) -> list[Cell]:
+    """``cells`` with these ``train`` and ``model`` options changed; an option given as 0 or ``None`` keeps the
+    preset's (``length_bucketing``: pools of batches cut by length; ``batch_size``: sequences per batch;
+    ``precision``: the model's)."""
+    train, model = ({k: v for k, v in d.items() if v} for d in (train, model))
+    if not train and not model:
         return cells
-    return [
-        dataclasses.replace(c, spec=dataclasses.replace(c.spec, train=dataclasses.replace(c.spec.train, **changes)))
-        for c in cells
-    ]
 
+    def changed(spec):
+        t, m = dataclasses.replace(spec.train, **train), dataclasses.replace(spec.model, **model)
+        return dataclasses.replace(spec, train=t, model=m)
 
-def with_precision(cells: list[Cell], precision: str | None) -> list[Cell]:
-    """``cells`` with every model trained in ``precision`` (``None``: the preset's)."""
-    if not precision:
-        return cells
-    changed = []
-    for c in cells:
-        model = dataclasses.replace(c.spec.model, precision=precision)
-        changed.append(dataclasses.replace(c, spec=dataclasses.replace(c.spec, model=model)))
-    return changed
+    return [dataclasses.replace(c, spec=changed(c.spec)) for c in cells]
 
 
 def report_name(preset: str, batch_size: int | None, length_bucketing: int = 0, precision: str | None = None) -> str:
@@ -171,8 +163,8 @@ def report_name(preset: str, batch_size: int | None, length_bucketing: int = 0, 
 def timed_spec(spec, steps: int, quick: bool, eval_every: int | None = None, small_eval: bool = False):
     """``spec`` training ``steps`` steps with no early stop, validating every ``eval_every`` (default: the
     preset's, at most every ``steps // 2``: two validations at least, so the first's one-off compilation
-    is told from the validation's cost, ``phases.PhaseTimer``); ``small_eval``: 256 validation and test sequences; ``quick``: ``QUICK``'s
-    sizes on the CPU."""
+    is told from the validation's cost, ``phases.PhaseTimer``); ``small_eval``: 256 validation and test
+    sequences; ``quick``: ``QUICK``'s sizes on the CPU."""
     t = spec.train
     every = min(eval_every, steps) if eval_every else min(t.eval_every, max(1, steps // 2))
     train = dataclasses.replace(t, max_steps=steps, eval_every=every, early_stop_acc=2.0, plateau_steps=None)
@@ -614,10 +606,8 @@ def main(argv: list[str] | None = None) -> int:
                 merged(old, run_meta, {})  # a report of another device: the error now, before measuring
             presets: dict[str, Any] = {}
             for preset, preset_cells in cells.items():  # the report rewritten after each preset: a cut run keeps them
-                preset_cells = with_train(
-                    preset_cells, length_bucketing=args.length_bucketing, batch_size=args.batch_size
-                )
-                preset_cells = with_precision(preset_cells, args.precision)
+                train = {"length_bucketing": args.length_bucketing, "batch_size": args.batch_size}
+                preset_cells = with_options(preset_cells, train, {"precision": args.precision})
                 name = report_name(preset, args.batch_size, args.length_bucketing, args.precision)
                 presets[name] = measure_preset(preset, preset_cells, args)
                 report = merged(old, run_meta, presets)

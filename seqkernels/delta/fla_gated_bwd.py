@@ -206,8 +206,8 @@ def register() -> None:
     except ImportError:  # an fla without the backend registry (before 0.6) has no refusal to route around
         return
 
-    class TorchGatedBackward(BaseBackend):
-        backend_type = "expressivity_torch"
+    class GatedBackwardStandIn(BaseBackend):
+        backend_type = "expressivity"
         priority = 10  # after fla's own backends
 
         def chunk_bwd_dqkwg_verifier(self, q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=None, **kw):
@@ -220,4 +220,4 @@ def register() -> None:
         def chunk_bwd_dqkwg(self, q, *args, **kwargs):  # fla passes every argument by keyword
             return registered_function(q)(q, *args, **kwargs)
 
-    fla_register("common")(TorchGatedBackward)
+    fla_register("common")(GatedBackwardStandIn)
