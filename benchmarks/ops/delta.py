@@ -15,6 +15,9 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
   paper 004's baseline; ``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);
 - ``ours-triton-chunk-blocks``: the split kernels with ``I + A`` inverted by 16 x 16 blocks
   (``ChunkTiles(inverse="blocks")``) instead of row by row;
+- ``ours-triton-chunk-bf16``: the split kernels with every product's operands rounded to bfloat16
+  (``ChunkTiles(precision="bf16")``), the precision of fla's bfloat16 kernels, for the comparison at the
+  same precision (without ``--chunk-tiles precision=...``);
 - ``ours-chunk``: the chunkwise (WY) form in PyTorch (``seqkernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``seqkernels/delta/fla_gated_bwd.py``'s
@@ -202,6 +205,9 @@ def implementations(
             contextlib.nullcontext,
             f"split, I + A by 16 x 16 blocks {named}".strip(),
         )
+        if tiles.precision is None:  # fla's bfloat16 products: the same precision as its kernels
+            bf16 = _chunk(op, dataclasses.replace(tiles, fused=False, precision="bf16"))
+            impls["ours-triton-chunk-bf16"] = (bf16, contextlib.nullcontext, "split, bfloat16 products (fla's)")
         impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from seqkernels.delta import fla_gated_bwd

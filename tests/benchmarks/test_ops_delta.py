@@ -25,6 +25,24 @@ def test_our_implementations_equal_the_chunk_form(op):
         torch.testing.assert_close(fn(*xs), want, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (the interpreter's bfloat16 tl.dot is not faithful)"
+)
+def test_the_bfloat16_row_rounds_its_products_to_bfloat16():
+    """``ours-triton-chunk-bf16`` computes the op at fla's precision: near the chunk form, but not float32-exact."""
+    xs = inputs("gated", 1, 300, 2, 64, torch.float32, DEVICE, seed=5)
+    impls = implementations("gated", {"ours-triton-chunk-bf16", "ours-chunk"})
+    got, want = impls["ours-triton-chunk-bf16"][0](*xs), impls["ours-chunk"][0](*xs)
+    err = ((got - want).norm() / want.norm()).item()
+    assert 1e-5 < err < 3e-2
+
+
+def test_the_bfloat16_row_only_without_a_chosen_precision():
+    assert "ours-triton-chunk-bf16" in implementations("gated", {"ours-triton-chunk-bf16"})
+    assert "ours-triton-chunk-bf16" not in implementations("gated", tiles=ChunkTiles(precision="ieee"))
+
+
 def test_chunk_tiles_parses_every_field():
     assert chunk_tiles("chunk=32,warps=8,block_v=16,stages=3,precision=ieee,inverse=blocks") == ChunkTiles(
         chunk=32, warps=8, block_v=16, stages=3, precision="ieee", inverse="blocks"
