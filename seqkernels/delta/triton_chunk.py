@@ -10,8 +10,8 @@ taking explicit ``ChunkTiles``). The forward runs ``chunk_prep_kernel`` (every c
 (per chunk) then ``chunk_bwd_prep_kernel`` (every chunk's ``T`` backward, in parallel). With
 ``ChunkTiles(fused=True)`` (paper 004) the sequential kernels also compute the outputs and gradients with
 the state on chip, and the per-chunk kernels do not run. Saved for the backward: ``W, U, T``
-and the state entering every chunk (float32). ``qk_l2norm`` and the float64 -> float32 casts are torch code
-(autograd differentiates them); the output is in the dtype of ``q``, gradients in their input's dtype.
+and the state entering every chunk (float32). ``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the
+float64 -> float32 casts torch code (autograd differentiates both); the output is in the dtype of ``q``, gradients in their input's dtype.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from seqkernels.delta.chunk_kernels import (
     chunk_out_kernel,
     chunk_prep_kernel,
 )
+from seqkernels.delta.l2norm import l2norm
 from seqkernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kernel_dtype, members
-from seqkernels.delta.reference import l2norm
 
 PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
 
@@ -264,7 +264,7 @@ def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, t
     out_dtype = q.dtype
     q, k, v, beta = kernel_dtype(q, k, v, beta)
     if qk_l2norm:
-        q, k = l2norm(q.float()), l2norm(k.float())
+        q, k = l2norm(q), l2norm(k)
     gs = None
     if g is not None:  # the log decay of each step: g on a token's first, 0 on the others
         gs = F.pad(kernel_dtype(g)[0][:, :, None], (0, 0, 0, n - 1)).reshape(B, L * n, H)

@@ -8,8 +8,9 @@ Each function has the signature of its ``reference.py`` twin and maps its member
 recurrence ``S_s = S_{s-1} diag(exp(w_s)) + (S_{s-1} a_s) b_s^T + v_s k_s^T`` (a delta step
 ``S (I - beta k k^T) + beta v k^T`` is ``a = k, b = -beta k, v <- beta v``; a scalar decay ``exp(g)``
 multiplies ``b`` and becomes ``w = g`` on every key channel). These maps are elementwise torch code,
-so autograd carries the kernel's gradients back to ``beta`` and ``g``. The maps and ``qk_l2norm`` are
-computed in float32 (float64 inputs run in float32 too); the output is in the dtype of ``q``.
+so autograd carries the kernel's gradients back to ``beta`` and ``g``. The maps and ``qk_l2norm``
+(``l2norm.py``'s kernels) are computed in float32 (float64 inputs run in float32 too); the output is in
+the dtype of ``q``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from seqkernels._triton import cdiv, empty, next_pow2
+from seqkernels.delta.l2norm import l2norm
 from seqkernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kernel_dtype, members
 from seqkernels.delta.recurrent_kernels import delta_recurrent_bwd_kernel, delta_recurrent_fwd_kernel
-from seqkernels.delta.reference import l2norm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +213,7 @@ def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, t
     out_dtype = q.dtype
     q, k, v = kernel_dtype(q, k, v)
     if qk_l2norm:
-        q, k = l2norm(q.float()), l2norm(k.float())
+        q, k = l2norm(q), l2norm(k)
     beta = beta.float()[..., None]
     b = -beta * k
     w = None
