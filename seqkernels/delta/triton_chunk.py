@@ -51,9 +51,10 @@ class ChunkTiles:
       operands rounded to bfloat16, one tensor-core pass, relative errors about 1e-2 that grow with the
       length);
     - ``fused``: ``False`` (default): the sequential kernels only carry the state and store it for every
-      chunk, and per-chunk kernels read it back for the outputs and gradients (forward and backward the
+      chunk, and per-chunk kernels read it back for the outputs and gradients (forward + backward the
       faster at every shape timed: ``benchmarks/ops/results/delta.evidence.md``); ``True``: the sequential
-      kernels also compute the outputs and gradients with the state on chip (paper 004);
+      kernels also compute the outputs and gradients with the state on chip (paper 004; its forward alone
+      is the faster at head dim 64, its backward walk spills);
     - ``stages``: Triton's software pipelining depth of the loops over chunks (each stage holds one
       chunk's tiles in shared memory);
     - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"rows"`` (default: forward substitution
