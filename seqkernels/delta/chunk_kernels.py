@@ -48,7 +48,8 @@ powers of two; float32 intermediates with padded rows and columns):
       dbeta = rowsum(dA o K K^T o Gamma) + rowsum(dXu o V) + rowsum(dXw o K) gamma
       dG += rowsum(dA o A) - colsum(dA o A) + rowsum(dXw o Xw)
 
-  (``dg`` is the reverse cumulative sum of ``dG`` inside each chunk, taken by the caller).
+  and ``dg``, the reverse cumulative sum of ``dG`` inside each chunk (the state's parts of ``dk`` and ``dG``,
+  summed over value blocks by the caller, added in).
 
 The kernels' ``T`` counts steps: ``k (B, T, H, K)``, ``v (B, T, H, V)``, ``g, beta (B, T, H)`` per step,
 ``q, dq (B, T / NSTEP, H, K)`` and ``o, do (B, T / NSTEP, H, V)`` per token. Inputs are read in their dtype,
@@ -522,6 +523,7 @@ def chunk_bwd_prep_kernel(
     dv,
     dbeta,
     dGm,
+    dg,
     T,
     H,
     K: tl.constexpr,
@@ -533,8 +535,11 @@ def chunk_bwd_prep_kernel(
     PREC: tl.constexpr,
 ):
     """Grid ``(NC, B H)``: the backward of one chunk's ``T``, ``W``, ``U`` (module docstring) from ``dW``
-    (summed over value blocks) and ``dU``: ``dk (B, T, H, K)``, ``dv (B, T, H, V)``, ``dbeta (B, T, H)``
-    (float32) and this part of ``dG (B H, NC C)``."""
+    (summed over value blocks) and ``dU``, finishing the input gradients: ``dk (B, T, H, K)`` holds the
+    state's part on entry and the whole ``dk`` on exit (float32); ``dv (B, T, H, V)`` (in its own dtype),
+    ``dbeta (B, T, H)`` (float32); with ``HAS_G``, from the state's part of ``dG`` in ``dGm (B H, NC C)``,
+    ``dg (B, T, H)`` (float32): ``g_s`` reaches every ``G_i`` of its chunk with ``i >= s``, so ``dg`` is
+    ``dG``'s reverse cumulative sum inside the chunk."""
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -562,10 +567,11 @@ def chunk_bwd_prep_kernel(
     dkc = _mm(D, kk, PREC, dXw * bg[:, None])
     dkc = _mm(tl.trans(D), kk, PREC, dkc)
     dbc = tl.sum(dA * KK * Gam, 1) + tl.sum(dXu * vv, 1) + tl.sum(dXw * kk, 1) * tl.exp(G)
-    EA = dA * A
-    dG = tl.sum(EA, 1) - tl.sum(EA, 0) + tl.sum(dXw * Xw, 1)
-    _store_rows(dk, dkc, i_b, i_h, t0, T, H, K, C, BK)
-    _store_rows(dv, dXu * bb[:, None], i_b, i_h, t0, T, H, V, C, VP)
     t = t0 + r
+    if HAS_G:
+        EA = dA * A
+        dG = tl.sum(EA, 1) - tl.sum(EA, 0) + tl.sum(dXw * Xw, 1) + tl.load(dGm + row)
+        tl.store(dg + (i_b * T + t) * H + i_h, tl.cumsum(dG, 0, reverse=True), mask=t < T)
     tl.store(dbeta + (i_b * T + t) * H + i_h, dbc, mask=t < T)
-    tl.store(dGm + row, dG)
+    _store_rows(dv, dXu * bb[:, None], i_b, i_h, t0, T, H, V, C, VP)
+    _store_rows(dk, dkc + _rows(dk, i_b, i_h, t0, T, H, K, C, BK), i_b, i_h, t0, T, H, K, C, BK)

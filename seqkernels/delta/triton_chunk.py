@@ -124,7 +124,7 @@ def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: Chun
 
 
 def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, tiles: ChunkTiles | None = None):
-    """``(dq, dk, dv, dg, dbeta)`` in float32 (``dg`` empty without ``g``)."""
+    """``(dq, dk, dv, dg, dbeta)``: ``dv`` in ``v``'s dtype, the others float32 (``dg`` empty without ``g``)."""
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
     C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles)
@@ -140,16 +140,12 @@ def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, ti
     chunk_bwd_state_kernel[(NV, B * H)](*args, GRADS=fused, **blocks)
     if not fused:
         chunk_bwd_grads_kernel[(NC, NV, B * H)](*args, **blocks)
-    dW, dq, dk_state, dG_state = (x.sum(0) if NV > 1 else x[0] for x in (dW, dq, dk_state, dG_state))
-    dk, dG = empty((B, Ts, H, K), dev, f32), empty((B * H, NC * C), dev, f32)
-    dv, dbeta = empty((B, Ts, H, V), dev, f32), empty((B, Ts, H), dev, f32)
-    chunk_bwd_prep_kernel[(NC, B * H)](k, v, g_arg, beta, Tm, dW, dU, dk, dv, dbeta, dG, Ts, H, **prep)
-    dk = dk + dk_state
-    if g is None:
-        return dq, dk, dv, dq.new_empty(0), dbeta
-    # g_s reaches every G_i of its chunk with i >= s: a reverse cumulative sum inside each chunk
-    dG = (dG + dG_state).view(B, H, NC, C).flip(-1).cumsum(-1).flip(-1)
-    dg = dG.reshape(B, H, NC * C)[:, :, :Ts].transpose(1, 2).contiguous()  # the fake's strides
+    dW, dq, dk, dG_state = (x.sum(0) if NV > 1 else x[0] for x in (dW, dq, dk_state, dG_state))
+    dv, dbeta = empty((B, Ts, H, V), dev, v.dtype), empty((B, Ts, H), dev, f32)
+    dg = empty((B, Ts, H), dev, f32) if g is not None else dq.new_empty(0)
+    # dk: the state's part in, the whole gradient out; dg: from the state's part of dG
+    dg_arg = dbeta if g is None else dg  # any pointer: HAS_G=False never writes it
+    chunk_bwd_prep_kernel[(NC, B * H)](k, v, g_arg, beta, Tm, dW, dU, dk, dv, dbeta, dG_state, dg_arg, Ts, H, **prep)
     return dq, dk, dv, dg, dbeta
 
 
@@ -192,7 +188,8 @@ def delta_chunk_bwd(
     scale: float,
     nstep: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The input gradients ``(dq, dk, dv, dg, dbeta)`` in float32 with the default tiles (``_backward``)."""
+    """The input gradients ``(dq, dk, dv, dg, dbeta)`` with the default tiles (``_backward``): ``dv`` in ``v``'s
+    dtype, the others float32."""
     return _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep)
 
 
@@ -200,8 +197,8 @@ def delta_chunk_bwd(
 def _(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep):
     f = torch.float32
     dg = g.new_empty(g.shape, dtype=f) if g is not None else q.new_empty(0, dtype=f)
-    dq, dk, dv = (x.new_empty(x.shape, dtype=f) for x in (q, k, v))
-    return dq, dk, dv, dg, beta.new_empty(beta.shape, dtype=f)
+    dq, dk = (x.new_empty(x.shape, dtype=f) for x in (q, k))
+    return dq, dk, v.new_empty(v.shape), dg, beta.new_empty(beta.shape, dtype=f)
 
 
 def _setup_context(ctx, inputs, output):
