@@ -21,10 +21,10 @@ powers of two; float32 intermediates with padded rows and columns):
 - ``chunk_prep_kernel``, grid ``(NC, B H)``: one chunk's ``T`` (forward substitution, ``C - 1`` steps on
   the ``(C, C)`` tile), ``W`` and ``U``;
 - ``chunk_fwd_kernel``, grid ``(NV, B H)``: one program per head and block of ``BV`` value columns walks
-  the chunks in order with ``M_0`` in registers: (``OUT``) ``O``, and (``SAVE``) every chunk's ``M_0`` for
-  the backward; no state leaves the chip but the checkpoints. Without ``OUT`` (the design paper 004
-  replaces, kept to measure it) ``chunk_out_kernel``, grid ``(NC, NV, B H)``, reads the stored states
-  back for ``O``;
+  the chunks in order with ``M_0`` in registers, writing each chunk's ``U'`` over its ``U`` (the later
+  kernels read ``U'``): (``OUT``) ``O``, and (``SAVE``) every chunk's ``M_0`` for the backward; no state
+  leaves the chip but the checkpoints. Without ``OUT`` (the design paper 004 replaces, kept to measure it)
+  ``chunk_out_kernel``, grid ``(NC, NV, B H)``, reads the stored states and ``U'`` back for ``O``;
 - ``chunk_bwd_state_kernel``, grid ``(NV, B H)``: the chunks in reverse with ``dM`` (the gradient of the
   chunk's end state) in registers, ``dO' = scale dO``:
 
@@ -36,9 +36,10 @@ powers of two; float32 intermediates with padded rows and columns):
   and the state's share of ``dG`` (the gradient of ``G``): ``rowsum(dO' o diag(gamma) Q M_0)``,
   ``rowsum(E) - colsum(E)`` for ``E = dP o P``, ``-rowsum(U' dM^T o Kt)``, and on the chunk's last row
   ``sum(U' dM^T o Kt) + gamma_C <dM, M_0>``. ``dQ, dK, dW, dG`` sum over value columns: written per
-  block (``NV`` leading slices, summed by the caller). Without ``GRADS`` the loop only carries ``dM``
-  (``dU'`` and the ``dM_0`` update) and stores every chunk's ``dM``; ``chunk_bwd_grads_kernel``, grid
-  ``(NC, NV, B H)``, computes the rest per chunk from the stored ``M_0`` and ``dM``;
+  block (``NV`` leading slices, summed by the caller). The loop stores every chunk's ``dU'``. Without
+  ``GRADS`` it only carries ``dM`` (``dU'`` and the ``dM_0`` update) and stores every chunk's ``dM``;
+  ``chunk_bwd_grads_kernel``, grid ``(NC, NV, B H)``, computes the rest per chunk from the stored ``M_0``,
+  ``dM``, ``U'`` and ``dU'``;
 - ``chunk_bwd_prep_kernel``, grid ``(NC, B H)``: the chunk's ``T`` backward, with the block sums of
   ``dW`` and the full ``dU``: ``dXw = T^T dW``, ``dXu = T^T dU``, ``dA = -strictly_lower(T^T (dW Xw^T +
   dU Xu^T) T^T)`` (``Xw = diag(beta gamma) K``, ``Xu = diag(beta) V``), then
@@ -240,13 +241,12 @@ def chunk_prep_kernel(
 
 
 @triton.jit
-def _chunk_out(qq, kk, G, W, U, M, scale, C: tl.constexpr, PREC: tl.constexpr):
-    """``(O, U')`` of one chunk from the state ``M`` entering it (module docstring)."""
+def _chunk_out(qq, kk, G, Up, M, scale, C: tl.constexpr, PREC: tl.constexpr):
+    """``O`` of one chunk from the state ``M`` entering it and its pseudo-values ``U'`` (module docstring)."""
     Gam, _ = _decays(G, C)
-    Up = U - _mm(W, M, PREC)
     P = _mm(qq, tl.trans(kk), PREC) * Gam
     out = tl.exp(G)[:, None] * _mm(qq, M, PREC)
-    return _mm(P, Up, PREC, out) * scale, Up
+    return _mm(P, Up, PREC, out) * scale
 
 
 @triton.jit
@@ -274,8 +274,8 @@ def chunk_fwd_kernel(
     PREC: tl.constexpr,
 ):
     """Grid ``(NV, B H)``: the chunks of one head in order, ``BV`` value columns of the state ``M (BK, BV)``
-    in registers; (``OUT``) ``o (B, T / NSTEP, H, V)``; (``SAVE``) ``ckpt (B H, NC, BK, VP)`` the state
-    entering each chunk."""
+    in registers; each chunk's ``U'`` written over its ``U`` in ``Um``; (``OUT``) ``o (B, T / NSTEP, H, V)``;
+    (``SAVE``) ``ckpt (B H, NC, BK, VP)`` the state entering each chunk."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -293,12 +293,12 @@ def chunk_fwd_kernel(
         G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
         W = tl.load(Wm + row[:, None] * BK + ok[None, :])
         U = tl.load(Um + row[:, None] * VP + ov[None, :])
+        Up = U - _mm(W, M, PREC)
+        tl.store(Um + row[:, None] * VP + ov[None, :], Up)
         if OUT:
             qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
-            out, Up = _chunk_out(qq, kk, G, W, U, M, scale, C, PREC)
+            out = _chunk_out(qq, kk, G, Up, M, scale, C, PREC)
             _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
-        else:
-            Up = U - _mm(W, M, PREC)
         GL = tl.sum(tl.where(r == C - 1, G, 0.0), 0)
         Kt = kk * tl.exp(GL - G)[:, None]
         M = _mm(tl.trans(Kt), Up, PREC, M * tl.exp(GL))
@@ -326,8 +326,8 @@ def chunk_out_kernel(
     HAS_G: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Grid ``(NC, NV, B H)``: one chunk's output from its stored entering state (the forward without the
-    on-chip recurrence: ``chunk_fwd_kernel`` with ``OUT=False`` stores the states)."""
+    """Grid ``(NC, NV, B H)``: one chunk's output from its stored entering state and ``U'`` (the forward
+    without the on-chip recurrence: ``chunk_fwd_kernel`` with ``OUT=False`` stores them)."""
     i_c, i_v = tl.program_id(0), tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -340,35 +340,30 @@ def chunk_out_kernel(
     qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
     kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
-    W = tl.load(Wm + row[:, None] * BK + ok[None, :])
-    U = tl.load(Um + row[:, None] * VP + ov[None, :])
-    out, _ = _chunk_out(qq, kk, G, W, U, M, scale, C, PREC)
+    Up = tl.load(Um + row[:, None] * VP + ov[None, :])
+    out = _chunk_out(qq, kk, G, Up, M, scale, C, PREC)
     _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
 
 
 @triton.jit
-def _chunk_dU(qq, kk, dO, G, dM, C: tl.constexpr, PREC: tl.constexpr):
-    """``(dU', P, Gamma, Kt, G_last)`` of one chunk given the gradient ``dM`` of the state leaving it."""
+def _chunk_pk(qq, kk, G, C: tl.constexpr, PREC: tl.constexpr):
+    """``(P, Gamma, Kt, G_last)`` of one chunk (module docstring)."""
     Gam, GL = _decays(G, C)
     P = _mm(qq, tl.trans(kk), PREC) * Gam
-    Kt = kk * tl.exp(GL - G)[:, None]
-    dUp = _mm(tl.trans(P), dO, PREC)
-    return _mm(Kt, dM, PREC, dUp), P, Gam, Kt, GL
+    return P, Gam, kk * tl.exp(GL - G)[:, None], GL
 
 
 @triton.jit
 def _chunk_grads(
-    qq, kk, dO, G, W, U, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dUm, dGm, i_v, part, i_h, row, t0, T, H, BH,
-    K: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, C: tl.constexpr,
-    NSTEP: tl.constexpr, PREC: tl.constexpr,
+    qq, kk, dO, G, Up, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dGm, i_v, part, i_h, row, t0, T, H, BH,
+    K: tl.constexpr, BK: tl.constexpr, C: tl.constexpr, NSTEP: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """One chunk's ``dQ``, ``dK`` (the state's part), ``dW``, ``dU = dU'`` and the state's part of ``dG``
-    (module docstring), stored: ``dq, dk`` at batch index ``part``, ``dW, dG`` in slice ``i_v``."""
+    """One chunk's ``dQ``, ``dK`` (the state's part), ``dW`` and the state's part of ``dG`` (module
+    docstring) from its ``U'`` and ``dU'``, stored: ``dq, dk`` at batch index ``part``, ``dW, dG`` in slice
+    ``i_v``."""
     r = tl.arange(0, C)
     ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
     gam, eK, gC = tl.exp(G), tl.exp(GL - G), tl.exp(GL)
-    Up = U - _mm(W, M0, PREC)
     dP = tl.where(r[:, None] >= r[None, :], _mm(dO, tl.trans(Up), PREC), 0.0)
     dQK = dP * Gam
     dOM = _mm(dO, tl.trans(M0), PREC)
@@ -386,7 +381,6 @@ def _chunk_grads(
     _store_rows(dk, dkc, part, i_h, t0, T, H, K, C, BK)
     part_row = i_v.to(tl.int64) * BH * (tl.cdiv(T, C) * C) + row  # row of this block's slice of dW, dG
     tl.store(dWm + part_row[:, None] * BK + ok[None, :], dW)
-    tl.store(dUm + row[:, None] * VP + ov[None, :], dUp)
     tl.store(dGm + part_row, dG)
 
 
@@ -421,10 +415,11 @@ def chunk_bwd_state_kernel(
     PREC: tl.constexpr,
 ):
     """Grid ``(NV, B H)``: the chunks of one head in reverse, ``dM (BK, BV)`` in registers (module
-    docstring). ``GRADS``: also every chunk's gradients (``_chunk_grads``; per block of value columns,
-    leading ``NV``: ``dq (NV, B, T / NSTEP, H, K)``, ``dk (NV, B, T, H, K)``, ``dW (NV, B H, NC C, BK)``,
-    ``dG (NV, B H, NC C)``; ``dU (B H, NC C, VP)`` at the block's columns); else the gradient of the state
-    leaving each chunk, ``dckpt (B H, NC, BK, VP)``, for ``chunk_bwd_grads_kernel``."""
+    docstring), storing ``dU' (B H, NC C, VP)`` at the block's columns. ``GRADS``: also every chunk's
+    gradients (``_chunk_grads`` from ``U'`` in ``Um``; per block of value columns, leading ``NV``: ``dq (NV,
+    B, T / NSTEP, H, K)``, ``dk (NV, B, T, H, K)``, ``dW (NV, B H, NC C, BK)``, ``dG (NV, B H, NC C)``);
+    else the gradient of the state leaving each chunk, ``dckpt (B H, NC, BK, VP)``, for
+    ``chunk_bwd_grads_kernel``."""
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -442,13 +437,15 @@ def chunk_bwd_state_kernel(
         dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
         G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
         W = tl.load(Wm + row[:, None] * BK + ok[None, :])
-        dUp, P, Gam, Kt, GL = _chunk_dU(qq, kk, dO, G, dM, C, PREC)
+        P, Gam, Kt, GL = _chunk_pk(qq, kk, G, C, PREC)
+        dUp = _mm(Kt, dM, PREC, _mm(tl.trans(P), dO, PREC))
+        tl.store(dUm + row[:, None] * VP + ov[None, :], dUp)
         if GRADS:
             M0 = tl.load(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :])
-            U = tl.load(Um + row[:, None] * VP + ov[None, :])
+            Up = tl.load(Um + row[:, None] * VP + ov[None, :])
             _chunk_grads(
-                qq, kk, dO, G, W, U, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dUm, dGm, i_v, i_v * B + i_b,
-                i_h, row, t0, T, H, B * H, K, BK, BV, VP, C, NSTEP, PREC,
+                qq, kk, dO, G, Up, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dGm, i_v, i_v * B + i_b,
+                i_h, row, t0, T, H, B * H, K, BK, C, NSTEP, PREC,
             )  # fmt: skip
         else:
             tl.store(dckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], dM)
@@ -485,8 +482,8 @@ def chunk_bwd_grads_kernel(
     HAS_G: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Grid ``(NC, NV, B H)``: one chunk's gradients (``_chunk_grads``) from its stored entering state and
-    the stored gradient of its leaving state (the backward without the on-chip recurrence)."""
+    """Grid ``(NC, NV, B H)``: one chunk's gradients (``_chunk_grads``) from its stored entering state, the
+    stored gradient of its leaving state, ``U'`` and ``dU'`` (the backward without the on-chip recurrence)."""
     i_c, i_v = tl.program_id(0), tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -501,12 +498,12 @@ def chunk_bwd_grads_kernel(
     kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
     dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
-    W = tl.load(Wm + row[:, None] * BK + ok[None, :])
-    U = tl.load(Um + row[:, None] * VP + ov[None, :])
-    dUp, P, Gam, Kt, GL = _chunk_dU(qq, kk, dO, G, dM, C, PREC)
+    Up = tl.load(Um + row[:, None] * VP + ov[None, :])
+    dUp = tl.load(dUm + row[:, None] * VP + ov[None, :])
+    P, Gam, Kt, GL = _chunk_pk(qq, kk, G, C, PREC)
     _chunk_grads(
-        qq, kk, dO, G, W, U, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dUm, dGm, i_v, i_v * B + i_b,
-        i_h, row, t0, T, H, B * H, K, BK, BV, VP, C, NSTEP, PREC,
+        qq, kk, dO, G, Up, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dGm, i_v, i_v * B + i_b,
+        i_h, row, t0, T, H, B * H, K, BK, C, NSTEP, PREC,
     )  # fmt: skip
 
 

@@ -9,8 +9,8 @@ taking explicit ``ChunkTiles``). The forward runs ``chunk_prep_kernel`` (every c
 ``chunk_bwd_state_kernel`` (the chunks in reverse, the state's gradient on chip), ``chunk_bwd_grads_kernel``
 (per chunk) then ``chunk_bwd_prep_kernel`` (every chunk's ``T`` backward, in parallel). With
 ``ChunkTiles(fused=True)`` (paper 004) the sequential kernels also compute the outputs and gradients with
-the state on chip, and the per-chunk kernels do not run. Saved for the backward: ``W, U, T``
-and the state entering every chunk (float32). ``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the
+the state on chip, and the per-chunk kernels do not run. Saved for the backward: ``W``, ``U'`` (the
+pseudo-values, written over ``U`` by the forward's walk), ``T`` and the state entering every chunk (float32). ``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the
 float64 -> float32 casts torch code (autograd differentiates both); the output is in the dtype of ``q``, gradients in their input's dtype.
 """
 
@@ -103,7 +103,8 @@ def _meta(q, k, v, g, nstep: int, tiles: ChunkTiles | None) -> tuple[int, int, C
 
 def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: ChunkTiles | None = None):
     """``(o, W, U, Tm, ckpt)``: the output ``(B, T, H, V)`` in ``q``'s dtype; per chunk ``W (B H, NC C, BK)``,
-    ``U (B H, NC C, VP)``, ``Tm (B H, NC C, C)`` and the entering state ``ckpt (B H, NC, BK, VP)``, float32."""
+    ``U (B H, NC C, VP)`` (holding ``U'`` once the walk ran), ``Tm (B H, NC C, C)`` and the entering state
+    ``ckpt (B H, NC, BK, VP)``, float32."""
     B, T, H, _ = q.shape
     Ts = k.shape[1]
     C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles)
