@@ -123,15 +123,12 @@ def representative_cells(
     return list(cells.values())
 
 
-def run_options(preset: str, length_bucketing: int = 0):
-    """The ``RunOptions`` the preset's sweep runs with (its engine; no step log); with ``length_bucketing``
-    the ``graph`` engine (one CUDA graph per batch width) where the preset's is ``compiled``."""
+def run_options(preset: str):
+    """The ``RunOptions`` the preset's sweep runs with (its engine; no step log)."""
     from experiments.sweeps.presets import load_preset
     from experiments.trial.train import RunOptions
 
     engine = (load_preset(preset).get("budget") or {}).get("engine")
-    if length_bucketing and engine == "compiled":
-        engine = "graph"
     return RunOptions(logger="none", **({"gpu_engine": engine} if engine else {}))
 
 
@@ -303,7 +300,7 @@ def measure_workers(
 
 def measure_preset(preset: str, cells: list[Cell], args) -> dict[str, Any]:
     """The rows of ``preset``'s representative ``cells`` and its rates with ``--workers`` together."""
-    options = run_options(preset, args.length_bucketing)
+    options = run_options(preset)
     log.info("%s: %d representative cells", preset, len(cells))
     rows = []
     for cell in cells:

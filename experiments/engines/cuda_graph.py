@@ -36,8 +36,13 @@ def set_graph_policy(model: torch.nn.Module, on: bool) -> None:
             m.graph_policy = on
 
 
+#: with ``compiled_loss(static_shapes=True)``, Dynamo's recompile limit is at least this: batches of up to
+#: 32 shapes (widths of 16 up to 512, and each epoch's smaller last batch) compile a graph each
+STATIC_SHAPES_RECOMPILE_LIMIT = 64
+
+
 def compiled_loss(
-    model: torch.nn.Module, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    model: torch.nn.Module, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], static_shapes: bool = False
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``(tokens, targets) -> loss(model(tokens), targets)`` ``torch.compile``d as one graph, so Inductor
     fuses the loss with the model's last ops (a function: nothing enters the checkpoint). The Newton
@@ -48,10 +53,19 @@ def compiled_loss(
     on this function's code, shared by every model, and after ``recompile_limit`` (8) structurally
     different models in one process (a worker training trial after trial) it would run the next ones
     eagerly without a word. A loss compiled by an earlier call still works; it compiles again when next
-    called."""
+    called.
+
+    ``static_shapes``: every batch shape gets a graph of its own, specialized to it (``dynamic=False``), as
+    length-bucketed batches of a few widths need (each width's steps are captured in a CUDA graph of their
+    own); Dynamo's recompile limit is raised to ``STATIC_SHAPES_RECOMPILE_LIMIT`` so that none of them
+    runs eagerly. Otherwise Dynamo's default: a second shape compiles one graph with dynamic sizes."""
     torch._dynamo.reset()
     set_graph_policy(model, True)
-    return torch.compile(lambda tokens, targets: loss(model(tokens), targets), options={"combo_kernels": True})
+    if static_shapes:
+        limit = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(limit, STATIC_SHAPES_RECOMPILE_LIMIT)
+    fn = lambda tokens, targets: loss(model(tokens), targets)  # noqa: E731
+    return torch.compile(fn, dynamic=False if static_shapes else None, options={"combo_kernels": True})
 
 
 class CUDAGraphPrecision(Precision):

@@ -72,10 +72,11 @@ class CapturedSteps:
     """What the graph engines add to a ``LitSequenceModel`` (or a subclass): see the module docstring.
     ``compiled``: the ``compiled`` engine (the model and loss ``torch.compile``d), else ``graph``."""
 
-    def __init__(self, *args: Any, compiled: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, compiled: bool = False, static_shapes: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.automatic_optimization = False  # training_step runs a chunk of optimizer steps
-        self.compiled = compiled
+        #: ``static_shapes``: the compiled loss specializes to each batch shape (length-bucketed batches)
+        self.compiled, self.static_shapes = compiled, static_shapes
         #: the ``compiled`` engine's ``(tokens, targets) -> loss`` (``compile_loss``), else None: the module's own
         self.compiled_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         #: the step from which the trial ran eagerly because captured steps skipped their updates (None: never)
@@ -161,8 +162,9 @@ class CapturedSteps:
         return self.loss(self(tokens), targets)
 
     def compile_loss(self) -> None:
-        """Compile the model and loss into ``compiled_loss`` (``cuda_graph.compiled_loss``)."""
-        self.compiled_loss = compiled_loss(self.model, self.loss)
+        """Compile the model and loss into ``compiled_loss`` (``cuda_graph.compiled_loss``; ``static_shapes``:
+        a graph per batch shape)."""
+        self.compiled_loss = compiled_loss(self.model, self.loss, self.static_shapes)
 
     @torch.no_grad()
     def record_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:

@@ -297,7 +297,8 @@ def build_module(spec: TrialSpec, dm: SyntheticDataModule, engine: str = "eager"
     """The trial's LightningModule for ``engine``: ``LitSequenceModel`` (eager steps), or
     ``CapturedLitSequenceModel`` for a graph engine (``experiments.trial.captured``)."""
     if engine in GRAPH_ENGINES:
-        return CapturedLitSequenceModel(**module_options(spec, dm), compiled=engine == "compiled")
+        static = bool(spec.train.length_bucketing)  # batches of a few widths: a compiled graph each
+        return CapturedLitSequenceModel(**module_options(spec, dm), compiled=engine == "compiled", static_shapes=static)
     return LitSequenceModel(**module_options(spec, dm))
 
 
@@ -474,11 +475,6 @@ def run_trial(
     if accelerator == "cpu" and spec.train.cpu_threads > 0:
         torch.set_num_threads(spec.train.cpu_threads)
     engine = options.resolved_engine(accelerator)
-    if spec.train.length_bucketing and engine == "compiled":
-        raise ValueError(
-            "train option length_bucketing gives batches of many widths, which engine 'compiled' would compile "
-            "again and again: use --engine graph or eager"
-        )
     keep = out_dir is not None  # else everything goes to a temporary folder, removed at the end
     with contextlib.nullcontext(out_dir) if keep else tempfile.TemporaryDirectory(prefix="trial-") as folder:
         out = Path(folder)
