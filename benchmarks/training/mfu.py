@@ -38,6 +38,7 @@ Examples::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import logging
@@ -298,8 +299,14 @@ def measure_workers(
     }
 
 
-def measure_preset(preset: str, cells: list[Cell], args) -> dict[str, Any]:
-    """The rows of ``preset``'s representative ``cells`` and its rates with ``--workers`` together."""
+#: a preset's ``together`` while its workers train: what the report says if the run is cut there
+WORKERS_UNFINISHED = {"error": "not finished: the run was cut while the workers trained"}
+
+
+def measure_preset(preset: str, cells: list[Cell], args, save=lambda result: None) -> dict[str, Any]:
+    """The rows of ``preset``'s representative ``cells`` and its rates with ``--workers`` together; ``save``
+    gets the result without them (``WORKERS_UNFINISHED``) before the workers start, so a run cut during
+    their run keeps the cells' rows."""
     options = run_options(preset)
     log.info("%s: %d representative cells", preset, len(cells))
     rows = []
@@ -308,6 +315,7 @@ def measure_preset(preset: str, cells: list[Cell], args) -> dict[str, Any]:
         log.info("%s %s: %s", preset, cell.entry, {k: v for k, v in rows[-1].items() if k not in ("phases", "shares")})
     together = None
     if args.workers:
+        save({"cells": rows, "together": WORKERS_UNFINISHED})
         try:
             together = measure_workers(
                 cells, rows, args.workers, options, args.quick, args.worker_seconds, args.scratch / preset
@@ -602,15 +610,20 @@ def main(argv: list[str] | None = None) -> int:
             if old is not None:
                 merged(old, run_meta, {})  # a report of another device: the error now, before measuring
             presets: dict[str, Any] = {}
-            for preset, preset_cells in cells.items():  # the report rewritten after each preset: a cut run keeps them
-                train = {"length_bucketing": args.length_bucketing, "batch_size": args.batch_size}
-                preset_cells = with_options(preset_cells, train, {"precision": args.precision})
-                name = report_name(preset, args.batch_size, args.length_bucketing, args.precision)
-                presets[name] = measure_preset(preset, preset_cells, args)
+
+            def save(name: str, result: dict[str, Any]) -> None:
+                presets[name] = result
                 report = merged(old, run_meta, presets)
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 data_file.write_text(json.dumps(report, indent=1, default=float))
                 args.out.write_text(render(report))
+
+            # the report rewritten after each preset's cells and after its workers: a cut run keeps them
+            for preset, preset_cells in cells.items():
+                train = {"length_bucketing": args.length_bucketing, "batch_size": args.batch_size}
+                preset_cells = with_options(preset_cells, train, {"precision": args.precision})
+                name = report_name(preset, args.batch_size, args.length_bucketing, args.precision)
+                save(name, measure_preset(preset, preset_cells, args, functools.partial(save, name)))
         print(args.out.read_text())
 
     return run_cli(run, "nothing to resume: re-run the measurement")

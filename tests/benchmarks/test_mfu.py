@@ -337,3 +337,21 @@ def test_the_timer_puts_the_loops_host_time_per_step_and_around_validations(monk
     seconds = p.project(max_steps=101, eval_every=50)
     assert seconds["host"] == pytest.approx(0.3 / 4 * 100) and seconds["validation"] == pytest.approx(2 * 2.8)
     assert seconds["other"] == pytest.approx(4.0)
+
+
+def test_a_run_cut_while_the_workers_train_keeps_the_cells_rows(tmp_path, monkeypatch):
+    """The report is written once a preset's cells are measured, before its workers start: a run cut during
+    the workers' run (here: they raise KeyboardInterrupt) leaves the cells' rows and says the workers'
+    run did not finish."""
+    from benchmarks.training import mfu
+
+    def cut(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mfu, "measure_workers", cut)
+    out = tmp_path / "mfu.md"
+    args = ["--quick", "--tasks", "s3", "--mixers", "gru", "--workers", "2", "--out", str(out)]
+    assert main(["state-tracking", *args, "--scratch", str(tmp_path / "scratch")]) != 0
+    data = json.loads(out.with_suffix(".json").read_text())["presets"]["state-tracking"]
+    assert data["together"] == mfu.WORKERS_UNFINISHED and data["cells"][0]["steps_per_s"] > 0
+    assert "workers' run failed: not finished" in out.read_text()
