@@ -627,3 +627,28 @@ def test_deltaproduct_groups_paper_trains_on_the_papers_data_budget():
         assert p.extrapolation["eval_lengths"][-1] == 512 and p.train.warmup_ratio == 0.0
         assert p.train.early_stop_acc > 1.0  # no early stop: the whole budget, as the paper
     assert load_preset("deltaproduct-groups-paper")["paper"] == load_preset("deltaproduct-groups")["paper"]
+
+
+def test_grazzi_table3_long_trains_its_cells_on_ten_times_the_sequences():
+    """grazzi-table3-long: grazzi-table3's cells (mixers, lrs, seeds, width, layers, task options), each
+    trained on at least ten times its sequences per trial, at the paper's batch, length-bucketed, as long
+    as grazzi-table3 trains (its early-stop rule), over its training set at most 26 times; the same paper
+    table."""
+    base = {p.entry: p for p in plans_for("grazzi-table3")}
+    long = {p.entry: p for p in plans_for("grazzi-table3-long")}
+    assert long.keys() == base.keys()
+    for entry, p in long.items():
+        b = base[entry]
+        assert (p.mixers, p.lrs, p.seeds, p.model.d_model, p.task_options) == (
+            b.mixers,
+            b.lrs,
+            b.seeds,
+            b.model.d_model,
+            b.task_options,
+        )
+        assert p.layers == b.layers and p.train.weight_decay == b.train.weight_decay
+        assert p.train.max_steps * p.train.batch_size >= 10 * b.train.max_steps * b.train.batch_size, entry
+        assert p.train.batch_size == 1024 and p.train.length_bucketing > 0
+        assert p.train.max_steps * p.train.batch_size <= 26 * p.train.train_size
+        assert p.train.early_stop_acc == b.train.early_stop_acc and p.extrapolation == b.extrapolation
+    assert load_preset("grazzi-table3-long")["paper"] == load_preset("grazzi-table3")["paper"]
