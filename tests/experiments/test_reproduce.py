@@ -652,3 +652,28 @@ def test_grazzi_table3_long_trains_its_cells_on_ten_times_the_sequences():
         assert p.train.max_steps * p.train.batch_size <= 26 * p.train.train_size
         assert p.train.early_stop_acc == b.train.early_stop_acc and p.extrapolation == b.extrapolation
     assert load_preset("grazzi-table3-long")["paper"] == load_preset("grazzi-table3")["paper"]
+
+
+def test_state_tracking_long_gives_a5_and_s5_their_budget():
+    """state-tracking-long: state-tracking's cells, A5 and S5 for at least 100,000 steps, the other tasks as
+    there, every batch length-bucketed; the same claims."""
+    base = {p.entry: p for p in plans_for("state-tracking")}
+    long = {p.entry: p for p in plans_for("state-tracking-long")}
+    assert long.keys() == base.keys()
+    for entry, p in long.items():
+        b = base[entry]
+        assert (p.mixers, p.lrs, p.seeds, p.layers, p.mixer_layers) == (
+            b.mixers,
+            b.lrs,
+            b.seeds,
+            b.layers,
+            b.mixer_layers,
+        )
+        assert (p.task_options, p.extrapolation, p.train.batch_size) == (
+            b.task_options,
+            b.extrapolation,
+            b.train.batch_size,
+        )
+        want = 100_000 if entry in ("a5", "s5") else b.train.max_steps
+        assert p.train.max_steps == want and p.train.length_bucketing > 0, entry
+    assert load_preset("state-tracking-long")["paper"] == load_preset("state-tracking")["paper"]
