@@ -10,8 +10,10 @@ taking explicit ``ChunkTiles``). The forward runs ``chunk_prep_kernel`` (every c
 (per chunk) then ``chunk_bwd_prep_kernel`` (every chunk's ``T`` backward, in parallel). With
 ``ChunkTiles(fused=True)`` (paper 004) the sequential kernels also compute the outputs and gradients with
 the state on chip, and the per-chunk kernels do not run. Saved for the backward: ``W``, ``U'`` (the
-pseudo-values, written over ``U`` by the forward's walk), ``T`` and the state entering every chunk (float32). ``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the
-float64 -> float32 casts torch code (autograd differentiates both); the output is in the dtype of ``q``, gradients in their input's dtype.
+pseudo-values, written over ``U`` by the forward's walk), ``T`` and the state entering every chunk
+(float32). ``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the float64 -> float32 casts torch
+code (autograd differentiates both); the output is in the dtype of ``q``, gradients in their input's
+dtype.
 """
 
 from __future__ import annotations
