@@ -477,11 +477,7 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
             _num(1e6 * p["train_s"] / max(p["steps"], 1)),
             _num(p["validation_s"] / p["validations"], 2) if p["validations"] else "n/a",
             _num(p["test_s"], 1),
-            _num(  # rows measured before the host's time was split keep their old reading (all of ``other``)
-                1e6 * p["host_s"] / max(p["steps"], 1)
-                if "host_s" in p
-                else 1e6 * p["other_s"] / max(p["steps"] + p["warmup_steps"], 1)
-            ),
+            _num(1e6 * p["host_s"] / max(p["steps"], 1)),
             _num(r["full_trial_s"]["total"]),
             *(_pct(r["shares"].get(k, 0.0)) for k in PHASES),
         ]

@@ -25,12 +25,17 @@ ELEMENTS_PER_PROGRAM = 4096
 
 
 @triton.jit
-def l2norm_fwd_kernel(x, y, rstd, N, D, eps, BR: tl.constexpr, BD: tl.constexpr):
-    """Grid ``(cdiv(N, BR),)``: rows ``x (N, D)`` -> ``y (N, D)`` float32 and ``rstd (N,)`` float32."""
+def _row_block(N, D, BR: tl.constexpr, BD: tl.constexpr):
+    """``(rows, at, mask)`` of this program's ``BR`` rows of a row-major ``(N, D)`` tensor, ``BD >= D`` wide."""
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
-    mask = (rows[:, None] < N) & (cols[None, :] < D)
-    at = rows[:, None] * D + cols[None, :]
+    return rows, rows[:, None] * D + cols[None, :], (rows[:, None] < N) & (cols[None, :] < D)
+
+
+@triton.jit
+def l2norm_fwd_kernel(x, y, rstd, N, D, eps, BR: tl.constexpr, BD: tl.constexpr):
+    """Grid ``(cdiv(N, BR),)``: rows ``x (N, D)`` -> ``y (N, D)`` float32 and ``rstd (N,)`` float32."""
+    rows, at, mask = _row_block(N, D, BR, BD)
     xx = tl.load(x + at, mask=mask, other=0.0).to(tl.float32)
     r = 1.0 / tl.sqrt(tl.sum(xx * xx, 1) + eps)
     tl.store(y + at, xx * r[:, None], mask=mask)
@@ -40,10 +45,7 @@ def l2norm_fwd_kernel(x, y, rstd, N, D, eps, BR: tl.constexpr, BD: tl.constexpr)
 @triton.jit
 def l2norm_bwd_kernel(y, rstd, dy, dx, N, D, BR: tl.constexpr, BD: tl.constexpr):
     """Grid ``(cdiv(N, BR),)``: ``dx = rstd (dy - y sum(dy y))`` (``dx`` in its own dtype)."""
-    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    cols = tl.arange(0, BD)
-    mask = (rows[:, None] < N) & (cols[None, :] < D)
-    at = rows[:, None] * D + cols[None, :]
+    rows, at, mask = _row_block(N, D, BR, BD)
     yy = tl.load(y + at, mask=mask, other=0.0)
     gg = tl.load(dy + at, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(rstd + rows, mask=rows < N, other=0.0)

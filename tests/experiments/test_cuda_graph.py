@@ -48,6 +48,21 @@ def _weights(folder):
     return torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
 
 
+def _max_weight_difference(a, b) -> float:
+    """The largest absolute difference between two state dicts' tensors (``a``'s keys)."""
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def _bucketed_spec(mixer, steps=60):
+    """Running parity on lengths 3..40 in length-bucketed batches (pools of 4): widths 16, 32 and 40."""
+    spec = _spec(("parity", {"running": True}, "mixer", "none", mixer), steps=steps)
+    return dataclasses.replace(
+        spec,
+        extrapolation={"min_len": 3, "max_len": 40, "eval_lengths": [40]},
+        train=dataclasses.replace(spec.train, length_bucketing=4),
+    )
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[-1] for c in CASES])
 def test_graph_steps_train_exactly_like_eager_steps(tmp_path, case):
     """50 steps replayed from one CUDA graph end in the weights 50 eager steps reach (same kernels, same order)."""
@@ -56,7 +71,7 @@ def test_graph_steps_train_exactly_like_eager_steps(tmp_path, case):
     eager = run_trial(spec, tmp_path / "eager", options=RunOptions(logger="none", engine="eager"))
     graph = run_trial(spec, tmp_path / "graph", options=RunOptions(logger="none", engine="graph"))
     a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "graph")
-    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    worst = _max_weight_difference(a, b)
     assert worst <= 1e-6, f"max weight difference {worst:.3g} after 50 steps"
     assert graph["final/test/acc"] == pytest.approx(eager["final/test/acc"], abs=1 / 64)
     assert graph["steps"] == eager["steps"] == 50
@@ -70,7 +85,7 @@ def test_pd_ssm_trains_in_graph_steps_as_in_eager_steps(tmp_path):
     eager = run_trial(spec, tmp_path / "eager", options=RunOptions(logger="none", engine="eager"))
     graph = run_trial(spec, tmp_path / "graph", options=RunOptions(logger="none", engine="graph"))
     a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "graph")
-    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    worst = _max_weight_difference(a, b)
     assert worst <= 1e-4, f"max weight difference {worst:.3g} after 50 steps"
     assert graph["steps"] == eager["steps"] == 50 and graph["engine"] == "graph"
 
@@ -81,16 +96,11 @@ def test_length_bucketed_graph_steps_train_like_eager_steps(tmp_path, mixer):
     32, 40, a CUDA graph each, all updating one set of weights) ends 60 steps where eager steps on the exact
     cuts end (the same rows per batch; other widths, so float rounding only)."""
     quiet_lightning()
-    spec = _spec(("parity", {"running": True}, "mixer", "none", mixer), steps=60)
-    spec = dataclasses.replace(
-        spec,
-        extrapolation={"min_len": 3, "max_len": 40, "eval_lengths": [40]},
-        train=dataclasses.replace(spec.train, length_bucketing=4),
-    )
+    spec = _bucketed_spec(mixer)
     eager = run_trial(spec, tmp_path / "eager", options=RunOptions(logger="none", engine="eager"))
     graph = run_trial(spec, tmp_path / "graph", options=RunOptions(logger="none", engine="graph"))
     a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "graph")
-    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    worst = _max_weight_difference(a, b)
     assert worst <= 1e-4, f"max weight difference {worst:.3g} after 60 steps"
     assert graph["steps"] == eager["steps"] == 60 and graph["engine"] == "graph"
 
@@ -100,16 +110,11 @@ def test_length_bucketed_compiled_steps_train_like_graph_steps(tmp_path, mixer):
     """Length bucketing under the ``compiled`` engine (a compiled graph and a CUDA graph per width, 16, 32
     and 40) ends 60 steps within float rounding of the ``graph`` engine on the same batches."""
     quiet_lightning()
-    spec = _spec(("parity", {"running": True}, "mixer", "none", mixer), steps=60)
-    spec = dataclasses.replace(
-        spec,
-        extrapolation={"min_len": 3, "max_len": 40, "eval_lengths": [40]},
-        train=dataclasses.replace(spec.train, length_bucketing=4),
-    )
+    spec = _bucketed_spec(mixer)
     graph = run_trial(spec, tmp_path / "graph", options=RunOptions(logger="none", engine="graph"))
     compiled = run_trial(spec, tmp_path / "compiled", options=RunOptions(logger="none", engine="compiled"))
     a, b = _weights(tmp_path / "graph"), _weights(tmp_path / "compiled")
-    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    worst = _max_weight_difference(a, b)
     assert worst <= 1e-3, f"max weight difference {worst:.3g} after 60 steps"
     assert compiled["steps"] == graph["steps"] == 60 and compiled["engine"] == "compiled"
 
@@ -125,7 +130,7 @@ def test_compiled_steps_train_like_graph_steps(tmp_path, case):
     compiled = run_trial(spec, tmp_path / "compiled", options=RunOptions(logger="none", engine="compiled"))
     a, b = _weights(tmp_path / "graph"), _weights(tmp_path / "compiled")
     assert a.keys() == b.keys()
-    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    worst = _max_weight_difference(a, b)
     assert worst <= 1e-3, f"max weight difference {worst:.3g} after 50 steps"
     assert compiled["final/test/acc"] == pytest.approx(graph["final/test/acc"], abs=2 / 64)
     assert compiled["steps"] == 50 and compiled.get("newton/skipped_steps", 0) == graph.get("newton/skipped_steps", 0)
@@ -200,7 +205,7 @@ def test_interrupted_graph_trial_resumes_exactly(tmp_path, engine, tol):
     resumed = run_trial(spec, tmp_path / "cut", options=RunOptions(logger="none", engine=engine))
     assert resumed["resumed_from_step"] == 20 and resumed["steps"] == whole["steps"] == 40
     a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "cut")
-    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    worst = _max_weight_difference(a, b)
     assert worst <= tol, f"max weight difference {worst:.3g} between the resumed and the uncut trial"
     # the tolerance tells the trained weights from those one step into the same trial
     one_step = dataclasses.replace(spec, train=dataclasses.replace(spec.train, max_steps=1, eval_every=1))
