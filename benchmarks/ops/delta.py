@@ -17,7 +17,8 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
   (``ChunkTiles(inverse="blocks")``) instead of row by row;
 - ``ours-triton-chunk-bf16``: the split kernels with every product's operands rounded to bfloat16
   (``ChunkTiles(precision="bf16")``), the precision of fla's bfloat16 kernels, for the comparison at the
-  same precision (without ``--chunk-tiles precision=...``);
+  same precision (without ``--chunk-tiles precision=...``), ``W``, ``U'`` and the states kept in bfloat16
+  between kernels as fla keeps them; ``ours-triton-chunk-bf16-f32``: the same with them in float32;
 - ``ours-chunk``: the chunkwise (WY) form in PyTorch (``seqkernels/delta/pytorch.py``; not ``dplr``);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``seqkernels/delta/fla_gated_bwd.py``'s
@@ -208,6 +209,9 @@ def implementations(
         if tiles.precision is None:  # fla's bfloat16 products: the same precision as its kernels
             bf16 = _chunk(op, dataclasses.replace(tiles, fused=False, precision="bf16"))
             impls["ours-triton-chunk-bf16"] = (bf16, contextlib.nullcontext, "split, bfloat16 products (fla's)")
+            bf16_f32 = _chunk(op, dataclasses.replace(tiles, fused=False, precision="bf16", store="fp32"))
+            note = "split, bfloat16 products, float32 intermediates"
+            impls["ours-triton-chunk-bf16-f32"] = (bf16_f32, contextlib.nullcontext, note)
         impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from seqkernels.delta import fla_gated_bwd

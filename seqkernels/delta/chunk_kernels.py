@@ -16,7 +16,8 @@ element and head, with the state ``M = S^T (K, V)`` starting at zero, the steps 
     M_C = gamma_C M_0 + Kt^T U'                               Kt = diag(gamma_C / gamma) K
 
 Kernels (``C`` rows per chunk, key tiles of ``BK >= K`` and value tiles of ``BV`` / ``VP >= V`` columns,
-powers of two; float32 intermediates with padded rows and columns):
+powers of two; intermediates with padded rows and columns, in the dtype the caller allocates them in, ``T``
+and ``dW`` float32):
 
 - ``chunk_prep_kernel``, grid ``(NC, B H)``: one chunk's ``T`` (forward substitution, ``C - 1`` steps on
   the ``(C, C)`` tile), ``W`` and ``U``;
@@ -53,8 +54,8 @@ powers of two; float32 intermediates with padded rows and columns):
   summed over value blocks by the caller, added in).
 
 The kernels' ``T`` counts steps: ``k (B, T, H, K)``, ``v (B, T, H, V)``, ``g, beta (B, T, H)`` per step,
-``q, dq (B, T / NSTEP, H, K)`` and ``o, do (B, T / NSTEP, H, V)`` per token. Inputs are read in their dtype,
-all arithmetic is float32; ``PREC`` is the ``input_precision`` of every ``tl.dot`` (``_mm``; ``"bf16"``
+``q, dq (B, T / NSTEP, H, K)`` and ``o, do (B, T / NSTEP, H, V)`` per token. Inputs and intermediates are read
+in their dtype, all arithmetic is float32; ``PREC`` is the ``input_precision`` of every ``tl.dot`` (``_mm``; ``"bf16"``
 rounds the operands to bfloat16). No host reads.
 """
 
@@ -236,8 +237,8 @@ def chunk_prep_kernel(
     W = _mm(Ti, kk * (bb * tl.exp(G))[:, None], PREC)
     U = _mm(Ti, vv * bb[:, None], PREC)
     tl.store(Tm + row[:, None] * C + tl.arange(0, C)[None, :], Ti)
-    tl.store(Wm + row[:, None] * BK + tl.arange(0, BK)[None, :], W)
-    tl.store(Um + row[:, None] * VP + tl.arange(0, VP)[None, :], U)
+    tl.store(Wm + row[:, None] * BK + tl.arange(0, BK)[None, :], W.to(Wm.dtype.element_ty))
+    tl.store(Um + row[:, None] * VP + tl.arange(0, VP)[None, :], U.to(Um.dtype.element_ty))
 
 
 @triton.jit
@@ -287,14 +288,14 @@ def chunk_fwd_kernel(
     for c in range(0, NC):
         t0 = c * C
         if SAVE:
-            tl.store(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], M)
+            tl.store(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], M.to(ckpt.dtype.element_ty))
         row = i_bh * NC * C + t0 + r
         kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
         G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
-        W = tl.load(Wm + row[:, None] * BK + ok[None, :])
-        U = tl.load(Um + row[:, None] * VP + ov[None, :])
+        W = tl.load(Wm + row[:, None] * BK + ok[None, :]).to(tl.float32)
+        U = tl.load(Um + row[:, None] * VP + ov[None, :]).to(tl.float32)
         Up = U - _mm(W, M, PREC)
-        tl.store(Um + row[:, None] * VP + ov[None, :], Up)
+        tl.store(Um + row[:, None] * VP + ov[None, :], Up.to(Um.dtype.element_ty))
         if OUT:
             qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
             out = _chunk_out(qq, kk, G, Up, M, scale, C, PREC)
@@ -336,11 +337,11 @@ def chunk_out_kernel(
     row = i_bh * NC * C + t0 + tl.arange(0, C)
     ok = tl.arange(0, BK)
     ov = i_v * BV + tl.arange(0, BV)
-    M = tl.load(ckpt + ((i_bh * NC + i_c) * BK + ok[:, None]) * VP + ov[None, :])
+    M = tl.load(ckpt + ((i_bh * NC + i_c) * BK + ok[:, None]) * VP + ov[None, :]).to(tl.float32)
     qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
     kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
-    Up = tl.load(Um + row[:, None] * VP + ov[None, :])
+    Up = tl.load(Um + row[:, None] * VP + ov[None, :]).to(tl.float32)
     out = _chunk_out(qq, kk, G, Up, M, scale, C, PREC)
     _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
 
@@ -436,19 +437,19 @@ def chunk_bwd_state_kernel(
         kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
         dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
         G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
-        W = tl.load(Wm + row[:, None] * BK + ok[None, :])
+        W = tl.load(Wm + row[:, None] * BK + ok[None, :]).to(tl.float32)
         P, Gam, Kt, GL = _chunk_pk(qq, kk, G, C, PREC)
         dUp = _mm(Kt, dM, PREC, _mm(tl.trans(P), dO, PREC))
-        tl.store(dUm + row[:, None] * VP + ov[None, :], dUp)
+        tl.store(dUm + row[:, None] * VP + ov[None, :], dUp.to(dUm.dtype.element_ty))
         if GRADS:
-            M0 = tl.load(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :])
-            Up = tl.load(Um + row[:, None] * VP + ov[None, :])
+            M0 = tl.load(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :]).to(tl.float32)
+            Up = tl.load(Um + row[:, None] * VP + ov[None, :]).to(tl.float32)
             _chunk_grads(
                 qq, kk, dO, G, Up, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dGm, i_v, i_v * B + i_b,
                 i_h, row, t0, T, H, B * H, K, BK, C, NSTEP, PREC,
             )  # fmt: skip
         else:
-            tl.store(dckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], dM)
+            tl.store(dckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], dM.to(dckpt.dtype.element_ty))
         dM = _mm(tl.trans(qq * tl.exp(G)[:, None]), dO, PREC, dM * tl.exp(GL))
         dM = dM - _mm(tl.trans(W), dUp, PREC)
 
@@ -493,13 +494,13 @@ def chunk_bwd_grads_kernel(
     ok = tl.arange(0, BK)
     ov = i_v * BV + tl.arange(0, BV)
     at = ((i_bh * NC + i_c) * BK + ok[:, None]) * VP + ov[None, :]
-    M0, dM = tl.load(ckpt + at), tl.load(dckpt + at)
+    M0, dM = tl.load(ckpt + at).to(tl.float32), tl.load(dckpt + at).to(tl.float32)
     qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
     kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
     dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
-    Up = tl.load(Um + row[:, None] * VP + ov[None, :])
-    dUp = tl.load(dUm + row[:, None] * VP + ov[None, :])
+    Up = tl.load(Um + row[:, None] * VP + ov[None, :]).to(tl.float32)
+    dUp = tl.load(dUm + row[:, None] * VP + ov[None, :]).to(tl.float32)
     P, Gam, Kt, GL = _chunk_pk(qq, kk, G, C, PREC)
     _chunk_grads(
         qq, kk, dO, G, Up, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dGm, i_v, i_v * B + i_b,
@@ -550,7 +551,7 @@ def chunk_bwd_prep_kernel(
     A, Gam, KK = _inner(G, bb, kk, C, PREC)
     TT = tl.trans(tl.load(Tm + row[:, None] * C + r[None, :]))
     dW = tl.load(dWm + row[:, None] * BK + tl.arange(0, BK)[None, :])
-    dU = tl.load(dUm + row[:, None] * VP + tl.arange(0, VP)[None, :])
+    dU = tl.load(dUm + row[:, None] * VP + tl.arange(0, VP)[None, :]).to(tl.float32)
     bg = bb * tl.exp(G)
     Xw = kk * bg[:, None]
     Xu = vv * bb[:, None]

@@ -11,7 +11,7 @@ taking explicit ``ChunkTiles``). The forward runs ``chunk_prep_kernel`` (every c
 ``ChunkTiles(fused=True)`` (paper 004) the sequential kernels also compute the outputs and gradients with
 the state on chip, and the per-chunk kernels do not run. Saved for the backward: ``W``, ``U'`` (the
 pseudo-values, written over ``U`` by the forward's walk), ``T`` and the state entering every chunk
-(float32). ``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the float64 -> float32 casts torch
+(float32; ``W``, ``U'`` and the states in bfloat16 with bfloat16 products: ``ChunkTiles.store``). ``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the float64 -> float32 casts torch
 code (autograd differentiates both); the output is in the dtype of ``q``, gradients in their input's
 dtype.
 """
@@ -61,7 +61,11 @@ class ChunkTiles:
       chunk's tiles in shared memory);
     - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"rows"`` (default: forward substitution
       over the chunk's ``C`` rows) or ``"blocks"`` (16 x 16 diagonal blocks by forward substitution, the
-      rest by block products)."""
+      rest by block products);
+    - ``store``: the dtype in which ``W``, ``U'``, the stored states and their gradients (``dU'``, ``dM``)
+      go between kernels, ``"fp32"`` or ``"bf16"`` (default: bfloat16 with ``precision="bf16"``, whose
+      products round them to bfloat16 anyway, as fla keeps them; else float32). ``T`` and ``dW`` stay
+      float32."""
 
     chunk: int | None = None
     block_v: int | None = None
@@ -70,6 +74,7 @@ class ChunkTiles:
     fused: bool = False
     stages: int = 2
     inverse: str = "rows"
+    store: str | None = None
 
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, str]:
         """``(C, BK, BV, VP, warps, precision)`` for ``T`` steps, keys of width ``K``, values of width ``V``."""
@@ -88,7 +93,14 @@ class ChunkTiles:
             raise ValueError(f"delta triton_chunk: inverse must be 'rows' or 'blocks', got {self.inverse!r}")
         if not isinstance(self.stages, int) or self.stages < 1:
             raise ValueError(f"delta triton_chunk: stages must be a positive int, got {self.stages!r}")
+        if self.store not in (None, "fp32", "bf16"):
+            raise ValueError(f"delta triton_chunk: store must be 'fp32' or 'bf16', got {self.store!r}")
         return C, BK, BV, VP, warps, precision
+
+    def store_dtype(self, precision: str) -> torch.dtype:
+        """The dtype of the intermediates kept between kernels at products of ``precision``."""
+        bf16 = self.store == "bf16" or (self.store is None and precision == "bf16")
+        return torch.bfloat16 if bf16 else torch.float32
 
 
 def _meta(q, k, v, g, nstep: int, tiles: ChunkTiles | None) -> tuple[int, int, ChunkTiles, dict, dict]:
@@ -105,20 +117,21 @@ def _meta(q, k, v, g, nstep: int, tiles: ChunkTiles | None) -> tuple[int, int, C
 
 def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: ChunkTiles | None = None):
     """``(o, W, U, Tm, ckpt)``: the output ``(B, T, H, V)`` in ``q``'s dtype; per chunk ``W (B H, NC C, BK)``,
-    ``U (B H, NC C, VP)`` (holding ``U'`` once the walk ran), ``Tm (B H, NC C, C)`` and the entering state
-    ``ckpt (B H, NC, BK, VP)``, float32."""
+    ``U (B H, NC C, VP)`` (holding ``U'`` once the walk ran) and the entering state ``ckpt (B H, NC, BK, VP)``
+    in ``tiles.store_dtype``, ``Tm (B H, NC C, C)`` float32."""
     B, T, H, _ = q.shape
     Ts = k.shape[1]
     C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles)
     fused, BK, VP = tiles.fused, prep["BK"], prep["VP"]
-    NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
-    W, U, Tm = (empty((B * H, NC * C, n), dev, f32) for n in (BK, VP, C))
+    NC, dev, f32, kept = cdiv(Ts, C), q.device, torch.float32, tiles.store_dtype(prep["PREC"])
+    W, U = (empty((B * H, NC * C, n), dev, kept) for n in (BK, VP))
+    Tm = empty((B * H, NC * C, C), dev, f32)
     g_arg = beta if g is None else g  # any pointer: HAS_G=False never reads it
     inv_blocks = tiles.inverse == "blocks"
     chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, Ts, H, **prep, INV_BLOCKS=inv_blocks)
     o = empty((B, T, H, v.shape[-1]), dev, q.dtype)
     save = save or not fused
-    ckpt = empty((B * H, NC, BK, VP) if save else (1,), dev, f32)
+    ckpt = empty((B * H, NC, BK, VP) if save else (1,), dev, kept)
     args = (q, k, g_arg, W, U, o, ckpt, Ts, H, float(scale))
     chunk_fwd_kernel[(NV, B * H)](*args, OUT=fused, SAVE=save, **blocks)
     if not fused:
@@ -136,9 +149,9 @@ def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, ti
     g_arg = beta if g is None else g
     dq, dk_state = empty((NV, B, T, H, K), dev, f32), empty((NV, B, Ts, H, K), dev, f32)
     dW = empty((NV, B * H, NC * C, BK), dev, f32)
-    dU = empty((B * H, NC * C, VP), dev, f32)
+    dU = empty((B * H, NC * C, VP), dev, U.dtype)
     dG_state = empty((NV, B * H, NC * C), dev, f32)
-    dckpt = ckpt if fused else empty(ckpt.shape, dev, f32)  # fused: never touched
+    dckpt = ckpt if fused else empty(ckpt.shape, dev, ckpt.dtype)  # fused: never touched
     args = (q, k, g_arg, W, U, ckpt, do, dckpt, dq, dk_state, dW, dU, dG_state, B, Ts, H, float(scale))
     chunk_bwd_state_kernel[(NV, B * H)](*args, GRADS=fused, **blocks)
     if not fused:

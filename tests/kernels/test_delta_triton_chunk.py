@@ -83,7 +83,7 @@ def _compare(member, shape, dtype, tol, tiles=None, seed=0):
         ((1, 37, 2, 16, 16), ChunkTiles(chunk=16)),  # several chunks, the last one partial
         ((1, 130, 2, 32, 32), ChunkTiles(chunk=32)),  # several chunks, a few steps in the last
         ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16)),  # K, V not powers of two; 4 value blocks
-        ((1, 130, 1, 16, 32), None),  # the default chunk of 64
+        ((1, 130, 1, 16, 32), None),  # the default chunk of 32
         ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, fused=True)),  # outputs and gradients with the state on chip
         ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16, fused=True)),
         ((1, 130, 1, 16, 32), ChunkTiles(inverse="blocks")),  # I + A inverted by 16 x 16 blocks, 4 per chunk
@@ -97,6 +97,23 @@ def test_triton_chunk_equals_reference(member, shape, tiles):
 def test_triton_chunk_bfloat16_inputs():
     """bfloat16 storage, float32 arithmetic: about bfloat16's rounding of the inputs."""
     _compare("gated_delta_rule", (1, 45, 2, 16, 16), torch.bfloat16, 3e-2, ChunkTiles(chunk=16))
+
+
+def test_triton_chunk_bfloat16_intermediates():
+    """``W``, ``U'``, the stored states and their gradients kept in bfloat16 between kernels
+    (``ChunkTiles(store="bf16")``, the default with bfloat16 products) at float32 products: within
+    bfloat16's rounding, with the kept tensors in bfloat16 and ``T`` in float32."""
+    errors = _compare(
+        "gated_delta_product", (1, 45, 2, 16, 24), torch.float32, 3e-2, ChunkTiles(chunk=16, store="bf16")
+    )
+    assert max(errors.values()) > 1e-5  # the rounding is there: float32 intermediates give 1e-6
+    tensors, _ = _inputs("gated_delta_rule", 1, 20, 1, 16, 16, seed=2)
+    q, k, v, g, beta = (t.float().to(DEVICE) for t in tensors)
+    for tiles, kept in ((ChunkTiles(store="bf16"), torch.bfloat16), (ChunkTiles(), torch.float32)):
+        _, W, U, Tm, ckpt = triton_chunk._forward(q, k, v, g, beta, 0.25, 1, save=True, tiles=tiles)
+        assert (W.dtype, U.dtype, ckpt.dtype, Tm.dtype) == (kept, kept, kept, torch.float32)
+    assert ChunkTiles(precision="bf16").store_dtype("bf16") == torch.bfloat16
+    assert ChunkTiles(precision="bf16", store="fp32").store_dtype("bf16") == torch.float32
 
 
 def test_custom_ops_opcheck_and_autograd():
@@ -152,6 +169,8 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(block_v=32))
     with pytest.raises(ValueError, match="precision must be one of"):
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(precision="fp16"))
+    with pytest.raises(ValueError, match="store must be 'fp32' or 'bf16', got 'fp16'"):
+        triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(store="fp16"))
     with pytest.raises(ValueError, match="stages must be a positive int, got 0"):
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(stages=0))
     wide = torch.randn(1, 3, 1, 160)
@@ -225,11 +244,14 @@ def test_gpu_triton_chunk_block_inverse(L, D, dtype, tol):
     _compare("gated_delta_rule", (2, L, 2, D, D), dtype, tol, ChunkTiles(inverse="blocks"), seed=L + D)
 
 
+@pytest.mark.parametrize("store", [None, "fp32"])
 @gpu
-def test_gpu_triton_chunk_bf16_products():
-    """``precision="bf16"`` (operands rounded to bfloat16, as fla multiplies): bfloat16 inputs within 5e-2.
-    (The interpreter's bfloat16 ``tl.dot`` is not numerically faithful, so this runs on a GPU only.)"""
-    _compare("gated_delta_rule", (2, 300, 3, 64, 64), torch.bfloat16, 5e-2, ChunkTiles(precision="bf16"), seed=7)
+def test_gpu_triton_chunk_bf16_products(store):
+    """``precision="bf16"`` (operands rounded to bfloat16, as fla multiplies), the intermediates in bfloat16
+    (its default) or float32: bfloat16 inputs within 5e-2. (The interpreter's bfloat16 ``tl.dot`` is not
+    numerically faithful, so this runs on a GPU only.)"""
+    tiles = ChunkTiles(precision="bf16", store=store)
+    _compare("gated_delta_rule", (2, 300, 3, 64, 64), torch.bfloat16, 5e-2, tiles, seed=7)
 
 
 @gpu
