@@ -11,7 +11,8 @@ more shared memory than the device has minus ``--headroom``.
 - ``mlstm``: every TFLA forward / backward kernel for ``--mlstm-dtype``, chunk sizes ``--mlstm-chunks``,
   ``DQK = --mlstm-dqk``, ``DV = --mlstm-dv``, both gates, at ``--matmul-precision``;
 - ``delta``: the recurrent, chunk and ``chunk_bwd_dqkwg`` kernels at ``--delta-shapes`` (``DTYPE,T,D``)
-  with the default tiles (``delta_kernels``).
+  with the default tiles, or the chunk kernels' ``--delta-tiles`` (as ``delta``'s ``--chunk-tiles``:
+  ``precision=bf16`` compiles them with bfloat16 products and intermediates) (``delta_kernels``).
 """
 
 from __future__ import annotations
@@ -264,22 +265,27 @@ def mlstm_kernels(dtype: torch.dtype, L: int, DQK: int, DV: int, exp_gate: bool)
 
 #: scalar arguments of the delta kernels; every other non-constexpr argument is a pointer
 _DELTA_SCALARS = {"B": "i32", "T": "i32", "H": "i32", "scale": "fp32"}
-#: pointers in the inputs' dtype (the rest are float32)
+#: pointers in the inputs' dtype (the rest are float32 unless given)
 _DELTA_INPUT_DTYPE = {"q", "k", "v", "o", "do", "a", "b", "w"}
+#: the chunk kernels' intermediates, typed by ``ChunkTiles.store``
+_KEPT = {"Wm", "Um", "ckpt", "dckpt", "dUm"}
 
 
-def _delta_args(kernel, dtype: torch.dtype, typed=_DELTA_INPUT_DTYPE, **constexprs) -> dict:
-    """``compile_kernel`` arguments for a delta kernel: its scalars, the pointers ``typed`` in ``dtype``,
-    the others float32, and ``constexprs`` (launch options included)."""
+def _delta_args(kernel, dtype: torch.dtype, typed=_DELTA_INPUT_DTYPE, kept="*fp32", **constexprs) -> dict:
+    """``compile_kernel`` arguments for a delta kernel: its scalars, the pointers ``typed`` in ``dtype``, the
+    chunk kernels' intermediates (``_KEPT``) of type ``kept``, the others float32, and ``constexprs``
+    (launch options included)."""
     names = [n for n in kernel.arg_names if n not in constexprs]
     t = "*" + _TY[dtype]
-    return {n: _DELTA_SCALARS.get(n, t if n in typed else "*fp32") for n in names} | constexprs
+    ptr = lambda n: t if n in typed else kept if n in _KEPT else "*fp32"  # noqa: E731
+    return {n: _DELTA_SCALARS.get(n, ptr(n)) for n in names} | constexprs
 
 
-def delta_kernels(dtype: torch.dtype, T: int, D: int):
+def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     """``(name, kernel, args)`` of the delta family's kernels at head dim ``D`` (keys and values) and ``T``
-    steps with the default tiles: the recurrent forward and backward (gated product, 2 steps per token),
-    the chunk kernels (split default, on chip, the block inverse), and ``chunk_bwd_dqkwg``'s kernel."""
+    steps: the recurrent forward and backward (gated product, 2 steps per token), the chunk kernels (split
+    default, on chip, the block inverse) with ``tiles`` (a ``ChunkTiles``; default ``ChunkTiles()``), and
+    ``chunk_bwd_dqkwg``'s kernel."""
     from seqkernels._triton import next_pow2
     from seqkernels.delta import chunk_kernels as ck
     from seqkernels.delta import recurrent_kernels as rk
@@ -289,9 +295,12 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int):
 
     meta_q = torch.empty(1, T, 1, D, device="meta")
     _, _, _, rec = triton_ops._launch(meta_q, meta_q, meta_q, 2, None)
-    C, BK, BV, VP, warps, prec = ChunkTiles().resolve(T, D, D, dtype)
-    prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=ChunkTiles().stages)
-    blocks = dict(prep, BV=BV, NSTEP=1)
+    tiles = tiles or ChunkTiles()
+    C, BK, BV, VP, warps, prec = tiles.resolve(T, D, D, dtype)
+    prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=tiles.stages)
+    # pointers in the input dtype, and the intermediates kept between the chunk kernels in theirs
+    ptrs = dict(typed=_DELTA_INPUT_DTYPE | {"dv"}, kept="*" + _TY[tiles.store_dtype(prec)])
+    prep, blocks = dict(prep, **ptrs), dict(prep, BV=BV, NSTEP=1, **ptrs)
     dq_bk = max(16, next_pow2(D))
     dqkwg = dict(H=1, HV=1, K=D, V=D, BT=64, BK=dq_bk, BV=min(max(16, next_pow2(D)), 32), HAS_W=True)
     dqkwg.update(STATE_V_FIRST=False, num_warps=4 if dq_bk <= 16 else 8)
@@ -326,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlstm-dv", type=int, default=256)
     p.add_argument("--matmul-precision", default="high", choices=["high", "medium", "highest"])
     p.add_argument("--delta-shapes", default="bf16,2048,64;bf16,2048,128;fp32,128,16", help="DTYPE,T,D items")
+    p.add_argument("--delta-tiles", default="", help="the chunk kernels' ChunkTiles, as --chunk-tiles of `delta`")
     a = p.parse_args(argv)
     torch.set_float32_matmul_precision(a.matmul_precision)
     budget = int(SMEM_LIMIT.get(a.arch, 232448) * (1 - a.headroom))
@@ -347,10 +357,12 @@ def main(argv: list[str] | None = None) -> int:
             for L in map(int, a.mlstm_chunks.split(",")):
                 kernels += mlstm_kernels(dtype, L, a.mlstm_dqk, a.mlstm_dv, exp_gate)
     if "delta" in families:
+        from benchmarks.ops.delta import chunk_tiles
+
         dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
         for item in a.delta_shapes.split(";"):
             dt, T, D = item.split(",")
-            kernels += delta_kernels(dtypes[dt], int(T), int(D))
+            kernels += delta_kernels(dtypes[dt], int(T), int(D), chunk_tiles(a.delta_tiles))
     bad = 0
     for name, kernel, args in kernels:
         try:

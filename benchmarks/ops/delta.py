@@ -140,11 +140,11 @@ def _chunk(op: str, tiles: triton_chunk.ChunkTiles):
 #: the ``ChunkTiles`` fields ``--chunk-tiles`` sets (``fused`` is what tells ``ours-triton-chunk`` from
 #: ``-split``), and those of them that take a name rather than an int
 TILE_FIELDS = tuple(f.name for f in dataclasses.fields(triton_chunk.ChunkTiles) if f.name != "fused")
-TEXT_TILE_FIELDS = ("precision", "inverse")
+TEXT_TILE_FIELDS = ("precision", "inverse", "store")
 
 
 def chunk_tiles(text: str | None) -> triton_chunk.ChunkTiles:
-    """``ChunkTiles`` from ``"chunk=32,warps=8,block_v=32,stages=2,precision=tf32,inverse=blocks"`` (``None``:
+    """``ChunkTiles`` from ``"chunk=32,warps=8,block_v=32,stages=2,precision=tf32,inverse=blocks,store=bf16"`` (``None``:
     defaults)."""
     if not text:
         return triton_chunk.ChunkTiles()
