@@ -13,8 +13,8 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
 - ``ours-triton-chunk-split``: the same kernels with the recurrence only carrying the state, every
   chunk's state stored and read back by per-chunk output and gradient kernels (the default tiles:
   paper 004's baseline; ``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);
-- ``ours-triton-chunk-blocks``: the split kernels with ``I + A`` inverted by 16 x 16 blocks
-  (``ChunkTiles(inverse="blocks")``) instead of row by row;
+- ``ours-triton-chunk-rows``: the split kernels with ``I + A`` inverted row by row
+  (``ChunkTiles(inverse="rows")``) instead of by 16 x 16 blocks;
 - ``ours-triton-chunk-bf16``: the split kernels with every product's operands rounded to bfloat16
   (``ChunkTiles(precision="bf16")``), the precision of fla's bfloat16 kernels, for the comparison at the
   same precision (without ``--chunk-tiles precision=...``), ``W``, ``U'`` and the states kept in bfloat16
@@ -200,12 +200,8 @@ def implementations(
         named = ", ".join(f"{f.name}={getattr(tiles, f.name)}" for f in fields if getattr(tiles, f.name) != f.default)
         impls["ours-triton-chunk"] = (on_chip, contextlib.nullcontext, f"chunkwise, state on chip {named}".strip())
         impls["ours-triton-chunk-split"] = (split, contextlib.nullcontext, f"chunkwise, states via HBM {named}".strip())
-        blocks = _chunk(op, dataclasses.replace(tiles, fused=False, inverse="blocks"))
-        impls["ours-triton-chunk-blocks"] = (
-            blocks,
-            contextlib.nullcontext,
-            f"split, I + A by 16 x 16 blocks {named}".strip(),
-        )
+        rows = _chunk(op, dataclasses.replace(tiles, fused=False, inverse="rows"))
+        impls["ours-triton-chunk-rows"] = (rows, contextlib.nullcontext, f"split, I + A row by row {named}".strip())
         if tiles.precision is None:  # fla's bfloat16 products: the same precision as its kernels
             bf16 = _chunk(op, dataclasses.replace(tiles, fused=False, precision="bf16"))
             impls["ours-triton-chunk-bf16"] = (bf16, contextlib.nullcontext, "split, bfloat16 products (fla's)")
@@ -322,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
             dims = tuple(int(v) for v in shape.split("x"))
             problems.append(problem(op, *dims, dtype_name, implementations(op, names, stages, tiles), bw))
     if args.sweep:
-        sweep_names = {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "ours-triton-chunk-blocks", "fla"}
+        sweep_names = {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "ours-triton-chunk-rows", "fla"}
         sweep_impls = implementations("gated", sweep_names, tiles=tiles)
         for shape, dtype_name in SWEEP:
             dims = tuple(int(v) for v in shape.split("x"))

@@ -47,7 +47,9 @@ class ChunkTiles:
       64, less for sequences shorter than that; 64 spills registers in the backward);
     - ``block_v``: value columns of the state per sequential program, a power of two (default every
       column up to 64, else 64);
-    - ``warps``: default 4, 8 for tiles 64 or more wide;
+    - ``warps``: default 2 for tiles 16 wide, 4 up to 64, 8 for 128 (the fastest timed at head dims 16 and
+      64); chunks of 64 with ``"bf16"`` products at tiles narrower than 64 take 8 and refuse fewer (4 warps
+      there made an illegal memory access on an H100 with Triton 3.6);
     - ``precision``: the ``input_precision`` of every product (default ``"tf32x3"``, float32-accurate,
       for float32 inputs and ``"tf32"`` for 16-bit inputs; ``"ieee"``: float32 FMA; ``"bf16"``: both
       operands rounded to bfloat16, one tensor-core pass, relative errors about 1e-2 that grow with the
@@ -59,9 +61,9 @@ class ChunkTiles:
       is the faster at head dim 64, its backward walk spills);
     - ``stages``: Triton's software pipelining depth of the loops over chunks (each stage holds one
       chunk's tiles in shared memory);
-    - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"rows"`` (default: forward substitution
-      over the chunk's ``C`` rows) or ``"blocks"`` (16 x 16 diagonal blocks by forward substitution, the
-      rest by block products);
+    - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"blocks"`` (default: 16 x 16 diagonal
+      blocks by forward substitution, the rest by block products; as fast or faster at every shape timed)
+      or ``"rows"`` (forward substitution over the chunk's ``C`` rows);
     - ``store``: the dtype in which ``W``, ``U'``, the stored states and their gradients (``dU'``, ``dM``)
       go between kernels, ``"fp32"`` or ``"bf16"`` (default: bfloat16 with ``precision="bf16"``, whose
       products round them to bfloat16 anyway, as fla keeps them; else float32). ``T`` and ``dW`` stay
@@ -73,7 +75,7 @@ class ChunkTiles:
     precision: str | None = None
     fused: bool = False
     stages: int = 2
-    inverse: str = "rows"
+    inverse: str = "blocks"
     store: str | None = None
 
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, str]:
@@ -85,10 +87,18 @@ class ChunkTiles:
         BV = self.block_v or min(VP, 64)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"delta triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
-        warps = self.warps or (8 if max(BK, VP) >= 64 else 4)
         precision = self.precision or ("tf32x3" if dtype == torch.float32 else "tf32")
         if precision not in PRECISIONS:
             raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
+        wide = max(BK, VP)
+        warps = self.warps or (2 if wide <= 16 else 4 if wide <= 64 else 8)
+        if C == 64 and precision == "bf16" and wide < 64:
+            if self.warps is not None and self.warps < 8:
+                raise ValueError(
+                    "delta triton_chunk: chunk 64 with bf16 products at head dims below 64 needs 8 warps, "
+                    f"got {self.warps} (4 made an illegal memory access on an H100 with Triton 3.6)"
+                )
+            warps = 8
         if self.inverse not in ("rows", "blocks"):
             raise ValueError(f"delta triton_chunk: inverse must be 'rows' or 'blocks', got {self.inverse!r}")
         if not isinstance(self.stages, int) or self.stages < 1:

@@ -18,8 +18,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("op", ["gated", "product"])
 def test_our_implementations_equal_the_chunk_form(op):
     xs = inputs(op, 1, 37, 2, 16, torch.float32, DEVICE, seed=3)
-    impls = implementations(op, {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "ours-triton-chunk-blocks", "ours-chunk"})  # fmt: skip
-    assert set(impls) == {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "ours-triton-chunk-blocks", "ours-chunk"}  # fmt: skip
+    impls = implementations(op, {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "ours-triton-chunk-rows", "ours-chunk"})  # fmt: skip
+    assert set(impls) == {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "ours-triton-chunk-rows", "ours-chunk"}  # fmt: skip
     want = impls.pop("ours-chunk")[0](*xs)
     for name, (fn, _, _) in impls.items():
         torch.testing.assert_close(fn(*xs), want, rtol=1e-4, atol=1e-5, msg=name)
@@ -44,8 +44,9 @@ def test_the_bfloat16_row_only_without_a_chosen_precision():
 
 
 def test_chunk_tiles_parses_every_field():
-    assert chunk_tiles("chunk=32,warps=8,block_v=16,stages=3,precision=ieee,inverse=blocks") == ChunkTiles(
-        chunk=32, warps=8, block_v=16, stages=3, precision="ieee", inverse="blocks"
+    text = "chunk=32,warps=8,block_v=16,stages=3,precision=ieee,inverse=rows,store=bf16"
+    assert chunk_tiles(text) == ChunkTiles(
+        chunk=32, warps=8, block_v=16, stages=3, precision="ieee", inverse="rows", store="bf16"
     )
     assert chunk_tiles(None) == ChunkTiles()
     with pytest.raises(SystemExit, match="unknown field 'fused'"):

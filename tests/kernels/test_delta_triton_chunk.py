@@ -4,7 +4,7 @@ transition matrices in ``test_delta.py``): the output and every input gradient o
 gated delta rule and DeltaProduct (3 Householder steps per token, with and without decay), at lengths that leave a partial last chunk, several chunks, key and value widths that are
 not powers of two and several blocks of value columns, with the outputs and gradients computed in per-chunk
 kernels from stored states (the default) and in the sequential kernels (state on chip, ``ChunkTiles(fused=True)``),
-``I + A`` inverted row by row (the default) and by 16 x 16 blocks (``ChunkTiles(inverse="blocks")``); outputs and intermediates poisoned with NaN; the
+``I + A`` inverted by 16 x 16 blocks (the default) and row by row (``ChunkTiles(inverse="rows")``); outputs and intermediates poisoned with NaN; the
 custom ops under ``opcheck`` and through their registered autograd. On the CPU the kernels run in the
 interpreter at small shapes; on a GPU (``-m gpu``) compiled, at lengths up to 1,024 and head dims 16 to 128,
 in float32 and bfloat16, captured in a CUDA graph and under ``torch.compile``.
@@ -86,8 +86,9 @@ def _compare(member, shape, dtype, tol, tiles=None, seed=0):
         ((1, 130, 1, 16, 32), None),  # the default chunk of 32
         ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, fused=True)),  # outputs and gradients with the state on chip
         ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16, fused=True)),
-        ((1, 130, 1, 16, 32), ChunkTiles(inverse="blocks")),  # I + A inverted by 16 x 16 blocks, 4 per chunk
-        ((1, 37, 2, 16, 16), ChunkTiles(chunk=32, inverse="blocks")),  # 2 blocks per chunk, the last partial
+        ((1, 130, 1, 16, 32), ChunkTiles(chunk=64)),  # I + A inverted by 16 x 16 blocks, 4 per chunk
+        ((1, 130, 1, 16, 32), ChunkTiles(inverse="rows")),  # I + A inverted row by row
+        ((1, 37, 2, 16, 16), ChunkTiles(chunk=64, inverse="rows")),
     ],
 )
 def test_triton_chunk_equals_reference(member, shape, tiles):
@@ -169,6 +170,8 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(block_v=32))
     with pytest.raises(ValueError, match="precision must be one of"):
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(precision="fp16"))
+    with pytest.raises(ValueError, match="chunk 64 with bf16 products at head dims below 64 needs 8 warps, got 4"):
+        triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(chunk=64, precision="bf16", warps=4))
     with pytest.raises(ValueError, match="store must be 'fp32' or 'bf16', got 'fp16'"):
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(store="fp16"))
     with pytest.raises(ValueError, match="stages must be a positive int, got 0"):
@@ -178,6 +181,13 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
         triton_chunk.delta_rule(wide, wide, q, beta)
     with pytest.raises(ValueError, match="unknown dplr_delta_rule backend 'triton_chunk'"):
         kd.dplr_delta_rule(q, q, q, q, q, q, backend="triton_chunk")
+
+
+def test_default_warps_follow_the_head_width():
+    """2 warps for heads 16 wide, 4 up to 64, 8 at 128; 8 for chunks of 64 with bf16 products below 64."""
+    warps = lambda D, **kw: ChunkTiles(**kw).resolve(256, D, D, torch.float32)[4]  # noqa: E731
+    assert [warps(D) for D in (8, 16, 32, 64, 128)] == [2, 2, 4, 4, 8]
+    assert warps(32, chunk=64, precision="bf16") == 8 and warps(64, chunk=64, precision="bf16") == 4
 
 
 def test_triton_chunk_named_on_cpu_without_interpreter_is_one_line(monkeypatch):
@@ -238,10 +248,10 @@ def test_gpu_triton_chunk_tiles(tiles):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("L,D", [(1, 16), (67, 64), (1024, 64), (130, 128)])
 @gpu
-def test_gpu_triton_chunk_block_inverse(L, D, dtype, tol):
-    """``I + A`` inverted by 16 x 16 blocks: 4 blocks per chunk of 64 (head dims up to 64), 2 per chunk of
-    32 (128); the gated delta rule against the reference."""
-    _compare("gated_delta_rule", (2, L, 2, D, D), dtype, tol, ChunkTiles(inverse="blocks"), seed=L + D)
+def test_gpu_triton_chunk_row_inverse(L, D, dtype, tol):
+    """``I + A`` inverted row by row (the default inverts 16 x 16 blocks); the gated delta rule against the
+    reference."""
+    _compare("gated_delta_rule", (2, L, 2, D, D), dtype, tol, ChunkTiles(inverse="rows"), seed=L + D)
 
 
 @pytest.mark.parametrize("store", [None, "fp32"])
