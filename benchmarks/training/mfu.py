@@ -19,6 +19,9 @@ in the task's vocabulary and classes share one, and the report names the entries
   steady steps/s, and for the preset the tokens/s and FLOP/s of all workers together in the window in which
   all of them trained (``throughput.concurrent_rate``, weighted by each trial's tokens or FLOPs per step).
 
+The whole preset's wall time is projected from the cells (``preset_projection``): every trial of a cell's shape
+at its own step budget, slowed as the cell's rate with the workers, shared over the workers.
+
 MFU is the achieved model FLOP/s over the device's dense bfloat16 peak and its float32 (non-tensor-core) peak
 (``flops.PEAKS``); a device without a known peak (a CPU) gets none. The Markdown report (``--out``, default
 ``benchmarks/results/mfu.md``) states device, date, versions and the command; the rows go to the JSON file
@@ -66,12 +69,14 @@ QUICK_WORKER_STEPS = 1000
 
 @dataclasses.dataclass
 class Cell:
-    """A representative cell: ``spec`` (a ``TrialSpec`` of sweep ``entry``), and ``entries``: every sweep of
-    the preset whose cells have its shape (``entry`` first)."""
+    """A representative cell: ``spec`` (a ``TrialSpec`` of sweep ``entry``), ``entries``: every sweep of the
+    preset whose cells have its shape (``entry`` first), and ``trials``: how many of the preset's trials have
+    its shape, by ``(max_steps, eval_every)``."""
 
     entry: str
     spec: Any
     entries: list[str]
+    trials: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
 
 
 def training_lengths(spec) -> tuple[int, int]:
@@ -104,7 +109,8 @@ def representative_cells(
     preset: str, tasks: list[str] | None = None, mixers: list[str] | None = None, device: str = "auto"
 ) -> list[Cell]:
     """One ``Cell`` per distinct ``shape_key`` among the preset's sweeps (``tasks``: only those entries;
-    ``mixers``: only those mixers), the first seed and lr of the first sweep that has it, in preset order."""
+    ``mixers``: only those mixers), the first seed and lr of the first sweep that has it, in preset order,
+    with the count of the trials of every seed and lr it stands for."""
     from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
 
     entries = list(load_preset(preset).get("tasks", {}))
@@ -114,11 +120,12 @@ def representative_cells(
     cells: dict[tuple, Cell] = {}
     for entry in tasks or entries:
         plan = resolve_sweep(entry, preset)
-        plan.seeds, plan.lrs = plan.seeds[:1], plan.lrs[:1]
         plan.mixers = [m for m in plan.mixers if mixers is None or m in mixers]
-        for spec in build_specs(plan, device):
+        for spec in build_specs(plan, device):  # mixer, depth, seed, lr: a shape's first is its first seed and lr
             cell = cells.setdefault(shape_key(spec), Cell(entry, spec, []))
             cell.entries += [] if entry in cell.entries else [entry]
+            budget = (spec.train.max_steps, spec.train.eval_every)
+            cell.trials[budget] = cell.trials.get(budget, 0) + 1
     if not cells:
         raise ValueError(f"preset {preset}: no cell of --mixers {','.join(mixers or [])} in its sweeps")
     return list(cells.values())
@@ -193,6 +200,7 @@ def measure_alone(cell: Cell, steps: int, options, quick: bool) -> dict[str, Any
         "precision": spec.model.precision,
         "max_steps": full.max_steps,
         "eval_every": full.eval_every,
+        "trials": [[steps, every, n] for (steps, every), n in cell.trials.items()],
     }
     try:
         device = "cuda" if torch.cuda.is_available() and spec.device != "cpu" else "cpu"
@@ -326,6 +334,37 @@ def measure_preset(preset: str, cells: list[Cell], args, save=lambda result: Non
     return {"cells": rows, "together": together}
 
 
+def preset_projection(rows: list[dict[str, Any]], workers: int) -> dict[str, Any] | None:
+    """The whole preset's wall time, projected from its cells' rows: every trial a cell stands for (its
+    ``trials``) takes the cell's projected full trial (``phases.Phases.project`` at that trial's budget, no
+    early stop), slowed by the cell's steps/s with ``workers`` against alone where the workers' rates were
+    measured, the trials shared evenly over the ``workers`` (at least the longest trial); else trial after
+    trial on one process. ``None`` for rows without trial counts (an older report)."""
+    from benchmarks.training.phases import Phases
+
+    if not rows or any("trials" not in r for r in rows):
+        return None
+    ok = [r for r in rows if "error" not in r and r["steps_per_s"] > 0]
+    shared = bool(workers) and bool(ok) and all(r.get("with_workers_steps_per_s", math.nan) > 0 for r in ok)
+    total = longest = 0.0
+    trials = steps = 0
+    for r in ok:
+        phases = Phases(**r["phases"])
+        slow = r["steps_per_s"] / r["with_workers_steps_per_s"] if shared else 1.0
+        for max_steps, every, n in r["trials"]:
+            seconds = phases.project(max_steps, every)["total"] * slow
+            total, longest = total + n * seconds, max(longest, seconds)
+            trials, steps = trials + n, steps + n * max_steps
+    return {
+        "trials": trials,
+        "steps": steps,
+        "unmeasured_trials": sum(n for r in rows if r not in ok for *_, n in r["trials"]),
+        "workers": workers if shared else 1,
+        "wall_s": max(total / workers, longest) if shared else total,
+        "longest_trial_s": longest,
+    }
+
+
 # --- the report ---------------------------------------------------------------------------------------------
 
 
@@ -431,6 +470,26 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
         lines += [
             f"The {workers} workers' trials had no window in which all of a wave trained; end to end (worker start-up, "
             f"compilation and test passes included): {end_to_end} real tokens/s.",
+            "",
+        ]
+    projection = preset_projection(data["cells"], workers)
+    if projection and projection["trials"]:
+        p = projection
+        how = (
+            f"with {p['workers']} workers (each trial's full time slowed as its cell's steps/s with the workers "
+            "against alone, shared evenly over the workers)"
+            if p["workers"] > 1
+            else "trial after trial on one process"
+        )
+        lines += [
+            f"Projected whole preset: {p['trials']:,} trials, {p['steps'] / 1e6:.2f}M training steps at most (no "
+            f"early stop), **{p['wall_s'] / 60:.1f} min** {how}; its longest trial {p['longest_trial_s'] / 60:.1f} "
+            "min."
+            + (
+                f" {p['unmeasured_trials']:,} trials of cells that did not run are left out."
+                if p["unmeasured_trials"]
+                else ""
+            ),
             "",
         ]
     head = (

@@ -13,6 +13,7 @@ from benchmarks.training.flops import count_flops, device_peaks, step_flops
 from benchmarks.training.mfu import (
     main,
     merged,
+    preset_projection,
     report_name,
     representative_cells,
     shape_key,
@@ -92,6 +93,15 @@ def test_representative_cells_stand_for_every_sweep_of_their_shape():
             if spec.model.mixer == "gru":
                 groups.setdefault(spec.model.layers, set()).add(entry)
     assert {c.spec.model.layers: set(c.entries) for c in cells} == groups
+    # every trial of the shape is counted, by its budget: the brute-force grid's count per depth and budget
+    budgets: dict[int, dict] = {}
+    for entry in load_preset("state-tracking")["tasks"]:
+        for spec in build_specs(resolve_sweep(entry, "state-tracking"), "cpu"):
+            if spec.model.mixer == "gru":
+                key = (spec.train.max_steps, spec.train.eval_every)
+                budgets.setdefault(spec.model.layers, {}).setdefault(key, 0)
+                budgets[spec.model.layers][key] += 1
+    assert {c.spec.model.layers: c.trials for c in cells} == budgets
     assert len({shape_key(c.spec) for c in representative_cells("grazzi-table3", device="cpu")}) == 14
 
 
@@ -133,6 +143,34 @@ def test_phase_projection_to_a_full_trial():
     )
     shares = p.shares(1000, 100)
     assert list(shares) == list(PHASES) and sum(shares.values()) == pytest.approx(1.0)
+
+
+def _projection_row(steps_per_s, trials, together=None, **extra):
+    """A cell's row: 100 steps of ``1 / steps_per_s`` s each after no warm-up, 1 s of set-up, no validation."""
+    phases = Phases(
+        setup_s=1.0, warmup_s=0.0, warmup_steps=0, train_s=100 / steps_per_s, steps=100,
+        validation_s=0.0, validations=0, test_s=0.0, other_s=0.0,
+    )  # fmt: skip
+    row = {"steps_per_s": steps_per_s, "phases": dataclasses.asdict(phases), "trials": trials, **extra}
+    return row if together is None else {**row, "with_workers_steps_per_s": together}
+
+
+def test_preset_projection_shares_the_trials_over_the_workers():
+    """Cell a: 3 trials of 1,000 steps at 100 steps/s alone, 50 with the workers (each 2 x 11 s = 22 s); cell b:
+    1 trial of 2,000 steps at 200 alone, 100 together (2 x 11 s = 22 s): 88 s over 2 workers is 44 s. One worker's
+    rates missing: trial after trial at the rates alone (3 x 11 + 11 = 44 s). A cell that did not run: its trials
+    are counted apart."""
+    a = _projection_row(100.0, [[1000, 500, 3]], 50.0)
+    b = _projection_row(200.0, [[2000, 500, 1]], 100.0)
+    p = preset_projection([a, b], 2)
+    assert (p["trials"], p["steps"], p["workers"], p["unmeasured_trials"]) == (4, 5000, 2, 0)
+    assert p["wall_s"] == pytest.approx(44.0) and p["longest_trial_s"] == pytest.approx(22.0)
+    assert preset_projection([a, b], 8)["wall_s"] == pytest.approx(22.0)  # no less than the longest trial
+    serial = preset_projection([a, _projection_row(200.0, [[2000, 500, 1]])], 2)
+    assert (serial["workers"], serial["wall_s"]) == (1, pytest.approx(44.0))
+    failed = {"error": "RuntimeError: x", "trials": [[10, 5, 7]]}
+    assert preset_projection([a, failed], 0)["unmeasured_trials"] == 7
+    assert preset_projection([{k: v for k, v in a.items() if k != "trials"}], 2) is None
 
 
 def test_worker_waves_cover_every_cell_and_fill_the_last_wave():
@@ -177,6 +215,9 @@ def test_quick_report_of_one_cell(tmp_path, capsys):
     assert r["flops"] > 0 and r["batch"] == 8 and r["padded_len"] == 40
     text = out.read_text()
     assert "## state-tracking" in text and "device: cpu (no known peak: MFU n/a)" in text
+    trials = sum(n for row in rows for *_, n in row["trials"])
+    assert trials > len(rows) and f"Projected whole preset: {trials} trials" in text
+    assert "trial after trial on one process" in text
     assert "| s3 | transformer | 2 |" in text
     merge = ["--quick", "--tasks", "parity", "--mixers", "transformer", "--out", str(out), "--steps", "4", "--merge"]
     assert main(["grazzi-table3", *merge]) == 0
