@@ -11,9 +11,9 @@ taking explicit ``ChunkTiles``). The forward runs ``chunk_prep_kernel`` (every c
 ``ChunkTiles(fused=True)`` (paper 004) the sequential kernels also compute the outputs and gradients with
 the state on chip, and the per-chunk kernels do not run. Saved for the backward: ``W``, ``U'`` (the
 pseudo-values, written over ``U`` by the forward's walk), ``T`` and the state entering every chunk
-(float32; ``W``, ``U'`` and the states in bfloat16 with bfloat16 products: ``ChunkTiles.store``). ``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the float64 -> float32 casts torch
-code (autograd differentiates both); the output is in the dtype of ``q``, gradients in their input's
-dtype.
+(float32; ``W``, ``U'`` and the states in bfloat16 with bfloat16 products: ``ChunkTiles.store``).
+``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the float64 -> float32 casts torch code (autograd
+differentiates both); the output is in the dtype of ``q``, gradients in their input's dtype.
 """
 
 from __future__ import annotations
@@ -193,10 +193,11 @@ def delta_chunk_fwd(
 def _(q, k, v, g, beta, scale, nstep):
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
-    C, BK, _, VP, _, _ = ChunkTiles().resolve(Ts, K, V, q.dtype)
-    NC, f32 = cdiv(Ts, C), torch.float32
-    W, U, Tm = (q.new_empty(B * H, NC * C, n, dtype=f32) for n in (BK, VP, C))
-    return q.new_empty(B, T, H, V), W, U, Tm, q.new_empty(B * H, NC, BK, VP, dtype=f32)
+    C, BK, _, VP, _, prec = ChunkTiles().resolve(Ts, K, V, q.dtype)
+    NC, f32, kept = cdiv(Ts, C), torch.float32, ChunkTiles().store_dtype(prec)
+    W, U = (q.new_empty(B * H, NC * C, n, dtype=kept) for n in (BK, VP))
+    Tm = q.new_empty(B * H, NC * C, C, dtype=f32)
+    return q.new_empty(B, T, H, V), W, U, Tm, q.new_empty(B * H, NC, BK, VP, dtype=kept)
 
 
 @torch.library.custom_op("expressivity::delta_chunk_bwd", mutates_args=())
