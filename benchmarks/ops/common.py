@@ -275,6 +275,8 @@ class Problem:
     impls: Callable[[], list[Impl]]
     limits: dict = dataclasses.field(default_factory=dict)
     section: str = "main"
+    #: implementation name -> {device kernel name: its physical limit, ms per fwd+bwd call}, for the profile
+    kernel_limits: Callable[[str], dict[str, float]] | None = None
 
 
 def run(
@@ -348,8 +350,13 @@ def kernel_times(thunk: Callable[[], object], calls: int = 5, top: int = 8) -> l
 
 
 def kernel_lines(kernels: list[dict]) -> str:
-    """``kernel_times``' kernels, a line each: ms per call, launches per call, name."""
-    return "\n".join(f"  {k['ms']:9.4f} ms  x{k['launches']:g}  {k['kernel']}" for k in kernels)
+    """``kernel_times``' kernels, a line each: ms per call, launches per call, name (and where a kernel has a
+    ``limit_ms``, its physical limit and the time as a multiple of it)."""
+
+    def limit(k: dict) -> str:
+        return f"  (limit {k['limit_ms']:.4f} ms: {k['ms'] / k['limit_ms']:.1f}x)" if k.get("limit_ms") else ""
+
+    return "\n".join(f"  {k['ms']:9.4f} ms  x{k['launches']:g}  {k['kernel']}{limit(k)}" for k in kernels)
 
 
 def _graph_time(thunk: Callable[[], object], time_kw: dict) -> dict:
@@ -382,6 +389,10 @@ def _run_impl(
             extra = _graph_time(thunk, impl.time_kw) if graph else {}
             if profile:
                 extra["kernels"] = kernel_times(thunk)
+                limits = pb.kernel_limits(impl.name) if pb.kernel_limits and direction == "fwd+bwd" else {}
+                for k in extra["kernels"]:
+                    if k["kernel"] in limits:
+                        k["limit_ms"] = limits[k["kernel"]]
                 log(f"{impl.name} {direction}: device kernels per call\n{kernel_lines(extra['kernels'])}")
             out.append(
                 BenchRow(

@@ -36,7 +36,9 @@ benchmark shapes in bfloat16, the defaults of ``--shapes``) and, with ``--sweep`
 lengths 64 to 4,096 for ``ours-triton`` and ``ours-triton-chunk`` against ``fla``: the crossover ``"auto"`` follows.
 ``--graph`` also times every implementation replayed from a CUDA graph (the graph engine's view: the
 GPU's time without the host's launches), beside the eager time. ``--profile ours-triton-chunk,fla``
-also logs those implementations' heaviest device kernels per call (``extra["kernels"]`` in the JSON).
+also logs those implementations' heaviest device kernels per call (``extra["kernels"]`` in the JSON);
+for the split chunk kernels each with its physical limit, the bytes it reads and writes
+(``chunk_kernel_bytes``) over the measured copy bandwidth, and its time as a multiple of that.
 """
 
 from __future__ import annotations
@@ -137,6 +139,56 @@ def _chunk(op: str, tiles: triton_chunk.ChunkTiles):
     return lambda *t: fn[op](*t, qk_l2norm=True, tiles=tiles)
 
 
+#: the chunk kernels' implementations: what each changes in the ``--chunk-tiles`` (``-bf16`` rows only where
+#: those leave the precision to the default: fla's bfloat16 products, the same precision as its kernels)
+CHUNK_IMPLS = {
+    "ours-triton-chunk": {"fused": True},
+    "ours-triton-chunk-split": {"fused": False},
+    "ours-triton-chunk-rows": {"fused": False, "inverse": "rows"},
+    "ours-triton-chunk-bf16": {"fused": False, "precision": "bf16"},
+    "ours-triton-chunk-bf16-f32": {"fused": False, "precision": "bf16", "store": "fp32"},
+}
+
+
+def chunk_impl_tiles(name: str, tiles: triton_chunk.ChunkTiles) -> triton_chunk.ChunkTiles | None:
+    """The ``ChunkTiles`` implementation ``name`` runs with, given ``--chunk-tiles`` ``tiles`` (``None``: not
+    a chunk-kernel implementation, or a ``-bf16`` row where ``tiles`` chose a precision)."""
+    changes = CHUNK_IMPLS.get(name)
+    if changes is None or ("precision" in changes and tiles.precision is not None):
+        return None
+    return dataclasses.replace(tiles, **changes)
+
+
+def chunk_kernel_bytes(op: str, batch: int, L: int, H: int, D: int, v_bytes: int, tiles) -> dict[str, int]:
+    """Bytes each chunk kernel of the split form (``fused=False``) reads and writes in HBM for one forward +
+    backward of ``op`` at this problem, as ``triton_chunk`` calls them with ``tiles`` (``ChunkTiles``): the
+    tensors and intermediates each kernel touches, in the layout the kernels use (chunks padded to ``C``
+    rows, keys and values to ``BK``, ``VP`` columns; tiles that a program per block of value columns reads
+    counted once per block). ``q``, ``k`` come normalized in float32 (``qk_l2norm``), ``v`` in ``v_bytes``
+    per element; ``beta``, ``g``, ``do`` and the gradients but ``dv`` in float32; ``W``, ``U'``, the states
+    and their gradients in ``tiles.store_dtype``."""
+    n = 2 if op == "product" else 1
+    gated = op == "gated"
+    Ts = L * n
+    C, BK, BV, VP, _, prec = tiles.resolve(Ts, D, D, torch.float32)  # q as the kernels read it
+    kb, NV, NC = tiles.store_dtype(prec).itemsize, VP // BV, -(-Ts // C)
+    q, k, v = batch * L * H * D * 4, batch * Ts * H * D * 4, batch * Ts * H * D * v_bytes
+    o = batch * L * H * D * 4  # o and do: in q's dtype after the normalization
+    s = batch * Ts * H * 4  # one per-step scalar (beta, g, dbeta, dg)
+    g = s if gated else 0
+    rows = batch * H * NC * C
+    W, U, Tm, ck = rows * BK * kb, rows * VP * kb, rows * C * 4, batch * H * NC * BK * VP * kb
+    dW, dG = rows * BK * 4, rows * 4
+    return {
+        "chunk_prep_kernel": k + v + s + g + W + U + Tm,
+        "chunk_fwd_kernel": NV * (k + g + W) + U + U + ck,
+        "chunk_out_kernel": NV * (q + k + g) + U + ck + o,
+        "chunk_bwd_state_kernel": NV * (q + k + g + W) + o + U + ck,
+        "chunk_bwd_grads_kernel": 2 * ck + NV * (q + k + g) + o + 2 * U + NV * (q + k + dW + dG),
+        "chunk_bwd_prep_kernel": k + v + s + g + Tm + dW + U + k + dG + k + v + s + g,
+    }
+
+
 #: the ``ChunkTiles`` fields ``--chunk-tiles`` sets (``fused`` is what tells ``ours-triton-chunk`` from
 #: ``-split``), and those of them that take a name rather than an int
 TILE_FIELDS = tuple(f.name for f in dataclasses.fields(triton_chunk.ChunkTiles) if f.name != "fused")
@@ -195,19 +247,19 @@ def implementations(
         impls[f"ours-triton-s{n}"] = (call_tiles(op, n), contextlib.nullcontext, f"loads pipelined {n} deep")
     if op != "dplr":
         tiles = tiles or triton_chunk.ChunkTiles()
-        on_chip, split = (_chunk(op, dataclasses.replace(tiles, fused=f)) for f in (True, False))
         fields = dataclasses.fields(tiles)
         named = ", ".join(f"{f.name}={getattr(tiles, f.name)}" for f in fields if getattr(tiles, f.name) != f.default)
-        impls["ours-triton-chunk"] = (on_chip, contextlib.nullcontext, f"chunkwise, state on chip {named}".strip())
-        impls["ours-triton-chunk-split"] = (split, contextlib.nullcontext, f"chunkwise, states via HBM {named}".strip())
-        rows = _chunk(op, dataclasses.replace(tiles, fused=False, inverse="rows"))
-        impls["ours-triton-chunk-rows"] = (rows, contextlib.nullcontext, f"split, I + A row by row {named}".strip())
-        if tiles.precision is None:  # fla's bfloat16 products: the same precision as its kernels
-            bf16 = _chunk(op, dataclasses.replace(tiles, fused=False, precision="bf16"))
-            impls["ours-triton-chunk-bf16"] = (bf16, contextlib.nullcontext, "split, bfloat16 products (fla's)")
-            bf16_f32 = _chunk(op, dataclasses.replace(tiles, fused=False, precision="bf16", store="fp32"))
-            note = "split, bfloat16 products, float32 intermediates"
-            impls["ours-triton-chunk-bf16-f32"] = (bf16_f32, contextlib.nullcontext, note)
+        notes = {
+            "ours-triton-chunk": f"chunkwise, state on chip {named}".strip(),
+            "ours-triton-chunk-split": f"chunkwise, states via HBM {named}".strip(),
+            "ours-triton-chunk-rows": f"split, I + A row by row {named}".strip(),
+            "ours-triton-chunk-bf16": "split, bfloat16 products (fla's)",
+            "ours-triton-chunk-bf16-f32": "split, bfloat16 products, float32 intermediates",
+        }
+        for name, note in notes.items():
+            impl_tiles = chunk_impl_tiles(name, tiles)
+            if impl_tiles is not None:
+                impls[name] = (_chunk(op, impl_tiles), contextlib.nullcontext, note)
         impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from seqkernels.delta import fla_gated_bwd
@@ -226,14 +278,22 @@ def implementations(
     return {k: v for k, v in impls.items() if keep(k)}
 
 
-def problem(op, batch, L, H, D, dtype_name, impls, bw_gbs, section="main", device="cuda") -> Problem:
+def problem(op, batch, L, H, D, dtype_name, impls, bw_gbs, section="main", device="cuda", tiles=None) -> Problem:
     dtype = DTYPES[dtype_name]
     n = 2 if op == "product" else 1
     per_token = {"delta": 2 * D + n * (2 * D), "gated": 4 * D, "product": D + n * 2 * D, "dplr": 6 * D}[op]
     nbytes = torch.finfo(dtype).bits // 8 * batch * L * H * per_token + 4 * batch * L * H * n  # + beta/g in f32
     limits = {"fwd": nbytes / (bw_gbs * 1e9) * 1e3, "fwd+bwd": 3 * nbytes / (bw_gbs * 1e9) * 1e3}
     dims = {"kind": op, "batch": batch, "length": L, "heads": H, "head_dim": D}
-    pb = Problem("delta", dims, dtype_name, None, limits, section)
+
+    def kernel_limits(name: str) -> dict[str, float]:
+        impl_tiles = chunk_impl_tiles(name, tiles or triton_chunk.ChunkTiles())
+        if impl_tiles is None or impl_tiles.fused:
+            return {}
+        nbytes = chunk_kernel_bytes(op, batch, L, H, D, torch.finfo(dtype).bits // 8, impl_tiles)
+        return {kernel: b / (bw_gbs * 1e9) * 1e3 for kernel, b in nbytes.items()}
+
+    pb = Problem("delta", dims, dtype_name, None, limits, section, None if op == "dplr" else kernel_limits)
 
     def build():
         xs = inputs(op, batch, L, H, D, dtype, device)
@@ -316,13 +376,14 @@ def main(argv: list[str] | None = None) -> None:
             if op not in OPS:
                 raise SystemExit(f"error: unknown op {op!r}; valid: {', '.join(OPS)}")
             dims = tuple(int(v) for v in shape.split("x"))
-            problems.append(problem(op, *dims, dtype_name, implementations(op, names, stages, tiles), bw))
+            impls = implementations(op, names, stages, tiles)
+            problems.append(problem(op, *dims, dtype_name, impls, bw, tiles=tiles))
     if args.sweep:
         sweep_names = {"ours-triton", "ours-triton-chunk", "ours-triton-chunk-split", "ours-triton-chunk-rows", "fla"}
         sweep_impls = implementations("gated", sweep_names, tiles=tiles)
         for shape, dtype_name in SWEEP:
             dims = tuple(int(v) for v in shape.split("x"))
-            problems.append(problem("gated", *dims, dtype_name, sweep_impls, bw, section="crossover"))
+            problems.append(problem("gated", *dims, dtype_name, sweep_impls, bw, section="crossover", tiles=tiles))
     rows = run(
         problems,
         warm_only=args.warm_only,

@@ -51,7 +51,8 @@ class ChunkTiles:
       64); chunks of 64 with ``"bf16"`` products at tiles narrower than 64 take 8 and refuse fewer (4 warps
       there made an illegal memory access on an H100 with Triton 3.6);
     - ``precision``: the ``input_precision`` of every product (default ``"tf32x3"``, float32-accurate,
-      for float32 inputs and ``"tf32"`` for 16-bit inputs; ``"ieee"``: float32 FMA; ``"bf16"``: both
+      where the kernels read ``q`` in float32, as after ``qk_l2norm`` whatever the inputs' dtype, and
+      ``"tf32"`` where they read it in 16 bits; ``"ieee"``: float32 FMA; ``"bf16"``: both
       operands rounded to bfloat16, one tensor-core pass, relative errors about 1e-2 that grow with the
       length);
     - ``fused``: ``False`` (default): the sequential kernels only carry the state and store it for every

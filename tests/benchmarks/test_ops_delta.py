@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.ops.delta import chunk_tiles, implementations, inputs
+from benchmarks.ops.common import kernel_lines
+from benchmarks.ops.delta import chunk_kernel_bytes, chunk_tiles, implementations, inputs
 from seqkernels._triton import triton_available
 from seqkernels.delta.triton_chunk import ChunkTiles
 
@@ -53,3 +54,39 @@ def test_chunk_tiles_parses_every_field():
         chunk_tiles("fused=1")
     with pytest.raises(SystemExit, match="chunk must be a positive int"):
         chunk_tiles("chunk=big")
+
+
+@pytest.mark.skipif(not triton_available(torch.empty(0, device=DEVICE)), reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize(
+    "op,v_dtype,tiles",
+    [("gated", torch.float32, ChunkTiles()), ("product", torch.bfloat16, ChunkTiles(chunk=16, store="bf16"))],
+)
+def test_chunk_kernel_bytes_are_the_tensors_the_kernels_touch(op, v_dtype, tiles):
+    """The forward kernels' bytes (``chunk_kernel_bytes``) against the sizes of the tensors ``triton_chunk``
+    really passes them (a partial last chunk, padded widths), and the backward prep kernel's writes against
+    the gradients it returns."""
+    from seqkernels.delta import triton_chunk
+
+    B, L, H, D, n = 2, 21, 2, 12, (2 if op == "product" else 1)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(B, L, H, D, generator=gen).to(DEVICE)
+    k = torch.randn(B, L * n, H, D, generator=gen).to(DEVICE)
+    v = torch.randn(B, L * n, H, D, generator=gen).to(DEVICE, v_dtype)
+    beta = torch.rand(B, L * n, H, generator=gen).to(DEVICE)
+    g = -torch.rand(B, L * n, H, generator=gen).to(DEVICE) if op == "gated" else None
+    o, W, U, Tm, ckpt = triton_chunk._forward(q, k, v, g, beta, 0.3, n, save=True, tiles=tiles)
+    do = torch.randn_like(o)
+    dq, dk, dv, dg, dbeta = triton_chunk._backward(do, q, k, v, g, beta, W, U, Tm, ckpt, 0.3, n, tiles)
+    size = lambda *xs: sum(x.nbytes for x in xs if x is not None)  # noqa: E731
+    got = chunk_kernel_bytes(op, B, L, H, D, v.element_size(), tiles)
+    assert got["chunk_prep_kernel"] == size(k, v, beta, g, W, U, Tm)
+    assert got["chunk_fwd_kernel"] == size(k, g, W, U, U, ckpt)
+    assert got["chunk_out_kernel"] == size(q, k, g, U, ckpt, o)
+    reads = size(k, v, beta, g, Tm, U, dk) + W.numel() // W.shape[-1] * (W.shape[-1] + 1) * 4  # dW, dG: float32
+    assert got["chunk_bwd_prep_kernel"] == reads + size(dk, dv, dbeta, g if g is None else dg)
+
+
+def test_kernel_lines_show_the_limit_multiple():
+    line = kernel_lines([{"kernel": "chunk_prep_kernel", "ms": 0.2, "launches": 1, "limit_ms": 0.05}])
+    assert line.endswith("chunk_prep_kernel  (limit 0.0500 ms: 4.0x)")
+    assert kernel_lines([{"kernel": "x", "ms": 0.2, "launches": 2}]).endswith("x2  x")
