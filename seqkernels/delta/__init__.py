@@ -128,8 +128,10 @@ def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int) ->
     most ``AUTO_TRITON_MAX_HEAD_DIM`` wide over at most ``AUTO_TRITON_MAX_STEPS`` steps take ``"triton"``
     where fla's own path is slow (``dplr_delta_rule``; a ``gated`` op whose backward runs in PyTorch,
     ``_fla_gated_is_slow``). Without fla: ``"triton"`` for heads at most ``AUTO_TRITON_MAX_HEAD_DIM``
-    wide (faster than the chunked form at every measured length), ``"triton_chunk"`` for wider ones. Off
-    CUDA: ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``)."""
+    wide (faster than the chunked form at every length timed with the chunk kernels' earlier tiles; at
+    their current ones the chunked form is the faster at length 128, and the length sweep that would move
+    this rule is still to run: ``delta.evidence.md``), ``"triton_chunk"`` for wider ones. Off CUDA:
+    ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``)."""
     if x.is_cuda:
         narrow = x.shape[-1] <= AUTO_TRITON_MAX_HEAD_DIM
         if fla_available():
