@@ -96,7 +96,7 @@ def fla_available() -> bool:
 
 
 #: ``"auto"`` gives our recurrent kernel heads at most this wide (key width): at 16 it beat fla's chunked
-#: kernels where fla is slow and our chunked kernels, at 64 it lost to both
+#: kernels where fla is slow and our chunked kernels at their earlier tiles, at 64 it lost to both
 #: (``benchmarks/ops/results/delta.evidence.md``)
 AUTO_TRITON_MAX_HEAD_DIM = 16
 #: where fla runs, ``"auto"`` gives our recurrent kernel recurrences (tokens times steps per token) of at
