@@ -481,10 +481,11 @@ def _preset_lines(data: dict[str, Any], workers: int, peaks) -> list[str]:
             if p["workers"] > 1
             else "trial after trial on one process"
         )
+        sweeps = list(dict.fromkeys(e for r in data["cells"] for e in r["entries"]))
         lines += [
-            f"Projected whole preset: {p['trials']:,} trials, {p['steps'] / 1e6:.2f}M training steps at most (no "
-            f"early stop), **{p['wall_s'] / 60:.1f} min** {how}; its longest trial {p['longest_trial_s'] / 60:.1f} "
-            "min."
+            f"Projected wall time of the trials of sweeps {', '.join(sweeps)}: {p['trials']:,} trials, "
+            f"{p['steps'] / 1e6:.2f}M training steps at most (no early stop), **{p['wall_s'] / 60:.1f} min** {how}; "
+            f"the longest trial {p['longest_trial_s'] / 60:.1f} min."
             + (
                 f" {p['unmeasured_trials']:,} trials of cells that did not run are left out."
                 if p["unmeasured_trials"]

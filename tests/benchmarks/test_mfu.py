@@ -216,7 +216,7 @@ def test_quick_report_of_one_cell(tmp_path, capsys):
     text = out.read_text()
     assert "## state-tracking" in text and "device: cpu (no known peak: MFU n/a)" in text
     trials = sum(n for row in rows for *_, n in row["trials"])
-    assert trials > len(rows) and f"Projected whole preset: {trials} trials" in text
+    assert trials > len(rows) and f"Projected wall time of the trials of sweeps s3: {trials} trials" in text
     assert "trial after trial on one process" in text
     assert "| s3 | transformer | 2 |" in text
     merge = ["--quick", "--tasks", "parity", "--mixers", "transformer", "--out", str(out), "--steps", "4", "--merge"]
