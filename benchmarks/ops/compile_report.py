@@ -12,7 +12,8 @@ more shared memory than the device has minus ``--headroom``.
   ``DQK = --mlstm-dqk``, ``DV = --mlstm-dv``, both gates, at ``--matmul-precision``;
 - ``delta``: the recurrent, chunk and ``chunk_bwd_dqkwg`` kernels at ``--delta-shapes`` (``DTYPE,T,D``)
   with the default tiles, or the chunk kernels' ``--delta-tiles`` (as ``delta``'s ``--chunk-tiles``:
-  ``precision=bf16`` compiles them with bfloat16 products and intermediates) (``delta_kernels``).
+  ``precision=bf16`` compiles them with bfloat16 products and intermediates); the chunk kernels as the
+  mixers call them, ``q`` and ``k`` normalized in float32 (``delta_kernels``).
 """
 
 from __future__ import annotations
@@ -284,8 +285,9 @@ def _delta_args(kernel, dtype: torch.dtype, typed=_DELTA_INPUT_DTYPE, kept="*fp3
 def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     """``(name, kernel, args)`` of the delta family's kernels at head dim ``D`` (keys and values) and ``T``
     steps: the recurrent forward and backward (gated product, 2 steps per token), the chunk kernels (split
-    default, on chip, the block inverse) with ``tiles`` (a ``ChunkTiles``; default ``ChunkTiles()``), and
-    ``chunk_bwd_dqkwg``'s kernel."""
+    default, on chip, the row inverse) with ``tiles`` (a ``ChunkTiles``; default ``ChunkTiles()``) as the
+    mixers call them (``qk_l2norm``: ``q``, ``k`` in float32, ``v`` in ``dtype``), and ``chunk_bwd_dqkwg``'s
+    kernel."""
     from seqkernels._triton import next_pow2
     from seqkernels.delta import chunk_kernels as ck
     from seqkernels.delta import recurrent_kernels as rk
@@ -296,10 +298,11 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     meta_q = torch.empty(1, T, 1, D, device="meta")
     _, _, _, rec = triton_ops._launch(meta_q, meta_q, meta_q, 2, None)
     tiles = tiles or ChunkTiles()
-    C, BK, BV, VP, warps, prec = tiles.resolve(T, D, D, dtype)
+    # as the mixers call them (qk_l2norm): q, k normalized in float32, so o, do float32 and the default
+    # precision that of float32 q; v, dv in the inputs' dtype, the intermediates in the kept dtype
+    C, BK, BV, VP, warps, prec = tiles.resolve(T, D, D, torch.float32)
     prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=tiles.stages)
-    # pointers in the input dtype, and the intermediates kept between the chunk kernels in theirs
-    ptrs = dict(typed=_DELTA_INPUT_DTYPE | {"dv"}, kept="*" + _TY[tiles.store_dtype(prec)])
+    ptrs = dict(typed={"v", "dv"}, kept="*" + _TY[tiles.store_dtype(prec)])
     prep, blocks = dict(prep, **ptrs), dict(prep, BV=BV, NSTEP=1, **ptrs)
     dq_bk = max(16, next_pow2(D))
     dqkwg = dict(H=1, HV=1, K=D, V=D, BT=64, BK=dq_bk, BV=min(max(16, next_pow2(D)), 32), HAS_W=True)
@@ -307,8 +310,8 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     cases = [
         ("recurrent fwd", rk.delta_recurrent_fwd_kernel, dict(rec, SAVE=True)),
         ("recurrent bwd", rk.delta_recurrent_bwd_kernel, rec),
-        ("chunk prep", ck.chunk_prep_kernel, dict(prep, INV_BLOCKS=False)),
-        ("chunk prep, block inverse", ck.chunk_prep_kernel, dict(prep, INV_BLOCKS=True)),
+        ("chunk prep", ck.chunk_prep_kernel, dict(prep, INV_BLOCKS=True)),
+        ("chunk prep, row inverse", ck.chunk_prep_kernel, dict(prep, INV_BLOCKS=False)),
         ("chunk fwd (split)", ck.chunk_fwd_kernel, dict(blocks, OUT=False, SAVE=True)),
         ("chunk fwd (on chip)", ck.chunk_fwd_kernel, dict(blocks, OUT=True, SAVE=True)),
         ("chunk out", ck.chunk_out_kernel, blocks),
