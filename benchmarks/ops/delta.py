@@ -282,7 +282,7 @@ def problem(op, batch, L, H, D, dtype_name, impls, bw_gbs, section="main", devic
     dtype = DTYPES[dtype_name]
     n = 2 if op == "product" else 1
     per_token = {"delta": 2 * D + n * (2 * D), "gated": 4 * D, "product": D + n * 2 * D, "dplr": 6 * D}[op]
-    nbytes = torch.finfo(dtype).bits // 8 * batch * L * H * per_token + 4 * batch * L * H * n  # + beta/g in f32
+    nbytes = dtype.itemsize * batch * L * H * per_token + 4 * batch * L * H * n  # + beta/g in f32
     limits = {"fwd": nbytes / (bw_gbs * 1e9) * 1e3, "fwd+bwd": 3 * nbytes / (bw_gbs * 1e9) * 1e3}
     dims = {"kind": op, "batch": batch, "length": L, "heads": H, "head_dim": D}
 
@@ -290,8 +290,8 @@ def problem(op, batch, L, H, D, dtype_name, impls, bw_gbs, section="main", devic
         impl_tiles = chunk_impl_tiles(name, tiles or triton_chunk.ChunkTiles())
         if impl_tiles is None or impl_tiles.fused:
             return {}
-        nbytes = chunk_kernel_bytes(op, batch, L, H, D, torch.finfo(dtype).bits // 8, impl_tiles)
-        return {kernel: b / (bw_gbs * 1e9) * 1e3 for kernel, b in nbytes.items()}
+        kernel_bytes = chunk_kernel_bytes(op, batch, L, H, D, dtype.itemsize, impl_tiles)
+        return {kernel: b / (bw_gbs * 1e9) * 1e3 for kernel, b in kernel_bytes.items()}
 
     pb = Problem("delta", dims, dtype_name, None, limits, section, None if op == "dplr" else kernel_limits)
 

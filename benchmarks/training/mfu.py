@@ -200,7 +200,7 @@ def measure_alone(cell: Cell, steps: int, options, quick: bool) -> dict[str, Any
         "precision": spec.model.precision,
         "max_steps": full.max_steps,
         "eval_every": full.eval_every,
-        "trials": [[steps, every, n] for (steps, every), n in cell.trials.items()],
+        "trials": [[max_steps, every, n] for (max_steps, every), n in cell.trials.items()],
     }
     try:
         device = "cuda" if torch.cuda.is_available() and spec.device != "cpu" else "cpu"
@@ -344,7 +344,8 @@ def preset_projection(rows: list[dict[str, Any]], workers: int) -> dict[str, Any
 
     if not rows or any("trials" not in r for r in rows):
         return None
-    ok = [r for r in rows if "error" not in r and r["steps_per_s"] > 0]
+    measured = lambda r: "error" not in r and r["steps_per_s"] > 0  # noqa: E731
+    ok = [r for r in rows if measured(r)]
     shared = bool(workers) and bool(ok) and all(r.get("with_workers_steps_per_s", math.nan) > 0 for r in ok)
     total = longest = 0.0
     trials = steps = 0
@@ -358,7 +359,7 @@ def preset_projection(rows: list[dict[str, Any]], workers: int) -> dict[str, Any
     return {
         "trials": trials,
         "steps": steps,
-        "unmeasured_trials": sum(n for r in rows if r not in ok for *_, n in r["trials"]),
+        "unmeasured_trials": sum(n for r in rows if not measured(r) for *_, n in r["trials"]),
         "workers": workers if shared else 1,
         "wall_s": max(total / workers, longest) if shared else total,
         "longest_trial_s": longest,

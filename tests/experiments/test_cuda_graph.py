@@ -53,6 +53,12 @@ def _max_weight_difference(a, b) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
+def _under_two_engines(spec, tmp_path, first: str, second: str):
+    """``(result, result, weights, weights)`` of ``spec`` trained under engine ``first``, then ``second``."""
+    results = [run_trial(spec, tmp_path / e, options=RunOptions(logger="none", engine=e)) for e in (first, second)]
+    return (*results, _weights(tmp_path / first), _weights(tmp_path / second))
+
+
 def _bucketed_spec(mixer, steps=60):
     """Running parity on lengths 3..40 in length-bucketed batches (pools of 4): widths 16, 32 and 40."""
     spec = _spec(("parity", {"running": True}, "mixer", "none", mixer), steps=steps)
@@ -68,9 +74,7 @@ def test_graph_steps_train_exactly_like_eager_steps(tmp_path, case):
     """50 steps replayed from one CUDA graph end in the weights 50 eager steps reach (same kernels, same order)."""
     quiet_lightning()
     spec = _spec(case)
-    eager = run_trial(spec, tmp_path / "eager", options=RunOptions(logger="none", engine="eager"))
-    graph = run_trial(spec, tmp_path / "graph", options=RunOptions(logger="none", engine="graph"))
-    a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "graph")
+    eager, graph, a, b = _under_two_engines(spec, tmp_path, "eager", "graph")
     worst = _max_weight_difference(a, b)
     assert worst <= 1e-6, f"max weight difference {worst:.3g} after 50 steps"
     assert graph["final/test/acc"] == pytest.approx(eager["final/test/acc"], abs=1 / 64)
@@ -82,9 +86,7 @@ def test_pd_ssm_trains_in_graph_steps_as_in_eager_steps(tmp_path):
     additions varies run to run), so graph and eager steps agree to float32 rounding, not bit for bit."""
     quiet_lightning()
     spec = _spec(("parity", {"seq_len": 40, "running": True}, "mixer", "none", "pd_ssm"))
-    eager = run_trial(spec, tmp_path / "eager", options=RunOptions(logger="none", engine="eager"))
-    graph = run_trial(spec, tmp_path / "graph", options=RunOptions(logger="none", engine="graph"))
-    a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "graph")
+    eager, graph, a, b = _under_two_engines(spec, tmp_path, "eager", "graph")
     worst = _max_weight_difference(a, b)
     assert worst <= 1e-4, f"max weight difference {worst:.3g} after 50 steps"
     assert graph["steps"] == eager["steps"] == 50 and graph["engine"] == "graph"
@@ -97,9 +99,7 @@ def test_length_bucketed_graph_steps_train_like_eager_steps(tmp_path, mixer):
     cuts end (the same rows per batch; other widths, so float rounding only)."""
     quiet_lightning()
     spec = _bucketed_spec(mixer)
-    eager = run_trial(spec, tmp_path / "eager", options=RunOptions(logger="none", engine="eager"))
-    graph = run_trial(spec, tmp_path / "graph", options=RunOptions(logger="none", engine="graph"))
-    a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "graph")
+    eager, graph, a, b = _under_two_engines(spec, tmp_path, "eager", "graph")
     worst = _max_weight_difference(a, b)
     assert worst <= 1e-4, f"max weight difference {worst:.3g} after 60 steps"
     assert graph["steps"] == eager["steps"] == 60 and graph["engine"] == "graph"
@@ -111,9 +111,7 @@ def test_length_bucketed_compiled_steps_train_like_graph_steps(tmp_path, mixer):
     and 40) ends 60 steps within float rounding of the ``graph`` engine on the same batches."""
     quiet_lightning()
     spec = _bucketed_spec(mixer)
-    graph = run_trial(spec, tmp_path / "graph", options=RunOptions(logger="none", engine="graph"))
-    compiled = run_trial(spec, tmp_path / "compiled", options=RunOptions(logger="none", engine="compiled"))
-    a, b = _weights(tmp_path / "graph"), _weights(tmp_path / "compiled")
+    graph, compiled, a, b = _under_two_engines(spec, tmp_path, "graph", "compiled")
     worst = _max_weight_difference(a, b)
     assert worst <= 1e-3, f"max weight difference {worst:.3g} after 60 steps"
     assert compiled["steps"] == graph["steps"] == 60 and compiled["engine"] == "compiled"
@@ -126,9 +124,7 @@ def test_compiled_steps_train_like_graph_steps(tmp_path, case):
     the same keys (the compiled forward is no submodule)."""
     quiet_lightning()
     spec = _spec(case)
-    graph = run_trial(spec, tmp_path / "graph", options=RunOptions(logger="none", engine="graph"))
-    compiled = run_trial(spec, tmp_path / "compiled", options=RunOptions(logger="none", engine="compiled"))
-    a, b = _weights(tmp_path / "graph"), _weights(tmp_path / "compiled")
+    graph, compiled, a, b = _under_two_engines(spec, tmp_path, "graph", "compiled")
     assert a.keys() == b.keys()
     worst = _max_weight_difference(a, b)
     assert worst <= 1e-3, f"max weight difference {worst:.3g} after 50 steps"
