@@ -300,10 +300,11 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     tiles = tiles or ChunkTiles()
     # as the mixers call them (qk_l2norm): q, k normalized in float32, so o, do float32 and the default
     # precision that of float32 q; v, dv in the inputs' dtype, the intermediates in the kept dtype
-    C, BK, BV, VP, warps, prec = tiles.resolve(T, D, D, torch.float32)
+    C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(T, D, D, torch.float32)
     prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=tiles.stages)
     ptrs = dict(typed={"v", "dv"}, kept="*" + _TY[tiles.store_dtype(prec)])
     prep, blocks = dict(prep, **ptrs), dict(prep, BV=BV, NSTEP=1, **ptrs)
+    bwd_prep, bwd_blocks = dict(prep, num_warps=bwd_warps), dict(blocks, num_warps=bwd_warps)
     dq_bk = max(16, next_pow2(D))
     dqkwg = dict(H=1, HV=1, K=D, V=D, BT=64, BK=dq_bk, BV=min(max(16, next_pow2(D)), 32), HAS_W=True)
     dqkwg.update(STATE_V_FIRST=False, num_warps=4 if dq_bk <= 16 else 8)
@@ -315,10 +316,10 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
         ("chunk fwd (split)", ck.chunk_fwd_kernel, dict(blocks, OUT=False, SAVE=True)),
         ("chunk fwd (on chip)", ck.chunk_fwd_kernel, dict(blocks, OUT=True, SAVE=True)),
         ("chunk out", ck.chunk_out_kernel, blocks),
-        ("chunk bwd state (split)", ck.chunk_bwd_state_kernel, dict(blocks, GRADS=False)),
-        ("chunk bwd state (on chip)", ck.chunk_bwd_state_kernel, dict(blocks, GRADS=True)),
-        ("chunk bwd grads", ck.chunk_bwd_grads_kernel, blocks),
-        ("chunk bwd prep", ck.chunk_bwd_prep_kernel, prep),
+        ("chunk bwd state (split)", ck.chunk_bwd_state_kernel, dict(bwd_blocks, GRADS=False)),
+        ("chunk bwd state (on chip)", ck.chunk_bwd_state_kernel, dict(bwd_blocks, GRADS=True)),
+        ("chunk bwd grads", ck.chunk_bwd_grads_kernel, bwd_blocks),
+        ("chunk bwd prep", ck.chunk_bwd_prep_kernel, bwd_prep),
         ("fla chunk_bwd_dqkwg", dqkwg_kernel, dict(dqkwg, typed={"q", "k", "v", "do", "h", "dh", "w", "dv", "dw"})),
     ]
     dt = _TY[dtype]

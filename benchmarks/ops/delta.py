@@ -170,7 +170,7 @@ def chunk_kernel_bytes(op: str, batch: int, L: int, H: int, D: int, v_bytes: int
     n = 2 if op == "product" else 1
     gated = op == "gated"
     Ts = L * n
-    C, BK, BV, VP, _, prec = tiles.resolve(Ts, D, D, torch.float32)  # q as the kernels read it
+    C, BK, BV, VP, _, _, prec = tiles.resolve(Ts, D, D, torch.float32)  # q as the kernels read it
     kb, NV, NC = tiles.store_dtype(prec).itemsize, VP // BV, -(-Ts // C)
     q, k, v = batch * L * H * D * 4, batch * Ts * H * D * 4, batch * Ts * H * D * v_bytes
     o = batch * L * H * D * 4  # o and do: in q's dtype after the normalization
@@ -196,7 +196,7 @@ TEXT_TILE_FIELDS = ("precision", "inverse", "store")
 
 
 def chunk_tiles(text: str | None) -> triton_chunk.ChunkTiles:
-    """``ChunkTiles`` from ``"chunk=32,warps=8,block_v=32,stages=2,precision=tf32,inverse=blocks,store=bf16"`` (``None``:
+    """``ChunkTiles`` from ``"chunk=32,warps=4,bwd_warps=8,block_v=32,stages=2,precision=tf32,inverse=blocks,store=bf16"`` (``None``:
     defaults)."""
     if not text:
         return triton_chunk.ChunkTiles()

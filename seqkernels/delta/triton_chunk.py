@@ -50,6 +50,7 @@ class ChunkTiles:
     - ``warps``: default 2 for tiles 16 wide, 4 up to 64, 8 for 128 (the fastest timed at head dims 16 and
       64); chunks of 64 with ``"bf16"`` products at tiles narrower than 64 take 8 and refuse fewer (4 warps
       there made an illegal memory access on an H100 with Triton 3.6);
+    - ``bwd_warps``: the warps of the backward's three kernels (default: ``warps``'s);
     - ``precision``: the ``input_precision`` of every product (default ``"tf32x3"``, float32-accurate,
       where the kernels read ``q`` in float32, as after ``qk_l2norm`` whatever the inputs' dtype, and
       ``"tf32"`` where they read it in 16 bits; ``"ieee"``: float32 FMA; ``"bf16"``: both
@@ -73,14 +74,16 @@ class ChunkTiles:
     chunk: int | None = None
     block_v: int | None = None
     warps: int | None = None
+    bwd_warps: int | None = None
     precision: str | None = None
     fused: bool = False
     stages: int = 2
     inverse: str = "blocks"
     store: str | None = None
 
-    def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, str]:
-        """``(C, BK, BV, VP, warps, precision)`` for ``T`` steps, keys of width ``K``, values of width ``V``."""
+    def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, int, str]:
+        """``(C, BK, BV, VP, warps, bwd_warps, precision)`` for ``T`` steps, keys of width ``K``, values of
+        width ``V``."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
         C = self.chunk or min(32, max(16, next_pow2(T)))
         if C not in (16, 32, 64):
@@ -92,21 +95,26 @@ class ChunkTiles:
         if precision not in PRECISIONS:
             raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
         wide = max(BK, VP)
-        warps = self.warps or (2 if wide <= 16 else 4 if wide <= 64 else 8)
-        if C == 64 and precision == "bf16" and wide < 64:
-            if self.warps is not None and self.warps < 8:
-                raise ValueError(
-                    "delta triton_chunk: chunk 64 with bf16 products at head dims below 64 needs 8 warps, "
-                    f"got {self.warps} (4 made an illegal memory access on an H100 with Triton 3.6)"
-                )
-            warps = 8
+        default = 2 if wide <= 16 else 4 if wide <= 64 else 8
+        warps = [self.warps, self.bwd_warps or self.warps]
+        for i, (name, w) in enumerate(zip(("warps", "bwd_warps"), warps)):
+            if w is not None and w not in (1, 2, 4, 8, 16):
+                raise ValueError(f"delta triton_chunk: {name} must be 1, 2, 4, 8 or 16, got {w!r}")
+            if C == 64 and precision == "bf16" and wide < 64:
+                if w is not None and w < 8:
+                    raise ValueError(
+                        "delta triton_chunk: chunk 64 with bf16 products at head dims below 64 needs 8 "
+                        f"{name}, got {w} (4 made an illegal memory access on an H100 with Triton 3.6)"
+                    )
+                w = 8
+            warps[i] = w or default
         if self.inverse not in ("rows", "blocks"):
             raise ValueError(f"delta triton_chunk: inverse must be 'rows' or 'blocks', got {self.inverse!r}")
         if not isinstance(self.stages, int) or self.stages < 1:
             raise ValueError(f"delta triton_chunk: stages must be a positive int, got {self.stages!r}")
         if self.store not in (None, "fp32", "bf16"):
             raise ValueError(f"delta triton_chunk: store must be 'fp32' or 'bf16', got {self.store!r}")
-        return C, BK, BV, VP, warps, precision
+        return C, BK, BV, VP, *warps, precision
 
     def store_dtype(self, precision: str) -> torch.dtype:
         """The dtype of the intermediates kept between kernels at products of ``precision``."""
@@ -114,15 +122,17 @@ class ChunkTiles:
         return torch.bfloat16 if bf16 else torch.float32
 
 
-def _meta(q, k, v, g, nstep: int, tiles: ChunkTiles | None) -> tuple[int, int, ChunkTiles, dict, dict]:
+def _meta(
+    q, k, v, g, nstep: int, tiles: ChunkTiles | None, backward: bool = False
+) -> tuple[int, int, ChunkTiles, dict, dict]:
     """``(C, NV, tiles, prep, blocks)``: the chunk, the blocks of value columns, the tiles (defaults for
-    ``None``), and the constexprs of the launches over whole chunks (``prep``) and over blocks of value
-    columns (``blocks``)."""
+    ``None``), and the constexprs of the forward's (the ``backward``'s) launches over whole chunks
+    (``prep``) and over blocks of value columns (``blocks``)."""
     tiles = tiles or ChunkTiles()
     Ts, K, V = k.shape[1], q.shape[-1], v.shape[-1]
-    C, BK, BV, VP, warps, prec = tiles.resolve(Ts, K, V, q.dtype)
+    C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(Ts, K, V, q.dtype)
     meta = {"K": K, "V": V, "BK": BK, "VP": VP, "C": C, "HAS_G": g is not None, "PREC": prec}
-    meta.update(num_warps=warps, num_stages=tiles.stages)
+    meta.update(num_warps=bwd_warps if backward else warps, num_stages=tiles.stages)
     return C, VP // BV, tiles, meta, {**meta, "BV": BV, "NSTEP": nstep}
 
 
@@ -154,7 +164,7 @@ def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, ti
     """``(dq, dk, dv, dg, dbeta)``: ``dv`` in ``v``'s dtype, the others float32 (``dg`` empty without ``g``)."""
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
-    C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles)
+    C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles, backward=True)
     fused, BK, VP = tiles.fused, prep["BK"], prep["VP"]
     NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
     g_arg = beta if g is None else g
@@ -194,7 +204,7 @@ def delta_chunk_fwd(
 def _(q, k, v, g, beta, scale, nstep):
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
-    C, BK, _, VP, _, prec = ChunkTiles().resolve(Ts, K, V, q.dtype)
+    C, BK, _, VP, _, _, prec = ChunkTiles().resolve(Ts, K, V, q.dtype)
     NC, f32, kept = cdiv(Ts, C), torch.float32, ChunkTiles().store_dtype(prec)
     W, U = (q.new_empty(B * H, NC * C, n, dtype=kept) for n in (BK, VP))
     Tm = q.new_empty(B * H, NC * C, C, dtype=f32)

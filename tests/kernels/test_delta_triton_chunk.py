@@ -89,6 +89,7 @@ def _compare(member, shape, dtype, tol, tiles=None, seed=0):
         ((1, 130, 1, 16, 32), ChunkTiles(chunk=64)),  # I + A inverted by 16 x 16 blocks, 4 per chunk
         ((1, 130, 1, 16, 32), ChunkTiles(inverse="rows")),  # I + A inverted row by row
         ((1, 37, 2, 16, 16), ChunkTiles(chunk=64, inverse="rows")),
+        ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, bwd_warps=8)),  # the backward launched with its own warps
     ],
 )
 def test_triton_chunk_equals_reference(member, shape, tiles):
@@ -184,10 +185,16 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
 
 
 def test_default_warps_follow_the_head_width():
-    """2 warps for heads 16 wide, 4 up to 64, 8 at 128; 8 for chunks of 64 with bf16 products below 64."""
-    warps = lambda D, **kw: ChunkTiles(**kw).resolve(256, D, D, torch.float32)[4]  # noqa: E731
-    assert [warps(D) for D in (8, 16, 32, 64, 128)] == [2, 2, 4, 4, 8]
-    assert warps(32, chunk=64, precision="bf16") == 8 and warps(64, chunk=64, precision="bf16") == 4
+    """2 warps for heads 16 wide, 4 up to 64, 8 at 128; 8 for chunks of 64 with bf16 products below 64; the
+    backward's as the forward's unless set."""
+    warps = lambda D, **kw: ChunkTiles(**kw).resolve(256, D, D, torch.float32)[4:6]  # noqa: E731
+    assert [warps(D) for D in (8, 16, 32, 64, 128)] == [(2, 2), (2, 2), (4, 4), (4, 4), (8, 8)]
+    assert warps(32, chunk=64, precision="bf16") == (8, 8) and warps(64, chunk=64, precision="bf16") == (4, 4)
+    assert warps(64, bwd_warps=8) == (4, 8) and warps(64, warps=2) == (2, 2)
+    with pytest.raises(ValueError, match="needs 8 bwd_warps, got 4"):
+        warps(32, chunk=64, precision="bf16", bwd_warps=4)
+    with pytest.raises(ValueError, match="bwd_warps must be 1, 2, 4, 8 or 16, got 3"):
+        warps(32, bwd_warps=3)
 
 
 def test_triton_chunk_named_on_cpu_without_interpreter_is_one_line(monkeypatch):
@@ -236,12 +243,14 @@ def test_gpu_triton_chunk_product_equals_reference(member, L, D, dtype, tol):
         ChunkTiles(block_v=32),
         ChunkTiles(precision="ieee"),
         ChunkTiles(fused=True),
+        ChunkTiles(bwd_warps=4),
+        ChunkTiles(warps=4, bwd_warps=16),
     ],
 )
 @gpu
 def test_gpu_triton_chunk_tiles(tiles):
-    """Another chunk size, several value blocks at D 128, IEEE products and the outputs and gradients
-    computed with the state on chip (paper 004), float32."""
+    """Another chunk size, several value blocks at D 128, IEEE products, the outputs and gradients
+    computed with the state on chip (paper 004) and the backward at other warps than the forward, float32."""
     _compare("gated_delta_rule", (2, 300, 2, 128, 128), torch.float32, 1e-4, tiles, seed=5)
 
 
