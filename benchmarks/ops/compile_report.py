@@ -298,9 +298,9 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     meta_q = torch.empty(1, T, 1, D, device="meta")
     _, _, _, rec = triton_ops._launch(meta_q, meta_q, meta_q, 2, None)
     tiles = tiles or ChunkTiles()
-    # as the mixers call them (qk_l2norm): q, k normalized in float32, so o, do float32 and the default
-    # precision that of float32 q; v, dv in the inputs' dtype, the intermediates in the kept dtype
-    C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(T, D, D, torch.float32)
+    # as the mixers call them (qk_l2norm): q, k normalized in float32, so o, do float32, the default
+    # precision that of the inputs' dtype; v, dv in the inputs' dtype, the intermediates in the kept dtype
+    C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(T, D, D, dtype)
     prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=tiles.stages)
     ptrs = dict(typed={"v", "dv"}, kept="*" + _TY[tiles.store_dtype(prec)])
     prep, blocks = dict(prep, **ptrs), dict(prep, BV=BV, NSTEP=1, **ptrs)

@@ -24,9 +24,10 @@ Backends:
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
 - ``"auto"``: the fastest measured on CUDA (``resolve_backend``): ``"fla"`` where fla is importable, but
-  ``"triton"`` for narrow heads and short recurrences where fla's own path is slow (``dplr_delta_rule``;
+  ours (``"triton_chunk"``; ``"triton"`` for ``dplr_delta_rule``, which has no chunked form) for narrow
+  heads over short recurrences, and over longer ones where fla's own path is slow (``dplr_delta_rule``;
   a gated op whose backward fla refuses here when its stand-in runs in PyTorch, see ``fla_gated_bwd``);
-  without fla ``"triton"`` for narrow heads, else ``"triton_chunk"``. Off CUDA ``"chunk"``
+  without fla ``"triton_chunk"`` (``"triton"`` for ``dplr_delta_rule``). Off CUDA ``"chunk"``
   (``"reference"`` for ``dplr_delta_rule``).
 
 ``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
@@ -95,13 +96,17 @@ def fla_available() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-#: ``"auto"`` gives our recurrent kernel heads at most this wide (key width): at 16 it beat fla's chunked
-#: kernels where fla is slow and our chunked kernels at their earlier tiles, at 64 it lost to both
-#: (``benchmarks/ops/results/delta.evidence.md``)
-AUTO_TRITON_MAX_HEAD_DIM = 16
-#: where fla runs, ``"auto"`` gives our recurrent kernel recurrences (tokens times steps per token) of at
-#: most this many steps: the measured crossover against fla's gated path at head dim 16
-AUTO_TRITON_MAX_STEPS = 256
+#: where fla runs, ``"auto"`` gives our kernels heads at most this wide (key width) over short recurrences:
+#: at 16 ours beat fla's up to 64 steps, at 32 fla's were twice as fast
+#: (``benchmarks/ops/results/delta.evidence.md``, "The crossover in length")
+AUTO_OURS_MAX_HEAD_DIM = 16
+#: recurrences (tokens times steps per token) of at most this many steps take ours where fla's path is
+#: fast: at head dim 16 ours was as fast or faster up to 64 steps, fla's 9% faster at 256
+AUTO_OURS_MAX_STEPS = 64
+#: ... and of at most this many where fla's path is slow: the crossover of our recurrent kernel against
+#: fla's gated path with its PyTorch backward, at head dim 16 (our chunk kernels beat the recurrent one
+#: at every length timed; against that fla path beyond 256 steps they are untimed)
+AUTO_OURS_MAX_STEPS_SLOW_FLA = 256
 
 
 @functools.cache
@@ -124,26 +129,22 @@ def _fla_gated_is_slow(x: torch.Tensor) -> bool:
 
 def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int) -> str:
     """What ``"auto"`` runs, the fastest in CUDA-graph replays of forward and backward (``python -m
-    benchmarks.ops delta --graph --sweep``). On CUDA with fla importable: ``"fla"``, except that heads at
-    most ``AUTO_TRITON_MAX_HEAD_DIM`` wide over at most ``AUTO_TRITON_MAX_STEPS`` steps take ``"triton"``
-    where fla's own path is slow (``dplr_delta_rule``; a ``gated`` op whose backward runs in PyTorch,
-    ``_fla_gated_is_slow``). Without fla: ``"triton"`` for heads at most ``AUTO_TRITON_MAX_HEAD_DIM``
-    wide (faster than the chunked form at every length timed with the chunk kernels' earlier tiles; at
-    their current ones the chunked form is the faster at length 128, and the length sweep that would move
-    this rule is still to run: ``delta.evidence.md``), ``"triton_chunk"`` for wider ones. Off CUDA:
-    ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``)."""
-    if x.is_cuda:
-        narrow = x.shape[-1] <= AUTO_TRITON_MAX_HEAD_DIM
-        if fla_available():
-            fla_slow = op == "dplr_delta_rule" or (gated and _fla_gated_is_slow(x))
-            if fla_slow and narrow and steps <= AUTO_TRITON_MAX_STEPS and "triton" in available:
-                return "triton"
-            return "fla"
-        if not narrow and "triton_chunk" in available:
-            return "triton_chunk"
-        if "triton" in available:
-            return "triton"
-    return "chunk" if "chunk" in available else "reference"
+    benchmarks.ops delta --graph --sweep``). On CUDA, ours is ``"triton_chunk"`` (faster than our recurrent
+    ``"triton"`` at every length timed, head dims 16 to 64), ``"triton"`` for ``dplr_delta_rule``. With fla
+    importable: ``"fla"``, except ours for heads at most ``AUTO_OURS_MAX_HEAD_DIM`` wide over at most
+    ``AUTO_OURS_MAX_STEPS`` steps, or ``AUTO_OURS_MAX_STEPS_SLOW_FLA`` where fla's own path is slow
+    (``dplr_delta_rule``; a ``gated`` op whose backward runs in PyTorch, ``_fla_gated_is_slow``). Without
+    fla: ours. Off CUDA: ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``)."""
+    if not x.is_cuda:
+        return "chunk" if "chunk" in available else "reference"
+    ours = next((name for name in ("triton_chunk", "triton") if name in available), None)
+    if not fla_available():
+        return ours or ("chunk" if "chunk" in available else "reference")
+    if ours is not None and x.shape[-1] <= AUTO_OURS_MAX_HEAD_DIM:
+        fla_slow = op == "dplr_delta_rule" or (gated and _fla_gated_is_slow(x))
+        if steps <= (AUTO_OURS_MAX_STEPS_SLOW_FLA if fla_slow else AUTO_OURS_MAX_STEPS):
+            return ours
+    return "fla"
 
 
 def resolve_backend(op: str, backend: str, x: torch.Tensor, *, gated: bool = False, steps: int = 0) -> str:

@@ -13,7 +13,9 @@ the state on chip, and the per-chunk kernels do not run. Saved for the backward:
 pseudo-values, written over ``U`` by the forward's walk), ``T`` and the state entering every chunk
 (float32; ``W``, ``U'`` and the states in bfloat16 with bfloat16 products: ``ChunkTiles.store``).
 ``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the float64 -> float32 casts torch code (autograd
-differentiates both); the output is in the dtype of ``q``, gradients in their input's dtype.
+differentiates both); the output is in the dtype of ``q``, gradients in their input's dtype. The default
+precision of the products follows the caller's inputs (``default_precision``), not the float32 that
+``qk_l2norm`` hands the kernels.
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ from seqkernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kerne
 PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
 
 
+def default_precision(dtype: torch.dtype) -> str:
+    """The products' default ``input_precision`` for inputs of ``dtype``: ``"tf32x3"`` (float32-accurate)
+    for float32 and float64, ``"tf32"`` (one tensor-core pass, 10-bit mantissas: errors below the 16-bit
+    inputs' own rounding) for 16-bit ones."""
+    return "tf32x3" if dtype in (torch.float32, torch.float64) else "tf32"
+
+
 @dataclasses.dataclass(frozen=True)
 class ChunkTiles:
     """Launch parameters of the chunk kernels; ``None`` takes the default for the problem.
@@ -51,11 +60,10 @@ class ChunkTiles:
       64); chunks of 64 with ``"bf16"`` products at tiles narrower than 64 take 8 and refuse fewer (4 warps
       there made an illegal memory access on an H100 with Triton 3.6);
     - ``bwd_warps``: the warps of the backward's three kernels (default: ``warps``'s);
-    - ``precision``: the ``input_precision`` of every product (default ``"tf32x3"``, float32-accurate,
-      where the kernels read ``q`` in float32, as after ``qk_l2norm`` whatever the inputs' dtype, and
-      ``"tf32"`` where they read it in 16 bits; ``"ieee"``: float32 FMA; ``"bf16"``: both
-      operands rounded to bfloat16, one tensor-core pass, relative errors about 1e-2 that grow with the
-      length);
+    - ``precision``: the ``input_precision`` of every product (default ``default_precision`` of the
+      caller's inputs: ``"tf32x3"``, float32-accurate, for float32 ones, ``"tf32"`` for 16-bit ones, whatever
+      dtype ``qk_l2norm`` hands the kernels; ``"ieee"``: float32 FMA; ``"bf16"``: both operands rounded to
+      bfloat16, one tensor-core pass, relative errors about 1e-2 that grow with the length);
     - ``fused``: ``False`` (default): the sequential kernels only carry the state and store it for every
       chunk, and per-chunk kernels read it back for the outputs and gradients (forward + backward the
       faster at every shape timed: ``benchmarks/ops/results/delta.evidence.md``); ``True``: the sequential
@@ -83,7 +91,7 @@ class ChunkTiles:
 
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, int, str]:
         """``(C, BK, BV, VP, warps, bwd_warps, precision)`` for ``T`` steps, keys of width ``K``, values of
-        width ``V``."""
+        width ``V``, the caller's inputs in ``dtype``."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
         C = self.chunk or min(32, max(16, next_pow2(T)))
         if C not in (16, 32, 64):
@@ -91,7 +99,7 @@ class ChunkTiles:
         BV = self.block_v or min(VP, 64)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"delta triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
-        precision = self.precision or ("tf32x3" if dtype == torch.float32 else "tf32")
+        precision = self.precision or default_precision(dtype)
         if precision not in PRECISIONS:
             raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
         wide = max(BK, VP)
@@ -195,17 +203,19 @@ def delta_chunk_fwd(
     beta: torch.Tensor,
     scale: float,
     nstep: int,
+    precision: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(o, W, U, Tm, ckpt)`` with the default tiles (``_forward``)."""
-    return _forward(q, k, v, g, beta, scale, nstep, save=True)
+    """``(o, W, U, Tm, ckpt)`` with the default tiles at products of ``precision`` (``_forward``)."""
+    return _forward(q, k, v, g, beta, scale, nstep, save=True, tiles=ChunkTiles(precision=precision))
 
 
 @delta_chunk_fwd.register_fake
-def _(q, k, v, g, beta, scale, nstep):
+def _(q, k, v, g, beta, scale, nstep, precision):
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
-    C, BK, _, VP, _, _, prec = ChunkTiles().resolve(Ts, K, V, q.dtype)
-    NC, f32, kept = cdiv(Ts, C), torch.float32, ChunkTiles().store_dtype(prec)
+    tiles = ChunkTiles(precision=precision)
+    C, BK, _, VP, _, _, prec = tiles.resolve(Ts, K, V, q.dtype)
+    NC, f32, kept = cdiv(Ts, C), torch.float32, tiles.store_dtype(prec)
     W, U = (q.new_empty(B * H, NC * C, n, dtype=kept) for n in (BK, VP))
     Tm = q.new_empty(B * H, NC * C, C, dtype=f32)
     return q.new_empty(B, T, H, V), W, U, Tm, q.new_empty(B * H, NC, BK, VP, dtype=kept)
@@ -225,14 +235,15 @@ def delta_chunk_bwd(
     ckpt: torch.Tensor,
     scale: float,
     nstep: int,
+    precision: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The input gradients ``(dq, dk, dv, dg, dbeta)`` with the default tiles (``_backward``): ``dv`` in ``v``'s
-    dtype, the others float32."""
-    return _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep)
+    """The input gradients ``(dq, dk, dv, dg, dbeta)`` with the default tiles at products of ``precision``
+    (``_backward``): ``dv`` in ``v``'s dtype, the others float32."""
+    return _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep, ChunkTiles(precision=precision))
 
 
 @delta_chunk_bwd.register_fake
-def _(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep):
+def _(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep, precision):
     f = torch.float32
     dg = g.new_empty(g.shape, dtype=f) if g is not None else q.new_empty(0, dtype=f)
     dq, dk = (x.new_empty(x.shape, dtype=f) for x in (q, k))
@@ -240,15 +251,15 @@ def _(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, scale, nstep = inputs
+    q, k, v, g, beta, scale, nstep, precision = inputs
     ctx.save_for_backward(q, k, v, g, beta, *output[1:])
-    ctx.opts = (scale, nstep)
+    ctx.opts = (scale, nstep, precision)
 
 
 def _grad(ctx, do, *_):
     q, k, v, g, beta, W, U, Tm, ckpt = ctx.saved_tensors
     grads = delta_chunk_bwd(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, *ctx.opts)
-    return (*grads_in_input_dtypes(grads, (q, k, v, g, beta)), None, None)
+    return (*grads_in_input_dtypes(grads, (q, k, v, g, beta)), None, None, None)
 
 
 delta_chunk_fwd.register_autograd(_grad, setup_context=_setup_context)
@@ -273,21 +284,25 @@ class _Eager(torch.autograd.Function):
 
 
 def gated_delta_chunk(
-    q, k, v, g, beta, *, scale: float, nstep: int = 1, tiles: ChunkTiles | None = None
+    q, k, v, g, beta, *, scale: float, nstep: int = 1, tiles: ChunkTiles | None = None, input_dtype=None
 ) -> torch.Tensor:
     """Over steps ``s``: ``S_s = exp(g_s) S_{s-1}(I - beta_s k_s k_s^T) + beta_s v_s k_s^T`` (no decay for
     ``g=None``), ``o_t = scale S_{s(t)} q_t`` at each token's last step ``s(t) = nstep t + nstep - 1``.
     ``q (B, T, H, K)``; per step ``k (B, T nstep, H, K)``, ``v (B, T nstep, H, V)``, ``g, beta (B, T nstep, H)``
-    -> ``o (B, T, H, V)`` in ``q``'s dtype; inputs are made contiguous; ``tiles``: ``ChunkTiles``."""
+    -> ``o (B, T, H, V)`` in ``q``'s dtype; inputs are made contiguous; ``tiles``: ``ChunkTiles``;
+    ``input_dtype``: the dtype of the caller's inputs before any cast or normalization (default ``q``'s),
+    which sets the default precision (``default_precision``)."""
     if q.dtype not in KERNEL_DTYPES:
         raise TypeError(f"delta triton_chunk: inputs must be one of {KERNEL_DTYPES}, got {q.dtype}")
     if max(q.shape[-1], v.shape[-1]) > 128:
         raise ValueError(f"delta triton_chunk: head dims up to 128, got K={q.shape[-1]}, V={v.shape[-1]}")
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     g = None if g is None else g.contiguous()
+    precision = (tiles and tiles.precision) or default_precision(input_dtype or q.dtype)
     args = (q, k, v, g, beta, float(scale), int(nstep))
     if torch.compiler.is_compiling():
-        return delta_chunk_fwd(*args)[0]
+        return delta_chunk_fwd(*args, precision)[0]
+    tiles = dataclasses.replace(tiles or ChunkTiles(), precision=precision)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args[:5]):
         return _Eager.apply(tiles, *args)
     return _forward(*args, save=False, tiles=tiles)[0]
@@ -306,7 +321,7 @@ def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, t
         gs = F.pad(kernel_dtype(g)[0][:, :, None], (0, 0, 0, n - 1)).reshape(B, L * n, H)
     ks, vs, bs = (x.reshape(B, L * n, H, *x.shape[4:]) for x in (k, v, beta))
     scale = K**-0.5 if scale is None else scale
-    return gated_delta_chunk(q, ks, vs, gs, bs, scale=scale, nstep=n, tiles=tiles).to(out_dtype)
+    return gated_delta_chunk(q, ks, vs, gs, bs, scale=scale, nstep=n, tiles=tiles, input_dtype=out_dtype).to(out_dtype)
 
 
 delta_rule, gated_delta_rule, delta_product = members(gated_delta_product)

@@ -215,19 +215,22 @@ def test_dispatch_errors():
 @pytest.mark.parametrize(
     "op,gated,head_dim,steps,fla,refuses,expected",
     [
-        ("delta_rule", False, 16, 128, False, False, "triton"),  # no fla: narrow heads, ours at any length
-        ("delta_rule", False, 16, 4096, False, False, "triton"),
-        ("delta_rule", False, 17, 128, False, False, "triton_chunk"),  # wider heads: our chunked kernels
+        ("delta_rule", False, 16, 128, False, False, "triton_chunk"),  # no fla: our chunked kernels
+        ("delta_rule", False, 16, 4096, False, False, "triton_chunk"),
+        ("delta_rule", False, 17, 128, False, False, "triton_chunk"),
         ("delta_product", True, 64, 4096, False, False, "triton_chunk"),
         ("dplr_delta_rule", False, 64, 4096, False, False, "triton"),  # no chunked form: the recurrence
-        ("delta_rule", False, 16, 128, True, True, "fla"),  # ungated: fla's own kernels
+        ("delta_rule", False, 16, kd.AUTO_OURS_MAX_STEPS, True, False, "triton_chunk"),  # short: ours
+        ("delta_rule", False, 16, kd.AUTO_OURS_MAX_STEPS + 1, True, True, "fla"),  # ungated: fla's own kernels
         ("delta_product", False, 16, 256, True, True, "fla"),
-        ("gated_delta_rule", True, 16, 128, True, True, "triton"),  # fla's gated backward refused here
-        ("gated_delta_rule", True, 16, kd.AUTO_TRITON_MAX_STEPS, True, True, "triton"),
-        ("gated_delta_rule", True, 16, kd.AUTO_TRITON_MAX_STEPS + 1, True, True, "fla"),
+        ("delta_product", False, 17, 8, True, False, "fla"),  # wider heads: fla at any length
+        ("gated_delta_rule", True, 16, 128, True, True, "triton_chunk"),  # fla's gated backward refused here
+        ("gated_delta_rule", True, 16, kd.AUTO_OURS_MAX_STEPS_SLOW_FLA, True, True, "triton_chunk"),
+        ("gated_delta_rule", True, 16, kd.AUTO_OURS_MAX_STEPS_SLOW_FLA + 1, True, True, "fla"),
         ("gated_delta_rule", True, 32, 128, True, True, "fla"),  # wider heads: fla even so
         ("gated_delta_rule", True, 16, 128, True, False, "fla"),  # fla's Triton backward runs
-        ("delta_product", True, 16, 256, True, True, "triton"),
+        ("gated_delta_rule", True, 16, kd.AUTO_OURS_MAX_STEPS, True, False, "triton_chunk"),
+        ("delta_product", True, 16, 256, True, True, "triton_chunk"),
         ("dplr_delta_rule", False, 16, 128, True, False, "triton"),  # ours beat fla's DPLR kernels
         ("dplr_delta_rule", False, 64, 128, True, False, "fla"),
     ],
@@ -236,7 +239,7 @@ def test_auto_on_cuda_picks_by_head_width_length_and_fla(
     monkeypatch, op, gated, head_dim, steps, fla, refuses, expected
 ):
     """``auto``'s table for CUDA tensors (a stand-in with ``is_cuda`` and a shape; no GPU needed), at the
-    edges of ``AUTO_TRITON_MAX_HEAD_DIM`` and ``AUTO_TRITON_MAX_STEPS``; where fla refuses its gated
+    edges of ``AUTO_OURS_MAX_HEAD_DIM``, ``AUTO_OURS_MAX_STEPS`` and ``AUTO_OURS_MAX_STEPS_SLOW_FLA``; where fla refuses its gated
     backward, the stand-in registered for it is the PyTorch function."""
     from seqkernels.delta import fla_gated_bwd
 
@@ -250,7 +253,8 @@ def test_auto_on_cuda_picks_by_head_width_length_and_fla(
 @pytest.mark.parametrize("op", ["gated_delta_rule", "delta_product"])
 def test_auto_keeps_fla_where_our_triton_kernel_stands_in_for_its_refused_backward(monkeypatch, op):
     """fla refuses its gated backward, but with our Triton ``chunk_bwd_dqkwg`` registered in its place
-    (the default) fla's gated path is fast again: narrow heads and short recurrences stay on fla."""
+    (the default) fla's gated path is fast again: narrow heads over more than ``AUTO_OURS_MAX_STEPS`` steps
+    stay on fla."""
     from seqkernels.delta import fla_gated_bwd
 
     monkeypatch.setattr(kd, "fla_available", lambda: True)
@@ -259,7 +263,7 @@ def test_auto_keeps_fla_where_our_triton_kernel_stands_in_for_its_refused_backwa
     assert fla_gated_bwd.REGISTERED == "triton"
     assert kd.resolve_backend(op, "auto", cuda_like, gated=True, steps=128) == "fla"
     monkeypatch.setattr(fla_gated_bwd, "REGISTERED", "torch")
-    assert kd.resolve_backend(op, "auto", cuda_like, gated=True, steps=128) == "triton"
+    assert kd.resolve_backend(op, "auto", cuda_like, gated=True, steps=128) == "triton_chunk"
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -338,20 +342,31 @@ def test_gpu_delta_product(B, L, H, D, n, gated, backend, tol):
 
 
 @needs_fla
-def test_gpu_fla_gated_backward_runs_our_pytorch_function_exactly_where_fla_refuses(monkeypatch):
-    """fla's gated backward goes through ``fla_gated_bwd.chunk_bwd_dqkwg`` iff fla's Triton one refuses
-    (Hopper, Triton 3.4-3.7.0); either way ``backend="fla"`` trains; ``auto`` takes our kernel where it refuses."""
+def test_gpu_fla_gated_backward_runs_our_stand_in_exactly_where_fla_refuses(monkeypatch):
+    """fla's gated backward goes through ``fla_gated_bwd``'s registered ``chunk_bwd_dqkwg`` (our Triton
+    kernel by default, else the PyTorch function) iff fla's Triton one refuses (Hopper, Triton
+    3.4-3.7.0); either way ``backend="fla"`` trains; ``auto`` leaves fla only where its path is slow."""
     from seqkernels.delta import fla_gated_bwd
 
     calls = []
-    original = fla_gated_bwd.chunk_bwd_dqkwg
-    monkeypatch.setattr(fla_gated_bwd, "chunk_bwd_dqkwg", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    for name in ("chunk_bwd_dqkwg", "chunk_bwd_dqkwg_triton"):
+        original = getattr(fla_gated_bwd, name)
+        monkeypatch.setattr(
+            fla_gated_bwd, name, lambda *a, _f=original, _n=name, **kw: calls.append(_n) or _f(*a, **kw)
+        )
     q, k, v, beta, g = _inputs(1, 70, 2, 16, 16, gated=True)
     args = [t.float().cuda().requires_grad_() for t in (q, k, v, g, beta)]
     kd.gated_delta_rule(*args, backend="fla").sum().backward()
-    assert bool(calls) == fla_gated_bwd.triton_refuses()
+    refuses = fla_gated_bwd.triton_refuses()
+    assert set(calls) == ({"chunk_bwd_dqkwg_triton"} if refuses else set())
     assert all(torch.isfinite(a.grad).all() for a in args)
-    expected = "triton" if fla_gated_bwd.triton_refuses() else "fla"  # auto avoids fla's PyTorch fallback
+    # 70 steps: past AUTO_OURS_MAX_STEPS, so fla while its path is fast (our Triton stand-in registered)
+    assert kd.resolve_backend("gated_delta_rule", "auto", args[0], gated=True, steps=70) == "fla"
+    monkeypatch.setattr(fla_gated_bwd, "REGISTERED", "torch")
+    calls.clear()
+    kd.gated_delta_rule(*args, backend="fla").sum().backward()
+    assert set(calls) == ({"chunk_bwd_dqkwg"} if refuses else set())
+    expected = "triton_chunk" if refuses else "fla"  # auto avoids fla's PyTorch fallback
     assert kd.resolve_backend("gated_delta_rule", "auto", args[0], gated=True, steps=70) == expected
 
 

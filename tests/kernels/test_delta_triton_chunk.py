@@ -125,19 +125,19 @@ def test_custom_ops_opcheck_and_autograd():
     gen = torch.Generator().manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=gen).to(DEVICE)  # noqa: E731
     B, L, H, K, V = 1, 21, 2, 16, 16
-    for n, gated in ((1, False), (2, True)):
+    for n, gated, precision in ((1, False, "tf32x3"), (2, True, "bf16")):  # bf16: intermediates in bfloat16
         q, k, v = r(B, L, H, K), F.normalize(r(B, L * n, H, K), dim=-1), r(B, L * n, H, V)
         g, beta = -torch.rand(B, L * n, H).to(DEVICE) if gated else None, torch.rand(B, L * n, H).to(DEVICE)
         inputs = [None if x is None else x.requires_grad_() for x in (q, k, v, g, beta)]
-        args = (*inputs, 0.5, n)
+        args = (*inputs, 0.5, n, precision)
         torch.library.opcheck(delta_chunk_fwd, args, test_utils=("test_schema", "test_faketensor"))
         leaves = [x for x in inputs if x is not None]
         do = r(B, L, H, V)
         saved = [None if x is None else x.detach() for x in (q, k, v, g, beta)]
-        bwd_args = (do, *saved, *(x.detach() for x in delta_chunk_fwd(*args)[1:]), 0.5, n)
+        bwd_args = (do, *saved, *(x.detach() for x in delta_chunk_fwd(*args)[1:]), 0.5, n, precision)
         torch.library.opcheck(delta_chunk_bwd, bwd_args, test_utils=("test_schema", "test_faketensor"))
         op_grads = torch.autograd.grad(delta_chunk_fwd(*args)[0], leaves, do)
-        eager = triton_chunk.gated_delta_chunk(*inputs, scale=0.5, nstep=n)
+        eager = triton_chunk.gated_delta_chunk(*inputs, scale=0.5, nstep=n, tiles=ChunkTiles(precision=precision))
         for a, b in zip(op_grads, torch.autograd.grad(eager, leaves, do)):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -160,6 +160,24 @@ def test_torch_compile_takes_the_custom_ops():
     assert len(graphs) == 1 and "expressivity.delta_chunk_fwd" in graphs[0]
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype,want", [(torch.float32, "tf32x3"), (torch.bfloat16, "tf32"), (torch.float64, "tf32x3")])
+def test_default_precision_follows_the_callers_inputs(monkeypatch, dtype, want):
+    """``qk_l2norm`` hands the kernels float32 ``q``, ``k`` whatever the inputs' dtype; the products' default
+    precision follows the caller's inputs, on the eager path and through the custom op ``torch.compile``
+    reaches; explicit tiles keep theirs."""
+    seen, launch = [], triton_chunk._forward
+    monkeypatch.setattr(
+        triton_chunk, "_forward", lambda *a, tiles, **kw: seen.append(tiles.precision) or launch(*a, tiles=tiles, **kw)
+    )
+    tensors, kw = _inputs("delta_rule", 1, 20, 2, 16, 16, seed=6)
+    xs = [t.to(DEVICE, dtype) for t in tensors]
+    f = lambda *x: kd.delta_rule(*x, backend="triton_chunk", **kw)  # noqa: E731
+    f(*xs)
+    torch.compile(f, fullgraph=True, backend=lambda gm, _: gm.forward)(*xs)
+    triton_chunk.delta_rule(*xs, tiles=ChunkTiles(precision="ieee"), **kw)
+    assert seen == [want, want, "ieee"]
 
 
 def test_bad_tiles_and_inputs_are_one_line_errors():
