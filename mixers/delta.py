@@ -32,8 +32,8 @@ chunkwise form in PyTorch, any device/dtype), ``"triton"`` (our fused recurrent 
 dtype with float32 arithmetic), ``"triton_chunk"`` (our chunkwise kernels, CUDA, the input dtype with
 float32 arithmetic), ``"fla"`` (fla's chunked kernels, CUDA, computed in
 bfloat16), ``"fla_recurrent"`` (fla's fused recurrent kernel in the input dtype, CUDA; not with the
-forget gate), ``"auto"`` (``seqkernels.delta.resolve_backend``: ``"triton"``, ``"triton_chunk"`` or
-``"fla"`` on CUDA by head width and length, else ``"chunk"``).
+forget gate), ``"auto"`` (``seqkernels.delta.resolve_backend``: ``"triton_chunk"`` or ``"fla"`` on CUDA
+by head width and length, else ``"chunk"``).
 """
 
 from __future__ import annotations
