@@ -286,7 +286,7 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     """``(name, kernel, args)`` of the delta family's kernels at head dim ``D`` (keys and values) and ``T``
     steps: the recurrent forward and backward (gated product, 2 steps per token), the chunk kernels (split
     default, on chip, the row inverse) with ``tiles`` (a ``ChunkTiles``; default ``ChunkTiles()``) as the
-    mixers call them (``qk_l2norm``: ``q``, ``k`` in float32, ``v`` in ``dtype``), and ``chunk_bwd_dqkwg``'s
+    mixers call them (``qk_l2norm``: ``q``, ``k`` in float32, ``v``, ``o``, ``do`` in ``dtype``), and ``chunk_bwd_dqkwg``'s
     kernel."""
     from seqkernels._triton import next_pow2
     from seqkernels.delta import chunk_kernels as ck
@@ -298,11 +298,11 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     meta_q = torch.empty(1, T, 1, D, device="meta")
     _, _, _, rec = triton_ops._launch(meta_q, meta_q, meta_q, 2, None)
     tiles = tiles or ChunkTiles()
-    # as the mixers call them (qk_l2norm): q, k normalized in float32, so o, do float32, the default
-    # precision that of the inputs' dtype; v, dv in the inputs' dtype, the intermediates in the kept dtype
+    # as the mixers call them (qk_l2norm): q, k normalized in float32; the default precision, v, dv, o and
+    # do those of the inputs' dtype; the intermediates in the kept dtype
     C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(T, D, D, dtype)
     prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=tiles.stages)
-    ptrs = dict(typed={"v", "dv"}, kept="*" + _TY[tiles.store_dtype(prec)])
+    ptrs = dict(typed={"v", "dv", "o", "do"}, kept="*" + _TY[tiles.store_dtype(prec)])
     prep, blocks = dict(prep, **ptrs), dict(prep, BV=BV, NSTEP=1, **ptrs)
     bwd_prep, bwd_blocks = dict(prep, num_warps=bwd_warps), dict(blocks, num_warps=bwd_warps)
     dq_bk = max(16, next_pow2(D))

@@ -13,9 +13,9 @@ the state on chip, and the per-chunk kernels do not run. Saved for the backward:
 pseudo-values, written over ``U`` by the forward's walk), ``T`` and the state entering every chunk
 (float32; ``W``, ``U'`` and the states in bfloat16 with bfloat16 products: ``ChunkTiles.store``).
 ``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the float64 -> float32 casts torch code (autograd
-differentiates both); the output is in the dtype of ``q``, gradients in their input's dtype. The default
-precision of the products follows the caller's inputs (``default_precision``), not the float32 that
-``qk_l2norm`` hands the kernels.
+differentiates both); gradients in their input's dtype. The products' default precision and the dtype
+the kernels write the output in (and read its gradient in) follow the caller's inputs
+(``default_precision``), not the float32 that ``qk_l2norm`` hands the kernels.
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ def _meta(
     return C, VP // BV, tiles, meta, {**meta, "BV": BV, "NSTEP": nstep}
 
 
-def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: ChunkTiles | None = None):
-    """``(o, W, U, Tm, ckpt)``: the output ``(B, T, H, V)`` in ``q``'s dtype; per chunk ``W (B H, NC C, BK)``,
+def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: ChunkTiles | None = None, out_dtype=None):
+    """``(o, W, U, Tm, ckpt)``: the output ``(B, T, H, V)`` in ``out_dtype`` (default ``q``'s); per chunk ``W (B H, NC C, BK)``,
     ``U (B H, NC C, VP)`` (holding ``U'`` once the walk ran) and the entering state ``ckpt (B H, NC, BK, VP)``
     in ``tiles.store_dtype``, ``Tm (B H, NC C, C)`` float32."""
     B, T, H, _ = q.shape
@@ -158,7 +158,7 @@ def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: Chun
     g_arg = beta if g is None else g  # any pointer: HAS_G=False never reads it
     inv_blocks = tiles.inverse == "blocks"
     chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, Ts, H, **prep, INV_BLOCKS=inv_blocks)
-    o = empty((B, T, H, v.shape[-1]), dev, q.dtype)
+    o = empty((B, T, H, v.shape[-1]), dev, out_dtype or q.dtype)
     save = save or not fused
     ckpt = empty((B * H, NC, BK, VP) if save else (1,), dev, kept)
     args = (q, k, g_arg, W, U, o, ckpt, Ts, H, float(scale))
@@ -204,13 +204,16 @@ def delta_chunk_fwd(
     scale: float,
     nstep: int,
     precision: str,
+    out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(o, W, U, Tm, ckpt)`` with the default tiles at products of ``precision`` (``_forward``)."""
-    return _forward(q, k, v, g, beta, scale, nstep, save=True, tiles=ChunkTiles(precision=precision))
+    """``(o, W, U, Tm, ckpt)`` with the default tiles at products of ``precision``, ``o`` in ``out_dtype``
+    (``_forward``)."""
+    tiles = ChunkTiles(precision=precision)
+    return _forward(q, k, v, g, beta, scale, nstep, save=True, tiles=tiles, out_dtype=out_dtype)
 
 
 @delta_chunk_fwd.register_fake
-def _(q, k, v, g, beta, scale, nstep, precision):
+def _(q, k, v, g, beta, scale, nstep, precision, out_dtype):
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
     tiles = ChunkTiles(precision=precision)
@@ -218,7 +221,7 @@ def _(q, k, v, g, beta, scale, nstep, precision):
     NC, f32, kept = cdiv(Ts, C), torch.float32, tiles.store_dtype(prec)
     W, U = (q.new_empty(B * H, NC * C, n, dtype=kept) for n in (BK, VP))
     Tm = q.new_empty(B * H, NC * C, C, dtype=f32)
-    return q.new_empty(B, T, H, V), W, U, Tm, q.new_empty(B * H, NC, BK, VP, dtype=kept)
+    return q.new_empty(B, T, H, V, dtype=out_dtype), W, U, Tm, q.new_empty(B * H, NC, BK, VP, dtype=kept)
 
 
 @torch.library.custom_op("expressivity::delta_chunk_bwd", mutates_args=())
@@ -251,7 +254,7 @@ def _(do, q, k, v, g, beta, W, U, Tm, ckpt, scale, nstep, precision):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, scale, nstep, precision = inputs
+    q, k, v, g, beta, scale, nstep, precision, _ = inputs
     ctx.save_for_backward(q, k, v, g, beta, *output[1:])
     ctx.opts = (scale, nstep, precision)
 
@@ -259,7 +262,7 @@ def _setup_context(ctx, inputs, output):
 def _grad(ctx, do, *_):
     q, k, v, g, beta, W, U, Tm, ckpt = ctx.saved_tensors
     grads = delta_chunk_bwd(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, *ctx.opts)
-    return (*grads_in_input_dtypes(grads, (q, k, v, g, beta)), None, None, None)
+    return (*grads_in_input_dtypes(grads, (q, k, v, g, beta)), None, None, None, None)
 
 
 delta_chunk_fwd.register_autograd(_grad, setup_context=_setup_context)
@@ -269,8 +272,8 @@ class _Eager(torch.autograd.Function):
     """Eager autograd over the same launches as the custom ops, with explicit tiles."""
 
     @staticmethod
-    def forward(ctx, tiles, q, k, v, g, beta, scale, nstep):
-        o, *saved = _forward(q, k, v, g, beta, scale, nstep, save=True, tiles=tiles)
+    def forward(ctx, tiles, out_dtype, q, k, v, g, beta, scale, nstep):
+        o, *saved = _forward(q, k, v, g, beta, scale, nstep, save=True, tiles=tiles, out_dtype=out_dtype)
         ctx.save_for_backward(q, k, v, g, beta, *saved)
         ctx.opts, ctx.tiles = (scale, nstep), tiles
         return o
@@ -280,7 +283,7 @@ class _Eager(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, g, beta, W, U, Tm, ckpt = ctx.saved_tensors
         grads = _backward(do.contiguous(), q, k, v, g, beta, W, U, Tm, ckpt, *ctx.opts, ctx.tiles)
-        return (None, *grads_in_input_dtypes(grads, (q, k, v, g, beta)), None, None)
+        return (None, None, *grads_in_input_dtypes(grads, (q, k, v, g, beta)), None, None)
 
 
 def gated_delta_chunk(
@@ -289,23 +292,26 @@ def gated_delta_chunk(
     """Over steps ``s``: ``S_s = exp(g_s) S_{s-1}(I - beta_s k_s k_s^T) + beta_s v_s k_s^T`` (no decay for
     ``g=None``), ``o_t = scale S_{s(t)} q_t`` at each token's last step ``s(t) = nstep t + nstep - 1``.
     ``q (B, T, H, K)``; per step ``k (B, T nstep, H, K)``, ``v (B, T nstep, H, V)``, ``g, beta (B, T nstep, H)``
-    -> ``o (B, T, H, V)`` in ``q``'s dtype; inputs are made contiguous; ``tiles``: ``ChunkTiles``;
-    ``input_dtype``: the dtype of the caller's inputs before any cast or normalization (default ``q``'s),
-    which sets the default precision (``default_precision``)."""
+    -> ``o (B, T, H, V)``; inputs are made contiguous; ``tiles``: ``ChunkTiles``; ``input_dtype``: the dtype
+    of the caller's inputs before any cast or normalization (default ``q``'s), which sets the default
+    precision (``default_precision``) and ``o``'s dtype (float32 for float64: the kernels write float32,
+    bfloat16 or float16, so the output needs no cast, and its gradient comes back in that dtype)."""
     if q.dtype not in KERNEL_DTYPES:
         raise TypeError(f"delta triton_chunk: inputs must be one of {KERNEL_DTYPES}, got {q.dtype}")
     if max(q.shape[-1], v.shape[-1]) > 128:
         raise ValueError(f"delta triton_chunk: head dims up to 128, got K={q.shape[-1]}, V={v.shape[-1]}")
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     g = None if g is None else g.contiguous()
-    precision = (tiles and tiles.precision) or default_precision(input_dtype or q.dtype)
+    input_dtype = input_dtype or q.dtype
+    precision = (tiles and tiles.precision) or default_precision(input_dtype)
+    out_dtype = input_dtype if input_dtype in KERNEL_DTYPES else torch.float32
     args = (q, k, v, g, beta, float(scale), int(nstep))
     if torch.compiler.is_compiling():
-        return delta_chunk_fwd(*args, precision)[0]
+        return delta_chunk_fwd(*args, precision, out_dtype)[0]
     tiles = dataclasses.replace(tiles or ChunkTiles(), precision=precision)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args[:5]):
-        return _Eager.apply(tiles, *args)
-    return _forward(*args, save=False, tiles=tiles)[0]
+        return _Eager.apply(tiles, out_dtype, *args)
+    return _forward(*args, save=False, tiles=tiles, out_dtype=out_dtype)[0]
 
 
 def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, tiles: ChunkTiles | None = None):
@@ -321,7 +327,8 @@ def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, t
         gs = F.pad(kernel_dtype(g)[0][:, :, None], (0, 0, 0, n - 1)).reshape(B, L * n, H)
     ks, vs, bs = (x.reshape(B, L * n, H, *x.shape[4:]) for x in (k, v, beta))
     scale = K**-0.5 if scale is None else scale
-    return gated_delta_chunk(q, ks, vs, gs, bs, scale=scale, nstep=n, tiles=tiles, input_dtype=out_dtype).to(out_dtype)
+    o = gated_delta_chunk(q, ks, vs, gs, bs, scale=scale, nstep=n, tiles=tiles, input_dtype=out_dtype)
+    return o.to(out_dtype)  # float64 inputs: the kernels' float32 output
 
 
 delta_rule, gated_delta_rule, delta_product = members(gated_delta_product)

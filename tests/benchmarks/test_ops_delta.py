@@ -63,8 +63,8 @@ def test_chunk_tiles_parses_every_field():
 )
 def test_chunk_kernel_bytes_are_the_tensors_the_kernels_touch(op, v_dtype, tiles):
     """The forward kernels' bytes (``chunk_kernel_bytes``) against the sizes of the tensors ``triton_chunk``
-    really passes them (a partial last chunk, padded widths), and the backward prep kernel's writes against
-    the gradients it returns."""
+    really passes them (a partial last chunk, padded widths, the output in the inputs' dtype), and the
+    backward prep kernel's writes against the gradients it returns."""
     from seqkernels.delta import triton_chunk
 
     B, L, H, D, n = 2, 21, 2, 12, (2 if op == "product" else 1)
@@ -74,7 +74,7 @@ def test_chunk_kernel_bytes_are_the_tensors_the_kernels_touch(op, v_dtype, tiles
     v = torch.randn(B, L * n, H, D, generator=gen).to(DEVICE, v_dtype)
     beta = torch.rand(B, L * n, H, generator=gen).to(DEVICE)
     g = -torch.rand(B, L * n, H, generator=gen).to(DEVICE) if op == "gated" else None
-    o, W, U, Tm, ckpt = triton_chunk._forward(q, k, v, g, beta, 0.3, n, save=True, tiles=tiles)
+    o, W, U, Tm, ckpt = triton_chunk._forward(q, k, v, g, beta, 0.3, n, save=True, tiles=tiles, out_dtype=v_dtype)
     do = torch.randn_like(o)
     dq, dk, dv, dg, dbeta = triton_chunk._backward(do, q, k, v, g, beta, W, U, Tm, ckpt, 0.3, n, tiles)
     size = lambda *xs: sum(x.nbytes for x in xs if x is not None)  # noqa: E731

@@ -121,7 +121,7 @@ def test_triton_chunk_bfloat16_intermediates():
 def test_custom_ops_opcheck_and_autograd():
     """The custom ops' registration (schema, fake tensors) is consistent, and their registered autograd gives
     the eager path's gradients (the path ``torch.compile`` takes); one step per token without decay, and
-    two steps per token with it."""
+    two steps per token with it, its output (and the gradient read back) in bfloat16."""
     gen = torch.Generator().manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=gen).to(DEVICE)  # noqa: E731
     B, L, H, K, V = 1, 21, 2, 16, 16
@@ -129,15 +129,20 @@ def test_custom_ops_opcheck_and_autograd():
         q, k, v = r(B, L, H, K), F.normalize(r(B, L * n, H, K), dim=-1), r(B, L * n, H, V)
         g, beta = -torch.rand(B, L * n, H).to(DEVICE) if gated else None, torch.rand(B, L * n, H).to(DEVICE)
         inputs = [None if x is None else x.requires_grad_() for x in (q, k, v, g, beta)]
-        args = (*inputs, 0.5, n, precision)
+        out = torch.bfloat16 if gated else torch.float32
+        args = (*inputs, 0.5, n, precision, out)
         torch.library.opcheck(delta_chunk_fwd, args, test_utils=("test_schema", "test_faketensor"))
         leaves = [x for x in inputs if x is not None]
-        do = r(B, L, H, V)
+        do = r(B, L, H, V).to(out)
         saved = [None if x is None else x.detach() for x in (q, k, v, g, beta)]
         bwd_args = (do, *saved, *(x.detach() for x in delta_chunk_fwd(*args)[1:]), 0.5, n, precision)
         torch.library.opcheck(delta_chunk_bwd, bwd_args, test_utils=("test_schema", "test_faketensor"))
-        op_grads = torch.autograd.grad(delta_chunk_fwd(*args)[0], leaves, do)
-        eager = triton_chunk.gated_delta_chunk(*inputs, scale=0.5, nstep=n, tiles=ChunkTiles(precision=precision))
+        o = delta_chunk_fwd(*args)[0]
+        assert o.dtype == out
+        op_grads = torch.autograd.grad(o, leaves, do)
+        tiles = ChunkTiles(precision=precision)
+        eager = triton_chunk.gated_delta_chunk(*inputs, scale=0.5, nstep=n, tiles=tiles, input_dtype=out)
+        torch.testing.assert_close(o, eager, rtol=0, atol=0)
         for a, b in zip(op_grads, torch.autograd.grad(eager, leaves, do)):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
