@@ -286,8 +286,8 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     """``(name, kernel, args)`` of the delta family's kernels at head dim ``D`` (keys and values) and ``T``
     steps: the recurrent forward and backward (gated product, 2 steps per token), the chunk kernels (split
     default, on chip, the row inverse) with ``tiles`` (a ``ChunkTiles``; default ``ChunkTiles()``) as the
-    mixers call them (``qk_l2norm``: ``q``, ``k`` in float32, ``v``, ``o``, ``do`` in ``dtype``), and ``chunk_bwd_dqkwg``'s
-    kernel."""
+    mixers call them (``qk_l2norm``: ``q``, ``k`` in float32, ``v``, ``o``, ``do`` in ``dtype``), and
+    ``chunk_bwd_dqkwg``'s kernel."""
     from seqkernels._triton import next_pow2
     from seqkernels.delta import chunk_kernels as ck
     from seqkernels.delta import recurrent_kernels as rk

@@ -196,8 +196,9 @@ TEXT_TILE_FIELDS = ("precision", "inverse", "store")
 
 
 def chunk_tiles(text: str | None) -> triton_chunk.ChunkTiles:
-    """``ChunkTiles`` from ``"chunk=32,warps=4,bwd_warps=8,block_v=32,stages=2,precision=tf32,inverse=blocks,store=bf16"`` (``None``:
-    defaults)."""
+    """``ChunkTiles`` from a list of its fields, e.g.
+    ``"chunk=32,warps=4,bwd_warps=8,block_v=32,stages=2,precision=tf32,inverse=blocks,store=bf16"``
+    (``None``: defaults)."""
     if not text:
         return triton_chunk.ChunkTiles()
     kw = {}

@@ -145,9 +145,9 @@ def _meta(
 
 
 def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: ChunkTiles | None = None, out_dtype=None):
-    """``(o, W, U, Tm, ckpt)``: the output ``(B, T, H, V)`` in ``out_dtype`` (default ``q``'s); per chunk ``W (B H, NC C, BK)``,
-    ``U (B H, NC C, VP)`` (holding ``U'`` once the walk ran) and the entering state ``ckpt (B H, NC, BK, VP)``
-    in ``tiles.store_dtype``, ``Tm (B H, NC C, C)`` float32."""
+    """``(o, W, U, Tm, ckpt)``: the output ``(B, T, H, V)`` in ``out_dtype`` (default ``q``'s); per chunk
+    ``W (B H, NC C, BK)``, ``U (B H, NC C, VP)`` (holding ``U'`` once the walk ran) and the entering state
+    ``ckpt (B H, NC, BK, VP)`` in ``tiles.store_dtype``, ``Tm (B H, NC C, C)`` float32."""
     B, T, H, _ = q.shape
     Ts = k.shape[1]
     C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles)

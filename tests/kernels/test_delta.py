@@ -239,8 +239,8 @@ def test_auto_on_cuda_picks_by_head_width_length_and_fla(
     monkeypatch, op, gated, head_dim, steps, fla, refuses, expected
 ):
     """``auto``'s table for CUDA tensors (a stand-in with ``is_cuda`` and a shape; no GPU needed), at the
-    edges of ``AUTO_OURS_MAX_HEAD_DIM``, ``AUTO_OURS_MAX_STEPS`` and ``AUTO_OURS_MAX_STEPS_SLOW_FLA``; where fla refuses its gated
-    backward, the stand-in registered for it is the PyTorch function."""
+    edges of ``AUTO_OURS_MAX_HEAD_DIM``, ``AUTO_OURS_MAX_STEPS`` and ``AUTO_OURS_MAX_STEPS_SLOW_FLA``; where fla
+    refuses its gated backward, the stand-in registered for it is the PyTorch function."""
     from seqkernels.delta import fla_gated_bwd
 
     monkeypatch.setattr(kd, "fla_available", lambda: fla)
