@@ -164,15 +164,18 @@ def chunk_kernel_bytes(op: str, batch: int, L: int, H: int, D: int, v_bytes: int
     backward of ``op`` at this problem, as ``triton_chunk`` calls them with ``tiles`` (``ChunkTiles``): the
     tensors and intermediates each kernel touches, in the layout the kernels use (chunks padded to ``C``
     rows, keys and values to ``BK``, ``VP`` columns; tiles that a program per block of value columns reads
-    counted once per block). ``q``, ``k`` come normalized in float32 (``qk_l2norm``), ``v``, ``o`` and ``do``
-    in the inputs' ``v_bytes`` per element; ``beta``, ``g`` and the gradients but ``dv`` in float32; ``W``,
-    ``U'``, the states and their gradients in ``tiles.store_dtype``."""
+    counted once per block). ``q``, ``k`` come normalized (``qk_l2norm``) in float32, in bfloat16 with
+    bfloat16 products; ``v``, ``o`` and ``do`` in the inputs' ``v_bytes`` per element; ``beta``, ``g`` and
+    the gradients but ``dv`` in float32; ``W``, ``U'``, the states and their gradients in
+    ``tiles.store_dtype``."""
     n = 2 if op == "product" else 1
     gated = op == "gated"
     Ts = L * n
     C, BK, BV, VP, _, _, prec = tiles.resolve(Ts, D, D, torch.float32)  # q as the kernels read it
     kb, NV, NC = tiles.store_dtype(prec).itemsize, VP // BV, -(-Ts // C)
-    q, k, v = batch * L * H * D * 4, batch * Ts * H * D * 4, batch * Ts * H * D * v_bytes
+    qk_bytes = 2 if prec == "bf16" else 4
+    q, k, v = batch * L * H * D * qk_bytes, batch * Ts * H * D * qk_bytes, batch * Ts * H * D * v_bytes
+    dq, dk = batch * L * H * D * 4, batch * Ts * H * D * 4
     o = batch * L * H * D * v_bytes  # o and do: in the inputs' dtype
     s = batch * Ts * H * 4  # one per-step scalar (beta, g, dbeta, dg)
     g = s if gated else 0
@@ -184,8 +187,8 @@ def chunk_kernel_bytes(op: str, batch: int, L: int, H: int, D: int, v_bytes: int
         "chunk_fwd_kernel": NV * (k + g + W) + U + U + ck,
         "chunk_out_kernel": NV * (q + k + g) + U + ck + o,
         "chunk_bwd_state_kernel": NV * (q + k + g + W) + o + U + ck,
-        "chunk_bwd_grads_kernel": 2 * ck + NV * (q + k + g) + o + 2 * U + NV * (q + k + dW + dG),
-        "chunk_bwd_prep_kernel": k + v + s + g + Tm + dW + U + k + dG + k + v + s + g,
+        "chunk_bwd_grads_kernel": 2 * ck + NV * (q + k + g) + o + 2 * U + NV * (dq + dk + dW + dG),
+        "chunk_bwd_prep_kernel": k + v + s + g + Tm + dW + U + dk + dG + dk + v + s + g,
     }
 
 

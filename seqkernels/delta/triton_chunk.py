@@ -12,7 +12,8 @@ taking explicit ``ChunkTiles``). The forward runs ``chunk_prep_kernel`` (every c
 the state on chip, and the per-chunk kernels do not run. Saved for the backward: ``W``, ``U'`` (the
 pseudo-values, written over ``U`` by the forward's walk), ``T`` and the state entering every chunk
 (float32; ``W``, ``U'`` and the states in bfloat16 with bfloat16 products: ``ChunkTiles.store``).
-``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out), the float64 -> float32 casts torch code (autograd
+``qk_l2norm`` is ``l2norm.py``'s kernels (float32 out; bfloat16 with bfloat16 products, which round
+``q``, ``k`` to it anyway), the float64 -> float32 casts torch code (autograd
 differentiates both); gradients in their input's dtype. The products' default precision and the dtype
 the kernels write the output in (and read its gradient in) follow the caller's inputs
 (``default_precision``), not the float32 that ``qk_l2norm`` hands the kernels.
@@ -320,8 +321,9 @@ def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, t
     B, L, n, H, K = k.shape
     out_dtype = q.dtype
     q, k, v, beta = kernel_dtype(q, k, v, beta)
-    if qk_l2norm:
-        q, k = l2norm(q), l2norm(k)
+    if qk_l2norm:  # into bfloat16 where the products round q, k to it anyway, else float32
+        bf16 = ((tiles and tiles.precision) or default_precision(out_dtype)) == "bf16"
+        q, k = (l2norm(x, torch.bfloat16 if bf16 else torch.float32) for x in (q, k))
     gs = None
     if g is not None:  # the log decay of each step: g on a token's first, 0 on the others
         gs = F.pad(kernel_dtype(g)[0][:, :, None], (0, 0, 0, n - 1)).reshape(B, L * n, H)

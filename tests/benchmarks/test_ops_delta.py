@@ -59,7 +59,11 @@ def test_chunk_tiles_parses_every_field():
 @pytest.mark.skipif(not triton_available(torch.empty(0, device=DEVICE)), reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize(
     "op,v_dtype,tiles",
-    [("gated", torch.float32, ChunkTiles()), ("product", torch.bfloat16, ChunkTiles(chunk=16, store="bf16"))],
+    [
+        ("gated", torch.float32, ChunkTiles()),
+        ("product", torch.bfloat16, ChunkTiles(chunk=16, store="bf16")),
+        ("gated", torch.bfloat16, ChunkTiles(precision="bf16")),  # q, k normalized into bfloat16
+    ],
 )
 def test_chunk_kernel_bytes_are_the_tensors_the_kernels_touch(op, v_dtype, tiles):
     """The forward kernels' bytes (``chunk_kernel_bytes``) against the sizes of the tensors ``triton_chunk``
@@ -69,8 +73,9 @@ def test_chunk_kernel_bytes_are_the_tensors_the_kernels_touch(op, v_dtype, tiles
 
     B, L, H, D, n = 2, 21, 2, 12, (2 if op == "product" else 1)
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(B, L, H, D, generator=gen).to(DEVICE)
-    k = torch.randn(B, L * n, H, D, generator=gen).to(DEVICE)
+    qk = torch.bfloat16 if tiles.precision == "bf16" else torch.float32  # as qk_l2norm writes them
+    q = torch.randn(B, L, H, D, generator=gen).to(DEVICE, qk)
+    k = torch.randn(B, L * n, H, D, generator=gen).to(DEVICE, qk)
     v = torch.randn(B, L * n, H, D, generator=gen).to(DEVICE, v_dtype)
     beta = torch.rand(B, L * n, H, generator=gen).to(DEVICE)
     g = -torch.rand(B, L * n, H, generator=gen).to(DEVICE) if op == "gated" else None

@@ -1,7 +1,7 @@
 """``seqkernels/delta/l2norm.py``'s kernels (the Triton paths' ``qk_l2norm``) against the float64 formula
 written out here: the output and the input gradient at awkward row widths and counts, in every input
-dtype, with outputs poisoned with NaN, zero rows, non-contiguous inputs and the custom ops under
-``opcheck``. On the CPU in the interpreter; on a GPU (``-m gpu``) compiled, at the delta kernels' shapes."""
+dtype and output dtype, with outputs poisoned with NaN, zero rows, non-contiguous inputs and the custom
+ops under ``opcheck``. On the CPU in the interpreter; on a GPU (``-m gpu``) compiled, at the delta kernels' shapes."""
 
 import pytest
 import torch
@@ -21,18 +21,21 @@ def _float64_l2norm(x: torch.Tensor) -> torch.Tensor:
     return x / (x.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
 
 
-def _check(shape, dtype, seed, device=DEVICE, tol=1e-5):
+def _check(shape, dtype, seed, device=DEVICE, tol=1e-5, out=torch.float32):
+    """``l2norm(x, out)`` and its gradient against the float64 formula: ``y`` within ``out``'s rounding, the
+    gradient (of the unrounded ``y``, ``dy`` in ``out``) within ``x``'s."""
     gen = torch.Generator().manual_seed(seed)
     x = (3 * torch.randn(*shape, generator=gen, dtype=torch.float64)).to(dtype).to(device).requires_grad_()
-    dy = torch.randn(*shape, generator=gen, dtype=torch.float64).to(device)
+    dy = torch.randn(*shape, generator=gen, dtype=torch.float64).to(out).to(device)
     with poisoned():
-        y = l2.l2norm(x)
-        (dx,) = torch.autograd.grad(y, x, dy.float())
-    assert y.dtype == torch.float32 and dx.dtype == dtype and y.shape == x.shape
+        y = l2.l2norm(x, out)
+        (dx,) = torch.autograd.grad(y, x, dy)
+    assert y.dtype == out and dx.dtype == dtype and y.shape == x.shape
     x64 = x.detach().double().requires_grad_()
     y64 = _float64_l2norm(x64)
-    (dx64,) = torch.autograd.grad(y64, x64, dy)
-    torch.testing.assert_close(y.double(), y64, rtol=tol, atol=tol)
+    (dx64,) = torch.autograd.grad(y64, x64, dy.double())
+    ytol = max(tol, torch.finfo(out).eps)
+    torch.testing.assert_close(y.double(), y64, rtol=ytol, atol=ytol)
     # the gradient in x's dtype (its rounding is the tolerance), relative to the size of its terms rstd * dy
     # (a row of one element has dx = rstd dy (1 - y^2), a cancellation)
     dtol = max(tol, 2 * torch.finfo(dtype).eps) if dtype != torch.float64 else tol
@@ -44,6 +47,20 @@ def _check(shape, dtype, seed, device=DEVICE, tol=1e-5):
 @pytest.mark.parametrize("shape", [(1, 1), (5, 3), (2, 37, 3, 16), (1, 13, 2, 2, 24), (300, 67)])
 def test_l2norm_equals_the_float64_formula(shape, dtype):
     _check(shape, dtype, seed=sum(shape))
+
+
+@pytest.mark.parametrize(
+    "dtype,out", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16), (torch.float16, torch.float16)]
+)
+def test_l2norm_into_16_bits_equals_the_float64_formula(dtype, out):
+    """``y`` stored in 16 bits (``qk_l2norm`` at bfloat16 products); the gradient still that of the exact
+    ``y``, recomputed from ``x``."""
+    _check((3, 41, 2, 24), dtype, seed=11, out=out)
+
+
+def test_l2norm_refuses_other_output_dtypes():
+    with pytest.raises(TypeError, match="output dtype must be float32, bfloat16 or float16, got torch.float64"):
+        l2.l2norm(torch.zeros(2, 4, device=DEVICE), torch.float64)
 
 
 def test_l2norm_of_a_zero_row_is_zero_with_a_finite_gradient():
@@ -66,9 +83,10 @@ def test_l2norm_refuses_rows_wider_than_it_takes():
 
 def test_l2norm_custom_ops_pass_opcheck():
     x = torch.randn(3, 7, 20, device=DEVICE, requires_grad=True)
-    torch.library.opcheck(l2.l2norm_fwd, (x,))
-    y, rstd = l2.l2norm_fwd(x.detach())
-    torch.library.opcheck(l2.l2norm_bwd, (y, rstd, torch.randn_like(y), torch.bfloat16))
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.library.opcheck(l2.l2norm_fwd, (x, dtype))
+        y, rstd = l2.l2norm_fwd(x.detach(), dtype)
+        torch.library.opcheck(l2.l2norm_bwd, (x.detach().bfloat16(), rstd, torch.randn_like(y)))
 
 
 @pytest.mark.gpu
@@ -77,3 +95,4 @@ def test_l2norm_custom_ops_pass_opcheck():
 @pytest.mark.parametrize("shape", [(8, 2048, 16, 64), (256, 128, 2, 4, 16), (3, 1000, 5, 128)])
 def test_gpu_l2norm_at_the_delta_kernels_shapes(shape, dtype):
     _check(shape, dtype, seed=len(shape), device="cuda")
+    _check(shape, dtype, seed=len(shape), device="cuda", out=torch.bfloat16)

@@ -286,14 +286,17 @@ def test_gpu_triton_chunk_row_inverse(L, D, dtype, tol):
     _compare("gated_delta_rule", (2, L, 2, D, D), dtype, tol, ChunkTiles(inverse="rows"), seed=L + D)
 
 
-@pytest.mark.parametrize("store", [None, "fp32"])
+@pytest.mark.parametrize(
+    "member,store", [("gated_delta_rule", None), ("gated_delta_rule", "fp32"), ("delta_rule", None)]
+)
 @gpu
-def test_gpu_triton_chunk_bf16_products(store):
+def test_gpu_triton_chunk_bf16_products(member, store):
     """``precision="bf16"`` (operands rounded to bfloat16, as fla multiplies), the intermediates in bfloat16
-    (its default) or float32: bfloat16 inputs within 5e-2. (The interpreter's bfloat16 ``tl.dot`` is not
-    numerically faithful, so this runs on a GPU only.)"""
+    (its default) or float32, and (``delta_rule``: ``qk_l2norm``) q, k normalized into bfloat16: bfloat16
+    inputs within 5e-2. (The interpreter's bfloat16 ``tl.dot`` is not numerically faithful, so this runs on
+    a GPU only.)"""
     tiles = ChunkTiles(precision="bf16", store=store)
-    _compare("gated_delta_rule", (2, 300, 3, 64, 64), torch.bfloat16, 5e-2, tiles, seed=7)
+    _compare(member, (2, 300, 3, 64, 64), torch.bfloat16, 5e-2, tiles, seed=7)
 
 
 @gpu
