@@ -272,14 +272,13 @@ _DELTA_INPUT_DTYPE = {"q", "k", "v", "o", "do", "a", "b", "w"}
 _KEPT = {"Wm", "Um", "ckpt", "dckpt", "dUm"}
 
 
-def _delta_args(kernel, dtype: torch.dtype, typed=_DELTA_INPUT_DTYPE, kept="*fp32", qk=None, **constexprs) -> dict:
-    """``compile_kernel`` arguments for a delta kernel: its scalars, the pointers ``typed`` in ``dtype``, the
-    chunk kernels' intermediates (``_KEPT``) of type ``kept``, ``q`` and ``k`` of type ``qk`` where given,
-    the others float32, and ``constexprs`` (launch options included)."""
+def _delta_args(kernel, dtype: torch.dtype, typed=_DELTA_INPUT_DTYPE, types=None, **constexprs) -> dict:
+    """``compile_kernel`` arguments for a delta kernel: its scalars, the pointers named in ``types`` (name ->
+    type) of that type, the others ``typed`` in ``dtype`` or float32, and ``constexprs`` (launch options
+    included)."""
     names = [n for n in kernel.arg_names if n not in constexprs]
-    t = "*" + _TY[dtype]
-    ptr = lambda n: qk if qk and n in ("q", "k") else t if n in typed else kept if n in _KEPT else "*fp32"  # noqa: E731
-    return {n: _DELTA_SCALARS.get(n, ptr(n)) for n in names} | constexprs
+    ptr = {n: "*" + _TY[dtype] for n in typed} | (types or {})
+    return {n: _DELTA_SCALARS.get(n, ptr.get(n, "*fp32")) for n in names} | constexprs
 
 
 def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
@@ -287,8 +286,7 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     steps: the recurrent forward and backward (gated product, 2 steps per token), the chunk kernels (split
     default, on chip, the row inverse) with ``tiles`` (a ``ChunkTiles``; default ``ChunkTiles()``) as the
     mixers call them (``qk_l2norm``: ``q``, ``k`` in float32, bfloat16 with bfloat16 products, ``v``, ``o``,
-    ``do`` in ``dtype``), and
-    ``chunk_bwd_dqkwg``'s kernel."""
+    ``do`` in ``dtype``), and ``chunk_bwd_dqkwg``'s kernel."""
     from seqkernels._triton import next_pow2
     from seqkernels.delta import chunk_kernels as ck
     from seqkernels.delta import recurrent_kernels as rk
@@ -303,8 +301,9 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     # the default precision, v, dv, o and do those of the inputs' dtype; the intermediates in the kept dtype
     C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(T, D, D, dtype)
     prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=tiles.stages)
-    qk = "*bf16" if prec == "bf16" else "*fp32"
-    ptrs = dict(typed={"v", "dv", "o", "do"}, kept="*" + _TY[tiles.store_dtype(prec)], qk=qk)
+    kept = "*" + _TY[tiles.store_dtype(prec)]
+    types = {n: kept for n in _KEPT} | dict.fromkeys(("q", "k"), "*bf16" if prec == "bf16" else "*fp32")
+    ptrs = dict(typed={"v", "dv", "o", "do"}, types=types)
     prep, blocks = dict(prep, **ptrs), dict(prep, BV=BV, NSTEP=1, **ptrs)
     bwd_prep, bwd_blocks = dict(prep, num_warps=bwd_warps), dict(blocks, num_warps=bwd_warps)
     dq_bk = max(16, next_pow2(D))

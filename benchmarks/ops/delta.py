@@ -171,7 +171,8 @@ def chunk_kernel_bytes(op: str, batch: int, L: int, H: int, D: int, v_bytes: int
     n = 2 if op == "product" else 1
     gated = op == "gated"
     Ts = L * n
-    C, BK, BV, VP, _, _, prec = tiles.resolve(Ts, D, D, torch.float32)  # q as the kernels read it
+    # bfloat16 products only where tiles ask for them (the default never does, for any inputs' dtype)
+    C, BK, BV, VP, _, _, prec = tiles.resolve(Ts, D, D, torch.float32)
     kb, NV, NC = tiles.store_dtype(prec).itemsize, VP // BV, -(-Ts // C)
     qk_bytes = 2 if prec == "bf16" else 4
     q, k, v = batch * L * H * D * qk_bytes, batch * Ts * H * D * qk_bytes, batch * Ts * H * D * v_bytes

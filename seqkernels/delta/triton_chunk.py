@@ -90,6 +90,11 @@ class ChunkTiles:
     inverse: str = "blocks"
     store: str | None = None
 
+    def products(self, dtype: torch.dtype) -> str:
+        """The products' ``input_precision`` for the caller's inputs in ``dtype``: ``precision``, else
+        ``default_precision(dtype)``."""
+        return self.precision or default_precision(dtype)
+
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, int, str]:
         """``(C, BK, BV, VP, warps, bwd_warps, precision)`` for ``T`` steps, keys of width ``K``, values of
         width ``V``, the caller's inputs in ``dtype``."""
@@ -100,7 +105,7 @@ class ChunkTiles:
         BV = self.block_v or min(VP, 64)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"delta triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
-        precision = self.precision or default_precision(dtype)
+        precision = self.products(dtype)
         if precision not in PRECISIONS:
             raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
         wide = max(BK, VP)
@@ -303,13 +308,13 @@ def gated_delta_chunk(
         raise ValueError(f"delta triton_chunk: head dims up to 128, got K={q.shape[-1]}, V={v.shape[-1]}")
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     g = None if g is None else g.contiguous()
-    input_dtype = input_dtype or q.dtype
-    precision = (tiles and tiles.precision) or default_precision(input_dtype)
+    input_dtype, tiles = input_dtype or q.dtype, tiles or ChunkTiles()
+    precision = tiles.products(input_dtype)
     out_dtype = input_dtype if input_dtype in KERNEL_DTYPES else torch.float32
     args = (q, k, v, g, beta, float(scale), int(nstep))
     if torch.compiler.is_compiling():
         return delta_chunk_fwd(*args, precision, out_dtype)[0]
-    tiles = dataclasses.replace(tiles or ChunkTiles(), precision=precision)
+    tiles = dataclasses.replace(tiles, precision=precision)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args[:5]):
         return _Eager.apply(tiles, out_dtype, *args)
     return _forward(*args, save=False, tiles=tiles, out_dtype=out_dtype)[0]
@@ -322,7 +327,7 @@ def gated_delta_product(q, k, v, beta, g=None, *, scale=None, qk_l2norm=False, t
     out_dtype = q.dtype
     q, k, v, beta = kernel_dtype(q, k, v, beta)
     if qk_l2norm:  # into bfloat16 where the products round q, k to it anyway, else float32
-        bf16 = ((tiles and tiles.precision) or default_precision(out_dtype)) == "bf16"
+        bf16 = (tiles or ChunkTiles()).products(out_dtype) == "bf16"
         q, k = (l2norm(x, torch.bfloat16 if bf16 else torch.float32) for x in (q, k))
     gs = None
     if g is not None:  # the log decay of each step: g on a token's first, 0 on the others
