@@ -11,6 +11,13 @@ lexicographic order of the factors' indices).
 
 Multiplication is composition, ``(a * b)[i] = a[b[i]]`` (apply ``b`` first), and
 ``table[a, b]`` is the index of ``a * b``. For ``Z<m>`` this is addition mod ``m``.
+
+``Group.generators``: the textbook generating set of each factor, ``Z<m>`` the rotation by 1, ``S<n>`` the
+transposition ``(0 1)`` and the n-cycle ``(0 1 ... n-1)``, ``A<n>`` the 3-cycle ``(0 1 2)`` and, for odd
+``n``, the n-cycle, for even ``n`` the (n-1)-cycle ``(1 2 ... n-1)`` (a cycle written ``(a b c)`` sends
+``a`` to ``b``, ``b`` to ``c``, ``c`` to ``a``); in a product each factor's generators act on its own
+points and fix the others' (repeats dropped: ``S2``'s transposition is its 2-cycle, ``A3``'s 3-cycle its
+n-cycle).
 """
 
 from __future__ import annotations
@@ -37,6 +44,21 @@ class Group:
     @property
     def order(self) -> int:
         return len(self.elements)
+
+    @functools.cached_property
+    def generators(self) -> tuple[int, ...]:
+        """The element indices of the generating set of the module docstring, factor by factor."""
+        index = {p: i for i, p in enumerate(self.elements)}
+        factors = [len(_elements(part)[0]) for part in self.name.split("x")]
+        found: list[int] = []
+        offset, points = 0, sum(factors)
+        for part, size in zip(self.name.split("x"), factors):
+            for perm in _factor_generators(part):
+                whole = list(range(points))
+                whole[offset : offset + size] = [offset + i for i in perm]
+                found.append(index[tuple(whole)])
+            offset += size
+        return tuple(dict.fromkeys(found))
 
     @functools.cached_property
     def signs(self) -> torch.Tensor:
@@ -97,6 +119,24 @@ def _elements(name: str) -> tuple[tuple[int, ...], ...]:
         raise ValueError(f"group {name!r}: {kind}{n} has more than {MAX_ORDER} elements; n <= 6 is served")
     perms = itertools.permutations(range(n))  # lexicographic: the identity first
     return tuple(p for p in perms if kind == "S" or _is_even(p))
+
+
+def _cycle(n: int, points: list[int]) -> tuple[int, ...]:
+    """The permutation of ``n`` points sending ``points[i]`` to ``points[i + 1]`` (the last to the first)."""
+    perm = list(range(n))
+    for a, b in zip(points, points[1:] + points[:1]):
+        perm[a] = b
+    return tuple(perm)
+
+
+def _factor_generators(name: str) -> list[tuple[int, ...]]:
+    """The generating set of one factor (``Z<m>``, ``S<n>`` or ``A<n>``; module docstring), as permutations."""
+    kind, n = name[0], int(name[1:])
+    if kind == "Z":
+        return [_cycle(n, list(range(n)))]
+    if kind == "S":
+        return [_cycle(n, [0, 1]), _cycle(n, list(range(n)))]
+    return [_cycle(n, [0, 1, 2]), _cycle(n, list(range(n)) if n % 2 else list(range(1, n)))]
 
 
 def _table(elements: tuple[tuple[int, ...], ...]) -> torch.Tensor:
