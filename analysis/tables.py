@@ -31,7 +31,14 @@ from typing import Any
 import pandas as pd
 
 from analysis.cli import run, setup_logging
-from experiments.paper import PaperEntry, full_task_config, match_entry, paper_entries, reproduction_presets
+from experiments.paper import (
+    PaperEntry,
+    full_task_config,
+    match_entry,
+    model_label,
+    paper_entries,
+    reproduction_presets,
+)
 
 log = logging.getLogger("analysis.tables")
 
@@ -154,7 +161,8 @@ def summary_table(df: pd.DataFrame, paper: str | None = None) -> pd.DataFrame:
         has_extrap = "extrap/mean_acc best" in summary and pd.notna(r.get("extrap/mean_acc best"))
         metric = entry.metric if entry else ("extrap/mean_acc" if has_extrap else "test/acc")
         main.append(metric)
-        value = entry.values.get(r["mixer"], (math.nan, math.nan)) if entry else (math.nan, math.nan)
+        label = model_label(r["mixer"], int(r["layers"]), entry.layers) if entry else ""
+        value = entry.values.get(label, (math.nan, math.nan)) if entry else (math.nan, math.nan)
         cols["paper_column"].append(entry.title if entry else "")
         cols["paper_metric"].append(entry.metric if entry else "")
         cols["paper_aggregate"].append(entry.aggregate if entry else "")

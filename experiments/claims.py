@@ -1,6 +1,7 @@
-"""A paper's claims about width, checked on our results: accuracy per (setting, mixer, width) and the
-verdicts of a reproduction preset's ``paper: claims:`` (Zoology's Figure 2: attention solves every
-setting; the recurrent models need width, more as the setting grows).
+"""A paper's claims, checked on our results: accuracy per (setting, mixer, width) and the verdicts of a
+reproduction preset's ``paper: claims:`` (Zoology's Figure 2: attention solves every setting; the
+recurrent models need width, more as the setting grows; PD-SSM's groups table: one layer of PD-SSM
+solves every automaton the paper says it solves).
 
 A *setting* is a task configuration (the task and its options: ``mqar`` at sequence length 64 with 4
 key-value pairs), a *width* the model's ``d_model``, both as the trials ran (the results' ``task_config``
@@ -14,6 +15,9 @@ The preset declares the claims it makes::
         solves_every: [transformer]             # reaches the solved line in every setting at every width
         needs_width: [mamba, gru, ...]          # misses it at the smallest width of some setting, and
                                                 # the smallest width reaching it grows with the setting
+        solves_where_the_paper_does: [pd_ssm]   # reaches the solved line in every column of the table
+                                                # where the paper's number for it does (a row of the
+                                                # table: a mixer, or "<mixer>, <N> layers")
 
 ``claims_lines`` renders the verdicts as Markdown for the report; ``width_table`` is also what
 ``python -m analysis.width`` plots.
@@ -29,7 +33,7 @@ import pandas as pd
 
 from experiments.paper import aggregate, load_reproduction, paper_solved
 
-CLAIM_KINDS = ("solves_every", "needs_width")
+CLAIM_KINDS = ("solves_every", "needs_width", "solves_where_the_paper_does")
 
 
 def _options(task_config: Any) -> dict[str, Any]:
@@ -211,20 +215,51 @@ def needs_width_lines(table: pd.DataFrame, mixers: list[str], solved: float) -> 
     ]
 
 
+def where_the_paper_solves_lines(name: str, results: pd.DataFrame, rows: list[str], solved: float) -> list[str]:
+    """One line per table row of ``rows``: does ours reach ``solved`` in every column where the paper's
+    number does (``experiments.paper.compare`` on ``results``, one results.csv row per trial with its
+    ``entry``)? Columns not run are listed apart and leave the verdict open."""
+    from experiments.paper import compare, paper_entries
+
+    titles = {e.entry: e.title for e in paper_entries(name)}
+    entries = results["entry"] if "entry" in results else pd.Series("", index=results.index)
+    table = compare(name, {entry: results[entries == entry] for entry in titles})  # every column, run or not
+    lines = []
+    for row in rows:
+        claimed = table[(table["mixer"] == row) & (table["paper"] >= solved)]
+        ran = claimed[claimed["ours"].notna()]
+        short = ran[~(ran["ours"] >= solved)]
+        if claimed.empty:
+            lines.append(f"- `{row}` solves every column the paper's row solves: the paper's row solves none.")
+            continue
+        verdict = "does not hold" if len(short) else "holds" if len(ran) == len(claimed) else "open"
+        parts = [f"{len(ran) - len(short)} of {len(claimed)} columns ≥ {solved:.0%}"]
+        if len(short):
+            parts.append("below: " + ", ".join(f"{titles[r.entry]} {_pct(r.ours)}" for r in short.itertuples()))
+        if len(ran) < len(claimed):
+            missing = claimed[claimed["ours"].isna()]
+            parts.append("not run: " + ", ".join(titles[e] for e in missing["entry"]))
+        lines.append(f"- `{row}` solves every column the paper's row solves: **{verdict}** ({'; '.join(parts)}).")
+    return lines
+
+
 def claims_lines(name: str, results: pd.DataFrame) -> list[str]:
     """The report's section on ``name``'s ``paper: claims:`` from the results rows of its sweeps (empty when
     the preset declares no claims or no trial has finished)."""
     claims = preset_claims(name)
-    if not claims or results.empty or "d_model" not in results:
+    if not claims or results.empty:
         return []
     from experiments.paper import paper_entries
 
     entries = paper_entries(name)
     solved = paper_solved(name)
-    table = width_table(results, entries[0].metric, entries[0].aggregate, entries[0].layers)
-    lines = ["", f"Claims, from the cells above (solved: ≥ {solved:.0%}):", ""]
-    if "solves_every" in claims:
-        lines += solves_every_lines(table, claims["solves_every"], solved)
-    if "needs_width" in claims:
-        lines += needs_width_lines(table, claims["needs_width"], solved)
-    return lines
+    body = []
+    if "solves_where_the_paper_does" in claims:
+        body += where_the_paper_solves_lines(name, results, claims["solves_where_the_paper_does"], solved)
+    if {"solves_every", "needs_width"} & set(claims) and "d_model" in results:
+        table = width_table(results, entries[0].metric, entries[0].aggregate, entries[0].layers)
+        if "solves_every" in claims:
+            body += solves_every_lines(table, claims["solves_every"], solved)
+        if "needs_width" in claims:
+            body += needs_width_lines(table, claims["needs_width"], solved)
+    return ["", f"Claims, from the cells above (solved: ≥ {solved:.0%}):", "", *body] if body else []

@@ -20,7 +20,9 @@ A reproduction preset (``experiments/presets/<name>.yaml``) holds the sweeps and
       awaiting: {...}               # optional, ignored: rows of models the suite cannot build yet
 
 A sweep at another depth (the preset's ``layers``) shows as a departure row ``<mixer>, <N> layers``
-beside the paper's rows; two sweeps may share a column title (``columns: {mqar: MQAR, mqar_deep: MQAR}``),
+beside the paper's rows; a paper whose table has rows at several depths keys those rows so
+(``results: {"deltaproduct, 2 layers": {...}}``: the paper's row of that mixer at 2 layers, beside its
+row at ``layers``), and the sweep runs the mixer at both depths (``mixer_layers``); two sweeps may share a column title (``columns: {mqar: MQAR, mqar_deep: MQAR}``),
 so a departure of one mixer fills that mixer's row of the paper's column.
 
 ``paper_entries(name)`` reads it as one ``PaperEntry`` per column; ``compare`` puts our number (the
@@ -470,8 +472,12 @@ def comparison_frame(name: str, table: pd.DataFrame) -> pd.DataFrame:
         out[title] = []
     paper_order = list((load_reproduction(name).get("paper") or {}).get("results") or {})
     rank = {m: i for i, m in enumerate(paper_order)}
-    # the paper's row order; a departure at another depth ("mamba, 2 layers") after its mixer's row
-    rows = sorted(dict.fromkeys(table["mixer"]), key=lambda label: rank.get(label_mixer(label), len(rank)))
+    # the paper's row order (rows keyed "<mixer>, <N> layers" included); a departure at another depth
+    # ("mamba, 2 layers") after its mixer's row
+    rows = sorted(
+        dict.fromkeys(table["mixer"]),
+        key=lambda label: rank.get(label, rank.get(label_mixer(label), len(rank))),
+    )
     for mixer in rows:
         out["model"].append(mixer)
         for title, names in titles.items():
@@ -635,7 +641,7 @@ def parameter_counts(preset: str) -> pd.DataFrame:
         for mixer in plan.mixers:
             for layers in plan.depths(mixer):
                 config = ModelConfig.of(plan.shape(mixer, layers), vocab, task.num_classes)
-                cell = paper.get(mixer, {}).get(entry) if layers == depth else None
+                cell = paper.get(model_label(mixer, layers, depth), {}).get(entry)
                 params = paper_cell(cell)[1] if cell is not None else float("nan")
                 rows.append(
                     {

@@ -104,3 +104,48 @@ def test_unknown_claims_are_rejected(monkeypatch):
     monkeypatch.setattr(experiments.claims, "load_reproduction", lambda name: {"paper": {"claims": {"wins": []}}})
     with pytest.raises(ValueError, match="unknown claim"):
         preset_claims("zoology-mqar")
+
+
+def group_rows(values, mixer="pd_ssm", layers=1):
+    """pd-ssm-groups results: one trial per (column, seed) of ``mixer`` with the given accuracies."""
+    return pd.DataFrame(
+        [
+            {
+                "entry": entry,
+                "task": "word_problem",
+                "mixer": mixer,
+                "layers": layers,
+                "seed": seed,
+                "lr": 2e-3,
+                "status": "ok",
+                "best_val_acc": value,
+                "range40-256/acc": value,
+                "n_params": 1000,
+                "steps": 100,
+            }
+            for entry, per_seed in values.items()
+            for seed, value in enumerate(per_seed)
+        ]
+    )
+
+
+SOLVED_BY_THE_PAPER = ("a5_2", "a5_6", "a5_8", "a5_12", "s5_4", "s5_8")  # its 100.0 cells; (S5, 32) is 1.07
+
+
+def test_pd_ssm_groups_claims_95_where_the_paper_has_100():
+    """The claim is the mean over seeds at 95% or more in the six columns the paper's PD-SSM solves; its
+    (S5, 32) cell (1.07) is no part of it."""
+    assert preset_claims("pd-ssm-groups") == {"solves_where_the_paper_does": ["pd_ssm"]}
+    good = {entry: [0.95, 0.97] for entry in SOLVED_BY_THE_PAPER} | {"s5_32": [0.01, 0.01]}
+    text = "\n".join(claims_lines("pd-ssm-groups", group_rows(good)))
+    assert "Claims, from the cells above (solved: ≥ 95%)" in text
+    assert "`pd_ssm` solves every column the paper's row solves: **holds** (6 of 6 columns ≥ 95%)" in text
+    bad = good | {"s5_8": [1.0, 0.89]}  # mean 94.5%
+    text = "\n".join(claims_lines("pd-ssm-groups", group_rows(bad)))
+    assert "**does not hold** (5 of 6 columns ≥ 95%; below: (S5, 8) 94.5%)" in text
+    part = {entry: good[entry] for entry in ("a5_2", "s5_4")}
+    text = "\n".join(claims_lines("pd-ssm-groups", group_rows(part)))
+    assert "**open** (2 of 6 columns ≥ 95%; not run: (A5, 6), (A5, 8), (A5, 12), (S5, 8))" in text
+    # PD-SSM at 2 layers is not the paper's 1-layer row: the claim is not run at all
+    text = "\n".join(claims_lines("pd-ssm-groups", group_rows(good, layers=2)))
+    assert "**open** (0 of 6 columns ≥ 95%; not run: (A5, 2)," in text

@@ -1,5 +1,6 @@
 """The field's benchmark tables: pd-ssm-fsa (mean ± std, agreement within max(2 × std, 5 points)),
-chomsky (Deletang et al.'s 15 tasks) and zoology-mqar (Zoology's Figure 2), and their --quick forms."""
+pd-ssm-groups (its A5 and S5 table, rows at two depths), chomsky (Deletang et al.'s 15 tasks) and
+zoology-mqar (Zoology's Figure 2), and their --quick forms."""
 
 import math
 
@@ -22,14 +23,14 @@ from experiments.sweeps.runner import SweepOptions
 METRIC = "range40-256/acc"
 
 
-def seeds(entry, mixer, values, lr=2e-3):
-    """Results rows of one (sweep, mixer): one seed per value, all at ``lr``."""
+def seeds(entry, mixer, values, lr=2e-3, layers=2):
+    """Results rows of one (sweep, mixer) at depth ``layers``: one seed per value, all at ``lr``."""
     return [
         {
             "entry": entry,
             "task": entry,
             "mixer": mixer,
-            "layers": 2,
+            "layers": layers,
             "seed": i,
             "lr": lr,
             "status": "ok",
@@ -105,6 +106,62 @@ def test_pd_ssm_protocol_and_rows():
     assert sum(len(row) for row in results.values()) == 48  # the paper's 48 cells
 
 
+GATED_DP = "deltaproduct[householders=2,forget_gate=true]"
+GROUP_COLUMNS = {"a5_2": ("A5", 2), "a5_6": ("A5", 6), "a5_8": ("A5", 8), "a5_12": ("A5", 12)}
+GROUP_COLUMNS |= {"s5_4": ("S5", 4), "s5_8": ("S5", 8), "s5_32": ("S5", 32)}
+
+
+def test_pd_ssm_groups_protocol_rows_and_the_papers_numbers():
+    """assets/A5.png: the 7 (group, transitions) columns; ℂ Diagonal at 2 layers, Gated DP [-1, 1] at 1 and
+    2, PD-SSM at 1, each in every column; the FSA table's protocol; the paper's 18 cells."""
+    from tasks import get_task
+
+    entries = paper_entries("pd-ssm-groups")
+    assert [(e.entry, e.title) for e in entries] == [(k, f"({g}, {n})") for k, (g, n) in GROUP_COLUMNS.items()]
+    for plan in plans_for("pd-ssm-groups"):
+        group, k = GROUP_COLUMNS[plan.entry]
+        assert plan.task == "word_problem" and plan.task_options == {"group": group, "transitions": k, "running": False}
+        task = get_task(plan.task, **plan.task_options)
+        assert task.vocab_size == k and task.num_classes == {"A5": 60, "S5": 120}[group]
+        assert {m: plan.depths(m) for m in plan.mixers} == {"complex_diag": [2], GATED_DP: [1, 2], "pd_ssm": [1]}
+        assert plan.mixer_options["pd_ssm"]["d_state"] == plan.mixer_options["complex_diag"]["d_state"] == 128
+        assert plan.model.d_model == 128 and plan.lrs == [2e-3] and len(plan.seeds) == 5
+        assert (plan.train.batch_size, plan.train.early_stop_acc, plan.train.weight_decay) == (256, 0.9995, 0.01)
+        assert plan.extrapolation["min_len"] == 3 and plan.extrapolation["max_len"] == 40
+        assert plan.extrapolation["test_range"] == [40, 256]
+    results = load_preset("pd-ssm-groups")["paper"]["results"]
+    assert sum(len(row) for row in results.values()) == 18  # the table's numbers; the rest are dashes
+    assert results["complex_diag, 2 layers"] == {"a5_2": 0.155}
+    assert results[f"{GATED_DP}, 2 layers"] == {"a5_12": 0.684, "s5_4": 0.847, "s5_8": 0.622}
+    assert results[GATED_DP]["s5_32"] == 0.0123 and results["pd_ssm"]["s5_32"] == 0.0107
+    assert sum(v == 1.0 for v in results["pd_ssm"].values()) == 6
+    assert paper_agreement("pd-ssm-groups") == (2.0, 0.05) and cell_tolerance("pd-ssm-groups", float("nan")) == 0.05
+
+
+def test_pd_ssm_groups_rows_at_two_depths_take_their_own_numbers():
+    """Gated DP at 1 and at 2 layers fill two rows of (A5, 12), each beside the paper's number at its
+    depth (60.5 and 68.4); ℂ Diagonal's 2-layer cells sit in its 2-layer row; within 5 points agrees."""
+    results = {
+        "a5_12": pd.DataFrame(
+            seeds("a5_12", GATED_DP, [0.60] * 5, layers=1)
+            + seeds("a5_12", GATED_DP, [0.62] * 5, layers=2)
+            + seeds("a5_12", "pd_ssm", [0.96] * 5, layers=1)
+        ),
+        "a5_2": pd.DataFrame(seeds("a5_2", "complex_diag", [0.10] * 5, layers=2)),
+    }
+    table = compare("pd-ssm-groups", results, {"a5_12": [GATED_DP, "pd_ssm"], "a5_2": ["complex_diag"]})
+    t = table.set_index(["entry", "mixer"])
+    assert t.loc[("a5_12", GATED_DP), ["ours", "paper"]].tolist() == pytest.approx([0.60, 0.605])
+    assert t.loc[("a5_12", f"{GATED_DP}, 2 layers"), ["ours", "paper"]].tolist() == pytest.approx([0.62, 0.684])
+    assert t.loc[("a5_2", "complex_diag, 2 layers"), ["ours", "paper"]].tolist() == pytest.approx([0.10, 0.155])
+    frame = comparison_frame("pd-ssm-groups", table).set_index("model")
+    assert list(frame.index) == ["complex_diag, 2 layers", GATED_DP, f"{GATED_DP}, 2 layers", "pd_ssm"]  # paper order
+    assert frame.loc[GATED_DP, "(A5, 12)"].endswith("/ 60.5% ✓")
+    assert frame.loc[f"{GATED_DP}, 2 layers", "(A5, 12)"].endswith("/ 68.4% ✗")  # 6.4 points below
+    assert frame.loc["pd_ssm", "(A5, 12)"].endswith("/ 100% ✓")  # 96% is within 5 points of 100
+    assert frame.loc["complex_diag, 2 layers", "(A5, 2)"].endswith("/ 15.5% ✗")
+
+
 def test_chomsky_has_deletangs_fifteen_tasks_and_every_mixer_but_no_unchecked_numbers():
     """Table 2's numbers could not be checked against the paper, so the preset carries none (and says so):
     every cell is a further row until they are read from it."""
@@ -138,7 +195,7 @@ def test_zoology_sweeps_figure_two():
     assert all((p.train.weight_decay, p.train.warmup_ratio, p.train.early_stop_acc) == (0.1, 0.0, 0.99) for p in plans)
 
 
-@pytest.mark.parametrize("name", ["pd-ssm-fsa", "chomsky", "zoology-mqar"])
+@pytest.mark.parametrize("name", ["pd-ssm-fsa", "pd-ssm-groups", "chomsky", "zoology-mqar"])
 def test_quick_plans_build_their_tasks(name):
     """Every sweep of the --quick form builds its task at its quick lengths (the preset's quick: section
     shrinks Zoology's pairs to fit 32 tokens)."""
@@ -155,6 +212,7 @@ def test_quick_plans_build_their_tasks(name):
     "name,entry,mixer",
     [
         ("pd-ssm-fsa", "parity", "lstm"),  # about 5 s on 2 cores
+        ("pd-ssm-groups", "s5_8", "pd_ssm"),  # about 3 s
         ("chomsky", "reverse_string", "gru"),  # about 5 s
         pytest.param("zoology-mqar", "l64_d64", "gru", marks=pytest.mark.slow),  # 12 s: a vocabulary of 8,192
     ],
@@ -167,3 +225,5 @@ def test_quick_reproduction_writes_the_comparison(tmp_path, name, entry, mixer):
     assert "QUICK" in text and f"| {mixer} " in text
     if name == "zoology-mqar":  # its claims, checked on the cells of this run (experiments.claims)
         assert "Claims, from the cells above" in text and f"| {mixer}" in text.split("Claims")[1]
+    if name == "pd-ssm-groups":  # PD-SSM's claim, on the one column of this run
+        assert "- `pd_ssm` solves every column the paper's row solves: **" in text and "of 1 columns" in text
