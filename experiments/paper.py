@@ -22,8 +22,9 @@ A reproduction preset (``experiments/presets/<name>.yaml``) holds the sweeps and
 A sweep at another depth (the preset's ``layers``) shows as a departure row ``<mixer>, <N> layers``
 beside the paper's rows; a paper whose table has rows at several depths keys those rows so
 (``results: {"deltaproduct, 2 layers": {...}}``: the paper's row of that mixer at 2 layers, beside its
-row at ``layers``), and the sweep runs the mixer at both depths (``mixer_layers``); two sweeps may share a column title (``columns: {mqar: MQAR, mqar_deep: MQAR}``),
-so a departure of one mixer fills that mixer's row of the paper's column.
+row at ``layers``), and the sweep runs the mixer at both depths (``mixer_layers``); two sweeps may
+share a column title (``columns: {mqar: MQAR, mqar_deep: MQAR}``), so a departure of one mixer fills
+that mixer's row of the paper's column.
 
 ``paper_entries(name)`` reads it as one ``PaperEntry`` per column; ``compare`` puts our number (the
 paper's statistic over our seeds) beside the paper's for every (column, mixer); ``comparison_markdown``

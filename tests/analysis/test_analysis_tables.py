@@ -188,3 +188,17 @@ def test_models_that_differ_in_precision_or_depth_are_rows_of_their_own(tmp_path
     md = to_markdown(summary)
     assert re.search(r"\| signed_deltanet, bf16-mixed +\| 52\.0", md)  # the summary
     assert re.search(r"\| gru, 2 layers, 32-true +\| 2 +\| 1\.0k", md)  # the detail table's layers column
+
+
+def test_the_papers_number_sits_only_beside_the_papers_depth(tmp_path):
+    """Table 6's models have one layer: flashgru on k-hop k=2 at 1 layer has the paper's 100%, its
+    2-layer departure row none."""
+    config = '{"k": 2, "vocab_size": 5}'
+    rows = [
+        _row("khop", "flashgru", 0, 1e-3, 1.0, 1.0, task_config=config, extra={"layers": 1}),
+        _row("khop", "flashgru", 0, 1e-3, 0.9, 0.9, task_config=config, extra={"layers": 2}),
+    ]
+    path = tmp_path / "results.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    summary = summary_table(load_results([path]), paper="pararnn-table6").set_index("model")
+    assert summary.loc["flashgru", "paper"] == 1.0 and math.isnan(summary.loc["flashgru, 2 layers", "paper"])
