@@ -35,7 +35,9 @@ def seeds(entry, mixer, values, lr=2e-3, layers=2):
             "lr": lr,
             "status": "ok",
             METRIC: v,
+            f"final/{METRIC}": v,  # the final weights' (pd-ssm-groups' metric), here the same
             "best_val_acc": v,
+            "final_val_acc": v,
             "n_params": 1000,
             "steps": 100,
         }
@@ -126,7 +128,7 @@ def test_pd_ssm_groups_protocol_rows_and_the_papers_numbers():
         assert {m: plan.depths(m) for m in plan.mixers} == {"complex_diag": [2], GATED_DP: [1, 2], "pd_ssm": [1]}
         assert plan.mixer_options["pd_ssm"]["d_state"] == plan.mixer_options["complex_diag"]["d_state"] == 128
         assert plan.model.d_model == 128 and plan.lrs == [2e-3] and len(plan.seeds) == 5
-        assert (plan.train.batch_size, plan.train.early_stop_acc, plan.train.weight_decay) == (256, 0.9995, 0.01)
+        assert (plan.train.batch_size, plan.train.early_stop_acc, plan.train.weight_decay) == (256, 1.0, 0.01)
         assert plan.extrapolation["min_len"] == 3 and plan.extrapolation["max_len"] == 40
         assert plan.extrapolation["test_range"] == [40, 256]
     results = load_preset("pd-ssm-groups")["paper"]["results"]
@@ -136,6 +138,7 @@ def test_pd_ssm_groups_protocol_rows_and_the_papers_numbers():
     assert results[GATED_DP]["s5_32"] == 0.0123 and results["pd_ssm"]["s5_32"] == 0.0107
     assert sum(v == 1.0 for v in results["pd_ssm"].values()) == 6
     assert paper_agreement("pd-ssm-groups") == (2.0, 0.05) and cell_tolerance("pd-ssm-groups", float("nan")) == 0.05
+    assert {e.metric for e in entries} == {"final/range40-256/acc"}  # the whole budget, its final weights
 
 
 def test_pd_ssm_groups_rows_at_two_depths_take_their_own_numbers():
@@ -225,5 +228,6 @@ def test_quick_reproduction_writes_the_comparison(tmp_path, name, entry, mixer):
     assert "QUICK" in text and f"| {mixer} " in text
     if name == "zoology-mqar":  # its claims, checked on the cells of this run (experiments.claims)
         assert "Claims, from the cells above" in text and f"| {mixer}" in text.split("Claims")[1]
-    if name == "pd-ssm-groups":  # PD-SSM's claim, on the one column of this run
-        assert "- `pd_ssm` solves every column the paper's row solves: **" in text and "of 1 columns" in text
+    if name == "pd-ssm-groups":  # PD-SSM's claim: one column of the six run, the verdict open or refuted
+        claim = next(line for line in text.splitlines() if line.startswith("- `pd_ssm` solves every column"))
+        assert "of 6 columns ≥ 95%" in claim and "not run: (A5, 2), (A5, 6), (A5, 8), (A5, 12), (S5, 4))" in claim
