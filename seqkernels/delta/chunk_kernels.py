@@ -188,6 +188,68 @@ def _unit_lower_inverse_blocks(A, scratch, C: tl.constexpr):
 
 
 @triton.jit
+def _ieee_mm(a, b):
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _unit_lower_inverse_stacked(A, scratch, C: tl.constexpr):
+    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile by blocks of 16, as
+    ``_unit_lower_inverse_blocks`` but with the ``C / 16`` diagonal blocks' forward substitutions run together
+    on one ``(C, 16)`` tile (row ``16 b + p`` holds row ``p`` of ``T_bb^T``: 15 steps for any ``C``) and the
+    off-diagonal blocks (``T_ij = -T_ii sum_k A_ik T_kj``) computed in registers from one read of ``A``'s and
+    ``T_ii``'s blocks, IEEE float32 products. ``scratch`` (``C x C`` float32, row-major) holds ``A``, then
+    ``T``; returns ``T``; ``scratch`` may be overwritten once this returns."""
+    S: tl.constexpr = 16
+    NB: tl.constexpr = C // S
+    r = tl.arange(0, C)
+    s = tl.arange(0, S)
+    tl.store(scratch + r[:, None] * C + r[None, :], A)
+    tl.debug_barrier()
+    p = r % S
+    base = r - p  # first row (and column) of the diagonal block that row r lies in
+    D = tl.where(p[:, None] == s[None, :], 1.0, 0.0)
+    for i in range(1, S):
+        a_i = tl.load(scratch + (base + i)[:, None] * C + base[:, None] + s[None, :])  # row i of A_bb
+        D = tl.where(s[None, :] == i, D - tl.sum(D * a_i, 1)[:, None], D)
+    tl.debug_barrier()
+    tl.store(scratch + (base[:, None] + s[None, :]) * C + (base + p)[:, None], D)  # T_bb[q, p] = D[16 b + p, q]
+    tl.debug_barrier()
+    blk = s[:, None] * C + s[None, :]
+    if NB == 2:
+        T11 = tl.load(scratch + blk)
+        T22 = tl.load(scratch + S * C + S + blk)
+        T21 = -_ieee_mm(T22, _ieee_mm(tl.load(scratch + S * C + blk), T11))
+        tl.store(scratch + S * C + blk, T21)
+    if NB == 4:
+        T11 = tl.load(scratch + blk)
+        T22 = tl.load(scratch + S * C + S + blk)
+        T33 = tl.load(scratch + 2 * S * C + 2 * S + blk)
+        T44 = tl.load(scratch + 3 * S * C + 3 * S + blk)
+        A21 = tl.load(scratch + S * C + blk)
+        A31 = tl.load(scratch + 2 * S * C + blk)
+        A32 = tl.load(scratch + 2 * S * C + S + blk)
+        A41 = tl.load(scratch + 3 * S * C + blk)
+        A42 = tl.load(scratch + 3 * S * C + S + blk)
+        A43 = tl.load(scratch + 3 * S * C + 2 * S + blk)
+        T21 = -_ieee_mm(T22, _ieee_mm(A21, T11))
+        T32 = -_ieee_mm(T33, _ieee_mm(A32, T22))
+        T43 = -_ieee_mm(T44, _ieee_mm(A43, T33))
+        T31 = -_ieee_mm(T33, _ieee_mm(A31, T11) + _ieee_mm(A32, T21))
+        T42 = -_ieee_mm(T44, _ieee_mm(A42, T22) + _ieee_mm(A43, T32))
+        T41 = -_ieee_mm(T44, _ieee_mm(A41, T11) + _ieee_mm(A42, T21) + _ieee_mm(A43, T31))
+        tl.debug_barrier()
+        tl.store(scratch + S * C + blk, T21)
+        tl.store(scratch + 2 * S * C + blk, T31)
+        tl.store(scratch + 2 * S * C + S + blk, T32)
+        tl.store(scratch + 3 * S * C + blk, T41)
+        tl.store(scratch + 3 * S * C + S + blk, T42)
+        tl.store(scratch + 3 * S * C + 2 * S + blk, T43)
+    tl.debug_barrier()
+    return tl.load(scratch + r[:, None] * C + r[None, :])
+
+
+@triton.jit
 def _inner(G, bb, kk, C: tl.constexpr, PREC: tl.constexpr):
     """``(A, Gamma, K K^T)`` of one chunk: ``A = strictly_lower(diag(beta) K K^T o Gamma)``."""
     Gam, _ = _decays(G, C)
@@ -215,10 +277,11 @@ def chunk_prep_kernel(
     C: tl.constexpr,
     HAS_G: tl.constexpr,
     PREC: tl.constexpr,
-    INV_BLOCKS: tl.constexpr,
+    INVERSE: tl.constexpr,
 ):
     """Grid ``(NC, B H)``: ``T (B H, NC C, C)``, ``W (B H, NC C, BK)``, ``U (B H, NC C, VP)`` of one chunk
-    (``INV_BLOCKS``: ``T`` by ``_unit_lower_inverse_blocks``, else ``_unit_lower_inverse``)."""
+    (``T`` by ``_unit_lower_inverse_blocks``, ``_unit_lower_inverse_stacked`` or ``_unit_lower_inverse`` for
+    ``INVERSE`` ``"blocks"``, ``"stacked"`` or ``"rows"``)."""
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -230,8 +293,10 @@ def chunk_prep_kernel(
     A, _, _ = _inner(G, bb, kk, C, PREC)
     row = i_bh * tl.num_programs(0) * C + t0 + tl.arange(0, C)
     scratch = Tm + (i_bh * tl.num_programs(0) * C + t0) * C
-    if INV_BLOCKS:
+    if INVERSE == "blocks":
         Ti = _unit_lower_inverse_blocks(A, scratch, C)
+    elif INVERSE == "stacked":
+        Ti = _unit_lower_inverse_stacked(A, scratch, C)
     else:
         Ti = _unit_lower_inverse(A, scratch, C)
     W = _mm(Ti, kk * (bb * tl.exp(G))[:, None], PREC)

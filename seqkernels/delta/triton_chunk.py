@@ -40,6 +40,7 @@ from seqkernels.delta.l2norm import l2norm
 from seqkernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kernel_dtype, members
 
 PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
+INVERSES = ("blocks", "stacked", "rows")
 
 
 def default_precision(dtype: torch.dtype) -> str:
@@ -73,8 +74,9 @@ class ChunkTiles:
     - ``stages``: Triton's software pipelining depth of the loops over chunks (each stage holds one
       chunk's tiles in shared memory);
     - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"blocks"`` (default: 16 x 16 diagonal
-      blocks by forward substitution, the rest by block products; as fast or faster at every shape timed)
-      or ``"rows"`` (forward substitution over the chunk's ``C`` rows);
+      blocks by forward substitution, the rest by block products; as fast or faster than ``"rows"`` at every
+      shape timed), ``"stacked"`` (the same blocks, the diagonal ones' substitutions run together and the
+      rest in registers) or ``"rows"`` (forward substitution over the chunk's ``C`` rows);
     - ``store``: the dtype in which ``W``, ``U'``, the stored states and their gradients (``dU'``, ``dM``)
       go between kernels, ``"fp32"`` or ``"bf16"`` (default: bfloat16 with ``precision="bf16"``, whose
       products round them to bfloat16 anyway, as fla keeps them; else float32). ``T`` and ``dW`` stay
@@ -122,8 +124,8 @@ class ChunkTiles:
                     )
                 w = 8
             warps[i] = w or default
-        if self.inverse not in ("rows", "blocks"):
-            raise ValueError(f"delta triton_chunk: inverse must be 'rows' or 'blocks', got {self.inverse!r}")
+        if self.inverse not in INVERSES:
+            raise ValueError(f"delta triton_chunk: inverse must be one of {INVERSES}, got {self.inverse!r}")
         if not isinstance(self.stages, int) or self.stages < 1:
             raise ValueError(f"delta triton_chunk: stages must be a positive int, got {self.stages!r}")
         if self.store not in (None, "fp32", "bf16"):
@@ -162,8 +164,7 @@ def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: Chun
     W, U = (empty((B * H, NC * C, n), dev, kept) for n in (BK, VP))
     Tm = empty((B * H, NC * C, C), dev, f32)
     g_arg = beta if g is None else g  # any pointer: HAS_G=False never reads it
-    inv_blocks = tiles.inverse == "blocks"
-    chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, Ts, H, **prep, INV_BLOCKS=inv_blocks)
+    chunk_prep_kernel[(NC, B * H)](k, v, g_arg, beta, W, U, Tm, Ts, H, **prep, INVERSE=tiles.inverse)
     o = empty((B, T, H, v.shape[-1]), dev, out_dtype or q.dtype)
     save = save or not fused
     ckpt = empty((B * H, NC, BK, VP) if save else (1,), dev, kept)

@@ -89,6 +89,9 @@ def _compare(member, shape, dtype, tol, tiles=None, seed=0):
         ((1, 130, 1, 16, 32), ChunkTiles(chunk=64)),  # I + A inverted by 16 x 16 blocks, 4 per chunk
         ((1, 130, 1, 16, 32), ChunkTiles(inverse="rows")),  # I + A inverted row by row
         ((1, 37, 2, 16, 16), ChunkTiles(chunk=64, inverse="rows")),
+        ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, inverse="stacked")),  # diagonal blocks together
+        ((1, 130, 1, 16, 32), ChunkTiles(inverse="stacked")),
+        ((1, 130, 1, 16, 32), ChunkTiles(chunk=64, inverse="stacked")),
         ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, bwd_warps=8)),  # the backward launched with its own warps
     ],
 )
@@ -194,6 +197,8 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(block_v=32))
     with pytest.raises(ValueError, match="precision must be one of"):
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(precision="fp16"))
+    with pytest.raises(ValueError, match=r"inverse must be one of \('blocks', 'stacked', 'rows'\), got 'lu'"):
+        triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(inverse="lu"))
     with pytest.raises(ValueError, match="chunk 64 with bf16 products at head dims below 64 needs 8 warps, got 4"):
         triton_chunk.delta_rule(q, q, q, beta, tiles=ChunkTiles(chunk=64, precision="bf16", warps=4))
     with pytest.raises(ValueError, match="store must be 'fp32' or 'bf16', got 'fp16'"):
@@ -279,11 +284,13 @@ def test_gpu_triton_chunk_tiles(tiles):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("L,D", [(1, 16), (67, 64), (1024, 64), (130, 128)])
+@pytest.mark.parametrize("inverse,chunk", [("rows", None), ("stacked", None), ("stacked", 64)])
 @gpu
-def test_gpu_triton_chunk_row_inverse(L, D, dtype, tol):
-    """``I + A`` inverted row by row (the default inverts 16 x 16 blocks); the gated delta rule against the
-    reference."""
-    _compare("gated_delta_rule", (2, L, 2, D, D), dtype, tol, ChunkTiles(inverse="rows"), seed=L + D)
+def test_gpu_triton_chunk_other_inverse(L, D, dtype, tol, inverse, chunk):
+    """``I + A`` inverted row by row, or by blocks with the diagonal ones together (the default inverts
+    16 x 16 blocks one after another); the gated delta rule against the reference."""
+    tiles = ChunkTiles(chunk=chunk, inverse=inverse)
+    _compare("gated_delta_rule", (2, L, 2, D, D), dtype, tol, tiles, seed=L + D)
 
 
 @pytest.mark.parametrize(
