@@ -58,7 +58,7 @@ QUICK_MAX_LEN, QUICK_EVAL_LEN = 16, 32
 
 def quick_extrapolation(extrapolation: dict[str, Any]) -> dict[str, Any]:
     """A sweep's length-extrapolation setting cut to ``--quick`` size: training lengths capped at
-    ``QUICK_MAX_LEN``, test lengths (and a ``test_range``) at ``QUICK_EVAL_LEN``, so sweeps that differ in
+    ``QUICK_MAX_LEN``, test lengths (and a ``test_range``, a ``val_range``) at ``QUICK_EVAL_LEN``, so sweeps that differ in
     length (one per length k) stay distinct cells with their own ``len<k>`` metrics."""
     from tasks.extrapolation import ExtrapolationConfig
 
@@ -69,9 +69,11 @@ def quick_extrapolation(extrapolation: dict[str, Any]) -> dict[str, Any]:
         "max_len": max_len,
         "eval_lengths": sorted({min(n, QUICK_EVAL_LEN) for n in full.eval_lengths}),
     }
-    if full.test_range is not None:  # the range capped the same way: from at most max_len to at most QUICK_EVAL_LEN
-        high = min(full.test_range[1], QUICK_EVAL_LEN)
-        quick["test_range"] = [min(full.test_range[0], max_len, high), high]
+    for name in ("test_range", "val_range"):  # capped the same way: from at most max_len to at most QUICK_EVAL_LEN
+        bounds = getattr(full, name)
+        if bounds is not None:
+            high = min(bounds[1], QUICK_EVAL_LEN)
+            quick[name] = [min(bounds[0], max_len, high), high]
     return quick
 
 

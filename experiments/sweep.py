@@ -120,7 +120,8 @@ def parser() -> Parser:
         default=[],
         metavar="KEY=VALUE",
         help="override a length-extrapolation option (repeatable; min_len, max_len: the training lengths, "
-        "eval_lengths: the test lengths, test_range: one more test set of lengths drawn from [a, b]), "
+        "eval_lengths: the test lengths, test_range: one more test set of lengths drawn from [a, b], "
+        "val_range: the validation set's lengths drawn from [a, b] instead of the training lengths), "
         "e.g. --extrapolation-option max_len=16 "
         "--extrapolation-option 'eval_lengths=[16, 64]'",
     )

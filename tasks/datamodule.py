@@ -206,9 +206,9 @@ class SyntheticDataModule(L.LightningDataModule):
             k >= 1: batches of near-equal lengths, each cut to its longest sequence (``TrainingStream``'s
             length bucketing, pools of k batches; sets of one length have nothing to cut). Not with
             ``stack_shuffle_seeds``.
-        extrapolation: if given, train/val/test use lengths in ``[min_len, max_len]`` (padded) and
-            one extra test set per ``eval_lengths`` entry is built (named ``len<L>``), and one of lengths
-            uniform in ``test_range`` (``range<a>-<b>``) if it is set.
+        extrapolation: if given, train/val/test use lengths in ``[min_len, max_len]`` (padded; val in
+            ``val_range`` if it is set) and one extra test set per ``eval_lengths`` entry is built (named
+            ``len<L>``), and one of lengths uniform in ``test_range`` (``range<a>-<b>``) if it is set.
         width_multiple: with ``length_bucketing``, batch widths rounded up to a multiple of this (the graph
             engine: one CUDA graph per width).
         device: where the sets live (the training device, e.g. ``"cuda:0"``); batches are views.
@@ -292,7 +292,8 @@ class SyntheticDataModule(L.LightningDataModule):
         if self.extrapolation is None:
             return self.task.generate(n, seed=seed)
         e = self.extrapolation
-        return generate_variable_length(self.task, n, seed, e.min_len, e.max_len)
+        low, high = e.val_lengths if split == "val" else (e.min_len, e.max_len)
+        return generate_variable_length(self.task, n, seed, low, high)
 
     def setup(self, stage: str | None = None) -> None:
         if self.data:

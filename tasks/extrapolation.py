@@ -16,12 +16,16 @@ from tasks.base import IGNORE_INDEX, SeedLike, Task, TaskData, make_generator
 class ExtrapolationConfig:
     """Train lengths uniform in ``[min_len, max_len]``; evaluate at each of ``eval_lengths`` and, with
     ``test_range = (a, b)``, on one more test set of lengths uniform in ``[a, b]`` (named ``range<a>-<b>``:
-    Grazzi et al. 2025 score one set of lengths 40..256, each sequence's length drawn uniformly)."""
+    Grazzi et al. 2025 score one set of lengths 40..256, each sequence's length drawn uniformly). The
+    validation set (checkpoint choice, early stopping) has the training lengths, or with ``val_range =
+    (a, b)`` lengths uniform in ``[a, b]`` (PD-SSM's and Walker et al.'s runs choose and stop on lengths
+    40..256)."""
 
     min_len: int = 3
     max_len: int = 40
     eval_lengths: tuple[int, ...] = (40, 64, 128, 256)
     test_range: tuple[int, int] | None = None
+    val_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         self.eval_lengths = tuple(int(x) for x in self.eval_lengths)
@@ -29,18 +33,30 @@ class ExtrapolationConfig:
             raise ValueError(f"extrapolation: needs 1 <= min_len <= max_len, got {self.min_len}..{self.max_len}")
         if not self.eval_lengths or min(self.eval_lengths) < 1:
             raise ValueError(f"extrapolation: eval_lengths must be positive, got {self.eval_lengths}")
-        if self.test_range is not None:
-            bounds = list(self.test_range) if isinstance(self.test_range, (list, tuple)) else []
-            if len(bounds) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in bounds):
-                raise ValueError(f"extrapolation: test_range must be two lengths [a, b], got {self.test_range!r}")
-            if not 1 <= bounds[0] <= bounds[1]:
-                raise ValueError(f"extrapolation: test_range needs 1 <= a <= b, got {bounds[0]}..{bounds[1]}")
-            self.test_range = (bounds[0], bounds[1])
+        self.test_range = _length_range("test_range", self.test_range)
+        self.val_range = _length_range("val_range", self.val_range)
+
+    @property
+    def val_lengths(self) -> tuple[int, int]:
+        """``(a, b)``: the validation set's lengths are uniform in ``[a, b]``."""
+        return self.val_range or (self.min_len, self.max_len)
 
     @property
     def range_name(self) -> str | None:
         """The name of the ``test_range`` set (``range40-256``), ``None`` without one."""
         return None if self.test_range is None else f"range{self.test_range[0]}-{self.test_range[1]}"
+
+
+def _length_range(name: str, value) -> tuple[int, int] | None:
+    """``value`` (``None`` or two lengths ``[a, b]``, ``1 <= a <= b``) as a tuple; else a one-line error."""
+    if value is None:
+        return None
+    bounds = list(value) if isinstance(value, (list, tuple)) else []
+    if len(bounds) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in bounds):
+        raise ValueError(f"extrapolation: {name} must be two lengths [a, b], got {value!r}")
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise ValueError(f"extrapolation: {name} needs 1 <= a <= b, got {bounds[0]}..{bounds[1]}")
+    return bounds[0], bounds[1]
 
 
 def pad_id(task: Task) -> int:

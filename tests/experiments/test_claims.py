@@ -118,8 +118,8 @@ def group_rows(values, mixer="pd_ssm", layers=1):
                 "seed": seed,
                 "lr": 2e-3,
                 "status": "ok",
-                "final_val_acc": value,
-                "final/range40-256/acc": value,
+                "best_val_acc": value,
+                "range40-256/acc": value,
                 "n_params": 1000,
                 "steps": 100,
             }

@@ -133,6 +133,29 @@ def test_a_test_range_adds_one_set_of_lengths_drawn_from_it():
     assert torch.equal(again.data["range7-12"].inputs, data.inputs)  # drawn from the data seed
 
 
+def test_a_val_range_draws_the_validation_lengths_from_it():
+    from tasks.extrapolation import ExtrapolationConfig, pad_id
+
+    config = ExtrapolationConfig(min_len=3, max_len=6, eval_lengths=[10], val_range=[7, 12])
+    dm = SyntheticDataModule("parity", train_size=200, val_size=300, test_size=50, seed=0, extrapolation=config)
+    dm.setup()
+    assert dm.test_set_names == ["test", "trainset", "len10"]  # no test set of its own
+    val = dm.data["val"]
+    assert val.inputs.shape == (300, 12) and set(val.lengths.tolist()) == set(range(7, 13))
+    for x, y, n in zip(val.inputs.tolist(), val.targets.tolist(), val.lengths.tolist()):
+        assert x[n:] == [pad_id(dm.task)] * (12 - n) and y[n - 1] == sum(x[:n]) % 2
+    # training and test sets keep the training lengths, and the trainset the training sequences
+    for name in ("train", "test", "trainset"):
+        assert set(dm.data[name].lengths.tolist()) <= set(range(3, 7)), name
+    plain = SyntheticDataModule(
+        "parity", train_size=200, val_size=300, test_size=50, seed=0, extrapolation=ExtrapolationConfig(3, 6, [10])
+    )
+    plain.setup()
+    assert set(plain.data["val"].lengths.tolist()) == set(range(3, 7))
+    assert torch.equal(plain.data["train"].inputs, dm.data["train"].inputs)
+
+
+@pytest.mark.parametrize("name", ["test_range", "val_range"])
 @pytest.mark.parametrize(
     "test_range,message",
     [
@@ -143,8 +166,8 @@ def test_a_test_range_adds_one_set_of_lengths_drawn_from_it():
         (7, "two lengths"),
     ],
 )
-def test_a_bad_test_range_is_one_clear_error(test_range, message):
+def test_a_bad_length_range_is_one_clear_error(name, test_range, message):
     from tasks.extrapolation import ExtrapolationConfig
 
-    with pytest.raises(ValueError, match=message):
-        ExtrapolationConfig(test_range=test_range)
+    with pytest.raises(ValueError, match=f"extrapolation: {name} .*{message}"):
+        ExtrapolationConfig(**{name: test_range})
