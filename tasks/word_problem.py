@@ -165,7 +165,8 @@ class WordProblem(Task):
 
     def _generate(self, num_samples: int, generator: torch.Generator) -> TaskData:
         tokens = self._elements(num_samples, generator)
-        products = running_product(self.group.table, self.alphabet[tokens])
+        elements = tokens if self.config.transitions is None else self.alphabet[tokens]
+        products = running_product(self.group.table, elements)
         if not self.config.running:
             last = products[:, -1].clone()
             products.fill_(IGNORE_INDEX)

@@ -188,8 +188,10 @@ def _unit_lower_inverse_blocks(A, scratch, C: tl.constexpr):
 
 
 @triton.jit
-def _ieee_mm(a, b):
-    return tl.dot(a, b, input_precision="ieee")
+def _block(tile, i: tl.constexpr, j: tl.constexpr, C: tl.constexpr):
+    """Pointers to block ``(i, j)`` (16 x 16) of a ``(C, C)`` row-major tile at ``tile``."""
+    s = tl.arange(0, 16)
+    return tile + (16 * i + s)[:, None] * C + 16 * j + s[None, :]
 
 
 @triton.jit
@@ -215,36 +217,33 @@ def _unit_lower_inverse_stacked(A, scratch, C: tl.constexpr):
     tl.debug_barrier()
     tl.store(scratch + (base[:, None] + s[None, :]) * C + (base + p)[:, None], D)  # T_bb[q, p] = D[16 b + p, q]
     tl.debug_barrier()
-    blk = s[:, None] * C + s[None, :]
     if NB == 2:
-        T11 = tl.load(scratch + blk)
-        T22 = tl.load(scratch + S * C + S + blk)
-        T21 = -_ieee_mm(T22, _ieee_mm(tl.load(scratch + S * C + blk), T11))
-        tl.store(scratch + S * C + blk, T21)
-    if NB == 4:
-        T11 = tl.load(scratch + blk)
-        T22 = tl.load(scratch + S * C + S + blk)
-        T33 = tl.load(scratch + 2 * S * C + 2 * S + blk)
-        T44 = tl.load(scratch + 3 * S * C + 3 * S + blk)
-        A21 = tl.load(scratch + S * C + blk)
-        A31 = tl.load(scratch + 2 * S * C + blk)
-        A32 = tl.load(scratch + 2 * S * C + S + blk)
-        A41 = tl.load(scratch + 3 * S * C + blk)
-        A42 = tl.load(scratch + 3 * S * C + S + blk)
-        A43 = tl.load(scratch + 3 * S * C + 2 * S + blk)
-        T21 = -_ieee_mm(T22, _ieee_mm(A21, T11))
-        T32 = -_ieee_mm(T33, _ieee_mm(A32, T22))
-        T43 = -_ieee_mm(T44, _ieee_mm(A43, T33))
-        T31 = -_ieee_mm(T33, _ieee_mm(A31, T11) + _ieee_mm(A32, T21))
-        T42 = -_ieee_mm(T44, _ieee_mm(A42, T22) + _ieee_mm(A43, T32))
-        T41 = -_ieee_mm(T44, _ieee_mm(A41, T11) + _ieee_mm(A42, T21) + _ieee_mm(A43, T31))
+        T11, T22 = tl.load(_block(scratch, 0, 0, C)), tl.load(_block(scratch, 1, 1, C))
+        T21 = -_mm(T22, _mm(tl.load(_block(scratch, 1, 0, C)), T11, "ieee"), "ieee")
         tl.debug_barrier()
-        tl.store(scratch + S * C + blk, T21)
-        tl.store(scratch + 2 * S * C + blk, T31)
-        tl.store(scratch + 2 * S * C + S + blk, T32)
-        tl.store(scratch + 3 * S * C + blk, T41)
-        tl.store(scratch + 3 * S * C + S + blk, T42)
-        tl.store(scratch + 3 * S * C + 2 * S + blk, T43)
+        tl.store(_block(scratch, 1, 0, C), T21)
+    if NB == 4:
+        T11, T22 = tl.load(_block(scratch, 0, 0, C)), tl.load(_block(scratch, 1, 1, C))
+        T33, T44 = tl.load(_block(scratch, 2, 2, C)), tl.load(_block(scratch, 3, 3, C))
+        A21 = tl.load(_block(scratch, 1, 0, C))
+        A31 = tl.load(_block(scratch, 2, 0, C))
+        A32 = tl.load(_block(scratch, 2, 1, C))
+        A41 = tl.load(_block(scratch, 3, 0, C))
+        A42 = tl.load(_block(scratch, 3, 1, C))
+        A43 = tl.load(_block(scratch, 3, 2, C))
+        T21 = -_mm(T22, _mm(A21, T11, "ieee"), "ieee")
+        T32 = -_mm(T33, _mm(A32, T22, "ieee"), "ieee")
+        T43 = -_mm(T44, _mm(A43, T33, "ieee"), "ieee")
+        T31 = -_mm(T33, _mm(A31, T11, "ieee") + _mm(A32, T21, "ieee"), "ieee")
+        T42 = -_mm(T44, _mm(A42, T22, "ieee") + _mm(A43, T32, "ieee"), "ieee")
+        T41 = -_mm(T44, _mm(A41, T11, "ieee") + _mm(A42, T21, "ieee") + _mm(A43, T31, "ieee"), "ieee")
+        tl.debug_barrier()
+        tl.store(_block(scratch, 1, 0, C), T21)
+        tl.store(_block(scratch, 2, 0, C), T31)
+        tl.store(_block(scratch, 2, 1, C), T32)
+        tl.store(_block(scratch, 3, 0, C), T41)
+        tl.store(_block(scratch, 3, 1, C), T42)
+        tl.store(_block(scratch, 3, 2, C), T43)
     tl.debug_barrier()
     return tl.load(scratch + r[:, None] * C + r[None, :])
 

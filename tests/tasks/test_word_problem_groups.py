@@ -15,6 +15,17 @@ def compose(a, b):
     return tuple(a[i] for i in b)
 
 
+def products_by_composition(perms, elements, tokens):
+    """The index in ``elements`` of ``perms[tokens[0]] * ... * perms[tokens[t]]`` for every ``t``, composing
+    the permutations one at a time (no multiplication table)."""
+    index = {p: i for i, p in enumerate(elements)}
+    state, out = tuple(range(len(elements[0]))), []
+    for token in tokens:
+        state = compose(state, perms[token])
+        out.append(index[state])
+    return out
+
+
 @pytest.mark.parametrize(
     "name,order,abelian,solvable",
     [
@@ -70,13 +81,9 @@ def test_word_problem_labels_by_explicit_composition(name, seq_len, running):
     task = get_task("word_problem", group=name, seq_len=seq_len, running=running)
     data = task.generate(16, seed=seq_len + 7)
     elems = get_group(name).elements
-    index = {p: i for i, p in enumerate(elems)}
     assert task.vocab_size == task.num_classes == len(elems) and task.chance_accuracy == pytest.approx(1 / len(elems))
     for x, y in zip(data.inputs.tolist(), data.targets.tolist()):
-        state, expected = tuple(range(len(elems[0]))), []
-        for token in x:
-            state = compose(state, elems[token])
-            expected.append(index[state])
+        expected = products_by_composition(elems, elems, x)
         assert y == (expected if running else [-100] * (seq_len - 1) + expected[-1:])
 
 

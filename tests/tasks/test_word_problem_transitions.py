@@ -11,11 +11,7 @@ import torch
 from tasks import get_task
 from tasks.groups import get_group
 from tasks.word_problem import transition_alphabet
-
-
-def compose(a, b):
-    """``(a * b)[i] = a[b[i]]``: apply ``b`` first."""
-    return tuple(a[i] for i in b)
+from tests.tasks.test_word_problem_groups import compose, products_by_composition
 
 
 def closure(generators, points):
@@ -93,13 +89,9 @@ def test_labels_are_the_products_of_the_alphabets_permutations(name, k, seq_len,
     data = task.generate(24, seed=seq_len)
     group = get_group(name)
     perms = [group.elements[i] for i in task.alphabet.tolist()]
-    index = {p: i for i, p in enumerate(group.elements)}
     assert data.inputs.min() >= 0 and data.inputs.max() < k
     for x, y in zip(data.inputs.tolist(), data.targets.tolist()):
-        state, expected = tuple(range(len(perms[0]))), []
-        for token in x:
-            state = compose(state, perms[token])
-            expected.append(index[state])
+        expected = products_by_composition(perms, group.elements, x)
         assert y == (expected if running else [-100] * (seq_len - 1) + expected[-1:])
 
 
