@@ -312,8 +312,7 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     cases = [
         ("recurrent fwd", rk.delta_recurrent_fwd_kernel, dict(rec, SAVE=True)),
         ("recurrent bwd", rk.delta_recurrent_bwd_kernel, rec),
-        ("chunk prep", ck.chunk_prep_kernel, dict(prep, INVERSE="blocks")),
-        ("chunk prep, stacked", ck.chunk_prep_kernel, dict(prep, INVERSE="stacked")),
+        ("chunk prep", ck.chunk_prep_kernel, dict(prep, INVERSE=tiles.inverse)),
         ("chunk prep, row inverse", ck.chunk_prep_kernel, dict(prep, INVERSE="rows")),
         ("chunk fwd (split)", ck.chunk_fwd_kernel, dict(blocks, OUT=False, SAVE=True)),
         ("chunk fwd (on chip)", ck.chunk_fwd_kernel, dict(blocks, OUT=True, SAVE=True)),

@@ -14,7 +14,7 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
   chunk's state stored and read back by per-chunk output and gradient kernels (the default tiles:
   paper 004's baseline; ``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);
 - ``ours-triton-chunk-rows``: the split kernels with ``I + A`` inverted row by row
-  (``ChunkTiles(inverse="rows")``) instead of by 16 x 16 blocks;
+  (``ChunkTiles(inverse="rows")``) instead of by 16 x 16 blocks (the diagonal ones together);
 - ``ours-triton-chunk-bf16``: the split kernels with every product's operands rounded to bfloat16
   (``ChunkTiles(precision="bf16")``), the precision of fla's bfloat16 kernels, for the comparison at the
   same precision (without ``--chunk-tiles precision=...``), ``W``, ``U'`` and the states kept in bfloat16
@@ -201,7 +201,7 @@ TEXT_TILE_FIELDS = ("precision", "inverse", "store")
 
 def chunk_tiles(text: str | None) -> triton_chunk.ChunkTiles:
     """``ChunkTiles`` from a list of its fields, e.g.
-    ``"chunk=32,warps=4,bwd_warps=8,block_v=32,stages=2,precision=tf32,inverse=blocks,store=bf16"``
+    ``"chunk=32,warps=4,bwd_warps=8,block_v=32,stages=2,precision=tf32,inverse=rows,store=bf16"``
     (``None``: defaults)."""
     if not text:
         return triton_chunk.ChunkTiles()

@@ -153,41 +153,6 @@ def _unit_lower_inverse(A, scratch, C: tl.constexpr):
 
 
 @triton.jit
-def _unit_lower_inverse_blocks(A, scratch, C: tl.constexpr):
-    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile by blocks of 16 (``M = I + A``):
-    each diagonal block ``T_ii = M_ii^-1`` by ``_forward_substitution`` on 16 x 16 tiles, then block
-    column by block column ``T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj`` (``i > j``, IEEE float32 products),
-    each block written over ``A``'s in ``scratch`` (``C x C`` float32, row-major) once no later block
-    needs it. Returns ``T``; ``scratch`` may be overwritten once this returns."""
-    S: tl.constexpr = 16
-    NB: tl.constexpr = C // S
-    r = tl.arange(0, C)
-    s = tl.arange(0, S)
-    blk = s[:, None] * C + s[None, :]
-    tl.store(scratch + r[:, None] * C + r[None, :], A)
-    tl.debug_barrier()
-    for b in tl.static_range(NB):
-        diag = scratch + b * S * C + b * S
-        T_bb = _forward_substitution(diag, C, S)
-        tl.debug_barrier()
-        tl.store(diag + blk, T_bb)
-    tl.debug_barrier()
-    for j in tl.static_range(NB - 1):
-        for i in tl.static_range(j + 1, NB):
-            acc = tl.zeros([S, S], dtype=tl.float32)
-            for k in tl.static_range(j, i):  # A_ik (k >= j: not yet overwritten), T_kj (done: k < i)
-                A_ik = tl.load(scratch + i * S * C + k * S + blk)
-                T_kj = tl.load(scratch + k * S * C + j * S + blk)
-                acc = tl.dot(A_ik, T_kj, acc, input_precision="ieee")
-            T_ii = tl.load(scratch + i * S * C + i * S + blk)
-            T_ij = -tl.dot(T_ii, acc, input_precision="ieee")
-            tl.debug_barrier()
-            tl.store(scratch + i * S * C + j * S + blk, T_ij)
-            tl.debug_barrier()
-    return tl.load(scratch + r[:, None] * C + r[None, :])
-
-
-@triton.jit
 def _block(tile, i: tl.constexpr, j: tl.constexpr, C: tl.constexpr):
     """Pointers to block ``(i, j)`` (16 x 16) of a ``(C, C)`` row-major tile at ``tile``."""
     s = tl.arange(0, 16)
@@ -196,10 +161,10 @@ def _block(tile, i: tl.constexpr, j: tl.constexpr, C: tl.constexpr):
 
 @triton.jit
 def _unit_lower_inverse_stacked(A, scratch, C: tl.constexpr):
-    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile by blocks of 16, as
-    ``_unit_lower_inverse_blocks`` but with the ``C / 16`` diagonal blocks' forward substitutions run together
-    on one ``(C, 16)`` tile (row ``16 b + p`` holds row ``p`` of ``T_bb^T``: 15 steps for any ``C``) and the
-    off-diagonal blocks (``T_ij = -T_ii sum_k A_ik T_kj``) computed in registers from one read of ``A``'s and
+    """``(I + A)^-1`` for a strictly lower triangular ``(C, C)`` tile by blocks of 16 (``M = I + A``):
+    the ``C / 16`` diagonal blocks ``T_bb = M_bb^-1`` by forward substitution, all together on one ``(C, 16)``
+    tile (row ``16 b + p`` holds row ``p`` of ``T_bb^T``: 15 steps for any ``C``), then the off-diagonal
+    blocks ``T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj`` (``i > j``) in registers from one read of ``A``'s and
     ``T_ii``'s blocks, IEEE float32 products. ``scratch`` (``C x C`` float32, row-major) holds ``A``, then
     ``T``; returns ``T``; ``scratch`` may be overwritten once this returns."""
     S: tl.constexpr = 16
@@ -279,8 +244,8 @@ def chunk_prep_kernel(
     INVERSE: tl.constexpr,
 ):
     """Grid ``(NC, B H)``: ``T (B H, NC C, C)``, ``W (B H, NC C, BK)``, ``U (B H, NC C, VP)`` of one chunk
-    (``T`` by ``_unit_lower_inverse_blocks``, ``_unit_lower_inverse_stacked`` or ``_unit_lower_inverse`` for
-    ``INVERSE`` ``"blocks"``, ``"stacked"`` or ``"rows"``)."""
+    (``T`` by ``_unit_lower_inverse_stacked`` or ``_unit_lower_inverse`` for ``INVERSE`` ``"stacked"`` or
+    ``"rows"``)."""
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -292,9 +257,7 @@ def chunk_prep_kernel(
     A, _, _ = _inner(G, bb, kk, C, PREC)
     row = i_bh * tl.num_programs(0) * C + t0 + tl.arange(0, C)
     scratch = Tm + (i_bh * tl.num_programs(0) * C + t0) * C
-    if INVERSE == "blocks":
-        Ti = _unit_lower_inverse_blocks(A, scratch, C)
-    elif INVERSE == "stacked":
+    if INVERSE == "stacked":
         Ti = _unit_lower_inverse_stacked(A, scratch, C)
     else:
         Ti = _unit_lower_inverse(A, scratch, C)

@@ -40,7 +40,7 @@ from seqkernels.delta.l2norm import l2norm
 from seqkernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kernel_dtype, members
 
 PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
-INVERSES = ("blocks", "stacked", "rows")
+INVERSES = ("stacked", "rows")
 
 
 def default_precision(dtype: torch.dtype) -> str:
@@ -54,8 +54,11 @@ def default_precision(dtype: torch.dtype) -> str:
 class ChunkTiles:
     """Launch parameters of the chunk kernels; ``None`` takes the default for the problem.
 
-    - ``chunk``: steps per chunk ``C``, 16, 32 or 64 (default 32, the fastest timed at head dims 16 and
-      64, less for sequences shorter than that; 64 spills registers in the backward);
+    - ``chunk``: steps per chunk ``C``, 16, 32 or 64 (default 64 with ``"bf16"`` products at head dims
+      (the wider of keys and values, rounded up to a power of two) of exactly 64 and at least 64 steps, the
+      fastest timed there; else 32, the fastest timed at head dims 16 and 64 with the other precisions, less
+      for sequences shorter than that); 64 at head dims above 64 with 16-bit inputs is refused (the
+      backward's ``chunk_bwd_prep_kernel`` needs 256 KiB of shared memory, more than an H100 has);
     - ``block_v``: value columns of the state per sequential program, a power of two (default every
       column up to 64, else 64);
     - ``warps``: default 2 for tiles 16 wide, 4 up to 64, 8 for 128 (the fastest timed at head dims 16 and
@@ -73,10 +76,9 @@ class ChunkTiles:
       is the faster at head dim 64, its backward walk spills);
     - ``stages``: Triton's software pipelining depth of the loops over chunks (each stage holds one
       chunk's tiles in shared memory);
-    - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"blocks"`` (default: 16 x 16 diagonal
-      blocks by forward substitution, the rest by block products; as fast or faster than ``"rows"`` at every
-      shape timed), ``"stacked"`` (the same blocks, the diagonal ones' substitutions run together and the
-      rest in registers) or ``"rows"`` (forward substitution over the chunk's ``C`` rows);
+    - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"stacked"`` (default: the 16 x 16
+      diagonal blocks by forward substitution, all together, the rest by block products in registers; the
+      faster at every shape timed) or ``"rows"`` (forward substitution over the chunk's ``C`` rows);
     - ``store``: the dtype in which ``W``, ``U'``, the stored states and their gradients (``dU'``, ``dM``)
       go between kernels, ``"fp32"`` or ``"bf16"`` (default: bfloat16 with ``precision="bf16"``, whose
       products round them to bfloat16 anyway, as fla keeps them; else float32). ``T`` and ``dW`` stay
@@ -89,7 +91,7 @@ class ChunkTiles:
     precision: str | None = None
     fused: bool = False
     stages: int = 2
-    inverse: str = "blocks"
+    inverse: str = "stacked"
     store: str | None = None
 
     def products(self, dtype: torch.dtype) -> str:
@@ -99,18 +101,23 @@ class ChunkTiles:
 
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, int, str]:
         """``(C, BK, BV, VP, warps, bwd_warps, precision)`` for ``T`` steps, keys of width ``K``, values of
-        width ``V``, the caller's inputs in ``dtype``."""
+        width ``V``, inputs in ``dtype`` (the narrowest of them)."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
-        C = self.chunk or min(32, max(16, next_pow2(T)))
-        if C not in (16, 32, 64):
-            raise ValueError(f"delta triton_chunk: chunk must be 16, 32 or 64, got {C}")
-        BV = self.block_v or min(VP, 64)
-        if BV < 16 or BV > VP or BV & (BV - 1):
-            raise ValueError(f"delta triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
+        wide = max(BK, VP)
         precision = self.products(dtype)
         if precision not in PRECISIONS:
             raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
-        wide = max(BK, VP)
+        C = self.chunk or (64 if precision == "bf16" and wide == 64 and T >= 64 else min(32, max(16, next_pow2(T))))
+        if C not in (16, 32, 64):
+            raise ValueError(f"delta triton_chunk: chunk must be 16, 32 or 64, got {C}")
+        if C == 64 and wide > 64 and dtype.itemsize == 2:
+            raise ValueError(
+                "delta triton_chunk: chunk 64 at head dims above 64 with 16-bit inputs needs 256 KiB of shared "
+                "memory in chunk_bwd_prep_kernel (an H100 has 227 KiB); use chunk 32"
+            )
+        BV = self.block_v or min(VP, 64)
+        if BV < 16 or BV > VP or BV & (BV - 1):
+            raise ValueError(f"delta triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
         default = 2 if wide <= 16 else 4 if wide <= 64 else 8
         warps = [self.warps, self.bwd_warps or self.warps]
         for i, (name, w) in enumerate(zip(("warps", "bwd_warps"), warps)):
@@ -138,6 +145,12 @@ class ChunkTiles:
         return torch.bfloat16 if bf16 else torch.float32
 
 
+def _narrowest(*xs: torch.Tensor) -> torch.dtype:
+    """The dtype of fewest bytes among ``xs`` (the kernels' tiles of 16-bit inputs take shared memory for
+    their conversions: ``ChunkTiles.resolve``'s limit on chunks of 64)."""
+    return min((x.dtype for x in xs), key=lambda d: d.itemsize)
+
+
 def _meta(
     q, k, v, g, nstep: int, tiles: ChunkTiles | None, backward: bool = False
 ) -> tuple[int, int, ChunkTiles, dict, dict]:
@@ -146,7 +159,7 @@ def _meta(
     (``prep``) and over blocks of value columns (``blocks``)."""
     tiles = tiles or ChunkTiles()
     Ts, K, V = k.shape[1], q.shape[-1], v.shape[-1]
-    C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(Ts, K, V, q.dtype)
+    C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(Ts, K, V, _narrowest(q, k, v))
     meta = {"K": K, "V": V, "BK": BK, "VP": VP, "C": C, "HAS_G": g is not None, "PREC": prec}
     meta.update(num_warps=bwd_warps if backward else warps, num_stages=tiles.stages)
     return C, VP // BV, tiles, meta, {**meta, "BV": BV, "NSTEP": nstep}
@@ -224,7 +237,7 @@ def _(q, k, v, g, beta, scale, nstep, precision, out_dtype):
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
     tiles = ChunkTiles(precision=precision)
-    C, BK, _, VP, _, _, prec = tiles.resolve(Ts, K, V, q.dtype)
+    C, BK, _, VP, _, _, prec = tiles.resolve(Ts, K, V, _narrowest(q, k, v))
     NC, f32, kept = cdiv(Ts, C), torch.float32, tiles.store_dtype(prec)
     W, U = (q.new_empty(B * H, NC * C, n, dtype=kept) for n in (BK, VP))
     Tm = q.new_empty(B * H, NC * C, C, dtype=f32)

@@ -22,5 +22,5 @@ def test_the_delta_kernels_compile_for_hopper(tiles):
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("delta bf16 T=256 D=64 ")]
-    assert len(rows) == 13 and all("regs=" in line and "spill=" in line for line in rows), done.stdout
+    assert len(rows) == 12 and all("regs=" in line and "spill=" in line for line in rows), done.stdout
     assert "COMPILE ERROR" not in done.stdout and "OVER BUDGET" not in done.stdout
