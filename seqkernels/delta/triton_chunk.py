@@ -57,8 +57,9 @@ class ChunkTiles:
     - ``chunk``: steps per chunk ``C``, 16, 32 or 64 (default 64 with ``"bf16"`` products at head dims
       (the wider of keys and values, rounded up to a power of two) of exactly 64 and at least 64 steps, the
       fastest timed there; else 32, the fastest timed at head dims 16 and 64 with the other precisions, less
-      for sequences shorter than that); 64 at head dims above 64 with 16-bit inputs is refused (the
-      backward's ``chunk_bwd_prep_kernel`` needs 256 KiB of shared memory, more than an H100 has);
+      for sequences shorter than that); 64 at head dims above 64 is refused with ``"tf32"`` products, and
+      with ``"tf32x3"`` ones when ``fused`` (kernels that need 240-330 KiB of shared memory, more than an
+      H100 has: ``python -m benchmarks.ops compile``);
     - ``block_v``: value columns of the state per sequential program, a power of two (default every
       column up to 64, else 64);
     - ``warps``: default 2 for tiles 16 wide, 4 up to 64, 8 for 128 (the fastest timed at head dims 16 and
@@ -101,7 +102,7 @@ class ChunkTiles:
 
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, int, str]:
         """``(C, BK, BV, VP, warps, bwd_warps, precision)`` for ``T`` steps, keys of width ``K``, values of
-        width ``V``, inputs in ``dtype`` (the narrowest of them)."""
+        width ``V``, the caller's inputs in ``dtype``."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
         wide = max(BK, VP)
         precision = self.products(dtype)
@@ -110,10 +111,11 @@ class ChunkTiles:
         C = self.chunk or (64 if precision == "bf16" and wide == 64 and T >= 64 else min(32, max(16, next_pow2(T))))
         if C not in (16, 32, 64):
             raise ValueError(f"delta triton_chunk: chunk must be 16, 32 or 64, got {C}")
-        if C == 64 and wide > 64 and dtype.itemsize == 2:
+        if C == 64 and wide > 64 and (precision == "tf32" or (self.fused and precision == "tf32x3")):
             raise ValueError(
-                "delta triton_chunk: chunk 64 at head dims above 64 with 16-bit inputs needs 256 KiB of shared "
-                "memory in chunk_bwd_prep_kernel (an H100 has 227 KiB); use chunk 32"
+                f"delta triton_chunk: chunk 64 at head dims above 64 with {precision!r} products"
+                f"{' on chip (fused)' if precision == 'tf32x3' else ''} needs more shared memory than an H100 "
+                "has (227 KiB); use chunk 32 or 'bf16' products"
             )
         BV = self.block_v or min(VP, 64)
         if BV < 16 or BV > VP or BV & (BV - 1):
@@ -145,12 +147,6 @@ class ChunkTiles:
         return torch.bfloat16 if bf16 else torch.float32
 
 
-def _narrowest(*xs: torch.Tensor) -> torch.dtype:
-    """The dtype of fewest bytes among ``xs`` (the kernels' tiles of 16-bit inputs take shared memory for
-    their conversions: ``ChunkTiles.resolve``'s limit on chunks of 64)."""
-    return min((x.dtype for x in xs), key=lambda d: d.itemsize)
-
-
 def _meta(
     q, k, v, g, nstep: int, tiles: ChunkTiles | None, backward: bool = False
 ) -> tuple[int, int, ChunkTiles, dict, dict]:
@@ -159,7 +155,7 @@ def _meta(
     (``prep``) and over blocks of value columns (``blocks``)."""
     tiles = tiles or ChunkTiles()
     Ts, K, V = k.shape[1], q.shape[-1], v.shape[-1]
-    C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(Ts, K, V, _narrowest(q, k, v))
+    C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(Ts, K, V, q.dtype)
     meta = {"K": K, "V": V, "BK": BK, "VP": VP, "C": C, "HAS_G": g is not None, "PREC": prec}
     meta.update(num_warps=bwd_warps if backward else warps, num_stages=tiles.stages)
     return C, VP // BV, tiles, meta, {**meta, "BV": BV, "NSTEP": nstep}
@@ -237,7 +233,7 @@ def _(q, k, v, g, beta, scale, nstep, precision, out_dtype):
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
     tiles = ChunkTiles(precision=precision)
-    C, BK, _, VP, _, _, prec = tiles.resolve(Ts, K, V, _narrowest(q, k, v))
+    C, BK, _, VP, _, _, prec = tiles.resolve(Ts, K, V, q.dtype)
     NC, f32, kept = cdiv(Ts, C), torch.float32, tiles.store_dtype(prec)
     W, U = (q.new_empty(B * H, NC * C, n, dtype=kept) for n in (BK, VP))
     Tm = q.new_empty(B * H, NC * C, C, dtype=f32)
