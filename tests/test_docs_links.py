@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv", "runs", ".pytest_cache", "node_modules"}
+SKIP_DIRS = {".git", ".venv", "runs", ".runs", ".whl", ".pytest_cache", "node_modules"}
 DOCS = sorted(p for p in ROOT.glob("**/*.md") if not SKIP_DIRS & set(p.relative_to(ROOT).parts))
 IDS = [str(d.relative_to(ROOT)) for d in DOCS]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)  # fenced blocks and inline code
 MODULE = re.compile(r"python3? -m ([\w.]+)")
-PACKAGES = ("tasks", "mixers", "kernels", "experiments", "analysis", "benchmarks", "tests", "docs", ".ci")
+PACKAGES = ("tasks", "mixers", "seqkernels", "experiments", "analysis", "benchmarks", "tests", "docs", ".ci")
 REPO_PATH = re.compile(rf"(?<![\w/.$-])((?:{'|'.join(re.escape(p) for p in PACKAGES)})/[\w./<>*-]*)")
 PLACEHOLDER = re.compile(r"[<>]|(^|/)[A-Z][A-Z_]+(\.|/|$)")  # tests/kernels/test_<family>.py, presets/NAME.yaml
 #: outputs the tools write by default and that are not committed
