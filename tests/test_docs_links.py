@@ -4,13 +4,24 @@ is a file or folder of the repository."""
 
 import importlib.util
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv", "runs", ".runs", ".whl", ".pytest_cache", "node_modules"}
-DOCS = sorted(p for p in ROOT.glob("**/*.md") if not SKIP_DIRS & set(p.relative_to(ROOT).parts))
+#: the repository's Markdown files: tracked or new, not those git ignores (virtual environments, run folders)
+DOCS = sorted(
+    ROOT / name
+    for name in subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    if (ROOT / name).exists()  # not one deleted from the work tree but still in the index
+)
 IDS = [str(d.relative_to(ROOT)) for d in DOCS]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)  # fenced blocks and inline code

@@ -228,9 +228,10 @@ def test_default_warps_follow_the_head_width():
 
 def test_default_chunk_follows_the_products_and_the_head_width():
     """64 for bf16 products at head width 64 from 64 steps on, else 32 (less for shorter sequences)."""
-    chunk = lambda T, D, precision=None, dtype=torch.float32: ChunkTiles(precision=precision).resolve(  # noqa: E731
-        T, D, D, dtype
-    )[0]
+
+    def chunk(T, D, precision=None, dtype=torch.float32):
+        return ChunkTiles(precision=precision).resolve(T, D, D, dtype)[0]
+
     assert chunk(256, 64, "bf16") == 64 and chunk(256, 48, "bf16") == 64 and chunk(63, 64, "bf16") == 32
     assert chunk(256, 64) == chunk(256, 64, "tf32", torch.bfloat16) == 32
     assert chunk(256, 32, "bf16") == chunk(256, 128, "bf16", torch.bfloat16) == 32 and chunk(5, 64) == 16
