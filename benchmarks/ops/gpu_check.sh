@@ -4,7 +4,11 @@
 #   usage (GPU machine, repository root, peers importable):  bash benchmarks/ops/gpu_check.sh OUT_DIR [steps...]
 #   steps: tests scan newton fused_rnn mlstm ssd delta host (default: all). Environment: TEST_WORKERS (pytest-xdist
 #   processes, default 12), WARM_PROCS (default 8), BENCH_ARGS_<family> (replaces that family's arguments),
-#   TESTS_LIMIT_S, WARM_LIMIT_S, LIMIT_<family> (seconds each step may take).
+#   TESTS_LIMIT_S, WARM_LIMIT_S, LIMIT_<family> (seconds each step may take); BASELINE: a folder holding another
+#   `seqkernels/` package (e.g. the last commit's: mkdir -p .baseline && git archive HEAD seqkernels | tar -x -C
+#   .baseline), whose kernels each family's benchmark then also times, from a copy of the repository, after its
+#   own run (arguments BASELINE_ARGS_<family>, default the family's; output OUT/baseline/results/<family>.json,
+#   limit LIMIT_<family>); the last table is then every row against the baseline's (benchmarks.ops summary --baseline).
 # First the tests (pytest-xdist) and the compilation of every benchmarked kernel (benchmarks.ops warm) run
 # side by side (both are mostly Triton compilation, on the CPU); then each benchmark checks and times its
 # implementations alone on the GPU. Writes OUT_DIR/results/<family>.json and OUT_DIR/logs/<step>.log; the
@@ -31,6 +35,14 @@ declare -A ARGS=(
 # mlstm_kernels' triton_xl_chunk in bfloat16 and triton_limit_chunk in float32 abort the process on triton 3.6
 declare -A LIMIT=([scan]="${LIMIT_scan:-40}" [newton]="${LIMIT_newton:-45}" [fused_rnn]="${LIMIT_fused_rnn:-80}"
                   [mlstm]="${LIMIT_mlstm:-120}" [ssd]="${LIMIT_ssd:-150}" [delta]="${LIMIT_delta:-420}")
+if [ -n "${BASELINE:-}" ]; then
+  [ -d "$BASELINE/seqkernels" ] || { echo "error: BASELINE=$BASELINE holds no seqkernels/ folder" >&2; exit 2; }
+  # the repository with the baseline's kernels, beside this one (the benchmarks import seqkernels from the cwd)
+  base_tree=$(mktemp -d)
+  cp -r benchmarks experiments mixers tasks analysis pyproject.toml "$base_tree"/
+  cp -r "$BASELINE/seqkernels" "$base_tree"/
+  mkdir -p "$out/baseline/results"
+fi
 families=()
 for step in $steps; do [ "$step" != tests ] && [ "$step" != host ] && families+=("$step"); done
 
@@ -60,6 +72,14 @@ for f in "${families[@]}"; do
   # shellcheck disable=SC2086  # the family's arguments are words
   timeout "${LIMIT[$f]}" python3 -m benchmarks.ops "$f" ${ARGS[$f]} --out "$out/results" > "$out/logs/$f.log" 2>&1
   echo "=== $f rc=$? in $((SECONDS - t1)) s"
+  if [ -n "${BASELINE:-}" ]; then
+    base_args="BASELINE_ARGS_$f"; base_args=${!base_args:-${ARGS[$f]}}
+    t1=$SECONDS
+    # shellcheck disable=SC2086  # the family's arguments are words
+    (cd "$base_tree" && timeout "${LIMIT[$f]}" python3 -m benchmarks.ops "$f" $base_args --out "$out/baseline/results") \
+      > "$out/logs/$f-baseline.log" 2>&1
+    echo "=== $f on the baseline's kernels rc=$? in $((SECONDS - t1)) s"
+  fi
 done
 
 if [[ " $steps " == *" host "* ]]; then
@@ -71,3 +91,7 @@ grep -E "^FAILED|^ERROR" "$out/logs/tests.log" | head -n 60
 grep -E "[0-9]+ (passed|failed)" "$out/logs/tests.log" | tail -n 1
 echo "=== ours vs the fastest peer (same run):"
 python3 -m benchmarks.ops summary "$out/results"
+if [ -n "${BASELINE:-}" ]; then
+  echo "=== every row against the baseline's kernels (same machine):"
+  python3 -m benchmarks.ops summary "$out/results" --baseline "$out/baseline/results"
+fi

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.ops summary [RESULTS_DIR]``: one table of every family's headline rows.
+"""``python -m benchmarks.ops summary [RESULTS_DIR] [--baseline DIR]``: one table of every family's headline rows.
 
 Per family, problem, dtype and direction: our fastest Triton row (``ours-triton...``, kernel-only
 rows aside) against the fastest peer library measured in the same run, and their ratio; for the scan
@@ -6,6 +6,10 @@ also the forward's share of the ``torch.add`` bandwidth. Where every row of a pr
 replayed from a CUDA graph (``--graph``: the training engine's view), the replay times are compared
 (``timed``: ``replay``), else the eager calls' (``eager``). Reads ``<family>.json`` in ``RESULTS_DIR``
 (default ``benchmarks/ops/results``).
+
+``--baseline DIR``: instead, every row against the row of the same implementation, problem, dtype and
+direction in ``DIR``'s ``<family>.json`` (the same benchmark run on other kernels, e.g. the last commit's
+by ``gpu_check.sh``'s ``BASELINE``): both times and their ratio, replays where both rows have one.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from benchmarks.ops.common import RESULTS, dims_label
 
 FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd", "delta")
 NOT_PEERS = ("ours", "torch.add", "inter-", "cudnn")
+#: a result row's fields that are not the problem's dimensions
+_NOT_DIMS = ("family", "section", "impl", "direction", "dtype", "ms", "limit_ms", "max_rel_err", "note", "extra")
 
 
 def _ms(r: dict, replay: bool = False) -> float:
@@ -36,12 +42,7 @@ def headline(rows: list[dict]) -> list[tuple]:
     for r in rows:
         if r.get("section", "main") != "main" or not math.isfinite(_ms(r)):
             continue
-        dims = {
-            k: v
-            for k, v in r.items()
-            if k
-            not in ("family", "section", "impl", "direction", "dtype", "ms", "limit_ms", "max_rel_err", "note", "extra")
-        }
+        dims = {k: v for k, v in r.items() if k not in _NOT_DIMS}
         groups.setdefault((dims_label(dims), r["dtype"], r["direction"]), []).append(r)
     out = []
     for (label, dtype, direction), rs in groups.items():
@@ -68,10 +69,63 @@ def headline(rows: list[dict]) -> list[tuple]:
     return out
 
 
+def _key(r: dict) -> tuple:
+    dims = {k: v for k, v in r.items() if k not in _NOT_DIMS}
+    return r["family"], r.get("section", "main"), dims_label(dims), r["dtype"], r["direction"], r["impl"]
+
+
+def against(rows: list[dict], base: list[dict]) -> pd.DataFrame:
+    """Each row of ``rows`` with the row of ``base`` of the same family, section, problem, dtype, direction
+    and implementation: ``ms`` and ``baseline ms`` (replays where both rows have one, ``timed``), and
+    ``ms / baseline`` (below 1: faster than the baseline); rows without a match are left out."""
+    by_key = {_key(r): r for r in base}
+    out = []
+    for r in rows:
+        b = by_key.get(_key(r))
+        if b is None:
+            continue
+        replay = math.isfinite(_ms(r, True)) and math.isfinite(_ms(b, True))
+        here, there = _ms(r, replay), _ms(b, replay)
+        family, section, problem, dtype, direction, impl = _key(r)
+        out.append(
+            {
+                "family": family,
+                "problem": problem if section == "main" else f"{problem} ({section})",
+                "dtype": dtype,
+                "dir": direction,
+                "impl": impl,
+                "timed": "replay" if replay else "eager",
+                "ms": here,
+                "baseline ms": there,
+                "ms / baseline": f"{here / there:.3f}" if there > 0 else "-",
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def _read(results: str, family: str) -> dict | None:
+    path = Path(results, f"{family}.json")
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ops summary", description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="?", default=str(RESULTS))
+    p.add_argument("--baseline", help="a results folder of the same benchmarks on other kernels: compare to it")
     args = p.parse_args(argv)
+    if args.baseline:
+        pairs = [(_read(args.results, f), _read(args.baseline, f)) for f in FAMILIES]
+        pairs = [(a, b) for a, b in pairs if a and b]
+        if not pairs:
+            raise SystemExit(f"error: no family has results in both {args.results} and {args.baseline}")
+        table = pd.concat([against(a["rows"], b["rows"]) for a, b in pairs], ignore_index=True)
+        print(table.to_markdown(index=False, floatfmt=".4g") if len(table) else "(no rows in common)")
+        for name, runs in zip(("here", "baseline"), zip(*pairs)):
+            print(
+                f"{name}:",
+                "; ".join(sorted({f"{d['env'].get('device')} {d['env'].get('date', '')[:16]}" for d in runs})),
+            )
+        return
     rows, devices = [], set()
     for family in FAMILIES:
         path = Path(args.results, f"{family}.json")
