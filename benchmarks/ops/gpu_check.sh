@@ -21,6 +21,7 @@ set -u
 out=${1:?output folder}; shift
 steps=${*:-tests scan newton fused_rnn mlstm ssd delta host}
 mkdir -p "$out/results" "$out/logs"
+out=$(cd "$out" && pwd)  # absolute: the baseline's benchmarks run from another folder
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 
