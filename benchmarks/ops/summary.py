@@ -30,6 +30,16 @@ NOT_PEERS = ("ours", "torch.add", "inter-", "cudnn")
 _NOT_DIMS = ("family", "section", "impl", "direction", "dtype", "ms", "limit_ms", "max_rel_err", "note", "extra")
 
 
+def _problem(r: dict) -> str:
+    """The row's problem: its dimensions as ``dims_label`` writes them."""
+    return dims_label({k: v for k, v in r.items() if k not in _NOT_DIMS})
+
+
+def _run(data: dict) -> str:
+    """A results file's device and date (to the minute)."""
+    return f"{data['env'].get('device')} {data['env'].get('date', '')[:16]}"
+
+
 def _ms(r: dict, replay: bool = False) -> float:
     ms = (r.get("extra") or {}).get("graph_ms") if replay else r.get("ms")
     return math.nan if ms is None else float(ms)
@@ -42,8 +52,7 @@ def headline(rows: list[dict]) -> list[tuple]:
     for r in rows:
         if r.get("section", "main") != "main" or not math.isfinite(_ms(r)):
             continue
-        dims = {k: v for k, v in r.items() if k not in _NOT_DIMS}
-        groups.setdefault((dims_label(dims), r["dtype"], r["direction"]), []).append(r)
+        groups.setdefault((_problem(r), r["dtype"], r["direction"]), []).append(r)
     out = []
     for (label, dtype, direction), rs in groups.items():
         ours = [
@@ -70,8 +79,7 @@ def headline(rows: list[dict]) -> list[tuple]:
 
 
 def _key(r: dict) -> tuple:
-    dims = {k: v for k, v in r.items() if k not in _NOT_DIMS}
-    return r["family"], r.get("section", "main"), dims_label(dims), r["dtype"], r["direction"], r["impl"]
+    return r["family"], r.get("section", "main"), _problem(r), r["dtype"], r["direction"], r["impl"]
 
 
 def against(rows: list[dict], base: list[dict]) -> pd.DataFrame:
@@ -121,19 +129,15 @@ def main(argv: list[str] | None = None) -> None:
         table = pd.concat([against(a["rows"], b["rows"]) for a, b in pairs], ignore_index=True)
         print(table.to_markdown(index=False, floatfmt=".4g") if len(table) else "(no rows in common)")
         for name, runs in zip(("here", "baseline"), zip(*pairs)):
-            print(
-                f"{name}:",
-                "; ".join(sorted({f"{d['env'].get('device')} {d['env'].get('date', '')[:16]}" for d in runs})),
-            )
+            print(f"{name}:", "; ".join(sorted({_run(d) for d in runs})))
         return
     rows, devices = [], set()
     for family in FAMILIES:
-        path = Path(args.results, f"{family}.json")
-        if not path.is_file():
+        data = _read(args.results, family)
+        if data is None:
             rows.append({"family": family, "problem": "(no results)"})
             continue
-        data = json.loads(path.read_text())
-        devices.add(f"{data['env'].get('device')} {data['env'].get('date', '')[:16]}")
+        devices.add(_run(data))
         for label, dtype, direction, timed, oi, oms, pi, pms, note in headline(data["rows"]):
             rows.append(
                 {
