@@ -36,11 +36,13 @@ and ``dW`` float32):
 
   and the state's share of ``dG`` (the gradient of ``G``): ``rowsum(dO' o diag(gamma) Q M_0)``,
   ``rowsum(E) - colsum(E)`` for ``E = dP o P``, ``-rowsum(U' dM^T o Kt)``, and on the chunk's last row
-  ``sum(U' dM^T o Kt) + gamma_C <dM, M_0>``. ``dQ, dK, dW, dG`` sum over value columns: written per
-  block (``NV`` leading slices, summed by the caller). The loop stores every chunk's ``dU'``. Without
-  ``GRADS`` it only carries ``dM`` (``dU'`` and the ``dM_0`` update) and stores every chunk's ``dM``;
-  ``chunk_bwd_grads_kernel``, grid ``(NC, NV, B H)``, computes the rest per chunk from the stored ``M_0``,
-  ``dM``, ``U'`` and ``dU'``;
+  ``sum(U' dM^T o Kt) + gamma_C <dM, M_0>``. ``dQ, dK, dW, dG`` sum over value columns: with
+  ``GRADS`` (the rest on chip) written per block (``NV`` leading slices, summed by the caller). The loop
+  stores every chunk's ``dU'``. Without ``GRADS`` it only carries ``dM`` (``dU'`` and the ``dM_0`` update)
+  and stores every chunk's ``dM``; ``chunk_bwd_grads_kernel``, grid ``(NC, B H)``, computes the rest per
+  chunk from the stored ``M_0``, ``dM``, ``U'`` and ``dU'``, summing the value blocks' shares of ``dP =
+  dO' U'^T``, ``dO' M_0^T``, ``U' dM^T``, ``dW`` and ``<dM, M_0>`` in registers before the products with
+  ``Q`` and ``K``;
 - ``chunk_bwd_prep_kernel``, grid ``(NC, B H)``: the chunk's ``T`` backward, with the block sums of
   ``dW`` and the full ``dU``: ``dXw = T^T dW``, ``dXu = T^T dU``, ``dA = -strictly_lower(T^T (dW Xw^T +
   dU Xu^T) T^T)`` (``Xw = diag(beta gamma) K``, ``Xu = diag(beta) V``), then
@@ -382,34 +384,42 @@ def _chunk_pk(qq, kk, G, C: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def _block_grads(dO, Up, M0, dM, dUp, dP, dOM, dKt, ndW, PREC: tl.constexpr):
+    """One block of value columns' share of a chunk's gradients added to the sums over the blocks before
+    it (module docstring): ``(dP + dO' U'^T, dOM + dO' M_0^T, dKt + U' dM^T, ndW + dU' M_0^T, <dM, M_0>)``
+    (``ndW``: ``-dW``)."""
+    dP = _mm(dO, tl.trans(Up), PREC, dP)
+    dOM = _mm(dO, tl.trans(M0), PREC, dOM)
+    dKt = _mm(Up, tl.trans(dM), PREC, dKt)
+    ndW = _mm(dUp, tl.trans(M0), PREC, ndW)
+    return dP, dOM, dKt, ndW, tl.sum(tl.sum(dM * M0, 1), 0)
+
+
+@triton.jit
 def _chunk_grads(
-    qq, kk, dO, G, Up, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dGm, i_v, part, i_h, row, t0, T, H, BH,
+    qq, kk, G, P, Gam, Kt, GL, dP, dOM, dKt, dW, dMM0, dq, dk, dWm, dGm, part, prow, i_h, t0, T, H,
     K: tl.constexpr, BK: tl.constexpr, C: tl.constexpr, NSTEP: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """One chunk's ``dQ``, ``dK`` (the state's part), ``dW`` and the state's part of ``dG`` (module
-    docstring) from its ``U'`` and ``dU'``, stored: ``dq, dk`` at batch index ``part``, ``dW, dG`` in slice
-    ``i_v``."""
+    docstring) from the sums of ``_block_grads`` over value columns (of every block, or of one), stored:
+    ``dq, dk`` at batch index ``part``, ``dW, dG`` at rows ``prow``."""
     r = tl.arange(0, C)
     ok = tl.arange(0, BK)
     gam, eK, gC = tl.exp(G), tl.exp(GL - G), tl.exp(GL)
-    dP = tl.where(r[:, None] >= r[None, :], _mm(dO, tl.trans(Up), PREC), 0.0)
+    dP = tl.where(r[:, None] >= r[None, :], dP, 0.0)
     dQK = dP * Gam
-    dOM = _mm(dO, tl.trans(M0), PREC)
     dqc = _mm(dQK, kk, PREC, gam[:, None] * dOM)
-    dKt = _mm(Up, tl.trans(dM), PREC)
     dkc = _mm(tl.trans(dQK), qq, PREC, eK[:, None] * dKt)
-    dW = -_mm(dUp, tl.trans(M0), PREC)
     E = dP * P
     eKt = dKt * Kt
     # gamma_i's share through diag(gamma) Q M_0 is rowsum(dO' o gamma Q M_0) = gamma_i (q_i . dO'_i M_0^T)
     dG = gam * tl.sum(qq * dOM, 1) + tl.sum(E, 1) - tl.sum(E, 0) - tl.sum(eKt, 1)
-    last = tl.sum(tl.sum(eKt, 1), 0) + gC * tl.sum(tl.sum(dM * M0, 1), 0)
+    last = tl.sum(tl.sum(eKt, 1), 0) + gC * dMM0
     dG += tl.where(r == C - 1, last, 0.0)
     _store_rows(dq, dqc, part, i_h, t0, T, H, K, C, BK, 0, NSTEP)
     _store_rows(dk, dkc, part, i_h, t0, T, H, K, C, BK)
-    part_row = i_v.to(tl.int64) * BH * (tl.cdiv(T, C) * C) + row  # row of this block's slice of dW, dG
-    tl.store(dWm + part_row[:, None] * BK + ok[None, :], dW)
-    tl.store(dGm + part_row, dG)
+    tl.store(dWm + prow[:, None] * BK + ok[None, :], dW)
+    tl.store(dGm + prow, dG)
 
 
 @triton.jit
@@ -471,14 +481,34 @@ def chunk_bwd_state_kernel(
         if GRADS:
             M0 = tl.load(ckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :]).to(tl.float32)
             Up = tl.load(Um + row[:, None] * VP + ov[None, :]).to(tl.float32)
+            zc, zk = tl.zeros([C, C], dtype=tl.float32), tl.zeros([C, BK], dtype=tl.float32)
+            dP, dOM, dKt, ndW, dMM0 = _block_grads(dO, Up, M0, dM, dUp, zc, zk, zk, zk, PREC)
+            prow = i_v.to(tl.int64) * B * H * NC * C + row  # this block's slice of dW, dG
             _chunk_grads(
-                qq, kk, dO, G, Up, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dGm, i_v, i_v * B + i_b,
-                i_h, row, t0, T, H, B * H, K, BK, C, NSTEP, PREC,
+                qq, kk, G, P, Gam, Kt, GL, dP, dOM, dKt, -ndW, dMM0, dq, dk, dWm, dGm, i_v * B + i_b, prow,
+                i_h, t0, T, H, K, BK, C, NSTEP, PREC,
             )  # fmt: skip
         else:
             tl.store(dckpt + ((i_bh * NC + c) * BK + ok[:, None]) * VP + ov[None, :], dM.to(dckpt.dtype.element_ty))
         dM = _mm(tl.trans(qq * tl.exp(G)[:, None]), dO, PREC, dM * tl.exp(GL))
         dM = dM - _mm(tl.trans(W), dUp, PREC)
+
+
+@triton.jit
+def _stored_block_grads(
+    ckpt, dckpt, do, Um, dUm, i_v, i_bh, i_c, NC, row, i_b, i_h, t0, T, H, scale, dP, dOM, dKt, ndW, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, C: tl.constexpr, NSTEP: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """``_block_grads`` of value block ``i_v`` of chunk ``i_c`` from the stored ``M_0``, ``dM``, ``U'``, ``dU'``,
+    added to ``dP, dOM, dKt, ndW``."""
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    at = ((i_bh * NC + i_c) * BK + ok[:, None]) * VP + ov[None, :]
+    M0, dM = tl.load(ckpt + at).to(tl.float32), tl.load(dckpt + at).to(tl.float32)
+    dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
+    Up = tl.load(Um + row[:, None] * VP + ov[None, :]).to(tl.float32)
+    dUp = tl.load(dUm + row[:, None] * VP + ov[None, :]).to(tl.float32)
+    return _block_grads(dO, Up, M0, dM, dUp, dP, dOM, dKt, ndW, PREC)
 
 
 @triton.jit
@@ -510,28 +540,35 @@ def chunk_bwd_grads_kernel(
     HAS_G: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Grid ``(NC, NV, B H)``: one chunk's gradients (``_chunk_grads``) from its stored entering state, the
-    stored gradient of its leaving state, ``U'`` and ``dU'`` (the backward without the on-chip recurrence)."""
-    i_c, i_v = tl.program_id(0), tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
+    """Grid ``(NC, B H)``: one chunk's gradients (``_chunk_grads``) from its stored entering state, the
+    stored gradient of its leaving state, ``U'`` and ``dU'``, the value columns' shares summed in registers
+    over blocks of ``min(BV, 32)`` columns (narrower blocks hold fewer registers: the compile report's
+    spills) (the backward without the on-chip recurrence; ``dq, dk, dW, dG`` with one leading slice)."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC = tl.num_programs(0)
     t0 = i_c * C
     row = i_bh * NC * C + t0 + tl.arange(0, C)
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    at = ((i_bh * NC + i_c) * BK + ok[:, None]) * VP + ov[None, :]
-    M0, dM = tl.load(ckpt + at).to(tl.float32), tl.load(dckpt + at).to(tl.float32)
+    dP = tl.zeros([C, C], dtype=tl.float32)
+    dOM = tl.zeros([C, BK], dtype=tl.float32)
+    dKt = tl.zeros([C, BK], dtype=tl.float32)
+    ndW = tl.zeros([C, BK], dtype=tl.float32)
+    dMM0 = 0.0
+    GB: tl.constexpr = 32 if BV > 32 else BV
+    for i_v in range(0, VP // GB):
+        dP, dOM, dKt, ndW, mm = _stored_block_grads(
+            ckpt, dckpt, do, Um, dUm, i_v, i_bh, i_c, NC, row, i_b, i_h, t0, T, H, scale, dP, dOM, dKt, ndW,
+            V, BK, GB, VP, C, NSTEP, PREC,
+        )  # fmt: skip
+        dMM0 += mm
     qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
     kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
-    dO = _rows(do, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP) * scale
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
-    Up = tl.load(Um + row[:, None] * VP + ov[None, :]).to(tl.float32)
-    dUp = tl.load(dUm + row[:, None] * VP + ov[None, :]).to(tl.float32)
     P, Gam, Kt, GL = _chunk_pk(qq, kk, G, C, PREC)
     _chunk_grads(
-        qq, kk, dO, G, Up, M0, dM, dUp, P, Gam, Kt, GL, dq, dk, dWm, dGm, i_v, i_v * B + i_b,
-        i_h, row, t0, T, H, B * H, K, BK, C, NSTEP, PREC,
+        qq, kk, G, P, Gam, Kt, GL, dP, dOM, dKt, -ndW, dMM0, dq, dk, dWm, dGm, i_b, row,
+        i_h, t0, T, H, K, BK, C, NSTEP, PREC,
     )  # fmt: skip
 
 
@@ -564,39 +601,62 @@ def chunk_bwd_prep_kernel(
     state's part on entry and the whole ``dk`` on exit (float32); ``dv (B, T, H, V)`` (in its own dtype),
     ``dbeta (B, T, H)`` (float32); with ``HAS_G``, from the state's part of ``dG`` in ``dGm (B H, NC C)``,
     ``dg (B, T, H)`` (float32): ``g_s`` reaches every ``G_i`` of its chunk with ``i >= s``, so ``dg`` is
-    ``dG``'s reverse cumulative sum inside the chunk."""
+    ``dG``'s reverse cumulative sum inside the chunk. Keys and values are taken in blocks of ``2048 / C``
+    columns (fewer registers: the compile report's spills), twice: first for the ``(C, C)`` products ``K
+    K^T`` and ``dT``, then for the gradients of each block's columns (one block: loaded once)."""
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_c * C
     r = tl.arange(0, C)
+    t = t0 + r
     row = i_bh * tl.num_programs(0) * C + t0 + r
-    kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
-    vv = _rows(v, i_b, i_h, t0, T, H, V, C, VP)
+    KB: tl.constexpr = BK if BK * C <= 2048 else 2048 // C  # blocks of at most 2,048 elements
+    VB: tl.constexpr = VP if VP * C <= 2048 else 2048 // C
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
     bb = _steps(beta, i_b, i_h, t0, T, H, C)
-    A, Gam, KK = _inner(G, bb, kk, C, PREC)
-    TT = tl.trans(tl.load(Tm + row[:, None] * C + r[None, :]))
-    dW = tl.load(dWm + row[:, None] * BK + tl.arange(0, BK)[None, :])
-    dU = tl.load(dUm + row[:, None] * VP + tl.arange(0, VP)[None, :]).to(tl.float32)
     bg = bb * tl.exp(G)
-    Xw = kk * bg[:, None]
-    Xu = vv * bb[:, None]
-    dXw = _mm(TT, dW, PREC)
-    dXu = _mm(TT, dU, PREC)
-    dT = _mm(dW, tl.trans(Xw), PREC)
-    dT = _mm(dU, tl.trans(Xu), PREC, dT)
+    Gam, _ = _decays(G, C)
+    TT = tl.trans(tl.load(Tm + row[:, None] * C + r[None, :]))
+    # K K^T and dT = dW Xw^T + dU Xu^T (Xw = diag(beta gamma) K, Xu = diag(beta) V), block by block
+    KK = tl.zeros([C, C], dtype=tl.float32)
+    dT = tl.zeros([C, C], dtype=tl.float32)
+    for b in tl.static_range(BK // KB):
+        kk = _rows(k, i_b, i_h, t0, T, H, K, C, KB, b * KB)
+        dW = tl.load(dWm + row[:, None] * BK + b * KB + tl.arange(0, KB)[None, :])
+        KK = _mm(kk, tl.trans(kk), PREC, KK)
+        dT = _mm(dW, tl.trans(kk * bg[:, None]), PREC, dT)
+    for b in tl.static_range(VP // VB):
+        vv = _rows(v, i_b, i_h, t0, T, H, V, C, VB, b * VB)
+        dU = tl.load(dUm + row[:, None] * VP + b * VB + tl.arange(0, VB)[None, :]).to(tl.float32)
+        dT = _mm(dU, tl.trans(vv * bb[:, None]), PREC, dT)
     dA = -_mm(_mm(TT, dT, PREC), TT, PREC)
     dA = tl.where(r[:, None] > r[None, :], dA, 0.0)
     D = dA * Gam * bb[:, None]
-    dkc = _mm(D, kk, PREC, dXw * bg[:, None])
-    dkc = _mm(tl.trans(D), kk, PREC, dkc)
-    dbc = tl.sum(dA * KK * Gam, 1) + tl.sum(dXu * vv, 1) + tl.sum(dXw * kk, 1) * tl.exp(G)
-    t = t0 + r
+    dbc = tl.sum(dA * KK * Gam, 1)
+    A = tl.where(r[:, None] > r[None, :], bb[:, None] * KK * Gam, 0.0)
+    EA = dA * A
+    dG = tl.sum(EA, 1) - tl.sum(EA, 0)
+    # each block's gradients: dXw = T^T dW, dXu = T^T dU
+    for b in tl.static_range(BK // KB):
+        if BK > KB:
+            kk = _rows(k, i_b, i_h, t0, T, H, K, C, KB, b * KB)
+            dW = tl.load(dWm + row[:, None] * BK + b * KB + tl.arange(0, KB)[None, :])
+        dXw = _mm(TT, dW, PREC)
+        dkc = _mm(D, kk, PREC, dXw * bg[:, None])
+        dkc = _mm(tl.trans(D), kk, PREC, dkc)
+        dbc += tl.sum(dXw * kk, 1) * tl.exp(G)
+        dG += tl.sum(dXw * kk, 1) * bg
+        dkc += _rows(dk, i_b, i_h, t0, T, H, K, C, KB, b * KB)
+        _store_rows(dk, dkc, i_b, i_h, t0, T, H, K, C, KB, b * KB)
+    for b in tl.static_range(VP // VB):
+        if VP > VB:
+            vv = _rows(v, i_b, i_h, t0, T, H, V, C, VB, b * VB)
+            dU = tl.load(dUm + row[:, None] * VP + b * VB + tl.arange(0, VB)[None, :]).to(tl.float32)
+        dXu = _mm(TT, dU, PREC)
+        dbc += tl.sum(dXu * vv, 1)
+        _store_rows(dv, dXu * bb[:, None], i_b, i_h, t0, T, H, V, C, VB, b * VB)
     if HAS_G:
-        EA = dA * A
-        dG = tl.sum(EA, 1) - tl.sum(EA, 0) + tl.sum(dXw * Xw, 1) + tl.load(dGm + row)
+        dG += tl.load(dGm + row)
         tl.store(dg + (i_b * T + t) * H + i_h, tl.cumsum(dG, 0, reverse=True), mask=t < T)
     tl.store(dbeta + (i_b * T + t) * H + i_h, dbc, mask=t < T)
-    _store_rows(dv, dXu * bb[:, None], i_b, i_h, t0, T, H, V, C, VP)
-    _store_rows(dk, dkc + _rows(dk, i_b, i_h, t0, T, H, K, C, BK), i_b, i_h, t0, T, H, K, C, BK)

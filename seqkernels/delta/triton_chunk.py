@@ -55,7 +55,7 @@ class ChunkTiles:
     """Launch parameters of the chunk kernels; ``None`` takes the default for the problem.
 
     - ``chunk``: steps per chunk ``C``, 16, 32 or 64 (default 64 with ``"bf16"`` products at head dims
-      (the wider of keys and values, rounded up to a power of two) of exactly 64 and at least 64 steps, the
+      (the wider of keys and values, rounded up to a power of two) of 64 and 128 and at least 64 steps, the
       fastest timed there; else 32, the fastest timed at head dims 16 and 64 with the other precisions, less
       for sequences shorter than that); 64 at head dims above 64 is refused with ``"tf32"`` products, and
       with ``"tf32x3"`` ones when ``fused`` (kernels that need 240-330 KiB of shared memory, more than an
@@ -108,7 +108,9 @@ class ChunkTiles:
         precision = self.products(dtype)
         if precision not in PRECISIONS:
             raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
-        C = self.chunk or (64 if precision == "bf16" and wide == 64 and T >= 64 else min(32, max(16, next_pow2(T))))
+        C = self.chunk or (
+            64 if precision == "bf16" and wide in (64, 128) and T >= 64 else min(32, max(16, next_pow2(T)))
+        )
         if C not in (16, 32, 64):
             raise ValueError(f"delta triton_chunk: chunk must be 16, 32 or 64, got {C}")
         if C == 64 and wide > 64 and (precision == "tf32" or (self.fused and precision == "tf32x3")):
@@ -192,16 +194,17 @@ def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, ti
     fused, BK, VP = tiles.fused, prep["BK"], prep["VP"]
     NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
     g_arg = beta if g is None else g
-    dq, dk_state = empty((NV, B, T, H, K), dev, f32), empty((NV, B, Ts, H, K), dev, f32)
-    dW = empty((NV, B * H, NC * C, BK), dev, f32)
+    parts = NV if fused else 1  # slices of the value blocks' shares (the split kernel sums them on chip)
+    dq, dk_state = empty((parts, B, T, H, K), dev, f32), empty((parts, B, Ts, H, K), dev, f32)
+    dW = empty((parts, B * H, NC * C, BK), dev, f32)
     dU = empty((B * H, NC * C, VP), dev, U.dtype)
-    dG_state = empty((NV, B * H, NC * C), dev, f32)
+    dG_state = empty((parts, B * H, NC * C), dev, f32)
     dckpt = ckpt if fused else empty(ckpt.shape, dev, ckpt.dtype)  # fused: never touched
     args = (q, k, g_arg, W, U, ckpt, do, dckpt, dq, dk_state, dW, dU, dG_state, B, Ts, H, float(scale))
     chunk_bwd_state_kernel[(NV, B * H)](*args, GRADS=fused, **blocks)
     if not fused:
-        chunk_bwd_grads_kernel[(NC, NV, B * H)](*args, **blocks)
-    dW, dq, dk, dG_state = (x.sum(0) if NV > 1 else x[0] for x in (dW, dq, dk_state, dG_state))
+        chunk_bwd_grads_kernel[(NC, B * H)](*args, **blocks)
+    dW, dq, dk, dG_state = (x.sum(0) if parts > 1 else x[0] for x in (dW, dq, dk_state, dG_state))
     dv, dbeta = empty((B, Ts, H, V), dev, v.dtype), empty((B, Ts, H), dev, f32)
     dg = empty((B, Ts, H), dev, f32) if g is not None else dq.new_empty(0)
     # dk: the state's part in, the whole gradient out; dg: from the state's part of dG

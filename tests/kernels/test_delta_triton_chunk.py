@@ -84,6 +84,8 @@ def _compare(member, shape, dtype, tol, tiles=None, seed=0):
         ((1, 37, 2, 16, 16), ChunkTiles(chunk=16)),  # several chunks, the last one partial; one diagonal block
         ((1, 130, 2, 32, 32), ChunkTiles(chunk=32)),  # several chunks, a few steps in the last
         ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16)),  # K, V not powers of two; 4 value blocks
+        ((1, 70, 1, 80, 72), ChunkTiles(chunk=32)),  # keys, values in 2 blocks in the prep backward, 4 in grads
+        ((1, 37, 1, 80, 72), ChunkTiles(chunk=64)),  # keys, values in 4 blocks in the prep backward
         ((1, 130, 1, 16, 32), None),  # the default chunk of 32
         ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, fused=True)),  # outputs and gradients with the state on chip
         ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16, fused=True)),
@@ -227,14 +229,15 @@ def test_default_warps_follow_the_head_width():
 
 
 def test_default_chunk_follows_the_products_and_the_head_width():
-    """64 for bf16 products at head width 64 from 64 steps on, else 32 (less for shorter sequences)."""
+    """64 for bf16 products at head widths 64 and 128 from 64 steps on, else 32 (less for shorter sequences)."""
 
     def chunk(T, D, precision=None, dtype=torch.float32):
         return ChunkTiles(precision=precision).resolve(T, D, D, dtype)[0]
 
     assert chunk(256, 64, "bf16") == 64 and chunk(256, 48, "bf16") == 64 and chunk(63, 64, "bf16") == 32
     assert chunk(256, 64) == chunk(256, 64, "tf32", torch.bfloat16) == 32
-    assert chunk(256, 32, "bf16") == chunk(256, 128, "bf16", torch.bfloat16) == 32 and chunk(5, 64) == 16
+    assert chunk(256, 128, "bf16", torch.bfloat16) == chunk(256, 96, "bf16") == 64 and chunk(63, 128, "bf16") == 32
+    assert chunk(256, 32, "bf16") == chunk(256, 128, "tf32", torch.bfloat16) == 32 and chunk(5, 64) == 16
 
 
 @pytest.mark.parametrize(
