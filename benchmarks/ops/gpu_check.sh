@@ -40,6 +40,7 @@ if [ -n "${BASELINE:-}" ]; then
   [ -d "$BASELINE/seqkernels" ] || { echo "error: BASELINE=$BASELINE holds no seqkernels/ folder" >&2; exit 2; }
   # the repository with the baseline's kernels, beside this one (the benchmarks import seqkernels from the cwd)
   base_tree=$(mktemp -d)
+  trap 'rm -rf "$base_tree"' EXIT
   cp -r benchmarks experiments mixers tasks analysis pyproject.toml "$base_tree"/
   cp -r "$BASELINE/seqkernels" "$base_tree"/
   mkdir -p "$out/baseline/results"

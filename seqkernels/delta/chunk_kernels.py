@@ -216,13 +216,10 @@ def _unit_lower_inverse_stacked(A, scratch, C: tl.constexpr):
 
 
 @triton.jit
-def _inner(G, bb, kk, C: tl.constexpr, PREC: tl.constexpr):
-    """``(A, Gamma, K K^T)`` of one chunk: ``A = strictly_lower(diag(beta) K K^T o Gamma)``."""
-    Gam, _ = _decays(G, C)
-    KK = _mm(kk, tl.trans(kk), PREC)
+def _inner(bb, KK, Gam, C: tl.constexpr):
+    """``A = strictly_lower(diag(beta) K K^T o Gamma)`` of one chunk from ``K K^T`` and ``Gamma``."""
     r = tl.arange(0, C)
-    A = tl.where(r[:, None] > r[None, :], bb[:, None] * KK * Gam, 0.0)
-    return A, Gam, KK
+    return tl.where(r[:, None] > r[None, :], bb[:, None] * KK * Gam, 0.0)
 
 
 @triton.jit
@@ -256,7 +253,7 @@ def chunk_prep_kernel(
     vv = _rows(v, i_b, i_h, t0, T, H, V, C, VP)
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
     bb = _steps(beta, i_b, i_h, t0, T, H, C)
-    A, _, _ = _inner(G, bb, kk, C, PREC)
+    A = _inner(bb, _mm(kk, tl.trans(kk), PREC), _decays(G, C)[0], C)
     row = i_bh * tl.num_programs(0) * C + t0 + tl.arange(0, C)
     scratch = Tm + (i_bh * tl.num_programs(0) * C + t0) * C
     if INVERSE == "stacked":
@@ -615,7 +612,8 @@ def chunk_bwd_prep_kernel(
     VB: tl.constexpr = VP if VP * C <= 2048 else 2048 // C
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
     bb = _steps(beta, i_b, i_h, t0, T, H, C)
-    bg = bb * tl.exp(G)
+    eG = tl.exp(G)
+    bg = bb * eG
     Gam, _ = _decays(G, C)
     TT = tl.trans(tl.load(Tm + row[:, None] * C + r[None, :]))
     # K K^T and dT = dW Xw^T + dU Xu^T (Xw = diag(beta gamma) K, Xu = diag(beta) V), block by block
@@ -634,8 +632,7 @@ def chunk_bwd_prep_kernel(
     dA = tl.where(r[:, None] > r[None, :], dA, 0.0)
     D = dA * Gam * bb[:, None]
     dbc = tl.sum(dA * KK * Gam, 1)
-    A = tl.where(r[:, None] > r[None, :], bb[:, None] * KK * Gam, 0.0)
-    EA = dA * A
+    EA = dA * _inner(bb, KK, Gam, C)
     dG = tl.sum(EA, 1) - tl.sum(EA, 0)
     # each block's gradients: dXw = T^T dW, dXu = T^T dU
     for b in tl.static_range(BK // KB):
@@ -645,8 +642,9 @@ def chunk_bwd_prep_kernel(
         dXw = _mm(TT, dW, PREC)
         dkc = _mm(D, kk, PREC, dXw * bg[:, None])
         dkc = _mm(tl.trans(D), kk, PREC, dkc)
-        dbc += tl.sum(dXw * kk, 1) * tl.exp(G)
-        dG += tl.sum(dXw * kk, 1) * bg
+        dXwK = tl.sum(dXw * kk, 1)
+        dbc += dXwK * eG
+        dG += dXwK * bg
         dkc += _rows(dk, i_b, i_h, t0, T, H, K, C, KB, b * KB)
         _store_rows(dk, dkc, i_b, i_h, t0, T, H, K, C, KB, b * KB)
     for b in tl.static_range(VP // VB):
