@@ -614,8 +614,6 @@ def chunk_bwd_prep_kernel(
     bb = _steps(beta, i_b, i_h, t0, T, H, C)
     eG = tl.exp(G)
     bg = bb * eG
-    Gam, _ = _decays(G, C)
-    TT = tl.trans(tl.load(Tm + row[:, None] * C + r[None, :]))
     # K K^T and dT = dW Xw^T + dU Xu^T (Xw = diag(beta gamma) K, Xu = diag(beta) V), block by block
     KK = tl.zeros([C, C], dtype=tl.float32)
     dT = tl.zeros([C, C], dtype=tl.float32)
@@ -628,7 +626,9 @@ def chunk_bwd_prep_kernel(
         vv = _rows(v, i_b, i_h, t0, T, H, V, C, VB, b * VB)
         dU = tl.load(dUm + row[:, None] * VP + b * VB + tl.arange(0, VB)[None, :]).to(tl.float32)
         dT = _mm(dU, tl.trans(vv * bb[:, None]), PREC, dT)
+    TT = tl.trans(tl.load(Tm + row[:, None] * C + r[None, :]))
     dA = -_mm(_mm(TT, dT, PREC), TT, PREC)
+    Gam, _ = _decays(G, C)
     dA = tl.where(r[:, None] > r[None, :], dA, 0.0)
     D = dA * Gam * bb[:, None]
     dbc = tl.sum(dA * KK * Gam, 1)
