@@ -186,7 +186,7 @@ def chunk_kernel_bytes(op: str, batch: int, L: int, H: int, D: int, v_bytes: int
     return {
         "chunk_prep_kernel": k + v + s + g + W + U + Tm,
         "chunk_fwd_kernel": NV * (k + g + W) + U + U + ck,
-        "chunk_out_kernel": NV * (q + k + g) + U + ck + o,
+        "chunk_out_kernel": q + k + g + U + ck + o,
         "chunk_bwd_state_kernel": NV * (q + k + g + W) + o + U + ck,
         "chunk_bwd_grads_kernel": 2 * ck + q + k + g + o + 2 * U + dq + dk + dW + dG,
         "chunk_bwd_prep_kernel": k + v + s + g + Tm + dW + U + dk + dG + dk + v + s + g,

@@ -25,7 +25,7 @@ and ``dW`` float32):
   the chunks in order with ``M_0`` in registers, writing each chunk's ``U'`` over its ``U`` (the later
   kernels read ``U'``): (``OUT``) ``O``, and (``SAVE``) every chunk's ``M_0`` for the backward; no state
   leaves the chip but the checkpoints. Without ``OUT`` (the design paper 004 replaces, kept to measure it)
-  ``chunk_out_kernel``, grid ``(NC, NV, B H)``, reads the stored states and ``U'`` back for ``O``;
+  ``chunk_out_kernel``, grid ``(NC, B H)``, reads the stored states and ``U'`` back for ``O``;
 - ``chunk_bwd_state_kernel``, grid ``(NV, B H)``: the chunks in reverse with ``dM`` (the gradient of the
   chunk's end state) in registers, ``dO' = scale dO``:
 
@@ -353,23 +353,33 @@ def chunk_out_kernel(
     HAS_G: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Grid ``(NC, NV, B H)``: one chunk's output from its stored entering state and ``U'`` (the forward
-    without the on-chip recurrence: ``chunk_fwd_kernel`` with ``OUT=False`` stores them)."""
-    i_c, i_v = tl.program_id(0), tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
+    """Grid ``(NC, B H)``: one chunk's output from its stored entering state and ``U'`` (the forward
+    without the on-chip recurrence: ``chunk_fwd_kernel`` with ``OUT=False`` stores them), the value columns
+    in blocks of ``BV`` (``Q``, ``K`` read and ``Q K^T`` formed once)."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC = tl.num_programs(0)
     t0 = i_c * C
     row = i_bh * NC * C + t0 + tl.arange(0, C)
     ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    M = tl.load(ckpt + ((i_bh * NC + i_c) * BK + ok[:, None]) * VP + ov[None, :]).to(tl.float32)
     qq = _rows(q, i_b, i_h, t0, T, H, K, C, BK, 0, NSTEP)
     kk = _rows(k, i_b, i_h, t0, T, H, K, C, BK)
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
-    Up = tl.load(Um + row[:, None] * VP + ov[None, :]).to(tl.float32)
-    out = _chunk_out(qq, kk, G, Up, M, scale, C, PREC)
-    _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
+    at = ((i_bh * NC + i_c) * BK + ok[:, None]) * VP
+    if VP == BV:  # one block of values
+        M = tl.load(ckpt + at + tl.arange(0, BV)[None, :]).to(tl.float32)
+        Up = tl.load(Um + row[:, None] * VP + tl.arange(0, BV)[None, :]).to(tl.float32)
+        _store_rows(o, _chunk_out(qq, kk, G, Up, M, scale, C, PREC), i_b, i_h, t0, T, H, V, C, BV, 0, NSTEP)
+    else:  # P = Q K^T o Gamma formed once for every block (fewer spills than per block: the compile report)
+        Gam, _ = _decays(G, C)
+        P = _mm(qq, tl.trans(kk), PREC) * Gam
+        for i_v in range(0, VP // BV):
+            ov = i_v * BV + tl.arange(0, BV)
+            M = tl.load(ckpt + at + ov[None, :]).to(tl.float32)
+            Up = tl.load(Um + row[:, None] * VP + ov[None, :]).to(tl.float32)
+            out = _mm(P, Up, PREC, tl.exp(G)[:, None] * _mm(qq, M, PREC)) * scale
+            _store_rows(o, out, i_b, i_h, t0, T, H, V, C, BV, i_v * BV, NSTEP)
 
 
 @triton.jit

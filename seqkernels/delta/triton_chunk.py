@@ -182,7 +182,7 @@ def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: Chun
     args = (q, k, g_arg, W, U, o, ckpt, Ts, H, float(scale))
     chunk_fwd_kernel[(NV, B * H)](*args, OUT=fused, SAVE=save, **blocks)
     if not fused:
-        chunk_out_kernel[(NC, NV, B * H)](*args, **blocks)
+        chunk_out_kernel[(NC, B * H)](*args, **blocks)
     return o, W, U, Tm, ckpt
 
 
