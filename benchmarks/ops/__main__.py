@@ -7,7 +7,14 @@ import os
 import sys
 
 FAMILIES = ("scan", "newton", "fused_rnn", "mlstm", "ssd", "delta")
-TOOLS = {"compile": "compile_report", "warm": "warm", "summary": "summary", "host": "host", "scan-probe": "scan_probe"}
+TOOLS = {
+    "compile": "compile_report",
+    "warm": "warm",
+    "summary": "summary",
+    "host": "host",
+    "scan-probe": "scan_probe",
+    "delta-probe": "delta_probe",
+}
 
 
 def _slice_autotuning(spec: str) -> None:
@@ -33,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
         print("A family: check every implementation and peer against the reference, time them, write")
         print("benchmarks/ops/results/<family>.json. compile: the compile report; warm: parallel compilation;")
         print("summary: one table of ours vs the fastest peer per family; host: host time per call;")
-        print("scan-probe: where the scan's time goes (tiles, host).")
+        print("scan-probe: where the scan's time goes (tiles, host); delta-probe: the delta chunk kernels one by")
+        print("one (each kernel's time, a warps x stages grid).")
         raise SystemExit(0 if argv else 2)
     name, rest = argv[0], argv[1:]
     if name not in FAMILIES and name not in TOOLS:

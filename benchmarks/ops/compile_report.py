@@ -299,8 +299,9 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     tiles = tiles or ChunkTiles()
     # as the mixers call them (qk_l2norm): q, k normalized in float32 (bfloat16 with bfloat16 products);
     # the default precision, v, dv, o and do those of the inputs' dtype; the intermediates in the kept dtype
-    C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(T, D, D, dtype)
-    prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=tiles.stages)
+    C, BK, BV, VP, warps, bwd_warps, grads_warps, prec = tiles.resolve(T, D, D, dtype)
+    stages, walk_stages, grads_stages = tiles.kernel_stages(max(BK, VP), prec)
+    prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=stages)
     kept = "*" + _TY[tiles.store_dtype(prec)]
     types = {n: kept for n in _KEPT} | dict.fromkeys(("q", "k"), "*bf16" if prec == "bf16" else "*fp32")
     ptrs = dict(typed={"v", "dv", "o", "do"}, types=types)
@@ -317,9 +318,13 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
         ("chunk fwd (split)", ck.chunk_fwd_kernel, dict(blocks, OUT=False, SAVE=True)),
         ("chunk fwd (on chip)", ck.chunk_fwd_kernel, dict(blocks, OUT=True, SAVE=True)),
         ("chunk out", ck.chunk_out_kernel, blocks),
-        ("chunk bwd state (split)", ck.chunk_bwd_state_kernel, dict(bwd_blocks, GRADS=False)),
+        ("chunk bwd state (split)", ck.chunk_bwd_state_kernel, dict(bwd_blocks, GRADS=False, num_stages=walk_stages)),
         ("chunk bwd state (on chip)", ck.chunk_bwd_state_kernel, dict(bwd_blocks, GRADS=True)),
-        ("chunk bwd grads", ck.chunk_bwd_grads_kernel, bwd_blocks),
+        (
+            "chunk bwd grads",
+            ck.chunk_bwd_grads_kernel,
+            dict(bwd_blocks, num_warps=grads_warps, num_stages=grads_stages),
+        ),
         ("chunk bwd prep", ck.chunk_bwd_prep_kernel, bwd_prep),
         ("fla chunk_bwd_dqkwg", dqkwg_kernel, dict(dqkwg, typed={"q", "k", "v", "do", "h", "dh", "w", "dv", "dw"})),
     ]

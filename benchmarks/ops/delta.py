@@ -172,7 +172,7 @@ def chunk_kernel_bytes(op: str, batch: int, L: int, H: int, D: int, v_bytes: int
     gated = op == "gated"
     Ts = L * n
     # bfloat16 products only where tiles ask for them (the default never does, for any inputs' dtype)
-    C, BK, BV, VP, _, _, prec = tiles.resolve(Ts, D, D, torch.float32)
+    C, BK, BV, VP, _, _, _, prec = tiles.resolve(Ts, D, D, torch.float32)
     kb, NV, NC = tiles.store_dtype(prec).itemsize, VP // BV, -(-Ts // C)
     qk_bytes = 2 if prec == "bf16" else 4
     q, k, v = batch * L * H * D * qk_bytes, batch * Ts * H * D * qk_bytes, batch * Ts * H * D * v_bytes

@@ -608,9 +608,9 @@ def chunk_bwd_prep_kernel(
     state's part on entry and the whole ``dk`` on exit (float32); ``dv (B, T, H, V)`` (in its own dtype),
     ``dbeta (B, T, H)`` (float32); with ``HAS_G``, from the state's part of ``dG`` in ``dGm (B H, NC C)``,
     ``dg (B, T, H)`` (float32): ``g_s`` reaches every ``G_i`` of its chunk with ``i >= s``, so ``dg`` is
-    ``dG``'s reverse cumulative sum inside the chunk. Keys and values are taken in blocks of ``2048 / C``
-    columns (fewer registers: the compile report's spills), twice: first for the ``(C, C)`` products ``K
-    K^T`` and ``dT``, then for the gradients of each block's columns (one block: loaded once)."""
+    ``dG``'s reverse cumulative sum inside the chunk. Keys and values are taken in blocks of 64 columns,
+    twice: first for the ``(C, C)`` products ``K K^T`` and ``dT``, then for the gradients of each block's
+    columns (one block: loaded once)."""
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -618,8 +618,8 @@ def chunk_bwd_prep_kernel(
     r = tl.arange(0, C)
     t = t0 + r
     row = i_bh * tl.num_programs(0) * C + t0 + r
-    KB: tl.constexpr = BK if BK * C <= 2048 else 2048 // C  # blocks of at most 2,048 elements
-    VB: tl.constexpr = VP if VP * C <= 2048 else 2048 // C
+    KB: tl.constexpr = BK if BK <= 64 else 64  # blocks of 64 columns (the fastest timed at head dims 64, 128)
+    VB: tl.constexpr = VP if VP <= 64 else 64
     G = _cum_decay(g, i_b, i_h, t0, T, H, C, HAS_G)
     bb = _steps(beta, i_b, i_h, t0, T, H, C)
     eG = tl.exp(G)

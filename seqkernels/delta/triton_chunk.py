@@ -62,10 +62,12 @@ class ChunkTiles:
       H100 has: ``python -m benchmarks.ops compile``);
     - ``block_v``: value columns of the state per sequential program, a power of two (default every
       column up to 64, else 64);
-    - ``warps``: default 2 for tiles 16 wide, 4 up to 64, 8 for 128 (the fastest timed at head dims 16 and
-      64); chunks of 64 with ``"bf16"`` products at tiles narrower than 64 take 8 and refuse fewer (4 warps
+    - ``warps``: default 2 for tiles 16 wide, else 4 (the fastest timed at head dims 16, 64 and 128);
+      chunks of 64 with ``"bf16"`` products at tiles narrower than 64 take 8 and refuse fewer (4 warps
       there made an illegal memory access on an H100 with Triton 3.6);
-    - ``bwd_warps``: the warps of the backward's three kernels (default: ``warps``'s);
+    - ``bwd_warps``: the warps of the backward's state walk and prep kernels (default: ``warps``'s);
+    - ``grads_warps``: the warps of ``chunk_bwd_grads_kernel`` (default: ``bwd_warps``'s when either is
+      given, else 8 at head dims above 64, the fastest timed there, else ``warps``'s default);
     - ``precision``: the ``input_precision`` of every product (default ``default_precision`` of the
       caller's inputs: ``"tf32x3"``, float32-accurate, for float32 ones, ``"tf32"`` for 16-bit ones, whatever
       dtype ``qk_l2norm`` hands the kernels; ``"ieee"``: float32 FMA; ``"bf16"``: both operands rounded to
@@ -76,7 +78,9 @@ class ChunkTiles:
       kernels also compute the outputs and gradients with the state on chip (paper 004; its forward alone
       is the faster at head dim 64, its backward walk spills);
     - ``stages``: Triton's software pipelining depth of the loops over chunks (each stage holds one
-      chunk's tiles in shared memory);
+      chunk's tiles in shared memory) of every kernel (default 2, but with ``"bf16"`` products at head dims
+      above 64 1 for the backward's state walk and 4 for ``chunk_bwd_grads_kernel``, the fastest timed
+      there; 4 with float32 operands at chunks of 64 needs more shared memory than an H100 has);
     - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"stacked"`` (default: the 16 x 16
       diagonal blocks by forward substitution, all together, the rest by block products in registers; the
       faster at every shape timed) or ``"rows"`` (forward substitution over the chunk's ``C`` rows);
@@ -89,9 +93,10 @@ class ChunkTiles:
     block_v: int | None = None
     warps: int | None = None
     bwd_warps: int | None = None
+    grads_warps: int | None = None
     precision: str | None = None
     fused: bool = False
-    stages: int = 2
+    stages: int | None = None
     inverse: str = "stacked"
     store: str | None = None
 
@@ -100,8 +105,8 @@ class ChunkTiles:
         ``default_precision(dtype)``."""
         return self.precision or default_precision(dtype)
 
-    def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, int, str]:
-        """``(C, BK, BV, VP, warps, bwd_warps, precision)`` for ``T`` steps, keys of width ``K``, values of
+    def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, int, int, str]:
+        """``(C, BK, BV, VP, warps, bwd_warps, grads_warps, precision)`` for ``T`` steps, keys of width ``K``, values of
         width ``V``, the caller's inputs in ``dtype``."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
         wide = max(BK, VP)
@@ -122,9 +127,10 @@ class ChunkTiles:
         BV = self.block_v or min(VP, 64)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"delta triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
-        default = 2 if wide <= 16 else 4 if wide <= 64 else 8
-        warps = [self.warps, self.bwd_warps or self.warps]
-        for i, (name, w) in enumerate(zip(("warps", "bwd_warps"), warps)):
+        default = 2 if wide <= 16 else 4
+        bwd = self.bwd_warps or self.warps
+        warps = [self.warps, bwd, self.grads_warps or bwd or (8 if wide > 64 else None)]
+        for i, (name, w) in enumerate(zip(("warps", "bwd_warps", "grads_warps"), warps)):
             if w is not None and w not in (1, 2, 4, 8, 16):
                 raise ValueError(f"delta triton_chunk: {name} must be 1, 2, 4, 8 or 16, got {w!r}")
             if C == 64 and precision == "bf16" and wide < 64:
@@ -137,11 +143,19 @@ class ChunkTiles:
             warps[i] = w or default
         if self.inverse not in INVERSES:
             raise ValueError(f"delta triton_chunk: inverse must be one of {INVERSES}, got {self.inverse!r}")
-        if not isinstance(self.stages, int) or self.stages < 1:
+        if self.stages is not None and (not isinstance(self.stages, int) or self.stages < 1):
             raise ValueError(f"delta triton_chunk: stages must be a positive int, got {self.stages!r}")
         if self.store not in (None, "fp32", "bf16"):
             raise ValueError(f"delta triton_chunk: store must be 'fp32' or 'bf16', got {self.store!r}")
         return C, BK, BV, VP, *warps, precision
+
+    def kernel_stages(self, wide: int, precision: str) -> tuple[int, int, int]:
+        """``(stages, walk, grads)``: the pipelining depth of every kernel, of the backward's state walk
+        (``fused=False``) and of ``chunk_bwd_grads_kernel`` at head width ``wide`` (padded) with products of
+        ``precision``."""
+        if self.stages is not None:
+            return self.stages, self.stages, self.stages
+        return (2, 1, 4) if wide > 64 and precision == "bf16" else (2, 2, 2)
 
     def store_dtype(self, precision: str) -> torch.dtype:
         """The dtype of the intermediates kept between kernels at products of ``precision``."""
@@ -151,16 +165,23 @@ class ChunkTiles:
 
 def _meta(
     q, k, v, g, nstep: int, tiles: ChunkTiles | None, backward: bool = False
-) -> tuple[int, int, ChunkTiles, dict, dict]:
-    """``(C, NV, tiles, prep, blocks)``: the chunk, the blocks of value columns, the tiles (defaults for
-    ``None``), and the constexprs of the forward's (the ``backward``'s) launches over whole chunks
-    (``prep``) and over blocks of value columns (``blocks``)."""
+) -> tuple[int, int, ChunkTiles, dict, dict, dict]:
+    """``(C, NV, tiles, prep, blocks, own)``: the chunk, the blocks of value columns, the tiles (defaults for
+    ``None``), the constexprs of the forward's (the ``backward``'s) launches over whole chunks (``prep``) and
+    over blocks of value columns (``blocks``), and the launch options of the backward's split state walk
+    (``own["walk"]``) and ``chunk_bwd_grads_kernel`` (``own["grads"]``) over ``blocks``'s."""
     tiles = tiles or ChunkTiles()
     Ts, K, V = k.shape[1], q.shape[-1], v.shape[-1]
-    C, BK, BV, VP, warps, bwd_warps, prec = tiles.resolve(Ts, K, V, q.dtype)
+    C, BK, BV, VP, warps, bwd_warps, grads_warps, prec = tiles.resolve(Ts, K, V, q.dtype)
+    stages, walk_stages, grads_stages = tiles.kernel_stages(max(BK, VP), prec)
     meta = {"K": K, "V": V, "BK": BK, "VP": VP, "C": C, "HAS_G": g is not None, "PREC": prec}
-    meta.update(num_warps=bwd_warps if backward else warps, num_stages=tiles.stages)
-    return C, VP // BV, tiles, meta, {**meta, "BV": BV, "NSTEP": nstep}
+    meta.update(num_warps=bwd_warps if backward else warps, num_stages=stages)
+    blocks = {**meta, "BV": BV, "NSTEP": nstep}
+    own = {
+        "walk": {**blocks, "num_stages": walk_stages},
+        "grads": {**blocks, "num_warps": grads_warps, "num_stages": grads_stages},
+    }
+    return C, VP // BV, tiles, meta, blocks, own
 
 
 def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: ChunkTiles | None = None, out_dtype=None):
@@ -169,7 +190,7 @@ def _forward(q, k, v, g, beta, scale: float, nstep: int, save: bool, tiles: Chun
     ``ckpt (B H, NC, BK, VP)`` in ``tiles.store_dtype``, ``Tm (B H, NC C, C)`` float32."""
     B, T, H, _ = q.shape
     Ts = k.shape[1]
-    C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles)
+    C, NV, tiles, prep, blocks, _ = _meta(q, k, v, g, nstep, tiles)
     fused, BK, VP = tiles.fused, prep["BK"], prep["VP"]
     NC, dev, f32, kept = cdiv(Ts, C), q.device, torch.float32, tiles.store_dtype(prep["PREC"])
     W, U = (empty((B * H, NC * C, n), dev, kept) for n in (BK, VP))
@@ -190,7 +211,7 @@ def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, ti
     """``(dq, dk, dv, dg, dbeta)``: ``dv`` in ``v``'s dtype, the others float32 (``dg`` empty without ``g``)."""
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
-    C, NV, tiles, prep, blocks = _meta(q, k, v, g, nstep, tiles, backward=True)
+    C, NV, tiles, prep, blocks, own = _meta(q, k, v, g, nstep, tiles, backward=True)
     fused, BK, VP = tiles.fused, prep["BK"], prep["VP"]
     NC, dev, f32 = cdiv(Ts, C), q.device, torch.float32
     g_arg = beta if g is None else g
@@ -201,9 +222,9 @@ def _backward(do, q, k, v, g, beta, W, U, Tm, ckpt, scale: float, nstep: int, ti
     dG_state = empty((parts, B * H, NC * C), dev, f32)
     dckpt = ckpt if fused else empty(ckpt.shape, dev, ckpt.dtype)  # fused: never touched
     args = (q, k, g_arg, W, U, ckpt, do, dckpt, dq, dk_state, dW, dU, dG_state, B, Ts, H, float(scale))
-    chunk_bwd_state_kernel[(NV, B * H)](*args, GRADS=fused, **blocks)
+    chunk_bwd_state_kernel[(NV, B * H)](*args, GRADS=fused, **(blocks if fused else own["walk"]))
     if not fused:
-        chunk_bwd_grads_kernel[(NC, B * H)](*args, **blocks)
+        chunk_bwd_grads_kernel[(NC, B * H)](*args, **own["grads"])
     dW, dq, dk, dG_state = (x.sum(0) if parts > 1 else x[0] for x in (dW, dq, dk_state, dG_state))
     dv, dbeta = empty((B, Ts, H, V), dev, v.dtype), empty((B, Ts, H), dev, f32)
     dg = empty((B, Ts, H), dev, f32) if g is not None else dq.new_empty(0)
@@ -236,7 +257,7 @@ def _(q, k, v, g, beta, scale, nstep, precision, out_dtype):
     B, T, H, K = q.shape
     Ts, V = k.shape[1], v.shape[-1]
     tiles = ChunkTiles(precision=precision)
-    C, BK, _, VP, _, _, prec = tiles.resolve(Ts, K, V, q.dtype)
+    C, BK, _, VP, _, _, _, prec = tiles.resolve(Ts, K, V, q.dtype)
     NC, f32, kept = cdiv(Ts, C), torch.float32, tiles.store_dtype(prec)
     W, U = (q.new_empty(B * H, NC * C, n, dtype=kept) for n in (BK, VP))
     Tm = q.new_empty(B * H, NC * C, C, dtype=f32)

@@ -85,7 +85,7 @@ def _compare(member, shape, dtype, tol, tiles=None, seed=0):
         ((1, 130, 2, 32, 32), ChunkTiles(chunk=32)),  # several chunks, a few steps in the last
         ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16)),  # K, V not powers of two; 4 value blocks
         ((1, 70, 1, 80, 72), ChunkTiles(chunk=32)),  # keys, values in 2 blocks in the prep backward, 4 in grads
-        ((1, 37, 1, 80, 72), ChunkTiles(chunk=64)),  # keys, values in 4 blocks in the prep backward
+        ((1, 37, 1, 80, 72), ChunkTiles(chunk=64)),  # chunks of 64: keys, values in 2 blocks in the prep backward
         ((1, 130, 1, 16, 32), None),  # the default chunk of 32
         ((1, 37, 2, 16, 16), ChunkTiles(chunk=16, fused=True)),  # outputs and gradients with the state on chip
         ((1, 67, 1, 20, 40), ChunkTiles(chunk=16, block_v=16, fused=True)),
@@ -216,16 +216,33 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
 
 
 def test_default_warps_follow_the_head_width():
-    """2 warps for heads 16 wide, 4 up to 64, 8 at 128; 8 for chunks of 64 with bf16 products below 64; the
-    backward's as the forward's unless set."""
-    warps = lambda D, **kw: ChunkTiles(**kw).resolve(256, D, D, torch.float32)[4:6]  # noqa: E731
-    assert [warps(D) for D in (8, 16, 32, 64, 128)] == [(2, 2), (2, 2), (4, 4), (4, 4), (8, 8)]
-    assert warps(32, chunk=64, precision="bf16") == (8, 8) and warps(64, chunk=64, precision="bf16") == (4, 4)
-    assert warps(64, bwd_warps=8) == (4, 8) and warps(64, warps=2) == (2, 2)
+    """2 warps for heads 16 wide, else 4, but 8 for the gradient kernel above 64; 8 for chunks of 64 with bf16
+    products below 64; the backward's as the forward's unless set, the gradient kernel's as the backward's."""
+    warps = lambda D, **kw: ChunkTiles(**kw).resolve(256, D, D, torch.float32)[4:7]  # noqa: E731
+    assert [warps(D) for D in (8, 16, 32, 64, 128)] == [(2, 2, 2), (2, 2, 2), (4, 4, 4), (4, 4, 4), (4, 4, 8)]
+    assert warps(32, chunk=64, precision="bf16") == (8, 8, 8) and warps(64, chunk=64, precision="bf16") == (4, 4, 4)
+    assert warps(64, bwd_warps=8) == (4, 8, 8) and warps(64, warps=2) == (2, 2, 2)
+    assert warps(128, warps=2) == (2, 2, 2) and warps(128, bwd_warps=4) == (4, 4, 4)
+    assert warps(128, grads_warps=16) == (4, 4, 16) and warps(96, chunk=64, precision="bf16") == (4, 4, 8)
     with pytest.raises(ValueError, match="needs 8 bwd_warps, got 4"):
         warps(32, chunk=64, precision="bf16", bwd_warps=4)
     with pytest.raises(ValueError, match="bwd_warps must be 1, 2, 4, 8 or 16, got 3"):
         warps(32, bwd_warps=3)
+    with pytest.raises(ValueError, match="grads_warps must be 1, 2, 4, 8 or 16, got 5"):
+        warps(128, grads_warps=5)
+
+
+def test_default_stages_follow_the_products_and_the_head_width():
+    """Pipelining depth 2 everywhere, but with bf16 products above head dim 64 the backward's split walk
+    takes 1 and the gradient kernel 4 (float32 operands at 4 stages need more shared memory than an
+    H100 has); ``stages`` set applies to every kernel."""
+    assert ChunkTiles().kernel_stages(128, "bf16") == (2, 1, 4)
+    assert ChunkTiles().kernel_stages(64, "bf16") == ChunkTiles().kernel_stages(128, "tf32x3") == (2, 2, 2)
+    assert ChunkTiles(stages=3).kernel_stages(128, "bf16") == (3, 3, 3)
+    q, k, v = (torch.zeros(1, 256, 1, 128, dtype=torch.bfloat16) for _ in range(3))
+    *_, blocks, own = triton_chunk._meta(q, k, v, None, 1, ChunkTiles(precision="bf16"), backward=True)
+    assert (blocks["num_stages"], own["walk"]["num_stages"], own["grads"]["num_stages"]) == (2, 1, 4)
+    assert (blocks["num_warps"], own["walk"]["num_warps"], own["grads"]["num_warps"]) == (4, 4, 8)
 
 
 def test_default_chunk_follows_the_products_and_the_head_width():

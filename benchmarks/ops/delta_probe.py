@@ -1,0 +1,193 @@
+"""``python -m benchmarks.ops delta-probe {kernels,grid}``: where the delta chunk kernels' time goes.
+
+The delta benchmark (``python -m benchmarks.ops delta --profile``) times whole calls and lists their
+kernels; this tool launches each of ``triton_chunk``'s split kernels (the gated delta rule, one step per
+token, bfloat16 inputs, ``ChunkTiles`` from ``--tiles``) on its own:
+
+- ``kernels``: each kernel's median time (``do_bench``), in the order a forward + backward runs them:
+  ``prep`` (``chunk_prep_kernel``), ``fwd`` (the walk), ``out``, ``bwd_state`` (the backward's walk),
+  ``bwd_grads``, ``bwd_prep``;
+- ``grid --kernel NAME``: one kernel at every ``num_warps`` x ``num_stages`` of ``--warps`` x
+  ``--stages`` (the other kernels at the tiles' own), each launch's outputs first checked against the
+  tiles' own launch (relative error at most 1e-3: only the order of the float32 sums may differ).
+
+A configuration Triton cannot build (shared memory) or that faults is reported on its line; a fault
+ends the process (CUDA's context is lost), so ``grid`` runs each kernel in its own call. On the CPU it
+runs under ``TRITON_INTERPRET=1`` (small shapes; times are the interpreter's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.ops.common import time_ms
+from benchmarks.ops.delta import chunk_tiles
+from seqkernels._triton import cdiv, empty
+from seqkernels.delta import chunk_kernels as ck
+from seqkernels.delta import triton_chunk as tc
+
+KERNELS = ("prep", "fwd", "out", "bwd_state", "bwd_grads", "bwd_prep")
+#: the tensors each kernel writes (names in ``launches``' buffers), compared across ``grid``'s configurations
+WRITES = {
+    "prep": ("W", "U", "Tm"),
+    "fwd": ("Up", "ckpt"),
+    "out": ("o",),
+    "bwd_state": ("dU", "dckpt"),
+    "bwd_grads": ("dq", "dk", "dW", "dG"),
+    "bwd_prep": ("dk", "dv", "dbeta", "dg"),
+}
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    """``"BxLxHxD"`` -> ``(B, L, H, D)``, one-line error otherwise."""
+    parts = text.split("x")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise SystemExit(f"error: --shape must be BxLxHxD of positive ints, got {text!r}")
+    return tuple(int(p) for p in parts)  # type: ignore[return-value]
+
+
+def launches(shape: tuple[int, int, int, int], tiles: tc.ChunkTiles, device: str) -> tuple[dict, dict]:
+    """``(launch, buffers)``: ``launch[name](**options)`` runs that kernel on ``buffers`` (its launch options
+    over the tiles' own); run in ``KERNELS`` order once, each kernel's inputs are the earlier ones' outputs."""
+    B, T, H, D = shape
+    gen = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    q, k = (F.normalize(r(B, T, H, D), dim=-1).to(device, torch.bfloat16) for _ in range(2))
+    v, do = (r(B, T, H, D).to(device, torch.bfloat16) for _ in range(2))
+    g = (-0.1 * torch.rand(B, T, H, generator=gen)).to(device)
+    beta = torch.rand(B, T, H, generator=gen).to(device, torch.bfloat16)
+    C, NV, tiles, prep, blocks, _ = tc._meta(q, k, v, g, 1, tiles)
+    _, _, _, prep_b, blocks_b, own = tc._meta(q, k, v, g, 1, tiles, backward=True)
+    BK, VP, NC, f32 = prep["BK"], prep["VP"], cdiv(T, C), torch.float32
+    kept = tiles.store_dtype(prep["PREC"])
+    buf = {
+        "W": empty((B * H, NC * C, BK), device, kept),
+        "U": empty((B * H, NC * C, VP), device, kept),
+        "Tm": empty((B * H, NC * C, C), device, f32),
+        "o": empty((B, T, H, D), device, torch.bfloat16),
+        "ckpt": empty((B * H, NC, BK, VP), device, kept),
+        "dq": empty((1, B, T, H, D), device, f32),
+        "dk": empty((1, B, T, H, D), device, f32),
+        "dW": empty((1, B * H, NC * C, BK), device, f32),
+        "dU": empty((B * H, NC * C, VP), device, kept),
+        "dG": empty((1, B * H, NC * C), device, f32),
+        "dv": empty((B, T, H, D), device, torch.bfloat16),
+        "dbeta": empty((B, T, H), device, f32),
+        "dg": empty((B, T, H), device, f32),
+    }
+    buf["Up"] = buf["U"]  # the walk writes U' over U
+    buf["dckpt"] = empty(buf["ckpt"].shape, device, kept)
+    b = buf
+    fargs = (q, k, g, b["W"], b["U"], b["o"], b["ckpt"], T, H, float(D**-0.5))
+    bargs = (q, k, g, b["W"], b["U"], b["ckpt"], do, b["dckpt"], b["dq"], b["dk"], b["dW"], b["dU"], b["dG"])
+    bargs = (*bargs, B, T, H, float(D**-0.5))
+    pargs = (k, v, g, beta, b["Tm"], b["dW"][0], b["dU"], b["dk"][0], b["dv"], b["dbeta"], b["dG"][0], b["dg"], T, H)
+    table = {
+        "prep": (
+            ck.chunk_prep_kernel,
+            (NC, B * H),
+            (k, v, g, beta, b["W"], b["U"], b["Tm"], T, H),
+            {**prep, "INVERSE": tiles.inverse},
+        ),
+        "fwd": (ck.chunk_fwd_kernel, (NV, B * H), fargs, {**blocks, "OUT": False, "SAVE": True}),
+        "out": (ck.chunk_out_kernel, (NC, B * H), fargs, blocks),
+        "bwd_state": (ck.chunk_bwd_state_kernel, (NV, B * H), bargs, {**own["walk"], "GRADS": False}),
+        "bwd_grads": (ck.chunk_bwd_grads_kernel, (NC, B * H), bargs, own["grads"]),
+        "bwd_prep": (ck.chunk_bwd_prep_kernel, (NC, B * H), pargs, prep_b),
+    }
+
+    def bind(kernel, grid, args, meta):
+        return lambda **options: kernel[grid](*args, **{**meta, **options})
+
+    return {name: bind(*entry) for name, entry in table.items()}, buf
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def probe_kernels(shape, tiles, device) -> list[tuple[str, float]]:
+    """``[(kernel, ms)]`` at the tiles' own launch options."""
+    launch, _ = launches(shape, tiles, device)
+    for name in KERNELS:
+        launch[name]()
+    return [(name, time_ms(launch[name], warmup=10, rep=40, device=device)) for name in KERNELS]
+
+
+def probe_grid(shape, tiles, device, kernel: str, warps, stages):
+    """Yield ``(warps, stages, ms or None, note)`` for ``kernel`` at each configuration."""
+    launch, buf = launches(shape, tiles, device)
+    saved = {}
+    for name in KERNELS:
+        if name == kernel:  # its inputs as the tiles' own launch sees them, and that launch's outputs
+            saved = {n: t.clone() for n, t in buf.items()}
+        launch[name]()
+        if name == kernel:
+            want = {n: buf[n].clone() for n in WRITES[kernel]}
+            break
+    for w, s in itertools.product(warps, stages):
+        for n, t in saved.items():
+            buf[n].copy_(t)
+        try:
+            launch[kernel](num_warps=w, num_stages=s)
+        except Exception as e:  # noqa: BLE001 - a configuration Triton cannot build is a row, not the end
+            yield w, s, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            continue
+        err = max(_rel(buf[n], want[n]) for n in WRITES[kernel])
+        if err > 1e-3:
+            yield w, s, None, f"differs from the tiles' own launch: relative error {err:.1e}"
+            continue
+        yield w, s, time_ms(lambda: launch[kernel](num_warps=w, num_stages=s), warmup=10, rep=40, device=device), ""
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"error: {what} must be comma-separated ints, got {text!r}") from None
+    return values
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ops delta-probe", description=__doc__.splitlines()[0])
+    p.add_argument("part", choices=("kernels", "grid"), help="what to probe (see the module docstring)")
+    p.add_argument("--shape", default="8x2048x16x128", help="BxLxHxD (default 8x2048x16x128)")
+    p.add_argument("--tiles", default="precision=bf16", help="ChunkTiles fields (default precision=bf16)")
+    p.add_argument("--kernel", choices=KERNELS, help="grid: the kernel to launch at each configuration")
+    p.add_argument("--warps", default="4,8", help="grid: comma-separated num_warps (default 4,8)")
+    p.add_argument("--stages", default="1,2,3,4", help="grid: comma-separated num_stages (default 1,2,3,4)")
+    args = p.parse_args(argv)
+    shape, tiles = parse_shape(args.shape), chunk_tiles(args.tiles)
+    if args.part == "grid" and args.kernel is None:
+        raise SystemExit(f"error: grid needs --kernel, one of {', '.join(KERNELS)}")
+    warps, stages = _ints(args.warps, "--warps"), _ints(args.stages, "--stages")
+    if torch.cuda.is_available():
+        device = "cuda"
+    elif os.environ.get("TRITON_INTERPRET") == "1":
+        device = "cpu"
+    else:
+        raise SystemExit("error: the delta probe needs a CUDA GPU (or TRITON_INTERPRET=1 on the CPU)")
+    try:
+        tiles.resolve(shape[1], shape[3], shape[3], torch.bfloat16)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    where = (
+        f"{'x'.join(map(str, shape))} [{args.tiles}] on {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}"
+    )
+    if args.part == "kernels":
+        rows = probe_kernels(shape, tiles, device)
+        print(f"delta-probe kernels {where}: " + "  ".join(f"{n} {ms:.4f}" for n, ms in rows) + " ms", flush=True)
+        return
+    for w, s, ms, note in probe_grid(shape, tiles, device, args.kernel, warps, stages):
+        result = f"{ms:.4f} ms" if ms is not None else note
+        print(f"delta-probe grid {where} {args.kernel} warps={w} stages={s}: {result}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
