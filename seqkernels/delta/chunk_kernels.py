@@ -66,13 +66,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from seqkernels._triton import interpreting
+
+#: under the CPU interpreter (``TRITON_INTERPRET=1``) a bfloat16 ``tl.dot`` returns garbage (Triton 3.9), so
+#: there ``"bf16"`` products multiply the bfloat16-rounded operands in float32 (the same products)
+INTERPRETED = tl.constexpr(interpreting())
+
 
 @triton.jit
 def _mm(a, b, PREC: tl.constexpr, acc=None):
     """``a @ b (+ acc)`` with float32 accumulation: ``PREC`` ``"bf16"`` rounds both operands to bfloat16 (one
     tensor-core pass), else it is ``tl.dot``'s ``input_precision`` on the float32 operands."""
     if PREC == "bf16":
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+        if INTERPRETED:
+            a, b = a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32)
+            return tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
     else:
         return tl.dot(a, b, acc, input_precision=PREC)
 
