@@ -16,7 +16,8 @@
 # The whole run takes about 9-10 minutes on an H100 (tests beside the warm-up ~3 min; mamba-ssm's autotuning
 # alone ~1-2 min); to stay within one 10-minute call, split it, e.g. "tests scan newton fused_rnn",
 # "mlstm ssd host" and "delta" (each call's warm-up compiles what it times; the delta family's five
-# implementations at six shapes, replays included, take up to 7 minutes).
+# implementations at six shapes, replays included, take up to 7 minutes; then delta-probe prints each delta
+# chunk kernel's time alone at head dims 64 and 128).
 set -u
 out=${1:?output folder}; shift
 steps=${*:-tests scan newton fused_rnn mlstm ssd delta host}
@@ -55,7 +56,7 @@ if [[ " $steps " == *" tests "* ]]; then
   timeout "${TESTS_LIMIT_S:-360}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" --durations=15 -m "not slow" \
     tests/kernels tests/mixers/test_cells.py tests/mixers/test_mamba.py tests/mixers/test_mlstm_mixer.py \
     tests/mixers/test_rnn_mixers.py tests/mixers/test_signed_mamba.py tests/mixers/test_delta_mixers.py \
-    tests/mixers/test_state_tracking_mixers.py \
+    tests/mixers/test_state_tracking_mixers.py tests/benchmarks/test_delta_probe.py \
     > "$out/logs/tests.log" 2>&1 &
   pids+=($!)
 fi
@@ -84,6 +85,11 @@ for f in "${families[@]}"; do
   fi
 done
 
+if [[ " $steps " == *" delta "* ]]; then  # each delta chunk kernel alone, bfloat16 products, ms
+  for shape in 8x2048x16x64 8x2048x16x128; do
+    timeout 90 python3 -m benchmarks.ops delta-probe kernels --shape "$shape" 2>&1 | grep -E "^delta-probe|error"
+  done
+fi
 if [[ " $steps " == *" host "* ]]; then
   timeout "${LIMIT_host:-90}" python3 -m benchmarks.ops host --out "$out/results" > "$out/logs/host.log" 2>&1
   echo "=== host time per call at tiny shapes (ms, wall; GPU time in the note):"; grep "^| " "$out/logs/host.log"

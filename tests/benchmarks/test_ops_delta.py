@@ -42,10 +42,11 @@ def test_the_bfloat16_row_only_without_a_chosen_precision():
 
 
 def test_chunk_tiles_parses_every_field():
-    text = "chunk=32,warps=8,bwd_warps=4,block_v=16,stages=3,precision=ieee,inverse=rows,store=bf16"
+    text = "chunk=32,warps=8,bwd_warps=4,grads_warps=2,block_v=16,stages=3,precision=ieee,inverse=rows,store=bf16"
     assert chunk_tiles(text) == ChunkTiles(
-        chunk=32, warps=8, bwd_warps=4, block_v=16, stages=3, precision="ieee", inverse="rows", store="bf16"
-    )
+        chunk=32, warps=8, bwd_warps=4, grads_warps=2, block_v=16, stages=3, precision="ieee", inverse="rows",
+        store="bf16",
+    )  # fmt: skip
     assert chunk_tiles(None) == ChunkTiles()
     with pytest.raises(SystemExit, match="unknown field 'fused'"):
         chunk_tiles("fused=1")
