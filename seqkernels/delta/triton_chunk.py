@@ -106,8 +106,8 @@ class ChunkTiles:
         return self.precision or default_precision(dtype)
 
     def resolve(self, T: int, K: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int, int, int, int, str]:
-        """``(C, BK, BV, VP, warps, bwd_warps, grads_warps, precision)`` for ``T`` steps, keys of width ``K``, values of
-        width ``V``, the caller's inputs in ``dtype``."""
+        """``(C, BK, BV, VP, warps, bwd_warps, grads_warps, precision)`` for ``T`` steps, keys of width ``K``,
+        values of width ``V``, the caller's inputs in ``dtype``."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
         wide = max(BK, VP)
         precision = self.products(dtype)
