@@ -67,7 +67,10 @@ class ChunkTiles:
       there made an illegal memory access on an H100 with Triton 3.6);
     - ``bwd_warps``: the warps of the backward's state walk and prep kernels (default: ``warps``'s);
     - ``grads_warps``: the warps of ``chunk_bwd_grads_kernel`` (default: ``bwd_warps``'s when either is
-      given, else 8 at head dims above 64, the fastest timed there, else ``warps``'s default);
+      given, else 8 at head dims above 64, the fastest timed there, else ``warps``'s default); at chunks
+      of 64 with ``"bf16"`` products above head dim 64, 16 warps anywhere, and 8 for ``warps`` or
+      ``bwd_warps`` with ``block_v`` below 64, are refused (illegal memory accesses on an H100 with Triton
+      3.6);
     - ``precision``: the ``input_precision`` of every product (default ``default_precision`` of the
       caller's inputs: ``"tf32x3"``, float32-accurate, for float32 ones, ``"tf32"`` for 16-bit ones, whatever
       dtype ``qk_l2norm`` hands the kernels; ``"ieee"``: float32 FMA; ``"bf16"``: both operands rounded to
@@ -141,6 +144,17 @@ class ChunkTiles:
                     )
                 w = 8
             warps[i] = w or default
+        if C == 64 and precision == "bf16" and wide > 64:  # faults measured on an H100 with Triton 3.6
+            if 16 in warps:
+                raise ValueError(
+                    "delta triton_chunk: chunk 64 with bf16 products at head dims above 64 refuses 16 warps "
+                    "(an illegal memory access on an H100 with Triton 3.6)"
+                )
+            if BV < 64 and 8 in warps[:2]:
+                raise ValueError(
+                    f"delta triton_chunk: block_v {BV} at chunk 64 with bf16 products at head dims above 64 "
+                    "needs warps and bwd_warps below 8 (8 made an illegal memory access on an H100 with Triton 3.6)"
+                )
         if self.inverse not in INVERSES:
             raise ValueError(f"delta triton_chunk: inverse must be one of {INVERSES}, got {self.inverse!r}")
         if self.stages is not None and (not isinstance(self.stages, int) or self.stages < 1):

@@ -241,13 +241,21 @@ def test_default_warps_follow_the_head_width():
     assert warps(32, chunk=64, precision="bf16") == (8, 8, 8) and warps(64, chunk=64, precision="bf16") == (4, 4, 4)
     assert warps(64, bwd_warps=8) == (4, 8, 8) and warps(64, warps=2) == (2, 2, 2)
     assert warps(128, warps=2) == (2, 2, 2) and warps(128, bwd_warps=4) == (4, 4, 4)
-    assert warps(128, grads_warps=16) == (4, 4, 16) and warps(96, chunk=64, precision="bf16") == (4, 4, 8)
+    assert warps(96, chunk=64, precision="bf16") == (4, 4, 8)
     with pytest.raises(ValueError, match="needs 8 bwd_warps, got 4"):
         warps(32, chunk=64, precision="bf16", bwd_warps=4)
     with pytest.raises(ValueError, match="bwd_warps must be 1, 2, 4, 8 or 16, got 3"):
         warps(32, bwd_warps=3)
     with pytest.raises(ValueError, match="grads_warps must be 1, 2, 4, 8 or 16, got 5"):
         warps(128, grads_warps=5)
+    # the configurations that faulted on an H100 (chunk 64, bf16 products, head dim 128) are refused
+    bf16_64 = {"chunk": 64, "precision": "bf16"}
+    with pytest.raises(ValueError, match="refuses 16 warps"):
+        warps(128, bwd_warps=16, **bf16_64)
+    with pytest.raises(ValueError, match="block_v 32 at chunk 64 .* needs warps and bwd_warps below 8"):
+        warps(128, block_v=32, warps=8, **bf16_64)
+    assert warps(128, block_v=32, **bf16_64) == (4, 4, 8)  # the defaults run there
+    assert warps(128, grads_warps=16) == (4, 4, 16) and warps(64, warps=16, **bf16_64) == (16, 16, 16)
 
 
 def test_default_stages_follow_the_products_and_the_head_width():
