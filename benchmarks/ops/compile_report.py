@@ -292,21 +292,22 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     from seqkernels.delta import recurrent_kernels as rk
     from seqkernels.delta import triton_ops
     from seqkernels.delta.dqkwg_kernel import dqkwg_kernel
-    from seqkernels.delta.triton_chunk import ChunkTiles
+    from seqkernels.delta.triton_chunk import ChunkTiles, _meta
 
     meta_q = torch.empty(1, T, 1, D, device="meta")
     _, _, _, rec = triton_ops._launch(meta_q, meta_q, meta_q, 2, None)
-    tiles = tiles or ChunkTiles()
+    # the chunk kernels' constexprs and launch options as triton_chunk launches them
+    chunk_q, chunk_g = torch.empty(1, T, 1, D, device="meta", dtype=dtype), torch.empty(1, T, 1, device="meta")
+    _, _, tiles, prep, blocks, _ = _meta(chunk_q, chunk_q, chunk_q, chunk_g, 1, tiles or ChunkTiles())
+    _, _, _, bwd_prep, bwd_blocks, own = _meta(chunk_q, chunk_q, chunk_q, chunk_g, 1, tiles, backward=True)
     # as the mixers call them (qk_l2norm): q, k normalized in float32 (bfloat16 with bfloat16 products);
     # the default precision, v, dv, o and do those of the inputs' dtype; the intermediates in the kept dtype
-    C, BK, BV, VP, warps, bwd_warps, grads_warps, prec = tiles.resolve(T, D, D, dtype)
-    stages, walk_stages, grads_stages = tiles.kernel_stages(max(BK, VP), prec)
-    prep = dict(K=D, V=D, BK=BK, VP=VP, C=C, HAS_G=True, PREC=prec, num_warps=warps, num_stages=stages)
+    prec = prep["PREC"]
     kept = "*" + _TY[tiles.store_dtype(prec)]
     types = {n: kept for n in _KEPT} | dict.fromkeys(("q", "k"), "*bf16" if prec == "bf16" else "*fp32")
     ptrs = dict(typed={"v", "dv", "o", "do"}, types=types)
-    prep, blocks = dict(prep, **ptrs), dict(prep, BV=BV, NSTEP=1, **ptrs)
-    bwd_prep, bwd_blocks = dict(prep, num_warps=bwd_warps), dict(blocks, num_warps=bwd_warps)
+    prep, blocks, bwd_prep, bwd_blocks = (dict(m, **ptrs) for m in (prep, blocks, bwd_prep, bwd_blocks))
+    walk, grads = (dict(own[n], **ptrs) for n in ("walk", "grads"))
     dq_bk = max(16, next_pow2(D))
     dqkwg = dict(H=1, HV=1, K=D, V=D, BT=64, BK=dq_bk, BV=min(max(16, next_pow2(D)), 32), HAS_W=True)
     dqkwg.update(STATE_V_FIRST=False, num_warps=4 if dq_bk <= 16 else 8)
@@ -318,13 +319,9 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
         ("chunk fwd (split)", ck.chunk_fwd_kernel, dict(blocks, OUT=False, SAVE=True)),
         ("chunk fwd (on chip)", ck.chunk_fwd_kernel, dict(blocks, OUT=True, SAVE=True)),
         ("chunk out", ck.chunk_out_kernel, blocks),
-        ("chunk bwd state (split)", ck.chunk_bwd_state_kernel, dict(bwd_blocks, GRADS=False, num_stages=walk_stages)),
+        ("chunk bwd state (split)", ck.chunk_bwd_state_kernel, dict(walk, GRADS=False)),
         ("chunk bwd state (on chip)", ck.chunk_bwd_state_kernel, dict(bwd_blocks, GRADS=True)),
-        (
-            "chunk bwd grads",
-            ck.chunk_bwd_grads_kernel,
-            dict(bwd_blocks, num_warps=grads_warps, num_stages=grads_stages),
-        ),
+        ("chunk bwd grads", ck.chunk_bwd_grads_kernel, grads),
         ("chunk bwd prep", ck.chunk_bwd_prep_kernel, bwd_prep),
         ("fla chunk_bwd_dqkwg", dqkwg_kernel, dict(dqkwg, typed={"q", "k", "v", "do", "h", "dh", "w", "dv", "dw"})),
     ]

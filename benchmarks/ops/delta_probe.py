@@ -51,9 +51,9 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     return tuple(int(p) for p in parts)  # type: ignore[return-value]
 
 
-def launches(shape: tuple[int, int, int, int], tiles: tc.ChunkTiles, device: str) -> tuple[dict, dict]:
-    """``(launch, buffers)``: ``launch[name](**options)`` runs that kernel on ``buffers`` (its launch options
-    over the tiles' own); run in ``KERNELS`` order once, each kernel's inputs are the earlier ones' outputs."""
+def inputs(shape: tuple[int, int, int, int], device: str) -> tuple[torch.Tensor, ...]:
+    """``(q, k, v, g, beta, do)`` of the gated delta rule at ``shape`` ``(B, L, H, D)``: unit ``q``, ``k``,
+    log decays in [-0.1, 0], ``beta`` in [0, 1], bfloat16 but ``g`` (seeded: the same every call)."""
     B, T, H, D = shape
     gen = torch.Generator().manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
@@ -61,27 +61,37 @@ def launches(shape: tuple[int, int, int, int], tiles: tc.ChunkTiles, device: str
     v, do = (r(B, T, H, D).to(device, torch.bfloat16) for _ in range(2))
     g = (-0.1 * torch.rand(B, T, H, generator=gen)).to(device)
     beta = torch.rand(B, T, H, generator=gen).to(device, torch.bfloat16)
+    return q, k, v, g, beta, do
+
+
+def launches(shape: tuple[int, int, int, int], tiles: tc.ChunkTiles, device: str) -> tuple[dict, dict]:
+    """``(launch, buffers)``: ``launch[name](**options)`` runs that kernel on ``buffers`` (its launch options
+    over the tiles' own); run in ``KERNELS`` order once, each kernel's inputs are the earlier ones' outputs.
+    The forward's buffers are ``triton_chunk._forward``'s (run once here), the backward's allocated as
+    ``_backward`` allocates them."""
+    B, T, H, D = shape
+    q, k, v, g, beta, do = inputs(shape, device)
     C, NV, tiles, prep, blocks, _ = tc._meta(q, k, v, g, 1, tiles)
     _, _, _, prep_b, blocks_b, own = tc._meta(q, k, v, g, 1, tiles, backward=True)
     BK, VP, NC, f32 = prep["BK"], prep["VP"], cdiv(T, C), torch.float32
-    kept = tiles.store_dtype(prep["PREC"])
+    o, W, U, Tm, ckpt = tc._forward(q, k, v, g, beta, D**-0.5, 1, save=True, tiles=tiles)
     buf = {
-        "W": empty((B * H, NC * C, BK), device, kept),
-        "U": empty((B * H, NC * C, VP), device, kept),
-        "Tm": empty((B * H, NC * C, C), device, f32),
-        "o": empty((B, T, H, D), device, torch.bfloat16),
-        "ckpt": empty((B * H, NC, BK, VP), device, kept),
+        "W": W,
+        "U": U,
+        "Tm": Tm,
+        "o": o,
+        "ckpt": ckpt,
         "dq": empty((1, B, T, H, D), device, f32),
         "dk": empty((1, B, T, H, D), device, f32),
         "dW": empty((1, B * H, NC * C, BK), device, f32),
-        "dU": empty((B * H, NC * C, VP), device, kept),
+        "dU": empty((B * H, NC * C, VP), device, U.dtype),
         "dG": empty((1, B * H, NC * C), device, f32),
         "dv": empty((B, T, H, D), device, torch.bfloat16),
         "dbeta": empty((B, T, H), device, f32),
         "dg": empty((B, T, H), device, f32),
     }
     buf["Up"] = buf["U"]  # the walk writes U' over U
-    buf["dckpt"] = empty(buf["ckpt"].shape, device, kept)
+    buf["dckpt"] = empty(ckpt.shape, device, ckpt.dtype)
     b = buf
     fargs = (q, k, g, b["W"], b["U"], b["o"], b["ckpt"], T, H, float(D**-0.5))
     bargs = (q, k, g, b["W"], b["U"], b["ckpt"], do, b["dckpt"], b["dq"], b["dk"], b["dW"], b["dU"], b["dG"])

@@ -590,6 +590,14 @@ def chunk_bwd_grads_kernel(
 
 
 @triton.jit
+def _block_and_grad(x, dxm, row, i_b, i_h, t0, T, H, width, WP: tl.constexpr, C: tl.constexpr, B: tl.constexpr, col0):
+    """Columns ``col0 .. col0 + B`` of one chunk of a ``(B, T, H, width)`` input (``_rows``) and of its
+    per-chunk gradient ``dxm (B H, NC C, WP)`` at rows ``row``, both float32."""
+    xb = _rows(x, i_b, i_h, t0, T, H, width, C, B, col0)
+    return xb, tl.load(dxm + row[:, None] * WP + col0 + tl.arange(0, B)[None, :]).to(tl.float32)
+
+
+@triton.jit
 def chunk_bwd_prep_kernel(
     k,
     v,
@@ -638,13 +646,11 @@ def chunk_bwd_prep_kernel(
     KK = tl.zeros([C, C], dtype=tl.float32)
     dT = tl.zeros([C, C], dtype=tl.float32)
     for b in tl.static_range(BK // KB):
-        kk = _rows(k, i_b, i_h, t0, T, H, K, C, KB, b * KB)
-        dW = tl.load(dWm + row[:, None] * BK + b * KB + tl.arange(0, KB)[None, :])
+        kk, dW = _block_and_grad(k, dWm, row, i_b, i_h, t0, T, H, K, BK, C, KB, b * KB)
         KK = _mm(kk, tl.trans(kk), PREC, KK)
         dT = _mm(dW, tl.trans(kk * bg[:, None]), PREC, dT)
     for b in tl.static_range(VP // VB):
-        vv = _rows(v, i_b, i_h, t0, T, H, V, C, VB, b * VB)
-        dU = tl.load(dUm + row[:, None] * VP + b * VB + tl.arange(0, VB)[None, :]).to(tl.float32)
+        vv, dU = _block_and_grad(v, dUm, row, i_b, i_h, t0, T, H, V, VP, C, VB, b * VB)
         dT = _mm(dU, tl.trans(vv * bb[:, None]), PREC, dT)
     TT = tl.trans(tl.load(Tm + row[:, None] * C + r[None, :]))
     dA = -_mm(_mm(TT, dT, PREC), TT, PREC)
@@ -657,8 +663,7 @@ def chunk_bwd_prep_kernel(
     # each block's gradients: dXw = T^T dW, dXu = T^T dU
     for b in tl.static_range(BK // KB):
         if BK > KB:
-            kk = _rows(k, i_b, i_h, t0, T, H, K, C, KB, b * KB)
-            dW = tl.load(dWm + row[:, None] * BK + b * KB + tl.arange(0, KB)[None, :])
+            kk, dW = _block_and_grad(k, dWm, row, i_b, i_h, t0, T, H, K, BK, C, KB, b * KB)
         dXw = _mm(TT, dW, PREC)
         dkc = _mm(D, kk, PREC, dXw * bg[:, None])
         dkc = _mm(tl.trans(D), kk, PREC, dkc)
@@ -669,8 +674,7 @@ def chunk_bwd_prep_kernel(
         _store_rows(dk, dkc, i_b, i_h, t0, T, H, K, C, KB, b * KB)
     for b in tl.static_range(VP // VB):
         if VP > VB:
-            vv = _rows(v, i_b, i_h, t0, T, H, V, C, VB, b * VB)
-            dU = tl.load(dUm + row[:, None] * VP + b * VB + tl.arange(0, VB)[None, :]).to(tl.float32)
+            vv, dU = _block_and_grad(v, dUm, row, i_b, i_h, t0, T, H, V, VP, C, VB, b * VB)
         dXu = _mm(TT, dU, PREC)
         dbc += tl.sum(dXu * vv, 1)
         _store_rows(dv, dXu * bb[:, None], i_b, i_h, t0, T, H, V, C, VB, b * VB)

@@ -24,14 +24,9 @@ def test_the_probe_launches_what_the_forward_and_backward_launch():
     launch, buf = delta_probe.launches(SHAPE, TILES, DEVICE)
     for name in delta_probe.KERNELS:
         launch[name]()
-    # the same inputs (the probe's generator) through triton_chunk's own forward and backward
-    B, T, H, D = SHAPE
-    gen = torch.Generator().manual_seed(0)
-    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    q, k = (torch.nn.functional.normalize(r(B, T, H, D), dim=-1).to(DEVICE, torch.bfloat16) for _ in range(2))
-    v, do = (r(B, T, H, D).to(DEVICE, torch.bfloat16) for _ in range(2))
-    g = (-0.1 * torch.rand(B, T, H, generator=gen)).to(DEVICE)
-    beta = torch.rand(B, T, H, generator=gen).to(DEVICE, torch.bfloat16)
+    # the same inputs through triton_chunk's own forward and backward
+    q, k, v, g, beta, do = delta_probe.inputs(SHAPE, DEVICE)
+    D = SHAPE[-1]
     o, W, U, Tm, ckpt = tc._forward(q, k, v, g, beta, D**-0.5, 1, save=True, tiles=TILES)
     dq, dk, dv, dg, dbeta = tc._backward(do, q, k, v, g, beta, W, U, Tm, ckpt, D**-0.5, 1, tiles=TILES)
     pairs = {"o": o, "dq": dq, "dk": dk, "dv": dv, "dg": dg, "dbeta": dbeta}
