@@ -15,9 +15,9 @@
 # last lines printed are the test summary and the table of ours vs the fastest peer per family.
 # The whole run takes about 9-10 minutes on an H100 (tests beside the warm-up ~3 min; mamba-ssm's autotuning
 # alone ~1-2 min); to stay within one 10-minute call, split it, e.g. "tests scan newton fused_rnn",
-# "mlstm ssd host" and "delta" (each call's warm-up compiles what it times; the delta family's five
-# implementations at six shapes, replays included, take up to 7 minutes; then delta-probe prints each delta
-# chunk kernel's time alone at head dims 64 and 128).
+# "mlstm ssd host" and "delta" (each call's warm-up compiles what it times, the delta family's in one process
+# per shape; its timed run of every implementation at six shapes, replays included, takes up to 7 minutes;
+# then delta-probe prints each delta chunk kernel's time alone at head dims 64 and 128).
 set -u
 out=${1:?output folder}; shift
 steps=${*:-tests scan newton fused_rnn mlstm ssd delta host}

@@ -61,16 +61,17 @@ class ChunkTiles:
       with ``"tf32x3"`` ones when ``fused`` (kernels that need 240-330 KiB of shared memory, more than an
       H100 has: ``python -m benchmarks.ops compile``);
     - ``block_v``: value columns of the state per sequential program, a power of two (default every
-      column up to 64, else 64);
+      column up to 64, else 64); at chunks of 64 with ``"bf16"`` products blocks narrower than 64 columns
+      that split the values are refused (illegal memory accesses, and at 1 stage and 4 warps outputs with
+      relative errors of 1.0-1.3, on an H100 with Triton 3.6);
     - ``warps``: default 2 for tiles 16 wide, else 4 (the fastest timed at head dims 16, 64 and 128);
       chunks of 64 with ``"bf16"`` products at tiles narrower than 64 take 8 and refuse fewer (4 warps
       there made an illegal memory access on an H100 with Triton 3.6);
     - ``bwd_warps``: the warps of the backward's state walk and prep kernels (default: ``warps``'s);
     - ``grads_warps``: the warps of ``chunk_bwd_grads_kernel`` (default: ``bwd_warps``'s when either is
       given, else 8 at head dims above 64, the fastest timed there, else ``warps``'s default); at chunks
-      of 64 with ``"bf16"`` products above head dim 64, 16 warps anywhere, and 8 for ``warps`` or
-      ``bwd_warps`` with ``block_v`` below 64, are refused (illegal memory accesses on an H100 with Triton
-      3.6);
+      of 64 with ``"bf16"`` products above head dim 64, 16 warps anywhere are refused (illegal memory
+      accesses on an H100 with Triton 3.6);
     - ``precision``: the ``input_precision`` of every product (default ``default_precision`` of the
       caller's inputs: ``"tf32x3"``, float32-accurate, for float32 ones, ``"tf32"`` for 16-bit ones, whatever
       dtype ``qk_l2norm`` hands the kernels; ``"ieee"``: float32 FMA; ``"bf16"``: both operands rounded to
@@ -83,7 +84,8 @@ class ChunkTiles:
     - ``stages``: Triton's software pipelining depth of the loops over chunks (each stage holds one
       chunk's tiles in shared memory) of every kernel (default 2, but with ``"bf16"`` products at head dims
       above 64 1 for the backward's state walk and 4 for ``chunk_bwd_grads_kernel``, the fastest timed
-      there; 4 with float32 operands at chunks of 64 needs more shared memory than an H100 has);
+      there; with float32 operands at chunks of 64 above head dim 64 1 for the walk, whose 2 stages need
+      240 KiB of shared memory, more than an H100 has, as 4 stages do for any kernel there);
     - ``inverse``: how ``chunk_prep_kernel`` inverts ``I + A``: ``"stacked"`` (default: the 16 x 16
       diagonal blocks by forward substitution, all together, the rest by block products in registers; the
       faster at every shape timed) or ``"rows"`` (forward substitution over the chunk's ``C`` rows);
@@ -144,16 +146,17 @@ class ChunkTiles:
                     )
                 w = 8
             warps[i] = w or default
+        if C == 64 and precision == "bf16" and BV < min(VP, 64):  # measured on an H100 with Triton 3.6
+            raise ValueError(
+                f"delta triton_chunk: block_v {BV} at chunk 64 with bf16 products splits the values below 64 "
+                "columns (illegal memory accesses and wrong outputs on an H100 with Triton 3.6); use block_v 64 "
+                "or chunk 32"
+            )
         if C == 64 and precision == "bf16" and wide > 64:  # faults measured on an H100 with Triton 3.6
             if 16 in warps:
                 raise ValueError(
                     "delta triton_chunk: chunk 64 with bf16 products at head dims above 64 refuses 16 warps "
                     "(an illegal memory access on an H100 with Triton 3.6)"
-                )
-            if BV < 64 and 8 in warps[:2]:
-                raise ValueError(
-                    f"delta triton_chunk: block_v {BV} at chunk 64 with bf16 products at head dims above 64 "
-                    "needs warps and bwd_warps below 8 (8 made an illegal memory access on an H100 with Triton 3.6)"
                 )
         if self.inverse not in INVERSES:
             raise ValueError(f"delta triton_chunk: inverse must be one of {INVERSES}, got {self.inverse!r}")
@@ -163,13 +166,16 @@ class ChunkTiles:
             raise ValueError(f"delta triton_chunk: store must be 'fp32' or 'bf16', got {self.store!r}")
         return C, BK, BV, VP, *warps, precision
 
-    def kernel_stages(self, wide: int, precision: str) -> tuple[int, int, int]:
+    def kernel_stages(self, wide: int, precision: str, chunk: int) -> tuple[int, int, int]:
         """``(stages, walk, grads)``: the pipelining depth of every kernel, of the backward's state walk
         (``fused=False``) and of ``chunk_bwd_grads_kernel`` at head width ``wide`` (padded) with products of
-        ``precision``."""
+        ``precision`` over chunks of ``chunk`` steps."""
         if self.stages is not None:
             return self.stages, self.stages, self.stages
-        return (2, 1, 4) if wide > 64 and precision == "bf16" else (2, 2, 2)
+        if wide > 64 and precision == "bf16":
+            return 2, 1, 4
+        # float32 operands: the walk over chunks of 64 at 2 stages needs 240 KiB of shared memory
+        return (2, 1, 2) if wide > 64 and chunk == 64 else (2, 2, 2)
 
     def store_dtype(self, precision: str) -> torch.dtype:
         """The dtype of the intermediates kept between kernels at products of ``precision``."""
@@ -187,7 +193,7 @@ def _meta(
     tiles = tiles or ChunkTiles()
     Ts, K, V = k.shape[1], q.shape[-1], v.shape[-1]
     C, BK, BV, VP, warps, bwd_warps, grads_warps, prec = tiles.resolve(Ts, K, V, q.dtype)
-    stages, walk_stages, grads_stages = tiles.kernel_stages(max(BK, VP), prec)
+    stages, walk_stages, grads_stages = tiles.kernel_stages(max(BK, VP), prec, C)
     meta = {"K": K, "V": V, "BK": BK, "VP": VP, "C": C, "HAS_G": g is not None, "PREC": prec}
     meta.update(num_warps=bwd_warps if backward else warps, num_stages=stages)
     blocks = {**meta, "BV": BV, "NSTEP": nstep}

@@ -252,19 +252,35 @@ def test_default_warps_follow_the_head_width():
     bf16_64 = {"chunk": 64, "precision": "bf16"}
     with pytest.raises(ValueError, match="refuses 16 warps"):
         warps(128, bwd_warps=16, **bf16_64)
-    with pytest.raises(ValueError, match="block_v 32 at chunk 64 .* needs warps and bwd_warps below 8"):
-        warps(128, block_v=32, warps=8, **bf16_64)
-    assert warps(128, block_v=32, **bf16_64) == (4, 4, 8)  # the defaults run there
     assert warps(128, grads_warps=16) == (4, 4, 16) and warps(64, warps=16, **bf16_64) == (16, 16, 16)
+
+
+def test_value_blocks_narrower_than_64_refused_at_chunk_64_with_bf16_products():
+    """Value blocks below 64 columns that split the values faulted or gave wrong outputs on an H100 at
+    chunks of 64 with bf16 products (head dims 64 and 128): refused there, at any warps and stages; kept at
+    chunks of 32, with other products, and where the values are one block narrower than 64."""
+    block_v = lambda K, V, **kw: ChunkTiles(**kw).resolve(256, K, V, torch.float32)[2]  # noqa: E731
+    bf16_64 = {"chunk": 64, "precision": "bf16"}
+    for D, bv in ((128, 32), (128, 16), (64, 32), (64, 16)):
+        for extra in ({}, {"warps": 8}, {"stages": 2}, {"store": "fp32"}):
+            with pytest.raises(ValueError, match=f"block_v {bv} at chunk 64 with bf16 products splits the values"):
+                block_v(D, D, block_v=bv, **bf16_64, **extra)
+    assert block_v(64, 64, block_v=32, chunk=32, precision="bf16") == 32
+    assert block_v(64, 64, block_v=32, chunk=64, precision="tf32x3") == 32
+    assert block_v(128, 32, **bf16_64) == 32 and block_v(128, 128, **bf16_64) == 64
 
 
 def test_default_stages_follow_the_products_and_the_head_width():
     """Pipelining depth 2 everywhere, but with bf16 products above head dim 64 the backward's split walk
     takes 1 and the gradient kernel 4 (float32 operands at 4 stages need more shared memory than an
-    H100 has); ``stages`` set applies to every kernel."""
-    assert ChunkTiles().kernel_stages(128, "bf16") == (2, 1, 4)
-    assert ChunkTiles().kernel_stages(64, "bf16") == ChunkTiles().kernel_stages(128, "tf32x3") == (2, 2, 2)
-    assert ChunkTiles(stages=3).kernel_stages(128, "bf16") == (3, 3, 3)
+    H100 has), and with float32 operands over chunks of 64 above head dim 64 the walk takes 1; ``stages``
+    set applies to every kernel."""
+    assert ChunkTiles().kernel_stages(128, "bf16", 64) == ChunkTiles().kernel_stages(128, "bf16", 32) == (2, 1, 4)
+    assert ChunkTiles().kernel_stages(64, "bf16", 64) == ChunkTiles().kernel_stages(128, "tf32x3", 32) == (2, 2, 2)
+    assert ChunkTiles(stages=3).kernel_stages(128, "bf16", 64) == (3, 3, 3)
+    # float32 operands over chunks of 64 above head dim 64: the walk at 2 stages needs 240 KiB of shared memory
+    assert ChunkTiles().kernel_stages(128, "tf32x3", 64) == ChunkTiles().kernel_stages(128, "ieee", 64) == (2, 1, 2)
+    assert ChunkTiles().kernel_stages(64, "tf32x3", 64) == (2, 2, 2)
     q, k, v = (torch.zeros(1, 256, 1, 128, dtype=torch.bfloat16) for _ in range(3))
     *_, blocks, own = triton_chunk._meta(q, k, v, None, 1, ChunkTiles(precision="bf16"), backward=True)
     assert (blocks["num_stages"], own["walk"]["num_stages"], own["grads"]["num_stages"]) == (2, 1, 4)
