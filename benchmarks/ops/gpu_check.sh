@@ -3,7 +3,8 @@
 # against its peers.
 #   usage (GPU machine, repository root, peers importable):  bash benchmarks/ops/gpu_check.sh OUT_DIR [steps...]
 #   steps: tests scan newton fused_rnn mlstm ssd delta host (default: all). Environment: TEST_WORKERS (pytest-xdist
-#   processes, default 12), WARM_PROCS (default 8), BENCH_ARGS_<family> (replaces that family's arguments),
+#   processes, default 12), TEST_PATHS (the tests step's test files, default the kernels' and the Triton-backed
+#   mixers'), WARM_PROCS (default 8), BENCH_ARGS_<family> (replaces that family's arguments),
 #   TESTS_LIMIT_S, WARM_LIMIT_S, LIMIT_<family> (seconds each step may take); BASELINE: a folder holding another
 #   `seqkernels/` package (e.g. the last commit's: mkdir -p .baseline && git archive HEAD seqkernels | tar -x -C
 #   .baseline), whose kernels each family's benchmark then also times, from a copy of the repository, after its
@@ -53,11 +54,12 @@ t0=$SECONDS
 pids=()
 if [[ " $steps " == *" tests "* ]]; then
   # the kernels, and the mixers whose tests reach a Triton path on a GPU (signed_mamba's GPU test among them)
+  default_tests="tests/kernels tests/mixers/test_cells.py tests/mixers/test_mamba.py tests/mixers/test_mlstm_mixer.py
+    tests/mixers/test_rnn_mixers.py tests/mixers/test_signed_mamba.py tests/mixers/test_delta_mixers.py
+    tests/mixers/test_state_tracking_mixers.py tests/benchmarks/test_delta_probe.py"
+  # shellcheck disable=SC2086  # the test paths are words
   timeout "${TESTS_LIMIT_S:-360}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" --durations=15 -m "not slow" \
-    tests/kernels tests/mixers/test_cells.py tests/mixers/test_mamba.py tests/mixers/test_mlstm_mixer.py \
-    tests/mixers/test_rnn_mixers.py tests/mixers/test_signed_mamba.py tests/mixers/test_delta_mixers.py \
-    tests/mixers/test_state_tracking_mixers.py tests/benchmarks/test_delta_probe.py \
-    > "$out/logs/tests.log" 2>&1 &
+    ${TEST_PATHS:-$default_tests} > "$out/logs/tests.log" 2>&1 &
   pids+=($!)
 fi
 if [ ${#families[@]} -gt 0 ]; then
