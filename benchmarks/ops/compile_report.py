@@ -4,7 +4,10 @@ Compiles Triton kernels for ``sm_<arch>`` with Triton's bundled ``ptxas``, witho
 driver, exactly with the launch configuration the families pick on CUDA, and prints per kernel:
 registers per thread, spilled bytes, shared memory, and the asynchronous copies (loads the software
 pipeliner moved to shared memory; 0: not pipelined). Exits 1 when a kernel does not compile or needs
-more shared memory than the device has minus ``--headroom``.
+more shared memory than the device has minus ``--headroom``. The counts are those of the installed
+Triton, which can differ from the GPU's: the delta backward walk (float32 operands, chunks of 64, head
+dims padded to 128, 2 stages) counts 180,480 bytes here under Triton 3.9 (gated) and asked for 245,760
+under Triton 3.6 on an H100 (ungated, keys 80, values 72).
 
 - ``scan``: the chunk-loop and look-back kernels (forward and backward, diagonal and 2x2) with the
   default tiles at ``--scan-shapes`` (``B,L,D``), or ``--scan-tiles`` (``kind,ch,bd,warps[,stages]``);
