@@ -27,9 +27,10 @@ Dropped: the value residual across layers (``v_first``: a first layer has none),
 Changed: ``W_o`` keeps PyTorch's default initialization (fla/RWKV zero it, which would make a
 one-layer mixer's output identically zero at initialization).
 
-Backends (``seqkernels.delta``): ``"reference"`` (per-token loop), ``"triton"`` (our fused recurrent
-kernel, CUDA, float32 arithmetic), ``"fla"`` (fla's ``chunk_dplr_delta_rule`` in bfloat16, CUDA),
-``"auto"`` (``seqkernels.delta.resolve_backend``).
+Backends (``seqkernels.delta``): ``"reference"`` (per-token loop), ``"chunk"`` (the chunkwise PyTorch form,
+any device; under the decay bound in chunks of 64 whose decays factor into matrix products), ``"triton"``
+(our fused recurrent kernel, CUDA, float32 arithmetic), ``"fla"`` (fla's ``chunk_dplr_delta_rule`` in
+bfloat16, CUDA), ``"auto"`` (``seqkernels.delta.resolve_backend``: ``"chunk"`` on a CPU).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class RWKV7(nn.Module):
 
     graph_capturable = True
 
-    BACKENDS = kernel_backends("dplr_delta_rule")  # ("auto", "reference", "triton", "fla")
+    BACKENDS = kernel_backends("dplr_delta_rule")  # ("auto", "reference", "chunk", "triton", "fla")
 
     def __init__(self, d_model: int, num_heads: int = 4, backend: str = "auto"):
         super().__init__()

@@ -74,7 +74,11 @@ _AVAILABLE = {
         "fla": _fla.delta_product,
         "fla_recurrent": _fla.delta_product_recurrent,
     },
-    "dplr_delta_rule": {"reference": _ref.dplr_delta_rule, "fla": _fla.dplr_delta_rule},
+    "dplr_delta_rule": {
+        "reference": _ref.dplr_delta_rule,
+        "chunk": _chunk.dplr_delta_rule,
+        "fla": _fla.dplr_delta_rule,
+    },
 }
 if _rec is not None:  # "triton" after the PyTorch forms, before fla's
     for _op, _fns in _AVAILABLE.items():
@@ -127,16 +131,17 @@ def _fla_gated_is_slow(x: torch.Tensor) -> bool:
     return _fla_refuses_gated() and fla_gated_bwd.registered_function(x) is fla_gated_bwd.chunk_bwd_dqkwg
 
 
-def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int) -> str:
+def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int, bounded: bool) -> str:
     """What ``"auto"`` runs, the fastest in CUDA-graph replays of forward and backward (``python -m
     benchmarks.ops delta --graph --sweep``). On CUDA, ours is ``"triton_chunk"`` (faster than our recurrent
     ``"triton"`` at every length timed, head dims 16 to 64), ``"triton"`` for ``dplr_delta_rule``. With fla
     importable: ``"fla"``, except ours for heads at most ``AUTO_OURS_MAX_HEAD_DIM`` wide over at most
     ``AUTO_OURS_MAX_STEPS`` steps, or ``AUTO_OURS_MAX_STEPS_SLOW_FLA`` where fla's own path is slow
     (``dplr_delta_rule``; a ``gated`` op whose backward runs in PyTorch, ``_fla_gated_is_slow``). Without
-    fla: ours. Off CUDA: ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``)."""
+    fla: ours. Off CUDA: ``"chunk"`` (for ``dplr_delta_rule`` only with a decay bound, ``bounded``: its
+    pairwise chunk form is slower than the per-token loop on a CPU)."""
     if not x.is_cuda:
-        return "chunk" if "chunk" in available else "reference"
+        return "chunk" if "chunk" in available and (bounded or op != "dplr_delta_rule") else "reference"
     ours = next((name for name in ("triton_chunk", "triton") if name in available), None)
     if not fla_available():
         return ours or ("chunk" if "chunk" in available else "reference")
@@ -147,12 +152,15 @@ def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int) ->
     return "fla"
 
 
-def resolve_backend(op: str, backend: str, x: torch.Tensor, *, gated: bool = False, steps: int = 0) -> str:
+def resolve_backend(
+    op: str, backend: str, x: torch.Tensor, *, gated: bool = False, steps: int = 0, bounded: bool = False
+) -> str:
     """The backend ``backend`` stands for when ``op`` runs on tensors like ``x`` (``(..., K)``, ``K`` the
-    key width); one-line ``ValueError``s. ``"auto"``: ``_auto``."""
+    key width) over ``steps`` steps, ``gated`` or not, with a lower bound on the log decay (``bounded``,
+    ``dplr_delta_rule``) or not; one-line ``ValueError``s. ``"auto"``: ``_auto``."""
     available = _AVAILABLE[op]
     if backend == AUTO:
-        return _auto(op, available, x, gated, steps)
+        return _auto(op, available, x, gated, steps, bounded)
     if backend not in available:
         raise ValueError(f"unknown {op} backend {backend!r}; valid: {', '.join([AUTO, *available])}")
     if backend.startswith("triton") and not triton_available(x):
@@ -233,7 +241,7 @@ def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2nor
 def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float | None = None, backend: str = AUTO):
     """``S_t = S_{t-1}(diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``;
     ``q, k, a, b, w (B, L, H, K)``, ``v (B, L, H, V)``. ``lower_bound``: a promise ``lower_bound <= w < 0``
-    that lets fla use its faster chunking (RWKV-7: ``-exp(-0.5)``); the reference ignores it."""
+    that lets fla and ``"chunk"`` use their faster chunking (RWKV-7: ``-exp(-0.5)``); the recurrences ignore it."""
     B, L, H, K = q.shape
     _check(
         "dplr_delta_rule",
@@ -247,10 +255,11 @@ def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float 
             "w": (B, L, H, K),
         },
     )
-    name = resolve_backend("dplr_delta_rule", backend, q, steps=L)
-    if name == "fla":
-        return _fla.dplr_delta_rule(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound)
-    return _AVAILABLE["dplr_delta_rule"][name](q, k, v, a, b, w, scale=scale)
+    name = resolve_backend("dplr_delta_rule", backend, q, steps=L, bounded=lower_bound is not None)
+    fn = _AVAILABLE["dplr_delta_rule"][name]
+    if name in ("fla", "chunk"):
+        return fn(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound)
+    return fn(q, k, v, a, b, w, scale=scale)
 
 
 def backends(op: str) -> tuple[str, ...]:

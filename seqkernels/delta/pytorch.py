@@ -15,6 +15,9 @@ a unit lower-triangular system, solved once per chunk for ``[V | gamma K]`` (``U
     M_C   = gamma_C M_0 + (K o gamma_C / gamma)^T U
 
 Only the ``M_0`` hand-over between chunks is sequential (``ceil(L n / C)`` small matmuls).
+
+RWKV-7's generalized rule (``dplr_delta_rule``) decays every key channel on its own: its chunk form needs
+the decays ``exp(c_i - c_j)`` per channel (``c`` the cumulative log decay inside the chunk); see that function.
 Shapes, dtypes and ``qk_l2norm`` as ``reference.py``; arithmetic in float64 for float64 inputs, else float32.
 """
 
@@ -27,6 +30,9 @@ from seqkernels.delta.members import members
 from seqkernels.delta.reference import l2norm
 
 CHUNK = 64
+#: the DPLR chunks: of ``DPLR_CHUNK`` steps where a decay bound lets the decays factor (at most
+#: ``DPLR_MAX_EXPONENT`` in ``exp(-c)`` within a chunk), else of ``DPLR_PAIRWISE_CHUNK`` with pairwise decays
+DPLR_CHUNK, DPLR_PAIRWISE_CHUNK, DPLR_MAX_EXPONENT = 64, 16, 40.0
 
 
 def gated_delta_product(
@@ -92,3 +98,82 @@ def gated_delta_product(
 
 
 delta_rule, gated_delta_rule, delta_product = members(gated_delta_product)
+
+
+def _decayed_products(x, x_log, ys, c, mask, factor: bool) -> list[torch.Tensor]:
+    """``P[i, j] = sum_ch x_i[ch] y_j[ch] exp(x_log_i[ch] - c_j[ch])`` where ``mask`` (``(C, C)``), else 0,
+    for each ``y`` of ``ys``; ``x, x_log, y, c (..., C, K)``. ``factor``: as ``(x exp(x_log)) (y exp(-c))^T``
+    (matrix products; ``exp(-c)`` must stay finite), else with the ``(..., C, C, K)`` pairwise decays (any
+    decay)."""
+    if factor:
+        x = x * x_log.exp()
+        return [(x @ (y * (-c).exp()).transpose(-1, -2)).masked_fill(~mask, 0) for y in ys]
+    decays = (x_log[..., :, None, :] - c[..., None, :, :]).masked_fill(~mask[..., None], float("-inf")).exp()
+    return [torch.einsum("...ic,...ijc,...jc->...ij", x, decays, y) for y in ys]
+
+
+def dplr_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    scale: float = 1.0,
+    lower_bound: float | None = None,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """RWKV-7's ``S_t = S_{t-1} (diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``, chunkwise.
+    ``q, k, a, b, w (B, L, H, K)``, ``v (B, L, H, V)`` -> ``o (B, L, H, V)`` in the dtype of ``q``.
+
+    With ``M = S^T (K, V)``, ``u_t = M_{t-1}^T a_t`` and, inside a chunk, ``c_i = sum_{j <= i} w_j`` (per key
+    channel, ``c_0 = 0``), ``M_i = exp(c_i) o M_0 + sum_{j <= i} exp(c_i - c_j) o (b_j u_j^T + k_j v_j^T)``, so
+    the chunk's ``u`` solve a unit lower-triangular system (``j < i``; ``o`` scales rows by channel):
+
+        (I - A_b) U = (a o exp(c_{i-1})) M_0 + A_k V,    A_x[i, j] = sum_ch a_i x_j exp(c_{i-1} - c_j)
+        O   = (q o exp(c)) M_0 + Q_b U + Q_k V,           Q_x[i, j] = sum_ch q_i x_j exp(c_i - c_j)  (j <= i)
+        M_C = exp(c_C) o M_0 + (b o exp(c_C - c))^T U + (k o exp(c_C - c))^T V
+
+    ``lower_bound`` (a promise ``lower_bound <= w``; RWKV-7: ``-exp(-0.5)``) lets ``A`` and ``Q`` factor into
+    matrix products, in chunks of up to ``DPLR_CHUNK`` steps over which ``exp(-c)`` stays below
+    ``exp(DPLR_MAX_EXPONENT)``; without it the decays are formed pairwise, ``(C, C, K)`` per chunk and head,
+    in chunks of ``DPLR_PAIRWISE_CHUNK``, exact for any ``w <= 0``. ``chunk`` overrides the size. Only the
+    ``M_0`` hand-over between chunks is sequential. Padding steps are identities (``w = 0``, the rest 0).
+    """
+    B, L, H, K = q.shape
+    V, out_dtype = v.shape[-1], q.dtype
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, a, b, w = (x.to(dtype) for x in (q, k, v, a, b, w))
+    bounded = min(DPLR_CHUNK, int(DPLR_MAX_EXPONENT / -lower_bound)) if lower_bound and lower_bound < 0 else 0
+    factor = bounded >= 1
+    C = min(chunk or (bounded if factor else DPLR_PAIRWISE_CHUNK), L)
+    pad = -L % C
+    NC = (L + pad) // C
+
+    def chunked(x: torch.Tensor) -> torch.Tensor:  # (B, L, H, D) -> (B, H, NC, C, D)
+        return F.pad(x, (0, 0, 0, 0, 0, pad)).reshape(B, NC, C, H, x.shape[-1]).movedim(3, 1)
+
+    q, k, v, a, b, w = (chunked(x) for x in (q, k, v, a, b, w))
+    c = w.cumsum(-2)  # (B, H, NC, C, K)
+    c_prev = c - w  # c_{i-1}
+    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    A_b, A_k = _decayed_products(a, c_prev, (b, k), c, lower.tril(-1), factor)
+    Q_b, Q_k = _decayed_products(q, c, (b, k), c, lower, factor)
+    system = torch.eye(C, dtype=dtype, device=q.device) - A_b
+    solved = torch.linalg.solve_triangular(
+        system, torch.cat([A_k @ v, a * c_prev.exp()], -1), upper=False, unitriangular=True
+    )
+    U_v, W = solved[..., :V], solved[..., V:]
+    q_decayed, Q_kV = q * c.exp(), Q_k @ v
+    to_end = (c[..., -1:, :] - c).exp()  # exp(c_C - c_j)
+    b_end, KV_end = b * to_end, (k * to_end).transpose(-1, -2) @ v
+    decay_end = c[..., -1, :].exp()[..., None]  # (B, H, NC, K, 1)
+    M = q.new_zeros(B, H, K, V)
+    outputs = []
+    for i in range(NC):
+        U = U_v[:, :, i] + W[:, :, i] @ M
+        outputs.append(q_decayed[:, :, i] @ M + Q_b[:, :, i] @ U + Q_kV[:, :, i])
+        M = decay_end[:, :, i] * M + b_end[:, :, i].transpose(-1, -2) @ U + KV_end[:, :, i]
+    o = torch.stack(outputs, 2).reshape(B, H, NC * C, V)[:, :, :L].movedim(1, 2)  # (B, L, H, V)
+    return (scale * o).to(out_dtype)

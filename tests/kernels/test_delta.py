@@ -164,6 +164,53 @@ def test_dplr_reference_matches_dense_matrices(B, L, H, K, V):
     torch.testing.assert_close(o, dense_dplr(q, k, v, -kk, kk * lr, w, 1.0))
 
 
+RWKV7_BOUND = -math.exp(-0.5)  # RWKV-7's lower bound on the log decay
+
+
+def _dplr_inputs(B, L, H, K, V, seed, decay, dtype=F64):
+    """RWKV-7's DPLR inputs (``a = -kk``, ``b = kk * lr``), log decays in ``[-decay, 0]``, grad-enabled."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(B, L, H, K, generator=gen, dtype=F64), torch.randn(B, L, H, K, generator=gen, dtype=F64)
+    v = torch.randn(B, L, H, V, generator=gen, dtype=F64)
+    kk = F.normalize(torch.randn(B, L, H, K, generator=gen, dtype=F64), dim=-1)
+    lr = torch.rand(B, L, H, K, generator=gen, dtype=F64)
+    w = -decay * torch.rand(B, L, H, K, generator=gen, dtype=F64)
+    return [t.to(dtype).requires_grad_() for t in (q, k, v, -kk, kk * lr, w)]
+
+
+@pytest.mark.parametrize("B,L,H,K,V", [(2, 1, 1, 4, 4), (2, 13, 3, 5, 3), (1, 67, 2, 8, 6), (1, 130, 1, 16, 16)])
+@pytest.mark.parametrize(
+    "lower_bound,chunk",
+    [(None, None), (None, 4), (RWKV7_BOUND, None), (RWKV7_BOUND, 5), (-3.0, None)],
+)
+def test_dplr_chunk_backend_matches_the_reference_with_gradients(B, L, H, K, V, lower_bound, chunk):
+    """The chunkwise DPLR form against the per-token loop in float64: output and every input gradient, at
+    lengths below, at and across chunk boundaries, with the pairwise decays (no bound), and factored (a
+    bound: RWKV-7's in chunks of 64, -3 in chunks of 13)."""
+    from seqkernels.delta import pytorch as kc
+
+    xs = _dplr_inputs(B, L, H, K, V, seed=L + K, decay=-(lower_bound or -2.0))
+    o_chunk = kc.dplr_delta_rule(*xs, scale=0.7, lower_bound=lower_bound, chunk=chunk)
+    o_ref = kd.dplr_delta_rule(*xs, scale=0.7, backend="reference")
+    torch.testing.assert_close(o_chunk, o_ref, rtol=1e-10, atol=1e-10)
+    do = torch.randn_like(o_ref)
+    for got, want in zip(torch.autograd.grad(o_chunk, xs, do), torch.autograd.grad(o_ref, xs, do)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_dplr_chunk_in_float32_at_the_strongest_decay():
+    """Every log decay at RWKV-7's bound over 200 steps (chunks of 64: exp(-c) up to e^38.8 in the factored
+    products) and a 10x stronger decay without a bound (pairwise): float32 within 1e-5 of float64."""
+    for lower_bound, decay in ((RWKV7_BOUND, -RWKV7_BOUND), (None, 6.0)):
+        xs = _dplr_inputs(2, 200, 2, 16, 16, seed=3, decay=decay, dtype=torch.float32)
+        with torch.no_grad():
+            xs[5].fill_(-decay)
+        o = kd.dplr_delta_rule(*xs, lower_bound=lower_bound, backend="chunk")
+        want = kd.dplr_delta_rule(*(x.detach().double() for x in xs), backend="reference")
+        assert o.dtype == torch.float32
+        assert float((o.double() - want).norm() / want.norm()) < 1e-5
+
+
 def test_signed_transitions_have_eigenvalues_in_minus_one_one():
     """I - beta k k^T with unit k: eigenvalues 1 (K - 1 times) and 1 - beta; beta = 2 sigmoid(.) gives
     [-1, 1] and reaches below 0, beta = sigmoid(.) stays in [0, 1]. A product of such factors is a
@@ -209,7 +256,8 @@ def test_dispatch_errors():
     with pytest.raises(TypeError, match="v must be floating point"):
         kd.delta_rule(q, k, v.long(), beta)
     assert kd.resolve_backend("delta_rule", "auto", q) == "chunk"  # CPU tensors
-    assert kd.resolve_backend("dplr_delta_rule", "auto", q) == "reference"
+    assert kd.resolve_backend("dplr_delta_rule", "auto", q) == "reference"  # the pairwise chunks: slower here
+    assert kd.resolve_backend("dplr_delta_rule", "auto", q, bounded=True) == "chunk"
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,11 @@ def build(name, d=12, **options):
         ("gated_deltanet", {"backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
         ("deltaproduct", {"forget_gate": True, "backend": "fla_recurrent"}, "'fla_recurrent' has no forget gate"),
         ("rwkv7", {"num_heads": 5}, "d_model=12 must be divisible by num_heads=5"),
-        ("rwkv7", {"backend": "fla_recurrent"}, "unknown backend 'fla_recurrent'; valid: auto, reference, triton, fla"),
+        (
+            "rwkv7",
+            {"backend": "fla_recurrent"},
+            "unknown backend 'fla_recurrent'; valid: auto, reference, chunk, triton, fla",
+        ),
     ],
 )
 def test_bad_options_raise_value_error(name, options, match):
@@ -245,6 +249,16 @@ def test_rwkv7_reference_matches_the_equations(heads, L):
         torch.testing.assert_close(m(x), manual_rwkv7(m, x))
 
 
+@pytest.mark.parametrize("L", [1, 67, 130])
+def test_rwkv7_chunk_backend_matches_float64_reference(L):
+    """The chunkwise DPLR form (``backend="chunk"``, what ``"auto"`` takes on a CPU: factored chunks of 64
+    under RWKV-7's decay bound) in a float32 model against the same weights in float64 on the reference:
+    output, input and every parameter gradient."""
+    torch.manual_seed(L)
+    errors = errors_against_float64("rwkv7", {}, "chunk", 3, 48, L, "cpu")
+    assert max(errors.values()) <= 1e-4, {k: f"{v:.1e}" for k, v in errors.items()}
+
+
 def test_rwkv7_decay_is_in_its_range():
     """w = exp(-e^{-1/2} sigmoid(.)) lies in (exp(-e^{-1/2}), 1) = (0.545, 1) for any input."""
     torch.manual_seed(6)
@@ -336,6 +350,7 @@ GPU_CASES = [
     ("deltaproduct", {"householders": 3, "forget_gate": True}, "triton_chunk", 1e-4),
     ("rwkv7", {}, "fla", 2e-2),
     ("rwkv7", {}, "triton", 1e-4),
+    ("rwkv7", {}, "chunk", 1e-4),
 ]
 
 
