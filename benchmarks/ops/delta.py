@@ -19,7 +19,8 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
   (``ChunkTiles(precision="bf16")``), the precision of fla's bfloat16 kernels, for the comparison at the
   same precision (without ``--chunk-tiles precision=...``), ``W``, ``U'`` and the states kept in bfloat16
   between kernels as fla keeps them; ``ours-triton-chunk-bf16-f32``: the same with them in float32;
-- ``ours-chunk``: the chunkwise (WY) form in PyTorch (``seqkernels/delta/pytorch.py``; not ``dplr``);
+- ``ours-chunk``: the chunkwise (WY) form in PyTorch (``seqkernels/delta/pytorch.py``; ``dplr``: its decays
+  factored under RWKV-7's bound);
 - ``fla``: fla-core's chunk kernels, computed in bfloat16; where fla refuses its own gated backward
   (Hopper, Triton 3.4-3.7.0, fla issue #640) its ``chunk_bwd_dqkwg`` is ``seqkernels/delta/fla_gated_bwd.py``'s
   Triton kernel (the default ``REGISTERED``; the note says which ran), and ``fla-torch-dqkwg`` the same with
@@ -265,7 +266,7 @@ def implementations(
             impl_tiles = chunk_impl_tiles(name, tiles)
             if impl_tiles is not None:
                 impls[name] = (_chunk(op, impl_tiles), contextlib.nullcontext, note)
-        impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
+    impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from seqkernels.delta import fla_gated_bwd
 

@@ -27,6 +27,20 @@ def test_our_implementations_equal_the_chunk_form(op):
 
 
 @pytest.mark.skipif(not triton_available(torch.empty(0, device=DEVICE)), reason="needs CUDA or TRITON_INTERPRET=1")
+def test_dplr_rows_equal_the_per_token_loop():
+    """``dplr``: our recurrent kernel and the PyTorch chunk form (its decays factored under RWKV-7's bound)
+    equal the per-token loop; no chunk-kernel rows (no chunked Triton form)."""
+    from seqkernels import delta as kd
+
+    xs = inputs("dplr", 1, 70, 2, 16, torch.float32, DEVICE, seed=4)
+    impls = implementations("dplr", {"ours-triton", "ours-chunk", "ours-triton-chunk"})
+    assert set(impls) == {"ours-triton", "ours-chunk"}
+    want = kd.dplr_delta_rule(*xs, backend="reference")
+    for name, (fn, _, _) in impls.items():
+        torch.testing.assert_close(fn(*xs), want, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.skipif(not triton_available(torch.empty(0, device=DEVICE)), reason="needs CUDA or TRITON_INTERPRET=1")
 def test_the_bfloat16_row_rounds_its_products_to_bfloat16():
     """``ours-triton-chunk-bf16`` computes the op at fla's precision: near the chunk form, but not float32-exact."""
     xs = inputs("gated", 1, 300, 2, 64, torch.float32, DEVICE, seed=5)
