@@ -106,8 +106,8 @@ def _decayed_products(x, x_log, ys, c, mask, factor: bool) -> list[torch.Tensor]
     (matrix products; ``exp(-c)`` must stay finite), else with the ``(..., C, C, K)`` pairwise decays (any
     decay)."""
     if factor:
-        x = x * x_log.exp()
-        return [(x @ (y * (-c).exp()).transpose(-1, -2)).masked_fill(~mask, 0) for y in ys]
+        x, growth = x * x_log.exp(), (-c).exp()
+        return [(x @ (y * growth).transpose(-1, -2)).masked_fill(~mask, 0) for y in ys]
     decays = (x_log[..., :, None, :] - c[..., None, :, :]).masked_fill(~mask[..., None], float("-inf")).exp()
     return [torch.einsum("...ic,...ijc,...jc->...ij", x, decays, y) for y in ys]
 
@@ -145,9 +145,10 @@ def dplr_delta_rule(
     V, out_dtype = v.shape[-1], q.dtype
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v, a, b, w = (x.to(dtype) for x in (q, k, v, a, b, w))
-    bounded = min(DPLR_CHUNK, int(DPLR_MAX_EXPONENT / -lower_bound)) if lower_bound and lower_bound < 0 else 0
-    factor = bounded >= 1
-    C = min(chunk or (bounded if factor else DPLR_PAIRWISE_CHUNK), L)
+    # the longest chunk over which exp(-c) stays below exp(DPLR_MAX_EXPONENT); 0: no bound, pairwise decays
+    factored_chunk = min(DPLR_CHUNK, int(DPLR_MAX_EXPONENT / -lower_bound)) if lower_bound and lower_bound < 0 else 0
+    factor = factored_chunk >= 1
+    C = min(chunk or (factored_chunk if factor else DPLR_PAIRWISE_CHUNK), L)
     pad = -L % C
     NC = (L + pad) // C
 
