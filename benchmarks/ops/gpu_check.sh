@@ -57,8 +57,10 @@ if [[ " $steps " == *" tests "* ]]; then
   default_tests="tests/kernels tests/mixers/test_cells.py tests/mixers/test_mamba.py tests/mixers/test_mlstm_mixer.py
     tests/mixers/test_rnn_mixers.py tests/mixers/test_signed_mamba.py tests/mixers/test_delta_mixers.py
     tests/mixers/test_state_tracking_mixers.py tests/benchmarks/test_delta_probe.py"
+  # SIGINT at the limit: pytest still prints its summary, a line per failure (-rf --tb=line)
   # shellcheck disable=SC2086  # the test paths are words
-  timeout "${TESTS_LIMIT_S:-360}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" --durations=15 -m "not slow" \
+  timeout -s INT -k 30 "${TESTS_LIMIT_S:-360}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-12}" \
+    --durations=15 -m "not slow" -rf --tb=line \
     ${TEST_PATHS:-$default_tests} > "$out/logs/tests.log" 2>&1 &
   pids+=($!)
 fi

@@ -55,15 +55,15 @@ class ChunkTiles:
     """Launch parameters of the chunk kernels; ``None`` takes the default for the problem.
 
     - ``chunk``: steps per chunk ``C``, 16, 32 or 64 (default 64 with ``"bf16"`` products at head dims
-      (the wider of keys and values, rounded up to a power of two) of 64 and 128 and at least 64 steps, the
-      fastest timed there; else 32, the fastest timed at head dims 16 and 64 with the other precisions, less
+      (the wider of keys and values, rounded up to a power of two) of 64 and 128, value blocks of 64 columns
+      and at least 64 steps, the fastest timed there; else 32, the fastest timed at head dims 16 and 64 with the other precisions, less
       for sequences shorter than that); 64 at head dims above 64 is refused with ``"tf32"`` products, and
       with ``"tf32x3"`` ones when ``fused`` (kernels that need 240-330 KiB of shared memory, more than an
       H100 has: ``python -m benchmarks.ops compile``);
     - ``block_v``: value columns of the state per sequential program, a power of two (default every
-      column up to 64, else 64); at chunks of 64 with ``"bf16"`` products blocks narrower than 64 columns
-      that split the values are refused (illegal memory accesses, and at 1 stage and 4 warps outputs with
-      relative errors of 1.0-1.3, on an H100 with Triton 3.6);
+      column up to 64, else 64); at chunks of 64 with ``"bf16"`` products at head dims of 64 and above
+      blocks narrower than 64 columns are refused, whether they split the values or hold them all (illegal
+      memory accesses, and outputs with relative errors of 1.0-1.3, on an H100 with Triton 3.6);
     - ``warps``: default 2 for tiles 16 wide, else 4 (the fastest timed at head dims 16, 64 and 128);
       chunks of 64 with ``"bf16"`` products at tiles narrower than 64 take 8 and refuse fewer (4 warps
       there made an illegal memory access on an H100 with Triton 3.6);
@@ -118,8 +118,9 @@ class ChunkTiles:
         precision = self.products(dtype)
         if precision not in PRECISIONS:
             raise ValueError(f"delta triton_chunk: precision must be one of {PRECISIONS}, got {precision!r}")
+        BV = self.block_v or min(VP, 64)
         C = self.chunk or (
-            64 if precision == "bf16" and wide in (64, 128) and T >= 64 else min(32, max(16, next_pow2(T)))
+            64 if precision == "bf16" and wide in (64, 128) and T >= 64 and BV == 64 else min(32, max(16, next_pow2(T)))
         )
         if C not in (16, 32, 64):
             raise ValueError(f"delta triton_chunk: chunk must be 16, 32 or 64, got {C}")
@@ -129,7 +130,6 @@ class ChunkTiles:
                 f"{' on chip (fused)' if precision == 'tf32x3' else ''} needs more shared memory than an H100 "
                 "has (227 KiB); use chunk 32 or 'bf16' products"
             )
-        BV = self.block_v or min(VP, 64)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"delta triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
         default = 2 if wide <= 16 else 4
@@ -146,11 +146,10 @@ class ChunkTiles:
                     )
                 w = 8
             warps[i] = w or default
-        if C == 64 and precision == "bf16" and BV < min(VP, 64):  # measured on an H100 with Triton 3.6
+        if C == 64 and precision == "bf16" and wide >= 64 and BV < 64:  # measured on an H100 with Triton 3.6
             raise ValueError(
-                f"delta triton_chunk: block_v {BV} at chunk 64 with bf16 products splits the values below 64 "
-                "columns (illegal memory accesses and wrong outputs on an H100 with Triton 3.6); use block_v 64 "
-                "or chunk 32"
+                f"delta triton_chunk: block_v {BV} at chunk 64 with bf16 products at head dims of 64 and above "
+                "(illegal memory accesses and wrong outputs on an H100 with Triton 3.6); use block_v 64 or chunk 32"
             )
         if C == 64 and precision == "bf16" and wide > 64:  # faults measured on an H100 with Triton 3.6
             if 16 in warps:

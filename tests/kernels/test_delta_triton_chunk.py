@@ -126,7 +126,7 @@ def test_triton_chunk_bfloat16_intermediates():
     [
         ("gated_delta_rule", (1, 70, 2, 64, 64), ChunkTiles(precision="bf16")),  # chunks of 64, bf16 kept
         ("gated_delta_rule", (1, 70, 1, 128, 128), ChunkTiles(precision="bf16")),  # two value blocks
-        ("delta_rule", (1, 70, 1, 128, 32), ChunkTiles(precision="bf16")),  # chunks of 64, one narrow value block
+        ("delta_rule", (1, 70, 1, 128, 32), ChunkTiles(precision="bf16")),  # one value block of 32: chunks of 32
         ("gated_delta_rule", (1, 45, 1, 40, 24), ChunkTiles(precision="bf16", store="fp32", chunk=16)),
         ("gated_delta_product", (1, 37, 1, 32, 32), ChunkTiles(precision="bf16", block_v=16)),
         ("delta_rule", (1, 37, 1, 32, 32), ChunkTiles(precision="bf16", fused=True)),
@@ -257,18 +257,23 @@ def test_default_warps_follow_the_head_width():
 
 
 def test_value_blocks_narrower_than_64_refused_at_chunk_64_with_bf16_products():
-    """Value blocks below 64 columns that split the values faulted or gave wrong outputs on an H100 at
-    chunks of 64 with bf16 products (head dims 64 and 128): refused there, at any warps and stages; kept at
-    chunks of 32, with other products, and where the values are one block narrower than 64."""
-    block_v = lambda K, V, **kw: ChunkTiles(**kw).resolve(256, K, V, torch.float32)[2]  # noqa: E731
+    """Value blocks below 64 columns faulted or gave wrong outputs on an H100 at chunks of 64 with bf16
+    products at head dims 64 and 128, whether they split the values (V 64, 128) or held them all (K 128,
+    V 32): refused there, at any warps and stages; the default chunk there is 32; kept at chunks of 32 and
+    with other products."""
+    resolve = lambda K, V, **kw: ChunkTiles(**kw).resolve(256, K, V, torch.float32)  # noqa: E731
     bf16_64 = {"chunk": 64, "precision": "bf16"}
-    for D, bv in ((128, 32), (128, 16), (64, 32), (64, 16)):
+    for K, V, bv in ((128, 128, 32), (128, 128, 16), (64, 64, 32), (64, 64, 16), (128, 32, None), (64, 16, None)):
         for extra in ({}, {"warps": 8}, {"stages": 2}, {"store": "fp32"}):
-            with pytest.raises(ValueError, match=f"block_v {bv} at chunk 64 with bf16 products splits the values"):
-                block_v(D, D, block_v=bv, **bf16_64, **extra)
-    assert block_v(64, 64, block_v=32, chunk=32, precision="bf16") == 32
-    assert block_v(64, 64, block_v=32, chunk=64, precision="tf32x3") == 32
-    assert block_v(128, 32, **bf16_64) == 32 and block_v(128, 128, **bf16_64) == 64
+            with pytest.raises(ValueError, match=r"block_v \d+ at chunk 64 with bf16 products at head dims of 64"):
+                resolve(K, V, block_v=bv, **bf16_64, **extra)
+    assert resolve(64, 64, block_v=32, chunk=32, precision="bf16")[2] == 32
+    assert resolve(64, 64, block_v=32, chunk=64, precision="tf32x3")[2] == 32
+    assert resolve(128, 128, **bf16_64)[2] == 64
+    # by default: chunks of 64 only with value blocks of 64
+    assert resolve(128, 128, precision="bf16")[:3] == (64, 128, 64)
+    assert resolve(128, 32, precision="bf16")[:3] == (32, 128, 32)
+    assert resolve(128, 128, block_v=32, precision="bf16")[:3] == (32, 128, 32)
 
 
 def test_default_stages_follow_the_products_and_the_head_width():
