@@ -7,9 +7,10 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
 
 - ``ours-triton``: the fused recurrent Triton kernel (``seqkernels/delta/recurrent_kernels.py``), the
   input dtype, float32 arithmetic;
-- ``ours-triton-chunk`` (not ``dplr``): the chunkwise (WY) Triton kernels with the inter-chunk state
+- ``ours-triton-chunk``: the chunkwise (WY) Triton kernels with the inter-chunk state
   recurrence on chip, outputs and gradients computed there too (``seqkernels/delta/chunk_kernels.py``,
-  ``ChunkTiles(fused=True)``: paper 004's design), the input dtype, float32 arithmetic;
+  ``ChunkTiles(fused=True)``: paper 004's design), the input dtype, float32 arithmetic; ``dplr``: the
+  PyTorch chunk form with its inter-chunk recurrence in our Triton kernels (``triton_dplr.py``);
 - ``ours-triton-chunk-split``: the same kernels with the recurrence only carrying the state, every
   chunk's state stored and read back by per-chunk output and gradient kernels (the default tiles:
   paper 004's baseline; ``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);
@@ -77,7 +78,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: (shape BxLxHxD, dtype, ops) of the main section: the state-tracking training batch in float32, fla's
 #: benchmark shapes (B 8, T 2,048-8,192, H 16, D 64/128) in bfloat16
 MAIN = [("256x128x4x16", "fp32", "product,gated,delta,dplr")] + [
-    (f"8x{T}x16x{D}", "bf16", "gated,delta") for D in (64, 128) for T in (2048, 8192)
+    (f"8x{T}x16x{D}", "bf16", "gated,delta,dplr" if (T, D) == (2048, 64) else "gated,delta")
+    for D in (64, 128)
+    for T in (2048, 8192)
 ]
 SWEEP = [(f"8x{T}x16x64", "bf16") for T in (256, 512, 1024, 2048, 4096)] + [
     (f"256x{T}x4x16", "fp32") for T in (64, 256, 1024, 4096)
@@ -266,6 +269,8 @@ def implementations(
             impl_tiles = chunk_impl_tiles(name, tiles)
             if impl_tiles is not None:
                 impls[name] = (_chunk(op, impl_tiles), contextlib.nullcontext, note)
+    else:
+        impls["ours-triton-chunk"] = (call(op, "triton_chunk"), contextlib.nullcontext, "PyTorch chunks, scan on chip")
     impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from seqkernels.delta import fla_gated_bwd

@@ -16,15 +16,17 @@ Backends:
 - ``"triton"``: our fused recurrent Triton kernel, forward and backward (``recurrent_kernels.py``, the
   members mapped onto it in ``triton_ops.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs,
   float32 arithmetic and state;
-- ``"triton_chunk"`` (all but ``dplr_delta_rule``): our chunkwise (WY) Triton kernels with the
-  inter-chunk state recurrence on chip, forward and backward (``chunk_kernels.py``, host code in
-  ``triton_chunk.py``), CUDA (or the interpreter), float32/bfloat16/float16 inputs, float32 arithmetic;
+- ``"triton_chunk"``: our chunkwise (WY) Triton kernels with the inter-chunk state recurrence on chip,
+  forward and backward (``chunk_kernels.py``, host code in ``triton_chunk.py``); for ``dplr_delta_rule``
+  the ``"chunk"`` form batched over chunks in PyTorch with its inter-chunk recurrence in our Triton
+  kernels (``dplr_scan_kernels.py``, host code in ``triton_dplr.py``); CUDA (or the interpreter),
+  float32/bfloat16/float16 inputs, float32 arithmetic;
 - ``"fla"``: flash-linear-attention's chunked Triton kernels (``fla.py``), CUDA only, computed in
   bfloat16 (inputs cast inside, outputs cast back);
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
 - ``"auto"``: the fastest measured on CUDA (``resolve_backend``): ``"fla"`` where fla is importable, but
-  ours (``"triton_chunk"``; ``"triton"`` for ``dplr_delta_rule``, which has no chunked form) for narrow
+  ours (``"triton_chunk"``; ``"triton"`` for ``dplr_delta_rule``, whose chunk form is untimed) for narrow
   heads over short recurrences, and over longer ones where fla's own path is slow (``dplr_delta_rule``;
   a gated op whose backward fla refuses here when its stand-in runs in PyTorch, see ``fla_gated_bwd``);
   without fla ``"triton_chunk"`` (``"triton"`` for ``dplr_delta_rule``). Off CUDA ``"chunk"``
@@ -51,8 +53,9 @@ except ImportError:  # pragma: no cover - platforms without triton
     _rec = None
 try:
     from seqkernels.delta import triton_chunk as _tchunk
+    from seqkernels.delta import triton_dplr as _tdplr
 except ImportError:  # pragma: no cover - platforms without triton
-    _tchunk = None
+    _tchunk = _tdplr = None
 
 AUTO = "auto"
 BACKENDS = ("reference", "chunk", "triton", "triton_chunk", "fla", "fla_recurrent")
@@ -91,6 +94,12 @@ if _tchunk is not None:  # "triton_chunk" after "triton", before fla's
         _fast = {k: f for k, f in _fns.items() if k.startswith("fla")}
         _slow = {k: f for k, f in _fns.items() if k not in _fast}
         _AVAILABLE[_op] = {**_slow, "triton_chunk": getattr(_tchunk, _op), **_fast}
+    _fns = _AVAILABLE["dplr_delta_rule"]
+    _AVAILABLE["dplr_delta_rule"] = {
+        **{k: f for k, f in _fns.items() if k != "fla"},
+        "triton_chunk": _tdplr.dplr_delta_rule,
+        "fla": _fns["fla"],
+    }
     del _op, _fns, _fast, _slow
 
 
@@ -134,7 +143,8 @@ def _fla_gated_is_slow(x: torch.Tensor) -> bool:
 def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int, bounded: bool) -> str:
     """What ``"auto"`` runs, the fastest in CUDA-graph replays of forward and backward (``python -m
     benchmarks.ops delta --graph --sweep``). On CUDA, ours is ``"triton_chunk"`` (faster than our recurrent
-    ``"triton"`` at every length timed, head dims 16 to 64), ``"triton"`` for ``dplr_delta_rule``. With fla
+    ``"triton"`` at every length timed, head dims 16 to 64), ``"triton"`` for ``dplr_delta_rule`` (its
+    ``"triton_chunk"`` is untimed). With fla
     importable: ``"fla"``, except ours for heads at most ``AUTO_OURS_MAX_HEAD_DIM`` wide over at most
     ``AUTO_OURS_MAX_STEPS`` steps, or ``AUTO_OURS_MAX_STEPS_SLOW_FLA`` where fla's own path is slow
     (``dplr_delta_rule``; a ``gated`` op whose backward runs in PyTorch, ``_fla_gated_is_slow``). Without
@@ -142,7 +152,8 @@ def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int, bo
     pairwise chunk form is slower than the per-token loop on a CPU)."""
     if not x.is_cuda:
         return "chunk" if "chunk" in available and (bounded or op != "dplr_delta_rule") else "reference"
-    ours = next((name for name in ("triton_chunk", "triton") if name in available), None)
+    preferred = ("triton",) if op == "dplr_delta_rule" else ("triton_chunk", "triton")
+    ours = next((name for name in preferred if name in available), None)
     if not fla_available():
         return ours or ("chunk" if "chunk" in available else "reference")
     if ours is not None and x.shape[-1] <= AUTO_OURS_MAX_HEAD_DIM:
@@ -241,7 +252,7 @@ def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2nor
 def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float | None = None, backend: str = AUTO):
     """``S_t = S_{t-1}(diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``;
     ``q, k, a, b, w (B, L, H, K)``, ``v (B, L, H, V)``. ``lower_bound``: a promise ``lower_bound <= w < 0``
-    that lets fla and ``"chunk"`` use their faster chunking (RWKV-7: ``-exp(-0.5)``); the recurrences ignore it."""
+    that lets fla, ``"chunk"`` and ``"triton_chunk"`` use their faster chunking (RWKV-7: ``-exp(-0.5)``); the recurrences ignore it."""
     B, L, H, K = q.shape
     _check(
         "dplr_delta_rule",
@@ -257,7 +268,7 @@ def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float 
     )
     name = resolve_backend("dplr_delta_rule", backend, q, steps=L, bounded=lower_bound is not None)
     fn = _AVAILABLE["dplr_delta_rule"][name]
-    if name in ("fla", "chunk"):
+    if name in ("fla", "chunk", "triton_chunk"):
         return fn(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound)
     return fn(q, k, v, a, b, w, scale=scale)
 

@@ -112,6 +112,22 @@ def _decayed_products(x, x_log, ys, c, mask, factor: bool) -> list[torch.Tensor]
     return [torch.einsum("...ic,...ijc,...jc->...ij", x, decays, y) for y in ys]
 
 
+def dplr_scan(
+    U_v: torch.Tensor, W: torch.Tensor, b_end: torch.Tensor, KV_end: torch.Tensor, decay_end: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The DPLR chunk form's sequential part, chunk by chunk from ``M = 0``: ``U_i = U_v,i + W_i M_i`` and
+    ``M_{i+1} = decay_end_i o M_i + b_end_i^T U_i + KV_end_i`` (``o`` scales rows by key channel).
+    ``U_v (..., NC, C, V)``, ``W, b_end (..., NC, C, K)``, ``KV_end (..., NC, K, V)``, ``decay_end (..., NC, K)``
+    -> ``(U (..., NC, C, V), M (..., NC, K, V))``, ``M_i`` the state entering chunk ``i``."""
+    M = KV_end.new_zeros(KV_end[..., 0, :, :].shape)
+    U, entering = [], []
+    for i in range(U_v.shape[-3]):
+        entering.append(M)
+        U.append(U_v[..., i, :, :] + W[..., i, :, :] @ M)
+        M = decay_end[..., i, :, None] * M + b_end[..., i, :, :].transpose(-1, -2) @ U[-1] + KV_end[..., i, :, :]
+    return torch.stack(U, -3), torch.stack(entering, -3)
+
+
 def dplr_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -123,6 +139,7 @@ def dplr_delta_rule(
     scale: float = 1.0,
     lower_bound: float | None = None,
     chunk: int | None = None,
+    scan=dplr_scan,
 ) -> torch.Tensor:
     """RWKV-7's ``S_t = S_{t-1} (diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``, chunkwise.
     ``q, k, a, b, w (B, L, H, K)``, ``v (B, L, H, V)`` -> ``o (B, L, H, V)`` in the dtype of ``q``.
@@ -139,7 +156,9 @@ def dplr_delta_rule(
     matrix products, in chunks of up to ``DPLR_CHUNK`` steps over which ``exp(-c)`` stays below
     ``exp(DPLR_MAX_EXPONENT)``; without it the decays are formed pairwise, ``(C, C, K)`` per chunk and head,
     in chunks of ``DPLR_PAIRWISE_CHUNK``, exact for any ``w <= 0``. ``chunk`` overrides the size. Only the
-    ``M_0`` hand-over between chunks is sequential. Padding steps are identities (``w = 0``, the rest 0).
+    ``M_0`` hand-over between chunks is sequential: ``scan`` (``dplr_scan``'s signature; our Triton kernel in
+    ``triton_dplr.py``); everything else is batched over chunks. Padding steps are identities (``w = 0``, the
+    rest 0).
     """
     B, L, H, K = q.shape
     V, out_dtype = v.shape[-1], q.dtype
@@ -166,15 +185,8 @@ def dplr_delta_rule(
         system, torch.cat([A_k @ v, a * c_prev.exp()], -1), upper=False, unitriangular=True
     )
     U_v, W = solved[..., :V], solved[..., V:]
-    q_decayed, Q_kV = q * c.exp(), Q_k @ v
     to_end = (c[..., -1:, :] - c).exp()  # exp(c_C - c_j)
-    b_end, KV_end = b * to_end, (k * to_end).transpose(-1, -2) @ v
-    decay_end = c[..., -1, :].exp()[..., None]  # (B, H, NC, K, 1)
-    M = q.new_zeros(B, H, K, V)
-    outputs = []
-    for i in range(NC):
-        U = U_v[:, :, i] + W[:, :, i] @ M
-        outputs.append(q_decayed[:, :, i] @ M + Q_b[:, :, i] @ U + Q_kV[:, :, i])
-        M = decay_end[:, :, i] * M + b_end[:, :, i].transpose(-1, -2) @ U + KV_end[:, :, i]
-    o = torch.stack(outputs, 2).reshape(B, H, NC * C, V)[:, :, :L].movedim(1, 2)  # (B, L, H, V)
+    U, M = scan(U_v, W, b * to_end, (k * to_end).transpose(-1, -2) @ v, c[..., -1, :].exp())
+    o = (q * c.exp()) @ M + Q_b @ U + Q_k @ v  # (B, H, NC, C, V)
+    o = o.reshape(B, H, NC * C, V)[:, :, :L].movedim(1, 2)  # (B, L, H, V)
     return (scale * o).to(out_dtype)

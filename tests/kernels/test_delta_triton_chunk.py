@@ -230,8 +230,6 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
     wide = torch.randn(1, 3, 1, 160)
     with pytest.raises(ValueError, match="head dims up to 128, got K=160"):
         triton_chunk.delta_rule(wide, wide, q, beta)
-    with pytest.raises(ValueError, match="unknown dplr_delta_rule backend 'triton_chunk'"):
-        kd.dplr_delta_rule(q, q, q, q, q, q, backend="triton_chunk")
 
 
 def test_default_warps_follow_the_head_width():

@@ -47,7 +47,7 @@ def build(name, d=12, **options):
         (
             "rwkv7",
             {"backend": "fla_recurrent"},
-            "unknown backend 'fla_recurrent'; valid: auto, reference, chunk, triton, fla",
+            "unknown backend 'fla_recurrent'; valid: auto, reference, chunk, triton, triton_chunk, fla",
         ),
     ],
 )

@@ -1,0 +1,225 @@
+"""RWKV-7's DPLR rule on ``backend="triton_chunk"`` (``seqkernels/delta/triton_dplr.py``): the inter-chunk scan
+kernels (``dplr_scan_kernels.py``) against ``pytorch.dplr_scan``'s loop in float64, forward and every input
+gradient, at awkward chunk, key and value sizes, several value blocks, one chunk, outputs poisoned with NaN;
+the whole rule against the float64 per-token reference (itself checked against dense matrices in
+``test_delta.py``), with and without a decay bound; the custom ops under ``opcheck``, through their registered
+autograd and ``torch.compile``. On the CPU in the interpreter at small shapes; on a GPU (``-m gpu``) at lengths
+up to 1,024 and head dims 16 to 128, in float32 and bfloat16, in a CUDA graph.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seqkernels import delta as kd
+from seqkernels._triton import poisoned, triton_available
+from seqkernels.delta import pytorch as kc
+from seqkernels.delta import triton_dplr
+from seqkernels.delta.triton_dplr import ScanTiles, dplr_scan_bwd, dplr_scan_fwd
+
+F64 = torch.float64
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not triton_available(torch.empty(0, device=DEVICE)), reason="needs CUDA or TRITON_INTERPRET=1"
+)
+RWKV7_BOUND = -math.exp(-0.5)
+
+
+def rel(x, y, floor=0.0):
+    x, y = x.detach().double(), y.detach().double()
+    return float((x - y).norm() / max(float(y.norm()), floor, 1e-30))
+
+
+def _scan_inputs(lead, NC, C, K, V, seed):
+    """The scan's inputs like the chunk form's: ``U_v, W, b_end, KV_end`` Gaussian (``W``, ``b_end`` scaled so
+    the state stays bounded), ``decay_end`` in ``(0, 1)``; float64 on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*lead, *s, generator=gen, dtype=F64)  # noqa: E731
+    return [
+        r(NC, C, V),
+        0.3 * r(NC, C, K),
+        0.3 * r(NC, C, K),
+        r(NC, K, V),
+        torch.rand(*lead, NC, K, generator=gen, dtype=F64),
+    ]
+
+
+@pytest.mark.parametrize(
+    "lead,NC,C,K,V,tiles",
+    [
+        ((2, 3), 3, 5, 7, 6, None),  # nothing a power of two, one padded tile each
+        ((1, 2), 4, 16, 20, 40, ScanTiles(block_v=16)),  # 3 value blocks, the last partial
+        ((1, 1), 1, 1, 4, 3, None),  # one chunk of one step
+        ((2, 1), 2, 64, 16, 16, ScanTiles(precision="ieee", warps=2)),
+    ],
+)
+def test_scan_equals_the_loop_with_gradients(lead, NC, C, K, V, tiles):
+    xs = _scan_inputs(lead, NC, C, K, V, seed=NC + C + K)
+    slow = [x.clone().requires_grad_() for x in xs]
+    fast = [x.float().to(DEVICE).requires_grad_() for x in xs]
+    U0, M0 = kc.dplr_scan(*slow)
+    with poisoned():
+        U1, M1 = triton_dplr.dplr_scan(*fast, tiles=tiles)
+    assert rel(U1.cpu(), U0) < 1e-5 and rel(M1.cpu(), M0) < 1e-5
+    gen = torch.Generator().manual_seed(1)
+    dU, dM = torch.randn(U0.shape, generator=gen, dtype=F64), torch.randn(M0.shape, generator=gen, dtype=F64)
+    want = torch.autograd.grad((U0 * dU).sum() + (M0 * dM).sum(), slow, allow_unused=True, materialize_grads=True)
+    with poisoned():
+        got = torch.autograd.grad((U1 * dU.float().to(DEVICE)).sum() + (M1 * dM.float().to(DEVICE)).sum(), fast)
+    floor = 1e-2 * max(float(w.norm()) for w in want)
+    errors = [rel(g.cpu(), w, floor) for g, w in zip(got, want)]
+    assert max(errors) < 1e-5, errors
+
+
+def _dplr_inputs(B, L, H, K, V, seed, decay):
+    """RWKV-7's DPLR inputs (``a = -kk``, ``b = kk * lr``), log decays in ``[-decay, 0]``, float64 on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
+    q, k, v = r(B, L, H, K), r(B, L, H, K), r(B, L, H, V)
+    kk = F.normalize(r(B, L, H, K), dim=-1)
+    lr = torch.rand(B, L, H, K, generator=gen, dtype=F64)
+    w = -decay * torch.rand(B, L, H, K, generator=gen, dtype=F64)
+    return [q, k, v, -kk, kk * lr, w]
+
+
+def _compare(shape, dtype, tol, lower_bound, chunk=None, tiles=None, seed=0):
+    """``triton_chunk`` on ``dtype`` copies against the reference on float64 ones: output and every gradient
+    (relative to the reference's norm, gradients to at least 1% of the largest gradient's)."""
+    xs = _dplr_inputs(*shape, seed=seed, decay=-(lower_bound or -2.0))
+    slow = [x.to(DEVICE).requires_grad_() for x in xs]
+    fast = [x.to(DEVICE, dtype).requires_grad_() for x in xs]
+    with poisoned():
+        o_fast = triton_dplr.dplr_delta_rule(*fast, scale=0.7, lower_bound=lower_bound, chunk=chunk, tiles=tiles)
+    o_ref = kd.dplr_delta_rule(*slow, scale=0.7, backend="reference")
+    do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=F64).to(DEVICE)
+    with poisoned():
+        g_fast = torch.autograd.grad(o_fast, fast, do.to(dtype))
+    g_ref = torch.autograd.grad(o_ref, slow, do)
+    assert o_fast.dtype == dtype and all(g.dtype == dtype for g in g_fast)
+    floor = 1e-2 * max(float(g.norm()) for g in g_ref)
+    errors = {"out": rel(o_fast, o_ref), **{f"d{i}": rel(a, b, floor) for i, (a, b) in enumerate(zip(g_fast, g_ref))}}
+    assert max(errors.values()) <= tol, errors
+
+
+@pytest.mark.parametrize(
+    "shape,lower_bound,chunk,tiles",
+    [
+        ((2, 1, 1, 4, 4), None, None, None),  # one step
+        ((2, 13, 3, 5, 3), None, None, None),  # pairwise decays, chunks of 16, one partial
+        ((1, 37, 2, 8, 6), None, 5, None),  # chunks of 5
+        ((1, 130, 1, 16, 16), RWKV7_BOUND, None, None),  # factored, chunks of 64, the last partial
+        ((1, 67, 1, 20, 40), RWKV7_BOUND, None, ScanTiles(block_v=16)),  # 3 value blocks
+    ],
+)
+def test_triton_chunk_equals_reference(shape, lower_bound, chunk, tiles):
+    _compare(shape, torch.float32, 1e-5, lower_bound, chunk, tiles, seed=shape[1] + shape[3])
+
+
+def test_through_the_entry_point_with_bfloat16_inputs():
+    """``dplr_delta_rule(..., backend="triton_chunk")`` passes the bound on; bfloat16 inputs compute in float32
+    and return bfloat16: within bfloat16's rounding."""
+    xs = _dplr_inputs(1, 70, 2, 16, 16, seed=3, decay=-RWKV7_BOUND)
+    fast = [x.to(DEVICE, torch.bfloat16) for x in xs]
+    o = kd.dplr_delta_rule(*fast, lower_bound=RWKV7_BOUND, backend="triton_chunk")
+    want = kd.dplr_delta_rule(*(x.double() for x in fast), backend="reference")
+    assert o.dtype == torch.bfloat16 and rel(o, want) < 1e-2
+
+
+def test_custom_ops_opcheck_autograd_and_compile():
+    """The scan ops' registration (schema, fake tensors) is consistent; their registered autograd gives the
+    eager path's gradients exactly; under ``torch.compile`` (fullgraph) the rule reaches
+    ``expressivity::dplr_scan_fwd`` with the eager gradients."""
+    xs = [x.float().to(DEVICE) for x in _scan_inputs((2,), 3, 16, 16, 16, seed=0)]
+    torch.library.opcheck(dplr_scan_fwd, xs, test_utils=("test_schema", "test_faketensor"))
+    U, M = dplr_scan_fwd(*xs)
+    bwd_args = (torch.randn_like(U), torch.randn_like(M), xs[1], xs[2], xs[4], U, M)
+    torch.library.opcheck(dplr_scan_bwd, bwd_args, test_utils=("test_schema", "test_faketensor"))
+    leaves = [x.clone().requires_grad_() for x in xs]
+    op = torch.autograd.grad(sum(t.sum() for t in dplr_scan_fwd(*leaves)), leaves)
+    eager = torch.autograd.grad(sum(t.sum() for t in triton_dplr.dplr_scan(*leaves, tiles=ScanTiles())), leaves)
+    for a, b in zip(op, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    rule = [x.float().to(DEVICE).requires_grad_() for x in _dplr_inputs(1, 40, 2, 16, 16, seed=4, decay=0.6)]
+    f = lambda *x: kd.dplr_delta_rule(*x, lower_bound=RWKV7_BOUND, backend="triton_chunk")  # noqa: E731
+    do = torch.randn(1, 40, 2, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    want = torch.autograd.grad(f(*rule), rule, do)
+    got = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=record)(*rule), rule, do)
+    assert len(graphs) == 1 and "expressivity.dplr_scan_fwd" in graphs[0]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_tiles_and_inputs_are_one_line_errors():
+    for tiles, match in (
+        (ScanTiles(block_v=24), "block_v must be a power of two in \\[16, 32\\], got 24"),
+        (ScanTiles(block_v=64), "block_v must be a power of two in \\[16, 32\\], got 64"),
+        (ScanTiles(warps=3), "warps must be 1, 2, 4, 8 or 16, got 3"),
+        (ScanTiles(precision="bf16"), "precision must be one of"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            tiles.resolve(16, 20)
+    assert ScanTiles().resolve(128, 128) == (128, 32, 4, "tf32x3") and ScanTiles().resolve(64, 100)[1] == 64
+    q = torch.zeros(1, 3, 1, 4, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(TypeError, match="dplr triton_chunk: inputs must be one of"):
+        triton_dplr.dplr_delta_rule(q, q, q, q, q, q)
+
+
+def test_auto_keeps_the_recurrent_kernel_for_dplr():
+    """``"auto"`` on CUDA gives ``dplr_delta_rule`` our recurrent kernel (its chunk form is untimed); the other
+    ops our chunk kernels."""
+    import types
+
+    cuda_like = types.SimpleNamespace(is_cuda=True, shape=(2, 128, 4, 16))
+    kd.fla_available.cache_clear()
+    try:
+        picks = {op: kd._auto(op, kd._AVAILABLE[op], cuda_like, False, 128, True) for op in kd._AVAILABLE}
+    finally:
+        kd.fla_available.cache_clear()
+    assert picks["dplr_delta_rule"] == "triton"
+    if not kd.fla_available():
+        assert picks["delta_rule"] == "triton_chunk"
+    assert "triton_chunk" in kd.backends("dplr_delta_rule")
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+def gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
+
+
+@pytest.mark.parametrize("L", [1, 67, 130, 1024])
+@pytest.mark.parametrize("D", [16, 32, 64, 128])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("lower_bound", [RWKV7_BOUND, None])
+@gpu
+def test_gpu_triton_chunk_equals_reference(L, D, dtype, tol, lower_bound):
+    """Lengths 1 to 1,024, head dims 16 to 128, factored (RWKV-7's bound) and pairwise decays."""
+    B, H = (2, 3) if L <= 130 else (1, 2)
+    _compare((B, L, H, D, D), dtype, tol, lower_bound, seed=L + D)
+
+
+@pytest.mark.parametrize("tiles", [ScanTiles(block_v=16), ScanTiles(warps=8), ScanTiles(precision="ieee")])
+@gpu
+def test_gpu_scan_tiles(tiles):
+    _compare((2, 300, 2, 128, 128), torch.float32, 1e-4, RWKV7_BOUND, tiles=tiles, seed=5)
+
+
+@gpu
+def test_gpu_triton_chunk_in_a_cuda_graph(graph_grads):
+    """Forward and backward captured in one CUDA graph replay what an eager call computes."""
+    xs = [x.float().cuda().requires_grad_() for x in _dplr_inputs(8, 100, 4, 32, 32, seed=1, decay=0.6)]
+    f = lambda *x: kd.dplr_delta_rule(*x, lower_bound=RWKV7_BOUND, backend="triton_chunk")  # noqa: E731
+    do = torch.randn(8, 100, 4, 32, device="cuda")
+    eager = torch.autograd.grad(f(*xs), xs, do)
+    for a, b in zip(graph_grads(f, xs, do), eager):
+        assert torch.allclose(a, b, rtol=0, atol=0)
