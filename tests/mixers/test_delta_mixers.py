@@ -351,6 +351,7 @@ GPU_CASES = [
     ("rwkv7", {}, "fla", 2e-2),
     ("rwkv7", {}, "triton", 1e-4),
     ("rwkv7", {}, "chunk", 1e-4),
+    ("rwkv7", {}, "triton_chunk", 1e-4),
 ]
 
 
@@ -450,6 +451,7 @@ def test_rwkv7_transitions_are_the_kernels_state_map():
     [
         ("deltaproduct", {"householders": 2, "signed": True, "forget_gate": True}, "triton"),
         ("rwkv7", {}, "triton"),
+        ("rwkv7", {}, "triton_chunk"),
         ("deltanet", {}, "triton"),
         ("deltaproduct", {"householders": 2, "signed": True, "forget_gate": True}, "triton_chunk"),
         ("gated_deltanet", {}, "triton_chunk"),
