@@ -85,9 +85,9 @@ def _dplr_inputs(B, L, H, K, V, seed, decay):
 
 
 def _compare(shape, dtype, tol, lower_bound, chunk=None, tiles=None, seed=0):
-    """``triton_chunk`` on ``dtype`` copies against the reference on float64 ones: output and every gradient
-    (relative to the reference's norm, gradients to at least 1% of the largest gradient's)."""
-    xs = _dplr_inputs(*shape, seed=seed, decay=-(lower_bound or -2.0))
+    """``triton_chunk`` on ``dtype`` copies against the reference on the same values in float64: output and every
+    gradient (relative to the reference's norm, gradients to at least 1% of the largest gradient's)."""
+    xs = [x.to(dtype).double() for x in _dplr_inputs(*shape, seed=seed, decay=-(lower_bound or -2.0))]
     slow = [x.to(DEVICE).requires_grad_() for x in xs]
     fast = [x.to(DEVICE, dtype).requires_grad_() for x in xs]
     with poisoned():
