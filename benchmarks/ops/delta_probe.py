@@ -1,4 +1,4 @@
-"""``python -m benchmarks.ops delta-probe {kernels,grid}``: where the delta chunk kernels' time goes.
+"""``python -m benchmarks.ops delta-probe {kernels,grid,dplr}``: where the delta chunk kernels' time goes.
 
 The delta benchmark (``python -m benchmarks.ops delta --profile``) times whole calls and lists their
 kernels; this tool launches each of ``triton_chunk``'s split kernels (the gated delta rule, one step per
@@ -9,7 +9,11 @@ token, bfloat16 inputs, ``ChunkTiles`` from ``--tiles``) on its own:
   ``bwd_grads``, ``bwd_prep``;
 - ``grid --kernel NAME``: one kernel at every ``num_warps`` x ``num_stages`` of ``--warps`` x
   ``--stages`` (the other kernels at the tiles' own), each launch's outputs first checked against the
-  tiles' own launch (relative error at most 1e-3: only the order of the float32 sums may differ).
+  tiles' own launch (relative error at most 1e-3: only the order of the float32 sums may differ);
+- ``dplr``: RWKV-7's chunk form on ``backend="triton_chunk"`` (its inputs at ``--shape``, bfloat16, RWKV-7's
+  decay bound): the inter-chunk scan kernels alone, forward and backward, at every ``block_v`` x ``num_warps``
+  of ``--block-v`` x ``--warps`` (``ScanTiles``), each checked as in ``grid`` against the default tiles;
+  then the whole call's forward and forward + backward at the default tiles, for the scan's share.
 
 A configuration Triton cannot build (shared memory) or that faults is reported on its line; a fault
 ends the process (CUDA's context is lost), so ``grid`` runs each kernel in its own call. On the CPU it
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 
 import torch
@@ -27,10 +32,14 @@ import torch.nn.functional as F
 
 from benchmarks.ops.common import time_ms
 from benchmarks.ops.delta import chunk_tiles
-from seqkernels._triton import cdiv, empty
+from seqkernels._triton import cdiv, empty, next_pow2
 from seqkernels.delta import chunk_kernels as ck
+from seqkernels.delta import pytorch as kc
 from seqkernels.delta import triton_chunk as tc
+from seqkernels.delta import triton_dplr as td
 
+#: RWKV-7's lower bound on the log decay, which the chunk form is told
+DPLR_BOUND = -math.exp(-0.5)
 KERNELS = ("prep", "fwd", "out", "bwd_state", "bwd_grads", "bwd_prep")
 #: the tensors each kernel writes (names in ``launches``' buffers), compared across ``grid``'s configurations
 WRITES = {
@@ -156,6 +165,65 @@ def probe_grid(shape, tiles, device, kernel: str, warps, stages):
         yield w, s, time_ms(lambda: launch[kernel](num_warps=w, num_stages=s), warmup=10, rep=40, device=device), ""
 
 
+def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> list[torch.Tensor]:
+    """The scan's inputs ``(U_v, W, b_end, KV_end, decay_end)`` flattened to ``(B H, NC, ...)`` as RWKV-7's
+    chunk form hands them over at ``shape`` (the delta benchmark's ``dplr`` inputs, bfloat16, its bound)."""
+    from benchmarks.ops.delta import inputs as op_inputs
+
+    B, T, H, D = shape
+    seen = []
+
+    def record(*xs):
+        seen.extend(x.reshape(-1, *x.shape[2:]).float().contiguous() for x in xs)
+        return kc.dplr_scan(*xs)
+
+    with torch.no_grad():
+        xs = op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
+        kc.dplr_delta_rule(*xs, lower_bound=DPLR_BOUND, scan=record)
+    return seen
+
+
+def probe_dplr(shape, device, block_vs, warps):
+    """Yield ``(block_v, warps, forward ms or None, backward ms or None, note)`` of the scan kernels at each
+    ``ScanTiles`` (a ``block_v`` wider than the values is skipped)."""
+    Uv, W, Be, KVe, Dd = dplr_scan_inputs(shape, device)
+    want = td._scan_fwd(Uv, W, Be, KVe, Dd)
+    gen = torch.Generator().manual_seed(1)
+    dU, dM = (torch.randn(t.shape, generator=gen).to(device) for t in want)
+    want_grads = td._scan_bwd(dU, dM, W, Be, Dd, *want)
+    widest = max(16, next_pow2(shape[3]))
+    for bv, w in itertools.product([bv for bv in block_vs if bv <= widest], warps):
+        tiles = td.ScanTiles(block_v=bv, warps=w)
+        try:
+            got = td._scan_fwd(Uv, W, Be, KVe, Dd, tiles)
+            grads = td._scan_bwd(dU, dM, W, Be, Dd, *got, tiles)
+        except Exception as e:  # noqa: BLE001 - a configuration that cannot run is a row, not the end
+            yield bv, w, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            continue
+        err = max(_rel(a, b) for a, b in zip((*got, *grads), (*want, *want_grads)))
+        if err > 1e-3:
+            yield bv, w, None, None, f"differs from the default tiles: relative error {err:.1e}"
+            continue
+        fwd = time_ms(lambda: td._scan_fwd(Uv, W, Be, KVe, Dd, tiles), warmup=10, rep=40, device=device)
+        bwd = time_ms(lambda: td._scan_bwd(dU, dM, W, Be, Dd, *got, tiles), warmup=10, rep=40, device=device)
+        yield bv, w, fwd, bwd, ""
+
+
+def time_dplr_call(shape, device) -> tuple[float, float]:
+    """``(forward ms, forward + backward ms)`` of ``dplr_delta_rule(backend="triton_chunk")`` at ``shape``."""
+    from benchmarks.ops.delta import inputs as op_inputs
+
+    xs = [x.requires_grad_() for x in op_inputs("dplr", *shape, torch.bfloat16, device)]
+    do = torch.randn(xs[2].shape, device=device, dtype=xs[2].dtype)
+
+    def both():
+        torch.autograd.grad(td.dplr_delta_rule(*xs, lower_bound=DPLR_BOUND), xs, do)
+
+    with torch.no_grad():
+        fwd = time_ms(lambda: td.dplr_delta_rule(*xs, lower_bound=DPLR_BOUND), warmup=10, rep=40, device=device)
+    return fwd, time_ms(both, warmup=10, rep=40, device=device)
+
+
 def _ints(text: str, what: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(","))
@@ -166,30 +234,42 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ops delta-probe", description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("kernels", "grid"), help="what to probe (see the module docstring)")
+    p.add_argument("part", choices=("kernels", "grid", "dplr"), help="what to probe (see the module docstring)")
     p.add_argument("--shape", default="8x2048x16x128", help="BxLxHxD (default 8x2048x16x128)")
     p.add_argument("--tiles", default="precision=bf16", help="ChunkTiles fields (default precision=bf16)")
     p.add_argument("--kernel", choices=KERNELS, help="grid: the kernel to launch at each configuration")
     p.add_argument("--warps", default="4,8", help="grid: comma-separated num_warps (default 4,8)")
     p.add_argument("--stages", default="1,2,3,4", help="grid: comma-separated num_stages (default 1,2,3,4)")
+    p.add_argument("--block-v", default="16,32,64", help="dplr: comma-separated block_v (default 16,32,64)")
     args = p.parse_args(argv)
     shape, tiles = parse_shape(args.shape), chunk_tiles(args.tiles)
     if args.part == "grid" and args.kernel is None:
         raise SystemExit(f"error: grid needs --kernel, one of {', '.join(KERNELS)}")
-    warps, stages = _ints(args.warps, "--warps"), _ints(args.stages, "--stages")
+    warps, stages, block_vs = (
+        _ints(args.warps, "--warps"),
+        _ints(args.stages, "--stages"),
+        _ints(args.block_v, "--block-v"),
+    )
     if torch.cuda.is_available():
         device = "cuda"
     elif os.environ.get("TRITON_INTERPRET") == "1":
         device = "cpu"
     else:
         raise SystemExit("error: the delta probe needs a CUDA GPU (or TRITON_INTERPRET=1 on the CPU)")
+    on = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    if args.part == "dplr":
+        where = f"{'x'.join(map(str, shape))} on {on}"
+        for bv, w, fwd, bwd, note in probe_dplr(shape, device, block_vs, warps):
+            result = f"forward {fwd:.4f} backward {bwd:.4f} ms" if fwd is not None else note
+            print(f"delta-probe dplr scan {where} block_v={bv} warps={w}: {result}", flush=True)
+        fwd, both = time_dplr_call(shape, device)
+        print(f"delta-probe dplr call {where} (default tiles): forward {fwd:.4f} fwd+bwd {both:.4f} ms", flush=True)
+        return
     try:
         tiles.resolve(shape[1], shape[3], shape[3], torch.bfloat16)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    where = (
-        f"{'x'.join(map(str, shape))} [{args.tiles}] on {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}"
-    )
+    where = f"{'x'.join(map(str, shape))} [{args.tiles}] on {on}"
     if args.part == "kernels":
         rows = probe_kernels(shape, tiles, device)
         print(f"delta-probe kernels {where}: " + "  ".join(f"{n} {ms:.4f}" for n, ms in rows) + " ms", flush=True)

@@ -9,6 +9,7 @@ import torch
 from benchmarks.ops import delta_probe
 from benchmarks.ops.__main__ import main
 from seqkernels.delta import chunk_kernels as ck
+from seqkernels.delta import pytorch as kc
 from seqkernels.delta import triton_chunk as tc
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,3 +74,46 @@ def test_bad_arguments_are_one_line_errors(capsys):
         main(["delta-probe", "grid", "--kernel", "out", "--warps", "4,x"])
     with pytest.raises(SystemExit, match="unknown field 'chunks'"):
         main(["delta-probe", "kernels", "--tiles", "chunks=64"])
+
+
+@needs_kernels
+def test_dplr_scan_inputs_are_what_the_chunk_form_hands_over():
+    """The scan's inputs the probe builds, run through the scan and the rest of the chunk form by hand, give
+    the op's output: they are the call's own hand-over (flattened to ``(B H, NC, ...)``)."""
+    from benchmarks.ops.delta import inputs as op_inputs
+    from seqkernels import delta as kd
+    from seqkernels.delta import triton_dplr as td
+
+    shape = (1, 70, 2, 16)
+    Uv, W, Be, KVe, Dd = delta_probe.dplr_scan_inputs(shape, DEVICE)
+    assert Uv.shape == (2, 2, 64, 16) and W.shape == Be.shape == (2, 2, 64, 16) and Dd.shape == (2, 2, 16)
+    U, M = td._scan_fwd(Uv, W, Be, KVe, Dd)
+    handed = iter([U.reshape(1, 2, 2, 64, 16), M.reshape(1, 2, 2, 16, 16)])
+    xs = op_inputs("dplr", *shape, torch.bfloat16, DEVICE)
+    rebuilt = kc.dplr_delta_rule(*xs, lower_bound=delta_probe.DPLR_BOUND, scan=lambda *_: (next(handed), next(handed)))
+    want = kd.dplr_delta_rule(*(x.double() for x in xs), backend="reference")
+    assert float((rebuilt.double() - want).norm() / want.norm()) < 1e-2  # bfloat16 output
+
+
+@needs_kernels
+def test_dplr_probe_times_each_tiles_and_flags_one_that_computes_something_else(monkeypatch):
+    from seqkernels.delta import triton_dplr as td
+
+    class Shifted:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def run(*args, **options):
+                self.kernel[grid](*args, **options)
+                if options.get("num_warps") == 2:
+                    args[5].add_(1.0)  # U
+
+            return run
+
+    monkeypatch.setattr(td, "dplr_scan_fwd_kernel", Shifted(td.dplr_scan_fwd_kernel))
+    rows = list(delta_probe.probe_dplr((1, 40, 1, 16), DEVICE, (16, 32), (4, 2)))
+    assert [(bv, w) for bv, w, *_ in rows] == [(16, 4), (16, 2)]  # block_v 32 is wider than the 16 values
+    (_, _, fwd4, bwd4, note4), (_, _, fwd2, _, note2) = rows
+    assert fwd4 > 0 and bwd4 > 0 and note4 == ""
+    assert fwd2 is None and "differs from the default tiles" in note2
