@@ -76,7 +76,7 @@ log = logging.getLogger("benchmarks.ops.delta")
 OPS = ("delta", "gated", "product", "dplr")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: (shape BxLxHxD, dtype, ops) of the main section: the state-tracking training batch in float32, fla's
-#: benchmark shapes (B 8, T 2,048-8,192, H 16, D 64/128) in bfloat16
+#: benchmark shapes (B 8, T 2,048-8,192, H 16, D 64/128) in bfloat16, RWKV-7's dplr at the first of them
 MAIN = [("256x128x4x16", "fp32", "product,gated,delta,dplr")] + [
     (f"8x{T}x16x{D}", "bf16", "gated,delta,dplr" if (T, D) == (2048, 64) else "gated,delta")
     for D in (64, 128)
