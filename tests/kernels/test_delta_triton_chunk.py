@@ -127,6 +127,7 @@ def test_triton_chunk_bfloat16_intermediates():
         ("gated_delta_rule", (1, 70, 2, 64, 64), ChunkTiles(precision="bf16")),  # chunks of 64, bf16 kept
         ("gated_delta_rule", (1, 70, 1, 128, 128), ChunkTiles(precision="bf16")),  # two value blocks
         ("delta_rule", (1, 70, 1, 128, 32), ChunkTiles(precision="bf16")),  # one value block of 32: chunks of 32
+        ("gated_delta_rule", (1, 70, 2, 32, 32), ChunkTiles(chunk=64, precision="bf16")),  # below 64: 8 warps
         ("gated_delta_rule", (1, 45, 1, 40, 24), ChunkTiles(precision="bf16", store="fp32", chunk=16)),
         ("gated_delta_product", (1, 37, 1, 32, 32), ChunkTiles(precision="bf16", block_v=16)),
         ("delta_rule", (1, 37, 1, 32, 32), ChunkTiles(precision="bf16", fused=True)),
