@@ -74,6 +74,8 @@ from seqkernels.delta import triton_chunk
 
 log = logging.getLogger("benchmarks.ops.delta")
 OPS = ("delta", "gated", "product", "dplr")
+#: RWKV-7's lower bound on the log decay: the ``dplr`` inputs' decays lie above it, and every call is told it
+DPLR_LOWER_BOUND = -math.exp(-0.5)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: (shape BxLxHxD, dtype, ops) of the main section: the state-tracking training batch in float32, fla's
 #: benchmark shapes (B 8, T 2,048-8,192, H 16, D 64/128) in bfloat16, RWKV-7's dplr at the first of them
@@ -102,7 +104,7 @@ def inputs(op: str, batch: int, L: int, H: int, D: int, dtype: torch.dtype, devi
         xs = [q, k, v, beta]
     else:
         kk = F.normalize(r(batch, L, H, D), dim=-1)
-        xs = [q, 0.3 * k, v, -kk, kk * u(batch, L, H, D), -math.exp(-0.5) * u(batch, L, H, D)]
+        xs = [q, 0.3 * k, v, -kk, kk * u(batch, L, H, D), DPLR_LOWER_BOUND * u(batch, L, H, D)]
     # q, k, v (and a, b) in the dtype; beta, g and RWKV-7's w stay float32
     return [x.to(dtype) if x.dim() >= 4 and not (op == "dplr" and i == len(xs) - 1) else x for i, x in enumerate(xs)]
 
@@ -130,7 +132,7 @@ def call(op: str, backend: str):
         return lambda *t: kd.gated_delta_rule(*t, qk_l2norm=True, backend=backend)
     if op == "product":
         return lambda *t: kd.delta_product(*t, qk_l2norm=True, backend=backend)
-    return lambda *t: kd.dplr_delta_rule(*t, lower_bound=-math.exp(-0.5), backend=backend)
+    return lambda *t: kd.dplr_delta_rule(*t, lower_bound=DPLR_LOWER_BOUND, backend=backend)
 
 
 def _chunk(op: str, tiles: triton_chunk.ChunkTiles):

@@ -24,22 +24,20 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import os
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.ops.common import time_ms
-from benchmarks.ops.delta import chunk_tiles
+from benchmarks.ops.delta import DPLR_LOWER_BOUND, call, chunk_tiles
+from benchmarks.ops.delta import inputs as op_inputs
 from seqkernels._triton import cdiv, empty, next_pow2
 from seqkernels.delta import chunk_kernels as ck
 from seqkernels.delta import pytorch as kc
 from seqkernels.delta import triton_chunk as tc
 from seqkernels.delta import triton_dplr as td
 
-#: RWKV-7's lower bound on the log decay, which the chunk form is told
-DPLR_BOUND = -math.exp(-0.5)
 KERNELS = ("prep", "fwd", "out", "bwd_state", "bwd_grads", "bwd_prep")
 #: the tensors each kernel writes (names in ``launches``' buffers), compared across ``grid``'s configurations
 WRITES = {
@@ -168,8 +166,6 @@ def probe_grid(shape, tiles, device, kernel: str, warps, stages):
 def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> list[torch.Tensor]:
     """The scan's inputs ``(U_v, W, b_end, KV_end, decay_end)`` flattened to ``(B H, NC, ...)`` as RWKV-7's
     chunk form hands them over at ``shape`` (the delta benchmark's ``dplr`` inputs, bfloat16, its bound)."""
-    from benchmarks.ops.delta import inputs as op_inputs
-
     B, T, H, D = shape
     seen = []
 
@@ -179,7 +175,7 @@ def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> list[torc
 
     with torch.no_grad():
         xs = op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
-        kc.dplr_delta_rule(*xs, lower_bound=DPLR_BOUND, scan=record)
+        kc.dplr_delta_rule(*xs, lower_bound=DPLR_LOWER_BOUND, scan=record)
     return seen
 
 
@@ -210,18 +206,14 @@ def probe_dplr(shape, device, block_vs, warps):
 
 
 def time_dplr_call(shape, device) -> tuple[float, float]:
-    """``(forward ms, forward + backward ms)`` of ``dplr_delta_rule(backend="triton_chunk")`` at ``shape``."""
-    from benchmarks.ops.delta import inputs as op_inputs
-
+    """``(forward ms, forward + backward ms)`` of ``dplr_delta_rule(backend="triton_chunk")`` at ``shape``, as
+    the delta benchmark calls it."""
+    fn = call("dplr", "triton_chunk")
     xs = [x.requires_grad_() for x in op_inputs("dplr", *shape, torch.bfloat16, device)]
     do = torch.randn(xs[2].shape, device=device, dtype=xs[2].dtype)
-
-    def both():
-        torch.autograd.grad(td.dplr_delta_rule(*xs, lower_bound=DPLR_BOUND), xs, do)
-
     with torch.no_grad():
-        fwd = time_ms(lambda: td.dplr_delta_rule(*xs, lower_bound=DPLR_BOUND), warmup=10, rep=40, device=device)
-    return fwd, time_ms(both, warmup=10, rep=40, device=device)
+        fwd = time_ms(lambda: fn(*xs), warmup=10, rep=40, device=device)
+    return fwd, time_ms(lambda: torch.autograd.grad(fn(*xs), xs, do), warmup=10, rep=40, device=device)
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:

@@ -89,18 +89,13 @@ if _rec is not None:  # "triton" after the PyTorch forms, before fla's
         _AVAILABLE[_op] = {**{k: f for k, f in _fns.items() if k not in _fast}, "triton": getattr(_rec, _op), **_fast}
     del _op, _fns, _fast
 if _tchunk is not None:  # "triton_chunk" after "triton", before fla's
-    for _op in ("delta_rule", "gated_delta_rule", "delta_product"):
+    _chunked = {op: getattr(_tchunk, op) for op in ("delta_rule", "gated_delta_rule", "delta_product")}
+    for _op, _fn in {**_chunked, "dplr_delta_rule": _tdplr.dplr_delta_rule}.items():
         _fns = _AVAILABLE[_op]
         _fast = {k: f for k, f in _fns.items() if k.startswith("fla")}
         _slow = {k: f for k, f in _fns.items() if k not in _fast}
-        _AVAILABLE[_op] = {**_slow, "triton_chunk": getattr(_tchunk, _op), **_fast}
-    _fns = _AVAILABLE["dplr_delta_rule"]
-    _AVAILABLE["dplr_delta_rule"] = {
-        **{k: f for k, f in _fns.items() if k != "fla"},
-        "triton_chunk": _tdplr.dplr_delta_rule,
-        "fla": _fns["fla"],
-    }
-    del _op, _fns, _fast, _slow
+        _AVAILABLE[_op] = {**_slow, "triton_chunk": _fn, **_fast}
+    del _chunked, _op, _fn, _fns, _fast, _slow
 
 
 @functools.cache

@@ -11,6 +11,7 @@ graph captures it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -115,6 +116,12 @@ def _(dU, dM_in, W, Be, D, U, M_in):
     return torch.empty_like(dU), torch.empty_like(W), torch.empty_like(Be), torch.empty_like(M_in), torch.empty_like(D)
 
 
+def _output_grads(dU, dM_in, U, M_in) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of ``U`` and ``M_in`` as the backward kernel reads them: contiguous, zeros where absent."""
+    dU = torch.zeros_like(U) if dU is None else dU.contiguous()
+    return dU, torch.zeros_like(M_in) if dM_in is None else dM_in.contiguous()
+
+
 def _setup_context(ctx, inputs, output):
     Uv, W, Be, KVe, D = inputs
     ctx.save_for_backward(W, Be, D, *output)
@@ -122,9 +129,7 @@ def _setup_context(ctx, inputs, output):
 
 def _grad(ctx, dU, dM_in):
     W, Be, D, U, M_in = ctx.saved_tensors
-    dU = torch.zeros_like(U) if dU is None else dU.contiguous()
-    dM_in = torch.zeros_like(M_in) if dM_in is None else dM_in.contiguous()
-    return dplr_scan_bwd(dU, dM_in, W, Be, D, U, M_in)
+    return dplr_scan_bwd(*_output_grads(dU, dM_in, U, M_in), W, Be, D, U, M_in)
 
 
 dplr_scan_fwd.register_autograd(_grad, setup_context=_setup_context)
@@ -143,9 +148,7 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dU, dM_in):
         W, Be, D, U, M_in = ctx.saved_tensors
-        dU = torch.zeros_like(U) if dU is None else dU.contiguous()
-        dM_in = torch.zeros_like(M_in) if dM_in is None else dM_in.contiguous()
-        return (None, *_scan_bwd(dU, dM_in, W, Be, D, U, M_in, ctx.tiles))
+        return (None, *_scan_bwd(*_output_grads(dU, dM_in, U, M_in), W, Be, D, U, M_in, ctx.tiles))
 
 
 def dplr_scan(U_v, W, b_end, KV_end, decay_end, *, tiles: ScanTiles | None = None):
@@ -170,9 +173,6 @@ def dplr_delta_rule(
         raise TypeError(f"dplr triton_chunk: inputs must be one of {KERNEL_DTYPES} or float64, got {q.dtype}")
     out_dtype = q.dtype
     q, k, v, a, b, w = kernel_dtype(q, k, v, a, b, w)
-
-    def scan(*xs):
-        return dplr_scan(*xs, tiles=tiles)
-
+    scan = functools.partial(dplr_scan, tiles=tiles)
     o = pytorch.dplr_delta_rule(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound, chunk=chunk, scan=scan)
     return o.to(out_dtype)

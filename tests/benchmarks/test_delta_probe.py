@@ -37,17 +37,17 @@ def test_the_probe_launches_what_the_forward_and_backward_launch():
 
 
 class _Shifted:
-    """A kernel that runs the real one, then shifts its output at 8 warps (a configuration that computes
-    something else)."""
+    """A kernel that runs the real one, then shifts its sixth argument (an output: the chunk kernels' ``o``,
+    the DPLR scan's ``U``) at ``warps`` warps (a configuration that computes something else)."""
 
-    def __init__(self, kernel):
-        self.kernel = kernel
+    def __init__(self, kernel, warps=8):
+        self.kernel, self.warps = kernel, warps
 
     def __getitem__(self, grid):
         def run(*args, **options):
             self.kernel[grid](*args, **options)
-            if options.get("num_warps") == 8:
-                args[5].add_(1.0)  # o
+            if options.get("num_warps") == self.warps:
+                args[5].add_(1.0)
 
         return run
 
@@ -90,7 +90,9 @@ def test_dplr_scan_inputs_are_what_the_chunk_form_hands_over():
     U, M = td._scan_fwd(Uv, W, Be, KVe, Dd)
     handed = iter([U.reshape(1, 2, 2, 64, 16), M.reshape(1, 2, 2, 16, 16)])
     xs = op_inputs("dplr", *shape, torch.bfloat16, DEVICE)
-    rebuilt = kc.dplr_delta_rule(*xs, lower_bound=delta_probe.DPLR_BOUND, scan=lambda *_: (next(handed), next(handed)))
+    rebuilt = kc.dplr_delta_rule(
+        *xs, lower_bound=delta_probe.DPLR_LOWER_BOUND, scan=lambda *_: (next(handed), next(handed))
+    )
     want = kd.dplr_delta_rule(*(x.double() for x in xs), backend="reference")
     assert float((rebuilt.double() - want).norm() / want.norm()) < 1e-2  # bfloat16 output
 
@@ -99,19 +101,7 @@ def test_dplr_scan_inputs_are_what_the_chunk_form_hands_over():
 def test_dplr_probe_times_each_tiles_and_flags_one_that_computes_something_else(monkeypatch):
     from seqkernels.delta import triton_dplr as td
 
-    class Shifted:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def run(*args, **options):
-                self.kernel[grid](*args, **options)
-                if options.get("num_warps") == 2:
-                    args[5].add_(1.0)  # U
-
-            return run
-
-    monkeypatch.setattr(td, "dplr_scan_fwd_kernel", Shifted(td.dplr_scan_fwd_kernel))
+    monkeypatch.setattr(td, "dplr_scan_fwd_kernel", _Shifted(td.dplr_scan_fwd_kernel, warps=2))
     rows = list(delta_probe.probe_dplr((1, 40, 1, 16), DEVICE, (16, 32), (4, 2)))
     assert [(bv, w) for bv, w, *_ in rows] == [(16, 4), (16, 2)]  # block_v 32 is wider than the 16 values
     (_, _, fwd4, bwd4, note4), (_, _, fwd2, _, note2) = rows

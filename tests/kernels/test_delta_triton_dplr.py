@@ -7,29 +7,23 @@ autograd and ``torch.compile``. On the CPU in the interpreter at small shapes; o
 up to 1,024 and head dims 16 to 128, in float32 and bfloat16, in a CUDA graph.
 """
 
-import math
-
 import pytest
 import torch
-import torch.nn.functional as F
 
 from seqkernels import delta as kd
 from seqkernels._triton import poisoned, triton_available
 from seqkernels.delta import pytorch as kc
 from seqkernels.delta import triton_dplr
 from seqkernels.delta.triton_dplr import ScanTiles, dplr_scan_bwd, dplr_scan_fwd
+from tests.kernels.test_delta import RWKV7_BOUND
+from tests.kernels.test_delta import _dplr_inputs as _leaf_inputs
+from tests.kernels.test_delta_triton_chunk import rel
 
 F64 = torch.float64
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     not triton_available(torch.empty(0, device=DEVICE)), reason="needs CUDA or TRITON_INTERPRET=1"
 )
-RWKV7_BOUND = -math.exp(-0.5)
-
-
-def rel(x, y, floor=0.0):
-    x, y = x.detach().double(), y.detach().double()
-    return float((x - y).norm() / max(float(y.norm()), floor, 1e-30))
 
 
 def _scan_inputs(lead, NC, C, K, V, seed):
@@ -74,14 +68,9 @@ def test_scan_equals_the_loop_with_gradients(lead, NC, C, K, V, tiles):
 
 
 def _dplr_inputs(B, L, H, K, V, seed, decay):
-    """RWKV-7's DPLR inputs (``a = -kk``, ``b = kk * lr``), log decays in ``[-decay, 0]``, float64 on the CPU."""
-    gen = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
-    q, k, v = r(B, L, H, K), r(B, L, H, K), r(B, L, H, V)
-    kk = F.normalize(r(B, L, H, K), dim=-1)
-    lr = torch.rand(B, L, H, K, generator=gen, dtype=F64)
-    w = -decay * torch.rand(B, L, H, K, generator=gen, dtype=F64)
-    return [q, k, v, -kk, kk * lr, w]
+    """``test_delta``'s RWKV-7 DPLR inputs (``a = -kk``, ``b = kk * lr``, log decays in ``[-decay, 0]``),
+    float64 on the CPU, detached."""
+    return [x.detach() for x in _leaf_inputs(B, L, H, K, V, seed, decay)]
 
 
 def _compare(shape, dtype, tol, lower_bound, chunk=None, tiles=None, seed=0):
