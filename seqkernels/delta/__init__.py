@@ -26,7 +26,7 @@ Backends:
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
 - ``"auto"``: the fastest measured on CUDA (``resolve_backend``): ``"fla"`` where fla is importable, but
-  ours (``"triton_chunk"``; ``"triton"`` for ``dplr_delta_rule``, whose chunk form is untimed) for narrow
+  ours (``"triton_chunk"``; ``"triton"`` for ``dplr_delta_rule``, whose chunk form is the slower there) for narrow
   heads over short recurrences, and over longer ones where fla's own path is slow (``dplr_delta_rule``;
   a gated op whose backward fla refuses here when its stand-in runs in PyTorch, see ``fla_gated_bwd``);
   without fla ``"triton_chunk"`` (``"triton"`` for ``dplr_delta_rule``). Off CUDA ``"chunk"``

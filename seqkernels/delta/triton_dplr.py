@@ -27,18 +27,22 @@ SCAN_PRECISIONS = ("ieee", "tf32", "tf32x3")
 class ScanTiles:
     """Launch parameters of the scan kernels; ``None`` takes the default.
 
-    ``block_v``: value columns of the state per program, a power of two (default every column up to 64 at
-    keys up to 64 wide, else up to 32); ``warps`` (default 4); ``precision``: every product's
-    ``input_precision``, one of ``SCAN_PRECISIONS`` (default ``"tf32x3"``, float32-accurate)."""
+    ``block_v``: value columns of the state per program, a power of two (default every column up to 64 where
+    a chunk's ``(C, K)`` tile holds fewer than 64 x 128 entries, else 16: a wider block there needs more than
+    an H100's 227 KiB of shared memory with ``"tf32x3"`` products); ``warps`` (default 4; at most 4 for
+    blocks of 16 with tensor-core products: the backward kernel faults there at 8 warps on an H100 with
+    Triton 3.6, ``"ieee"`` does not); ``precision``: every product's ``input_precision``, one of
+    ``SCAN_PRECISIONS`` (default ``"tf32x3"``, float32-accurate).
+    """
 
     block_v: int | None = None
     warps: int | None = None
     precision: str | None = None
 
-    def resolve(self, K: int, V: int) -> tuple[int, int, int, str]:
-        """``(BK, BV, warps, precision)`` for keys of width ``K`` and values of width ``V``."""
+    def resolve(self, C: int, K: int, V: int) -> tuple[int, int, int, str]:
+        """``(BK, BV, warps, precision)`` for chunks of ``C`` steps, keys ``K`` and values ``V`` wide."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
-        BV = self.block_v or min(VP, 64 if BK <= 64 else 32)
+        BV = self.block_v or min(VP, 64 if max(16, next_pow2(C)) * BK < 64 * 128 else 16)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"dplr triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
         warps = self.warps or 4
@@ -47,13 +51,17 @@ class ScanTiles:
         precision = self.precision or "tf32x3"
         if precision not in SCAN_PRECISIONS:
             raise ValueError(f"dplr triton_chunk: precision must be one of {SCAN_PRECISIONS}, got {precision!r}")
+        if BV == 16 and warps > 4 and precision != "ieee":
+            raise ValueError(
+                f"dplr triton_chunk: block_v 16 takes at most 4 warps with {precision} products, got {warps}"
+            )
         return BK, BV, warps, precision
 
 
 def _meta(W: torch.Tensor, V: int, tiles: ScanTiles | None) -> tuple[int, dict]:
     """``(NV, launch keywords)`` for chunk tensors like ``W (BH, NC, C, K)`` and values ``V`` wide."""
     C, K = W.shape[-2:]
-    BK, BV, warps, precision = (tiles or ScanTiles()).resolve(K, V)
+    BK, BV, warps, precision = (tiles or ScanTiles()).resolve(C, K, V)
     meta = {"C": C, "K": K, "V": V, "BC": max(16, next_pow2(C)), "BK": BK, "BV": BV, "PREC": precision}
     return cdiv(V, BV), {**meta, "num_warps": warps}
 

@@ -153,18 +153,21 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
         (ScanTiles(block_v=64), "block_v must be a power of two in \\[16, 32\\], got 64"),
         (ScanTiles(warps=3), "warps must be 1, 2, 4, 8 or 16, got 3"),
         (ScanTiles(precision="bf16"), "precision must be one of"),
+        (ScanTiles(block_v=16, warps=8), "block_v 16 takes at most 4 warps with tf32x3 products, got 8"),
+        (ScanTiles(block_v=16, warps=16, precision="tf32"), "block_v 16 takes at most 4 warps with tf32 products"),
     ):
         with pytest.raises(ValueError, match=match):
-            tiles.resolve(16, 20)
-    assert ScanTiles().resolve(128, 128) == (128, 32, 4, "tf32x3") and ScanTiles().resolve(64, 100)[1] == 64
+            tiles.resolve(16, 16, 20)
+    assert ScanTiles().resolve(64, 128, 128) == (128, 16, 4, "tf32x3") and ScanTiles().resolve(16, 128, 100)[1] == 64
+    assert ScanTiles().resolve(64, 64, 100)[1] == 64 and ScanTiles().resolve(33, 128, 40)[1] == 16
     q = torch.zeros(1, 3, 1, 4, dtype=torch.int32, device=DEVICE)
     with pytest.raises(TypeError, match="dplr triton_chunk: inputs must be one of"):
         triton_dplr.dplr_delta_rule(q, q, q, q, q, q)
 
 
 def test_auto_keeps_the_recurrent_kernel_for_dplr():
-    """``"auto"`` on CUDA gives ``dplr_delta_rule`` our recurrent kernel (its chunk form is untimed); the other
-    ops our chunk kernels."""
+    """``"auto"`` on CUDA gives ``dplr_delta_rule`` our recurrent kernel (its chunk form is the slower at short
+    lengths); the other ops our chunk kernels."""
     import types
 
     cuda_like = types.SimpleNamespace(is_cuda=True, shape=(2, 128, 4, 16))
@@ -197,10 +200,19 @@ def test_gpu_triton_chunk_equals_reference(L, D, dtype, tol, lower_bound):
     _compare((B, L, H, D, D), dtype, tol, lower_bound, seed=L + D)
 
 
-@pytest.mark.parametrize("tiles", [ScanTiles(block_v=16), ScanTiles(warps=8), ScanTiles(precision="ieee")])
+@pytest.mark.parametrize(
+    "D,tiles",
+    [
+        (128, ScanTiles(block_v=16, warps=2)),
+        (128, ScanTiles(block_v=32, precision="ieee")),  # 32 columns fit shared memory at chunks of 64 with ieee
+        (128, ScanTiles(block_v=16, warps=8, precision="ieee")),
+        (64, ScanTiles(block_v=32, warps=8)),
+        (64, ScanTiles(block_v=64, warps=8)),
+    ],
+)
 @gpu
-def test_gpu_scan_tiles(tiles):
-    _compare((2, 300, 2, 128, 128), torch.float32, 1e-4, RWKV7_BOUND, tiles=tiles, seed=5)
+def test_gpu_scan_tiles(D, tiles):
+    _compare((2, 300, 2, D, D), torch.float32, 1e-4, RWKV7_BOUND, tiles=tiles, seed=5)
 
 
 @gpu
