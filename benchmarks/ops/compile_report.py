@@ -16,7 +16,9 @@ under Triton 3.6 on an H100 (ungated, keys 80, values 72).
 - ``delta``: the recurrent, chunk and ``chunk_bwd_dqkwg`` kernels at ``--delta-shapes`` (``DTYPE,T,D``)
   with the default tiles, or the chunk kernels' ``--delta-tiles`` (as ``delta``'s ``--chunk-tiles``:
   ``precision=bf16`` compiles them with bfloat16 products and intermediates); the chunk kernels as the
-  mixers call them, ``q`` and ``k`` normalized in float32 (``delta_kernels``).
+  mixers call them, ``q`` and ``k`` normalized in float32 (``delta_kernels``); and RWKV-7's DPLR kernels
+  at the same shapes under its decay bound: the inter-chunk scan and the fused per-chunk kernels
+  (``dplr_kernels``).
 """
 
 from __future__ import annotations
@@ -332,6 +334,35 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     return [(f"delta {dt} T={T} D={D} {name}", kernel, _delta_args(kernel, dtype, **c)) for name, kernel, c in cases]
 
 
+def dplr_kernels(dtype: torch.dtype, T: int, D: int):
+    """``(name, kernel, args)`` of RWKV-7's DPLR chunk kernels at head dim ``D`` and ``T`` steps under its decay
+    bound, as ``triton_dplr`` launches them with the default tiles: the inter-chunk scan, forward and
+    backward, and (heads up to ``FUSED_MAX_HEAD_DIM``) the fused per-chunk kernels, inputs in ``dtype``."""
+    from benchmarks.ops.delta import DPLR_LOWER_BOUND
+    from seqkernels.delta import dplr_chunk_kernels as dk
+    from seqkernels.delta import dplr_scan_kernels as sk
+    from seqkernels.delta import triton_dplr as td
+
+    C = td.fused_chunk(T, DPLR_LOWER_BOUND, None)
+    _, scan = td._meta(torch.empty(1, 1, C, D, device="meta"), D, None)
+    cases = [("dplr scan fwd", sk.dplr_scan_fwd_kernel, scan), ("dplr scan bwd", sk.dplr_scan_bwd_kernel, scan)]
+    if D <= td.FUSED_MAX_HEAD_DIM:
+        q = torch.empty(1, T, 1, D, device="meta", dtype=dtype)
+        meta = td._chunk_meta(q, q, C, None)[-1]
+        cases += [
+            ("dplr chunk prep", dk.dplr_prep_kernel, meta),
+            ("dplr chunk out", dk.dplr_out_kernel, meta),
+            ("dplr chunk out bwd", dk.dplr_out_bwd_kernel, meta),
+            ("dplr chunk prep bwd", dk.dplr_prep_bwd_kernel, meta),
+        ]
+    dt = _TY[dtype]
+    ints = dict.fromkeys(("NC", "K", "V", "BH"), "i32")
+    return [
+        (f"dplr {dt} T={T} D={D} C={C} {name}", kernel, _delta_args(kernel, dtype, types=ints, **c))
+        for name, kernel, c in cases
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ops compile", description=__doc__.splitlines()[0])
     p.add_argument("--families", default="scan,mlstm,delta")
@@ -373,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         for item in a.delta_shapes.split(";"):
             dt, T, D = item.split(",")
             kernels += delta_kernels(dtypes[dt], int(T), int(D), chunk_tiles(a.delta_tiles))
+            kernels += dplr_kernels(dtypes[dt], int(T), int(D))
     bad = 0
     for name, kernel, args in kernels:
         try:

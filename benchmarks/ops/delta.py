@@ -272,7 +272,11 @@ def implementations(
             if impl_tiles is not None:
                 impls[name] = (_chunk(op, impl_tiles), contextlib.nullcontext, note)
     else:
-        impls["ours-triton-chunk"] = (call(op, "triton_chunk"), contextlib.nullcontext, "PyTorch chunks, scan on chip")
+        impls["ours-triton-chunk"] = (
+            call(op, "triton_chunk"),
+            contextlib.nullcontext,
+            "fused chunk kernels, scan on chip",
+        )
     impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from seqkernels.delta import fla_gated_bwd

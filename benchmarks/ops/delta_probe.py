@@ -13,7 +13,9 @@ token, bfloat16 inputs, ``ChunkTiles`` from ``--tiles``) on its own:
 - ``dplr``: RWKV-7's chunk form on ``backend="triton_chunk"`` (its inputs at ``--shape``, bfloat16, RWKV-7's
   decay bound): the inter-chunk scan kernels alone, forward and backward, at every ``block_v`` x ``num_warps``
   of ``--block-v`` x ``--warps`` (``ScanTiles``), each checked as in ``grid`` against the default tiles;
-  then the whole call's forward and forward + backward at the default tiles, for the scan's share.
+  then the whole call's forward and forward + backward at its defaults, for the scan's share, and at each
+  chunk size x precision of ``--chunks`` x ``--precisions`` (the fused kernels' and the scan's products),
+  each with its largest relative error against the defaults' output and gradients.
 
 A configuration Triton cannot build (shared memory) or that faults is reported on its line; a fault
 ends the process (CUDA's context is lost), so ``grid`` runs each kernel in its own call. On the CPU it
@@ -205,15 +207,34 @@ def probe_dplr(shape, device, block_vs, warps):
         yield bv, w, fwd, bwd, ""
 
 
-def time_dplr_call(shape, device) -> tuple[float, float]:
-    """``(forward ms, forward + backward ms)`` of ``dplr_delta_rule(backend="triton_chunk")`` at ``shape``, as
-    the delta benchmark calls it."""
-    fn = call("dplr", "triton_chunk")
+def time_dplr_calls(shape, device, chunks, precisions):
+    """Yield ``(chunk, precision, forward ms, forward + backward ms, relative error)`` of
+    ``dplr_delta_rule(backend="triton_chunk")`` at ``shape`` (bfloat16 inputs, RWKV-7's bound): first at its
+    defaults (``chunk`` and ``precision`` ``None``), then at each chunk x ``ScanTiles.precision``; the error
+    is the largest over the output and every gradient against the defaults' (0 for the defaults)."""
     xs = [x.requires_grad_() for x in op_inputs("dplr", *shape, torch.bfloat16, device)]
     do = torch.randn(xs[2].shape, device=device, dtype=xs[2].dtype)
-    with torch.no_grad():
-        fwd = time_ms(lambda: fn(*xs), warmup=10, rep=40, device=device)
-    return fwd, time_ms(lambda: torch.autograd.grad(fn(*xs), xs, do), warmup=10, rep=40, device=device)
+
+    def run(fn):
+        with torch.no_grad():
+            fwd = time_ms(lambda: fn(*xs), warmup=10, rep=40, device=device)
+        both = time_ms(lambda: torch.autograd.grad(fn(*xs), xs, do), warmup=10, rep=40, device=device)
+        o = fn(*xs)
+        return fwd, both, [o.detach().float(), *(g.float() for g in torch.autograd.grad(o, xs, do))]
+
+    fwd, both, want = run(call("dplr", "triton_chunk"))
+    yield None, None, fwd, both, 0.0
+    for C, prec in itertools.product(chunks, precisions):
+        tiles = td.ScanTiles(precision=prec)
+        fn = lambda *t, C=C, tiles=tiles: td.dplr_delta_rule(  # noqa: E731
+            *t, lower_bound=DPLR_LOWER_BOUND, chunk=C, tiles=tiles
+        )
+        try:
+            fwd, both, got = run(fn)
+        except Exception as e:  # noqa: BLE001 - a configuration that cannot run is a row, not the end
+            yield C, prec, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            continue
+        yield C, prec, fwd, both, max(_rel(a, b) for a, b in zip(got, want))
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -233,15 +254,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warps", default="4,8", help="grid: comma-separated num_warps (default 4,8)")
     p.add_argument("--stages", default="1,2,3,4", help="grid: comma-separated num_stages (default 1,2,3,4)")
     p.add_argument("--block-v", default="16,32,64", help="dplr: comma-separated block_v (default 16,32,64)")
+    p.add_argument("--chunks", default="16,32,64", help="dplr: comma-separated chunk sizes (default 16,32,64)")
+    p.add_argument(
+        "--precisions", default="tf32x3,tf32", help="dplr: comma-separated ScanTiles precisions (default tf32x3,tf32)"
+    )
     args = p.parse_args(argv)
     shape, tiles = parse_shape(args.shape), chunk_tiles(args.tiles)
     if args.part == "grid" and args.kernel is None:
         raise SystemExit(f"error: grid needs --kernel, one of {', '.join(KERNELS)}")
-    warps, stages, block_vs = (
+    warps, stages, block_vs, chunks = (
         _ints(args.warps, "--warps"),
         _ints(args.stages, "--stages"),
         _ints(args.block_v, "--block-v"),
+        _ints(args.chunks, "--chunks"),
     )
+    precisions = tuple(args.precisions.split(","))
     if torch.cuda.is_available():
         device = "cuda"
     elif os.environ.get("TRITON_INTERPRET") == "1":
@@ -254,8 +281,10 @@ def main(argv: list[str] | None = None) -> None:
         for bv, w, fwd, bwd, note in probe_dplr(shape, device, block_vs, warps):
             result = f"forward {fwd:.4f} backward {bwd:.4f} ms" if fwd is not None else note
             print(f"delta-probe dplr scan {where} block_v={bv} warps={w}: {result}", flush=True)
-        fwd, both = time_dplr_call(shape, device)
-        print(f"delta-probe dplr call {where} (default tiles): forward {fwd:.4f} fwd+bwd {both:.4f} ms", flush=True)
+        for C, prec, fwd, both, err in time_dplr_calls(shape, device, chunks, precisions):
+            what = "defaults" if C is None else f"chunk={C} precision={prec}"
+            result = f"forward {fwd:.4f} fwd+bwd {both:.4f} ms, vs defaults {err:.1e}" if fwd is not None else err
+            print(f"delta-probe dplr call {where} {what}: {result}", flush=True)
         return
     try:
         tiles.resolve(shape[1], shape[3], shape[3], torch.bfloat16)

@@ -18,15 +18,16 @@ Backends:
   float32 arithmetic and state;
 - ``"triton_chunk"``: our chunkwise (WY) Triton kernels with the inter-chunk state recurrence on chip,
   forward and backward (``chunk_kernels.py``, host code in ``triton_chunk.py``); for ``dplr_delta_rule``
-  the ``"chunk"`` form batched over chunks in PyTorch with its inter-chunk recurrence in our Triton
-  kernels (``dplr_scan_kernels.py``, host code in ``triton_dplr.py``); CUDA (or the interpreter),
+  under a decay bound our per-chunk kernels around a Triton inter-chunk scan (``dplr_chunk_kernels.py``,
+  ``dplr_scan_kernels.py``, host code in ``triton_dplr.py``), else the ``"chunk"`` form in PyTorch with
+  that scan; CUDA (or the interpreter),
   float32/bfloat16/float16 inputs, float32 arithmetic;
 - ``"fla"``: flash-linear-attention's chunked Triton kernels (``fla.py``), CUDA only, computed in
   bfloat16 (inputs cast inside, outputs cast back);
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
 - ``"auto"``: the fastest measured on CUDA (``resolve_backend``): ``"fla"`` where fla is importable, but
-  ours (``"triton_chunk"``; ``"triton"`` for ``dplr_delta_rule``, whose chunk form is the slower there) for narrow
+  ours (``"triton_chunk"``; ``"triton"`` for ``dplr_delta_rule``, whose fused chunk kernels are untimed) for narrow
   heads over short recurrences, and over longer ones where fla's own path is slow (``dplr_delta_rule``;
   a gated op whose backward fla refuses here when its stand-in runs in PyTorch, see ``fla_gated_bwd``);
   without fla ``"triton_chunk"`` (``"triton"`` for ``dplr_delta_rule``). Off CUDA ``"chunk"``

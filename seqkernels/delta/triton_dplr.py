@@ -1,11 +1,16 @@
-"""RWKV-7's DPLR rule chunkwise with the inter-chunk state recurrence in Triton (``backend="triton_chunk"`` of
-``dplr_delta_rule``): ``pytorch.dplr_delta_rule``'s chunk form, batched over chunks in PyTorch (its
-decayed products, one unit lower-triangular solve per chunk, the outputs), with the sequential hand-over of
-the state between chunks (``pytorch.dplr_scan``) in ``dplr_scan_kernels.py``: forward and backward kernels
-as the custom ops ``expressivity::dplr_scan_fwd`` / ``dplr_scan_bwd`` with ``register_autograd``, launch
-parameters ``ScanTiles``. The rest of the gradient is PyTorch's autograd. Inputs float32, bfloat16 or
-float16 (float64 runs in float32), float32 arithmetic, the output in ``q``'s dtype; no host reads (a CUDA
-graph captures it).
+"""RWKV-7's DPLR rule chunkwise in Triton (``backend="triton_chunk"`` of ``dplr_delta_rule``), two ways:
+
+- under a decay bound with factored chunks of 16, 32 or 64 (``fused_chunk``) and heads up to
+  ``FUSED_MAX_HEAD_DIM``: every part in Triton, ``dplr_chunk_kernels.py``'s per-chunk kernels (the scan's
+  inputs; the outputs; their backward) around the scan below, as the custom ops ``expressivity::
+  dplr_chunk_fwd`` / ``dplr_chunk_bwd`` with ``register_autograd``;
+- otherwise ``pytorch.dplr_delta_rule``'s chunk form, batched over chunks in PyTorch (decayed products,
+  one unit lower-triangular solve per chunk, the outputs; autograd gradients), with the scan below.
+
+The scan: the sequential hand-over of the state between chunks (``pytorch.dplr_scan``) in
+``dplr_scan_kernels.py``, forward and backward kernels as the custom ops ``expressivity::dplr_scan_fwd`` /
+``dplr_scan_bwd``. Launch parameters ``ScanTiles``. Inputs float32, bfloat16 or float16 (float64 runs in
+float32), float32 arithmetic, the output in ``q``'s dtype; no host reads (a CUDA graph captures it).
 """
 
 from __future__ import annotations
@@ -17,8 +22,14 @@ import torch
 
 from seqkernels._triton import cdiv, empty, next_pow2
 from seqkernels.delta import pytorch
+from seqkernels.delta.dplr_chunk_kernels import (
+    dplr_out_bwd_kernel,
+    dplr_out_kernel,
+    dplr_prep_bwd_kernel,
+    dplr_prep_kernel,
+)
 from seqkernels.delta.dplr_scan_kernels import dplr_scan_bwd_kernel, dplr_scan_fwd_kernel
-from seqkernels.delta.members import KERNEL_DTYPES, kernel_dtype
+from seqkernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kernel_dtype
 
 SCAN_PRECISIONS = ("ieee", "tf32", "tf32x3")
 
@@ -171,16 +182,157 @@ def dplr_scan(U_v, W, b_end, KV_end, decay_end, *, tiles: ScanTiles | None = Non
     return U.reshape(*lead, NC, C, V), M.reshape(*lead, NC, K, V)
 
 
+#: the chunk sizes of the fused kernels (the stacked block inverse's: one to four blocks of 16), and their
+#: widest head: a program holds whole ``(C, K)`` and ``(C, V)`` tiles (wider heads take PyTorch's chunk form)
+FUSED_CHUNKS, FUSED_MAX_HEAD_DIM = (16, 32, 64), 64
+
+
+def fused_chunk(L: int, lower_bound: float | None, chunk: int | None) -> int | None:
+    """The chunk size the fused kernels run ``L`` steps in under ``lower_bound`` (``chunk``: asked for), or
+    ``None`` where they cannot: no bound (pairwise decays), or a bound whose factored chunk (``pytorch``'s
+    ``DPLR_MAX_EXPONENT`` over it) is under 16 steps, or a ``chunk`` not in ``FUSED_CHUNKS`` or longer."""
+    if not lower_bound or lower_bound >= 0:
+        return None
+    longest = min(pytorch.DPLR_CHUNK, int(pytorch.DPLR_MAX_EXPONENT / -lower_bound))
+    if chunk is not None:
+        return chunk if chunk in FUSED_CHUNKS and chunk <= longest else None
+    fits = [c for c in FUSED_CHUNKS if c <= longest]
+    return min(fits[-1], max(16, next_pow2(L))) if fits else None
+
+
+def _chunk_meta(q, v, C: int, tiles: ScanTiles | None):
+    B, L, H, K = q.shape
+    V = v.shape[-1]
+    BK, _, _, precision = (tiles or ScanTiles()).resolve(C, K, V)
+    meta = {"C": C, "BK": BK, "BV": max(16, next_pow2(V)), "PREC": precision}
+    return B, L, H, K, V, cdiv(L, C), meta
+
+
+def _fused_fwd(q, k, v, a, b, w, scale: float, C: int, tiles: ScanTiles | None = None):
+    """``(o, U, M_in)``: the output ``(B, L, H, V)`` in ``q``'s dtype and the scan's saved outputs."""
+    B, L, H, K, V, NC, meta = _chunk_meta(q, v, C, tiles)
+    dev, f32, BH = q.device, torch.float32, B * H
+    Uv, Wy, Be = empty((BH, NC, C, V), dev, f32), empty((BH, NC, C, K), dev, f32), empty((BH, NC, C, K), dev, f32)
+    KVe, D, scratch = empty((BH, NC, K, V), dev, f32), empty((BH, NC, K), dev, f32), empty((BH, NC, C, C), dev, f32)
+    dplr_prep_kernel[(NC, BH)](k, v, a, b, w, Uv, Wy, Be, KVe, D, scratch, L, H, NC, K, V, **meta)
+    U, M_in = _scan_fwd(Uv, Wy, Be, KVe, D, tiles)
+    o = empty((B, L, H, V), dev, q.dtype)
+    dplr_out_kernel[(NC, BH)](q, k, v, b, w, U, M_in, o, scale, L, H, NC, K, V, **meta)
+    return o, U, M_in
+
+
+def _fused_bwd(do, q, k, v, a, b, w, U, M_in, scale: float, C: int, tiles: ScanTiles | None = None):
+    """``(dq, dk, dv, da, db, dw)``, float32, of ``_fused_fwd``'s output gradient ``do``."""
+    B, L, H, K, V, NC, meta = _chunk_meta(q, v, C, tiles)
+    dev, f32, BH = q.device, torch.float32, B * H
+    dU, dM = empty((BH, NC, C, V), dev, f32), empty((BH, NC, K, V), dev, f32)
+    dq, dk_o, db_o, dc_o = (empty((B, L, H, K), dev, f32) for _ in range(4))
+    dv_o = empty((B, L, H, V), dev, f32)
+    dplr_out_bwd_kernel[(NC, BH)](
+        do.contiguous(), q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, L, H, NC, K, V, **meta
+    )
+    Wy, Be = empty((BH, NC, C, K), dev, f32), empty((BH, NC, C, K), dev, f32)  # recomputed: the scan's saved
+    D, scratch = empty((BH, NC, K), dev, f32), empty((BH, NC, C, C), dev, f32)
+    KVe, Uv = empty((BH, NC, K, V), dev, f32), empty((BH, NC, C, V), dev, f32)
+    dplr_prep_kernel[(NC, BH)](k, v, a, b, w, Uv, Wy, Be, KVe, D, scratch, L, H, NC, K, V, **meta)
+    dUv, dWy, dBe, dKVe, dD = _scan_bwd(dU, dM, Wy, Be, D, U, M_in, tiles)
+    dk, db, da, dw = (empty((B, L, H, K), dev, f32) for _ in range(4))
+    dv = empty((B, L, H, V), dev, f32)
+    dplr_prep_bwd_kernel[(NC, BH)](
+        k, v, a, b, w, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, scratch, L, H, NC, K, V,
+        **meta,
+    )  # fmt: skip
+    return dq, dk, dv, da, db, dw
+
+
+@torch.library.custom_op("expressivity::dplr_chunk_fwd", mutates_args=())
+def dplr_chunk_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: torch.Tensor,
+    scale: float, chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(o, U, M_in)`` with the default tiles (``_fused_fwd``); ``U`` and ``M_in`` are saved for the
+    backward, which takes no gradient through them."""
+    return _fused_fwd(q, k, v, a, b, w, scale, chunk)
+
+
+@dplr_chunk_fwd.register_fake
+def _(q, k, v, a, b, w, scale, chunk):
+    B, L, H, K = q.shape
+    V, NC = v.shape[-1], cdiv(L, chunk)
+    f32 = torch.float32
+    return (
+        q.new_empty((B, L, H, V)),
+        q.new_empty((B * H, NC, chunk, V), dtype=f32),
+        q.new_empty((B * H, NC, K, V), dtype=f32),
+    )
+
+
+@torch.library.custom_op("expressivity::dplr_chunk_bwd", mutates_args=())
+def dplr_chunk_bwd(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    w: torch.Tensor, U: torch.Tensor, M_in: torch.Tensor, scale: float, chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(dq, dk, dv, da, db, dw)`` with the default tiles (``_fused_bwd``)."""
+    return _fused_bwd(do, q, k, v, a, b, w, U, M_in, scale, chunk)
+
+
+@dplr_chunk_bwd.register_fake
+def _(do, q, k, v, a, b, w, U, M_in, scale, chunk):
+    return tuple(torch.empty_like(x, dtype=torch.float32) for x in (q, k, v, a, b, w))
+
+
+def _chunk_setup_context(ctx, inputs, output):
+    *xs, scale, chunk = inputs
+    ctx.save_for_backward(*xs, *output[1:])
+    ctx.scale, ctx.chunk = scale, chunk
+
+
+def _chunk_grad(ctx, do, dU, dM_in):
+    q, k, v, a, b, w, U, M_in = ctx.saved_tensors
+    grads = dplr_chunk_bwd(do, q, k, v, a, b, w, U, M_in, ctx.scale, ctx.chunk)
+    return (*grads_in_input_dtypes(grads, (q, k, v, a, b, w)), None, None)
+
+
+dplr_chunk_fwd.register_autograd(_chunk_grad, setup_context=_chunk_setup_context)
+
+
+class _EagerChunk(torch.autograd.Function):
+    """Eager autograd over the fused launches with explicit tiles."""
+
+    @staticmethod
+    def forward(ctx, tiles, scale, chunk, *xs):
+        o, U, M_in = _fused_fwd(*xs, scale, chunk, tiles)
+        ctx.save_for_backward(*xs, U, M_in)
+        ctx.tiles, ctx.scale, ctx.chunk = tiles, scale, chunk
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        *xs, U, M_in = ctx.saved_tensors
+        grads = _fused_bwd(do, *xs, U, M_in, ctx.scale, ctx.chunk, ctx.tiles)
+        return (None, None, None, *grads_in_input_dtypes(grads, xs))
+
+
 def dplr_delta_rule(
     q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float | None = None, chunk: int | None = None, tiles=None
 ):
     """``S_t = S_{t-1}(diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``: ``pytorch.
-    dplr_delta_rule`` (shapes, ``lower_bound``, ``chunk``) with the scan on our kernels (``tiles``:
-    ``ScanTiles``)."""
+    dplr_delta_rule`` (shapes, ``lower_bound``, ``chunk``) on our kernels (``tiles``: ``ScanTiles``). Where
+    ``fused_chunk`` gives a chunk size and head dims are at most ``FUSED_MAX_HEAD_DIM``, every part runs in Triton
+    (``dplr_chunk_kernels.py`` around the scan; custom ops ``expressivity::dplr_chunk_fwd`` / ``_bwd``);
+    otherwise (pairwise decays) the chunk form is PyTorch's with the scan on our kernels."""
     if q.dtype not in KERNEL_DTYPES and q.dtype != torch.float64:
         raise TypeError(f"dplr triton_chunk: inputs must be one of {KERNEL_DTYPES} or float64, got {q.dtype}")
     out_dtype = q.dtype
     q, k, v, a, b, w = kernel_dtype(q, k, v, a, b, w)
+    C = fused_chunk(q.shape[1], lower_bound, chunk)
+    if C is not None and max(q.shape[-1], v.shape[-1]) <= FUSED_MAX_HEAD_DIM:
+        xs = [x.contiguous() for x in (q, k, v, a, b, w)]
+        if torch.compiler.is_compiling() or tiles is None:
+            o = dplr_chunk_fwd(*xs, float(scale), C)[0]
+        else:
+            o = _EagerChunk.apply(tiles, float(scale), C, *xs)
+        return o.to(out_dtype)
     scan = functools.partial(dplr_scan, tiles=tiles)
     o = pytorch.dplr_delta_rule(q, k, v, a, b, w, scale=scale, lower_bound=lower_bound, chunk=chunk, scan=scan)
     return o.to(out_dtype)

@@ -107,3 +107,17 @@ def test_dplr_probe_times_each_tiles_and_flags_one_that_computes_something_else(
     (_, _, fwd4, bwd4, note4), (_, _, fwd2, _, note2) = rows
     assert fwd4 > 0 and bwd4 > 0 and note4 == ""
     assert fwd2 is None and "differs from the default tiles" in note2
+
+
+@needs_kernels
+def test_dplr_probe_times_each_chunk_and_precision_against_the_defaults():
+    """The defaults first (error 0), then each chunk x precision with its error against them: within the
+    bfloat16 outputs' and gradients' rounding, for the fused chunks and for chunks of 5 (PyTorch's form); a
+    precision that cannot run is a row."""
+    rows = list(delta_probe.time_dplr_calls((1, 40, 1, 16), DEVICE, (16, 5), ("tf32x3", "fp8")))
+    assert [(C, p) for C, p, *_ in rows] == [(None, None), (16, "tf32x3"), (16, "fp8"), (5, "tf32x3"), (5, "fp8")]
+    for C, p, fwd, both, err in rows:
+        if p == "fp8":
+            assert fwd is None and "precision must be one of" in err
+        else:
+            assert fwd > 0 and both > 0 and err < (1e-2 if C is not None else 1e-12)

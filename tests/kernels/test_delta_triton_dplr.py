@@ -1,7 +1,8 @@
 """RWKV-7's DPLR rule on ``backend="triton_chunk"`` (``seqkernels/delta/triton_dplr.py``): the inter-chunk scan
 kernels (``dplr_scan_kernels.py``) against ``pytorch.dplr_scan``'s loop in float64, forward and every input
 gradient, at awkward chunk, key and value sizes, several value blocks, one chunk, outputs poisoned with NaN;
-the whole rule against the float64 per-token reference (itself checked against dense matrices in
+the whole rule, on the fused kernels (``dplr_chunk_kernels.py``, under a decay bound) and on PyTorch's chunk
+form with the scan (pairwise decays, other chunk sizes, wider heads), against the float64 per-token reference (itself checked against dense matrices in
 ``test_delta.py``), with and without a decay bound; the custom ops under ``opcheck``, through their registered
 autograd and ``torch.compile``. On the CPU in the interpreter at small shapes; on a GPU (``-m gpu``) at lengths
 up to 1,024 and head dims 16 to 128, in float32 and bfloat16, in a CUDA graph.
@@ -98,12 +99,31 @@ def _compare(shape, dtype, tol, lower_bound, chunk=None, tiles=None, seed=0):
         ((2, 1, 1, 4, 4), None, None, None),  # one step
         ((2, 13, 3, 5, 3), None, None, None),  # pairwise decays, chunks of 16, one partial
         ((1, 37, 2, 8, 6), None, 5, None),  # chunks of 5
-        ((1, 130, 1, 16, 16), RWKV7_BOUND, None, None),  # factored, chunks of 64, the last partial
-        ((1, 67, 1, 20, 40), RWKV7_BOUND, None, ScanTiles(block_v=16)),  # 3 value blocks
+        ((1, 37, 2, 8, 6), RWKV7_BOUND, 5, None),  # factored in PyTorch: chunks of 5 (not a fused size)
+        ((1, 20, 1, 72, 8), RWKV7_BOUND, None, None),  # factored in PyTorch: keys wider than the fused kernels'
+        # the fused kernels
+        ((2, 1, 1, 4, 4), RWKV7_BOUND, None, None),  # one step in a chunk of 16
+        ((1, 20, 2, 8, 6), RWKV7_BOUND, None, None),  # one partial chunk of 32
+        ((1, 70, 2, 12, 20), RWKV7_BOUND, 16, None),  # five chunks of 16, the last partial
+        ((1, 130, 1, 16, 16), RWKV7_BOUND, None, None),  # chunks of 64, the last partial
+        ((1, 67, 1, 20, 40), RWKV7_BOUND, None, ScanTiles(block_v=16)),  # the scan in 3 value blocks
+        ((2, 90, 1, 64, 33), -1.0, None, None),  # a looser bound: chunks of 32
     ],
 )
 def test_triton_chunk_equals_reference(shape, lower_bound, chunk, tiles):
     _compare(shape, torch.float32, 1e-5, lower_bound, chunk, tiles, seed=shape[1] + shape[3])
+
+
+def test_fused_chunk_sizes():
+    """The fused kernels run chunks of 16, 32 or 64 within the bound's factored chunk, no longer than the
+    sequence needs; without a bound, or where the bound allows under 16 steps, they do not run."""
+    assert (
+        triton_dplr.fused_chunk(1000, RWKV7_BOUND, None) == 64 and triton_dplr.fused_chunk(20, RWKV7_BOUND, None) == 32
+    )
+    assert triton_dplr.fused_chunk(3, RWKV7_BOUND, None) == 16 and triton_dplr.fused_chunk(1000, -1.0, None) == 32
+    assert triton_dplr.fused_chunk(1000, -3.0, None) is None and triton_dplr.fused_chunk(1000, None, None) is None
+    assert triton_dplr.fused_chunk(1000, RWKV7_BOUND, 16) == 16 and triton_dplr.fused_chunk(1000, -1.0, 64) is None
+    assert triton_dplr.fused_chunk(1000, RWKV7_BOUND, 48) is None
 
 
 def test_through_the_entry_point_with_bfloat16_inputs():
@@ -117,9 +137,10 @@ def test_through_the_entry_point_with_bfloat16_inputs():
 
 
 def test_custom_ops_opcheck_autograd_and_compile():
-    """The scan ops' registration (schema, fake tensors) is consistent; their registered autograd gives the
-    eager path's gradients exactly; under ``torch.compile`` (fullgraph) the rule reaches
-    ``expressivity::dplr_scan_fwd`` with the eager gradients."""
+    """The scan ops' and the fused ops' registration (schema, fake tensors) is consistent; the scan's
+    registered autograd gives the eager path's gradients exactly; under ``torch.compile`` (fullgraph) the rule
+    reaches ``expressivity::dplr_chunk_fwd`` (RWKV-7's bound) and ``expressivity::dplr_scan_fwd`` (no bound)
+    with the eager gradients."""
     xs = [x.float().to(DEVICE) for x in _scan_inputs((2,), 3, 16, 16, 16, seed=0)]
     torch.library.opcheck(dplr_scan_fwd, xs, test_utils=("test_schema", "test_faketensor"))
     U, M = dplr_scan_fwd(*xs)
@@ -138,13 +159,22 @@ def test_custom_ops_opcheck_autograd_and_compile():
         return gm.forward
 
     rule = [x.float().to(DEVICE).requires_grad_() for x in _dplr_inputs(1, 40, 2, 16, 16, seed=4, decay=0.6)]
-    f = lambda *x: kd.dplr_delta_rule(*x, lower_bound=RWKV7_BOUND, backend="triton_chunk")  # noqa: E731
+    torch.library.opcheck(triton_dplr.dplr_chunk_fwd, (*rule, 0.5, 32), test_utils=("test_schema", "test_faketensor"))
+    o, U, M = triton_dplr.dplr_chunk_fwd(*rule, 0.5, 32)
+    torch.library.opcheck(
+        triton_dplr.dplr_chunk_bwd,
+        (torch.randn_like(o), *(x.detach() for x in rule), U.detach(), M.detach(), 0.5, 32),
+        test_utils=("test_schema", "test_faketensor"),
+    )
     do = torch.randn(1, 40, 2, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
-    want = torch.autograd.grad(f(*rule), rule, do)
-    got = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=record)(*rule), rule, do)
-    assert len(graphs) == 1 and "expressivity.dplr_scan_fwd" in graphs[0]
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for bound, op in ((RWKV7_BOUND, "expressivity.dplr_chunk_fwd"), (None, "expressivity.dplr_scan_fwd")):
+        f = lambda *x, bound=bound: kd.dplr_delta_rule(*x, lower_bound=bound, backend="triton_chunk")  # noqa: E731
+        want = torch.autograd.grad(f(*rule), rule, do)
+        graphs.clear()
+        got = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=record)(*rule), rule, do)
+        assert len(graphs) == 1 and op in graphs[0]
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_bad_tiles_and_inputs_are_one_line_errors():
@@ -166,8 +196,7 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
 
 
 def test_auto_keeps_the_recurrent_kernel_for_dplr():
-    """``"auto"`` on CUDA gives ``dplr_delta_rule`` our recurrent kernel (its chunk form is the slower at short
-    lengths); the other ops our chunk kernels."""
+    """``"auto"`` on CUDA gives ``dplr_delta_rule`` our recurrent kernel (its fused chunk kernels are untimed); the other ops our chunk kernels."""
     import types
 
     cuda_like = types.SimpleNamespace(is_cuda=True, shape=(2, 128, 4, 16))
@@ -213,6 +242,14 @@ def test_gpu_triton_chunk_equals_reference(L, D, dtype, tol, lower_bound):
 @gpu
 def test_gpu_scan_tiles(D, tiles):
     _compare((2, 300, 2, D, D), torch.float32, 1e-4, RWKV7_BOUND, tiles=tiles, seed=5)
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 64])
+@pytest.mark.parametrize("precision,tol", [("tf32x3", 1e-4), ("tf32", 1e-2), ("ieee", 1e-4)])
+@gpu
+def test_gpu_fused_chunk_sizes_and_precisions(chunk, precision, tol):
+    """The fused kernels at each chunk size and product precision, head dim 64, a partial last chunk."""
+    _compare((2, 300, 2, 64, 64), torch.float32, tol, RWKV7_BOUND, chunk, ScanTiles(precision=precision), seed=7)
 
 
 @gpu

@@ -1,0 +1,207 @@
+"""RWKV-7's DPLR rule chunkwise with factored decays, as Triton kernels per chunk around the inter-chunk scan
+(``dplr_scan_kernels.py``); ``triton_dplr.py`` launches them. The equations are ``pytorch.dplr_delta_rule``'s
+with a decay bound. Per batch element and head, chunk of ``C`` steps, ``M_0`` the state entering it (from
+the scan), inside the chunk ``c = cumsum(w)`` per key channel, ``c' = c - w``, ``c_C`` the last row::
+
+    a* = a o exp(c')    q* = q o exp(c)    b~ = b o exp(-c)    k~ = k o exp(-c)           (C, K)
+    A_b = strictly_lower(a* b~^T)    A_k = strictly_lower(a* k~^T)    T = (I - A_b)^-1   (C, C)
+    U_v = T A_k v        W = T a*                                                         (scan's inputs)
+    Be = b o exp(c_C - c)      KVe = (k o exp(c_C - c))^T v      D = exp(c_C)
+    O = scale (q* M_0 + Q_b U + Q_k v),    Q_x = lower(q* x~^T)                           (U from the scan)
+
+Kernels, grid ``(NC, B H)``, one program per chunk and head with whole key and value rows (``BK``, ``BV``
+powers of two covering ``K``, ``V``):
+
+- ``dplr_prep_kernel``: ``U_v, W, Be, KVe, D`` (``T`` by the stacked block inverse, ``chunk_kernels``);
+- ``dplr_out_kernel``: ``O`` from the scan's ``U`` and ``M_0``;
+- ``dplr_out_bwd_kernel``: from ``dO' = scale dO``, the scan's output gradients ``dU = Q_b^T dO'`` and
+  ``dM_0 = q*^T dO'`` (the chunk's share), ``dq`` whole, and the output's shares of ``dk, db, dv`` and of
+  ``dc`` (the gradient of ``c``)::
+
+      dQ_x = lower(dO' Y^T)  (Y = U, v)     dq* = dO' M_0^T + dQ_b b~ + dQ_k k~      dv = Q_k^T dO'
+      dq = dq* o exp(c)      db = dQ_b^T q* o exp(-c)     dc = dq* o q* - dQ_b^T q* o b~ - (k alike)
+
+- ``dplr_prep_bwd_kernel``: with the scan's input gradients ``dU_v, dW, dBe, dKVe, dD`` and the output's
+  shares, ``R = A_k v``::
+
+      dT = dU_v R^T + dW a*^T      dR = T^T dU_v      da* = T^T dW + dA_b b~ + dA_k k~
+      dA_b = strictly_lower(T^T dT T^T)      dA_k = strictly_lower(dR v^T)      dv += A_k^T dR + k_e dKVe
+      db~ = dA_b^T a*     dk~ = dA_k^T a*    (k_e = k o exp(c_C - c), dk_e = v dKVe^T)
+
+  then the decays' chain rule onto ``a, b, k`` and ``c, c', c_C``, and ``dw`` (``c`` and ``c'`` are sums
+  of ``w`` up to and before each step, ``c_C`` of all the chunk's).
+
+Inputs ``(B, L, H, K or V)`` (rows past ``L`` read as zeros: identity steps), any float dtype read as
+float32; the scan's tensors float32 ``(B H, NC, rows, cols)``; partial gradients float32 in the inputs'
+layout. ``PREC``: every product's ``input_precision`` (``chunk_kernels._mm``); the inverse is IEEE float32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from seqkernels.delta.chunk_kernels import _mm, _rows, _store_rows, _unit_lower_inverse_stacked
+from seqkernels.delta.dplr_scan_kernels import _load, _store
+
+
+@triton.jit
+def _decayed(w, C: tl.constexpr):
+    """``(c, c', c_C)`` of one chunk's log decays ``w (C, BK)``: inclusive and exclusive cumulative sums, and
+    the last row ``(BK,)``."""
+    c = tl.cumsum(w, 0)
+    r = tl.arange(0, C)
+    return c, c - w, tl.sum(tl.where(r[:, None] == C - 1, c, 0.0), 0)
+
+
+@triton.jit
+def _strict(x, C: tl.constexpr):
+    r = tl.arange(0, C)
+    return tl.where(r[:, None] > r[None, :], x, 0.0)
+
+
+@triton.jit
+def _lower(x, C: tl.constexpr):
+    r = tl.arange(0, C)
+    return tl.where(r[:, None] >= r[None, :], x, 0.0)
+
+
+@triton.jit
+def _inverse(Ab, scratch, C: tl.constexpr):
+    """``(I - A_b)^-1`` for a strictly lower ``(C, C)`` tile (``scratch``: ``C x C`` float32)."""
+    return _unit_lower_inverse_stacked(-Ab, scratch, C)
+
+
+@triton.jit
+def dplr_prep_kernel(
+    k, v, a, b, w, Uv, Wy, Be, KVe, D, scratch, T, H, NC, K, V,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """The scan's inputs ``Uv (B H, NC, C, V)``, ``Wy, Be (B H, NC, C, K)``, ``KVe (B H, NC, K, V)``, ``D (B H,
+    NC, K)`` of one chunk; grid ``(NC, B H)``."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h, t0 = i_bh // H, i_bh % H, i_c * C
+    n = (i_bh * NC + i_c).to(tl.int64)
+    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    c, cp, cC = _decayed(_rows(w, i_b, i_h, t0, T, H, K, C, BK), C)
+    kk, bb = _rows(k, i_b, i_h, t0, T, H, K, C, BK), _rows(b, i_b, i_h, t0, T, H, K, C, BK)
+    vv = _rows(v, i_b, i_h, t0, T, H, V, C, BV)
+    a_s = _rows(a, i_b, i_h, t0, T, H, K, C, BK) * tl.exp(cp)
+    grow = tl.exp(-c)
+    Ab = _strict(_mm(a_s, tl.trans(bb * grow), PREC), C)
+    Ak = _strict(_mm(a_s, tl.trans(kk * grow), PREC), C)
+    Ti = _inverse(Ab, scratch + n * C * C, C)
+    _store(Uv, n * C * V, _mm(Ti, _mm(Ak, vv, PREC), PREC), rc, rv, C, V)
+    _store(Wy, n * C * K, _mm(Ti, a_s, PREC), rc, rk, C, K)
+    to_end = tl.exp(cC[None, :] - c)
+    _store(Be, n * C * K, bb * to_end, rc, rk, C, K)
+    _store(KVe, n * K * V, _mm(tl.trans(kk * to_end), vv, PREC), rk, rv, K, V)
+    tl.store(D + n * K + rk, tl.exp(cC), mask=rk < K)
+
+
+@triton.jit
+def dplr_out_kernel(
+    q, k, v, b, w, U, M_in, o, scale, T, H, NC, K, V,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """``o (B, L, H, V)`` of one chunk from the scan's ``U`` and ``M_in``; grid ``(NC, B H)``."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h, t0 = i_bh // H, i_bh % H, i_c * C
+    n = (i_bh * NC + i_c).to(tl.int64)
+    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    c, _, _ = _decayed(_rows(w, i_b, i_h, t0, T, H, K, C, BK), C)
+    q_s = _rows(q, i_b, i_h, t0, T, H, K, C, BK) * tl.exp(c)
+    grow = tl.exp(-c)
+    Qb = _lower(_mm(q_s, tl.trans(_rows(b, i_b, i_h, t0, T, H, K, C, BK) * grow), PREC), C)
+    Qk = _lower(_mm(q_s, tl.trans(_rows(k, i_b, i_h, t0, T, H, K, C, BK) * grow), PREC), C)
+    out = _mm(q_s, _load(M_in, n * K * V, rk, rv, K, V), PREC)
+    out = _mm(Qb, _load(U, n * C * V, rc, rv, C, V), PREC, out)
+    out = _mm(Qk, _rows(v, i_b, i_h, t0, T, H, V, C, BV), PREC, out)
+    _store_rows(o, scale * out, i_b, i_h, t0, T, H, V, C, BV)
+
+
+@triton.jit
+def dplr_out_bwd_kernel(
+    do, q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, T, H, NC, K, V,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """The output's gradients of one chunk: ``dU``, ``dM`` (the scan's output gradients), ``dq``, and the
+    output's shares ``dk_o, db_o, dc_o (B, L, H, K)``, ``dv_o (B, L, H, V)``; grid ``(NC, B H)``."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h, t0 = i_bh // H, i_bh % H, i_c * C
+    n = (i_bh * NC + i_c).to(tl.int64)
+    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    c, _, _ = _decayed(_rows(w, i_b, i_h, t0, T, H, K, C, BK), C)
+    grow, ec = tl.exp(-c), tl.exp(c)
+    q_s = _rows(q, i_b, i_h, t0, T, H, K, C, BK) * ec
+    b_g = _rows(b, i_b, i_h, t0, T, H, K, C, BK) * grow
+    k_g = _rows(k, i_b, i_h, t0, T, H, K, C, BK) * grow
+    vv = _rows(v, i_b, i_h, t0, T, H, V, C, BV)
+    uu = _load(U, n * C * V, rc, rv, C, V)
+    M = _load(M_in, n * K * V, rk, rv, K, V)
+    dO = scale * _rows(do, i_b, i_h, t0, T, H, V, C, BV)
+    Qb = _lower(_mm(q_s, tl.trans(b_g), PREC), C)
+    Qk = _lower(_mm(q_s, tl.trans(k_g), PREC), C)
+    _store(dM, n * K * V, _mm(tl.trans(q_s), dO, PREC), rk, rv, K, V)
+    _store(dU, n * C * V, _mm(tl.trans(Qb), dO, PREC), rc, rv, C, V)
+    _store_rows(dv_o, _mm(tl.trans(Qk), dO, PREC), i_b, i_h, t0, T, H, V, C, BV)
+    dQb = _lower(_mm(dO, tl.trans(uu), PREC), C)
+    dQk = _lower(_mm(dO, tl.trans(vv), PREC), C)
+    dq_s = _mm(dQk, k_g, PREC, _mm(dQb, b_g, PREC, _mm(dO, tl.trans(M), PREC)))
+    _store_rows(dq, dq_s * ec, i_b, i_h, t0, T, H, K, C, BK)
+    db_g = _mm(tl.trans(dQb), q_s, PREC)
+    dk_g = _mm(tl.trans(dQk), q_s, PREC)
+    _store_rows(db_o, db_g * grow, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dk_o, dk_g * grow, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dc_o, dq_s * q_s - db_g * b_g - dk_g * k_g, i_b, i_h, t0, T, H, K, C, BK)
+
+
+@triton.jit
+def dplr_prep_bwd_kernel(
+    k, v, a, b, w, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, scratch, T, H, NC, K, V,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """``dk, dv, da, db, dw`` of one chunk from the scan's input gradients and the output's shares; grid
+    ``(NC, B H)``."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h, t0 = i_bh // H, i_bh % H, i_c * C
+    n = (i_bh * NC + i_c).to(tl.int64)
+    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    ww = _rows(w, i_b, i_h, t0, T, H, K, C, BK)
+    c, cp, cC = _decayed(ww, C)
+    kk, bb = _rows(k, i_b, i_h, t0, T, H, K, C, BK), _rows(b, i_b, i_h, t0, T, H, K, C, BK)
+    vv = _rows(v, i_b, i_h, t0, T, H, V, C, BV)
+    ecp, grow = tl.exp(cp), tl.exp(-c)
+    a_s = _rows(a, i_b, i_h, t0, T, H, K, C, BK) * ecp
+    b_g, k_g = bb * grow, kk * grow
+    Ab = _strict(_mm(a_s, tl.trans(b_g), PREC), C)
+    Ak = _strict(_mm(a_s, tl.trans(k_g), PREC), C)
+    Ti = _inverse(Ab, scratch + n * C * C, C)
+    R = _mm(Ak, vv, PREC)
+    dUv_ = _load(dUv, n * C * V, rc, rv, C, V)
+    dWy_ = _load(dWy, n * C * K, rc, rk, C, K)
+    dT = _mm(dWy_, tl.trans(a_s), PREC, _mm(dUv_, tl.trans(R), PREC))
+    Tt = tl.trans(Ti)
+    dR = _mm(Tt, dUv_, PREC)
+    dAb = _strict(_mm(_mm(Tt, dT, PREC), Tt, PREC), C)
+    dAk = _strict(_mm(dR, tl.trans(vv), PREC), C)
+    da_s = _mm(dAk, k_g, PREC, _mm(dAb, b_g, PREC, _mm(Tt, dWy_, PREC)))
+    db_g = _mm(tl.trans(dAb), a_s, PREC)
+    dk_g = _mm(tl.trans(dAk), a_s, PREC)
+    to_end = tl.exp(cC[None, :] - c)
+    dKVe_ = _load(dKVe, n * K * V, rk, rv, K, V)
+    dk_e = _mm(vv, tl.trans(dKVe_), PREC)
+    dv_ = _mm(kk * to_end, dKVe_, PREC, _mm(tl.trans(Ak), dR, PREC))
+    _store_rows(dv, dv_ + _rows(dv_o, i_b, i_h, t0, T, H, V, C, BV), i_b, i_h, t0, T, H, V, C, BV)
+    dBe_ = _load(dBe, n * C * K, rc, rk, C, K)
+    db_ = dBe_ * to_end + db_g * grow + _rows(db_o, i_b, i_h, t0, T, H, K, C, BK)
+    dk_ = dk_e * to_end + dk_g * grow + _rows(dk_o, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(db, db_, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dk, dk_, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(da, da_s * ecp, i_b, i_h, t0, T, H, K, C, BK)
+    d_end = (dBe_ * bb + dk_e * kk) * to_end  # the gradient of exp(c_C - c), times it
+    dcC = tl.sum(d_end, 0) + tl.load(dD + n * K + rk, mask=rk < K, other=0.0) * tl.exp(cC)
+    dc = _rows(dc_o, i_b, i_h, t0, T, H, K, C, BK) - d_end - db_g * b_g - dk_g * k_g
+    dcp = da_s * a_s
+    dw_ = tl.cumsum(dc, 0, reverse=True) + tl.cumsum(dcp, 0, reverse=True) - dcp + dcC[None, :]
+    _store_rows(dw, dw_, i_b, i_h, t0, T, H, K, C, BK)
