@@ -135,6 +135,13 @@ def call(op: str, backend: str):
     return lambda *t: kd.dplr_delta_rule(*t, lower_bound=DPLR_LOWER_BOUND, backend=backend)
 
 
+def _dplr_bf16(*t):
+    """``dplr_delta_rule(backend="triton_chunk")`` with bfloat16 products (``ScanTiles(precision="bf16")``)."""
+    from seqkernels.delta import triton_dplr
+
+    return triton_dplr.dplr_delta_rule(*t, lower_bound=DPLR_LOWER_BOUND, tiles=triton_dplr.ScanTiles(precision="bf16"))
+
+
 def _chunk(op: str, tiles: triton_chunk.ChunkTiles):
     """``fn(*inputs)`` running ``op`` on the chunk kernels with ``tiles``."""
     fn = {
@@ -272,11 +279,8 @@ def implementations(
             if impl_tiles is not None:
                 impls[name] = (_chunk(op, impl_tiles), contextlib.nullcontext, note)
     else:
-        impls["ours-triton-chunk"] = (
-            call(op, "triton_chunk"),
-            contextlib.nullcontext,
-            "fused chunk kernels, scan on chip",
-        )
+        impls["ours-triton-chunk"] = (call(op, "triton_chunk"), contextlib.nullcontext, "fused chunk kernels, scan")
+        impls["ours-triton-chunk-bf16"] = (_dplr_bf16, contextlib.nullcontext, "the same, bfloat16 products (fla's)")
     impls["ours-chunk"] = (call(op, "chunk"), contextlib.nullcontext, "")
     if kd.fla_available():
         from seqkernels.delta import fla_gated_bwd

@@ -18,13 +18,16 @@ KV_end, decay_end``). Its gradient, the chunks in reverse with ``dM`` (the gradi
 Grids ``(NV, B H)``: one program per head and block of ``BV`` value columns (the value columns are
 independent); ``dW, dBe, dd`` sum over value columns, so they are written per block (``NV`` leading slices,
 summed by the caller). Tensors are float32, contiguous, ``(B H, NC, rows, cols)``; ``C``, ``K``, ``V`` padded to
-the powers of two ``BC, BK`` and blocks of ``BV`` with masks. ``PREC``: every ``tl.dot``'s ``input_precision``.
+the powers of two ``BC, BK`` and blocks of ``BV`` with masks. ``PREC``: every product's precision
+(``chunk_kernels._mm``: ``"bf16"`` rounds both operands to bfloat16, else ``tl.dot``'s ``input_precision``).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from seqkernels.delta.chunk_kernels import _mm
 
 
 @triton.jit
@@ -58,11 +61,11 @@ def dplr_scan_fwd_kernel(
     for i in range(NC):
         n = (i_bh * NC + i).to(tl.int64)  # the chunk's index in the flattened (B H, NC)
         _store(M_in, n * K * V, M, rk, rv, K, V)
-        u = _load(Uv, n * C * V, rc, rv, C, V) + tl.dot(_load(W, n * C * K, rc, rk, C, K), M, input_precision=PREC)
+        u = _load(Uv, n * C * V, rc, rv, C, V) + _mm(_load(W, n * C * K, rc, rk, C, K), M, PREC)
         _store(U, n * C * V, u, rc, rv, C, V)
         be = _load(Be, n * C * K, rc, rk, C, K)
         d = tl.load(D + n * K + rk, mask=rk < K, other=0.0)
-        M = d[:, None] * M + tl.dot(tl.trans(be), u, input_precision=PREC) + _load(KVe, n * K * V, rk, rv, K, V)
+        M = d[:, None] * M + _mm(tl.trans(be), u, PREC) + _load(KVe, n * K * V, rk, rv, K, V)
 
 
 @triton.jit
@@ -84,10 +87,10 @@ def dplr_scan_bwd_kernel(
         w = _load(W, n * C * K, rc, rk, C, K)
         be = _load(Be, n * C * K, rc, rk, C, K)
         d = tl.load(D + n * K + rk, mask=rk < K, other=0.0)
-        du = _load(dU, n * C * V, rc, rv, C, V) + tl.dot(be, dM, input_precision=PREC)
+        du = _load(dU, n * C * V, rc, rv, C, V) + _mm(be, dM, PREC)
         _store(dUv, n * C * V, du, rc, rv, C, V)
-        _store(dW, part * C * K, tl.dot(du, tl.trans(M), input_precision=PREC), rc, rk, C, K)
-        _store(dBe, part * C * K, tl.dot(u, tl.trans(dM), input_precision=PREC), rc, rk, C, K)
+        _store(dW, part * C * K, _mm(du, tl.trans(M), PREC), rc, rk, C, K)
+        _store(dBe, part * C * K, _mm(u, tl.trans(dM), PREC), rc, rk, C, K)
         _store(dKVe, n * K * V, dM, rk, rv, K, V)
         tl.store(dD + part * K + rk, tl.sum(M * dM, 1), mask=rk < K)
-        dM = d[:, None] * dM + tl.dot(tl.trans(w), du, input_precision=PREC) + _load(dM_in, n * K * V, rk, rv, K, V)
+        dM = d[:, None] * dM + _mm(tl.trans(w), du, PREC) + _load(dM_in, n * K * V, rk, rv, K, V)

@@ -31,19 +31,21 @@ from seqkernels.delta.dplr_chunk_kernels import (
 from seqkernels.delta.dplr_scan_kernels import dplr_scan_bwd_kernel, dplr_scan_fwd_kernel
 from seqkernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kernel_dtype
 
-SCAN_PRECISIONS = ("ieee", "tf32", "tf32x3")
+SCAN_PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
 
 
 @dataclasses.dataclass(frozen=True)
 class ScanTiles:
-    """Launch parameters of the scan kernels; ``None`` takes the default.
+    """Launch parameters of the scan kernels, and the products' precision of the fused kernels too; ``None``
+    takes the default.
 
     ``block_v``: value columns of the state per program, a power of two (default every column up to 64 where
     a chunk's ``(C, K)`` tile holds fewer than 64 x 128 entries, else 16: a wider block there needs more than
     an H100's 227 KiB of shared memory with ``"tf32x3"`` products); ``warps`` (default 4; at most 4 for
     blocks of 16 with tensor-core products: the backward kernel faults there at 8 warps on an H100 with
-    Triton 3.6, ``"ieee"`` does not); ``precision``: every product's ``input_precision``, one of
-    ``SCAN_PRECISIONS`` (default ``"tf32x3"``, float32-accurate).
+    Triton 3.6, ``"ieee"`` does not); ``precision``: every product's precision, one of
+    ``SCAN_PRECISIONS`` (``chunk_kernels._mm``: ``tl.dot``'s ``input_precision``, or ``"bf16"``, both operands
+    rounded to bfloat16 as fla's kernels do; default ``"tf32x3"``, float32-accurate).
     """
 
     block_v: int | None = None

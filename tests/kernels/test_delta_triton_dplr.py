@@ -114,6 +114,15 @@ def test_triton_chunk_equals_reference(shape, lower_bound, chunk, tiles):
     _compare(shape, torch.float32, 1e-5, lower_bound, chunk, tiles, seed=shape[1] + shape[3])
 
 
+def test_bfloat16_products_are_within_their_rounding():
+    """``ScanTiles(precision="bf16")``: the fused kernels and the scan multiply bfloat16-rounded operands (fla's
+    precision): within 3e-2 of the float64 reference, and further from it than float32 products."""
+    shape = (1, 70, 2, 16, 16)
+    _compare(shape, torch.float32, 3e-2, RWKV7_BOUND, None, ScanTiles(precision="bf16"), seed=11)
+    with pytest.raises(AssertionError):
+        _compare(shape, torch.float32, 1e-5, RWKV7_BOUND, None, ScanTiles(precision="bf16"), seed=11)
+
+
 def test_fused_chunk_sizes():
     """The fused kernels run chunks of 16, 32 or 64 within the bound's factored chunk, no longer than the
     sequence needs; without a bound, or where the bound allows under 16 steps, they do not run."""
@@ -182,7 +191,7 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
         (ScanTiles(block_v=24), "block_v must be a power of two in \\[16, 32\\], got 24"),
         (ScanTiles(block_v=64), "block_v must be a power of two in \\[16, 32\\], got 64"),
         (ScanTiles(warps=3), "warps must be 1, 2, 4, 8 or 16, got 3"),
-        (ScanTiles(precision="bf16"), "precision must be one of"),
+        (ScanTiles(precision="fp8"), "precision must be one of"),
         (ScanTiles(block_v=16, warps=8), "block_v 16 takes at most 4 warps with tf32x3 products, got 8"),
         (ScanTiles(block_v=16, warps=16, precision="tf32"), "block_v 16 takes at most 4 warps with tf32 products"),
     ):
@@ -245,7 +254,7 @@ def test_gpu_scan_tiles(D, tiles):
 
 
 @pytest.mark.parametrize("chunk", [16, 32, 64])
-@pytest.mark.parametrize("precision,tol", [("tf32x3", 1e-4), ("tf32", 1e-2), ("ieee", 1e-4)])
+@pytest.mark.parametrize("precision,tol", [("tf32x3", 1e-4), ("tf32", 1e-2), ("ieee", 1e-4), ("bf16", 3e-2)])
 @gpu
 def test_gpu_fused_chunk_sizes_and_precisions(chunk, precision, tol):
     """The fused kernels at each chunk size and product precision, head dim 64, a partial last chunk."""
