@@ -12,7 +12,8 @@ the scan), inside the chunk ``c = cumsum(w)`` per key channel, ``c' = c - w``, `
 Kernels, grid ``(NC, B H)``, one program per chunk and head with whole key and value rows (``BK``, ``BV``
 powers of two covering ``K``, ``V``):
 
-- ``dplr_prep_kernel``: ``U_v, W, Be, KVe, D`` (``T`` by the stacked block inverse, ``chunk_kernels``);
+- ``dplr_prep_kernel``: ``U_v, W, Be, KVe, D`` and ``T`` (by the stacked block inverse, ``chunk_kernels``;
+  kept for the backward);
 - ``dplr_out_kernel``: ``O`` from the scan's ``U`` and ``M_0``;
 - ``dplr_out_bwd_kernel``: from ``dO' = scale dO``, the scan's output gradients ``dU = Q_b^T dO'`` and
   ``dM_0 = q*^T dO'`` (the chunk's share), ``dq`` whole, and the output's shares of ``dk, db, dv`` and of
@@ -21,7 +22,7 @@ powers of two covering ``K``, ``V``):
       dQ_x = lower(dO' Y^T)  (Y = U, v)     dq* = dO' M_0^T + dQ_b b~ + dQ_k k~      dv = Q_k^T dO'
       dq = dq* o exp(c)      db = dQ_b^T q* o exp(-c)     dc = dq* o q* - dQ_b^T q* o b~ - (k alike)
 
-- ``dplr_prep_bwd_kernel``: with the scan's input gradients ``dU_v, dW, dBe, dKVe, dD`` and the output's
+- ``dplr_prep_bwd_kernel``: with the forward's ``T``, the scan's input gradients ``dU_v, dW, dBe, dKVe, dD`` and the output's
   shares, ``R = A_k v``::
 
       dT = dU_v R^T + dW a*^T      dR = T^T dU_v      da* = T^T dW + dA_b b~ + dA_k k~
@@ -67,18 +68,12 @@ def _lower(x, C: tl.constexpr):
 
 
 @triton.jit
-def _inverse(Ab, scratch, C: tl.constexpr):
-    """``(I - A_b)^-1`` for a strictly lower ``(C, C)`` tile (``scratch``: ``C x C`` float32)."""
-    return _unit_lower_inverse_stacked(-Ab, scratch, C)
-
-
-@triton.jit
 def dplr_prep_kernel(
-    k, v, a, b, w, Uv, Wy, Be, KVe, D, scratch, T, H, NC, K, V,
+    k, v, a, b, w, Uv, Wy, Be, KVe, D, Tm, T, H, NC, K, V,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """The scan's inputs ``Uv (B H, NC, C, V)``, ``Wy, Be (B H, NC, C, K)``, ``KVe (B H, NC, K, V)``, ``D (B H,
-    NC, K)`` of one chunk; grid ``(NC, B H)``."""
+    NC, K)`` of one chunk, and its ``T`` in ``Tm (B H, NC, C, C)`` (the inverse's scratch); grid ``(NC, B H)``."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h, t0 = i_bh // H, i_bh % H, i_c * C
     n = (i_bh * NC + i_c).to(tl.int64)
@@ -90,7 +85,7 @@ def dplr_prep_kernel(
     grow = tl.exp(-c)
     Ab = _strict(_mm(a_s, tl.trans(bb * grow), PREC), C)
     Ak = _strict(_mm(a_s, tl.trans(kk * grow), PREC), C)
-    Ti = _inverse(Ab, scratch + n * C * C, C)
+    Ti = _unit_lower_inverse_stacked(-Ab, Tm + n * C * C, C)  # leaves T in Tm for the backward
     _store(Uv, n * C * V, _mm(Ti, _mm(Ak, vv, PREC), PREC), rc, rv, C, V)
     _store(Wy, n * C * K, _mm(Ti, a_s, PREC), rc, rk, C, K)
     to_end = tl.exp(cC[None, :] - c)
@@ -158,11 +153,11 @@ def dplr_out_bwd_kernel(
 
 @triton.jit
 def dplr_prep_bwd_kernel(
-    k, v, a, b, w, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, scratch, T, H, NC, K, V,
+    k, v, a, b, w, Tm, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, T, H, NC, K, V,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``dk, dv, da, db, dw`` of one chunk from the scan's input gradients and the output's shares; grid
-    ``(NC, B H)``."""
+    """``dk, dv, da, db, dw`` of one chunk from the forward's ``Tm``, the scan's input gradients and the
+    output's shares; grid ``(NC, B H)``."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h, t0 = i_bh // H, i_bh % H, i_c * C
     n = (i_bh * NC + i_c).to(tl.int64)
@@ -174,9 +169,8 @@ def dplr_prep_bwd_kernel(
     ecp, grow = tl.exp(cp), tl.exp(-c)
     a_s = _rows(a, i_b, i_h, t0, T, H, K, C, BK) * ecp
     b_g, k_g = bb * grow, kk * grow
-    Ab = _strict(_mm(a_s, tl.trans(b_g), PREC), C)
     Ak = _strict(_mm(a_s, tl.trans(k_g), PREC), C)
-    Ti = _inverse(Ab, scratch + n * C * C, C)
+    Ti = tl.load(Tm + n * C * C + rc[:, None] * C + rc[None, :])
     R = _mm(Ak, vv, PREC)
     dUv_ = _load(dUv, n * C * V, rc, rv, C, V)
     dWy_ = _load(dWy, n * C * K, rc, rk, C, K)

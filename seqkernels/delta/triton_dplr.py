@@ -210,20 +210,25 @@ def _chunk_meta(q, v, C: int, tiles: ScanTiles | None):
     return B, L, H, K, V, cdiv(L, C), meta
 
 
+#: what the fused forward keeps for its backward: the scan's outputs ``U (B H, NC, C, V)``, ``M_in (B H, NC, K,
+#: V)``, its inputs ``Wy, Be (B H, NC, C, K)``, ``D (B H, NC, K)`` and each chunk's ``T`` as ``Tm (B H, NC, C, C)``
+SAVED = ("U", "M_in", "Wy", "Be", "D", "Tm")
+
+
 def _fused_fwd(q, k, v, a, b, w, scale: float, C: int, tiles: ScanTiles | None = None):
-    """``(o, U, M_in)``: the output ``(B, L, H, V)`` in ``q``'s dtype and the scan's saved outputs."""
+    """``(o, *SAVED)``: the output ``(B, L, H, V)`` in ``q``'s dtype and what the backward reads, float32."""
     B, L, H, K, V, NC, meta = _chunk_meta(q, v, C, tiles)
     dev, f32, BH = q.device, torch.float32, B * H
     Uv, Wy, Be = empty((BH, NC, C, V), dev, f32), empty((BH, NC, C, K), dev, f32), empty((BH, NC, C, K), dev, f32)
-    KVe, D, scratch = empty((BH, NC, K, V), dev, f32), empty((BH, NC, K), dev, f32), empty((BH, NC, C, C), dev, f32)
-    dplr_prep_kernel[(NC, BH)](k, v, a, b, w, Uv, Wy, Be, KVe, D, scratch, L, H, NC, K, V, **meta)
+    KVe, D, Tm = empty((BH, NC, K, V), dev, f32), empty((BH, NC, K), dev, f32), empty((BH, NC, C, C), dev, f32)
+    dplr_prep_kernel[(NC, BH)](k, v, a, b, w, Uv, Wy, Be, KVe, D, Tm, L, H, NC, K, V, **meta)
     U, M_in = _scan_fwd(Uv, Wy, Be, KVe, D, tiles)
     o = empty((B, L, H, V), dev, q.dtype)
     dplr_out_kernel[(NC, BH)](q, k, v, b, w, U, M_in, o, scale, L, H, NC, K, V, **meta)
-    return o, U, M_in
+    return o, U, M_in, Wy, Be, D, Tm
 
 
-def _fused_bwd(do, q, k, v, a, b, w, U, M_in, scale: float, C: int, tiles: ScanTiles | None = None):
+def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale: float, C: int, tiles: ScanTiles | None = None):
     """``(dq, dk, dv, da, db, dw)``, float32, of ``_fused_fwd``'s output gradient ``do``."""
     B, L, H, K, V, NC, meta = _chunk_meta(q, v, C, tiles)
     dev, f32, BH = q.device, torch.float32, B * H
@@ -233,17 +238,12 @@ def _fused_bwd(do, q, k, v, a, b, w, U, M_in, scale: float, C: int, tiles: ScanT
     dplr_out_bwd_kernel[(NC, BH)](
         do.contiguous(), q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, L, H, NC, K, V, **meta
     )
-    Wy, Be = empty((BH, NC, C, K), dev, f32), empty((BH, NC, C, K), dev, f32)  # recomputed: the scan's saved
-    D, scratch = empty((BH, NC, K), dev, f32), empty((BH, NC, C, C), dev, f32)
-    KVe, Uv = empty((BH, NC, K, V), dev, f32), empty((BH, NC, C, V), dev, f32)
-    dplr_prep_kernel[(NC, BH)](k, v, a, b, w, Uv, Wy, Be, KVe, D, scratch, L, H, NC, K, V, **meta)
     dUv, dWy, dBe, dKVe, dD = _scan_bwd(dU, dM, Wy, Be, D, U, M_in, tiles)
     dk, db, da, dw = (empty((B, L, H, K), dev, f32) for _ in range(4))
     dv = empty((B, L, H, V), dev, f32)
     dplr_prep_bwd_kernel[(NC, BH)](
-        k, v, a, b, w, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, scratch, L, H, NC, K, V,
-        **meta,
-    )  # fmt: skip
+        k, v, a, b, w, Tm, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, L, H, NC, K, V, **meta
+    )
     return dq, dk, dv, da, db, dw
 
 
@@ -251,35 +251,35 @@ def _fused_bwd(do, q, k, v, a, b, w, U, M_in, scale: float, C: int, tiles: ScanT
 def dplr_chunk_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: torch.Tensor,
     scale: float, chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """``(o, U, M_in)`` with the default tiles (``_fused_fwd``); ``U`` and ``M_in`` are saved for the
-    backward, which takes no gradient through them."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(o, *SAVED)`` with the default tiles (``_fused_fwd``); ``SAVED`` are for the backward, which takes no
+    gradient through them."""
     return _fused_fwd(q, k, v, a, b, w, scale, chunk)
 
 
 @dplr_chunk_fwd.register_fake
 def _(q, k, v, a, b, w, scale, chunk):
     B, L, H, K = q.shape
-    V, NC = v.shape[-1], cdiv(L, chunk)
-    f32 = torch.float32
+    V, NC, BH = v.shape[-1], cdiv(L, chunk), B * H
+    shapes = ((BH, NC, chunk, V), (BH, NC, K, V), (BH, NC, chunk, K), (BH, NC, chunk, K), (BH, NC, K))
     return (
         q.new_empty((B, L, H, V)),
-        q.new_empty((B * H, NC, chunk, V), dtype=f32),
-        q.new_empty((B * H, NC, K, V), dtype=f32),
+        *(q.new_empty(s, dtype=torch.float32) for s in (*shapes, (BH, NC, chunk, chunk))),
     )
 
 
 @torch.library.custom_op("expressivity::dplr_chunk_bwd", mutates_args=())
 def dplr_chunk_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-    w: torch.Tensor, U: torch.Tensor, M_in: torch.Tensor, scale: float, chunk: int,
+    w: torch.Tensor, U: torch.Tensor, M_in: torch.Tensor, Wy: torch.Tensor, Be: torch.Tensor, D: torch.Tensor,
+    Tm: torch.Tensor, scale: float, chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(dq, dk, dv, da, db, dw)`` with the default tiles (``_fused_bwd``)."""
-    return _fused_bwd(do, q, k, v, a, b, w, U, M_in, scale, chunk)
+    return _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale, chunk)
 
 
 @dplr_chunk_bwd.register_fake
-def _(do, q, k, v, a, b, w, U, M_in, scale, chunk):
+def _(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale, chunk):
     return tuple(torch.empty_like(x, dtype=torch.float32) for x in (q, k, v, a, b, w))
 
 
@@ -289,10 +289,10 @@ def _chunk_setup_context(ctx, inputs, output):
     ctx.scale, ctx.chunk = scale, chunk
 
 
-def _chunk_grad(ctx, do, dU, dM_in):
-    q, k, v, a, b, w, U, M_in = ctx.saved_tensors
-    grads = dplr_chunk_bwd(do, q, k, v, a, b, w, U, M_in, ctx.scale, ctx.chunk)
-    return (*grads_in_input_dtypes(grads, (q, k, v, a, b, w)), None, None)
+def _chunk_grad(ctx, do, *_saved_grads):
+    xs = ctx.saved_tensors[:6]
+    grads = dplr_chunk_bwd(do, *ctx.saved_tensors, ctx.scale, ctx.chunk)
+    return (*grads_in_input_dtypes(grads, xs), None, None)
 
 
 dplr_chunk_fwd.register_autograd(_chunk_grad, setup_context=_chunk_setup_context)
@@ -303,16 +303,15 @@ class _EagerChunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tiles, scale, chunk, *xs):
-        o, U, M_in = _fused_fwd(*xs, scale, chunk, tiles)
-        ctx.save_for_backward(*xs, U, M_in)
+        o, *saved = _fused_fwd(*xs, scale, chunk, tiles)
+        ctx.save_for_backward(*xs, *saved)
         ctx.tiles, ctx.scale, ctx.chunk = tiles, scale, chunk
         return o
 
     @staticmethod
     def backward(ctx, do):
-        *xs, U, M_in = ctx.saved_tensors
-        grads = _fused_bwd(do, *xs, U, M_in, ctx.scale, ctx.chunk, ctx.tiles)
-        return (None, None, None, *grads_in_input_dtypes(grads, xs))
+        grads = _fused_bwd(do, *ctx.saved_tensors, ctx.scale, ctx.chunk, ctx.tiles)
+        return (None, None, None, *grads_in_input_dtypes(grads, ctx.saved_tensors[:6]))
 
 
 def dplr_delta_rule(

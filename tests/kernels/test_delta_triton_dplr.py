@@ -169,10 +169,11 @@ def test_custom_ops_opcheck_autograd_and_compile():
 
     rule = [x.float().to(DEVICE).requires_grad_() for x in _dplr_inputs(1, 40, 2, 16, 16, seed=4, decay=0.6)]
     torch.library.opcheck(triton_dplr.dplr_chunk_fwd, (*rule, 0.5, 32), test_utils=("test_schema", "test_faketensor"))
-    o, U, M = triton_dplr.dplr_chunk_fwd(*rule, 0.5, 32)
+    o, *saved = triton_dplr.dplr_chunk_fwd(*rule, 0.5, 32)
+    assert len(saved) == len(triton_dplr.SAVED)
     torch.library.opcheck(
         triton_dplr.dplr_chunk_bwd,
-        (torch.randn_like(o), *(x.detach() for x in rule), U.detach(), M.detach(), 0.5, 32),
+        (torch.randn_like(o), *(x.detach() for x in (*rule, *saved)), 0.5, 32),
         test_utils=("test_schema", "test_faketensor"),
     )
     do = torch.randn(1, 40, 2, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
