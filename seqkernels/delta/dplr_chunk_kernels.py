@@ -22,8 +22,8 @@ powers of two covering ``K``, ``V``):
       dQ_x = lower(dO' Y^T)  (Y = U, v)     dq* = dO' M_0^T + dQ_b b~ + dQ_k k~      dv = Q_k^T dO'
       dq = dq* o exp(c)      db = dQ_b^T q* o exp(-c)     dc = dq* o q* - dQ_b^T q* o b~ - (k alike)
 
-- ``dplr_prep_bwd_kernel``: with the forward's ``T``, the scan's input gradients ``dU_v, dW, dBe, dKVe, dD`` and the output's
-  shares, ``R = A_k v``::
+- ``dplr_prep_bwd_kernel``: with the forward's ``T``, the scan's input gradients ``dU_v, dW, dBe, dKVe,
+  dD`` and the output's shares, ``R = A_k v``::
 
       dT = dU_v R^T + dW a*^T      dR = T^T dU_v      da* = T^T dW + dA_b b~ + dA_k k~
       dA_b = strictly_lower(T^T dT T^T)      dA_k = strictly_lower(dR v^T)      dv += A_k^T dR + k_e dKVe
@@ -34,7 +34,8 @@ powers of two covering ``K``, ``V``):
 
 Inputs ``(B, L, H, K or V)`` (rows past ``L`` read as zeros: identity steps), any float dtype read as
 float32; the scan's tensors float32 ``(B H, NC, rows, cols)``; partial gradients float32 in the inputs'
-layout. ``PREC``: every product's ``input_precision`` (``chunk_kernels._mm``); the inverse is IEEE float32.
+layout. ``PREC``: every product's precision (``chunk_kernels._mm``: ``"bf16"`` or ``tl.dot``'s
+``input_precision``); the inverse is IEEE float32.
 """
 
 from __future__ import annotations
