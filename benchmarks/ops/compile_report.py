@@ -343,7 +343,7 @@ def dplr_kernels(dtype: torch.dtype, T: int, D: int):
     from seqkernels.delta import dplr_scan_kernels as sk
     from seqkernels.delta import triton_dplr as td
 
-    C = td.fused_chunk(T, DPLR_LOWER_BOUND, None)
+    C = td.fused_chunk(T, D, DPLR_LOWER_BOUND, None)
     _, scan = td._meta(torch.empty(1, 1, C, D, device="meta"), D, None)
     cases = [("dplr scan fwd", sk.dplr_scan_fwd_kernel, scan), ("dplr scan bwd", sk.dplr_scan_bwd_kernel, scan)]
     if D <= td.FUSED_MAX_HEAD_DIM:
@@ -356,7 +356,7 @@ def dplr_kernels(dtype: torch.dtype, T: int, D: int):
             ("dplr chunk prep bwd", dk.dplr_prep_bwd_kernel, meta),
         ]
     dt = _TY[dtype]
-    ints = dict.fromkeys(("NC", "K", "V", "BH"), "i32")
+    ints = dict.fromkeys(("NC", "K", "V", "BH", "PART"), "i32")
     return [
         (f"dplr {dt} T={T} D={D} C={C} {name}", kernel, _delta_args(kernel, dtype, types=ints, **c))
         for name, kernel, c in cases

@@ -18,7 +18,7 @@ Backends:
   float32 arithmetic and state;
 - ``"triton_chunk"``: our chunkwise (WY) Triton kernels with the inter-chunk state recurrence on chip,
   forward and backward (``chunk_kernels.py``, host code in ``triton_chunk.py``); for ``dplr_delta_rule``
-  under a decay bound our per-chunk kernels around a Triton inter-chunk scan (``dplr_chunk_kernels.py``,
+  under a decay bound our per-chunk kernels (heads up to 128) around a Triton inter-chunk scan (``dplr_chunk_kernels.py``,
   ``dplr_scan_kernels.py``, host code in ``triton_dplr.py``), else the ``"chunk"`` form in PyTorch with
   that scan; CUDA (or the interpreter),
   float32/bfloat16/float16 inputs, float32 arithmetic;

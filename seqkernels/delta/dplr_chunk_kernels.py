@@ -9,11 +9,14 @@ the scan), inside the chunk ``c = cumsum(w)`` per key channel, ``c' = c - w``, `
     Be = b o exp(c_C - c)      KVe = (k o exp(c_C - c))^T v      D = exp(c_C)
     O = scale (q* M_0 + Q_b U + Q_k v),    Q_x = lower(q* x~^T)                           (U from the scan)
 
-Kernels, grid ``(NC, B H)``, one program per chunk and head with whole key and value rows (``BK``, ``BV``
-powers of two covering ``K``, ``V``):
+Kernels, grid ``(NC, B H, NV)``, one program per chunk, head and block of ``BV`` value columns with whole
+key rows (``BK``, ``BV`` powers of two, ``BK`` covering ``K``). Every gradient is linear in the value
+blocks' shares, so a program adds the terms that do not depend on the values only in block 0, and what
+sums over the values (``dq``, ``dk``, ``da``, ``db``, ``dw`` and the output's shares) is written per block
+(``NV`` leading slices ``PART`` elements apart, summed by the caller):
 
-- ``dplr_prep_kernel``: ``U_v, W, Be, KVe, D`` and ``T`` (by the stacked block inverse, ``chunk_kernels``;
-  kept for the backward);
+- ``dplr_prep_kernel``: ``U_v, W, Be, KVe, D`` and ``T`` (by the stacked block inverse, ``chunk_kernels``, in
+  each value block's own scratch; block 0's kept for the backward);
 - ``dplr_out_kernel``: ``O`` from the scan's ``U`` and ``M_0``;
 - ``dplr_out_bwd_kernel``: from ``dO' = scale dO``, the scan's output gradients ``dU = Q_b^T dO'`` and
   ``dM_0 = q*^T dO'`` (the chunk's share), ``dq`` whole, and the output's shares of ``dk, db, dv`` and of
@@ -74,25 +77,28 @@ def dplr_prep_kernel(
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """The scan's inputs ``Uv (B H, NC, C, V)``, ``Wy, Be (B H, NC, C, K)``, ``KVe (B H, NC, K, V)``, ``D (B H,
-    NC, K)`` of one chunk, and its ``T`` in ``Tm (B H, NC, C, C)`` (the inverse's scratch); grid ``(NC, B H)``."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h, t0 = i_bh // H, i_bh % H, i_c * C
+    NC, K)`` of one chunk, and its ``T`` in ``Tm (NV, B H, NC, C, C)`` (the inverse's scratch); grid ``(NC, B H,
+    NV)``."""
+    i_c, i_bh, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h, t0, v0 = i_bh // H, i_bh % H, i_c * C, i_v * BV
     n = (i_bh * NC + i_c).to(tl.int64)
-    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), v0 + tl.arange(0, BV)
     c, cp, cC = _decayed(_rows(w, i_b, i_h, t0, T, H, K, C, BK), C)
     kk, bb = _rows(k, i_b, i_h, t0, T, H, K, C, BK), _rows(b, i_b, i_h, t0, T, H, K, C, BK)
-    vv = _rows(v, i_b, i_h, t0, T, H, V, C, BV)
+    vv = _rows(v, i_b, i_h, t0, T, H, V, C, BV, v0)
     a_s = _rows(a, i_b, i_h, t0, T, H, K, C, BK) * tl.exp(cp)
     grow = tl.exp(-c)
     Ab = _strict(_mm(a_s, tl.trans(bb * grow), PREC), C)
     Ak = _strict(_mm(a_s, tl.trans(kk * grow), PREC), C)
-    Ti = _unit_lower_inverse_stacked(-Ab, Tm + n * C * C, C)  # leaves T in Tm for the backward
+    # each value block inverts in its own scratch; block 0's T is the backward's
+    Ti = _unit_lower_inverse_stacked(-Ab, Tm + (i_v * tl.num_programs(1) * NC + n) * C * C, C)
     _store(Uv, n * C * V, _mm(Ti, _mm(Ak, vv, PREC), PREC), rc, rv, C, V)
-    _store(Wy, n * C * K, _mm(Ti, a_s, PREC), rc, rk, C, K)
     to_end = tl.exp(cC[None, :] - c)
-    _store(Be, n * C * K, bb * to_end, rc, rk, C, K)
     _store(KVe, n * K * V, _mm(tl.trans(kk * to_end), vv, PREC), rk, rv, K, V)
-    tl.store(D + n * K + rk, tl.exp(cC), mask=rk < K)
+    if i_v == 0:
+        _store(Wy, n * C * K, _mm(Ti, a_s, PREC), rc, rk, C, K)
+        _store(Be, n * C * K, bb * to_end, rc, rk, C, K)
+        tl.store(D + n * K + rk, tl.exp(cC), mask=rk < K)
 
 
 @triton.jit
@@ -100,11 +106,11 @@ def dplr_out_kernel(
     q, k, v, b, w, U, M_in, o, scale, T, H, NC, K, V,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``o (B, L, H, V)`` of one chunk from the scan's ``U`` and ``M_in``; grid ``(NC, B H)``."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h, t0 = i_bh // H, i_bh % H, i_c * C
+    """``o (B, L, H, V)`` of one chunk from the scan's ``U`` and ``M_in``; grid ``(NC, B H, NV)``."""
+    i_c, i_bh, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h, t0, v0 = i_bh // H, i_bh % H, i_c * C, i_v * BV
     n = (i_bh * NC + i_c).to(tl.int64)
-    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), v0 + tl.arange(0, BV)
     c, _, _ = _decayed(_rows(w, i_b, i_h, t0, T, H, K, C, BK), C)
     q_s = _rows(q, i_b, i_h, t0, T, H, K, C, BK) * tl.exp(c)
     grow = tl.exp(-c)
@@ -112,61 +118,62 @@ def dplr_out_kernel(
     Qk = _lower(_mm(q_s, tl.trans(_rows(k, i_b, i_h, t0, T, H, K, C, BK) * grow), PREC), C)
     out = _mm(q_s, _load(M_in, n * K * V, rk, rv, K, V), PREC)
     out = _mm(Qb, _load(U, n * C * V, rc, rv, C, V), PREC, out)
-    out = _mm(Qk, _rows(v, i_b, i_h, t0, T, H, V, C, BV), PREC, out)
-    _store_rows(o, scale * out, i_b, i_h, t0, T, H, V, C, BV)
+    out = _mm(Qk, _rows(v, i_b, i_h, t0, T, H, V, C, BV, v0), PREC, out)
+    _store_rows(o, scale * out, i_b, i_h, t0, T, H, V, C, BV, v0)
 
 
 @triton.jit
 def dplr_out_bwd_kernel(
-    do, q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, T, H, NC, K, V,
+    do, q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, T, H, NC, K, V, PART,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """The output's gradients of one chunk: ``dU``, ``dM`` (the scan's output gradients), ``dq``, and the
-    output's shares ``dk_o, db_o, dc_o (B, L, H, K)``, ``dv_o (B, L, H, V)``; grid ``(NC, B H)``."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h, t0 = i_bh // H, i_bh % H, i_c * C
+    output's shares ``dk_o, db_o, dc_o (B, L, H, K)``, ``dv_o (B, L, H, V)``; grid ``(NC, B H, NV)``."""
+    i_c, i_bh, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h, t0, v0 = i_bh // H, i_bh % H, i_c * C, i_v * BV
     n = (i_bh * NC + i_c).to(tl.int64)
-    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), v0 + tl.arange(0, BV)
     c, _, _ = _decayed(_rows(w, i_b, i_h, t0, T, H, K, C, BK), C)
     grow, ec = tl.exp(-c), tl.exp(c)
     q_s = _rows(q, i_b, i_h, t0, T, H, K, C, BK) * ec
     b_g = _rows(b, i_b, i_h, t0, T, H, K, C, BK) * grow
     k_g = _rows(k, i_b, i_h, t0, T, H, K, C, BK) * grow
-    vv = _rows(v, i_b, i_h, t0, T, H, V, C, BV)
+    vv = _rows(v, i_b, i_h, t0, T, H, V, C, BV, v0)
     uu = _load(U, n * C * V, rc, rv, C, V)
     M = _load(M_in, n * K * V, rk, rv, K, V)
-    dO = scale * _rows(do, i_b, i_h, t0, T, H, V, C, BV)
+    dO = scale * _rows(do, i_b, i_h, t0, T, H, V, C, BV, v0)
     Qb = _lower(_mm(q_s, tl.trans(b_g), PREC), C)
     Qk = _lower(_mm(q_s, tl.trans(k_g), PREC), C)
     _store(dM, n * K * V, _mm(tl.trans(q_s), dO, PREC), rk, rv, K, V)
     _store(dU, n * C * V, _mm(tl.trans(Qb), dO, PREC), rc, rv, C, V)
-    _store_rows(dv_o, _mm(tl.trans(Qk), dO, PREC), i_b, i_h, t0, T, H, V, C, BV)
+    _store_rows(dv_o, _mm(tl.trans(Qk), dO, PREC), i_b, i_h, t0, T, H, V, C, BV, v0)
     dQb = _lower(_mm(dO, tl.trans(uu), PREC), C)
     dQk = _lower(_mm(dO, tl.trans(vv), PREC), C)
     dq_s = _mm(dQk, k_g, PREC, _mm(dQb, b_g, PREC, _mm(dO, tl.trans(M), PREC)))
-    _store_rows(dq, dq_s * ec, i_b, i_h, t0, T, H, K, C, BK)
+    part = i_v.to(tl.int64) * PART  # this value block's slice of the (NV, B, L, H, K) shares
+    _store_rows(dq + part, dq_s * ec, i_b, i_h, t0, T, H, K, C, BK)
     db_g = _mm(tl.trans(dQb), q_s, PREC)
     dk_g = _mm(tl.trans(dQk), q_s, PREC)
-    _store_rows(db_o, db_g * grow, i_b, i_h, t0, T, H, K, C, BK)
-    _store_rows(dk_o, dk_g * grow, i_b, i_h, t0, T, H, K, C, BK)
-    _store_rows(dc_o, dq_s * q_s - db_g * b_g - dk_g * k_g, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(db_o + part, db_g * grow, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dk_o + part, dk_g * grow, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dc_o + part, dq_s * q_s - db_g * b_g - dk_g * k_g, i_b, i_h, t0, T, H, K, C, BK)
 
 
 @triton.jit
 def dplr_prep_bwd_kernel(
-    k, v, a, b, w, Tm, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, T, H, NC, K, V,
+    k, v, a, b, w, Tm, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, T, H, NC, K, V, PART,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """``dk, dv, da, db, dw`` of one chunk from the forward's ``Tm``, the scan's input gradients and the
-    output's shares; grid ``(NC, B H)``."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h, t0 = i_bh // H, i_bh % H, i_c * C
+    output's shares; grid ``(NC, B H, NV)``."""
+    i_c, i_bh, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h, t0, v0 = i_bh // H, i_bh % H, i_c * C, i_v * BV
     n = (i_bh * NC + i_c).to(tl.int64)
-    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), v0 + tl.arange(0, BV)
     ww = _rows(w, i_b, i_h, t0, T, H, K, C, BK)
     c, cp, cC = _decayed(ww, C)
     kk, bb = _rows(k, i_b, i_h, t0, T, H, K, C, BK), _rows(b, i_b, i_h, t0, T, H, K, C, BK)
-    vv = _rows(v, i_b, i_h, t0, T, H, V, C, BV)
+    vv = _rows(v, i_b, i_h, t0, T, H, V, C, BV, v0)
     ecp, grow = tl.exp(cp), tl.exp(-c)
     a_s = _rows(a, i_b, i_h, t0, T, H, K, C, BK) * ecp
     b_g, k_g = bb * grow, kk * grow
@@ -174,7 +181,8 @@ def dplr_prep_bwd_kernel(
     Ti = tl.load(Tm + n * C * C + rc[:, None] * C + rc[None, :])
     R = _mm(Ak, vv, PREC)
     dUv_ = _load(dUv, n * C * V, rc, rv, C, V)
-    dWy_ = _load(dWy, n * C * K, rc, rk, C, K)
+    first = (i_v == 0).to(tl.float32)  # the terms that do not depend on the values come from block 0
+    dWy_ = first * _load(dWy, n * C * K, rc, rk, C, K)
     dT = _mm(dWy_, tl.trans(a_s), PREC, _mm(dUv_, tl.trans(R), PREC))
     Tt = tl.trans(Ti)
     dR = _mm(Tt, dUv_, PREC)
@@ -187,16 +195,17 @@ def dplr_prep_bwd_kernel(
     dKVe_ = _load(dKVe, n * K * V, rk, rv, K, V)
     dk_e = _mm(vv, tl.trans(dKVe_), PREC)
     dv_ = _mm(kk * to_end, dKVe_, PREC, _mm(tl.trans(Ak), dR, PREC))
-    _store_rows(dv, dv_ + _rows(dv_o, i_b, i_h, t0, T, H, V, C, BV), i_b, i_h, t0, T, H, V, C, BV)
-    dBe_ = _load(dBe, n * C * K, rc, rk, C, K)
-    db_ = dBe_ * to_end + db_g * grow + _rows(db_o, i_b, i_h, t0, T, H, K, C, BK)
-    dk_ = dk_e * to_end + dk_g * grow + _rows(dk_o, i_b, i_h, t0, T, H, K, C, BK)
-    _store_rows(db, db_, i_b, i_h, t0, T, H, K, C, BK)
-    _store_rows(dk, dk_, i_b, i_h, t0, T, H, K, C, BK)
-    _store_rows(da, da_s * ecp, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dv, dv_ + _rows(dv_o, i_b, i_h, t0, T, H, V, C, BV, v0), i_b, i_h, t0, T, H, V, C, BV, v0)
+    dBe_ = first * _load(dBe, n * C * K, rc, rk, C, K)
+    part = i_v.to(tl.int64) * PART  # this value block's slice of the (NV, B, L, H, K) gradients
+    db_ = dBe_ * to_end + db_g * grow + first * _rows(db_o, i_b, i_h, t0, T, H, K, C, BK)
+    dk_ = dk_e * to_end + dk_g * grow + first * _rows(dk_o, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(db + part, db_, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dk + part, dk_, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(da + part, da_s * ecp, i_b, i_h, t0, T, H, K, C, BK)
     d_end = (dBe_ * bb + dk_e * kk) * to_end  # the gradient of exp(c_C - c), times it
-    dcC = tl.sum(d_end, 0) + tl.load(dD + n * K + rk, mask=rk < K, other=0.0) * tl.exp(cC)
-    dc = _rows(dc_o, i_b, i_h, t0, T, H, K, C, BK) - d_end - db_g * b_g - dk_g * k_g
+    dcC = tl.sum(d_end, 0) + first * tl.load(dD + n * K + rk, mask=rk < K, other=0.0) * tl.exp(cC)
+    dc = first * _rows(dc_o, i_b, i_h, t0, T, H, K, C, BK) - d_end - db_g * b_g - dk_g * k_g
     dcp = da_s * a_s
     dw_ = tl.cumsum(dc, 0, reverse=True) + tl.cumsum(dcp, 0, reverse=True) - dcp + dcC[None, :]
-    _store_rows(dw, dw_, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dw + part, dw_, i_b, i_h, t0, T, H, K, C, BK)

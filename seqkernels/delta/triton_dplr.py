@@ -1,6 +1,6 @@
 """RWKV-7's DPLR rule chunkwise in Triton (``backend="triton_chunk"`` of ``dplr_delta_rule``), two ways:
 
-- under a decay bound with factored chunks of 16, 32 or 64 (``fused_chunk``) and heads up to
+- under a decay bound with factored chunks of 16 (or 32, 64: ``fused_chunk``) and heads up to
   ``FUSED_MAX_HEAD_DIM``: every part in Triton, ``dplr_chunk_kernels.py``'s per-chunk kernels (the scan's
   inputs; the outputs; their backward) around the scan below, as the custom ops ``expressivity::
   dplr_chunk_fwd`` / ``dplr_chunk_bwd`` with ``register_autograd``;
@@ -39,9 +39,10 @@ class ScanTiles:
     """Launch parameters of the scan kernels, and the products' precision of the fused kernels too; ``None``
     takes the default.
 
-    ``block_v``: value columns of the state per program, a power of two (default every column up to 64 where
-    a chunk's ``(C, K)`` tile holds fewer than 64 x 128 entries, else 16: a wider block there needs more than
-    an H100's 227 KiB of shared memory with ``"tf32x3"`` products); ``warps`` (default 4; at most 4 for
+    ``block_v``: value columns of the state per program, a power of two (default every column up to 64 at
+    keys up to 64 wide; at wider keys up to 32 where a chunk's ``(C, K)`` tile holds fewer than 64 x 128
+    entries, else 16: wider blocks there need more than an H100's 227 KiB of shared memory with ``"tf32x3"``
+    products, or near it); also the fused kernels' value block where set; ``warps`` (default 4; at most 4 for
     blocks of 16 with tensor-core products: the backward kernel faults there at 8 warps on an H100 with
     Triton 3.6, ``"ieee"`` does not); ``precision``: every product's precision, one of
     ``SCAN_PRECISIONS`` (``chunk_kernels._mm``: ``tl.dot``'s ``input_precision``, or ``"bf16"``, both operands
@@ -55,7 +56,7 @@ class ScanTiles:
     def resolve(self, C: int, K: int, V: int) -> tuple[int, int, int, str]:
         """``(BK, BV, warps, precision)`` for chunks of ``C`` steps, keys ``K`` and values ``V`` wide."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
-        BV = self.block_v or min(VP, 64 if max(16, next_pow2(C)) * BK < 64 * 128 else 16)
+        BV = self.block_v or min(VP, 64 if BK <= 64 else 32 if max(16, next_pow2(C)) * BK < 64 * 128 else 16)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"dplr triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
         warps = self.warps or 4
@@ -184,67 +185,81 @@ def dplr_scan(U_v, W, b_end, KV_end, decay_end, *, tiles: ScanTiles | None = Non
     return U.reshape(*lead, NC, C, V), M.reshape(*lead, NC, K, V)
 
 
-#: the chunk sizes of the fused kernels (the stacked block inverse's: one to four blocks of 16), and their
-#: widest head: a program holds whole ``(C, K)`` and ``(C, V)`` tiles (wider heads take PyTorch's chunk form)
-FUSED_CHUNKS, FUSED_MAX_HEAD_DIM = (16, 32, 64), 64
+#: the chunk sizes of the fused kernels (the stacked block inverse's: one to four blocks of 16), their default
+#: (fla's for this rule; the least spilling), and their widest head: a program holds whole ``(C, K)`` tiles.
+#: Chunks of 64 at keys wider than 64 need more shared memory than an H100 has (the prep backward, 256 KiB
+#: under Triton 3.9: ``python -m benchmarks.ops compile --families delta``)
+FUSED_CHUNKS, FUSED_DEFAULT_CHUNK, FUSED_MAX_HEAD_DIM = (16, 32, 64), 16, 128
 
 
-def fused_chunk(L: int, lower_bound: float | None, chunk: int | None) -> int | None:
-    """The chunk size the fused kernels run ``L`` steps in under ``lower_bound`` (``chunk``: asked for), or
-    ``None`` where they cannot: no bound (pairwise decays), or a bound whose factored chunk (``pytorch``'s
-    ``DPLR_MAX_EXPONENT`` over it) is under 16 steps, or a ``chunk`` not in ``FUSED_CHUNKS`` or longer."""
+def fused_chunk(L: int, K: int, lower_bound: float | None, chunk: int | None) -> int | None:
+    """The chunk size the fused kernels run ``L`` steps of keys ``K`` wide in under ``lower_bound`` (``chunk``:
+    asked for; default ``FUSED_DEFAULT_CHUNK``), or ``None`` where they cannot: no bound (pairwise decays), a
+    bound whose factored chunk (``pytorch``'s ``DPLR_MAX_EXPONENT`` over it) is under the chunk, a ``chunk``
+    not in ``FUSED_CHUNKS``, or 64 at keys wider than 64."""
     if not lower_bound or lower_bound >= 0:
         return None
+    C = FUSED_DEFAULT_CHUNK if chunk is None else chunk
     longest = min(pytorch.DPLR_CHUNK, int(pytorch.DPLR_MAX_EXPONENT / -lower_bound))
-    if chunk is not None:
-        return chunk if chunk in FUSED_CHUNKS and chunk <= longest else None
-    fits = [c for c in FUSED_CHUNKS if c <= longest]
-    return min(fits[-1], max(16, next_pow2(L))) if fits else None
+    fits = C in FUSED_CHUNKS and C <= longest and not (C == 64 and K > 64)
+    return C if fits else None
 
 
 def _chunk_meta(q, v, C: int, tiles: ScanTiles | None):
+    """``(B, L, H, K, V, NC, NV, launch keywords)`` of the fused kernels: value blocks of ``tiles.block_v``
+    columns where it is set, else of every column up to 64."""
     B, L, H, K = q.shape
     V = v.shape[-1]
-    BK, _, _, precision = (tiles or ScanTiles()).resolve(C, K, V)
-    meta = {"C": C, "BK": BK, "BV": max(16, next_pow2(V)), "PREC": precision}
-    return B, L, H, K, V, cdiv(L, C), meta
+    tiles = tiles or ScanTiles()
+    BK, _, _, precision = tiles.resolve(C, K, V)
+    BV = tiles.block_v or min(max(16, next_pow2(V)), 64)
+    return B, L, H, K, V, cdiv(L, C), cdiv(V, BV), {"C": C, "BK": BK, "BV": BV, "PREC": precision}
+
+
+def _block_sum(x: torch.Tensor) -> torch.Tensor:
+    """The sum of the per-value-block shares ``x (NV, ...)``."""
+    return x.sum(0) if x.shape[0] > 1 else x[0]
 
 
 #: what the fused forward keeps for its backward: the scan's outputs ``U (B H, NC, C, V)``, ``M_in (B H, NC, K,
-#: V)``, its inputs ``Wy, Be (B H, NC, C, K)``, ``D (B H, NC, K)`` and each chunk's ``T`` as ``Tm (B H, NC, C, C)``
+#: V)``, its inputs ``Wy, Be (B H, NC, C, K)``, ``D (B H, NC, K)`` and each chunk's ``T`` in ``Tm (NV, B H, NC, C,
+#: C)`` (the first of the value blocks' scratches)
 SAVED = ("U", "M_in", "Wy", "Be", "D", "Tm")
 
 
 def _fused_fwd(q, k, v, a, b, w, scale: float, C: int, tiles: ScanTiles | None = None):
     """``(o, *SAVED)``: the output ``(B, L, H, V)`` in ``q``'s dtype and what the backward reads, float32."""
-    B, L, H, K, V, NC, meta = _chunk_meta(q, v, C, tiles)
+    B, L, H, K, V, NC, NV, meta = _chunk_meta(q, v, C, tiles)
     dev, f32, BH = q.device, torch.float32, B * H
     Uv, Wy, Be = empty((BH, NC, C, V), dev, f32), empty((BH, NC, C, K), dev, f32), empty((BH, NC, C, K), dev, f32)
-    KVe, D, Tm = empty((BH, NC, K, V), dev, f32), empty((BH, NC, K), dev, f32), empty((BH, NC, C, C), dev, f32)
-    dplr_prep_kernel[(NC, BH)](k, v, a, b, w, Uv, Wy, Be, KVe, D, Tm, L, H, NC, K, V, **meta)
+    KVe, D, Tm = empty((BH, NC, K, V), dev, f32), empty((BH, NC, K), dev, f32), empty((NV, BH, NC, C, C), dev, f32)
+    dplr_prep_kernel[(NC, BH, NV)](k, v, a, b, w, Uv, Wy, Be, KVe, D, Tm, L, H, NC, K, V, **meta)
     U, M_in = _scan_fwd(Uv, Wy, Be, KVe, D, tiles)
     o = empty((B, L, H, V), dev, q.dtype)
-    dplr_out_kernel[(NC, BH)](q, k, v, b, w, U, M_in, o, scale, L, H, NC, K, V, **meta)
+    dplr_out_kernel[(NC, BH, NV)](q, k, v, b, w, U, M_in, o, scale, L, H, NC, K, V, **meta)
     return o, U, M_in, Wy, Be, D, Tm
 
 
 def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale: float, C: int, tiles: ScanTiles | None = None):
     """``(dq, dk, dv, da, db, dw)``, float32, of ``_fused_fwd``'s output gradient ``do``."""
-    B, L, H, K, V, NC, meta = _chunk_meta(q, v, C, tiles)
-    dev, f32, BH = q.device, torch.float32, B * H
+    B, L, H, K, V, NC, NV, meta = _chunk_meta(q, v, C, tiles)
+    dev, f32, BH, part = q.device, torch.float32, B * H, B * L * H * K
     dU, dM = empty((BH, NC, C, V), dev, f32), empty((BH, NC, K, V), dev, f32)
-    dq, dk_o, db_o, dc_o = (empty((B, L, H, K), dev, f32) for _ in range(4))
+    dq, dk_o, db_o, dc_o = (empty((NV, B, L, H, K), dev, f32) for _ in range(4))
     dv_o = empty((B, L, H, V), dev, f32)
-    dplr_out_bwd_kernel[(NC, BH)](
-        do.contiguous(), q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, L, H, NC, K, V, **meta
-    )
+    dplr_out_bwd_kernel[(NC, BH, NV)](
+        do.contiguous(), q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, L, H, NC, K, V, part,
+        **meta,
+    )  # fmt: skip
+    dk_o, db_o, dc_o = _block_sum(dk_o), _block_sum(db_o), _block_sum(dc_o)
     dUv, dWy, dBe, dKVe, dD = _scan_bwd(dU, dM, Wy, Be, D, U, M_in, tiles)
-    dk, db, da, dw = (empty((B, L, H, K), dev, f32) for _ in range(4))
+    dk, db, da, dw = (empty((NV, B, L, H, K), dev, f32) for _ in range(4))
     dv = empty((B, L, H, V), dev, f32)
-    dplr_prep_bwd_kernel[(NC, BH)](
-        k, v, a, b, w, Tm, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, L, H, NC, K, V, **meta
-    )
-    return dq, dk, dv, da, db, dw
+    dplr_prep_bwd_kernel[(NC, BH, NV)](
+        k, v, a, b, w, Tm, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, L, H, NC, K, V, part,
+        **meta,
+    )  # fmt: skip
+    return _block_sum(dq), _block_sum(dk), dv, _block_sum(da), _block_sum(db), _block_sum(dw)
 
 
 @torch.library.custom_op("expressivity::dplr_chunk_fwd", mutates_args=())
@@ -259,13 +274,10 @@ def dplr_chunk_fwd(
 
 @dplr_chunk_fwd.register_fake
 def _(q, k, v, a, b, w, scale, chunk):
-    B, L, H, K = q.shape
-    V, NC, BH = v.shape[-1], cdiv(L, chunk), B * H
-    shapes = ((BH, NC, chunk, V), (BH, NC, K, V), (BH, NC, chunk, K), (BH, NC, chunk, K), (BH, NC, K))
-    return (
-        q.new_empty((B, L, H, V)),
-        *(q.new_empty(s, dtype=torch.float32) for s in (*shapes, (BH, NC, chunk, chunk))),
-    )
+    B, L, H, K, V, NC, NV, _ = _chunk_meta(q, v, chunk, None)
+    BH, C = B * H, chunk
+    shapes = ((BH, NC, C, V), (BH, NC, K, V), (BH, NC, C, K), (BH, NC, C, K), (BH, NC, K), (NV, BH, NC, C, C))
+    return (q.new_empty((B, L, H, V)), *(q.new_empty(s, dtype=torch.float32) for s in shapes))
 
 
 @torch.library.custom_op("expressivity::dplr_chunk_bwd", mutates_args=())
@@ -326,7 +338,7 @@ def dplr_delta_rule(
         raise TypeError(f"dplr triton_chunk: inputs must be one of {KERNEL_DTYPES} or float64, got {q.dtype}")
     out_dtype = q.dtype
     q, k, v, a, b, w = kernel_dtype(q, k, v, a, b, w)
-    C = fused_chunk(q.shape[1], lower_bound, chunk)
+    C = fused_chunk(q.shape[1], q.shape[-1], lower_bound, chunk)
     if C is not None and max(q.shape[-1], v.shape[-1]) <= FUSED_MAX_HEAD_DIM:
         xs = [x.contiguous() for x in (q, k, v, a, b, w)]
         if torch.compiler.is_compiling() or tiles is None:

@@ -23,6 +23,6 @@ def test_the_delta_kernels_compile_for_hopper(tiles):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("delta bf16 T=256 D=64 ")]
     assert len(rows) == 12 and all("regs=" in line and "spill=" in line for line in rows), done.stdout
-    dplr = [line for line in done.stdout.splitlines() if line.startswith("dplr bf16 T=256 D=64 C=64 ")]
+    dplr = [line for line in done.stdout.splitlines() if line.startswith("dplr bf16 T=256 D=64 C=16 ")]
     assert len(dplr) == 6 and all("regs=" in line for line in dplr), done.stdout  # the scan and fused kernels
     assert "COMPILE ERROR" not in done.stdout and "OVER BUDGET" not in done.stdout

@@ -447,4 +447,6 @@ def test_lp_states_bf16_bit_identical(gate):
         return
     out_p, grad_p = run(mlstm_parallel, *_to(x, st), gate)
     errs = [_rel(a.cpu(), b.cpu()) for a, b in zip(out[:2] + grad, out_p[:2] + grad_p) if b is not None]
-    assert max(errs) < 1e-1, errs  # bfloat16 inputs at S = 45: up to 5.1e-2 on an H200 (a wrong kernel: O(1))
+    assert all(e < 1e-1 for e in errs), (
+        errs
+    )  # bfloat16 inputs at S = 45: up to 5.1e-2 on an H200 (a wrong kernel: O(1))
