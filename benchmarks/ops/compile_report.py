@@ -343,7 +343,7 @@ def dplr_kernels(dtype: torch.dtype, T: int, D: int):
     from seqkernels.delta import dplr_scan_kernels as sk
     from seqkernels.delta import triton_dplr as td
 
-    C = td.fused_chunk(T, D, DPLR_LOWER_BOUND, None)
+    C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
     _, scan = td._meta(torch.empty(1, 1, C, D, device="meta"), D, None)
     cases = [("dplr scan fwd", sk.dplr_scan_fwd_kernel, scan), ("dplr scan bwd", sk.dplr_scan_bwd_kernel, scan)]
     if D <= td.FUSED_MAX_HEAD_DIM:

@@ -18,17 +18,17 @@ Backends:
   float32 arithmetic and state;
 - ``"triton_chunk"``: our chunkwise (WY) Triton kernels with the inter-chunk state recurrence on chip,
   forward and backward (``chunk_kernels.py``, host code in ``triton_chunk.py``); for ``dplr_delta_rule``
-  under a decay bound our per-chunk kernels (heads up to 128) around a Triton inter-chunk scan (``dplr_chunk_kernels.py``,
-  ``dplr_scan_kernels.py``, host code in ``triton_dplr.py``), else the ``"chunk"`` form in PyTorch with
-  that scan; CUDA (or the interpreter),
-  float32/bfloat16/float16 inputs, float32 arithmetic;
+  under a decay bound our per-chunk kernels (heads up to 128) around a Triton inter-chunk scan
+  (``dplr_chunk_kernels.py``, ``dplr_scan_kernels.py``, host code in ``triton_dplr.py``), else the
+  ``"chunk"`` form in PyTorch with that scan; CUDA (or the interpreter), float32/bfloat16/float16 inputs,
+  float32 arithmetic;
 - ``"fla"``: flash-linear-attention's chunked Triton kernels (``fla.py``), CUDA only, computed in
   bfloat16 (inputs cast inside, outputs cast back);
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
 - ``"auto"``: the fastest measured on CUDA (``resolve_backend``): ``"fla"`` where fla is importable, but
-  ours (``"triton_chunk"``; ``"triton"`` for ``dplr_delta_rule``, whose fused chunk kernels are untimed) for narrow
-  heads over short recurrences, and over longer ones where fla's own path is slow (``dplr_delta_rule``;
+  ours (``"triton_chunk"``; ``"triton"`` for ``dplr_delta_rule``, whose fused chunk kernels are untimed)
+  for narrow heads over short recurrences, and over longer ones where fla's own path is slow (``dplr_delta_rule``;
   a gated op whose backward fla refuses here when its stand-in runs in PyTorch, see ``fla_gated_bwd``);
   without fla ``"triton_chunk"`` (``"triton"`` for ``dplr_delta_rule``). Off CUDA ``"chunk"``
   (``"reference"`` for ``dplr_delta_rule``).
@@ -248,7 +248,8 @@ def delta_product(q, k, v, beta, g=None, *, scale: float | None = None, qk_l2nor
 def dplr_delta_rule(q, k, v, a, b, w, *, scale: float = 1.0, lower_bound: float | None = None, backend: str = AUTO):
     """``S_t = S_{t-1}(diag(exp(w_t)) + a_t b_t^T) + v_t k_t^T``, ``o_t = scale S_t q_t``;
     ``q, k, a, b, w (B, L, H, K)``, ``v (B, L, H, V)``. ``lower_bound``: a promise ``lower_bound <= w < 0``
-    that lets fla, ``"chunk"`` and ``"triton_chunk"`` use their faster chunking (RWKV-7: ``-exp(-0.5)``); the recurrences ignore it."""
+    that lets fla, ``"chunk"`` and ``"triton_chunk"`` use their faster chunking (RWKV-7: ``-exp(-0.5)``); the
+    recurrences ignore it."""
     B, L, H, K = q.shape
     _check(
         "dplr_delta_rule",

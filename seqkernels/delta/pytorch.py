@@ -112,6 +112,12 @@ def _decayed_products(x, x_log, ys, c, mask, factor: bool) -> list[torch.Tensor]
     return [torch.einsum("...ic,...ijc,...jc->...ij", x, decays, y) for y in ys]
 
 
+def factored_chunk(lower_bound: float | None) -> int:
+    """The longest DPLR chunk whose decays factor under ``lower_bound <= w`` (``exp(-c)`` at most
+    ``exp(DPLR_MAX_EXPONENT)``, at most ``DPLR_CHUNK`` steps); 0 without a negative bound (pairwise decays)."""
+    return min(DPLR_CHUNK, int(DPLR_MAX_EXPONENT / -lower_bound)) if lower_bound and lower_bound < 0 else 0
+
+
 def dplr_scan(
     U_v: torch.Tensor, W: torch.Tensor, b_end: torch.Tensor, KV_end: torch.Tensor, decay_end: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,9 +171,9 @@ def dplr_delta_rule(
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v, a, b, w = (x.to(dtype) for x in (q, k, v, a, b, w))
     # the longest chunk over which exp(-c) stays below exp(DPLR_MAX_EXPONENT); 0: no bound, pairwise decays
-    factored_chunk = min(DPLR_CHUNK, int(DPLR_MAX_EXPONENT / -lower_bound)) if lower_bound and lower_bound < 0 else 0
-    factor = factored_chunk >= 1
-    C = min(chunk or (factored_chunk if factor else DPLR_PAIRWISE_CHUNK), L)
+    longest = factored_chunk(lower_bound)
+    factor = longest >= 1
+    C = min(chunk or (longest if factor else DPLR_PAIRWISE_CHUNK), L)
     pad = -L % C
     NC = (L + pad) // C
 

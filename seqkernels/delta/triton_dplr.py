@@ -80,6 +80,11 @@ def _meta(W: torch.Tensor, V: int, tiles: ScanTiles | None) -> tuple[int, dict]:
     return cdiv(V, BV), {**meta, "num_warps": warps}
 
 
+def _block_sum(x: torch.Tensor) -> torch.Tensor:
+    """The sum of the per-value-block shares ``x (NV, ...)``."""
+    return x.sum(0) if x.shape[0] > 1 else x[0]
+
+
 def _scan_fwd(Uv, W, Be, KVe, D, tiles: ScanTiles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(U, M_in)`` of ``Uv (BH, NC, C, V)``, ``W, Be (BH, NC, C, K)``, ``KVe (BH, NC, K, V)``, ``D (BH, NC, K)``."""
     BH, NC, C, V = Uv.shape
@@ -102,8 +107,7 @@ def _scan_bwd(dU, dM_in, W, Be, D, U, M_in, tiles: ScanTiles | None = None):
     dW, dBe = (empty((NV, BH, NC, C, K), dev, f32) for _ in range(2))
     dD = empty((NV, BH, NC, K), dev, f32)
     dplr_scan_bwd_kernel[(NV, BH)](dU, dM_in, W, Be, D, U, M_in, dUv, dW, dBe, dKVe, dD, NC, BH, **meta)
-    dW, dBe, dD = (x.sum(0) if NV > 1 else x[0] for x in (dW, dBe, dD))
-    return dUv, dW, dBe, dKVe, dD
+    return dUv, _block_sum(dW), _block_sum(dBe), dKVe, _block_sum(dD)
 
 
 @torch.library.custom_op("expressivity::dplr_scan_fwd", mutates_args=())
@@ -192,16 +196,13 @@ def dplr_scan(U_v, W, b_end, KV_end, decay_end, *, tiles: ScanTiles | None = Non
 FUSED_CHUNKS, FUSED_DEFAULT_CHUNK, FUSED_MAX_HEAD_DIM = (16, 32, 64), 16, 128
 
 
-def fused_chunk(L: int, K: int, lower_bound: float | None, chunk: int | None) -> int | None:
-    """The chunk size the fused kernels run ``L`` steps of keys ``K`` wide in under ``lower_bound`` (``chunk``:
-    asked for; default ``FUSED_DEFAULT_CHUNK``), or ``None`` where they cannot: no bound (pairwise decays), a
-    bound whose factored chunk (``pytorch``'s ``DPLR_MAX_EXPONENT`` over it) is under the chunk, a ``chunk``
-    not in ``FUSED_CHUNKS``, or 64 at keys wider than 64."""
-    if not lower_bound or lower_bound >= 0:
-        return None
+def fused_chunk(K: int, lower_bound: float | None, chunk: int | None) -> int | None:
+    """The chunk size the fused kernels run keys ``K`` wide in under ``lower_bound`` (``chunk``: asked for;
+    default ``FUSED_DEFAULT_CHUNK``), or ``None`` where they cannot: no bound (pairwise decays), a bound
+    whose factored chunk (``pytorch.factored_chunk``) is under the chunk, a ``chunk`` not in
+    ``FUSED_CHUNKS``, or 64 at keys wider than 64."""
     C = FUSED_DEFAULT_CHUNK if chunk is None else chunk
-    longest = min(pytorch.DPLR_CHUNK, int(pytorch.DPLR_MAX_EXPONENT / -lower_bound))
-    fits = C in FUSED_CHUNKS and C <= longest and not (C == 64 and K > 64)
+    fits = C in FUSED_CHUNKS and C <= pytorch.factored_chunk(lower_bound) and not (C == 64 and K > 64)
     return C if fits else None
 
 
@@ -214,11 +215,6 @@ def _chunk_meta(q, v, C: int, tiles: ScanTiles | None):
     BK, _, _, precision = tiles.resolve(C, K, V)
     BV = tiles.block_v or min(max(16, next_pow2(V)), 64)
     return B, L, H, K, V, cdiv(L, C), cdiv(V, BV), {"C": C, "BK": BK, "BV": BV, "PREC": precision}
-
-
-def _block_sum(x: torch.Tensor) -> torch.Tensor:
-    """The sum of the per-value-block shares ``x (NV, ...)``."""
-    return x.sum(0) if x.shape[0] > 1 else x[0]
 
 
 #: what the fused forward keeps for its backward: the scan's outputs ``U (B H, NC, C, V)``, ``M_in (B H, NC, K,
@@ -266,7 +262,9 @@ def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale: float, C: in
 def dplr_chunk_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: torch.Tensor,
     scale: float, chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+]:  # fmt: skip
     """``(o, *SAVED)`` with the default tiles (``_fused_fwd``); ``SAVED`` are for the backward, which takes no
     gradient through them."""
     return _fused_fwd(q, k, v, a, b, w, scale, chunk)
@@ -338,7 +336,7 @@ def dplr_delta_rule(
         raise TypeError(f"dplr triton_chunk: inputs must be one of {KERNEL_DTYPES} or float64, got {q.dtype}")
     out_dtype = q.dtype
     q, k, v, a, b, w = kernel_dtype(q, k, v, a, b, w)
-    C = fused_chunk(q.shape[1], q.shape[-1], lower_bound, chunk)
+    C = fused_chunk(q.shape[-1], lower_bound, chunk)
     if C is not None and max(q.shape[-1], v.shape[-1]) <= FUSED_MAX_HEAD_DIM:
         xs = [x.contiguous() for x in (q, k, v, a, b, w)]
         if torch.compiler.is_compiling() or tiles is None:

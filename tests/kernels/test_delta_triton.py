@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from seqkernels import delta as kd
-from seqkernels._triton import poisoned, triton_available
+from seqkernels._triton import triton_available
 from seqkernels.delta import triton_ops
 from seqkernels.delta.triton_ops import RecurrentTiles, delta_recurrent_fwd
+from tests.kernels.test_delta_triton_chunk import compare_with_reference
 
 F64 = torch.float64
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -52,27 +53,10 @@ def _call(member, tensors, fn, tiles):
     return getattr(triton_ops, name)(*tensors, tiles=tiles, **kw)
 
 
-def rel(x, y, floor=0.0):
-    x, y = x.detach().double(), y.detach().double()
-    return float((x - y).norm() / max(float(y.norm()), floor, 1e-30))
-
-
 def _compare(member, tensors, fn, tiles, dtype, tol, seed=0):
-    """Our kernel on ``dtype`` copies against the reference on float64 copies: output and every gradient."""
-    fast = [t.to(DEVICE, dtype).requires_grad_() for t in tensors]
-    slow = [t.to(DEVICE).requires_grad_() for t in tensors]
-    with poisoned():
-        o_fast = _call(member, fast, fn, tiles)
-    o_ref = fn(lambda t: {"backend": "reference"}, None)(*slow)
-    do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(DEVICE)
-    with poisoned():
-        g_fast = torch.autograd.grad(o_fast, fast, do.to(dtype))
-    g_ref = torch.autograd.grad(o_ref, slow, do)
-    assert o_fast.dtype == dtype and all(g.dtype == dtype for g in g_fast)
-    floor = 1e-2 * max(float(b.norm()) for b in g_ref)
-    errors = {"out": rel(o_fast, o_ref), **{f"d{i}": rel(a, b, floor) for i, (a, b) in enumerate(zip(g_fast, g_ref))}}
-    assert all(e <= tol for e in errors.values()), errors  # a NaN error fails (max() would skip it)
-    return errors
+    """Our kernel against the reference (``compare_with_reference``)."""
+    fast = lambda *xs: _call(member, xs, fn, tiles)  # noqa: E731
+    return compare_with_reference(fast, fn(lambda t: {"backend": "reference"}, None), tensors, dtype, tol, seed)
 
 
 MEMBERS = ["delta_rule", "gated_delta_rule", "delta_product", "gated_delta_product", "dplr_delta_rule"]

@@ -56,16 +56,17 @@ def rel(x, y, floor=0.0):
     return float((x - y).norm() / max(float(y.norm()), floor, 1e-30))
 
 
-def _compare(member, shape, dtype, tol, tiles=None, seed=0):
-    """``triton_chunk`` on ``dtype`` copies against the reference on float64 copies: output and every gradient
-    (errors relative to the norm of the reference, gradients to at least 1% of the largest gradient's)."""
-    tensors, kw = _inputs(member, *shape, seed=seed)
+def compare_with_reference(fast_fn, ref_fn, tensors, dtype, tol, do_seed):
+    """``fast_fn`` on ``dtype`` copies of ``tensors`` (its kernel outputs poisoned with NaN) against ``ref_fn``
+    on float64 copies: output and every gradient for one random output gradient (``do_seed``), errors
+    relative to the norm of the reference, gradients to at least 1% of the largest gradient's; each at most
+    ``tol`` (a NaN fails). Returns the errors by name."""
     fast = [t.to(DEVICE, dtype).requires_grad_() for t in tensors]
-    slow = [t.to(DEVICE).requires_grad_() for t in tensors]
+    slow = [t.to(DEVICE, F64).requires_grad_() for t in tensors]
     with poisoned():
-        o_fast = _run(member, fast, kw, "triton_chunk", tiles)
-    o_ref = _run(member, slow, kw, "reference")
-    do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=F64).to(DEVICE)
+        o_fast = fast_fn(*fast)
+    o_ref = ref_fn(*slow)
+    do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(do_seed), dtype=F64).to(DEVICE)
     with poisoned():
         g_fast = torch.autograd.grad(o_fast, fast, do.to(dtype))
     g_ref = torch.autograd.grad(o_ref, slow, do)
@@ -74,6 +75,13 @@ def _compare(member, shape, dtype, tol, tiles=None, seed=0):
     errors = {"out": rel(o_fast, o_ref), **{f"d{i}": rel(a, b, floor) for i, (a, b) in enumerate(zip(g_fast, g_ref))}}
     assert all(e <= tol for e in errors.values()), errors  # a NaN error fails (max() would skip it)
     return errors
+
+
+def _compare(member, shape, dtype, tol, tiles=None, seed=0):
+    """``triton_chunk`` against the reference (``compare_with_reference``)."""
+    tensors, kw = _inputs(member, *shape, seed=seed)
+    fast = lambda *xs: _run(member, xs, kw, "triton_chunk", tiles)  # noqa: E731
+    return compare_with_reference(fast, lambda *xs: _run(member, xs, kw, "reference"), tensors, dtype, tol, seed + 1)
 
 
 @pytest.mark.parametrize("member", MEMBERS)

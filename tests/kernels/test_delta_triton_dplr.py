@@ -2,8 +2,8 @@
 kernels (``dplr_scan_kernels.py``) against ``pytorch.dplr_scan``'s loop in float64, forward and every input
 gradient, at awkward chunk, key and value sizes, several value blocks, one chunk, outputs poisoned with NaN;
 the whole rule, on the fused kernels (``dplr_chunk_kernels.py``, under a decay bound) and on PyTorch's chunk
-form with the scan (pairwise decays, other chunk sizes, wider heads), against the float64 per-token reference (itself checked against dense matrices in
-``test_delta.py``), with and without a decay bound; the custom ops under ``opcheck``, through their registered
+form with the scan (pairwise decays, other chunk sizes, wider heads), against the float64 per-token reference
+(itself checked against dense matrices in ``test_delta.py``), with and without a decay bound; the custom ops under ``opcheck``, through their registered
 autograd and ``torch.compile``. On the CPU in the interpreter at small shapes; on a GPU (``-m gpu``) at lengths
 up to 1,024 and head dims 16 to 128, in float32 and bfloat16, in a CUDA graph.
 """
@@ -18,7 +18,7 @@ from seqkernels.delta import triton_dplr
 from seqkernels.delta.triton_dplr import ScanTiles, dplr_scan_bwd, dplr_scan_fwd
 from tests.kernels.test_delta import RWKV7_BOUND
 from tests.kernels.test_delta import _dplr_inputs as _leaf_inputs
-from tests.kernels.test_delta_triton_chunk import rel
+from tests.kernels.test_delta_triton_chunk import compare_with_reference, rel
 
 F64 = torch.float64
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -78,19 +78,12 @@ def _compare(shape, dtype, tol, lower_bound, chunk=None, tiles=None, seed=0):
     """``triton_chunk`` on ``dtype`` copies against the reference on the same values in float64: output and every
     gradient (relative to the reference's norm, gradients to at least 1% of the largest gradient's)."""
     xs = [x.to(dtype).double() for x in _dplr_inputs(*shape, seed=seed, decay=-(lower_bound or -2.0))]
-    slow = [x.to(DEVICE).requires_grad_() for x in xs]
-    fast = [x.to(DEVICE, dtype).requires_grad_() for x in xs]
-    with poisoned():
-        o_fast = triton_dplr.dplr_delta_rule(*fast, scale=0.7, lower_bound=lower_bound, chunk=chunk, tiles=tiles)
-    o_ref = kd.dplr_delta_rule(*slow, scale=0.7, backend="reference")
-    do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=F64).to(DEVICE)
-    with poisoned():
-        g_fast = torch.autograd.grad(o_fast, fast, do.to(dtype))
-    g_ref = torch.autograd.grad(o_ref, slow, do)
-    assert o_fast.dtype == dtype and all(g.dtype == dtype for g in g_fast)
-    floor = 1e-2 * max(float(g.norm()) for g in g_ref)
-    errors = {"out": rel(o_fast, o_ref), **{f"d{i}": rel(a, b, floor) for i, (a, b) in enumerate(zip(g_fast, g_ref))}}
-    assert all(e <= tol for e in errors.values()), errors  # a NaN error fails (max() would skip it)
+    fast = lambda *t: triton_dplr.dplr_delta_rule(  # noqa: E731
+        *t, scale=0.7, lower_bound=lower_bound, chunk=chunk, tiles=tiles
+    )
+    compare_with_reference(
+        fast, lambda *t: kd.dplr_delta_rule(*t, scale=0.7, backend="reference"), xs, dtype, tol, seed + 1
+    )
 
 
 @pytest.mark.parametrize(
@@ -129,12 +122,10 @@ def test_fused_chunk_sizes():
     """The fused kernels run chunks of 16 by default, or 32 / 64 asked for, within the bound's factored chunk;
     not 64 at keys wider than 64; without a bound, or where the bound allows fewer steps, they do not run."""
     fc = triton_dplr.fused_chunk
-    assert fc(1000, 64, RWKV7_BOUND, None) == 16 and fc(3, 128, RWKV7_BOUND, None) == 16
-    assert fc(1000, 64, RWKV7_BOUND, 64) == 64 and fc(1000, 128, RWKV7_BOUND, 64) is None
-    assert fc(1000, 128, RWKV7_BOUND, 32) == 32 and fc(1000, 16, -1.0, 32) == 32 and fc(1000, 16, -1.0, 64) is None
-    assert (
-        fc(1000, 16, -3.0, None) is None and fc(1000, 16, None, None) is None and fc(1000, 16, RWKV7_BOUND, 48) is None
-    )
+    assert fc(64, RWKV7_BOUND, None) == 16 and fc(128, RWKV7_BOUND, None) == 16
+    assert fc(64, RWKV7_BOUND, 64) == 64 and fc(128, RWKV7_BOUND, 64) is None
+    assert fc(128, RWKV7_BOUND, 32) == 32 and fc(16, -1.0, 32) == 32 and fc(16, -1.0, 64) is None
+    assert fc(16, -3.0, None) is None and fc(16, None, None) is None and fc(16, RWKV7_BOUND, 48) is None
 
 
 def test_through_the_entry_point_with_bfloat16_inputs():
@@ -208,7 +199,8 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
 
 
 def test_auto_keeps_the_recurrent_kernel_for_dplr():
-    """``"auto"`` on CUDA gives ``dplr_delta_rule`` our recurrent kernel (its fused chunk kernels are untimed); the other ops our chunk kernels."""
+    """``"auto"`` on CUDA gives ``dplr_delta_rule`` our recurrent kernel (its fused chunk kernels are untimed);
+    the other ops our chunk kernels."""
     import types
 
     cuda_like = types.SimpleNamespace(is_cuda=True, shape=(2, 128, 4, 16))
