@@ -29,8 +29,8 @@ one-layer mixer's output identically zero at initialization).
 
 Backends (``seqkernels.delta``): ``"reference"`` (per-token loop), ``"chunk"`` (the chunkwise PyTorch form,
 any device; under the decay bound in chunks of 64 whose decays factor into matrix products), ``"triton"``
-(our fused recurrent kernel, CUDA, float32 arithmetic), ``"triton_chunk"`` (the chunk form with its inter-chunk
-recurrence in our Triton kernels, CUDA, float32 arithmetic), ``"fla"`` (fla's ``chunk_dplr_delta_rule`` in
+(our fused recurrent kernel, CUDA, float32 arithmetic), ``"triton_chunk"`` (the chunk form in our Triton
+kernels, CUDA, float32 arithmetic), ``"fla"`` (fla's ``chunk_dplr_delta_rule`` in
 bfloat16, CUDA), ``"auto"`` (``seqkernels.delta.resolve_backend``: ``"chunk"`` on a CPU).
 """
 

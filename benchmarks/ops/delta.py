@@ -9,8 +9,8 @@ call them, beta in [0, 2], log decays in [-1, 0] (RWKV-7's in (-e^-1/2, 0)). Imp
   input dtype, float32 arithmetic;
 - ``ours-triton-chunk``: the chunkwise (WY) Triton kernels with the inter-chunk state
   recurrence on chip, outputs and gradients computed there too (``seqkernels/delta/chunk_kernels.py``,
-  ``ChunkTiles(fused=True)``: paper 004's design), the input dtype, float32 arithmetic; ``dplr``: the
-  PyTorch chunk form with its inter-chunk recurrence in our Triton kernels (``triton_dplr.py``);
+  ``ChunkTiles(fused=True)``: paper 004's design), the input dtype, float32 arithmetic; ``dplr``: our
+  per-chunk kernels around our inter-chunk scan (``dplr_chunk_kernels.py``, ``triton_dplr.py``);
 - ``ours-triton-chunk-split``: the same kernels with the recurrence only carrying the state, every
   chunk's state stored and read back by per-chunk output and gradient kernels (the default tiles:
   paper 004's baseline; ``--chunk-tiles chunk=32,warps=8``: both with other launch parameters);

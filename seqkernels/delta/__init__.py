@@ -27,11 +27,10 @@ Backends:
 - ``"fla_recurrent"`` (``delta_rule``, ungated ``delta_product``): fla's ``fused_recurrent_delta_rule``
   in the input dtype (float32 included), CUDA only;
 - ``"auto"``: the fastest measured on CUDA (``resolve_backend``): ``"fla"`` where fla is importable, but
-  ours (``"triton_chunk"``; ``"triton"`` for ``dplr_delta_rule``, whose fused chunk kernels are untimed)
+  ours (``"triton_chunk"``; for ``dplr_delta_rule`` ``"triton"`` below ``AUTO_DPLR_CHUNK_MIN_STEPS`` steps)
   for narrow heads over short recurrences, and over longer ones where fla's own path is slow (``dplr_delta_rule``;
   a gated op whose backward fla refuses here when its stand-in runs in PyTorch, see ``fla_gated_bwd``);
-  without fla ``"triton_chunk"`` (``"triton"`` for ``dplr_delta_rule``). Off CUDA ``"chunk"``
-  (``"reference"`` for ``dplr_delta_rule``).
+  without fla ours. Off CUDA ``"chunk"`` (``"reference"`` for ``dplr_delta_rule``).
 
 ``fla`` is imported only when an fla backend runs; this package imports nothing else of the suite.
 """
@@ -116,6 +115,10 @@ AUTO_OURS_MAX_STEPS = 64
 #: fla's gated path with its PyTorch backward, at head dim 16 (our chunk kernels beat the recurrent one
 #: at every length timed; against that fla path beyond 256 steps they are untimed)
 AUTO_OURS_MAX_STEPS_SLOW_FLA = 256
+#: ``dplr_delta_rule`` takes our chunk kernels over our recurrent one from this many steps: 3.5x faster at
+#: 8 x 2,048 x 16 x 64, the recurrent kernel the faster at 256 x 128 x 4 x 16; the lengths between untimed
+#: (``delta.evidence.md``, "RWKV-7's chunk form in Triton")
+AUTO_DPLR_CHUNK_MIN_STEPS = 2048
 
 
 @functools.cache
@@ -139,8 +142,8 @@ def _fla_gated_is_slow(x: torch.Tensor) -> bool:
 def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int, bounded: bool) -> str:
     """What ``"auto"`` runs, the fastest in CUDA-graph replays of forward and backward (``python -m
     benchmarks.ops delta --graph --sweep``). On CUDA, ours is ``"triton_chunk"`` (faster than our recurrent
-    ``"triton"`` at every length timed, head dims 16 to 64), ``"triton"`` for ``dplr_delta_rule`` (its
-    ``"triton_chunk"`` is untimed). With fla
+    ``"triton"`` at every length timed, head dims 16 to 64; for ``dplr_delta_rule`` from
+    ``AUTO_DPLR_CHUNK_MIN_STEPS`` steps, ``"triton"`` below). With fla
     importable: ``"fla"``, except ours for heads at most ``AUTO_OURS_MAX_HEAD_DIM`` wide over at most
     ``AUTO_OURS_MAX_STEPS`` steps, or ``AUTO_OURS_MAX_STEPS_SLOW_FLA`` where fla's own path is slow
     (``dplr_delta_rule``; a ``gated`` op whose backward runs in PyTorch, ``_fla_gated_is_slow``). Without
@@ -148,7 +151,8 @@ def _auto(op: str, available: dict, x: torch.Tensor, gated: bool, steps: int, bo
     pairwise chunk form is slower than the per-token loop on a CPU)."""
     if not x.is_cuda:
         return "chunk" if "chunk" in available and (bounded or op != "dplr_delta_rule") else "reference"
-    preferred = ("triton",) if op == "dplr_delta_rule" else ("triton_chunk", "triton")
+    recurrent_first = op == "dplr_delta_rule" and steps < AUTO_DPLR_CHUNK_MIN_STEPS
+    preferred = ("triton", "triton_chunk") if recurrent_first else ("triton_chunk", "triton")
     ours = next((name for name in preferred if name in available), None)
     if not fla_available():
         return ours or ("chunk" if "chunk" in available else "reference")

@@ -267,7 +267,8 @@ def test_dispatch_errors():
         ("delta_rule", False, 16, 4096, False, False, "triton_chunk"),
         ("delta_rule", False, 17, 128, False, False, "triton_chunk"),
         ("delta_product", True, 64, 4096, False, False, "triton_chunk"),
-        ("dplr_delta_rule", False, 64, 4096, False, False, "triton"),  # no chunked form: the recurrence
+        ("dplr_delta_rule", False, 64, kd.AUTO_DPLR_CHUNK_MIN_STEPS - 1, False, False, "triton"),  # the recurrence
+        ("dplr_delta_rule", False, 64, kd.AUTO_DPLR_CHUNK_MIN_STEPS, False, False, "triton_chunk"),  # long: chunks
         ("delta_rule", False, 16, kd.AUTO_OURS_MAX_STEPS, True, False, "triton_chunk"),  # short: ours
         ("delta_rule", False, 16, kd.AUTO_OURS_MAX_STEPS + 1, True, True, "fla"),  # ungated: fla's own kernels
         ("delta_product", False, 16, 256, True, True, "fla"),

@@ -198,26 +198,6 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
         triton_dplr.dplr_delta_rule(q, q, q, q, q, q)
 
 
-def test_auto_keeps_the_recurrent_kernel_for_dplr():
-    """``"auto"`` on CUDA gives ``dplr_delta_rule`` our recurrent kernel (its fused chunk kernels are untimed);
-    the other ops our chunk kernels."""
-    import types
-
-    cuda_like = types.SimpleNamespace(is_cuda=True, shape=(2, 128, 4, 16))
-    kd.fla_available.cache_clear()
-    try:
-        picks = {op: kd._auto(op, kd._AVAILABLE[op], cuda_like, False, 128, True) for op in kd._AVAILABLE}
-    finally:
-        kd.fla_available.cache_clear()
-    assert picks["dplr_delta_rule"] == "triton"
-    if not kd.fla_available():
-        assert picks["delta_rule"] == "triton_chunk"
-    assert "triton_chunk" in kd.backends("dplr_delta_rule")
-
-
-# ---------------------------------------------------------------------------------------------- GPU
-
-
 def gpu(test):
     return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
 
