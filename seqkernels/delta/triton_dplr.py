@@ -29,7 +29,7 @@ from seqkernels.delta.dplr_chunk_kernels import (
     dplr_prep_kernel,
 )
 from seqkernels.delta.dplr_scan_kernels import dplr_scan_bwd_kernel, dplr_scan_fwd_kernel
-from seqkernels.delta.members import KERNEL_DTYPES, grads_in_input_dtypes, kernel_dtype
+from seqkernels.delta.members import KERNEL_DTYPES, kernel_dtype
 
 SCAN_PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
 
@@ -237,11 +237,17 @@ def _fused_fwd(q, k, v, a, b, w, scale: float, C: int, tiles: ScanTiles | None =
 
 
 def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale: float, C: int, tiles: ScanTiles | None = None):
-    """``(dq, dk, dv, da, db, dw)``, float32, of ``_fused_fwd``'s output gradient ``do``."""
+    """``(dq, dk, dv, da, db, dw)`` of ``_fused_fwd``'s output gradient ``do``, each in its input's dtype (the
+    kernels store them so where one value block holds every value, else their float32 shares are summed)."""
     B, L, H, K, V, NC, NV, meta = _chunk_meta(q, v, C, tiles)
     dev, f32, BH, part = q.device, torch.float32, B * H, B * L * H * K
+
+    def shares(x):  # a gradient summed over value blocks: (NV, B, L, H, K), in x's dtype where NV is 1
+        return empty((NV, B, L, H, K), dev, x.dtype if NV == 1 else f32)
+
     dU, dM = empty((BH, NC, C, V), dev, f32), empty((BH, NC, K, V), dev, f32)
-    dq, dk_o, db_o, dc_o = (empty((NV, B, L, H, K), dev, f32) for _ in range(4))
+    dq = shares(q)
+    dk_o, db_o, dc_o = (empty((NV, B, L, H, K), dev, f32) for _ in range(3))
     dv_o = empty((B, L, H, V), dev, f32)
     dplr_out_bwd_kernel[(NC, BH, NV)](
         do.contiguous(), q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, L, H, NC, K, V, part,
@@ -249,13 +255,15 @@ def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale: float, C: in
     )  # fmt: skip
     dk_o, db_o, dc_o = _block_sum(dk_o), _block_sum(db_o), _block_sum(dc_o)
     dUv, dWy, dBe, dKVe, dD = _scan_bwd(dU, dM, Wy, Be, D, U, M_in, tiles)
-    dk, db, da, dw = (empty((NV, B, L, H, K), dev, f32) for _ in range(4))
-    dv = empty((B, L, H, V), dev, f32)
+    dk, db, da, dw = shares(k), shares(b), shares(a), shares(w)
+    dv = empty((B, L, H, V), dev, v.dtype)
     dplr_prep_bwd_kernel[(NC, BH, NV)](
         k, v, a, b, w, Tm, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, L, H, NC, K, V, part,
         **meta,
     )  # fmt: skip
-    return _block_sum(dq), _block_sum(dk), dv, _block_sum(da), _block_sum(db), _block_sum(dw)
+    summed = (_block_sum(x).to(like.dtype) for x, like in ((dq, q), (dk, k), (da, a), (db, b), (dw, w)))
+    dq, dk, da, db, dw = summed
+    return dq, dk, dv, da, db, dw
 
 
 @torch.library.custom_op("expressivity::dplr_chunk_fwd", mutates_args=())
@@ -290,19 +298,20 @@ def dplr_chunk_bwd(
 
 @dplr_chunk_bwd.register_fake
 def _(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale, chunk):
-    return tuple(torch.empty_like(x, dtype=torch.float32) for x in (q, k, v, a, b, w))
+    return tuple(torch.empty_like(x) for x in (q, k, v, a, b, w))
 
 
 def _chunk_setup_context(ctx, inputs, output):
     *xs, scale, chunk = inputs
+    ctx.set_materialize_grads(False)  # no zero-filled gradients for the saved outputs, which get none
     ctx.save_for_backward(*xs, *output[1:])
     ctx.scale, ctx.chunk = scale, chunk
 
 
 def _chunk_grad(ctx, do, *_saved_grads):
-    xs = ctx.saved_tensors[:6]
-    grads = dplr_chunk_bwd(do, *ctx.saved_tensors, ctx.scale, ctx.chunk)
-    return (*grads_in_input_dtypes(grads, xs), None, None)
+    if do is None:  # a gradient for the saved outputs only, which take none
+        return (None,) * 8
+    return (*dplr_chunk_bwd(do, *ctx.saved_tensors, ctx.scale, ctx.chunk), None, None)
 
 
 dplr_chunk_fwd.register_autograd(_chunk_grad, setup_context=_chunk_setup_context)
@@ -320,8 +329,7 @@ class _EagerChunk(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        grads = _fused_bwd(do, *ctx.saved_tensors, ctx.scale, ctx.chunk, ctx.tiles)
-        return (None, None, None, *grads_in_input_dtypes(grads, ctx.saved_tensors[:6]))
+        return (None, None, None, *_fused_bwd(do, *ctx.saved_tensors, ctx.scale, ctx.chunk, ctx.tiles))
 
 
 def dplr_delta_rule(

@@ -138,6 +138,31 @@ def test_through_the_entry_point_with_bfloat16_inputs():
     assert o.dtype == torch.bfloat16 and rel(o, want) < 1e-2
 
 
+@pytest.mark.parametrize("V,tiles", [(16, None), (40, ScanTiles(block_v=16))])
+def test_fused_gradients_in_the_inputs_dtypes(V, tiles):
+    """bfloat16 inputs with float32 decays: each gradient comes back in its input's dtype, within bfloat16's
+    rounding of the float64 loop's, from one value block (the kernels store that dtype) and from three (their
+    float32 shares summed, then cast); the backward fills no zero gradients for the forward's saved outputs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    xs = _dplr_inputs(1, 37, 2, 16, V, seed=V, decay=-RWKV7_BOUND)
+    fast = [
+        x.detach().to(DEVICE, torch.float32 if i == 5 else torch.bfloat16).requires_grad_() for i, x in enumerate(xs)
+    ]
+    o = triton_dplr.dplr_delta_rule(*fast, lower_bound=RWKV7_BOUND, tiles=tiles)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    do_fast = do.to(DEVICE, o.dtype)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = torch.autograd.grad(o, fast, do_fast)
+    exact = [x.detach().double().requires_grad_() for x in fast]
+    want = torch.autograd.grad(kc.dplr_delta_rule(*exact, lower_bound=RWKV7_BOUND), exact, do.to(exact[0].device))
+    assert [g.dtype for g in got] == [x.dtype for x in fast]
+    assert all(rel(g, wg) < 2e-2 for g, wg in zip(got, want)), [rel(g, wg) for g, wg in zip(got, want)]
+    ran = [e.name for e in prof.events()]
+    assert not set(ran) & {"aten::zeros", "aten::zeros_like", "aten::zero_"}
+    assert tiles is not None or "aten::_to_copy" not in ran  # one value block: no casts after the kernels
+
+
 def test_custom_ops_opcheck_autograd_and_compile():
     """The scan ops' and the fused ops' registration (schema, fake tensors) is consistent; the scan's
     registered autograd gives the eager path's gradients exactly; under ``torch.compile`` (fullgraph) the rule
