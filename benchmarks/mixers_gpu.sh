@@ -6,9 +6,8 @@
 #   steps: tests bench steps fla-smoke layers2 rates survey (default: all)
 # FIRST_CONFIG=1: every Triton autotuner runs its first configuration (benchmarks/first_config): for the
 # correctness steps (tests, fla-smoke, layers2), never with the timing steps.
-# fla autotunes every kernel in every fresh process (minutes per call): Triton caches the results as
-# *.autotune.json files in ~/.triton/cache. The script packs them into OUT_DIR/triton-autotune.tgz at the
-# end; AUTOTUNE_IN=that.tgz (carried to the next call) restores them first.
+# AUTOTUNE_IN=an earlier call's OUT_DIR/triton-autotune.tgz (carried): fla's autotuning results restored
+# first; this call's packed there at the end (benchmarks/autotune_cache.sh).
 set -u
 out=${1:?output folder}; shift
 steps=${*:-tests bench steps fla-smoke layers2 rates survey}
@@ -16,12 +15,10 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 if [[ "${FIRST_CONFIG:-0}" == 1 ]]; then export PYTHONPATH="$PWD/benchmarks/first_config:${PYTHONPATH:-}"; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
-cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
-if [[ -n "${AUTOTUNE_IN:-}" && -f "$AUTOTUNE_IN" ]]; then
-  mkdir -p "$cache" && tar xzf "$AUTOTUNE_IN" -C "$cache" && echo "restored $(tar tzf "$AUTOTUNE_IN" | wc -l) autotune files"
-fi
-pack_autotune() { (cd "$cache" 2>/dev/null && find . -name '*.autotune.json' | tar czf "$out/triton-autotune.tgz" -T -); }
-trap pack_autotune EXIT
+# shellcheck source=benchmarks/autotune_cache.sh
+source benchmarks/autotune_cache.sh
+autotune_restore
+trap 'autotune_pack "$out"' EXIT
 DELTA=deltanet,signed_deltanet,deltaproduct,gated_deltanet,rwkv7
 run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print rc and time
   local name=$1 limit=$2; shift 2

@@ -19,12 +19,19 @@
 # "mlstm ssd host" and "delta" (each call's warm-up compiles what it times, the delta family's in one process
 # per shape; its timed run of every implementation at six shapes, replays included, takes up to 7 minutes;
 # then delta-probe prints each delta chunk kernel's time alone at head dims 64 and 128).
+# AUTOTUNE_IN=an earlier call's OUT_DIR/triton-autotune.tgz (carried): fla's autotuning results restored first
+# (its dplr kernels at fla's shape alone outlast a family's limit when tuned from nothing); this call's are
+# packed there at the end (benchmarks/autotune_cache.sh).
 set -u
 out=${1:?output folder}; shift
 steps=${*:-tests scan newton fused_rnn mlstm ssd delta host}
 mkdir -p "$out/results" "$out/logs"
 out=$(cd "$out" && pwd)  # absolute: the baseline's benchmarks run from another folder
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+# shellcheck source=benchmarks/autotune_cache.sh
+source benchmarks/autotune_cache.sh
+autotune_restore
+trap 'autotune_pack "$out"' EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 
 declare -A ARGS=(
@@ -42,7 +49,7 @@ if [ -n "${BASELINE:-}" ]; then
   [ -d "$BASELINE/seqkernels" ] || { echo "error: BASELINE=$BASELINE holds no seqkernels/ folder" >&2; exit 2; }
   # the repository with the baseline's kernels, beside this one (the benchmarks import seqkernels from the cwd)
   base_tree=$(mktemp -d)
-  trap 'rm -rf "$base_tree"' EXIT
+  trap 'rm -rf "$base_tree"; autotune_pack "$out"' EXIT
   cp -r benchmarks experiments mixers tasks analysis pyproject.toml "$base_tree"/
   cp -r "$BASELINE/seqkernels" "$base_tree"/
   mkdir -p "$out/baseline/results"
