@@ -11,7 +11,8 @@ token, bfloat16 inputs, ``ChunkTiles`` from ``--tiles``) on its own:
   ``--stages`` (the other kernels at the tiles' own), each launch's outputs first checked against the
   tiles' own launch (relative error at most 1e-3: only the order of the float32 sums may differ);
 - ``dplr``: RWKV-7's chunk form on ``backend="triton_chunk"`` (its inputs at ``--shape``, bfloat16, RWKV-7's
-  decay bound): the inter-chunk scan kernels alone, forward and backward, at every ``block_v`` x ``num_warps``
+  decay bound): the inter-chunk scan kernels alone on what the fused chunk kernels hand them (chunks of
+  ``fused_chunk``'s default), forward and backward, at every ``block_v`` x ``num_warps``
   of ``--block-v`` x ``--warps`` (``ScanTiles``), each checked as in ``grid`` against the default tiles;
   then the whole call's forward and forward + backward at its defaults, for the scan's share, and at each
   chunk size x precision of ``--chunks`` x ``--precisions`` (the fused kernels' and the scan's products),
@@ -36,7 +37,6 @@ from benchmarks.ops.delta import DPLR_LOWER_BOUND, call, chunk_tiles
 from benchmarks.ops.delta import inputs as op_inputs
 from seqkernels._triton import cdiv, empty, next_pow2
 from seqkernels.delta import chunk_kernels as ck
-from seqkernels.delta import pytorch as kc
 from seqkernels.delta import triton_chunk as tc
 from seqkernels.delta import triton_dplr as td
 
@@ -166,19 +166,16 @@ def probe_grid(shape, tiles, device, kernel: str, warps, stages):
 
 
 def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> list[torch.Tensor]:
-    """The scan's inputs ``(U_v, W, b_end, KV_end, decay_end)`` flattened to ``(B H, NC, ...)`` as RWKV-7's
-    chunk form hands them over at ``shape`` (the delta benchmark's ``dplr`` inputs, bfloat16, its bound)."""
+    """The scan's inputs ``(U_v, W, b_end, KV_end, decay_end)``, ``(B H, NC, ...)``, as the fused chunk kernels
+    hand them over at ``shape`` (the delta benchmark's ``dplr`` inputs, bfloat16, its bound; chunks of
+    ``triton_dplr.fused_chunk``'s default)."""
     B, T, H, D = shape
-    seen = []
-
-    def record(*xs):
-        seen.extend(x.reshape(-1, *x.shape[2:]).float().contiguous() for x in xs)
-        return kc.dplr_scan(*xs)
-
+    C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
+    if C is None or D > td.FUSED_MAX_HEAD_DIM:
+        raise SystemExit(f"error: the fused DPLR kernels take head dims up to {td.FUSED_MAX_HEAD_DIM}, got {D}")
     with torch.no_grad():
-        xs = op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
-        kc.dplr_delta_rule(*xs, lower_bound=DPLR_LOWER_BOUND, scan=record)
-    return seen
+        q, k, v, a, b, w = op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
+        return list(td._fused_prep(k, v, a, b, w, C)[:5])
 
 
 def probe_dplr(shape, device, block_vs, warps):

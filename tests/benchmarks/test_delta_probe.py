@@ -9,7 +9,6 @@ import torch
 from benchmarks.ops import delta_probe
 from benchmarks.ops.__main__ import main
 from seqkernels.delta import chunk_kernels as ck
-from seqkernels.delta import pytorch as kc
 from seqkernels.delta import triton_chunk as tc
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,24 +76,27 @@ def test_bad_arguments_are_one_line_errors(capsys):
 
 
 @needs_kernels
-def test_dplr_scan_inputs_are_what_the_chunk_form_hands_over():
-    """The scan's inputs the probe builds, run through the scan and the rest of the chunk form by hand, give
-    the op's output: they are the call's own hand-over (flattened to ``(B H, NC, ...)``)."""
+def test_dplr_scan_inputs_are_what_the_fused_kernels_hand_over():
+    """The scan's inputs the probe builds, run through the scan and the fused output kernel, give the op's
+    output in chunks of the fused kernels' default: they are the call's own hand-over."""
     from benchmarks.ops.delta import inputs as op_inputs
     from seqkernels import delta as kd
     from seqkernels.delta import triton_dplr as td
 
-    shape = (1, 70, 2, 16)
+    shape, C = (1, 70, 2, 16), td.FUSED_DEFAULT_CHUNK
     Uv, W, Be, KVe, Dd = delta_probe.dplr_scan_inputs(shape, DEVICE)
-    assert Uv.shape == (2, 2, 64, 16) and W.shape == Be.shape == (2, 2, 64, 16) and Dd.shape == (2, 2, 16)
-    U, M = td._scan_fwd(Uv, W, Be, KVe, Dd)
-    handed = iter([U.reshape(1, 2, 2, 64, 16), M.reshape(1, 2, 2, 16, 16)])
-    xs = op_inputs("dplr", *shape, torch.bfloat16, DEVICE)
-    rebuilt = kc.dplr_delta_rule(
-        *xs, lower_bound=delta_probe.DPLR_LOWER_BOUND, scan=lambda *_: (next(handed), next(handed))
+    NC = -(-70 // C)
+    assert (
+        Uv.shape == W.shape == Be.shape == (2, NC, C, 16) and KVe.shape == (2, NC, 16, 16) and Dd.shape == (2, NC, 16)
     )
-    want = kd.dplr_delta_rule(*(x.double() for x in xs), backend="reference")
+    q, k, v, a, b, w = op_inputs("dplr", *shape, torch.bfloat16, DEVICE)
+    rebuilt = td._fused_out(q, k, v, b, w, *td._scan_fwd(Uv, W, Be, KVe, Dd), 1.0, C)
+    want = kd.dplr_delta_rule(
+        q.double(), k.double(), v.double(), a.double(), b.double(), w.double(), backend="reference"
+    )
     assert float((rebuilt.double() - want).norm() / want.norm()) < 1e-2  # bfloat16 output
+    with pytest.raises(SystemExit, match="head dims up to 128"):
+        delta_probe.dplr_scan_inputs((1, 8, 1, 256), DEVICE)
 
 
 @needs_kernels
