@@ -115,8 +115,8 @@ AUTO_OURS_MAX_STEPS = 64
 #: fla's gated path with its PyTorch backward, at head dim 16 (our chunk kernels beat the recurrent one
 #: at every length timed; against that fla path beyond 256 steps they are untimed)
 AUTO_OURS_MAX_STEPS_SLOW_FLA = 256
-#: ``dplr_delta_rule`` takes our chunk kernels over our recurrent one from this many steps: 3.5x faster at
-#: 8 x 2,048 x 16 x 64, the recurrent kernel the faster at 256 x 128 x 4 x 16; the lengths between untimed
+#: ``dplr_delta_rule`` takes our chunk kernels over our recurrent one from this many steps: several times faster
+#: at 8 x 2,048 x 16 x 64, the recurrent kernel the faster at 256 x 128 x 4 x 16; the lengths between untimed
 #: (``delta.evidence.md``, "RWKV-7's chunk form in Triton")
 AUTO_DPLR_CHUNK_MIN_STEPS = 2048
 
