@@ -170,12 +170,12 @@ def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> list[torc
     hand them over at ``shape`` (the delta benchmark's ``dplr`` inputs, bfloat16, its bound; chunks of
     ``triton_dplr.fused_chunk``'s default)."""
     B, T, H, D = shape
-    C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
-    if C is None or D > td.FUSED_MAX_HEAD_DIM:
+    if D > td.FUSED_MAX_HEAD_DIM:
         raise SystemExit(f"error: the fused DPLR kernels take head dims up to {td.FUSED_MAX_HEAD_DIM}, got {D}")
+    C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
     with torch.no_grad():
         q, k, v, a, b, w = op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
-        return list(td._fused_prep(k, v, a, b, w, C)[:5])
+        return list(td._fused_prep(k, v, a, b, w, td._chunk_meta(k, v, C, None))[:5])
 
 
 def probe_dplr(shape, device, block_vs, warps):

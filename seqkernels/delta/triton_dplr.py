@@ -223,19 +223,20 @@ def _chunk_meta(q, v, C: int, tiles: ScanTiles | None):
 SAVED = ("U", "M_in", "Wy", "Be", "D", "Tm")
 
 
-def _fused_prep(k, v, a, b, w, C: int, tiles: ScanTiles | None = None):
-    """``(Uv, Wy, Be, KVe, D, Tm)``: the scan's inputs (``_scan_fwd``) and each chunk's ``T``, float32."""
-    B, L, H, K, V, NC, NV, meta = _chunk_meta(k, v, C, tiles)
-    dev, f32, BH = k.device, torch.float32, B * H
+def _fused_prep(k, v, a, b, w, geometry):
+    """``(Uv, Wy, Be, KVe, D, Tm)``: the scan's inputs (``_scan_fwd``) and each chunk's ``T``, float32;
+    ``geometry``: ``_chunk_meta``'s."""
+    B, L, H, K, V, NC, NV, meta = geometry
+    C, dev, f32, BH = meta["C"], k.device, torch.float32, B * H
     Uv, Wy, Be = empty((BH, NC, C, V), dev, f32), empty((BH, NC, C, K), dev, f32), empty((BH, NC, C, K), dev, f32)
     KVe, D, Tm = empty((BH, NC, K, V), dev, f32), empty((BH, NC, K), dev, f32), empty((NV, BH, NC, C, C), dev, f32)
     dplr_prep_kernel[(NC, BH, NV)](k, v, a, b, w, Uv, Wy, Be, KVe, D, Tm, L, H, NC, K, V, **meta)
     return Uv, Wy, Be, KVe, D, Tm
 
 
-def _fused_out(q, k, v, b, w, U, M_in, scale: float, C: int, tiles: ScanTiles | None = None):
+def _fused_out(q, k, v, b, w, U, M_in, scale: float, geometry):
     """The output ``(B, L, H, V)`` in ``q``'s dtype from the scan's outputs ``U``, ``M_in``."""
-    B, L, H, K, V, NC, NV, meta = _chunk_meta(q, v, C, tiles)
+    B, L, H, K, V, NC, NV, meta = geometry
     o = empty((B, L, H, V), q.device, q.dtype)
     dplr_out_kernel[(NC, B * H, NV)](q, k, v, b, w, U, M_in, o, scale, L, H, NC, K, V, **meta)
     return o
@@ -243,9 +244,10 @@ def _fused_out(q, k, v, b, w, U, M_in, scale: float, C: int, tiles: ScanTiles | 
 
 def _fused_fwd(q, k, v, a, b, w, scale: float, C: int, tiles: ScanTiles | None = None):
     """``(o, *SAVED)``: the output ``(B, L, H, V)`` in ``q``'s dtype and what the backward reads, float32."""
-    Uv, Wy, Be, KVe, D, Tm = _fused_prep(k, v, a, b, w, C, tiles)
+    geometry = _chunk_meta(q, v, C, tiles)
+    Uv, Wy, Be, KVe, D, Tm = _fused_prep(k, v, a, b, w, geometry)
     U, M_in = _scan_fwd(Uv, Wy, Be, KVe, D, tiles)
-    return _fused_out(q, k, v, b, w, U, M_in, scale, C, tiles), U, M_in, Wy, Be, D, Tm
+    return _fused_out(q, k, v, b, w, U, M_in, scale, geometry), U, M_in, Wy, Be, D, Tm
 
 
 def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale: float, C: int, tiles: ScanTiles | None = None):
@@ -273,8 +275,7 @@ def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale: float, C: in
         k, v, a, b, w, Tm, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, L, H, NC, K, V, part,
         **meta,
     )  # fmt: skip
-    summed = (_block_sum(x).to(like.dtype) for x, like in ((dq, q), (dk, k), (da, a), (db, b), (dw, w)))
-    dq, dk, da, db, dw = summed
+    dq, dk, da, db, dw = (_block_sum(x).to(y.dtype) for x, y in ((dq, q), (dk, k), (da, a), (db, b), (dw, w)))
     return dq, dk, dv, da, db, dw
 
 

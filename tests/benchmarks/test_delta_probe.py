@@ -90,7 +90,7 @@ def test_dplr_scan_inputs_are_what_the_fused_kernels_hand_over():
         Uv.shape == W.shape == Be.shape == (2, NC, C, 16) and KVe.shape == (2, NC, 16, 16) and Dd.shape == (2, NC, 16)
     )
     q, k, v, a, b, w = op_inputs("dplr", *shape, torch.bfloat16, DEVICE)
-    rebuilt = td._fused_out(q, k, v, b, w, *td._scan_fwd(Uv, W, Be, KVe, Dd), 1.0, C)
+    rebuilt = td._fused_out(q, k, v, b, w, *td._scan_fwd(Uv, W, Be, KVe, Dd), 1.0, td._chunk_meta(q, v, C, None))
     want = kd.dplr_delta_rule(
         q.double(), k.double(), v.double(), a.double(), b.double(), w.double(), backend="reference"
     )

@@ -3,9 +3,10 @@ kernels (``dplr_scan_kernels.py``) against ``pytorch.dplr_scan``'s loop in float
 gradient, at awkward chunk, key and value sizes, several value blocks, one chunk, outputs poisoned with NaN;
 the whole rule, on the fused kernels (``dplr_chunk_kernels.py``, under a decay bound) and on PyTorch's chunk
 form with the scan (pairwise decays, other chunk sizes, wider heads), against the float64 per-token reference
-(itself checked against dense matrices in ``test_delta.py``), with and without a decay bound; the custom ops under ``opcheck``, through their registered
-autograd and ``torch.compile``. On the CPU in the interpreter at small shapes; on a GPU (``-m gpu``) at lengths
-up to 1,024 and head dims 16 to 128, in float32 and bfloat16, in a CUDA graph.
+(itself checked against dense matrices in ``test_delta.py``), with and without a decay bound; the custom ops
+under ``opcheck``, through their registered autograd and ``torch.compile``. On the CPU in the interpreter at
+small shapes; on a GPU (``-m gpu``) at lengths up to 1,024 and head dims 16 to 128, in float32 and bfloat16, in a
+CUDA graph.
 """
 
 import pytest
