@@ -12,11 +12,13 @@ token, bfloat16 inputs, ``ChunkTiles`` from ``--tiles``) on its own:
   tiles' own launch (relative error at most 1e-3: only the order of the float32 sums may differ);
 - ``dplr``: RWKV-7's chunk form on ``backend="triton_chunk"`` (its inputs at ``--shape``, bfloat16, RWKV-7's
   decay bound): the inter-chunk scan kernels alone on what the fused chunk kernels hand them (chunks of
-  ``fused_chunk``'s default), forward and backward, at every ``block_v`` x ``num_warps``
-  of ``--block-v`` x ``--warps`` (``ScanTiles``), each checked as in ``grid`` against the default tiles;
+  ``fused_chunk``'s default), forward and backward, at every ``block_v`` x ``num_warps`` x ``num_stages`` of
+  ``--block-v`` x ``--warps`` x ``--stages`` (``ScanTiles``), each checked as in ``grid`` against the default tiles;
   then the whole call's forward and forward + backward at its defaults, for the scan's share, and at each
   chunk size x precision of ``--chunks`` x ``--precisions`` (the fused kernels' and the scan's products),
-  each with its largest relative error against the defaults' output and gradients.
+  each with its largest relative error against the defaults' output and gradients; then each fused per-chunk
+  kernel (``prep``, ``out``, ``out_bwd``, ``prep_bwd``) alone at every ``chunk_warps`` of ``--warps`` and
+  precision of ``--precisions``, checked as in ``grid`` against its launch at the default warps.
 
 A configuration Triton cannot build (shared memory) or that faults is reported on its line; a fault
 ends the process (CUDA's context is lost), so ``grid`` runs each kernel in its own call. On the CPU it
@@ -26,6 +28,7 @@ runs under ``TRITON_INTERPRET=1`` (small shapes; times are the interpreter's).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import os
 
@@ -166,42 +169,101 @@ def probe_grid(shape, tiles, device, kernel: str, warps, stages):
 
 
 def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> list[torch.Tensor]:
-    """The scan's inputs ``(U_v, W, b_end, KV_end, decay_end)``, ``(B H, NC, ...)``, as the fused chunk kernels
-    hand them over at ``shape`` (the delta benchmark's ``dplr`` inputs, bfloat16, its bound; chunks of
-    ``triton_dplr.fused_chunk``'s default)."""
+    """The scan's inputs ``(U_v, W, b_end, k_end, v, decay_end)`` as the fused chunk kernels hand them over at
+    ``shape`` (the delta benchmark's ``dplr`` inputs, bfloat16, its bound; chunks of ``triton_dplr.
+    fused_chunk``'s default): ``(B H, NC, ...)``, but ``v`` the input ``(B, L, H, V)`` (``heads=H``)."""
     B, T, H, D = shape
     if D > td.FUSED_MAX_HEAD_DIM:
         raise SystemExit(f"error: the fused DPLR kernels take head dims up to {td.FUSED_MAX_HEAD_DIM}, got {D}")
     C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
     with torch.no_grad():
         q, k, v, a, b, w = op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
-        return list(td._fused_prep(k, v, a, b, w, td._chunk_meta(k, v, C, None))[:5])
+        Uv, W, Be, Ke, Dd, _ = td._fused_prep(k, v, a, b, w, td._chunk_meta(k, v, C, None))
+        return [Uv, W, Be, Ke, v, Dd]
 
 
-def probe_dplr(shape, device, block_vs, warps):
-    """Yield ``(block_v, warps, forward ms or None, backward ms or None, note)`` of the scan kernels at each
-    ``ScanTiles`` (a ``block_v`` wider than the values is skipped)."""
-    Uv, W, Be, KVe, Dd = dplr_scan_inputs(shape, device)
-    want = td._scan_fwd(Uv, W, Be, KVe, Dd)
+def probe_dplr(shape, device, block_vs, warps, stages=(None,)):
+    """Yield ``(block_v, warps, stages, forward ms or None, backward ms or None, note)`` of the scan kernels at
+    each ``ScanTiles`` (a ``block_v`` wider than the values is skipped)."""
+    xs = dplr_scan_inputs(shape, device)
+    W, Be, Ke, v, Dd = xs[1:]
+    H = shape[2]
+    want = td._scan_fwd(*xs, heads=H)
     gen = torch.Generator().manual_seed(1)
     dU, dM = (torch.randn(t.shape, generator=gen).to(device) for t in want)
-    want_grads = td._scan_bwd(dU, dM, W, Be, Dd, *want)
+    want_grads = td._scan_bwd(dU, dM, W, Be, Ke, v, Dd, *want, heads=H)
     widest = max(16, next_pow2(shape[3]))
-    for bv, w in itertools.product([bv for bv in block_vs if bv <= widest], warps):
-        tiles = td.ScanTiles(block_v=bv, warps=w)
+    for bv, w, st in itertools.product([bv for bv in block_vs if bv <= widest], warps, stages):
+        tiles = td.ScanTiles(block_v=bv, warps=w, stages=st)
         try:
-            got = td._scan_fwd(Uv, W, Be, KVe, Dd, tiles)
-            grads = td._scan_bwd(dU, dM, W, Be, Dd, *got, tiles)
+            got = td._scan_fwd(*xs, tiles, heads=H)
+            grads = td._scan_bwd(dU, dM, W, Be, Ke, v, Dd, *got, tiles, heads=H)
         except Exception as e:  # noqa: BLE001 - a configuration that cannot run is a row, not the end
-            yield bv, w, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            yield bv, w, st, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
             continue
         err = max(_rel(a, b) for a, b in zip((*got, *grads), (*want, *want_grads)))
         if err > 1e-3:
-            yield bv, w, None, None, f"differs from the default tiles: relative error {err:.1e}"
+            yield bv, w, st, None, None, f"differs from the default tiles: relative error {err:.1e}"
             continue
-        fwd = time_ms(lambda: td._scan_fwd(Uv, W, Be, KVe, Dd, tiles), warmup=10, rep=40, device=device)
-        bwd = time_ms(lambda: td._scan_bwd(dU, dM, W, Be, Dd, *got, tiles), warmup=10, rep=40, device=device)
-        yield bv, w, fwd, bwd, ""
+        fwd = time_ms(lambda: td._scan_fwd(*xs, tiles, heads=H), warmup=10, rep=40, device=device)
+        bwd = time_ms(
+            lambda: td._scan_bwd(dU, dM, W, Be, Ke, v, Dd, *got, tiles, heads=H), warmup=10, rep=40, device=device
+        )
+        yield bv, w, st, fwd, bwd, ""
+
+
+DPLR_KERNELS = ("prep", "out", "out_bwd", "prep_bwd")
+
+
+def dplr_kernel_launches(shape, device, precision: str):
+    """``{name: launch}`` of the fused DPLR per-chunk kernels (``DPLR_KERNELS``) at ``shape`` (the delta
+    benchmark's ``dplr`` inputs, bfloat16, its bound, chunks of ``fused_chunk``'s default), each ``launch(tiles)``
+    running that kernel alone on the default forward's hand-over at ``ScanTiles`` ``tiles`` (its ``precision``
+    over ``precision``) and returning its outputs."""
+    B, T, H, D = shape
+    if D > td.FUSED_MAX_HEAD_DIM:
+        raise SystemExit(f"error: the fused DPLR kernels take head dims up to {td.FUSED_MAX_HEAD_DIM}, got {D}")
+    C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
+    with torch.no_grad():
+        q, k, v, a, b, w = op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
+        tiles = td.ScanTiles(precision=precision)
+        o, U, M_in, Wy, Be, Ke, Dd, Tm = td._fused_fwd(q, k, v, a, b, w, D**-0.5, C, tiles)
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(device, o.dtype)
+        geo = td._chunk_meta(q, v, C, tiles)
+        dU, dM, _, *shares = td._fused_out_bwd(do, q, k, v, b, w, U, M_in, D**-0.5, geo)
+        grads = td._scan_bwd(dU, dM, Wy, Be, Ke, v, Dd, U, M_in, tiles, heads=H)
+
+    def at(tiles):
+        return td._chunk_meta(q, v, C, dataclasses.replace(tiles, precision=precision))
+
+    return {
+        "prep": lambda t: td._fused_prep(k, v, a, b, w, at(t)),
+        "out": lambda t: (td._fused_out(q, k, v, b, w, U, M_in, D**-0.5, at(t)),),
+        "out_bwd": lambda t: td._fused_out_bwd(do, q, k, v, b, w, U, M_in, D**-0.5, at(t)),
+        "prep_bwd": lambda t: td._fused_prep_bwd(k, v, a, b, w, Tm, *grads, *shares, at(t)),
+    }
+
+
+def probe_dplr_kernels(shape, device, warps, precisions):
+    """Yield ``(kernel, precision, warps, ms or None, note)``: each fused DPLR per-chunk kernel alone at each
+    ``ScanTiles.chunk_warps`` of ``warps`` and each precision, its outputs checked as in ``grid`` against its
+    launch at the default warps."""
+    for prec in precisions:
+        launch = dplr_kernel_launches(shape, device, prec)
+        for name in DPLR_KERNELS:
+            want = launch[name](td.ScanTiles())
+            for n in warps:
+                tiles = td.ScanTiles(chunk_warps=n)
+                try:
+                    got = launch[name](tiles)
+                except Exception as e:  # noqa: BLE001 - a configuration that cannot run is a row, not the end
+                    yield name, prec, n, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                    continue
+                err = max(_rel(x, y) for x, y in zip(got, want))
+                if err > 1e-3:
+                    yield name, prec, n, None, f"differs from the default warps: relative error {err:.1e}"
+                    continue
+                yield name, prec, n, time_ms(lambda: launch[name](tiles), warmup=10, rep=40, device=device), ""
 
 
 def time_dplr_calls(shape, device, chunks, precisions):
@@ -248,8 +310,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shape", default="8x2048x16x128", help="BxLxHxD (default 8x2048x16x128)")
     p.add_argument("--tiles", default="precision=bf16", help="ChunkTiles fields (default precision=bf16)")
     p.add_argument("--kernel", choices=KERNELS, help="grid: the kernel to launch at each configuration")
-    p.add_argument("--warps", default="4,8", help="grid: comma-separated num_warps (default 4,8)")
-    p.add_argument("--stages", default="1,2,3,4", help="grid: comma-separated num_stages (default 1,2,3,4)")
+    p.add_argument("--warps", default="4,8", help="grid, dplr: comma-separated num_warps (default 4,8)")
+    p.add_argument("--stages", default="1,2,3,4", help="grid, dplr: comma-separated num_stages (default 1,2,3,4)")
     p.add_argument("--block-v", default="16,32,64", help="dplr: comma-separated block_v (default 16,32,64)")
     p.add_argument("--chunks", default="16,32,64", help="dplr: comma-separated chunk sizes (default 16,32,64)")
     p.add_argument(
@@ -275,13 +337,16 @@ def main(argv: list[str] | None = None) -> None:
     on = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     if args.part == "dplr":
         where = f"{'x'.join(map(str, shape))} on {on}"
-        for bv, w, fwd, bwd, note in probe_dplr(shape, device, block_vs, warps):
+        for bv, w, st, fwd, bwd, note in probe_dplr(shape, device, block_vs, warps, stages):
             result = f"forward {fwd:.4f} backward {bwd:.4f} ms" if fwd is not None else note
-            print(f"delta-probe dplr scan {where} block_v={bv} warps={w}: {result}", flush=True)
+            print(f"delta-probe dplr scan {where} block_v={bv} warps={w} stages={st}: {result}", flush=True)
         for C, prec, fwd, both, err in time_dplr_calls(shape, device, chunks, precisions):
             what = "defaults" if C is None else f"chunk={C} precision={prec}"
             result = f"forward {fwd:.4f} fwd+bwd {both:.4f} ms, vs defaults {err:.1e}" if fwd is not None else err
             print(f"delta-probe dplr call {where} {what}: {result}", flush=True)
+        for name, prec, n, ms, note in probe_dplr_kernels(shape, device, warps, precisions):
+            result = f"{ms:.4f} ms" if ms is not None else note
+            print(f"delta-probe dplr kernel {where} {name} precision={prec} chunk_warps={n}: {result}", flush=True)
         return
     try:
         tiles.resolve(shape[1], shape[3], shape[3], torch.bfloat16)

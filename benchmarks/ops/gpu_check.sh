@@ -18,7 +18,8 @@
 # alone ~1-2 min); to stay within one 10-minute call, split it, e.g. "tests scan newton fused_rnn",
 # "mlstm ssd host" and "delta" (each call's warm-up compiles what it times, the delta family's in one process
 # per shape; its timed run of every implementation at six shapes, replays included, takes up to 7 minutes;
-# then delta-probe prints each delta chunk kernel's time alone at head dims 64 and 128).
+# then delta-probe prints each delta chunk kernel's time alone at head dims 64 and 128: DELTA_PROBE_SHAPES, empty
+# for none).
 # AUTOTUNE_IN=an earlier call's OUT_DIR/triton-autotune.tgz (carried): fla's autotuning results restored first
 # (its dplr kernels at fla's shape alone outlast a family's limit when tuned from nothing); this call's are
 # packed there at the end (benchmarks/autotune_cache.sh).
@@ -97,7 +98,7 @@ for f in "${families[@]}"; do
 done
 
 if [[ " $steps " == *" delta "* ]]; then  # each delta chunk kernel alone, bfloat16 products, ms
-  for shape in 8x2048x16x64 8x2048x16x128; do
+  for shape in ${DELTA_PROBE_SHAPES-8x2048x16x64 8x2048x16x128}; do
     timeout 90 python3 -m benchmarks.ops delta-probe kernels --shape "$shape" 2>&1 | grep -E "^delta-probe|error"
   done
 fi

@@ -6,7 +6,7 @@ the scan), inside the chunk ``c = cumsum(w)`` per key channel, ``c' = c - w``, `
     a* = a o exp(c')    q* = q o exp(c)    b~ = b o exp(-c)    k~ = k o exp(-c)           (C, K)
     A_b = strictly_lower(a* b~^T)    A_k = strictly_lower(a* k~^T)    T = (I - A_b)^-1   (C, C)
     U_v = T A_k v        W = T a*                                                         (scan's inputs)
-    Be = b o exp(c_C - c)      KVe = (k o exp(c_C - c))^T v      D = exp(c_C)
+    Be = b o exp(c_C - c)      Ke = k o exp(c_C - c)      D = exp(c_C)          (and v itself)
     O = scale (q* M_0 + Q_b U + Q_k v),    Q_x = lower(q* x~^T)                           (U from the scan)
 
 Kernels, grid ``(NC, B H, NV)``, one program per chunk, head and block of ``BV`` value columns with whole
@@ -15,7 +15,7 @@ blocks' shares, so a program adds the terms that do not depend on the values onl
 sums over the values (``dq``, ``dk``, ``da``, ``db``, ``dw`` and the output's shares) is written per block
 (``NV`` leading slices ``PART`` elements apart, summed by the caller):
 
-- ``dplr_prep_kernel``: ``U_v, W, Be, KVe, D`` and ``T`` (by the stacked block inverse, ``chunk_kernels``, in
+- ``dplr_prep_kernel``: ``U_v, W, Be, Ke, D`` and ``T`` (by the stacked block inverse, ``chunk_kernels``, in
   each value block's own scratch; block 0's kept for the backward);
 - ``dplr_out_kernel``: ``O`` from the scan's ``U`` and ``M_0``;
 - ``dplr_out_bwd_kernel``: from ``dO' = scale dO``, the scan's output gradients ``dU = Q_b^T dO'`` and
@@ -25,20 +25,20 @@ sums over the values (``dq``, ``dk``, ``da``, ``db``, ``dw`` and the output's sh
       dQ_x = lower(dO' Y^T)  (Y = U, v)     dq* = dO' M_0^T + dQ_b b~ + dQ_k k~      dv = Q_k^T dO'
       dq = dq* o exp(c)      db = dQ_b^T q* o exp(-c)     dc = dq* o q* - dQ_b^T q* o b~ - (k alike)
 
-- ``dplr_prep_bwd_kernel``: with the forward's ``T``, the scan's input gradients ``dU_v, dW, dBe, dKVe,
+- ``dplr_prep_bwd_kernel``: with the forward's ``T``, the scan's input gradients ``dU_v, dW, dBe, dKe, dv,
   dD`` and the output's shares, ``R = A_k v``::
 
       dT = dU_v R^T + dW a*^T      dR = T^T dU_v      da* = T^T dW + dA_b b~ + dA_k k~
-      dA_b = strictly_lower(T^T dT T^T)      dA_k = strictly_lower(dR v^T)      dv += A_k^T dR + k_e dKVe
-      db~ = dA_b^T a*     dk~ = dA_k^T a*    (k_e = k o exp(c_C - c), dk_e = v dKVe^T)
+      dA_b = strictly_lower(T^T dT T^T)      dA_k = strictly_lower(dR v^T)      dv += A_k^T dR
+      db~ = dA_b^T a*     dk~ = dA_k^T a*
 
   then the decays' chain rule onto ``a, b, k`` and ``c, c', c_C``, and ``dw`` (``c`` and ``c'`` are sums
   of ``w`` up to and before each step, ``c_C`` of all the chunk's).
 
 Inputs ``(B, L, H, K or V)`` (rows past ``L`` read as zeros: identity steps), any float dtype read as
-float32; the scan's tensors float32 ``(B H, NC, rows, cols)``; partial gradients float32 in the inputs'
-layout. ``PREC``: every product's precision (``chunk_kernels._mm``: ``"bf16"`` or ``tl.dot``'s
-``input_precision``); the inverse is IEEE float32.
+float32; the scan's tensors float32 ``(B H, NC, rows, cols)`` (``M_in`` may be bfloat16); partial gradients
+float32 in the inputs' layout. ``PREC``: every product's precision (``chunk_kernels._mm``: ``"bf16"`` or
+``tl.dot``'s ``input_precision``); the inverse is IEEE float32.
 """
 
 from __future__ import annotations
@@ -73,11 +73,10 @@ def _lower(x, C: tl.constexpr):
 
 @triton.jit
 def dplr_prep_kernel(
-    k, v, a, b, w, Uv, Wy, Be, KVe, D, Tm, T, H, NC, K, V,
+    k, v, a, b, w, Uv, Wy, Be, Ke, D, Tm, T, H, NC, K, V,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """The scan's inputs ``Uv (B H, NC, C, V)``, ``Wy, Be (B H, NC, C, K)``, ``KVe (B H, NC, K, V)``, ``D (B H,
-    NC, K)`` of one chunk, and its ``T`` in ``Tm (NV, B H, NC, C, C)`` (the inverse's scratch); grid ``(NC, B H,
+    """The scan's inputs ``Uv (B H, NC, C, V)``, ``Wy, Be, Ke (B H, NC, C, K)``, ``D (B H, NC, K)`` of one chunk, and its ``T`` in ``Tm (NV, B H, NC, C, C)`` (the inverse's scratch); grid ``(NC, B H,
     NV)``."""
     i_c, i_bh, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h, t0, v0 = i_bh // H, i_bh % H, i_c * C, i_v * BV
@@ -93,11 +92,11 @@ def dplr_prep_kernel(
     # each value block inverts in its own scratch; block 0's T is the backward's
     Ti = _unit_lower_inverse_stacked(-Ab, Tm + (i_v * tl.num_programs(1) * NC + n) * C * C, C)
     _store(Uv, n * C * V, _mm(Ti, _mm(Ak, vv, PREC), PREC), rc, rv, C, V)
-    to_end = tl.exp(cC[None, :] - c)
-    _store(KVe, n * K * V, _mm(tl.trans(kk * to_end), vv, PREC), rk, rv, K, V)
     if i_v == 0:
+        to_end = tl.exp(cC[None, :] - c)
         _store(Wy, n * C * K, _mm(Ti, a_s, PREC), rc, rk, C, K)
         _store(Be, n * C * K, bb * to_end, rc, rk, C, K)
+        _store(Ke, n * C * K, kk * to_end, rc, rk, C, K)
         tl.store(D + n * K + rk, tl.exp(cC), mask=rk < K)
 
 
@@ -161,7 +160,7 @@ def dplr_out_bwd_kernel(
 
 @triton.jit
 def dplr_prep_bwd_kernel(
-    k, v, a, b, w, Tm, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, T, H, NC, K, V, PART,
+    k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, T, H, NC, K, V, PART,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """``dk, dv, da, db, dw`` of one chunk from the forward's ``Tm``, the scan's input gradients and the
@@ -192,18 +191,17 @@ def dplr_prep_bwd_kernel(
     db_g = _mm(tl.trans(dAb), a_s, PREC)
     dk_g = _mm(tl.trans(dAk), a_s, PREC)
     to_end = tl.exp(cC[None, :] - c)
-    dKVe_ = _load(dKVe, n * K * V, rk, rv, K, V)
-    dk_e = _mm(vv, tl.trans(dKVe_), PREC)
-    dv_ = _mm(kk * to_end, dKVe_, PREC, _mm(tl.trans(Ak), dR, PREC))
+    dv_ = _load(dVe, n * C * V, rc, rv, C, V) + _mm(tl.trans(Ak), dR, PREC)
     _store_rows(dv, dv_ + _rows(dv_o, i_b, i_h, t0, T, H, V, C, BV, v0), i_b, i_h, t0, T, H, V, C, BV, v0)
     dBe_ = first * _load(dBe, n * C * K, rc, rk, C, K)
+    dKe_ = first * _load(dKe, n * C * K, rc, rk, C, K)
     part = i_v.to(tl.int64) * PART  # this value block's slice of the (NV, B, L, H, K) gradients
     db_ = dBe_ * to_end + db_g * grow + first * _rows(db_o, i_b, i_h, t0, T, H, K, C, BK)
-    dk_ = dk_e * to_end + dk_g * grow + first * _rows(dk_o, i_b, i_h, t0, T, H, K, C, BK)
+    dk_ = dKe_ * to_end + dk_g * grow + first * _rows(dk_o, i_b, i_h, t0, T, H, K, C, BK)
     _store_rows(db + part, db_, i_b, i_h, t0, T, H, K, C, BK)
     _store_rows(dk + part, dk_, i_b, i_h, t0, T, H, K, C, BK)
     _store_rows(da + part, da_s * ecp, i_b, i_h, t0, T, H, K, C, BK)
-    d_end = (dBe_ * bb + dk_e * kk) * to_end  # the gradient of exp(c_C - c), times it
+    d_end = (dBe_ * bb + dKe_ * kk) * to_end  # the gradient of exp(c_C - c), times it
     dcC = tl.sum(d_end, 0) + first * tl.load(dD + n * K + rk, mask=rk < K, other=0.0) * tl.exp(cC)
     dc = first * _rows(dc_o, i_b, i_h, t0, T, H, K, C, BK) - d_end - db_g * b_g - dk_g * k_g
     dcp = da_s * a_s

@@ -119,18 +119,24 @@ def factored_chunk(lower_bound: float | None) -> int:
 
 
 def dplr_scan(
-    U_v: torch.Tensor, W: torch.Tensor, b_end: torch.Tensor, KV_end: torch.Tensor, decay_end: torch.Tensor
+    U_v: torch.Tensor,
+    W: torch.Tensor,
+    b_end: torch.Tensor,
+    k_end: torch.Tensor,
+    v: torch.Tensor,
+    decay_end: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The DPLR chunk form's sequential part, chunk by chunk from ``M = 0``: ``U_i = U_v,i + W_i M_i`` and
-    ``M_{i+1} = decay_end_i o M_i + b_end_i^T U_i + KV_end_i`` (``o`` scales rows by key channel).
-    ``U_v (..., NC, C, V)``, ``W, b_end (..., NC, C, K)``, ``KV_end (..., NC, K, V)``, ``decay_end (..., NC, K)``
-    -> ``(U (..., NC, C, V), M (..., NC, K, V))``, ``M_i`` the state entering chunk ``i``."""
-    M = KV_end.new_zeros(KV_end[..., 0, :, :].shape)
+    ``M_{i+1} = decay_end_i o M_i + b_end_i^T U_i + k_end_i^T v_i`` (``o`` scales rows by key channel).
+    ``U_v, v (..., NC, C, V)``, ``W, b_end, k_end (..., NC, C, K)``, ``decay_end (..., NC, K)`` -> ``(U (..., NC,
+    C, V), M (..., NC, K, V))``, ``M_i`` the state entering chunk ``i``."""
+    M = U_v.new_zeros((*U_v.shape[:-3], W.shape[-1], U_v.shape[-1]))
     U, entering = [], []
     for i in range(U_v.shape[-3]):
         entering.append(M)
         U.append(U_v[..., i, :, :] + W[..., i, :, :] @ M)
-        M = decay_end[..., i, :, None] * M + b_end[..., i, :, :].transpose(-1, -2) @ U[-1] + KV_end[..., i, :, :]
+        update = b_end[..., i, :, :].transpose(-1, -2) @ U[-1] + k_end[..., i, :, :].transpose(-1, -2) @ v[..., i, :, :]
+        M = decay_end[..., i, :, None] * M + update
     return torch.stack(U, -3), torch.stack(entering, -3)
 
 
@@ -192,7 +198,7 @@ def dplr_delta_rule(
     )
     U_v, W = solved[..., :V], solved[..., V:]
     to_end = (c[..., -1:, :] - c).exp()  # exp(c_C - c_j)
-    U, M = scan(U_v, W, b * to_end, (k * to_end).transpose(-1, -2) @ v, c[..., -1, :].exp())
+    U, M = scan(U_v, W, b * to_end, k * to_end, v, c[..., -1, :].exp())
     o = (q * c.exp()) @ M + Q_b @ U + Q_k @ v  # (B, H, NC, C, V)
     o = o.reshape(B, H, NC * C, V)[:, :, :L].movedim(1, 2)  # (B, L, H, V)
     return (scale * o).to(out_dtype)

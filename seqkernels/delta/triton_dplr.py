@@ -46,12 +46,16 @@ class ScanTiles:
     blocks of 16 with tensor-core products: the backward kernel faults there at 8 warps on an H100 with
     Triton 3.6, ``"ieee"`` does not); ``precision``: every product's precision, one of
     ``SCAN_PRECISIONS`` (``chunk_kernels._mm``: ``tl.dot``'s ``input_precision``, or ``"bf16"``, both operands
-    rounded to bfloat16 as fla's kernels do; default ``"tf32x3"``, float32-accurate).
+    rounded to bfloat16 as fla's kernels do; default ``"tf32x3"``, float32-accurate); ``stages``: the scan
+    kernels' ``num_stages`` (how many chunks ahead their loop's loads are issued; default Triton's);
+    ``chunk_warps``: the fused per-chunk kernels' warps (``dplr_chunk_kernels.py``; default 4).
     """
 
     block_v: int | None = None
     warps: int | None = None
     precision: str | None = None
+    stages: int | None = None
+    chunk_warps: int | None = None
 
     def resolve(self, C: int, K: int, V: int) -> tuple[int, int, int, str]:
         """``(BK, BV, warps, precision)`` for chunks of ``C`` steps, keys ``K`` and values ``V`` wide."""
@@ -60,8 +64,11 @@ class ScanTiles:
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"dplr triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
         warps = self.warps or 4
-        if warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"dplr triton_chunk: warps must be 1, 2, 4, 8 or 16, got {warps!r}")
+        for name, n in (("warps", warps), ("chunk_warps", self.chunk_warps or 4)):
+            if n not in (1, 2, 4, 8, 16):
+                raise ValueError(f"dplr triton_chunk: {name} must be 1, 2, 4, 8 or 16, got {n!r}")
+        if self.stages is not None and self.stages not in range(1, 7):
+            raise ValueError(f"dplr triton_chunk: stages must be 1 to 6, got {self.stages!r}")
         precision = self.precision or "tf32x3"
         if precision not in SCAN_PRECISIONS:
             raise ValueError(f"dplr triton_chunk: precision must be one of {SCAN_PRECISIONS}, got {precision!r}")
@@ -75,9 +82,11 @@ class ScanTiles:
 def _meta(W: torch.Tensor, V: int, tiles: ScanTiles | None) -> tuple[int, dict]:
     """``(NV, launch keywords)`` for chunk tensors like ``W (BH, NC, C, K)`` and values ``V`` wide."""
     C, K = W.shape[-2:]
-    BK, BV, warps, precision = (tiles or ScanTiles()).resolve(C, K, V)
+    tiles = tiles or ScanTiles()
+    BK, BV, warps, precision = tiles.resolve(C, K, V)
     meta = {"C": C, "K": K, "V": V, "BC": max(16, next_pow2(C)), "BK": BK, "BV": BV, "PREC": precision}
-    return cdiv(V, BV), {**meta, "num_warps": warps}
+    stages = {} if tiles.stages is None else {"num_stages": tiles.stages}
+    return cdiv(V, BV), {**meta, "num_warps": warps, **stages}
 
 
 def _block_sum(x: torch.Tensor) -> torch.Tensor:
@@ -85,42 +94,61 @@ def _block_sum(x: torch.Tensor) -> torch.Tensor:
     return x.sum(0) if x.shape[0] > 1 else x[0]
 
 
-def _scan_fwd(Uv, W, Be, KVe, D, tiles: ScanTiles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(U, M_in)`` of ``Uv (BH, NC, C, V)``, ``W, Be (BH, NC, C, K)``, ``KVe (BH, NC, K, V)``, ``D (BH, NC, K)``."""
+def _value_layout(v: torch.Tensor, NC: int, C: int, heads: int | None) -> tuple[int, int, int, int, int]:
+    """``(H, L, s_b, s_h, s_t)`` of the contiguous values ``v`` as the scan kernels read them
+    (``dplr_scan_kernels._value_rows``): chunked ``(B H, NC, C, V)`` where ``heads`` is ``None``, else the tokens
+    ``(B, L, H, V)`` of ``heads`` heads."""
+    V = v.shape[-1]
+    if heads is None:
+        return 1, NC * C, NC * C * V, 0, V
+    _, L, H, _ = v.shape
+    return H, L, L * H * V, V, H * V
+
+
+def _scan_fwd(
+    Uv, W, Be, Ke, v, D, tiles: ScanTiles | None = None, state_dtype: torch.dtype = torch.float32, heads=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(U, M_in)`` of ``Uv (BH, NC, C, V)``, ``W, Be, Ke (BH, NC, C, K)``, ``D (BH, NC, K)`` and the values
+    ``v`` (``(BH, NC, C, V)``, or ``(B, L, H, V)`` with ``heads``: ``_value_layout``); ``U`` float32, ``M_in``
+    stored in ``state_dtype`` (the state itself stays float32 on chip)."""
     BH, NC, C, V = Uv.shape
     K = W.shape[-1]
     NV, meta = _meta(W, V, tiles)
     U = empty((BH, NC, C, V), Uv.device, torch.float32)
-    M_in = empty((BH, NC, K, V), Uv.device, torch.float32)
-    dplr_scan_fwd_kernel[(NV, BH)](Uv, W, Be, KVe, D, U, M_in, NC, **meta)
+    M_in = empty((BH, NC, K, V), Uv.device, state_dtype)
+    layout = _value_layout(v, NC, C, heads)
+    dplr_scan_fwd_kernel[(NV, BH)](Uv, W, Be, Ke, v, D, U, M_in, NC, *layout, **meta)
     return U, M_in
 
 
-def _scan_bwd(dU, dM_in, W, Be, D, U, M_in, tiles: ScanTiles | None = None):
-    """``(dUv, dW, dBe, dKVe, dD)``, float32, from the output gradients and the saved tensors (``_scan_fwd``'s
-    shapes)."""
+def _scan_bwd(dU, dM_in, W, Be, Ke, v, D, U, M_in, tiles: ScanTiles | None = None, heads=None):
+    """``(dUv, dW, dBe, dKe, dv, dD)``, float32, from the output gradients and the saved tensors (``_scan_fwd``'s
+    shapes; ``dv (BH, NC, C, V)`` in either layout of ``v``)."""
     BH, NC, C, V = U.shape
     K = W.shape[-1]
     NV, meta = _meta(W, V, tiles)
     dev, f32 = U.device, torch.float32
-    dUv, dKVe = empty((BH, NC, C, V), dev, f32), empty((BH, NC, K, V), dev, f32)
-    dW, dBe = (empty((NV, BH, NC, C, K), dev, f32) for _ in range(2))
+    dUv, dv = empty((BH, NC, C, V), dev, f32), empty((BH, NC, C, V), dev, f32)
+    dW, dBe, dKe = (empty((NV, BH, NC, C, K), dev, f32) for _ in range(3))
     dD = empty((NV, BH, NC, K), dev, f32)
-    dplr_scan_bwd_kernel[(NV, BH)](dU, dM_in, W, Be, D, U, M_in, dUv, dW, dBe, dKVe, dD, NC, BH, **meta)
-    return dUv, _block_sum(dW), _block_sum(dBe), dKVe, _block_sum(dD)
+    layout = _value_layout(v, NC, C, heads)
+    dplr_scan_bwd_kernel[(NV, BH)](
+        dU, dM_in, W, Be, Ke, v, D, U, M_in, dUv, dW, dBe, dKe, dv, dD, NC, BH, *layout, **meta
+    )  # fmt: skip
+    return dUv, _block_sum(dW), _block_sum(dBe), _block_sum(dKe), dv, _block_sum(dD)
 
 
 @torch.library.custom_op("expressivity::dplr_scan_fwd", mutates_args=())
 def dplr_scan_fwd(
-    Uv: torch.Tensor, W: torch.Tensor, Be: torch.Tensor, KVe: torch.Tensor, D: torch.Tensor
+    Uv: torch.Tensor, W: torch.Tensor, Be: torch.Tensor, Ke: torch.Tensor, v: torch.Tensor, D: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(U, M_in)`` with the default tiles (``_scan_fwd``)."""
-    return _scan_fwd(Uv, W, Be, KVe, D)
+    """``(U, M_in)`` with the default tiles (``_scan_fwd``, chunked values)."""
+    return _scan_fwd(Uv, W, Be, Ke, v, D)
 
 
 @dplr_scan_fwd.register_fake
-def _(Uv, W, Be, KVe, D):
-    return torch.empty_like(Uv), torch.empty_like(KVe)
+def _(Uv, W, Be, Ke, v, D):
+    return torch.empty_like(Uv), Uv.new_empty((*Uv.shape[:2], W.shape[-1], Uv.shape[-1]))
 
 
 @torch.library.custom_op("expressivity::dplr_scan_bwd", mutates_args=())
@@ -129,17 +157,19 @@ def dplr_scan_bwd(
     dM_in: torch.Tensor,
     W: torch.Tensor,
     Be: torch.Tensor,
+    Ke: torch.Tensor,
+    v: torch.Tensor,
     D: torch.Tensor,
     U: torch.Tensor,
     M_in: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dUv, dW, dBe, dKVe, dD)`` with the default tiles (``_scan_bwd``)."""
-    return _scan_bwd(dU, dM_in, W, Be, D, U, M_in)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dUv, dW, dBe, dKe, dv, dD)`` with the default tiles (``_scan_bwd``, chunked values)."""
+    return _scan_bwd(dU, dM_in, W, Be, Ke, v, D, U, M_in)
 
 
 @dplr_scan_bwd.register_fake
-def _(dU, dM_in, W, Be, D, U, M_in):
-    return torch.empty_like(dU), torch.empty_like(W), torch.empty_like(Be), torch.empty_like(M_in), torch.empty_like(D)
+def _(dU, dM_in, W, Be, Ke, v, D, U, M_in):
+    return tuple(torch.empty_like(x) for x in (dU, W, Be, Ke, dU, D))
 
 
 def _output_grads(dU, dM_in, U, M_in) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,13 +179,13 @@ def _output_grads(dU, dM_in, U, M_in) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _setup_context(ctx, inputs, output):
-    Uv, W, Be, KVe, D = inputs
-    ctx.save_for_backward(W, Be, D, *output)
+    Uv, W, Be, Ke, v, D = inputs
+    ctx.save_for_backward(W, Be, Ke, v, D, *output)
 
 
 def _grad(ctx, dU, dM_in):
-    W, Be, D, U, M_in = ctx.saved_tensors
-    return dplr_scan_bwd(*_output_grads(dU, dM_in, U, M_in), W, Be, D, U, M_in)
+    W, Be, Ke, v, D, U, M_in = ctx.saved_tensors
+    return dplr_scan_bwd(*_output_grads(dU, dM_in, U, M_in), W, Be, Ke, v, D, U, M_in)
 
 
 dplr_scan_fwd.register_autograd(_grad, setup_context=_setup_context)
@@ -165,23 +195,24 @@ class _Eager(torch.autograd.Function):
     """Eager autograd over the same launches as the custom ops, with explicit tiles."""
 
     @staticmethod
-    def forward(ctx, tiles, Uv, W, Be, KVe, D):
-        U, M_in = _scan_fwd(Uv, W, Be, KVe, D, tiles)
-        ctx.save_for_backward(W, Be, D, U, M_in)
+    def forward(ctx, tiles, Uv, W, Be, Ke, v, D):
+        U, M_in = _scan_fwd(Uv, W, Be, Ke, v, D, tiles)
+        ctx.save_for_backward(W, Be, Ke, v, D, U, M_in)
         ctx.tiles = tiles
         return U, M_in
 
     @staticmethod
     def backward(ctx, dU, dM_in):
-        W, Be, D, U, M_in = ctx.saved_tensors
-        return (None, *_scan_bwd(*_output_grads(dU, dM_in, U, M_in), W, Be, D, U, M_in, ctx.tiles))
+        W, Be, Ke, v, D, U, M_in = ctx.saved_tensors
+        return (None, *_scan_bwd(*_output_grads(dU, dM_in, U, M_in), W, Be, Ke, v, D, U, M_in, ctx.tiles))
 
 
-def dplr_scan(U_v, W, b_end, KV_end, decay_end, *, tiles: ScanTiles | None = None):
-    """``pytorch.dplr_scan`` on the Triton kernels: ``U_v (..., NC, C, V)``, ``W, b_end (..., NC, C, K)``,
-    ``KV_end (..., NC, K, V)``, ``decay_end (..., NC, K)`` (float32) -> ``(U, M)`` of the same leading shape."""
+def dplr_scan(U_v, W, b_end, k_end, v, decay_end, *, tiles: ScanTiles | None = None):
+    """``pytorch.dplr_scan`` on the Triton kernels: ``U_v, v (..., NC, C, V)``, ``W, b_end, k_end (..., NC, C,
+    K)``, ``decay_end (..., NC, K)`` (float32) -> ``(U, M)`` of the same leading shape."""
     lead, (NC, C, V), K = U_v.shape[:-3], U_v.shape[-3:], W.shape[-1]
-    flat = [x.reshape(-1, *x.shape[len(lead) :]).float().contiguous() for x in (U_v, W, b_end, KV_end, decay_end)]
+    xs = (U_v, W, b_end, k_end, v, decay_end)
+    flat = [x.reshape(-1, *x.shape[len(lead) :]).float().contiguous() for x in xs]
     if torch.compiler.is_compiling() or tiles is None:
         U, M = dplr_scan_fwd(*flat)
     else:
@@ -208,30 +239,38 @@ def fused_chunk(K: int, lower_bound: float | None, chunk: int | None) -> int | N
 
 def _chunk_meta(q, v, C: int, tiles: ScanTiles | None):
     """``(B, L, H, K, V, NC, NV, launch keywords)`` of the fused kernels: value blocks of ``tiles.block_v``
-    columns where it is set, else of every column up to 64."""
+    columns where it is set, else of every column up to 64; ``tiles.chunk_warps`` warps."""
     B, L, H, K = q.shape
     V = v.shape[-1]
     tiles = tiles or ScanTiles()
     BK, _, _, precision = tiles.resolve(C, K, V)
     BV = tiles.block_v or min(max(16, next_pow2(V)), 64)
-    return B, L, H, K, V, cdiv(L, C), cdiv(V, BV), {"C": C, "BK": BK, "BV": BV, "PREC": precision}
+    meta = {"C": C, "BK": BK, "BV": BV, "PREC": precision, "num_warps": tiles.chunk_warps or 4}
+    return B, L, H, K, V, cdiv(L, C), cdiv(V, BV), meta
 
 
 #: what the fused forward keeps for its backward: the scan's outputs ``U (B H, NC, C, V)``, ``M_in (B H, NC, K,
-#: V)``, its inputs ``Wy, Be (B H, NC, C, K)``, ``D (B H, NC, K)`` and each chunk's ``T`` in ``Tm (NV, B H, NC, C,
-#: C)`` (the first of the value blocks' scratches)
-SAVED = ("U", "M_in", "Wy", "Be", "D", "Tm")
+#: V)``, its inputs ``Wy, Be, Ke (B H, NC, C, K)``, ``D (B H, NC, K)`` and each chunk's ``T`` in ``Tm (NV, B H,
+#: NC, C, C)`` (the first of the value blocks' scratches); float32, but ``M_in`` in bfloat16 under ``"bf16"`` products
+#: (``state_dtype``): every product reading it rounds it so, only the backward's ``dD = rowsum(M_in o dM)`` sees
+#: the rounding
+SAVED = ("U", "M_in", "Wy", "Be", "Ke", "D", "Tm")
+
+
+def state_dtype(geometry) -> torch.dtype:
+    """The dtype the fused forward stores each chunk's entering state ``M_in`` in (``SAVED``)."""
+    return torch.bfloat16 if geometry[-1]["PREC"] == "bf16" else torch.float32
 
 
 def _fused_prep(k, v, a, b, w, geometry):
-    """``(Uv, Wy, Be, KVe, D, Tm)``: the scan's inputs (``_scan_fwd``) and each chunk's ``T``, float32;
-    ``geometry``: ``_chunk_meta``'s."""
+    """``(Uv, Wy, Be, Ke, D, Tm)``: the scan's inputs but the values (``_scan_fwd``; ``v`` itself, in its token
+    layout) and each chunk's ``T``, float32; ``geometry``: ``_chunk_meta``'s."""
     B, L, H, K, V, NC, NV, meta = geometry
     C, dev, f32, BH = meta["C"], k.device, torch.float32, B * H
-    Uv, Wy, Be = empty((BH, NC, C, V), dev, f32), empty((BH, NC, C, K), dev, f32), empty((BH, NC, C, K), dev, f32)
-    KVe, D, Tm = empty((BH, NC, K, V), dev, f32), empty((BH, NC, K), dev, f32), empty((NV, BH, NC, C, C), dev, f32)
-    dplr_prep_kernel[(NC, BH, NV)](k, v, a, b, w, Uv, Wy, Be, KVe, D, Tm, L, H, NC, K, V, **meta)
-    return Uv, Wy, Be, KVe, D, Tm
+    Uv, D, Tm = empty((BH, NC, C, V), dev, f32), empty((BH, NC, K), dev, f32), empty((NV, BH, NC, C, C), dev, f32)
+    Wy, Be, Ke = (empty((BH, NC, C, K), dev, f32) for _ in range(3))
+    dplr_prep_kernel[(NC, BH, NV)](k, v, a, b, w, Uv, Wy, Be, Ke, D, Tm, L, H, NC, K, V, **meta)
+    return Uv, Wy, Be, Ke, D, Tm
 
 
 def _fused_out(q, k, v, b, w, U, M_in, scale: float, geometry):
@@ -243,38 +282,58 @@ def _fused_out(q, k, v, b, w, U, M_in, scale: float, geometry):
 
 
 def _fused_fwd(q, k, v, a, b, w, scale: float, C: int, tiles: ScanTiles | None = None):
-    """``(o, *SAVED)``: the output ``(B, L, H, V)`` in ``q``'s dtype and what the backward reads, float32."""
+    """``(o, *SAVED)``: the output ``(B, L, H, V)`` in ``q``'s dtype and what the backward reads (``SAVED``)."""
     geometry = _chunk_meta(q, v, C, tiles)
-    Uv, Wy, Be, KVe, D, Tm = _fused_prep(k, v, a, b, w, geometry)
-    U, M_in = _scan_fwd(Uv, Wy, Be, KVe, D, tiles)
-    return _fused_out(q, k, v, b, w, U, M_in, scale, geometry), U, M_in, Wy, Be, D, Tm
+    Uv, Wy, Be, Ke, D, Tm = _fused_prep(k, v, a, b, w, geometry)
+    U, M_in = _scan_fwd(Uv, Wy, Be, Ke, v, D, tiles, state_dtype(geometry), heads=geometry[2])
+    return _fused_out(q, k, v, b, w, U, M_in, scale, geometry), U, M_in, Wy, Be, Ke, D, Tm
 
 
-def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale: float, C: int, tiles: ScanTiles | None = None):
-    """``(dq, dk, dv, da, db, dw)`` of ``_fused_fwd``'s output gradient ``do``, each in its input's dtype (the
-    kernels store them so where one value block holds every value, else their float32 shares are summed)."""
-    B, L, H, K, V, NC, NV, meta = _chunk_meta(q, v, C, tiles)
+def _fused_out_bwd(do, q, k, v, b, w, U, M_in, scale: float, geometry):
+    """``(dU, dM, dq, dk_o, db_o, dv_o, dc_o)``: the scan's output gradients ``dU (B H, NC, C, V)``, ``dM (B H,
+    NC, K, V)``, ``dq`` per value block ``(NV, B, L, H, K)`` (in ``q``'s dtype where ``NV`` is 1, else float32),
+    and the output's shares of ``dk, db, dc`` (summed over value blocks, float32 ``(B, L, H, K)``) and ``dv``
+    (float32 ``(B, L, H, V)``) of the output gradient ``do``; ``geometry``: ``_chunk_meta``'s."""
+    B, L, H, K, V, NC, NV, meta = geometry
     dev, f32, BH, part = q.device, torch.float32, B * H, B * L * H * K
-
-    def shares(x):  # a gradient summed over value blocks: (NV, B, L, H, K), in x's dtype where NV is 1
-        return empty((NV, B, L, H, K), dev, x.dtype if NV == 1 else f32)
-
-    dU, dM = empty((BH, NC, C, V), dev, f32), empty((BH, NC, K, V), dev, f32)
-    dq = shares(q)
+    dU, dM = empty((BH, NC, meta["C"], V), dev, f32), empty((BH, NC, K, V), dev, f32)
+    dq = empty((NV, B, L, H, K), dev, q.dtype if NV == 1 else f32)
     dk_o, db_o, dc_o = (empty((NV, B, L, H, K), dev, f32) for _ in range(3))
     dv_o = empty((B, L, H, V), dev, f32)
     dplr_out_bwd_kernel[(NC, BH, NV)](
         do.contiguous(), q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, L, H, NC, K, V, part,
         **meta,
     )  # fmt: skip
-    dk_o, db_o, dc_o = _block_sum(dk_o), _block_sum(db_o), _block_sum(dc_o)
-    dUv, dWy, dBe, dKVe, dD = _scan_bwd(dU, dM, Wy, Be, D, U, M_in, tiles)
+    return dU, dM, dq, _block_sum(dk_o), _block_sum(db_o), dv_o, _block_sum(dc_o)
+
+
+def _fused_prep_bwd(k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, dv_o, dc_o, geometry):
+    """``(dk, dv, da, db, dw)`` from the forward's ``Tm``, the scan's input gradients (``dVe (B H, NC, C, V)``:
+    the values') and the output's shares
+    (``_fused_out_bwd``); ``dv (B, L, H, V)`` in ``v``'s dtype, the others per value block ``(NV, B, L, H, K)``
+    in their input's dtype where ``NV`` is 1, else float32."""
+    B, L, H, K, V, NC, NV, meta = geometry
+    dev, part = k.device, B * L * H * K
+
+    def shares(x):  # a gradient summed over value blocks: (NV, B, L, H, K), in x's dtype where NV is 1
+        return empty((NV, B, L, H, K), dev, x.dtype if NV == 1 else torch.float32)
+
     dk, db, da, dw = shares(k), shares(b), shares(a), shares(w)
     dv = empty((B, L, H, V), dev, v.dtype)
-    dplr_prep_bwd_kernel[(NC, BH, NV)](
-        k, v, a, b, w, Tm, dUv, dWy, dBe, dKVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, L, H, NC, K, V, part,
-        **meta,
+    dplr_prep_bwd_kernel[(NC, B * H, NV)](
+        k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, L, H, NC, K, V,
+        part, **meta,
     )  # fmt: skip
+    return dk, dv, da, db, dw
+
+
+def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, Ke, D, Tm, scale: float, C: int, tiles: ScanTiles | None = None):
+    """``(dq, dk, dv, da, db, dw)`` of ``_fused_fwd``'s output gradient ``do``, each in its input's dtype (the
+    kernels store them so where one value block holds every value, else their float32 shares are summed)."""
+    geometry = _chunk_meta(q, v, C, tiles)
+    dU, dM, dq, *shares = _fused_out_bwd(do, q, k, v, b, w, U, M_in, scale, geometry)
+    dUv, dWy, dBe, dKe, dVe, dD = _scan_bwd(dU, dM, Wy, Be, Ke, v, D, U, M_in, tiles, heads=geometry[2])
+    dk, dv, da, db, dw = _fused_prep_bwd(k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, *shares, geometry)
     dq, dk, da, db, dw = (_block_sum(x).to(y.dtype) for x, y in ((dq, q), (dk, k), (da, a), (db, b), (dw, w)))
     return dq, dk, dv, da, db, dw
 
@@ -284,7 +343,7 @@ def dplr_chunk_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, w: torch.Tensor,
     scale: float, chunk: int,
 ) -> tuple[
-    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
 ]:  # fmt: skip
     """``(o, *SAVED)`` with the default tiles (``_fused_fwd``); ``SAVED`` are for the backward, which takes no
     gradient through them."""
@@ -295,22 +354,31 @@ def dplr_chunk_fwd(
 def _(q, k, v, a, b, w, scale, chunk):
     B, L, H, K, V, NC, NV, _ = _chunk_meta(q, v, chunk, None)
     BH, C = B * H, chunk
-    shapes = ((BH, NC, C, V), (BH, NC, K, V), (BH, NC, C, K), (BH, NC, C, K), (BH, NC, K), (NV, BH, NC, C, C))
-    return (q.new_empty((B, L, H, V)), *(q.new_empty(s, dtype=torch.float32) for s in shapes))
+    U, Wy, Be, Ke, D, Tm = (
+        (BH, NC, C, V),
+        (BH, NC, C, K),
+        (BH, NC, C, K),
+        (BH, NC, C, K),
+        (BH, NC, K),
+        (NV, BH, NC, C, C),
+    )
+    f32 = lambda s: q.new_empty(s, dtype=torch.float32)  # noqa: E731
+    M_in = q.new_empty((BH, NC, K, V), dtype=state_dtype(_chunk_meta(q, v, chunk, None)))
+    return q.new_empty((B, L, H, V)), f32(U), M_in, f32(Wy), f32(Be), f32(Ke), f32(D), f32(Tm)
 
 
 @torch.library.custom_op("expressivity::dplr_chunk_bwd", mutates_args=())
 def dplr_chunk_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-    w: torch.Tensor, U: torch.Tensor, M_in: torch.Tensor, Wy: torch.Tensor, Be: torch.Tensor, D: torch.Tensor,
-    Tm: torch.Tensor, scale: float, chunk: int,
+    w: torch.Tensor, U: torch.Tensor, M_in: torch.Tensor, Wy: torch.Tensor, Be: torch.Tensor, Ke: torch.Tensor,
+    D: torch.Tensor, Tm: torch.Tensor, scale: float, chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(dq, dk, dv, da, db, dw)`` with the default tiles (``_fused_bwd``)."""
-    return _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale, chunk)
+    return _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, Ke, D, Tm, scale, chunk)
 
 
 @dplr_chunk_bwd.register_fake
-def _(do, q, k, v, a, b, w, U, M_in, Wy, Be, D, Tm, scale, chunk):
+def _(do, q, k, v, a, b, w, U, M_in, Wy, Be, Ke, D, Tm, scale, chunk):
     return tuple(torch.empty_like(x) for x in (q, k, v, a, b, w))
 
 

@@ -84,13 +84,12 @@ def test_dplr_scan_inputs_are_what_the_fused_kernels_hand_over():
     from seqkernels.delta import triton_dplr as td
 
     shape, C = (1, 70, 2, 16), td.FUSED_DEFAULT_CHUNK
-    Uv, W, Be, KVe, Dd = delta_probe.dplr_scan_inputs(shape, DEVICE)
+    xs = delta_probe.dplr_scan_inputs(shape, DEVICE)
     NC = -(-70 // C)
-    assert (
-        Uv.shape == W.shape == Be.shape == (2, NC, C, 16) and KVe.shape == (2, NC, 16, 16) and Dd.shape == (2, NC, 16)
-    )
+    assert [x.shape for x in xs] == [(2, NC, C, 16)] * 4 + [shape, (2, NC, 16)]
     q, k, v, a, b, w = op_inputs("dplr", *shape, torch.bfloat16, DEVICE)
-    rebuilt = td._fused_out(q, k, v, b, w, *td._scan_fwd(Uv, W, Be, KVe, Dd), 1.0, td._chunk_meta(q, v, C, None))
+    assert torch.equal(xs[4], v)
+    rebuilt = td._fused_out(q, k, v, b, w, *td._scan_fwd(*xs, heads=2), 1.0, td._chunk_meta(q, v, C, None))
     want = kd.dplr_delta_rule(
         q.double(), k.double(), v.double(), a.double(), b.double(), w.double(), backend="reference"
     )
@@ -104,11 +103,14 @@ def test_dplr_probe_times_each_tiles_and_flags_one_that_computes_something_else(
     from seqkernels.delta import triton_dplr as td
 
     monkeypatch.setattr(td, "dplr_scan_fwd_kernel", _Shifted(td.dplr_scan_fwd_kernel, warps=2))
-    rows = list(delta_probe.probe_dplr((1, 40, 1, 16), DEVICE, (16, 32), (4, 2)))
-    assert [(bv, w) for bv, w, *_ in rows] == [(16, 4), (16, 2)]  # block_v 32 is wider than the 16 values
-    (_, _, fwd4, bwd4, note4), (_, _, fwd2, _, note2) = rows
-    assert fwd4 > 0 and bwd4 > 0 and note4 == ""
-    assert fwd2 is None and "differs from the default tiles" in note2
+    rows = list(delta_probe.probe_dplr((1, 40, 1, 16), DEVICE, (16, 32), (4, 2), (1, 2)))
+    # block_v 32 is wider than the 16 values
+    assert [(bv, w, st) for bv, w, st, *_ in rows] == [(16, 4, 1), (16, 4, 2), (16, 2, 1), (16, 2, 2)]
+    for _, w, _, fwd, bwd, note in rows:
+        if w == 4:
+            assert fwd > 0 and bwd > 0 and note == ""
+        else:
+            assert fwd is None and "differs from the default tiles" in note
 
 
 @needs_kernels
@@ -123,3 +125,21 @@ def test_dplr_probe_times_each_chunk_and_precision_against_the_defaults():
             assert fwd is None and "precision must be one of" in err
         else:
             assert fwd > 0 and both > 0 and err < (1e-2 if C is not None else 1e-12)
+
+
+@needs_kernels
+def test_dplr_kernel_probe_times_each_kernel_and_flags_warps_that_compute_something_else(monkeypatch):
+    """Every fused per-chunk kernel at every ``chunk_warps`` and precision is a row; a launch whose outputs
+    differ from the default warps' (the prep kernel's ``U_v`` shifted at 2 warps) is flagged, not timed."""
+    from seqkernels.delta import triton_dplr as td
+
+    monkeypatch.setattr(td, "dplr_prep_kernel", _Shifted(td.dplr_prep_kernel, warps=2))
+    rows = list(delta_probe.probe_dplr_kernels((1, 40, 1, 16), DEVICE, (4, 2), ("bf16",)))
+    assert [(name, p, n) for name, p, n, *_ in rows] == [
+        (name, "bf16", n) for name in delta_probe.DPLR_KERNELS for n in (4, 2)
+    ]
+    for name, _, n, ms, note in rows:
+        if (name, n) == ("prep", 2):
+            assert ms is None and "differs from the default warps" in note
+        else:
+            assert ms > 0 and note == "", (name, n, note)

@@ -29,15 +29,16 @@ pytestmark = pytest.mark.skipif(
 
 
 def _scan_inputs(lead, NC, C, K, V, seed):
-    """The scan's inputs like the chunk form's: ``U_v, W, b_end, KV_end`` Gaussian (``W``, ``b_end`` scaled so
-    the state stays bounded), ``decay_end`` in ``(0, 1)``; float64 on the CPU."""
+    """The scan's inputs like the chunk form's: ``U_v, W, b_end, k_end, v`` Gaussian (``W``, ``b_end`` scaled
+    so the state stays bounded), ``decay_end`` in ``(0, 1)``; float64 on the CPU."""
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*lead, *s, generator=gen, dtype=F64)  # noqa: E731
     return [
         r(NC, C, V),
         0.3 * r(NC, C, K),
         0.3 * r(NC, C, K),
-        r(NC, K, V),
+        r(NC, C, K),
+        r(NC, C, V),
         torch.rand(*lead, NC, K, generator=gen, dtype=F64),
     ]
 
@@ -48,7 +49,7 @@ def _scan_inputs(lead, NC, C, K, V, seed):
         ((2, 3), 3, 5, 7, 6, None),  # nothing a power of two, one padded tile each
         ((1, 2), 4, 16, 20, 40, ScanTiles(block_v=16)),  # 3 value blocks, the last partial
         ((1, 1), 1, 1, 4, 3, None),  # one chunk of one step
-        ((2, 1), 2, 64, 16, 16, ScanTiles(precision="ieee", warps=2)),
+        ((2, 1), 2, 64, 16, 16, ScanTiles(precision="ieee", warps=2, stages=2)),
     ],
 )
 def test_scan_equals_the_loop_with_gradients(lead, NC, C, K, V, tiles):
@@ -119,6 +120,21 @@ def test_bfloat16_products_are_within_their_rounding():
         _compare(shape, torch.float32, 1e-5, RWKV7_BOUND, None, ScanTiles(precision="bf16"), seed=11)
 
 
+def test_bfloat16_products_save_the_state_in_bfloat16():
+    """Under ``"bf16"`` products the fused forward saves each chunk's entering state in bfloat16 (every product
+    reading it rounds it so): the float32 state rounded, within one bfloat16 step of it (the interpreter's cast
+    truncates, the GPU's rounds to nearest); float32 at the other precisions."""
+    xs = [x.to(DEVICE, torch.float32) for x in _dplr_inputs(1, 40, 1, 16, 16, seed=5, decay=-RWKV7_BOUND)]
+    saved = {p: triton_dplr._fused_fwd(*xs, 1.0, 16, ScanTiles(precision=p))[2] for p in ("bf16", "tf32x3")}
+    assert saved["bf16"].dtype == torch.bfloat16 and saved["tf32x3"].dtype == torch.float32
+    Uv, Wy, Be, Ke, D, _ = triton_dplr._fused_prep(
+        *xs[1:], triton_dplr._chunk_meta(xs[0], xs[2], 16, ScanTiles(precision="bf16"))
+    )
+    _, M_in = triton_dplr._scan_fwd(Uv, Wy, Be, Ke, xs[2], D, ScanTiles(precision="bf16"), heads=1)
+    gap = (saved["bf16"].float() - M_in).abs()
+    assert M_in.dtype == torch.float32 and bool((gap <= 2**-7 * M_in.abs()).all()) and float(gap.max()) > 0
+
+
 def test_fused_chunk_sizes():
     """The fused kernels run chunks of 16 by default, or 32 / 64 asked for, within the bound's factored chunk;
     not 64 at keys wider than 64; without a bound, or where the bound allows fewer steps, they do not run."""
@@ -172,7 +188,7 @@ def test_custom_ops_opcheck_autograd_and_compile():
     xs = [x.float().to(DEVICE) for x in _scan_inputs((2,), 3, 16, 16, 16, seed=0)]
     torch.library.opcheck(dplr_scan_fwd, xs, test_utils=("test_schema", "test_faketensor"))
     U, M = dplr_scan_fwd(*xs)
-    bwd_args = (torch.randn_like(U), torch.randn_like(M), xs[1], xs[2], xs[4], U, M)
+    bwd_args = (torch.randn_like(U), torch.randn_like(M), *xs[1:], U, M)
     torch.library.opcheck(dplr_scan_bwd, bwd_args, test_utils=("test_schema", "test_faketensor"))
     leaves = [x.clone().requires_grad_() for x in xs]
     op = torch.autograd.grad(sum(t.sum() for t in dplr_scan_fwd(*leaves)), leaves)
@@ -211,6 +227,8 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
         (ScanTiles(block_v=24), "block_v must be a power of two in \\[16, 32\\], got 24"),
         (ScanTiles(block_v=64), "block_v must be a power of two in \\[16, 32\\], got 64"),
         (ScanTiles(warps=3), "warps must be 1, 2, 4, 8 or 16, got 3"),
+        (ScanTiles(chunk_warps=32), "chunk_warps must be 1, 2, 4, 8 or 16, got 32"),
+        (ScanTiles(stages=0), "stages must be 1 to 6, got 0"),
         (ScanTiles(precision="fp8"), "precision must be one of"),
         (ScanTiles(block_v=16, warps=8), "block_v 16 takes at most 4 warps with tf32x3 products, got 8"),
         (ScanTiles(block_v=16, warps=16, precision="tf32"), "block_v 16 takes at most 4 warps with tf32 products"),
