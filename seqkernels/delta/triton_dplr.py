@@ -42,13 +42,16 @@ class ScanTiles:
     ``block_v``: value columns of the state per program, a power of two (default every column up to 64 at
     keys up to 64 wide; at wider keys up to 32 where a chunk's ``(C, K)`` tile holds fewer than 64 x 128
     entries, else 16: wider blocks there need more than an H100's 227 KiB of shared memory with ``"tf32x3"``
-    products, or near it); also the fused kernels' value block where set; ``warps`` (default 4; at most 4 for
-    blocks of 16 with tensor-core products: the backward kernel faults there at 8 warps on an H100 with
-    Triton 3.6, ``"ieee"`` does not); ``precision``: every product's precision, one of
-    ``SCAN_PRECISIONS`` (``chunk_kernels._mm``: ``tl.dot``'s ``input_precision``, or ``"bf16"``, both operands
-    rounded to bfloat16 as fla's kernels do; default ``"tf32x3"``, float32-accurate); ``stages``: the scan
-    kernels' ``num_stages`` (how many chunks ahead their loop's loads are issued; default Triton's);
-    ``chunk_warps``: the fused per-chunk kernels' warps (``dplr_chunk_kernels.py``; default 4).
+    products, or near it); also the fused kernels' value block where set; ``warps`` (default 4 for the
+    forward, 8 for the backward at blocks of 32 or more: it holds more tiles per chunk; at most 4 for blocks
+    of 16 with tensor-core products: the backward kernel faults there at 8 warps on an H100 with Triton 3.6,
+    ``"ieee"`` does not); ``precision``: every product's precision, one of ``SCAN_PRECISIONS``
+    (``chunk_kernels._mm``: ``tl.dot``'s ``input_precision``, or ``"bf16"``, both operands rounded to bfloat16
+    as fla's kernels do; default ``"tf32x3"``, float32-accurate); ``stages``: the scan kernels' ``num_stages``
+    (how many chunks ahead their loop's loads are issued; default 3 at chunks of up to 16 steps, else 1: longer
+    chunks' tiles outgrow shared memory); ``chunk_warps``: the fused per-chunk kernels' warps
+    (``dplr_chunk_kernels.py``; default 2 at keys up to 64 wide, else 4). The defaults are the fastest the
+    delta probe measured (``python -m benchmarks.ops delta-probe dplr``).
     """
 
     block_v: int | None = None
@@ -57,13 +60,14 @@ class ScanTiles:
     stages: int | None = None
     chunk_warps: int | None = None
 
-    def resolve(self, C: int, K: int, V: int) -> tuple[int, int, int, str]:
-        """``(BK, BV, warps, precision)`` for chunks of ``C`` steps, keys ``K`` and values ``V`` wide."""
+    def resolve(self, C: int, K: int, V: int, backward: bool = False) -> tuple[int, int, int, str]:
+        """``(BK, BV, warps, precision)`` for chunks of ``C`` steps, keys ``K`` and values ``V`` wide; ``warps``
+        the scan's in the forward or the ``backward``."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
         BV = self.block_v or min(VP, 64 if BK <= 64 else 32 if max(16, next_pow2(C)) * BK < 64 * 128 else 16)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"dplr triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
-        warps = self.warps or 4
+        warps = self.warps or (8 if backward and BV >= 32 else 4)
         for name, n in (("warps", warps), ("chunk_warps", self.chunk_warps or 4)):
             if n not in (1, 2, 4, 8, 16):
                 raise ValueError(f"dplr triton_chunk: {name} must be 1, 2, 4, 8 or 16, got {n!r}")
@@ -79,14 +83,15 @@ class ScanTiles:
         return BK, BV, warps, precision
 
 
-def _meta(W: torch.Tensor, V: int, tiles: ScanTiles | None) -> tuple[int, dict]:
-    """``(NV, launch keywords)`` for chunk tensors like ``W (BH, NC, C, K)`` and values ``V`` wide."""
+def _meta(W: torch.Tensor, V: int, tiles: ScanTiles | None, backward: bool = False) -> tuple[int, dict]:
+    """``(NV, launch keywords)`` of the scan's forward or ``backward`` for chunk tensors like ``W (BH, NC, C,
+    K)`` and values ``V`` wide."""
     C, K = W.shape[-2:]
     tiles = tiles or ScanTiles()
-    BK, BV, warps, precision = tiles.resolve(C, K, V)
-    meta = {"C": C, "K": K, "V": V, "BC": max(16, next_pow2(C)), "BK": BK, "BV": BV, "PREC": precision}
-    stages = {} if tiles.stages is None else {"num_stages": tiles.stages}
-    return cdiv(V, BV), {**meta, "num_warps": warps, **stages}
+    BK, BV, warps, precision = tiles.resolve(C, K, V, backward)
+    BC = max(16, next_pow2(C))
+    meta = {"C": C, "K": K, "V": V, "BC": BC, "BK": BK, "BV": BV, "PREC": precision}
+    return cdiv(V, BV), {**meta, "num_warps": warps, "num_stages": tiles.stages or (3 if BC <= 16 else 1)}
 
 
 def _block_sum(x: torch.Tensor) -> torch.Tensor:
@@ -126,7 +131,7 @@ def _scan_bwd(dU, dM_in, W, Be, Ke, v, D, U, M_in, tiles: ScanTiles | None = Non
     shapes; ``dv (BH, NC, C, V)`` in either layout of ``v``)."""
     BH, NC, C, V = U.shape
     K = W.shape[-1]
-    NV, meta = _meta(W, V, tiles)
+    NV, meta = _meta(W, V, tiles, backward=True)
     dev, f32 = U.device, torch.float32
     dUv, dv = empty((BH, NC, C, V), dev, f32), empty((BH, NC, C, V), dev, f32)
     dW, dBe, dKe = (empty((NV, BH, NC, C, K), dev, f32) for _ in range(3))
@@ -239,13 +244,13 @@ def fused_chunk(K: int, lower_bound: float | None, chunk: int | None) -> int | N
 
 def _chunk_meta(q, v, C: int, tiles: ScanTiles | None):
     """``(B, L, H, K, V, NC, NV, launch keywords)`` of the fused kernels: value blocks of ``tiles.block_v``
-    columns where it is set, else of every column up to 64; ``tiles.chunk_warps`` warps."""
+    columns where it is set, else of every column up to 64; ``tiles.chunk_warps`` warps (``ScanTiles``)."""
     B, L, H, K = q.shape
     V = v.shape[-1]
     tiles = tiles or ScanTiles()
     BK, _, _, precision = tiles.resolve(C, K, V)
     BV = tiles.block_v or min(max(16, next_pow2(V)), 64)
-    meta = {"C": C, "BK": BK, "BV": BV, "PREC": precision, "num_warps": tiles.chunk_warps or 4}
+    meta = {"C": C, "BK": BK, "BV": BV, "PREC": precision, "num_warps": tiles.chunk_warps or (2 if BK <= 64 else 4)}
     return B, L, H, K, V, cdiv(L, C), cdiv(V, BV), meta
 
 

@@ -130,16 +130,16 @@ def test_dplr_probe_times_each_chunk_and_precision_against_the_defaults():
 @needs_kernels
 def test_dplr_kernel_probe_times_each_kernel_and_flags_warps_that_compute_something_else(monkeypatch):
     """Every fused per-chunk kernel at every ``chunk_warps`` and precision is a row; a launch whose outputs
-    differ from the default warps' (the prep kernel's ``U_v`` shifted at 2 warps) is flagged, not timed."""
+    differ from the default warps' (the prep kernel's ``U_v`` shifted at 8 warps) is flagged, not timed."""
     from seqkernels.delta import triton_dplr as td
 
-    monkeypatch.setattr(td, "dplr_prep_kernel", _Shifted(td.dplr_prep_kernel, warps=2))
-    rows = list(delta_probe.probe_dplr_kernels((1, 40, 1, 16), DEVICE, (4, 2), ("bf16",)))
+    monkeypatch.setattr(td, "dplr_prep_kernel", _Shifted(td.dplr_prep_kernel, warps=8))
+    rows = list(delta_probe.probe_dplr_kernels((1, 40, 1, 16), DEVICE, (2, 8), ("bf16",)))
     assert [(name, p, n) for name, p, n, *_ in rows] == [
-        (name, "bf16", n) for name in delta_probe.DPLR_KERNELS for n in (4, 2)
+        (name, "bf16", n) for name in delta_probe.DPLR_KERNELS for n in (2, 8)
     ]
     for name, _, n, ms, note in rows:
-        if (name, n) == ("prep", 2):
+        if (name, n) == ("prep", 8):
             assert ms is None and "differs from the default warps" in note
         else:
             assert ms > 0 and note == "", (name, n, note)
