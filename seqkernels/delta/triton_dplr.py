@@ -42,16 +42,16 @@ class ScanTiles:
     ``block_v``: value columns of the state per program, a power of two (default every column up to 64 at
     keys up to 64 wide; at wider keys up to 32 where a chunk's ``(C, K)`` tile holds fewer than 64 x 128
     entries, else 16: wider blocks there need more than an H100's 227 KiB of shared memory with ``"tf32x3"``
-    products, or near it); also the fused kernels' value block where set; ``warps`` (default 4 for the
-    forward, 8 for the backward at blocks of 32 or more: it holds more tiles per chunk; at most 4 for blocks
-    of 16 with tensor-core products: the backward kernel faults there at 8 warps on an H100 with Triton 3.6,
-    ``"ieee"`` does not); ``precision``: every product's precision, one of ``SCAN_PRECISIONS``
+    products, or near it); also the fused kernels' value block where set; ``warps`` (default 4, but 8 for the
+    backward at chunks of up to 16 steps and blocks of 32 or more: it holds more tiles per chunk; at most 4
+    for blocks of 16 with tensor-core products: the backward kernel faults there at 8 warps on an H100 with
+    Triton 3.6, ``"ieee"`` does not); ``precision``: every product's precision, one of ``SCAN_PRECISIONS``
     (``chunk_kernels._mm``: ``tl.dot``'s ``input_precision``, or ``"bf16"``, both operands rounded to bfloat16
     as fla's kernels do; default ``"tf32x3"``, float32-accurate); ``stages``: the scan kernels' ``num_stages``
     (how many chunks ahead their loop's loads are issued; default 3 at chunks of up to 16 steps, else 1: longer
     chunks' tiles outgrow shared memory); ``chunk_warps``: the fused per-chunk kernels' warps
-    (``dplr_chunk_kernels.py``; default 2 at keys up to 64 wide, else 4). The defaults are the fastest the
-    delta probe measured (``python -m benchmarks.ops delta-probe dplr``).
+    (``dplr_chunk_kernels.py``; default 2 at chunks of 16 steps and keys up to 64 wide, else 4). The defaults
+    are the fastest the delta probe measured at chunks of 16 (``python -m benchmarks.ops delta-probe dplr``).
     """
 
     block_v: int | None = None
@@ -67,7 +67,7 @@ class ScanTiles:
         BV = self.block_v or min(VP, 64 if BK <= 64 else 32 if max(16, next_pow2(C)) * BK < 64 * 128 else 16)
         if BV < 16 or BV > VP or BV & (BV - 1):
             raise ValueError(f"dplr triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
-        warps = self.warps or (8 if backward and BV >= 32 else 4)
+        warps = self.warps or (8 if backward and BV >= 32 and C <= 16 else 4)
         for name, n in (("warps", warps), ("chunk_warps", self.chunk_warps or 4)):
             if n not in (1, 2, 4, 8, 16):
                 raise ValueError(f"dplr triton_chunk: {name} must be 1, 2, 4, 8 or 16, got {n!r}")
@@ -250,7 +250,13 @@ def _chunk_meta(q, v, C: int, tiles: ScanTiles | None):
     tiles = tiles or ScanTiles()
     BK, _, _, precision = tiles.resolve(C, K, V)
     BV = tiles.block_v or min(max(16, next_pow2(V)), 64)
-    meta = {"C": C, "BK": BK, "BV": BV, "PREC": precision, "num_warps": tiles.chunk_warps or (2 if BK <= 64 else 4)}
+    meta = {
+        "C": C,
+        "BK": BK,
+        "BV": BV,
+        "PREC": precision,
+        "num_warps": tiles.chunk_warps or (2 if BK <= 64 and C <= 16 else 4),
+    }
     return B, L, H, K, V, cdiv(L, C), cdiv(V, BV), meta
 
 

@@ -237,19 +237,21 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
             tiles.resolve(16, 16, 20)
     assert ScanTiles().resolve(64, 128, 128) == (128, 16, 4, "tf32x3") and ScanTiles().resolve(16, 128, 100)[1] == 32
     assert ScanTiles().resolve(64, 64, 100)[1] == 64 and ScanTiles().resolve(33, 128, 40)[1] == 16
-    # the scan's backward at 8 warps where its value blocks hold 32 columns or more; its loop pipelined at chunks
-    # of up to 16 steps; the fused kernels at 2 warps at keys up to 64 wide
+    # the scan's backward at 8 warps where its value blocks hold 32 columns or more at chunks of up to 16 steps;
+    # its loop pipelined at those chunks; the fused kernels at 2 warps at chunks of 16 and keys up to 64 wide
     assert [ScanTiles().resolve(16, K, K, backward=True)[2] for K in (16, 64, 128)] == [4, 8, 8]
     assert ScanTiles().resolve(64, 128, 128, backward=True)[2] == 4 and ScanTiles().resolve(16, 64, 64)[2] == 4
+    assert ScanTiles().resolve(32, 64, 64, backward=True)[2] == 4
     W = torch.empty(1, 1, 64, 128)
     assert [triton_dplr._meta(W[..., :C, :], 64, None)[1]["num_stages"] for C in (16, 5, 32)] == [3, 3, 1]
     explicit = triton_dplr._meta(W, 64, ScanTiles(stages=2, warps=2), backward=True)[1]
     assert (explicit["num_stages"], explicit["num_warps"]) == (2, 2)
 
-    def chunk_warps(K, **kw):
-        return triton_dplr._chunk_meta(W[..., :K], W, 16, ScanTiles(**kw))[-1]["num_warps"]
+    def chunk_warps(K, C=16, **kw):
+        return triton_dplr._chunk_meta(W[..., :K], W, C, ScanTiles(**kw))[-1]["num_warps"]
 
     assert [chunk_warps(K) for K in (16, 64, 65, 128)] == [2, 2, 4, 4] and chunk_warps(64, chunk_warps=8) == 8
+    assert chunk_warps(64, C=32) == 4
     q = torch.zeros(1, 3, 1, 4, dtype=torch.int32, device=DEVICE)
     with pytest.raises(TypeError, match="dplr triton_chunk: inputs must be one of"):
         triton_dplr.dplr_delta_rule(q, q, q, q, q, q)
