@@ -334,21 +334,25 @@ def delta_kernels(dtype: torch.dtype, T: int, D: int, tiles=None):
     return [(f"delta {dt} T={T} D={D} {name}", kernel, _delta_args(kernel, dtype, **c)) for name, kernel, c in cases]
 
 
-def dplr_kernels(dtype: torch.dtype, T: int, D: int):
+def dplr_kernels(dtype: torch.dtype, T: int, D: int, precision: str | None = None):
     """``(name, kernel, args)`` of RWKV-7's DPLR chunk kernels at head dim ``D`` and ``T`` steps under its decay
-    bound, as ``triton_dplr`` launches them with the default tiles: the inter-chunk scan, forward and
-    backward, and (heads up to ``FUSED_MAX_HEAD_DIM``) the fused per-chunk kernels, inputs in ``dtype``."""
+    bound, as ``triton_dplr`` launches them with the default tiles at ``precision`` (``ScanTiles``): the
+    inter-chunk scan, forward and backward, and (heads up to ``FUSED_MAX_HEAD_DIM``) the fused per-chunk
+    kernels, inputs in ``dtype``."""
     from benchmarks.ops.delta import DPLR_LOWER_BOUND
     from seqkernels.delta import dplr_chunk_kernels as dk
     from seqkernels.delta import dplr_scan_kernels as sk
     from seqkernels.delta import triton_dplr as td
 
     C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
-    _, scan = td._meta(torch.empty(1, 1, C, D, device="meta"), D, None)
-    cases = [("dplr scan fwd", sk.dplr_scan_fwd_kernel, scan), ("dplr scan bwd", sk.dplr_scan_bwd_kernel, scan)]
+    W, tiles = torch.empty(1, 1, C, D, device="meta"), td.ScanTiles(precision=precision)
+    (_, scan), (_, scan_bwd) = td._meta(W, D, tiles), td._meta(W, D, tiles, backward=True)
+    cases = [("dplr scan fwd", sk.dplr_scan_fwd_kernel, scan), ("dplr scan bwd", sk.dplr_scan_bwd_kernel, scan_bwd)]
+    state = torch.float32  # the saved states' dtype: bfloat16 under bf16 products on the fused path
     if D <= td.FUSED_MAX_HEAD_DIM:
         q = torch.empty(1, T, 1, D, device="meta", dtype=dtype)
-        meta = td._chunk_meta(q, q, C, None)[-1]
+        geometry = td._chunk_meta(q, q, C, tiles)
+        state, meta = td.state_dtype(geometry), geometry[-1]
         cases += [
             ("dplr chunk prep", dk.dplr_prep_kernel, meta),
             ("dplr chunk out", dk.dplr_out_kernel, meta),
@@ -356,9 +360,9 @@ def dplr_kernels(dtype: torch.dtype, T: int, D: int):
             ("dplr chunk prep bwd", dk.dplr_prep_bwd_kernel, meta),
         ]
     dt = _TY[dtype]
-    ints = dict.fromkeys(("NC", "K", "V", "BH", "PART"), "i32")
+    types = dict.fromkeys(("NC", "K", "V", "BH", "PART", "L", "s_b", "s_h", "s_t"), "i32") | {"M_in": "*" + _TY[state]}
     return [
-        (f"dplr {dt} T={T} D={D} C={C} {name}", kernel, _delta_args(kernel, dtype, types=ints, **c))
+        (f"dplr {dt} T={T} D={D} C={C} {name}", kernel, _delta_args(kernel, dtype, types=types, **c))
         for name, kernel, c in cases
     ]
 
@@ -404,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         for item in a.delta_shapes.split(";"):
             dt, T, D = item.split(",")
             kernels += delta_kernels(dtypes[dt], int(T), int(D), chunk_tiles(a.delta_tiles))
-            kernels += dplr_kernels(dtypes[dt], int(T), int(D))
+            kernels += dplr_kernels(dtypes[dt], int(T), int(D), chunk_tiles(a.delta_tiles).precision)
     bad = 0
     for name, kernel, args in kernels:
         try:

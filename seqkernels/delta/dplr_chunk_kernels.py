@@ -134,28 +134,29 @@ def dplr_out_bwd_kernel(
     rc, rk, rv = tl.arange(0, C), tl.arange(0, BK), v0 + tl.arange(0, BV)
     c, _, _ = _decayed(_rows(w, i_b, i_h, t0, T, H, K, C, BK), C)
     grow, ec = tl.exp(-c), tl.exp(c)
+    # each tile loaded where it is first needed and each product stored when done: fewer live tiles
     q_s = _rows(q, i_b, i_h, t0, T, H, K, C, BK) * ec
-    b_g = _rows(b, i_b, i_h, t0, T, H, K, C, BK) * grow
-    k_g = _rows(k, i_b, i_h, t0, T, H, K, C, BK) * grow
-    vv = _rows(v, i_b, i_h, t0, T, H, V, C, BV, v0)
-    uu = _load(U, n * C * V, rc, rv, C, V)
-    M = _load(M_in, n * K * V, rk, rv, K, V)
     dO = scale * _rows(do, i_b, i_h, t0, T, H, V, C, BV, v0)
-    Qb = _lower(_mm(q_s, tl.trans(b_g), PREC), C)
-    Qk = _lower(_mm(q_s, tl.trans(k_g), PREC), C)
     _store(dM, n * K * V, _mm(tl.trans(q_s), dO, PREC), rk, rv, K, V)
-    _store(dU, n * C * V, _mm(tl.trans(Qb), dO, PREC), rc, rv, C, V)
-    _store_rows(dv_o, _mm(tl.trans(Qk), dO, PREC), i_b, i_h, t0, T, H, V, C, BV, v0)
-    dQb = _lower(_mm(dO, tl.trans(uu), PREC), C)
-    dQk = _lower(_mm(dO, tl.trans(vv), PREC), C)
-    dq_s = _mm(dQk, k_g, PREC, _mm(dQb, b_g, PREC, _mm(dO, tl.trans(M), PREC)))
+    b_g = _rows(b, i_b, i_h, t0, T, H, K, C, BK) * grow
+    _store(dU, n * C * V, _mm(tl.trans(_lower(_mm(q_s, tl.trans(b_g), PREC), C)), dO, PREC), rc, rv, C, V)
+    k_g = _rows(k, i_b, i_h, t0, T, H, K, C, BK) * grow
+    dv_ = _mm(tl.trans(_lower(_mm(q_s, tl.trans(k_g), PREC), C)), dO, PREC)
+    _store_rows(dv_o, dv_, i_b, i_h, t0, T, H, V, C, BV, v0)
+    dq_s = _mm(dO, tl.trans(_load(M_in, n * K * V, rk, rv, K, V)), PREC)
     part = i_v.to(tl.int64) * PART  # this value block's slice of the (NV, B, L, H, K) shares
-    _store_rows(dq + part, dq_s * ec, i_b, i_h, t0, T, H, K, C, BK)
+    dQb = _lower(_mm(dO, tl.trans(_load(U, n * C * V, rc, rv, C, V)), PREC), C)
+    dq_s = _mm(dQb, b_g, PREC, dq_s)
     db_g = _mm(tl.trans(dQb), q_s, PREC)
-    dk_g = _mm(tl.trans(dQk), q_s, PREC)
     _store_rows(db_o + part, db_g * grow, i_b, i_h, t0, T, H, K, C, BK)
+    dc = -db_g * b_g
+    dQk = _lower(_mm(dO, tl.trans(_rows(v, i_b, i_h, t0, T, H, V, C, BV, v0)), PREC), C)
+    dq_s = _mm(dQk, k_g, PREC, dq_s)
+    dk_g = _mm(tl.trans(dQk), q_s, PREC)
     _store_rows(dk_o + part, dk_g * grow, i_b, i_h, t0, T, H, K, C, BK)
-    _store_rows(dc_o + part, dq_s * q_s - db_g * b_g - dk_g * k_g, i_b, i_h, t0, T, H, K, C, BK)
+    dc -= dk_g * k_g
+    _store_rows(dq + part, dq_s * ec, i_b, i_h, t0, T, H, K, C, BK)
+    _store_rows(dc_o + part, dq_s * q_s + dc, i_b, i_h, t0, T, H, K, C, BK)
 
 
 @triton.jit
