@@ -168,16 +168,21 @@ def probe_grid(shape, tiles, device, kernel: str, warps, stages):
         yield w, s, time_ms(lambda: launch[kernel](num_warps=w, num_stages=s), warmup=10, rep=40, device=device), ""
 
 
-def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> list[torch.Tensor]:
-    """The scan's inputs ``(U_v, W, b_end, k_end, v, decay_end)`` as the fused chunk kernels hand them over at
-    ``shape`` (the delta benchmark's ``dplr`` inputs, bfloat16, its bound; chunks of ``triton_dplr.
-    fused_chunk``'s default): ``(B H, NC, ...)``, but ``v`` the input ``(B, L, H, V)`` (``heads=H``)."""
+def _dplr_call_inputs(shape: tuple[int, int, int, int], device: str):
+    """``(C, q, k, v, a, b, w)``: the fused kernels' chunk size (``triton_dplr.fused_chunk``'s default under the
+    delta benchmark's bound) and its ``dplr`` inputs at ``shape`` (bfloat16); one-line error past the fused
+    kernels' head dims."""
     B, T, H, D = shape
     if D > td.FUSED_MAX_HEAD_DIM:
         raise SystemExit(f"error: the fused DPLR kernels take head dims up to {td.FUSED_MAX_HEAD_DIM}, got {D}")
-    C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
+    return td.fused_chunk(D, DPLR_LOWER_BOUND, None), *op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
+
+
+def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> list[torch.Tensor]:
+    """The scan's inputs ``(U_v, W, b_end, k_end, v, decay_end)`` as the fused chunk kernels hand them over at
+    ``shape`` (``_dplr_call_inputs``): ``(B H, NC, ...)``, but ``v`` the input ``(B, L, H, V)`` (``heads=H``)."""
+    C, q, k, v, a, b, w = _dplr_call_inputs(shape, device)
     with torch.no_grad():
-        q, k, v, a, b, w = op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
         Uv, W, Be, Ke, Dd, _ = td._fused_prep(k, v, a, b, w, td._chunk_meta(k, v, C, None))
         return [Uv, W, Be, Ke, v, Dd]
 
@@ -220,12 +225,9 @@ def dplr_kernel_launches(shape, device, precision: str):
     benchmark's ``dplr`` inputs, bfloat16, its bound, chunks of ``fused_chunk``'s default), each ``launch(tiles)``
     running that kernel alone on the default forward's hand-over at ``ScanTiles`` ``tiles`` (its ``precision``
     over ``precision``) and returning its outputs."""
-    B, T, H, D = shape
-    if D > td.FUSED_MAX_HEAD_DIM:
-        raise SystemExit(f"error: the fused DPLR kernels take head dims up to {td.FUSED_MAX_HEAD_DIM}, got {D}")
-    C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
+    H, D = shape[2:]
+    C, q, k, v, a, b, w = _dplr_call_inputs(shape, device)
     with torch.no_grad():
-        q, k, v, a, b, w = op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
         tiles = td.ScanTiles(precision=precision)
         o, U, M_in, Wy, Be, Ke, Dd, Tm = td._fused_fwd(q, k, v, a, b, w, D**-0.5, C, tiles)
         do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(device, o.dtype)
