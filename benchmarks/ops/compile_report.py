@@ -347,9 +347,11 @@ def dplr_kernels(dtype: torch.dtype, T: int, D: int, precision: str | None = Non
     C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
     W, tiles = torch.empty(1, 1, C, D, device="meta"), td.ScanTiles(precision=precision)
     (_, scan), (_, scan_bwd) = td._meta(W, D, tiles), td._meta(W, D, tiles, backward=True)
+    fused = D <= td.FUSED_MAX_HEAD_DIM  # the fused path's backward forms the state's output gradient on chip
+    scan_bwd = dict(scan_bwd, OUT_ROWS=fused)
     cases = [("dplr scan fwd", sk.dplr_scan_fwd_kernel, scan), ("dplr scan bwd", sk.dplr_scan_bwd_kernel, scan_bwd)]
     state = torch.float32  # the saved states' dtype: bfloat16 under bf16 products on the fused path
-    if D <= td.FUSED_MAX_HEAD_DIM:
+    if fused:
         q = torch.empty(1, T, 1, D, device="meta", dtype=dtype)
         geometry = td._chunk_meta(q, q, C, tiles)
         state, meta = td.state_dtype(geometry), geometry[-1]

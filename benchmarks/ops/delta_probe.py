@@ -178,31 +178,38 @@ def _dplr_call_inputs(shape: tuple[int, int, int, int], device: str):
     return td.fused_chunk(D, DPLR_LOWER_BOUND, None), *op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
 
 
-def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> list[torch.Tensor]:
-    """The scan's inputs ``(U_v, W, b_end, k_end, v, decay_end)`` as the fused chunk kernels hand them over at
-    ``shape`` (``_dplr_call_inputs``): ``(B H, NC, ...)``, but ``v`` the input ``(B, L, H, V)`` (``heads=H``)."""
+def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> tuple[list[torch.Tensor], tuple]:
+    """``(xs, out_rows)``: the scan's inputs ``(U_v, W, b_end, k_end, v, decay_end)`` as the fused chunk kernels
+    hand them over at ``shape`` (``_dplr_call_inputs``; ``(B H, NC, ...)``, but ``v`` the input ``(B, L, H,
+    V)``: ``heads=H``) and the rows its backward forms the state's output gradient from, ``(q, w, do, scale)``
+    (``do`` seeded Gaussian)."""
     C, q, k, v, a, b, w = _dplr_call_inputs(shape, device)
     with torch.no_grad():
         Uv, W, Be, Ke, Dd, _ = td._fused_prep(k, v, a, b, w, td._chunk_meta(k, v, C, None))
-        return [Uv, W, Be, Ke, v, Dd]
+    do = torch.randn(v.shape, generator=torch.Generator().manual_seed(2)).to(device, v.dtype)
+    return [Uv, W, Be, Ke, v, Dd], (q, w, do, shape[3] ** -0.5)
 
 
 def probe_dplr(shape, device, block_vs, warps, stages=(None,)):
     """Yield ``(block_v, warps, stages, forward ms or None, backward ms or None, note)`` of the scan kernels at
-    each ``ScanTiles`` (a ``block_v`` wider than the values is skipped)."""
-    xs = dplr_scan_inputs(shape, device)
+    each ``ScanTiles`` (a ``block_v`` wider than the values is skipped), the backward as the fused call runs
+    it (the state's output gradient formed on chip)."""
+    xs, rows = dplr_scan_inputs(shape, device)
     W, Be, Ke, v, Dd = xs[1:]
     H = shape[2]
     want = td._scan_fwd(*xs, heads=H)
-    gen = torch.Generator().manual_seed(1)
-    dU, dM = (torch.randn(t.shape, generator=gen).to(device) for t in want)
-    want_grads = td._scan_bwd(dU, dM, W, Be, Ke, v, Dd, *want, heads=H)
+    dU = torch.randn(want[0].shape, generator=torch.Generator().manual_seed(1)).to(device)
+
+    def backward(U, M_in, tiles=None):
+        return td._scan_bwd(dU, None, W, Be, Ke, v, Dd, U, M_in, tiles, H, rows)
+
+    want_grads = backward(*want)
     widest = max(16, next_pow2(shape[3]))
     for bv, w, st in itertools.product([bv for bv in block_vs if bv <= widest], warps, stages):
         tiles = td.ScanTiles(block_v=bv, warps=w, stages=st)
         try:
             got = td._scan_fwd(*xs, tiles, heads=H)
-            grads = td._scan_bwd(dU, dM, W, Be, Ke, v, Dd, *got, tiles, heads=H)
+            grads = backward(*got, tiles)
         except Exception as e:  # noqa: BLE001 - a configuration that cannot run is a row, not the end
             yield bv, w, st, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
             continue
@@ -211,9 +218,7 @@ def probe_dplr(shape, device, block_vs, warps, stages=(None,)):
             yield bv, w, st, None, None, f"differs from the default tiles: relative error {err:.1e}"
             continue
         fwd = time_ms(lambda: td._scan_fwd(*xs, tiles, heads=H), warmup=10, rep=40, device=device)
-        bwd = time_ms(
-            lambda: td._scan_bwd(dU, dM, W, Be, Ke, v, Dd, *got, tiles, heads=H), warmup=10, rep=40, device=device
-        )
+        bwd = time_ms(lambda: backward(*got, tiles), warmup=10, rep=40, device=device)
         yield bv, w, st, fwd, bwd, ""
 
 
@@ -232,8 +237,8 @@ def dplr_kernel_launches(shape, device, precision: str):
         o, U, M_in, Wy, Be, Ke, Dd, Tm = td._fused_fwd(q, k, v, a, b, w, D**-0.5, C, tiles)
         do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(device, o.dtype)
         geo = td._chunk_meta(q, v, C, tiles)
-        dU, dM, _, *shares = td._fused_out_bwd(do, q, k, v, b, w, U, M_in, D**-0.5, geo)
-        grads = td._scan_bwd(dU, dM, Wy, Be, Ke, v, Dd, U, M_in, tiles, heads=H)
+        dU, _, *shares = td._fused_out_bwd(do, q, k, v, b, w, U, M_in, D**-0.5, geo)
+        grads = td._scan_bwd(dU, None, Wy, Be, Ke, v, Dd, U, M_in, tiles, H, (q, w, do, D**-0.5))
 
     def at(tiles):
         return td._chunk_meta(q, v, C, dataclasses.replace(tiles, precision=precision))

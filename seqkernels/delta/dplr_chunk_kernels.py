@@ -18,9 +18,9 @@ sums over the values (``dq``, ``dk``, ``da``, ``db``, ``dw`` and the output's sh
 - ``dplr_prep_kernel``: ``U_v, W, Be, Ke, D`` and ``T`` (by the stacked block inverse, ``chunk_kernels``, in
   each value block's own scratch; block 0's kept for the backward);
 - ``dplr_out_kernel``: ``O`` from the scan's ``U`` and ``M_0``;
-- ``dplr_out_bwd_kernel``: from ``dO' = scale dO``, the scan's output gradients ``dU = Q_b^T dO'`` and
-  ``dM_0 = q*^T dO'`` (the chunk's share), ``dq`` whole, and the output's shares of ``dk, db, dv`` and of
-  ``dc`` (the gradient of ``c``)::
+- ``dplr_out_bwd_kernel``: from ``dO' = scale dO``, the scan's output gradient ``dU = Q_b^T dO'`` (the
+  chunk's share of ``dM_0``, ``q*^T dO'``, the scan's backward forms from the same rows), ``dq`` whole, and
+  the output's shares of ``dk, db, dv`` and of ``dc`` (the gradient of ``c``)::
 
       dQ_x = lower(dO' Y^T)  (Y = U, v)     dq* = dO' M_0^T + dQ_b b~ + dQ_k k~      dv = Q_k^T dO'
       dq = dq* o exp(c)      db = dQ_b^T q* o exp(-c)     dc = dq* o q* - dQ_b^T q* o b~ - (k alike)
@@ -123,11 +123,12 @@ def dplr_out_kernel(
 
 @triton.jit
 def dplr_out_bwd_kernel(
-    do, q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, T, H, NC, K, V, PART,
+    do, q, k, v, b, w, U, M_in, dU, dq, dk_o, db_o, dv_o, dc_o, scale, T, H, NC, K, V, PART,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """The output's gradients of one chunk: ``dU``, ``dM`` (the scan's output gradients), ``dq``, and the
-    output's shares ``dk_o, db_o, dc_o (B, L, H, K)``, ``dv_o (B, L, H, V)``; grid ``(NC, B H, NV)``."""
+    """The output's gradients of one chunk: ``dU`` (the scan's output gradient; that of ``M_0`` the scan's
+    backward forms), ``dq``, and the output's shares ``dk_o, db_o, dc_o (B, L, H, K)``, ``dv_o (B, L, H, V)``;
+    grid ``(NC, B H, NV)``."""
     i_c, i_bh, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h, t0, v0 = i_bh // H, i_bh % H, i_c * C, i_v * BV
     n = (i_bh * NC + i_c).to(tl.int64)
@@ -137,7 +138,6 @@ def dplr_out_bwd_kernel(
     # each tile loaded where it is first needed and each product stored when done: fewer live tiles
     q_s = _rows(q, i_b, i_h, t0, T, H, K, C, BK) * ec
     dO = scale * _rows(do, i_b, i_h, t0, T, H, V, C, BV, v0)
-    _store(dM, n * K * V, _mm(tl.trans(q_s), dO, PREC), rk, rv, K, V)
     b_g = _rows(b, i_b, i_h, t0, T, H, K, C, BK) * grow
     _store(dU, n * C * V, _mm(tl.trans(_lower(_mm(q_s, tl.trans(b_g), PREC), C)), dO, PREC), rc, rv, C, V)
     k_g = _rows(k, i_b, i_h, t0, T, H, K, C, BK) * grow

@@ -16,6 +16,10 @@ one per chunk. Its gradient, the chunks in reverse with ``dM`` (the gradient of 
     dBe_i = U_i dM^T              dKe_i = v_i dM^T    dv_i = Ke_i dM        dd_i = rowsum(M_i o dM)
     dM   <- diag(d_i) dM + W_i^T dU'_i + dM_i
 
+``dM_i`` read from a ``(K, V)`` tensor per chunk, or (``OUT_ROWS``, the fused kernels' outputs ``O_i = scale
+(q o exp(c))_i M_i + ...``) formed on chip as ``scale (q o exp(c))_i^T dO_i`` from the rows of ``q``, ``w``
+(``c`` their cumulative sum in the chunk) and the output gradient ``dO``.
+
 Grids ``(NV, B H)``: one program per head and block of ``BV`` value columns (the value columns are
 independent); ``dW, dBe, dKe, dd`` sum over value columns, so they are written per block (``NV`` leading
 slices, summed by the caller). Tensors are float32 (``M_in`` may be stored in bfloat16), contiguous, ``(B H,
@@ -54,12 +58,24 @@ def _store(x, base, val, rows, cols, n_rows, n_cols):
 
 @triton.jit
 def _value_rows(v, i_bh, i, rc, rv, H, L, s_b, s_h, s_t, C: tl.constexpr, V: tl.constexpr):
-    """Chunk ``i``'s ``v`` rows ``rc`` and columns ``rv`` of program ``i_bh`` (head ``i_bh % H`` of batch
-    element ``i_bh // H``) as float32, zeros past ``L`` steps."""
+    """Chunk ``i``'s ``v`` rows ``rc`` and columns ``rv`` (of ``V``) of program ``i_bh`` (head ``i_bh % H`` of
+    batch element ``i_bh // H``) as float32, zeros past ``L`` steps."""
     t = (i * C + rc).to(tl.int64)
     base = (i_bh // H).to(tl.int64) * s_b + (i_bh % H).to(tl.int64) * s_h
     mask = (rc[:, None] < C) & (t[:, None] < L) & (rv[None, :] < V)
     return tl.load(v + base + t[:, None] * s_t + rv[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _out_state_grad(
+    q, w, do, scale, i_bh, i, rc, rk, rv, H, L, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr
+):
+    """``scale (q o exp(c))^T dO (BK, BV)`` of chunk ``i``: the output's gradient of the state entering it,
+    ``q, w (B, L, H, K)`` and ``do (B, L, H, V)`` contiguous."""
+    c = tl.cumsum(_value_rows(w, i_bh, i, rc, rk, H, L, L * H * K, K, H * K, C, K), 0)
+    q_s = _value_rows(q, i_bh, i, rc, rk, H, L, L * H * K, K, H * K, C, K) * tl.exp(c)
+    dO = scale * _value_rows(do, i_bh, i, rc, rv, H, L, L * H * V, V, H * V, C, V)
+    return _mm(tl.trans(q_s), dO, PREC)
 
 
 @triton.jit
@@ -90,12 +106,13 @@ def dplr_scan_fwd_kernel(
 
 @triton.jit
 def dplr_scan_bwd_kernel(
-    dU, dM_in, W, Be, Ke, v, D, U, M_in, dUv, dW, dBe, dKe, dv, dD, NC, BH, H, L, s_b, s_h, s_t,
+    dU, dM_in, W, Be, Ke, v, D, U, M_in, dUv, dW, dBe, dKe, dv, dD, NC, BH, H, L, s_b, s_h, s_t, q, w, do, scale,
     C: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, OUT_ROWS: tl.constexpr,
 ):  # fmt: skip
-    """The input gradients from ``dU, dM_in`` and the saved ``W, Be, Ke, v, D, U, M_in``: ``dUv``, ``dv (B H,
-    NC, C, V)``; ``dW, dBe, dKe, dD`` per value block (leading ``NV``); grid ``(NV, B H)``."""
+    """The input gradients from ``dU, dM_in`` (or ``OUT_ROWS``: ``q, w, do, scale``, the values' layout) and
+    the saved ``W, Be, Ke, v, D, U, M_in``: ``dUv``, ``dv (B H, NC, C, V)``; ``dW, dBe, dKe, dD`` per value
+    block (leading ``NV``); grid ``(NV, B H)``."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     rc, rk, rv = tl.arange(0, BC), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     dM = tl.zeros((BK, BV), dtype=tl.float32)
@@ -105,7 +122,7 @@ def dplr_scan_bwd_kernel(
         part = i_v.to(tl.int64) * BH * NC + n  # the chunk's index in the per-block (NV, B H, NC)
         M = _load(M_in, n * K * V, rk, rv, K, V).to(tl.float32)
         u = _load(U, n * C * V, rc, rv, C, V)
-        w = _load(W, n * C * K, rc, rk, C, K)
+        wy = _load(W, n * C * K, rc, rk, C, K)
         be = _load(Be, n * C * K, rc, rk, C, K)
         ke = _load(Ke, n * C * K, rc, rk, C, K)
         vv = _value_rows(v, i_bh, i, rc, rv, H, L, s_b, s_h, s_t, C, V)
@@ -117,4 +134,8 @@ def dplr_scan_bwd_kernel(
         _store(dKe, part * C * K, _mm(vv, tl.trans(dM), PREC), rc, rk, C, K)
         _store(dv, n * C * V, _mm(ke, dM, PREC), rc, rv, C, V)
         tl.store(dD + part * K + rk, tl.sum(M * dM, 1), mask=rk < K)
-        dM = d[:, None] * dM + _mm(tl.trans(w), du, PREC) + _load(dM_in, n * K * V, rk, rv, K, V)
+        if OUT_ROWS:
+            out = _out_state_grad(q, w, do, scale, i_bh, i, rc, rk, rv, H, L, K, V, C, PREC)
+        else:
+            out = _load(dM_in, n * K * V, rk, rv, K, V)
+        dM = d[:, None] * dM + _mm(tl.trans(wy), du, PREC) + out

@@ -126,9 +126,11 @@ def _scan_fwd(
     return U, M_in
 
 
-def _scan_bwd(dU, dM_in, W, Be, Ke, v, D, U, M_in, tiles: ScanTiles | None = None, heads=None):
+def _scan_bwd(dU, dM_in, W, Be, Ke, v, D, U, M_in, tiles: ScanTiles | None = None, heads=None, out_rows=None):
     """``(dUv, dW, dBe, dKe, dv, dD)``, float32, from the output gradients and the saved tensors (``_scan_fwd``'s
-    shapes; ``dv (BH, NC, C, V)`` in either layout of ``v``)."""
+    shapes; ``dv (BH, NC, C, V)`` in either layout of ``v``). ``out_rows``: ``(q, w, do, scale)`` in the
+    values' token layout, from which the kernel forms ``dM_in`` on chip (the fused kernels' outputs; ``dM_in``
+    is then ``None``)."""
     BH, NC, C, V = U.shape
     K = W.shape[-1]
     NV, meta = _meta(W, V, tiles, backward=True)
@@ -137,8 +139,10 @@ def _scan_bwd(dU, dM_in, W, Be, Ke, v, D, U, M_in, tiles: ScanTiles | None = Non
     dW, dBe, dKe = (empty((NV, BH, NC, C, K), dev, f32) for _ in range(3))
     dD = empty((NV, BH, NC, K), dev, f32)
     layout = _value_layout(v, NC, C, heads)
+    rows = (dU, dU, dU, 1.0) if out_rows is None else out_rows  # unread without OUT_ROWS
     dplr_scan_bwd_kernel[(NV, BH)](
-        dU, dM_in, W, Be, Ke, v, D, U, M_in, dUv, dW, dBe, dKe, dv, dD, NC, BH, *layout, **meta
+        dU, dU if dM_in is None else dM_in, W, Be, Ke, v, D, U, M_in, dUv, dW, dBe, dKe, dv, dD, NC, BH, *layout,
+        *rows, OUT_ROWS=out_rows is not None, **meta,
     )  # fmt: skip
     return dUv, _block_sum(dW), _block_sum(dBe), _block_sum(dKe), dv, _block_sum(dD)
 
@@ -301,21 +305,21 @@ def _fused_fwd(q, k, v, a, b, w, scale: float, C: int, tiles: ScanTiles | None =
 
 
 def _fused_out_bwd(do, q, k, v, b, w, U, M_in, scale: float, geometry):
-    """``(dU, dM, dq, dk_o, db_o, dv_o, dc_o)``: the scan's output gradients ``dU (B H, NC, C, V)``, ``dM (B H,
-    NC, K, V)``, ``dq`` per value block ``(NV, B, L, H, K)`` (in ``q``'s dtype where ``NV`` is 1, else float32),
-    and the output's shares of ``dk, db, dc`` (summed over value blocks, float32 ``(B, L, H, K)``) and ``dv``
-    (float32 ``(B, L, H, V)``) of the output gradient ``do``; ``geometry``: ``_chunk_meta``'s."""
+    """``(dU, dq, dk_o, db_o, dv_o, dc_o)``: the scan's output gradient ``dU (B H, NC, C, V)`` (that of ``M_in``
+    the scan's backward forms itself: ``_scan_bwd``'s ``out_rows``), ``dq`` per value block ``(NV, B, L, H,
+    K)`` (in ``q``'s dtype where ``NV`` is 1, else float32), and the output's shares of ``dk, db, dc`` (summed
+    over value blocks, float32 ``(B, L, H, K)``) and ``dv`` (float32 ``(B, L, H, V)``) of the output gradient
+    ``do`` (contiguous); ``geometry``: ``_chunk_meta``'s."""
     B, L, H, K, V, NC, NV, meta = geometry
     dev, f32, BH, part = q.device, torch.float32, B * H, B * L * H * K
-    dU, dM = empty((BH, NC, meta["C"], V), dev, f32), empty((BH, NC, K, V), dev, f32)
+    dU = empty((BH, NC, meta["C"], V), dev, f32)
     dq = empty((NV, B, L, H, K), dev, q.dtype if NV == 1 else f32)
     dk_o, db_o, dc_o = (empty((NV, B, L, H, K), dev, f32) for _ in range(3))
     dv_o = empty((B, L, H, V), dev, f32)
     dplr_out_bwd_kernel[(NC, BH, NV)](
-        do.contiguous(), q, k, v, b, w, U, M_in, dU, dM, dq, dk_o, db_o, dv_o, dc_o, scale, L, H, NC, K, V, part,
-        **meta,
+        do, q, k, v, b, w, U, M_in, dU, dq, dk_o, db_o, dv_o, dc_o, scale, L, H, NC, K, V, part, **meta,
     )  # fmt: skip
-    return dU, dM, dq, _block_sum(dk_o), _block_sum(db_o), dv_o, _block_sum(dc_o)
+    return dU, dq, _block_sum(dk_o), _block_sum(db_o), dv_o, _block_sum(dc_o)
 
 
 def _fused_prep_bwd(k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, dv_o, dc_o, geometry):
@@ -341,9 +345,10 @@ def _fused_prep_bwd(k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, 
 def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, Ke, D, Tm, scale: float, C: int, tiles: ScanTiles | None = None):
     """``(dq, dk, dv, da, db, dw)`` of ``_fused_fwd``'s output gradient ``do``, each in its input's dtype (the
     kernels store them so where one value block holds every value, else their float32 shares are summed)."""
-    geometry = _chunk_meta(q, v, C, tiles)
-    dU, dM, dq, *shares = _fused_out_bwd(do, q, k, v, b, w, U, M_in, scale, geometry)
-    dUv, dWy, dBe, dKe, dVe, dD = _scan_bwd(dU, dM, Wy, Be, Ke, v, D, U, M_in, tiles, heads=geometry[2])
+    geometry, do = _chunk_meta(q, v, C, tiles), do.contiguous()
+    dU, dq, *shares = _fused_out_bwd(do, q, k, v, b, w, U, M_in, scale, geometry)
+    out_rows = (q, w, do, scale)
+    dUv, dWy, dBe, dKe, dVe, dD = _scan_bwd(dU, None, Wy, Be, Ke, v, D, U, M_in, tiles, geometry[2], out_rows)
     dk, dv, da, db, dw = _fused_prep_bwd(k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, *shares, geometry)
     dq, dk, da, db, dw = (_block_sum(x).to(y.dtype) for x, y in ((dq, q), (dk, k), (da, a), (db, b), (dw, w)))
     return dq, dk, dv, da, db, dw

@@ -84,11 +84,12 @@ def test_dplr_scan_inputs_are_what_the_fused_kernels_hand_over():
     from seqkernels.delta import triton_dplr as td
 
     shape, C = (1, 70, 2, 16), td.FUSED_DEFAULT_CHUNK
-    xs = delta_probe.dplr_scan_inputs(shape, DEVICE)
+    xs, rows = delta_probe.dplr_scan_inputs(shape, DEVICE)
     NC = -(-70 // C)
     assert [x.shape for x in xs] == [(2, NC, C, 16)] * 4 + [shape, (2, NC, 16)]
     q, k, v, a, b, w = op_inputs("dplr", *shape, torch.bfloat16, DEVICE)
-    assert torch.equal(xs[4], v)
+    assert torch.equal(xs[4], v) and torch.equal(rows[0], q) and torch.equal(rows[1], w)
+    assert rows[2].shape == v.shape and rows[3] == 16**-0.5
     rebuilt = td._fused_out(q, k, v, b, w, *td._scan_fwd(*xs, heads=2), 1.0, td._chunk_meta(q, v, C, None))
     want = kd.dplr_delta_rule(
         q.double(), k.double(), v.double(), a.double(), b.double(), w.double(), backend="reference"

@@ -135,6 +135,31 @@ def test_bfloat16_products_save_the_state_in_bfloat16():
     assert M_in.dtype == torch.float32 and bool((gap <= 2**-7 * M_in.abs()).all()) and float(gap.max()) > 0
 
 
+@pytest.mark.parametrize("L,V,tiles", [(37, 16, None), (50, 40, ScanTiles(block_v=16))])
+def test_scan_backward_forms_the_outputs_state_gradient_from_their_rows(L, V, tiles):
+    """``_scan_bwd``'s ``out_rows`` (the fused path: the state's output gradient ``scale (q o exp(c))^T dO`` per
+    chunk formed on chip from the token rows, a partial last chunk, value blocks) gives the gradients that the
+    same ``dM_in`` computed in float64 and passed as a tensor gives."""
+    B, H, K, C, scale = 1, 2, 12, 16, 0.3
+    q, k, v, a, b, w = (x.float().to(DEVICE) for x in _dplr_inputs(B, L, H, K, V, seed=L, decay=-RWKV7_BOUND))
+    do = torch.randn(B, L, H, V, generator=torch.Generator().manual_seed(L)).to(DEVICE)
+    geometry = triton_dplr._chunk_meta(q, v, C, tiles)
+    Uv, Wy, Be, Ke, D, _ = triton_dplr._fused_prep(k, v, a, b, w, geometry)
+    U, M_in = triton_dplr._scan_fwd(Uv, Wy, Be, Ke, v, D, tiles, heads=H)
+    NC, pad = -(-L // C), -L % C
+
+    def chunked(x):  # (B, L, H, D) -> (B H, NC, C, D), float64, zeros past L
+        x = torch.nn.functional.pad(x.double().cpu(), (0, 0, 0, 0, 0, pad))
+        return x.reshape(B, NC, C, H, x.shape[-1]).movedim(3, 1).reshape(B * H, NC, C, x.shape[-1])
+
+    q_s = chunked(q) * chunked(w).cumsum(-2).exp()
+    dM_in = (scale * q_s.transpose(-1, -2) @ chunked(do)).float().to(DEVICE)
+    dU = torch.randn(U.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    want = triton_dplr._scan_bwd(dU, dM_in, Wy, Be, Ke, v, D, U, M_in, tiles, heads=H)
+    got = triton_dplr._scan_bwd(dU, None, Wy, Be, Ke, v, D, U, M_in, tiles, H, (q, w, do.contiguous(), scale))
+    assert all(rel(g, x) < 1e-5 for g, x in zip(got, want)), [rel(g, x) for g, x in zip(got, want)]
+
+
 def test_fused_chunk_sizes():
     """The fused kernels run chunks of 16 by default, or 32 / 64 asked for, within the bound's factored chunk;
     not 64 at keys wider than 64; without a bound, or where the bound allows fewer steps, they do not run."""
