@@ -76,8 +76,8 @@ def dplr_prep_kernel(
     k, v, a, b, w, Uv, Wy, Be, Ke, D, Tm, T, H, NC, K, V,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """The scan's inputs ``Uv (B H, NC, C, V)``, ``Wy, Be, Ke (B H, NC, C, K)``, ``D (B H, NC, K)`` of one chunk, and its ``T`` in ``Tm (NV, B H, NC, C, C)`` (the inverse's scratch); grid ``(NC, B H,
-    NV)``."""
+    """The scan's inputs ``Uv (B H, NC, C, V)``, ``Wy, Be, Ke (B H, NC, C, K)``, ``D (B H, NC, K)`` of one
+    chunk, and its ``T`` in ``Tm (NV, B H, NC, C, C)`` (the inverse's scratch); grid ``(NC, B H, NV)``."""
     i_c, i_bh, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h, t0, v0 = i_bh // H, i_bh % H, i_c * C, i_v * BV
     n = (i_bh * NC + i_c).to(tl.int64)

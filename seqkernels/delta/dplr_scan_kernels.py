@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from seqkernels.delta.chunk_kernels import _mm
+from seqkernels.delta.chunk_kernels import _mm, _rows
 
 
 @triton.jit
@@ -68,14 +68,15 @@ def _value_rows(v, i_bh, i, rc, rv, H, L, s_b, s_h, s_t, C: tl.constexpr, V: tl.
 
 @triton.jit
 def _out_state_grad(
-    q, w, do, scale, i_bh, i, rc, rk, rv, H, L, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr
-):
-    """``scale (q o exp(c))^T dO (BK, BV)`` of chunk ``i``: the output's gradient of the state entering it,
-    ``q, w (B, L, H, K)`` and ``do (B, L, H, V)`` contiguous."""
-    c = tl.cumsum(_value_rows(w, i_bh, i, rc, rk, H, L, L * H * K, K, H * K, C, K), 0)
-    q_s = _value_rows(q, i_bh, i, rc, rk, H, L, L * H * K, K, H * K, C, K) * tl.exp(c)
-    dO = scale * _value_rows(do, i_bh, i, rc, rv, H, L, L * H * V, V, H * V, C, V)
-    return _mm(tl.trans(q_s), dO, PREC)
+    q, w, do, scale, i_b, i_h, t0, L, H, K, V, v0, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """``scale (q o exp(c))^T dO (BK, BV)`` of the chunk from step ``t0`` of head ``i_h`` of batch element
+    ``i_b``, value columns from ``v0``: the output's gradient of the state entering it, read from the token rows
+    of ``q, w (B, L, H, K)`` and ``do (B, L, H, V)`` as the fused kernels read them."""
+    c = tl.cumsum(_rows(w, i_b, i_h, t0, L, H, K, C, BK), 0)
+    q_s = _rows(q, i_b, i_h, t0, L, H, K, C, BK) * tl.exp(c)
+    return _mm(tl.trans(q_s), scale * _rows(do, i_b, i_h, t0, L, H, V, C, BV, v0), PREC)
 
 
 @triton.jit
@@ -135,7 +136,7 @@ def dplr_scan_bwd_kernel(
         _store(dv, n * C * V, _mm(ke, dM, PREC), rc, rv, C, V)
         tl.store(dD + part * K + rk, tl.sum(M * dM, 1), mask=rk < K)
         if OUT_ROWS:
-            out = _out_state_grad(q, w, do, scale, i_bh, i, rc, rk, rv, H, L, K, V, C, PREC)
+            out = _out_state_grad(q, w, do, scale, i_bh // H, i_bh % H, i * C, L, H, K, V, i_v * BV, C, BK, BV, PREC)
         else:
             out = _load(dM_in, n * K * V, rk, rv, K, V)
         dM = d[:, None] * dM + _mm(tl.trans(wy), du, PREC) + out
