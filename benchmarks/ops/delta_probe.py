@@ -17,8 +17,9 @@ token, bfloat16 inputs, ``ChunkTiles`` from ``--tiles``) on its own:
   then the whole call's forward and forward + backward at its defaults, for the scan's share, and at each
   chunk size x precision of ``--chunks`` x ``--precisions`` (the fused kernels' and the scan's products),
   each with its largest relative error against the defaults' output and gradients; then each fused per-chunk
-  kernel (``prep``, ``out``, ``out_bwd``, ``prep_bwd``) alone at every ``chunk_warps`` of ``--warps`` and
-  precision of ``--precisions``, checked as in ``grid`` against its launch at the default warps.
+  kernel (``prep``, ``out``, ``out_bwd``, ``prep_bwd``) alone at every ``chunk_warps`` x ``chunk_block_v`` of
+  ``--warps`` x ``--chunk-block-v`` and precision of ``--precisions``, checked as in ``grid`` against its
+  launch at the defaults.
 
 A configuration Triton cannot build (shared memory) or that faults is reported on its line; a fault
 ends the process (CUDA's context is lost), so ``grid`` runs each kernel in its own call. On the CPU it
@@ -229,7 +230,8 @@ def dplr_kernel_launches(shape, device, precision: str):
     """``{name: launch}`` of the fused DPLR per-chunk kernels (``DPLR_KERNELS``) at ``shape`` (the delta
     benchmark's ``dplr`` inputs, bfloat16, its bound, chunks of ``fused_chunk``'s default), each ``launch(tiles)``
     running that kernel alone on the default forward's hand-over at ``ScanTiles`` ``tiles`` (its ``precision``
-    over ``precision``) and returning its outputs."""
+    over ``precision``) and returning its outputs, those written per value block summed (comparable across
+    ``chunk_block_v``)."""
     H, D = shape[2:]
     C, q, k, v, a, b, w = _dplr_call_inputs(shape, device)
     with torch.no_grad():
@@ -243,34 +245,51 @@ def dplr_kernel_launches(shape, device, precision: str):
     def at(tiles):
         return td._chunk_meta(q, v, C, dataclasses.replace(tiles, precision=precision))
 
+    def prep(t):  # T from value block 0's scratch (each block inverts the same chunk)
+        *outs, T = td._fused_prep(k, v, a, b, w, at(t))
+        return *outs, T[0]
+
+    def out_bwd(t):  # dq summed over the value blocks in q's dtype (one block stores it so)
+        dU, dq, *rest = td._fused_out_bwd(do, q, k, v, b, w, U, M_in, D**-0.5, at(t))
+        return dU, td._block_sum(dq).to(q.dtype), *rest
+
+    def prep_bwd(t):  # every gradient but dv summed over the value blocks, in its input's dtype
+        dk, dv, da, db, dw = td._fused_prep_bwd(k, v, a, b, w, Tm, *grads, *shares, at(t))
+        return dv, *(td._block_sum(x).to(y.dtype) for x, y in ((dk, k), (da, a), (db, b), (dw, w)))
+
     return {
-        "prep": lambda t: td._fused_prep(k, v, a, b, w, at(t)),
+        "prep": prep,
         "out": lambda t: (td._fused_out(q, k, v, b, w, U, M_in, D**-0.5, at(t)),),
-        "out_bwd": lambda t: td._fused_out_bwd(do, q, k, v, b, w, U, M_in, D**-0.5, at(t)),
-        "prep_bwd": lambda t: td._fused_prep_bwd(k, v, a, b, w, Tm, *grads, *shares, at(t)),
+        "out_bwd": out_bwd,
+        "prep_bwd": prep_bwd,
     }
 
 
-def probe_dplr_kernels(shape, device, warps, precisions):
-    """Yield ``(kernel, precision, warps, ms or None, note)``: each fused DPLR per-chunk kernel alone at each
-    ``ScanTiles.chunk_warps`` of ``warps`` and each precision, its outputs checked as in ``grid`` against its
-    launch at the default warps."""
+def probe_dplr_kernels(shape, device, warps, precisions, block_vs=(None,)):
+    """Yield ``(kernel, precision, warps, block_v, ms or None, note)``: each fused DPLR per-chunk kernel alone
+    at each ``ScanTiles.chunk_warps`` x ``chunk_block_v`` of ``warps`` x ``block_vs`` (``None`` the default;
+    one wider than the values is skipped) and each precision, its outputs checked as in ``grid`` against its
+    launch at the defaults (within 1e-2 at another ``chunk_block_v``: one value block stores the gradients in
+    the inputs' dtype, several sum float32 shares first, and under ``"bf16"`` products each block's partial sums
+    over the values are rounded to bfloat16 before their next product)."""
+    widest = max(16, next_pow2(shape[3]))
     for prec in precisions:
         launch = dplr_kernel_launches(shape, device, prec)
         for name in DPLR_KERNELS:
             want = launch[name](td.ScanTiles())
-            for n in warps:
-                tiles = td.ScanTiles(chunk_warps=n)
+            for n, bv in itertools.product(warps, [bv for bv in block_vs if bv is None or bv <= widest]):
+                tiles = td.ScanTiles(chunk_warps=n, chunk_block_v=bv)
                 try:
                     got = launch[name](tiles)
                 except Exception as e:  # noqa: BLE001 - a configuration that cannot run is a row, not the end
-                    yield name, prec, n, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                    yield name, prec, n, bv, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                     continue
                 err = max(_rel(x, y) for x, y in zip(got, want))
-                if err > 1e-3:
-                    yield name, prec, n, None, f"differs from the default warps: relative error {err:.1e}"
+                if err > (1e-3 if bv is None else 1e-2):
+                    yield name, prec, n, bv, None, f"differs from the defaults: relative error {err:.1e}"
                     continue
-                yield name, prec, n, time_ms(lambda: launch[name](tiles), warmup=10, rep=40, device=device), ""
+                ms = time_ms(lambda: launch[name](tiles), warmup=10, rep=40, device=device)
+                yield name, prec, n, bv, ms, ""
 
 
 def time_dplr_calls(shape, device, chunks, precisions):
@@ -322,6 +341,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--block-v", default="16,32,64", help="dplr: comma-separated block_v (default 16,32,64)")
     p.add_argument("--chunks", default="16,32,64", help="dplr: comma-separated chunk sizes (default 16,32,64)")
     p.add_argument(
+        "--chunk-block-v",
+        default="",
+        help="dplr: comma-separated chunk_block_v of the per-chunk kernels (default theirs)",
+    )
+    p.add_argument(
         "--precisions", default="tf32x3,tf32", help="dplr: comma-separated ScanTiles precisions (default tf32x3,tf32)"
     )
     args = p.parse_args(argv)
@@ -334,6 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         _ints(args.block_v, "--block-v"),
         _ints(args.chunks, "--chunks"),
     )
+    chunk_block_vs = _ints(args.chunk_block_v, "--chunk-block-v") if args.chunk_block_v else (None,)
     precisions = tuple(args.precisions.split(","))
     if torch.cuda.is_available():
         device = "cuda"
@@ -351,9 +376,10 @@ def main(argv: list[str] | None = None) -> None:
             what = "defaults" if C is None else f"chunk={C} precision={prec}"
             result = f"forward {fwd:.4f} fwd+bwd {both:.4f} ms, vs defaults {err:.1e}" if fwd is not None else err
             print(f"delta-probe dplr call {where} {what}: {result}", flush=True)
-        for name, prec, n, ms, note in probe_dplr_kernels(shape, device, warps, precisions):
+        for name, prec, n, bv, ms, note in probe_dplr_kernels(shape, device, warps, precisions, chunk_block_vs):
             result = f"{ms:.4f} ms" if ms is not None else note
-            print(f"delta-probe dplr kernel {where} {name} precision={prec} chunk_warps={n}: {result}", flush=True)
+            what = f"{name} precision={prec} chunk_warps={n}" + ("" if bv is None else f" chunk_block_v={bv}")
+            print(f"delta-probe dplr kernel {where} {what}: {result}", flush=True)
         return
     try:
         tiles.resolve(shape[1], shape[3], shape[3], torch.bfloat16)

@@ -50,7 +50,9 @@ class ScanTiles:
     as fla's kernels do; default ``"tf32x3"``, float32-accurate); ``stages``: the scan kernels' ``num_stages``
     (how many chunks ahead their loop's loads are issued; default 3 at chunks of up to 16 steps, else 1: longer
     chunks' tiles outgrow shared memory); ``chunk_warps``: the fused per-chunk kernels' warps
-    (``dplr_chunk_kernels.py``; default 2 at chunks of 16 steps and keys up to 64 wide, else 4). The defaults
+    (``dplr_chunk_kernels.py``; default 2 at chunks of 16 steps and keys up to 64 wide, else 4);
+    ``chunk_block_v``: their value columns per program, a power of two (default ``block_v`` where set, else every
+    column up to 64; a block narrower than the values recomputes the key-side products once per block). The defaults
     are the fastest the delta probe measured at chunks of 16 (``python -m benchmarks.ops delta-probe dplr``).
     """
 
@@ -59,14 +61,16 @@ class ScanTiles:
     precision: str | None = None
     stages: int | None = None
     chunk_warps: int | None = None
+    chunk_block_v: int | None = None
 
     def resolve(self, C: int, K: int, V: int, backward: bool = False) -> tuple[int, int, int, str]:
         """``(BK, BV, warps, precision)`` for chunks of ``C`` steps, keys ``K`` and values ``V`` wide; ``warps``
         the scan's in the forward or the ``backward``."""
         BK, VP = max(16, next_pow2(K)), max(16, next_pow2(V))
         BV = self.block_v or min(VP, 64 if BK <= 64 else 32 if max(16, next_pow2(C)) * BK < 64 * 128 else 16)
-        if BV < 16 or BV > VP or BV & (BV - 1):
-            raise ValueError(f"dplr triton_chunk: block_v must be a power of two in [16, {VP}], got {BV}")
+        for name, n in (("block_v", BV), ("chunk_block_v", self.chunk_block_v or 16)):
+            if n < 16 or n > VP or n & (n - 1):
+                raise ValueError(f"dplr triton_chunk: {name} must be a power of two in [16, {VP}], got {n}")
         warps = self.warps or (8 if backward and BV >= 32 and C <= 16 else 4)
         for name, n in (("warps", warps), ("chunk_warps", self.chunk_warps or 4)):
             if n not in (1, 2, 4, 8, 16):
@@ -247,13 +251,13 @@ def fused_chunk(K: int, lower_bound: float | None, chunk: int | None) -> int | N
 
 
 def _chunk_meta(q, v, C: int, tiles: ScanTiles | None):
-    """``(B, L, H, K, V, NC, NV, launch keywords)`` of the fused kernels: value blocks of ``tiles.block_v``
-    columns where it is set, else of every column up to 64; ``tiles.chunk_warps`` warps (``ScanTiles``)."""
+    """``(B, L, H, K, V, NC, NV, launch keywords)`` of the fused kernels: value blocks of ``tiles.chunk_block_v``
+    columns, ``tiles.chunk_warps`` warps (``ScanTiles``)."""
     B, L, H, K = q.shape
     V = v.shape[-1]
     tiles = tiles or ScanTiles()
     BK, _, _, precision = tiles.resolve(C, K, V)
-    BV = tiles.block_v or min(max(16, next_pow2(V)), 64)
+    BV = tiles.chunk_block_v or tiles.block_v or min(max(16, next_pow2(V)), 64)
     meta = {
         "C": C,
         "BK": BK,

@@ -130,17 +130,18 @@ def test_dplr_probe_times_each_chunk_and_precision_against_the_defaults():
 
 @needs_kernels
 def test_dplr_kernel_probe_times_each_kernel_and_flags_warps_that_compute_something_else(monkeypatch):
-    """Every fused per-chunk kernel at every ``chunk_warps`` and precision is a row; a launch whose outputs
-    differ from the default warps' (the prep kernel's ``U_v`` shifted at 8 warps) is flagged, not timed."""
+    """Every fused per-chunk kernel at every ``chunk_warps`` x ``chunk_block_v`` (a block wider than the values
+    skipped) and precision is a row; a launch whose outputs differ from the defaults' (the prep kernel's
+    ``U_v`` shifted at 8 warps) is flagged, not timed; two 16-column blocks give the defaults' outputs."""
     from seqkernels.delta import triton_dplr as td
 
     monkeypatch.setattr(td, "dplr_prep_kernel", _Shifted(td.dplr_prep_kernel, warps=8))
-    rows = list(delta_probe.probe_dplr_kernels((1, 40, 1, 16), DEVICE, (2, 8), ("bf16",)))
-    assert [(name, p, n) for name, p, n, *_ in rows] == [
-        (name, "bf16", n) for name in delta_probe.DPLR_KERNELS for n in (2, 8)
+    rows = list(delta_probe.probe_dplr_kernels((1, 40, 1, 32), DEVICE, (2, 8), ("bf16",), (None, 16, 64)))
+    assert [(name, p, n, bv) for name, p, n, bv, *_ in rows] == [
+        (name, "bf16", n, bv) for name in delta_probe.DPLR_KERNELS for n in (2, 8) for bv in (None, 16)
     ]
-    for name, _, n, ms, note in rows:
+    for name, _, n, bv, ms, note in rows:
         if (name, n) == ("prep", 8):
-            assert ms is None and "differs from the default warps" in note
+            assert ms is None and "differs from the defaults" in note
         else:
-            assert ms > 0 and note == "", (name, n, note)
+            assert ms > 0 and note == "", (name, n, bv, note)

@@ -104,6 +104,8 @@ def _compare(shape, dtype, tol, lower_bound, chunk=None, tiles=None, seed=0):
         ((1, 130, 1, 16, 16), RWKV7_BOUND, 64, None),  # chunks of 64, the last partial
         ((1, 67, 1, 20, 40), RWKV7_BOUND, None, ScanTiles(block_v=16)),  # 3 value blocks, kernels and scan
         ((1, 40, 1, 128, 72), RWKV7_BOUND, None, ScanTiles(block_v=32)),  # head 128, 3 value blocks
+        ((1, 40, 1, 24, 72), RWKV7_BOUND, None, ScanTiles(chunk_block_v=32)),  # 3 blocks in the fused kernels only
+        ((1, 40, 1, 24, 40), RWKV7_BOUND, None, ScanTiles(block_v=16, chunk_block_v=64)),  # 3 in the scan only
         ((2, 90, 1, 64, 33), -1.0, 32, None),  # a looser bound: chunks of 32 at most
     ],
 )
@@ -253,6 +255,8 @@ def test_bad_tiles_and_inputs_are_one_line_errors():
         (ScanTiles(block_v=64), "block_v must be a power of two in \\[16, 32\\], got 64"),
         (ScanTiles(warps=3), "warps must be 1, 2, 4, 8 or 16, got 3"),
         (ScanTiles(chunk_warps=32), "chunk_warps must be 1, 2, 4, 8 or 16, got 32"),
+        (ScanTiles(chunk_block_v=48), "chunk_block_v must be a power of two in \\[16, 32\\], got 48"),
+        (ScanTiles(chunk_block_v=64), "chunk_block_v must be a power of two in \\[16, 32\\], got 64"),
         (ScanTiles(stages=0), "stages must be 1 to 6, got 0"),
         (ScanTiles(precision="fp8"), "precision must be one of"),
         (ScanTiles(block_v=16, warps=8), "block_v 16 takes at most 4 warps with tf32x3 products, got 8"),
