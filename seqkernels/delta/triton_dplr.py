@@ -52,8 +52,8 @@ class ScanTiles:
     chunks' tiles outgrow shared memory); ``chunk_warps``: the fused per-chunk kernels' warps
     (``dplr_chunk_kernels.py``; default 2 at chunks of 16 steps and keys up to 64 wide, else 4);
     ``chunk_block_v``: their value columns per program, a power of two (default ``block_v`` where set, else every
-    column up to 64; a block narrower than the values recomputes the key-side products once per block). The defaults
-    are the fastest the delta probe measured at chunks of 16 (``python -m benchmarks.ops delta-probe dplr``).
+    column up to 128 under ``"bf16"`` products and up to 64 under the others, whose wider tiles spill; a block
+    narrower than the values recomputes the key-side products once per block). The defaults are the fastest the delta probe measured at chunks of 16 (``python -m benchmarks.ops delta-probe dplr``).
     """
 
     block_v: int | None = None
@@ -257,7 +257,7 @@ def _chunk_meta(q, v, C: int, tiles: ScanTiles | None):
     V = v.shape[-1]
     tiles = tiles or ScanTiles()
     BK, _, _, precision = tiles.resolve(C, K, V)
-    BV = tiles.chunk_block_v or tiles.block_v or min(max(16, next_pow2(V)), 64)
+    BV = tiles.chunk_block_v or tiles.block_v or min(max(16, next_pow2(V)), 128 if precision == "bf16" else 64)
     meta = {
         "C": C,
         "BK": BK,

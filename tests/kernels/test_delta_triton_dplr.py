@@ -113,13 +113,23 @@ def test_triton_chunk_equals_reference(shape, lower_bound, chunk, tiles):
     _compare(shape, torch.float32, 1e-5, lower_bound, chunk, tiles, seed=shape[1] + shape[3])
 
 
-def test_bfloat16_products_are_within_their_rounding():
+@pytest.mark.parametrize("shape", [(1, 70, 2, 16, 16), (1, 20, 1, 128, 100)])  # the second: one 128-column block
+def test_bfloat16_products_are_within_their_rounding(shape):
     """``ScanTiles(precision="bf16")``: the fused kernels and the scan multiply bfloat16-rounded operands (fla's
     precision): within 3e-2 of the float64 reference, and further from it than float32 products."""
-    shape = (1, 70, 2, 16, 16)
     _compare(shape, torch.float32, 3e-2, RWKV7_BOUND, None, ScanTiles(precision="bf16"), seed=11)
     with pytest.raises(AssertionError):
         _compare(shape, torch.float32, 1e-5, RWKV7_BOUND, None, ScanTiles(precision="bf16"), seed=11)
+
+
+def test_value_blocks_of_the_fused_kernels():
+    """Under bfloat16 products the fused kernels take every value column up to 128 in one block, under the
+    others up to 64; ``chunk_block_v`` (or ``block_v``) overrides both."""
+    q, v = torch.empty(1, 16, 1, 128), torch.empty(1, 16, 1, 100)
+    nv = {t: triton_dplr._chunk_meta(q, v, 16, t)[6] for t in (ScanTiles(precision="bf16"), ScanTiles())}
+    assert list(nv.values()) == [1, 2]
+    assert triton_dplr._chunk_meta(q, v, 16, ScanTiles(precision="bf16", chunk_block_v=32))[6] == 4
+    assert triton_dplr._chunk_meta(q, v, 16, ScanTiles(block_v=16))[6] == 7
 
 
 def test_bfloat16_products_save_the_state_in_bfloat16():
