@@ -135,6 +135,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def _one_line(e: Exception) -> str:
+    """A configuration's failure as its row's note: the exception's type and first line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
 def probe_kernels(shape, tiles, device) -> list[tuple[str, float]]:
     """``[(kernel, ms)]`` at the tiles' own launch options."""
     launch, _ = launches(shape, tiles, device)
@@ -160,7 +165,7 @@ def probe_grid(shape, tiles, device, kernel: str, warps, stages):
         try:
             launch[kernel](num_warps=w, num_stages=s)
         except Exception as e:  # noqa: BLE001 - a configuration Triton cannot build is a row, not the end
-            yield w, s, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            yield w, s, None, _one_line(e)
             continue
         err = max(_rel(buf[n], want[n]) for n in WRITES[kernel])
         if err > 1e-3:
@@ -212,7 +217,7 @@ def probe_dplr(shape, device, block_vs, warps, stages=(None,)):
             got = td._scan_fwd(*xs, tiles, heads=H)
             grads = backward(*got, tiles)
         except Exception as e:  # noqa: BLE001 - a configuration that cannot run is a row, not the end
-            yield bv, w, st, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            yield bv, w, st, None, None, _one_line(e)
             continue
         err = max(_rel(a, b) for a, b in zip((*got, *grads), (*want, *want_grads)))
         if err > 1e-3:
@@ -234,16 +239,16 @@ def dplr_kernel_launches(shape, device, precision: str):
     ``chunk_block_v``)."""
     H, D = shape[2:]
     C, q, k, v, a, b, w = _dplr_call_inputs(shape, device)
+
+    def at(tiles):
+        return td._chunk_meta(q, v, C, dataclasses.replace(tiles, precision=precision))
+
     with torch.no_grad():
         tiles = td.ScanTiles(precision=precision)
         o, U, M_in, Wy, Be, Ke, Dd, Tm = td._fused_fwd(q, k, v, a, b, w, D**-0.5, C, tiles)
         do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(device, o.dtype)
-        geo = td._chunk_meta(q, v, C, tiles)
-        dU, _, *shares = td._fused_out_bwd(do, q, k, v, b, w, U, M_in, D**-0.5, geo)
+        dU, _, *shares = td._fused_out_bwd(do, q, k, v, b, w, U, M_in, D**-0.5, at(tiles))
         grads = td._scan_bwd(dU, None, Wy, Be, Ke, v, Dd, U, M_in, tiles, H, (q, w, do, D**-0.5))
-
-    def at(tiles):
-        return td._chunk_meta(q, v, C, dataclasses.replace(tiles, precision=precision))
 
     def prep(t):  # T from value block 0's scratch (each block inverts the same chunk)
         *outs, T = td._fused_prep(k, v, a, b, w, at(t))
@@ -282,7 +287,7 @@ def probe_dplr_kernels(shape, device, warps, precisions, block_vs=(None,)):
                 try:
                     got = launch[name](tiles)
                 except Exception as e:  # noqa: BLE001 - a configuration that cannot run is a row, not the end
-                    yield name, prec, n, bv, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                    yield name, prec, n, bv, None, _one_line(e)
                     continue
                 err = max(_rel(x, y) for x, y in zip(got, want))
                 if err > (1e-3 if bv is None else 1e-2):
@@ -317,7 +322,7 @@ def time_dplr_calls(shape, device, chunks, precisions):
         try:
             fwd, both, got = run(fn)
         except Exception as e:  # noqa: BLE001 - a configuration that cannot run is a row, not the end
-            yield C, prec, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            yield C, prec, None, None, _one_line(e)
             continue
         yield C, prec, fwd, both, max(_rel(a, b) for a, b in zip(got, want))
 

@@ -53,7 +53,8 @@ class ScanTiles:
     (``dplr_chunk_kernels.py``; default 2 at chunks of 16 steps and keys up to 64 wide, else 4);
     ``chunk_block_v``: their value columns per program, a power of two (default ``block_v`` where set, else every
     column up to 128 under ``"bf16"`` products and up to 64 under the others, whose wider tiles spill; a block
-    narrower than the values recomputes the key-side products once per block). The defaults are the fastest the delta probe measured at chunks of 16 (``python -m benchmarks.ops delta-probe dplr``).
+    narrower than the values recomputes the key-side products once per block). The defaults are the fastest the
+    delta probe measured at chunks of 16 (``python -m benchmarks.ops delta-probe dplr``).
     """
 
     block_v: int | None = None
@@ -308,6 +309,13 @@ def _fused_fwd(q, k, v, a, b, w, scale: float, C: int, tiles: ScanTiles | None =
     return _fused_out(q, k, v, b, w, U, M_in, scale, geometry), U, M_in, Wy, Be, Ke, D, Tm
 
 
+def _block_shares(geometry, dtype: torch.dtype, device) -> torch.Tensor:
+    """An empty gradient written per value block, ``(NV, B, L, H, K)``: in ``dtype`` where one block holds every
+    value (the kernels store it finished), else float32 (shares the caller sums, ``_block_sum``)."""
+    B, L, H, K, _, _, NV, _ = geometry
+    return empty((NV, B, L, H, K), device, dtype if NV == 1 else torch.float32)
+
+
 def _fused_out_bwd(do, q, k, v, b, w, U, M_in, scale: float, geometry):
     """``(dU, dq, dk_o, db_o, dv_o, dc_o)``: the scan's output gradient ``dU (B H, NC, C, V)`` (that of ``M_in``
     the scan's backward forms itself: ``_scan_bwd``'s ``out_rows``), ``dq`` per value block ``(NV, B, L, H,
@@ -317,8 +325,8 @@ def _fused_out_bwd(do, q, k, v, b, w, U, M_in, scale: float, geometry):
     B, L, H, K, V, NC, NV, meta = geometry
     dev, f32, BH, part = q.device, torch.float32, B * H, B * L * H * K
     dU = empty((BH, NC, meta["C"], V), dev, f32)
-    dq = empty((NV, B, L, H, K), dev, q.dtype if NV == 1 else f32)
-    dk_o, db_o, dc_o = (empty((NV, B, L, H, K), dev, f32) for _ in range(3))
+    dq = _block_shares(geometry, q.dtype, dev)
+    dk_o, db_o, dc_o = (_block_shares(geometry, f32, dev) for _ in range(3))
     dv_o = empty((B, L, H, V), dev, f32)
     dplr_out_bwd_kernel[(NC, BH, NV)](
         do, q, k, v, b, w, U, M_in, dU, dq, dk_o, db_o, dv_o, dc_o, scale, L, H, NC, K, V, part, **meta,
@@ -333,11 +341,7 @@ def _fused_prep_bwd(k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, 
     in their input's dtype where ``NV`` is 1, else float32."""
     B, L, H, K, V, NC, NV, meta = geometry
     dev, part = k.device, B * L * H * K
-
-    def shares(x):  # a gradient summed over value blocks: (NV, B, L, H, K), in x's dtype where NV is 1
-        return empty((NV, B, L, H, K), dev, x.dtype if NV == 1 else torch.float32)
-
-    dk, db, da, dw = shares(k), shares(b), shares(a), shares(w)
+    dk, db, da, dw = (_block_shares(geometry, x.dtype, dev) for x in (k, b, a, w))
     dv = empty((B, L, H, V), dev, v.dtype)
     dplr_prep_bwd_kernel[(NC, B * H, NV)](
         k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, L, H, NC, K, V,
@@ -372,19 +376,13 @@ def dplr_chunk_fwd(
 
 @dplr_chunk_fwd.register_fake
 def _(q, k, v, a, b, w, scale, chunk):
-    B, L, H, K, V, NC, NV, _ = _chunk_meta(q, v, chunk, None)
+    geometry = _chunk_meta(q, v, chunk, None)
+    B, L, H, K, V, NC, NV, _ = geometry
     BH, C = B * H, chunk
-    U, Wy, Be, Ke, D, Tm = (
-        (BH, NC, C, V),
-        (BH, NC, C, K),
-        (BH, NC, C, K),
-        (BH, NC, C, K),
-        (BH, NC, K),
-        (NV, BH, NC, C, C),
-    )
-    f32 = lambda s: q.new_empty(s, dtype=torch.float32)  # noqa: E731
-    M_in = q.new_empty((BH, NC, K, V), dtype=state_dtype(_chunk_meta(q, v, chunk, None)))
-    return q.new_empty((B, L, H, V)), f32(U), M_in, f32(Wy), f32(Be), f32(Ke), f32(D), f32(Tm)
+    f32 = lambda *s: q.new_empty(s, dtype=torch.float32)  # noqa: E731
+    M_in = q.new_empty((BH, NC, K, V), dtype=state_dtype(geometry))
+    Wy, Be, Ke = (f32(BH, NC, C, K) for _ in range(3))
+    return q.new_empty((B, L, H, V)), f32(BH, NC, C, V), M_in, Wy, Be, Ke, f32(BH, NC, K), f32(NV, BH, NC, C, C)
 
 
 @torch.library.custom_op("expressivity::dplr_chunk_bwd", mutates_args=())
