@@ -359,7 +359,7 @@ def dplr_kernels(dtype: torch.dtype, T: int, D: int, precision: str | None = Non
             ("dplr chunk prep", dk.dplr_prep_kernel, meta),
             ("dplr chunk out", dk.dplr_out_kernel, meta),
             ("dplr chunk out bwd", dk.dplr_out_bwd_kernel, meta),
-            ("dplr chunk prep bwd", dk.dplr_prep_bwd_kernel, meta),
+            ("dplr chunk prep bwd", dk.dplr_prep_bwd_kernel, dict(meta, NS=td._meta(W, D, tiles, backward=True)[0])),
         ]
     dt = _TY[dtype]
     types = dict.fromkeys(("NC", "K", "V", "BH", "PART", "L", "s_b", "s_h", "s_t"), "i32") | {"M_in": "*" + _TY[state]}

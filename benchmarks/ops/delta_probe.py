@@ -10,7 +10,7 @@ token, bfloat16 inputs, ``ChunkTiles`` from ``--tiles``) on its own:
 - ``grid --kernel NAME``: one kernel at every ``num_warps`` x ``num_stages`` of ``--warps`` x
   ``--stages`` (the other kernels at the tiles' own), each launch's outputs first checked against the
   tiles' own launch (relative error at most 1e-3: only the order of the float32 sums may differ);
-- ``dplr``: RWKV-7's chunk form on ``backend="triton_chunk"`` (its inputs at ``--shape``, bfloat16, RWKV-7's
+- ``dplr``: RWKV-7's chunk form on ``backend="triton_chunk"`` (its inputs at ``--shape`` in ``--dtype``, RWKV-7's
   decay bound): the inter-chunk scan kernels alone on what the fused chunk kernels hand them (chunks of
   ``fused_chunk``'s default), forward and backward, at every ``block_v`` x ``num_warps`` x ``num_stages`` of
   ``--block-v`` x ``--warps`` x ``--stages`` (``ScanTiles``), each checked as in ``grid`` against the default tiles;
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.ops.common import time_ms
-from benchmarks.ops.delta import DPLR_LOWER_BOUND, call, chunk_tiles
+from benchmarks.ops.delta import DPLR_LOWER_BOUND, DTYPES, call, chunk_tiles
 from benchmarks.ops.delta import inputs as op_inputs
 from seqkernels._triton import cdiv, empty, next_pow2
 from seqkernels.delta import chunk_kernels as ck
@@ -174,33 +174,35 @@ def probe_grid(shape, tiles, device, kernel: str, warps, stages):
         yield w, s, time_ms(lambda: launch[kernel](num_warps=w, num_stages=s), warmup=10, rep=40, device=device), ""
 
 
-def _dplr_call_inputs(shape: tuple[int, int, int, int], device: str):
+def _dplr_call_inputs(shape: tuple[int, int, int, int], device: str, dtype: torch.dtype = torch.bfloat16):
     """``(C, q, k, v, a, b, w)``: the fused kernels' chunk size (``triton_dplr.fused_chunk``'s default under the
-    delta benchmark's bound) and its ``dplr`` inputs at ``shape`` (bfloat16); one-line error past the fused
+    delta benchmark's bound) and its ``dplr`` inputs at ``shape`` in ``dtype``; one-line error past the fused
     kernels' head dims."""
     B, T, H, D = shape
     if D > td.FUSED_MAX_HEAD_DIM:
         raise SystemExit(f"error: the fused DPLR kernels take head dims up to {td.FUSED_MAX_HEAD_DIM}, got {D}")
-    return td.fused_chunk(D, DPLR_LOWER_BOUND, None), *op_inputs("dplr", B, T, H, D, torch.bfloat16, device)
+    return td.fused_chunk(D, DPLR_LOWER_BOUND, None), *op_inputs("dplr", B, T, H, D, dtype, device)
 
 
-def dplr_scan_inputs(shape: tuple[int, int, int, int], device: str) -> tuple[list[torch.Tensor], tuple]:
+def dplr_scan_inputs(
+    shape: tuple[int, int, int, int], device: str, dtype: torch.dtype = torch.bfloat16
+) -> tuple[list[torch.Tensor], tuple]:
     """``(xs, out_rows)``: the scan's inputs ``(U_v, W, b_end, k_end, v, decay_end)`` as the fused chunk kernels
     hand them over at ``shape`` (``_dplr_call_inputs``; ``(B H, NC, ...)``, but ``v`` the input ``(B, L, H,
     V)``: ``heads=H``) and the rows its backward forms the state's output gradient from, ``(q, w, do, scale)``
     (``do`` seeded Gaussian)."""
-    C, q, k, v, a, b, w = _dplr_call_inputs(shape, device)
+    C, q, k, v, a, b, w = _dplr_call_inputs(shape, device, dtype)
     with torch.no_grad():
         Uv, W, Be, Ke, Dd, _ = td._fused_prep(k, v, a, b, w, td._chunk_meta(k, v, C, None))
     do = torch.randn(v.shape, generator=torch.Generator().manual_seed(2)).to(device, v.dtype)
     return [Uv, W, Be, Ke, v, Dd], (q, w, do, shape[3] ** -0.5)
 
 
-def probe_dplr(shape, device, block_vs, warps, stages=(None,)):
+def probe_dplr(shape, device, block_vs, warps, stages=(None,), dtype=torch.bfloat16):
     """Yield ``(block_v, warps, stages, forward ms or None, backward ms or None, note)`` of the scan kernels at
     each ``ScanTiles`` (a ``block_v`` wider than the values is skipped), the backward as the fused call runs
-    it (the state's output gradient formed on chip)."""
-    xs, rows = dplr_scan_inputs(shape, device)
+    it (the state's output gradient formed on chip); inputs in ``dtype``."""
+    xs, rows = dplr_scan_inputs(shape, device, dtype)
     W, Be, Ke, v, Dd = xs[1:]
     H = shape[2]
     want = td._scan_fwd(*xs, heads=H)
@@ -231,14 +233,14 @@ def probe_dplr(shape, device, block_vs, warps, stages=(None,)):
 DPLR_KERNELS = ("prep", "out", "out_bwd", "prep_bwd")
 
 
-def dplr_kernel_launches(shape, device, precision: str):
+def dplr_kernel_launches(shape, device, precision: str, dtype: torch.dtype = torch.bfloat16):
     """``{name: launch}`` of the fused DPLR per-chunk kernels (``DPLR_KERNELS``) at ``shape`` (the delta
-    benchmark's ``dplr`` inputs, bfloat16, its bound, chunks of ``fused_chunk``'s default), each ``launch(tiles)``
+    benchmark's ``dplr`` inputs in ``dtype``, its bound, chunks of ``fused_chunk``'s default), each ``launch(tiles)``
     running that kernel alone on the default forward's hand-over at ``ScanTiles`` ``tiles`` (its ``precision``
     over ``precision``) and returning its outputs, those written per value block summed (comparable across
     ``chunk_block_v``)."""
     H, D = shape[2:]
-    C, q, k, v, a, b, w = _dplr_call_inputs(shape, device)
+    C, q, k, v, a, b, w = _dplr_call_inputs(shape, device, dtype)
 
     def at(tiles):
         return td._chunk_meta(q, v, C, dataclasses.replace(tiles, precision=precision))
@@ -248,7 +250,7 @@ def dplr_kernel_launches(shape, device, precision: str):
         o, U, M_in, Wy, Be, Ke, Dd, Tm = td._fused_fwd(q, k, v, a, b, w, D**-0.5, C, tiles)
         do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(device, o.dtype)
         dU, _, *shares = td._fused_out_bwd(do, q, k, v, b, w, U, M_in, D**-0.5, at(tiles))
-        grads = td._scan_bwd(dU, None, Wy, Be, Ke, v, Dd, U, M_in, tiles, H, (q, w, do, D**-0.5))
+        grads = td._scan_bwd(dU, None, Wy, Be, Ke, v, Dd, U, M_in, tiles, H, (q, w, do, D**-0.5), shares=True)
 
     def prep(t):  # T from value block 0's scratch (each block inverts the same chunk)
         *outs, T = td._fused_prep(k, v, a, b, w, at(t))
@@ -270,16 +272,16 @@ def dplr_kernel_launches(shape, device, precision: str):
     }
 
 
-def probe_dplr_kernels(shape, device, warps, precisions, block_vs=(None,)):
+def probe_dplr_kernels(shape, device, warps, precisions, block_vs=(None,), dtype=torch.bfloat16):
     """Yield ``(kernel, precision, warps, block_v, ms or None, note)``: each fused DPLR per-chunk kernel alone
     at each ``ScanTiles.chunk_warps`` x ``chunk_block_v`` of ``warps`` x ``block_vs`` (``None`` the default;
     one wider than the values is skipped) and each precision, its outputs checked as in ``grid`` against its
     launch at the defaults (within 1e-2 at another ``chunk_block_v``: one value block stores the gradients in
     the inputs' dtype, several sum float32 shares first, and under ``"bf16"`` products each block's partial sums
-    over the values are rounded to bfloat16 before their next product)."""
+    over the values are rounded to bfloat16 before their next product); inputs in ``dtype``."""
     widest = max(16, next_pow2(shape[3]))
     for prec in precisions:
-        launch = dplr_kernel_launches(shape, device, prec)
+        launch = dplr_kernel_launches(shape, device, prec, dtype)
         for name in DPLR_KERNELS:
             want = launch[name](td.ScanTiles())
             for n, bv in itertools.product(warps, [bv for bv in block_vs if bv is None or bv <= widest]):
@@ -297,12 +299,12 @@ def probe_dplr_kernels(shape, device, warps, precisions, block_vs=(None,)):
                 yield name, prec, n, bv, ms, ""
 
 
-def time_dplr_calls(shape, device, chunks, precisions):
+def time_dplr_calls(shape, device, chunks, precisions, dtype=torch.bfloat16):
     """Yield ``(chunk, precision, forward ms, forward + backward ms, relative error)`` of
-    ``dplr_delta_rule(backend="triton_chunk")`` at ``shape`` (bfloat16 inputs, RWKV-7's bound): first at its
+    ``dplr_delta_rule(backend="triton_chunk")`` at ``shape`` (inputs in ``dtype``, RWKV-7's bound): first at its
     defaults (``chunk`` and ``precision`` ``None``), then at each chunk x ``ScanTiles.precision``; the error
     is the largest over the output and every gradient against the defaults' (0 for the defaults)."""
-    xs = [x.requires_grad_() for x in op_inputs("dplr", *shape, torch.bfloat16, device)]
+    xs = [x.requires_grad_() for x in op_inputs("dplr", *shape, dtype, device)]
     do = torch.randn(xs[2].shape, device=device, dtype=xs[2].dtype)
 
     def run(fn):
@@ -353,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--precisions", default="tf32x3,tf32", help="dplr: comma-separated ScanTiles precisions (default tf32x3,tf32)"
     )
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="dplr: the inputs' dtype (default bf16)")
     args = p.parse_args(argv)
     shape, tiles = parse_shape(args.shape), chunk_tiles(args.tiles)
     if args.part == "grid" and args.kernel is None:
@@ -373,15 +376,15 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("error: the delta probe needs a CUDA GPU (or TRITON_INTERPRET=1 on the CPU)")
     on = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     if args.part == "dplr":
-        where = f"{'x'.join(map(str, shape))} on {on}"
-        for bv, w, st, fwd, bwd, note in probe_dplr(shape, device, block_vs, warps, stages):
+        where, dtype = f"{'x'.join(map(str, shape))} {args.dtype} on {on}", DTYPES[args.dtype]
+        for bv, w, st, fwd, bwd, note in probe_dplr(shape, device, block_vs, warps, stages, dtype):
             result = f"forward {fwd:.4f} backward {bwd:.4f} ms" if fwd is not None else note
             print(f"delta-probe dplr scan {where} block_v={bv} warps={w} stages={st}: {result}", flush=True)
-        for C, prec, fwd, both, err in time_dplr_calls(shape, device, chunks, precisions):
+        for C, prec, fwd, both, err in time_dplr_calls(shape, device, chunks, precisions, dtype):
             what = "defaults" if C is None else f"chunk={C} precision={prec}"
             result = f"forward {fwd:.4f} fwd+bwd {both:.4f} ms, vs defaults {err:.1e}" if fwd is not None else err
             print(f"delta-probe dplr call {where} {what}: {result}", flush=True)
-        for name, prec, n, bv, ms, note in probe_dplr_kernels(shape, device, warps, precisions, chunk_block_vs):
+        for name, prec, n, bv, ms, note in probe_dplr_kernels(shape, device, warps, precisions, chunk_block_vs, dtype):
             result = f"{ms:.4f} ms" if ms is not None else note
             what = f"{name} precision={prec} chunk_warps={n}" + ("" if bv is None else f" chunk_block_v={bv}")
             print(f"delta-probe dplr kernel {where} {what}: {result}", flush=True)

@@ -26,7 +26,8 @@ sums over the values (``dq``, ``dk``, ``da``, ``db``, ``dw`` and the output's sh
       dq = dq* o exp(c)      db = dQ_b^T q* o exp(-c)     dc = dq* o q* - dQ_b^T q* o b~ - (k alike)
 
 - ``dplr_prep_bwd_kernel``: with the forward's ``T``, the scan's input gradients ``dU_v, dW, dBe, dKe, dv,
-  dD`` and the output's shares, ``R = A_k v``::
+  dD`` (the scan backward's value blocks each write a share of ``dW, dBe, dKe, dD``: summed as they are read)
+  and the output's shares, ``R = A_k v``::
 
       dT = dU_v R^T + dW a*^T      dR = T^T dU_v      da* = T^T dW + dA_b b~ + dA_k k~
       dA_b = strictly_lower(T^T dT T^T)      dA_k = strictly_lower(dR v^T)      dv += A_k^T dR
@@ -69,6 +70,24 @@ def _strict(x, C: tl.constexpr):
 def _lower(x, C: tl.constexpr):
     r = tl.arange(0, C)
     return tl.where(r[:, None] >= r[None, :], x, 0.0)
+
+
+@triton.jit
+def _load_shares(x, base, rows, cols, n_rows, n_cols, NS: tl.constexpr, STRIDE):
+    """The sum of ``NS`` tiles ``STRIDE`` elements apart (the scan backward's per-value-block shares)."""
+    acc = _load(x, base, rows, cols, n_rows, n_cols)
+    for s in tl.static_range(1, NS):
+        acc += _load(x, base + s * STRIDE, rows, cols, n_rows, n_cols)
+    return acc
+
+
+@triton.jit
+def _share_row_sum(x, base, cols, n_cols, NS: tl.constexpr, STRIDE):
+    """The sum of ``NS`` rows ``STRIDE`` elements apart."""
+    acc = tl.load(x + base + cols, mask=cols < n_cols, other=0.0)
+    for s in tl.static_range(1, NS):
+        acc += tl.load(x + base + s * STRIDE + cols, mask=cols < n_cols, other=0.0)
+    return acc
 
 
 @triton.jit
@@ -162,10 +181,12 @@ def dplr_out_bwd_kernel(
 @triton.jit
 def dplr_prep_bwd_kernel(
     k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, T, H, NC, K, V, PART,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, NS: tl.constexpr,
 ):  # fmt: skip
-    """``dk, dv, da, db, dw`` of one chunk from the forward's ``Tm``, the scan's input gradients and the
-    output's shares; grid ``(NC, B H, NV)``."""
+    """``dk, dv, da, db, dw`` of one chunk from the forward's ``Tm``, the scan's input gradients (``dWy, dBe,
+    dKe, dD`` as the scan backward's ``NS`` value blocks' shares, summed here) and the output's shares; grid
+    ``(NC, B H, NV)``."""
+    BHC = tl.num_programs(1).to(tl.int64) * NC  # chunks of every head: the shares' (B H, NC) elements
     i_c, i_bh, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h, t0, v0 = i_bh // H, i_bh % H, i_c * C, i_v * BV
     n = (i_bh * NC + i_c).to(tl.int64)
@@ -182,7 +203,7 @@ def dplr_prep_bwd_kernel(
     R = _mm(Ak, vv, PREC)
     dUv_ = _load(dUv, n * C * V, rc, rv, C, V)
     first = (i_v == 0).to(tl.float32)  # the terms that do not depend on the values come from block 0
-    dWy_ = first * _load(dWy, n * C * K, rc, rk, C, K)
+    dWy_ = first * _load_shares(dWy, n * C * K, rc, rk, C, K, NS, BHC * C * K)
     dT = _mm(dWy_, tl.trans(a_s), PREC, _mm(dUv_, tl.trans(R), PREC))
     Tt = tl.trans(Ti)
     dR = _mm(Tt, dUv_, PREC)
@@ -194,8 +215,8 @@ def dplr_prep_bwd_kernel(
     to_end = tl.exp(cC[None, :] - c)
     dv_ = _load(dVe, n * C * V, rc, rv, C, V) + _mm(tl.trans(Ak), dR, PREC)
     _store_rows(dv, dv_ + _rows(dv_o, i_b, i_h, t0, T, H, V, C, BV, v0), i_b, i_h, t0, T, H, V, C, BV, v0)
-    dBe_ = first * _load(dBe, n * C * K, rc, rk, C, K)
-    dKe_ = first * _load(dKe, n * C * K, rc, rk, C, K)
+    dBe_ = first * _load_shares(dBe, n * C * K, rc, rk, C, K, NS, BHC * C * K)
+    dKe_ = first * _load_shares(dKe, n * C * K, rc, rk, C, K, NS, BHC * C * K)
     part = i_v.to(tl.int64) * PART  # this value block's slice of the (NV, B, L, H, K) gradients
     db_ = dBe_ * to_end + db_g * grow + first * _rows(db_o, i_b, i_h, t0, T, H, K, C, BK)
     dk_ = dKe_ * to_end + dk_g * grow + first * _rows(dk_o, i_b, i_h, t0, T, H, K, C, BK)
@@ -203,7 +224,7 @@ def dplr_prep_bwd_kernel(
     _store_rows(dk + part, dk_, i_b, i_h, t0, T, H, K, C, BK)
     _store_rows(da + part, da_s * ecp, i_b, i_h, t0, T, H, K, C, BK)
     d_end = (dBe_ * bb + dKe_ * kk) * to_end  # the gradient of exp(c_C - c), times it
-    dcC = tl.sum(d_end, 0) + first * tl.load(dD + n * K + rk, mask=rk < K, other=0.0) * tl.exp(cC)
+    dcC = tl.sum(d_end, 0) + first * _share_row_sum(dD, n * K, rk, K, NS, BHC * K) * tl.exp(cC)
     dc = first * _rows(dc_o, i_b, i_h, t0, T, H, K, C, BK) - d_end - db_g * b_g - dk_g * k_g
     dcp = da_s * a_s
     dw_ = tl.cumsum(dc, 0, reverse=True) + tl.cumsum(dcp, 0, reverse=True) - dcp + dcC[None, :]

@@ -131,11 +131,14 @@ def _scan_fwd(
     return U, M_in
 
 
-def _scan_bwd(dU, dM_in, W, Be, Ke, v, D, U, M_in, tiles: ScanTiles | None = None, heads=None, out_rows=None):
+def _scan_bwd(
+    dU, dM_in, W, Be, Ke, v, D, U, M_in, tiles: ScanTiles | None = None, heads=None, out_rows=None, shares=False
+):
     """``(dUv, dW, dBe, dKe, dv, dD)``, float32, from the output gradients and the saved tensors (``_scan_fwd``'s
     shapes; ``dv (BH, NC, C, V)`` in either layout of ``v``). ``out_rows``: ``(q, w, do, scale)`` in the
     values' token layout, from which the kernel forms ``dM_in`` on chip (the fused kernels' outputs; ``dM_in``
-    is then ``None``)."""
+    is then ``None``). ``shares``: ``dW, dBe, dKe, dD`` as the value blocks' shares ``(NV, ...)``, unsummed
+    (the fused backward's last kernel sums them as it reads them)."""
     BH, NC, C, V = U.shape
     K = W.shape[-1]
     NV, meta = _meta(W, V, tiles, backward=True)
@@ -149,6 +152,8 @@ def _scan_bwd(dU, dM_in, W, Be, Ke, v, D, U, M_in, tiles: ScanTiles | None = Non
         dU, dU if dM_in is None else dM_in, W, Be, Ke, v, D, U, M_in, dUv, dW, dBe, dKe, dv, dD, NC, BH, *layout,
         *rows, OUT_ROWS=out_rows is not None, **meta,
     )  # fmt: skip
+    if shares:
+        return dUv, dW, dBe, dKe, dv, dD
     return dUv, _block_sum(dW), _block_sum(dBe), _block_sum(dKe), dv, _block_sum(dD)
 
 
@@ -336,16 +341,18 @@ def _fused_out_bwd(do, q, k, v, b, w, U, M_in, scale: float, geometry):
 
 def _fused_prep_bwd(k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, dv_o, dc_o, geometry):
     """``(dk, dv, da, db, dw)`` from the forward's ``Tm``, the scan's input gradients (``dVe (B H, NC, C, V)``:
-    the values') and the output's shares
-    (``_fused_out_bwd``); ``dv (B, L, H, V)`` in ``v``'s dtype, the others per value block ``(NV, B, L, H, K)``
-    in their input's dtype where ``NV`` is 1, else float32."""
+    the values'; ``dWy, dBe, dKe, dD`` summed or as the scan's value blocks' shares, ``_scan_bwd(shares=True)``)
+    and the output's shares (``_fused_out_bwd``); ``dv (B, L, H, V)`` in ``v``'s dtype, the others per value
+    block ``(NV, B, L, H, K)`` in their input's dtype where ``NV`` is 1, else float32."""
     B, L, H, K, V, NC, NV, meta = geometry
+    if dD.dim() == 3:  # already summed: one share
+        dWy, dBe, dKe, dD = (x.unsqueeze(0) for x in (dWy, dBe, dKe, dD))
     dev, part = k.device, B * L * H * K
     dk, db, da, dw = (_block_shares(geometry, x.dtype, dev) for x in (k, b, a, w))
     dv = empty((B, L, H, V), dev, v.dtype)
     dplr_prep_bwd_kernel[(NC, B * H, NV)](
         k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, dv_o, dc_o, dk, dv, da, db, dw, L, H, NC, K, V,
-        part, **meta,
+        part, NS=dWy.shape[0], **meta,
     )  # fmt: skip
     return dk, dv, da, db, dw
 
@@ -356,7 +363,8 @@ def _fused_bwd(do, q, k, v, a, b, w, U, M_in, Wy, Be, Ke, D, Tm, scale: float, C
     geometry, do = _chunk_meta(q, v, C, tiles), do.contiguous()
     dU, dq, *shares = _fused_out_bwd(do, q, k, v, b, w, U, M_in, scale, geometry)
     out_rows = (q, w, do, scale)
-    dUv, dWy, dBe, dKe, dVe, dD = _scan_bwd(dU, None, Wy, Be, Ke, v, D, U, M_in, tiles, geometry[2], out_rows)
+    scan = _scan_bwd(dU, None, Wy, Be, Ke, v, D, U, M_in, tiles, geometry[2], out_rows, shares=True)
+    dUv, dWy, dBe, dKe, dVe, dD = scan
     dk, dv, da, db, dw = _fused_prep_bwd(k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, *shares, geometry)
     dq, dk, da, db, dw = (_block_sum(x).to(y.dtype) for x, y in ((dq, q), (dk, k), (da, a), (db, b), (dw, w)))
     return dq, dk, dv, da, db, dw

@@ -73,6 +73,9 @@ def test_bad_arguments_are_one_line_errors(capsys):
         main(["delta-probe", "grid", "--kernel", "out", "--warps", "4,x"])
     with pytest.raises(SystemExit, match="unknown field 'chunks'"):
         main(["delta-probe", "kernels", "--tiles", "chunks=64"])
+    with pytest.raises(SystemExit) as e:
+        main(["delta-probe", "dplr", "--dtype", "fp16"])
+    assert e.value.code == 2 and "invalid choice: 'fp16'" in capsys.readouterr().err
 
 
 @needs_kernels
@@ -132,14 +135,16 @@ def test_dplr_probe_times_each_chunk_and_precision_against_the_defaults():
 def test_dplr_kernel_probe_times_each_kernel_and_flags_warps_that_compute_something_else(monkeypatch):
     """Every fused per-chunk kernel at every ``chunk_warps`` x ``chunk_block_v`` (a block wider than the values
     skipped) and precision is a row; a launch whose outputs differ from the defaults' (the prep kernel's
-    ``U_v`` shifted at 8 warps) is flagged, not timed; two 16-column blocks give the defaults' outputs."""
+    ``U_v`` shifted at 8 warps) is flagged, not timed; two 16-column blocks give the defaults' outputs, also
+    on float32 inputs."""
     from seqkernels.delta import triton_dplr as td
 
     monkeypatch.setattr(td, "dplr_prep_kernel", _Shifted(td.dplr_prep_kernel, warps=8))
     rows = list(delta_probe.probe_dplr_kernels((1, 40, 1, 32), DEVICE, (2, 8), ("bf16",), (None, 16, 64)))
+    rows += delta_probe.probe_dplr_kernels((1, 40, 2, 32), DEVICE, (2,), ("ieee",), (16,), torch.float32)
     assert [(name, p, n, bv) for name, p, n, bv, *_ in rows] == [
         (name, "bf16", n, bv) for name in delta_probe.DPLR_KERNELS for n in (2, 8) for bv in (None, 16)
-    ]
+    ] + [(name, "ieee", 2, 16) for name in delta_probe.DPLR_KERNELS]  # float32 inputs, two heads
     for name, _, n, bv, ms, note in rows:
         if (name, n) == ("prep", 8):
             assert ms is None and "differs from the defaults" in note

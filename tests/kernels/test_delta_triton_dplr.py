@@ -172,6 +172,34 @@ def test_scan_backward_forms_the_outputs_state_gradient_from_their_rows(L, V, ti
     assert all(rel(g, x) < 1e-5 for g, x in zip(got, want)), [rel(g, x) for g, x in zip(got, want)]
 
 
+def test_prep_backward_sums_the_scans_value_block_shares():
+    """The fused prep backward reads the scan backward's per-value-block shares of ``dW, dBe, dKe, dD`` (three
+    blocks of 16 of 40 values, two heads) and sums them itself: the gradients equal those from the shares summed
+    first, and differ from those of block 0's share alone."""
+    B, L, H, K, V, C = 2, 37, 2, 12, 40, 16
+    q, k, v, a, b, w = (x.float().to(DEVICE) for x in _dplr_inputs(B, L, H, K, V, seed=3, decay=-RWKV7_BOUND))
+    do = torch.randn(B, L, H, V, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    tiles = ScanTiles(block_v=16, chunk_block_v=64)  # three value blocks in the scan, one in the fused kernels
+    geometry = triton_dplr._chunk_meta(q, v, C, tiles)
+    _, U, M_in, Wy, Be, Ke, D, Tm = triton_dplr._fused_fwd(q, k, v, a, b, w, 0.3, C, tiles)
+    dU, _, *out_shares = triton_dplr._fused_out_bwd(do, q, k, v, b, w, U, M_in, 0.3, geometry)
+    rows = (q, w, do, 0.3)
+    dUv, dWy, dBe, dKe, dVe, dD = triton_dplr._scan_bwd(dU, None, Wy, Be, Ke, v, D, U, M_in, tiles, H, rows, True)
+    assert dWy.shape[0] == dD.shape[0] == 3
+
+    def grads(dWy, dBe, dKe, dD):  # prep_bwd's (dk, dv, da, db, dw), the one value block's gradients
+        dk, dv, da, db, dw = triton_dplr._fused_prep_bwd(
+            k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, *out_shares, geometry
+        )
+        return dk[0], dv, da[0], db[0], dw[0]
+
+    got = grads(dWy, dBe, dKe, dD)
+    want = grads(*(x.sum(0) for x in (dWy, dBe, dKe, dD)))
+    assert all(rel(g, x) < 1e-6 for g, x in zip(got, want)), [rel(g, x) for g, x in zip(got, want)]
+    first = grads(*(x[:1] for x in (dWy, dBe, dKe, dD)))
+    assert rel(first[0], want[0]) > 1e-3
+
+
 def test_fused_chunk_sizes():
     """The fused kernels run chunks of 16 by default, or 32 / 64 asked for, within the bound's factored chunk;
     not 64 at keys wider than 64; without a bound, or where the bound allows fewer steps, they do not run."""
