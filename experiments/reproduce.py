@@ -16,6 +16,7 @@ pipeline on a CPU; its numbers are not a reproduction.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import sys
@@ -161,11 +162,13 @@ def run_reproduction(
     quick: bool = False,
     overrides: dict[str, Any] | None = None,
     entries: list[str] | None = None,
+    mixers: list[str] | None = None,
     run: bool = True,
 ) -> pd.DataFrame:
     """Run (resume) the table's sweeps in one study as ``options`` says, write the per-sweep results and
     the comparison. ``quick``: the CPU-sized form; ``overrides``: of every sweep's plan (``resolve_sweep``);
-    ``entries``: only these sweeps; ``run=False``: tabulate what has finished."""
+    ``entries``: only these sweeps; ``mixers``: only these rows (mixers as the preset names them; a sweep
+    without any of them is left out); ``run=False``: tabulate what has finished."""
     from experiments.sweeps.results import atomic_write_text
 
     plans = plans_for(name, quick, overrides)
@@ -176,6 +179,13 @@ def run_reproduction(
                 f"unknown sweep(s) {', '.join(sorted(unknown))} in {name}; valid: {', '.join(p.entry for p in plans)}"
             )
         plans = [p for p in plans if p.entry in entries]
+    if mixers:
+        unknown = set(mixers) - {m for p in plans for m in p.mixers}
+        if unknown:
+            valid = dict.fromkeys(m for p in plans for m in p.mixers)
+            raise ValueError(f"unknown mixer(s) {', '.join(sorted(unknown))} in {name}; valid: {', '.join(valid)}")
+        plans = [dataclasses.replace(p, mixers=[m for m in p.mixers if m in mixers]) for p in plans]
+        plans = [p for p in plans if p.mixers]
     # one study for every reproduction: presets with identical cells (table1 within table6) share trials
     report = out / name
     results, info = run_plans(
@@ -243,6 +253,11 @@ def parser() -> Parser:
         "--quick", action="store_true", help="a CPU-sized smoke version (1 seed, short sequences, 300 steps)"
     )
     p.add_argument("--only", type=str_list, help="comma-separated sweeps of the table to run (e.g. parity,mqar)")
+    p.add_argument(
+        "--mixers",
+        type=str_list,
+        help="comma-separated rows of the table to run, as the preset names them (e.g. pd_ssm)",
+    )
     p.add_argument("--max-steps", type=positive_int, help="override the step budget per trial")
     p.add_argument("--seeds", type=int_list, help="override the seeds, e.g. 0")
     p.add_argument(
@@ -273,6 +288,7 @@ def run(args) -> None:
             quick=args.quick,
             overrides=overrides,
             entries=args.only,
+            mixers=args.mixers,
             run=not args.table_only,
         )
     report = out / args.name / "reproduction.md"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -128,13 +129,20 @@ def available_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+@functools.lru_cache(maxsize=128)
+def _parsed(text: str) -> dict[str, Any]:
+    """A preset file's YAML, parsed once per text (libyaml's loader where PyYAML has it): listing the
+    reproductions reads every preset, and a report lists them many times."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+
+
 def load_preset(name: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     """The preset dict (``extends`` and ``only`` applied); ``ValueError`` listing the known presets if
     ``name`` is unknown."""
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(available_presets())}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = copy.deepcopy(_parsed(path.read_text()))
     if "extends" in data:
         if data["extends"] in (*_seen, name):
             raise ValueError(

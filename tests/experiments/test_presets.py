@@ -34,6 +34,17 @@ def test_extends_merges_key_by_key_and_only_keeps_sweeps(preset_dir):
     assert build_specs(resolve_sweep("mqar", "child")) == build_specs(resolve_sweep("mqar", "base"))
 
 
+def test_a_loaded_preset_is_the_files_current_text_and_the_callers_own_copy(preset_dir):
+    """Parsed files are cached by their text: a load is the file as it is now, and changing what a load
+    returned changes no later load."""
+    first = load_preset("base")
+    first["defaults"]["mixers"].append("transformer")
+    assert load_preset("base")["defaults"]["mixers"] == ["gru", "lstm"]
+    text = (preset_dir / "base.yaml").read_text()
+    (preset_dir / "base.yaml").write_text(text.replace("[gru, lstm]", "[gru]"))
+    assert load_preset("base")["defaults"]["mixers"] == ["gru"]
+
+
 def test_extends_errors_are_one_line(preset_dir):
     (preset_dir / "loop.yaml").write_text("extends: loop\n")
     with pytest.raises(ValueError, match="'extends' makes a cycle"):

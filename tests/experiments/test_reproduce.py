@@ -455,6 +455,23 @@ def test_quick_reproduction_runs_resumes_and_writes_the_comparison(tmp_path):
     assert "up-front model checks" not in text6  # it did not run, so it checked nothing
 
 
+def test_mixers_restrict_the_table_to_those_rows(tmp_path, capsys):
+    """``--mixers``: only those rows' cells (with ``--only``, of those sweeps); a sweep without any of them
+    is left out; a mixer the preset does not have is a one-line error naming the valid ones."""
+    table = run_reproduction(
+        "pd-ssm-groups", tmp_path, quick=True, entries=["a5_2", "s5_4"], mixers=["pd_ssm"], run=False
+    )
+    assert list(table["mixer"]) == ["pd_ssm", "pd_ssm"] and list(table["entry"]) == ["a5_2", "s5_4"]
+    rows = run_reproduction("pd-ssm-fsa", tmp_path, quick=True, mixers=["lstm", "pd_ssm"], run=False)
+    assert set(rows["mixer"]) == {"lstm", "pd_ssm"} and len(rows) == 8  # 2 rows x 4 sweeps
+    assert reproduce_main(["pd-ssm-groups", "--quick", "--table-only", "--out", str(tmp_path), "--mixers", "gru"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: unknown mixer(s) gru in pd-ssm-groups; valid: complex_diag, "
+        "deltaproduct[householders=2,forget_gate=true], pd_ssm"
+    )
+
+
 def test_the_command_prints_where_its_report_is(tmp_path, capsys):
     assert reproduce_main(["pararnn-table1", "--quick", "--table-only", "--out", str(tmp_path), "--no-progress"]) == 0
     assert capsys.readouterr().out.rstrip().endswith(f"report: {tmp_path / 'pararnn-table1' / 'reproduction.md'}")
