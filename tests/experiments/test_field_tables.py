@@ -1,12 +1,15 @@
 """The field's benchmark tables: pd-ssm-fsa (mean ± std, agreement within max(2 × std, 5 points)),
-pd-ssm-groups (its A5 and S5 table, rows at two depths), chomsky (Deletang et al.'s 15 tasks) and
-zoology-mqar (Zoology's Figure 2), and their --quick forms."""
+pd-ssm-groups (its A5 and S5 table, rows at two depths), pd-ssm-claims (PD-SSM's and Mamba-3's claims at
+its protocol), chomsky (Deletang et al.'s 15 tasks) and zoology-mqar (Zoology's Figure 2), and their --quick
+forms."""
 
+import dataclasses
 import math
 
 import pandas as pd
 import pytest
 
+from experiments.claims import preset_claims
 from experiments.paper import (
     cell_tolerance,
     compare,
@@ -15,9 +18,10 @@ from experiments.paper import (
     paper_agreement,
     paper_cell,
     paper_entries,
+    paper_solved,
 )
 from experiments.reproduce import plans_for, run_reproduction
-from experiments.sweeps.presets import load_preset, resolve_sweep
+from experiments.sweeps.presets import build_specs, load_preset, resolve_sweep
 from experiments.sweeps.runner import SweepOptions
 
 METRIC = "range40-256/acc"
@@ -106,6 +110,23 @@ def test_pd_ssm_protocol_and_rows():
     assert {"mlstm_exp+slstm", "complex_diag", "pd_ssm"} <= set(results)  # xLSTM[1:1], ℂ Diag., PD-SSM
     assert results["pd_ssm"]["modular_arithmetic"] == {"mean": 0.962, "std": 0.034}
     assert sum(len(row) for row in results.values()) == 48  # the paper's 48 cells
+
+
+def test_pd_ssm_claims_is_the_fsa_tables_protocol_for_three_rows():
+    """pd-ssm-claims: pd-ssm-fsa's parity and modular arithmetic sweeps, unchanged but for the rows (so their
+    PD-SSM and Mamba-2 cells are that table's), PD-SSM's and Mamba-2's numbers from it, Mamba-3's claim as
+    1.0, and PD-SSM's and Mamba-3's claims checked at 95%."""
+    claims, fsa = plans_for("pd-ssm-claims"), {p.entry: p for p in plans_for("pd-ssm-fsa")}
+    assert [p.entry for p in claims] == ["parity", "modular_arithmetic"]
+    for plan in claims:
+        assert plan.mixers == ["pd_ssm", "mamba3", "mamba2"]
+        base, ours = (dataclasses.replace(p, mixers=["pd_ssm", "mamba2"]) for p in (fsa[plan.entry], plan))
+        assert build_specs(ours) == build_specs(base)  # the same cells: shared trials
+    paper = load_preset("pd-ssm-claims")["paper"]
+    assert paper["results"]["mamba3"] == {k: {"mean": 1.0, "std": 0.0} for k in ("parity", "modular_arithmetic")}
+    assert paper["results"]["pd_ssm"]["parity"] == {"mean": 0.999, "std": 0.001}
+    assert preset_claims("pd-ssm-claims") == {"solves_where_the_paper_does": ["pd_ssm", "mamba3"]}
+    assert paper_solved("pd-ssm-claims") == 0.95
 
 
 GATED_DP = "deltaproduct[householders=2,forget_gate=true]"
@@ -217,6 +238,7 @@ def test_quick_plans_build_their_tasks(name):
     [
         ("pd-ssm-fsa", "parity", "lstm"),  # about 5 s on 2 cores
         ("pd-ssm-groups", "s5_8", "pd_ssm"),  # about 3 s
+        ("pd-ssm-claims", "parity", "mamba3"),
         ("chomsky", "reverse_string", "gru"),  # about 5 s
         pytest.param("zoology-mqar", "l64_d64", "gru", marks=pytest.mark.slow),  # 12 s: a vocabulary of 8,192
     ],
