@@ -180,9 +180,9 @@ def run_reproduction(
             )
         plans = [p for p in plans if p.entry in entries]
     if mixers:
-        unknown = set(mixers) - {m for p in plans for m in p.mixers}
+        valid = dict.fromkeys(m for p in plans for m in p.mixers)
+        unknown = set(mixers) - valid.keys()
         if unknown:
-            valid = dict.fromkeys(m for p in plans for m in p.mixers)
             raise ValueError(f"unknown mixer(s) {', '.join(sorted(unknown))} in {name}; valid: {', '.join(valid)}")
         plans = [dataclasses.replace(p, mixers=[m for m in p.mixers if m in mixers]) for p in plans]
         plans = [p for p in plans if p.mixers]

@@ -346,7 +346,7 @@ def dplr_kernels(dtype: torch.dtype, T: int, D: int, precision: str | None = Non
 
     C = td.fused_chunk(D, DPLR_LOWER_BOUND, None)
     W, tiles = torch.empty(1, 1, C, D, device="meta"), td.ScanTiles(precision=precision)
-    (_, scan), (_, scan_bwd) = td._meta(W, D, tiles), td._meta(W, D, tiles, backward=True)
+    (_, scan), (scan_blocks, scan_bwd) = td._meta(W, D, tiles), td._meta(W, D, tiles, backward=True)
     fused = D <= td.FUSED_MAX_HEAD_DIM  # the fused path's backward forms the state's output gradient on chip
     scan_bwd = dict(scan_bwd, OUT_ROWS=fused)
     cases = [("dplr scan fwd", sk.dplr_scan_fwd_kernel, scan), ("dplr scan bwd", sk.dplr_scan_bwd_kernel, scan_bwd)]
@@ -359,7 +359,7 @@ def dplr_kernels(dtype: torch.dtype, T: int, D: int, precision: str | None = Non
             ("dplr chunk prep", dk.dplr_prep_kernel, meta),
             ("dplr chunk out", dk.dplr_out_kernel, meta),
             ("dplr chunk out bwd", dk.dplr_out_bwd_kernel, meta),
-            ("dplr chunk prep bwd", dk.dplr_prep_bwd_kernel, dict(meta, NS=td._meta(W, D, tiles, backward=True)[0])),
+            ("dplr chunk prep bwd", dk.dplr_prep_bwd_kernel, dict(meta, NS=scan_blocks)),
         ]
     dt = _TY[dtype]
     types = dict.fromkeys(("NC", "K", "V", "BH", "PART", "L", "s_b", "s_h", "s_t"), "i32") | {"M_in": "*" + _TY[state]}

@@ -341,12 +341,10 @@ def _fused_out_bwd(do, q, k, v, b, w, U, M_in, scale: float, geometry):
 
 def _fused_prep_bwd(k, v, a, b, w, Tm, dUv, dWy, dBe, dKe, dVe, dD, dk_o, db_o, dv_o, dc_o, geometry):
     """``(dk, dv, da, db, dw)`` from the forward's ``Tm``, the scan's input gradients (``dVe (B H, NC, C, V)``:
-    the values'; ``dWy, dBe, dKe, dD`` summed or as the scan's value blocks' shares, ``_scan_bwd(shares=True)``)
+    the values'; ``dWy, dBe, dKe, dD`` as the scan's value blocks' shares ``(NS, ...)``, ``_scan_bwd(shares=True)``)
     and the output's shares (``_fused_out_bwd``); ``dv (B, L, H, V)`` in ``v``'s dtype, the others per value
     block ``(NV, B, L, H, K)`` in their input's dtype where ``NV`` is 1, else float32."""
     B, L, H, K, V, NC, NV, meta = geometry
-    if dD.dim() == 3:  # already summed: one share
-        dWy, dBe, dKe, dD = (x.unsqueeze(0) for x in (dWy, dBe, dKe, dD))
     dev, part = k.device, B * L * H * K
     dk, db, da, dw = (_block_shares(geometry, x.dtype, dev) for x in (k, b, a, w))
     dv = empty((B, L, H, V), dev, v.dtype)

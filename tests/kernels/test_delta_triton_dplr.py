@@ -194,7 +194,7 @@ def test_prep_backward_sums_the_scans_value_block_shares():
         return dk[0], dv, da[0], db[0], dw[0]
 
     got = grads(dWy, dBe, dKe, dD)
-    want = grads(*(x.sum(0) for x in (dWy, dBe, dKe, dD)))
+    want = grads(*(x.sum(0, keepdim=True) for x in (dWy, dBe, dKe, dD)))
     assert all(rel(g, x) < 1e-6 for g, x in zip(got, want)), [rel(g, x) for g, x in zip(got, want)]
     first = grads(*(x[:1] for x in (dWy, dBe, dKe, dD)))
     assert rel(first[0], want[0]) > 1e-3
